@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs every Debian package megatron.cpp needs to build, test and benchmark. Idempotent and
+# quiet when everything is already there. Node packages for reference programs (tiktoken) are
+# installed by scripts/node-deps.sh, called from the scripts that need them.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git ca-certificates curl
+  libopenblas-dev libopenmpi-dev openmpi-bin
+  libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libutf8proc-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-numpy python3-torch
+  nodejs npm
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,66 @@
+// The `megatron` binary: git-style subcommands over the library. Thin by design: every command
+// lives in its own file and registers itself (command.h).
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace megatron::cli {
+
+namespace {
+struct Entry {
+  std::string name, description;
+  int order;
+  CommandSetup setup;
+};
+std::vector<Entry>& registry() {
+  static std::vector<Entry> r;
+  return r;
+}
+}  // namespace
+
+CommandRegistrar::CommandRegistrar(std::string name, std::string description, int order,
+                                   CommandSetup setup) {
+  registry().push_back({std::move(name), std::move(description), order, std::move(setup)});
+}
+
+}  // namespace megatron::cli
+
+int main(int argc, char** argv) {
+  using namespace megatron;
+  CLI::App app{"megatron.cpp: train, evaluate and serve transformer language models", "megatron"};
+  app.set_version_flag("--version", std::string("megatron.cpp ") + MEGATRON_VERSION);
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  std::string level = "info";
+  app.add_option("--log-level", level, "debug, info, warn or error")->capture_default_str();
+  auto& entries = cli::registry();
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const auto& a, const auto& b) { return a.order < b.order; });
+  for (auto& e : entries) {
+    CLI::App* sub = app.add_subcommand(e.name, e.description);
+    e.setup(*sub);
+  }
+  app.parse_complete_callback([&] { set_log_level(log_level_from_name(level)); });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const InternalError& e) {
+    std::fprintf(stderr, "%s\n(this is a bug in megatron.cpp; please report it)\n", e.what());
+    return 70;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,310 @@
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace megatron {
+
+namespace {
+
+struct CpuAllocator final : Allocator {
+  void* allocate(size_t bytes, Device) override {
+    size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) MG_THROW("out of host memory allocating ", bytes, " bytes");
+    return p;
+  }
+  void deallocate(void* ptr, size_t, Device) override { std::free(ptr); }
+};
+
+CpuAllocator g_cpu_allocator;
+Allocator* g_allocators[2] = {&g_cpu_allocator, nullptr};
+
+template <typename T>
+double load_as_double(const void* p) {
+  const T v = *static_cast<const T*>(p);
+  if constexpr (std::is_same_v<T, bf16>) return bf16_to_float(v);
+  else if constexpr (std::is_same_v<T, fp16>) return fp16_to_float(v);
+  else return double(v);
+}
+
+template <typename T>
+void store_from_double(void* p, double v) {
+  if constexpr (std::is_same_v<T, bf16>) *static_cast<T*>(p) = float_to_bf16(float(v));
+  else if constexpr (std::is_same_v<T, fp16>) *static_cast<T*>(p) = float_to_fp16(float(v));
+  else *static_cast<T*>(p) = T(v);
+}
+
+template <typename F>
+auto dispatch(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: return f(float{});
+    case DType::F64: return f(double{});
+    case DType::F16: return f(fp16{});
+    case DType::BF16: return f(bf16{});
+    case DType::I8: return f(int8_t{});
+    case DType::U8: return f(uint8_t{});
+    case DType::I16: return f(int16_t{});
+    case DType::U16: return f(uint16_t{});
+    case DType::I32: return f(int32_t{});
+    case DType::I64: return f(int64_t{});
+  }
+  MG_CHECK(false, "bad dtype");
+  __builtin_unreachable();
+}
+
+// Calls fn(flat_logical_index, element_byte_offset) for every element in row-major order.
+template <typename Fn>
+void for_each_offset(const Shape& shape, const Shape& strides, size_t elem, Fn&& fn) {
+  const int nd = int(shape.size());
+  int64_t n = shape_numel(shape);
+  if (n == 0) return;
+  std::vector<int64_t> idx(nd, 0);
+  int64_t off = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    fn(i, off * int64_t(elem));
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) {
+        off += strides[d];
+        break;
+      }
+      off -= strides[d] * (shape[d] - 1);
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+std::string Device::to_string() const {
+  return is_cpu() ? std::string("cpu") : str("cuda:", index);
+}
+
+void register_allocator(DeviceType type, Allocator* allocator) {
+  g_allocators[int(type)] = allocator;
+}
+
+Allocator* allocator_for(DeviceType type) {
+  Allocator* a = g_allocators[int(type)];
+  MG_REQUIRE(a != nullptr, "no allocator for device type ", int(type),
+             ": this build has no CUDA backend or it was not initialised");
+  return a;
+}
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  data_ = allocator_for(device.type)->allocate(bytes, device);
+}
+
+Storage::Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> keep_alive)
+    : data_(data), bytes_(bytes), device_(device), keep_alive_(std::move(keep_alive)),
+      owned_(false) {}
+
+Storage::~Storage() {
+  if (owned_ && data_) allocator_for(device_.type)->deallocate(data_, bytes_, device_);
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape st(shape.size());
+  int64_t s = 1;
+  for (int i = int(shape.size()) - 1; i >= 0; --i) {
+    st[i] = s;
+    s *= std::max<int64_t>(shape[i], 1);
+  }
+  return st;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) MG_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), device);
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.zero_();
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill_(value);
+  return t;
+}
+
+int64_t Tensor::size(int d) const {
+  if (d < 0) d += dim();
+  MG_CHECK(d >= 0 && d < dim(), "dimension ", d, " out of range for shape ", shape_str(shape_));
+  return shape_[d];
+}
+
+int64_t Tensor::stride(int d) const {
+  if (d < 0) d += dim();
+  MG_CHECK(d >= 0 && d < dim(), "dimension ", d, " out of range for shape ", shape_str(shape_));
+  return strides_[d];
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t s = 1;
+  for (int i = dim() - 1; i >= 0; --i) {
+    if (shape_[i] != 1 && strides_[i] != s) return false;
+    s *= shape_[i];
+  }
+  return true;
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  MG_CHECK(is_contiguous(), "view of a non-contiguous tensor ", shape_str(shape_));
+  Shape s = shape;
+  int64_t known = 1;
+  int infer = -1;
+  for (int i = 0; i < int(s.size()); ++i) {
+    if (s[i] == -1) {
+      MG_CHECK(infer < 0, "view: more than one -1 in ", shape_str(shape));
+      infer = i;
+    } else {
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) {
+    MG_CHECK(known > 0 && numel() % known == 0, "view: cannot infer ", shape_str(shape));
+    s[infer] = numel() / known;
+  }
+  MG_CHECK(shape_numel(s) == numel(), "view: ", shape_str(shape_), " -> ", shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = s;
+  t.strides_ = contiguous_strides(s);
+  return t;
+}
+
+Tensor Tensor::narrow(int d, int64_t start, int64_t length) const {
+  if (d < 0) d += dim();
+  MG_CHECK(d >= 0 && d < dim() && start >= 0 && length >= 0 && start + length <= shape_[d],
+           "narrow(", d, ", ", start, ", ", length, ") of ", shape_str(shape_));
+  Tensor t = *this;
+  t.offset_ += size_t(start * strides_[d]) * dtype_size(dtype_);
+  t.shape_[d] = length;
+  return t;
+}
+
+Tensor Tensor::select(int d, int64_t index) const {
+  if (d < 0) d += dim();
+  MG_CHECK(d >= 0 && d < dim() && index >= 0 && index < shape_[d], "select(", d, ", ", index,
+           ") of ", shape_str(shape_));
+  Tensor t = *this;
+  t.offset_ += size_t(index * strides_[d]) * dtype_size(dtype_);
+  t.shape_.erase(t.shape_.begin() + d);
+  t.strides_.erase(t.strides_.begin() + d);
+  return t;
+}
+
+Tensor Tensor::transpose(int a, int b) const {
+  if (a < 0) a += dim();
+  if (b < 0) b += dim();
+  MG_CHECK(a >= 0 && a < dim() && b >= 0 && b < dim(), "transpose(", a, ", ", b, ")");
+  Tensor t = *this;
+  std::swap(t.shape_[a], t.shape_[b]);
+  std::swap(t.strides_[a], t.strides_[b]);
+  return t;
+}
+
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device());
+  t.copy_(*this);
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == dtype_) return clone();
+  Tensor t = empty(shape_, dtype, device());
+  t.copy_(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device dev) const {
+  MG_REQUIRE(dev.is_cpu() && device().is_cpu(),
+             "copy between ", device().to_string(), " and ", dev.to_string(),
+             " needs the CUDA backend");
+  return clone();
+}
+
+void Tensor::copy_(const Tensor& src) {
+  MG_CHECK(src.shape_ == shape_, "copy_: shape ", shape_str(src.shape_), " into ", shape_str(shape_));
+  MG_CHECK(device().is_cpu() && src.device().is_cpu(), "copy_ across devices needs the CUDA backend");
+  if (src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous()) {
+    std::memmove(raw_data(), src.raw_data(), nbytes());
+    return;
+  }
+  // General path: gather source values in logical order, then scatter.
+  const size_t se = dtype_size(src.dtype_), de = dtype_size(dtype_);
+  std::vector<double> values(static_cast<size_t>(numel()));
+  const char* sb = static_cast<const char*>(src.raw_data());
+  dispatch(src.dtype_, [&](auto tag) {
+    using T = decltype(tag);
+    for_each_offset(src.shape_, src.strides_, se,
+                    [&](int64_t i, int64_t off) { values[i] = load_as_double<T>(sb + off); });
+  });
+  char* db = static_cast<char*>(raw_data());
+  dispatch(dtype_, [&](auto tag) {
+    using T = decltype(tag);
+    for_each_offset(shape_, strides_, de,
+                    [&](int64_t i, int64_t off) { store_from_double<T>(db + off, values[i]); });
+  });
+}
+
+void Tensor::zero_() {
+  MG_CHECK(device().is_cpu(), "zero_ on ", device().to_string(), " needs the CUDA backend");
+  if (is_contiguous()) {
+    std::memset(raw_data(), 0, nbytes());
+    return;
+  }
+  fill_(0.0);
+}
+
+void Tensor::fill_(double value) {
+  MG_CHECK(device().is_cpu(), "fill_ on ", device().to_string(), " needs the CUDA backend");
+  char* db = static_cast<char*>(raw_data());
+  dispatch(dtype_, [&](auto tag) {
+    using T = decltype(tag);
+    for_each_offset(shape_, strides_, dtype_size(dtype_),
+                    [&](int64_t, int64_t off) { store_from_double<T>(db + off, value); });
+  });
+}
+
+double Tensor::item_as_double(int64_t flat) const {
+  MG_CHECK(flat >= 0 && flat < numel(), "item index ", flat, " out of range");
+  int64_t off = 0;
+  for (int d = dim() - 1; d >= 0; --d) {
+    off += (flat % shape_[d]) * strides_[d];
+    flat /= shape_[d];
+  }
+  const char* p = static_cast<const char*>(raw_data()) + off * int64_t(dtype_size(dtype_));
+  return dispatch(dtype_, [&](auto tag) { return load_as_double<decltype(tag)>(p); });
+}
+
+std::vector<float> Tensor::to_float_vector() const {
+  Tensor f = to(DType::F32);
+  const float* p = f.data<float>();
+  return std::vector<float>(p, p + f.numel());
+}
+
+}  // namespace megatron

@@ -1,0 +1,38 @@
+// Shared test helpers: temporary folders, running the CLI, paths to the source tree.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace megatron::testing {
+
+std::filesystem::path source_dir();
+std::filesystem::path cli_path();
+
+// A fresh folder under the system temp dir, removed (recursively) on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+// Runs a shell command line, capturing stdout+stderr.
+CommandResult run_command(const std::string& command_line);
+// Runs `megatron <args>` (args already shell-quoted as needed).
+CommandResult run_cli(const std::string& args);
+
+std::string read_file(const std::filesystem::path& p);
+void write_file(const std::filesystem::path& p, const std::string& content);
+
+}  // namespace megatron::testing
