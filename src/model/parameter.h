@@ -1,0 +1,27 @@
+// A trainable parameter as the optimizer, the gradient reduction and checkpoints see it.
+// `value` is the model's copy in the parameter dtype (fp32, or bf16/fp16 under --bf16/--fp16);
+// `grad` is the fp32 main gradient that backward accumulates into (+=). The optimizer keeps the
+// fp32 main weights separately. `name` is the Megatron-Core key (e.g.
+// "decoder.layers.0.self_attention.linear_qkv.weight"), used by checkpoints and converters.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace megatron::model {
+
+struct Parameter {
+  std::string name;
+  Tensor value;  // param dtype, model layout
+  Tensor grad;   // fp32, same shape; accumulated by backward
+  bool weight_decay = true;  // false for biases and norm weights (Megatron's rule: 1-D params)
+  // Tensor-parallel layout, for checkpoints, resharding and the grad norm:
+  int partition_dim = -1;         // dimension split across TP ranks, -1 if replicated
+  bool sequence_parallel = false; // replicated but sees a sequence shard (needs TP grad all-reduce)
+};
+
+using ParameterList = std::vector<Parameter*>;
+
+}  // namespace megatron::model
