@@ -1,0 +1,170 @@
+// The sampling generation loop: prefill to the shortest prompt, then one position per step.
+#include "inference/generation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+
+namespace megatron::inference {
+namespace {
+
+std::optional<int32_t> single_token(const data::Tokenizer& tokenizer, std::string_view text) {
+  try {
+    const auto ids = tokenizer.encode(text);
+    if (ids.size() == 1) return ids[0];
+  } catch (const Error&) {
+    // Tokenizers that cannot encode this text (NullTokenizer) simply have no such token.
+  }
+  return std::nullopt;
+}
+
+struct RowState {
+  int64_t limit = 0;  // total length at which the row ends
+  bool done = false;
+  float top_p = 0.0f;
+  std::optional<SamplingStream> stream;
+};
+
+}  // namespace
+
+SpecialTokens SpecialTokens::from_tokenizer(const data::Tokenizer& tokenizer) {
+  SpecialTokens s;
+  s.eod = tokenizer.eod();
+  s.newline = single_token(tokenizer, "\n");
+  s.double_newline = single_token(tokenizer, "\n\n");
+  s.colon = single_token(tokenizer, ":");
+  return s;
+}
+
+const char* finish_reason_name(FinishReason r) {
+  return r == FinishReason::Length ? "length" : "stop";
+}
+
+std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceRequest> rows,
+                                     int64_t vocab, const SpecialTokens& special) {
+  const int64_t batch = int64_t(rows.size());
+  std::vector<SequenceResult> results(rows.size());
+  if (batch == 0) return results;
+  const int64_t width = model.vocab_size();
+  MG_CHECK(vocab > 0 && vocab <= width, "vocabulary ", vocab, " vs logits width ", width);
+
+  std::vector<RowState> state(rows.size());
+  int64_t min_len = std::numeric_limits<int64_t>::max(), max_total = 0;
+  bool any_logprobs = false;
+  for (int64_t i = 0; i < batch; ++i) {
+    const auto& r = rows[i];
+    MG_REQUIRE(!r.prompt.empty(), "prompt ", i, " is empty after tokenization (set add_BOS)");
+    MG_REQUIRE(r.tokens_to_generate >= 0, "tokens_to_generate must be >= 0");
+    for (int32_t t : r.prompt)
+      MG_REQUIRE(t >= 0 && t < vocab, "prompt ", i, " has token id ", t,
+                 " outside the vocabulary [0, ", vocab, ")");
+    state[i].limit = int64_t(r.prompt.size()) + r.tokens_to_generate;
+    MG_REQUIRE(state[i].limit <= model.max_sequence_length(), "prompt ", i, " (",
+               r.prompt.size(), " tokens) + tokens_to_generate (", r.tokens_to_generate,
+               ") exceeds the model's maximum sequence length ", model.max_sequence_length());
+    state[i].top_p = r.sampling.top_p;
+    if (!r.sampling.greedy()) state[i].stream.emplace(r.seed, r.sequence);
+    min_len = std::min<int64_t>(min_len, int64_t(r.prompt.size()));
+    max_total = std::max(max_total, state[i].limit);
+    any_logprobs = any_logprobs || r.return_logprobs;
+    results[i].tokens = r.prompt;
+    results[i].prompt_length = int64_t(r.prompt.size());
+    if (r.return_logprobs) results[i].logprobs.reserve(size_t(state[i].limit));
+  }
+
+  model.start(batch, max_total);
+  std::vector<int32_t> feed(static_cast<size_t>(batch * min_len));
+  for (int64_t i = 0; i < batch; ++i)
+    std::copy_n(rows[i].prompt.begin(), min_len, feed.begin() + i * min_len);
+  Tensor logits = model.prefill(feed, min_len, any_logprobs);
+  // Log-probs of prompt tokens 1..min_len-1 come from the prefill's earlier positions.
+  if (any_logprobs) {
+    const float* base = logits.data<float>();
+    for (int64_t i = 0; i < batch; ++i) {
+      if (!rows[i].return_logprobs) continue;
+      for (int64_t p = 0; p + 1 < min_len; ++p) {
+        std::span<const float> row(base + (i * min_len + p) * width, size_t(width));
+        results[i].logprobs.push_back(token_logprob(row, rows[i].prompt[p + 1]));
+      }
+    }
+  }
+  int64_t last_offset = any_logprobs ? min_len - 1 : 0;  // position of "last" in the logits
+  int64_t positions_in_logits = any_logprobs ? min_len : 1;
+
+  std::vector<float> probs_scratch;
+  std::vector<int32_t> index_scratch;
+  std::vector<float> row_logits(static_cast<size_t>(width));
+  std::vector<int32_t> next(static_cast<size_t>(batch));
+  for (int64_t pos = min_len;; ++pos) {
+    // Logits at position pos - 1 choose (or score) the token at position pos.
+    bool all_done = true;
+    for (int64_t i = 0; i < batch; ++i) {
+      auto& st = state[i];
+      auto& res = results[i];
+      const auto& r = rows[i];
+      next[i] = special.eod.value_or(0);
+      if (st.done) continue;
+      if (pos >= st.limit) {
+        st.done = true;
+        continue;
+      }
+      const float* src = logits.data<float>() + (i * positions_in_logits + last_offset) * width;
+      std::copy_n(src, width, row_logits.begin());
+      const int32_t prev = res.tokens[size_t(pos - 1)];
+      if (r.prevent_newline_after_colon && special.colon && special.newline &&
+          prev == *special.colon)
+        row_logits[size_t(*special.newline)] = -1e10f;
+      const bool in_prompt = pos < int64_t(r.prompt.size());
+      int32_t token;
+      if (in_prompt) {
+        token = r.prompt[size_t(pos)];
+      } else {
+        const double u = st.stream ? st.stream->next() : 0.0;
+        token = sample_token(row_logits, vocab, r.sampling, st.top_p, u, probs_scratch,
+                             index_scratch);
+        st.top_p = next_top_p(r.sampling, st.top_p);
+        res.tokens.push_back(token);
+      }
+      float lp = std::numeric_limits<float>::quiet_NaN();
+      if (r.return_logprobs) {
+        lp = token_logprob(row_logits, token);
+        res.logprobs.push_back(lp);
+      }
+      next[i] = token;
+      if (!in_prompt) {
+        bool stop = r.stop_on_eod && special.eod && token == *special.eod;
+        if (r.stop_on_eol && ((special.newline && token == *special.newline) ||
+                              (special.double_newline && token == *special.double_newline)))
+          stop = true;
+        if (r.stop_on_double_eol) {
+          if (special.double_newline && token == *special.double_newline) stop = true;
+          if (special.newline && token == *special.newline && prev == *special.newline)
+            stop = true;
+        }
+        if (stop) {
+          st.done = true;
+          res.finish = FinishReason::Stop;
+        } else if (r.on_token && !r.on_token(res.tokens, lp)) {
+          st.done = true;
+          res.finish = FinishReason::Callback;
+        } else if (pos + 1 >= st.limit) {
+          st.done = true;
+        }
+        if (stop && r.on_token) r.on_token(res.tokens, lp);
+      } else if (pos + 1 >= st.limit) {
+        st.done = true;
+      }
+      if (!st.done) all_done = false;
+    }
+    if (all_done) break;
+    logits = model.decode_step(next);
+    last_offset = 0;
+    positions_in_logits = 1;
+  }
+  return results;
+}
+
+}  // namespace megatron::inference

@@ -1,0 +1,72 @@
+// The sampling generation loop (Megatron's generate_tokens_probs_and_return_on_first_stage) on
+// a LanguageModel with a KV cache. Each row carries its own settings, so requests with
+// different sampling parameters, lengths and stop rules share one batch.
+//
+// Rows of different prompt lengths: the batch is prefilled up to the shortest prompt; each later
+// position is fed one token at a time, taking the prompt's own token for rows still inside their
+// prompt and a sampled one for the others. No row ever sees another row's tokens or padding.
+// Outputs follow Megatron: `tokens` is prompt + generation including the stop token that ended
+// it; `logprobs` has one entry per token after the first (prompt tokens included), computed as
+// log_softmax over the full (padded) logits before temperature/top-k/top-p.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "inference/language_model.h"
+#include "inference/sampling.h"
+
+namespace megatron::data {
+class Tokenizer;
+}
+
+namespace megatron::inference {
+
+// Token ids the stop rules need, taken from the tokenizer (GPT-2: eod 50256, "\n" 198,
+// "\n\n" 628, ":" 25, as Megatron hard-codes them).
+struct SpecialTokens {
+  std::optional<int32_t> eod;
+  std::optional<int32_t> newline;
+  std::optional<int32_t> double_newline;
+  std::optional<int32_t> colon;
+  static SpecialTokens from_tokenizer(const data::Tokenizer& tokenizer);
+};
+
+enum class FinishReason { Length, Stop, Callback };
+const char* finish_reason_name(FinishReason r);  // "length", "stop", "stop"
+
+struct SequenceRequest {
+  std::vector<int32_t> prompt;  // at least one token (add the BOS before)
+  int64_t tokens_to_generate = 64;
+  bool return_logprobs = false;
+  SamplingParams sampling;
+  uint64_t seed = 0;      // with `sequence`, names the random stream of this row
+  uint64_t sequence = 0;
+  bool stop_on_eod = true;
+  bool stop_on_eol = false;
+  bool stop_on_double_eol = false;
+  bool prevent_newline_after_colon = false;
+  // Called after each generated token with the row's tokens so far (prompt + generation) and
+  // the generated token's log-prob (NaN when not requested). Return false to end the row (a
+  // stop string was produced, or the client went away): finish reason Callback.
+  std::function<bool(std::span<const int32_t> tokens, float logprob)> on_token;
+};
+
+struct SequenceResult {
+  std::vector<int32_t> tokens;  // prompt + generated
+  int64_t prompt_length = 0;
+  std::vector<float> logprobs;  // tokens.size() - 1 entries when requested
+  FinishReason finish = FinishReason::Length;
+  int64_t generated() const { return int64_t(tokens.size()) - prompt_length; }
+};
+
+// Runs the batch to completion. `vocab` is the real vocabulary size (ids >= vocab, the padding
+// rows of the logits, are never sampled). Throws megatron::Error if a row does not fit the
+// model's maximum sequence length.
+std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceRequest> rows,
+                                     int64_t vocab, const SpecialTokens& special);
+
+}  // namespace megatron::inference
