@@ -39,6 +39,20 @@ SpecialTokens SpecialTokens::from_tokenizer(const data::Tokenizer& tokenizer) {
   return s;
 }
 
+std::vector<std::pair<int32_t, float>> top_n_logprobs(std::span<const float> logits, int64_t vocab,
+                                                     int n) {
+  n = int(std::min<int64_t>(n, vocab));
+  std::vector<int32_t> idx(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) idx[size_t(i)] = int32_t(i);
+  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  const double lse = log_sum_exp(logits);
+  std::vector<std::pair<int32_t, float>> out;
+  for (int i = 0; i < n; ++i) out.push_back({idx[size_t(i)], float(double(logits[idx[size_t(i)]]) - lse)});
+  return out;
+}
+
 const char* finish_reason_name(FinishReason r) {
   return r == FinishReason::Length ? "length" : "stop";
 }
@@ -88,6 +102,8 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
       for (int64_t p = 0; p + 1 < min_len; ++p) {
         std::span<const float> row(base + (i * min_len + p) * width, size_t(width));
         results[i].logprobs.push_back(token_logprob(row, rows[i].prompt[p + 1]));
+        if (rows[i].top_logprobs > 0)
+          results[i].top_logprobs.push_back(top_n_logprobs(row, vocab, rows[i].top_logprobs));
       }
     }
   }
@@ -132,6 +148,8 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
       if (r.return_logprobs) {
         lp = token_logprob(row_logits, token);
         res.logprobs.push_back(lp);
+        if (r.top_logprobs > 0)
+          res.top_logprobs.push_back(top_n_logprobs(row_logits, vocab, r.top_logprobs));
       }
       next[i] = token;
       if (!in_prompt) {

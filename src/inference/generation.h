@@ -42,6 +42,7 @@ struct SequenceRequest {
   std::vector<int32_t> prompt;  // at least one token (add the BOS before)
   int64_t tokens_to_generate = 64;
   bool return_logprobs = false;
+  int top_logprobs = 0;  // with return_logprobs: also the n most likely tokens at each position
   SamplingParams sampling;
   uint64_t seed = 0;      // with `sequence`, names the random stream of this row
   uint64_t sequence = 0;
@@ -59,9 +60,15 @@ struct SequenceResult {
   std::vector<int32_t> tokens;  // prompt + generated
   int64_t prompt_length = 0;
   std::vector<float> logprobs;  // tokens.size() - 1 entries when requested
+  // Aligned with logprobs when top_logprobs > 0: (token, log-prob), most likely first.
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
   FinishReason finish = FinishReason::Length;
   int64_t generated() const { return int64_t(tokens.size()) - prompt_length; }
 };
+
+// The n most likely of the first `vocab` entries with their log-probs (log-softmax over all).
+std::vector<std::pair<int32_t, float>> top_n_logprobs(std::span<const float> logits, int64_t vocab,
+                                                     int n);
 
 // Runs the batch to completion. `vocab` is the real vocabulary size (ids >= vocab, the padding
 // rows of the logits, are never sampled). Throws megatron::Error if a row does not fit the

@@ -1,0 +1,60 @@
+// The text generation server's transport: HTTP routes over cpp-httplib, authentication, body
+// limits and error responses. Request bodies become jobs through the task layer
+// (server_api.h); jobs run on the scheduler (server_queue.h), which owns the model.
+//
+// Endpoints: PUT /api (Megatron), POST /v1/completions (OpenAI, optionally streamed as
+// server-sent events), GET /health. Every error is a JSON body {"error": "..."}: 400 for bad
+// requests, 401 without the API key, 404/405 for unknown routes or methods, 413 for bodies over
+// the limit, 503 when the queue is full, 500 only for engine failures.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "inference/language_model.h"
+
+namespace megatron::data {
+class Tokenizer;
+}
+
+namespace megatron::inference {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 5000;              // 0 picks a free port (see bound_port())
+  std::string api_key;          // when set, every request needs "Authorization: Bearer <key>"
+  int max_batch_size = 8;       // rows decoded together
+  size_t max_queue_size = 64;   // jobs waiting; more get 503
+  size_t max_request_bytes = 1 << 20;
+  int64_t max_tokens_to_generate = 1024;
+  int http_threads = 64;
+};
+
+// True for loopback names and addresses (127.0.0.0/8, ::1, localhost).
+bool is_loopback_host(const std::string& host);
+
+class TextGenerationServer {
+ public:
+  // Throws megatron::Error for invalid options (e.g. a non-loopback host without an API key).
+  TextGenerationServer(LanguageModel& model, const data::Tokenizer& tokenizer,
+                       ServerOptions options);
+  ~TextGenerationServer();
+  TextGenerationServer(const TextGenerationServer&) = delete;
+  TextGenerationServer& operator=(const TextGenerationServer&) = delete;
+
+  // Binds the socket; returns the port. Throws megatron::Error when it cannot.
+  int bind();
+  int bound_port() const { return port_; }
+  // Serves until stop() (from another thread or a signal handler's thread).
+  void serve();
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int port_ = -1;
+};
+
+}  // namespace megatron::inference
