@@ -1,0 +1,289 @@
+// GPT forward with a KV cache on the CPU: OpenBLAS for the matrix products, OpenMP over rows
+// and heads for norms and attention.
+#include "inference/gpt_inference.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace megatron::inference {
+namespace {
+
+using Config = GPTInferenceConfig;
+
+// y[rows, out] = x[rows, in] W^T (+ b), W stored [out, in] (PyTorch nn.Linear layout).
+void linear(const float* x, const std::vector<float>& w, const std::vector<float>& b, float* y,
+            int64_t rows, int64_t in, int64_t out) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(out), int(in), 1.0f, x,
+              int(in), w.data(), int(in), 0.0f, y, int(out));
+  if (!b.empty()) {
+#pragma omp parallel for if (rows * out > 65536)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o) y[r * out + o] += b[size_t(o)];
+  }
+}
+
+std::vector<float> fetch(const WeightLookup& lookup, const std::string& name, const Shape& shape,
+                         bool required = true) {
+  Tensor t = lookup(name);
+  if (!t.defined()) {
+    MG_REQUIRE(!required, "the model weights have no tensor '", name, "'");
+    return {};
+  }
+  MG_REQUIRE(t.shape() == shape, "weight '", name, "' has shape ", shape_str(t.shape()),
+             ", the configuration needs ", shape_str(shape));
+  Tensor f = t.dtype() == DType::F32 ? t.contiguous() : t.to(DType::F32);
+  const float* p = f.data<float>();
+  return std::vector<float>(p, p + f.numel());
+}
+
+}  // namespace
+
+GPTInferenceConfig GPTInferenceConfig::resolved() const {
+  Config c = *this;
+  MG_REQUIRE(c.num_layers >= 1 && c.hidden_size >= 1 && c.num_attention_heads >= 1,
+             "the GPT needs num_layers, hidden_size and num_attention_heads >= 1");
+  if (c.num_query_groups == 0) c.num_query_groups = c.num_attention_heads;
+  if (c.kv_channels == 0) {
+    MG_REQUIRE(c.hidden_size % c.num_attention_heads == 0, "hidden_size ", c.hidden_size,
+               " is not divisible by num_attention_heads ", c.num_attention_heads);
+    c.kv_channels = c.hidden_size / c.num_attention_heads;
+  }
+  if (c.ffn_hidden_size == 0) c.ffn_hidden_size = 4 * c.hidden_size;
+  MG_REQUIRE(c.num_attention_heads % c.num_query_groups == 0, "num_attention_heads ",
+             c.num_attention_heads, " is not divisible by num_query_groups ", c.num_query_groups);
+  MG_REQUIRE(c.padded_vocab_size >= 1 && c.max_position_embeddings >= 1,
+             "the GPT needs padded_vocab_size and max_position_embeddings >= 1");
+  MG_REQUIRE(c.rotary_percent > 0.0 && c.rotary_percent <= 1.0, "rotary_percent must be in (0, 1]");
+  return c;
+}
+
+GPTInference::GPTInference(const GPTInferenceConfig& config, const WeightLookup& w)
+    : cfg_(config.resolved()) {
+  const int64_t h = cfg_.hidden_size;
+  heads_ = cfg_.num_attention_heads;
+  groups_ = cfg_.num_query_groups;
+  d_ = cfg_.kv_channels;
+  qkv_dim_ = (heads_ + 2 * groups_) * d_;
+  ffn_ = cfg_.ffn_hidden_size;
+  const int64_t fc1_out = cfg_.activation == Config::Activation::SwiGLU ? 2 * ffn_ : ffn_;
+  const bool norm_bias = cfg_.normalization == Config::Norm::LayerNorm;
+  const int64_t V = cfg_.padded_vocab_size;
+
+  word_emb_ = fetch(w, "embedding.word_embeddings.weight", {V, h});
+  if (cfg_.position_embedding_type == Config::Position::LearnedAbsolute)
+    pos_emb_ = fetch(w, "embedding.position_embeddings.weight", {cfg_.max_position_embeddings, h});
+  final_w_ = fetch(w, "decoder.final_layernorm.weight", {h});
+  if (norm_bias) final_b_ = fetch(w, "decoder.final_layernorm.bias", {h});
+  if (cfg_.untie_embeddings_and_output_weights) output_w_ = fetch(w, "output_layer.weight", {V, h});
+
+  // Norms live under input_layernorm/pre_mlp_layernorm (local spec) or are fused into the next
+  // linear as layer_norm_weight/bias (Transformer Engine spec).
+  auto norm_weight = [&](const std::string& local, const std::string& fused, const char* suffix) {
+    Tensor t = w(local + "." + suffix);
+    return fetch(w, t.defined() ? local + "." + suffix : fused + ".layer_norm_" + suffix, {h});
+  };
+  layers_.resize(size_t(cfg_.num_layers));
+  for (int64_t i = 0; i < cfg_.num_layers; ++i) {
+    auto& L = layers_[size_t(i)];
+    const std::string p = "decoder.layers." + std::to_string(i) + ".";
+    L.ln1_w = norm_weight(p + "input_layernorm", p + "self_attention.linear_qkv", "weight");
+    if (norm_bias) L.ln1_b = norm_weight(p + "input_layernorm", p + "self_attention.linear_qkv", "bias");
+    L.qkv_w = fetch(w, p + "self_attention.linear_qkv.weight", {qkv_dim_, h});
+    if (cfg_.add_qkv_bias) L.qkv_b = fetch(w, p + "self_attention.linear_qkv.bias", {qkv_dim_});
+    L.proj_w = fetch(w, p + "self_attention.linear_proj.weight", {h, heads_ * d_});
+    if (cfg_.add_bias_linear) L.proj_b = fetch(w, p + "self_attention.linear_proj.bias", {h});
+    L.ln2_w = norm_weight(p + "pre_mlp_layernorm", p + "mlp.linear_fc1", "weight");
+    if (norm_bias) L.ln2_b = norm_weight(p + "pre_mlp_layernorm", p + "mlp.linear_fc1", "bias");
+    L.fc1_w = fetch(w, p + "mlp.linear_fc1.weight", {fc1_out, h});
+    if (cfg_.add_bias_linear) L.fc1_b = fetch(w, p + "mlp.linear_fc1.bias", {fc1_out});
+    L.fc2_w = fetch(w, p + "mlp.linear_fc2.weight", {h, ffn_});
+    if (cfg_.add_bias_linear) L.fc2_b = fetch(w, p + "mlp.linear_fc2.bias", {h});
+  }
+  if (cfg_.position_embedding_type == Config::Position::Rope) {
+    const int64_t rot = int64_t(double(d_) * cfg_.rotary_percent);
+    MG_REQUIRE(rot >= 2 && rot % 2 == 0, "rotary dimension ", rot, " must be even and >= 2");
+    for (int64_t i = 0; i < rot; i += 2)
+      inv_freq_.push_back(float(1.0 / std::pow(cfg_.rotary_base, double(i) / double(rot))));
+  }
+}
+
+void GPTInference::start(int64_t batch, int64_t max_len) {
+  MG_REQUIRE(batch >= 1, "generation needs at least one sequence");
+  MG_REQUIRE(max_len >= 1 && max_len <= cfg_.max_position_embeddings, "sequence length ", max_len,
+             " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
+  batch_ = batch;
+  max_len_ = max_len;
+  pos_ = 0;
+  const size_t cache = size_t(batch * groups_ * max_len * d_);
+  for (auto& L : layers_) {
+    L.k_cache.assign(cache, 0.0f);
+    L.v_cache.assign(cache, 0.0f);
+  }
+}
+
+void GPTInference::norm(const float* x, const std::vector<float>& w, const std::vector<float>& b,
+                        float* y, int64_t rows) const {
+  const int64_t h = cfg_.hidden_size;
+  const bool layer = cfg_.normalization == Config::Norm::LayerNorm;
+  const double eps = cfg_.layernorm_epsilon;
+#pragma omp parallel for if (rows > 4)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * h;
+    float* yr = y + r * h;
+    double mean = 0.0, var = 0.0;
+    if (layer) {
+      for (int64_t i = 0; i < h; ++i) mean += xr[i];
+      mean /= double(h);
+    }
+    for (int64_t i = 0; i < h; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    const float inv = float(1.0 / std::sqrt(var / double(h) + eps));
+    for (int64_t i = 0; i < h; ++i)
+      yr[i] = float(xr[i] - mean) * inv * w[size_t(i)] + (layer ? b[size_t(i)] : 0.0f);
+  }
+}
+
+// Megatron's rotary embedding (non-interleaved): the first rot dims are split in halves
+// x1, x2 and rotated as (x1 cos - x2 sin, x2 cos + x1 sin) with frequency index i < rot/2.
+void GPTInference::rope(float* v, int64_t position) const {
+  const int64_t half = int64_t(inv_freq_.size());
+  for (int64_t i = 0; i < half; ++i) {
+    const double angle = double(position) * double(inv_freq_[size_t(i)]);
+    const float c = float(std::cos(angle)), s = float(std::sin(angle));
+    const float x1 = v[i], x2 = v[i + half];
+    v[i] = x1 * c - x2 * s;
+    v[i + half] = x2 * c + x1 * s;
+  }
+}
+
+void GPTInference::attention(Layer& L, const float* qkv, float* ctx, int64_t batch, int64_t n) {
+  const int64_t hpg = heads_ / groups_;
+  const int64_t stride = (hpg + 2) * d_;  // one query group in the fused QKV row
+  const bool use_rope = cfg_.position_embedding_type == Config::Position::Rope;
+  // Append the new keys and values to the cache.
+#pragma omp parallel for collapse(2)
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t g = 0; g < groups_; ++g)
+      for (int64_t j = 0; j < n; ++j) {
+        const float* row = qkv + (b * n + j) * qkv_dim_ + g * stride;
+        float* k = L.k_cache.data() + ((b * groups_ + g) * max_len_ + pos_ + j) * d_;
+        float* v = L.v_cache.data() + ((b * groups_ + g) * max_len_ + pos_ + j) * d_;
+        std::copy_n(row + hpg * d_, d_, k);
+        std::copy_n(row + (hpg + 1) * d_, d_, v);
+        if (use_rope) rope(k, pos_ + j);
+      }
+  const float scale = float(1.0 / std::sqrt(double(d_)));
+#pragma omp parallel
+  {
+    std::vector<float> q(static_cast<size_t>(d_)), scores(static_cast<size_t>(pos_ + n)), out(static_cast<size_t>(d_));
+#pragma omp for collapse(3)
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t head = 0; head < heads_; ++head)
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t g = head / hpg;
+          std::copy_n(qkv + (b * n + j) * qkv_dim_ + g * stride + (head % hpg) * d_, d_, q.data());
+          if (use_rope) rope(q.data(), pos_ + j);
+          const float* K = L.k_cache.data() + (b * groups_ + g) * max_len_ * d_;
+          const float* Vc = L.v_cache.data() + (b * groups_ + g) * max_len_ * d_;
+          const int64_t len = pos_ + j + 1;  // causal: keys 0..pos_+j
+          float mx = -INFINITY;
+          for (int64_t t = 0; t < len; ++t) {
+            float s = 0.0f;
+            for (int64_t i = 0; i < d_; ++i) s += q[size_t(i)] * K[t * d_ + i];
+            scores[size_t(t)] = s * scale;
+            mx = std::max(mx, scores[size_t(t)]);
+          }
+          float sum = 0.0f;
+          for (int64_t t = 0; t < len; ++t) sum += scores[size_t(t)] = std::exp(scores[size_t(t)] - mx);
+          std::fill(out.begin(), out.end(), 0.0f);
+          for (int64_t t = 0; t < len; ++t) {
+            const float p = scores[size_t(t)] / sum;
+            for (int64_t i = 0; i < d_; ++i) out[size_t(i)] += p * Vc[t * d_ + i];
+          }
+          std::copy_n(out.data(), d_, ctx + (b * n + j) * heads_ * d_ + head * d_);
+        }
+  }
+}
+
+Tensor GPTInference::forward(std::span<const int32_t> tokens, int64_t n, bool all_positions) {
+  MG_CHECK(batch_ > 0, "forward before start");
+  MG_CHECK(int64_t(tokens.size()) == batch_ * n, "forward: ", tokens.size(), " tokens for ",
+           batch_, "x", n);
+  MG_REQUIRE(pos_ + n <= max_len_, "sequence position ", pos_ + n, " exceeds the cache length ",
+             max_len_);
+  const int64_t h = cfg_.hidden_size, V = cfg_.padded_vocab_size, rows = batch_ * n;
+  std::vector<float> x(static_cast<size_t>(rows * h)), y(static_cast<size_t>(rows * h));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t t = tokens[size_t(r)];
+    MG_REQUIRE(t >= 0 && t < V, "token id ", t, " outside the vocabulary [0, ", V, ")");
+    std::copy_n(word_emb_.data() + int64_t(t) * h, h, x.data() + r * h);
+    if (!pos_emb_.empty()) {
+      const float* pe = pos_emb_.data() + (pos_ + r % n) * h;
+      for (int64_t i = 0; i < h; ++i) x[size_t(r * h + i)] += pe[i];
+    }
+  }
+  const int64_t fc1_out = cfg_.activation == Config::Activation::SwiGLU ? 2 * ffn_ : ffn_;
+  std::vector<float> qkv(static_cast<size_t>(rows * qkv_dim_)), ctx(static_cast<size_t>(rows * heads_ * d_));
+  std::vector<float> fc1(static_cast<size_t>(rows * fc1_out)), act(static_cast<size_t>(rows * ffn_));
+  for (auto& L : layers_) {
+    norm(x.data(), L.ln1_w, L.ln1_b, y.data(), rows);
+    linear(y.data(), L.qkv_w, L.qkv_b, qkv.data(), rows, h, qkv_dim_);
+    attention(L, qkv.data(), ctx.data(), batch_, n);
+    linear(ctx.data(), L.proj_w, L.proj_b, y.data(), rows, heads_ * d_, h);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+    norm(x.data(), L.ln2_w, L.ln2_b, y.data(), rows);
+    linear(y.data(), L.fc1_w, L.fc1_b, fc1.data(), rows, h, fc1_out);
+#pragma omp parallel for if (rows * ffn_ > 65536)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < ffn_; ++i) {
+        float* a = act.data() + r * ffn_ + i;
+        const float v = fc1[size_t(r * fc1_out + i)];
+        switch (cfg_.activation) {
+          case Config::Activation::Gelu:
+            *a = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+            break;
+          case Config::Activation::GeluTanh:
+            *a = 0.5f * v * (1.0f + std::tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+            break;
+          case Config::Activation::SwiGLU:
+            *a = v / (1.0f + std::exp(-v)) * fc1[size_t(r * fc1_out + ffn_ + i)];
+            break;
+        }
+      }
+    linear(act.data(), L.fc2_w, L.fc2_b, y.data(), rows, ffn_, h);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+  }
+  // Final norm and output layer for the positions asked for.
+  const int64_t out_n = all_positions ? n : 1;
+  std::vector<float> last(static_cast<size_t>(batch_ * out_n * h));
+  for (int64_t b = 0; b < batch_; ++b)
+    std::copy_n(x.data() + (b * n + (n - out_n)) * h, out_n * h, last.data() + b * out_n * h);
+  std::vector<float> normed(last.size());
+  norm(last.data(), final_w_, final_b_, normed.data(), batch_ * out_n);
+  Tensor logits = Tensor::empty({batch_, out_n, V}, DType::F32);
+  static const std::vector<float> no_bias;
+  linear(normed.data(), output_w_.empty() ? word_emb_ : output_w_, no_bias, logits.data<float>(),
+         batch_ * out_n, h, V);
+  pos_ += n;
+  return logits;
+}
+
+void GPTInference::reorder(std::span<const int64_t> src) {
+  MG_CHECK(int64_t(src.size()) == batch_, "reorder: ", src.size(), " rows for batch ", batch_);
+  const int64_t row = groups_ * max_len_ * d_;
+  std::vector<float> tmp;
+  for (auto& L : layers_)
+    for (auto* cache : {&L.k_cache, &L.v_cache}) {
+      tmp.resize(cache->size());
+      for (int64_t b = 0; b < batch_; ++b) {
+        MG_CHECK(src[size_t(b)] >= 0 && src[size_t(b)] < batch_, "reorder row out of range");
+        std::copy_n(cache->data() + src[size_t(b)] * row, row, tmp.data() + b * row);
+      }
+      cache->swap(tmp);
+    }
+}
+
+}  // namespace megatron::inference

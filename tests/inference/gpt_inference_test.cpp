@@ -1,0 +1,288 @@
+// GPT inference with a KV cache: incremental decoding equals a full causal forward over the same
+// prefix, and both equal a PyTorch reference (tests/reference/generate_reference.py) on the
+// same random weights, for a GPT-2 style and a Llama style configuration.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "inference/beam_search.h"
+#include "inference/generation.h"
+#include "inference/gpt_inference.h"
+#include "test_util.h"
+
+namespace megatron::inference {
+namespace {
+
+using Config = GPTInferenceConfig;
+using Weights = std::map<std::string, Tensor>;
+
+Config gpt2_config() {
+  Config c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.padded_vocab_size = 64;
+  c.max_position_embeddings = 32;
+  return c.resolved();
+}
+
+Config llama_config() {
+  Config c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = 48;
+  c.padded_vocab_size = 64;
+  c.max_position_embeddings = 32;
+  c.normalization = Config::Norm::RMSNorm;
+  c.activation = Config::Activation::SwiGLU;
+  c.position_embedding_type = Config::Position::Rope;
+  c.rotary_percent = 0.5;
+  c.add_bias_linear = false;
+  c.add_qkv_bias = false;
+  c.untie_embeddings_and_output_weights = true;
+  return c.resolved();
+}
+
+Weights random_weights(const Config& c) {
+  Weights w;
+  uint64_t stream = 0;
+  auto add = [&](const std::string& name, Shape shape, float mean, float stddev) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    Philox(1234, stream++).fill_normal(t.data<float>(), t.numel(), mean, stddev);
+    w[name] = t;
+  };
+  const int64_t h = c.hidden_size, V = c.padded_vocab_size;
+  const bool ln = c.normalization == Config::Norm::LayerNorm;
+  const int64_t qkv = (c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels;
+  const int64_t fc1 = c.activation == Config::Activation::SwiGLU ? 2 * c.ffn_hidden_size : c.ffn_hidden_size;
+  add("embedding.word_embeddings.weight", {V, h}, 0.0f, 0.5f);
+  if (c.position_embedding_type == Config::Position::LearnedAbsolute)
+    add("embedding.position_embeddings.weight", {c.max_position_embeddings, h}, 0.0f, 0.5f);
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "decoder.layers." + std::to_string(i) + ".";
+    add(p + "input_layernorm.weight", {h}, 1.0f, 0.1f);
+    add(p + "pre_mlp_layernorm.weight", {h}, 1.0f, 0.1f);
+    if (ln) {
+      add(p + "input_layernorm.bias", {h}, 0.0f, 0.1f);
+      add(p + "pre_mlp_layernorm.bias", {h}, 0.0f, 0.1f);
+    }
+    add(p + "self_attention.linear_qkv.weight", {qkv, h}, 0.0f, 0.3f);
+    add(p + "self_attention.linear_proj.weight", {h, c.num_attention_heads * c.kv_channels}, 0.0f, 0.2f);
+    add(p + "mlp.linear_fc1.weight", {fc1, h}, 0.0f, 0.2f);
+    add(p + "mlp.linear_fc2.weight", {h, c.ffn_hidden_size}, 0.0f, 0.2f);
+    if (c.add_qkv_bias) add(p + "self_attention.linear_qkv.bias", {qkv}, 0.0f, 0.1f);
+    if (c.add_bias_linear) {
+      add(p + "self_attention.linear_proj.bias", {h}, 0.0f, 0.1f);
+      add(p + "mlp.linear_fc1.bias", {fc1}, 0.0f, 0.1f);
+      add(p + "mlp.linear_fc2.bias", {h}, 0.0f, 0.1f);
+    }
+  }
+  add("decoder.final_layernorm.weight", {h}, 1.0f, 0.1f);
+  if (ln) add("decoder.final_layernorm.bias", {h}, 0.0f, 0.1f);
+  if (c.untie_embeddings_and_output_weights) add("output_layer.weight", {V, h}, 0.0f, 0.5f);
+  return w;
+}
+
+WeightLookup lookup(const Weights& w) {
+  return [&w](const std::string& name) {
+    auto it = w.find(name);
+    return it == w.end() ? Tensor() : it->second;
+  };
+}
+
+// The same network without a cache: every forward recomputes the whole prefix.
+class RecomputeModel final : public LanguageModel {
+ public:
+  explicit RecomputeModel(GPTInference& inner) : inner_(inner) {}
+  int64_t vocab_size() const override { return inner_.vocab_size(); }
+  int64_t max_sequence_length() const override { return inner_.max_sequence_length(); }
+  void start(int64_t batch, int64_t) override { rows_.assign(size_t(batch), {}); }
+  Tensor forward(std::span<const int32_t> tokens, int64_t n, bool all_positions) override {
+    const int64_t b = int64_t(rows_.size());
+    for (int64_t i = 0; i < b; ++i)
+      rows_[i].insert(rows_[i].end(), tokens.begin() + i * n, tokens.begin() + (i + 1) * n);
+    const int64_t len = int64_t(rows_[0].size());
+    std::vector<int32_t> all;
+    for (auto& r : rows_) all.insert(all.end(), r.begin(), r.end());
+    inner_.start(b, len);
+    Tensor full = inner_.forward(all, len, true);
+    return full.narrow(1, all_positions ? len - n : len - 1, all_positions ? n : 1).contiguous();
+  }
+  void reorder(std::span<const int64_t> src) override {
+    std::vector<std::vector<int32_t>> next;
+    for (int64_t s : src) next.push_back(rows_[size_t(s)]);
+    rows_ = next;
+  }
+  int64_t position() const override { return rows_.empty() ? 0 : int64_t(rows_[0].size()); }
+
+ private:
+  GPTInference& inner_;
+  std::vector<std::vector<int32_t>> rows_;
+};
+
+class GPTInferenceTest : public ::testing::TestWithParam<bool> {
+ protected:
+  Config config() const { return GetParam() ? llama_config() : gpt2_config(); }
+};
+
+TEST_P(GPTInferenceTest, DecodingWithTheCacheEqualsAFullForward) {
+  const Config c = config();
+  const Weights w = random_weights(c);
+  GPTInference model(c, lookup(w));
+  const int64_t b = 2, s = 12;
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < b * s; ++i) tokens.push_back(int32_t((i * 37 + 5) % 60));
+  model.start(b, s);
+  const Tensor full = model.forward(tokens, s, true);
+  // Prefill 5 positions, then one token per step.
+  model.start(b, s);
+  const int64_t p = 5;
+  std::vector<int32_t> prefix;
+  for (int64_t i = 0; i < b; ++i)
+    prefix.insert(prefix.end(), tokens.begin() + i * s, tokens.begin() + i * s + p);
+  Tensor part = model.forward(prefix, p, true);
+  float worst = 0.0f;
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < p; ++j)
+      for (int64_t v = 0; v < c.padded_vocab_size; ++v)
+        worst = std::max(worst, std::abs(part.data<float>()[(i * p + j) * c.padded_vocab_size + v] -
+                                         full.data<float>()[(i * s + j) * c.padded_vocab_size + v]));
+  for (int64_t j = p; j < s; ++j) {
+    std::vector<int32_t> step = {tokens[size_t(j)], tokens[size_t(s + j)]};
+    Tensor l = model.decode_step(step);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t v = 0; v < c.padded_vocab_size; ++v)
+        worst = std::max(worst, std::abs(l.data<float>()[i * c.padded_vocab_size + v] -
+                                         full.data<float>()[(i * s + j) * c.padded_vocab_size + v]));
+  }
+  EXPECT_LT(worst, 1e-5f);
+}
+
+TEST_P(GPTInferenceTest, GenerationAndBeamSearchEqualRecomputation) {
+  const Config c = config();
+  const Weights w = random_weights(c);
+  GPTInference cached(c, lookup(w)), inner(c, lookup(w));
+  RecomputeModel recompute(inner);
+  std::vector<SequenceRequest> rows(3);
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j <= 2 * i; ++j) rows[i].prompt.push_back(int32_t((i * 11 + j * 3) % 60));
+    rows[i].tokens_to_generate = 8;
+    rows[i].return_logprobs = true;
+    rows[i].seed = 7;
+    rows[i].sequence = uint64_t(i);
+  }
+  rows[0].sampling.top_k = 1;
+  rows[1].sampling.temperature = 0.7f;
+  rows[2].sampling.top_p = 0.8f;
+  SpecialTokens special;
+  const auto a = generate(cached, rows, 60, special);
+  const auto b = generate(recompute, rows, 60, special);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << i;
+    ASSERT_EQ(a[i].logprobs.size(), b[i].logprobs.size());
+    for (size_t j = 0; j < a[i].logprobs.size(); ++j) EXPECT_NEAR(a[i].logprobs[j], b[i].logprobs[j], 1e-5);
+  }
+  BeamSearchRequest req;
+  req.prompt = {3, 14, 15};
+  req.tokens_to_generate = 6;
+  req.beam_width = 3;
+  req.stop_token = 9;
+  const auto ha = beam_search(cached, req, 60), hb = beam_search(recompute, req, 60);
+  ASSERT_EQ(ha.size(), hb.size());
+  for (size_t i = 0; i < ha.size(); ++i) {
+    EXPECT_EQ(ha[i].tokens, hb[i].tokens);
+    EXPECT_NEAR(ha[i].score, hb[i].score, 1e-5);
+  }
+}
+
+TEST_P(GPTInferenceTest, MatchesThePyTorchReference) {
+  const Config c = config();
+  const Weights w = random_weights(c);
+  megatron::testing::TempDir dir;
+  nlohmann::json spec;
+  spec["config"] = {{"num_layers", c.num_layers}, {"num_attention_heads", c.num_attention_heads},
+                    {"num_query_groups", c.num_query_groups}, {"kv_channels", c.kv_channels},
+                    {"padded_vocab_size", c.padded_vocab_size},
+                    {"layernorm_epsilon", c.layernorm_epsilon},
+                    {"normalization", c.normalization == Config::Norm::LayerNorm ? "LayerNorm" : "RMSNorm"},
+                    {"activation", c.activation == Config::Activation::Gelu ? "Gelu"
+                                   : c.activation == Config::Activation::GeluTanh ? "GeluTanh" : "SwiGLU"},
+                    {"position_embedding_type",
+                     c.position_embedding_type == Config::Position::Rope ? "Rope" : "LearnedAbsolute"},
+                    {"rotary_base", c.rotary_base}, {"rotary_percent", c.rotary_percent}};
+  std::ofstream bin(dir / "w.bin", std::ios::binary);
+  int64_t offset = 0;
+  for (const auto& [name, t] : w) {
+    bin.write(static_cast<const char*>(t.raw_data()), std::streamsize(t.nbytes()));
+    spec["tensors"][name] = {{"shape", t.shape()}, {"offset", offset}};
+    offset += t.numel();
+  }
+  bin.close();
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5, 6}, {7, 50, 9, 10, 11, 12}};
+  spec["weights_file"] = "w.bin";
+  spec["tokens"] = prompts;
+  spec["generate"] = 6;
+  spec["vocab"] = 60;
+  megatron::testing::write_file(dir / "model.json", spec.dump());
+  const auto run = megatron::testing::run_command(
+      "/usr/bin/python3 " + (megatron::testing::source_dir() / "tests/reference/generate_reference.py").string() +
+      " " + (dir / "model.json").string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto ref = nlohmann::json::parse(run.output);
+
+  GPTInference model(c, lookup(w));
+  std::vector<int32_t> flat;
+  for (const auto& p : prompts) flat.insert(flat.end(), p.begin(), p.end());
+  model.start(2, 6);
+  const Tensor logits = model.forward(flat, 6, true);
+  double worst = 0.0;
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 6; ++j)
+      for (int64_t v = 0; v < c.padded_vocab_size; ++v)
+        worst = std::max(worst, std::abs(double(logits.data<float>()[(i * 6 + j) * c.padded_vocab_size + v]) -
+                                         ref["logits"][i][j][v].get<double>()));
+  EXPECT_LT(worst, 1e-4);
+
+  std::vector<SequenceRequest> rows(2);
+  for (int i = 0; i < 2; ++i) {
+    rows[i].prompt = prompts[size_t(i)];
+    rows[i].tokens_to_generate = 6;
+    rows[i].sampling.top_k = 1;
+    rows[i].return_logprobs = true;
+  }
+  const auto out = generate(model, rows, 60, SpecialTokens{});
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(out[i].tokens, ref["greedy"][i].get<std::vector<int32_t>>()) << i;
+    // Prompt log-probs: log-softmax of the reference logits.
+    for (int j = 1; j < 6; ++j) {
+      const auto& row = ref["logits"][i][j - 1];
+      double mx = -1e300, sum = 0.0;
+      for (const auto& v : row) mx = std::max(mx, v.get<double>());
+      for (const auto& v : row) sum += std::exp(v.get<double>() - mx);
+      const double lp = row[prompts[size_t(i)][size_t(j)]].get<double>() - mx - std::log(sum);
+      EXPECT_NEAR(out[i].logprobs[size_t(j - 1)], lp, 1e-4);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, GPTInferenceTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "LlamaStyle" : "GPT2Style"; });
+
+TEST(GPTInference, MissingOrMisshapenWeightsAreClearErrors) {
+  const Config c = gpt2_config();
+  Weights w = random_weights(c);
+  w.erase("decoder.layers.1.mlp.linear_fc2.weight");
+  EXPECT_THROW(GPTInference(c, lookup(w)), Error);
+  w = random_weights(c);
+  w["decoder.final_layernorm.weight"] = Tensor::zeros({5}, DType::F32);
+  EXPECT_THROW(GPTInference(c, lookup(w)), Error);
+}
+
+}  // namespace
+}  // namespace megatron::inference
