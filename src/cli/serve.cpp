@@ -1,0 +1,92 @@
+// `megatron serve`: the text generation server (Megatron's tools/run_text_generation_server.py)
+// for a checkpoint: PUT /api, POST /v1/completions, GET /health. Binds 127.0.0.1 by default;
+// any other host needs --api-key. SIGINT/SIGTERM stop it cleanly.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
+
+#include <cerrno>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/inference_flags.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "inference/server.h"
+
+namespace megatron::cli {
+namespace {
+
+int g_stop_pipe[2] = {-1, -1};
+
+void on_stop_signal(int sig) {
+  const char c = char(sig);
+  [[maybe_unused]] auto w = ::write(g_stop_pipe[1], &c, 1);
+}
+
+struct ServeArgs {
+  InferenceFlags model;
+  inference::ServerOptions server;
+};
+
+void run_serve(ServeArgs& a) {
+  if (a.server.api_key.empty())
+    if (const char* env = std::getenv("MEGATRON_API_KEY")) a.server.api_key = env;
+  // Check the network options before the (slow) model load.
+  MG_REQUIRE(inference::is_loopback_host(a.server.host) || !a.server.api_key.empty(), "--host ",
+             a.server.host, " would expose the server beyond this machine without "
+             "authentication; pass --api-key KEY (or set MEGATRON_API_KEY) or bind 127.0.0.1");
+  auto loaded = inference::load_inference_model(a.model.finish());
+
+  // SIGINT/SIGTERM may land on any thread (BLAS and OpenMP threads exist before main): the
+  // handler only writes to a pipe, and a waiter thread turns that into server.stop().
+  MG_REQUIRE(::pipe(g_stop_pipe) == 0, "cannot create a pipe for signal handling");
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  inference::TextGenerationServer server(*loaded.model, *loaded.tokenizer, a.server);
+  const int port = server.bind();
+  log_print(str("serving on http://", a.server.host, ":", port,
+                " (PUT /api, POST /v1/completions, GET /health)"));
+  std::fflush(stdout);
+  std::thread waiter([&server] {
+    char sig = 0;
+    while (::read(g_stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (sig != 0) log_info("signal ", int(sig), ": stopping the server");
+    server.stop();
+  });
+  server.serve();
+  // serve() returned: wake the waiter if the server stopped for another reason.
+  const char none = 0;
+  [[maybe_unused]] auto w = ::write(g_stop_pipe[1], &none, 1);
+  waiter.join();
+}
+
+CommandRegistrar reg("serve", "Text generation server (Megatron PUT /api, OpenAI /v1/completions)",
+                     61, [](CLI::App& sub) {
+  auto a = std::make_shared<ServeArgs>();
+  a->model.add(sub);
+  auto& s = a->server;
+  sub.add_option("--host", s.host, "Address to bind (non-loopback needs --api-key)")->capture_default_str();
+  sub.add_option("--port", s.port, "Port (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  sub.add_option("--api-key", s.api_key,
+                 "Require 'Authorization: Bearer KEY' on every request (or MEGATRON_API_KEY)");
+  sub.add_option("--max-batch-size,--inference-max-batch-size", s.max_batch_size,
+                 "Sequences decoded together")->capture_default_str()->check(CLI::Range(1, 4096));
+  sub.add_option("--max-queue-size,--inference-max-requests", s.max_queue_size,
+                 "Requests waiting before 503")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  sub.add_option("--max-request-bytes", s.max_request_bytes, "Largest request body (413 beyond)")
+      ->capture_default_str()->check(CLI::Range(64, 1 << 30));
+  sub.add_option("--max-tokens-to-generate", s.max_tokens_to_generate, "Largest tokens_to_generate / max_tokens")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  sub.callback([a] { run_serve(*a); });
+});
+
+}  // namespace
+}  // namespace megatron::cli

@@ -1,0 +1,39 @@
+// Model weights for inference from a checkpoint folder: DIR/latest_checkpointed_iteration.txt
+// names the iteration (or "release"), and DIR/iter_XXXXXXX/mp_rank_00/ holds the tensors in
+// safetensors files (8-byte little-endian header size, a JSON header of
+// {name: {dtype, shape, data_offsets}}, then the data). Only single-shard (TP = PP = 1) folders
+// are read; every malformed header, offset or dtype is a megatron::Error naming the file.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace megatron::inference {
+
+class CheckpointWeights {
+ public:
+  // `step` overrides the tracker file (--ckpt-step).
+  static CheckpointWeights open(const std::filesystem::path& load_dir,
+                                std::optional<int64_t> step = std::nullopt);
+  // The tensor of that name, or an undefined Tensor when the checkpoint has none.
+  Tensor get(const std::string& name) const;
+  std::vector<std::string> names() const;
+  const std::filesystem::path& directory() const { return directory_; }
+  int64_t iteration() const { return iteration_; }
+
+  // Parses one safetensors file into name -> tensor (copies the data).
+  static std::map<std::string, Tensor> read_safetensors(const std::filesystem::path& file);
+
+ private:
+  std::filesystem::path directory_;
+  int64_t iteration_ = 0;
+  std::map<std::string, Tensor> tensors_;
+};
+
+}  // namespace megatron::inference
