@@ -1,5 +1,6 @@
-// GPT forward with a KV cache on the CPU: OpenBLAS for the matrix products, OpenMP over rows
-// and heads for norms and attention.
+// GPT forward with a KV cache on the CPU. The matrix products go to OpenBLAS (multi-threaded);
+// the rest is plain loops on the calling thread: mixing OpenMP regions with OpenBLAS's own
+// threads made both spin against each other (2-4x slower decoding on 2 cores).
 #include "inference/gpt_inference.h"
 
 #include <cblas.h>
@@ -17,10 +18,14 @@ using Config = GPTInferenceConfig;
 // y[rows, out] = x[rows, in] W^T (+ b), W stored [out, in] (PyTorch nn.Linear layout).
 void linear(const float* x, const std::vector<float>& w, const std::vector<float>& b, float* y,
             int64_t rows, int64_t in, int64_t out) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(out), int(in), 1.0f, x,
-              int(in), w.data(), int(in), 0.0f, y, int(out));
+  if (rows == 1) {  // decoding one sequence: a matrix-vector product
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, int(out), int(in), 1.0f, w.data(), int(in), x, 1,
+                0.0f, y, 1);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(out), int(in), 1.0f, x,
+                int(in), w.data(), int(in), 0.0f, y, int(out));
+  }
   if (!b.empty()) {
-#pragma omp parallel for if (rows * out > 65536)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t o = 0; o < out; ++o) y[r * out + o] += b[size_t(o)];
   }
@@ -130,7 +135,6 @@ void GPTInference::norm(const float* x, const std::vector<float>& w, const std::
   const int64_t h = cfg_.hidden_size;
   const bool layer = cfg_.normalization == Config::Norm::LayerNorm;
   const double eps = cfg_.layernorm_epsilon;
-#pragma omp parallel for if (rows > 4)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * h;
     float* yr = y + r * h;
@@ -159,53 +163,61 @@ void GPTInference::rope(float* v, int64_t position) const {
   }
 }
 
-void GPTInference::attention(Layer& L, const float* qkv, float* ctx, int64_t batch, int64_t n) {
+void GPTInference::attention(Layer& L, float* qkv, float* ctx, int64_t batch, int64_t n) {
   const int64_t hpg = heads_ / groups_;
   const int64_t stride = (hpg + 2) * d_;  // one query group in the fused QKV row
   const bool use_rope = cfg_.position_embedding_type == Config::Position::Rope;
-  // Append the new keys and values to the cache.
-#pragma omp parallel for collapse(2)
+  // Rotate the queries in place; append the (rotated) keys and the values to the cache.
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t g = 0; g < groups_; ++g)
       for (int64_t j = 0; j < n; ++j) {
-        const float* row = qkv + (b * n + j) * qkv_dim_ + g * stride;
+        float* row = qkv + (b * n + j) * qkv_dim_ + g * stride;
         float* k = L.k_cache.data() + ((b * groups_ + g) * max_len_ + pos_ + j) * d_;
         float* v = L.v_cache.data() + ((b * groups_ + g) * max_len_ + pos_ + j) * d_;
         std::copy_n(row + hpg * d_, d_, k);
         std::copy_n(row + (hpg + 1) * d_, d_, v);
-        if (use_rope) rope(k, pos_ + j);
+        if (use_rope) {
+          rope(k, pos_ + j);
+          for (int64_t q = 0; q < hpg; ++q) rope(row + q * d_, pos_ + j);
+        }
       }
   const float scale = float(1.0 / std::sqrt(double(d_)));
-#pragma omp parallel
-  {
-    std::vector<float> q(static_cast<size_t>(d_)), scores(static_cast<size_t>(pos_ + n)), out(static_cast<size_t>(d_));
-#pragma omp for collapse(3)
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t head = 0; head < heads_; ++head)
-        for (int64_t j = 0; j < n; ++j) {
-          const int64_t g = head / hpg;
-          std::copy_n(qkv + (b * n + j) * qkv_dim_ + g * stride + (head % hpg) * d_, d_, q.data());
-          if (use_rope) rope(q.data(), pos_ + j);
-          const float* K = L.k_cache.data() + (b * groups_ + g) * max_len_ * d_;
-          const float* Vc = L.v_cache.data() + (b * groups_ + g) * max_len_ * d_;
-          const int64_t len = pos_ + j + 1;  // causal: keys 0..pos_+j
-          float mx = -INFINITY;
-          for (int64_t t = 0; t < len; ++t) {
-            float s = 0.0f;
-            for (int64_t i = 0; i < d_; ++i) s += q[size_t(i)] * K[t * d_ + i];
-            scores[size_t(t)] = s * scale;
-            mx = std::max(mx, scores[size_t(t)]);
-          }
-          float sum = 0.0f;
-          for (int64_t t = 0; t < len; ++t) sum += scores[size_t(t)] = std::exp(scores[size_t(t)] - mx);
-          std::fill(out.begin(), out.end(), 0.0f);
-          for (int64_t t = 0; t < len; ++t) {
-            const float p = scores[size_t(t)] / sum;
-            for (int64_t i = 0; i < d_; ++i) out[size_t(i)] += p * Vc[t * d_ + i];
-          }
-          std::copy_n(out.data(), d_, ctx + (b * n + j) * heads_ * d_ + head * d_);
-        }
-  }
+  const int64_t total = pos_ + n;  // keys visible to the last new position
+  std::vector<float> scores(static_cast<size_t>(n * total));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t head = 0; head < heads_; ++head) {
+      const int64_t g = head / hpg;
+      const float* Q = qkv + b * n * qkv_dim_ + g * stride + (head % hpg) * d_;  // row stride qkv_dim_
+      const float* K = L.k_cache.data() + (b * groups_ + g) * max_len_ * d_;
+      const float* Vc = L.v_cache.data() + (b * groups_ + g) * max_len_ * d_;
+      float* out = ctx + b * n * heads_ * d_ + head * d_;  // row stride heads_ * d_
+      // scores[j, t] = scale * q_j . k_t for t < total; position pos_ + j sees t <= pos_ + j.
+      if (n == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, int(total), int(d_), scale, K, int(d_), Q, 1,
+                    0.0f, scores.data(), 1);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(total), int(d_), scale, Q,
+                    int(qkv_dim_), K, int(d_), 0.0f, scores.data(), int(total));
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        float* row = scores.data() + j * total;
+        const int64_t len = pos_ + j + 1;
+        float mx = -INFINITY;
+        for (int64_t t = 0; t < len; ++t) mx = std::max(mx, row[t]);
+        float sum = 0.0f;
+        for (int64_t t = 0; t < len; ++t) sum += row[t] = std::exp(row[t] - mx);
+        const float inv = 1.0f / sum;
+        for (int64_t t = 0; t < len; ++t) row[t] *= inv;
+        std::fill(row + len, row + total, 0.0f);  // causal mask
+      }
+      if (n == 1) {
+        cblas_sgemv(CblasRowMajor, CblasTrans, int(total), int(d_), 1.0f, Vc, int(d_),
+                    scores.data(), 1, 0.0f, out, 1);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(d_), int(total), 1.0f,
+                    scores.data(), int(total), Vc, int(d_), 0.0f, out, int(heads_ * d_));
+      }
+    }
 }
 
 Tensor GPTInference::forward(std::span<const int32_t> tokens, int64_t n, bool all_positions) {
@@ -236,7 +248,6 @@ Tensor GPTInference::forward(std::span<const int32_t> tokens, int64_t n, bool al
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     norm(x.data(), L.ln2_w, L.ln2_b, y.data(), rows);
     linear(y.data(), L.fc1_w, L.fc1_b, fc1.data(), rows, h, fc1_out);
-#pragma omp parallel for if (rows * ffn_ > 65536)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < ffn_; ++i) {
         float* a = act.data() + r * ffn_ + i;

@@ -71,7 +71,7 @@ class GPTInference final : public LanguageModel {
   };
   void norm(const float* x, const std::vector<float>& w, const std::vector<float>& b, float* y,
             int64_t rows) const;
-  void attention(Layer& layer, const float* qkv, float* ctx, int64_t batch, int64_t n);
+  void attention(Layer& layer, float* qkv, float* ctx, int64_t batch, int64_t n);
   void rope(float* vec, int64_t position) const;
 
   GPTInferenceConfig cfg_;

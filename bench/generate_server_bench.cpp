@@ -1,0 +1,82 @@
+// Load test of the text generation server: an in-process server with a small random GPT on a
+// loopback port, C clients each sending R requests (PUT /api, 16-token prompt, 16 tokens
+// greedy) back to back. Prints requests/s, generated tokens/s and latency p50/p90/p99.
+//   build/bench/generate_server_bench [--clients 16 --requests 8 --layers 4 --hidden 256
+//                                      --heads 4 --tokens 16 --max-batch 16]
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/log.h"
+#include "data/tokenizer.h"
+#include "generate_common.h"
+#include "inference/server.h"
+
+using namespace megatron;
+using Clock = std::chrono::steady_clock;
+
+int main(int argc, char** argv) {
+  const bench::Flags f(argc, argv);
+  const int64_t clients = f.get("--clients", 16), requests = f.get("--requests", 8),
+                layers = f.get("--layers", 4), hidden = f.get("--hidden", 256),
+                heads = f.get("--heads", 4), tokens = f.get("--tokens", 16),
+                max_batch = f.get("--max-batch", 16);
+  set_log_level(LogLevel::Warn);
+  data::NullTokenizer tokenizer(50257);
+  const auto cfg = bench::bench_config(layers, hidden, heads, 50304, 256);
+  inference::GPTInference model(cfg, bench::random_lookup(cfg));
+  inference::ServerOptions options;
+  options.port = 0;
+  options.max_batch_size = int(max_batch);
+  options.max_queue_size = size_t(clients) * 2;
+  inference::TextGenerationServer server(model, tokenizer, options);
+  const int port = server.bind();
+  std::thread serving([&] { server.serve(); });
+
+  std::mutex mutex;
+  std::vector<double> latencies;
+  int64_t failures = 0;
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int64_t c = 0; c < clients; ++c)
+    threads.emplace_back([&, c] {
+      httplib::Client cli("127.0.0.1", port);
+      cli.set_read_timeout(600, 0);
+      for (int64_t r = 0; r < requests; ++r) {
+        std::string prompt;
+        for (int i = 0; i < 16; ++i) prompt += std::to_string((c * 131 + r * 17 + i * 7) % 50000) + " ";
+        const std::string body = "{\"prompts\": [\"" + prompt + "\"], \"tokens_to_generate\": " +
+                                 std::to_string(tokens) + ", \"top_k\": 1, \"no_log\": true}";
+        const auto t0 = Clock::now();
+        auto res = cli.Put("/api", body, "application/json");
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        std::lock_guard lock(mutex);
+        if (!res || res->status != 200) ++failures;
+        else latencies.push_back(ms);
+      }
+    });
+  for (auto& t : threads) t.join();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  server.stop();
+  serving.join();
+
+  std::sort(latencies.begin(), latencies.end());
+  auto pct = [&](double p) {
+    return latencies.empty() ? 0.0 : latencies[std::min(latencies.size() - 1, size_t(p * double(latencies.size())))];
+  };
+  std::printf("model: %lld layers, hidden %lld, heads %lld, vocab 50304; %lld clients x %lld requests, "
+              "16-token prompts, %lld tokens greedy, max batch %lld\n",
+              (long long)layers, (long long)hidden, (long long)heads, (long long)clients,
+              (long long)requests, (long long)tokens, (long long)max_batch);
+  std::printf("| requests | failed | requests/s | generated tokens/s | p50 ms | p90 ms | p99 ms |\n"
+              "|---|---|---|---|---|---|---|\n");
+  std::printf("| %zu | %lld | %.2f | %.1f | %.1f | %.1f | %.1f |\n", latencies.size(),
+              (long long)failures, double(latencies.size()) / seconds,
+              double(latencies.size() * size_t(tokens)) / seconds, pct(0.5), pct(0.9), pct(0.99));
+  return failures == 0 ? 0 : 1;
+}
