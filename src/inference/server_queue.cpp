@@ -100,9 +100,6 @@ void Scheduler::loop() {
       }
     }
     run_batch(batch);
-    std::lock_guard lock(mutex_);
-    stats_.jobs_done += int64_t(batch.size());
-    ++stats_.batches;
   }
 }
 
@@ -132,6 +129,12 @@ void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& batch) {
     // every job of the batch and keep serving.
     log_warn("server: generation failed: ", e.what());
     for (auto& job : batch) job->error = str("generation failed: ", e.what());
+  }
+  {
+    // Counted before the jobs are released, so a client that sees its result sees the count.
+    std::lock_guard lock(mutex_);
+    stats_.jobs_done += int64_t(batch.size());
+    ++stats_.batches;
   }
   for (auto& job : batch) job->mark_finished();
 }

@@ -207,6 +207,47 @@ TEST_F(ServerTest, CompletionsStreamAsServerSentEvents) {
   EXPECT_FALSE(finish.empty());
 }
 
+// Server-sent events of a streamed completion: the concatenated text and the finish reasons.
+std::pair<std::string, std::vector<std::string>> read_stream(const std::string& body, bool* done) {
+  std::string text;
+  std::vector<std::string> finish;
+  size_t pos = 0;
+  *done = false;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) break;
+    const std::string data = body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") {
+      *done = true;
+      break;
+    }
+    const auto j = json::parse(data);
+    text += j["choices"][0]["text"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) finish.push_back(j["choices"][0]["finish_reason"]);
+  }
+  return {text, finish};
+}
+
+TEST_F(ServerTest, StreamingHonoursStopStringsAndEcho) {
+  auto c = server_->client();
+  const auto want = expected_greedy({5, 6}, 8);
+  std::vector<int32_t> gen(want.begin() + 2, want.end());
+  if (!gen.empty() && gen.back() == kVocab - 1) gen.pop_back();
+  ASSERT_GE(gen.size(), 4u);
+  const std::string full = join(gen), stop = " " + std::to_string(gen[3]);
+  json req = {{"prompt", "5 6"}, {"max_tokens", 8}, {"temperature", 0}, {"stop", stop},
+              {"stream", true}, {"echo", true}};
+  auto r = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_EQ(r->status, 200) << r->body;
+  bool done = false;
+  const auto [text, finish] = read_stream(r->body, &done);
+  EXPECT_TRUE(done);
+  EXPECT_EQ(text, "5 6" + full.substr(0, full.find(stop)));
+  ASSERT_EQ(finish.size(), 1u);
+  EXPECT_EQ(finish[0], "stop");
+}
+
 struct BadRequest {
   const char* method;
   const char* path;
