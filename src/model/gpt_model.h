@@ -1,0 +1,90 @@
+// GPT model (Megatron-Core "local" layer spec) with explicit forward and backward on the CPU.
+// Activations are batch-first: a micro-batch of b sequences of s tokens is a [b*s, h] row-major
+// matrix (token (bi, si) is row bi*s + si). Every layer owns its Parameters (value in
+// params_dtype, fp32 grad accumulated +=); compute is fp32 (bf16/fp16 weights are converted once
+// per call into an fp32 working copy). Parameter names and shapes follow Megatron-Core
+// (embedding.word_embeddings.weight, decoder.layers.{i}.self_attention.linear_qkv.weight, ...),
+// the output layer is tied to the word embedding and logits span the padded vocabulary.
+// Dropout masks are pure functions of (seed, dropout_offset, layer, site, element), so
+// recomputation and resume reproduce them exactly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "model/parameter.h"
+
+namespace megatron::model {
+
+struct GPTConfig {
+  int num_layers = 0, hidden_size = 0, num_attention_heads = 0;
+  int ffn_hidden_size = 0;  // 0 -> 4h
+  int kv_channels = 0;      // 0 -> h / n
+  int seq_length = 0, max_position_embeddings = 0;
+  int64_t padded_vocab_size = 0;
+  float hidden_dropout = 0.1f, attention_dropout = 0.1f;
+  float init_method_std = 0.02f, layernorm_epsilon = 1e-5f;
+  // Megatron's default (bias_activation_fusion on) computes GELU through bias_gelu_impl, the tanh
+  // approximation; --no-bias-gelu-fusion falls back to exact erf F.gelu (gelu_tanh = false).
+  bool gelu_tanh = true;
+  DType params_dtype = DType::F32;
+  std::string recompute_granularity;  // "", "full", "selective"
+  std::string recompute_method;       // "uniform", "block" (full only)
+  int recompute_num_layers = 0;
+  bool apply_query_key_layer_scaling = false;  // mathematically a no-op in fp32 softmax
+
+  int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  // Throws megatron::Error naming the inconsistent field.
+  void validate() const;
+};
+
+struct GPTInputs {
+  Tensor tokens;           // [b, s] int32
+  Tensor position_ids;     // [b, s] int32
+  Tensor attention_start;  // [b, s] int32 (query i attends keys start[i]..i) or undefined = causal
+  Tensor labels;           // [b, s] int32
+  Tensor loss_mask;        // [b, s] float32
+};
+
+struct LossResult {
+  double loss_sum = 0;    // sum over tokens of loss * mask
+  double num_tokens = 0;  // sum of mask
+};
+
+class GPTModel {
+ public:
+  // Megatron init: weights N(0, std); output projections (linear_proj, linear_fc2) N(0,
+  // std/sqrt(2L)); biases 0; LayerNorm weight 1, bias 0. Deterministic in `seed`.
+  GPTModel(const GPTConfig& cfg, uint64_t seed);
+  ~GPTModel();
+  GPTModel(const GPTModel&) = delete;
+  GPTModel& operator=(const GPTModel&) = delete;
+
+  // Stable order: embedding.word_embeddings, embedding.position_embeddings, then per layer
+  // input_layernorm.{weight,bias}, self_attention.linear_qkv.{weight,bias},
+  // self_attention.linear_proj.{weight,bias}, pre_mlp_layernorm.{weight,bias},
+  // mlp.linear_fc1.{weight,bias}, mlp.linear_fc2.{weight,bias}; decoder.final_layernorm.
+  ParameterList parameters();
+
+  // Training micro-batch: forward + backward. Gradients of grad_scale * sum(loss * mask) are
+  // ADDED into Parameter::grad. Dropout masks are a pure function of (seed, dropout_offset).
+  LossResult forward_backward(const GPTInputs& in, float grad_scale, uint64_t dropout_offset);
+  // Evaluation: no dropout, nothing saved for backward. labels/loss_mask required.
+  LossResult forward_loss(const GPTInputs& in);
+  // [b, s, padded_vocab] fp32 logits, no dropout (generation, tests).
+  Tensor forward_logits(const Tensor& tokens, const Tensor& position_ids);
+
+  const GPTConfig& config() const;
+  // Bytes of activations saved for backward by the last forward_backward (for reports).
+  size_t activation_bytes() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace megatron::model
