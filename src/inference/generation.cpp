@@ -114,20 +114,24 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
   std::vector<int32_t> index_scratch;
   std::vector<float> row_logits(static_cast<size_t>(width));
   std::vector<int32_t> next(static_cast<size_t>(batch));
+  // Model row m holds request row active[m]; finished rows leave the batch (see below).
+  std::vector<int64_t> active(static_cast<size_t>(batch));
+  for (int64_t i = 0; i < batch; ++i) active[size_t(i)] = i;
   for (int64_t pos = min_len;; ++pos) {
     // Logits at position pos - 1 choose (or score) the token at position pos.
     bool all_done = true;
-    for (int64_t i = 0; i < batch; ++i) {
+    for (int64_t m = 0; m < int64_t(active.size()); ++m) {
+      const int64_t i = active[size_t(m)];
       auto& st = state[i];
       auto& res = results[i];
       const auto& r = rows[i];
-      next[i] = special.eod.value_or(0);
+      next[size_t(m)] = special.eod.value_or(0);
       if (st.done) continue;
       if (pos >= st.limit) {
         st.done = true;
         continue;
       }
-      const float* src = logits.data<float>() + (i * positions_in_logits + last_offset) * width;
+      const float* src = logits.data<float>() + (m * positions_in_logits + last_offset) * width;
       std::copy_n(src, width, row_logits.begin());
       const int32_t prev = res.tokens[size_t(pos - 1)];
       if (r.prevent_newline_after_colon && special.colon && special.newline &&
@@ -151,7 +155,7 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
         if (r.top_logprobs > 0)
           res.top_logprobs.push_back(top_n_logprobs(row_logits, vocab, r.top_logprobs));
       }
-      next[i] = token;
+      next[size_t(m)] = token;
       if (!in_prompt) {
         bool stop = r.stop_on_eod && special.eod && token == *special.eod;
         if (r.stop_on_eol && ((special.newline && token == *special.newline) ||
@@ -178,6 +182,21 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
       if (!st.done) all_done = false;
     }
     if (all_done) break;
+    // Drop finished rows from the model's batch so later steps compute only live rows.
+    std::vector<int64_t> keep;
+    for (int64_t m = 0; m < int64_t(active.size()); ++m)
+      if (!state[size_t(active[size_t(m)])].done) keep.push_back(m);
+    if (keep.size() < active.size()) {
+      model.reorder(keep);
+      std::vector<int64_t> live;
+      std::vector<int32_t> live_next;
+      for (int64_t m : keep) {
+        live.push_back(active[size_t(m)]);
+        live_next.push_back(next[size_t(m)]);
+      }
+      active.swap(live);
+      next.swap(live_next);
+    }
     logits = model.decode_step(next);
     last_offset = 0;
     positions_in_logits = 1;

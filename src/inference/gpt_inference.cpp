@@ -283,18 +283,21 @@ Tensor GPTInference::forward(std::span<const int32_t> tokens, int64_t n, bool al
 }
 
 void GPTInference::reorder(std::span<const int64_t> src) {
-  MG_CHECK(int64_t(src.size()) == batch_, "reorder: ", src.size(), " rows for batch ", batch_);
+  MG_CHECK(!src.empty() && int64_t(src.size()) <= batch_, "reorder: ", src.size(),
+           " rows for batch ", batch_);
   const int64_t row = groups_ * max_len_ * d_;
+  const int64_t rows = int64_t(src.size());
   std::vector<float> tmp;
   for (auto& L : layers_)
     for (auto* cache : {&L.k_cache, &L.v_cache}) {
-      tmp.resize(cache->size());
-      for (int64_t b = 0; b < batch_; ++b) {
+      tmp.resize(size_t(rows * row));
+      for (int64_t b = 0; b < rows; ++b) {
         MG_CHECK(src[size_t(b)] >= 0 && src[size_t(b)] < batch_, "reorder row out of range");
         std::copy_n(cache->data() + src[size_t(b)] * row, row, tmp.data() + b * row);
       }
       cache->swap(tmp);
     }
+  batch_ = rows;
 }
 
 }  // namespace megatron::inference

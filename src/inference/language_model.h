@@ -7,7 +7,8 @@
 // is the number of positions already fed (the same for every row: shorter prompts are extended
 // one token at a time by the caller, so no row ever attends to padding). It returns fp32 logits
 // [batch, n, vocab_size()] when `all_positions`, else [batch, 1, vocab_size()] for the last
-// position. `reorder` replaces the cache rows by rows `src[i]` (beam search).
+// position. `reorder` makes row i of the cache a copy of old row src[i], for i < src.size();
+// the batch becomes src.size() rows (beam search reorders; generation drops finished rows).
 #pragma once
 
 #include <cstdint>

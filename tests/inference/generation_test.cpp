@@ -39,6 +39,8 @@ TEST(Generation, GreedyFollowsTheModelAndStopsAtEod) {
   EXPECT_EQ(out[1].tokens, (std::vector<int32_t>{8, 9, 0, 1}));
   EXPECT_EQ(out[1].finish, FinishReason::Length);
   EXPECT_EQ(out[1].generated(), 3);
+  // Row 1 leaves the batch once done: prefill 2, then 2 + 2 + 1 + 1 + 1 (not 2 per step).
+  EXPECT_EQ(model.forwarded_tokens, 9);
 }
 
 TEST(Generation, EolRulesAndNewlineAfterColon) {
