@@ -47,6 +47,14 @@ std::vector<float> fetch(const WeightLookup& lookup, const std::string& name, co
 
 }  // namespace
 
+WeightLookup parameter_lookup(const model::ParameterList& params) {
+  return [&params](const std::string& name) {
+    for (const model::Parameter* p : params)
+      if (p && p->name == name) return p->value;
+    return Tensor();
+  };
+}
+
 GPTInferenceConfig GPTInferenceConfig::resolved() const {
   Config c = *this;
   MG_REQUIRE(c.num_layers >= 1 && c.hidden_size >= 1 && c.num_attention_heads >= 1,

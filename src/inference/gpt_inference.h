@@ -18,6 +18,7 @@
 
 #include "core/tensor.h"
 #include "inference/language_model.h"
+#include "model/parameter.h"
 
 namespace megatron::inference {
 
@@ -50,6 +51,10 @@ struct GPTInferenceConfig {
 
 // Returns the named weight (any float dtype, CPU), or an undefined Tensor when there is none.
 using WeightLookup = std::function<Tensor(const std::string& name)>;
+
+// Weights from a model's parameters (Parameter::name -> Parameter::value), e.g. a GPTModel's
+// parameters(); the list must outlive the lookup.
+WeightLookup parameter_lookup(const model::ParameterList& params);
 
 class GPTInference final : public LanguageModel {
  public:

@@ -203,6 +203,27 @@ TEST_P(GPTInferenceTest, MatchesThePyTorchReference) {
 INSTANTIATE_TEST_SUITE_P(Configs, GPTInferenceTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "LlamaStyle" : "GPT2Style"; });
 
+TEST(GPTInference, ReadsAModelsParameters) {
+  const Config c = gpt2_config();
+  const Weights w = random_weights(c);
+  std::vector<model::Parameter> storage;
+  for (const auto& [name, t] : w) storage.push_back({name, t.to(DType::BF16), Tensor(), true, -1, false});
+  model::ParameterList params;
+  for (auto& p : storage) params.push_back(&p);
+  GPTInference from_params(c, parameter_lookup(params));
+  GPTInference from_map(c, lookup(w));
+  std::vector<int32_t> tokens = {1, 2, 3, 4};
+  from_params.start(1, 4);
+  from_map.start(1, 4);
+  const Tensor a = from_params.forward(tokens, 4, false), b = from_map.forward(tokens, 4, false);
+  // bf16 parameters are converted to fp32: close to, not equal to, the fp32 weights.
+  double worst = 0.0;
+  for (int64_t v = 0; v < c.padded_vocab_size; ++v)
+    worst = std::max(worst, double(std::abs(a.data<float>()[v] - b.data<float>()[v])));
+  EXPECT_LT(worst, 0.1);
+  EXPECT_GT(worst, 0.0);
+}
+
 TEST(GPTInference, MissingOrMisshapenWeightsAreClearErrors) {
   const Config c = gpt2_config();
   Weights w = random_weights(c);
