@@ -1,0 +1,60 @@
+// Shared helpers of the CPU backend: device/dtype checks that name the op, a guard that keeps
+// OpenBLAS single-threaded inside OpenMP regions (the pthread OpenBLAS would otherwise spawn its
+// own threads from every OpenMP thread), and the Philox keep-mask of one dropout row.
+#pragma once
+
+#include <cblas.h>
+
+#include <cstdint>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace megatron::ops::cpu {
+
+inline void require_cpu(const char* op, const Tensor& t) {
+  if (t.defined() && !t.device().is_cpu())
+    MG_THROW(op, ": tensor on ", t.device().to_string(),
+             " but this build has only the CPU backend; move the tensor to the CPU");
+}
+inline void require_f32(const char* op, const char* name, const Tensor& t) {
+  require_cpu(op, t);
+  MG_CHECK(t.defined(), op, ": ", name, " is undefined");
+  MG_CHECK(t.dtype() == DType::F32, op, ": ", name, " must be float32, got ",
+           dtype_name(t.dtype()));
+  MG_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+inline void require_numel(const char* op, const Tensor& a, const Tensor& b) {
+  MG_CHECK(a.numel() == b.numel(), op, ": element counts differ (", shape_str(a.shape()), " vs ",
+           shape_str(b.shape()), ")");
+}
+// Rows and columns of a tensor seen as [numel / last, last].
+inline int64_t rows_of(const Tensor& t) { return t.numel() / t.size(-1); }
+
+class BlasSingleThread {
+ public:
+  BlasSingleThread() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
+  ~BlasSingleThread() { openblas_set_num_threads(saved_); }
+  BlasSingleThread(const BlasSingleThread&) = delete;
+  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+// keep[j] = scale (1/(1-p)) if element (first + j) of the stream is kept, else 0.
+inline void dropout_row(float* keep, int64_t n, uint64_t first, const Philox& rng, float p) {
+  const float s = 1.0f / (1.0f - p);
+  int64_t j = 0;
+  while (j < n) {
+    uint64_t k = first + uint64_t(j);
+    Philox4 blk = rng.block(k >> 2);
+    for (uint64_t w = k & 3; w < 4 && j < n; ++w, ++j) {
+      float u = float(blk[w] >> 8) * (1.0f / 16777216.0f);
+      keep[j] = u >= p ? s : 0.0f;
+    }
+  }
+}
+
+}  // namespace megatron::ops::cpu

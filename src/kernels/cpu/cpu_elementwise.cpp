@@ -1,0 +1,287 @@
+// Row-wise and element-wise CPU ops: embedding, LayerNorm, GELU, bias, residual, dropout,
+// scale. OpenMP over rows; statistics in fp32 with a two-pass mean/variance per row.
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/ops.h"
+
+namespace megatron::ops {
+using cpu::require_f32;
+using cpu::rows_of;
+
+void embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight) {
+  require_f32("embedding_fwd", "out", out);
+  require_f32("embedding_fwd", "weight", weight);
+  cpu::require_cpu("embedding_fwd", ids);
+  MG_CHECK(ids.dtype() == DType::I32 && ids.is_contiguous(), "embedding_fwd: ids must be int32");
+  const int64_t n = ids.numel(), h = weight.size(1), V = weight.size(0);
+  MG_CHECK(out.numel() == n * h, "embedding_fwd: out has ", out.numel(), " elements, want ", n * h);
+  const int32_t* id = ids.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i)
+    MG_REQUIRE(id[i] >= 0 && id[i] < V, "token id ", id[i], " at position ", i,
+               " is outside the vocabulary [0, ", V, "); check the tokenizer / --vocab-size");
+  const float* w = weight.data<float>();
+  float* o = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) std::copy(w + id[i] * h, w + (id[i] + 1) * h, o + i * h);
+}
+
+void embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout) {
+  require_f32("embedding_bwd", "dweight", dweight);
+  require_f32("embedding_bwd", "dout", dout);
+  const int64_t n = ids.numel(), h = dweight.size(1), V = dweight.size(0);
+  MG_CHECK(dout.numel() == n * h, "embedding_bwd: dout size");
+  const int32_t* id = ids.data<int32_t>();
+  const float* g = dout.data<float>();
+  float* dw = dweight.data<float>();
+  // Each thread owns the vocabulary rows id % nthreads == tid and walks tokens in order, so the
+  // summation order per row is fixed (deterministic) whatever the thread count.
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t v = id[i];
+      MG_CHECK(v >= 0 && v < V, "embedding_bwd: id out of range");
+      if (v % nt != tid) continue;
+      float* row = dw + int64_t(v) * h;
+      const float* gi = g + i * h;
+      for (int64_t j = 0; j < h; ++j) row[j] += gi[j];
+    }
+  }
+}
+
+void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                   const Tensor& weight, const Tensor& bias, float eps) {
+  require_f32("layernorm_fwd", "x", x);
+  require_f32("layernorm_fwd", "out", out);
+  const int64_t h = x.size(-1), n = rows_of(x);
+  const float *xp = x.data<float>(), *w = weight.data<float>(), *b = bias.data<float>();
+  float* o = out.data<float>();
+  float* mp = mean.defined() ? mean.data<float>() : nullptr;
+  float* rp = rstd.defined() ? rstd.data<float>() : nullptr;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = xp + i * h;
+    float m = 0;
+    for (int64_t j = 0; j < h; ++j) m += xi[j];
+    m /= float(h);
+    float v = 0;
+    for (int64_t j = 0; j < h; ++j) v += (xi[j] - m) * (xi[j] - m);
+    v /= float(h);
+    const float r = 1.0f / std::sqrt(v + eps);
+    float* oi = o + i * h;
+    for (int64_t j = 0; j < h; ++j) oi[j] = (xi[j] - m) * r * w[j] + b[j];
+    if (mp) mp[i] = m;
+    if (rp) rp[i] = r;
+  }
+}
+
+void layernorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                   const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                   const Tensor& rstd, bool accumulate_dx) {
+  require_f32("layernorm_bwd", "dx", dx);
+  require_f32("layernorm_bwd", "dout", dout);
+  const int64_t h = x.size(-1), n = rows_of(x);
+  const float *xp = x.data<float>(), *w = weight.data<float>(), *g = dout.data<float>();
+  const float *mp = mean.data<float>(), *rp = rstd.data<float>();
+  float *dxp = dx.data<float>(), *dw = dweight.data<float>(), *db = dbias.data<float>();
+  const int nt = omp_get_max_threads();
+  std::vector<float> part(size_t(nt) * 2 * size_t(h), 0.0f);  // per-thread dw, db partials
+#pragma omp parallel
+  {
+    const int tid = omp_get_thread_num();
+    float* pdw = part.data() + size_t(tid) * 2 * h;
+    float* pdb = pdw + h;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float *xi = xp + i * h, *gi = g + i * h;
+      const float m = mp[i], r = rp[i];
+      float sum_g = 0, sum_gx = 0;  // sums of dy*w and dy*w*xhat
+      for (int64_t j = 0; j < h; ++j) {
+        const float xh = (xi[j] - m) * r, gw = gi[j] * w[j];
+        sum_g += gw;
+        sum_gx += gw * xh;
+        pdw[j] += gi[j] * xh;
+        pdb[j] += gi[j];
+      }
+      sum_g /= float(h);
+      sum_gx /= float(h);
+      float* dxi = dxp + i * h;
+      for (int64_t j = 0; j < h; ++j) {
+        const float xh = (xi[j] - m) * r;
+        const float v = r * (gi[j] * w[j] - sum_g - xh * sum_gx);
+        dxi[j] = accumulate_dx ? dxi[j] + v : v;
+      }
+    }
+  }
+  for (int t = 0; t < nt; ++t)
+    for (int64_t j = 0; j < h; ++j) {
+      dw[j] += part[size_t(t) * 2 * h + j];
+      db[j] += part[size_t(t) * 2 * h + h + j];
+    }
+}
+
+namespace {
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+}  // namespace
+
+void gelu_fwd(const Tensor& out, const Tensor& x, bool tanh_approx) {
+  require_f32("gelu_fwd", "x", x);
+  require_f32("gelu_fwd", "out", out);
+  cpu::require_numel("gelu_fwd", out, x);
+  const float* xp = x.data<float>();
+  float* o = out.data<float>();
+  const int64_t n = x.numel();
+  if (tanh_approx) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = xp[i];
+      o[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+    }
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = 0.5f * xp[i] * (1.0f + std::erf(xp[i] * kInvSqrt2));
+  }
+}
+
+void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx) {
+  require_f32("gelu_bwd", "x", x);
+  require_f32("gelu_bwd", "dx", dx);
+  const float *xp = x.data<float>(), *g = dout.data<float>();
+  float* d = dx.data<float>();
+  const int64_t n = x.numel();
+  if (tanh_approx) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = xp[i];
+      const float t = std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v));
+      const float dt = (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
+      d[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
+    }
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = xp[i];
+      const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
+      const float pdf = 0.3989422804014327f * std::exp(-0.5f * v * v);
+      d[i] = g[i] * (cdf + v * pdf);
+    }
+  }
+}
+
+void bias_add(const Tensor& x, const Tensor& bias) {
+  require_f32("bias_add", "x", x);
+  require_f32("bias_add", "bias", bias);
+  const int64_t m = bias.numel(), n = x.numel() / m;
+  MG_CHECK(x.size(-1) == m, "bias_add: last dim ", x.size(-1), " != bias ", m);
+  float* xp = x.data<float>();
+  const float* b = bias.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) xp[i * m + j] += b[j];
+}
+
+void bias_grad(const Tensor& dbias, const Tensor& dout) {
+  require_f32("bias_grad", "dbias", dbias);
+  require_f32("bias_grad", "dout", dout);
+  const int64_t m = dbias.numel(), n = dout.numel() / m;
+  MG_CHECK(dout.size(-1) == m, "bias_grad: last dim mismatch");
+  const float* g = dout.data<float>();
+  float* db = dbias.data<float>();
+  // Columns split across threads: each column's sum runs over rows in order (deterministic).
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t c0 = m * tid / nt, c1 = m * (tid + 1) / nt;
+    std::vector<double> acc(size_t(c1 - c0), 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = c0; j < c1; ++j) acc[size_t(j - c0)] += g[i * m + j];
+    for (int64_t j = c0; j < c1; ++j) db[j] += float(acc[size_t(j - c0)]);
+  }
+}
+
+void add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  require_f32("add", "out", out);
+  cpu::require_numel("add", out, a);
+  cpu::require_numel("add", out, b);
+  float* o = out.data<float>();
+  const float *ap = a.data<float>(), *bp = b.data<float>();
+  const int64_t n = out.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) o[i] = ap[i] + bp[i];
+}
+
+void scale(const Tensor& x, float s) {
+  require_f32("scale", "x", x);
+  float* p = x.data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] *= s;
+}
+
+namespace {
+// Applies out[i] = (x[i] + bias[i % m]) * keep[i] (+ residual[i]) in chunks of the Philox stream.
+void dropout_apply(float* out, const float* x, const float* bias, int64_t m, const float* res,
+                   int64_t n, const DropoutSpec& d) {
+  const Philox rng(d.seed, d.stream);
+  constexpr int64_t kChunk = 4096;
+#pragma omp parallel
+  {
+    std::vector<float> keep(kChunk);
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < n; c += kChunk) {
+      const int64_t len = std::min(kChunk, n - c);
+      if (d.active()) cpu::dropout_row(keep.data(), len, uint64_t(c), rng, d.p);
+      for (int64_t i = 0; i < len; ++i) {
+        float v = x[c + i];
+        if (bias) v += bias[(c + i) % m];
+        if (d.active()) v *= keep[size_t(i)];
+        if (res) v += res[c + i];
+        out[c + i] = v;
+      }
+    }
+  }
+}
+}  // namespace
+
+void dropout_fwd(const Tensor& out, const Tensor& x, const DropoutSpec& d) {
+  require_f32("dropout_fwd", "out", out);
+  require_f32("dropout_fwd", "x", x);
+  cpu::require_numel("dropout_fwd", out, x);
+  MG_CHECK(d.p >= 0.0f && d.p < 1.0f, "dropout probability ", d.p, " outside [0, 1)");
+  dropout_apply(out.data<float>(), x.data<float>(), nullptr, 1, nullptr, x.numel(), d);
+}
+
+void dropout_bwd(const Tensor& dx, const Tensor& dout, const DropoutSpec& d) {
+  dropout_fwd(dx, dout, d);  // the mask is linear: backward applies the same keep/scale
+}
+
+void bias_dropout_add_fwd(const Tensor& out, const Tensor& x, const Tensor& bias,
+                          const Tensor& residual, const DropoutSpec& d) {
+  require_f32("bias_dropout_add_fwd", "out", out);
+  require_f32("bias_dropout_add_fwd", "x", x);
+  require_f32("bias_dropout_add_fwd", "residual", residual);
+  cpu::require_numel("bias_dropout_add_fwd", out, x);
+  cpu::require_numel("bias_dropout_add_fwd", out, residual);
+  const float* b = nullptr;
+  int64_t m = 1;
+  if (bias.defined()) {
+    require_f32("bias_dropout_add_fwd", "bias", bias);
+    m = bias.numel();
+    MG_CHECK(x.size(-1) == m, "bias_dropout_add_fwd: bias size mismatch");
+    b = bias.data<float>();
+  }
+  dropout_apply(out.data<float>(), x.data<float>(), b, m, residual.data<float>(), x.numel(), d);
+}
+
+void bias_dropout_add_bwd(const Tensor& dx, const Tensor& dbias, const Tensor& dout,
+                          const DropoutSpec& d) {
+  dropout_fwd(dx, dout, d);
+  if (dbias.defined()) bias_grad(dbias, dx);
+}
+
+}  // namespace megatron::ops

@@ -1,0 +1,165 @@
+// Fused softmax cross-entropy (per-token loss, dlogits written in place), AdamW with decoupled
+// weight decay, and reductions / casts over any float dtype.
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/ops.h"
+
+namespace megatron::ops {
+
+void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor& labels,
+                          const Tensor& loss_mask, float grad_scale, bool write_grad) {
+  cpu::require_cpu("softmax_xent", logits);
+  MG_CHECK(logits.dim() == 2 && logits.dtype() == DType::F32 && logits.stride(1) == 1,
+           "softmax_xent: logits must be 2-D float32 with unit inner stride");
+  cpu::require_f32("softmax_xent", "loss", loss);
+  const int64_t n = logits.size(0), V = logits.size(1), ld = logits.stride(0);
+  MG_CHECK(labels.dtype() == DType::I32 && labels.numel() == n && loss.numel() == n,
+           "softmax_xent: labels int32 [n] and loss [n] required");
+  const int32_t* lab = labels.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i)
+    MG_REQUIRE(lab[i] >= 0 && lab[i] < V, "label ", lab[i], " at position ", i,
+               " is outside the vocabulary [0, ", V, ")");
+  const float* mask = nullptr;
+  if (loss_mask.defined()) {
+    cpu::require_f32("softmax_xent", "loss_mask", loss_mask);
+    MG_CHECK(loss_mask.numel() == n, "softmax_xent: loss_mask must be [n]");
+    mask = loss_mask.data<float>();
+  }
+  float* z = logits.data<float>();
+  float* lp = loss.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = z + i * ld;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+    float sum = 0;
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
+    const float logz = mx + std::log(sum);
+    lp[i] = logz - row[lab[i]];
+    if (write_grad) {
+      const float g = grad_scale * (mask ? mask[i] : 1.0f);
+      for (int64_t j = 0; j < V; ++j) row[j] = std::exp(row[j] - logz) * g;
+      row[lab[i]] -= g;
+    }
+  }
+}
+
+void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const Tensor& model_copy, const AdamWConfig& c) {
+  cpu::require_f32("adamw_step", "master", master);
+  cpu::require_f32("adamw_step", "grad", grad);
+  cpu::require_f32("adamw_step", "exp_avg", exp_avg);
+  cpu::require_f32("adamw_step", "exp_avg_sq", exp_avg_sq);
+  cpu::require_numel("adamw_step", master, grad);
+  cpu::require_numel("adamw_step", master, exp_avg);
+  cpu::require_numel("adamw_step", master, exp_avg_sq);
+  MG_CHECK(c.step >= 1, "adamw_step: step must be >= 1");
+  const int64_t n = master.numel();
+  float *p = master.data<float>(), *m = exp_avg.data<float>(), *v = exp_avg_sq.data<float>();
+  const float* g = grad.data<float>();
+  const float bc1 = 1.0f - float(std::pow(double(c.beta1), double(c.step)));
+  const float bc2 = 1.0f - float(std::pow(double(c.beta2), double(c.step)));
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * g[i];
+    v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * g[i] * g[i];
+    const float upd = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + c.eps) + c.weight_decay * p[i];
+    p[i] -= c.lr * upd;
+  }
+  if (model_copy.defined() && model_copy.raw_data() != master.raw_data()) cast(model_copy, master);
+}
+
+namespace {
+template <typename F>
+void for_each_float(const char* op, const Tensor& x, F&& f) {
+  cpu::require_cpu(op, x);
+  MG_CHECK(x.is_contiguous(), op, ": tensor must be contiguous");
+  const int64_t n = x.numel();
+  switch (x.dtype()) {
+    case DType::F32: f(x.data<float>(), n, [](float v) { return v; }); break;
+    case DType::F64: f(x.data<double>(), n, [](double v) { return float(v); }); break;
+    case DType::BF16: f(x.data<bf16>(), n, [](bf16 v) { return bf16_to_float(v); }); break;
+    case DType::F16: f(x.data<fp16>(), n, [](fp16 v) { return fp16_to_float(v); }); break;
+    default: MG_CHECK(false, op, ": not a float dtype: ", dtype_name(x.dtype()));
+  }
+}
+}  // namespace
+
+double l2_norm_squared(const Tensor& x) {
+  double total = 0;
+  if (x.dtype() == DType::F64) {
+    cpu::require_cpu("l2_norm_squared", x);
+    const double* p = x.data<double>();
+    for (int64_t i = 0; i < x.numel(); ++i) total += p[i] * p[i];
+    return total;
+  }
+  for_each_float("l2_norm_squared", x, [&](auto* p, int64_t n, auto conv) {
+    double acc = 0;
+#pragma omp parallel for reduction(+ : acc) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = double(conv(p[i]));
+      acc += v * v;
+    }
+    total = acc;
+  });
+  return total;
+}
+
+bool all_finite(const Tensor& x) {
+  bool ok = true;
+  for_each_float("all_finite", x, [&](auto* p, int64_t n, auto conv) {
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+    for (int64_t i = 0; i < n; ++i) bad |= std::isfinite(conv(p[i])) ? 0 : 1;
+    ok = bad == 0;
+  });
+  return ok;
+}
+
+void cast(const Tensor& dst, const Tensor& src) {
+  cpu::require_cpu("cast", dst);
+  cpu::require_numel("cast", dst, src);
+  MG_CHECK(dst.is_contiguous(), "cast: destination must be contiguous");
+  const int64_t n = src.numel();
+  if (dst.dtype() == DType::F64) {
+    double* d = dst.data<double>();
+    for_each_float("cast", src, [&](auto* p, int64_t m, auto conv) {
+      if constexpr (std::is_same_v<std::remove_const_t<std::remove_pointer_t<decltype(p)>>, double>)
+        std::copy(p, p + m, d);
+      else
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < m; ++i) d[i] = double(conv(p[i]));
+    });
+    return;
+  }
+  for_each_float("cast", src, [&](auto* p, int64_t m, auto conv) {
+    (void)n;
+    switch (dst.dtype()) {
+      case DType::F32: {
+        float* d = dst.data<float>();
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < m; ++i) d[i] = conv(p[i]);
+        break;
+      }
+      case DType::BF16: {
+        bf16* d = dst.data<bf16>();
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < m; ++i) d[i] = float_to_bf16(conv(p[i]));
+        break;
+      }
+      case DType::F16: {
+        fp16* d = dst.data<fp16>();
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < m; ++i) d[i] = float_to_fp16(conv(p[i]));
+        break;
+      }
+      default: MG_CHECK(false, "cast: unsupported destination ", dtype_name(dst.dtype()));
+    }
+  });
+}
+
+}  // namespace megatron::ops

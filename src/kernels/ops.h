@@ -1,0 +1,116 @@
+// The op interface: one function per operation, taking Tensors (never raw pointers) so that a
+// device backend can be chosen from the tensors' device. Only the CPU backend exists
+// (src/kernels/cpu/: OpenMP over rows, OpenBLAS sgemm for matrix products); each op checks its
+// tensors' device and throws megatron::Error for a device this build cannot run.
+// Conventions: compute tensors are fp32 and contiguous unless stated ("2-D with unit inner
+// stride" allows row-strided views); outputs are written, "accumulates" means +=.
+// Dropout masks come from the counter-based Philox RNG: element k of (seed, stream) is kept iff
+// Philox(seed, stream).uniform(k) >= p, so masks do not depend on threads or recomputation.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace megatron::ops {
+
+// ---- matrix products -------------------------------------------------------------------------
+// c = alpha * op(a) @ op(b) + beta * c. a, b, c: 2-D fp32 with unit inner stride (row stride is
+// the leading dimension, so column blocks of a wider matrix are valid operands).
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+          float alpha = 1.0f, float beta = 0.0f);
+// Batched over dim 0 of 3-D operands ([batch, rows, cols], unit inner stride; a zero batch stride
+// broadcasts an operand).
+void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                  float alpha = 1.0f, float beta = 0.0f);
+
+// ---- embedding --------------------------------------------------------------------------------
+// out[i, :] = weight[ids[i], :]; ids int32 [n] (any shape, flattened); out [n, h]; weight [V, h].
+// An id outside [0, V) throws Error naming the id and row.
+void embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight);
+// dweight[ids[i], :] += dout[i, :] (deterministic: rows of dweight are owned by one thread and
+// visited in token order).
+void embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout);
+
+// ---- LayerNorm over the last dim ----------------------------------------------------------------
+// x, out [n, h]; weight, bias [h]; mean, rstd [n] (saved for backward).
+void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                   const Tensor& weight, const Tensor& bias, float eps);
+// dx written (accumulated when accumulate_dx); dweight, dbias accumulate.
+void layernorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                   const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                   const Tensor& rstd, bool accumulate_dx = false);
+
+// ---- GELU (tanh approximation or exact erf) ---------------------------------------------------
+void gelu_fwd(const Tensor& out, const Tensor& x, bool tanh_approx);
+void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx);
+
+// ---- bias, residual, scale ----------------------------------------------------------------------
+void bias_add(const Tensor& x, const Tensor& bias);         // x [n, m] += bias [m] (in place)
+void bias_grad(const Tensor& dbias, const Tensor& dout);    // dbias [m] += sum_rows dout [n, m]
+void add(const Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias)
+void scale(const Tensor& x, float s);                         // x *= s (in place)
+
+// ---- dropout ------------------------------------------------------------------------------------
+struct DropoutSpec {
+  float p = 0.0f;       // drop probability; 0 = identity
+  uint64_t seed = 0;
+  uint64_t stream = 0;  // distinct per (micro-batch, layer, site)
+  bool active() const { return p > 0.0f; }
+};
+void dropout_fwd(const Tensor& out, const Tensor& x, const DropoutSpec& d);     // out may alias x
+void dropout_bwd(const Tensor& dx, const Tensor& dout, const DropoutSpec& d);   // dx may alias
+// out = residual + dropout(x + bias) (Megatron's bias-dropout-add); bias [m] or undefined.
+void bias_dropout_add_fwd(const Tensor& out, const Tensor& x, const Tensor& bias,
+                          const Tensor& residual, const DropoutSpec& d);
+// Backward of the above for the x branch: dx = dropout_bwd(dout); dbias += colsum(dx).
+// (The residual branch's gradient is dout itself.)
+void bias_dropout_add_bwd(const Tensor& dx, const Tensor& dbias, const Tensor& dout,
+                          const DropoutSpec& d);
+
+// ---- causal self-attention, fused per (batch, head) -----------------------------------------------
+// qkv [b, s, g*(n/g+2)*d] in Megatron-Core layout: per query group, n/g query heads of d, then one
+// key head, then one value head. ctx [b, s, n*d] (head-major columns). attention_start [b, s]
+// int32 or undefined: query i attends keys j with start[i] <= j <= i (start 0 = plain causal).
+// lse [b, n, s] is always written (row log-sum-exp of the scaled, masked scores). probs
+// [b, n, s, s] is written when defined (pre-dropout softmax, saved for backward); leave it
+// undefined to recompute the scores in backward (selective recompute).
+struct AttentionShape {
+  int64_t batch = 0, seq = 0;
+  int heads = 0, groups = 0, head_dim = 0;
+  float softmax_scale = 0.0f;  // usually 1/sqrt(head_dim)
+};
+void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
+                   const Tensor& attention_start, const AttentionShape& shape,
+                   const DropoutSpec& dropout);
+// dqkv [b, s, qkv width] is written. probs may be undefined (then recomputed from qkv and lse).
+void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& lse,
+                   const Tensor& probs, const Tensor& attention_start,
+                   const AttentionShape& shape, const DropoutSpec& dropout);
+
+// ---- softmax cross-entropy over the vocab -------------------------------------------------------
+// logits [n, V] fp32 (row-strided allowed), labels int32 [n], loss_mask fp32 [n] or undefined
+// (all ones). Writes loss [n] (per-token, unmasked) and, when grad_scale_or_zero != 0, replaces
+// logits in place by d(grad_scale * sum(loss * mask))/dlogits. A label outside [0, V) throws.
+void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor& labels,
+                          const Tensor& loss_mask, float grad_scale, bool write_grad);
+
+// ---- optimizer ----------------------------------------------------------------------------------
+struct AdamWConfig {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  int64_t step = 1;  // 1-based, for bias correction
+};
+// Decoupled weight decay (AdamW / apex FusedAdam adam_w_mode):
+//   m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; mh = m/(1-b1^t); vh = v/(1-b2^t)
+//   p -= lr * (mh / (sqrt(vh) + eps) + wd * p)
+// master, grad, exp_avg, exp_avg_sq fp32 (same numel); model_copy (fp32/bf16/fp16, same numel)
+// receives the updated value when defined.
+void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const Tensor& model_copy, const AdamWConfig& cfg);
+
+// ---- reductions and casts -----------------------------------------------------------------------
+double l2_norm_squared(const Tensor& x);  // sum of squares in double (any float dtype)
+bool all_finite(const Tensor& x);          // false if any NaN/Inf (any float dtype)
+void cast(const Tensor& dst, const Tensor& src);  // fp32/bf16/fp16/f64 <-> any (RNE), same numel
+
+}  // namespace megatron::ops
