@@ -19,6 +19,7 @@ struct InferenceFlags {
   bool group_query_attention = false;
   bool swiglu = false;
   bool openai_gelu = false;
+  bool no_bias_gelu_fusion = false;
   bool disable_bias_linear = false;
   bool add_qkv_bias = false;
   std::string normalization = "LayerNorm";
@@ -46,6 +47,8 @@ struct InferenceFlags {
         ->capture_default_str();
     sub.add_flag("--swiglu", swiglu, "SwiGLU MLP");
     sub.add_flag("--openai-gelu", openai_gelu, "GeLU in its tanh approximation");
+    sub.add_flag("--no-bias-gelu-fusion", no_bias_gelu_fusion,
+                 "Exact (erf) GeLU; Megatron's default fused bias-GeLU is the tanh form");
     sub.add_option("--position-embedding-type", position_embedding_type, "learned_absolute or rope")
         ->check(CLI::IsMember({"learned_absolute", "rope"}))
         ->capture_default_str();
@@ -82,9 +85,12 @@ struct InferenceFlags {
                g.max_position_embeddings);
     g.normalization = normalization == "RMSNorm" ? inference::GPTInferenceConfig::Norm::RMSNorm
                                                  : inference::GPTInferenceConfig::Norm::LayerNorm;
-    g.activation = swiglu        ? inference::GPTInferenceConfig::Activation::SwiGLU
-                   : openai_gelu ? inference::GPTInferenceConfig::Activation::GeluTanh
-                                 : inference::GPTInferenceConfig::Activation::Gelu;
+    // Megatron: SwiGLU; else --openai-gelu or the fused bias-GeLU (default, needs biases) use the
+    // tanh approximation; otherwise F.gelu (erf).
+    const bool tanh_gelu = openai_gelu || (!no_bias_gelu_fusion && !disable_bias_linear);
+    g.activation = swiglu      ? inference::GPTInferenceConfig::Activation::SwiGLU
+                   : tanh_gelu ? inference::GPTInferenceConfig::Activation::GeluTanh
+                               : inference::GPTInferenceConfig::Activation::Gelu;
     g.position_embedding_type = position_embedding_type == "rope"
                                     ? inference::GPTInferenceConfig::Position::Rope
                                     : inference::GPTInferenceConfig::Position::LearnedAbsolute;

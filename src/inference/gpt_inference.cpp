@@ -47,6 +47,21 @@ std::vector<float> fetch(const WeightLookup& lookup, const std::string& name, co
 
 }  // namespace
 
+GPTInferenceConfig inference_config(const model::GPTConfig& m) {
+  GPTInferenceConfig c;
+  c.num_layers = m.num_layers;
+  c.hidden_size = m.hidden_size;
+  c.num_attention_heads = m.num_attention_heads;
+  c.kv_channels = m.kv_channels;
+  c.ffn_hidden_size = m.ffn_hidden_size;
+  c.padded_vocab_size = m.padded_vocab_size;
+  c.max_position_embeddings = m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length;
+  c.layernorm_epsilon = m.layernorm_epsilon;
+  c.activation = m.gelu_tanh ? GPTInferenceConfig::Activation::GeluTanh
+                             : GPTInferenceConfig::Activation::Gelu;
+  return c.resolved();
+}
+
 WeightLookup parameter_lookup(const model::ParameterList& params) {
   return [&params](const std::string& name) {
     for (const model::Parameter* p : params)

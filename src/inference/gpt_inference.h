@@ -18,6 +18,7 @@
 
 #include "core/tensor.h"
 #include "inference/language_model.h"
+#include "model/gpt_model.h"
 #include "model/parameter.h"
 
 namespace megatron::inference {
@@ -51,6 +52,10 @@ struct GPTInferenceConfig {
 
 // Returns the named weight (any float dtype, CPU), or an undefined Tensor when there is none.
 using WeightLookup = std::function<Tensor(const std::string& name)>;
+
+// The inference configuration of a training GPTModel's configuration (local spec: LayerNorm,
+// GeLU (tanh form unless gelu_tanh is off), learned absolute positions, biases, tied output).
+GPTInferenceConfig inference_config(const model::GPTConfig& config);
 
 // Weights from a model's parameters (Parameter::name -> Parameter::value), e.g. a GPTModel's
 // parameters(); the list must outlive the lookup.

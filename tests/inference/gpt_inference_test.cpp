@@ -55,9 +55,14 @@ class RecomputeModel final : public LanguageModel {
   std::vector<std::vector<int32_t>> rows_;
 };
 
-class GPTInferenceTest : public ::testing::TestWithParam<bool> {
+class GPTInferenceTest : public ::testing::TestWithParam<int> {
  protected:
-  Config config() const { return GetParam() ? llama_config() : gpt2_config(); }
+  Config config() const {
+    if (GetParam() == 2) return llama_config();
+    Config c = gpt2_config();
+    if (GetParam() == 1) c.activation = Config::Activation::Gelu;  // --no-bias-gelu-fusion
+    return c;
+  }
 };
 
 TEST_P(GPTInferenceTest, DecodingWithTheCacheEqualsAFullForward) {
@@ -200,8 +205,9 @@ TEST_P(GPTInferenceTest, MatchesThePyTorchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, GPTInferenceTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "LlamaStyle" : "GPT2Style"; });
+INSTANTIATE_TEST_SUITE_P(Configs, GPTInferenceTest, ::testing::Values(0, 1, 2), [](const auto& info) {
+  return info.param == 0 ? "GPT2Style" : info.param == 1 ? "GPT2StyleErfGelu" : "LlamaStyle";
+});
 
 TEST(GPTInference, ReadsAModelsParameters) {
   const Config c = gpt2_config();

@@ -23,6 +23,7 @@ inline Config gpt2_config() {
   c.num_attention_heads = 4;
   c.padded_vocab_size = 64;
   c.max_position_embeddings = 32;
+  c.activation = Config::Activation::GeluTanh;  // Megatron's default fused bias-GeLU
   return c.resolved();
 }
 
