@@ -1,0 +1,302 @@
+// GPTModel: embedding -> L pre-LN transformer layers -> final LayerNorm -> tied output layer ->
+// softmax cross-entropy. The loss head runs in row chunks (one [chunk, V] logits buffer, turned
+// into dlogits in place), so the full [b*s, V] logits are never materialised during training.
+// Full recomputation keeps only chunk inputs in forward and reruns the chunk's forward (same
+// dropout streams, hence identical masks) before its backward; selective recomputation keeps no
+// s x s attention probabilities.
+#include "model/gpt_model.h"
+
+#include <cmath>
+#include <unordered_set>
+
+#include "core/rng.h"
+#include "kernels/ops.h"
+#include "model/layers.h"
+
+namespace megatron::model {
+
+void GPTConfig::validate() const {
+  MG_REQUIRE(num_layers > 0, "--num-layers must be > 0 (got ", num_layers, ")");
+  MG_REQUIRE(hidden_size > 0, "--hidden-size must be > 0 (got ", hidden_size, ")");
+  MG_REQUIRE(num_attention_heads > 0, "--num-attention-heads must be > 0");
+  MG_REQUIRE(kv_channels > 0 || hidden_size % num_attention_heads == 0, "--hidden-size ",
+             hidden_size, " is not divisible by --num-attention-heads ", num_attention_heads,
+             "; set --kv-channels or change the sizes");
+  MG_REQUIRE(seq_length > 0, "--seq-length must be > 0");
+  MG_REQUIRE(max_position_embeddings >= seq_length, "--max-position-embeddings (",
+             max_position_embeddings, ") must be >= --seq-length (", seq_length, ")");
+  MG_REQUIRE(padded_vocab_size > 0, "padded vocabulary size must be > 0");
+  MG_REQUIRE(hidden_dropout >= 0 && hidden_dropout < 1, "--hidden-dropout must be in [0, 1)");
+  MG_REQUIRE(attention_dropout >= 0 && attention_dropout < 1,
+             "--attention-dropout must be in [0, 1)");
+  MG_REQUIRE(params_dtype == DType::F32 || params_dtype == DType::BF16 ||
+                 params_dtype == DType::F16,
+             "params dtype must be float32, bfloat16 or float16");
+  const std::string& g = recompute_granularity;
+  MG_REQUIRE(g.empty() || g == "full" || g == "selective", "--recompute-granularity '", g,
+             "' is not one of: full, selective");
+  if (g == "full") {
+    MG_REQUIRE(recompute_method == "uniform" || recompute_method == "block",
+               "--recompute-granularity full needs --recompute-method uniform or block");
+    MG_REQUIRE(recompute_num_layers >= 1 && recompute_num_layers <= num_layers,
+               "--recompute-num-layers must be in [1, --num-layers=", num_layers, "] (got ",
+               recompute_num_layers, ")");
+  } else {
+    MG_REQUIRE(recompute_method.empty(), "--recompute-method ", recompute_method,
+               " requires --recompute-granularity full");
+  }
+}
+
+namespace {
+struct Chunk {
+  int begin, end;
+  bool recompute;
+};
+constexpr int64_t kHeadRows = 256;  // rows of logits per loss-head chunk
+}  // namespace
+
+struct GPTModel::Impl {
+  GPTConfig cfg;
+  uint64_t seed;
+  Embedding embedding;
+  std::vector<std::unique_ptr<TransformerLayer>> layers;
+  LayerNorm final_layernorm;
+  std::vector<Chunk> chunks;
+  std::vector<Tensor> chunk_inputs;  // [N, h] per recomputed chunk (forward_backward only)
+  size_t activation_bytes = 0;
+  Tensor logits_buf, loss_buf;
+
+  Impl(const GPTConfig& c, uint64_t s)
+      : cfg(c),
+        seed(s),
+        embedding(c.padded_vocab_size, c.max_position_embeddings, c.hidden_size, c.hidden_dropout,
+                  c.params_dtype),
+        final_layernorm("decoder.final_layernorm", c.hidden_size, c.layernorm_epsilon,
+                        c.params_dtype) {
+    AttentionDims dims{c.num_attention_heads, c.num_attention_heads, c.head_dim(),
+                       c.attention_dropout};
+    for (int i = 0; i < c.num_layers; ++i)
+      layers.push_back(std::make_unique<TransformerLayer>(i, c.hidden_size, c.ffn(), dims,
+                                                          c.layernorm_epsilon, c.hidden_dropout,
+                                                          c.gelu_tanh, c.params_dtype));
+    const int L = c.num_layers, k = c.recompute_num_layers;
+    if (c.recompute_granularity == "full" && c.recompute_method == "uniform") {
+      for (int i = 0; i < L; i += k) chunks.push_back({i, std::min(L, i + k), true});
+    } else {
+      const int nrec = c.recompute_granularity == "full" ? k : 0;  // block: first k layers
+      for (int i = 0; i < L; ++i) chunks.push_back({i, i + 1, i < nrec});
+    }
+  }
+
+  ParameterList parameters() {
+    ParameterList out;
+    embedding.parameters(out);
+    for (auto& l : layers) l->parameters(out);
+    final_layernorm.parameters(out);
+    return out;
+  }
+
+  void init_weights() {
+    const float out_std = cfg.init_method_std / std::sqrt(2.0f * float(cfg.num_layers));
+    ParameterList ps = parameters();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      Parameter& p = *ps[i];
+      const std::string& n = p.name;
+      auto ends = [&](const std::string& suf) {
+        return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
+      };
+      Tensor v = Tensor::zeros(p.value.shape(), DType::F32);
+      if (n.find("layernorm") != std::string::npos) {
+        if (ends(".weight")) v.fill_(1.0);
+      } else if (ends(".weight")) {
+        const bool scaled = ends("linear_proj.weight") || ends("linear_fc2.weight");
+        Philox(seed, 1000 + i).fill_normal(v.data<float>(), v.numel(), 0.0f,
+                                           scaled ? out_std : cfg.init_method_std);
+      }
+      ops::cast(p.value, v);
+    }
+    refresh();
+  }
+
+  void refresh() {
+    embedding.refresh_working_weights();
+    for (auto& l : layers) l->refresh_working_weights();
+    final_layernorm.refresh_working_weights();
+  }
+
+  LayerContext make_ctx(const Tensor& tokens, const Tensor& start, bool training, bool save,
+                        uint64_t offset) const {
+    MG_REQUIRE(tokens.defined() && tokens.dim() == 2 && tokens.dtype() == DType::I32,
+               "tokens must be an int32 [batch, seq] tensor");
+    LayerContext ctx;
+    ctx.training = training;
+    ctx.save = save;
+    ctx.recompute_core_attention = cfg.recompute_granularity == "selective";
+    ctx.seed = seed;
+    ctx.dropout_offset = offset;
+    ctx.batch = tokens.size(0);
+    ctx.seq = tokens.size(1);
+    MG_REQUIRE(ctx.seq <= cfg.max_position_embeddings, "sequence length ", ctx.seq,
+               " exceeds --max-position-embeddings ", cfg.max_position_embeddings);
+    if (start.defined()) {
+      MG_REQUIRE(start.dtype() == DType::I32 && start.shape() == tokens.shape(),
+                 "attention_start must be int32 with the tokens' shape ",
+                 shape_str(tokens.shape()));
+      ctx.attention_start = start.contiguous();
+    }
+    return ctx;
+  }
+
+  void check_targets(const GPTInputs& in) const {
+    MG_REQUIRE(in.labels.defined() && in.labels.dtype() == DType::I32 &&
+                   in.labels.shape() == in.tokens.shape(),
+               "labels must be int32 with the tokens' shape ", shape_str(in.tokens.shape()));
+    MG_REQUIRE(in.loss_mask.defined() && in.loss_mask.dtype() == DType::F32 &&
+                   in.loss_mask.shape() == in.tokens.shape(),
+               "loss_mask must be float32 with the tokens' shape ", shape_str(in.tokens.shape()));
+  }
+
+  // Collects the bytes of every activation currently held for backward (shared storage once).
+  size_t held_bytes() const {
+    std::unordered_set<const void*> seen;
+    size_t total = 0;
+    auto add = [&](const Tensor& t) {
+      if (t.defined() && seen.insert(t.storage().get()).second) total += t.storage()->bytes();
+    };
+    for (const Tensor& t : chunk_inputs) add(t);
+    for (const auto& l : layers) {
+      add(l->saved.x);
+      add(l->saved.x2);
+      for (const LayerNorm* ln : {&l->input_layernorm, &l->pre_mlp_layernorm}) {
+        add(ln->saved.x);
+        add(ln->saved.mean);
+        add(ln->saved.rstd);
+      }
+      const auto& a = l->self_attention;
+      for (const Tensor* t : {&a.saved.qkv, &a.saved.lse, &a.saved.probs, &a.saved.ctx,
+                              &a.linear_qkv.saved.x, &a.linear_proj.saved.x})
+        add(*t);
+      for (const Tensor* t : {&l->mlp.saved.h1, &l->mlp.saved.a1, &l->mlp.linear_fc1.saved.x,
+                              &l->mlp.linear_fc2.saved.x})
+        add(*t);
+    }
+    add(final_layernorm.saved.x);
+    add(final_layernorm.saved.mean);
+    add(final_layernorm.saved.rstd);
+    return total;
+  }
+
+  Tensor run_decoder(const LayerContext& ctx, Tensor x, bool keep_chunk_inputs) {
+    LayerContext nosave = ctx;
+    nosave.save = false;
+    chunk_inputs.assign(chunks.size(), Tensor());
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const bool rec = ctx.save && chunks[c].recompute;
+      if (rec && keep_chunk_inputs) chunk_inputs[c] = x;
+      for (int l = chunks[c].begin; l < chunks[c].end; ++l)
+        x = layers[size_t(l)]->forward(rec ? nosave : ctx, x);
+    }
+    return x;
+  }
+
+  // Loss head over rows of xf [N, h]: logits = xf W^T in chunks, per-token loss; when dxf is
+  // defined also dlogits -> dxf (written) and the word-embedding grad (+=).
+  LossResult head(const Tensor& xf, const GPTInputs& in, float grad_scale, const Tensor& dxf) {
+    const int64_t N = xf.size(0), V = cfg.padded_vocab_size;
+    const Tensor& W = embedding.word.f32;
+    const Tensor labels = in.labels.contiguous().view({N});
+    const Tensor mask = in.loss_mask.contiguous().view({N});
+    const int64_t R = std::min(N, kHeadRows);
+    if (!logits_buf.defined() || logits_buf.size(0) != R || logits_buf.size(1) != V)
+      logits_buf = Tensor::empty({R, V}, DType::F32);
+    if (!loss_buf.defined() || loss_buf.numel() != N) loss_buf = Tensor::empty({N}, DType::F32);
+    const bool grad = dxf.defined();
+    for (int64_t r0 = 0; r0 < N; r0 += R) {
+      const int64_t r = std::min(R, N - r0);
+      Tensor z = logits_buf.narrow(0, 0, r);
+      Tensor xr = xf.narrow(0, r0, r);
+      ops::gemm(xr, false, W, true, z);
+      ops::softmax_xent_fwd_bwd(z, loss_buf.narrow(0, r0, r), labels.narrow(0, r0, r),
+                                mask.narrow(0, r0, r), grad_scale, grad);
+      if (grad) {
+        ops::gemm(z, false, W, false, dxf.narrow(0, r0, r));
+        ops::gemm(z, true, xr, false, embedding.word.param.grad, 1.0f, 1.0f);
+      }
+    }
+    LossResult res;
+    const float* lp = loss_buf.data<float>();
+    const float* mp = mask.data<float>();
+    for (int64_t i = 0; i < N; ++i) {
+      res.loss_sum += double(lp[i]) * double(mp[i]);
+      res.num_tokens += double(mp[i]);
+    }
+    return res;
+  }
+};
+
+GPTModel::GPTModel(const GPTConfig& cfg, uint64_t seed) {
+  cfg.validate();
+  impl_ = std::make_unique<Impl>(cfg, seed);
+  impl_->init_weights();
+}
+GPTModel::~GPTModel() = default;
+
+ParameterList GPTModel::parameters() { return impl_->parameters(); }
+const GPTConfig& GPTModel::config() const { return impl_->cfg; }
+size_t GPTModel::activation_bytes() const { return impl_->activation_bytes; }
+
+LossResult GPTModel::forward_backward(const GPTInputs& in, float grad_scale,
+                                      uint64_t dropout_offset) {
+  Impl& m = *impl_;
+  m.refresh();
+  LayerContext ctx = m.make_ctx(in.tokens, in.attention_start, true, true, dropout_offset);
+  m.check_targets(in);
+  Tensor tokens = in.tokens.contiguous(), pos = in.position_ids.contiguous();
+  Tensor x = m.embedding.forward(ctx, tokens, pos);
+  x = m.run_decoder(ctx, x, true);
+  Tensor xf = m.final_layernorm.forward(ctx, x);
+  size_t peak = m.held_bytes() + xf.nbytes();
+  Tensor dxf = Tensor::empty(xf.shape(), DType::F32);
+  LossResult res = m.head(xf, in, grad_scale, dxf);
+  xf = Tensor();
+  Tensor dx = m.final_layernorm.backward(ctx, dxf);
+  dxf = Tensor();
+  for (size_t c = m.chunks.size(); c-- > 0;) {
+    const Chunk& ch = m.chunks[c];
+    if (ch.recompute) {  // rerun the chunk's forward with saving on (same dropout streams)
+      Tensor y = m.chunk_inputs[c];
+      for (int l = ch.begin; l < ch.end; ++l) y = m.layers[size_t(l)]->forward(ctx, y);
+      peak = std::max(peak, m.held_bytes());
+      m.chunk_inputs[c] = Tensor();
+    }
+    for (int l = ch.end; l-- > ch.begin;) dx = m.layers[size_t(l)]->backward(ctx, dx);
+  }
+  m.embedding.backward(ctx, dx);
+  m.activation_bytes = peak;
+  return res;
+}
+
+LossResult GPTModel::forward_loss(const GPTInputs& in) {
+  Impl& m = *impl_;
+  m.refresh();
+  LayerContext ctx = m.make_ctx(in.tokens, in.attention_start, false, false, 0);
+  m.check_targets(in);
+  Tensor x = m.embedding.forward(ctx, in.tokens.contiguous(), in.position_ids.contiguous());
+  x = m.run_decoder(ctx, x, false);
+  Tensor xf = m.final_layernorm.forward(ctx, x);
+  return m.head(xf, in, 0.0f, Tensor());
+}
+
+Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& position_ids) {
+  Impl& m = *impl_;
+  m.refresh();
+  LayerContext ctx = m.make_ctx(tokens, Tensor(), false, false, 0);
+  Tensor x = m.embedding.forward(ctx, tokens.contiguous(), position_ids.contiguous());
+  x = m.run_decoder(ctx, x, false);
+  Tensor xf = m.final_layernorm.forward(ctx, x);
+  Tensor logits = Tensor::empty({ctx.batch, ctx.seq, m.cfg.padded_vocab_size}, DType::F32);
+  ops::gemm(xf, false, m.embedding.word.f32, true, logits.view({ctx.rows(), -1}));
+  return logits;
+}
+
+}  // namespace megatron::model
