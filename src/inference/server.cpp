@@ -79,8 +79,10 @@ struct TextGenerationServer::Impl {
     guarded(res, [&] {
       auto request = parse_megatron_request(parse_json_body(req.body), ctx, next_seed());
       if (!request.no_log)
-        log_info("PUT /api from ", req.remote_addr, ": ", request.job->rows.size(), " prompt(s)",
-                 request.job->kind == Job::Kind::BeamSearch ? " (beam search)" : "");
+        log_info("PUT /api from ", req.remote_addr, ": ",
+                 request.job->kind == Job::Kind::BeamSearch
+                     ? str("beam search, width ", request.job->beam.beam_width)
+                     : str(request.job->rows.size(), " prompt(s)"));
       run(request.job);
       res.set_content(dump_json(megatron_response(request, ctx)), "application/json");
     });
