@@ -287,10 +287,11 @@ LossResult GPTModel::forward_loss(const GPTInputs& in) {
   return m.head(xf, in, 0.0f, Tensor());
 }
 
-Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& position_ids) {
+Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& position_ids,
+                                const Tensor& attention_start) {
   Impl& m = *impl_;
   m.refresh();
-  LayerContext ctx = m.make_ctx(tokens, Tensor(), false, false, 0);
+  LayerContext ctx = m.make_ctx(tokens, attention_start, false, false, 0);
   Tensor x = m.embedding.forward(ctx, tokens.contiguous(), position_ids.contiguous());
   x = m.run_decoder(ctx, x, false);
   Tensor xf = m.final_layernorm.forward(ctx, x);

@@ -74,8 +74,10 @@ class GPTModel {
   LossResult forward_backward(const GPTInputs& in, float grad_scale, uint64_t dropout_offset);
   // Evaluation: no dropout, nothing saved for backward. labels/loss_mask required.
   LossResult forward_loss(const GPTInputs& in);
-  // [b, s, padded_vocab] fp32 logits, no dropout (generation, tests).
-  Tensor forward_logits(const Tensor& tokens, const Tensor& position_ids);
+  // [b, s, padded_vocab] fp32 logits, no dropout (generation, tests). attention_start as in
+  // GPTInputs (undefined = plain causal).
+  Tensor forward_logits(const Tensor& tokens, const Tensor& position_ids,
+                        const Tensor& attention_start = Tensor());
 
   const GPTConfig& config() const;
   // Bytes of activations saved for backward by the last forward_backward (for reports).

@@ -1,0 +1,115 @@
+// The whole GPT (logits, loss, every parameter's gradient) against tests/reference/
+// gpt_reference.py (PyTorch, float64) on the same weights and batch, dropout off.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/gpt_model.h"
+#include "model_test_util.h"
+#include "test_util.h"
+
+namespace megatron::model {
+namespace {
+
+using megatron::testing::TempDir;
+
+template <typename T>
+void append(std::ofstream& f, const T* p, int64_t n) {
+  f.write(reinterpret_cast<const char*>(p), std::streamsize(n * int64_t(sizeof(T))));
+}
+
+// |got - ref| <= atol + rtol * |ref| with atol relative to the tensor's scale.
+void expect_close(const std::string& what, const float* got, const double* ref, int64_t n,
+                  double rtol) {
+  double scale = 0;
+  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(ref[i]));
+  const double atol = rtol * scale + 1e-12;
+  int64_t bad = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double err = std::abs(double(got[i]) - ref[i]);
+    worst = std::max(worst, err / (atol + rtol * std::abs(ref[i])));
+    if (err > atol + rtol * std::abs(ref[i])) ++bad;
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << n << " elements off; worst err/tol "
+                    << worst << " (scale " << scale << ")";
+}
+
+void check_against_pytorch(const GPTConfig& cfg, bool resets) {
+  const int64_t b = 2, s = cfg.seq_length, V = cfg.padded_vocab_size;
+  GPTModel model(cfg, 1234);
+  testing::randomise(model, 99);
+  GPTInputs in = testing::random_inputs(b, s, V, 5, resets);
+  const float grad_scale = 0.37f;
+  testing::zero_grads(model);
+  LossResult res = model.forward_backward(in, grad_scale, 0);
+  Tensor logits = model.forward_logits(in.tokens, in.position_ids, in.attention_start);
+
+  TempDir dir;
+  nlohmann::json j;
+  j["num_layers"] = cfg.num_layers;
+  j["hidden_size"] = cfg.hidden_size;
+  j["num_attention_heads"] = cfg.num_attention_heads;
+  j["head_dim"] = cfg.head_dim();
+  j["vocab"] = V;
+  j["eps"] = cfg.layernorm_epsilon;
+  j["gelu_tanh"] = cfg.gelu_tanh;
+  j["batch"] = b;
+  j["seq"] = s;
+  j["grad_scale"] = grad_scale;
+  j["has_attention_start"] = resets;
+  std::ofstream wf(dir / "weights.bin", std::ios::binary);
+  for (Parameter* p : model.parameters()) {
+    j["params"].push_back({{"name", p->name}, {"shape", p->value.shape()}});
+    Tensor v = p->value.to(DType::F32);
+    append(wf, v.data<float>(), v.numel());
+  }
+  wf.close();
+  megatron::testing::write_file(dir / "config.json", j.dump());
+  std::ofstream bf(dir / "batch.bin", std::ios::binary);
+  Tensor zeros = Tensor::zeros({b, s}, DType::I32);
+  for (const Tensor* t : {&in.tokens, &in.position_ids, &in.labels,
+                          resets ? &in.attention_start : &zeros})
+    append(bf, t->data<int32_t>(), t->numel());
+  append(bf, in.loss_mask.data<float>(), in.loss_mask.numel());
+  bf.close();
+
+  auto r = megatron::testing::run_command(
+      "/usr/bin/python3 " +
+      (megatron::testing::source_dir() / "tests/reference/gpt_reference.py").string() + " " +
+      dir.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string raw = megatron::testing::read_file(dir / "out.bin");
+  const double* ref = reinterpret_cast<const double*>(raw.data());
+  const int64_t nref = int64_t(raw.size() / sizeof(double));
+
+  EXPECT_NEAR(res.loss_sum, ref[0], 1e-5 * std::abs(ref[0]));
+  EXPECT_EQ(res.num_tokens, ref[1]);
+  int64_t off = 2;
+  expect_close("logits", logits.data<float>(), ref + off, b * s * V, 1e-5);
+  off += b * s * V;
+  for (Parameter* p : model.parameters()) {
+    ASSERT_LE(off + p->grad.numel(), nref);
+    expect_close(p->name + " grad", p->grad.data<float>(), ref + off, p->grad.numel(), 1e-5);
+    off += p->grad.numel();
+  }
+  EXPECT_EQ(off, nref);
+}
+
+TEST(GPTReference, MatchesPyTorchTanhGeluWithDocumentResets) {
+  check_against_pytorch(testing::tiny_config(), true);
+}
+
+TEST(GPTReference, MatchesPyTorchExactGeluPlainCausal) {
+  GPTConfig c = testing::tiny_config();
+  c.gelu_tanh = false;
+  c.num_layers = 1;
+  c.ffn_hidden_size = 48;
+  check_against_pytorch(c, false);
+}
+
+}  // namespace
+}  // namespace megatron::model

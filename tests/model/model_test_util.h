@@ -1,0 +1,75 @@
+// Helpers for the model tests: tiny configurations, random batches (with document resets for
+// attention_start) and randomised weights, so biases and norm parameters are not trivial.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "core/rng.h"
+#include "kernels/ops.h"
+#include "model/gpt_model.h"
+
+namespace megatron::model::testing {
+
+inline GPTConfig tiny_config() {
+  GPTConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.seq_length = 16;
+  c.max_position_embeddings = 20;
+  c.padded_vocab_size = 96;
+  c.hidden_dropout = 0.0f;
+  c.attention_dropout = 0.0f;
+  return c;
+}
+
+// tokens/labels uniform in [0, vocab); every third sequence gets a document boundary so
+// attention_start and position_ids reset there (Megatron's --reset-* flags).
+inline GPTInputs random_inputs(int64_t b, int64_t s, int64_t vocab, uint64_t seed,
+                               bool with_resets) {
+  Philox rng(seed, 7);
+  std::vector<int32_t> tok(size_t(b * s)), lab(size_t(b * s)), pos(size_t(b * s)),
+      start(size_t(b * s));
+  std::vector<float> mask(size_t(b * s));
+  uint64_t k = 0;
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const int64_t boundary = with_resets ? 1 + int64_t(rng.u32(k++) % uint32_t(s - 1)) : s;
+    for (int64_t i = 0; i < s; ++i) {
+      const size_t at = size_t(bi * s + i);
+      tok[at] = int32_t(rng.u32(k++) % uint32_t(vocab));
+      lab[at] = int32_t(rng.u32(k++) % uint32_t(vocab));
+      const int64_t doc_start = i >= boundary ? boundary : 0;
+      start[at] = int32_t(doc_start);
+      pos[at] = int32_t(with_resets ? i - doc_start : i);
+      mask[at] = rng.uniform(k++) < 0.8f ? 1.0f : 0.0f;
+    }
+  }
+  GPTInputs in;
+  in.tokens = Tensor::from_vector(tok, {b, s});
+  in.labels = Tensor::from_vector(lab, {b, s});
+  in.position_ids = Tensor::from_vector(pos, {b, s});
+  if (with_resets) in.attention_start = Tensor::from_vector(start, {b, s});
+  in.loss_mask = Tensor::from_vector(mask, {b, s});
+  return in;
+}
+
+// Replaces every parameter by N(0, 0.1) (norm weights 1 + N(0, 0.1)).
+inline void randomise(GPTModel& m, uint64_t seed) {
+  ParameterList ps = m.parameters();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    Tensor v = Tensor::empty(ps[i]->value.shape(), DType::F32);
+    Philox(seed, 100 + i).fill_normal(v.data<float>(), v.numel(), 0.0f, 0.1f);
+    if (ps[i]->name.find("layernorm.weight") != std::string::npos) {
+      float* p = v.data<float>();
+      for (int64_t j = 0; j < v.numel(); ++j) p[j] += 1.0f;
+    }
+    ops::cast(ps[i]->value, v);
+  }
+}
+
+inline void zero_grads(GPTModel& m) {
+  for (Parameter* p : m.parameters()) p->grad.zero_();
+}
+
+}  // namespace megatron::model::testing
