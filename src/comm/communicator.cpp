@@ -1,0 +1,103 @@
+// Communicator helpers and the group-of-one implementation (SelfCommunicator): every collective
+// over a single rank is a copy or a no-op, so a world of 1 needs no MPI at all.
+#include "comm/communicator.h"
+
+#include <cstring>
+
+namespace megatron {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+namespace detail {
+
+void check_tensor(const Communicator& c, const char* op, const Tensor& t) {
+  MG_CHECK(t.defined(), op, " on group '", c.name(), "': undefined tensor");
+  MG_CHECK(t.is_contiguous(), op, " on group '", c.name(), "': tensor must be contiguous");
+  MG_CHECK(t.device().is_cpu(), op, " on group '", c.name(), "': this communicator handles ",
+           "host tensors, got ", t.device().to_string());
+}
+
+void check_sizes(const Communicator& c, const char* op, const Tensor& in, const Tensor& out,
+                 int64_t in_numel_expected, int64_t out_numel_expected) {
+  check_tensor(c, op, in);
+  check_tensor(c, op, out);
+  MG_CHECK(in.dtype() == out.dtype(), op, " on group '", c.name(), "': dtypes differ (",
+           dtype_name(in.dtype()), " vs ", dtype_name(out.dtype()), ")");
+  MG_CHECK(in.numel() == in_numel_expected && out.numel() == out_numel_expected, op,
+           " on group '", c.name(), "' of size ", c.size(), ": input ", shape_str(in.shape()),
+           " and output ", shape_str(out.shape()), " do not match");
+}
+
+}  // namespace detail
+
+namespace {
+
+class SelfCommunicator final : public Communicator {
+ public:
+  SelfCommunicator(std::string name, CommOptions options)
+      : name_(std::move(name)), options_(options), ranks_{0} {}
+
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& world_ranks() const override { return ranks_; }
+  double timeout_seconds() const override { return options_.timeout_seconds; }
+
+  CommHandle all_reduce_async(Tensor& t, ReduceOp) override {
+    detail::check_tensor(*this, "all_reduce", t);
+    return {};
+  }
+  CommHandle all_gather_async(const Tensor& in, Tensor& out) override {
+    detail::check_sizes(*this, "all_gather", in, out, in.numel(), in.numel());
+    copy_bytes(in, out);
+    return {};
+  }
+  CommHandle reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp) override {
+    detail::check_sizes(*this, "reduce_scatter", in, out, out.numel(), out.numel());
+    copy_bytes(in, out);
+    return {};
+  }
+  CommHandle broadcast_async(Tensor& t, int root) override {
+    detail::check_tensor(*this, "broadcast", t);
+    MG_CHECK(root == 0, "broadcast on group '", name_, "' of size 1: root ", root);
+    return {};
+  }
+  CommHandle send_async(const Tensor&, int dst, int) override {
+    MG_CHECK(false, "send to rank ", dst, " on group '", name_, "' of size 1");
+    return {};
+  }
+  CommHandle recv_async(Tensor&, int src, int) override {
+    MG_CHECK(false, "recv from rank ", src, " on group '", name_, "' of size 1");
+    return {};
+  }
+  CommHandle barrier_async() override { return {}; }
+
+  std::shared_ptr<Communicator> split(int color, int, const std::string& name) override {
+    if (color < 0) return nullptr;
+    return std::make_shared<SelfCommunicator>(name, options_);
+  }
+
+ private:
+  static void copy_bytes(const Tensor& in, Tensor& out) {
+    if (in.raw_data() != out.raw_data()) std::memcpy(out.raw_data(), in.raw_data(), in.nbytes());
+  }
+  std::string name_;
+  CommOptions options_;
+  std::vector<int> ranks_;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_self_communicator(const std::string& name,
+                                                     const CommOptions& options) {
+  return std::make_shared<SelfCommunicator>(name, options);
+}
+
+}  // namespace megatron
