@@ -1,0 +1,118 @@
+// `megatron preprocess-data`: Megatron's tools/preprocess_data.py flags -> data::preprocess_data.
+// SIGINT/SIGTERM set a flag the pipeline polls, so an interrupted run removes its temporary
+// files and leaves no output pair behind.
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/preprocess.h"
+
+namespace megatron::cli {
+namespace {
+
+// Megatron's tokenizer flags (the subset the built-in tokenizers use).
+struct TokenizerFlags {
+  data::TokenizerOptions o;
+  void add(CLI::App& sub) {
+    sub.add_option("--tokenizer-type", o.type, "Tokenizer type (Megatron's names)")->required();
+    sub.add_option("--vocab-file", o.vocab_file, "Vocabulary file");
+    sub.add_option("--merge-file", o.merge_file, "BPE merge file");
+    sub.add_option("--tokenizer-model", o.tokenizer_model, "Tokenizer model file");
+    sub.add_option("--vocab-size", o.vocab_size, "Vocabulary size (NullTokenizer)");
+    sub.add_option("--vocab-extra-ids", o.vocab_extra_ids, "Extra ids (BERT/T5)");
+  }
+  std::unique_ptr<data::Tokenizer> build() const { return data::build_tokenizer(o); }
+};
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_stop_signal(int) { g_stop.store(true); }
+
+struct Flags {
+  data::PreprocessOptions opt;
+  TokenizerFlags tokenizer;
+  std::string input_format = "auto";
+  std::string on_error = "fail";
+  int partitions = 1;
+  bool keep_sequential_samples = false;
+  std::string lang = "english";
+};
+
+void run(Flags& f) {
+  MG_REQUIRE(f.partitions == 1, "--partitions ", f.partitions,
+             " is not supported: the input is already processed by --workers threads in one "
+             "pass; use --partitions 1");
+  MG_REQUIRE(f.on_error == "fail" || f.on_error == "skip",
+             "--on-error must be fail or skip, got '", f.on_error, "'");
+  MG_REQUIRE(f.lang == "english", "--lang ", f.lang,
+             " is not supported: the built-in sentence splitter follows English rules");
+  f.opt.skip_errors = f.on_error == "skip";
+  f.opt.input_format = data::input_format_from_name(f.input_format);
+  auto tokenizer = f.tokenizer.build();
+  if (tokenizer->type().rfind("Bert", 0) == 0 && !f.opt.split_sentences)
+    log_warn("BERT tokenizer detected, are you sure you don't want to split sentences?");
+
+  g_stop = false;
+  f.opt.stop_requested = &g_stop;
+  struct sigaction sa {}, old_int {}, old_term {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  struct Restore {
+    struct sigaction a, b;
+    ~Restore() {
+      sigaction(SIGINT, &a, nullptr);
+      sigaction(SIGTERM, &b, nullptr);
+    }
+  } restore{old_int, old_term};
+
+  data::PreprocessStats s = data::preprocess_data(f.opt, *tokenizer);
+  const double mb = double(s.input_bytes) / 1e6;
+  const double secs = std::max(s.seconds, 1e-9);
+  char rates[160];
+  std::snprintf(rates, sizeof rates, "input: %.2f MB, elapsed: %.2f s, %.2f MB/s, %.0f tokens/s",
+                mb, s.seconds, mb / secs, double(s.tokens) / secs);
+  log_print(str("documents: ", s.documents, " (empty: ", s.empty, ", skipped: ", s.skipped,
+                "), tokens: ", s.tokens, ", ", rates));
+  for (const auto& p : s.output_prefixes) log_print(str("wrote ", p, ".bin and ", p, ".idx"));
+}
+
+CommandRegistrar reg(
+    "preprocess-data", "Tokenize JSONL/text into Megatron .bin/.idx datasets", 100,
+    [](CLI::App& sub) {
+      auto f = std::make_shared<Flags>();
+      sub.add_option("--input", f->opt.input, "Input JSONL (or .txt) file")->required();
+      sub.add_option("--json-keys", f->opt.json_keys,
+                     "Keys to extract from each JSON line; one output dataset per key")
+          ->default_str("text");
+      sub.add_option("--output-prefix", f->opt.output_prefix,
+                     "Output prefix: writes PREFIX_KEY_document.bin/.idx")
+          ->required();
+      sub.add_option("--input-format", f->input_format,
+                     "auto (*.txt = text-lines, else jsonl), jsonl, text-lines (one document per "
+                     "line) or text-paragraphs (documents separated by blank lines)")
+          ->capture_default_str();
+      sub.add_flag("--split-sentences", f->opt.split_sentences,
+                   "Split documents into sentences (rule-based splitter)");
+      sub.add_flag("--keep-newlines", f->opt.keep_newlines,
+                   "With --split-sentences, keep newlines between sentences");
+      sub.add_flag("--append-eod", f->opt.append_eod, "Append an EOD token to every document");
+      sub.add_option("--lang", f->lang, "Sentence splitter language")->capture_default_str();
+      sub.add_option("--workers", f->opt.workers, "Tokenizing threads")->required();
+      sub.add_option("--partitions", f->partitions, "Only 1 is supported")->capture_default_str();
+      sub.add_flag("--keep-sequential-samples", f->keep_sequential_samples,
+                   "Accepted for compatibility (the output always keeps input order)");
+      sub.add_option("--log-interval", f->opt.log_interval, "Progress every N documents")
+          ->capture_default_str();
+      sub.add_option("--on-error", f->on_error,
+                     "fail: stop at the first bad record; skip: skip and count bad records")
+          ->capture_default_str();
+      f->tokenizer.add(sub);
+      sub.callback([f] { run(*f); });
+    });
+
+}  // namespace
+}  // namespace megatron::cli
