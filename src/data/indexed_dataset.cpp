@@ -46,13 +46,13 @@ T load(const uint8_t* p) {
 }
 
 template <typename T>
-void convert_out(const uint8_t* src, int64_t n, int32_t* dst, const std::string& path) {
+void convert_out(const uint8_t* src, int64_t n, int32_t* dst, const std::string& prefix) {
   for (int64_t k = 0; k < n; ++k) {
     T v = load<T>(src + k * int64_t(sizeof(T)));
     if constexpr (sizeof(T) >= 4 && !std::is_same_v<T, int32_t>) {
       MG_REQUIRE(v >= T(std::numeric_limits<int32_t>::min()) &&
                      v <= T(std::numeric_limits<int32_t>::max()),
-                 "token value ", double(v), " in ", path, " does not fit in int32");
+                 "token value ", double(v), " in ", prefix, ".bin does not fit in int32");
     }
     dst[k] = int32_t(v);
   }
@@ -274,16 +274,16 @@ void IndexedDataset::read(int64_t i, int64_t offset, int64_t length,
   const size_t base = out.size();
   out.resize(base + size_t(length));
   int32_t* dst = out.data() + base;
-  const std::string bin_path = dtype_ == IndexDType::U16 ? std::string() : data_file_path(prefix_);
+  const std::string& p = prefix_;
   switch (dtype_) {
-    case IndexDType::U8: convert_out<uint8_t>(src, length, dst, bin_path); break;
-    case IndexDType::I8: convert_out<int8_t>(src, length, dst, bin_path); break;
-    case IndexDType::I16: convert_out<int16_t>(src, length, dst, bin_path); break;
-    case IndexDType::U16: convert_out<uint16_t>(src, length, dst, bin_path); break;
+    case IndexDType::U8: convert_out<uint8_t>(src, length, dst, p); break;
+    case IndexDType::I8: convert_out<int8_t>(src, length, dst, p); break;
+    case IndexDType::I16: convert_out<int16_t>(src, length, dst, p); break;
+    case IndexDType::U16: convert_out<uint16_t>(src, length, dst, p); break;
     case IndexDType::I32: std::memcpy(dst, src, size_t(length) * 4); break;
-    case IndexDType::I64: convert_out<int64_t>(src, length, dst, bin_path); break;
-    case IndexDType::F32: convert_out<float>(src, length, dst, bin_path); break;
-    case IndexDType::F64: convert_out<double>(src, length, dst, bin_path); break;
+    case IndexDType::I64: convert_out<int64_t>(src, length, dst, p); break;
+    case IndexDType::F32: convert_out<float>(src, length, dst, p); break;
+    case IndexDType::F64: convert_out<double>(src, length, dst, p); break;
   }
 }
 
