@@ -5,6 +5,7 @@
 // one branch in run().
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "cli/command.h"
 #include "core/error.h"
@@ -17,7 +18,7 @@ namespace {
 
 struct InspectFlags {
   std::string prefix;
-  int64_t show = -1;
+  std::optional<int64_t> show;  // --show N
   data::TokenizerOptions tokenizer;
 };
 
@@ -67,8 +68,8 @@ void show_document(const data::IndexedDataset& ds, int64_t doc, const InspectFla
 
 void run(const InspectFlags& f) {
   data::IndexedDataset ds(f.prefix);
-  if (f.show >= 0 || f.show < -1) {
-    show_document(ds, f.show, f);
+  if (f.show) {
+    show_document(ds, *f.show, f);
     return;
   }
   print_summary(ds);

@@ -28,6 +28,12 @@ TEST(DataCli, PreprocessInspectMerge) {
                    q(dir / "a") + kNull + " --append-eod");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("documents: 3 (empty: 1, skipped: 0), tokens: 7"), std::string::npos) << r.output;
+  // Progress lines every --log-interval documents (stderr is not a terminal here).
+  r = run_cli("preprocess-data --input " + q(dir / "in.jsonl") + " --output-prefix " +
+              q(dir / "b") + kNull + " --log-interval 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("processed 3 documents ("), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MB/s"), std::string::npos) << r.output;
   r = run_cli("inspect-data " + q(dir / "a_text_document"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("documents: 3"), std::string::npos) << r.output;
