@@ -61,7 +61,7 @@ void softmax_rows(float* P, float* lse, const int32_t* st, int64_t bi, int64_t s
     for (int64_t j = j0; j <= i; ++j) mx = std::max(mx, row[j]);
     float sum = 0;
     for (int64_t j = j0; j <= i; ++j) {
-      row[j] = std::exp(row[j] - mx);
+      row[j] = cpu::fast_exp(row[j] - mx);
       sum += row[j];
     }
     const float inv = 1.0f / sum;
@@ -77,7 +77,7 @@ void softmax_from_lse(float* P, const float* lse, const int32_t* st, int64_t bi,
   for (int64_t i = 0; i < s; ++i) {
     float* row = P + i * s;
     const int64_t j0 = row_start(st, bi, s, i);
-    for (int64_t j = 0; j < s; ++j) row[j] = (j >= j0 && j <= i) ? std::exp(row[j] - lse[i]) : 0;
+    for (int64_t j = 0; j < s; ++j) row[j] = (j >= j0 && j <= i) ? cpu::fast_exp(row[j] - lse[i]) : 0;
   }
 }
 

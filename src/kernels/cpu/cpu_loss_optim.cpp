@@ -36,13 +36,25 @@ void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor
     float* row = z + i * ld;
     float mx = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+    const float zl = row[lab[i]];
     float sum = 0;
-    for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
-    const float logz = mx + std::log(sum);
-    lp[i] = logz - row[lab[i]];
+    if (write_grad) {  // keep exp(z - max) in the row, then scale it into the gradient
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < V; ++j) {
+        const float e = cpu::fast_exp(row[j] - mx);
+        row[j] = e;
+        sum += e;
+      }
+    } else {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < V; ++j) sum += cpu::fast_exp(row[j] - mx);
+    }
+    lp[i] = mx + std::log(sum) - zl;
     if (write_grad) {
       const float g = grad_scale * (mask ? mask[i] : 1.0f);
-      for (int64_t j = 0; j < V; ++j) row[j] = std::exp(row[j] - logz) * g;
+      const float gs = g / sum;
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) row[j] *= gs;
       row[lab[i]] -= g;
     }
   }
