@@ -48,6 +48,10 @@ class CommHandle {
 
 struct CommOptions {
   double timeout_seconds = 600.0;  // --distributed-timeout-minutes (default 10) * 60
+  static CommOptions from_timeout_minutes(double minutes) {
+    MG_REQUIRE(minutes > 0, "--distributed-timeout-minutes must be > 0, got ", minutes);
+    return CommOptions{minutes * 60.0};
+  }
 };
 
 class Communicator {

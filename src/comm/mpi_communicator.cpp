@@ -81,6 +81,10 @@ void mpi_check(int rc, const char* what) {
 // Finalizes MPI at exit if this process initialised it.
 struct MpiRuntime {
   MpiRuntime() {
+    // Open MPI's non-blocking all-reduce picks binomial/Rabenseifner by default, 4-10x slower
+    // than its ring for 64K-1M floats on shared memory (bench/comm_bench.cpp); prefer the ring
+    // unless the user chose an algorithm.
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
     int provided = 0;
     mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
   }
@@ -118,6 +122,33 @@ MPI_Op mpi_op(ReduceOp op) {
 
 bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
 
+// fp32 working copy of a contiguous bf16/fp16 tensor, and the rounding back (RNE).
+Tensor half_to_f32(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), DType::F32);
+  float* o = out.data<float>();
+  const int64_t n = t.numel();
+  if (t.dtype() == DType::BF16) {
+    const bf16* in = t.data<bf16>();
+    for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_float(in[i]);
+  } else {
+    const fp16* in = t.data<fp16>();
+    for (int64_t i = 0; i < n; ++i) o[i] = fp16_to_float(in[i]);
+  }
+  return out;
+}
+
+void f32_to_half(const Tensor& src, Tensor& dst) {
+  const float* in = src.data<float>();
+  const int64_t n = dst.numel();
+  if (dst.dtype() == DType::BF16) {
+    bf16* o = dst.data<bf16>();
+    for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(in[i]);
+  } else {
+    fp16* o = dst.data<fp16>();
+    for (int64_t i = 0; i < n; ++i) o[i] = float_to_fp16(in[i]);
+  }
+}
+
 // One pending operation: its requests, the tensors it must keep alive, and what to do once done.
 class MpiHandle final : public CommHandle::Impl {
  public:
@@ -142,7 +173,9 @@ class MpiHandle final : public CommHandle::Impl {
   void wait() override {
     if (done_) return;
     using clock = std::chrono::steady_clock;
-    const auto deadline = clock::now() + std::chrono::duration<double>(timeout_);
+    const auto start = clock::now();
+    const auto deadline = start + std::chrono::duration_cast<clock::duration>(
+                                      std::chrono::duration<double>(timeout_));
     int polls = 0;
     while (!test()) {
       if (clock::now() > deadline) {
@@ -152,8 +185,14 @@ class MpiHandle final : public CommHandle::Impl {
         MPI_Abort(MPI_COMM_WORLD, 1);
         std::_Exit(1);
       }
-      // Spin briefly for latency, then back off so oversubscribed ranks share the cores.
-      if (++polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(polls > 2000 ? 500 : 20));
+      // Poll hot for latency, yielding so oversubscribed ranks share the cores; after a second
+      // of waiting (a pipeline bubble, a slow or hung peer) sleep between polls to free the CPU.
+      if (++polls < 64) continue;
+      if (clock::now() - start < std::chrono::seconds(1)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
     }
   }
 
@@ -204,9 +243,9 @@ class MpiCommunicator final : public Communicator {
     auto h = handle(str("all_reduce(", reduce_op_name(op), ")"));
     Tensor buf = t;
     if (is_half(t.dtype())) {
-      buf = t.to(DType::F32);
+      buf = half_to_f32(t);
       Tensor dst = t;
-      h->on_complete = [dst, buf]() mutable { dst.copy_(buf); };
+      h->on_complete = [dst, buf]() mutable { f32_to_half(buf, dst); };
     }
     h->keep_alive = {t, buf};
     mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), int(buf.numel()), mpi_type(buf.dtype()),
@@ -229,10 +268,10 @@ class MpiCommunicator final : public Communicator {
     auto h = handle(str("reduce_scatter(", reduce_op_name(op), ")"));
     Tensor src = in, dst = out;
     if (is_half(in.dtype())) {
-      src = in.to(DType::F32);
+      src = half_to_f32(in);
       dst = Tensor::empty(out.shape(), DType::F32);
       Tensor final_out = out;
-      h->on_complete = [final_out, dst]() mutable { final_out.copy_(dst); };
+      h->on_complete = [final_out, dst]() mutable { f32_to_half(dst, final_out); };
     }
     h->keep_alive = {in, out, src, dst};
     mpi_check(MPI_Ireduce_scatter_block(src.raw_data(), dst.raw_data(), int(dst.numel()),

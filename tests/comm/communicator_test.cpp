@@ -157,6 +157,7 @@ TEST(MpiTimeoutChild, RankOneHangs) {
   o.timeout_seconds = 2.0;
   auto w = world_communicator(o);
   if (w->rank() == 1) {
+    if (std::string(mode) == "exit") std::_Exit(3);  // dies without a word
     std::this_thread::sleep_for(std::chrono::seconds(60));  // hangs; the abort kills it
     return;
   }
@@ -165,11 +166,28 @@ TEST(MpiTimeoutChild, RankOneHangs) {
   FAIL() << "all_reduce with a hung peer returned";
 }
 
+testing::CommandResult run_child(const std::string& mode) {
+  return testing::run_command(
+      "MG_COMM_TIMEOUT_CHILD=" + mode + " mpirun --oversubscribe --allow-run-as-root "
+      "-x MG_COMM_TIMEOUT_CHILD -np 2 " + std::filesystem::read_symlink("/proc/self/exe").string() +
+      " --gtest_filter=MpiTimeoutChild.* 2>&1");
+}
+
+TEST(CommTimeout, DeadRankFailsTheJob) {
+  if (launched_under_mpi()) GTEST_SKIP() << "launches its own job";
+  const auto start = std::chrono::steady_clock::now();
+  const auto res = run_child("exit");
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(res.exit_code, 0) << res.output;
+  EXPECT_LT(secs, 30.0) << res.output;
+}
+
 TEST(CommTimeout, HungRankMakesOthersFailWithClearMessage) {
   if (launched_under_mpi()) GTEST_SKIP() << "launches its own job";
   const auto start = std::chrono::steady_clock::now();
   const auto res = testing::run_command(
-      "MG_COMM_TIMEOUT_CHILD=1 mpirun --oversubscribe --allow-run-as-root -x MG_COMM_TIMEOUT_CHILD "
+      "MG_COMM_TIMEOUT_CHILD=hang mpirun --oversubscribe --allow-run-as-root -x MG_COMM_TIMEOUT_CHILD "
       "-np 2 " + std::filesystem::read_symlink("/proc/self/exe").string() + " --gtest_filter=MpiTimeoutChild.* 2>&1");
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
