@@ -1,6 +1,8 @@
 // Splits, gathers and reductions behind the tensor-parallel mappings (see tp_mappings.h).
 #include "comm/tp_mappings.h"
 
+#include <cstring>
+
 namespace megatron::tp {
 
 namespace {
@@ -14,12 +16,26 @@ int64_t shard(Communicator& g, const Tensor& x, int dim, const char* what) {
   return n / g.size();
 }
 
+// Copies `rows` runs of `run` bytes: dst run i at dst + i*dst_stride, src at src + i*src_stride.
+void copy_runs(char* dst, int64_t dst_stride, const char* src, int64_t src_stride, int64_t rows,
+               int64_t run) {
+  for (int64_t i = 0; i < rows; ++i) std::memcpy(dst + i * dst_stride, src + i * src_stride, size_t(run));
+}
+
 }  // namespace
 
 Tensor split_along_last_dim(Communicator& g, const Tensor& x) {
   if (g.size() == 1) return x;
   const int64_t n = shard(g, x, -1, "split along the last dimension");
-  return x.narrow(x.dim() - 1, g.rank() * n, n).contiguous();
+  const Tensor xc = x.contiguous();
+  Shape s = x.shape();
+  s.back() = n;
+  Tensor out = Tensor::empty(s, x.dtype());
+  const int64_t es = int64_t(dtype_size(x.dtype())), rows = n == 0 ? 0 : out.numel() / n;
+  copy_runs(static_cast<char*>(out.raw_data()), n * es,
+            static_cast<const char*>(xc.raw_data()) + g.rank() * n * es, n * g.size() * es, rows,
+            n * es);
+  return out;
 }
 
 Tensor split_along_first_dim(Communicator& g, const Tensor& x) {
@@ -56,7 +72,12 @@ Tensor all_gather_last_dim(Communicator& g, const Tensor& x) {
   const int64_t n = s.back();
   s.back() *= g.size();
   Tensor out = Tensor::empty(s, x.dtype());
-  for (int r = 0; r < g.size(); ++r) out.narrow(out.dim() - 1, r * n, n).copy_(buf.select(0, r));
+  // buf is [P, rows, n]; out row i is [buf[0][i], buf[1][i], ...].
+  const int64_t es = int64_t(dtype_size(x.dtype())), rows = n == 0 ? 0 : x.numel() / n;
+  for (int r = 0; r < g.size(); ++r) {
+    copy_runs(static_cast<char*>(out.raw_data()) + r * n * es, n * g.size() * es,
+              static_cast<const char*>(buf.raw_data()) + r * rows * n * es, n * es, rows, n * es);
+  }
   return out;
 }
 
