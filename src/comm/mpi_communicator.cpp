@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -248,7 +249,7 @@ class MpiCommunicator final : public Communicator {
       h->on_complete = [dst, buf]() mutable { f32_to_half(buf, dst); };
     }
     h->keep_alive = {t, buf};
-    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), int(buf.numel()), mpi_type(buf.dtype()),
+    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), count(buf), mpi_type(buf.dtype()),
                              mpi_op(op), comm_, h->request()), "MPI_Iallreduce");
     return CommHandle(h);
   }
@@ -257,8 +258,8 @@ class MpiCommunicator final : public Communicator {
     detail::check_sizes(*this, "all_gather", in, out, in.numel(), in.numel() * size_);
     auto h = handle("all_gather");
     h->keep_alive = {in, out};
-    mpi_check(MPI_Iallgather(in.raw_data(), int(in.numel()), mpi_type(in.dtype()), out.raw_data(),
-                             int(in.numel()), mpi_type(out.dtype()), comm_, h->request()),
+    mpi_check(MPI_Iallgather(in.raw_data(), count(in), mpi_type(in.dtype()), out.raw_data(),
+                             count(in), mpi_type(out.dtype()), comm_, h->request()),
               "MPI_Iallgather");
     return CommHandle(h);
   }
@@ -274,7 +275,7 @@ class MpiCommunicator final : public Communicator {
       h->on_complete = [final_out, dst]() mutable { f32_to_half(dst, final_out); };
     }
     h->keep_alive = {in, out, src, dst};
-    mpi_check(MPI_Ireduce_scatter_block(src.raw_data(), dst.raw_data(), int(dst.numel()),
+    mpi_check(MPI_Ireduce_scatter_block(src.raw_data(), dst.raw_data(), count(dst),
                                         mpi_type(src.dtype()), mpi_op(op), comm_, h->request()),
               "MPI_Ireduce_scatter_block");
     return CommHandle(h);
@@ -286,7 +287,7 @@ class MpiCommunicator final : public Communicator {
              " outside [0, ", size_, ")");
     auto h = handle(str("broadcast(root ", root, ")"));
     h->keep_alive = {t};
-    mpi_check(MPI_Ibcast(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), root, comm_,
+    mpi_check(MPI_Ibcast(t.raw_data(), count(t), mpi_type(t.dtype()), root, comm_,
                          h->request()), "MPI_Ibcast");
     return CommHandle(h);
   }
@@ -296,7 +297,7 @@ class MpiCommunicator final : public Communicator {
     MG_CHECK(dst >= 0 && dst < size_ && dst != rank_, "send on group '", name_, "': bad peer ", dst);
     auto h = handle(str("send(to ", dst, ", tag ", tag, ")"));
     h->keep_alive = {t};
-    mpi_check(MPI_Isend(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), dst, tag, comm_,
+    mpi_check(MPI_Isend(t.raw_data(), count(t), mpi_type(t.dtype()), dst, tag, comm_,
                         h->request()), "MPI_Isend");
     return CommHandle(h);
   }
@@ -306,7 +307,7 @@ class MpiCommunicator final : public Communicator {
     MG_CHECK(src >= 0 && src < size_ && src != rank_, "recv on group '", name_, "': bad peer ", src);
     auto h = handle(str("recv(from ", src, ", tag ", tag, ")"));
     h->keep_alive = {t};
-    mpi_check(MPI_Irecv(t.raw_data(), int(t.numel()), mpi_type(t.dtype()), src, tag, comm_,
+    mpi_check(MPI_Irecv(t.raw_data(), count(t), mpi_type(t.dtype()), src, tag, comm_,
                         h->request()), "MPI_Irecv");
     return CommHandle(h);
   }
@@ -325,8 +326,13 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // MPI counts are int: larger buffers must be split by the caller (e.g. into buckets).
+  int count(const Tensor& t) const {
+    MG_CHECK(t.numel() <= int64_t(std::numeric_limits<int>::max()), "group '", name_,
+             "': a buffer of ", t.numel(), " elements exceeds MPI's int count; split it");
+    return int(t.numel());
+  }
   std::shared_ptr<MpiHandle> handle(const std::string& op) {
-    MG_CHECK(size_t(size_) < size_t(1) << 31, "group too large");
     return std::make_shared<MpiHandle>(op, name_, world_ranks_, options_.timeout_seconds);
   }
 

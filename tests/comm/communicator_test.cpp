@@ -202,3 +202,13 @@ TEST(CommTimeout, HungRankMakesOthersFailWithClearMessage) {
 
 }  // namespace
 }  // namespace megatron
+
+namespace megatron {
+namespace {
+TEST(CommOptions, FromTimeoutMinutes) {
+  EXPECT_DOUBLE_EQ(CommOptions::from_timeout_minutes(10).timeout_seconds, 600.0);
+  EXPECT_DOUBLE_EQ(CommOptions::from_timeout_minutes(0.5).timeout_seconds, 30.0);
+  EXPECT_THROW(CommOptions::from_timeout_minutes(0), Error);
+}
+}  // namespace
+}  // namespace megatron
