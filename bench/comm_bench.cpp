@@ -4,8 +4,6 @@
 //   mpirun --oversubscribe --allow-run-as-root -np 2 build/bench/comm_bench [max elements]
 // Prints per-call time (median of repetitions) and bus bandwidth (NCCL's convention:
 // all-reduce 2(n-1)/n * bytes, all-gather / reduce-scatter (n-1)/n * bytes of the full buffer).
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +12,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
+
+#ifdef MEGATRON_HAVE_MPI
+#include <mpi.h>
 
 using namespace megatron;
 
@@ -83,3 +84,9 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+#else
+int main() {
+  std::printf("comm_bench: built without MPI (-DMEGATRON_MPI=OFF)\n");
+  return 0;
+}
+#endif
