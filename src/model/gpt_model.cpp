@@ -6,6 +6,8 @@
 // s x s attention probabilities.
 #include "model/gpt_model.h"
 
+#include <malloc.h>
+
 #include <cmath>
 #include <unordered_set>
 
@@ -236,6 +238,10 @@ struct GPTModel::Impl {
 
 GPTModel::GPTModel(const GPTConfig& cfg, uint64_t seed) {
   cfg.validate();
+  // Activations are allocated per step; keep freed blocks (up to glibc's 32 MiB mmap limit) in
+  // the heap so every step reuses already-mapped pages instead of page-faulting fresh mmaps.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   impl_ = std::make_unique<Impl>(cfg, seed);
   impl_->init_weights();
 }

@@ -3,7 +3,7 @@
 // saved), Philox dropout, ctx = P V (sgemm). Only the softmax probabilities [s, s] per head are
 // kept for backward, and only when the caller asks (probs defined); otherwise backward
 // recomputes S from Q, K and the saved log-sum-exp (selective recompute). OpenMP over
-// (batch, head) tasks with per-thread s x s workspaces; OpenBLAS single-threaded inside.
+// (batch, head) tasks with per-thread s x s workspaces; OpenBLAS single-threaded.
 #include <omp.h>
 
 #include <cmath>
@@ -120,7 +120,7 @@ void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, co
   float* pp = probs.defined() ? probs.data<float>() : nullptr;
   const int32_t* st = attention_start.defined() ? attention_start.data<int32_t>() : nullptr;
   const Philox rng(dropout.seed, dropout.stream);
-  cpu::BlasSingleThread single;
+  cpu::blas_single_threaded();
 #pragma omp parallel
   {
     std::vector<float> work(size_t(s * s) * (pp ? 1 : 2)), keep(static_cast<size_t>(s));
@@ -156,7 +156,7 @@ void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, co
   const int32_t* st = attention_start.defined() ? attention_start.data<int32_t>() : nullptr;
   const Philox rng(dropout.seed, dropout.stream);
   const float sc = shape.softmax_scale;
-  cpu::BlasSingleThread single;
+  cpu::blas_single_threaded();
   // One task per (batch, query group): heads of a group share dK, dV, so they run in order.
 #pragma omp parallel
   {

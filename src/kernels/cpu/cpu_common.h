@@ -1,6 +1,6 @@
-// Shared helpers of the CPU backend: device/dtype checks that name the op, a guard that keeps
-// OpenBLAS single-threaded inside OpenMP regions (the pthread OpenBLAS would otherwise spawn its
-// own threads from every OpenMP thread), and the Philox keep-mask of one dropout row.
+// Shared helpers of the CPU backend: device/dtype checks that name the op, OpenBLAS kept
+// single-threaded (OpenMP is the only thread pool), a vectorisable exp, and the Philox keep-mask
+// of one dropout row.
 #pragma once
 
 #include <cblas.h>
@@ -33,16 +33,15 @@ inline void require_numel(const char* op, const Tensor& a, const Tensor& b) {
 // Rows and columns of a tensor seen as [numel / last, last].
 inline int64_t rows_of(const Tensor& t) { return t.numel() / t.size(-1); }
 
-class BlasSingleThread {
- public:
-  BlasSingleThread() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
-  ~BlasSingleThread() { openblas_set_num_threads(saved_); }
-  BlasSingleThread(const BlasSingleThread&) = delete;
-  BlasSingleThread& operator=(const BlasSingleThread&) = delete;
-
- private:
-  int saved_;
-};
+// The CPU backend parallelises with OpenMP only: OpenBLAS is switched to one thread (process
+// wide) on first use, and large GEMMs are split across OpenMP threads by the caller.
+inline void blas_single_threaded() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
 
 // exp(x) in float, vectorisable (no calls, no branches): Cody-Waite range reduction x = n ln2 + r
 // and the Cephes degree-6 polynomial for exp(r), |r| <= ln2/2; relative error ~2 ulp. Inputs are

@@ -1,7 +1,10 @@
 // Matrix products through OpenBLAS cblas_sgemm (row-major). Operands may be row-strided views
 // (the row stride is the BLAS leading dimension), so column blocks of a fused matrix (e.g. one
-// head of the QKV output) are multiplied without copies.
+// head of the QKV output) are multiplied without copies. OpenBLAS runs single-threaded; large
+// products are split into column (or row) blocks of C across the OpenMP threads, so there is one
+// thread pool and OpenMP's spinning workers never compete with OpenBLAS's own threads.
 #include <cblas.h>
+#include <omp.h>
 
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/ops.h"
@@ -29,9 +32,33 @@ void sgemm(const Mat& a, bool ta, const Mat& b, bool tb, const Mat& c, float alp
   MG_CHECK(k == kb && c.rows == m && c.cols == n, "gemm: shapes do not match (m=", m, " k=", k,
            " kb=", kb, " n=", n, " c=", c.rows, "x", c.cols, ")");
   if (m == 0 || n == 0) return;
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              int(m), int(n), int(k), alpha, a.p, int(a.ld), b.p, int(b.ld), beta,
-              const_cast<float*>(c.p), int(c.ld));
+  cpu::blas_single_threaded();
+  float* cp = const_cast<float*>(c.p);
+  auto call = [&](int64_t mm, int64_t nn, const float* ap, const float* bp, float* cc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                int(mm), int(nn), int(k), alpha, ap, int(a.ld), bp, int(b.ld), beta, cc,
+                int(c.ld));
+  };
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (nt == 1 || double(m) * double(n) * double(k) < 2.0e6) {
+    call(m, n, a.p, b.p, cp);
+    return;
+  }
+  if (n >= m) {  // column blocks of C (multiples of 16 columns)
+#pragma omp parallel num_threads(nt)
+    {
+      const int t = omp_get_thread_num(), T = omp_get_num_threads();
+      const int64_t j0 = (n * t / T) & ~int64_t(15), j1 = t + 1 == T ? n : (n * (t + 1) / T) & ~int64_t(15);
+      if (j1 > j0) call(m, j1 - j0, a.p, tb ? b.p + j0 * b.ld : b.p + j0, cp + j0);
+    }
+  } else {  // row blocks of C
+#pragma omp parallel num_threads(nt)
+    {
+      const int t = omp_get_thread_num(), T = omp_get_num_threads();
+      const int64_t i0 = m * t / T, i1 = m * (t + 1) / T;
+      if (i1 > i0) call(i1 - i0, n, ta ? a.p + i0 : a.p + i0 * a.ld, b.p, cp + i0 * c.ld);
+    }
+  }
 }
 
 }  // namespace
