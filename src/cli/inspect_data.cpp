@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "cli/command.h"
+#include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/indexed_dataset.h"
@@ -82,13 +83,7 @@ CommandRegistrar reg("inspect-data", "Show what an indexed dataset (.bin/.idx) h
                            ->required();
                        sub.add_option("--show", f->show, "Print document N (decoded with the "
                                                          "tokenizer flags, else as ids)");
-                       sub.add_option("--tokenizer-type", f->tokenizer.type, "Tokenizer type");
-                       sub.add_option("--vocab-file", f->tokenizer.vocab_file, "Vocabulary file");
-                       sub.add_option("--merge-file", f->tokenizer.merge_file, "BPE merge file");
-                       sub.add_option("--tokenizer-model", f->tokenizer.tokenizer_model,
-                                      "Tokenizer model file");
-                       sub.add_option("--vocab-size", f->tokenizer.vocab_size,
-                                      "Vocabulary size (NullTokenizer)");
+                       add_tokenizer_options(sub, f->tokenizer);
                        sub.callback([f] { run(*f); });
                      });
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/preprocess.h"
@@ -13,26 +14,12 @@
 namespace megatron::cli {
 namespace {
 
-// Megatron's tokenizer flags (the subset the built-in tokenizers use).
-struct TokenizerFlags {
-  data::TokenizerOptions o;
-  void add(CLI::App& sub) {
-    sub.add_option("--tokenizer-type", o.type, "Tokenizer type (Megatron's names)")->required();
-    sub.add_option("--vocab-file", o.vocab_file, "Vocabulary file");
-    sub.add_option("--merge-file", o.merge_file, "BPE merge file");
-    sub.add_option("--tokenizer-model", o.tokenizer_model, "Tokenizer model file");
-    sub.add_option("--vocab-size", o.vocab_size, "Vocabulary size (NullTokenizer)");
-    sub.add_option("--vocab-extra-ids", o.vocab_extra_ids, "Extra ids (BERT/T5)");
-  }
-  std::unique_ptr<data::Tokenizer> build() const { return data::build_tokenizer(o); }
-};
-
 std::atomic<bool> g_stop{false};
 extern "C" void on_stop_signal(int) { g_stop.store(true); }
 
 struct Flags {
   data::PreprocessOptions opt;
-  TokenizerFlags tokenizer;
+  data::TokenizerOptions tokenizer;
   std::string input_format = "auto";
   std::string on_error = "fail";
   int partitions = 1;
@@ -50,7 +37,7 @@ void run(Flags& f) {
              " is not supported: the built-in sentence splitter follows English rules");
   f.opt.skip_errors = f.on_error == "skip";
   f.opt.input_format = data::input_format_from_name(f.input_format);
-  auto tokenizer = f.tokenizer.build();
+  auto tokenizer = data::build_tokenizer(f.tokenizer);
   if (tokenizer->type().rfind("Bert", 0) == 0 && !f.opt.split_sentences)
     log_warn("BERT tokenizer detected, are you sure you don't want to split sentences?");
 
@@ -110,7 +97,7 @@ CommandRegistrar reg(
       sub.add_option("--on-error", f->on_error,
                      "fail: stop at the first bad record; skip: skip and count bad records")
           ->capture_default_str();
-      f->tokenizer.add(sub);
+      add_tokenizer_options(sub, f->tokenizer)->required();
       sub.callback([f] { run(*f); });
     });
 
