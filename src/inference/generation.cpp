@@ -90,25 +90,41 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
   }
 
   model.start(batch, max_total);
-  std::vector<int32_t> feed(static_cast<size_t>(batch * min_len));
-  for (int64_t i = 0; i < batch; ++i)
-    std::copy_n(rows[i].prompt.begin(), min_len, feed.begin() + i * min_len);
-  Tensor logits = model.prefill(feed, min_len, any_logprobs);
-  // Log-probs of prompt tokens 1..min_len-1 come from the prefill's earlier positions.
+  // Prefill: every whole prompt when the model can (ragged), else up to the shortest prompt.
+  const bool ragged = model.supports_ragged();
+  std::vector<int64_t> fed(static_cast<size_t>(batch));  // positions fed per row
+  Tensor logits;
+  if (ragged) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t i = 0; i < batch; ++i) {
+      prompts.push_back(rows[i].prompt);
+      fed[size_t(i)] = int64_t(rows[i].prompt.size());
+    }
+    logits = model.prefill_ragged(prompts, any_logprobs);
+  } else {
+    std::vector<int32_t> feed(static_cast<size_t>(batch * min_len));
+    for (int64_t i = 0; i < batch; ++i) {
+      std::copy_n(rows[i].prompt.begin(), min_len, feed.begin() + i * min_len);
+      fed[size_t(i)] = min_len;
+    }
+    logits = model.prefill(feed, min_len, any_logprobs);
+  }
+  int64_t positions_in_logits = logits.size(1);
+  // Log-probs of the prompt tokens the prefill covered come from its earlier positions.
+  std::vector<int64_t> last_offset(static_cast<size_t>(batch), 0);  // row's last position in logits
   if (any_logprobs) {
     const float* base = logits.data<float>();
     for (int64_t i = 0; i < batch; ++i) {
+      last_offset[size_t(i)] = fed[size_t(i)] - 1;
       if (!rows[i].return_logprobs) continue;
-      for (int64_t p = 0; p + 1 < min_len; ++p) {
-        std::span<const float> row(base + (i * min_len + p) * width, size_t(width));
+      for (int64_t p = 0; p + 1 < fed[size_t(i)]; ++p) {
+        std::span<const float> row(base + (i * positions_in_logits + p) * width, size_t(width));
         results[i].logprobs.push_back(token_logprob(row, rows[i].prompt[p + 1]));
         if (rows[i].top_logprobs > 0)
           results[i].top_logprobs.push_back(top_n_logprobs(row, vocab, rows[i].top_logprobs));
       }
     }
   }
-  int64_t last_offset = any_logprobs ? min_len - 1 : 0;  // position of "last" in the logits
-  int64_t positions_in_logits = any_logprobs ? min_len : 1;
 
   std::vector<float> probs_scratch;
   std::vector<int32_t> index_scratch;
@@ -117,11 +133,12 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
   // Model row m holds request row active[m]; finished rows leave the batch (see below).
   std::vector<int64_t> active(static_cast<size_t>(batch));
   for (int64_t i = 0; i < batch; ++i) active[size_t(i)] = i;
-  for (int64_t pos = min_len;; ++pos) {
-    // Logits at position pos - 1 choose (or score) the token at position pos.
+  for (;;) {
+    // For each row, the logits at position pos - 1 choose (or score) the token at position pos.
     bool all_done = true;
     for (int64_t m = 0; m < int64_t(active.size()); ++m) {
       const int64_t i = active[size_t(m)];
+      const int64_t pos = fed[size_t(i)];
       auto& st = state[i];
       auto& res = results[i];
       const auto& r = rows[i];
@@ -131,7 +148,8 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
         st.done = true;
         continue;
       }
-      const float* src = logits.data<float>() + (m * positions_in_logits + last_offset) * width;
+      const float* src =
+          logits.data<float>() + (m * positions_in_logits + last_offset[size_t(m)]) * width;
       std::copy_n(src, width, row_logits.begin());
       const int32_t prev = res.tokens[size_t(pos - 1)];
       if (r.prevent_newline_after_colon && special.colon && special.newline &&
@@ -198,7 +216,8 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
       next.swap(live_next);
     }
     logits = model.decode_step(next);
-    last_offset = 0;
+    for (int64_t i : active) ++fed[size_t(i)];
+    std::fill(last_offset.begin(), last_offset.end(), 0);
     positions_in_logits = 1;
   }
   return results;

@@ -2,9 +2,11 @@
 // a LanguageModel with a KV cache. Each row carries its own settings, so requests with
 // different sampling parameters, lengths and stop rules share one batch.
 //
-// Rows of different prompt lengths: the batch is prefilled up to the shortest prompt; each later
-// position is fed one token at a time, taking the prompt's own token for rows still inside their
-// prompt and a sampled one for the others. No row ever sees another row's tokens or padding.
+// Rows of different prompt lengths: a model with ragged prefill takes every whole prompt at once
+// and then advances each row from its own length. Otherwise the batch is prefilled up to the
+// shortest prompt and each later position is fed one token at a time, taking the prompt's own
+// token for rows still inside their prompt and a sampled one for the others. Either way no row
+// ever sees another row's tokens or padding. Finished rows leave the model's batch.
 // Outputs follow Megatron: `tokens` is prompt + generation including the stop token that ended
 // it; `logprobs` has one entry per token after the first (prompt tokens included), computed as
 // log_softmax over the full (padded) logits before temperature/top-k/top-p.

@@ -145,7 +145,7 @@ void GPTInference::start(int64_t batch, int64_t max_len) {
              " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
   batch_ = batch;
   max_len_ = max_len;
-  pos_ = 0;
+  row_pos_.assign(static_cast<size_t>(batch), 0);
   const size_t cache = size_t(batch * groups_ * max_len * d_);
   for (auto& L : layers_) {
     L.k_cache.assign(cache, 0.0f);
@@ -186,35 +186,39 @@ void GPTInference::rope(float* v, int64_t position) const {
   }
 }
 
-void GPTInference::attention(Layer& L, float* qkv, float* ctx, int64_t batch, int64_t n) {
+void GPTInference::attention(Layer& L, float* qkv, float* ctx, std::span<const int64_t> counts) {
   const int64_t hpg = heads_ / groups_;
   const int64_t stride = (hpg + 2) * d_;  // one query group in the fused QKV row
   const bool use_rope = cfg_.position_embedding_type == Config::Position::Rope;
-  // Rotate the queries in place; append the (rotated) keys and the values to the cache.
-  for (int64_t b = 0; b < batch; ++b)
+  const float scale = float(1.0 / std::sqrt(double(d_)));
+  std::vector<float> scores;
+  int64_t first = 0;  // first token of row b in the flattened batch
+  for (int64_t b = 0; b < int64_t(counts.size()); first += counts[size_t(b)], ++b) {
+    const int64_t n = counts[size_t(b)], pos = row_pos_[size_t(b)];
+    if (n == 0) continue;
+    float* row_qkv = qkv + first * qkv_dim_;
+    // Rotate the queries in place; append the (rotated) keys and the values to the cache.
     for (int64_t g = 0; g < groups_; ++g)
       for (int64_t j = 0; j < n; ++j) {
-        float* row = qkv + (b * n + j) * qkv_dim_ + g * stride;
-        float* k = L.k_cache.data() + ((b * groups_ + g) * max_len_ + pos_ + j) * d_;
-        float* v = L.v_cache.data() + ((b * groups_ + g) * max_len_ + pos_ + j) * d_;
+        float* row = row_qkv + j * qkv_dim_ + g * stride;
+        float* k = L.k_cache.data() + ((b * groups_ + g) * max_len_ + pos + j) * d_;
+        float* v = L.v_cache.data() + ((b * groups_ + g) * max_len_ + pos + j) * d_;
         std::copy_n(row + hpg * d_, d_, k);
         std::copy_n(row + (hpg + 1) * d_, d_, v);
         if (use_rope) {
-          rope(k, pos_ + j);
-          for (int64_t q = 0; q < hpg; ++q) rope(row + q * d_, pos_ + j);
+          rope(k, pos + j);
+          for (int64_t q = 0; q < hpg; ++q) rope(row + q * d_, pos + j);
         }
       }
-  const float scale = float(1.0 / std::sqrt(double(d_)));
-  const int64_t total = pos_ + n;  // keys visible to the last new position
-  std::vector<float> scores(static_cast<size_t>(n * total));
-  for (int64_t b = 0; b < batch; ++b)
+    const int64_t total = pos + n;  // keys visible to the last new position
+    scores.resize(size_t(n * total));
     for (int64_t head = 0; head < heads_; ++head) {
       const int64_t g = head / hpg;
-      const float* Q = qkv + b * n * qkv_dim_ + g * stride + (head % hpg) * d_;  // row stride qkv_dim_
+      const float* Q = row_qkv + g * stride + (head % hpg) * d_;  // row stride qkv_dim_
       const float* K = L.k_cache.data() + (b * groups_ + g) * max_len_ * d_;
       const float* Vc = L.v_cache.data() + (b * groups_ + g) * max_len_ * d_;
-      float* out = ctx + b * n * heads_ * d_ + head * d_;  // row stride heads_ * d_
-      // scores[j, t] = scale * q_j . k_t for t < total; position pos_ + j sees t <= pos_ + j.
+      float* out = ctx + first * heads_ * d_ + head * d_;  // row stride heads_ * d_
+      // scores[j, t] = scale * q_j . k_t for t < total; position pos + j sees t <= pos + j.
       if (n == 1) {
         cblas_sgemv(CblasRowMajor, CblasNoTrans, int(total), int(d_), scale, K, int(d_), Q, 1,
                     0.0f, scores.data(), 1);
@@ -224,7 +228,7 @@ void GPTInference::attention(Layer& L, float* qkv, float* ctx, int64_t batch, in
       }
       for (int64_t j = 0; j < n; ++j) {
         float* row = scores.data() + j * total;
-        const int64_t len = pos_ + j + 1;
+        const int64_t len = pos + j + 1;
         float mx = -INFINITY;
         for (int64_t t = 0; t < len; ++t) mx = std::max(mx, row[t]);
         float sum = 0.0f;
@@ -241,32 +245,60 @@ void GPTInference::attention(Layer& L, float* qkv, float* ctx, int64_t batch, in
                     scores.data(), int(total), Vc, int(d_), 0.0f, out, int(heads_ * d_));
       }
     }
+  }
 }
 
 Tensor GPTInference::forward(std::span<const int32_t> tokens, int64_t n, bool all_positions) {
-  MG_CHECK(batch_ > 0, "forward before start");
   MG_CHECK(int64_t(tokens.size()) == batch_ * n, "forward: ", tokens.size(), " tokens for ",
            batch_, "x", n);
-  MG_REQUIRE(pos_ + n <= max_len_, "sequence position ", pos_ + n, " exceeds the cache length ",
-             max_len_);
-  const int64_t h = cfg_.hidden_size, V = cfg_.padded_vocab_size, rows = batch_ * n;
-  std::vector<float> x(static_cast<size_t>(rows * h)), y(static_cast<size_t>(rows * h));
-  for (int64_t r = 0; r < rows; ++r) {
-    const int32_t t = tokens[size_t(r)];
-    MG_REQUIRE(t >= 0 && t < V, "token id ", t, " outside the vocabulary [0, ", V, ")");
-    std::copy_n(word_emb_.data() + int64_t(t) * h, h, x.data() + r * h);
-    if (!pos_emb_.empty()) {
-      const float* pe = pos_emb_.data() + (pos_ + r % n) * h;
-      for (int64_t i = 0; i < h; ++i) x[size_t(r * h + i)] += pe[i];
-    }
+  const std::vector<int64_t> counts(static_cast<size_t>(batch_), n);
+  return run(tokens, counts, all_positions);
+}
+
+Tensor GPTInference::prefill_ragged(std::span<const std::vector<int32_t>> prompts,
+                                    bool all_positions) {
+  MG_CHECK(int64_t(prompts.size()) == batch_, "prefill_ragged: ", prompts.size(),
+           " prompts for batch ", batch_);
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> counts;
+  for (const auto& p : prompts) {
+    tokens.insert(tokens.end(), p.begin(), p.end());
+    counts.push_back(int64_t(p.size()));
   }
+  return run(tokens, counts, all_positions);
+}
+
+Tensor GPTInference::run(std::span<const int32_t> tokens, std::span<const int64_t> counts,
+                         bool all_positions) {
+  MG_CHECK(batch_ > 0 && int64_t(counts.size()) == batch_, "forward before start or bad batch");
+  const int64_t h = cfg_.hidden_size, V = cfg_.padded_vocab_size;
+  int64_t rows = 0, max_count = 0;
+  for (int64_t b = 0; b < batch_; ++b) {
+    const int64_t n = counts[size_t(b)];
+    MG_REQUIRE(row_pos_[size_t(b)] + n <= max_len_, "sequence position ", row_pos_[size_t(b)] + n,
+               " exceeds the cache length ", max_len_);
+    rows += n;
+    max_count = std::max(max_count, n);
+  }
+  MG_CHECK(int64_t(tokens.size()) == rows, "forward: ", tokens.size(), " tokens for ", rows);
+  std::vector<float> x(static_cast<size_t>(rows * h)), y(static_cast<size_t>(rows * h));
+  for (int64_t b = 0, r = 0; b < batch_; ++b)
+    for (int64_t j = 0; j < counts[size_t(b)]; ++j, ++r) {
+      const int32_t t = tokens[size_t(r)];
+      MG_REQUIRE(t >= 0 && t < V, "token id ", t, " outside the vocabulary [0, ", V, ")");
+      std::copy_n(word_emb_.data() + int64_t(t) * h, h, x.data() + r * h);
+      if (!pos_emb_.empty()) {
+        const float* pe = pos_emb_.data() + (row_pos_[size_t(b)] + j) * h;
+        for (int64_t i = 0; i < h; ++i) x[size_t(r * h + i)] += pe[i];
+      }
+    }
   const int64_t fc1_out = cfg_.activation == Config::Activation::SwiGLU ? 2 * ffn_ : ffn_;
   std::vector<float> qkv(static_cast<size_t>(rows * qkv_dim_)), ctx(static_cast<size_t>(rows * heads_ * d_));
   std::vector<float> fc1(static_cast<size_t>(rows * fc1_out)), act(static_cast<size_t>(rows * ffn_));
   for (auto& L : layers_) {
     norm(x.data(), L.ln1_w, L.ln1_b, y.data(), rows);
     linear(y.data(), L.qkv_w, L.qkv_b, qkv.data(), rows, h, qkv_dim_);
-    attention(L, qkv.data(), ctx.data(), batch_, n);
+    attention(L, qkv.data(), ctx.data(), counts);
     linear(ctx.data(), L.proj_w, L.proj_b, y.data(), rows, heads_ * d_, h);
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     norm(x.data(), L.ln2_w, L.ln2_b, y.data(), rows);
@@ -290,18 +322,27 @@ Tensor GPTInference::forward(std::span<const int32_t> tokens, int64_t n, bool al
     linear(act.data(), L.fc2_w, L.fc2_b, y.data(), rows, ffn_, h);
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
   }
-  // Final norm and output layer for the positions asked for.
-  const int64_t out_n = all_positions ? n : 1;
-  std::vector<float> last(static_cast<size_t>(batch_ * out_n * h));
-  for (int64_t b = 0; b < batch_; ++b)
-    std::copy_n(x.data() + (b * n + (n - out_n)) * h, out_n * h, last.data() + b * out_n * h);
-  std::vector<float> normed(last.size());
-  norm(last.data(), final_w_, final_b_, normed.data(), batch_ * out_n);
-  Tensor logits = Tensor::empty({batch_, out_n, V}, DType::F32);
+  // Final norm and output layer for the positions asked for: every new position of each row
+  // ([batch, max count, V], rows shorter than the longest padded with zeros), or the last one.
+  const int64_t out_n = all_positions ? max_count : 1;
+  std::vector<float> picked;
+  std::vector<int64_t> dest;  // row of the logits tensor each picked position goes to
+  for (int64_t b = 0, first = 0; b < batch_; first += counts[size_t(b)], ++b) {
+    const int64_t n = counts[size_t(b)];
+    for (int64_t j = all_positions ? 0 : n - 1; j < n; ++j) {
+      picked.insert(picked.end(), x.begin() + (first + j) * h, x.begin() + (first + j + 1) * h);
+      dest.push_back(b * out_n + (all_positions ? j : 0));
+    }
+  }
+  const int64_t count = int64_t(dest.size());
+  std::vector<float> normed(picked.size()), out(static_cast<size_t>(count * V));
+  norm(picked.data(), final_w_, final_b_, normed.data(), count);
   static const std::vector<float> no_bias;
-  linear(normed.data(), output_w_.empty() ? word_emb_ : output_w_, no_bias, logits.data<float>(),
-         batch_ * out_n, h, V);
-  pos_ += n;
+  linear(normed.data(), output_w_.empty() ? word_emb_ : output_w_, no_bias, out.data(), count, h, V);
+  Tensor logits = Tensor::zeros({batch_, out_n, V}, DType::F32);
+  for (int64_t k = 0; k < count; ++k)
+    std::copy_n(out.data() + k * V, V, logits.data<float>() + dest[size_t(k)] * V);
+  for (int64_t b = 0; b < batch_; ++b) row_pos_[size_t(b)] += counts[size_t(b)];
   return logits;
 }
 
@@ -320,6 +361,9 @@ void GPTInference::reorder(std::span<const int64_t> src) {
       }
       cache->swap(tmp);
     }
+  std::vector<int64_t> pos;
+  for (int64_t b = 0; b < rows; ++b) pos.push_back(row_pos_[size_t(src[size_t(b)])]);
+  row_pos_ = std::move(pos);
   batch_ = rows;
 }
 

@@ -70,7 +70,9 @@ class GPTInference final : public LanguageModel {
   void start(int64_t batch, int64_t max_len) override;
   Tensor forward(std::span<const int32_t> tokens, int64_t n, bool all_positions) override;
   void reorder(std::span<const int64_t> src) override;
-  int64_t position() const override { return pos_; }
+  int64_t position() const override { return row_pos_.empty() ? 0 : row_pos_[0]; }
+  bool supports_ragged() const override { return true; }
+  Tensor prefill_ragged(std::span<const std::vector<int32_t>> prompts, bool all_positions) override;
   const GPTInferenceConfig& config() const { return cfg_; }
 
  private:
@@ -81,7 +83,9 @@ class GPTInference final : public LanguageModel {
   };
   void norm(const float* x, const std::vector<float>& w, const std::vector<float>& b, float* y,
             int64_t rows) const;
-  void attention(Layer& layer, float* qkv, float* ctx, int64_t batch, int64_t n);
+  // Appends counts[b] tokens to row b at its own position (the lockstep forward is counts all n).
+  Tensor run(std::span<const int32_t> tokens, std::span<const int64_t> counts, bool all_positions);
+  void attention(Layer& layer, float* qkv, float* ctx, std::span<const int64_t> counts);
   void rope(float* vec, int64_t position) const;
 
   GPTInferenceConfig cfg_;
@@ -89,7 +93,8 @@ class GPTInference final : public LanguageModel {
   std::vector<float> word_emb_, pos_emb_, final_w_, final_b_, output_w_;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
-  int64_t batch_ = 0, max_len_ = 0, pos_ = 0;
+  int64_t batch_ = 0, max_len_ = 0;
+  std::vector<int64_t> row_pos_;  // positions fed per row
 };
 
 }  // namespace megatron::inference

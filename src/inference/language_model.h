@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -29,8 +30,16 @@ class LanguageModel {
   // tokens: `batch * n` ids, row-major [batch, n].
   virtual Tensor forward(std::span<const int32_t> tokens, int64_t n, bool all_positions) = 0;
   virtual void reorder(std::span<const int64_t> src) = 0;
-  // Positions fed since `start`.
+  // Positions fed since `start` (row 0).
   virtual int64_t position() const = 0;
+
+  // Optional ragged prefill: row i takes all of prompts[i] at positions [0, len_i); afterwards
+  // each row advances from its own length (forward with n = 1 appends at each row's position).
+  // Logits [batch, max len, V] (row i's positions at [i, 0..len_i)) when all_positions, else
+  // [batch, 1, V] for each row's last prompt position. Saves the one-token-at-a-time steps
+  // that lockstep prefill needs for prompts longer than the shortest.
+  virtual bool supports_ragged() const { return false; }
+  virtual Tensor prefill_ragged(std::span<const std::vector<int32_t>> prompts, bool all_positions);
 
   // Convenience names for the two phases.
   Tensor prefill(std::span<const int32_t> tokens, int64_t n, bool all_positions) {
@@ -38,5 +47,10 @@ class LanguageModel {
   }
   Tensor decode_step(std::span<const int32_t> next_tokens) { return forward(next_tokens, 1, false); }
 };
+
+inline Tensor LanguageModel::prefill_ragged(std::span<const std::vector<int32_t>>, bool) {
+  MG_CHECK(false, "this model has no ragged prefill");
+  return Tensor();
+}
 
 }  // namespace megatron::inference

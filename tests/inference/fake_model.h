@@ -3,6 +3,7 @@
 // (positions advance by `n`, rows never mix, reorder moves rows) without any real network.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -65,6 +66,26 @@ class FakeModel final : public LanguageModel {
     rows_ = std::move(next);
   }
   int64_t position() const override { return rows_.empty() ? 0 : int64_t(rows_[0].size()); }
+  bool supports_ragged() const override { return ragged; }
+  Tensor prefill_ragged(std::span<const std::vector<int32_t>> prompts, bool all_positions) override {
+    MG_CHECK(ragged && prompts.size() == rows_.size(), "ragged prefill");
+    int64_t longest = 0;
+    for (const auto& p : prompts) longest = std::max<int64_t>(longest, int64_t(p.size()));
+    const int64_t out_n = all_positions ? longest : 1, b = int64_t(prompts.size());
+    Tensor logits = Tensor::zeros({b, out_n, width_}, DType::F32);
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t n = int64_t(prompts[size_t(i)].size());
+      for (int64_t j = 0; j < n; ++j) {
+        rows_[size_t(i)].push_back(prompts[size_t(i)][size_t(j)]);
+        if (all_positions || j == n - 1)
+          fn_(rows_[size_t(i)], std::span<float>(logits.data<float>() + (i * out_n + (all_positions ? j : 0)) * width_, width_));
+      }
+      forwarded_tokens += n;
+    }
+    ++forwards;
+    return logits;
+  }
+  bool ragged = false;  // offer prefill_ragged
 
   int64_t forwarded_tokens = 0;
   int64_t forwards = 0;

@@ -109,10 +109,18 @@ TEST(Generation, BatchedRowsEqualRowsAlone) {
     r.return_logprobs = true;
     rows.push_back(r);
   }
-  FakeModel model(24, 64);
+  FakeModel model(24, 64), ragged(24, 64);
+  ragged.ragged = true;
   SpecialTokens special;
   special.eod = 19;
   const auto batched = generate(model, rows, 20, special);
+  // Ragged prefill (whole prompts at once) gives the same results with fewer model calls.
+  const auto batched_ragged = generate(ragged, rows, 20, special);
+  EXPECT_LT(ragged.forwards, model.forwards);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(batched_ragged[i].tokens, batched[i].tokens) << i;
+    EXPECT_EQ(batched_ragged[i].logprobs, batched[i].logprobs) << i;
+  }
   for (size_t i = 0; i < rows.size(); ++i) {
     FakeModel alone(24, 64);
     std::vector<SequenceRequest> one = {rows[i]};
