@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "inference/model_loader.h"
 
@@ -62,13 +63,7 @@ struct InferenceFlags {
     sub.add_option("--make-vocab-size-divisible-by", o.make_vocab_size_divisible_by,
                    "Vocabulary padding multiple")
         ->capture_default_str();
-    auto& t = o.tokenizer;
-    sub.add_option("--tokenizer-type", t.type, "Tokenizer (Megatron's names)")->required();
-    sub.add_option("--vocab-file", t.vocab_file, "Vocabulary file");
-    sub.add_option("--merge-file", t.merge_file, "BPE merges file");
-    sub.add_option("--tokenizer-model", t.tokenizer_model, "Tokenizer model file");
-    sub.add_option("--vocab-size", t.vocab_size, "Vocabulary size (NullTokenizer)");
-    sub.add_option("--vocab-extra-ids", t.vocab_extra_ids, "Extra sentinel tokens");
+    add_tokenizer_options(sub, o.tokenizer)->required();
   }
 
   inference::InferenceModelOptions finish() {
