@@ -2,6 +2,8 @@
 // (6 layers, h=384, 6 heads, seq 256, vocab 50304, micro-batch 4, dropout 0.1) and prints
 // ms per step and tokens per second. Flags: --layers --hidden --heads --seq --vocab --mbs --iters
 // --recompute {none,selective,full}. Compare with bench/reference/model_step_bench.py (PyTorch).
+// The OpenBLAS kernel family (env OPENBLAS_CORETYPE, e.g. Haswell or SkylakeX) is printed.
+#include <cblas.h>
 #include <omp.h>
 
 #include <chrono>
@@ -76,10 +78,10 @@ int main(int argc, char** argv) {
   const double mean = total / iters;
   std::printf(
       "megatron.cpp forward_backward: layers=%d h=%d heads=%d seq=%lld vocab=%lld mbs=%d "
-      "recompute=%s threads=%d\n  mean %.1f ms  best %.1f ms  %.0f tokens/s (mean)  loss %.4f  "
+      "recompute=%s threads=%d blas=%s\n  mean %.1f ms  best %.1f ms  %.0f tokens/s (mean)  loss %.4f  "
       "activations %.1f MiB\n",
       c.num_layers, c.hidden_size, c.num_attention_heads, (long long)s,
-      (long long)c.padded_vocab_size, mbs, recompute.c_str(), omp_get_max_threads(), mean, best,
+      (long long)c.padded_vocab_size, mbs, recompute.c_str(), omp_get_max_threads(), openblas_get_corename(), mean, best,
       double(n) / (mean / 1000.0), r.loss_sum / r.num_tokens,
       double(m.activation_bytes()) / (1 << 20));
   return 0;

@@ -2,9 +2,10 @@
 """PyTorch CPU reference for bench/model_step_bench.cpp: the same GPT (pre-LN, fused QKV,
 tanh GELU, tied output, dropout 0.1) in fp32, timing one forward+backward of a micro-batch.
 Usage: model_step_bench.py [--layers 6 --hidden 384 --heads 6 --seq 256 --vocab 50304 --mbs 4
---iters 5]; uses torch.get_num_threads() threads (set OMP_NUM_THREADS)."""
+--iters 5 --threads ncpu]."""
 import argparse
 import math
+import os
 import time
 
 import torch
@@ -52,7 +53,9 @@ def main():
     ap = argparse.ArgumentParser()
     for k, v in dict(layers=6, hidden=384, heads=6, seq=256, vocab=50304, mbs=4, iters=5).items():
         ap.add_argument("--" + k, type=int, default=v)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
     a = ap.parse_args()
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     m = GPT(a.layers, a.hidden, a.heads, a.seq, a.vocab).train()
     tok = torch.randint(0, a.vocab, (a.mbs, a.seq))
