@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Preprocessing speed: `megatron preprocess-data` (GPT-2 BPE, 1 and N worker threads, end to end:
 # read, JSON parse, tokenize, write .bin/.idx) against tiktoken's GPT-2 encoder in Node (one
-# thread: read, JSON parse, encode) on the same JSONL corpus. Prints a Markdown table of MB/s
+# thread: read, JSON parse, encode) on the same JSONL corpus. Both time the work after the
+# tokenizer is loaded (megatron: its summary's elapsed; tiktoken: its own clock). Token counts
+# (with EOD per document) must agree; the script warns when they do not. Prints a Markdown table of MB/s
 # and tokens/s. Builds nothing: pass the build folder that holds `megatron`.
 #
 # Usage: bench/preprocess_bench.sh BUILD_DIR [CORPUS.jsonl] [N_WORKERS]
@@ -51,6 +53,7 @@ echo
 echo "| program | seconds | MB/s | tokens/s | tokens |"
 echo "|---|---|---|---|---|"
 read -r s t < <(run_megatron 1); row "megatron preprocess-data --workers 1" "$s" "$t"
+megatron_tokens=$t
 if [ "$workers" -gt 1 ]; then
   read -r s t < <(run_megatron "$workers"); row "megatron preprocess-data --workers $workers" "$s" "$t"
 fi
@@ -62,3 +65,7 @@ for _ in $(seq "$rounds"); do
   if [ -z "$best" ] || awk "BEGIN{exit !($secs < ${best%% *})}"; then best="$secs $tokens"; fi
 done
 read -r s t <<<"$best"; row "tiktoken (node, WASM, 1 thread)" "$s" "$t"
+if [ "$t" != "$megatron_tokens" ]; then
+  echo
+  echo "warning: token counts differ (megatron $megatron_tokens, tiktoken $t): the encoders disagree"
+fi
