@@ -108,9 +108,9 @@ TEST(DataCli, SigintMidRunLeavesNoOutput) {
   ASSERT_EQ(run_command("mkfifo " + q(fifo)).exit_code, 0);
   // The writer keeps the pipe open, so the run is mid-way when SIGINT arrives.
   const std::string script =
-      "(printf '{\"text\": \"1 2\"}\\n'; sleep 2) > " + q(fifo) + " & "
+      "(printf '{\"text\": \"1 2\"}\\n'; sleep 3) > " + q(fifo) + " & "
       "'" + cli_path().string() + "' preprocess-data --input " + q(fifo) + " --output-prefix " +
-      q(dir / "o") + kNull + " & pid=$!; sleep 1; kill -INT $pid; wait $pid; echo rc=$?";
+      q(dir / "o") + kNull + " & pid=$!; sleep 1.5; kill -INT $pid; wait $pid; echo rc=$?";
   auto r = run_command("bash -c \"" + [&] {
     std::string s;
     for (char c : script) {
