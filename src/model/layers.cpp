@@ -16,10 +16,6 @@ ops::DropoutSpec LayerContext::dropout(float p, int layer, int site) const {
   return d;
 }
 
-void ensure(Tensor& t, const Shape& shape) {
-  if (!t.defined() || t.shape() != shape || t.storage().use_count() > 1)
-    t = Tensor::empty(shape, DType::F32);
-}
 size_t bytes_of(const Tensor& t) { return t.defined() ? t.nbytes() : 0; }
 
 void Weight::init(const std::string& name, const Shape& shape, DType dtype, bool decay, int pdim) {

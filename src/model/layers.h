@@ -36,8 +36,6 @@ struct LayerContext {
 enum DropoutSite : int { kSiteEmbedding = 0, kSiteAttentionProbs = 1, kSiteAttentionOut = 2,
                          kSiteMlpOut = 3 };
 
-// (Re)allocates `t` as fp32 `shape` unless it already has that shape.
-void ensure(Tensor& t, const Shape& shape);
 size_t bytes_of(const Tensor& t);
 
 // A weight as layers use it: the Parameter plus the fp32 copy used in compute.
