@@ -6,6 +6,7 @@
 #include <atomic>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <queue>
 #include <sstream>
 
 #include "core/error.h"
@@ -131,6 +132,8 @@ struct PieceCache {
   std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
 };
 constexpr size_t kMaxCacheEntries = size_t(1) << 18;
+// Pieces longer than this (bytes) merge with the heap-based merge_long.
+constexpr size_t kLongPiece = 64;
 
 }  // namespace
 
@@ -264,20 +267,9 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
 
 GPT2BPETokenizer::~GPT2BPETokenizer() = default;
 
-void GPT2BPETokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
-  if (piece.size() == 1) {
-    out.push_back(byte_id_[uint8_t(piece[0])]);
-    return;
-  }
-  thread_local PieceCache cache;
-  if (cache.owner != instance_) {
-    cache.map.clear();
-    cache.owner = instance_;
-  }
-  if (auto it = cache.map.find(piece); it != cache.map.end()) {
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return;
-  }
+// GPT-2's bpe(): each round finds the lowest-rank adjacent pair and merges all its occurrences
+// left to right. O(n^2) in the piece length, fastest for ordinary words.
+std::vector<int32_t> GPT2BPETokenizer::merge_short(std::string_view piece) const {
   std::vector<int32_t> sym(piece.size());
   for (size_t k = 0; k < piece.size(); ++k) sym[k] = byte_id_[uint8_t(piece[k])];
   while (sym.size() > 1) {
@@ -304,7 +296,68 @@ void GPT2BPETokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) co
     }
     sym.resize(w);
   }
+  return sym;
+}
+
+// The same merges in O(n log n) for long pieces (no-space runs of code, base64, ...): a heap of
+// candidate pairs ordered by (rank, position) over a linked list of symbols. Popping equal ranks
+// left to right reproduces merge_short's "all occurrences, left to right" rounds whenever a
+// merge's parts are created by earlier merges (true of every trained merges file).
+std::vector<int32_t> GPT2BPETokenizer::merge_long(std::string_view piece) const {
+  const int32_t n = int32_t(piece.size());
+  std::vector<int32_t> id(n), next(n), prev(n);
+  for (int32_t k = 0; k < n; ++k) {
+    id[k] = byte_id_[uint8_t(piece[k])];
+    next[k] = k + 1 < n ? k + 1 : -1;
+    prev[k] = k - 1;
+  }
+  struct Cand {
+    uint32_t rank;
+    int32_t pos, left, right;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  auto push = [&](int32_t pos) {
+    if (pos < 0 || next[pos] < 0) return;
+    if (const MergeTable::Slot* s = merges_->find(id[pos], id[next[pos]]))
+      heap.push({s->rank, pos, id[pos], id[next[pos]]});
+  };
+  for (int32_t k = 0; k + 1 < n; ++k) push(k);
+  std::vector<bool> alive(n, true);
+  while (!heap.empty()) {
+    Cand c = heap.top();
+    heap.pop();
+    const int32_t r = next[c.pos];
+    if (!alive[c.pos] || r < 0 || id[c.pos] != c.left || id[r] != c.right) continue;  // stale
+    id[c.pos] = merges_->find(c.left, c.right)->merged;
+    alive[r] = false;
+    next[c.pos] = next[r];
+    if (next[r] >= 0) prev[next[r]] = c.pos;
+    push(prev[c.pos]);
+    push(c.pos);
+  }
+  std::vector<int32_t> sym;
+  for (int32_t k = 0; k >= 0; k = next[k]) sym.push_back(id[k]);
+  return sym;
+}
+
+void GPT2BPETokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
+  if (piece.size() == 1) {
+    out.push_back(byte_id_[uint8_t(piece[0])]);
+    return;
+  }
+  thread_local PieceCache cache;
+  if (cache.owner != instance_) {
+    cache.map.clear();
+    cache.owner = instance_;
+  }
+  if (auto it = cache.map.find(piece); it != cache.map.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
+  }
+  std::vector<int32_t> sym = piece.size() > kLongPiece ? merge_long(piece) : merge_short(piece);
   out.insert(out.end(), sym.begin(), sym.end());
+  if (piece.size() > kLongPiece) return;  // rare; not worth the memory
   if (cache.map.size() >= kMaxCacheEntries) cache.map.clear();
   cache.map.emplace(std::string(piece), std::move(sym));
 }

@@ -8,7 +8,8 @@
 //     lower-case only; a whitespace run followed by a non-space leaves its last character to
 //     the next piece);
 //  2. apply BPE merges by rank to each piece's bytes (all occurrences of the best pair per
-//     round, as GPT-2's bpe()), with a per-thread cache of piece -> ids.
+//     round, as GPT-2's bpe(); a heap-based O(n log n) variant for long pieces), with a
+//     per-thread cache of piece -> ids.
 // Special-token strings such as "<|endoftext|>" in the text are encoded as ordinary text, as
 // Megatron's GPT-2 tokenizer does (it never parses specials); EOD is appended by the caller.
 // Invalid UTF-8 in the input (which GPT-2 and tiktoken cannot receive, since they take decoded
@@ -49,6 +50,8 @@ class GPT2BPETokenizer final : public Tokenizer {
  private:
   struct MergeTable;
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  std::vector<int32_t> merge_short(std::string_view piece) const;
+  std::vector<int32_t> merge_long(std::string_view piece) const;
 
   int64_t vocab_size_ = 0;
   std::optional<int32_t> eod_;

@@ -52,6 +52,19 @@ std::vector<std::string> stress_documents() {
   }
   docs.push_back(std::string(5000, ' ') + "x" + std::string(3000, '\n'));
   docs.push_back(std::string(20000, 'a'));
+  // Long single pieces (merged by the heap-based path): random letters from small and large
+  // alphabets, repeated patterns with many equal-rank pairs, punctuation and digit runs.
+  auto random_run = [&](const std::string& alphabet, int len) {
+    std::string s;
+    for (int k = 0; k < len; ++k) s += alphabet[rng() % alphabet.size()];
+    return s;
+  };
+  docs.push_back(random_run("abcdefghijklmnopqrstuvwxyz", 3000));
+  docs.push_back(" " + random_run("ahelo", 4000) + " " + random_run("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", 2000));
+  docs.push_back(random_run("!@#$%^&*()-=+[]{};:,.<>/?|~", 2500) + " " + random_run("0123456789", 3000));
+  std::string pattern;
+  for (int k = 0; k < 700; ++k) pattern += k % 3 ? "ab" : "aab";
+  docs.push_back(pattern + "\n" + pattern.substr(1));
   docs.push_back("");
   return docs;
 }
