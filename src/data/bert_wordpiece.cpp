@@ -46,13 +46,48 @@ bool is_python_space(int32_t c) {
          c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-bool is_cased_letter(int32_t c) {
+// Unicode "Cased": letters with case, plus symbols such as U+24B6 that have a case mapping.
+bool is_cased(int32_t c) {
   auto cat = utf8proc_category(c);
-  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT;
+  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL ||
+         cat == UTF8PROC_CATEGORY_LT || utf8proc_tolower(c) != c || utf8proc_toupper(c) != c;
 }
 
-// Lower-cases a word the way Python's str.lower does for BERT's purposes (simple mappings,
-// Greek capital sigma -> final sigma at the end of a word), then strips accents (NFD, drop Mn).
+// Unicode "Case_Ignorable" (marks, format characters, modifiers, word-internal punctuation).
+bool is_case_ignorable(int32_t c) {
+  switch (utf8proc_category(c)) {
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_SK:
+      return true;
+    default:
+      break;
+  }
+  switch (c) {
+    case '\'': case '.': case ':': case 0x00B7: case 0x0387: case 0x05F4: case 0x2018:
+    case 0x2019: case 0x2024: case 0x2027: case 0xFE13: case 0xFE52: case 0xFE55: case 0xFF07:
+    case 0xFF0E: case 0xFF1A:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Python's Final_Sigma condition for word[i] (a capital sigma).
+bool is_final_sigma(const std::vector<int32_t>& word, size_t i) {
+  size_t j = i;
+  while (j > 0 && is_case_ignorable(word[j - 1])) --j;
+  if (j == 0 || !is_cased(word[j - 1])) return false;
+  size_t k = i + 1;
+  while (k < word.size() && is_case_ignorable(word[k])) ++k;
+  return k == word.size() || !is_cased(word[k]);
+}
+
+// Lower-cases a word the way Python's str.lower does for BERT's purposes (simple mappings;
+// capital sigma -> final sigma by Unicode's Final_Sigma rule; U+0130's "i" + U+0307 differs
+// only in the mark, which stripping drops), then strips accents (NFD, drop Mn).
 std::vector<int32_t> lower_and_strip(const std::vector<int32_t>& word) {
   std::vector<int32_t> out;
   out.reserve(word.size());
@@ -60,9 +95,7 @@ std::vector<int32_t> lower_and_strip(const std::vector<int32_t>& word) {
     int32_t c = word[i];
     int32_t lower;
     if (c == 0x03A3) {
-      bool before = i > 0 && is_cased_letter(word[i - 1]);
-      bool after = i + 1 < word.size() && is_cased_letter(word[i + 1]);
-      lower = before && !after ? 0x03C2 : 0x03C3;
+      lower = is_final_sigma(word, i) ? 0x03C2 : 0x03C3;
     } else {
       lower = utf8proc_tolower(c);
     }

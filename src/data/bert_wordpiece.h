@@ -3,7 +3,8 @@
 //
 // Basic tokenizer: drop NUL, U+FFFD and control characters (Cc/Cf except \t\n\r), map
 // whitespace (\t\n\r, Zs) to spaces; put spaces around CJK ideographs; split on whitespace;
-// for the lower-case variant lower-case each word (with Greek final sigma) and strip accents
+// for the lower-case variant lower-case each word (as Python's str.lower, incl. final sigma) and
+// strip accents
 // (NFD, drop Mn); split off every punctuation character (ASCII symbol ranges and Unicode P*).
 // WordPiece: greedy longest-match-first with "##" continuation pieces; a word longer than 200
 // code points (Google's max_input_chars_per_word) or with an unmatched rest becomes [UNK].
