@@ -3,15 +3,16 @@
 //
 // Basic tokenizer: drop NUL, U+FFFD and control characters (Cc/Cf except \t\n\r), map
 // whitespace (\t\n\r, Zs) to spaces; put spaces around CJK ideographs; split on whitespace;
-// for the lower-case variant lower-case each word (as Python's str.lower, incl. final sigma) and
-// strip accents
-// (NFD, drop Mn); split off every punctuation character (ASCII symbol ranges and Unicode P*).
+// for the lower-case variant lower-case each word (as Python's str.lower, incl. final sigma)
+// and strip accents (NFD, drop Mn); split off every punctuation character (ASCII symbol
+// ranges and Unicode P*).
 // WordPiece: greedy longest-match-first with "##" continuation pieces; a word longer than 200
 // code points (Google's max_input_chars_per_word) or with an unmatched rest becomes [UNK].
 // Invalid UTF-8 bytes in the input are dropped (Python's decode(errors='ignore') in
 // convert_to_unicode).
 // Vocabulary: one token per line (stripped), id = line index. As Megatron does, [BOS] and [EOS]
-// are appended when missing, then <extra_id_0..N-1> for --vocab-extra-ids N; EOD = [EOS].
+// are appended when missing, then <extra_id_0..N-1> for --vocab-extra-ids N (both variants,
+// as Megatron's training build_tokenizer passes the flag); EOD = [EOS].
 // Special strings such as "[CLS]" in the text are not matched (they split on punctuation).
 // decode joins tokens with spaces and glues "##" pieces on (convert_tokens_to_string).
 #pragma once
