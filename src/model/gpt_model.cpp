@@ -253,6 +253,8 @@ size_t GPTModel::activation_bytes() const { return impl_->activation_bytes; }
 
 LossResult GPTModel::forward_backward(const GPTInputs& in, float grad_scale,
                                       uint64_t dropout_offset) {
+  MG_REQUIRE(dropout_offset < (uint64_t(1) << 40), "dropout offset ", dropout_offset,
+             " must be below 2^40");
   Impl& m = *impl_;
   m.refresh();
   LayerContext ctx = m.make_ctx(in.tokens, in.attention_start, true, true, dropout_offset);

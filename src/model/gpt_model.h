@@ -70,7 +70,8 @@ class GPTModel {
   ParameterList parameters();
 
   // Training micro-batch: forward + backward. Gradients of grad_scale * sum(loss * mask) are
-  // ADDED into Parameter::grad. Dropout masks are a pure function of (seed, dropout_offset).
+  // ADDED into Parameter::grad. Dropout masks are a pure function of (seed, dropout_offset);
+  // dropout_offset must be < 2^40 (e.g. iteration * num_microbatches + microbatch).
   LossResult forward_backward(const GPTInputs& in, float grad_scale, uint64_t dropout_offset);
   // Evaluation: no dropout, nothing saved for backward. labels/loss_mask required.
   LossResult forward_loss(const GPTInputs& in);
@@ -80,7 +81,8 @@ class GPTModel {
                         const Tensor& attention_start = Tensor());
 
   const GPTConfig& config() const;
-  // Bytes of activations saved for backward by the last forward_backward (for reports).
+  // Peak bytes of activations held for backward during the last forward_backward (saved layer
+  // activations, recompute chunk inputs; workspaces and the loss head's logits chunk excluded).
   size_t activation_bytes() const;
 
   struct Impl;

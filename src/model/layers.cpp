@@ -278,6 +278,16 @@ Embedding::Embedding(int64_t vocab, int64_t max_positions, int64_t h, float drop
 Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& pos) {
   const int64_t n = tokens.numel(), h = word.f32.size(1);
   MG_REQUIRE(pos.numel() == n, "position_ids has ", pos.numel(), " elements but tokens has ", n);
+  const int64_t V = word.f32.size(0), P = position.f32.size(0);
+  const int32_t* tp = tokens.data<int32_t>();
+  const int32_t* pp = pos.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    MG_REQUIRE(tp[i] >= 0 && tp[i] < V, "token id ", tp[i], " at position ", i,
+               " is outside the padded vocabulary [0, ", V,
+               "); the data was tokenized with a different tokenizer or vocab size");
+    MG_REQUIRE(pp[i] >= 0 && pp[i] < P, "position id ", pp[i], " at position ", i,
+               " is outside [0, --max-position-embeddings=", P, ")");
+  }
   Tensor out = Tensor::empty({n, h}, DType::F32);
   Tensor p = Tensor::empty({n, h}, DType::F32);
   ops::embedding_fwd(out, tokens, word.f32);

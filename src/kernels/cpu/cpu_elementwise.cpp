@@ -21,8 +21,8 @@ void embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight) {
   MG_CHECK(out.numel() == n * h, "embedding_fwd: out has ", out.numel(), " elements, want ", n * h);
   const int32_t* id = ids.data<int32_t>();
   for (int64_t i = 0; i < n; ++i)
-    MG_REQUIRE(id[i] >= 0 && id[i] < V, "token id ", id[i], " at position ", i,
-               " is outside the vocabulary [0, ", V, "); check the tokenizer / --vocab-size");
+    MG_REQUIRE(id[i] >= 0 && id[i] < V, "embedding index ", id[i], " at position ", i,
+               " is outside the table [0, ", V, ")");
   const float* w = weight.data<float>();
   float* o = out.data<float>();
 #pragma omp parallel for schedule(static)
