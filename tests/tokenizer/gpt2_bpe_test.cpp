@@ -5,11 +5,13 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/error.h"
 #include "data/gpt2_bpe.h"
 #include "data/unicode.h"
 #include "test_util.h"
+#include "tokenizer/stress_text.h"
 
 namespace megatron::data {
 namespace {
@@ -163,6 +165,33 @@ TEST(Gpt2Bpe, KnownGpt2Ids) {
   EXPECT_EQ(tok.encode("Hello world"), (std::vector<int32_t>{15496, 995}));
   EXPECT_EQ(tok.encode("<|endoftext|>"), (std::vector<int32_t>{27, 91, 437, 1659, 5239, 91, 29}));
   EXPECT_EQ(tok.token_text(50256), "<|endoftext|>");
+}
+
+// One instance shared by several threads (as preprocess-data's workers share it) gives the same
+// ids as one thread; each thread has its own piece cache, and two instances on one thread do
+// not see each other's cache.
+TEST(Gpt2Bpe, SharedAcrossThreadsAndInstances) {
+  TinyVocab t;
+  auto dir = megatron::testing::source_dir() / ".cache" / "gpt2";
+  ASSERT_TRUE(std::filesystem::exists(dir / "gpt2-vocab.json"))
+      << "GPT-2 vocab missing: run scripts/get-corpus.sh";
+  GPT2BPETokenizer tok((dir / "gpt2-vocab.json").string(), (dir / "gpt2-merges.txt").string());
+  GPT2BPETokenizer tiny(t.vocab, t.merges);
+  const auto docs = stress_documents();
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& d : docs) want.push_back(tok.encode(d));
+  EXPECT_EQ(tiny.encode("hello"), (std::vector<int32_t>{258, 'o'}));
+  EXPECT_EQ(tok.encode("hello"), (std::vector<int32_t>{31373}));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 4; ++th)
+    threads.emplace_back([&, th] {
+      for (int round = 0; round < 2; ++round)
+        for (size_t i = th; i < docs.size(); i += 2)
+          mismatches[th] += tok.encode(docs[i]) != want[i];
+    });
+  for (auto& th : threads) th.join();
+  for (int th = 0; th < 4; ++th) EXPECT_EQ(mismatches[th], 0) << "thread " << th;
 }
 
 }  // namespace
