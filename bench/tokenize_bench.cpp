@@ -45,14 +45,16 @@ int main(int argc, char** argv) {
           tokens += ids.size();
         }
         double s = std::chrono::duration<double>(clock::now() - t0).count();
-        if (pass == 0) best = std::min(best, s);
-        else warm = s;
+        if (pass == 0)
+          best = std::min(best, s);
+        else
+          warm = s;
       }
     }
-    std::printf("{\"bytes\":%zu,\"documents\":%zu,\"tokens\":%zu,\"seconds\":%.4f,"
-                "\"mb_per_s\":%.2f,\"tokens_per_s\":%.0f,\"warm_cache_mb_per_s\":%.2f}\n",
-                bytes, texts.size(), tokens, best, bytes / 1e6 / best, tokens / best,
-                bytes / 1e6 / warm);
+    std::printf(
+        "{\"bytes\":%zu,\"documents\":%zu,\"tokens\":%zu,\"seconds\":%.4f,"
+        "\"mb_per_s\":%.2f,\"tokens_per_s\":%.0f,\"warm_cache_mb_per_s\":%.2f}\n",
+        bytes, texts.size(), tokens, best, bytes / 1e6 / best, tokens / best, bytes / 1e6 / warm);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

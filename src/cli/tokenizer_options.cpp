@@ -4,10 +4,9 @@
 namespace megatron::cli {
 
 CLI::Option* add_tokenizer_options(CLI::App& sub, megatron::data::TokenizerOptions& o) {
-  CLI::Option* type =
-      sub.add_option("--tokenizer-type", o.type,
-                     "Tokenizer type: GPT2BPETokenizer, BertWordPieceLowerCase, "
-                     "BertWordPieceCase, NullTokenizer");
+  CLI::Option* type = sub.add_option("--tokenizer-type", o.type,
+                                     "Tokenizer type: GPT2BPETokenizer, BertWordPieceLowerCase, "
+                                     "BertWordPieceCase, NullTokenizer");
   sub.add_option("--vocab-file", o.vocab_file,
                  "Vocabulary file (GPT-2: encoder JSON; BERT: one token per line)");
   sub.add_option("--merge-file", o.merge_file, "BPE merge file (GPT2BPETokenizer)");

@@ -42,8 +42,8 @@ bool is_punctuation(int32_t c) {
 // Python's str.isspace (what str.split() splits on).
 bool is_python_space(int32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 // Unicode "Cased": letters with case, plus symbols such as U+24B6 that have a case mapping.
@@ -66,9 +66,22 @@ bool is_case_ignorable(int32_t c) {
       break;
   }
   switch (c) {
-    case '\'': case '.': case ':': case 0x00B7: case 0x0387: case 0x05F4: case 0x2018:
-    case 0x2019: case 0x2024: case 0x2027: case 0xFE13: case 0xFE52: case 0xFE55: case 0xFF07:
-    case 0xFF0E: case 0xFF1A:
+    case '\'':
+    case '.':
+    case ':':
+    case 0x00B7:
+    case 0x0387:
+    case 0x05F4:
+    case 0x2018:
+    case 0x2019:
+    case 0x2024:
+    case 0x2027:
+    case 0xFE13:
+    case 0xFE52:
+    case 0xFE55:
+    case 0xFF07:
+    case 0xFF0E:
+    case 0xFF1A:
       return true;
     default:
       return false;
@@ -217,8 +230,10 @@ std::vector<std::string> BertWordPieceTokenizer::basic_tokenize(std::string_view
     word.clear();
   };
   for (int32_t c : cps) {
-    if (is_python_space(c)) flush_word();
-    else word.push_back(c);
+    if (is_python_space(c))
+      flush_word();
+    else
+      word.push_back(c);
   }
   flush_word();
   return words;

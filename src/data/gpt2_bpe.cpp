@@ -63,7 +63,9 @@ template <class F>
 void for_each_piece(std::string_view t, F&& f) {
   const size_t n = t.size();
   size_t i = 0;
-  auto cls_at = [&](size_t k, int& len) { return unicode::char_class(unicode::decode_utf8(t, k, len)); };
+  auto cls_at = [&](size_t k, int& len) {
+    return unicode::char_class(unicode::decode_utf8(t, k, len));
+  };
   while (i < n) {
     const size_t start = i;
     const char c = t[i];
@@ -147,7 +149,9 @@ struct GPT2BPETokenizer::MergeTable {
   std::vector<Slot> slots;
   uint64_t mask = 0;
 
-  static uint64_t key_of(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+  static uint64_t key_of(int32_t a, int32_t b) {
+    return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+  }
   static uint64_t hash(uint64_t k) { return (k * 0x9E3779B97F4A7C15ull) ^ (k >> 29); }
 
   explicit MergeTable(size_t n) {
@@ -208,8 +212,7 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
   id_bytes_.assign(size_t(max_id) + 1, std::string());
   has_id_.assign(size_t(max_id) + 1, false);
   for (const auto& [bytes, id] : bytes_to_id) {
-    MG_REQUIRE(!has_id_[id], "--vocab-file '", vocab_file, "': id ", id,
-               " is used by two tokens");
+    MG_REQUIRE(!has_id_[id], "--vocab-file '", vocab_file, "': id ", id, " is used by two tokens");
     has_id_[id] = true;
     id_bytes_[id] = bytes;
   }
@@ -255,8 +258,8 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
     }
     auto it = bytes_to_id.find(joined);
     MG_REQUIRE(it != bytes_to_id.end(), "--merge-file '", merge_file, "' line ", line_no,
-               ": the merged token '", parts[0], parts[1], "' is not in --vocab-file '",
-               vocab_file, "' (do the two files belong together?)");
+               ": the merged token '", parts[0], parts[1], "' is not in --vocab-file '", vocab_file,
+               "' (do the two files belong together?)");
     m[2] = it->second;
     merges.push_back(m);
   }
@@ -373,8 +376,8 @@ std::vector<std::string_view> GPT2BPETokenizer::pretokenize(std::string_view tex
 }
 
 const std::string& GPT2BPETokenizer::token_bytes(int32_t id) const {
-  MG_REQUIRE(id >= 0 && size_t(id) < id_bytes_.size() && has_id_[id],
-             "GPT2BPETokenizer: token id ", id, " is not in the vocabulary (size ", vocab_size_, ")");
+  MG_REQUIRE(id >= 0 && size_t(id) < id_bytes_.size() && has_id_[id], "GPT2BPETokenizer: token id ",
+             id, " is not in the vocabulary (size ", vocab_size_, ")");
   return id_bytes_[id];
 }
 

@@ -8,21 +8,24 @@
 namespace megatron::data {
 
 std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerOptions& o) {
-  MG_REQUIRE(!o.type.empty(), "--tokenizer-type is required (GPT2BPETokenizer, "
-                              "BertWordPieceLowerCase, BertWordPieceCase, NullTokenizer)");
+  MG_REQUIRE(!o.type.empty(),
+             "--tokenizer-type is required (GPT2BPETokenizer, "
+             "BertWordPieceLowerCase, BertWordPieceCase, NullTokenizer)");
   MG_REQUIRE(o.vocab_extra_ids >= 0, "--vocab-extra-ids must be >= 0, got ", o.vocab_extra_ids);
   if (o.type == "GPT2BPETokenizer") {
-    MG_REQUIRE(!o.vocab_file.empty(), "--tokenizer-type GPT2BPETokenizer needs --vocab-file "
-                                      "(GPT-2's encoder.json, e.g. gpt2-vocab.json)");
-    MG_REQUIRE(!o.merge_file.empty(), "--tokenizer-type GPT2BPETokenizer needs --merge-file "
-                                      "(GPT-2's vocab.bpe, e.g. gpt2-merges.txt)");
+    MG_REQUIRE(!o.vocab_file.empty(),
+               "--tokenizer-type GPT2BPETokenizer needs --vocab-file "
+               "(GPT-2's encoder.json, e.g. gpt2-vocab.json)");
+    MG_REQUIRE(!o.merge_file.empty(),
+               "--tokenizer-type GPT2BPETokenizer needs --merge-file "
+               "(GPT-2's vocab.bpe, e.g. gpt2-merges.txt)");
     return std::make_unique<GPT2BPETokenizer>(o.vocab_file, o.merge_file);
   }
   if (o.type == "BertWordPieceLowerCase" || o.type == "BertWordPieceCase") {
     MG_REQUIRE(!o.vocab_file.empty(), "--tokenizer-type ", o.type,
                " needs --vocab-file (BERT's vocab.txt, one token per line)");
-    return std::make_unique<BertWordPieceTokenizer>(o.vocab_file, o.type == "BertWordPieceLowerCase",
-                                                    o.vocab_extra_ids);
+    return std::make_unique<BertWordPieceTokenizer>(
+        o.vocab_file, o.type == "BertWordPieceLowerCase", o.vocab_extra_ids);
   }
   if (o.type == "NullTokenizer") {
     MG_REQUIRE(o.vocab_size > 0, "--tokenizer-type NullTokenizer needs --vocab-size");

@@ -11,8 +11,8 @@ namespace {
 // White_Space property (what \s means in the regex engines GPT-2 and tiktoken use).
 bool is_white_space(int32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 CharClass compute_class(int32_t c) {
@@ -84,7 +84,8 @@ std::string repair_utf8(std::string_view s) {
     unsigned char b0 = p[i];
     size_t need = 0;
     unsigned char lo = 0x80, hi = 0xBF;
-    if (b0 >= 0xC2 && b0 <= 0xDF) need = 1;
+    if (b0 >= 0xC2 && b0 <= 0xDF)
+      need = 1;
     else if (b0 >= 0xE0 && b0 <= 0xEF) {
       need = 2;
       if (b0 == 0xE0) lo = 0xA0;

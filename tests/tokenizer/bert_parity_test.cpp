@@ -50,9 +50,10 @@ TEST(BertParity, IdsMatchPythonReference) {
     }
   }
   const std::string inputs = " '" + (tmp / "brown.jsonl").string() + "' '" +
-                             (tmp / "nlp.jsonl").string() + "' '" + (tmp / "stress.jsonl").string() + "'";
-  const std::string script = "/usr/bin/python3 '" +
-                             (root / "tests/reference/bert_wordpiece_reference.py").string() + "' ";
+                             (tmp / "nlp.jsonl").string() + "' '" +
+                             (tmp / "stress.jsonl").string() + "'";
+  const std::string script =
+      "/usr/bin/python3 '" + (root / "tests/reference/bert_wordpiece_reference.py").string() + "' ";
   const fs::path vocab = tmp / "vocab.txt";
   auto r = run_command(script + "make-vocab '" + vocab.string() + "'" + inputs);
   ASSERT_EQ(r.exit_code, 0) << r.output;

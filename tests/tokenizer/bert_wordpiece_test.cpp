@@ -19,8 +19,8 @@ using Ids = std::vector<int32_t>;
 const char* kVocab =
     "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"        // 0-4
     "the\nquick\nfox\n##es\nun\n##aff\n##able\n"  // 5-11
-    ",\n.\ncafe\nhello\n中\nUN\n##af\n"             // 12-18
-    "\u03bf\u03bb\u03bf\u03c2\n";             // 19 (ends in final sigma)
+    ",\n.\ncafe\nhello\n中\nUN\n##af\n"           // 12-18
+    "\u03bf\u03bb\u03bf\u03c2\n";                 // 19 (ends in final sigma)
 
 struct Fixture {
   TempDir dir;
@@ -36,7 +36,9 @@ TEST(BertWordPiece, LowerCaseBasicTokenizer) {
   EXPECT_EQ(tok.basic_tokenize("he\x01llo\u00a0wo\u200brld\t\n中文x"),
             (V{"hello", "world", "中", "文", "x"}));
   EXPECT_EQ(tok.basic_tokenize("ΟΛΟΣ [CLS]"), (V{"\u03bf\u03bb\u03bf\u03c2", "[", "cls", "]"}));
-  EXPECT_EQ(tok.basic_tokenize("a\xff" "b \uFFFD"), (V{"ab"}));
+  EXPECT_EQ(tok.basic_tokenize("a\xff"
+                               "b \uFFFD"),
+            (V{"ab"}));
 }
 
 TEST(BertWordPiece, LowerCaseIds) {

@@ -55,7 +55,9 @@ TEST(Gpt2Pretokenize, WhitespaceRunsLeaveTheirLastCharacter) {
 }
 
 TEST(Gpt2Pretokenize, InvalidBytesArePunctuationCharacters) {
-  EXPECT_EQ(pieces("a\xff" "b"), (V{"a", "\xff", "b"}));
+  EXPECT_EQ(pieces("a\xff"
+                   "b"),
+            (V{"a", "\xff", "b"}));
   EXPECT_EQ(pieces("!\xc3!"), (V{"!\xc3!"}));
   EXPECT_EQ(pieces(" \x80x"), (V{" \x80", "x"}));
 }
@@ -134,10 +136,13 @@ std::string error_of(const std::function<void()>& f) {
 
 TEST(Gpt2Bpe, BadFilesNameTheFileAndLine) {
   TinyVocab t;
-  EXPECT_NE(error_of([&] { GPT2BPETokenizer("/nonexistent/v.json", t.merges); })
-                .find("/nonexistent/v.json"), std::string::npos);
-  EXPECT_NE(error_of([&] { GPT2BPETokenizer(t.vocab, "/nonexistent/m.txt"); })
-                .find("/nonexistent/m.txt"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              GPT2BPETokenizer("/nonexistent/v.json", t.merges);
+            }).find("/nonexistent/v.json"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { GPT2BPETokenizer(t.vocab, "/nonexistent/m.txt"); }).find("/nonexistent/m.txt"),
+      std::string::npos);
   TempDir d;
   write_file(d / "bad.json", "{\n\"a\": 1,\n\"b\": }\n");
   std::string e = error_of([&] { GPT2BPETokenizer((d / "bad.json").string(), t.merges); });

@@ -78,12 +78,14 @@ TEST(Gpt2Parity, IdsMatchTiktokenOnCorpusAndStressText) {
       if (k != ours.size() || k != ref.size()) {
         std::string ctx_ours, ctx_ref;
         for (size_t j = k >= 3 ? k - 3 : 0; j < k + 5; ++j) {
-          if (j < ours.size()) ctx_ours += std::to_string(ours[j]) + "'" + tok.token_text(ours[j]) + "' ";
-          if (j < ref.size()) ctx_ref += std::to_string(ref[j]) + "'" + tok.token_text(int32_t(ref[j])) + "' ";
+          if (j < ours.size())
+            ctx_ours += std::to_string(ours[j]) + "'" + tok.token_text(ours[j]) + "' ";
+          if (j < ref.size())
+            ctx_ref += std::to_string(ref[j]) + "'" + tok.token_text(int32_t(ref[j])) + "' ";
         }
         FAIL() << file << " document " << d << ": first mismatch at token " << k << " (ours "
-               << ours.size() << " tokens, tiktoken " << ref.size() << ")\n  ours:     "
-               << ctx_ours << "\n  tiktoken: " << ctx_ref;
+               << ours.size() << " tokens, tiktoken " << ref.size() << ")\n  ours:     " << ctx_ours
+               << "\n  tiktoken: " << ctx_ref;
       }
       ASSERT_EQ(tok.decode(ours), texts[d]) << file << " document " << d << ": round trip";
       ++docs;
