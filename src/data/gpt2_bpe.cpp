@@ -136,6 +136,8 @@ struct PieceCache {
 constexpr size_t kMaxCacheEntries = size_t(1) << 18;
 // Pieces longer than this (bytes) merge with the heap-based merge_long.
 constexpr size_t kLongPiece = 64;
+// Largest token id accepted (ids index a table; no byte-level BPE vocabulary comes close).
+constexpr int64_t kMaxTokenId = int64_t(1) << 24;
 
 }  // namespace
 
@@ -198,9 +200,9 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
   int32_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const auto& v = it.value();
-    MG_REQUIRE(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < INT32_MAX,
+    MG_REQUIRE(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxTokenId,
                "--vocab-file '", vocab_file, "': token '", it.key(),
-               "' must map to a non-negative integer id, got ", v.dump());
+               "' must map to an integer id in [0, 2^24), got ", v.dump());
     auto bytes = token_to_bytes(it.key(), inv);
     MG_REQUIRE(bytes.has_value() && !bytes->empty(), "--vocab-file '", vocab_file, "': token '",
                it.key(), "' is not in GPT-2's byte-to-unicode alphabet");

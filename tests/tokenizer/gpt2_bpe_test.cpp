@@ -150,6 +150,9 @@ TEST(Gpt2Bpe, BadFilesNameTheFileAndLine) {
   write_file(d / "nobytes.json", "{\"a\": 0}");
   e = error_of([&] { GPT2BPETokenizer((d / "nobytes.json").string(), t.merges); });
   EXPECT_NE(e.find("256 byte tokens"), std::string::npos) << e;
+  write_file(d / "bigid.json", "{\"a\": 3000000000}");
+  e = error_of([&] { GPT2BPETokenizer((d / "bigid.json").string(), t.merges); });
+  EXPECT_NE(e.find("token 'a' must map to an integer id"), std::string::npos) << e;
   write_file(d / "m1.txt", "#version: 0.2\nl l\nh e x\n");
   e = error_of([&] { GPT2BPETokenizer(t.vocab, (d / "m1.txt").string()); });
   EXPECT_NE(e.find("m1.txt' line 3"), std::string::npos) << e;
