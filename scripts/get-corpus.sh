@@ -24,5 +24,9 @@ done
 # demo.jsonl is written last by make_corpus.mjs; rebuild when it is missing or older than the
 # converter.
 if [ ! -s .cache/corpus/demo.jsonl ] || [ "$ref/make_corpus.mjs" -nt .cache/corpus/demo.jsonl ]; then
+  if ! command -v node >/dev/null; then
+    echo "error: node not found; run scripts/setup.sh (installs node and npm)" >&2
+    exit 1
+  fi
   node "$ref/make_corpus.mjs" .cache/corpus
 fi
