@@ -1,0 +1,50 @@
+// NumPy's legacy RandomState (MT19937) as far as Megatron's dataset code uses it: seeding with a
+// 32-bit integer (init_genrand), shuffle of a 1-D array and permutation(n). Megatron builds its
+// document and shuffle indices with np.random.RandomState(seed).shuffle, so reproducing the same
+// sample order needs the same generator and the same bounded-integer algorithm: Fisher-Yates
+// from the end, j drawn in [0, i] by masked rejection on 32-bit outputs (64-bit outputs, high word
+// first, when i > 2^32-1). std::mt19937 has the same seeding and output as NumPy's MT19937.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace megatron::data {
+
+class NumpyRandomState {
+ public:
+  explicit NumpyRandomState(uint32_t seed) : mt_(seed) {}
+
+  uint32_t next_uint32() { return uint32_t(mt_()); }
+  uint64_t next_uint64() {
+    uint64_t hi = next_uint32();
+    return (hi << 32) | next_uint32();
+  }
+  // Uniform integer in [0, max] (NumPy's random_interval).
+  uint64_t random_interval(uint64_t max);
+
+  // In place, identical to RandomState.shuffle on a 1-D array.
+  template <typename T>
+  void shuffle(std::span<T> x) {
+    for (size_t i = x.size(); i-- > 1;) {
+      size_t j = size_t(random_interval(i));
+      std::swap(x[i], x[j]);
+    }
+  }
+  // RandomState.permutation(n): a shuffled arange(n).
+  template <typename T = int64_t>
+  std::vector<T> permutation(int64_t n) {
+    std::vector<T> v(size_t(n > 0 ? n : 0));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = T(i);
+    shuffle(std::span<T>(v));
+    return v;
+  }
+
+ private:
+  std::mt19937 mt_;
+};
+
+}  // namespace megatron::data
