@@ -24,6 +24,9 @@ void GPTConfig::validate() const {
   MG_REQUIRE(kv_channels > 0 || hidden_size % num_attention_heads == 0, "--hidden-size ",
              hidden_size, " is not divisible by --num-attention-heads ", num_attention_heads,
              "; set --kv-channels or change the sizes");
+  MG_REQUIRE(num_query_groups >= 0 && num_attention_heads % query_groups() == 0,
+             "--num-attention-heads ", num_attention_heads,
+             " must be a multiple of --num-query-groups ", query_groups());
   MG_REQUIRE(seq_length > 0, "--seq-length must be > 0");
   MG_REQUIRE(max_position_embeddings >= seq_length, "--max-position-embeddings (",
              max_position_embeddings, ") must be >= --seq-length (", seq_length, ")");
@@ -75,8 +78,7 @@ struct GPTModel::Impl {
                   c.params_dtype),
         final_layernorm("decoder.final_layernorm", c.hidden_size, c.layernorm_epsilon,
                         c.params_dtype) {
-    AttentionDims dims{c.num_attention_heads, c.num_attention_heads, c.head_dim(),
-                       c.attention_dropout};
+    AttentionDims dims{c.num_attention_heads, c.query_groups(), c.head_dim(), c.attention_dropout};
     for (int i = 0; i < c.num_layers; ++i)
       layers.push_back(std::make_unique<TransformerLayer>(i, c.hidden_size, c.ffn(), dims,
                                                           c.layernorm_epsilon, c.hidden_dropout,

@@ -22,6 +22,7 @@ struct GPTConfig {
   int num_layers = 0, hidden_size = 0, num_attention_heads = 0;
   int ffn_hidden_size = 0;  // 0 -> 4h
   int kv_channels = 0;      // 0 -> h / n
+  int num_query_groups = 0; // 0 -> num_attention_heads (no GQA); --num-query-groups
   int seq_length = 0, max_position_embeddings = 0;
   int64_t padded_vocab_size = 0;
   float hidden_dropout = 0.1f, attention_dropout = 0.1f;
@@ -37,6 +38,7 @@ struct GPTConfig {
 
   int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  int query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   // Throws megatron::Error naming the inconsistent field.
   void validate() const;
 };

@@ -53,6 +53,7 @@ void check_against_pytorch(const GPTConfig& cfg, bool resets) {
   j["num_layers"] = cfg.num_layers;
   j["hidden_size"] = cfg.hidden_size;
   j["num_attention_heads"] = cfg.num_attention_heads;
+  j["groups"] = cfg.query_groups();
   j["head_dim"] = cfg.head_dim();
   j["vocab"] = V;
   j["eps"] = cfg.layernorm_epsilon;
@@ -109,6 +110,13 @@ TEST(GPTReference, MatchesPyTorchExactGeluPlainCausal) {
   c.num_layers = 1;
   c.ffn_hidden_size = 48;
   check_against_pytorch(c, false);
+}
+
+TEST(GPTReference, MatchesPyTorchGroupedQueryAttention) {
+  GPTConfig c = testing::tiny_config();
+  c.num_layers = 1;
+  c.num_query_groups = 2;  // 4 query heads share 2 key/value heads
+  check_against_pytorch(c, true);
 }
 
 }  // namespace

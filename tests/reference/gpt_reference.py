@@ -6,8 +6,8 @@ QKV in per-head [q; k; v] row groups, tied output layer, learned positions), eva
 float64 with autograd so it serves as ground truth for the fp32 C++ model.
 
 Usage: gpt_reference.py DIR
-  DIR/config.json  {"num_layers", "hidden_size", "num_attention_heads", "head_dim", "ffn",
-                    "vocab", "max_pos", "eps", "gelu_tanh", "batch", "seq", "grad_scale",
+  DIR/config.json  {"num_layers", "hidden_size", "num_attention_heads", "groups", "head_dim",
+                    "vocab", "eps", "gelu_tanh", "batch", "seq", "grad_scale",
                     "has_attention_start", "params": [{"name", "shape"}...]}
   DIR/weights.bin  float32 values of the params, concatenated in the listed order
   DIR/batch.bin    int32 tokens, positions, labels, attention_start [b*s each], then float32
@@ -56,8 +56,12 @@ def main(d):
         pre = f"decoder.layers.{li}."
         a = F.layer_norm(x, (h,), P[pre + "input_layernorm.weight"], P[pre + "input_layernorm.bias"], eps)
         qkv = a @ P[pre + "self_attention.linear_qkv.weight"].t() + P[pre + "self_attention.linear_qkv.bias"]
-        qkv = qkv.view(b, s, n, 3, hd)
-        q, k, v = (qkv[:, :, :, i].permute(0, 2, 1, 3) for i in range(3))  # [b, n, s, d]
+        g = cfg.get("groups", n)
+        hpg = n // g
+        qkv = qkv.view(b, s, g, hpg + 2, hd)  # per query group: hpg query heads, 1 key, 1 value
+        q = qkv[:, :, :, :hpg].reshape(b, s, n, hd).permute(0, 2, 1, 3)  # [b, n, s, d]
+        k, v = (qkv[:, :, :, hpg + i].permute(0, 2, 1, 3).repeat_interleave(hpg, dim=1)
+                for i in range(2))
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
