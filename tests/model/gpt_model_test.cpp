@@ -1,6 +1,6 @@
 // GPTModel behaviour: recomputation (selective, full uniform/block) gives the same gradients as
 // storing everything while saving activation memory; dropout masks are a pure function of
-// (seed, dropout_offset); eval loss matches the training loss without dropout; bf16 parameters
+// (seed, dropout_offset); eval loss matches the training loss without dropout; bf16/fp16 params
 // compute exactly like fp32 parameters holding the same values; parameter names and init.
 #include <gtest/gtest.h>
 
@@ -109,26 +109,29 @@ TEST(GPTModel, EvalLossMatchesTrainingLossWithoutDropout) {
   EXPECT_NEAR(eval.loss_sum, sum, 1e-5 * std::abs(sum));
 }
 
-TEST(GPTModel, Bf16ParamsComputeLikeFp32WithSameValues) {
-  GPTConfig c16 = dropout_config();
-  c16.params_dtype = DType::BF16;
-  GPTConfig c32 = dropout_config();
-  GPTInputs in = testing::random_inputs(2, c32.seq_length, c32.padded_vocab_size, 14, true);
-  GPTModel m16(c16, 42), m32(c32, 42);
-  testing::randomise(m16, 3);
-  ParameterList p16 = m16.parameters(), p32 = m32.parameters();
-  ASSERT_EQ(p16.size(), p32.size());
-  for (size_t i = 0; i < p16.size(); ++i) {
-    EXPECT_EQ(p16[i]->value.dtype(), DType::BF16);
-    EXPECT_EQ(p16[i]->grad.dtype(), DType::F32);
-    p32[i]->value.copy_(p16[i]->value.to(DType::F32));
+TEST(GPTModel, HalfParamsComputeLikeFp32WithSameValues) {
+  for (DType dt : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    GPTConfig c16 = dropout_config();
+    c16.params_dtype = dt;
+    GPTConfig c32 = dropout_config();
+    GPTInputs in = testing::random_inputs(2, c32.seq_length, c32.padded_vocab_size, 14, true);
+    GPTModel m16(c16, 42), m32(c32, 42);
+    testing::randomise(m16, 3);
+    ParameterList p16 = m16.parameters(), p32 = m32.parameters();
+    ASSERT_EQ(p16.size(), p32.size());
+    for (size_t i = 0; i < p16.size(); ++i) {
+      EXPECT_EQ(p16[i]->value.dtype(), dt);
+      EXPECT_EQ(p16[i]->grad.dtype(), DType::F32);
+      p32[i]->value.copy_(p16[i]->value.to(DType::F32));
+    }
+    testing::zero_grads(m16);
+    testing::zero_grads(m32);
+    LossResult a = m16.forward_backward(in, 1.0f, 3), b = m32.forward_backward(in, 1.0f, 3);
+    EXPECT_EQ(a.loss_sum, b.loss_sum);
+    for (size_t i = 0; i < p16.size(); ++i)
+      EXPECT_EQ(p16[i]->grad.to_float_vector(), p32[i]->grad.to_float_vector()) << p16[i]->name;
   }
-  testing::zero_grads(m16);
-  testing::zero_grads(m32);
-  LossResult a = m16.forward_backward(in, 1.0f, 3), b = m32.forward_backward(in, 1.0f, 3);
-  EXPECT_EQ(a.loss_sum, b.loss_sum);
-  for (size_t i = 0; i < p16.size(); ++i)
-    EXPECT_EQ(p16[i]->grad.to_float_vector(), p32[i]->grad.to_float_vector()) << p16[i]->name;
 }
 
 TEST(GPTModel, ParameterNamesShapesAndInit) {
