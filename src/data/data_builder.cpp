@@ -1,0 +1,173 @@
+// See data_builder.h.
+#include "data/data_builder.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace megatron::data {
+
+static std::optional<double> parse_number(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (!end || *end != 0) return std::nullopt;
+  return v;
+}
+
+Blend parse_blend(const std::vector<std::string>& args, const std::string& flag) {
+  MG_REQUIRE(!args.empty(), flag, " is empty; give PREFIX or WEIGHT PREFIX pairs");
+  Blend b;
+  if (args.size() % 2 == 1) {
+    b.prefixes = args;
+    return b;
+  }
+  std::vector<double> w;
+  size_t numeric = 0;
+  for (size_t i = 0; i < args.size(); i += 2) numeric += parse_number(args[i]).has_value();
+  if (numeric == 0) {
+    b.prefixes = args;
+    return b;
+  }
+  for (size_t i = 0; i < args.size(); i += 2) {
+    auto v = parse_number(args[i]);
+    MG_REQUIRE(v, flag, ": weight '", args[i], "' (position ", i + 1,
+               ") is not a number; give WEIGHT PREFIX pairs like '0.3 data/a 0.7 data/b'");
+    MG_REQUIRE(std::isfinite(*v) && *v >= 0, flag, ": weight ", args[i], " for ", args[i + 1],
+               " must be a non-negative number");
+    w.push_back(*v);
+    b.prefixes.push_back(args[i + 1]);
+  }
+  double sum = 0;
+  for (double x : w) sum += x;
+  MG_REQUIRE(sum > 0, flag, ": the weights sum to 0");
+  b.weights = normalize_weights(w);
+  return b;
+}
+
+std::array<int64_t, 3> train_valid_test_num_samples(int64_t train_samples, int64_t train_iters, int64_t gbs,
+                                                    int64_t eval_interval, int64_t eval_iters) {
+  int64_t train = train_samples >= 0 ? train_samples : train_iters * gbs;
+  int64_t iters = train_samples >= 0 ? train_samples / gbs : train_iters;
+  MG_REQUIRE(eval_interval > 0, "--eval-interval must be positive (got ", eval_interval, ")");
+  int64_t evals = iters / eval_interval + 1;
+  return {train, evals * eval_iters * gbs, eval_iters * gbs};
+}
+
+namespace {
+
+using DatasetCache = std::map<std::string, std::shared_ptr<const IndexedDataset>>;
+
+std::shared_ptr<const IndexedDataset> open_prefix(const std::string& prefix, const std::string& flag,
+                                                  DatasetCache& cache) {
+  auto it = cache.find(prefix);
+  if (it != cache.end()) return it->second;
+  for (const auto& f : {index_file_path(prefix), data_file_path(prefix)})
+    MG_REQUIRE(std::filesystem::exists(f), flag, ": dataset prefix '", prefix, "' has no ", f,
+               " (give the path without .bin/.idx, as written by preprocess-data)");
+  auto d = std::make_shared<const IndexedDataset>(prefix);
+  cache[prefix] = d;
+  return d;
+}
+
+GPTDatasetOptions options_for(const GPTDataConfig& c, const std::string& split, const SplitMatrix& m) {
+  GPTDatasetOptions o;
+  o.seq_length = c.seq_length;
+  o.seed = c.seed;
+  o.split = split;
+  o.split_matrix = m;
+  o.data_cache_path = c.data_cache_path;
+  o.tokenizer = c.tokenizer;
+  o.pad_id = c.pad_id;
+  o.use_cache = c.use_cache;
+  return o;
+}
+
+std::optional<int64_t> count(int64_t n) { return n >= 0 ? std::optional<int64_t>(n) : std::nullopt; }
+
+// One split of a blend (Megatron's _build_megatron_dataset_splits + BlendedDataset).
+std::shared_ptr<const SampleDataset> build_split(const GPTDataConfig& c, const Blend& blend, Split split,
+                                                 const std::string& split_string, const SplitMatrix& m,
+                                                 int64_t n, const std::string& flag, DatasetCache& cache) {
+  const auto& bookends = m[size_t(split)];
+  if (!bookends) return nullptr;
+  auto opts = options_for(c, split_string, m);
+  auto make = [&](const std::string& prefix, std::optional<int64_t> samples) -> std::shared_ptr<const SampleDataset> {
+    auto data = open_prefix(prefix, flag, cache);
+    auto range = split_range(*bookends, data->num_sequences());
+    if (range.first == range.second) {
+      MG_REQUIRE(!samples || *samples == 0, flag, ": the ", split_name(split), " split of ", prefix, " (",
+                 data->num_sequences(), " sequences, --split '", split_string,
+                 "') is empty but samples were requested; give it a larger share or use more data");
+      return nullptr;
+    }
+    return std::make_shared<const GPTDataset>(data, split, range, samples, opts);
+  };
+  if (blend.prefixes.size() == 1 && !blend.weights) return make(blend.prefixes[0], count(n));
+  std::vector<std::shared_ptr<const SampleDataset>> parts;
+  if (blend.weights) {
+    const auto& w = *blend.weights;
+    int64_t total = 0;
+    for (size_t d = 0; d < w.size(); ++d) {
+      std::optional<int64_t> need;
+      if (n >= 0) {
+        int64_t target = int64_t(std::ceil(double(n) * w[d]));
+        total += target;
+        need = int64_t(std::ceil(double(target) * (1.0 + c.mid_level_dataset_surplus)));
+      }
+      auto p = make(blend.prefixes[d], need);
+      MG_REQUIRE(p, flag, ": the ", split_name(split), " split of ", blend.prefixes[d], " is empty");
+      parts.push_back(p);
+    }
+    if (n < 0) return std::make_shared<const BlendedDataset>(parts);
+    return std::make_shared<const BlendedDataset>(parts, w, total);
+  }
+  std::vector<double> sizes;
+  int64_t sum = 0;
+  for (const auto& prefix : blend.prefixes) {
+    auto p = make(prefix, std::nullopt);
+    MG_REQUIRE(p, flag, ": the ", split_name(split), " split of ", prefix, " is empty");
+    parts.push_back(p);
+    sizes.push_back(double(p->size()));
+    sum += p->size();
+  }
+  if (n < 0) return std::make_shared<const BlendedDataset>(parts);
+  return std::make_shared<const BlendedDataset>(parts, normalize_weights(sizes), std::min(n, sum));
+}
+
+}  // namespace
+
+GPTDatasets build_gpt_datasets(const GPTDataConfig& c, std::array<int64_t, 3> n) {
+  MG_REQUIRE(c.seq_length > 0, "--seq-length must be positive (got ", c.seq_length, ")");
+  MG_REQUIRE(c.mid_level_dataset_surplus >= 0, "--mid-level-dataset-surplus must be >= 0");
+  DatasetCache cache;
+  GPTDatasets out;
+  std::shared_ptr<const SampleDataset>* slots[3] = {&out.train, &out.valid, &out.test};
+  if (!c.data_path.empty()) {
+    MG_REQUIRE(c.train_data_path.empty() && c.valid_data_path.empty() && c.test_data_path.empty(),
+               "--data-path cannot be combined with --train-data-path/--valid-data-path/--test-data-path");
+    Blend blend = parse_blend(c.data_path, "--data-path");
+    SplitMatrix m = split_matrix(parse_split(c.split, "--split"));
+    for (int s = 0; s < 3; ++s)
+      *slots[s] = build_split(c, blend, Split(s), c.split, m, n[size_t(s)], "--data-path", cache);
+    return out;
+  }
+  const std::vector<std::string>* paths[3] = {&c.train_data_path, &c.valid_data_path, &c.test_data_path};
+  const char* flags[3] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
+  bool any = false;
+  for (int s = 0; s < 3; ++s) {
+    if (paths[s]->empty()) continue;
+    any = true;
+    SplitMatrix m;
+    m[size_t(s)] = std::make_pair(0.0, 1.0);
+    *slots[s] = build_split(c, parse_blend(*paths[s], flags[s]), Split(s), "", m, n[size_t(s)], flags[s], cache);
+  }
+  MG_REQUIRE(any, "no training data: give --data-path or --train-data-path/--valid-data-path/--test-data-path");
+  return out;
+}
+
+}  // namespace megatron::data

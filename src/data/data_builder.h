@@ -1,0 +1,50 @@
+// Builds the train/valid/test GPT datasets from Megatron's data flags
+// (blended_megatron_dataset_builder.py, training.py get_train_valid_test_num_samples):
+// --data-path as "w1 p1 w2 p2 ..." or "p1 p2 ...", --split over sequences, or separate
+// --train-data-path/--valid-data-path/--test-data-path blends that use whole datasets.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/gpt_dataset.h"
+
+namespace megatron::data {
+
+struct Blend {
+  std::vector<std::string> prefixes;
+  std::optional<std::vector<double>> weights;  // normalised; nullopt: unweighted
+};
+// Megatron's get_blend_from_list. Throws megatron::Error naming `flag` for bad weights.
+Blend parse_blend(const std::vector<std::string>& args, const std::string& flag);
+
+struct GPTDataConfig {
+  std::vector<std::string> data_path;  // --data-path
+  std::string split = "969, 30, 1";    // --split (Megatron's legacy default)
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  int64_t seq_length = 0;
+  uint32_t seed = 1234;
+  std::string data_cache_path;
+  bool mmap = true;
+  std::string tokenizer;  // identifier recorded in the cache description
+  int32_t pad_id = -1;
+  double mid_level_dataset_surplus = 0.005;
+  bool use_cache = true;
+};
+
+struct GPTDatasets {
+  std::shared_ptr<const SampleDataset> train, valid, test;  // null when the split is empty
+};
+
+// num_samples: samples requested per split (train, valid, test); a negative count builds one epoch.
+GPTDatasets build_gpt_datasets(const GPTDataConfig& config, std::array<int64_t, 3> num_samples);
+
+// Megatron's get_train_valid_test_num_samples. train_samples < 0: train_iters x global batch.
+std::array<int64_t, 3> train_valid_test_num_samples(int64_t train_samples, int64_t train_iters,
+                                                    int64_t global_batch_size, int64_t eval_interval,
+                                                    int64_t eval_iters);
+
+}  // namespace megatron::data
