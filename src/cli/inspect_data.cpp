@@ -1,6 +1,8 @@
 // `megatron inspect-data PREFIX`: what an indexed dataset holds. Modes, chosen in run():
 //   (default)  summary: documents, sequences, tokens, dtype, document-length percentiles
 //   --show N   document N, decoded with the tokenizer flags (token ids without --tokenizer-type)
+//   --samples K  the first K training samples built from the training data flags (--data-path,
+//              --split, --seq-length, --seed, batch/iteration flags) exactly as training sees them
 // Each mode is one function over the opened dataset; a new mode adds its flags in setup() and
 // one branch in run().
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "data/data_builder.h"
 #include "data/indexed_dataset.h"
 #include "data/tokenizer.h"
 
@@ -21,7 +24,38 @@ struct InspectFlags {
   std::string prefix;
   std::optional<int64_t> show;  // --show N
   data::TokenizerOptions tokenizer;
+  // --samples K mode
+  std::optional<int64_t> samples;
+  std::string format = "text";
+  data::GPTDataConfig data;
+  int64_t micro_batch_size = 1, global_batch_size = -1, train_iters = 0, train_samples = -1;
+  int64_t eval_interval = 1000, eval_iters = 100;
 };
+
+void show_samples(InspectFlags f) {
+  MG_REQUIRE(!f.data.data_path.empty() || !f.data.train_data_path.empty(),
+             "--samples needs the training data: --data-path (or --train-data-path)");
+  MG_REQUIRE(f.data.seq_length > 0, "--samples needs --seq-length");
+  MG_REQUIRE(f.format == "ids" || !f.tokenizer.type.empty(),
+             "--samples prints decoded text: give the tokenizer flags, or --format ids");
+  int64_t gbs = f.global_batch_size > 0 ? f.global_batch_size : f.micro_batch_size;
+  MG_REQUIRE(f.train_iters > 0 || f.train_samples >= 0, "--samples needs --train-iters or --train-samples");
+  f.data.tokenizer = f.tokenizer.type;
+  auto n = data::train_valid_test_num_samples(f.train_samples, f.train_iters, gbs, f.eval_interval, f.eval_iters);
+  auto samples = data::first_training_samples(f.data, n, *f.samples);
+  std::unique_ptr<data::Tokenizer> tok;
+  if (f.format != "ids") tok = data::build_tokenizer(f.tokenizer);
+  for (size_t k = 0; k < samples.size(); ++k) {
+    if (tok) {
+      log_print(str("--- sample ", k, " ---"));
+      log_print(tok->decode(samples[k]));
+    } else {
+      std::string line = "[";
+      for (size_t i = 0; i < samples[k].size(); ++i) line += (i ? ", " : "") + std::to_string(samples[k][i]);
+      log_print(line + "]");
+    }
+  }
+}
 
 // Nearest-rank percentile of sorted values.
 int64_t percentile(const std::vector<int64_t>& sorted, double p) {
@@ -68,6 +102,11 @@ void show_document(const data::IndexedDataset& ds, int64_t doc, const InspectFla
 }
 
 void run(const InspectFlags& f) {
+  if (f.samples) {
+    show_samples(f);
+    return;
+  }
+  MG_REQUIRE(!f.prefix.empty(), "give a dataset PREFIX (or --samples K with the training data flags)");
   data::IndexedDataset ds(f.prefix);
   if (f.show) {
     show_document(ds, *f.show, f);
@@ -79,11 +118,25 @@ void run(const InspectFlags& f) {
 CommandRegistrar reg("inspect-data", "Show what an indexed dataset (.bin/.idx) holds", 102,
                      [](CLI::App& sub) {
                        auto f = std::make_shared<InspectFlags>();
-                       sub.add_option("prefix", f->prefix, "Dataset prefix (without .bin/.idx)")
-                           ->required();
+                       sub.add_option("prefix", f->prefix, "Dataset prefix (without .bin/.idx)");
                        sub.add_option("--show", f->show, "Print document N (decoded with the "
                                                          "tokenizer flags, else as ids)");
                        add_tokenizer_options(sub, f->tokenizer);
+                       sub.add_option("--samples", f->samples, "Print the first K training samples");
+                       sub.add_option("--format", f->format, "--samples output: text or ids (one JSON list a line)")
+                           ->check(CLI::IsMember({"text", "ids"}));
+                       sub.add_option("--data-path", f->data.data_path, "[WEIGHT] PREFIX ... blend");
+                       sub.add_option("--train-data-path", f->data.train_data_path, "[WEIGHT] PREFIX ...");
+                       sub.add_option("--split", f->data.split, "train,valid,test proportions")->capture_default_str();
+                       sub.add_option("--seq-length", f->data.seq_length, "Sequence length");
+                       sub.add_option("--seed", f->data.seed, "Random seed")->capture_default_str();
+                       sub.add_option("--data-cache-path", f->data.data_cache_path, "Index cache folder");
+                       sub.add_option("--micro-batch-size", f->micro_batch_size, "Micro-batch size");
+                       sub.add_option("--global-batch-size", f->global_batch_size, "Global batch size");
+                       sub.add_option("--train-iters", f->train_iters, "Training iterations");
+                       sub.add_option("--train-samples", f->train_samples, "Training samples");
+                       sub.add_option("--eval-interval", f->eval_interval, "Evaluation interval")->capture_default_str();
+                       sub.add_option("--eval-iters", f->eval_iters, "Evaluation iterations")->capture_default_str();
                        sub.callback([f] { run(*f); });
                      });
 

@@ -171,3 +171,19 @@ GPTDatasets build_gpt_datasets(const GPTDataConfig& c, std::array<int64_t, 3> n)
 }
 
 }  // namespace megatron::data
+
+namespace megatron::data {
+
+std::vector<std::vector<int32_t>> first_training_samples(const GPTDataConfig& config,
+                                                         std::array<int64_t, 3> num_samples, int64_t count) {
+  MG_REQUIRE(count >= 0, "the number of samples to show must be >= 0 (got ", count, ")");
+  auto ds = build_gpt_datasets(config, num_samples);
+  MG_REQUIRE(ds.train, "the training split is empty (check --split / --train-data-path)");
+  MG_REQUIRE(count <= ds.train->size(), "asked for ", count, " samples but the training dataset has ",
+             ds.train->size());
+  std::vector<std::vector<int32_t>> out;
+  for (int64_t k = 0; k < count; ++k) out.push_back(ds.train->sample(k));
+  return out;
+}
+
+}  // namespace megatron::data

@@ -48,3 +48,12 @@ std::array<int64_t, 3> train_valid_test_num_samples(int64_t train_samples, int64
                                                     int64_t eval_iters);
 
 }  // namespace megatron::data
+
+namespace megatron::data {
+
+// The first `count` training samples (S+1 tokens each) in the order a single data-parallel rank
+// consumes them (global sample ids 0, 1, ...). Throws when the train split is empty.
+std::vector<std::vector<int32_t>> first_training_samples(const GPTDataConfig& config,
+                                                         std::array<int64_t, 3> num_samples, int64_t count);
+
+}  // namespace megatron::data
