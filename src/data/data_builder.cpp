@@ -49,6 +49,16 @@ Blend parse_blend(const std::vector<std::string>& args, const std::string& flag)
   return b;
 }
 
+GPTBatchOptions batch_options(const GPTDataConfig& c) {
+  GPTBatchOptions o;
+  o.eod_id = c.eod_id;
+  o.pad_id = c.pad_id;
+  o.reset_position_ids = c.reset_position_ids;
+  o.reset_attention_mask = c.reset_attention_mask;
+  o.eod_mask_loss = c.eod_mask_loss;
+  return o;
+}
+
 std::array<int64_t, 3> train_valid_test_num_samples(int64_t train_samples, int64_t train_iters, int64_t gbs,
                                                     int64_t eval_interval, int64_t eval_iters) {
   int64_t train = train_samples >= 0 ? train_samples : train_iters * gbs;

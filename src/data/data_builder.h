@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "data/gpt_batch.h"
 #include "data/gpt_dataset.h"
 
 namespace megatron::data {
@@ -28,12 +29,21 @@ struct GPTDataConfig {
   int64_t seq_length = 0;
   uint32_t seed = 1234;
   std::string data_cache_path;
-  bool mmap = true;
+  bool mmap = true;  // --no-mmap-bin-files is accepted; the .bin is always memory-mapped
   std::string tokenizer;  // identifier recorded in the cache description
   int32_t pad_id = -1;
   double mid_level_dataset_surplus = 0.005;
   bool use_cache = true;
+  // Batch construction (--eod id from the tokenizer, --reset-position-ids, --reset-attention-mask,
+  // --eod-mask-loss); see batch_options().
+  int32_t eod_id = 0;
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool eod_mask_loss = false;
 };
+
+// The batch options the config implies (eod, pad and the three mask/position flags).
+GPTBatchOptions batch_options(const GPTDataConfig& config);
 
 struct GPTDatasets {
   std::shared_ptr<const SampleDataset> train, valid, test;  // null when the split is empty

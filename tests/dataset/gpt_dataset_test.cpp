@@ -251,8 +251,12 @@ TEST(GPTBatch, SamplerResumeContinuesExactly) {
   TempDir dir;
   auto prefix = (dir / "d").string();
   write_dataset(prefix, 80, 30, 10);
-  auto ds = build_gpt_datasets(config_for({prefix}, (dir / "c").string()), {64, 8, 8});
-  GPTBatchOptions o;
+  auto cfg = config_for({prefix}, (dir / "c").string());
+  cfg.eod_mask_loss = true;
+  auto ds = build_gpt_datasets(cfg, {64, 8, 8});
+  GPTBatchOptions o = batch_options(cfg);
+  EXPECT_TRUE(o.eod_mask_loss);
+  EXPECT_EQ(o.eod_id, kEod);
   for (int rank = 0; rank < 2; ++rank) {
     PretrainingSampler straight(*ds.train, 0, 2, rank, 2, o);
     std::vector<std::vector<int64_t>> ids;
