@@ -2,7 +2,7 @@
 // loopback port, C clients each sending R requests (PUT /api, 16-token prompt, 16 tokens
 // greedy) back to back. Prints requests/s, generated tokens/s and latency p50/p90/p99.
 //   build/bench/generate_server_bench [--clients 16 --requests 8 --layers 4 --hidden 256
-//                                      --heads 4 --tokens 16 --max-batch 16]
+//                                      --heads 4 --tokens 16 --max-batch 16 --window-us 0]
 #include <httplib.h>
 
 #include <algorithm>
@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   const int64_t clients = f.get("--clients", 16), requests = f.get("--requests", 8),
                 layers = f.get("--layers", 4), hidden = f.get("--hidden", 256),
                 heads = f.get("--heads", 4), tokens = f.get("--tokens", 16),
-                max_batch = f.get("--max-batch", 16);
+                max_batch = f.get("--max-batch", 16), window_us = f.get("--window-us", 0);
   set_log_level(LogLevel::Warn);
   data::NullTokenizer tokenizer(50257);
   const auto cfg = bench::bench_config(layers, hidden, heads, 50304, 256);
@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   inference::ServerOptions options;
   options.port = 0;
   options.max_batch_size = int(max_batch);
+  options.batch_window_ms = double(window_us) / 1000.0;
   options.max_queue_size = size_t(clients) * 2;
   inference::TextGenerationServer server(model, tokenizer, options);
   const int port = server.bind();
@@ -70,9 +71,9 @@ int main(int argc, char** argv) {
     return latencies.empty() ? 0.0 : latencies[std::min(latencies.size() - 1, size_t(p * double(latencies.size())))];
   };
   std::printf("model: %lld layers, hidden %lld, heads %lld, vocab 50304; %lld clients x %lld requests, "
-              "16-token prompts, %lld tokens greedy, max batch %lld\n",
+              "16-token prompts, %lld tokens greedy, max batch %lld, batch window %lld us\n",
               (long long)layers, (long long)hidden, (long long)heads, (long long)clients,
-              (long long)requests, (long long)tokens, (long long)max_batch);
+              (long long)requests, (long long)tokens, (long long)max_batch, (long long)window_us);
   std::printf("| requests | failed | requests/s | generated tokens/s | p50 ms | p90 ms | p99 ms |\n"
               "|---|---|---|---|---|---|---|\n");
   std::printf("| %zu | %lld | %.2f | %.1f | %.1f | %.1f | %.1f |\n", latencies.size(),

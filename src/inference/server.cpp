@@ -44,7 +44,7 @@ struct TextGenerationServer::Impl {
   Impl(LanguageModel& model, const data::Tokenizer& tokenizer, ServerOptions o)
       : options(std::move(o)),
         scheduler(model, tokenizer.vocab_size(), SpecialTokens::from_tokenizer(tokenizer),
-                  options.max_batch_size, options.max_queue_size) {
+                  options.max_batch_size, options.max_queue_size, options.batch_window_ms) {
     ctx.tokenizer = &tokenizer;
     ctx.vocab = tokenizer.vocab_size();
     ctx.max_sequence_length = model.max_sequence_length();
@@ -141,6 +141,8 @@ TextGenerationServer::TextGenerationServer(LanguageModel& model, const data::Tok
   MG_REQUIRE(options.port >= 0 && options.port <= 65535, "--port must be in [0, 65535], got ",
              options.port);
   MG_REQUIRE(options.max_batch_size >= 1, "--max-batch-size must be >= 1");
+  MG_REQUIRE(options.batch_window_ms >= 0.0 && options.batch_window_ms <= 1000.0,
+             "--batch-window-ms must be in [0, 1000]");
   MG_REQUIRE(options.max_request_bytes >= 64, "--max-request-bytes must be >= 64");
   MG_REQUIRE(options.max_tokens_to_generate >= 1, "--max-tokens-to-generate must be >= 1");
   impl_ = std::make_unique<Impl>(model, tokenizer, std::move(options));

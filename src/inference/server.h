@@ -26,6 +26,7 @@ struct ServerOptions {
   int port = 5000;              // 0 picks a free port (see bound_port())
   std::string api_key;          // when set, every request needs "Authorization: Bearer <key>"
   int max_batch_size = 8;       // rows decoded together
+  double batch_window_ms = 0.0; // how long the scheduler waits for more requests to fill a batch
   size_t max_queue_size = 64;   // jobs waiting; more get 503
   size_t max_request_bytes = 1 << 20;
   int64_t max_tokens_to_generate = 1024;

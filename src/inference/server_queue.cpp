@@ -2,6 +2,7 @@
 #include "inference/server_queue.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 
 #include "core/log.h"
@@ -29,12 +30,13 @@ void Job::mark_finished() {
 }
 
 Scheduler::Scheduler(LanguageModel& model, int64_t vocab, SpecialTokens special,
-                     int max_batch_size, size_t max_queue_size)
+                     int max_batch_size, size_t max_queue_size, double batch_window_ms)
     : model_(model),
       vocab_(vocab),
       special_(std::move(special)),
       max_batch_size_(std::max(1, max_batch_size)),
-      max_queue_size_(std::max<size_t>(1, max_queue_size)) {
+      max_queue_size_(std::max<size_t>(1, max_queue_size)),
+      batch_window_ms_(std::max(0.0, batch_window_ms)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -91,11 +93,23 @@ void Scheduler::loop() {
       queue_.pop_front();
       if (batch[0]->kind == Job::Kind::Sampling) {
         int64_t rows = int64_t(batch[0]->rows.size());
-        while (!queue_.empty() && queue_.front()->kind == Job::Kind::Sampling &&
-               rows + int64_t(queue_.front()->rows.size()) <= max_batch_size_) {
-          rows += int64_t(queue_.front()->rows.size());
-          batch.push_back(queue_.front());
-          queue_.pop_front();
+        const auto deadline = std::chrono::steady_clock::now() +
+                              std::chrono::microseconds(int64_t(batch_window_ms_ * 1000.0));
+        for (;;) {
+          while (!queue_.empty() && queue_.front()->kind == Job::Kind::Sampling &&
+                 rows + int64_t(queue_.front()->rows.size()) <= max_batch_size_) {
+            rows += int64_t(queue_.front()->rows.size());
+            batch.push_back(queue_.front());
+            queue_.pop_front();
+          }
+          // Stop when full, when the next job cannot join (FIFO), or when the window is over.
+          if (rows >= max_batch_size_ || !queue_.empty() || stopping_ ||
+              cv_.wait_until(lock, deadline) == std::cv_status::timeout)
+            break;
+        }
+        if (stopping_) {
+          for (auto it = batch.rbegin(); it != batch.rend(); ++it) queue_.push_front(*it);
+          return;
         }
       }
     }

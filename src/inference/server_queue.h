@@ -1,7 +1,7 @@
 // The server's request queue and scheduler. HTTP threads submit jobs; one scheduler thread
 // owns the model and runs them. Jobs are served first come, first served: the scheduler takes
 // the oldest job and, while the batch has room (max_batch_size rows), the jobs queued right
-// behind it, and decodes them as one batch (every row carries its own sampling settings, so any
+// behind it (waiting up to batch_window_ms for them to arrive), and decodes them as one batch (every row carries its own sampling settings, so any
 // sampling jobs are compatible). Beam search jobs run alone; a job with more rows than the batch
 // size runs in consecutive chunks. The queue is bounded: submit() refuses a job when
 // max_queue_size jobs are waiting, so an overloaded server answers 503 instead of growing.
@@ -56,8 +56,10 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
+  // batch_window_ms: after taking the oldest job, wait this long at most for more jobs to fill
+  // the batch (clients that resubmit together then share a batch instead of one running alone).
   Scheduler(LanguageModel& model, int64_t vocab, SpecialTokens special, int max_batch_size,
-            size_t max_queue_size);
+            size_t max_queue_size, double batch_window_ms = 0.0);
   ~Scheduler();  // stops and joins; queued jobs finish with an error
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -76,6 +78,7 @@ class Scheduler {
   SpecialTokens special_;
   int max_batch_size_;
   size_t max_queue_size_;
+  double batch_window_ms_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;

@@ -62,6 +62,19 @@ TEST(Scheduler, BatchesQueuedJobsInOrderAndChunksLargeOnes) {
   EXPECT_EQ(stats.batches, 3);
 }
 
+TEST(Scheduler, BatchWindowLetsLateJobsJoin) {
+  FakeModel model(32, 64);
+  Scheduler scheduler(model, 30, SpecialTokens{}, 4, 16, 200.0);
+  auto a = sampling_job({{1}}, 2), b = sampling_job({{2}}, 2);
+  ASSERT_TRUE(scheduler.submit(a));
+  wait_until_dequeued(scheduler);  // a waits in the window for company
+  ASSERT_TRUE(scheduler.submit(b));
+  a->wait();
+  b->wait();
+  EXPECT_EQ(scheduler.stats().batches, 1);
+  EXPECT_EQ(b->results.at(0).tokens, alone({2}, 2));
+}
+
 TEST(Scheduler, BeamSearchRunsAloneAndFailuresAreReported) {
   FakeModel model(32, 16);
   Scheduler scheduler(model, 30, SpecialTokens{}, 8, 16);
