@@ -1,0 +1,132 @@
+// AdamW / SGD over fp32 main parameters with loss-scale unscaling, inf/NaN skip and clipping.
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace megatron::optim {
+
+OptimizerType parse_optimizer_type(const std::string& s) {
+  if (s == "adam") return OptimizerType::Adam;
+  if (s == "sgd") return OptimizerType::SGD;
+  MG_THROW("--optimizer: unknown value '", s, "'; use adam or sgd");
+}
+
+namespace {
+
+void scale_inplace(const Tensor& t, float factor) {
+  MG_CHECK(t.dtype() == DType::F32 && t.is_contiguous(), "grads must be contiguous fp32");
+  float* p = t.data<float>();
+  const int64_t n = t.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) p[i] *= factor;
+}
+
+// torch.optim.SGD with momentum and (coupled) weight decay:
+//   g += wd * p; buf = first ? g : momentum * buf + g; p -= lr * buf
+void sgd_step(const Tensor& main, const Tensor& grad, const Tensor& buf, double lr, double wd,
+              double momentum, bool first) {
+  float* p = main.data<float>();
+  const float* g = grad.data<float>();
+  float* b = buf.data<float>();
+  const int64_t n = main.numel();
+  const float flr = float(lr), fwd = float(wd), fm = float(momentum);
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = g[i] + fwd * p[i];
+    float bi = momentum == 0.0 ? gi : (first ? gi : fm * b[i] + gi);
+    b[i] = bi;
+    p[i] -= flr * bi;
+  }
+}
+
+}  // namespace
+
+double global_l2_norm(const std::vector<Tensor>& tensors) {
+  double sq = 0.0;
+  for (const Tensor& t : tensors) sq += ops::l2_norm_squared(t);
+  return std::sqrt(sq);
+}
+
+Optimizer::Optimizer(model::ParameterList params, const OptimizerConfig& cfg)
+    : params_(std::move(params)), cfg_(cfg) {
+  MG_REQUIRE(cfg.clip_grad >= 0.0, "--clip-grad must be >= 0 (got ", cfg.clip_grad, ")");
+  MG_REQUIRE(cfg.adam_beta1 >= 0.0 && cfg.adam_beta1 < 1.0, "--adam-beta1 must be in [0, 1)");
+  MG_REQUIRE(cfg.adam_beta2 >= 0.0 && cfg.adam_beta2 < 1.0, "--adam-beta2 must be in [0, 1)");
+  MG_REQUIRE(cfg.adam_eps > 0.0, "--adam-eps must be > 0");
+  MG_REQUIRE(cfg.sgd_momentum >= 0.0, "--sgd-momentum must be >= 0");
+  state_.reserve(params_.size());
+  for (model::Parameter* p : params_) {
+    MG_CHECK(p != nullptr && p->value.defined() && p->grad.defined(), "parameter without storage");
+    MG_CHECK(p->grad.dtype() == DType::F32 && p->grad.numel() == p->value.numel(),
+             "parameter ", p->name, ": grad must be fp32 of the value's size");
+    ParamState s;
+    s.main = p->value.dtype() == DType::F32 ? p->value : p->value.to(DType::F32);
+    s.exp_avg = Tensor::zeros(p->value.shape(), DType::F32);
+    if (cfg.type == OptimizerType::Adam) s.exp_avg_sq = Tensor::zeros(p->value.shape(), DType::F32);
+    state_.push_back(std::move(s));
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (model::Parameter* p : params_) p->grad.zero_();
+}
+
+void Optimizer::reload_main_from_model() {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (state_[i].main.storage() != params_[i]->value.storage()) state_[i].main.copy_(params_[i]->value);
+}
+
+void Optimizer::copy_main_to_model() {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (state_[i].main.storage() != params_[i]->value.storage()) params_[i]->value.copy_(state_[i].main);
+}
+
+StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler) {
+  StepResult r;
+  std::vector<Tensor> grads;
+  grads.reserve(params_.size());
+  for (model::Parameter* p : params_) grads.push_back(p->grad);
+  const double inv = scaler.inv_scale();
+  if (inv != 1.0)
+    for (const Tensor& g : grads) scale_inplace(g, float(inv));
+  bool finite = true;
+  for (const Tensor& g : grads) finite = finite && ops::all_finite(g);
+  scaler.update(!finite);
+  if (!finite) {
+    r.skipped = true;
+    r.grad_norm = std::nan("");
+    return r;
+  }
+  r.grad_norm = global_l2_norm(grads);
+  if (cfg_.clip_grad > 0.0) {
+    const double coeff = cfg_.clip_grad / (r.grad_norm + 1e-6);
+    if (coeff < 1.0)
+      for (const Tensor& g : grads) scale_inplace(g, float(coeff));
+  }
+  ++step_count_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    model::Parameter& p = *params_[i];
+    ParamState& s = state_[i];
+    const double wd = p.weight_decay ? weight_decay : 0.0;
+    const bool separate = s.main.storage() != p.value.storage();
+    if (cfg_.type == OptimizerType::Adam) {
+      ops::AdamWConfig ac;
+      ac.lr = float(lr);
+      ac.beta1 = float(cfg_.adam_beta1);
+      ac.beta2 = float(cfg_.adam_beta2);
+      ac.eps = float(cfg_.adam_eps);
+      ac.weight_decay = float(wd);
+      ac.step = step_count_;
+      ops::adamw_step(s.main, p.grad, s.exp_avg, s.exp_avg_sq, separate ? p.value : Tensor(), ac);
+    } else {
+      sgd_step(s.main, p.grad, s.exp_avg, lr, wd, cfg_.sgd_momentum, step_count_ == 1);
+      if (separate) p.value.copy_(s.main);
+    }
+  }
+  return r;
+}
+
+}  // namespace megatron::optim
