@@ -1,0 +1,74 @@
+// FLOPs formula and log-line formatting (Megatron's field order and number formats).
+#include "training/metrics.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+namespace megatron::training {
+
+double flops_per_iteration(const FlopsModel& m, int64_t global_batch_size) {
+  const double B = double(global_batch_size), s = double(m.seq_length), h = double(m.hidden_size);
+  const double n = double(m.num_attention_heads);
+  const double d = m.kv_channels > 0 ? double(m.kv_channels) : h / n;
+  const double g = m.num_query_groups > 0 ? double(m.num_query_groups) : n;
+  const double q = d * n, kv = d * g;
+  const double F = m.ffn_hidden_size > 0 ? double(m.ffn_hidden_size) : 4 * h;
+  const double f_exp = m.swiglu ? 3.0 : 2.0;
+  const double L = double(m.num_layers), V = double(m.padded_vocab_size);
+  return B * s * (6 * h * F * f_exp * L + 6 * L * (h * (q + 2 * kv) + q * h) + 6 * h * V) +
+         B * s * s * 6 * q * L;
+}
+
+namespace {
+std::string timestamp() {
+  auto now = std::chrono::system_clock::now();
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
+            1000000;
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "[%04d-%02d-%02d %02d:%02d:%02d.%06lld]", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long long)us);
+  return buf;
+}
+}  // namespace
+
+std::string format_log_line(const IntervalStats& s) {
+  char buf[1024];
+  std::string out = timestamp();
+  std::snprintf(buf, sizeof buf, " iteration %8lld/%8lld | consumed samples: %12lld | ",
+                (long long)s.iteration, (long long)s.train_iters, (long long)s.consumed_samples);
+  out += buf;
+  std::snprintf(buf, sizeof buf, "elapsed time per iteration (ms): %.1f | ", s.elapsed_ms_per_iter);
+  out += buf;
+  if (s.log_throughput) {
+    std::snprintf(buf, sizeof buf, "throughput per GPU (TFLOP/s/GPU): %.1f | ", s.tflops_per_device);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "tokens per second: %.1f | learning rate: %.6E | global batch size: %5lld | ",
+                s.tokens_per_second, s.learning_rate, (long long)s.global_batch_size);
+  out += buf;
+  std::snprintf(buf, sizeof buf, "lm loss: %.6E | loss scale: %.1f | ", s.lm_loss, s.loss_scale);
+  out += buf;
+  if (!std::isnan(s.grad_norm)) {
+    std::snprintf(buf, sizeof buf, "grad norm: %.3f | ", s.grad_norm);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "number of skipped iterations: %3lld | number of nan iterations: %3lld |",
+                (long long)s.skipped_iterations, (long long)s.nan_iterations);
+  out += buf;
+  return out;
+}
+
+std::string format_validation_line(int64_t iteration, double loss) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | ",
+                (long long)iteration, loss, std::exp(std::min(20.0, loss)));
+  return buf;
+}
+
+}  // namespace megatron::training

@@ -1,0 +1,33 @@
+// Training metrics: Megatron's FLOPs-per-iteration formula (spec §6.3, current vintage with the
+// causal halving of the attention term) and the per-interval log line (spec §6.1).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace megatron::training {
+
+struct FlopsModel {
+  int64_t num_layers = 0, hidden_size = 0, num_attention_heads = 0, kv_channels = 0;
+  int64_t num_query_groups = 0, ffn_hidden_size = 0, seq_length = 0, padded_vocab_size = 0;
+  bool swiglu = false;
+};
+double flops_per_iteration(const FlopsModel& m, int64_t global_batch_size);
+
+struct IntervalStats {
+  int64_t iteration = 0, train_iters = 0, consumed_samples = 0;
+  double elapsed_ms_per_iter = 0;
+  bool log_throughput = false;
+  double tflops_per_device = 0;
+  double learning_rate = 0;
+  int64_t global_batch_size = 0;
+  double lm_loss = 0;
+  double loss_scale = 1.0;
+  double grad_norm = 0;  // NaN when no advanced iteration in the interval
+  int64_t skipped_iterations = 0, nan_iterations = 0;
+  double tokens_per_second = 0;
+};
+std::string format_log_line(const IntervalStats& s);  // with the [timestamp] prefix
+std::string format_validation_line(int64_t iteration, double loss);
+
+}  // namespace megatron::training
