@@ -117,6 +117,8 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--exit-interval", a.exit_interval, "Stop after a multiple of this many iterations");
   sub.add_option("--exit-duration-in-mins", a.exit_duration_in_mins, "Stop after this many minutes");
   sub.add_flag("--exit-signal-handler", a.exit_signal_handler, "SIGTERM/SIGINT finish the step and exit");
+  sub.add_option("--save", a.save, "Checkpoint folder to write");
+  sub.add_option("--save-interval", a.save_interval, "Iterations between checkpoints");
   sub.callback([f] { run(*f); });
 });
 

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "optim/grad_scaler.h"
+#include "training/checkpoint.h"
 #include "training/metrics.h"
 
 namespace megatron::training {
@@ -79,6 +80,9 @@ void validate_args(const TrainingArgs& a) {
   MG_REQUIRE(a.eval_interval > 0, "--eval-interval must be > 0");
   MG_REQUIRE(a.eval_iters >= 0, "--eval-iters must be >= 0");
   MG_REQUIRE(a.loss_scale >= 0, "--loss-scale must be > 0");
+  MG_REQUIRE(a.save.empty() || a.save_interval > 0,
+             "--save needs --save-interval N (> 0): how often to write a checkpoint");
+  MG_REQUIRE(a.save_interval >= 0, "--save-interval must be > 0");
 }
 
 TrainingSummary pretrain_gpt(TrainingArgs a) {
@@ -161,6 +165,23 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
   double interval_loss = 0, interval_gn = std::nan("");
   auto interval_t0 = Clock::now();
   const auto loop_t0 = Clock::now();
+
+  int64_t last_saved = -1;
+  auto save = [&](int64_t it) {
+    if (a.save.empty() || last_saved == it) return;
+    CheckpointInfo info;
+    info.iteration = it;
+    info.consumed_train_samples = consumed;
+    info.args_json = str("{\"num_layers\": ", a.model.num_layers, ", \"hidden_size\": ",
+                         a.model.hidden_size, ", \"num_attention_heads\": ",
+                         a.model.num_attention_heads, ", \"ffn_hidden_size\": ", a.model.ffn(),
+                         ", \"seq_length\": ", a.model.seq_length,
+                         ", \"max_position_embeddings\": ", a.model.max_position_embeddings,
+                         ", \"padded_vocab_size\": ", a.model.padded_vocab_size, "}");
+    const auto dir = save_checkpoint(a.save, gpt.parameters(), info);
+    log_print(str("saved checkpoint at iteration ", it, " to ", dir.string()));
+    last_saved = it;
+  };
 
   for (int64_t it = 1; it <= train_iters; ++it) {
     opt.zero_grad();
@@ -251,6 +272,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
       }
       interval_t0 = Clock::now();
     }
+    if (a.save_interval > 0 && it % a.save_interval == 0) save(it);
     if (a.exit_interval > 0 && it % a.exit_interval == 0) {
       log_print(str("exiting program at iteration ", it, " (--exit-interval)"));
       break;
@@ -265,6 +287,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
       break;
     }
   }
+  if (sum.iterations > 0) save(sum.iterations);
   const double total = seconds_since(loop_t0);
   sum.seconds_per_iteration = sum.iterations > 0 ? total / double(sum.iterations) : 0;
   sum.tokens_per_second = total > 0 ? double(sum.consumed_samples * a.model.seq_length) / total : 0;

@@ -49,6 +49,9 @@ struct TrainingArgs {
   double exit_duration_in_mins = 0;
   bool exit_signal_handler = false;
   std::string metrics_jsonl;  // --log-metrics-jsonl: one JSON object per logged interval
+  // checkpoints (saving only)
+  std::string save;  // --save
+  int64_t save_interval = 0;
 };
 
 // Checks cross-flag constraints; throws megatron::Error naming the flags.

@@ -151,3 +151,44 @@ TEST(PretrainGptCli, TrainsAndRejectsBadFlags) {
 
 }  // namespace
 }  // namespace megatron::training
+
+namespace megatron::training {
+namespace {
+
+// --save writes DIR/iter_NNNNNNN/mp_rank_00/model.safetensors + metadata.json and the tracker;
+// `megatron generate --load` reads it back.
+TEST(Checkpoint, SaveLayoutPermissionsAndGenerateLoads) {
+  testing::TempDir dir;
+  const std::string prefix = write_corpus(dir);
+  const std::string ckpt = (dir / "ckpt").string();
+  const std::string model = "--num-layers 1 --hidden-size 16 --num-attention-heads 2 --seq-length 16 "
+                            "--max-position-embeddings 16 --tokenizer-type NullTokenizer "
+                            "--vocab-size 64 --make-vocab-size-divisible-by 8 ";
+  auto nosave = testing::run_cli("pretrain-gpt " + model + "--micro-batch-size 2 --lr 1e-3 --train-iters 4 "
+                                 "--data-path " + prefix + " --save " + ckpt);
+  EXPECT_NE(nosave.output.find("--save-interval"), std::string::npos) << nosave.output;
+  auto r = testing::run_cli("pretrain-gpt " + model + "--micro-batch-size 2 --lr 1e-3 --train-iters 5 "
+                            "--data-path " + prefix + " --data-cache-path " + (dir / "cache").string() +
+                            " --split 90,10,0 --save " + ckpt + " --save-interval 2 --log-interval 5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  namespace fs = std::filesystem;
+  for (const char* it : {"iter_0000002", "iter_0000004", "iter_0000005"}) {
+    EXPECT_TRUE(fs::exists(fs::path(ckpt) / it / "mp_rank_00" / "model.safetensors")) << it;
+    EXPECT_TRUE(fs::exists(fs::path(ckpt) / it / "metadata.json")) << it;
+  }
+  EXPECT_EQ(testing::read_file(fs::path(ckpt) / "latest_checkpointed_iteration.txt"), "5");
+  const auto st = fs::status(fs::path(ckpt) / "iter_0000005" / "mp_rank_00" / "model.safetensors");
+  EXPECT_EQ(st.permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  const auto dst = fs::status(fs::path(ckpt) / "iter_0000005");
+  EXPECT_EQ(dst.permissions() & fs::perms::all,
+            fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
+  const std::string meta = testing::read_file(fs::path(ckpt) / "iter_0000005" / "metadata.json");
+  EXPECT_NE(meta.find("\"consumed_train_samples\": 10"), std::string::npos) << meta;
+  auto g = testing::run_cli("generate " + model + "--openai-gelu --load " + ckpt +
+                            " --prompt '1 2 3' --num-tokens-to-generate 4");
+  EXPECT_EQ(g.exit_code, 0) << g.output;
+}
+
+}  // namespace
+}  // namespace megatron::training
