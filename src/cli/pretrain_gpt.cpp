@@ -14,6 +14,7 @@ struct PretrainFlags {
   training::TrainingArgs a;
   int tp = 1, pp = 1, cp = 1;
   double hidden_dropout = 0.1, attention_dropout = 0.1;
+  bool openai_gelu = false;
 };
 
 void run(PretrainFlags f) {
@@ -23,6 +24,7 @@ void run(PretrainFlags f) {
   if (f.a.model.max_position_embeddings == 0) f.a.model.max_position_embeddings = f.a.model.seq_length;
   f.a.model.hidden_dropout = float(f.hidden_dropout);
   f.a.model.attention_dropout = float(f.attention_dropout);
+  f.a.model.gelu_tanh = f.openai_gelu;  // Megatron's default GeLU is the exact (erf) one
   training::TrainingSummary s = training::pretrain_gpt(f.a);
   log_print(str("training finished: ", s.iterations, " iterations, ", s.consumed_samples,
                 " samples, last lm loss ", s.last_loss, ", ", s.tokens_per_second, " tokens/s"));
@@ -47,6 +49,7 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                  "Vocab padding multiple")->capture_default_str();
   sub.add_option("--init-method-std", m.init_method_std, "Init std")->capture_default_str();
   sub.add_option("--layernorm-epsilon", m.layernorm_epsilon, "LayerNorm epsilon")->capture_default_str();
+  sub.add_flag("--openai-gelu", f->openai_gelu, "GeLU in its tanh approximation");
   sub.add_option("--hidden-dropout", f->hidden_dropout, "Hidden dropout")->capture_default_str();
   sub.add_option("--attention-dropout", f->attention_dropout, "Attention dropout")->capture_default_str();
   sub.add_option("--recompute-granularity", m.recompute_granularity, "full | selective")

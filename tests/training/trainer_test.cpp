@@ -163,7 +163,7 @@ TEST(Checkpoint, SaveLayoutPermissionsAndGenerateLoads) {
   const std::string ckpt = (dir / "ckpt").string();
   const std::string model = "--num-layers 1 --hidden-size 16 --num-attention-heads 2 --seq-length 16 "
                             "--max-position-embeddings 16 --tokenizer-type NullTokenizer "
-                            "--vocab-size 64 --make-vocab-size-divisible-by 8 ";
+                            "--vocab-size 64 --make-vocab-size-divisible-by 8 --openai-gelu ";
   auto nosave = testing::run_cli("pretrain-gpt " + model + "--micro-batch-size 2 --lr 1e-3 --train-iters 4 "
                                  "--data-path " + prefix + " --save " + ckpt);
   EXPECT_NE(nosave.output.find("--save-interval"), std::string::npos) << nosave.output;
@@ -185,7 +185,7 @@ TEST(Checkpoint, SaveLayoutPermissionsAndGenerateLoads) {
             fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
   const std::string meta = testing::read_file(fs::path(ckpt) / "iter_0000005" / "metadata.json");
   EXPECT_NE(meta.find("\"consumed_train_samples\": 10"), std::string::npos) << meta;
-  auto g = testing::run_cli("generate " + model + "--openai-gelu --load " + ckpt +
+  auto g = testing::run_cli("generate " + model + "--load " + ckpt +
                             " --prompt '1 2 3' --num-tokens-to-generate 4");
   EXPECT_EQ(g.exit_code, 0) << g.output;
 }
