@@ -37,7 +37,11 @@ python3 - "$ours_ms" "$ours_loss" "$ours_rss" "$flops" "$peak" "$ref" <<'PY'
 import json, sys
 ms, loss, rss, gflops, peak, ref = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), json.loads(sys.argv[6])
 tokens = 8 * 256
-ref_gflops = gflops * ms / (ref["step_s"] * 1000)
+# Megatron's FLOPs per iteration (spec 6.3): B=8, s=256, h=384, L=6, F=4h, V=50304.
+B, S, h, L, V = 8, 256, 384, 6, 50304
+fl = B * S * (6 * h * 4 * h * 2 * L + 6 * L * (h * 3 * h + h * h) + 6 * h * V) + B * S * S * 6 * h * L
+gflops = fl / (ms / 1000) / 1e9
+ref_gflops = fl / ref["step_s"] / 1e9
 print(f"| program | tokens/s | step (ms) | peak RSS (MiB) | loss after N | GFLOP/s | of FMA peak ({peak:.0f} GFLOP/s) |")
 print("|---|---|---|---|---|---|---|")
 print(f"| megatron pretrain-gpt | {tokens/(ms/1000):.0f} | {ms:.0f} | {rss:.0f} | {loss:.4f} | {gflops:.1f} | {100*gflops/peak:.1f}% |")
