@@ -31,6 +31,13 @@ void embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight);
 // dweight[ids[i], :] += dout[i, :] (deterministic: rows of dweight are owned by one thread and
 // visited in token order).
 void embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout);
+// Vocab-parallel lookup (Megatron's VocabParallelEmbedding): weight holds vocabulary rows
+// [vocab_start, vocab_start + V) of the full table; ids outside that range give zero rows in
+// forward and nothing in backward (another tensor-parallel rank owns them). Any id is accepted.
+void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight,
+                                  int64_t vocab_start);
+void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,
+                                  int64_t vocab_start);
 
 // ---- LayerNorm over the last dim ----------------------------------------------------------------
 // x, out [n, h]; weight, bias [h]; mean, rstd [n] (saved for backward).
@@ -56,6 +63,10 @@ struct DropoutSpec {
   float p = 0.0f;       // drop probability; 0 = identity
   uint64_t seed = 0;
   uint64_t stream = 0;  // distinct per (micro-batch, layer, site)
+  // Philox index of the tensor's first element within the stream: a shard of a larger tensor
+  // (sequence parallelism) passes its first element's index in the whole tensor, so its mask
+  // is the matching slice of the unsharded mask.
+  uint64_t element_offset = 0;
   bool active() const { return p > 0.0f; }
 };
 void dropout_fwd(const Tensor& out, const Tensor& x, const DropoutSpec& d);     // out may alias x
@@ -79,6 +90,10 @@ struct AttentionShape {
   int64_t batch = 0, seq = 0;
   int heads = 0, groups = 0, head_dim = 0;
   float softmax_scale = 0.0f;  // usually 1/sqrt(head_dim)
+  // Tensor parallelism: these `heads` are heads [head_offset, head_offset + heads) of a layer
+  // with total_heads heads (0 = heads). Dropout masks are indexed by the global head, so they
+  // do not depend on how heads are split across ranks.
+  int head_offset = 0, total_heads = 0;
 };
 void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
                    const Tensor& attention_start, const AttentionShape& shape,

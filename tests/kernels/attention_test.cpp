@@ -107,6 +107,41 @@ void run_case(const Case& c) {
   }
 }
 
+// Tensor parallelism: the heads of query groups [g0, g0 + gl) run alone (their QKV columns, with
+// head_offset / total_heads set) give exactly the full run's output columns and gradients,
+// dropout included, because masks are indexed by the global head.
+TEST(Attention, HeadSubsetMatchesFullRunWithDropout) {
+  const int64_t b = 2, s = 7;
+  const int n = 4, g = 2, d = 3, hpg = n / g, gl = 1;
+  const int64_t gw = int64_t(hpg + 2) * d, W = g * gw;
+  Tensor qkv = randn({b, s, W}, 51), dctx = randn({b, s, int64_t(n) * d}, 52);
+  const DropoutSpec drop{0.3f, 5, 9};
+  AttentionShape full{b, s, n, g, d, 1.0f / std::sqrt(float(d))};
+  Tensor ctx = Tensor::empty({b, s, int64_t(n) * d}, DType::F32);
+  Tensor lse = Tensor::empty({b, n, s}, DType::F32), dqkv = Tensor::empty(qkv.shape(), DType::F32);
+  attention_fwd(ctx, lse, Tensor(), qkv, Tensor(), full, drop);
+  attention_bwd(dqkv, dctx, qkv, lse, Tensor(), Tensor(), full, drop);
+  for (int g0 = 0; g0 < g; g0 += gl) {
+    AttentionShape part = full;
+    part.heads = gl * hpg;
+    part.groups = gl;
+    part.head_offset = g0 * hpg;
+    part.total_heads = n;
+    auto cols = [&](const Tensor& t, int64_t first, int64_t width) {
+      return t.view({b * s, -1}).narrow(1, first, width).contiguous();
+    };
+    const int64_t c0 = int64_t(g0) * hpg * d, cw = int64_t(gl) * hpg * d;
+    Tensor q = cols(qkv, g0 * gw, gl * gw), dc = cols(dctx, c0, cw);
+    Tensor c = Tensor::empty(dc.shape(), DType::F32);
+    Tensor l = Tensor::empty({b, gl * hpg, s}, DType::F32);
+    Tensor dq = Tensor::empty(q.shape(), DType::F32);
+    attention_fwd(c, l, Tensor(), q, Tensor(), part, drop);
+    attention_bwd(dq, dc, q, l, Tensor(), Tensor(), part, drop);
+    EXPECT_EQ(c.to_float_vector(), cols(ctx, c0, cw).to_float_vector());
+    EXPECT_EQ(dq.to_float_vector(), cols(dqkv, g0 * gw, gl * gw).to_float_vector());
+  }
+}
+
 TEST(Attention, PlainCausal) { run_case({2, 9, 2, 2, 4, 0.0f, false}); }
 TEST(Attention, GroupedQueryWithStarts) { run_case({2, 8, 4, 2, 3, 0.0f, true}); }
 TEST(Attention, DropoutWithStartsSingleGroup) { run_case({1, 10, 3, 1, 4, 0.3f, true}); }

@@ -85,6 +85,32 @@ TEST(Ops, EmbeddingForwardBackwardDeterministic) {
   EXPECT_THROW(embedding_fwd(out, Tensor::from_vector(idv, {n}), w), Error);
 }
 
+// Vocab-parallel lookup: a shard [start, start + Vl) of the table gives the full table's rows for
+// its ids and zero rows for the others; backward touches only its own rows.
+TEST(Ops, VocabParallelEmbeddingMasksOtherShards) {
+  const int64_t V = 12, h = 5, n = 30, start = 4, Vl = 4;
+  Tensor w = randn({V, h}, 40);
+  std::vector<int32_t> idv(n);
+  for (int64_t i = 0; i < n; ++i) idv[size_t(i)] = int32_t((i * 5) % V);
+  Tensor ids = Tensor::from_vector(idv, {n});
+  Tensor shard = w.narrow(0, start, Vl).contiguous();
+  Tensor out = Tensor::full({n, h}, 9.0, DType::F32);
+  vocab_parallel_embedding_fwd(out, ids, shard, start);
+  std::vector<double> ref;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool mine = idv[size_t(i)] >= start && idv[size_t(i)] < start + Vl;
+    for (int64_t j = 0; j < h; ++j)
+      ref.push_back(mine ? w.item_as_double(idv[size_t(i)] * h + j) : 0.0);
+  }
+  expect_close("vocab_parallel_embedding_fwd", out, ref, 0, 0);
+  Tensor g = randn({n, h}, 41);
+  Tensor full_dw = Tensor::zeros({V, h}, DType::F32), dw = Tensor::zeros({Vl, h}, DType::F32);
+  embedding_bwd(full_dw, ids, g);
+  vocab_parallel_embedding_bwd(dw, ids, g, start);
+  expect_close("vocab_parallel_embedding_bwd", dw,
+               to_double(full_dw.narrow(0, start, Vl).contiguous()), 0, 0);
+}
+
 TEST(Ops, LayerNormForwardBackward) {
   const int64_t n = 13, h = 24;
   Tensor x = randn({n, h}, 9, 2.0f), w = randn({h}, 10), b = randn({h}, 11), g = randn({n, h}, 12);
@@ -191,6 +217,12 @@ TEST(Ops, DropoutMasksFromPhilox) {
   Tensor dx = Tensor::empty({n}, DType::F32);
   dropout_bwd(dx, x, d);  // same mask, linear
   expect_close("dropout_bwd", dx, ref, 1e-6);
+  // A shard starting at element k (element_offset = k) gets the slice [k, ...) of the mask.
+  DropoutSpec shard_spec = d;
+  shard_spec.element_offset = 12345;
+  Tensor ys = Tensor::empty({n - 12345}, DType::F32);
+  dropout_fwd(ys, x.narrow(0, 12345, n - 12345).contiguous(), shard_spec);
+  EXPECT_EQ(ys.to_float_vector(), y.narrow(0, 12345, n - 12345).contiguous().to_float_vector());
   // bias-dropout-add: out = res + drop(x + b); backward dbias += colsum(drop(dout)).
   Tensor o = Tensor::empty({n, 1}, DType::F32);
   bias_dropout_add_fwd(o, x.view({n, 1}), bias, res.view({n, 1}), d);

@@ -19,6 +19,11 @@ namespace {
 struct Layout {
   int64_t b, s, width, ctx_width;
   int n, g, hpg, d;
+  int head_offset, total_heads;  // dropout indexes heads globally (tensor parallelism)
+  // First Philox element of row i of head `head`'s s x s dropout mask.
+  uint64_t dropout_first(int64_t bi, int head, int64_t i, const DropoutSpec& d) const {
+    return d.element_offset + uint64_t(((bi * total_heads + head_offset + head) * s + i) * s);
+  }
   // Column offsets inside one token's QKV row.
   int64_t q(int head) const { return int64_t(head / hpg) * (hpg + 2) * d + int64_t(head % hpg) * d; }
   int64_t k(int group) const { return int64_t(group) * (hpg + 2) * d + int64_t(hpg) * d; }
@@ -31,7 +36,11 @@ Layout check(const char* op, const Tensor& qkv, const Tensor& ctx, const Tensor&
   cpu::require_f32(op, "ctx", ctx);
   MG_CHECK(sh.heads > 0 && sh.groups > 0 && sh.heads % sh.groups == 0, op, ": heads ", sh.heads,
            " not a multiple of groups ", sh.groups);
-  Layout L{sh.batch, sh.seq, 0, 0, sh.heads, sh.groups, sh.heads / sh.groups, sh.head_dim};
+  const int total = sh.total_heads > 0 ? sh.total_heads : sh.heads;
+  MG_CHECK(sh.head_offset >= 0 && sh.head_offset + sh.heads <= total, op, ": heads [",
+           sh.head_offset, ", ", sh.head_offset + sh.heads, ") outside the layer's ", total);
+  Layout L{sh.batch, sh.seq, 0, 0, sh.heads, sh.groups, sh.heads / sh.groups, sh.head_dim,
+           sh.head_offset, total};
   L.width = int64_t(L.g) * (L.hpg + 2) * L.d;
   L.ctx_width = int64_t(L.n) * L.d;
   MG_CHECK(qkv.numel() == L.b * L.s * L.width, op, ": qkv ", shape_str(qkv.shape()),
@@ -93,8 +102,7 @@ const float* apply_dropout(float* Pd, const float* P, const Layout& L, int64_t b
   if (!d.active()) return P;
   const int64_t s = L.s;
   for (int64_t i = 0; i < s; ++i) {
-    const uint64_t first = uint64_t(((bi * L.n + head) * s + i) * s);
-    cpu::dropout_row(keep.data(), i + 1, first, rng, d.p);  // keys > i are zero anyway
+    cpu::dropout_row(keep.data(), i + 1, L.dropout_first(bi, head, i, d), rng, d.p);  // keys > i are zero anyway
     for (int64_t j = 0; j <= i; ++j) Pd[i * s + j] = P[i * s + j] * keep[size_t(j)];
     for (int64_t j = i + 1; j < s; ++j) Pd[i * s + j] = 0;
   }
@@ -194,8 +202,8 @@ void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, co
           float* dpr = dP + i * s;
           const float* pr = P + i * s;
           if (dropout.active()) {
-            const uint64_t first = uint64_t(((bi * L.n + head) * s + i) * s);
-            cpu::dropout_row(keep.data(), i + 1, first, rng, dropout.p);
+            cpu::dropout_row(keep.data(), i + 1, L.dropout_first(bi, head, i, dropout), rng,
+                             dropout.p);
             for (int64_t j = 0; j <= i; ++j) dpr[j] *= keep[size_t(j)];
           }
           float D = 0;

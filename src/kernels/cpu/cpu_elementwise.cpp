@@ -53,6 +53,51 @@ void embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout)
   }
 }
 
+void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight,
+                                  int64_t vocab_start) {
+  require_f32("vocab_parallel_embedding_fwd", "out", out);
+  require_f32("vocab_parallel_embedding_fwd", "weight", weight);
+  cpu::require_cpu("vocab_parallel_embedding_fwd", ids);
+  MG_CHECK(ids.dtype() == DType::I32 && ids.is_contiguous(),
+           "vocab_parallel_embedding_fwd: ids must be contiguous int32");
+  const int64_t n = ids.numel(), h = weight.size(1), V = weight.size(0);
+  MG_CHECK(out.numel() == n * h, "vocab_parallel_embedding_fwd: out has ", out.numel(),
+           " elements, want ", n * h);
+  const int32_t* id = ids.data<int32_t>();
+  const float* w = weight.data<float>();
+  float* o = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = int64_t(id[i]) - vocab_start;
+    if (v >= 0 && v < V)
+      std::copy(w + v * h, w + (v + 1) * h, o + i * h);
+    else
+      std::fill(o + i * h, o + (i + 1) * h, 0.0f);
+  }
+}
+
+void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,
+                                  int64_t vocab_start) {
+  require_f32("vocab_parallel_embedding_bwd", "dweight", dweight);
+  require_f32("vocab_parallel_embedding_bwd", "dout", dout);
+  const int64_t n = ids.numel(), h = dweight.size(1), V = dweight.size(0);
+  MG_CHECK(dout.numel() == n * h, "vocab_parallel_embedding_bwd: dout size");
+  const int32_t* id = ids.data<int32_t>();
+  const float* g = dout.data<float>();
+  float* dw = dweight.data<float>();
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t v = int64_t(id[i]) - vocab_start;
+      if (v < 0 || v >= V || v % nt != tid) continue;
+      float* row = dw + v * h;
+      const float* gi = g + i * h;
+      for (int64_t j = 0; j < h; ++j) row[j] += gi[j];
+    }
+  }
+}
+
 void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                    const Tensor& weight, const Tensor& bias, float eps) {
   require_f32("layernorm_fwd", "x", x);
@@ -237,7 +282,7 @@ void dropout_apply(float* out, const float* x, const float* bias, int64_t m, con
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < n; c += kChunk) {
       const int64_t len = std::min(kChunk, n - c);
-      if (d.active()) cpu::dropout_row(keep.data(), len, uint64_t(c), rng, d.p);
+      if (d.active()) cpu::dropout_row(keep.data(), len, d.element_offset + uint64_t(c), rng, d.p);
       for (int64_t i = 0; i < len; ++i) {
         float v = x[c + i];
         if (bias) v += bias[(c + i) % m];
