@@ -2,6 +2,9 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#ifdef MEGATRON_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace megatron::cli {
 namespace {
@@ -9,9 +12,14 @@ CommandRegistrar reg("version", "Print the version and build features", 1000, []
   sub.callback([] {
     std::printf("megatron.cpp %s\n", MEGATRON_VERSION);
 #ifdef MEGATRON_HAVE_CUDA
-    std::printf("cuda: compiled in\n");
+    const int n = cuda::device_count();
+    std::printf("cuda: compiled in, %d device%s visible\n", n, n == 1 ? "" : "s");
+    for (int i = 0; i < n; ++i) std::printf("  cuda:%d %s\n", i, cuda::device_name(i).c_str());
 #else
     std::printf("cuda: not compiled in\n");
+#endif
+#ifdef MEGATRON_HAVE_MPI
+    std::printf("mpi: compiled in\n");
 #endif
   });
 });

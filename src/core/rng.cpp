@@ -5,17 +5,7 @@
 namespace megatron {
 
 Philox4 philox4x32_10(Philox4 ctr, std::array<uint32_t, 2> key) {
-  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
-  constexpr uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
-  for (int round = 0; round < 10; ++round) {
-    uint64_t p0 = uint64_t(M0) * ctr[0];
-    uint64_t p1 = uint64_t(M1) * ctr[2];
-    Philox4 next = {uint32_t(p1 >> 32) ^ ctr[1] ^ key[0], uint32_t(p1),
-                    uint32_t(p0 >> 32) ^ ctr[3] ^ key[1], uint32_t(p0)};
-    ctr = next;
-    key[0] += W0;
-    key[1] += W1;
-  }
+  philox4x32_10_words(ctr[0], ctr[1], ctr[2], ctr[3], key[0], key[1]);
   return ctr;
 }
 

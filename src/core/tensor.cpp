@@ -86,6 +86,12 @@ void register_allocator(DeviceType type, Allocator* allocator) {
   g_allocators[int(type)] = allocator;
 }
 
+namespace {
+DeviceCopyFn g_device_copy = nullptr;
+}
+
+void register_device_copy(DeviceCopyFn fn) { g_device_copy = fn; }
+
 Allocator* allocator_for(DeviceType type) {
   Allocator* a = g_allocators[int(type)];
   MG_REQUIRE(a != nullptr, "no allocator for device type ", int(type),
@@ -241,15 +247,22 @@ Tensor Tensor::to(DType dtype) const {
 }
 
 Tensor Tensor::to(Device dev) const {
-  MG_REQUIRE(dev.is_cpu() && device().is_cpu(),
-             "copy between ", device().to_string(), " and ", dev.to_string(),
-             " needs the CUDA backend");
-  return clone();
+  if (dev == device()) return clone();
+  Tensor t = empty(shape_, dtype_, dev);
+  t.copy_(*this);
+  return t;
 }
 
 void Tensor::copy_(const Tensor& src) {
   MG_CHECK(src.shape_ == shape_, "copy_: shape ", shape_str(src.shape_), " into ", shape_str(shape_));
-  MG_CHECK(device().is_cpu() && src.device().is_cpu(), "copy_ across devices needs the CUDA backend");
+  if (!(device().is_cpu() && src.device().is_cpu())) {
+    MG_REQUIRE(g_device_copy != nullptr, "copy between ", src.device().to_string(), " and ",
+               device().to_string(), " needs the CUDA backend, which this build lacks");
+    MG_CHECK(src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous(),
+             "copy_ across devices needs contiguous tensors of one dtype");
+    g_device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+    return;
+  }
   if (src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous()) {
     std::memmove(raw_data(), src.raw_data(), nbytes());
     return;
@@ -272,7 +285,10 @@ void Tensor::copy_(const Tensor& src) {
 }
 
 void Tensor::zero_() {
-  MG_CHECK(device().is_cpu(), "zero_ on ", device().to_string(), " needs the CUDA backend");
+  if (!device().is_cpu()) {
+    fill_(0.0);
+    return;
+  }
   if (is_contiguous()) {
     std::memset(raw_data(), 0, nbytes());
     return;
@@ -281,7 +297,10 @@ void Tensor::zero_() {
 }
 
 void Tensor::fill_(double value) {
-  MG_CHECK(device().is_cpu(), "fill_ on ", device().to_string(), " needs the CUDA backend");
+  if (!device().is_cpu()) {  // staged through the host: not for hot paths
+    copy_(full(shape_, value, dtype_, Device::cpu()));
+    return;
+  }
   char* db = static_cast<char*>(raw_data());
   dispatch(dtype_, [&](auto tag) {
     using T = decltype(tag);

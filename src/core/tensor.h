@@ -35,6 +35,11 @@ struct Allocator {
 };
 void register_allocator(DeviceType type, Allocator* allocator);
 Allocator* allocator_for(DeviceType type);
+// Byte copies between devices (host<->device, device<->device), registered by the CUDA backend
+// with its allocator; Tensor::to(Device) and copy_ use it for tensors on different devices.
+using DeviceCopyFn = void (*)(void* dst, Device dst_device, const void* src, Device src_device,
+                              size_t bytes);
+void register_device_copy(DeviceCopyFn fn);
 
 class Storage {
  public:

@@ -1,0 +1,89 @@
+// The CUDA backend's host interface (plain C++: callers need no CUDA headers). Built only when a
+// CUDA compiler is found at configure time (MEGATRON_HAVE_CUDA); elsewhere the functions do not
+// exist and code asks cuda_compiled() first.
+//
+// Runtime: init(device) selects a GPU, registers the caching allocator for DeviceType::CUDA and
+// the host<->device copy used by Tensor::to / copy_. All kernels run on the backend's stream
+// (one per process); nothing here synchronises the host except synchronize(), copies to the
+// host and the scalar results (l2_norm_squared, all_finite).
+//
+// Kernels mirror src/kernels/ops.h one for one (same arguments, same meaning, fp32 compute), so
+// the ops layer can dispatch on the tensors' device; tests compare each against its CPU twin.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace megatron::cuda {
+
+// ---- runtime ------------------------------------------------------------------------------------
+int device_count();             // 0 when there is no driver or no device (never throws)
+bool available();               // device_count() > 0
+std::string device_name(int device);
+void init(int device = 0);      // idempotent per device; throws Error if the device is unusable
+void synchronize();             // waits for the backend stream; throws on an asynchronous error
+
+struct AllocatorStats {
+  size_t allocated_bytes = 0;   // in live tensors
+  size_t reserved_bytes = 0;    // obtained from cudaMalloc (live + cached)
+  size_t peak_allocated_bytes = 0;
+  int64_t device_mallocs = 0;   // cudaMalloc calls so far (a training step should add none)
+};
+AllocatorStats allocator_stats();
+void empty_cache();             // returns cached, unused blocks to the driver
+
+// ---- matrix products (cuBLASLt) -------------------------------------------------------------
+// As ops::gemm / ops::gemm_batched: row-major operands with unit inner stride, fp32 in and out,
+// fp32 accumulation (no TF32 unless allow_tf32(true)).
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+          float alpha = 1.0f, float beta = 0.0f);
+void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                  float alpha = 1.0f, float beta = 0.0f);
+void allow_tf32(bool on);
+
+// ---- element-wise, as in ops.h -----------------------------------------------------------------
+void gelu_fwd(const Tensor& out, const Tensor& x, bool tanh_approx);
+void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx);
+void bias_add(const Tensor& x, const Tensor& bias);
+void bias_grad(const Tensor& dbias, const Tensor& dout);
+void add(const Tensor& out, const Tensor& a, const Tensor& b);
+void scale(const Tensor& x, float s);
+void dropout_fwd(const Tensor& out, const Tensor& x, const ops::DropoutSpec& d);
+void dropout_bwd(const Tensor& dx, const Tensor& dout, const ops::DropoutSpec& d);
+void bias_dropout_add_fwd(const Tensor& out, const Tensor& x, const Tensor& bias,
+                          const Tensor& residual, const ops::DropoutSpec& d);
+void bias_dropout_add_bwd(const Tensor& dx, const Tensor& dbias, const Tensor& dout,
+                          const ops::DropoutSpec& d);
+void cast(const Tensor& dst, const Tensor& src);  // fp32/bf16/fp16 <-> any of them (RNE)
+
+// ---- LayerNorm ----------------------------------------------------------------------------------
+void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                   const Tensor& weight, const Tensor& bias, float eps);
+void layernorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                   const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                   const Tensor& rstd, bool accumulate_dx = false);
+
+// ---- embedding (deterministic backward) --------------------------------------------------------
+void embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight);
+void embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout);
+
+// ---- softmax cross-entropy ----------------------------------------------------------------------
+void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor& labels,
+                          const Tensor& loss_mask, float grad_scale, bool write_grad);
+
+// ---- optimizer and reductions -------------------------------------------------------------------
+// One launch over every parameter: AdamW as ops::adamw_step on each entry (cfg shared).
+struct AdamWTensors {
+  Tensor master, grad, exp_avg, exp_avg_sq, model_copy;  // model_copy may be undefined
+};
+void adamw_multi_tensor(const std::vector<AdamWTensors>& params, const ops::AdamWConfig& cfg);
+double l2_norm_squared(const std::vector<Tensor>& tensors);  // fp32 tensors, deterministic
+bool all_finite(const std::vector<Tensor>& tensors);          // fp32 tensors
+void scale_all(const std::vector<Tensor>& tensors, float s);  // fp32 tensors, x *= s
+
+}  // namespace megatron::cuda
