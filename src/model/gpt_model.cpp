@@ -3,7 +3,9 @@
 // into dlogits in place), so the full [b*s, V] logits are never materialised during training.
 // Full recomputation keeps only chunk inputs in forward and reruns the chunk's forward (same
 // dropout streams, hence identical masks) before its backward; selective recomputation keeps no
-// s x s attention probabilities.
+// s x s attention probabilities. Under tensor parallelism the layers communicate through their
+// TensorParallel group; the model itself only validates sizes, slices the initial weights and
+// hands the loss head the vocabulary shard.
 #include "model/gpt_model.h"
 
 #include <malloc.h>
@@ -14,6 +16,7 @@
 #include "core/rng.h"
 #include "kernels/ops.h"
 #include "model/layers.h"
+#include "model/tensor_parallel.h"
 
 namespace megatron::model {
 
@@ -52,37 +55,59 @@ void GPTConfig::validate() const {
   }
 }
 
+void GPTConfig::validate_tensor_parallel(int T) const {
+  MG_REQUIRE(T >= 1, "--tensor-model-parallel-size must be >= 1 (got ", T, ")");
+  if (T == 1) return;
+  auto divisible = [&](int64_t v, const char* flag) {
+    MG_REQUIRE(v % T == 0, flag, " ", v, " is not divisible by --tensor-model-parallel-size ", T,
+               "; each tensor-parallel rank holds 1/", T, " of it");
+  };
+  divisible(hidden_size, "--hidden-size");
+  divisible(num_attention_heads, "--num-attention-heads");
+  divisible(query_groups(), num_query_groups > 0 ? "--num-query-groups" : "--num-attention-heads");
+  divisible(ffn(), ffn_hidden_size > 0 ? "--ffn-hidden-size" : "4 * --hidden-size");
+  MG_REQUIRE(padded_vocab_size % T == 0, "padded vocabulary size ", padded_vocab_size,
+             " is not divisible by --tensor-model-parallel-size ", T,
+             "; pad the vocabulary as Megatron does, to a multiple of "
+             "--make-vocab-size-divisible-by * --tensor-model-parallel-size");
+  MG_REQUIRE(!sequence_parallel || seq_length % T == 0, "--seq-length ", seq_length,
+             " is not divisible by --tensor-model-parallel-size ", T,
+             " (required by --sequence-parallel: each rank holds seq-length / TP of the tokens)");
+}
+
 namespace {
 struct Chunk {
   int begin, end;
   bool recompute;
 };
-constexpr int64_t kHeadRows = 256;  // rows of logits per loss-head chunk
 }  // namespace
 
 struct GPTModel::Impl {
   GPTConfig cfg;
   uint64_t seed;
+  TensorParallel tp;
   Embedding embedding;
   std::vector<std::unique_ptr<TransformerLayer>> layers;
   LayerNorm final_layernorm;
+  VocabParallelOutput output;
   std::vector<Chunk> chunks;
-  std::vector<Tensor> chunk_inputs;  // [N, h] per recomputed chunk (forward_backward only)
+  std::vector<Tensor> chunk_inputs;  // [R, h] per recomputed chunk (forward_backward only)
   size_t activation_bytes = 0;
-  Tensor logits_buf, loss_buf;
 
-  Impl(const GPTConfig& c, uint64_t s)
+  Impl(const GPTConfig& c, uint64_t s, const TensorParallel& t)
       : cfg(c),
         seed(s),
+        tp(t),
         embedding(c.padded_vocab_size, c.max_position_embeddings, c.hidden_size, c.hidden_dropout,
-                  c.params_dtype),
+                  c.params_dtype, t),
         final_layernorm("decoder.final_layernorm", c.hidden_size, c.layernorm_epsilon,
-                        c.params_dtype) {
+                        c.params_dtype, t.sequence_parallel),
+        output(embedding.word, c.padded_vocab_size, t) {
     AttentionDims dims{c.num_attention_heads, c.query_groups(), c.head_dim(), c.attention_dropout};
     for (int i = 0; i < c.num_layers; ++i)
       layers.push_back(std::make_unique<TransformerLayer>(i, c.hidden_size, c.ffn(), dims,
                                                           c.layernorm_epsilon, c.hidden_dropout,
-                                                          c.gelu_tanh, c.params_dtype));
+                                                          c.gelu_tanh, c.params_dtype, t));
     const int L = c.num_layers, k = c.recompute_num_layers;
     if (c.recompute_granularity == "full" && c.recompute_method == "uniform") {
       for (int i = 0; i < L; i += k) chunks.push_back({i, std::min(L, i + k), true});
@@ -100,6 +125,8 @@ struct GPTModel::Impl {
     return out;
   }
 
+  // Each master weight is drawn whole, as the single-rank model draws it (stream 1000 + index in
+  // parameters()), and this rank keeps its slice: the result does not depend on the TP size.
   void init_weights() {
     const float out_std = cfg.init_method_std / std::sqrt(2.0f * float(cfg.num_layers));
     ParameterList ps = parameters();
@@ -109,7 +136,7 @@ struct GPTModel::Impl {
       auto ends = [&](const std::string& suf) {
         return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
       };
-      Tensor v = Tensor::zeros(p.value.shape(), DType::F32);
+      Tensor v = Tensor::zeros(full_shape(p, tp.size()), DType::F32);
       if (n.find("layernorm") != std::string::npos) {
         if (ends(".weight")) v.fill_(1.0);
       } else if (ends(".weight")) {
@@ -117,7 +144,7 @@ struct GPTModel::Impl {
         Philox(seed, 1000 + i).fill_normal(v.data<float>(), v.numel(), 0.0f,
                                            scaled ? out_std : cfg.init_method_std);
       }
-      ops::cast(p.value, v);
+      ops::cast(p.value, shard_along(v, p.partition_dim, tp.rank(), tp.size()));
     }
     refresh();
   }
@@ -142,6 +169,9 @@ struct GPTModel::Impl {
     ctx.seq = tokens.size(1);
     MG_REQUIRE(ctx.seq <= cfg.max_position_embeddings, "sequence length ", ctx.seq,
                " exceeds --max-position-embeddings ", cfg.max_position_embeddings);
+    MG_REQUIRE(!tp.sequence_parallel || ctx.seq % tp.size() == 0, "sequence length ", ctx.seq,
+               " is not divisible by the tensor-parallel size ", tp.size(),
+               " (required by --sequence-parallel)");
     if (start.defined()) {
       MG_REQUIRE(start.dtype() == DType::I32 && start.shape() == tokens.shape(),
                  "attention_start must be int32 with the tokens' shape ",
@@ -203,32 +233,14 @@ struct GPTModel::Impl {
     return x;
   }
 
-  // Loss head over rows of xf [N, h]: logits = xf W^T in chunks, per-token loss; when dxf is
-  // defined also dlogits -> dxf (written) and the word-embedding grad (+=).
-  LossResult head(const Tensor& xf, const GPTInputs& in, float grad_scale, const Tensor& dxf) {
-    const int64_t N = xf.size(0), V = cfg.padded_vocab_size;
-    const Tensor& W = embedding.word.f32;
-    const Tensor labels = in.labels.contiguous().view({N});
+  // Loss over the final hidden states xf ([N, h], or this rank's [N/T, h] under sequence
+  // parallelism); when dxf is given also its gradient and the word-embedding grad (+=).
+  LossResult head(const Tensor& xf, const GPTInputs& in, float grad_scale, Tensor* dxf) {
+    const int64_t N = in.tokens.numel();
     const Tensor mask = in.loss_mask.contiguous().view({N});
-    const int64_t R = std::min(N, kHeadRows);
-    if (!logits_buf.defined() || logits_buf.size(0) != R || logits_buf.size(1) != V)
-      logits_buf = Tensor::empty({R, V}, DType::F32);
-    if (!loss_buf.defined() || loss_buf.numel() != N) loss_buf = Tensor::empty({N}, DType::F32);
-    const bool grad = dxf.defined();
-    for (int64_t r0 = 0; r0 < N; r0 += R) {
-      const int64_t r = std::min(R, N - r0);
-      Tensor z = logits_buf.narrow(0, 0, r);
-      Tensor xr = xf.narrow(0, r0, r);
-      ops::gemm(xr, false, W, true, z);
-      ops::softmax_xent_fwd_bwd(z, loss_buf.narrow(0, r0, r), labels.narrow(0, r0, r),
-                                mask.narrow(0, r0, r), grad_scale, grad);
-      if (grad) {
-        ops::gemm(z, false, W, false, dxf.narrow(0, r0, r));
-        ops::gemm(z, true, xr, false, embedding.word.param.grad, 1.0f, 1.0f);
-      }
-    }
+    Tensor loss = output.loss(xf, in.labels.contiguous().view({N}), mask, grad_scale, dxf);
     LossResult res;
-    const float* lp = loss_buf.data<float>();
+    const float* lp = loss.data<float>();
     const float* mp = mask.data<float>();
     for (int64_t i = 0; i < N; ++i) {
       res.loss_sum += double(lp[i]) * double(mp[i]);
@@ -238,19 +250,32 @@ struct GPTModel::Impl {
   }
 };
 
-GPTModel::GPTModel(const GPTConfig& cfg, uint64_t seed) {
+GPTModel::GPTModel(const GPTConfig& cfg, uint64_t seed)
+    : GPTModel(cfg, seed, TensorParallel::none().group) {}
+
+GPTModel::GPTModel(const GPTConfig& cfg, uint64_t seed, std::shared_ptr<Communicator> tp_group) {
+  MG_CHECK(tp_group != nullptr, "GPTModel: null tensor-parallel group");
   cfg.validate();
+  cfg.validate_tensor_parallel(tp_group->size());
   // Activations are allocated per step; keep freed blocks (up to glibc's 32 MiB mmap limit) in
   // the heap so every step reuses already-mapped pages instead of page-faulting fresh mmaps.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  impl_ = std::make_unique<Impl>(cfg, seed);
+  impl_ = std::make_unique<Impl>(cfg, seed,
+                                 TensorParallel::make(std::move(tp_group), cfg.sequence_parallel));
   impl_->init_weights();
 }
 GPTModel::~GPTModel() = default;
 
 ParameterList GPTModel::parameters() { return impl_->parameters(); }
 const GPTConfig& GPTModel::config() const { return impl_->cfg; }
+int GPTModel::tensor_parallel_size() const { return impl_->tp.size(); }
+int GPTModel::tensor_parallel_rank() const { return impl_->tp.rank(); }
+bool GPTModel::sequence_parallel() const { return impl_->tp.sequence_parallel; }
+void GPTModel::all_reduce_sequence_parallel_grads() {
+  if (impl_->tp.sequence_parallel)
+    model::all_reduce_sequence_parallel_grads(parameters(), impl_->tp.comm());
+}
 size_t GPTModel::activation_bytes() const { return impl_->activation_bytes; }
 
 LossResult GPTModel::forward_backward(const GPTInputs& in, float grad_scale,
@@ -266,8 +291,8 @@ LossResult GPTModel::forward_backward(const GPTInputs& in, float grad_scale,
   x = m.run_decoder(ctx, x, true);
   Tensor xf = m.final_layernorm.forward(ctx, x);
   size_t peak = m.held_bytes() + xf.nbytes();
-  Tensor dxf = Tensor::empty(xf.shape(), DType::F32);
-  LossResult res = m.head(xf, in, grad_scale, dxf);
+  Tensor dxf;
+  LossResult res = m.head(xf, in, grad_scale, &dxf);
   xf = Tensor();
   Tensor dx = m.final_layernorm.backward(ctx, dxf);
   dxf = Tensor();
@@ -294,7 +319,7 @@ LossResult GPTModel::forward_loss(const GPTInputs& in) {
   Tensor x = m.embedding.forward(ctx, in.tokens.contiguous(), in.position_ids.contiguous());
   x = m.run_decoder(ctx, x, false);
   Tensor xf = m.final_layernorm.forward(ctx, x);
-  return m.head(xf, in, 0.0f, Tensor());
+  return m.head(xf, in, 0.0f, nullptr);
 }
 
 Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& position_ids,
@@ -305,9 +330,7 @@ Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& position_ids
   Tensor x = m.embedding.forward(ctx, tokens.contiguous(), position_ids.contiguous());
   x = m.run_decoder(ctx, x, false);
   Tensor xf = m.final_layernorm.forward(ctx, x);
-  Tensor logits = Tensor::empty({ctx.batch, ctx.seq, m.cfg.padded_vocab_size}, DType::F32);
-  ops::gemm(xf, false, m.embedding.word.f32, true, logits.view({ctx.rows(), -1}));
-  return logits;
+  return m.output.logits(xf).view({ctx.batch, ctx.seq, m.cfg.padded_vocab_size});
 }
 
 }  // namespace megatron::model

@@ -7,12 +7,25 @@
 // the output layer is tied to the word embedding and logits span the padded vocabulary.
 // Dropout masks are pure functions of (seed, dropout_offset, layer, site, element), so
 // recomputation and resume reproduce them exactly.
+//
+// Tensor parallelism (Megatron 1-D TP, optional sequence parallelism): construct the model with
+// the tensor-parallel group (or the ParallelState). Every rank of the group calls the same
+// methods with the same inputs (the whole micro-batch); parameters() are this rank's shards under
+// the single-rank names (layout: tensor_parallel.h), losses and returned logits are the same on
+// every rank and equal the single-rank model's. Initialisation draws each whole master weight
+// exactly as the single-rank model does and keeps this rank's slice, so the sharded model equals
+// the unsharded one for the same seed (TP-size invariant, like --use-cpu-initialization).
+// After the last micro-batch's backward of a step the trainer must call
+// all_reduce_sequence_parallel_grads() (a no-op without sequence parallelism); see
+// tensor_parallel.h for the grad-norm rule.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "comm/communicator.h"
+#include "comm/parallel_state.h"
 #include "core/tensor.h"
 #include "model/parameter.h"
 
@@ -35,12 +48,19 @@ struct GPTConfig {
   std::string recompute_method;       // "uniform", "block" (full only)
   int recompute_num_layers = 0;
   bool apply_query_key_layer_scaling = false;  // mathematically a no-op in fp32 softmax
+  // --sequence-parallel: LayerNorm/dropout/residual regions hold seq/T of the tokens. Ignored
+  // (as Megatron does) when the tensor-parallel size is 1.
+  bool sequence_parallel = false;
 
   int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   int query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   // Throws megatron::Error naming the inconsistent field.
   void validate() const;
+  // The checks that depend on the tensor-parallel size T (--tensor-model-parallel-size): hidden
+  // size, heads, query groups, FFN size and padded vocabulary divisible by T; under sequence
+  // parallelism the sequence length too. Throws megatron::Error naming the flags.
+  void validate_tensor_parallel(int tp_size) const;
 };
 
 struct GPTInputs {
@@ -61,14 +81,22 @@ class GPTModel {
   // Megatron init: weights N(0, std); output projections (linear_proj, linear_fc2) N(0,
   // std/sqrt(2L)); biases 0; LayerNorm weight 1, bias 0. Deterministic in `seed`.
   GPTModel(const GPTConfig& cfg, uint64_t seed);
+  // Tensor-parallel model over `tp_group` (each rank holds 1/T of the sharded weights). A group of
+  // one is the single-rank model. Collective: all ranks of the group construct it together.
+  GPTModel(const GPTConfig& cfg, uint64_t seed, std::shared_ptr<Communicator> tp_group);
+  // The same over the ParallelState's tensor-parallel group.
+  GPTModel(const GPTConfig& cfg, uint64_t seed, const ParallelState& parallel)
+      : GPTModel(cfg, seed, parallel.group_ptr(GroupKind::TP)) {}
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
 
-  // Stable order: embedding.word_embeddings, embedding.position_embeddings, then per layer
-  // input_layernorm.{weight,bias}, self_attention.linear_qkv.{weight,bias},
-  // self_attention.linear_proj.{weight,bias}, pre_mlp_layernorm.{weight,bias},
-  // mlp.linear_fc1.{weight,bias}, mlp.linear_fc2.{weight,bias}; decoder.final_layernorm.
+  // This rank's parameters (shards under TP; Parameter::partition_dim / sequence_parallel say
+  // how), in a stable order, the same for every TP size: embedding.word_embeddings,
+  // embedding.position_embeddings, then per layer input_layernorm.{weight,bias},
+  // self_attention.linear_qkv.{weight,bias}, self_attention.linear_proj.{weight,bias},
+  // pre_mlp_layernorm.{weight,bias}, mlp.linear_fc1.{weight,bias}, mlp.linear_fc2.{weight,bias};
+  // decoder.final_layernorm.
   ParameterList parameters();
 
   // Training micro-batch: forward + backward. Gradients of grad_scale * sum(loss * mask) are
@@ -78,11 +106,21 @@ class GPTModel {
   // Evaluation: no dropout, nothing saved for backward. labels/loss_mask required.
   LossResult forward_loss(const GPTInputs& in);
   // [b, s, padded_vocab] fp32 logits, no dropout (generation, tests). attention_start as in
-  // GPTInputs (undefined = plain causal).
+  // GPTInputs (undefined = plain causal). Under TP the vocabulary shards are gathered (the
+  // training and eval losses never gather logits).
   Tensor forward_logits(const Tensor& tokens, const Tensor& position_ids,
                         const Tensor& attention_start = Tensor());
 
+  // Sums the gradients of the sequence-parallel parameters (LayerNorm weights/biases,
+  // row-parallel biases, position embedding) over the TP group: call once per step after the
+  // last micro-batch's backward, before the data-parallel reduction and the grad norm. No-op
+  // without sequence parallelism. Collective over the TP group.
+  void all_reduce_sequence_parallel_grads();
+
   const GPTConfig& config() const;
+  int tensor_parallel_size() const;
+  int tensor_parallel_rank() const;
+  bool sequence_parallel() const;  // config().sequence_parallel && TP > 1
   // Peak bytes of activations held for backward during the last forward_backward (saved layer
   // activations, recompute chunk inputs; workspaces and the loss head's logits chunk excluded).
   size_t activation_bytes() const;

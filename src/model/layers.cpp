@@ -8,38 +8,11 @@
 
 namespace megatron::model {
 
-ops::DropoutSpec LayerContext::dropout(float p, int layer, int site) const {
-  ops::DropoutSpec d;
-  d.p = training ? p : 0.0f;
-  d.seed = seed;
-  d.stream = (dropout_offset << 24) | (uint64_t(layer + 1) << 4) | uint64_t(site);
-  return d;
-}
-
-size_t bytes_of(const Tensor& t) { return t.defined() ? t.nbytes() : 0; }
-
-void Weight::init(const std::string& name, const Shape& shape, DType dtype, bool decay, int pdim) {
-  param.name = name;
-  param.value = Tensor::zeros(shape, dtype);
-  param.grad = Tensor::zeros(shape, DType::F32);
-  param.weight_decay = decay;
-  param.partition_dim = pdim;
-  f32 = dtype == DType::F32 ? param.value : Tensor::zeros(shape, DType::F32);
-}
-void Weight::refresh() {
-  if (param.value.dtype() == DType::F32) {
-    f32 = param.value;
-  } else {
-    if (!f32.defined() || f32.shape() != param.value.shape())
-      f32 = Tensor::empty(param.value.shape(), DType::F32);
-    ops::cast(f32, param.value);
-  }
-}
-
 // ---- LayerNorm -----------------------------------------------------------------------------
-LayerNorm::LayerNorm(const std::string& prefix, int64_t h, float eps_, DType dtype) : eps(eps_) {
-  weight.init(prefix + ".weight", {h}, dtype, false, -1);
-  bias.init(prefix + ".bias", {h}, dtype, false, -1);
+LayerNorm::LayerNorm(const std::string& prefix, int64_t h, float eps_, DType dtype, bool sp)
+    : eps(eps_) {
+  weight.init(prefix + ".weight", {h}, dtype, false, -1, sp);
+  bias.init(prefix + ".bias", {h}, dtype, false, -1, sp);
   weight.param.value.fill_(1.0);
   weight.refresh();
 }
@@ -79,63 +52,47 @@ void LayerNorm::refresh_working_weights() {
   bias.refresh();
 }
 
-// ---- Linear --------------------------------------------------------------------------------
-LinearBase::LinearBase(const std::string& prefix, int64_t in, int64_t out, bool skip, DType dtype,
-                       int wdim, int bdim)
-    : in_features(in), out_features(out), skip_bias_add(skip) {
-  weight.init(prefix + ".weight", {out, in}, dtype, true, wdim);
-  bias.init(prefix + ".bias", {out}, dtype, false, bdim);
-}
-Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
-  MG_CHECK(x.dim() == 2 && x.size(1) == in_features, "Linear ", weight.param.name, ": input ",
-           shape_str(x.shape()), " does not have ", in_features, " columns");
-  Tensor y = Tensor::empty({x.size(0), out_features}, DType::F32);
-  ops::gemm(x, false, weight.f32, true, y);
-  if (!skip_bias_add) ops::bias_add(y, bias.f32);
-  if (ctx.save) saved.x = x;
-  return y;
-}
-Tensor LinearBase::backward(const LayerContext&, const Tensor& dy) {
-  MG_CHECK(saved.x.defined(), "Linear::backward without a saved forward");
-  Tensor dx = Tensor::empty({dy.size(0), in_features}, DType::F32);
-  ops::gemm(dy, false, weight.f32, false, dx);
-  ops::gemm(dy, true, saved.x, false, weight.param.grad, 1.0f, 1.0f);
-  if (!skip_bias_add) ops::bias_grad(bias.param.grad, dy);
-  saved = {};
-  return dx;
-}
-void LinearBase::parameters(ParameterList& out) {
-  out.push_back(&weight.param);
-  out.push_back(&bias.param);
-}
-void LinearBase::refresh_working_weights() {
-  weight.refresh();
-  bias.refresh();
+// ---- SelfAttention -------------------------------------------------------------------------
+// This rank's heads and query groups of a layer with dims `d` split over `tp`.
+static AttentionDims local_dims(const AttentionDims& d, const TensorParallel& tp) {
+  MG_REQUIRE(d.heads % tp.size() == 0 && d.groups % tp.size() == 0, "attention: ", d.heads,
+             " heads in ", d.groups, " query groups cannot be split across ", tp.size(),
+             " tensor-parallel ranks (both must be divisible by the tensor-parallel size)");
+  AttentionDims l = d;
+  l.heads = d.heads / tp.size();
+  l.groups = d.groups / tp.size();
+  return l;
 }
 
-// ---- SelfAttention -------------------------------------------------------------------------
+// linear_qkv is in Megatron-Core's interleaved layout (per query group: its n/g query heads, its
+// key head, its value head), so the column-parallel dim-0 shard of rank r is exactly query groups
+// [r*g/T, (r+1)*g/T) with their heads: the attention kernel reads it unchanged.
 SelfAttention::SelfAttention(const std::string& prefix, int64_t h, const AttentionDims& d,
-                             int layer_, DType dtype)
+                             int layer_, DType dtype, const TensorParallel& tp)
     : linear_qkv(prefix + ".linear_qkv", h,
-                 int64_t(d.groups) * (d.heads / d.groups + 2) * d.head_dim, dtype),
-      linear_proj(prefix + ".linear_proj", int64_t(d.heads) * d.head_dim, h, dtype),
-      dims(d),
+                 int64_t(d.groups) * (d.heads / d.groups + 2) * d.head_dim, dtype, tp),
+      linear_proj(prefix + ".linear_proj", int64_t(d.heads) * d.head_dim, h, dtype, tp),
+      dims(local_dims(d, tp)),
+      head_offset(tp.rank() * (d.heads / tp.size())),
+      total_heads(d.heads),
       layer(layer_) {}
 
-static ops::AttentionShape attention_shape(const LayerContext& ctx, const AttentionDims& d) {
+static ops::AttentionShape attention_shape(const LayerContext& ctx, const SelfAttention& a) {
   ops::AttentionShape s;
   s.batch = ctx.batch;
   s.seq = ctx.seq;
-  s.heads = d.heads;
-  s.groups = d.groups;
-  s.head_dim = d.head_dim;
-  s.softmax_scale = 1.0f / std::sqrt(float(d.head_dim));
+  s.heads = a.dims.heads;
+  s.groups = a.dims.groups;
+  s.head_dim = a.dims.head_dim;
+  s.softmax_scale = 1.0f / std::sqrt(float(a.dims.head_dim));
+  s.head_offset = a.head_offset;
+  s.total_heads = a.total_heads;
   return s;
 }
 
 Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
   Tensor qkv = linear_qkv.forward(ctx, x);
-  const ops::AttentionShape sh = attention_shape(ctx, dims);
+  const ops::AttentionShape sh = attention_shape(ctx, *this);
   Tensor c = Tensor::empty({ctx.rows(), int64_t(dims.heads) * dims.head_dim}, DType::F32);
   Tensor lse = Tensor::empty({ctx.batch, dims.heads, ctx.seq}, DType::F32);
   Tensor probs;
@@ -152,7 +109,7 @@ Tensor SelfAttention::backward(const LayerContext& ctx, const Tensor& dy) {
   Tensor dc = linear_proj.backward(ctx, dy);
   Tensor dqkv = Tensor::empty(saved.qkv.shape(), DType::F32);
   ops::attention_bwd(dqkv, dc, saved.qkv, saved.lse, saved.probs, ctx.attention_start,
-                     attention_shape(ctx, dims),
+                     attention_shape(ctx, *this),
                      ctx.dropout(dims.attention_dropout, layer, kSiteAttentionProbs));
   saved = {};
   return linear_qkv.backward(ctx, dqkv);
@@ -167,9 +124,10 @@ void SelfAttention::refresh_working_weights() {
 }
 
 // ---- MLP -----------------------------------------------------------------------------------
-MLP::MLP(const std::string& prefix, int64_t h, int64_t ffn, bool tanh_, DType dtype)
-    : linear_fc1(prefix + ".linear_fc1", h, ffn, dtype),
-      linear_fc2(prefix + ".linear_fc2", ffn, h, dtype),
+MLP::MLP(const std::string& prefix, int64_t h, int64_t ffn, bool tanh_, DType dtype,
+         const TensorParallel& tp)
+    : linear_fc1(prefix + ".linear_fc1", h, ffn, dtype, tp),
+      linear_fc2(prefix + ".linear_fc2", ffn, h, dtype, tp),
       gelu_tanh(tanh_) {}
 Tensor MLP::forward(const LayerContext& ctx, const Tensor& x) {
   Tensor h1 = linear_fc1.forward(ctx, x);
@@ -199,42 +157,54 @@ void MLP::refresh_working_weights() {
 static std::string layer_prefix(int i) { return "decoder.layers." + std::to_string(i); }
 
 TransformerLayer::TransformerLayer(int idx, int64_t h, int64_t ffn, const AttentionDims& dims,
-                                   float eps, float hdrop, bool gelu_tanh, DType dtype)
+                                   float eps, float hdrop, bool gelu_tanh, DType dtype,
+                                   const TensorParallel& tp_)
     : index(idx),
       hidden_dropout(hdrop),
-      input_layernorm(layer_prefix(idx) + ".input_layernorm", h, eps, dtype),
-      self_attention(layer_prefix(idx) + ".self_attention", h, dims, idx, dtype),
-      pre_mlp_layernorm(layer_prefix(idx) + ".pre_mlp_layernorm", h, eps, dtype),
-      mlp(layer_prefix(idx) + ".mlp", h, ffn, gelu_tanh, dtype) {}
+      tp(tp_),
+      input_layernorm(layer_prefix(idx) + ".input_layernorm", h, eps, dtype,
+                      tp_.sequence_parallel),
+      self_attention(layer_prefix(idx) + ".self_attention", h, dims, idx, dtype, tp_),
+      pre_mlp_layernorm(layer_prefix(idx) + ".pre_mlp_layernorm", h, eps, dtype,
+                        tp_.sequence_parallel),
+      mlp(layer_prefix(idx) + ".mlp", h, ffn, gelu_tanh, dtype, tp_) {}
+
+// Index of x's first element in the unsharded [N, h] tensor (x is rank r's row block under
+// sequence parallelism), so the hidden-dropout masks equal the single-rank ones.
+static uint64_t shard_offset(const TensorParallel& tp, const Tensor& x) {
+  return tp.sequence_parallel ? uint64_t(tp.rank()) * uint64_t(x.numel()) : 0;
+}
 
 Tensor TransformerLayer::forward(const LayerContext& ctx, const Tensor& x) {
+  const uint64_t off = shard_offset(tp, x);
   Tensor a = input_layernorm.forward(ctx, x);
   Tensor attn = self_attention.forward(ctx, a);
   Tensor x2 = Tensor::empty(x.shape(), DType::F32);
   ops::bias_dropout_add_fwd(x2, attn, self_attention.linear_proj.bias.f32, x,
-                            ctx.dropout(hidden_dropout, index, kSiteAttentionOut));
+                            ctx.dropout(hidden_dropout, index, kSiteAttentionOut, off));
   Tensor m = pre_mlp_layernorm.forward(ctx, x2);
   Tensor mo = mlp.forward(ctx, m);
   Tensor y = Tensor::empty(x.shape(), DType::F32);
   ops::bias_dropout_add_fwd(y, mo, mlp.linear_fc2.bias.f32, x2,
-                            ctx.dropout(hidden_dropout, index, kSiteMlpOut));
+                            ctx.dropout(hidden_dropout, index, kSiteMlpOut, off));
   if (ctx.save) saved = {x, x2};
   return y;
 }
 
 Tensor TransformerLayer::backward(const LayerContext& ctx, const Tensor& dy) {
   MG_CHECK(saved.x2.defined(), "TransformerLayer::backward without a saved forward");
+  const uint64_t off = shard_offset(tp, dy);
   // MLP branch: y = x2 + drop(mlp(ln2(x2)) + b)
   Tensor dmo = Tensor::empty(dy.shape(), DType::F32);
   ops::bias_dropout_add_bwd(dmo, mlp.linear_fc2.bias.param.grad, dy,
-                            ctx.dropout(hidden_dropout, index, kSiteMlpOut));
+                            ctx.dropout(hidden_dropout, index, kSiteMlpOut, off));
   Tensor dm = mlp.backward(ctx, dmo);
   Tensor dx2 = dy.clone();
   pre_mlp_layernorm.backward_accumulate(ctx, dm, dx2);
   // Attention branch: x2 = x + drop(attn(ln1(x)) + b)
   Tensor dattn = dmo;  // reuse the buffer
   ops::bias_dropout_add_bwd(dattn, self_attention.linear_proj.bias.param.grad, dx2,
-                            ctx.dropout(hidden_dropout, index, kSiteAttentionOut));
+                            ctx.dropout(hidden_dropout, index, kSiteAttentionOut, off));
   Tensor da = self_attention.backward(ctx, dattn);
   input_layernorm.backward_accumulate(ctx, da, dx2);
   saved = {};
@@ -267,51 +237,6 @@ void TransformerLayer::refresh_working_weights() {
   self_attention.refresh_working_weights();
   pre_mlp_layernorm.refresh_working_weights();
   mlp.refresh_working_weights();
-}
-
-// ---- Embedding -----------------------------------------------------------------------------
-Embedding::Embedding(int64_t vocab, int64_t max_positions, int64_t h, float drop, DType dtype)
-    : dropout(drop) {
-  word.init("embedding.word_embeddings.weight", {vocab, h}, dtype, true, 0);
-  position.init("embedding.position_embeddings.weight", {max_positions, h}, dtype, true, -1);
-}
-Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& pos) {
-  const int64_t n = tokens.numel(), h = word.f32.size(1);
-  MG_REQUIRE(pos.numel() == n, "position_ids has ", pos.numel(), " elements but tokens has ", n);
-  const int64_t V = word.f32.size(0), P = position.f32.size(0);
-  const int32_t* tp = tokens.data<int32_t>();
-  const int32_t* pp = pos.data<int32_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    MG_REQUIRE(tp[i] >= 0 && tp[i] < V, "token id ", tp[i], " at position ", i,
-               " is outside the padded vocabulary [0, ", V,
-               "); the data was tokenized with a different tokenizer or vocab size");
-    MG_REQUIRE(pp[i] >= 0 && pp[i] < P, "position id ", pp[i], " at position ", i,
-               " is outside [0, --max-position-embeddings=", P, ")");
-  }
-  Tensor out = Tensor::empty({n, h}, DType::F32);
-  Tensor p = Tensor::empty({n, h}, DType::F32);
-  ops::embedding_fwd(out, tokens, word.f32);
-  ops::embedding_fwd(p, pos, position.f32);
-  ops::bias_dropout_add_fwd(out, p, Tensor(), out, ops::DropoutSpec{});
-  ops::dropout_fwd(out, out, ctx.dropout(dropout, -1, kSiteEmbedding));
-  if (ctx.save) saved = {tokens, pos};
-  return out;
-}
-void Embedding::backward(const LayerContext& ctx, const Tensor& dout) {
-  MG_CHECK(saved.tokens.defined(), "Embedding::backward without a saved forward");
-  Tensor d = Tensor::empty(dout.shape(), DType::F32);
-  ops::dropout_bwd(d, dout, ctx.dropout(dropout, -1, kSiteEmbedding));
-  ops::embedding_bwd(word.param.grad, saved.tokens, d);
-  ops::embedding_bwd(position.param.grad, saved.position_ids, d);
-  saved = {};
-}
-void Embedding::parameters(ParameterList& out) {
-  out.push_back(&word.param);
-  out.push_back(&position.param);
-}
-void Embedding::refresh_working_weights() {
-  word.refresh();
-  position.refresh();
 }
 
 }  // namespace megatron::model

@@ -4,9 +4,11 @@
 // weights (an alias when params_dtype is fp32, refreshed by refresh_working_weights() otherwise).
 // What a layer keeps for backward is its `Saved` struct (shapes in comments); forward with
 // ctx.save == false drops it at the end so full recomputation can rerun the forward later.
-// Linear layers are split into ColumnParallelLinear / RowParallelLinear: with a tensor-parallel
-// group of size 1 they are plain linears; a tensor-parallel build adds the communication of
-// Megatron's mappings (copy/all-reduce, reduce/identity) at the marked places only.
+// Tensor parallelism: the linears are ColumnParallelLinear / RowParallelLinear and the embedding is
+// vocab-parallel (parallel_layers.h); attention runs this rank's n/T heads (g/T query groups) and
+// the MLP its ffn/T columns. Under sequence parallelism LayerNorm, dropout and the residual adds
+// see this rank's block of rows only (their inputs and outputs are [N/T, h]); dropout masks are
+// indexed by the element's position in the unsharded tensor, so masks do not depend on TP.
 #pragma once
 
 #include <cstdint>
@@ -15,40 +17,18 @@
 
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "model/layer_base.h"
+#include "model/parallel_layers.h"
 #include "model/parameter.h"
 
 namespace megatron::model {
 
-// Per-call state every layer sees.
-struct LayerContext {
-  bool training = false;  // dropout active
-  bool save = false;      // keep activations for backward
-  bool recompute_core_attention = false;  // selective recompute: no s x s probabilities kept
-  uint64_t seed = 0, dropout_offset = 0;
-  int64_t batch = 0, seq = 0;
-  Tensor attention_start;  // [b, s] int32 or undefined
-  // Dropout stream for (micro-batch offset, layer, site): stream = offset << 24 | layer << 4 |
-  // site, so every mask is a pure function of (seed, offset, layer, site, element).
-  ops::DropoutSpec dropout(float p, int layer, int site) const;
-  int64_t rows() const { return batch * seq; }
-};
-
-enum DropoutSite : int { kSiteEmbedding = 0, kSiteAttentionProbs = 1, kSiteAttentionOut = 2,
-                         kSiteMlpOut = 3 };
-
-size_t bytes_of(const Tensor& t);
-
-// A weight as layers use it: the Parameter plus the fp32 copy used in compute.
-struct Weight {
-  Parameter param;
-  Tensor f32;  // fp32 view/copy of param.value
-  void init(const std::string& name, const Shape& shape, DType dtype, bool decay, int pdim);
-  void refresh();  // param.value -> f32 (no-op for fp32 params)
-};
-
 class LayerNorm {
  public:
-  LayerNorm(const std::string& prefix, int64_t h, float eps, DType dtype);
+  // sequence_parallel: the input is a sequence shard, so the weight and bias gradients are
+  // partial sums (Parameter::sequence_parallel).
+  LayerNorm(const std::string& prefix, int64_t h, float eps, DType dtype,
+            bool sequence_parallel = false);
   struct Saved {
     Tensor x;     // [N, h] (shared with the caller's input)
     Tensor mean;  // [N]
@@ -66,43 +46,7 @@ class LayerNorm {
   float eps;
 };
 
-// y = x W^T + b, W [out, in] (PyTorch convention). Returns y without the bias when skip_bias_add
-// (the caller fuses it, as Megatron's bias-dropout-add does).
-class LinearBase {
- public:
-  struct Saved {
-    Tensor x;  // [N, in] (shared with the caller's input)
-    size_t bytes() const { return 0; }
-  };
-  Tensor forward(const LayerContext& ctx, const Tensor& x);   // -> [N, out]
-  Tensor backward(const LayerContext& ctx, const Tensor& dy); // -> dx [N, in]; grads +=
-  void parameters(ParameterList& out);
-  void refresh_working_weights();
-  int64_t in_features, out_features;
-  bool skip_bias_add;
-  Saved saved;
-  Weight weight, bias;
-
- protected:
-  LinearBase(const std::string& prefix, int64_t in, int64_t out, bool skip_bias_add, DType dtype,
-             int weight_partition_dim, int bias_partition_dim);
-};
-
-// Weight split on dim 0 (output rows) across tensor-parallel ranks; input replicated
-// (TP: identity forward / all-reduce of dx backward).
-class ColumnParallelLinear : public LinearBase {
- public:
-  ColumnParallelLinear(const std::string& prefix, int64_t in, int64_t out, DType dtype)
-      : LinearBase(prefix, in, out, false, dtype, 0, 0) {}
-};
-// Weight split on dim 1 (input columns); input already split (TP: all-reduce of y forward,
-// identity backward); bias added after the reduction, here by the caller's bias-dropout-add.
-class RowParallelLinear : public LinearBase {
- public:
-  RowParallelLinear(const std::string& prefix, int64_t in, int64_t out, DType dtype)
-      : LinearBase(prefix, in, out, true, dtype, 1, -1) {}
-};
-
+// Full (single-rank) sizes; a tensor-parallel layer holds heads/T heads and groups/T groups.
 struct AttentionDims {
   int heads = 0, groups = 0, head_dim = 0;
   float attention_dropout = 0;
@@ -111,35 +55,40 @@ struct AttentionDims {
 class SelfAttention {
  public:
   SelfAttention(const std::string& prefix, int64_t h, const AttentionDims& dims, int layer,
-                DType dtype);
+                DType dtype, const TensorParallel& tp = TensorParallel::none());
   struct Saved {
+    // n, g: this rank's heads and query groups (n/T, g/T of the layer's).
     Tensor qkv;    // [N, g*(n/g+2)*d] output of linear_qkv (with bias)
     Tensor lse;    // [b, n, s] softmax log-sum-exp
     Tensor probs;  // [b, n, s, s] softmax probabilities; empty under selective recompute
     Tensor ctx;    // [N, n*d] input of linear_proj
     size_t bytes() const { return bytes_of(qkv) + bytes_of(lse) + bytes_of(probs) + bytes_of(ctx); }
   };
-  Tensor forward(const LayerContext& ctx, const Tensor& x);   // -> [N, h] without proj bias
-  Tensor backward(const LayerContext& ctx, const Tensor& dy); // -> dx [N, h]
+  // x and the result are [N, h], or [N/T, h] under sequence parallelism.
+  Tensor forward(const LayerContext& ctx, const Tensor& x);   // -> without proj bias
+  Tensor backward(const LayerContext& ctx, const Tensor& dy); // -> dx
   void parameters(ParameterList& out);
   void refresh_working_weights();
   Saved saved;
   ColumnParallelLinear linear_qkv;
   RowParallelLinear linear_proj;
-  AttentionDims dims;
+  AttentionDims dims;  // this rank's heads and groups
+  int head_offset = 0, total_heads = 0;  // first global head held here; the layer's heads
   int layer;
 };
 
 class MLP {
  public:
-  MLP(const std::string& prefix, int64_t h, int64_t ffn, bool gelu_tanh, DType dtype);
+  MLP(const std::string& prefix, int64_t h, int64_t ffn, bool gelu_tanh, DType dtype,
+      const TensorParallel& tp = TensorParallel::none());
   struct Saved {
-    Tensor h1;  // [N, F] fc1 output (pre-activation)
-    Tensor a1;  // [N, F] activation output, input of fc2
+    Tensor h1;  // [N, F/T] fc1 output (pre-activation)
+    Tensor a1;  // [N, F/T] activation output, input of fc2
     size_t bytes() const { return bytes_of(h1) + bytes_of(a1); }
   };
-  Tensor forward(const LayerContext& ctx, const Tensor& x);   // -> [N, h] without fc2 bias
-  Tensor backward(const LayerContext& ctx, const Tensor& dy); // -> dx [N, h]
+  // x and the result are [N, h], or [N/T, h] under sequence parallelism.
+  Tensor forward(const LayerContext& ctx, const Tensor& x);   // -> without fc2 bias
+  Tensor backward(const LayerContext& ctx, const Tensor& dy); // -> dx
   void parameters(ParameterList& out);
   void refresh_working_weights();
   Saved saved;
@@ -152,44 +101,28 @@ class MLP {
 class TransformerLayer {
  public:
   TransformerLayer(int index, int64_t h, int64_t ffn, const AttentionDims& dims, float eps,
-                   float hidden_dropout, bool gelu_tanh, DType dtype);
+                   float hidden_dropout, bool gelu_tanh, DType dtype,
+                   const TensorParallel& tp = TensorParallel::none());
+  // Rows R = N, or N/T (this rank's sequence shard) under sequence parallelism.
   struct Saved {
-    Tensor x;   // [N, h] layer input (shared with the caller)
-    Tensor x2;  // [N, h] residual stream after attention
+    Tensor x;   // [R, h] layer input (shared with the caller)
+    Tensor x2;  // [R, h] residual stream after attention
     size_t bytes() const { return bytes_of(x2); }
   };
-  Tensor forward(const LayerContext& ctx, const Tensor& x);    // -> [N, h]
-  Tensor backward(const LayerContext& ctx, const Tensor& dy);  // -> dx [N, h]
+  Tensor forward(const LayerContext& ctx, const Tensor& x);    // -> [R, h]
+  Tensor backward(const LayerContext& ctx, const Tensor& dy);  // -> dx [R, h]
   void drop_saved();         // frees everything kept for backward (full recompute)
   size_t saved_bytes() const;
   void parameters(ParameterList& out);
   void refresh_working_weights();
   int index;
   float hidden_dropout;
+  TensorParallel tp;
   Saved saved;
   LayerNorm input_layernorm;
   SelfAttention self_attention;
   LayerNorm pre_mlp_layernorm;
   MLP mlp;
-};
-
-// Word + learned absolute position embeddings, then hidden dropout. The word table is also the
-// (tied) output layer's weight.
-class Embedding {
- public:
-  Embedding(int64_t vocab, int64_t max_positions, int64_t h, float dropout, DType dtype);
-  struct Saved {
-    Tensor tokens;        // [b, s] int32 (caller's)
-    Tensor position_ids;  // [b, s] int32 (caller's)
-    size_t bytes() const { return 0; }
-  };
-  Tensor forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& position_ids);
-  void backward(const LayerContext& ctx, const Tensor& dout);  // grads +=
-  void parameters(ParameterList& out);
-  void refresh_working_weights();
-  Saved saved;
-  Weight word, position;
-  float dropout;
 };
 
 }  // namespace megatron::model

@@ -1,0 +1,218 @@
+// Column/row-parallel linears, the vocab-parallel embedding and the vocab-parallel output layer
+// with its loss (see parallel_layers.h). Communication only through the tp_mappings pairs.
+#include "model/parallel_layers.h"
+
+#include <algorithm>
+
+#include "comm/tp_mappings.h"
+#include "kernels/ops.h"
+
+namespace megatron::model {
+
+using tp::CopyToTensorParallelRegion;
+using tp::GatherFromSequenceParallelRegion;
+using tp::ReduceFromTensorParallelRegion;
+using tp::ReduceScatterToSequenceParallelRegion;
+
+namespace {
+
+int64_t local_size(int64_t full, int parts, const std::string& what) {
+  MG_REQUIRE(full % parts == 0, what, ": size ", full, " is not divisible by the tensor-parallel "
+             "size ", parts);
+  return full / parts;
+}
+
+constexpr int64_t kHeadRows = 256;  // rows of logits per loss-head chunk
+
+}  // namespace
+
+// ---- Column / row-parallel linear ----------------------------------------------------------
+LinearBase::LinearBase(const std::string& prefix, int64_t in, int64_t out, bool row, bool skip,
+                       DType dtype, const TensorParallel& tp)
+    : in_features(row ? local_size(in, tp.size(), prefix + " input") : in),
+      out_features(row ? out : local_size(out, tp.size(), prefix + " output")),
+      skip_bias_add(skip),
+      row_parallel_(row),
+      tp_(tp) {
+  weight.init(prefix + ".weight", {out_features, in_features}, dtype, true, row ? 1 : 0);
+  // Column: bias sharded with the output. Row: replicated, added on the reduced output, which is
+  // the sequence shard under sequence parallelism (partial gradient).
+  bias.init(prefix + ".bias", {out_features}, dtype, false, row ? -1 : 0,
+            row && tp.sequence_parallel);
+}
+
+Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
+  Communicator& g = tp_.comm();
+  const bool sp = tp_.sequence_parallel;
+  Tensor xin = x;
+  if (!row_parallel_)
+    xin = sp ? GatherFromSequenceParallelRegion::forward(g, x)
+             : CopyToTensorParallelRegion::forward(g, x);
+  MG_CHECK(xin.dim() == 2 && xin.size(1) == in_features, "Linear ", weight.param.name,
+           ": input ", shape_str(xin.shape()), " does not have ", in_features, " columns");
+  Tensor y = Tensor::empty({xin.size(0), out_features}, DType::F32);
+  ops::gemm(xin, false, weight.f32, true, y);
+  if (row_parallel_)
+    y = sp ? ReduceScatterToSequenceParallelRegion::forward(g, y)
+           : ReduceFromTensorParallelRegion::forward(g, y);
+  if (!skip_bias_add) ops::bias_add(y, bias.f32);
+  if (ctx.save) saved.x = x;
+  return y;
+}
+
+Tensor LinearBase::backward(const LayerContext&, const Tensor& dy) {
+  MG_CHECK(saved.x.defined(), "Linear::backward without a saved forward");
+  Communicator& g = tp_.comm();
+  const bool sp = tp_.sequence_parallel;
+  if (!skip_bias_add) ops::bias_grad(bias.param.grad, dy);
+  Tensor dyin = dy, xin = saved.x;
+  if (row_parallel_)
+    dyin = sp ? ReduceScatterToSequenceParallelRegion::backward(g, dy)
+              : ReduceFromTensorParallelRegion::backward(g, dy);
+  else if (sp)
+    xin = GatherFromSequenceParallelRegion::forward(g, saved.x);  // gathered again, not kept
+  Tensor dx = Tensor::empty({dyin.size(0), in_features}, DType::F32);
+  ops::gemm(dyin, false, weight.f32, false, dx);
+  ops::gemm(dyin, true, xin, false, weight.param.grad, 1.0f, 1.0f);
+  if (!row_parallel_)
+    dx = sp ? GatherFromSequenceParallelRegion::backward(g, dx)
+            : CopyToTensorParallelRegion::backward(g, dx);
+  saved = {};
+  return dx;
+}
+
+void LinearBase::parameters(ParameterList& out) {
+  out.push_back(&weight.param);
+  out.push_back(&bias.param);
+}
+void LinearBase::refresh_working_weights() {
+  weight.refresh();
+  bias.refresh();
+}
+
+// ---- Embedding (vocab-parallel word table + position table) ---------------------------------
+Embedding::Embedding(int64_t vocab, int64_t max_positions, int64_t h, float drop, DType dtype,
+                     const TensorParallel& tp)
+    : vocab_size(vocab),
+      vocab_start(local_size(vocab, tp.size(), "padded vocabulary") * tp.rank()),
+      dropout(drop),
+      tp_(tp) {
+  word.init("embedding.word_embeddings.weight", {vocab / tp.size(), h}, dtype, true, 0);
+  position.init("embedding.position_embeddings.weight", {max_positions, h}, dtype, true, -1,
+                tp.sequence_parallel);
+}
+
+Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& pos) {
+  const int64_t n = tokens.numel(), h = word.f32.size(1);
+  MG_REQUIRE(pos.numel() == n, "position_ids has ", pos.numel(), " elements but tokens has ", n);
+  const int64_t P = position.f32.size(0);
+  const int32_t* tp = tokens.data<int32_t>();
+  const int32_t* pp = pos.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    MG_REQUIRE(tp[i] >= 0 && tp[i] < vocab_size, "token id ", tp[i], " at position ", i,
+               " is outside the padded vocabulary [0, ", vocab_size,
+               "); the data was tokenized with a different tokenizer or vocab size");
+    MG_REQUIRE(pp[i] >= 0 && pp[i] < P, "position id ", pp[i], " at position ", i,
+               " is outside [0, --max-position-embeddings=", P, ")");
+  }
+  Communicator& g = tp_.comm();
+  Tensor out = Tensor::empty({n, h}, DType::F32);
+  ops::vocab_parallel_embedding_fwd(out, tokens, word.f32, vocab_start);
+  out = tp_.sequence_parallel ? ReduceScatterToSequenceParallelRegion::forward(g, out)
+                              : ReduceFromTensorParallelRegion::forward(g, out);
+  const int64_t rows = out.size(0), row0 = tp_.sequence_parallel ? tp_.rank() * rows : 0;
+  Tensor p = Tensor::empty({rows, h}, DType::F32);
+  ops::embedding_fwd(p, pos.view({n}).narrow(0, row0, rows), position.f32);
+  ops::bias_dropout_add_fwd(out, p, Tensor(), out, ops::DropoutSpec{});
+  ops::dropout_fwd(out, out, ctx.dropout(dropout, -1, kSiteEmbedding, uint64_t(row0 * h)));
+  if (ctx.save) saved = {tokens, pos};
+  return out;
+}
+
+void Embedding::backward(const LayerContext& ctx, const Tensor& dout) {
+  MG_CHECK(saved.tokens.defined(), "Embedding::backward without a saved forward");
+  const int64_t n = saved.tokens.numel(), rows = dout.size(0), h = dout.size(1);
+  const int64_t row0 = tp_.sequence_parallel ? tp_.rank() * rows : 0;
+  Tensor d = Tensor::empty(dout.shape(), DType::F32);
+  ops::dropout_bwd(d, dout, ctx.dropout(dropout, -1, kSiteEmbedding, uint64_t(row0 * h)));
+  ops::embedding_bwd(position.param.grad, saved.position_ids.view({n}).narrow(0, row0, rows), d);
+  Communicator& g = tp_.comm();
+  d = tp_.sequence_parallel ? ReduceScatterToSequenceParallelRegion::backward(g, d)
+                            : ReduceFromTensorParallelRegion::backward(g, d);
+  ops::vocab_parallel_embedding_bwd(word.param.grad, saved.tokens, d, vocab_start);
+  saved = {};
+}
+
+void Embedding::parameters(ParameterList& out) {
+  out.push_back(&word.param);
+  out.push_back(&position.param);
+}
+void Embedding::refresh_working_weights() {
+  word.refresh();
+  position.refresh();
+}
+
+// ---- Vocab-parallel output layer and loss ---------------------------------------------------
+VocabParallelOutput::VocabParallelOutput(Weight& word, int64_t vocab_size,
+                                         const TensorParallel& tp)
+    : word_(word), vocab_size_(vocab_size), tp_(tp) {}
+
+Tensor VocabParallelOutput::input_region(const Tensor& x) const {
+  return tp_.sequence_parallel ? GatherFromSequenceParallelRegion::forward(tp_.comm(), x)
+                               : CopyToTensorParallelRegion::forward(tp_.comm(), x);
+}
+
+Tensor VocabParallelOutput::loss(const Tensor& x, const Tensor& labels, const Tensor& loss_mask,
+                                 float grad_scale, Tensor* dx) {
+  Communicator& g = tp_.comm();
+  const Tensor xin = input_region(x);
+  const Tensor& W = word_.f32;
+  const int64_t N = xin.size(0), vl = W.size(0);
+  MG_CHECK(vl * tp_.size() == vocab_size_, "output layer: vocabulary shard ", vl, " x ",
+           tp_.size(), " != ", vocab_size_);
+  MG_CHECK(labels.numel() == N && loss_mask.numel() == N, "output layer: ", labels.numel(),
+           " labels / ", loss_mask.numel(), " mask entries for ", N, " rows");
+  const int64_t R = std::min(N, kHeadRows);
+  if (!logits_buf_.defined() || logits_buf_.size(0) != R || logits_buf_.size(1) != vl)
+    logits_buf_ = Tensor::empty({R, vl}, DType::F32);
+  Tensor loss = Tensor::empty({N}, DType::F32);
+  Tensor dxin;
+  if (dx) dxin = Tensor::empty(xin.shape(), DType::F32);
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t r = std::min(R, N - r0);
+    Tensor z = logits_buf_.narrow(0, 0, r);
+    const Tensor xr = xin.narrow(0, r0, r);
+    ops::gemm(xr, false, W, true, z);
+    Tensor dz = z;
+    if (tp_.size() == 1) {  // fused single-rank softmax cross entropy, dlogits in place
+      ops::softmax_xent_fwd_bwd(z, loss.narrow(0, r0, r), labels.narrow(0, r0, r),
+                                loss_mask.narrow(0, r0, r), grad_scale, dx != nullptr);
+    } else {
+      loss.narrow(0, r0, r).copy_(
+          VocabParallelCrossEntropy::forward(g, z, labels.narrow(0, r0, r), xent_));
+      if (dx) {
+        Tensor upstream = loss_mask.narrow(0, r0, r).clone();
+        ops::scale(upstream, grad_scale);
+        dz = VocabParallelCrossEntropy::backward(xent_, upstream);
+      }
+      xent_ = {};
+    }
+    if (dx) {
+      ops::gemm(dz, false, W, false, dxin.narrow(0, r0, r));  // partial over vocabulary shards
+      ops::gemm(dz, true, xr, false, word_.param.grad, 1.0f, 1.0f);
+    }
+  }
+  if (dx)
+    *dx = tp_.sequence_parallel ? GatherFromSequenceParallelRegion::backward(g, dxin)
+                                : CopyToTensorParallelRegion::backward(g, dxin);
+  return loss;
+}
+
+Tensor VocabParallelOutput::logits(const Tensor& x) {
+  const Tensor xin = input_region(x);
+  Tensor z = Tensor::empty({xin.size(0), word_.f32.size(0)}, DType::F32);
+  ops::gemm(xin, false, word_.f32, true, z);
+  return tp::gather_from_tensor_model_parallel_region(tp_.comm(), z);
+}
+
+}  // namespace megatron::model

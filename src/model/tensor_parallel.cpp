@@ -1,0 +1,78 @@
+// Shards, gathers and the sequence-parallel gradient reduction (see tensor_parallel.h).
+#include "model/tensor_parallel.h"
+
+#include <cstring>
+
+#include "comm/tp_mappings.h"
+#include "kernels/ops.h"
+
+namespace megatron::model {
+
+TensorParallel TensorParallel::none() {
+  static const std::shared_ptr<Communicator> one = make_self_communicator("tp");
+  return TensorParallel{one, false};
+}
+
+TensorParallel TensorParallel::make(std::shared_ptr<Communicator> group, bool sequence_parallel) {
+  MG_CHECK(group != nullptr, "TensorParallel::make: null tensor-parallel group");
+  const bool sp = sequence_parallel && group->size() > 1;
+  return TensorParallel{std::move(group), sp};
+}
+
+Shape full_shape(const Parameter& p, int tp_size) {
+  Shape s = p.value.shape();
+  if (p.partition_dim >= 0) s[size_t(p.partition_dim)] *= tp_size;
+  return s;
+}
+
+Tensor shard_along(const Tensor& full, int dim, int rank, int size) {
+  if (dim < 0 || size == 1) return full;
+  MG_CHECK(dim < full.dim() && rank >= 0 && rank < size, "shard_along: dim ", dim, " rank ", rank,
+           " of ", size, " for ", shape_str(full.shape()));
+  const int64_t n = full.size(dim);
+  MG_REQUIRE(n % size == 0, "cannot split dimension ", dim, " of ", shape_str(full.shape()),
+             " into ", size, " tensor-parallel shards");
+  return full.narrow(dim, rank * (n / size), n / size).contiguous();
+}
+
+Tensor gather_along(Communicator& tp, const Tensor& local, int dim) {
+  if (dim < 0 || tp.size() == 1) return local;
+  if (dim == 0) return tp::all_gather_first_dim(tp, local);
+  MG_CHECK(dim == local.dim() - 1, "gather_along: only the first or last dimension (got ", dim,
+           " of ", shape_str(local.shape()), ")");
+  return tp::all_gather_last_dim(tp, local);
+}
+
+void all_reduce_sequence_parallel_grads(const ParameterList& params, Communicator& tp) {
+  if (tp.size() == 1) return;
+  int64_t total = 0;
+  for (const Parameter* p : params)
+    if (p->sequence_parallel) total += p->grad.numel();
+  if (total == 0) return;
+  Tensor flat = Tensor::empty({total}, DType::F32);
+  float* f = flat.data<float>();
+  int64_t at = 0;
+  for (const Parameter* p : params) {
+    if (!p->sequence_parallel) continue;
+    MG_CHECK(p->grad.dtype() == DType::F32 && p->grad.is_contiguous(), "gradient of ", p->name,
+             " must be contiguous fp32");
+    std::memcpy(f + at, p->grad.data<float>(), p->grad.nbytes());
+    at += p->grad.numel();
+  }
+  tp.all_reduce(flat, ReduceOp::Sum);
+  at = 0;
+  for (const Parameter* p : params) {
+    if (!p->sequence_parallel) continue;
+    std::memcpy(p->grad.data<float>(), f + at, p->grad.nbytes());
+    at += p->grad.numel();
+  }
+}
+
+double local_grad_sum_of_squares(const ParameterList& params, int tp_rank) {
+  double s = 0;
+  for (const Parameter* p : params)
+    if (param_is_not_tensor_parallel_duplicate(*p, tp_rank)) s += ops::l2_norm_squared(p->grad);
+  return s;
+}
+
+}  // namespace megatron::model
