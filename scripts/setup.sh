@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates curl
   libopenblas-dev libopenmpi-dev openmpi-bin
-  libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libutf8proc-dev
+  libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libutf8proc-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch
 )
