@@ -17,7 +17,8 @@ struct Parameter {
   Tensor value;  // param dtype, model layout
   Tensor grad;   // fp32, same shape; accumulated by backward
   bool weight_decay = true;  // false for biases and norm weights (Megatron's rule: 1-D params)
-  // Tensor-parallel layout, for checkpoints, resharding and the grad norm:
+  // Tensor-parallel layout, for checkpoints, resharding and the grad norm (the rules are in
+  // model/tensor_parallel.h):
   int partition_dim = -1;         // dimension split across TP ranks, -1 if replicated
   bool sequence_parallel = false; // replicated but sees a sequence shard (needs TP grad all-reduce)
 };
