@@ -115,6 +115,20 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--log-interval", a.log_interval, "Iterations per log line")->capture_default_str();
   sub.add_flag("--log-throughput", a.log_throughput, "Print TFLOP/s");
   sub.add_option("--log-metrics-jsonl", a.metrics_jsonl, "Append one JSON line per logged interval");
+  auto& tb = a.tensorboard;
+  sub.add_option("--tensorboard-dir", tb.dir, "Write TensorBoard scalars (event files) here");
+  sub.add_option("--tensorboard-log-interval", tb.log_interval, "Iterations between TensorBoard scalars")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  sub.add_option("--tensorboard-queue-size", tb.queue_size, "TensorBoard events buffered before a flush")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  sub.add_flag("--log-timers-to-tensorboard", tb.log_timers, "Write iteration-time (s) to TensorBoard");
+  sub.add_flag("!--no-log-learnig-rate-to-tensorboard,!--no-log-learning-rate-to-tensorboard",
+               tb.log_learning_rate, "No learning-rate in TensorBoard (Megatron spells it 'learnig')");
+  sub.add_flag("!--no-log-loss-scale-to-tensorboard", tb.log_loss_scale, "No loss-scale in TensorBoard");
+  sub.add_flag("--log-batch-size-to-tensorboard", tb.log_batch_size, "Write batch-size to TensorBoard");
+  sub.add_flag("--log-world-size-to-tensorboard", tb.log_world_size, "Write world-size to TensorBoard");
+  sub.add_flag("--log-validation-ppl-to-tensorboard", tb.log_validation_ppl,
+               "Write validation perplexity to TensorBoard");
   sub.add_option("--eval-interval", a.eval_interval, "Iterations between evaluations")->capture_default_str();
   sub.add_option("--eval-iters", a.eval_iters, "Evaluation iterations")->capture_default_str();
   sub.add_option("--exit-interval", a.exit_interval, "Stop after a multiple of this many iterations");

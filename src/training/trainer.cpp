@@ -158,6 +158,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
                 a.model.kv_channels, a.model.num_query_groups, a.model.ffn(), a.model.seq_length,
                 a.model.padded_vocab_size, false};
   const double flops_iter = flops_per_iteration(fm, gbs);
+  TrainingTensorBoard tensorboard(a.tensorboard);
 
   TrainingSummary sum;
   int64_t consumed = 0, consumed_valid = 0;
@@ -219,6 +220,10 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
     sum.last_loss = loss;
     sum.iterations = it;
     sum.consumed_samples = consumed;
+    tensorboard.log_iteration({it, consumed, used_lr, gbs,
+                               step.skipped ? std::nullopt : std::optional<double>(loss),
+                               scaler.scale(),
+                               step.skipped ? std::nullopt : std::optional<double>(step.grad_norm)});
 
     if (it % a.log_interval == 0 || it == train_iters) {
       const double secs = seconds_since(interval_t0);
@@ -248,6 +253,9 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
               << ", \"skipped_iterations\": " << interval_skipped << "}\n";
         jsonl.flush();
       }
+      tensorboard.log_interval(it, secs / double(interval_iters),
+                               a.log_throughput ? std::optional<double>(s.tflops_per_device)
+                                                : std::nullopt);
       interval_iters = interval_advanced = interval_skipped = interval_nan = 0;
       interval_loss = 0;
       interval_gn = std::nan("");
@@ -269,6 +277,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
         log_print(dashes);
         log_print(line);
         log_print(dashes);
+        tensorboard.log_validation(it, consumed, vloss / vtokens);
       }
       interval_t0 = Clock::now();
     }

@@ -15,6 +15,7 @@
 #include "model/gpt_model.h"
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
+#include "training/tensorboard.h"
 
 namespace megatron::training {
 
@@ -49,6 +50,7 @@ struct TrainingArgs {
   double exit_duration_in_mins = 0;
   bool exit_signal_handler = false;
   std::string metrics_jsonl;  // --log-metrics-jsonl: one JSON object per logged interval
+  TensorBoardOptions tensorboard;  // --tensorboard-dir and its companions
   // checkpoints (saving only)
   std::string save;  // --save
   int64_t save_interval = 0;
