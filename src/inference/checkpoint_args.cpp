@@ -1,0 +1,111 @@
+// metadata.json "args" of a checkpoint; see checkpoint_args.h.
+#include "inference/checkpoint_args.h"
+
+#include <cctype>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+
+#include "core/error.h"
+
+namespace megatron::inference {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The iteration folder that --load (and --ckpt-step) name, as CheckpointWeights::open finds it.
+fs::path iteration_folder(const fs::path& load_dir, std::optional<int64_t> step) {
+  MG_REQUIRE(fs::is_directory(load_dir), "--load ", load_dir.string(), " is not a directory");
+  if (!step) {
+    const fs::path tracker = load_dir / "latest_checkpointed_iteration.txt";
+    MG_REQUIRE(fs::exists(tracker), "no checkpoint in ", load_dir.string(), ": ",
+               tracker.filename().string(), " is missing (pass --ckpt-step to pick an iteration)");
+    std::ifstream in(tracker);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.erase(0, 1);
+    if (text == "release") return load_dir / "release";
+    try {
+      size_t used = 0;
+      step = std::stoll(text, &used);
+      if (used != text.size() || *step < 0) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      MG_THROW(tracker.string(), ": expected an iteration number or 'release', got '", text, "'");
+    }
+  }
+  MG_REQUIRE(*step >= 0, "--ckpt-step must be >= 0");
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(*step));
+  return load_dir / name;
+}
+
+}  // namespace
+
+CheckpointArgs::CheckpointArgs(nlohmann::json args, fs::path file)
+    : args_(std::move(args)), file_(std::move(file)) {
+  MG_REQUIRE(args_.is_object(), file_.string(), ": \"args\" is not a JSON object");
+}
+
+CheckpointArgs CheckpointArgs::read(const fs::path& load_dir, std::optional<int64_t> step) {
+  const fs::path file = iteration_folder(load_dir, step) / "metadata.json";
+  MG_REQUIRE(fs::exists(file), "--use-checkpoint-args: ", file.string(),
+             " does not exist, so the checkpoint's arguments are unknown; drop "
+             "--use-checkpoint-args and pass the model flags (--num-layers, --hidden-size, ...)");
+  std::ifstream in(file);
+  MG_REQUIRE(in, "cannot read ", file.string());
+  nlohmann::json meta = nlohmann::json::parse(in, nullptr, false);
+  MG_REQUIRE(!meta.is_discarded() && meta.is_object(), file.string(), " is not a JSON object");
+  MG_REQUIRE(meta.contains("args") && meta["args"].is_object(), "--use-checkpoint-args: ",
+             file.string(), " has no \"args\" object; pass the model flags instead");
+  return CheckpointArgs(meta["args"], file);
+}
+
+const nlohmann::json* CheckpointArgs::find(const std::string& key) const {
+  if (const size_t dot = key.find('.'); dot != std::string::npos) {  // "tokenizer.type"
+    auto outer = args_.find(key.substr(0, dot));
+    if (outer == args_.end() || !outer->is_object()) return nullptr;
+    auto inner = outer->find(key.substr(dot + 1));
+    return inner != outer->end() && !inner->is_null() ? &*inner : nullptr;
+  }
+  auto it = args_.find(key);
+  if (it != args_.end() && !it->is_null()) return &*it;
+  auto model = args_.find("model");
+  if (model != args_.end() && model->is_object()) {
+    auto m = model->find(key);
+    if (m != model->end() && !m->is_null()) return &*m;
+  }
+  return nullptr;
+}
+
+std::optional<int64_t> CheckpointArgs::get_int(const std::string& key) const {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  MG_REQUIRE(v->is_number_integer(), file_.string(), ": args \"", key, "\" should be an integer, got ",
+             v->dump());
+  return v->get<int64_t>();
+}
+
+std::optional<double> CheckpointArgs::get_double(const std::string& key) const {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  MG_REQUIRE(v->is_number(), file_.string(), ": args \"", key, "\" should be a number, got ", v->dump());
+  return v->get<double>();
+}
+
+std::optional<bool> CheckpointArgs::get_bool(const std::string& key) const {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  MG_REQUIRE(v->is_boolean(), file_.string(), ": args \"", key, "\" should be true or false, got ",
+             v->dump());
+  return v->get<bool>();
+}
+
+std::optional<std::string> CheckpointArgs::get_string(const std::string& key) const {
+  const nlohmann::json* v = find(key);
+  if (!v) return std::nullopt;
+  MG_REQUIRE(v->is_string(), file_.string(), ": args \"", key, "\" should be a string, got ", v->dump());
+  return v->get<std::string>();
+}
+
+}  // namespace megatron::inference
