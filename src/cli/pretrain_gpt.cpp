@@ -133,9 +133,25 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--eval-iters", a.eval_iters, "Evaluation iterations")->capture_default_str();
   sub.add_option("--exit-interval", a.exit_interval, "Stop after a multiple of this many iterations");
   sub.add_option("--exit-duration-in-mins", a.exit_duration_in_mins, "Stop after this many minutes");
-  sub.add_flag("--exit-signal-handler", a.exit_signal_handler, "SIGTERM/SIGINT finish the step and exit");
+  sub.add_flag("--exit-signal-handler", a.exit_signal_handler,
+               "SIGTERM/SIGINT finish the iteration, save (with --save) and exit 0");
   sub.add_option("--save", a.save, "Checkpoint folder to write");
   sub.add_option("--save-interval", a.save_interval, "Iterations between checkpoints");
+  sub.add_flag("--no-save-optim", a.no_save_optim, "Do not save the optimizer state");
+  sub.add_flag("--no-save-rng", a.no_save_rng, "Do not save the RNG state");
+  sub.add_option("--load", a.load, "Checkpoint folder to resume from (a missing folder or tracker "
+                 "starts from scratch)");
+  sub.add_option("--ckpt-step", a.ckpt_step, "Load this iteration instead of the tracker's");
+  sub.add_flag("--finetune", a.finetune, "Load the weights only; iteration, samples, optimizer, "
+               "LR schedule and RNG start from zero");
+  sub.add_flag("--no-load-optim", a.no_load_optim, "Do not load optimizer, loss scaler and LR schedule");
+  sub.add_flag("--no-load-rng", a.no_load_rng, "Do not load the RNG state (dropout from --seed)");
+  sub.add_flag("--override-opt_param-scheduler,--override-opt-param-scheduler",
+               a.override_opt_param_scheduler, "LR schedule values from the command line, not the checkpoint");
+  sub.add_flag("--use-checkpoint-opt_param-scheduler,--use-checkpoint-opt-param-scheduler",
+               a.use_checkpoint_opt_param_scheduler, "LR schedule values from the checkpoint");
+  sub.add_flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint,
+               "Fail when --load has no checkpoint instead of starting from scratch");
   sub.callback([f] { run(*f); });
 });
 

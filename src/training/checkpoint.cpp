@@ -1,33 +1,101 @@
-// Safetensors writing and the atomic checkpoint folder; see checkpoint.h.
+// Checkpoint save/load; see checkpoint.h for the layout.
 #include "training/checkpoint.h"
 
+#include <fcntl.h>
+#include <openssl/evp.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
-#include <nlohmann/json.hpp>
+#include <memory>
+#include <set>
+#include <vector>
 
 #include "core/error.h"
+#include "core/safetensors.h"
+
+// JSON codecs of the argument structs, in their own namespaces so that nlohmann finds them.
+namespace megatron {
+NLOHMANN_JSON_SERIALIZE_ENUM(DType, {{DType::F32, "float32"}, {DType::F64, "float64"},
+                                     {DType::F16, "float16"}, {DType::BF16, "bfloat16"},
+                                     {DType::I8, "int8"}, {DType::U8, "uint8"},
+                                     {DType::I16, "int16"}, {DType::U16, "uint16"},
+                                     {DType::I32, "int32"}, {DType::I64, "int64"}})
+}  // namespace megatron
+namespace megatron::model {
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
+    GPTConfig, num_layers, hidden_size, num_attention_heads, ffn_hidden_size, kv_channels,
+    num_query_groups, seq_length, max_position_embeddings, padded_vocab_size, hidden_dropout,
+    attention_dropout, init_method_std, layernorm_epsilon, gelu_tanh, params_dtype,
+    recompute_granularity, recompute_method, recompute_num_layers, apply_query_key_layer_scaling)
+}  // namespace megatron::model
+namespace megatron::data {
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenizerOptions, type, vocab_file, merge_file,
+                                                tokenizer_model, vocab_size, vocab_extra_ids)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
+    GPTDataConfig, data_path, split, train_data_path, valid_data_path, test_data_path, seq_length,
+    seed, data_cache_path, mmap, tokenizer, pad_id, mid_level_dataset_surplus, use_cache, eod_id,
+    reset_position_ids, reset_attention_mask, eod_mask_loss)
+}  // namespace megatron::data
+namespace megatron::optim {
+NLOHMANN_JSON_SERIALIZE_ENUM(OptimizerType, {{OptimizerType::Adam, "adam"},
+                                             {OptimizerType::SGD, "sgd"}})
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OptimizerConfig, type, adam_beta1, adam_beta2,
+                                                adam_eps, sgd_momentum, clip_grad)
+}  // namespace megatron::optim
+namespace megatron::training {
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TensorBoardOptions, dir, log_interval, queue_size,
+                                                log_timers, log_learning_rate, log_loss_scale,
+                                                log_batch_size, log_world_size, log_validation_ppl)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
+    TrainingArgs, model, make_vocab_size_divisible_by, tokenizer, data, micro_batch_size,
+    global_batch_size, train_iters, train_samples, lr, min_lr, lr_warmup_init, lr_warmup_fraction,
+    lr_decay_style, lr_decay_iters, lr_decay_samples, lr_warmup_iters, lr_warmup_samples,
+    lr_wsd_decay_style, lr_wsd_decay_iters, lr_wsd_decay_samples, weight_decay,
+    start_weight_decay, end_weight_decay, weight_decay_incr_style, optimizer, optimizer_name, seed,
+    fp16, bf16, loss_scale, initial_loss_scale, min_loss_scale, loss_scale_window, hysteresis,
+    log_interval, log_throughput, eval_interval, eval_iters, exit_interval, exit_duration_in_mins,
+    exit_signal_handler, metrics_jsonl, tensorboard, save, save_interval, no_save_optim,
+    no_save_rng, load, ckpt_step, finetune, no_load_optim, no_load_rng,
+    override_opt_param_scheduler, use_checkpoint_opt_param_scheduler, exit_on_missing_checkpoint)
+}  // namespace megatron::training
 
 namespace megatron::training {
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 namespace {
 
-const char* st_dtype(DType d) {
-  switch (d) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    default: MG_THROW("checkpoint: cannot store dtype ", dtype_name(d), " in safetensors");
-  }
+const char* const kTracker = "latest_checkpointed_iteration.txt";
+const char* const kRankDir = "mp_rank_00";
+const char* const kModelFile = "mp_rank_00/model.safetensors";
+const char* const kOptimFile = "mp_rank_00/optimizer.safetensors";
+
+std::string iteration_dir_name(int64_t iteration) {
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld", (long long)iteration);
+  return name;
 }
 
 void set_mode(const fs::path& p, mode_t mode) {
-  MG_REQUIRE(::chmod(p.c_str(), mode) == 0, "cannot set permissions of ", p.string());
+  MG_REQUIRE(::chmod(p.c_str(), mode) == 0, "cannot set permissions of ", p.string(), ": ",
+             std::strerror(errno));
 }
 
+void fsync_path(const fs::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  MG_REQUIRE(fd >= 0, "cannot open ", p.string(), ": ", std::strerror(errno));
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  MG_REQUIRE(ok || directory, "fsync failed: ", p.string(), " (disk full?)");
+}
+
+// Writes `text` to p.tmp (0640, fsynced) and renames it over p.
 void write_text_file(const fs::path& p, const std::string& text) {
   const fs::path tmp = p.string() + ".tmp";
   {
@@ -37,64 +105,490 @@ void write_text_file(const fs::path& p, const std::string& text) {
     out.flush();
     MG_REQUIRE(out.good(), "write failed: ", tmp.string(), " (disk full?)");
   }
+  fsync_path(tmp, false);
   set_mode(tmp, 0640);
   fs::rename(tmp, p);
 }
 
-}  // namespace
-
-void write_safetensors(const fs::path& file, const model::ParameterList& params) {
-  nlohmann::ordered_json header;
-  header["__metadata__"] = {{"format", "pt"}};
-  uint64_t offset = 0;
-  for (const model::Parameter* p : params) {
-    MG_CHECK(p->value.is_contiguous(), "parameter ", p->name, " is not contiguous");
-    nlohmann::ordered_json e;
-    e["dtype"] = st_dtype(p->value.dtype());
-    e["shape"] = p->value.shape();
-    e["data_offsets"] = {offset, offset + p->value.nbytes()};
-    header[p->name] = e;
-    offset += p->value.nbytes();
-  }
-  std::string h = header.dump();
-  while (h.size() % 8 != 0) h.push_back(' ');
-  std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  MG_REQUIRE(out.good(), "cannot write ", file.string(), "; check that the folder is writable");
-  const uint64_t n = h.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(h.data(), std::streamsize(h.size()));
-  for (const model::Parameter* p : params)
-    out.write(static_cast<const char*>(p->value.raw_data()), std::streamsize(p->value.nbytes()));
-  out.flush();
-  MG_REQUIRE(out.good(), "write failed: ", file.string(), " (disk full?)");
-  out.close();
-  set_mode(file, 0640);
+std::string read_text_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  MG_REQUIRE(in, "cannot read ", p.string());
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-fs::path save_checkpoint(const fs::path& save_dir, const model::ParameterList& params,
-                         const CheckpointInfo& info) {
-  char name[32];
-  std::snprintf(name, sizeof name, "iter_%07lld", (long long)info.iteration);
+struct Sha256 {
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx{EVP_MD_CTX_new(), EVP_MD_CTX_free};
+  Sha256() { MG_CHECK(ctx && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1, "SHA-256 init"); }
+  void update(const void* p, size_t n) { MG_CHECK(EVP_DigestUpdate(ctx.get(), p, n) == 1, "SHA-256"); }
+  std::string hex() {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    MG_CHECK(EVP_DigestFinal_ex(ctx.get(), md, &len) == 1, "SHA-256 final");
+    static const char* digits = "0123456789abcdef";
+    std::string out;
+    for (unsigned int i = 0; i < len; ++i) {
+      out.push_back(digits[md[i] >> 4]);
+      out.push_back(digits[md[i] & 15]);
+    }
+    return out;
+  }
+};
+
+const char* lr_style_name(optim::LRDecayStyle s) {
+  switch (s) {
+    case optim::LRDecayStyle::Constant: return "constant";
+    case optim::LRDecayStyle::Linear: return "linear";
+    case optim::LRDecayStyle::Cosine: return "cosine";
+    case optim::LRDecayStyle::InverseSquareRoot: return "inverse-square-root";
+    case optim::LRDecayStyle::WSD: return "WSD";
+  }
+  return "?";
+}
+const char* wsd_style_name(optim::WSDDecayStyle s) {
+  switch (s) {
+    case optim::WSDDecayStyle::Exponential: return "exponential";
+    case optim::WSDDecayStyle::Linear: return "linear";
+    case optim::WSDDecayStyle::Cosine: return "cosine";
+    case optim::WSDDecayStyle::MinusSqrt: return "minus_sqrt";
+  }
+  return "?";
+}
+const char* wd_style_name(optim::WDIncrStyle s) {
+  switch (s) {
+    case optim::WDIncrStyle::Constant: return "constant";
+    case optim::WDIncrStyle::Linear: return "linear";
+    case optim::WDIncrStyle::Cosine: return "cosine";
+  }
+  return "?";
+}
+
+nlohmann::ordered_json scheduler_to_json(const optim::LRSchedulerConfig& c, int64_t num_steps) {
+  nlohmann::ordered_json j;
+  j["max_lr"] = c.max_lr;
+  j["min_lr"] = c.min_lr;
+  j["lr_warmup_init"] = c.lr_warmup_init;
+  j["lr_warmup_steps"] = c.lr_warmup_steps;
+  j["lr_decay_steps"] = c.lr_decay_steps;
+  j["lr_decay_style"] = lr_style_name(c.decay_style);
+  j["wsd_decay_steps"] = c.wsd_decay_steps;
+  j["lr_wsd_decay_style"] = wsd_style_name(c.wsd_decay_style);
+  j["start_wd"] = c.start_wd;
+  j["end_wd"] = c.end_wd;
+  j["wd_incr_steps"] = c.wd_incr_steps;
+  j["wd_incr_style"] = wd_style_name(c.wd_incr_style);
+  j["num_steps"] = num_steps;
+  return j;
+}
+
+// Typed access to metadata.json with errors naming the file and the key.
+struct MetaReader {
+  const json& root;
+  std::string label;
+  const json& at(const json& obj, const char* key, const char* where) const {
+    MG_REQUIRE(obj.is_object() && obj.contains(key), label, ": missing \"", key, "\"", where,
+               " (incomplete or foreign checkpoint metadata)");
+    return obj[key];
+  }
+  int64_t i64(const json& obj, const char* key, const char* where = "") const {
+    const json& v = at(obj, key, where);
+    MG_REQUIRE(v.is_number_integer(), label, ": \"", key, "\"", where, " must be an integer, got ",
+               v.dump());
+    return v.get<int64_t>();
+  }
+  uint64_t u64(const json& obj, const char* key, const char* where = "") const {
+    const json& v = at(obj, key, where);
+    MG_REQUIRE(v.is_number_unsigned(), label, ": \"", key, "\"", where,
+               " must be a non-negative integer, got ", v.dump());
+    return v.get<uint64_t>();
+  }
+  double f64(const json& obj, const char* key, const char* where = "") const {
+    const json& v = at(obj, key, where);
+    MG_REQUIRE(v.is_number(), label, ": \"", key, "\"", where, " must be a number, got ", v.dump());
+    return v.get<double>();
+  }
+  std::string string(const json& obj, const char* key, const char* where = "") const {
+    const json& v = at(obj, key, where);
+    MG_REQUIRE(v.is_string(), label, ": \"", key, "\"", where, " must be a string, got ", v.dump());
+    return v.get<std::string>();
+  }
+};
+
+CheckpointState state_from_json(const json& j, const std::string& label) {
+  MetaReader r{j, label};
+  CheckpointState s;
+  s.iteration = r.i64(j, "iteration");
+  s.consumed_train_samples = r.i64(j, "consumed_train_samples");
+  s.consumed_valid_samples = r.i64(j, "consumed_valid_samples");
+  const json& gs = r.at(j, "grad_scaler", "");
+  MG_REQUIRE(r.at(gs, "dynamic", " in grad_scaler").is_boolean(), label,
+             ": grad_scaler.dynamic must be true or false");
+  s.grad_scaler_dynamic = gs["dynamic"].get<bool>();
+  s.grad_scaler.scale = r.f64(gs, "scale", " in grad_scaler");
+  s.grad_scaler.growth_tracker = r.i64(gs, "growth_tracker", " in grad_scaler");
+  s.grad_scaler.hysteresis_tracker = r.i64(gs, "hysteresis_tracker", " in grad_scaler");
+  const json& sc = r.at(j, "opt_param_scheduler", "");
+  const char* in_sc = " in opt_param_scheduler";
+  s.scheduler.max_lr = r.f64(sc, "max_lr", in_sc);
+  s.scheduler.min_lr = r.f64(sc, "min_lr", in_sc);
+  s.scheduler.lr_warmup_init = r.f64(sc, "lr_warmup_init", in_sc);
+  s.scheduler.lr_warmup_steps = r.i64(sc, "lr_warmup_steps", in_sc);
+  s.scheduler.lr_decay_steps = r.i64(sc, "lr_decay_steps", in_sc);
+  s.scheduler.wsd_decay_steps = r.i64(sc, "wsd_decay_steps", in_sc);
+  s.scheduler.start_wd = r.f64(sc, "start_wd", in_sc);
+  s.scheduler.end_wd = r.f64(sc, "end_wd", in_sc);
+  s.scheduler.wd_incr_steps = r.i64(sc, "wd_incr_steps", in_sc);
+  try {
+    s.scheduler.decay_style = optim::parse_lr_decay_style(r.string(sc, "lr_decay_style", in_sc));
+    s.scheduler.wsd_decay_style = optim::parse_wsd_decay_style(r.string(sc, "lr_wsd_decay_style", in_sc));
+    s.scheduler.wd_incr_style = optim::parse_wd_incr_style(r.string(sc, "wd_incr_style", in_sc));
+  } catch (const Error& e) {
+    MG_THROW(label, ": opt_param_scheduler: ", e.what());
+  }
+  s.scheduler_num_steps = r.i64(sc, "num_steps", in_sc);
+  const json& rng = r.at(j, "rng_state", "");
+  if (!rng.is_null()) {
+    MG_REQUIRE(r.string(rng, "generator", " in rng_state") == "philox4x32-10", label,
+               ": rng_state.generator must be \"philox4x32-10\"");
+    s.rng = RngState{r.u64(rng, "seed", " in rng_state"), r.u64(rng, "dropout_offset", " in rng_state")};
+  }
+  const json& opt = r.at(j, "optimizer", "");
+  if (!opt.is_null()) s.optimizer_type = r.string(opt, "type", " in optimizer");
+  s.args = r.at(j, "args", "");
+  MG_REQUIRE(s.args.is_object(), label, ": \"args\" must be an object");
+  MG_REQUIRE(s.iteration >= 0 && s.consumed_train_samples >= 0 && s.consumed_valid_samples >= 0 &&
+                 s.scheduler_num_steps >= 0,
+             label, ": negative iteration, sample or step count");
+  return s;
+}
+
+// The file's bytes after checking its size and SHA-256 against metadata.json.
+std::vector<uint8_t> read_verified(const CheckpointOnDisk& ckpt, const std::string& rel) {
+  const fs::path file = ckpt.dir / rel;
+  const std::string meta = (ckpt.dir / "metadata.json").string();
+  MG_REQUIRE(ckpt.files.is_object() && ckpt.files.contains(rel), meta, " lists no checksum for ", rel);
+  const json& f = ckpt.files[rel];
+  MG_REQUIRE(f.is_object() && f.contains("bytes") && f["bytes"].is_number_unsigned() &&
+                 f.contains("sha256") && f["sha256"].is_string(),
+             meta, ": malformed \"files\" entry for ", rel);
+  MG_REQUIRE(fs::is_regular_file(file), "checkpoint file ", file.string(), " is missing");
+  const uint64_t expected = f["bytes"].get<uint64_t>();
+  const uint64_t actual = fs::file_size(file);
+  MG_REQUIRE(actual == expected, file.string(), " has ", actual, " bytes but metadata.json records ",
+             expected, " (truncated or partially written file)");
+  std::vector<uint8_t> bytes(actual);
+  {
+    std::ifstream in(file, std::ios::binary);
+    MG_REQUIRE(in && in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(actual)),
+               "cannot read ", file.string());
+  }
+  Sha256 h;
+  h.update(bytes.data(), bytes.size());
+  const std::string sha = h.hex();
+  MG_REQUIRE(sha == f["sha256"].get<std::string>(), file.string(),
+             ": SHA-256 checksum mismatch (file is corrupted): expected ",
+             f["sha256"].get<std::string>(), ", got ", sha);
+  return bytes;
+}
+
+SafetensorsContents read_tensor_file(const CheckpointOnDisk& ckpt, const std::string& rel) {
+  const std::vector<uint8_t> bytes = read_verified(ckpt, rel);
+  return parse_safetensors(bytes, (ckpt.dir / rel).string());
+}
+
+}  // namespace
+
+json training_args_to_json(const TrainingArgs& args) { return json(args); }
+
+TrainingArgs training_args_from_json(const json& j) { return j.get<TrainingArgs>(); }
+
+std::string sha256_file(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  MG_REQUIRE(in, "cannot read ", file.string());
+  Sha256 h;
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), std::streamsize(buf.size()));
+    h.update(buf.data(), size_t(in.gcount()));
+  }
+  MG_REQUIRE(in.eof(), "cannot read ", file.string());
+  return h.hex();
+}
+
+fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
+                         const model::ParameterList& params, optim::Optimizer* optimizer) {
+  const std::string name = iteration_dir_name(state.iteration);
   fs::create_directories(save_dir);
   const fs::path final_dir = save_dir / name;
-  const fs::path tmp_dir = save_dir / (std::string(".tmp_") + name);
+  const fs::path tmp_dir = save_dir / (".tmp_" + name);
   fs::remove_all(tmp_dir);
-  fs::create_directories(tmp_dir / "mp_rank_00");
+  fs::create_directories(tmp_dir / kRankDir);
   set_mode(tmp_dir, 0750);
-  set_mode(tmp_dir / "mp_rank_00", 0750);
-  write_safetensors(tmp_dir / "mp_rank_00" / "model.safetensors", params);
+  set_mode(tmp_dir / kRankDir, 0750);
+
+  json files = json::object();
+  auto write_tensors = [&](const char* rel, const std::vector<std::pair<std::string, Tensor>>& t) {
+    const fs::path p = tmp_dir / rel;
+    write_safetensors(p, t, {{"format", "pt"}});
+    set_mode(p, 0640);
+    files[rel] = {{"bytes", fs::file_size(p)}, {"sha256", sha256_file(p)}};
+  };
+  std::vector<std::pair<std::string, Tensor>> model_tensors;
+  for (const model::Parameter* p : params) model_tensors.emplace_back(p->name, p->value);
+  write_tensors(kModelFile, model_tensors);
+
+  if (optimizer != nullptr) {
+    std::vector<std::pair<std::string, Tensor>> t;
+    Tensor step = Tensor::empty({}, DType::I64);
+    *step.data<int64_t>() = optimizer->step_count();
+    t.emplace_back("optimizer.step", step);
+    const auto& ps = optimizer->parameters();
+    const auto& st = optimizer->state();
+    const bool adam = optimizer->config().type == optim::OptimizerType::Adam;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (st[i].main.storage() != ps[i]->value.storage())
+        t.emplace_back("optimizer.state.fp32_param." + ps[i]->name, st[i].main);
+      if (adam) {
+        t.emplace_back("optimizer.state.exp_avg." + ps[i]->name, st[i].exp_avg);
+        t.emplace_back("optimizer.state.exp_avg_sq." + ps[i]->name, st[i].exp_avg_sq);
+      } else {
+        t.emplace_back("optimizer.state.momentum_buffer." + ps[i]->name, st[i].exp_avg);
+      }
+    }
+    write_tensors(kOptimFile, t);
+  }
+
   nlohmann::ordered_json meta;
-  meta["format_version"] = 1;
-  meta["iteration"] = info.iteration;
-  meta["consumed_train_samples"] = info.consumed_train_samples;
-  meta["args"] = nlohmann::json::parse(info.args_json);
+  meta["format_version"] = kCheckpointFormatVersion;
+  meta["iteration"] = state.iteration;
+  meta["consumed_train_samples"] = state.consumed_train_samples;
+  meta["consumed_valid_samples"] = state.consumed_valid_samples;
+  meta["grad_scaler"] = {{"dynamic", state.grad_scaler_dynamic},
+                         {"scale", state.grad_scaler.scale},
+                         {"growth_tracker", state.grad_scaler.growth_tracker},
+                         {"hysteresis_tracker", state.grad_scaler.hysteresis_tracker}};
+  meta["opt_param_scheduler"] = scheduler_to_json(state.scheduler, state.scheduler_num_steps);
+  if (state.rng)
+    meta["rng_state"] = {{"generator", "philox4x32-10"},
+                         {"seed", state.rng->seed},
+                         {"dropout_offset", state.rng->dropout_offset}};
+  else
+    meta["rng_state"] = nullptr;
+  if (optimizer != nullptr)
+    meta["optimizer"] = {{"type", optimizer->config().type == optim::OptimizerType::Adam ? "adam" : "sgd"}};
+  else
+    meta["optimizer"] = nullptr;
+  meta["args"] = state.args;
+  meta["files"] = files;
   write_text_file(tmp_dir / "metadata.json", meta.dump(2) + "\n");
-  fs::remove_all(final_dir);
+  fsync_path(tmp_dir / kRankDir, true);
+  fsync_path(tmp_dir, true);
+
+  // Re-saving an iteration: the old folder is moved aside first, so that a crash in between
+  // leaves one complete folder under some name.
+  const fs::path old_dir = save_dir / (".old_" + name);
+  fs::remove_all(old_dir);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
   fs::rename(tmp_dir, final_dir);
-  write_text_file(save_dir / "latest_checkpointed_iteration.txt", std::to_string(info.iteration));
+  fsync_path(save_dir, true);
+  fs::remove_all(old_dir);
+  write_text_file(save_dir / kTracker, std::to_string(state.iteration));
+  fsync_path(save_dir, true);
   return final_dir;
+}
+
+std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
+                                                std::optional<int64_t> ckpt_step) {
+  const fs::path tracker = load_dir / kTracker;
+  CheckpointOnDisk c;
+  std::string sub;
+  int64_t expected_iteration = 0;
+  if (ckpt_step) {
+    expected_iteration = *ckpt_step;
+    MG_REQUIRE(*ckpt_step >= 0, "--ckpt-step must be >= 0 (got ", *ckpt_step, ")");
+    sub = iteration_dir_name(*ckpt_step);
+    MG_REQUIRE(fs::is_directory(load_dir / sub), "--ckpt-step ", *ckpt_step, ": checkpoint folder ",
+               (load_dir / sub).string(), " does not exist");
+  } else {
+    if (!fs::exists(load_dir) || !fs::exists(tracker)) return std::nullopt;
+    std::string text = read_text_file(tracker);
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.erase(0, 1);
+    if (text == "release") {
+      c.release = true;
+      sub = "release";
+    } else {
+      bool ok = !text.empty() && text.size() <= 18;
+      for (char ch : text) ok = ok && std::isdigit(static_cast<unsigned char>(ch));
+      MG_REQUIRE(ok, tracker.string(), ": expected an iteration number or 'release', got '",
+                 text.substr(0, 64), text.size() > 64 ? "...'" : "'",
+                 " (corrupted tracker file; pass --ckpt-step N to pick an iteration folder)");
+      expected_iteration = std::stoll(text);
+      sub = iteration_dir_name(expected_iteration);
+    }
+    MG_REQUIRE(fs::is_directory(load_dir / sub), tracker.string(), " names ", sub, " but ",
+               (load_dir / sub).string(),
+               " does not exist (deleted or never completed; pass --ckpt-step N to pick another)");
+  }
+  c.dir = load_dir / sub;
+  const fs::path meta_path = c.dir / "metadata.json";
+  MG_REQUIRE(fs::is_regular_file(meta_path), "incomplete checkpoint: ", meta_path.string(),
+             " is missing");
+  const std::string label = meta_path.string();
+  const json j = json::parse(read_text_file(meta_path), nullptr, /*allow_exceptions=*/false);
+  MG_REQUIRE(!j.is_discarded() && j.is_object(), label, " is not valid JSON (corrupted file?)");
+  MG_REQUIRE(j.contains("format_version") && j["format_version"].is_number_integer(), label,
+             ": no format_version (not a megatron.cpp training checkpoint?)");
+  const int64_t version = j["format_version"].get<int64_t>();
+  MG_REQUIRE(version == kCheckpointFormatVersion, label, ": format_version ", version,
+             " is not supported (this build reads version ", kCheckpointFormatVersion, ")");
+  c.state = state_from_json(j, label);
+  MG_REQUIRE(j.contains("files") && j["files"].is_object(), label, ": missing \"files\" checksums");
+  c.files = j["files"];
+  MG_REQUIRE(c.files.contains(kModelFile), label, ": lists no ", kModelFile);
+  MG_REQUIRE(c.release || c.state.iteration == expected_iteration, label, " says iteration ",
+             c.state.iteration, " but the folder is ", sub);
+  return c;
+}
+
+void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
+                        bool allow_dtype_conversion) {
+  SafetensorsContents st = read_tensor_file(ckpt, kModelFile);
+  const std::string label = (ckpt.dir / kModelFile).string();
+  std::set<std::string> used;
+  for (model::Parameter* p : params) {
+    auto it = st.tensors.find(p->name);
+    MG_REQUIRE(it != st.tensors.end(), label, " has no tensor '", p->name,
+               "' (the checkpoint was saved from a different model)");
+    const Tensor& t = it->second;
+    MG_REQUIRE(t.shape() == p->value.shape(), label, ": tensor '", p->name, "' has shape ",
+               shape_str(t.shape()), " but the model expects ", shape_str(p->value.shape()));
+    MG_REQUIRE(t.dtype() == p->value.dtype() || allow_dtype_conversion, label, ": tensor '", p->name,
+               "' is ", dtype_name(t.dtype()), " but this run's parameters are ",
+               dtype_name(p->value.dtype()), " (--fp16/--bf16 must match the checkpoint)");
+    MG_REQUIRE(dtype_is_floating(t.dtype()), label, ": tensor '", p->name, "' is ",
+               dtype_name(t.dtype()), ", not a floating-point type");
+    p->value.copy_(t);
+    used.insert(p->name);
+  }
+  for (const auto& [name, t] : st.tensors)
+    MG_REQUIRE(used.count(name), label, " has a tensor '", name,
+               "' that the model does not have (the checkpoint was saved from a different model)");
+}
+
+void check_checkpoint_args(const CheckpointOnDisk& ckpt, const TrainingArgs& a, bool finetune) {
+  TrainingArgs c;
+  try {
+    c = training_args_from_json(ckpt.state.args);
+  } catch (const json::exception& e) {
+    MG_THROW((ckpt.dir / "metadata.json").string(), ": malformed \"args\": ", e.what());
+  }
+  const std::string where = (ckpt.dir / "metadata.json").string();
+  auto same = [&](const char* flag, auto saved, auto given) {
+    MG_REQUIRE(saved == given, flag, ": the checkpoint ", where, " has ", saved,
+               " but this run gives ", given,
+               finetune ? " (the model's tensors must match the checkpoint's)"
+                        : " (model-shape flags must match the checkpoint when resuming)");
+  };
+  same("--num-layers", c.model.num_layers, a.model.num_layers);
+  same("--hidden-size", c.model.hidden_size, a.model.hidden_size);
+  same("--num-attention-heads", c.model.num_attention_heads, a.model.num_attention_heads);
+  same("--ffn-hidden-size", c.model.ffn(), a.model.ffn());
+  same("--kv-channels", c.model.head_dim(), a.model.head_dim());
+  same("--num-query-groups", c.model.query_groups(), a.model.query_groups());
+  same("--max-position-embeddings", c.model.max_position_embeddings, a.model.max_position_embeddings);
+  same("padded vocabulary size (--vocab-size / --vocab-file, --make-vocab-size-divisible-by)",
+       c.model.padded_vocab_size, a.model.padded_vocab_size);
+  if (!finetune) {
+    same("--seq-length", c.model.seq_length, a.model.seq_length);
+    same("parameter dtype (--fp16 / --bf16)", std::string(dtype_name(c.model.params_dtype)),
+         std::string(dtype_name(a.model.params_dtype)));
+  }
+}
+
+optim::LRSchedulerConfig resolve_scheduler_config(const optim::LRSchedulerConfig& from_args,
+                                                  const CheckpointOnDisk& ckpt, bool override_args,
+                                                  bool use_checkpoint) {
+  const optim::LRSchedulerConfig& saved = ckpt.state.scheduler;
+  optim::LRSchedulerConfig out = from_args;
+  auto pick = [&](const char* flag, auto& field, const auto& stored, auto show) {
+    const auto given = field;  // `out` starts as the command line's schedule
+    if (override_args) return;
+    if (!use_checkpoint)
+      MG_REQUIRE(given == stored, flag, ": the checkpoint's LR schedule has ", show(stored),
+                 " but this run gives ", show(given),
+                 "; pass --override-opt_param-scheduler to use this run's values or "
+                 "--use-checkpoint-opt_param-scheduler to keep the checkpoint's");
+    field = stored;
+  };
+  auto num = [](auto v) { return str(v); };
+  auto lr_style = [](optim::LRDecayStyle v) { return std::string(lr_style_name(v)); };
+  auto wsd_style = [](optim::WSDDecayStyle v) { return std::string(wsd_style_name(v)); };
+  auto wd_style = [](optim::WDIncrStyle v) { return std::string(wd_style_name(v)); };
+  if (from_args.max_lr < 0 && !override_args)
+    out.max_lr = saved.max_lr;  // --lr not given: the checkpoint's
+  else
+    pick("--lr", out.max_lr, saved.max_lr, num);
+  pick("--min-lr", out.min_lr, saved.min_lr, num);
+  pick("--lr-warmup-init", out.lr_warmup_init, saved.lr_warmup_init, num);
+  pick("--lr-warmup-iters/--lr-warmup-samples/--lr-warmup-fraction (warmup in samples)",
+       out.lr_warmup_steps, saved.lr_warmup_steps, num);
+  pick("--lr-decay-iters/--lr-decay-samples/--train-iters (decay in samples)", out.lr_decay_steps,
+       saved.lr_decay_steps, num);
+  pick("--lr-decay-style", out.decay_style, saved.decay_style, lr_style);
+  pick("--lr-wsd-decay-iters/--lr-wsd-decay-samples (in samples)", out.wsd_decay_steps,
+       saved.wsd_decay_steps, num);
+  pick("--lr-wsd-decay-style", out.wsd_decay_style, saved.wsd_decay_style, wsd_style);
+  pick("--weight-decay/--start-weight-decay", out.start_wd, saved.start_wd, num);
+  pick("--weight-decay/--end-weight-decay", out.end_wd, saved.end_wd, num);
+  pick("--train-iters/--train-samples (weight-decay increment steps)", out.wd_incr_steps,
+       saved.wd_incr_steps, num);
+  pick("--weight-decay-incr-style", out.wd_incr_style, saved.wd_incr_style, wd_style);
+  return out;
+}
+
+bool has_optimizer_state(const CheckpointOnDisk& ckpt) { return !ckpt.state.optimizer_type.empty(); }
+
+void load_optimizer_state(const CheckpointOnDisk& ckpt, optim::Optimizer& optimizer) {
+  const fs::path file = ckpt.dir / kOptimFile;
+  const std::string hint = " (pass --no-load-optim to start the optimizer fresh)";
+  MG_REQUIRE(has_optimizer_state(ckpt), "checkpoint ", ckpt.dir.string(),
+             " has no optimizer state (saved with --no-save-optim)", hint);
+  MG_REQUIRE(fs::exists(file), "checkpoint optimizer file ", file.string(), " is missing", hint);
+  const bool adam = optimizer.config().type == optim::OptimizerType::Adam;
+  const std::string want = adam ? "adam" : "sgd";
+  MG_REQUIRE(ckpt.state.optimizer_type == want, "the checkpoint ", ckpt.dir.string(), " holds ",
+             ckpt.state.optimizer_type, " state but this run uses --optimizer ", want, hint);
+  SafetensorsContents st = read_tensor_file(ckpt, kOptimFile);
+  const std::string label = file.string();
+  std::set<std::string> used;
+  auto take = [&](const std::string& name, const Shape& shape, DType dtype) -> const Tensor& {
+    auto it = st.tensors.find(name);
+    MG_REQUIRE(it != st.tensors.end(), label, " has no tensor '", name, "'", hint);
+    MG_REQUIRE(it->second.shape() == shape && it->second.dtype() == dtype, label, ": tensor '", name,
+               "' is ", dtype_name(it->second.dtype()), " ", shape_str(it->second.shape()),
+               ", expected ", dtype_name(dtype), " ", shape_str(shape), hint);
+    used.insert(name);
+    return it->second;
+  };
+  const Tensor& step = take("optimizer.step", {}, DType::I64);
+  MG_REQUIRE(*step.data<int64_t>() >= 0, label, ": negative optimizer.step");
+  const auto& ps = optimizer.parameters();
+  auto& state = optimizer.state();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string& n = ps[i]->name;
+    const Shape& shape = ps[i]->value.shape();
+    if (state[i].main.storage() != ps[i]->value.storage())
+      state[i].main.copy_(take("optimizer.state.fp32_param." + n, shape, DType::F32));
+    if (adam) {
+      state[i].exp_avg.copy_(take("optimizer.state.exp_avg." + n, shape, DType::F32));
+      state[i].exp_avg_sq.copy_(take("optimizer.state.exp_avg_sq." + n, shape, DType::F32));
+    } else {
+      state[i].exp_avg.copy_(take("optimizer.state.momentum_buffer." + n, shape, DType::F32));
+    }
+  }
+  for (const auto& [name, t] : st.tensors)
+    MG_REQUIRE(used.count(name), label, " has an unexpected tensor '", name, "'", hint);
+  optimizer.set_step_count(*step.data<int64_t>());
 }
 
 }  // namespace megatron::training

@@ -1,32 +1,127 @@
-// Checkpoint saving (Megatron layout): DIR/iter_NNNNNNN/mp_rank_00/model.safetensors holds the
-// model parameters under their Megatron-Core names in the parameter dtype (F32/BF16/F16), and
-// DIR/iter_NNNNNNN/metadata.json the iteration, consumed samples and arguments. The iteration
-// folder is written under a temporary name and renamed when complete; the tracker file
-// DIR/latest_checkpointed_iteration.txt is written last (temp file + rename). Files are 0640,
-// folders 0750.
+// Training checkpoints (Megatron's folder layout, safetensors instead of pickles):
+//
+//   DIR/latest_checkpointed_iteration.txt     decimal iteration (or "release"), written last
+//   DIR/iter_0000500/metadata.json            format_version, iteration, consumed samples, grad
+//                                             scaler, LR scheduler, RNG, all arguments, and the
+//                                             size + SHA-256 of every tensor file
+//   DIR/iter_0000500/mp_rank_00/model.safetensors      parameters under their Megatron-Core names,
+//                                                      in the parameter dtype (F32/BF16/F16)
+//   DIR/iter_0000500/mp_rank_00/optimizer.safetensors  optimizer state (absent with --no-save-optim):
+//       optimizer.step                              I64 [] successful optimizer steps
+//       optimizer.state.fp32_param.<param>          F32 main weights (bf16/fp16 models only)
+//       optimizer.state.exp_avg.<param>             F32 Adam first moment
+//       optimizer.state.exp_avg_sq.<param>          F32 Adam second moment
+//       optimizer.state.momentum_buffer.<param>     F32 SGD momentum (instead of the two above)
+//
+// metadata.json, abridged:
+//   {"format_version": 2, "iteration": 500, "consumed_train_samples": 4000,
+//    "consumed_valid_samples": 640,
+//    "grad_scaler": {"scale": 65536.0, "growth_tracker": 12, "hysteresis_tracker": 2},
+//    "opt_param_scheduler": {"max_lr": 3e-4, "min_lr": 3e-5, "lr_warmup_steps": 800,
+//                            "lr_decay_steps": 8000, "lr_decay_style": "cosine", "num_steps": 4000,
+//                            ...},                      (steps in samples, as Megatron's)
+//    "rng_state": {"generator": "philox4x32-10", "seed": 1234, "dropout_offset": 1000},
+//    "optimizer": {"type": "adam"},                    (null with --no-save-optim)
+//    "args": {...every TrainingArgs field...},
+//    "files": {"mp_rank_00/model.safetensors": {"bytes": 123, "sha256": "..."}, ...}}
+//
+// Saving writes the iteration folder under a temporary name (.tmp_iter_...), fsyncs, renames it,
+// and then replaces the tracker (temp file + rename). Files 0640, folders 0750. Loading verifies
+// every listed file's size and SHA-256 before parsing it; every problem is a megatron::Error
+// naming the file.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "model/parameter.h"
+#include "optim/grad_scaler.h"
+#include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
+#include "training/trainer.h"
 
 namespace megatron::training {
 
-// Writes name -> tensor as one safetensors file (8-byte LE header length, JSON header with
-// dtype/shape/data_offsets and __metadata__, 8-byte aligned header, then the data).
-void write_safetensors(const std::filesystem::path& file, const model::ParameterList& params);
+inline constexpr int kCheckpointFormatVersion = 2;
 
-struct CheckpointInfo {
-  int64_t iteration = 0;
-  int64_t consumed_train_samples = 0;
-  std::string args_json = "{}";  // the run's arguments as a JSON object
+// Counter-based dropout RNG: masks are a pure function of (seed, offset); the trainer advances
+// the offset by one per micro-batch.
+struct RngState {
+  uint64_t seed = 0;
+  uint64_t dropout_offset = 0;
 };
 
-// Saves the model under save_dir; returns the iteration folder.
+// Everything but the tensors.
+struct CheckpointState {
+  int64_t iteration = 0;
+  int64_t consumed_train_samples = 0, consumed_valid_samples = 0;
+  optim::GradScalerState grad_scaler;
+  bool grad_scaler_dynamic = false;  // only a dynamic scaler's state is restored
+  optim::LRSchedulerConfig scheduler;
+  int64_t scheduler_num_steps = 0;
+  std::optional<RngState> rng;  // nullopt: not saved (--no-save-rng)
+  std::string optimizer_type;   // "adam" | "sgd"; empty: no optimizer file (--no-save-optim)
+  nlohmann::json args = nlohmann::json::object();  // training_args_to_json
+};
+
+// The argument set as JSON (nested like TrainingArgs: "model", "tokenizer", "data", "optimizer",
+// ...) and back; fields absent from the JSON keep their defaults.
+nlohmann::json training_args_to_json(const TrainingArgs& args);
+TrainingArgs training_args_from_json(const nlohmann::json& j);
+
+// Saves a checkpoint; returns the iteration folder. `optimizer` null: no optimizer file.
 std::filesystem::path save_checkpoint(const std::filesystem::path& save_dir,
+                                      const CheckpointState& state,
                                       const model::ParameterList& params,
-                                      const CheckpointInfo& info);
+                                      optim::Optimizer* optimizer);
+
+// A checkpoint found on disk, its metadata parsed (tensor files are read on demand).
+struct CheckpointOnDisk {
+  std::filesystem::path dir;  // DIR/iter_NNNNNNN or DIR/release
+  bool release = false;       // tracker said "release": weights only, iteration 0
+  CheckpointState state;
+  nlohmann::json files;  // relative path -> {"bytes", "sha256"}
+};
+
+// Resolves --load / --ckpt-step. nullopt when nothing is there to load: the folder or its tracker
+// file does not exist (Megatron starts from scratch then). A tracker without a valid iteration,
+// a tracker or --ckpt-step naming a missing or incomplete iteration folder, and bad metadata are
+// errors naming the path.
+std::optional<CheckpointOnDisk> find_checkpoint(const std::filesystem::path& load_dir,
+                                                std::optional<int64_t> ckpt_step);
+
+// Reads model.safetensors (size and SHA-256 verified) into the parameters: every parameter must
+// be present with its shape; the dtype must match unless allow_dtype_conversion.
+void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
+                        bool allow_dtype_conversion);
+
+// Megatron's check_checkpoint_args: the flags that fix the model's tensors (--num-layers,
+// --hidden-size, --num-attention-heads, --ffn-hidden-size, --kv-channels, --num-query-groups,
+// --max-position-embeddings, the padded vocabulary) must equal the checkpoint's; for a resume
+// (not --finetune) also --seq-length and the parameter dtype (--fp16/--bf16). A mismatch is an
+// error naming the flag, the checkpoint's value and the given value. `args` has its derived fields
+// (padded_vocab_size, params_dtype) filled in.
+void check_checkpoint_args(const CheckpointOnDisk& ckpt, const TrainingArgs& args, bool finetune);
+
+// Megatron's OptimizerParamScheduler.load_state_dict rule for each schedule value (LR, min LR,
+// warmup, decay steps and style, weight-decay range and style): --override-opt_param-scheduler
+// takes the command line's value, --use-checkpoint-opt_param-scheduler the checkpoint's, and
+// otherwise they must be equal (error naming the flag). A negative from_args.max_lr means --lr was
+// not given.
+optim::LRSchedulerConfig resolve_scheduler_config(const optim::LRSchedulerConfig& from_args,
+                                                  const CheckpointOnDisk& ckpt, bool override_args,
+                                                  bool use_checkpoint);
+
+// True when the checkpoint has an optimizer file.
+bool has_optimizer_state(const CheckpointOnDisk& ckpt);
+// Reads optimizer.safetensors into the optimizer (fp32 main weights, moments, step count); the
+// model weights stay as load_model_weights set them. Errors suggest --no-load-optim.
+void load_optimizer_state(const CheckpointOnDisk& ckpt, optim::Optimizer& optimizer);
+
+// SHA-256 of a file, lowercase hex.
+std::string sha256_file(const std::filesystem::path& file);
 
 }  // namespace megatron::training

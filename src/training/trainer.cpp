@@ -5,8 +5,11 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <limits>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -67,8 +70,9 @@ void validate_args(const TrainingArgs& a) {
                "sample-based training (--train-samples) cannot use --lr-decay-iters, "
                "--lr-warmup-iters or --lr-wsd-decay-iters; use the -samples flags");
   }
-  MG_REQUIRE(a.lr >= 0, "--lr is required");
-  MG_REQUIRE(a.min_lr <= a.lr, "--min-lr (", a.min_lr, ") must be <= --lr (", a.lr, ")");
+  MG_REQUIRE(a.lr >= 0 || (a.use_checkpoint_opt_param_scheduler && !a.load.empty()),
+             "--lr is required (unless --load with --use-checkpoint-opt_param-scheduler)");
+  MG_REQUIRE(a.lr < 0 || a.min_lr <= a.lr, "--min-lr (", a.min_lr, ") must be <= --lr (", a.lr, ")");
   MG_REQUIRE(a.lr_warmup_fraction < 0 || (a.lr_warmup_iters == 0 && a.lr_warmup_samples == 0),
              "--lr-warmup-fraction cannot be combined with --lr-warmup-iters/--lr-warmup-samples");
   MG_REQUIRE(a.lr_warmup_fraction < 0 || a.lr_warmup_fraction <= 1.0,
@@ -83,6 +87,11 @@ void validate_args(const TrainingArgs& a) {
   MG_REQUIRE(a.save.empty() || a.save_interval > 0,
              "--save needs --save-interval N (> 0): how often to write a checkpoint");
   MG_REQUIRE(a.save_interval >= 0, "--save-interval must be > 0");
+  MG_REQUIRE(!(a.override_opt_param_scheduler && a.use_checkpoint_opt_param_scheduler),
+             "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are "
+             "mutually exclusive: take the schedule from the command line or from the checkpoint");
+  MG_REQUIRE(a.ckpt_step >= -1, "--ckpt-step must be >= 0");
+  MG_REQUIRE(a.ckpt_step < 0 || !a.load.empty(), "--ckpt-step needs --load DIR");
 }
 
 TrainingSummary pretrain_gpt(TrainingArgs a) {
@@ -100,6 +109,40 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
   a.data.seed = uint32_t(a.seed);
   a.data.tokenizer = tokenizer->type();
   a.data.eod_id = tokenizer->eod_or_throw();
+
+  // --load: find the checkpoint first, so that flag mismatches fail before any work.
+  std::optional<CheckpointOnDisk> ckpt;
+  if (!a.load.empty()) {
+    ckpt = find_checkpoint(a.load, a.ckpt_step >= 0 ? std::optional<int64_t>(a.ckpt_step) : std::nullopt);
+    if (!ckpt) {
+      const std::string why = std::filesystem::exists(a.load)
+                                  ? " has no latest_checkpointed_iteration.txt"
+                                  : " does not exist";
+      MG_REQUIRE(!a.exit_on_missing_checkpoint, "--load ", a.load, why,
+                 " and --exit-on-missing-checkpoint is set");
+      log_print(str("WARNING: --load ", a.load, why,
+                    "; no checkpoint is loaded and training starts from random initialization"));
+    }
+  }
+  // A resume continues iteration, samples, optimizer, scheduler and RNG; --finetune (and a
+  // "release" checkpoint) loads the weights only.
+  const bool resume = ckpt && !ckpt->release && !a.finetune;
+  const bool load_optim = resume && !a.no_load_optim;
+  const bool load_rng = resume && !a.no_load_rng;
+  if (ckpt) {
+    log_print(str("loading checkpoint from ", a.load, " at iteration ", ckpt->state.iteration));
+    check_checkpoint_args(*ckpt, a, !resume);
+    MG_REQUIRE(!load_rng || ckpt->state.rng, "checkpoint ", ckpt->dir.string(),
+               " has no RNG state (saved with --no-save-rng); pass --no-load-rng or --finetune");
+  }
+  int64_t start_iteration = 0, consumed = 0, consumed_valid = 0;
+  if (resume) {
+    start_iteration = ckpt->state.iteration;
+    consumed = ckpt->state.consumed_train_samples;
+    consumed_valid = ckpt->state.consumed_valid_samples;
+  }
+  const uint64_t rng_seed = load_rng ? ckpt->state.rng->seed : a.seed;
+  uint64_t dropout_offset = load_rng ? ckpt->state.rng->dropout_offset : 0;
 
   const int64_t train_iters = a.train_iters > 0 ? a.train_iters : (a.train_samples + gbs - 1) / gbs;
   const int64_t train_samples = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
@@ -134,16 +177,40 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
     sc.end_wd = a.end_weight_decay;
     sc.wd_incr_steps = train_samples;
   }
-  optim::LRScheduler scheduler(sc);
 
-  model::GPTModel gpt(a.model, a.seed);
+  // The model is built with the (restored) RNG seed: dropout masks continue where they stopped.
+  model::GPTModel gpt(a.model, rng_seed);
+  if (ckpt) load_model_weights(*ckpt, gpt.parameters(), /*allow_dtype_conversion=*/!resume);
   a.optimizer.type = optim::parse_optimizer_type(a.optimizer_name);
-  optim::Optimizer opt(gpt.parameters(), a.optimizer);
+  optim::Optimizer opt(gpt.parameters(), a.optimizer);  // fp32 main copies of the loaded weights
   optim::GradScaler scaler =
       a.fp16 ? (a.loss_scale > 0 ? optim::GradScaler::constant(a.loss_scale)
                                  : optim::GradScaler::dynamic(a.initial_loss_scale, a.min_loss_scale,
                                                               a.loss_scale_window, a.hysteresis))
              : optim::GradScaler::constant(a.loss_scale > 0 && !a.bf16 ? a.loss_scale : 1.0);
+  if (load_optim) {  // Megatron restores loss scaler and LR schedule together with the optimizer
+    load_optimizer_state(*ckpt, opt);
+    if (scaler.is_dynamic() && ckpt->state.grad_scaler_dynamic) scaler.load_state(ckpt->state.grad_scaler);
+    sc = resolve_scheduler_config(sc, *ckpt, a.override_opt_param_scheduler,
+                                  a.use_checkpoint_opt_param_scheduler);
+  }
+  MG_REQUIRE(sc.max_lr >= 0, "--lr is required (no LR schedule was loaded from a checkpoint)");
+  optim::LRScheduler scheduler(sc);
+  if (load_optim) scheduler.set_num_steps(ckpt->state.scheduler_num_steps);
+  if (ckpt) {
+    std::string what;
+    if (!resume) {
+      what = str(a.finetune ? "--finetune" : "release checkpoint",
+                 ": weights only; iteration, consumed samples, optimizer and LR schedule start from zero");
+    } else {
+      what = str("consumed samples: ", consumed,
+                 load_optim ? "; optimizer, loss scaler and LR schedule restored"
+                            : "; --no-load-optim: optimizer, loss scaler and LR schedule start fresh",
+                 load_rng ? "; RNG restored" : "; --no-load-rng: RNG from --seed");
+    }
+    log_print(str("successfully loaded checkpoint from ", a.load, " at iteration ",
+                  ckpt->state.iteration, " (", what, ")"));
+  }
 
   if (a.exit_signal_handler) {
     std::signal(SIGTERM, on_exit_signal);
@@ -153,6 +220,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
   if (!a.metrics_jsonl.empty()) {
     jsonl.open(a.metrics_jsonl, std::ios::app);
     MG_REQUIRE(jsonl.good(), "--log-metrics-jsonl: cannot open ", a.metrics_jsonl, " for writing");
+    jsonl << std::setprecision(17);  // round-trip exact: resumed runs compare bitwise
   }
   FlopsModel fm{a.model.num_layers, a.model.hidden_size, a.model.num_attention_heads,
                 a.model.kv_channels, a.model.num_query_groups, a.model.ffn(), a.model.seq_length,
@@ -161,7 +229,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
   TrainingTensorBoard tensorboard(a.tensorboard);
 
   TrainingSummary sum;
-  int64_t consumed = 0, consumed_valid = 0;
+  sum.start_iteration = sum.iterations = start_iteration;
+  sum.consumed_samples = consumed;
   int64_t interval_iters = 0, interval_advanced = 0, interval_skipped = 0, interval_nan = 0;
   double interval_loss = 0, interval_gn = std::nan("");
   auto interval_t0 = Clock::now();
@@ -170,21 +239,25 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
   int64_t last_saved = -1;
   auto save = [&](int64_t it) {
     if (a.save.empty() || last_saved == it) return;
-    CheckpointInfo info;
-    info.iteration = it;
-    info.consumed_train_samples = consumed;
-    info.args_json = str("{\"num_layers\": ", a.model.num_layers, ", \"hidden_size\": ",
-                         a.model.hidden_size, ", \"num_attention_heads\": ",
-                         a.model.num_attention_heads, ", \"ffn_hidden_size\": ", a.model.ffn(),
-                         ", \"seq_length\": ", a.model.seq_length,
-                         ", \"max_position_embeddings\": ", a.model.max_position_embeddings,
-                         ", \"padded_vocab_size\": ", a.model.padded_vocab_size, "}");
-    const auto dir = save_checkpoint(a.save, gpt.parameters(), info);
+    CheckpointState st;
+    st.iteration = it;
+    st.consumed_train_samples = consumed;
+    st.consumed_valid_samples = consumed_valid;
+    st.grad_scaler = scaler.state();
+    st.grad_scaler_dynamic = scaler.is_dynamic();
+    st.scheduler = scheduler.config();
+    st.scheduler_num_steps = scheduler.num_steps();
+    if (!a.no_save_rng) st.rng = RngState{rng_seed, dropout_offset};
+    st.args = training_args_to_json(a);
+    const auto dir = save_checkpoint(a.save, st, gpt.parameters(), a.no_save_optim ? nullptr : &opt);
     log_print(str("saved checkpoint at iteration ", it, " to ", dir.string()));
     last_saved = it;
   };
 
-  for (int64_t it = 1; it <= train_iters; ++it) {
+  if (start_iteration >= train_iters)
+    log_print(str("the checkpoint is at iteration ", start_iteration, ", at or past the ",
+                  train_iters, " training iterations asked for: nothing to train"));
+  for (int64_t it = start_iteration + 1; it <= train_iters; ++it) {
     opt.zero_grad();
     std::vector<data::GPTBatch> batches;
     double tokens = 0;
@@ -196,9 +269,10 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
     double loss_sum = 0;
     for (int64_t m = 0; m < num_micro; ++m) {
       model::LossResult r = gpt.forward_backward(to_inputs(batches[size_t(m)]), grad_scale,
-                                                 uint64_t((it - 1) * num_micro + m));
+                                                 dropout_offset + uint64_t(m));
       loss_sum += r.loss_sum;
     }
+    dropout_offset += uint64_t(num_micro);
     const double loss = loss_sum / std::max(tokens, 1.0);
     optim::StepResult step = opt.step(scheduler.lr(), scheduler.weight_decay(), scaler);
     const double used_lr = scheduler.lr();
@@ -247,7 +321,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
         jsonl << "{\"iteration\": " << it << ", \"consumed_samples\": " << consumed
               << ", \"lm_loss\": " << s.lm_loss << ", \"learning_rate\": " << used_lr
               << ", \"loss_scale\": " << s.loss_scale << ", \"grad_norm\": "
-              << (std::isnan(interval_gn) ? std::string("null") : std::to_string(interval_gn))
+              << (std::isnan(interval_gn) ? std::string("null") : str(std::setprecision(17), interval_gn))
               << ", \"ms_per_iteration\": " << s.elapsed_ms_per_iter
               << ", \"tokens_per_second\": " << s.tokens_per_second
               << ", \"skipped_iterations\": " << interval_skipped << "}\n";
@@ -296,10 +370,11 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
       break;
     }
   }
-  if (sum.iterations > 0) save(sum.iterations);
+  const int64_t ran = sum.iterations - start_iteration;
+  if (ran > 0) save(sum.iterations);  // also after --exit-interval/-duration and a signal
   const double total = seconds_since(loop_t0);
-  sum.seconds_per_iteration = sum.iterations > 0 ? total / double(sum.iterations) : 0;
-  sum.tokens_per_second = total > 0 ? double(sum.consumed_samples * a.model.seq_length) / total : 0;
+  sum.seconds_per_iteration = ran > 0 ? total / double(ran) : 0;
+  sum.tokens_per_second = total > 0 ? double(ran * gbs * a.model.seq_length) / total : 0;
   return sum;
 }
 

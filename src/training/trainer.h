@@ -3,7 +3,12 @@
 // LR step -> log / evaluate / exit. The per-iteration loss is Megatron's per-token average
 // (sum of loss over all micro-batches / number of loss tokens); each micro-batch's backward is
 // scaled by loss_scale / (tokens_in_global_batch), so the accumulated gradient is the gradient of
-// that average. Dropout masks are keyed by (iteration, micro-batch).
+// that average. Dropout masks are keyed by a counter that advances by one per micro-batch.
+// --load resumes exactly: the checkpoint restores iteration, consumed samples (the sampler goes on
+// with the next sample), weights, optimizer, loss scaler, LR schedule and the dropout counter, so a
+// resumed run reproduces the uninterrupted one bit for bit. --save also writes a checkpoint when
+// training stops early (--exit-interval, --exit-duration-in-mins, SIGTERM/SIGINT with
+// --exit-signal-handler, which finish the current iteration first).
 #pragma once
 
 #include <cstdint>
@@ -51,16 +56,25 @@ struct TrainingArgs {
   bool exit_signal_handler = false;
   std::string metrics_jsonl;  // --log-metrics-jsonl: one JSON object per logged interval
   TensorBoardOptions tensorboard;  // --tensorboard-dir and its companions
-  // checkpoints (saving only)
+  // checkpoints (see checkpoint.h for the layout)
   std::string save;  // --save
   int64_t save_interval = 0;
+  bool no_save_optim = false, no_save_rng = false;  // --no-save-optim, --no-save-rng
+  std::string load;          // --load: resume from (or finetune) the checkpoint there
+  int64_t ckpt_step = -1;    // --ckpt-step: load this iteration instead of the tracker's
+  bool finetune = false;     // --finetune: weights only; iteration, samples, optimizer reset
+  bool no_load_optim = false, no_load_rng = false;  // --no-load-optim, --no-load-rng
+  bool override_opt_param_scheduler = false;        // --override-opt_param-scheduler
+  bool use_checkpoint_opt_param_scheduler = false;  // --use-checkpoint-opt_param-scheduler
+  bool exit_on_missing_checkpoint = false;          // --exit-on-missing-checkpoint
 };
 
 // Checks cross-flag constraints; throws megatron::Error naming the flags.
 void validate_args(const TrainingArgs& a);
 
 struct TrainingSummary {
-  int64_t iterations = 0, consumed_samples = 0, skipped_iterations = 0;
+  int64_t start_iteration = 0;  // iteration loaded with --load (0 from scratch or --finetune)
+  int64_t iterations = 0, consumed_samples = 0, skipped_iterations = 0;  // totals at the end
   double last_loss = 0;           // per-token loss of the last iteration
   double tokens_per_second = 0;   // over the whole run
   double seconds_per_iteration = 0;
