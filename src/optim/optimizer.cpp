@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "model/tensor_parallel.h"
 
 namespace megatron::optim {
 
@@ -14,8 +15,6 @@ OptimizerType parse_optimizer_type(const std::string& s) {
   MG_THROW("--optimizer: unknown value '", s, "'; use adam or sgd");
 }
 
-namespace {
-
 void scale_inplace(const Tensor& t, float factor) {
   MG_CHECK(t.dtype() == DType::F32 && t.is_contiguous(), "grads must be contiguous fp32");
   float* p = t.data<float>();
@@ -24,10 +23,8 @@ void scale_inplace(const Tensor& t, float factor) {
   for (int64_t i = 0; i < n; ++i) p[i] *= factor;
 }
 
-// torch.optim.SGD with momentum and (coupled) weight decay:
-//   g += wd * p; buf = first ? g : momentum * buf + g; p -= lr * buf
-void sgd_step(const Tensor& main, const Tensor& grad, const Tensor& buf, double lr, double wd,
-              double momentum, bool first) {
+void sgd_update(const Tensor& main, const Tensor& grad, const Tensor& buf, double lr, double wd,
+                double momentum, bool first) {
   float* p = main.data<float>();
   const float* g = grad.data<float>();
   float* b = buf.data<float>();
@@ -42,7 +39,14 @@ void sgd_step(const Tensor& main, const Tensor& grad, const Tensor& buf, double 
   }
 }
 
-}  // namespace
+std::pair<bool, double> reduce_grad_stats(Communicator* group, bool local_nonfinite,
+                                          double local_sum_sq) {
+  if (group == nullptr || group->size() == 1) return {local_nonfinite, local_sum_sq};
+  Tensor t = Tensor::from_vector<double>({local_nonfinite ? 1.0 : 0.0, local_sum_sq}, {2});
+  group->all_reduce(t, ReduceOp::Sum);
+  const double* v = t.data<double>();
+  return {v[0] > 0.0, v[1]};
+}
 
 double global_l2_norm(const std::vector<Tensor>& tensors) {
   double sq = 0.0;
@@ -94,13 +98,19 @@ StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler) {
     for (const Tensor& g : grads) scale_inplace(g, float(inv));
   bool finite = true;
   for (const Tensor& g : grads) finite = finite && ops::all_finite(g);
+  if (stats_group_ != nullptr) {  // every rank of the model-parallel group decides the same
+    const auto [nonfinite, sum_sq] = reduce_grad_stats(
+        stats_group_, !finite, finite ? model::local_grad_sum_of_squares(params_, tp_rank_) : 0.0);
+    finite = !nonfinite;
+    r.grad_norm = std::sqrt(sum_sq);
+  }
   scaler.update(!finite);
   if (!finite) {
     r.skipped = true;
     r.grad_norm = std::nan("");
     return r;
   }
-  r.grad_norm = global_l2_norm(grads);
+  if (stats_group_ == nullptr) r.grad_norm = global_l2_norm(grads);
   if (cfg_.clip_grad > 0.0) {
     const double coeff = cfg_.clip_grad / (r.grad_norm + 1e-6);
     if (coeff < 1.0)
@@ -122,7 +132,7 @@ StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler) {
       ac.step = step_count_;
       ops::adamw_step(s.main, p.grad, s.exp_avg, s.exp_avg_sq, separate ? p.value : Tensor(), ac);
     } else {
-      sgd_step(s.main, p.grad, s.exp_avg, lr, wd, cfg_.sgd_momentum, step_count_ == 1);
+      sgd_update(s.main, p.grad, s.exp_avg, lr, wd, cfg_.sgd_momentum, step_count_ == 1);
       if (separate) p.value.copy_(s.main);
     }
   }

@@ -5,11 +5,17 @@
 // main copy (FP32Optimizer). One step = unscale grads by 1/loss_scale, check for inf/NaN (skip the
 // step and update the scaler when found), global L2 grad norm, clip (coeff = clip/(norm+1e-6)
 // when < 1), update. Weight decay applies only to parameters with Parameter::weight_decay.
+// Under tensor/data parallelism set_grad_stats_group() makes the inf check and the grad norm
+// global: Megatron's rule (model/tensor_parallel.h) counts TP-replicated parameters on TP rank 0
+// only, the local sums are SUM-all-reduced over the model-parallel group, and every rank skips
+// (or not) together. The sharded variant is optim/distributed_optimizer.h.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/tensor.h"
 #include "model/parameter.h"
 #include "optim/grad_scaler.h"
@@ -56,15 +62,34 @@ class Optimizer {
   // Model params <- main params (after loading main params from a checkpoint).
   void copy_main_to_model();
   const OptimizerConfig& config() const { return cfg_; }
+  // Model parallelism: reduce the inf check and the grad norm over `group` (the model-parallel
+  // group; this rank is TP rank `tp_rank`). nullptr: this rank's gradients are the whole model.
+  void set_grad_stats_group(Communicator* group, int tp_rank) {
+    stats_group_ = group;
+    tp_rank_ = tp_rank;
+  }
 
  private:
   model::ParameterList params_;
   OptimizerConfig cfg_;
+  Communicator* stats_group_ = nullptr;
+  int tp_rank_ = 0;
   std::vector<ParamState> state_;
   int64_t step_count_ = 0;
 };
 
 // Global L2 norm (double accumulation) of the given fp32 tensors.
 double global_l2_norm(const std::vector<Tensor>& tensors);
+
+// The update rules both optimizers share (fp32 contiguous tensors of one size).
+// SGD (torch.optim.SGD, coupled weight decay): g += wd * p; buf = first ? g : momentum * buf + g;
+// p -= lr * buf.
+void sgd_update(const Tensor& main, const Tensor& grad, const Tensor& buf, double lr, double wd,
+                double momentum, bool first);
+void scale_inplace(const Tensor& t, float factor);  // t *= factor
+// Reduces {found non-finite (0/1), sum of squares} over `group` in one SUM all-reduce and
+// returns {any rank found a non-finite value, global sum of squares}.
+std::pair<bool, double> reduce_grad_stats(Communicator* group, bool local_nonfinite,
+                                          double local_sum_sq);
 
 }  // namespace megatron::optim

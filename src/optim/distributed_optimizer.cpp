@@ -1,0 +1,95 @@
+// Sharded AdamW/SGD over the flat data-parallel buffer (see distributed_optimizer.h).
+#include "optim/distributed_optimizer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "model/tensor_parallel.h"
+
+namespace megatron::optim {
+
+DistributedOptimizer::DistributedOptimizer(ParamAndGradBuffer& buffer, const OptimizerConfig& cfg,
+                                           Communicator& grad_stats, int tp_rank)
+    : buffer_(buffer), cfg_(cfg), grad_stats_(grad_stats), tp_rank_(tp_rank) {
+  MG_CHECK(buffer.sharded(), "the distributed optimizer needs a buffer padded for sharding");
+  MG_REQUIRE(cfg.clip_grad >= 0.0, "--clip-grad must be >= 0 (got ", cfg.clip_grad, ")");
+  MG_REQUIRE(cfg.adam_beta1 >= 0.0 && cfg.adam_beta1 < 1.0, "--adam-beta1 must be in [0, 1)");
+  MG_REQUIRE(cfg.adam_beta2 >= 0.0 && cfg.adam_beta2 < 1.0, "--adam-beta2 must be in [0, 1)");
+  MG_REQUIRE(cfg.adam_eps > 0.0, "--adam-eps must be > 0");
+  MG_REQUIRE(cfg.sgd_momentum >= 0.0, "--sgd-momentum must be >= 0");
+  pieces_ = buffer.layout().shard_pieces(buffer.dp().rank());
+  const int64_t n = buffer.layout().total_shard_size();
+  main_ = Tensor::zeros({n}, DType::F32);
+  exp_avg_ = Tensor::zeros({n}, DType::F32);
+  if (cfg.type == OptimizerType::Adam) exp_avg_sq_ = Tensor::zeros({n}, DType::F32);
+  reload_main_from_model();
+}
+
+void DistributedOptimizer::reload_main_from_model() {
+  const Tensor params = buffer_.param_data();
+  for (const BufferLayout::Piece& p : pieces_)
+    main_.narrow(0, p.shard_offset, p.length).copy_(params.narrow(0, p.buffer_offset, p.length));
+}
+
+void DistributedOptimizer::copy_main_to_model() {
+  const Tensor params = buffer_.param_data();
+  for (const BufferLayout::Piece& p : pieces_)
+    params.narrow(0, p.buffer_offset, p.length).copy_(main_.narrow(0, p.shard_offset, p.length));
+  buffer_.all_gather_params();
+}
+
+StepResult DistributedOptimizer::step(double lr, double weight_decay, GradScaler& scaler) {
+  StepResult r;
+  const Tensor grads = buffer_.main_grad_shard();
+  const double inv = scaler.inv_scale();
+  if (inv != 1.0) scale_inplace(grads, float(inv));
+  const bool local_finite = ops::all_finite(grads);
+  double local_sq = 0.0;
+  if (local_finite) {
+    const model::ParameterList& params = buffer_.parameters();
+    for (const BufferLayout::Piece& p : pieces_)
+      if (model::param_is_not_tensor_parallel_duplicate(*params[p.param], tp_rank_))
+        local_sq += ops::l2_norm_squared(grads.narrow(0, p.shard_offset, p.length));
+  }
+  const auto [nonfinite, sum_sq] = reduce_grad_stats(&grad_stats_, !local_finite, local_sq);
+  scaler.update(nonfinite);
+  if (nonfinite) {
+    r.skipped = true;
+    r.grad_norm = std::nan("");
+    return r;
+  }
+  r.grad_norm = std::sqrt(sum_sq);
+  if (cfg_.clip_grad > 0.0) {
+    const double coeff = cfg_.clip_grad / (r.grad_norm + 1e-6);
+    if (coeff < 1.0) scale_inplace(grads, float(coeff));
+  }
+  ++step_count_;
+  const model::ParameterList& params = buffer_.parameters();
+  const Tensor pbuf = buffer_.param_data();
+  for (const BufferLayout::Piece& p : pieces_) {
+    const double wd = params[p.param]->weight_decay ? weight_decay : 0.0;
+    const Tensor main = main_.narrow(0, p.shard_offset, p.length);
+    const Tensor g = grads.narrow(0, p.shard_offset, p.length);
+    const Tensor m = exp_avg_.narrow(0, p.shard_offset, p.length);
+    const Tensor model_copy = pbuf.narrow(0, p.buffer_offset, p.length);
+    if (cfg_.type == OptimizerType::Adam) {
+      ops::AdamWConfig ac;
+      ac.lr = float(lr);
+      ac.beta1 = float(cfg_.adam_beta1);
+      ac.beta2 = float(cfg_.adam_beta2);
+      ac.eps = float(cfg_.adam_eps);
+      ac.weight_decay = float(wd);
+      ac.step = step_count_;
+      ops::adamw_step(main, g, m, exp_avg_sq_.narrow(0, p.shard_offset, p.length), model_copy, ac);
+    } else {
+      sgd_update(main, g, m, lr, wd, cfg_.sgd_momentum, step_count_ == 1);
+      Tensor dst = model_copy;
+      dst.copy_(main);
+    }
+  }
+  buffer_.all_gather_params();
+  return r;
+}
+
+}  // namespace megatron::optim

@@ -1,0 +1,63 @@
+// The distributed optimizer (--use-distributed-optimizer; Megatron's DistributedOptimizer, a
+// ZeRO-1 scheme): the fp32 main parameters and the Adam moments (or SGD momentum) are sharded
+// across the data-parallel ranks over the flat buffer of optim/grad_buffer.h. Each DP rank owns
+// the contiguous 1/DP slice of every bucket. One step:
+//   1. the gradient buffer is reduce-scattered (ParamAndGradBuffer::finish_grad_sync): this
+//      rank's main_grad_shard() holds the fully reduced gradients of its slice;
+//   2. unscale by 1/loss_scale; the inf check and the grad norm are reduced over `grad_stats`
+//      (every rank holding distinct gradient pieces: data x model parallel, the world when PP = 1;
+//      TP-replicated parameters count on TP rank 0 only); all ranks skip together; clip;
+//   3. AdamW/SGD on the fp32 main shard (per parameter piece: weight decay follows the piece's
+//      parameter), writing the updated values in the parameter dtype into the parameter buffer;
+//   4. all-gather of the parameter buffer, so every rank holds every updated parameter.
+// The update is elementwise, so with the same reduced gradients it equals the unsharded
+// optimizer's bit for bit. Memory per parameter (fp32 model): 4 (param) + 4 (grad) + 12/DP.
+// --overlap-param-gather is not overlapped here: the all-gather is issued at the end of step().
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "optim/grad_buffer.h"
+#include "optim/optimizer.h"
+
+namespace megatron::optim {
+
+class DistributedOptimizer {
+ public:
+  // `buffer` was built with pad_for_sharding over the model's parameters; it outlives this.
+  // tp_rank: this rank's tensor-parallel rank (the grad-norm duplicate rule).
+  DistributedOptimizer(ParamAndGradBuffer& buffer, const OptimizerConfig& cfg,
+                       Communicator& grad_stats, int tp_rank);
+
+  void zero_grad() { buffer_.zero_grad(); }
+  // After buffer.finish_grad_sync(). Updates the scaler; ends with the parameter all-gather.
+  StepResult step(double lr, double weight_decay, GradScaler& scaler);
+
+  const OptimizerConfig& config() const { return cfg_; }
+  ParamAndGradBuffer& buffer() const { return buffer_; }
+  int64_t step_count() const { return step_count_; }
+  void set_step_count(int64_t n) { step_count_ = n; }
+  // This rank's pieces of the parameters (BufferLayout::shard_pieces of its DP rank).
+  const std::vector<BufferLayout::Piece>& pieces() const { return pieces_; }
+  // Shard state, [total_shard_size] fp32 each, indexed by Piece::shard_offset (padding included).
+  // exp_avg is SGD's momentum buffer; exp_avg_sq is undefined for SGD.
+  Tensor main_params() const { return main_; }
+  Tensor exp_avg() const { return exp_avg_; }
+  Tensor exp_avg_sq() const { return exp_avg_sq_; }
+  // Main shard <- model parameters (after loading model weights without optimizer state).
+  void reload_main_from_model();
+  // Model parameters <- main shard (then all-gathered), after loading the main shard.
+  void copy_main_to_model();
+
+ private:
+  ParamAndGradBuffer& buffer_;
+  OptimizerConfig cfg_;
+  Communicator& grad_stats_;
+  int tp_rank_;
+  std::vector<BufferLayout::Piece> pieces_;
+  Tensor main_, exp_avg_, exp_avg_sq_;
+  int64_t step_count_ = 0;
+};
+
+}  // namespace megatron::optim

@@ -1,0 +1,306 @@
+// Data-parallel buffers and the distributed optimizer. The layout tests are pure arithmetic; tests
+// named Mpi* run as plain processes (a data-parallel group of one) and under mpirun -np 2 / -np 4
+// (label mpi), where the whole world is the data-parallel group:
+//  - the bucketed all-reduce and reduce-scatter deliver known sums (each rank contributes values
+//    built from its rank id) at the places the layout says, padding stays zero, and overlapped
+//    launches (register_grads_ready) give the same result as the blocking path;
+//  - the all-gather of the parameter buffer puts every rank's shard everywhere;
+//  - the sharded AdamW/SGD equals the unsharded optimizer run on the summed gradients (bitwise for
+//    the parameters without clipping, 1e-6 with clipping; bf16 parameters too), the grad norm is
+//    the global one, and an inf on one rank makes every rank skip.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "comm/communicator.h"
+#include "core/half.h"
+#include "core/rng.h"
+#include "optim/distributed_optimizer.h"
+#include "optim/grad_buffer.h"
+#include "optim/optimizer.h"
+
+namespace megatron::optim {
+namespace {
+
+TEST(BufferLayout, WorkedExampleFromTheHeader) {
+  const BufferLayout L = BufferLayout::build({100, 10}, 0, 2, true);
+  ASSERT_EQ(L.buckets.size(), 1u);
+  EXPECT_EQ(L.params[1].offset, 0);   // B first (reverse order)
+  EXPECT_EQ(L.params[0].offset, 64);  // A aligned to 64
+  EXPECT_EQ(L.buckets[0].begin, 0);
+  EXPECT_EQ(L.buckets[0].end, 256);
+  EXPECT_EQ(L.total, 256);
+  EXPECT_EQ(L.shard_size(0), 128);
+  const auto r0 = L.shard_pieces(0), r1 = L.shard_pieces(1);
+  ASSERT_EQ(r0.size(), 2u);
+  EXPECT_EQ(r0[0].param, 1u);
+  EXPECT_EQ(r0[0].length, 10);
+  EXPECT_EQ(r0[1].param, 0u);
+  EXPECT_EQ(r0[1].param_offset, 0);
+  EXPECT_EQ(r0[1].length, 64);
+  EXPECT_EQ(r0[1].shard_offset, 64);
+  ASSERT_EQ(r1.size(), 1u);
+  EXPECT_EQ(r1[0].param_offset, 64);
+  EXPECT_EQ(r1[0].length, 36);
+  EXPECT_EQ(r1[0].shard_offset, 0);
+  EXPECT_EQ(r1[0].buffer_offset, 128);
+}
+
+TEST(BufferLayout, BucketsCloseAtTheSizeInReverseOrderWithoutPadding) {
+  // model order sizes; buffer order is reversed: 5, 40, 30, 20, 10
+  const BufferLayout L = BufferLayout::build({10, 20, 30, 40, 5}, 45, 3, false);
+  ASSERT_EQ(L.buckets.size(), 3u);
+  EXPECT_EQ(L.buckets[0].params, (std::vector<size_t>{4, 3}));     // 45 elements
+  EXPECT_EQ(L.buckets[1].params, (std::vector<size_t>{2, 1}));     // 50
+  EXPECT_EQ(L.buckets[2].params, (std::vector<size_t>{0}));        // 10 (the rest)
+  EXPECT_EQ(L.buckets[1].begin, 45);
+  EXPECT_EQ(L.buckets[2].end, 105);
+  EXPECT_EQ(L.total, 105);
+  EXPECT_EQ(L.params[0].bucket, 2);
+}
+
+TEST(BufferLayout, ShardPiecesTileEveryParameterExactlyOnce) {
+  const std::vector<int64_t> numels = {1000, 3, 129, 64, 777, 1, 2048};
+  for (int dp : {1, 2, 3, 4, 8}) {
+    for (int64_t bucket : {int64_t(0), int64_t(100), int64_t(1500)}) {
+      const BufferLayout L = BufferLayout::build(numels, bucket, dp, true);
+      std::vector<std::vector<int>> covered(numels.size());
+      for (size_t i = 0; i < numels.size(); ++i) covered[i].assign(size_t(numels[i]), 0);
+      for (const auto& b : L.buckets) EXPECT_EQ((b.end - b.begin) % (std::lcm(dp, 128)), 0);
+      for (int r = 0; r < dp; ++r) {
+        int64_t prev_end = -1;
+        for (const auto& p : L.shard_pieces(r)) {
+          EXPECT_GT(p.shard_offset, prev_end - 1);
+          prev_end = p.shard_offset + p.length;
+          EXPECT_LE(prev_end, L.total_shard_size());
+          EXPECT_EQ(p.buffer_offset, L.params[p.param].offset + p.param_offset);
+          for (int64_t k = 0; k < p.length; ++k) ++covered[p.param][size_t(p.param_offset + k)];
+        }
+      }
+      for (size_t i = 0; i < numels.size(); ++i)
+        for (int c : covered[i]) ASSERT_EQ(c, 1) << "dp " << dp << " bucket " << bucket;
+    }
+  }
+}
+
+// ---- multi-rank -----------------------------------------------------------------------------
+
+std::shared_ptr<Communicator> world() { return world_communicator(); }
+
+// A small "model": parameters of assorted sizes; biases without weight decay.
+struct ToyParams {
+  std::vector<std::unique_ptr<model::Parameter>> owned;
+  model::ParameterList list;
+  ToyParams(DType dtype, uint64_t seed) {
+    const std::vector<Shape> shapes = {{7, 5}, {5}, {33, 4}, {130}, {3, 3, 3}, {1}};
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      auto p = std::make_unique<model::Parameter>();
+      p->name = "p" + std::to_string(i);
+      Tensor v = Tensor::empty(shapes[i], DType::F32);
+      Philox(seed, i).fill_normal(v.data<float>(), v.numel(), 0.0f, 0.5f);
+      p->value = v.to(dtype);
+      p->grad = Tensor::zeros(shapes[i], DType::F32);
+      p->weight_decay = shapes[i].size() > 1;
+      list.push_back(p.get());
+      owned.push_back(std::move(p));
+    }
+  }
+};
+
+// Rank r's gradient of parameter i, element k, at step s: a known value.
+float grad_value(int rank, size_t i, int64_t k, int step) {
+  return 0.01f * float((rank + 1) * (k % 7 + 1)) - 0.003f * float(i) + 0.002f * float(step) *
+         float((k + rank) % 3);
+}
+
+void fill_grads(const model::ParameterList& ps, int rank, int step) {
+  for (size_t i = 0; i < ps.size(); ++i) {
+    float* g = ps[i]->grad.data<float>();
+    for (int64_t k = 0; k < ps[i]->grad.numel(); ++k) g[k] = grad_value(rank, i, k, step);
+  }
+}
+
+// The sum over `ranks` ranks, accumulated in rank order as a check value (tolerance-compared).
+float summed_grad(int ranks, size_t i, int64_t k, int step) {
+  double s = 0;
+  for (int r = 0; r < ranks; ++r) s += grad_value(r, i, k, step);
+  return float(s);
+}
+
+TEST(MpiGradBuffer, AllReduceGivesKnownSumsWithAndWithoutOverlap) {
+  auto w = world();
+  for (int64_t bucket : {int64_t(0), int64_t(40)}) {
+    for (bool overlap : {false, true}) {
+      ToyParams t(DType::F32, 1);
+      ParamAndGradBuffer buf(t.list, w, GradBufferConfig{bucket, false});
+      EXPECT_EQ(buf.layout().total, 35 + 5 + 132 + 130 + 27 + 1);  // no padding
+      fill_grads(t.list, w->rank(), 0);
+      if (overlap) {
+        // Report in backward order; a bucket starts once all its parameters are in.
+        for (size_t i = t.list.size(); i-- > 0;) buf.register_grads_ready({t.list[i]});
+        EXPECT_EQ(buf.launched_buckets(), int(buf.layout().buckets.size()));
+      }
+      buf.finish_grad_sync();
+      for (size_t i = 0; i < t.list.size(); ++i) {
+        const Tensor& g = t.list[i]->grad;  // a view into the buffer now
+        EXPECT_EQ(g.storage(), buf.grad_data().storage());
+        for (int64_t k = 0; k < g.numel(); ++k)
+          ASSERT_NEAR(g.item_as_double(k), summed_grad(w->size(), i, k, 0), 1e-6) << i << " " << k;
+      }
+      EXPECT_EQ(buf.launched_buckets(), 0);  // reset for the next step
+    }
+  }
+}
+
+TEST(MpiGradBuffer, ReduceScatterFillsThisRanksShardAndPaddingStaysZero) {
+  auto w = world();
+  for (int64_t bucket : {int64_t(0), int64_t(50)}) {
+    ToyParams t(DType::F32, 1);
+    ParamAndGradBuffer buf(t.list, w, GradBufferConfig{bucket, true});
+    const BufferLayout& L = buf.layout();
+    EXPECT_EQ(L.total % std::lcm(w->size(), 128), 0);
+    fill_grads(t.list, w->rank(), 3);
+    buf.finish_grad_sync();
+    const Tensor shard = buf.main_grad_shard();
+    std::vector<bool> used(size_t(shard.numel()), false);
+    for (const auto& p : L.shard_pieces(w->rank())) {
+      for (int64_t k = 0; k < p.length; ++k) {
+        used[size_t(p.shard_offset + k)] = true;
+        ASSERT_NEAR(shard.item_as_double(p.shard_offset + k),
+                    summed_grad(w->size(), p.param, p.param_offset + k, 3), 1e-6);
+      }
+    }
+    for (int64_t k = 0; k < shard.numel(); ++k) {
+      if (!used[size_t(k)]) {
+        ASSERT_EQ(shard.item_as_double(k), 0.0) << "padding " << k;
+      }
+    }
+  }
+}
+
+TEST(MpiGradBuffer, AllGatherPutsEveryShardEverywhere) {
+  auto w = world();
+  ToyParams t(DType::BF16, 1);
+  ParamAndGradBuffer buf(t.list, w, GradBufferConfig{60, true});
+  // Each rank writes the element index into the pieces it owns (nowhere else), then gathers.
+  for (const auto& p : buf.layout().shard_pieces(w->rank())) {
+    Tensor v = t.list[p.param]->value.view({-1}).narrow(0, p.param_offset, p.length);
+    Tensor src = Tensor::empty({p.length}, DType::F32);
+    for (int64_t k = 0; k < p.length; ++k) src.data<float>()[k] = float(p.param_offset + k);
+    v.copy_(src);
+  }
+  buf.all_gather_params();
+  for (size_t i = 0; i < t.list.size(); ++i)
+    for (int64_t k = 0; k < t.list[i]->value.numel(); ++k)
+      ASSERT_EQ(t.list[i]->value.item_as_double(k), double(bf16_to_float(float_to_bf16(float(k)))))
+          << i << " " << k;
+}
+
+struct OptCase {
+  OptimizerType type;
+  DType dtype;
+  double clip;
+};
+
+void check_sharded_equals_unsharded(const OptCase& c) {
+  auto w = world();
+  const int R = w->size();
+  SCOPED_TRACE(std::string(c.type == OptimizerType::Adam ? "adam" : "sgd") + " " +
+               dtype_name(c.dtype) + " clip " + std::to_string(c.clip));
+  OptimizerConfig oc;
+  oc.type = c.type;
+  oc.clip_grad = c.clip;
+  ToyParams ref(c.dtype, 9), dist(c.dtype, 9);
+  Optimizer ref_opt(ref.list, oc);
+  ParamAndGradBuffer buf(dist.list, w, GradBufferConfig{50, true});
+  DistributedOptimizer dopt(buf, oc, *w, 0);
+  GradScaler s1 = GradScaler::constant(1.0), s2 = GradScaler::constant(1.0);
+  for (int step = 0; step < 5; ++step) {
+    // Reference: the summed gradient, formed in rank order like the reduction (tolerance below).
+    for (size_t i = 0; i < ref.list.size(); ++i) {
+      float* g = ref.list[i]->grad.data<float>();
+      for (int64_t k = 0; k < ref.list[i]->grad.numel(); ++k) g[k] = summed_grad(R, i, k, step);
+    }
+    dopt.zero_grad();
+    fill_grads(dist.list, w->rank(), step);
+    buf.finish_grad_sync();
+    // Replace the reduced shard by the reference's exact sums so the update itself is compared.
+    const Tensor shard = buf.main_grad_shard();
+    for (const auto& p : dopt.pieces())
+      shard.narrow(0, p.shard_offset, p.length)
+          .copy_(ref.list[p.param]->grad.view({-1}).narrow(0, p.param_offset, p.length));
+    const StepResult a = ref_opt.step(1e-2, 0.1, s1);
+    const StepResult b = dopt.step(1e-2, 0.1, s2);
+    EXPECT_FALSE(b.skipped);
+    EXPECT_NEAR(b.grad_norm, a.grad_norm, 1e-12 * a.grad_norm);
+    for (size_t i = 0; i < ref.list.size(); ++i) {
+      const std::vector<float> x = dist.list[i]->value.to_float_vector();
+      const std::vector<float> y = ref.list[i]->value.to_float_vector();
+      for (size_t k = 0; k < x.size(); ++k) {
+        if (c.clip == 0.0) {
+          ASSERT_EQ(x[k], y[k]) << "param " << i << " elem " << k << " step " << step;
+        } else {
+          ASSERT_NEAR(x[k], y[k], 1e-6 * (1 + std::abs(y[k]))) << i << " " << k << " " << step;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(dopt.step_count(), 5);
+}
+
+TEST(MpiDistributedOptimizer, ShardedUpdateEqualsUnshardedOptimizer) {
+  check_sharded_equals_unsharded({OptimizerType::Adam, DType::F32, 0.0});
+  check_sharded_equals_unsharded({OptimizerType::Adam, DType::F32, 0.05});
+  check_sharded_equals_unsharded({OptimizerType::Adam, DType::BF16, 0.0});
+  check_sharded_equals_unsharded({OptimizerType::SGD, DType::F32, 0.0});
+}
+
+TEST(MpiDistributedOptimizer, InfOnOneRankSkipsEverywhere) {
+  auto w = world();
+  ToyParams t(DType::F32, 2);
+  const std::vector<float> before = t.list[2]->value.to_float_vector();
+  ParamAndGradBuffer buf(t.list, w, GradBufferConfig{0, true});
+  DistributedOptimizer dopt(buf, OptimizerConfig{}, *w, 0);
+  fill_grads(t.list, w->rank(), 0);
+  if (w->rank() == w->size() - 1) t.list[0]->grad.data<float>()[3] = std::numeric_limits<float>::infinity();
+  buf.finish_grad_sync();
+  GradScaler s = GradScaler::dynamic(1024.0, 1.0, 1000, 1);
+  const StepResult r = dopt.step(1e-2, 0.0, s);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(s.scale(), 512.0);  // every rank backed off
+  EXPECT_EQ(dopt.step_count(), 0);
+  EXPECT_EQ(t.list[2]->value.to_float_vector(), before);
+}
+
+TEST(MpiOptimizer, GradStatsGroupGivesTheGlobalNormAndSkipsTogether) {
+  auto w = world();
+  ToyParams t(DType::F32, 3);
+  Optimizer opt(t.list, OptimizerConfig{});
+  // Rank r holds rank-specific "sharded" gradients: the global norm sums them all.
+  for (model::Parameter* p : t.list) p->partition_dim = 0;
+  fill_grads(t.list, w->rank(), 1);
+  double expect_sq = 0;
+  for (int r = 0; r < w->size(); ++r)
+    for (size_t i = 0; i < t.list.size(); ++i)
+      for (int64_t k = 0; k < t.list[i]->grad.numel(); ++k)
+        expect_sq += double(grad_value(r, i, k, 1)) * grad_value(r, i, k, 1);
+  opt.set_grad_stats_group(w.get(), w->rank());
+  GradScaler s = GradScaler::constant(1.0);
+  EXPECT_NEAR(opt.step(1e-3, 0.0, s).grad_norm, std::sqrt(expect_sq), 1e-6 * std::sqrt(expect_sq));
+  // Replicated parameters count on TP rank 0 only.
+  for (model::Parameter* p : t.list) p->partition_dim = -1;
+  fill_grads(t.list, w->rank(), 1);
+  double rank0_sq = 0;
+  for (size_t i = 0; i < t.list.size(); ++i)
+    for (int64_t k = 0; k < t.list[i]->grad.numel(); ++k)
+      rank0_sq += double(grad_value(0, i, k, 1)) * grad_value(0, i, k, 1);
+  EXPECT_NEAR(opt.step(1e-3, 0.0, s).grad_norm, std::sqrt(rank0_sq), 1e-6 * std::sqrt(rank0_sq));
+  fill_grads(t.list, w->rank(), 1);
+  if (w->rank() == 0) t.list[1]->grad.data<float>()[0] = std::nanf("");
+  EXPECT_TRUE(opt.step(1e-3, 0.0, s).skipped);
+}
+
+}  // namespace
+}  // namespace megatron::optim
