@@ -93,6 +93,7 @@ struct GPTModel::Impl {
   std::vector<Chunk> chunks;
   std::vector<Tensor> chunk_inputs;  // [R, h] per recomputed chunk (forward_backward only)
   size_t activation_bytes = 0;
+  GPTModel::GradReadyHook grad_ready;
 
   Impl(const GPTConfig& c, uint64_t s, const TensorParallel& t)
       : cfg(c),
@@ -277,6 +278,7 @@ void GPTModel::all_reduce_sequence_parallel_grads() {
     model::all_reduce_sequence_parallel_grads(parameters(), impl_->tp.comm());
 }
 size_t GPTModel::activation_bytes() const { return impl_->activation_bytes; }
+void GPTModel::set_grad_ready_hook(GradReadyHook hook) { impl_->grad_ready = std::move(hook); }
 
 LossResult GPTModel::forward_backward(const GPTInputs& in, float grad_scale,
                                       uint64_t dropout_offset) {
@@ -296,6 +298,13 @@ LossResult GPTModel::forward_backward(const GPTInputs& in, float grad_scale,
   xf = Tensor();
   Tensor dx = m.final_layernorm.backward(ctx, dxf);
   dxf = Tensor();
+  auto report = [&](auto& module) {
+    if (!m.grad_ready) return;
+    ParameterList ready;
+    module.parameters(ready);
+    m.grad_ready(ready);
+  };
+  report(m.final_layernorm);
   for (size_t c = m.chunks.size(); c-- > 0;) {
     const Chunk& ch = m.chunks[c];
     if (ch.recompute) {  // rerun the chunk's forward with saving on (same dropout streams)
@@ -304,9 +313,13 @@ LossResult GPTModel::forward_backward(const GPTInputs& in, float grad_scale,
       peak = std::max(peak, m.held_bytes());
       m.chunk_inputs[c] = Tensor();
     }
-    for (int l = ch.end; l-- > ch.begin;) dx = m.layers[size_t(l)]->backward(ctx, dx);
+    for (int l = ch.end; l-- > ch.begin;) {
+      dx = m.layers[size_t(l)]->backward(ctx, dx);
+      report(*m.layers[size_t(l)]);
+    }
   }
   m.embedding.backward(ctx, dx);
+  report(m.embedding);
   m.activation_bytes = peak;
   return res;
 }

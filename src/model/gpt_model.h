@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -116,6 +117,14 @@ class GPTModel {
   // last micro-batch's backward, before the data-parallel reduction and the grad norm. No-op
   // without sequence parallelism. Collective over the TP group.
   void all_reduce_sequence_parallel_grads();
+
+  // Called inside forward_backward as soon as a group of parameters has received its last
+  // gradient contribution of the micro-batch: the final LayerNorm, then each transformer layer
+  // from the last to the first, then the embedding (word table incl. the tied output layer's
+  // part, position table). The trainer uses it to start the data-parallel reduction of a bucket
+  // while backward goes on (--overlap-grad-reduce). An empty function (the default) disables it.
+  using GradReadyHook = std::function<void(const ParameterList& ready)>;
+  void set_grad_ready_hook(GradReadyHook hook);
 
   const GPTConfig& config() const;
   int tensor_parallel_size() const;
