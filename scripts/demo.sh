@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Demo: set up, build, get the demo corpus, preprocess it with the GPT-2 BPE tokenizer, train a
-# small GPT on the CPU for a few minutes (2 threads), and print a few greedy generations.
+# small GPT on the CPU for a few minutes (2 threads), print a few greedy generations, then start
+# `megatron serve` on the checkpoint (a free loopback port), ask it one question through the REST
+# API with curl, print the answer and stop the server.
 # Environment: DEMO_ITERS (training iterations, default 150), DEMO_THREADS (default 2),
 # BUILD_DIR (default build), SKIP_SETUP=1 to skip scripts/setup.sh.
 set -euo pipefail
@@ -39,3 +41,49 @@ rm -rf "$OUT/ckpt"
 "$MEGATRON" generate "${MODEL[@]}" "${TOK[@]}" --load "$OUT/ckpt" --top_k 1 \
   --num-tokens-to-generate 30 \
   --prompt "The jury said" --prompt "In the morning, the" --prompt "It was"
+
+# --- serving: the REST API on a free loopback port, one question with curl ---
+# --port 0 lets the kernel pick a free port; the server prints it ("serving on http://...").
+# The model shape comes from the checkpoint's metadata.json (--use-checkpoint-args).
+SERVE_LOG="$OUT/serve.log"
+SERVER_PID=""
+stop_server() {
+  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+  fi
+  SERVER_PID=""
+}
+trap stop_server EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+"$MEGATRON" serve --load "$OUT/ckpt" --use-checkpoint-args "${TOK[@]}" --host 127.0.0.1 --port 0 \
+  > "$SERVE_LOG" 2>&1 &
+SERVER_PID=$!
+URL=""
+for _ in $(seq 1 600); do  # up to a minute for the model to load
+  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    cat "$SERVE_LOG" >&2
+    echo "demo: megatron serve exited before it was ready" >&2
+    exit 1
+  fi
+  URL="$(sed -n 's|.*serving on \(http://127\.0\.0\.1:[0-9][0-9]*\).*|\1|p' "$SERVE_LOG" | head -n 1)"
+  if [ -n "$URL" ] && curl -sf "$URL/health" >/dev/null 2>&1; then break; fi
+  URL=""
+  sleep 0.1
+done
+if [ -z "$URL" ]; then
+  cat "$SERVE_LOG" >&2
+  echo "demo: megatron serve did not answer $URL/health within a minute" >&2
+  exit 1
+fi
+echo "server ready at $URL: $(curl -sf "$URL/health")"
+QUESTION="The jury said"
+echo "PUT $URL/api  prompt: \"$QUESTION\" (greedy, 30 tokens)"
+REPLY="$(curl -sS -X PUT "$URL/api" -H 'Content-Type: application/json' \
+  -d "{\"prompts\": [\"$QUESTION\"], \"tokens_to_generate\": 30, \"top_k\": 1}")"
+ANSWER="$(printf '%s' "$REPLY" | python3 -c 'import json, sys; print(json.load(sys.stdin)["text"][0])' 2>/dev/null)" ||
+  { echo "demo: unexpected reply from the server: $REPLY" >&2; exit 1; }
+echo "answer: $ANSWER"
+stop_server
+echo "server stopped"
