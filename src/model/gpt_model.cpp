@@ -75,6 +75,26 @@ void GPTConfig::validate_tensor_parallel(int T) const {
              " (required by --sequence-parallel: each rank holds seq-length / TP of the tokens)");
 }
 
+// Each master weight is drawn whole, as the single-rank model draws it (stream 1000 + index in
+// parameters()), and this rank keeps its slice: the result does not depend on the TP size.
+void init_gpt_parameter(Parameter& p, size_t index, const GPTConfig& cfg, uint64_t seed,
+                        const TensorParallel& tp) {
+  const float out_std = cfg.init_method_std / std::sqrt(2.0f * float(cfg.num_layers));
+  const std::string& n = p.name;
+  auto ends = [&](const std::string& suf) {
+    return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  Tensor v = Tensor::zeros(full_shape(p, tp.size()), DType::F32);
+  if (n.find("layernorm") != std::string::npos) {
+    if (ends(".weight")) v.fill_(1.0);
+  } else if (ends(".weight")) {
+    const bool scaled = ends("linear_proj.weight") || ends("linear_fc2.weight");
+    Philox(seed, 1000 + index).fill_normal(v.data<float>(), v.numel(), 0.0f,
+                                           scaled ? out_std : cfg.init_method_std);
+  }
+  ops::cast(p.value, shard_along(v, p.partition_dim, tp.rank(), tp.size()));
+}
+
 namespace {
 struct Chunk {
   int begin, end;
@@ -126,27 +146,9 @@ struct GPTModel::Impl {
     return out;
   }
 
-  // Each master weight is drawn whole, as the single-rank model draws it (stream 1000 + index in
-  // parameters()), and this rank keeps its slice: the result does not depend on the TP size.
   void init_weights() {
-    const float out_std = cfg.init_method_std / std::sqrt(2.0f * float(cfg.num_layers));
     ParameterList ps = parameters();
-    for (size_t i = 0; i < ps.size(); ++i) {
-      Parameter& p = *ps[i];
-      const std::string& n = p.name;
-      auto ends = [&](const std::string& suf) {
-        return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
-      };
-      Tensor v = Tensor::zeros(full_shape(p, tp.size()), DType::F32);
-      if (n.find("layernorm") != std::string::npos) {
-        if (ends(".weight")) v.fill_(1.0);
-      } else if (ends(".weight")) {
-        const bool scaled = ends("linear_proj.weight") || ends("linear_fc2.weight");
-        Philox(seed, 1000 + i).fill_normal(v.data<float>(), v.numel(), 0.0f,
-                                           scaled ? out_std : cfg.init_method_std);
-      }
-      ops::cast(p.value, shard_along(v, p.partition_dim, tp.rank(), tp.size()));
-    }
+    for (size_t i = 0; i < ps.size(); ++i) init_gpt_parameter(*ps[i], i, cfg, seed, tp);
     refresh();
   }
 

@@ -140,4 +140,13 @@ class GPTModel {
   std::unique_ptr<Impl> impl_;
 };
 
+struct TensorParallel;
+// Megatron's initial value of a parameter (shared by GPTModel and the pipeline stages of
+// gpt_stage.h): the whole single-rank master tensor of the parameter at position `index` of the
+// single-rank GPTModel::parameters() is drawn from Philox stream 1000 + index (N(0, std); the
+// output projections N(0, std/sqrt(2L)); biases 0; LayerNorm weights 1) and this rank's
+// tensor-parallel slice is kept.
+void init_gpt_parameter(Parameter& p, size_t index, const GPTConfig& cfg, uint64_t seed,
+                        const TensorParallel& tp);
+
 }  // namespace megatron::model

@@ -3,6 +3,7 @@
 #include "model/layers.h"
 
 #include <cmath>
+#include <utility>
 
 #include "kernels/ops.h"
 
@@ -211,16 +212,29 @@ Tensor TransformerLayer::backward(const LayerContext& ctx, const Tensor& dy) {
   return dx2;
 }
 
-void TransformerLayer::drop_saved() {
-  saved = {};
-  input_layernorm.saved = {};
-  pre_mlp_layernorm.saved = {};
-  self_attention.saved = {};
-  self_attention.linear_qkv.saved = {};
-  self_attention.linear_proj.saved = {};
-  mlp.saved = {};
-  mlp.linear_fc1.saved = {};
-  mlp.linear_fc2.saved = {};
+void TransformerLayer::drop_saved() { (void)take_saved(); }
+TransformerLayer::SavedState TransformerLayer::take_saved() {
+  SavedState s{std::exchange(saved, {}),
+               std::exchange(input_layernorm.saved, {}),
+               std::exchange(pre_mlp_layernorm.saved, {}),
+               std::exchange(self_attention.saved, {}),
+               std::exchange(self_attention.linear_qkv.saved, {}),
+               std::exchange(self_attention.linear_proj.saved, {}),
+               std::exchange(mlp.saved, {}),
+               std::exchange(mlp.linear_fc1.saved, {}),
+               std::exchange(mlp.linear_fc2.saved, {})};
+  return s;
+}
+void TransformerLayer::restore_saved(SavedState&& s) {
+  saved = std::move(s.layer);
+  input_layernorm.saved = std::move(s.input_layernorm);
+  pre_mlp_layernorm.saved = std::move(s.pre_mlp_layernorm);
+  self_attention.saved = std::move(s.self_attention);
+  self_attention.linear_qkv.saved = std::move(s.linear_qkv);
+  self_attention.linear_proj.saved = std::move(s.linear_proj);
+  mlp.saved = std::move(s.mlp);
+  mlp.linear_fc1.saved = std::move(s.linear_fc1);
+  mlp.linear_fc2.saved = std::move(s.linear_fc2);
 }
 size_t TransformerLayer::saved_bytes() const {
   return saved.bytes() + input_layernorm.saved.bytes() + pre_mlp_layernorm.saved.bytes() +

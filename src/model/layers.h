@@ -113,6 +113,19 @@ class TransformerLayer {
   Tensor backward(const LayerContext& ctx, const Tensor& dy);  // -> dx [R, h]
   void drop_saved();         // frees everything kept for backward (full recompute)
   size_t saved_bytes() const;
+  // Everything this layer and its sublayers keep between a forward and its backward. A pipeline
+  // stage holds several micro-batches in flight: it moves the state out after each forward
+  // (take_saved leaves the layer empty) and back in before that micro-batch's backward.
+  struct SavedState {
+    Saved layer;
+    LayerNorm::Saved input_layernorm, pre_mlp_layernorm;
+    SelfAttention::Saved self_attention;
+    LinearBase::Saved linear_qkv, linear_proj;
+    MLP::Saved mlp;
+    LinearBase::Saved linear_fc1, linear_fc2;
+  };
+  SavedState take_saved();
+  void restore_saved(SavedState&& s);
   void parameters(ParameterList& out);
   void refresh_working_weights();
   int index;

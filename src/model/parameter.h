@@ -21,6 +21,11 @@ struct Parameter {
   // model/tensor_parallel.h):
   int partition_dim = -1;         // dimension split across TP ranks, -1 if replicated
   bool sequence_parallel = false; // replicated but sees a sequence shard (needs TP grad all-reduce)
+  // A replica of a parameter owned by another pipeline stage (Megatron's `shared`): the last
+  // stage's copy of the tied word embedding, "output_layer.weight" (model/gpt_stage.h). Its
+  // gradient is summed with the owner's over the embedding group; it is left out of the grad
+  // norm (counted once, on the owner) and checkpoints need not store it.
+  bool shared = false;
 };
 
 using ParameterList = std::vector<Parameter*>;

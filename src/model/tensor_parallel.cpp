@@ -71,7 +71,7 @@ void all_reduce_sequence_parallel_grads(const ParameterList& params, Communicato
 double local_grad_sum_of_squares(const ParameterList& params, int tp_rank) {
   double s = 0;
   for (const Parameter* p : params)
-    if (param_is_not_tensor_parallel_duplicate(*p, tp_rank)) s += ops::l2_norm_squared(p->grad);
+    if (param_counts_in_grad_norm(*p, tp_rank)) s += ops::l2_norm_squared(p->grad);
   return s;
 }
 

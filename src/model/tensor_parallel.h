@@ -10,8 +10,10 @@
 //     finalize_model_grads "layernorm-grads-all-reduce").
 //  2. Grad norm: a parameter replicated across TP (partition_dim < 0) holds the same gradient on
 //     every TP rank, so it is counted only on TP rank 0 (Megatron's
-//     param_is_not_tensor_parallel_duplicate); sharded parameters count on every rank. The global
-//     norm is sqrt of the SUM-all-reduce of the local sums over the model-parallel group.
+//     param_is_not_tensor_parallel_duplicate); sharded parameters count on every rank. A pipeline
+//     replica (Parameter::shared: the last stage's tied embedding copy) is never counted (Megatron's
+//     param_is_not_shared). The global norm is sqrt of the SUM-all-reduce of the local sums over
+//     the model-parallel (tp-pp) group.
 //
 // Shard layout (checkpoints, resharding): a sharded parameter's shard on TP rank r of T is chunk
 // r of T equal chunks along partition_dim of the single-rank tensor with the same name, so
@@ -52,6 +54,12 @@ inline bool is_tensor_model_parallel(const Parameter& p) { return p.partition_di
 inline bool param_is_not_tensor_parallel_duplicate(const Parameter& p, int tp_rank) {
   return is_tensor_model_parallel(p) || tp_rank == 0;
 }
+// Rule 2 whole: the parameter's gradient counts in sums over the model-parallel group (grad norm,
+// zeros in grad) on this TP rank: not a TP duplicate and not a pipeline replica (Megatron's
+// param_is_not_shared and param_is_not_tensor_parallel_duplicate).
+inline bool param_counts_in_grad_norm(const Parameter& p, int tp_rank) {
+  return !p.shared && param_is_not_tensor_parallel_duplicate(p, tp_rank);
+}
 
 // Shape of the single-rank tensor of which `p` is one of `tp_size` shards.
 Shape full_shape(const Parameter& p, int tp_size);
@@ -66,8 +74,8 @@ Tensor gather_along(Communicator& tp, const Tensor& local, int dim);
 // all-reduce). No-op for a group of one. Collective over `tp`.
 void all_reduce_sequence_parallel_grads(const ParameterList& params, Communicator& tp);
 // This rank's share of the squared global L2 grad norm: sum of squares of the gradients of the
-// parameters that are not TP duplicates on `tp_rank`. All-reduce (SUM) it over the model-parallel
-// group and take the square root for the global norm.
+// parameters that count on `tp_rank` (param_counts_in_grad_norm). All-reduce (SUM) it over the
+// model-parallel group and take the square root for the global norm.
 double local_grad_sum_of_squares(const ParameterList& params, int tp_rank);
 
 }  // namespace megatron::model
