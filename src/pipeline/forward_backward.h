@@ -1,0 +1,79 @@
+// Running one global batch of micro-batches through a pipeline-parallel GPT (Megatron's
+// forward_backward_func): the schedule of pipeline/schedules.h executed on this rank's
+// model::GPTStageModel, with activations and gradients exchanged between neighbouring pipeline
+// ranks by point-to-point messages, gradients accumulated (+=) into the parameters, and the loss
+// made known to every rank.
+//
+// Communication: every receive a schedule needs is posted as a non-blocking receive one pass
+// ahead of its use (one outstanding per direction) and waited just before the pass; every send
+// is non-blocking and waited at the end (completed ones are released as the schedule runs). As
+// sends never block and receives are consumed in the order the neighbour sends them (MPI keeps
+// the order of messages with one source and tag; activations and gradients use different tags),
+// no (P, M, v) can deadlock; tests/pipeline simulates every schedule to check it. Messages carry
+// the residual stream of one micro-batch, [b*s, h] fp32, or this rank's sequence shard
+// [b*s/T, h] under sequence parallelism (each tensor-parallel rank exchanges with its own
+// neighbours in its pipeline group).
+//
+// Every rank passes the same micro-batches (the whole GPTInputs; the first stage reads the tokens
+// and positions, the last the labels and loss mask, every stage the tokens' shape and
+// attention_start). All micro-batches must have one shape.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/gpt_stage.h"
+#include "pipeline/schedules.h"
+
+namespace megatron::pipeline {
+
+struct ForwardBackwardOptions {
+  // Backward differentiates grad_scale * (sum over micro-batches and tokens of loss * mask), as
+  // GPTModel::forward_backward does per micro-batch: the trainer passes loss-scale / total tokens
+  // of the global batch.
+  float grad_scale = 1.0f;
+  // Micro-batch m uses dropout offset dropout_offset + m (the trainer's convention).
+  uint64_t dropout_offset = 0;
+  bool forward_only = false;  // evaluation: no dropout, nothing kept, no backward
+  // After the last backward, call GPTStageModel::finalize_model_parallel_grads() (sequence-
+  // parallel grads over TP, tied embedding grads over the embedding group), as Megatron's
+  // schedules call finalize_model_grads. The data-parallel reduction commutes with it.
+  bool finalize_grads = true;
+};
+
+struct ForwardBackwardResult {
+  // Sums over all micro-batches, computed on the last stage and broadcast over the pipeline
+  // group, so every rank has them: the trainer logs loss_sum / num_tokens.
+  double loss_sum = 0;
+  double num_tokens = 0;
+  // The most micro-batches this rank held for backward at one time (all chunks): 1F1B bounds it
+  // by warmup + 1 instead of M.
+  int max_in_flight = 0;
+  ScheduleKind kind = ScheduleKind::NoPipelining;
+};
+
+// Megatron's get_forward_backward_func + call: no pipelining at P = 1, interleaved 1F1B with
+// virtual stages, 1F1B otherwise. Collective over the model's pipeline group (and, with
+// finalize_grads, its TP and embedding groups).
+ForwardBackwardResult forward_backward(model::GPTStageModel& model,
+                                       const std::vector<model::GPTInputs>& microbatches,
+                                       const ForwardBackwardOptions& options = {});
+
+// The three schedules by name (Error if the model's layout does not fit the schedule).
+ForwardBackwardResult forward_backward_no_pipelining(
+    model::GPTStageModel& model, const std::vector<model::GPTInputs>& microbatches,
+    const ForwardBackwardOptions& options = {});
+ForwardBackwardResult forward_backward_pipelining_without_interleaving(
+    model::GPTStageModel& model, const std::vector<model::GPTInputs>& microbatches,
+    const ForwardBackwardOptions& options = {});
+ForwardBackwardResult forward_backward_pipelining_with_interleaving(
+    model::GPTStageModel& model, const std::vector<model::GPTInputs>& microbatches,
+    const ForwardBackwardOptions& options = {});
+
+// Executes `schedule` (which must be this rank's, for the model's layout and microbatches.size()).
+ForwardBackwardResult run_schedule(model::GPTStageModel& model,
+                                   const std::vector<model::GPTInputs>& microbatches,
+                                   const Schedule& schedule,
+                                   const ForwardBackwardOptions& options = {});
+
+}  // namespace megatron::pipeline
