@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -45,22 +46,26 @@ int main(int argc, char** argv) {
     e.setup(*sub);
   }
   app.parse_complete_callback([&] { set_log_level(log_level_from_name(level)); });
+  // An error on one rank of an MPI job ends the whole job (abort_job_if_distributed) instead of
+  // leaving the other ranks blocked in their next collective; the message names the rank.
+  auto fail = [](int code, const std::string& message) {
+    std::fprintf(stderr, "%s%s\n", rank_prefix().c_str(), message.c_str());
+    std::fflush(stderr);
+    abort_job_if_distributed(code);
+    return code;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return fail(1, std::string("error: ") + e.what());
   } catch (const InternalError& e) {
-    std::fprintf(stderr, "%s\n(this is a bug in megatron.cpp; please report it)\n", e.what());
-    return 70;
+    return fail(70, std::string(e.what()) + "\n(this is a bug in megatron.cpp; please report it)");
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error: out of memory\n");
-    return 1;
+    return fail(1, "error: out of memory");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return fail(1, std::string("error: ") + e.what());
   }
   return 0;
 }

@@ -2,6 +2,7 @@
 // over a single rank is a copy or a no-op, so a world of 1 needs no MPI at all.
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace megatron {
@@ -94,6 +95,23 @@ class SelfCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+std::vector<std::string> all_gather_strings(Communicator& c, const std::string& mine) {
+  Tensor len = Tensor::full({1}, double(mine.size()), DType::I64);
+  Tensor lens = Tensor::empty({c.size()}, DType::I64);
+  c.all_gather(len, lens);
+  int64_t longest = 0;
+  for (int r = 0; r < c.size(); ++r) longest = std::max(longest, lens.data<int64_t>()[r]);
+  Tensor buf = Tensor::zeros({std::max<int64_t>(longest, 1)}, DType::U8);
+  std::memcpy(buf.raw_data(), mine.data(), mine.size());
+  Tensor all = Tensor::empty({buf.numel() * c.size()}, DType::U8);
+  c.all_gather(buf, all);
+  std::vector<std::string> out;
+  const char* p = static_cast<const char*>(all.raw_data());
+  for (int r = 0; r < c.size(); ++r)
+    out.emplace_back(p + r * buf.numel(), size_t(lens.data<int64_t>()[r]));
+  return out;
+}
 
 std::shared_ptr<Communicator> make_self_communicator(const std::string& name,
                                                      const CommOptions& options) {

@@ -93,6 +93,17 @@ class Communicator {
 std::shared_ptr<Communicator> make_self_communicator(const std::string& name = "self",
                                                      const CommOptions& options = {});
 
+// Every rank's string, in rank order (two all-gathers: lengths, then padded bytes). Collective.
+std::vector<std::string> all_gather_strings(Communicator& c, const std::string& mine);
+
+// If this process is one rank of a multi-rank MPI job, ends the whole job with `exit_code`
+// (MPI_Abort: the launcher kills the other ranks, which would otherwise block in their next
+// collective until the distributed timeout); returns otherwise. For fatal errors on one rank.
+void abort_job_if_distributed(int exit_code);
+// "[rank N] " when this process is one rank of a multi-rank MPI job, "" otherwise: a prefix for
+// error messages, so the failing rank is named.
+std::string rank_prefix();
+
 // The world. Under a launcher (mpirun / srun) it initialises MPI on first call and returns the
 // MPI world; otherwise (a plain single process) it returns a self communicator and never touches
 // MPI. Later calls return the same world (options of the first call win).

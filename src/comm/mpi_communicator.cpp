@@ -58,6 +58,9 @@ std::shared_ptr<Communicator> world_communicator(const CommOptions& options) {
   std::_Exit(1);
 }
 
+void abort_job_if_distributed(int) {}
+std::string rank_prefix() { return ""; }
+
 #else
 
 namespace {
@@ -371,6 +374,28 @@ std::shared_ptr<Communicator> world_communicator(const CommOptions& options) {
   MPI_Finalized(&fin);
   if (init && !fin) MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
+}
+
+namespace {
+int mpi_world_size_or_one() {
+  int init = 0, fin = 0, n = 1;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+}  // namespace
+
+void abort_job_if_distributed(int exit_code) {
+  if (mpi_world_size_or_one() <= 1) return;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+std::string rank_prefix() {
+  return mpi_world_size_or_one() > 1 ? str("[rank ", world_rank_or_zero(), "] ") : std::string();
 }
 
 #endif
