@@ -49,7 +49,7 @@ StepResult DistributedOptimizer::step(double lr, double weight_decay, GradScaler
   if (local_finite) {
     const model::ParameterList& params = buffer_.parameters();
     for (const BufferLayout::Piece& p : pieces_)
-      if (model::param_is_not_tensor_parallel_duplicate(*params[p.param], tp_rank_))
+      if (model::param_counts_in_grad_norm(*params[p.param], tp_rank_))
         local_sq += ops::l2_norm_squared(grads.narrow(0, p.shard_offset, p.length));
   }
   const auto [nonfinite, sum_sq] = reduce_grad_stats(&grad_stats_, !local_finite, local_sq);

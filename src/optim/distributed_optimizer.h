@@ -6,7 +6,8 @@
 //      rank's main_grad_shard() holds the fully reduced gradients of its slice;
 //   2. unscale by 1/loss_scale; the inf check and the grad norm are reduced over `grad_stats`
 //      (every rank holding distinct gradient pieces: data x model parallel, the world when PP = 1;
-//      TP-replicated parameters count on TP rank 0 only); all ranks skip together; clip;
+//      model::param_counts_in_grad_norm: TP duplicates and pipeline replicas are not counted);
+//      all ranks skip together; clip;
 //   3. AdamW/SGD on the fp32 main shard (per parameter piece: weight decay follows the piece's
 //      parameter), writing the updated values in the parameter dtype into the parameter buffer;
 //   4. all-gather of the parameter buffer, so every rank holds every updated parameter.
