@@ -1,10 +1,12 @@
 // `megatron pretrain-gpt`: Megatron-LM's pretrain_gpt.py flags (names and defaults) mapped onto
-// training::TrainingArgs; the loop itself is training::pretrain_gpt. Single rank: the parallel
-// size flags accept only 1.
+// training::TrainingArgs; the loop itself is training::pretrain_gpt. Under mpirun every rank runs
+// this command with the same flags (data, tensor and sequence parallelism; pipeline and context
+// parallel sizes accept only 1 so far).
 #include "cli/command.h"
 #include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "comm/communicator.h"
 #include "training/trainer.h"
 
 namespace megatron::cli {
@@ -12,21 +14,18 @@ namespace {
 
 struct PretrainFlags {
   training::TrainingArgs a;
-  int tp = 1, pp = 1, cp = 1;
   double hidden_dropout = 0.1, attention_dropout = 0.1;
   bool openai_gelu = false;
 };
 
 void run(PretrainFlags f) {
-  MG_REQUIRE(f.tp == 1 && f.pp == 1 && f.cp == 1,
-             "--tensor-model-parallel-size, --pipeline-model-parallel-size and "
-             "--context-parallel-size must be 1: pretrain-gpt trains on a single rank");
   if (f.a.model.max_position_embeddings == 0) f.a.model.max_position_embeddings = f.a.model.seq_length;
   f.a.model.hidden_dropout = float(f.hidden_dropout);
   f.a.model.attention_dropout = float(f.attention_dropout);
   f.a.model.gelu_tanh = f.openai_gelu;  // Megatron's default GeLU is the exact (erf) one
   training::TrainingSummary s = training::pretrain_gpt(f.a);
-  log_print(str("training finished: ", s.iterations, " iterations, ", s.consumed_samples,
+  if (world_communicator()->rank() == s.world_size - 1)  // the rank that printed the log lines
+    log_print(str("training finished: ", s.iterations, " iterations, ", s.consumed_samples,
                 " samples, last lm loss ", s.last_loss, ", ", s.tokens_per_second, " tokens/s"));
 }
 
@@ -96,10 +95,27 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--min-loss-scale", a.min_loss_scale, "Dynamic scale floor")->capture_default_str();
   sub.add_option("--loss-scale-window", a.loss_scale_window, "Clean steps before growth")->capture_default_str();
   sub.add_option("--hysteresis", a.hysteresis, "Overflows tolerated before backoff")->capture_default_str();
-  // parallelism (single rank)
-  sub.add_option("--tensor-model-parallel-size", f->tp, "Must be 1")->capture_default_str();
-  sub.add_option("--pipeline-model-parallel-size", f->pp, "Must be 1")->capture_default_str();
-  sub.add_option("--context-parallel-size", f->cp, "Must be 1")->capture_default_str();
+  // parallelism: world size = TP x PP x CP x DP (mpirun -np N)
+  auto& par = a.parallel;
+  sub.add_option("--tensor-model-parallel-size", par.tensor_model_parallel_size,
+                 "Tensor-parallel ranks")->capture_default_str();
+  sub.add_option("--pipeline-model-parallel-size", par.pipeline_model_parallel_size,
+                 "Pipeline stages (only 1 so far)")->capture_default_str();
+  sub.add_option("--context-parallel-size", par.context_parallel_size,
+                 "Context-parallel ranks (only 1 so far)")->capture_default_str();
+  sub.add_flag("--sequence-parallel", m.sequence_parallel,
+               "Shard LayerNorm/dropout regions along the sequence (TP > 1)");
+  sub.add_flag("--use-distributed-optimizer", par.use_distributed_optimizer,
+               "Shard fp32 main weights and optimizer state over data-parallel ranks");
+  sub.add_flag("--overlap-grad-reduce", par.overlap_grad_reduce,
+               "Start each gradient bucket's reduction during backward");
+  sub.add_flag("--overlap-param-gather", par.overlap_param_gather,
+               "Accepted (needs --use-distributed-optimizer --overlap-grad-reduce); the all-gather "
+               "is not overlapped yet");
+  sub.add_option("--ddp-bucket-size", par.ddp_bucket_size,
+                 "Elements per gradient bucket with --overlap-grad-reduce (default max(40M, 1M x DP))");
+  sub.add_option("--distributed-timeout-minutes", par.distributed_timeout_minutes,
+                 "A collective waiting longer aborts the job")->capture_default_str();
   // data and tokenizer
   add_tokenizer_options(sub, a.tokenizer);
   sub.add_option("--data-path", a.data.data_path, "[WEIGHT] PREFIX ... blend");

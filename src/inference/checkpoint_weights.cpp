@@ -52,9 +52,19 @@ CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optiona
   MG_REQUIRE(fs::is_directory(w.directory_), "checkpoint folder ", w.directory_.string(),
              " does not exist (only tensor- and pipeline-parallel size 1 checkpoints can be "
              "loaded for generation)");
+  MG_REQUIRE(!fs::exists(load_dir / sub / "mp_rank_01") && !fs::exists(load_dir / sub / "mp_rank_00_001"),
+             "checkpoint ", (load_dir / sub).string(), " is tensor- or pipeline-parallel (it has "
+             "more than one mp_rank_* folder); generation loads only single-rank (TP = PP = 1) "
+             "checkpoints so far");
+  // The model's tensors: model.safetensors of a training checkpoint (not its optimizer files),
+  // else every .safetensors file of the folder.
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(w.directory_))
-    if (e.path().extension() == ".safetensors") files.push_back(e.path());
+  if (fs::exists(w.directory_ / "model.safetensors")) {
+    files.push_back(w.directory_ / "model.safetensors");
+  } else {
+    for (const auto& e : fs::directory_iterator(w.directory_))
+      if (e.path().extension() == ".safetensors") files.push_back(e.path());
+  }
   std::sort(files.begin(), files.end());
   MG_REQUIRE(!files.empty(), "no .safetensors files in ", w.directory_.string());
   for (const auto& f : files)

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "training/checkpoint_files.h"
 
 // JSON codecs of the argument structs, in their own namespaces so that nlohmann finds them.
 namespace megatron {
@@ -31,7 +32,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
     GPTConfig, num_layers, hidden_size, num_attention_heads, ffn_hidden_size, kv_channels,
     num_query_groups, seq_length, max_position_embeddings, padded_vocab_size, hidden_dropout,
     attention_dropout, init_method_std, layernorm_epsilon, gelu_tanh, params_dtype,
-    recompute_granularity, recompute_method, recompute_num_layers, apply_query_key_layer_scaling)
+    recompute_granularity, recompute_method, recompute_num_layers, apply_query_key_layer_scaling,
+    sequence_parallel)
 }  // namespace megatron::model
 namespace megatron::data {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenizerOptions, type, vocab_file, merge_file,
@@ -48,11 +50,16 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OptimizerConfig, type, adam_beta
                                                 adam_eps, sgd_momentum, clip_grad)
 }  // namespace megatron::optim
 namespace megatron::training {
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ParallelArgs, tensor_model_parallel_size,
+                                                pipeline_model_parallel_size, context_parallel_size,
+                                                use_distributed_optimizer, overlap_grad_reduce,
+                                                overlap_param_gather, ddp_bucket_size,
+                                                distributed_timeout_minutes)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TensorBoardOptions, dir, log_interval, queue_size,
                                                 log_timers, log_learning_rate, log_loss_scale,
                                                 log_batch_size, log_world_size, log_validation_ppl)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
-    TrainingArgs, model, make_vocab_size_divisible_by, tokenizer, data, micro_batch_size,
+    TrainingArgs, model, parallel, make_vocab_size_divisible_by, tokenizer, data, micro_batch_size,
     global_batch_size, train_iters, train_samples, lr, min_lr, lr_warmup_init, lr_warmup_fraction,
     lr_decay_style, lr_decay_iters, lr_decay_samples, lr_warmup_iters, lr_warmup_samples,
     lr_wsd_decay_style, lr_wsd_decay_iters, lr_wsd_decay_samples, weight_decay,
@@ -72,9 +79,8 @@ using json = nlohmann::json;
 namespace {
 
 const char* const kTracker = "latest_checkpointed_iteration.txt";
-const char* const kRankDir = "mp_rank_00";
-const char* const kModelFile = "mp_rank_00/model.safetensors";
-const char* const kOptimFile = "mp_rank_00/optimizer.safetensors";
+
+std::string model_file(const CheckpointRank& rank) { return rank.rank_dir() + "/model.safetensors"; }
 
 std::string iteration_dir_name(int64_t iteration) {
   char name[32];
@@ -290,12 +296,57 @@ std::vector<uint8_t> read_verified(const CheckpointOnDisk& ckpt, const std::stri
   return bytes;
 }
 
+}  // namespace
+
+namespace detail {
+
 SafetensorsContents read_tensor_file(const CheckpointOnDisk& ckpt, const std::string& rel) {
   const std::vector<uint8_t> bytes = read_verified(ckpt, rel);
   return parse_safetensors(bytes, (ckpt.dir / rel).string());
 }
 
-}  // namespace
+void write_tensor_file(const fs::path& dir, const std::string& rel,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors, json& files,
+                       std::map<std::string, std::string> metadata) {
+  const fs::path p = dir / rel;
+  metadata.emplace("format", "pt");
+  write_safetensors(p, tensors, metadata);
+  set_mode(p, 0640);
+  files[rel] = {{"bytes", fs::file_size(p)}, {"sha256", sha256_file(p)}};
+}
+
+}  // namespace detail
+
+CheckpointRank CheckpointRank::from(const ParallelState& ps) {
+  CheckpointRank r;
+  r.world = &ps.world();
+  r.tp_size = ps.tp_size();
+  r.tp_rank = ps.tp_rank();
+  r.pp_size = ps.pp_size();
+  r.pp_rank = ps.pp_rank();
+  r.dp_size = ps.dp_size();
+  r.dp_rank = ps.dp_rank();
+  return r;
+}
+
+std::string CheckpointRank::rank_dir() const {
+  char name[32];
+  if (pp_size > 1)
+    std::snprintf(name, sizeof name, "mp_rank_%02d_%03d", tp_rank, pp_rank);
+  else
+    std::snprintf(name, sizeof name, "mp_rank_%02d", tp_rank);
+  return name;
+}
+
+const optim::OptimizerConfig& OptimizerRef::config() const {
+  MG_CHECK(!empty(), "OptimizerRef::config on an empty reference");
+  return plain != nullptr ? plain->config() : distributed->config();
+}
+
+std::string CheckpointParallel::describe() const {
+  return str("TP=", tensor_model_parallel_size, " x PP=", pipeline_model_parallel_size, " x DP=",
+             data_parallel_size, distributed_optimizer ? " (distributed optimizer)" : "");
+}
 
 json training_args_to_json(const TrainingArgs& args) { return json(args); }
 
@@ -315,84 +366,85 @@ std::string sha256_file(const fs::path& file) {
 }
 
 fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
-                         const model::ParameterList& params, optim::Optimizer* optimizer) {
+                         const model::ParameterList& params, OptimizerRef optimizer,
+                         const CheckpointRank& rank) {
+  const bool multi = rank.multi();
+  const bool root = !multi || rank.world->rank() == 0;
   const std::string name = iteration_dir_name(state.iteration);
-  fs::create_directories(save_dir);
   const fs::path final_dir = save_dir / name;
   const fs::path tmp_dir = save_dir / (".tmp_" + name);
-  fs::remove_all(tmp_dir);
-  fs::create_directories(tmp_dir / kRankDir);
-  set_mode(tmp_dir, 0750);
-  set_mode(tmp_dir / kRankDir, 0750);
+  if (root) {
+    fs::create_directories(save_dir);
+    fs::remove_all(tmp_dir);
+    fs::create_directories(tmp_dir);
+    set_mode(tmp_dir, 0750);
+  }
+  if (multi) rank.world->barrier();  // the temporary folder exists for everyone
 
+  // This rank's files: the model (data-parallel rank 0 of each model-parallel rank) and its
+  // optimizer state (checkpoint_optimizer.cpp decides which rank writes what).
+  const std::string rank_dir = rank.rank_dir();
   json files = json::object();
-  auto write_tensors = [&](const char* rel, const std::vector<std::pair<std::string, Tensor>>& t) {
-    const fs::path p = tmp_dir / rel;
-    write_safetensors(p, t, {{"format", "pt"}});
-    set_mode(p, 0640);
-    files[rel] = {{"bytes", fs::file_size(p)}, {"sha256", sha256_file(p)}};
-  };
-  std::vector<std::pair<std::string, Tensor>> model_tensors;
-  for (const model::Parameter* p : params) model_tensors.emplace_back(p->name, p->value);
-  write_tensors(kModelFile, model_tensors);
-
-  if (optimizer != nullptr) {
-    std::vector<std::pair<std::string, Tensor>> t;
-    Tensor step = Tensor::empty({}, DType::I64);
-    *step.data<int64_t>() = optimizer->step_count();
-    t.emplace_back("optimizer.step", step);
-    const auto& ps = optimizer->parameters();
-    const auto& st = optimizer->state();
-    const bool adam = optimizer->config().type == optim::OptimizerType::Adam;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      if (st[i].main.storage() != ps[i]->value.storage())
-        t.emplace_back("optimizer.state.fp32_param." + ps[i]->name, st[i].main);
-      if (adam) {
-        t.emplace_back("optimizer.state.exp_avg." + ps[i]->name, st[i].exp_avg);
-        t.emplace_back("optimizer.state.exp_avg_sq." + ps[i]->name, st[i].exp_avg_sq);
-      } else {
-        t.emplace_back("optimizer.state.momentum_buffer." + ps[i]->name, st[i].exp_avg);
-      }
-    }
-    write_tensors(kOptimFile, t);
+  json optimizer_meta = nullptr;
+  const bool writes_model = rank.dp_rank == 0;
+  const bool writes_optim = !optimizer.empty() && (writes_model || optimizer.distributed != nullptr);
+  if (writes_model || writes_optim) {
+    fs::create_directories(tmp_dir / rank_dir);
+    set_mode(tmp_dir / rank_dir, 0750);
+  }
+  if (writes_model) {
+    std::vector<std::pair<std::string, Tensor>> model_tensors;
+    for (const model::Parameter* p : params) model_tensors.emplace_back(p->name, p->value);
+    detail::write_tensor_file(tmp_dir, model_file(rank), model_tensors, files);
+  }
+  if (!optimizer.empty()) optimizer_meta = detail::save_optimizer_files(tmp_dir, optimizer, rank, files);
+  if (writes_model || writes_optim) fsync_path(tmp_dir / rank_dir, true);
+  json partition_dims = json::object();
+  for (const model::Parameter* p : params) partition_dims[p->name] = p->partition_dim;
+  if (multi) {  // rank 0 lists every rank's files
+    const std::vector<std::string> all = all_gather_strings(*rank.world, files.dump());
+    for (const std::string& f : all) files.update(json::parse(f));
   }
 
-  nlohmann::ordered_json meta;
-  meta["format_version"] = kCheckpointFormatVersion;
-  meta["iteration"] = state.iteration;
-  meta["consumed_train_samples"] = state.consumed_train_samples;
-  meta["consumed_valid_samples"] = state.consumed_valid_samples;
-  meta["grad_scaler"] = {{"dynamic", state.grad_scaler_dynamic},
-                         {"scale", state.grad_scaler.scale},
-                         {"growth_tracker", state.grad_scaler.growth_tracker},
-                         {"hysteresis_tracker", state.grad_scaler.hysteresis_tracker}};
-  meta["opt_param_scheduler"] = scheduler_to_json(state.scheduler, state.scheduler_num_steps);
-  if (state.rng)
-    meta["rng_state"] = {{"generator", "philox4x32-10"},
-                         {"seed", state.rng->seed},
-                         {"dropout_offset", state.rng->dropout_offset}};
-  else
-    meta["rng_state"] = nullptr;
-  if (optimizer != nullptr)
-    meta["optimizer"] = {{"type", optimizer->config().type == optim::OptimizerType::Adam ? "adam" : "sgd"}};
-  else
-    meta["optimizer"] = nullptr;
-  meta["args"] = state.args;
-  meta["files"] = files;
-  write_text_file(tmp_dir / "metadata.json", meta.dump(2) + "\n");
-  fsync_path(tmp_dir / kRankDir, true);
-  fsync_path(tmp_dir, true);
+  if (root) {
+    nlohmann::ordered_json meta;
+    meta["format_version"] = kCheckpointFormatVersion;
+    meta["iteration"] = state.iteration;
+    meta["consumed_train_samples"] = state.consumed_train_samples;
+    meta["consumed_valid_samples"] = state.consumed_valid_samples;
+    meta["grad_scaler"] = {{"dynamic", state.grad_scaler_dynamic},
+                           {"scale", state.grad_scaler.scale},
+                           {"growth_tracker", state.grad_scaler.growth_tracker},
+                           {"hysteresis_tracker", state.grad_scaler.hysteresis_tracker}};
+    meta["opt_param_scheduler"] = scheduler_to_json(state.scheduler, state.scheduler_num_steps);
+    if (state.rng)
+      meta["rng_state"] = {{"generator", "philox4x32-10"},
+                           {"seed", state.rng->seed},
+                           {"dropout_offset", state.rng->dropout_offset}};
+    else
+      meta["rng_state"] = nullptr;
+    meta["optimizer"] = optimizer_meta;
+    meta["parallel"] = {{"tensor_model_parallel_size", rank.tp_size},
+                        {"pipeline_model_parallel_size", rank.pp_size},
+                        {"data_parallel_size", rank.dp_size},
+                        {"partition_dims", partition_dims}};
+    meta["args"] = state.args;
+    meta["files"] = files;
+    write_text_file(tmp_dir / "metadata.json", meta.dump(2) + "\n");
+    fsync_path(tmp_dir, true);
 
-  // Re-saving an iteration: the old folder is moved aside first, so that a crash in between
-  // leaves one complete folder under some name.
-  const fs::path old_dir = save_dir / (".old_" + name);
-  fs::remove_all(old_dir);
-  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
-  fs::rename(tmp_dir, final_dir);
-  fsync_path(save_dir, true);
-  fs::remove_all(old_dir);
-  write_text_file(save_dir / kTracker, std::to_string(state.iteration));
-  fsync_path(save_dir, true);
+    // Re-saving an iteration: the old folder is moved aside first, so that a crash in between
+    // leaves one complete folder under some name.
+    const fs::path old_dir = save_dir / (".old_" + name);
+    fs::remove_all(old_dir);
+    if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
+    fs::rename(tmp_dir, final_dir);
+    fsync_path(save_dir, true);
+    fs::remove_all(old_dir);
+    write_text_file(save_dir / kTracker, std::to_string(state.iteration));
+    fsync_path(save_dir, true);
+  }
+  if (multi) rank.world->barrier();  // complete (renamed, tracker written) for everyone
   return final_dir;
 }
 
@@ -444,16 +496,51 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
   c.state = state_from_json(j, label);
   MG_REQUIRE(j.contains("files") && j["files"].is_object(), label, ": missing \"files\" checksums");
   c.files = j["files"];
-  MG_REQUIRE(c.files.contains(kModelFile), label, ": lists no ", kModelFile);
+  bool has_model = false;
+  for (const auto& [rel, entry] : c.files.items())
+    has_model = has_model || rel.ends_with("/model.safetensors");
+  MG_REQUIRE(has_model, label, ": lists no model.safetensors");
+  if (j.contains("parallel") && !j["parallel"].is_null()) {  // absent in old single-rank ones
+    MetaReader r{j, label};
+    const json& p = j["parallel"];
+    c.parallel.tensor_model_parallel_size = int(r.i64(p, "tensor_model_parallel_size", " in parallel"));
+    c.parallel.pipeline_model_parallel_size = int(r.i64(p, "pipeline_model_parallel_size", " in parallel"));
+    c.parallel.data_parallel_size = int(r.i64(p, "data_parallel_size", " in parallel"));
+    MG_REQUIRE(c.parallel.tensor_model_parallel_size >= 1 && c.parallel.pipeline_model_parallel_size >= 1 &&
+                   c.parallel.data_parallel_size >= 1,
+               label, ": parallel sizes must be >= 1");
+  }
+  if (j.at("optimizer").is_object() && j.at("optimizer").contains("distributed")) {
+    MG_REQUIRE(j.at("optimizer").at("distributed").is_boolean(), label,
+               ": optimizer.distributed must be true or false");
+    c.parallel.distributed_optimizer = j.at("optimizer").at("distributed").get<bool>();
+  }
   MG_REQUIRE(c.release || c.state.iteration == expected_iteration, label, " says iteration ",
              c.state.iteration, " but the folder is ", sub);
   return c;
 }
 
+void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank& rank) {
+  const CheckpointParallel& c = ckpt.parallel;
+  if (c.tensor_model_parallel_size == rank.tp_size && c.pipeline_model_parallel_size == rank.pp_size)
+    return;
+  CheckpointParallel mine{rank.tp_size, rank.pp_size, rank.dp_size, false};
+  MG_THROW("the checkpoint ", ckpt.dir.string(), " was saved with ", c.describe(),
+           " but this run uses ", mine.describe(),
+           ": the tensor- and pipeline-parallel sizes must match the checkpoint's (the data-parallel "
+           "size may differ). Run with --tensor-model-parallel-size ", c.tensor_model_parallel_size,
+           " --pipeline-model-parallel-size ", c.pipeline_model_parallel_size,
+           " (world size a multiple of ", c.tensor_model_parallel_size * c.pipeline_model_parallel_size,
+           "); resharding a checkpoint to another layout needs a converter "
+           "(megatron checkpoint convert), which this build does not have yet");
+}
+
 void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
-                        bool allow_dtype_conversion) {
-  SafetensorsContents st = read_tensor_file(ckpt, kModelFile);
-  const std::string label = (ckpt.dir / kModelFile).string();
+                        bool allow_dtype_conversion, const CheckpointRank& rank) {
+  check_checkpoint_layout(ckpt, rank);
+  const std::string rel = model_file(rank);
+  SafetensorsContents st = detail::read_tensor_file(ckpt, rel);
+  const std::string label = (ckpt.dir / rel).string();
   std::set<std::string> used;
   for (model::Parameter* p : params) {
     auto it = st.tensors.find(p->name);
@@ -544,51 +631,6 @@ optim::LRSchedulerConfig resolve_scheduler_config(const optim::LRSchedulerConfig
        saved.wd_incr_steps, num);
   pick("--weight-decay-incr-style", out.wd_incr_style, saved.wd_incr_style, wd_style);
   return out;
-}
-
-bool has_optimizer_state(const CheckpointOnDisk& ckpt) { return !ckpt.state.optimizer_type.empty(); }
-
-void load_optimizer_state(const CheckpointOnDisk& ckpt, optim::Optimizer& optimizer) {
-  const fs::path file = ckpt.dir / kOptimFile;
-  const std::string hint = " (pass --no-load-optim to start the optimizer fresh)";
-  MG_REQUIRE(has_optimizer_state(ckpt), "checkpoint ", ckpt.dir.string(),
-             " has no optimizer state (saved with --no-save-optim)", hint);
-  MG_REQUIRE(fs::exists(file), "checkpoint optimizer file ", file.string(), " is missing", hint);
-  const bool adam = optimizer.config().type == optim::OptimizerType::Adam;
-  const std::string want = adam ? "adam" : "sgd";
-  MG_REQUIRE(ckpt.state.optimizer_type == want, "the checkpoint ", ckpt.dir.string(), " holds ",
-             ckpt.state.optimizer_type, " state but this run uses --optimizer ", want, hint);
-  SafetensorsContents st = read_tensor_file(ckpt, kOptimFile);
-  const std::string label = file.string();
-  std::set<std::string> used;
-  auto take = [&](const std::string& name, const Shape& shape, DType dtype) -> const Tensor& {
-    auto it = st.tensors.find(name);
-    MG_REQUIRE(it != st.tensors.end(), label, " has no tensor '", name, "'", hint);
-    MG_REQUIRE(it->second.shape() == shape && it->second.dtype() == dtype, label, ": tensor '", name,
-               "' is ", dtype_name(it->second.dtype()), " ", shape_str(it->second.shape()),
-               ", expected ", dtype_name(dtype), " ", shape_str(shape), hint);
-    used.insert(name);
-    return it->second;
-  };
-  const Tensor& step = take("optimizer.step", {}, DType::I64);
-  MG_REQUIRE(*step.data<int64_t>() >= 0, label, ": negative optimizer.step");
-  const auto& ps = optimizer.parameters();
-  auto& state = optimizer.state();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const std::string& n = ps[i]->name;
-    const Shape& shape = ps[i]->value.shape();
-    if (state[i].main.storage() != ps[i]->value.storage())
-      state[i].main.copy_(take("optimizer.state.fp32_param." + n, shape, DType::F32));
-    if (adam) {
-      state[i].exp_avg.copy_(take("optimizer.state.exp_avg." + n, shape, DType::F32));
-      state[i].exp_avg_sq.copy_(take("optimizer.state.exp_avg_sq." + n, shape, DType::F32));
-    } else {
-      state[i].exp_avg.copy_(take("optimizer.state.momentum_buffer." + n, shape, DType::F32));
-    }
-  }
-  for (const auto& [name, t] : st.tensors)
-    MG_REQUIRE(used.count(name), label, " has an unexpected tensor '", name, "'", hint);
-  optimizer.set_step_count(*step.data<int64_t>());
 }
 
 }  // namespace megatron::training

@@ -2,16 +2,27 @@
 //
 //   DIR/latest_checkpointed_iteration.txt     decimal iteration (or "release"), written last
 //   DIR/iter_0000500/metadata.json            format_version, iteration, consumed samples, grad
-//                                             scaler, LR scheduler, RNG, all arguments, and the
-//                                             size + SHA-256 of every tensor file
-//   DIR/iter_0000500/mp_rank_00/model.safetensors      parameters under their Megatron-Core names,
-//                                                      in the parameter dtype (F32/BF16/F16)
-//   DIR/iter_0000500/mp_rank_00/optimizer.safetensors  optimizer state (absent with --no-save-optim):
+//                                             scaler, LR scheduler, RNG, the parallel layout, all
+//                                             arguments, and the size + SHA-256 of every tensor file
+//   DIR/iter_0000500/mp_rank_TT/model.safetensors      this tensor-parallel rank's parameters (the
+//                                                      shards under the single-rank names, layout in
+//                                                      model/tensor_parallel.h), parameter dtype
+//   DIR/iter_0000500/mp_rank_TT/optimizer.safetensors  optimizer state (absent with --no-save-optim):
 //       optimizer.step                              I64 [] successful optimizer steps
 //       optimizer.state.fp32_param.<param>          F32 main weights (bf16/fp16 models only)
 //       optimizer.state.exp_avg.<param>             F32 Adam first moment
 //       optimizer.state.exp_avg_sq.<param>          F32 Adam second moment
 //       optimizer.state.momentum_buffer.<param>     F32 SGD momentum (instead of the two above)
+//   DIR/iter_0000500/mp_rank_TT/distrib_optim_dp_RRR.safetensors   with --use-distributed-optimizer,
+//       instead of optimizer.safetensors: data-parallel rank RRR's shard, written by that rank:
+//       optimizer.step, optimizer.shard.{fp32_param, exp_avg, exp_avg_sq | momentum_buffer}, each
+//       F32 [shard elements], and in the header's __metadata__ "pieces": a JSON array of
+//       [param name, first element in the parameter, length, offset in the shard] saying which
+//       elements of which parameter the shard holds (optim/grad_buffer.h), so the state can be
+//       read back under any data-parallel size, or by the non-distributed optimizer, and back.
+// TT is the tensor-parallel rank (2 digits; mp_rank_TT_PPP when pipeline-parallel). Model and
+// plain optimizer files are written by data-parallel rank 0 of each tensor-parallel group;
+// metadata.json and the tracker by world rank 0 once every rank's files are complete.
 //
 // metadata.json, abridged:
 //   {"format_version": 2, "iteration": 500, "consumed_train_samples": 4000,
@@ -21,14 +32,18 @@
 //                            "lr_decay_steps": 8000, "lr_decay_style": "cosine", "num_steps": 4000,
 //                            ...},                      (steps in samples, as Megatron's)
 //    "rng_state": {"generator": "philox4x32-10", "seed": 1234, "dropout_offset": 1000},
-//    "optimizer": {"type": "adam"},                    (null with --no-save-optim)
+//    "optimizer": {"type": "adam", "distributed": false},   (null with --no-save-optim)
+//    "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
+//                 "data_parallel_size": 2, "partition_dims": {"<param>": 0, ...}},
+//                                                      (absent in single-rank checkpoints of old)
 //    "args": {...every TrainingArgs field...},
 //    "files": {"mp_rank_00/model.safetensors": {"bytes": 123, "sha256": "..."}, ...}}
 //
 // Saving writes the iteration folder under a temporary name (.tmp_iter_...), fsyncs, renames it,
 // and then replaces the tracker (temp file + rename). Files 0640, folders 0750. Loading verifies
 // every listed file's size and SHA-256 before parsing it; every problem is a megatron::Error
-// naming the file.
+// naming the file. A checkpoint loads under any data-parallel size; the tensor- and
+// pipeline-parallel sizes must be the checkpoint's (check_checkpoint_layout).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +52,10 @@
 #include <optional>
 #include <string>
 
+#include "comm/communicator.h"
+#include "comm/parallel_state.h"
 #include "model/parameter.h"
+#include "optim/distributed_optimizer.h"
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
@@ -72,17 +90,47 @@ struct CheckpointState {
 nlohmann::json training_args_to_json(const TrainingArgs& args);
 TrainingArgs training_args_from_json(const nlohmann::json& j);
 
-// Saves a checkpoint; returns the iteration folder. `optimizer` null: no optimizer file.
+// This rank's place in a checkpoint. The default is a single rank.
+struct CheckpointRank {
+  Communicator* world = nullptr;  // null or a group of one: single rank, no collectives
+  int tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0, dp_size = 1, dp_rank = 0;
+  static CheckpointRank from(const ParallelState& ps);
+  bool multi() const { return world != nullptr && world->size() > 1; }
+  std::string rank_dir() const;  // "mp_rank_TT" or, with PP > 1, "mp_rank_TT_PPP"
+};
+
+// The optimizer whose state is saved or loaded: none, the plain one, or the distributed one.
+struct OptimizerRef {
+  optim::Optimizer* plain = nullptr;
+  optim::DistributedOptimizer* distributed = nullptr;
+  OptimizerRef() = default;
+  OptimizerRef(optim::Optimizer* p) : plain(p) {}  // NOLINT: implicit on purpose
+  OptimizerRef(optim::DistributedOptimizer* d) : distributed(d) {}  // NOLINT
+  bool empty() const { return plain == nullptr && distributed == nullptr; }
+  const optim::OptimizerConfig& config() const;
+};
+
+// Saves a checkpoint; returns the iteration folder. An empty `optimizer`: no optimizer files.
+// Collective over rank.world: every rank calls it; each writes its own files (see above).
+// `params` are this rank's (shards under TP).
 std::filesystem::path save_checkpoint(const std::filesystem::path& save_dir,
                                       const CheckpointState& state,
-                                      const model::ParameterList& params,
-                                      optim::Optimizer* optimizer);
+                                      const model::ParameterList& params, OptimizerRef optimizer,
+                                      const CheckpointRank& rank = {});
+
+// The parallel layout a checkpoint was saved under.
+struct CheckpointParallel {
+  int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, data_parallel_size = 1;
+  bool distributed_optimizer = false;  // the optimizer state is in distrib_optim_dp_*.safetensors
+  std::string describe() const;        // "TP=2 x PP=1 x DP=2 (distributed optimizer)"
+};
 
 // A checkpoint found on disk, its metadata parsed (tensor files are read on demand).
 struct CheckpointOnDisk {
   std::filesystem::path dir;  // DIR/iter_NNNNNNN or DIR/release
   bool release = false;       // tracker said "release": weights only, iteration 0
   CheckpointState state;
+  CheckpointParallel parallel;
   nlohmann::json files;  // relative path -> {"bytes", "sha256"}
 };
 
@@ -93,10 +141,14 @@ struct CheckpointOnDisk {
 std::optional<CheckpointOnDisk> find_checkpoint(const std::filesystem::path& load_dir,
                                                 std::optional<int64_t> ckpt_step);
 
-// Reads model.safetensors (size and SHA-256 verified) into the parameters: every parameter must
-// be present with its shape; the dtype must match unless allow_dtype_conversion.
+// The checkpoint's tensor- and pipeline-parallel sizes must be this run's (the data-parallel size
+// may differ): otherwise an error naming both layouts and how to proceed.
+void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank& rank);
+
+// Reads this rank's model.safetensors (size and SHA-256 verified) into the parameters: every
+// parameter must be present with its shape; the dtype must match unless allow_dtype_conversion.
 void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
-                        bool allow_dtype_conversion);
+                        bool allow_dtype_conversion, const CheckpointRank& rank = {});
 
 // Megatron's check_checkpoint_args: the flags that fix the model's tensors (--num-layers,
 // --hidden-size, --num-attention-heads, --ffn-hidden-size, --kv-channels, --num-query-groups,
@@ -115,11 +167,14 @@ optim::LRSchedulerConfig resolve_scheduler_config(const optim::LRSchedulerConfig
                                                   const CheckpointOnDisk& ckpt, bool override_args,
                                                   bool use_checkpoint);
 
-// True when the checkpoint has an optimizer file.
+// True when the checkpoint has optimizer state.
 bool has_optimizer_state(const CheckpointOnDisk& ckpt);
-// Reads optimizer.safetensors into the optimizer (fp32 main weights, moments, step count); the
-// model weights stay as load_model_weights set them. Errors suggest --no-load-optim.
-void load_optimizer_state(const CheckpointOnDisk& ckpt, optim::Optimizer& optimizer);
+// Reads the optimizer state of this rank's tensor-parallel rank (optimizer.safetensors or the
+// distributed optimizer's shards, whichever the checkpoint has, under any data-parallel size)
+// into the optimizer: fp32 main weights, moments, step count; the model weights stay as
+// load_model_weights set them. Errors suggest --no-load-optim.
+void load_optimizer_state(const CheckpointOnDisk& ckpt, OptimizerRef optimizer,
+                          const CheckpointRank& rank = {});
 
 // SHA-256 of a file, lowercase hex.
 std::string sha256_file(const std::filesystem::path& file);

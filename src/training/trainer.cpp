@@ -1,4 +1,4 @@
-// Single-rank pretraining loop; see trainer.h.
+// The pretraining loop over data, tensor and sequence parallel ranks; see trainer.h.
 #include "training/trainer.h"
 
 #include <atomic>
@@ -11,8 +11,13 @@
 #include <limits>
 #include <optional>
 
+#include "comm/parallel_state.h"
+#include "comm/timed_communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/tensor_parallel.h"
+#include "optim/distributed_optimizer.h"
+#include "optim/grad_buffer.h"
 #include "optim/grad_scaler.h"
 #include "training/checkpoint.h"
 #include "training/metrics.h"
@@ -47,8 +52,7 @@ void validate_args(const TrainingArgs& a) {
   MG_REQUIRE(a.micro_batch_size > 0, "--micro-batch-size is required and must be > 0");
   const int64_t gbs = a.global_batch_size > 0 ? a.global_batch_size : a.micro_batch_size;
   MG_REQUIRE(gbs % a.micro_batch_size == 0, "--global-batch-size (", gbs,
-             ") must be divisible by --micro-batch-size (", a.micro_batch_size,
-             ") x data-parallel size (1)");
+             ") must be divisible by --micro-batch-size (", a.micro_batch_size, ")");
   MG_REQUIRE(a.model.num_layers > 0, "--num-layers is required and must be > 0");
   MG_REQUIRE(a.model.hidden_size > 0, "--hidden-size is required and must be > 0");
   MG_REQUIRE(a.model.num_attention_heads > 0, "--num-attention-heads is required and must be > 0");
@@ -94,16 +98,79 @@ void validate_args(const TrainingArgs& a) {
   MG_REQUIRE(a.ckpt_step < 0 || !a.load.empty(), "--ckpt-step needs --load DIR");
 }
 
+void validate_parallel_args(const TrainingArgs& a, int world_size) {
+  const ParallelArgs& p = a.parallel;
+  MG_REQUIRE(p.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size must be >= 1 (got ",
+             p.tensor_model_parallel_size, ")");
+  MG_REQUIRE(p.pipeline_model_parallel_size == 1,
+             "--pipeline-model-parallel-size ", p.pipeline_model_parallel_size,
+             " is not supported by pretrain-gpt yet (pipeline parallelism is not wired into the "
+             "trainer); use 1");
+  MG_REQUIRE(p.context_parallel_size == 1, "--context-parallel-size ", p.context_parallel_size,
+             " is not supported yet (no context parallelism); use 1");
+  MG_REQUIRE(p.ddp_bucket_size >= 0, "--ddp-bucket-size must be > 0 (got ", p.ddp_bucket_size, ")");
+  MG_REQUIRE(p.distributed_timeout_minutes > 0, "--distributed-timeout-minutes must be > 0");
+  MG_REQUIRE(!p.overlap_param_gather || (p.use_distributed_optimizer && p.overlap_grad_reduce),
+             "--overlap-param-gather requires --use-distributed-optimizer and --overlap-grad-reduce");
+  const int mp = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size;
+  MG_REQUIRE(world_size % mp == 0, "the world size ", world_size,
+             " is not divisible by --tensor-model-parallel-size ", p.tensor_model_parallel_size,
+             " x --pipeline-model-parallel-size ", p.pipeline_model_parallel_size,
+             " x --context-parallel-size ", p.context_parallel_size, " = ", mp,
+             "; launch a multiple of ", mp, " ranks (data-parallel size = world / ", mp, ")");
+  const int dp = world_size / mp;
+  const int64_t gbs = a.global_batch_size > 0 ? a.global_batch_size : a.micro_batch_size * dp;
+  MG_REQUIRE(gbs % (a.micro_batch_size * dp) == 0, "--global-batch-size (", gbs,
+             ") must be divisible by --micro-batch-size (", a.micro_batch_size,
+             ") x data-parallel size (", dp, " = world ", world_size, " / (TP x PP x CP))");
+}
+
 TrainingSummary pretrain_gpt(TrainingArgs a) {
+  auto world = world_communicator(
+      CommOptions::from_timeout_minutes(a.parallel.distributed_timeout_minutes));
+  return pretrain_gpt(std::move(a), world);
+}
+
+TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world_in) {
   validate_args(a);
+  validate_parallel_args(a, world_in->size());
   const auto t_start = Clock::now();
+  // Every collective runs through the timed world: the communication share of the step time.
+  auto comm_stats = std::make_shared<CommStats>();
+  ParallelConfig pc;
+  pc.tensor_model_parallel_size = a.parallel.tensor_model_parallel_size;
+  pc.pipeline_model_parallel_size = a.parallel.pipeline_model_parallel_size;
+  pc.context_parallel_size = a.parallel.context_parallel_size;
+  const ParallelState ps = ParallelState::create(make_timed_communicator(world_in, comm_stats), pc);
+  Communicator& world = ps.world();
+  const bool distributed = world.size() > 1;
+  const int dp = ps.dp_size(), dp_rank = ps.dp_rank(), tp = ps.tp_size();
+  const CheckpointRank crank = CheckpointRank::from(ps);
+  // Megatron's print_rank_last: the last rank prints the log lines and writes the metrics.
+  const bool log_rank = ps.world_rank() == ps.world_size() - 1;
+  auto say = [&](const std::string& line) {
+    if (log_rank) log_print(line);
+  };
   const int64_t mbs = a.micro_batch_size;
-  const int64_t gbs = a.global_batch_size > 0 ? a.global_batch_size : mbs;
-  const int64_t num_micro = gbs / mbs;
+  const int64_t gbs = a.global_batch_size > 0 ? a.global_batch_size : mbs * dp;
+  const int64_t num_micro = gbs / (mbs * dp);  // per data-parallel rank
+  a.global_batch_size = gbs;
+  const bool use_dist_opt = a.parallel.use_distributed_optimizer;
+  const bool overlap = a.parallel.overlap_grad_reduce;
+  if (distributed)
+    say(str("parallel layout: world ", world.size(), " = TP ", tp, " x PP ", ps.pp_size(), " x CP ",
+            ps.cp_size(), " x DP ", dp, a.model.sequence_parallel && tp > 1 ? ", sequence parallel" : "",
+            use_dist_opt ? ", distributed optimizer" : "",
+            overlap ? ", gradient reduction overlapped with backward" : "",
+            "; ", num_micro, " micro-batches of ", mbs, " per rank and iteration"));
+  if (a.parallel.overlap_param_gather)
+    say("note: --overlap-param-gather is accepted but the parameter all-gather is not overlapped "
+        "with the next forward (it runs at the end of the optimizer step)");
 
   auto tokenizer = data::build_tokenizer(a.tokenizer);
   a.model.padded_vocab_size =
-      data::padded_vocab_size(tokenizer->vocab_size(), a.make_vocab_size_divisible_by, 1);
+      data::padded_vocab_size(tokenizer->vocab_size(), a.make_vocab_size_divisible_by, tp);
+  a.model.validate_tensor_parallel(tp);
   a.model.params_dtype = a.bf16 ? DType::BF16 : (a.fp16 ? DType::F16 : DType::F32);
   a.data.seq_length = a.model.seq_length;
   a.data.seed = uint32_t(a.seed);
@@ -120,8 +187,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
                                   : " does not exist";
       MG_REQUIRE(!a.exit_on_missing_checkpoint, "--load ", a.load, why,
                  " and --exit-on-missing-checkpoint is set");
-      log_print(str("WARNING: --load ", a.load, why,
-                    "; no checkpoint is loaded and training starts from random initialization"));
+      say(str("WARNING: --load ", a.load, why,
+              "; no checkpoint is loaded and training starts from random initialization"));
     }
   }
   // A resume continues iteration, samples, optimizer, scheduler and RNG; --finetune (and a
@@ -130,7 +197,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
   const bool load_optim = resume && !a.no_load_optim;
   const bool load_rng = resume && !a.no_load_rng;
   if (ckpt) {
-    log_print(str("loading checkpoint from ", a.load, " at iteration ", ckpt->state.iteration));
+    say(str("loading checkpoint from ", a.load, " at iteration ", ckpt->state.iteration));
+    check_checkpoint_layout(*ckpt, crank);
     check_checkpoint_args(*ckpt, a, !resume);
     MG_REQUIRE(!load_rng || ckpt->state.rng, "checkpoint ", ckpt->dir.string(),
                " has no RNG state (saved with --no-save-rng); pass --no-load-rng or --finetune");
@@ -149,7 +217,11 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
   auto num_samples = data::train_valid_test_num_samples(a.train_samples > 0 ? a.train_samples : -1,
                                                         a.train_iters, gbs, a.eval_interval,
                                                         a.eval_iters);
-  data::GPTDatasets ds = data::build_gpt_datasets(a.data, num_samples);
+  // Rank 0 builds (and caches) the sample indices first; the others then load them.
+  data::GPTDatasets ds;
+  if (ps.world_rank() == 0) ds = data::build_gpt_datasets(a.data, num_samples);
+  if (distributed) world.barrier();
+  if (ps.world_rank() != 0) ds = data::build_gpt_datasets(a.data, num_samples);
   MG_REQUIRE(ds.train != nullptr, "the training split is empty; check --split / --data-path");
   const data::GPTBatchOptions bopt = data::batch_options(a.data);
 
@@ -179,17 +251,38 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
   }
 
   // The model is built with the (restored) RNG seed: dropout masks continue where they stopped.
-  model::GPTModel gpt(a.model, rng_seed);
-  if (ckpt) load_model_weights(*ckpt, gpt.parameters(), /*allow_dtype_conversion=*/!resume);
+  // Every rank draws the same master weights and keeps its tensor-parallel slice.
+  model::GPTModel gpt(a.model, rng_seed, ps);
+  if (ckpt) load_model_weights(*ckpt, gpt.parameters(), /*allow_dtype_conversion=*/!resume, crank);
   a.optimizer.type = optim::parse_optimizer_type(a.optimizer_name);
-  optim::Optimizer opt(gpt.parameters(), a.optimizer);  // fp32 main copies of the loaded weights
+  // Data parallelism: one flat gradient buffer in buckets (Megatron: buckets only when
+  // overlapping, of max(40M, 1M x DP) elements by default; one bucket otherwise).
+  std::unique_ptr<optim::ParamAndGradBuffer> buffer;
+  if (dp > 1 || use_dist_opt) {
+    optim::GradBufferConfig bc;
+    bc.bucket_size = overlap ? (a.parallel.ddp_bucket_size > 0 ? a.parallel.ddp_bucket_size
+                                                               : std::max<int64_t>(40000000, 1000000 * dp))
+                             : 0;
+    bc.pad_for_sharding = use_dist_opt;
+    buffer = std::make_unique<optim::ParamAndGradBuffer>(gpt.parameters(), ps.group_ptr(GroupKind::DP), bc);
+  }
+  // fp32 main copies of the (loaded) weights: all of them, or this rank's shard.
+  std::unique_ptr<optim::Optimizer> plain_opt;
+  std::unique_ptr<optim::DistributedOptimizer> dist_opt;
+  if (use_dist_opt) {
+    dist_opt = std::make_unique<optim::DistributedOptimizer>(*buffer, a.optimizer, world, ps.tp_rank());
+  } else {
+    plain_opt = std::make_unique<optim::Optimizer>(gpt.parameters(), a.optimizer);
+    if (ps.mp().size() > 1) plain_opt->set_grad_stats_group(&ps.mp(), ps.tp_rank());
+  }
+  const OptimizerRef opt = use_dist_opt ? OptimizerRef(dist_opt.get()) : OptimizerRef(plain_opt.get());
   optim::GradScaler scaler =
       a.fp16 ? (a.loss_scale > 0 ? optim::GradScaler::constant(a.loss_scale)
                                  : optim::GradScaler::dynamic(a.initial_loss_scale, a.min_loss_scale,
                                                               a.loss_scale_window, a.hysteresis))
              : optim::GradScaler::constant(a.loss_scale > 0 && !a.bf16 ? a.loss_scale : 1.0);
   if (load_optim) {  // Megatron restores loss scaler and LR schedule together with the optimizer
-    load_optimizer_state(*ckpt, opt);
+    load_optimizer_state(*ckpt, opt, crank);
     if (scaler.is_dynamic() && ckpt->state.grad_scaler_dynamic) scaler.load_state(ckpt->state.grad_scaler);
     sc = resolve_scheduler_config(sc, *ckpt, a.override_opt_param_scheduler,
                                   a.use_checkpoint_opt_param_scheduler);
@@ -208,8 +301,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
                             : "; --no-load-optim: optimizer, loss scaler and LR schedule start fresh",
                  load_rng ? "; RNG restored" : "; --no-load-rng: RNG from --seed");
     }
-    log_print(str("successfully loaded checkpoint from ", a.load, " at iteration ",
-                  ckpt->state.iteration, " (", what, ")"));
+    say(str("successfully loaded checkpoint from ", a.load, " at iteration ",
+            ckpt->state.iteration, " (", what, ")"));
   }
 
   if (a.exit_signal_handler) {
@@ -217,7 +310,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
     std::signal(SIGINT, on_exit_signal);
   }
   std::ofstream jsonl;
-  if (!a.metrics_jsonl.empty()) {
+  if (!a.metrics_jsonl.empty() && log_rank) {
     jsonl.open(a.metrics_jsonl, std::ios::app);
     MG_REQUIRE(jsonl.good(), "--log-metrics-jsonl: cannot open ", a.metrics_jsonl, " for writing");
     jsonl << std::setprecision(17);  // round-trip exact: resumed runs compare bitwise
@@ -226,11 +319,15 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
                 a.model.kv_channels, a.model.num_query_groups, a.model.ffn(), a.model.seq_length,
                 a.model.padded_vocab_size, false};
   const double flops_iter = flops_per_iteration(fm, gbs);
-  TrainingTensorBoard tensorboard(a.tensorboard);
+  TensorBoardOptions tb_options = a.tensorboard;
+  if (!log_rank) tb_options.dir.clear();
+  TrainingTensorBoard tensorboard(tb_options);
 
   TrainingSummary sum;
   sum.start_iteration = sum.iterations = start_iteration;
   sum.consumed_samples = consumed;
+  sum.world_size = world.size();
+  double interval_comm0 = comm_stats->seconds;
   int64_t interval_iters = 0, interval_advanced = 0, interval_skipped = 0, interval_nan = 0;
   double interval_loss = 0, interval_gn = std::nan("");
   auto interval_t0 = Clock::now();
@@ -249,32 +346,61 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
     st.scheduler_num_steps = scheduler.num_steps();
     if (!a.no_save_rng) st.rng = RngState{rng_seed, dropout_offset};
     st.args = training_args_to_json(a);
-    const auto dir = save_checkpoint(a.save, st, gpt.parameters(), a.no_save_optim ? nullptr : &opt);
-    log_print(str("saved checkpoint at iteration ", it, " to ", dir.string()));
+    const auto dir = save_checkpoint(a.save, st, gpt.parameters(),
+                                     a.no_save_optim ? OptimizerRef() : opt, crank);
+    say(str("saved checkpoint at iteration ", it, " to ", dir.string()));
     last_saved = it;
   };
 
-  if (start_iteration >= train_iters)
-    log_print(str("the checkpoint is at iteration ", start_iteration, ", at or past the ",
-                  train_iters, " training iterations asked for: nothing to train"));
-  for (int64_t it = start_iteration + 1; it <= train_iters; ++it) {
-    opt.zero_grad();
-    std::vector<data::GPTBatch> batches;
-    double tokens = 0;
-    for (int64_t m = 0; m < num_micro; ++m) {
-      batches.push_back(data::make_batch(*ds.train, consumed + m * mbs, mbs, 0, 1, bopt));
-      tokens += mask_sum(batches.back().loss_mask);
+  // Sums over the data-parallel group (token counts, losses); a no-op on one rank.
+  auto dp_sum = [&](std::vector<double> v) {
+    if (dp > 1) {
+      Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
+      ps.dp().all_reduce(t, ReduceOp::Sum);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = t.data<double>()[i];
     }
+    return v;
+  };
+  // --overlap-grad-reduce: during the last micro-batch's backward, each group of parameters whose
+  // gradients are final gets its sequence-parallel sum and is handed to its bucket.
+  auto on_grads_ready = [&](const model::ParameterList& ready) {
+    if (gpt.sequence_parallel()) model::all_reduce_sequence_parallel_grads(ready, ps.tp());
+    buffer->register_grads_ready(ready);
+  };
+  const bool hook_reduction = overlap && buffer != nullptr;
+
+  if (start_iteration >= train_iters)
+    say(str("the checkpoint is at iteration ", start_iteration, ", at or past the ", train_iters,
+            " training iterations asked for: nothing to train"));
+  for (int64_t it = start_iteration + 1; it <= train_iters; ++it) {
+    if (buffer)
+      buffer->zero_grad();
+    else
+      plain_opt->zero_grad();
+    // This DP rank's micro-batches: global micro-batch m * DP + dp_rank of the iteration.
+    std::vector<data::GPTBatch> batches;
+    double local_tokens = 0;
+    for (int64_t m = 0; m < num_micro; ++m) {
+      batches.push_back(data::make_batch(*ds.train, consumed + m * mbs * dp, mbs, dp_rank, dp, bopt));
+      local_tokens += mask_sum(batches.back().loss_mask);
+    }
+    const double tokens = dp_sum({local_tokens})[0];  // loss tokens of the global batch
     const float grad_scale = float(scaler.scale() / std::max(tokens, 1.0));
     double loss_sum = 0;
     for (int64_t m = 0; m < num_micro; ++m) {
-      model::LossResult r = gpt.forward_backward(to_inputs(batches[size_t(m)]), grad_scale,
-                                                 dropout_offset + uint64_t(m));
+      if (hook_reduction && m == num_micro - 1) gpt.set_grad_ready_hook(on_grads_ready);
+      model::LossResult r = gpt.forward_backward(
+          to_inputs(batches[size_t(m)]), grad_scale, dropout_offset + uint64_t(m * dp + dp_rank));
       loss_sum += r.loss_sum;
     }
-    dropout_offset += uint64_t(num_micro);
+    if (hook_reduction) gpt.set_grad_ready_hook({});
+    dropout_offset += uint64_t(num_micro * dp);
+    if (!hook_reduction) gpt.all_reduce_sequence_parallel_grads();
+    if (buffer) buffer->finish_grad_sync();
+    loss_sum = dp_sum({loss_sum})[0];
     const double loss = loss_sum / std::max(tokens, 1.0);
-    optim::StepResult step = opt.step(scheduler.lr(), scheduler.weight_decay(), scaler);
+    optim::StepResult step = dist_opt ? dist_opt->step(scheduler.lr(), scheduler.weight_decay(), scaler)
+                                      : plain_opt->step(scheduler.lr(), scheduler.weight_decay(), scaler);
     const double used_lr = scheduler.lr();
     consumed += gbs;
     ++interval_iters;
@@ -294,10 +420,13 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
     sum.last_loss = loss;
     sum.iterations = it;
     sum.consumed_samples = consumed;
+    sum.losses.push_back(loss);
+    sum.grad_norms.push_back(step.skipped ? std::nan("") : step.grad_norm);
     tensorboard.log_iteration({it, consumed, used_lr, gbs,
                                step.skipped ? std::nullopt : std::optional<double>(loss),
                                scaler.scale(),
-                               step.skipped ? std::nullopt : std::optional<double>(step.grad_norm)});
+                               step.skipped ? std::nullopt : std::optional<double>(step.grad_norm),
+                               world.size()});
 
     if (it % a.log_interval == 0 || it == train_iters) {
       const double secs = seconds_since(interval_t0);
@@ -307,7 +436,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
       s.consumed_samples = consumed;
       s.elapsed_ms_per_iter = secs * 1000.0 / double(interval_iters);
       s.log_throughput = a.log_throughput;
-      s.tflops_per_device = flops_iter / (secs / double(interval_iters)) / 1e12;
+      s.tflops_per_device = flops_iter / (secs / double(interval_iters)) / 1e12 / world.size();
       s.learning_rate = used_lr;
       s.global_batch_size = gbs;
       s.lm_loss = interval_advanced > 0 ? interval_loss / double(interval_advanced) : loss;
@@ -316,7 +445,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
       s.skipped_iterations = interval_skipped;
       s.nan_iterations = interval_nan;
       s.tokens_per_second = double(interval_iters * gbs * a.model.seq_length) / secs;
-      log_print(format_log_line(s));
+      const double comm_ms = (comm_stats->seconds - interval_comm0) * 1000.0 / double(interval_iters);
+      say(format_log_line(s));
       if (jsonl.is_open()) {
         jsonl << "{\"iteration\": " << it << ", \"consumed_samples\": " << consumed
               << ", \"lm_loss\": " << s.lm_loss << ", \"learning_rate\": " << used_lr
@@ -324,6 +454,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
               << (std::isnan(interval_gn) ? std::string("null") : str(std::setprecision(17), interval_gn))
               << ", \"ms_per_iteration\": " << s.elapsed_ms_per_iter
               << ", \"tokens_per_second\": " << s.tokens_per_second
+              << ", \"comm_ms_per_iteration\": " << comm_ms << ", \"world_size\": " << world.size()
               << ", \"skipped_iterations\": " << interval_skipped << "}\n";
         jsonl.flush();
       }
@@ -334,39 +465,54 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
       interval_loss = 0;
       interval_gn = std::nan("");
       interval_t0 = Clock::now();
+      interval_comm0 = comm_stats->seconds;
     }
     if (ds.valid && a.eval_iters > 0 && (it % a.eval_interval == 0 || it == train_iters)) {
+      // The same samples as one rank would see, split over DP; sums reduced over DP.
       double vloss = 0, vtokens = 0;
       for (int64_t e = 0; e < a.eval_iters * num_micro; ++e) {
-        if (consumed_valid + mbs > ds.valid->size()) break;
-        data::GPTBatch b = data::make_batch(*ds.valid, consumed_valid, mbs, 0, 1, bopt);
-        consumed_valid += mbs;
+        if (consumed_valid + mbs * dp > ds.valid->size()) break;
+        data::GPTBatch b = data::make_batch(*ds.valid, consumed_valid, mbs, dp_rank, dp, bopt);
+        consumed_valid += mbs * dp;
         model::LossResult r = gpt.forward_loss(to_inputs(b));
         vloss += r.loss_sum;
         vtokens += r.num_tokens;
       }
+      const std::vector<double> v = dp_sum({vloss, vtokens});
+      vloss = v[0];
+      vtokens = v[1];
       if (vtokens > 0) {
         const std::string line = format_validation_line(it, vloss / vtokens);
         const std::string dashes(line.size(), '-');
-        log_print(dashes);
-        log_print(line);
-        log_print(dashes);
+        say(dashes);
+        say(line);
+        say(dashes);
         tensorboard.log_validation(it, consumed, vloss / vtokens);
       }
       interval_t0 = Clock::now();
     }
     if (a.save_interval > 0 && it % a.save_interval == 0) save(it);
     if (a.exit_interval > 0 && it % a.exit_interval == 0) {
-      log_print(str("exiting program at iteration ", it, " (--exit-interval)"));
+      say(str("exiting program at iteration ", it, " (--exit-interval)"));
       break;
     }
-    if (a.exit_duration_in_mins > 0 && seconds_since(t_start) / 60.0 > a.exit_duration_in_mins) {
-      log_print(str("exiting program after ", a.exit_duration_in_mins,
-                    " minutes at iteration ", it, " (--exit-duration-in-mins)"));
+    // Time and signals differ between ranks: MAX over the world, so all stop together.
+    float stop[2] = {
+        a.exit_duration_in_mins > 0 && seconds_since(t_start) / 60.0 > a.exit_duration_in_mins ? 1.f : 0.f,
+        g_exit_signal.load() ? 1.f : 0.f};
+    if (distributed && (a.exit_duration_in_mins > 0 || a.exit_signal_handler)) {
+      Tensor t = Tensor::from_vector(std::vector<float>{stop[0], stop[1]}, {2});
+      world.all_reduce(t, ReduceOp::Max);
+      stop[0] = t.data<float>()[0];
+      stop[1] = t.data<float>()[1];
+    }
+    if (stop[0] > 0) {
+      say(str("exiting program after ", a.exit_duration_in_mins, " minutes at iteration ", it,
+              " (--exit-duration-in-mins)"));
       break;
     }
-    if (g_exit_signal.load()) {
-      log_print(str("exiting program at iteration ", it, " on a termination signal"));
+    if (stop[1] > 0) {
+      say(str("exiting program at iteration ", it, " on a termination signal"));
       break;
     }
   }
@@ -375,6 +521,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a) {
   const double total = seconds_since(loop_t0);
   sum.seconds_per_iteration = ran > 0 ? total / double(ran) : 0;
   sum.tokens_per_second = total > 0 ? double(ran * gbs * a.model.seq_length) / total : 0;
+  sum.comm_seconds = comm_stats->seconds;
   return sum;
 }
 

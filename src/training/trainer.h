@@ -1,20 +1,36 @@
-// The single-rank pretraining loop behind `megatron pretrain-gpt`: global batch -> micro-batches
-// (gradient accumulation) -> loss-scaled backward -> unscale/inf check -> clip -> optimizer ->
-// LR step -> log / evaluate / exit. The per-iteration loss is Megatron's per-token average
-// (sum of loss over all micro-batches / number of loss tokens); each micro-batch's backward is
-// scaled by loss_scale / (tokens_in_global_batch), so the accumulated gradient is the gradient of
-// that average. Dropout masks are keyed by a counter that advances by one per micro-batch.
+// The pretraining loop behind `megatron pretrain-gpt`: global batch -> micro-batches (gradient
+// accumulation) -> loss-scaled backward -> gradient reduction -> unscale/inf check -> clip ->
+// optimizer -> LR step -> log / evaluate / save / exit. The per-iteration loss is Megatron's
+// per-token average (sum of loss over all micro-batches / number of loss tokens); each
+// micro-batch's backward is scaled by loss_scale / (loss tokens in the global batch), so the
+// accumulated gradient is the gradient of that average. Dropout masks are keyed by a counter that
+// advances by one per micro-batch of the global batch.
+//
+// Parallelism (mpirun -np N, N = TP x PP x CP x DP; Megatron's rank order, comm/parallel_state.h):
+// - data parallel: DP rank r takes micro-batch m's samples [consumed + (m*DP + r)*mbs, +mbs) (the
+//   single-rank run's global micro-batch m*DP + r, with the same dropout key), the loss-token
+//   count is summed over DP before backward, and gradients are SUMMED over DP in buckets
+//   (optim/grad_buffer.h; --overlap-grad-reduce starts a bucket as soon as backward has finished
+//   its parameters), so every rank gets exactly the single-rank gradient up to summation order;
+//   --use-distributed-optimizer shards the optimizer over DP (optim/distributed_optimizer.h);
+// - tensor (+ sequence) parallel: every rank of a TP group trains on the same micro-batches
+//   (model/gpt_model.h); sequence-parallel gradients are summed over TP after backward; the grad
+//   norm and the inf check are reduced over the model-parallel group (the world with the
+//   distributed optimizer) with Megatron's TP-duplicate rule, so every rank skips together.
+// The last rank prints the log lines and writes the JSONL metrics and TensorBoard files (as
+// Megatron's print_rank_last); checkpoints are written per rank (checkpoint.h).
 // --load resumes exactly: the checkpoint restores iteration, consumed samples (the sampler goes on
 // with the next sample), weights, optimizer, loss scaler, LR schedule and the dropout counter, so a
 // resumed run reproduces the uninterrupted one bit for bit. --save also writes a checkpoint when
 // training stops early (--exit-interval, --exit-duration-in-mins, SIGTERM/SIGINT with
-// --exit-signal-handler, which finish the current iteration first).
+// --exit-signal-handler, which finish the current iteration first; all ranks stop together).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "data/data_builder.h"
 #include "data/tokenizer.h"
 #include "model/gpt_model.h"
@@ -24,8 +40,22 @@
 
 namespace megatron::training {
 
+// Parallel layout and data-parallel knobs (Megatron's flags). The model-side switch
+// --sequence-parallel is model::GPTConfig::sequence_parallel.
+struct ParallelArgs {
+  int tensor_model_parallel_size = 1;      // --tensor-model-parallel-size
+  int pipeline_model_parallel_size = 1;    // --pipeline-model-parallel-size (only 1 so far)
+  int context_parallel_size = 1;           // --context-parallel-size (only 1 so far)
+  bool use_distributed_optimizer = false;  // --use-distributed-optimizer
+  bool overlap_grad_reduce = false;        // --overlap-grad-reduce
+  bool overlap_param_gather = false;       // --overlap-param-gather (accepted; not overlapped)
+  int64_t ddp_bucket_size = 0;             // --ddp-bucket-size in elements (0: max(40M, 1M x DP))
+  double distributed_timeout_minutes = 10; // --distributed-timeout-minutes
+};
+
 struct TrainingArgs {
   model::GPTConfig model;
+  ParallelArgs parallel;
   int64_t make_vocab_size_divisible_by = 128;
   data::TokenizerOptions tokenizer;
   data::GPTDataConfig data;
@@ -78,9 +108,22 @@ struct TrainingSummary {
   double last_loss = 0;           // per-token loss of the last iteration
   double tokens_per_second = 0;   // over the whole run
   double seconds_per_iteration = 0;
+  std::vector<double> losses;      // per-token loss of every iteration run (same on all ranks)
+  std::vector<double> grad_norms;  // grad norm of every iteration run (NaN when skipped)
+  double comm_seconds = 0;         // this rank's time blocked in collectives (timed_communicator.h)
+  int world_size = 1;
 };
 
-// Runs the whole training (builds tokenizer, data, model, optimizer). Log lines go to stdout.
+// Checks the parallel layout against the world size: TP x PP x CP must divide it, PP and CP must
+// be 1 for now, the global batch must split into micro-batches x DP, and the model must split
+// over TP. Throws megatron::Error naming the flags.
+void validate_parallel_args(const TrainingArgs& a, int world_size);
+
+// Runs the whole training (builds tokenizer, data, model, optimizer) over the MPI world (a world
+// of one without a launcher). Log lines go to stdout (last rank only).
 TrainingSummary pretrain_gpt(TrainingArgs args);
+// The same over `world` (tests run a single-rank reference inside an MPI job with a self
+// communicator). Collective: every rank of `world` calls it with the same arguments.
+TrainingSummary pretrain_gpt(TrainingArgs args, std::shared_ptr<Communicator> world);
 
 }  // namespace megatron::training

@@ -142,7 +142,8 @@ TEST(PretrainGptCli, TrainsAndRejectsBadFlags) {
   EXPECT_NE(testing::read_file(dir / "m.jsonl").find("\"iteration\": 4"), std::string::npos);
   auto bad = testing::run_cli(common + " --train-iters 4 --tensor-model-parallel-size 2");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.output.find("single rank"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("world size 1 is not divisible by --tensor-model-parallel-size 2"),
+            std::string::npos) << bad.output;
   auto unknown = testing::run_cli(common + " --train-iters 4 --no-such-flag");
   EXPECT_NE(unknown.exit_code, 0);
   auto decay = testing::run_cli(common + " --train-iters 4 --lr-decay-style cosin");

@@ -1,0 +1,33 @@
+// Internal to the checkpoint code (checkpoint.cpp, checkpoint_optimizer.cpp): checksummed writes
+// and verified reads of the tensor files of one checkpoint folder.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "training/checkpoint.h"
+
+namespace megatron::training::detail {
+
+// Writes `tensors` to dir/rel (mode 0640) and records {"bytes", "sha256"} under files[rel].
+void write_tensor_file(const std::filesystem::path& dir, const std::string& rel,
+                       const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       nlohmann::json& files, std::map<std::string, std::string> metadata = {});
+
+// The file's tensors after checking its size and SHA-256 against metadata.json.
+SafetensorsContents read_tensor_file(const CheckpointOnDisk& ckpt, const std::string& rel);
+
+// Optimizer files (checkpoint_optimizer.cpp): writes this rank's optimizer files into `dir` (the
+// temporary iteration folder) and records their checksums in `files`; returns metadata.json's
+// "optimizer" object.
+nlohmann::json save_optimizer_files(const std::filesystem::path& dir, OptimizerRef optimizer,
+                                    const CheckpointRank& rank, nlohmann::json& files);
+std::string plain_optimizer_file(const CheckpointRank& rank);  // mp_rank_TT/optimizer.safetensors
+// mp_rank_TT/distrib_optim_dp_RRR.safetensors
+std::string distributed_optimizer_file(const std::string& rank_dir, int dp_rank);
+
+}  // namespace megatron::training::detail

@@ -1,0 +1,418 @@
+// Data, tensor and sequence parallel training by parity with the single-rank run. Tests named
+// Mpi* run under mpirun -np 2 / -np 4 (label mpi; they skip themselves in a world of one): every
+// rank trains the tiny GPT once alone (a self communicator: the reference) and once over the
+// world in the layout under test, on a corpus written by rank 0 (dropout 0, fp32, vocabulary 64
+// padded to 64 under TP 1, 2 and 4). Per iteration the loss must follow the reference within 1e-5
+// relative (the grad norm within 1e-4), and the parameters at the end, gathered from the
+// checkpoint's per-rank shards, must equal the reference checkpoint's within 1e-5 of each
+// tensor's scale (but for the QKV key bias, see expect_same_params).
+// Save/resume under TP2 x DP2 continues the uninterrupted curve exactly; distributed-optimizer
+// shards load under another data-parallel size and into the plain optimizer; a checkpoint of
+// another tensor-parallel size is a clear error. ParallelCli tests launch mpirun themselves.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "data/indexed_dataset.h"
+#include "model/tensor_parallel.h"
+#include "test_util.h"
+#include "training/trainer.h"
+
+namespace megatron::training {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::shared_ptr<Communicator> world() { return world_communicator(); }
+
+// A folder every rank sees: rank 0 creates (and removes) it and tells the others its name.
+class SharedDir {
+ public:
+  SharedDir() {
+    if (world()->rank() == 0) owned_ = std::make_unique<testing::TempDir>();
+    path_ = all_gather_strings(*world(), owned_ ? owned_->path().string() : "")[0];
+  }
+  ~SharedDir() { world()->barrier(); }  // nobody still reads when rank 0 removes it
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::unique_ptr<testing::TempDir> owned_;
+  fs::path path_;
+};
+
+void write_corpus(const std::string& prefix) {
+  data::IndexedDatasetBuilder b(prefix, data::IndexDType::U16);
+  for (int d = 0; d < 200; ++d) {  // arithmetic sequences mod 60, EOD = 63
+    std::vector<int32_t> doc;
+    const int step = 1 + d % 5;
+    for (int i = 0; i < 40; ++i) doc.push_back((d + i * step) % 60);
+    doc.push_back(63);
+    b.add_item(doc);
+    b.end_document();
+  }
+  b.finalize();
+}
+
+struct Fixture {
+  SharedDir dir;
+  std::string prefix = dir / "corpus";
+  Fixture() {
+    if (world()->rank() == 0) write_corpus(prefix);
+    world()->barrier();
+  }
+  TrainingArgs args(int64_t iters = 20) const {
+    TrainingArgs a;
+    a.model.num_layers = 2;
+    a.model.hidden_size = 32;
+    a.model.num_attention_heads = 4;
+    a.model.seq_length = 16;
+    a.model.max_position_embeddings = 16;
+    a.model.hidden_dropout = 0.0f;
+    a.model.attention_dropout = 0.0f;
+    a.make_vocab_size_divisible_by = 16;  // 64 under TP 1, 2 and 4
+    a.tokenizer.type = "NullTokenizer";
+    a.tokenizer.vocab_size = 64;
+    a.data.data_path = {prefix};
+    a.data.split = "90,10,0";
+    a.data.data_cache_path = dir / "cache";
+    a.micro_batch_size = 2;
+    a.global_batch_size = 8;
+    a.train_iters = iters;
+    a.lr = 3e-3;
+    a.min_lr = 3e-4;
+    a.lr_decay_style = "cosine";
+    a.lr_warmup_iters = 3;
+    a.log_interval = 1000;
+    a.eval_interval = 10;
+    a.eval_iters = 1;
+    return a;
+  }
+};
+
+TrainingSummary run_single(TrainingArgs a) { return pretrain_gpt(std::move(a), make_self_communicator("world")); }
+
+// The checkpoint's model tensors with every tensor-parallel shard put back together.
+std::map<std::string, std::vector<float>> gathered_model(const std::string& save, int64_t it) {
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld", (long long)it);
+  const fs::path dir = fs::path(save) / name;
+  const json meta = json::parse(testing::read_file(dir / "metadata.json"));
+  const int tp = meta.contains("parallel") ? meta["parallel"]["tensor_model_parallel_size"].get<int>() : 1;
+  std::vector<SafetensorsContents> shards;
+  for (int r = 0; r < tp; ++r) {
+    char rd[32];
+    std::snprintf(rd, sizeof rd, "mp_rank_%02d", r);
+    shards.push_back(read_safetensors(dir / rd / "model.safetensors"));
+  }
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [n, t0] : shards[0].tensors) {
+    const int pdim = tp > 1 ? meta["parallel"]["partition_dims"][n].get<int>() : -1;
+    if (pdim < 0) {
+      out[n] = t0.to_float_vector();
+      for (int r = 1; r < tp; ++r)  // replicated: every rank saved the same values
+        EXPECT_EQ(shards[size_t(r)].tensors.at(n).to_float_vector(), out[n]) << n;
+      continue;
+    }
+    // Concatenate along pdim (0 or the last of 2 dims).
+    const Shape s = t0.shape();
+    std::vector<float> full;
+    if (pdim == 0) {
+      for (int r = 0; r < tp; ++r) {
+        const auto v = shards[size_t(r)].tensors.at(n).to_float_vector();
+        full.insert(full.end(), v.begin(), v.end());
+      }
+    } else {
+      EXPECT_EQ(pdim, 1) << n;
+      const int64_t rows = s[0], cols = s[1];
+      for (int64_t i = 0; i < rows; ++i)
+        for (int r = 0; r < tp; ++r) {
+          const auto v = shards[size_t(r)].tensors.at(n).to_float_vector();
+          full.insert(full.end(), v.begin() + i * cols, v.begin() + (i + 1) * cols);
+        }
+    }
+    out[n] = full;
+  }
+  return out;
+}
+
+// Each tensor's largest difference relative to its largest |value|. The key part of the QKV bias
+// is compared loosely: it gets no gradient at all (it adds a constant per query to every
+// attention score, which the softmax ignores), so its "gradient" is rounding noise that Adam
+// normalises into steps of up to lr, different in every summation order. It never changes the
+// model's output. Key rows: [d, 2d) of every 3d-row query group (interleaved layout, no GQA).
+void expect_same_params(const std::string& got_save, const std::string& ref_save, int64_t it,
+                        double tol, int64_t head_dim = 8) {
+  const auto got = gathered_model(got_save, it), ref = gathered_model(ref_save, it);
+  ASSERT_EQ(got.size(), ref.size());
+  for (const auto& [n, r] : ref) {
+    const auto& g = got.at(n);
+    ASSERT_EQ(g.size(), r.size()) << n;
+    const bool qkv_bias = n.ends_with("linear_qkv.bias");
+    double scale = 1e-30, worst = 0, worst_key = 0;
+    for (float v : r) scale = std::max(scale, double(std::abs(v)));
+    for (size_t i = 0; i < r.size(); ++i) {
+      const double d = std::abs(double(g[i]) - r[i]);
+      const int64_t row = int64_t(i) % (3 * head_dim);
+      if (qkv_bias && row >= head_dim && row < 2 * head_dim)
+        worst_key = std::max(worst_key, d);
+      else
+        worst = std::max(worst, d);
+    }
+    EXPECT_LE(worst / scale, tol) << n;
+    EXPECT_LE(worst_key, 1e-4) << n << " (key bias)";
+    if (std::getenv("MG_PRINT_PARAM_DIFF"))  // the numbers behind the tolerances
+      std::printf("param diff %-55s %.3g (key bias %.3g)\n", n.c_str(), worst / scale, worst_key);
+  }
+}
+
+void expect_same_curve(const TrainingSummary& got, const TrainingSummary& ref, double tol,
+                       const std::string& what) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], ref.losses[i], tol * std::abs(ref.losses[i]))
+        << what << ": iteration " << i + 1;
+    if (std::isfinite(ref.grad_norms[i])) {
+      EXPECT_NEAR(got.grad_norms[i], ref.grad_norms[i], 10 * tol * ref.grad_norms[i])
+          << what << ": grad norm, iteration " << i + 1;
+    }
+  }
+}
+
+struct Layout {
+  std::string name;
+  int tp = 1;
+  bool sp = false, dist_opt = false, overlap = false;
+  int64_t bucket = 0;
+};
+
+// Trains the reference and `layout` for 20 iterations; compares curves and final parameters.
+void check_layout(const Fixture& f, const Layout& l, const TrainingArgs& base, double tol = 1e-5) {
+  SCOPED_TRACE(l.name);
+  TrainingArgs ref = base, par = base;
+  ref.save = world()->rank() == 0 ? f.dir / ("ref_" + l.name) : "";
+  ref.save_interval = 1000;
+  par.save = f.dir / ("par_" + l.name);
+  par.save_interval = 1000;
+  par.parallel.tensor_model_parallel_size = l.tp;
+  par.model.sequence_parallel = l.sp;
+  par.parallel.use_distributed_optimizer = l.dist_opt;
+  par.parallel.overlap_grad_reduce = l.overlap;
+  par.parallel.ddp_bucket_size = l.bucket;
+  const TrainingSummary r = run_single(ref);
+  const TrainingSummary p = pretrain_gpt(par);
+  EXPECT_EQ(p.world_size, world()->size());
+  EXPECT_EQ(p.iterations, 20);
+  EXPECT_EQ(p.consumed_samples, r.consumed_samples);
+  expect_same_curve(p, r, tol, l.name);
+  EXPECT_LT(r.losses.back(), r.losses.front() - 0.3);  // it learns: the comparison is not idle
+  if (world()->rank() == 0) expect_same_params(par.save, ref.save, 20, tol);
+  world()->barrier();
+}
+
+#define SKIP_ON_ONE_RANK() \
+  if (world()->size() == 1) GTEST_SKIP() << "needs mpirun -np 2 or 4 (label mpi)"
+
+TEST(MpiParallelTraining, DataParallelFollowsTheSingleRankCurve) {
+  SKIP_ON_ONE_RANK();
+  Fixture f;
+  const int W = world()->size();
+  check_layout(f, {"dp", 1}, f.args());
+  check_layout(f, {"dp_distopt_overlap", 1, false, true, true, 3000}, f.args());
+  if (W == 4) check_layout(f, {"dp_overlap", 1, false, false, true, 5000}, f.args());
+}
+
+TEST(MpiParallelTraining, TensorAndSequenceParallelFollowTheSingleRankCurve) {
+  SKIP_ON_ONE_RANK();
+  Fixture f;
+  check_layout(f, {"tp2", 2}, f.args());
+  check_layout(f, {"tp2_sp", 2, true}, f.args());
+  if (world()->size() == 4) {  // TP2 x DP2
+    check_layout(f, {"tp2_dp2_sp_distopt_overlap", 2, true, true, true, 2000}, f.args());
+    check_layout(f, {"tp4_sp", 4, true}, f.args());
+  }
+}
+
+TEST(MpiParallelTraining, Bf16DataParallelTrains) {
+  SKIP_ON_ONE_RANK();
+  Fixture f;
+  TrainingArgs a = f.args();
+  a.bf16 = true;
+  // bf16 weights: rounding differences grow; the curve stays within bf16 precision.
+  for (bool dist : {false, true}) {
+    TrainingArgs p = a;
+    p.parallel.use_distributed_optimizer = dist;
+    const TrainingSummary r = run_single(a), s = pretrain_gpt(p);
+    ASSERT_EQ(s.losses.size(), 20u);
+    for (size_t i = 0; i < 20; ++i) EXPECT_NEAR(s.losses[i], r.losses[i], 2e-2 * r.losses[i]) << i;
+    EXPECT_LT(s.losses.back(), s.losses.front() - 0.3);
+  }
+}
+
+TEST(MpiParallelTraining, SaveAndResumeContinueTheSameCurve) {
+  SKIP_ON_ONE_RANK();
+  Fixture f;
+  const int W = world()->size();
+  TrainingArgs a = f.args();
+  a.parallel.tensor_model_parallel_size = W == 4 ? 2 : 1;  // TP2 x DP2 at -np 4, DP2 at -np 2
+  a.model.sequence_parallel = W == 4;
+  a.parallel.use_distributed_optimizer = true;
+  a.save = f.dir / "full";
+  a.save_interval = 1000;
+  const TrainingSummary full = pretrain_gpt(a);
+  TrainingArgs b = a;
+  b.save = f.dir / "split";
+  b.exit_interval = 10;  // saves at 10 and stops
+  const TrainingSummary first = pretrain_gpt(b);
+  EXPECT_EQ(first.iterations, 10);
+  b.exit_interval = 0;
+  b.load = b.save;
+  const TrainingSummary second = pretrain_gpt(b);
+  EXPECT_EQ(second.start_iteration, 10);
+  ASSERT_EQ(second.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(first.losses[i], full.losses[i]) << "iteration " << i + 1;
+    EXPECT_EQ(second.losses[i], full.losses[10 + i]) << "iteration " << i + 11;  // bit for bit
+  }
+  if (world()->rank() == 0) expect_same_params(b.save, a.save, 20, 0.0);
+
+  // The distributed optimizer's shards under another data-parallel size (one rank) and into the
+  // plain optimizer: the resumed curve follows the uninterrupted one.
+  if (W == 2 && world()->rank() == 0) {
+    for (bool dist : {true, false}) {
+      TrainingArgs c = f.args();
+      c.parallel.use_distributed_optimizer = dist;
+      c.load = f.dir / "split";
+      c.ckpt_step = 10;
+      const TrainingSummary s = run_single(c);
+      ASSERT_EQ(s.losses.size(), 10u);
+      for (size_t i = 0; i < 10; ++i)
+        EXPECT_NEAR(s.losses[i], full.losses[10 + i], 1e-5 * full.losses[10 + i]) << dist << " " << i;
+    }
+  }
+  world()->barrier();
+}
+
+TEST(MpiParallelTraining, ALayoutMismatchIsAClearError) {
+  SKIP_ON_ONE_RANK();
+  Fixture f;
+  TrainingArgs a = f.args(4);
+  a.parallel.tensor_model_parallel_size = 2;
+  a.save = f.dir / "tp2";
+  a.save_interval = 1000;
+  pretrain_gpt(a);
+  if (world()->rank() == 0) {
+    TrainingArgs b = f.args(8);
+    b.load = a.save;
+    try {
+      run_single(b);
+      ADD_FAILURE() << "loading a TP2 checkpoint on one rank must fail";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("TP=2 x PP=1 x DP="), std::string::npos) << m;
+      EXPECT_NE(m.find("TP=1 x PP=1 x DP=1"), std::string::npos) << m;
+      EXPECT_NE(m.find("--tensor-model-parallel-size 2"), std::string::npos) << m;
+    }
+  }
+  world()->barrier();
+}
+
+TEST(ParallelArgs, LayoutErrorsNameTheFlags) {
+  Fixture f;
+  auto expect_error = [&](TrainingArgs a, int world_size, const std::string& needle) {
+    try {
+      validate_parallel_args(a, world_size);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  TrainingArgs a = f.args();
+  EXPECT_NO_THROW(validate_parallel_args(a, 4));
+  a.parallel.tensor_model_parallel_size = 3;
+  expect_error(a, 4, "not divisible by --tensor-model-parallel-size 3");
+  a = f.args();
+  a.parallel.pipeline_model_parallel_size = 2;
+  expect_error(a, 4, "--pipeline-model-parallel-size 2 is not supported");
+  a = f.args();
+  a.parallel.context_parallel_size = 2;
+  expect_error(a, 4, "--context-parallel-size 2 is not supported");
+  a = f.args();
+  a.global_batch_size = 6;  // 6 % (2 x 4)
+  expect_error(a, 4, "data-parallel size (4");
+  a = f.args();
+  a.parallel.overlap_param_gather = true;
+  expect_error(a, 2, "--overlap-param-gather requires");
+}
+
+#ifdef MEGATRON_HAVE_MPI
+// The CLI under mpirun: one log line per logged iteration (the last rank prints), metrics written
+// once, and an error on one rank ends the whole job quickly with the failing rank named.
+std::string mpirun(int np) {
+  return "OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np " + std::to_string(np) +
+         " " + testing::cli_path().string() + " ";
+}
+
+TEST(ParallelCli, DataParallelRunLogsOnceAndRankErrorsEndTheJob) {
+  if (world()->size() > 1) GTEST_SKIP() << "launches mpirun itself";
+  Fixture f;
+  const std::string common =
+      "pretrain-gpt --num-layers 1 --hidden-size 16 --num-attention-heads 2 --seq-length 16 "
+      "--micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --tokenizer-type NullTokenizer "
+      "--vocab-size 64 --make-vocab-size-divisible-by 8 --data-path " + f.prefix +
+      " --data-cache-path " + (f.dir / "cache") + " --split 90,10,0 --log-interval 2 --eval-iters 1";
+  const std::string ck = f.dir / "ck";
+  auto ok = testing::run_command(mpirun(2) + common + " --train-iters 4 --use-distributed-optimizer "
+                                 "--save " + ck + " --save-interval 4 --log-metrics-jsonl " +
+                                 (f.dir / "m.jsonl") + " 2>&1");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  size_t lines = 0;
+  for (size_t at = 0; (at = ok.output.find("| consumed samples:", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_EQ(lines, 2u) << ok.output;
+  EXPECT_NE(ok.output.find("TP 1 x PP 1 x CP 1 x DP 2"), std::string::npos) << ok.output;
+  const std::string metrics = testing::read_file(f.dir / "m.jsonl");
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 2) << metrics;
+  EXPECT_NE(metrics.find("\"world_size\": 2"), std::string::npos) << metrics;
+  const fs::path it = fs::path(ck) / "iter_0000004";
+  EXPECT_TRUE(fs::exists(it / "mp_rank_00/model.safetensors"));
+  EXPECT_TRUE(fs::exists(it / "mp_rank_00/distrib_optim_dp_000.safetensors"));
+  EXPECT_TRUE(fs::exists(it / "mp_rank_00/distrib_optim_dp_001.safetensors"));
+
+  auto bad = testing::run_command(mpirun(2) + common + " --train-iters 4 --pipeline-model-parallel-size 2 2>&1");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--pipeline-model-parallel-size 2 is not supported"), std::string::npos)
+      << bad.output;
+
+  // TP2: rank 1 alone reads mp_rank_01. Corrupt it: only rank 1 fails (checksum); rank 0 would
+  // wait in its next collective for the 10-minute timeout, but the job is aborted at once.
+  const std::string ck2 = f.dir / "ck2";
+  auto tp2 = testing::run_command(mpirun(2) + common + " --train-iters 2 --tensor-model-parallel-size 2 "
+                                  "--save " + ck2 + " --save-interval 2 2>&1");
+  ASSERT_EQ(tp2.exit_code, 0) << tp2.output;
+  {
+    std::fstream s(fs::path(ck2) / "iter_0000002/mp_rank_01/model.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    s.seekp(-1, std::ios::end);
+    s.put('x');
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto corrupt = testing::run_command(mpirun(2) + common + " --train-iters 8 --tensor-model-parallel-size 2 "
+                                      "--load " + ck2 + " 2>&1");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(corrupt.exit_code, 0);
+  EXPECT_NE(corrupt.output.find("[rank 1] error:"), std::string::npos) << corrupt.output;
+  EXPECT_NE(corrupt.output.find("SHA-256 checksum mismatch"), std::string::npos) << corrupt.output;
+  EXPECT_LT(secs, 60.0);
+}
+#endif
+
+}  // namespace
+}  // namespace megatron::training
