@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# CPU scaling of `megatron pretrain-gpt` over MPI ranks: 1, 2 and 4 ranks, data parallel (plain,
+# distributed optimizer, overlapped reduction) vs tensor parallel (with and without sequence
+# parallelism) vs TP2 x DP2, on one GPT (4 layers, hidden 256, 8 heads, seq 256, vocab 4096,
+# micro-batch 4, global batch 16, fp32, no dropout) and a synthetic corpus (NullTokenizer ids).
+# For each run: mean ms per iteration and tokens/s over iterations 3..N (the JSONL metrics of the
+# last rank), and the communication time: the time that rank spent blocked in collectives
+# (launch + wait, src/comm/timed_communicator.h), i.e. the part not hidden behind compute.
+# Usage: bench/parallel_cpu.sh [BUILD_DIR] [ITERS] [TOTAL_THREADS]
+# TOTAL_THREADS (default: nproc) OpenMP threads are split over the ranks (at least 1 each), so
+# every row uses the same cores; 4 ranks on 2 cores are oversubscribed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${1:-build}"; ITERS="${2:-12}"; TOTAL="${3:-$(nproc)}"
+MEGATRON="$BUILD_DIR/megatron"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+/usr/bin/python3 - "$WORK/corpus.jsonl" <<'PY'
+import json, random, sys
+random.seed(1)
+with open(sys.argv[1], "w") as f:
+    for d in range(3000):  # 3000 documents of 200-400 ids with some structure
+        step = 1 + d % 7
+        n = random.randint(200, 400)
+        f.write(json.dumps({"text": " ".join(str((d + i * step) % 4000) for i in range(n))}) + "\n")
+PY
+"$MEGATRON" preprocess-data --input "$WORK/corpus.jsonl" --output-prefix "$WORK/c" \
+  --tokenizer-type NullTokenizer --vocab-size 4096 --append-eod --workers 1 >/dev/null 2>&1
+
+COMMON=(pretrain-gpt --num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 256
+  --max-position-embeddings 256 --tokenizer-type NullTokenizer --vocab-size 4096
+  --micro-batch-size 4 --global-batch-size 16 --train-iters "$ITERS" --lr 1e-4
+  --lr-decay-style constant --hidden-dropout 0 --attention-dropout 0
+  --data-path "$WORK/c_text_document" --split 100,0,0 --data-cache-path "$WORK/cache"
+  --log-interval 1 --eval-iters 0)
+
+echo "| layout | ranks | threads/rank | ms/iter | tokens/s | vs 1 rank | comm ms/iter | comm share |"
+echo "|---|---|---|---|---|---|---|---|"
+BASE=""
+run() {  # name np threads-per-rank (0: TOTAL / np) flags...
+  local name=$1 np=$2 threads=$3; shift 3
+  [ "$threads" -gt 0 ] || threads=$(( TOTAL / np )); [ "$threads" -ge 1 ] || threads=1
+  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
+    -np "$np" "$MEGATRON" "${COMMON[@]}" "$@" --log-metrics-jsonl "$WORK/$name.jsonl" \
+    >"$WORK/$name.log" 2>&1 || { echo "$name failed:"; tail -20 "$WORK/$name.log"; exit 1; }
+  local row
+  row=$(/usr/bin/python3 - "$WORK/$name.jsonl" "$name" "$np" "$threads" "${BASE:-0}" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+recs = [r for r in recs if r["iteration"] >= 3] or recs
+ms = sum(r["ms_per_iteration"] for r in recs) / len(recs)
+tps = sum(r["tokens_per_second"] for r in recs) / len(recs)
+comm = sum(r["comm_ms_per_iteration"] for r in recs) / len(recs)
+base = float(sys.argv[5])
+rel = f"{tps / base:.2f}x" if base > 0 else "1.00x"
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {ms:.1f} | {tps:.0f} | {rel} | {comm:.1f} | {100 * comm / ms:.0f}% |\t{tps:.3f}")
+PY
+)
+  echo "${row%%$'\t'*}"
+  [ -n "$BASE" ] || BASE="${row##*$'\t'}"
+}
+run "1 rank" 1 0
+run "1 rank, 1 thread" 1 1
+run "DP2" 2 0
+run "DP2, distributed optimizer" 2 0 --use-distributed-optimizer
+run "DP2, overlap (1M-element buckets)" 2 0 --overlap-grad-reduce --ddp-bucket-size 1000000
+run "TP2" 2 0 --tensor-model-parallel-size 2
+run "TP2 + SP" 2 0 --tensor-model-parallel-size 2 --sequence-parallel
+run "DP4" 4 0
+run "TP2 x DP2" 4 0 --tensor-model-parallel-size 2
+run "TP4" 4 0 --tensor-model-parallel-size 4
