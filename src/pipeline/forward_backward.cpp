@@ -108,7 +108,7 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
       MG_CHECK(st.recv != chunk.has_embedding() && st.send != chunk.has_output(),
                "schedule step ", i, " disagrees with chunk ", st.chunk, "'s stage");
       Tensor x = st.recv ? activations.take(i) : Tensor();
-      fwd.dropout_offset = opt.dropout_offset + uint64_t(st.microbatch);
+      fwd.dropout_offset = opt.dropout_offset + uint64_t(st.microbatch) * opt.dropout_offset_stride;
       model::LossResult loss;
       Tensor y = chunk.forward(st.microbatch, in, x, fwd, &loss);
       if (chunk.has_output()) {

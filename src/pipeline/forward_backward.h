@@ -32,8 +32,11 @@ struct ForwardBackwardOptions {
   // GPTModel::forward_backward does per micro-batch: the trainer passes loss-scale / total tokens
   // of the global batch.
   float grad_scale = 1.0f;
-  // Micro-batch m uses dropout offset dropout_offset + m (the trainer's convention).
+  // Micro-batch m uses dropout offset dropout_offset + m * dropout_offset_stride: with data
+  // parallelism the trainer numbers the global batch's micro-batches m * DP + dp_rank, so it
+  // passes dropout_offset = base + dp_rank and dropout_offset_stride = DP.
   uint64_t dropout_offset = 0;
+  uint64_t dropout_offset_stride = 1;
   bool forward_only = false;  // evaluation: no dropout, nothing kept, no backward
   // After the last backward, call GPTStageModel::finalize_model_parallel_grads() (sequence-
   // parallel grads over TP, tied embedding grads over the embedding group), as Megatron's

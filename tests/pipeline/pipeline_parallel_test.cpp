@@ -100,13 +100,16 @@ void check_case(const Case& c, int iterations = 2) {
     SCOPED_TRACE("iteration " + std::to_string(it));
     const auto mbs = model::testing::microbatches(c.microbatches, cfg, 100 + 31 * uint64_t(it));
     const float scale = float(1.0 / model::testing::total_tokens(mbs));
-    const uint64_t offset = 1000 + uint64_t(it * c.microbatches);
-    const auto want = model::testing::reference_step(ref, mbs, scale, offset);
+    // Dropout keys numbered as the trainer numbers a DP rank's micro-batches (m * DP + dp_rank),
+    // here as for rank 1 of DP 2.
+    const uint64_t offset = 1000 + uint64_t(2 * it * c.microbatches) + 1, stride = 2;
+    const auto want = model::testing::reference_step(ref, mbs, scale, offset, stride);
 
     model::testing::zero_grads(st.parameters());
     ForwardBackwardOptions o;
     o.grad_scale = scale;
     o.dropout_offset = offset;
+    o.dropout_offset_stride = stride;
     const ForwardBackwardResult res = forward_backward(st, mbs, o);
     EXPECT_EQ(res.kind, want_kind);
     EXPECT_NEAR(res.loss_sum, want.loss_sum, 1e-5 * want.loss_sum);

@@ -75,12 +75,13 @@ struct Reference {
   std::map<std::string, Tensor> grads;
 };
 
+// Micro-batch m uses dropout offset offset + m * stride.
 inline Reference reference_step(GPTModel& ref, const std::vector<GPTInputs>& mbs, float scale,
-                         uint64_t offset) {
+                                uint64_t offset, uint64_t stride = 1) {
   zero_grads(ref.parameters());
   Reference r;
   for (size_t m = 0; m < mbs.size(); ++m) {
-    LossResult l = ref.forward_backward(mbs[m], scale, offset + m);
+    LossResult l = ref.forward_backward(mbs[m], scale, offset + m * stride);
     r.loss_sum += l.loss_sum;
     r.tokens += l.num_tokens;
   }
