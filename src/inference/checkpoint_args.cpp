@@ -7,40 +7,11 @@
 #include <iterator>
 
 #include "core/error.h"
+#include "inference/checkpoint_weights.h"
 
 namespace megatron::inference {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-// The iteration folder that --load (and --ckpt-step) name, as CheckpointWeights::open finds it.
-fs::path iteration_folder(const fs::path& load_dir, std::optional<int64_t> step) {
-  MG_REQUIRE(fs::is_directory(load_dir), "--load ", load_dir.string(), " is not a directory");
-  if (!step) {
-    const fs::path tracker = load_dir / "latest_checkpointed_iteration.txt";
-    MG_REQUIRE(fs::exists(tracker), "no checkpoint in ", load_dir.string(), ": ",
-               tracker.filename().string(), " is missing (pass --ckpt-step to pick an iteration)");
-    std::ifstream in(tracker);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
-    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.erase(0, 1);
-    if (text == "release") return load_dir / "release";
-    try {
-      size_t used = 0;
-      step = std::stoll(text, &used);
-      if (used != text.size() || *step < 0) throw std::invalid_argument("");
-    } catch (const std::exception&) {
-      MG_THROW(tracker.string(), ": expected an iteration number or 'release', got '", text, "'");
-    }
-  }
-  MG_REQUIRE(*step >= 0, "--ckpt-step must be >= 0");
-  char name[32];
-  std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(*step));
-  return load_dir / name;
-}
-
-}  // namespace
 
 CheckpointArgs::CheckpointArgs(nlohmann::json args, fs::path file)
     : args_(std::move(args)), file_(std::move(file)) {
@@ -48,7 +19,7 @@ CheckpointArgs::CheckpointArgs(nlohmann::json args, fs::path file)
 }
 
 CheckpointArgs CheckpointArgs::read(const fs::path& load_dir, std::optional<int64_t> step) {
-  const fs::path file = iteration_folder(load_dir, step) / "metadata.json";
+  const fs::path file = find_checkpoint_iteration(load_dir, step).folder / "metadata.json";
   MG_REQUIRE(fs::exists(file), "--use-checkpoint-args: ", file.string(),
              " does not exist, so the checkpoint's arguments are unknown; drop "
              "--use-checkpoint-args and pass the model flags (--num-layers, --hidden-size, ...)");

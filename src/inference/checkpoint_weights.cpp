@@ -16,14 +16,10 @@ std::map<std::string, Tensor> CheckpointWeights::read_safetensors(const fs::path
   return megatron::read_safetensors(file).tensors;
 }
 
-CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optional<int64_t> step) {
+CheckpointIteration find_checkpoint_iteration(const fs::path& load_dir,
+                                              std::optional<int64_t> step) {
   MG_REQUIRE(fs::is_directory(load_dir), "--load ", load_dir.string(), " is not a directory");
-  CheckpointWeights w;
-  std::string sub;
-  if (step) {
-    MG_REQUIRE(*step >= 0, "--ckpt-step must be >= 0");
-    w.iteration_ = *step;
-  } else {
+  if (!step) {
     const fs::path tracker = load_dir / "latest_checkpointed_iteration.txt";
     MG_REQUIRE(fs::exists(tracker), "no checkpoint in ", load_dir.string(), ": ",
                tracker.filename().string(), " is missing (pass --ckpt-step to pick an iteration)");
@@ -31,29 +27,32 @@ CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optiona
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
     while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.erase(0, 1);
-    if (text == "release") {
-      sub = "release";
-    } else {
-      try {
-        size_t used = 0;
-        w.iteration_ = std::stoll(text, &used);
-        MG_REQUIRE(used == text.size() && w.iteration_ >= 0, "bad");
-      } catch (const std::exception&) {
-        MG_THROW(tracker.string(), ": expected an iteration number or 'release', got '", text, "'");
-      }
+    if (text == "release") return {load_dir / "release", 0};
+    try {
+      size_t used = 0;
+      step = std::stoll(text, &used);
+      if (used != text.size() || *step < 0) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      MG_THROW(tracker.string(), ": expected an iteration number or 'release', got '", text, "'");
     }
   }
-  if (sub.empty()) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "iter_%07lld", static_cast<long long>(w.iteration_));
-    sub = buf;
-  }
-  w.directory_ = load_dir / sub / "mp_rank_00";
+  MG_REQUIRE(*step >= 0, "--ckpt-step must be >= 0");
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(*step));
+  return {load_dir / name, *step};
+}
+
+CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optional<int64_t> step) {
+  CheckpointWeights w;
+  const CheckpointIteration it = find_checkpoint_iteration(load_dir, step);
+  w.iteration_ = it.iteration;
+  const fs::path folder = it.folder;
+  w.directory_ = folder / "mp_rank_00";
   MG_REQUIRE(fs::is_directory(w.directory_), "checkpoint folder ", w.directory_.string(),
              " does not exist (only tensor- and pipeline-parallel size 1 checkpoints can be "
              "loaded for generation)");
-  MG_REQUIRE(!fs::exists(load_dir / sub / "mp_rank_01") && !fs::exists(load_dir / sub / "mp_rank_00_001"),
-             "checkpoint ", (load_dir / sub).string(), " is tensor- or pipeline-parallel (it has "
+  MG_REQUIRE(!fs::exists(folder / "mp_rank_01") && !fs::exists(folder / "mp_rank_00_001"),
+             "checkpoint ", folder.string(), " is tensor- or pipeline-parallel (it has "
              "more than one mp_rank_* folder); generation loads only single-rank (TP = PP = 1) "
              "checkpoints so far");
   // The model's tensors: model.safetensors of a training checkpoint (not its optimizer files),

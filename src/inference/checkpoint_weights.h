@@ -16,6 +16,16 @@
 
 namespace megatron::inference {
 
+// The iteration folder --load (and --ckpt-step) name: DIR/iter_XXXXXXX from `step`, else from
+// DIR/latest_checkpointed_iteration.txt (a number, or "release" -> DIR/release, iteration 0).
+// A missing folder or tracker, or a malformed tracker, is an Error naming it.
+struct CheckpointIteration {
+  std::filesystem::path folder;
+  int64_t iteration = 0;
+};
+CheckpointIteration find_checkpoint_iteration(const std::filesystem::path& load_dir,
+                                              std::optional<int64_t> step);
+
 class CheckpointWeights {
  public:
   // `step` overrides the tracker file (--ckpt-step).
