@@ -73,20 +73,9 @@ StepResult DistributedOptimizer::step(double lr, double weight_decay, GradScaler
     const Tensor g = grads.narrow(0, p.shard_offset, p.length);
     const Tensor m = exp_avg_.narrow(0, p.shard_offset, p.length);
     const Tensor model_copy = pbuf.narrow(0, p.buffer_offset, p.length);
-    if (cfg_.type == OptimizerType::Adam) {
-      ops::AdamWConfig ac;
-      ac.lr = float(lr);
-      ac.beta1 = float(cfg_.adam_beta1);
-      ac.beta2 = float(cfg_.adam_beta2);
-      ac.eps = float(cfg_.adam_eps);
-      ac.weight_decay = float(wd);
-      ac.step = step_count_;
-      ops::adamw_step(main, g, m, exp_avg_sq_.narrow(0, p.shard_offset, p.length), model_copy, ac);
-    } else {
-      sgd_update(main, g, m, lr, wd, cfg_.sgd_momentum, step_count_ == 1);
-      Tensor dst = model_copy;
-      dst.copy_(main);
-    }
+    const Tensor v = cfg_.type == OptimizerType::Adam
+                         ? exp_avg_sq_.narrow(0, p.shard_offset, p.length) : Tensor();
+    update_parameter(cfg_, main, g, m, v, model_copy, lr, wd, step_count_);
   }
   buffer_.all_gather_params();
   return r;

@@ -23,6 +23,27 @@ void scale_inplace(const Tensor& t, float factor) {
   for (int64_t i = 0; i < n; ++i) p[i] *= factor;
 }
 
+void update_parameter(const OptimizerConfig& cfg, const Tensor& main, const Tensor& grad,
+                      const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& model_copy,
+                      double lr, double wd, int64_t step) {
+  if (cfg.type == OptimizerType::Adam) {
+    ops::AdamWConfig ac;
+    ac.lr = float(lr);
+    ac.beta1 = float(cfg.adam_beta1);
+    ac.beta2 = float(cfg.adam_beta2);
+    ac.eps = float(cfg.adam_eps);
+    ac.weight_decay = float(wd);
+    ac.step = step;
+    ops::adamw_step(main, grad, exp_avg, exp_avg_sq, model_copy, ac);
+  } else {
+    sgd_update(main, grad, exp_avg, lr, wd, cfg.sgd_momentum, step == 1);
+    if (model_copy.defined()) {
+      Tensor dst = model_copy;
+      dst.copy_(main);
+    }
+  }
+}
+
 void sgd_update(const Tensor& main, const Tensor& grad, const Tensor& buf, double lr, double wd,
                 double momentum, bool first) {
   float* p = main.data<float>();
@@ -122,19 +143,8 @@ StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler) {
     ParamState& s = state_[i];
     const double wd = p.weight_decay ? weight_decay : 0.0;
     const bool separate = s.main.storage() != p.value.storage();
-    if (cfg_.type == OptimizerType::Adam) {
-      ops::AdamWConfig ac;
-      ac.lr = float(lr);
-      ac.beta1 = float(cfg_.adam_beta1);
-      ac.beta2 = float(cfg_.adam_beta2);
-      ac.eps = float(cfg_.adam_eps);
-      ac.weight_decay = float(wd);
-      ac.step = step_count_;
-      ops::adamw_step(s.main, p.grad, s.exp_avg, s.exp_avg_sq, separate ? p.value : Tensor(), ac);
-    } else {
-      sgd_update(s.main, p.grad, s.exp_avg, lr, wd, cfg_.sgd_momentum, step_count_ == 1);
-      if (separate) p.value.copy_(s.main);
-    }
+    update_parameter(cfg_, s.main, p.grad, s.exp_avg, s.exp_avg_sq, separate ? p.value : Tensor(),
+                     lr, wd, step_count_);
   }
   return r;
 }

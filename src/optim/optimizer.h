@@ -86,6 +86,12 @@ double global_l2_norm(const std::vector<Tensor>& tensors);
 // p -= lr * buf.
 void sgd_update(const Tensor& main, const Tensor& grad, const Tensor& buf, double lr, double wd,
                 double momentum, bool first);
+// One parameter's (or shard's) step under cfg: AdamW (exp_avg_sq used) or SGD (exp_avg is the
+// momentum buffer), `step` the 1-based count of successful steps. When model_copy is defined it
+// receives the updated main value in its own dtype.
+void update_parameter(const OptimizerConfig& cfg, const Tensor& main, const Tensor& grad,
+                      const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& model_copy,
+                      double lr, double wd, int64_t step);
 void scale_inplace(const Tensor& t, float factor);  // t *= factor
 // Reduces {found non-finite (0/1), sum of squares} over `group` in one SUM all-reduce and
 // returns {any rank found a non-finite value, global sum of squares}.
