@@ -36,8 +36,16 @@ std::optional<T> get(const inference::CheckpointArgs& ck, const std::string& key
   if constexpr (std::is_same_v<T, std::string>) return ck.get_string(key);
 }
 
+// `flags` disagrees with the checkpoint's `key` (= `value`). With --use-checkpoint-args the flag was
+// given on purpose; without it (check_only) the value may be a default the user never chose, and
+// the model would be built differently from the one that was trained.
 [[noreturn]] void contradiction(const std::string& flags, const std::string& key,
-                                const std::string& value, const inference::CheckpointArgs& ck) {
+                                const std::string& value, const inference::CheckpointArgs& ck,
+                                bool check_only = false) {
+  if (check_only)
+    MG_THROW(flags, " contradicts the checkpoint, whose ", key, " is ", value, " (",
+             ck.file().string(), "), so the model would not be the one that was trained; pass "
+             "flags that match it, or --use-checkpoint-args to take the shape from the checkpoint");
   MG_THROW("--use-checkpoint-args: ", flags, " contradicts the checkpoint, whose ", key, " is ",
            value, " (", ck.file().string(), "); drop the flag, or load the checkpoint it belongs to");
 }
@@ -101,19 +109,27 @@ bool InferenceFlags::given(const std::string& flag) const {
   return app_ != nullptr && app_->get_option(flag)->count() > 0;
 }
 
-void InferenceFlags::apply_checkpoint_args(const inference::CheckpointArgs& ck) {
+void InferenceFlags::apply_checkpoint_args(const inference::CheckpointArgs& ck, bool check_only) {
   auto& g = options.gpt;
+  // Without the shape flags finish() asks for them (or --use-checkpoint-args) first.
+  if (check_only && (g.num_layers <= 0 || g.hidden_size <= 0 || g.num_attention_heads <= 0)) return;
   std::vector<std::string> taken;
-  // A value the checkpoint has: checked against the flag when given, else taken. `resolve` maps
-  // "0 = default" values to what they mean before comparing.
+  // How a flag's value is shown in an error: as given, or as the default the user left it at.
+  auto described = [&](const std::string& flag, const std::string& value) {
+    return given(flag) ? flag + (value.empty() ? "" : " " + value)
+                       : "the default " + flag + (value.empty() ? "" : " " + value);
+  };
+  // A value the checkpoint has: checked against the flag when given (or, check_only, always),
+  // else taken. `resolve` maps "0 = default" values to what they mean before comparing.
   auto take = [&]<typename T>(const std::string& key, const std::string& flag, T& var,
                               auto resolve) {
     const std::optional<T> v = get<T>(ck, key);
     if (!v) return;
-    if (given(flag)) {
+    if (given(flag) || check_only) {
       if (!same(resolve(var), resolve(*v))) {
-        const std::string flags = std::is_same_v<T, bool> ? flag : flag + " " + show(var);
-        contradiction(flags, key, show(*v), ck);
+        std::string value = show(resolve(var));
+        if constexpr (std::is_same_v<T, bool>) value = given(flag) ? "" : "off";
+        contradiction(described(flag, value), key, show(*v), ck, check_only);
       }
       return;
     }
@@ -122,6 +138,7 @@ void InferenceFlags::apply_checkpoint_args(const inference::CheckpointArgs& ck) 
   };
   auto same_value = [](const auto& v) { return v; };
   auto required = [&](const std::string& key, const std::string& flag, int64_t& var) {
+    if (check_only && !given(flag)) return;  // finish() asks for the flag
     MG_REQUIRE(ck.get_int(key) || given(flag), "--use-checkpoint-args: ", ck.file().string(),
                " has no \"", key, "\" in its args; pass ", flag);
     take(key, flag, var, same_value);
@@ -134,8 +151,20 @@ void InferenceFlags::apply_checkpoint_args(const inference::CheckpointArgs& ck) 
   take("kv_channels", "--kv-channels", g.kv_channels, [&](int64_t k) {
     return k > 0 ? k : (g.num_attention_heads > 0 ? g.hidden_size / g.num_attention_heads : 0);
   });
-  take("max_position_embeddings", "--max-position-embeddings", g.max_position_embeddings, same_value);
-  take("seq_length", "--seq-length", seq_length, same_value);
+  if (check_only) {
+    // The sequence length is not part of the model; the position table is, once it is known.
+    const int64_t positions = g.max_position_embeddings > 0 ? g.max_position_embeddings : seq_length;
+    const auto ck_positions = ck.get_int("max_position_embeddings");
+    if (positions > 0 && ck_positions && position_embedding_type == "learned_absolute" &&
+        positions != *ck_positions)
+      contradiction(str(given("--max-position-embeddings") ? "--max-position-embeddings "
+                                                           : "--seq-length (no --max-position-embeddings) ",
+                        positions),
+                    "max_position_embeddings", show(*ck_positions), ck, true);
+  } else {
+    take("max_position_embeddings", "--max-position-embeddings", g.max_position_embeddings, same_value);
+    take("seq_length", "--seq-length", seq_length, same_value);
+  }
   if (ck.get_double("layernorm_epsilon"))
     take("layernorm_epsilon", "--norm-epsilon", g.layernorm_epsilon, same_value);
   else
@@ -157,9 +186,10 @@ void InferenceFlags::apply_checkpoint_args(const inference::CheckpointArgs& ck) 
 
   // add_bias_linear is the inverse of --disable-bias-linear.
   if (const auto bias = ck.get_bool("add_bias_linear")) {
-    if (given("--disable-bias-linear") && disable_bias_linear == *bias)
-      contradiction("--disable-bias-linear", "add_bias_linear", show(*bias), ck);
-    if (!given("--disable-bias-linear")) {
+    if ((given("--disable-bias-linear") || check_only) && disable_bias_linear == *bias)
+      contradiction(disable_bias_linear ? "--disable-bias-linear" : "no --disable-bias-linear",
+                    "add_bias_linear", show(*bias), ck, check_only);
+    if (!given("--disable-bias-linear") && !check_only) {
       disable_bias_linear = !*bias;
       taken.push_back("add_bias_linear=" + show(*bias));
     }
@@ -171,12 +201,13 @@ void InferenceFlags::apply_checkpoint_args(const inference::CheckpointArgs& ck) 
   if (ck_groups || (ck_gqa && !*ck_gqa)) {
     auto norm = [&](int64_t n) { return n == g.num_attention_heads ? 0 : std::max<int64_t>(n, 0); };
     const int64_t want = ck_gqa.value_or(true) ? norm(ck_groups.value_or(0)) : 0;
-    if (given("--group-query-attention") || given("--num-query-groups")) {
+    if (given("--group-query-attention") || given("--num-query-groups") || check_only) {
       const int64_t have = group_query_attention ? norm(g.num_query_groups) : 0;
       if (have != want)
         contradiction(group_query_attention ? str("--num-query-groups ", g.num_query_groups)
                                             : std::string("no --group-query-attention"),
-                      "num_query_groups", want > 0 ? show(want) : "none (multi-head attention)", ck);
+                      "num_query_groups", want > 0 ? show(want) : "none (multi-head attention)", ck,
+                      check_only);
     } else {
       group_query_attention = want > 0;
       g.num_query_groups = want;
@@ -196,14 +227,20 @@ void InferenceFlags::apply_checkpoint_args(const inference::CheckpointArgs& ck) 
     std::string flags;
     for (const char* f : {"--swiglu", "--openai-gelu", "--no-bias-gelu-fusion"})
       if (given(f)) flags += (flags.empty() ? "" : " ") + std::string(f);
-    if (!flags.empty()) {
+    if (!flags.empty() || check_only) {
       const Activation have = swiglu ? Activation::SwiGLU
                               : (openai_gelu || (!no_bias_gelu_fusion && !disable_bias_linear))
                                   ? Activation::GeluTanh
                                   : Activation::Gelu;
-      if (have != *act)
-        contradiction(str(flags, " (", activation_name(have), ")"), "activation",
-                      activation_name(*act), ck);
+      if (have != *act) {
+        const std::string hint = *act == Activation::Gelu       ? "--no-bias-gelu-fusion"
+                                 : *act == Activation::GeluTanh ? "--openai-gelu"
+                                                                : "--swiglu";
+        contradiction(flags.empty() ? str("the default activation (", activation_name(have),
+                                          "; pass ", hint, " for the checkpoint's)")
+                                    : str(flags, " (", activation_name(have), ")"),
+                      "activation", activation_name(*act), ck, check_only);
+      }
     } else {
       swiglu = *act == Activation::SwiGLU;
       openai_gelu = *act == Activation::GeluTanh;
@@ -216,7 +253,9 @@ void InferenceFlags::apply_checkpoint_args(const inference::CheckpointArgs& ck) 
   std::optional<std::string> tok = ck.get_string("tokenizer_type");
   if (!tok) tok = ck.get_string("tokenizer.type");
   if (tok && *tok != options.tokenizer.type)
-    contradiction("--tokenizer-type " + options.tokenizer.type, "tokenizer type", show(*tok), ck);
+    contradiction("--tokenizer-type " + options.tokenizer.type, "tokenizer type", show(*tok), ck,
+                  check_only);
+  if (check_only) return;
 
   std::string list;
   for (const auto& t : taken) list += (list.empty() ? "" : ", ") + t;
@@ -224,9 +263,15 @@ void InferenceFlags::apply_checkpoint_args(const inference::CheckpointArgs& ck) 
 }
 
 inference::InferenceModelOptions InferenceFlags::finish() {
-  if (use_checkpoint_args)
-    apply_checkpoint_args(inference::CheckpointArgs::read(
-        options.load, ckpt_step >= 0 ? std::optional<int64_t>(ckpt_step) : std::nullopt));
+  const std::optional<int64_t> step = ckpt_step >= 0 ? std::optional<int64_t>(ckpt_step) : std::nullopt;
+  if (use_checkpoint_args) {
+    apply_checkpoint_args(inference::CheckpointArgs::read(options.load, step), false);
+  } else if (auto ck = inference::CheckpointArgs::read_if_present(options.load, step)) {
+    // The flags describe the model; where the checkpoint's metadata says otherwise (a forgotten
+    // --openai-gelu, a wrong epsilon), the weights would load into a different model and the
+    // text would be silently wrong.
+    apply_checkpoint_args(*ck, true);
+  }
   auto o = options;
   auto& g = o.gpt;
   if (ckpt_step >= 0) o.ckpt_step = ckpt_step;

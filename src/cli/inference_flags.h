@@ -11,6 +11,8 @@
 // make_vocab_size_divisible_by, and the activation (gelu_tanh, or Megatron's swiglu /
 // openai_gelu / bias_gelu_fusion). A flag given on the command line must agree with the
 // checkpoint (an error names both values); keys the checkpoint lacks keep the flags' values.
+// Without --use-checkpoint-args, a checkpoint that has metadata is still checked: a flag, or a
+// default left alone, that describes a different model than the checkpoint's is an error.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -45,8 +47,10 @@ struct InferenceFlags {
   // loader's options. Throws megatron::Error naming the flag at fault.
   inference::InferenceModelOptions finish();
  private:
-  // Applies a checkpoint's arguments to the flag values (--use-checkpoint-args).
-  void apply_checkpoint_args(const inference::CheckpointArgs& ck);
+  // Applies a checkpoint's arguments to the flag values (--use-checkpoint-args), or with
+  // check_only (no --use-checkpoint-args, metadata present) checks that the model the flags and
+  // their defaults describe is the checkpoint's, and changes nothing.
+  void apply_checkpoint_args(const inference::CheckpointArgs& ck, bool check_only);
   bool given(const std::string& flag) const;
   CLI::App* app_ = nullptr;
 };

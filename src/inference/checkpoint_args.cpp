@@ -23,12 +23,21 @@ CheckpointArgs CheckpointArgs::read(const fs::path& load_dir, std::optional<int6
   MG_REQUIRE(fs::exists(file), "--use-checkpoint-args: ", file.string(),
              " does not exist, so the checkpoint's arguments are unknown; drop "
              "--use-checkpoint-args and pass the model flags (--num-layers, --hidden-size, ...)");
+  std::optional<CheckpointArgs> args = read_if_present(load_dir, step);
+  MG_REQUIRE(args, "--use-checkpoint-args: ", file.string(),
+             " has no \"args\" object; pass the model flags instead");
+  return *std::move(args);
+}
+
+std::optional<CheckpointArgs> CheckpointArgs::read_if_present(const fs::path& load_dir,
+                                                             std::optional<int64_t> step) {
+  const fs::path file = find_checkpoint_iteration(load_dir, step).folder / "metadata.json";
+  if (!fs::exists(file)) return std::nullopt;
   std::ifstream in(file);
   MG_REQUIRE(in, "cannot read ", file.string());
   nlohmann::json meta = nlohmann::json::parse(in, nullptr, false);
   MG_REQUIRE(!meta.is_discarded() && meta.is_object(), file.string(), " is not a JSON object");
-  MG_REQUIRE(meta.contains("args") && meta["args"].is_object(), "--use-checkpoint-args: ",
-             file.string(), " has no \"args\" object; pass the model flags instead");
+  if (!meta.contains("args") || !meta["args"].is_object()) return std::nullopt;
   return CheckpointArgs(meta["args"], file);
 }
 

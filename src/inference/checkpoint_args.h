@@ -20,6 +20,10 @@ class CheckpointArgs {
   // metadata.json, or no "args" object in it.
   static CheckpointArgs read(const std::filesystem::path& load_dir,
                              std::optional<int64_t> step = std::nullopt);
+  // As read, but nullopt when the checkpoint folder has no metadata.json or it has no "args"
+  // (a missing checkpoint, or a malformed metadata.json, is still an error).
+  static std::optional<CheckpointArgs> read_if_present(const std::filesystem::path& load_dir,
+                                                       std::optional<int64_t> step = std::nullopt);
   // For tests and other sources: an argument object and the file it came from.
   CheckpointArgs(nlohmann::json args, std::filesystem::path file);
 

@@ -193,6 +193,55 @@ TEST(UseCheckpointArgs, MistakesAreClearErrors) {
   expect_error(generate_cli(ckpt, " --use-checkpoint-args --ckpt-step 7" + kTokenizer), {"iter_0000007"});
 }
 
+// Without --use-checkpoint-args the flags describe the model, but a checkpoint that has metadata
+// is still checked: a forgotten flag whose default builds a different model (the GeLU form, the
+// epsilon, the vocabulary padding) is an error naming the flag, not silently wrong text.
+TEST(UseCheckpointArgs, FlagsAndDefaultsAreCheckedAgainstTheMetadata) {
+  auto config = testing::gpt2_config();
+  config.activation = GPTInferenceConfig::Activation::Gelu;  // trained with the exact GeLU
+  config.layernorm_epsilon = 1e-6;
+  config = config.resolved();
+  json args = gpt2_args();
+  args["openai_gelu"] = false;
+  args["bias_gelu_fusion"] = false;
+  args["layernorm_epsilon"] = 1e-6;
+  args["make_vocab_size_divisible_by"] = 64;
+  Checkpoint ckpt(config, args);
+  const std::string shape = " --num-layers 2 --hidden-size 32 --num-attention-heads 4"
+                            " --max-position-embeddings 32" + kTokenizer;
+  // The defaults: tanh GeLU (Megatron's fused bias-GeLU) and epsilon 1e-5.
+  expect_error(generate_cli(ckpt, shape + " --norm-epsilon 1e-6"),
+               {"the default activation (GeLU (tanh form)", "--no-bias-gelu-fusion",
+                "activation is GeLU (exact erf form)", "iter_0000005/metadata.json",
+                "--use-checkpoint-args"});
+  expect_error(generate_cli(ckpt, shape + " --no-bias-gelu-fusion"),
+               {"the default --norm-epsilon 1e-05", "layernorm_epsilon is 1e-06"});
+  expect_error(generate_cli(ckpt, " --num-layers 3 --hidden-size 32 --num-attention-heads 4"
+                                  " --max-position-embeddings 32 --no-bias-gelu-fusion --norm-epsilon 1e-6" +
+                                  kTokenizer),
+               {"--num-layers 3", "num_layers is 2"});
+  expect_error(generate_cli(ckpt, shape + " --openai-gelu --norm-epsilon 1e-6"),
+               {"--openai-gelu (GeLU (tanh form))", "activation is GeLU (exact erf form)"});
+  expect_error(generate_cli(ckpt, " --num-layers 2 --hidden-size 32 --num-attention-heads 4"
+                                  " --seq-length 16 --no-bias-gelu-fusion --norm-epsilon 1e-6" + kTokenizer),
+               {"--seq-length (no --max-position-embeddings) 16", "max_position_embeddings is 32"});
+  expect_error(generate_cli(ckpt, shape + " --no-bias-gelu-fusion --norm-epsilon 1e-6 --swiglu"),
+               {"--swiglu", "activation is GeLU (exact erf form)"});
+  // Matching flags generate exactly what the model computes; so does --use-checkpoint-args.
+  const auto want = greedy(config, ckpt.weights, {1, 2, 3}, 6);
+  EXPECT_EQ(tokens_of(generate_cli(ckpt, shape + " --no-bias-gelu-fusion --norm-epsilon 1e-6")), want);
+  EXPECT_EQ(tokens_of(generate_cli(ckpt, " --use-checkpoint-args" + kTokenizer)), want);
+  // A padding multiple that differs is named too (the tensors would not even fit).
+  args["make_vocab_size_divisible_by"] = 32;
+  ckpt.set_args(args);
+  expect_error(generate_cli(ckpt, shape + " --no-bias-gelu-fusion --norm-epsilon 1e-6"),
+               {"--make-vocab-size-divisible-by 64", "make_vocab_size_divisible_by is 32"});
+  // No metadata: nothing to check against, the flags are trusted.
+  Checkpoint bare(config, json());
+  EXPECT_EQ(tokens_of(generate_cli(bare, shape + " --no-bias-gelu-fusion --norm-epsilon 1e-6")),
+            greedy(config, bare.weights, {1, 2, 3}, 6));
+}
+
 TEST(UseCheckpointArgs, ServeTakesTheShapeFromTheCheckpoint) {
   const auto config = testing::gpt2_config();
   Checkpoint ckpt(config, gpt2_args());
