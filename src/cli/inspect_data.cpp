@@ -7,6 +7,7 @@
 // one branch in run().
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <optional>
 
 #include "cli/command.h"
@@ -83,6 +84,29 @@ void print_summary(const data::IndexedDataset& ds) {
                 percentile(doc_lengths, 50), ", p90 ", percentile(doc_lengths, 90), ", p99 ",
                 percentile(doc_lengths, 99), ", max ",
                 doc_lengths.empty() ? 0 : doc_lengths.back()));
+  // The entropy of the token frequencies: the loss (nats/token) of the best model that ignores
+  // context, the baseline a trained language model's loss should fall well below.
+  std::vector<int64_t> counts;
+  std::vector<int32_t> ids;
+  for (int64_t q = 0; q < ds.num_sequences(); ++q) {
+    ids.clear();
+    ds.read(q, 0, ds.sequence_length(q), ids);
+    for (int32_t t : ids) {
+      if (size_t(t) >= counts.size()) counts.resize(size_t(t) + 1, 0);
+      ++counts[size_t(t)];
+    }
+  }
+  const double total = double(ds.num_tokens());
+  double entropy = 0;
+  int64_t distinct = 0;
+  for (int64_t c : counts)
+    if (c > 0) {
+      entropy -= double(c) / total * std::log(double(c) / total);
+      ++distinct;
+    }
+  if (total > 0)
+    log_print(str("unigram entropy: ", std::fixed, std::setprecision(4), entropy, " nats/token over ",
+                  distinct, " distinct tokens (the loss of a model that ignores context)"));
 }
 
 void show_document(const data::IndexedDataset& ds, int64_t doc, const InspectFlags& f) {
