@@ -537,22 +537,35 @@ void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank&
   const int ctp = c.tensor_model_parallel_size, cpp = c.pipeline_model_parallel_size;
   const int cvp = c.virtual_pipeline_model_parallel_size;
   if (ctp == rank.tp_size && cpp == rank.pp_size && cvp == rank.vp_size) return;
-  auto layout = [](int tp, int pp, int vp) {
-    return str("TP=", tp, " PP=", pp, vp > 1 ? str(" (", vp, " virtual stages per pipeline rank)") : "");
+  auto virtual_stages = [](int vp) {
+    return vp > 1 ? str(", ", vp, " virtual stages per pipeline rank") : std::string();
   };
+  const std::string saved =
+      str("TP=", ctp, " PP=", cpp, " (DP=", c.data_parallel_size,
+          c.distributed_optimizer ? ", distributed optimizer" : "", virtual_stages(cvp), ")");
+  const std::string mine =
+      str("TP=", rank.tp_size, " PP=", rank.pp_size,
+          rank.vp_size > 1 ? str(" (", rank.vp_size, " virtual stages per pipeline rank)") : "");
+  const std::string where = str("the checkpoint ", ckpt.dir.string(), " was saved with ", saved,
+                                "; this run has ", mine, ". ");
+  if (ctp == rank.tp_size && cpp == rank.pp_size) {  // only the model chunks differ
+    int64_t per_chunk = 0;
+    const nlohmann::json& args = ckpt.state.args;
+    if (args.contains("parallel") && args["parallel"].contains("num_layers_per_virtual_pipeline_stage"))
+      per_chunk = args["parallel"]["num_layers_per_virtual_pipeline_stage"].get<int64_t>();
+    MG_THROW(where, "Each pipeline rank's file holds the layers of its model chunks, so the virtual "
+             "stages must match: run ",
+             per_chunk > 0 ? str("with --num-layers-per-virtual-pipeline-stage ", per_chunk)
+                           : std::string("without --num-layers-per-virtual-pipeline-stage"));
+  }
   const fs::path load_dir = ckpt.dir.parent_path();
   const std::string target = str(load_dir.filename().string(), "_tp", rank.tp_size, "_pp", rank.pp_size);
-  MG_THROW("the checkpoint ", ckpt.dir.string(), " was saved with ", layout(ctp, cpp, cvp), " (",
-           c.describe(), "); this run has ", layout(rank.tp_size, rank.pp_size, rank.vp_size),
-           ". The tensor- and pipeline-parallel sizes and virtual stages must match the "
-           "checkpoint's (the data-parallel size may differ): run with --tensor-model-parallel-size ",
-           ctp, " --pipeline-model-parallel-size ", cpp,
-           cvp > 1 ? str(" and ", cvp, " virtual stages (--num-layers-per-virtual-pipeline-stage)")
-                   : std::string(),
-           " (world size a multiple of ", ctp * cpp, "), or reshard it with `megatron checkpoint "
-           "convert --load ", load_dir.string(), " --save ", (load_dir.parent_path() / target).string(),
-           " --target-tensor-parallel-size ", rank.tp_size, " --target-pipeline-parallel-size ",
-           rank.pp_size, "`");
+  MG_THROW(where, "The tensor- and pipeline-parallel sizes must match the checkpoint's (the "
+           "data-parallel size may differ): run with --tensor-model-parallel-size ", ctp,
+           " --pipeline-model-parallel-size ", cpp, " (world size a multiple of ", ctp * cpp,
+           "), or reshard it with `megatron checkpoint convert --load ", load_dir.string(), " --save ",
+           (load_dir.parent_path() / target).string(), " --target-tensor-parallel-size ", rank.tp_size,
+           " --target-pipeline-parallel-size ", rank.pp_size, "`");
 }
 
 void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,

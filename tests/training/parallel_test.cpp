@@ -159,7 +159,7 @@ TEST(MpiParallelTraining, ALayoutMismatchIsAClearError) {
       ADD_FAILURE() << "loading a TP2 checkpoint on one rank must fail";
     } catch (const Error& e) {
       const std::string m = e.what();
-      EXPECT_NE(m.find("saved with TP=2 PP=1 (TP=2 x PP=1 x DP="), std::string::npos) << m;
+      EXPECT_NE(m.find("saved with TP=2 PP=1 (DP="), std::string::npos) << m;
       EXPECT_NE(m.find("this run has TP=1 PP=1."), std::string::npos) << m;
       EXPECT_NE(m.find("--tensor-model-parallel-size 2"), std::string::npos) << m;
       EXPECT_NE(m.find("`megatron checkpoint convert --load " + a.save + " --save " + a.save +

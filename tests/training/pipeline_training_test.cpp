@@ -166,6 +166,20 @@ TEST(MpiPipelineTraining, SaveAndResumeContinueTheSameCurve) {
     }
   }
   world()->barrier();
+  if (l.layers_per_virtual_stage > 0) {  // same TP and PP, no virtual stages: every rank refuses
+    TrainingArgs d = with_layout(pipeline_args(f, 12), PipeLayout{"pp2", l.tp, 2});
+    d.load = b.save;
+    try {
+      pretrain_gpt(d);
+      ADD_FAILURE() << "loading an interleaved checkpoint without virtual stages must fail";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("2 virtual stages per pipeline rank); this run has TP=1 PP=2."),
+                std::string::npos) << m;
+      EXPECT_NE(m.find("run with --num-layers-per-virtual-pipeline-stage 1"), std::string::npos) << m;
+    }
+    world()->barrier();
+  }
 }
 
 #ifdef MEGATRON_HAVE_MPI
