@@ -542,15 +542,15 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     if (ds.valid && a.eval_iters > 0 && (it % a.eval_interval == 0 || it == train_iters)) {
       // The same samples as one rank would see, split over DP; sums reduced over DP.
       // Under PP: the forward-only schedule per evaluation iteration (the loss comes from the
-      // last stage to every stage), on full groups of micro-batches only when interleaved.
+      // last stage to every stage); interleaved, only whole iterations (M stays a multiple of PP).
       double vloss = 0, vtokens = 0;
       for (int64_t e = 0; e < a.eval_iters; ++e) {
+        if (stage && pipeline_layout.num_chunks > 1 &&
+            consumed_valid + num_micro * mbs * dp > ds.valid->size())
+          break;
         std::vector<model::GPTInputs> group;
         for (int64_t m = 0; m < num_micro; ++m) {
           if (consumed_valid + mbs * dp > ds.valid->size()) break;
-          if (stage && pipeline_layout.num_chunks > 1 &&
-              consumed_valid + (num_micro - m) * mbs * dp > ds.valid->size())
-            break;
           data::GPTBatch b = data::make_batch(*ds.valid, consumed_valid, mbs, dp_rank, dp, bopt);
           consumed_valid += mbs * dp;
           if (stage) {
@@ -568,7 +568,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
           vloss += r.loss_sum;
           vtokens += r.num_tokens;
         }
-        if (int64_t(group.size()) < num_micro && stage) break;
+        if (stage && int64_t(group.size()) < num_micro) break;  // the validation split ran out
       }
       const std::vector<double> v = dp_sum({vloss, vtokens});
       vloss = v[0];
@@ -580,6 +580,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
         say(line);
         say(dashes);
         tensorboard.log_validation(it, consumed, vloss / vtokens);
+        sum.valid_losses.push_back(vloss / vtokens);
       }
       interval_t0 = Clock::now();
     }

@@ -120,6 +120,7 @@ struct TrainingSummary {
   double seconds_per_iteration = 0;
   std::vector<double> losses;      // per-token loss of every iteration run (same on all ranks)
   std::vector<double> grad_norms;  // grad norm of every iteration run (NaN when skipped)
+  std::vector<double> valid_losses;  // per-token validation loss of every evaluation (all ranks)
   double comm_seconds = 0;         // this rank's time blocked in collectives (timed_communicator.h)
   int world_size = 1;
 };

@@ -1,6 +1,6 @@
 // Helpers of the multi-rank training parity tests (parallel_test.cpp, pipeline_training_test.cpp):
 // a folder every rank sees, the tiny corpus and GPT they train, the single-rank reference run,
-// and comparisons of loss curves and of checkpointed parameters gathered over TP and PP.
+// and comparisons of loss curves (training, grad norm, validation) and of checkpointed parameters gathered over TP and PP.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -188,6 +188,10 @@ inline void expect_same_curve(const TrainingSummary& got, const TrainingSummary&
           << what << ": grad norm, iteration " << i + 1;
     }
   }
+  ASSERT_EQ(got.valid_losses.size(), ref.valid_losses.size()) << what;
+  for (size_t i = 0; i < ref.valid_losses.size(); ++i)
+    EXPECT_NEAR(got.valid_losses[i], ref.valid_losses[i], tol * std::abs(ref.valid_losses[i]))
+        << what << ": validation loss " << i + 1;
 }
 
 #define SKIP_ON_ONE_RANK() \

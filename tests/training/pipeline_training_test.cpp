@@ -3,9 +3,9 @@
 // parallel_test_util.h with 4 layers (2 per stage, or 2 model chunks of 1 layer per stage when
 // interleaved), fp32, dropout 0: rank 0 trains the reference alone and hands its curve to the
 // others, then the world trains the layout under test. Per iteration the loss must follow the
-// reference within 1e-5 relative (grad norm 1e-4: the tied embedding counted once), and the
-// parameters at the end, gathered from the per-stage, per-TP-rank checkpoint files, must equal
-// the reference's within 1e-5 of each tensor's scale.
+// reference within 1e-5 relative (grad norm 1e-4: the tied embedding counted once; validation
+// loss 1e-5), and the parameters at the end, gathered from the per-stage, per-TP-rank checkpoint
+// files, must equal the reference's within 1e-5 of each tensor's scale.
 //   np 2: PP2 (1F1B), PP2 interleaved (2 virtual stages per rank);
 //   np 4: TP2 x PP2 with sequence parallelism, PP2 interleaved x DP2 with the distributed optimizer;
 //   np 8: TP2 x PP2 x DP2, sequence parallel, distributed optimizer (its own ctest entry).
@@ -42,12 +42,13 @@ TrainingSummary reference_curve(TrainingArgs a, const std::string& save) {
     a.save_interval = 1000;
     r = run_single(a);
     text = json({{"losses", r.losses}, {"grad_norms", r.grad_norms},
-                 {"consumed", r.consumed_samples}}).dump();
+                 {"valid_losses", r.valid_losses}, {"consumed", r.consumed_samples}}).dump();
   }
   const json j = json::parse(all_gather_strings(*world(), text)[0]);
   r.losses = j["losses"].get<std::vector<double>>();
   r.grad_norms.clear();
   for (const json& g : j["grad_norms"]) r.grad_norms.push_back(g.is_number() ? g.get<double>() : std::nan(""));
+  r.valid_losses = j["valid_losses"].get<std::vector<double>>();
   r.consumed_samples = j["consumed"].get<int64_t>();
   return r;
 }
@@ -91,6 +92,7 @@ TEST(MpiPipelineTraining, PipelineLayoutsFollowTheSingleRankCurve) {
   const std::string ref_save = f.dir / "ref";
   const TrainingSummary ref = reference_curve(pipeline_args(f), ref_save);
   ASSERT_EQ(ref.losses.size(), 20u);
+  ASSERT_EQ(ref.valid_losses.size(), 2u);  // iterations 10 and 20
   if (W == 2) {
     check_pipeline_layout(f, {"pp2", 1, 2}, ref, ref_save);
     check_pipeline_layout(f, {"pp2_interleaved", 1, 2, 1}, ref, ref_save);
