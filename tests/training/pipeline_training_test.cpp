@@ -209,8 +209,11 @@ TEST(PipelineCli, PipelineRunLogsOncePerInterval) {
   if (world()->size() > 1) GTEST_SKIP() << "launches mpirun itself";
   Fixture f;
   auto r = testing::run_command(mpirun(2) + pipeline_cli_flags(f) +
-                                " --train-iters 4 --log-interval 2 --eval-interval 4 2>&1");
+                                " --train-iters 4 --log-interval 2 --eval-interval 4 "
+                                "--log-metrics-jsonl " + (f.dir / "m.jsonl") + " 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string metrics = testing::read_file(f.dir / "m.jsonl");
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 2) << metrics;  // last stage only
   EXPECT_EQ(count(r.output, "| consumed samples:"), 2u) << r.output;
   EXPECT_EQ(count(r.output, "validation loss at iteration 4"), 1u) << r.output;
   EXPECT_EQ(count(r.output, "training finished"), 1u) << r.output;
