@@ -8,7 +8,8 @@
 // files, must equal the reference's within 1e-5 of each tensor's scale.
 //   np 2: PP2 (1F1B), PP2 interleaved (2 virtual stages per rank);
 //   np 4: TP2 x PP2 with sequence parallelism, PP2 interleaved x DP2 with the distributed optimizer;
-//   np 8: TP2 x PP2 x DP2, sequence parallel, distributed optimizer (its own ctest entry).
+//   np 8: TP2 x PP2 x DP2, sequence parallel, distributed optimizer (its own ctest entry);
+// and bf16 PP2 interleaved within bf16 precision of the single-rank bf16 curve (np 2).
 // Save/resume under PP (np 2: PP2 interleaved; np 4: TP2 x PP2) continues the uninterrupted curve
 // bit for bit, the checkpoint records the layout, leaves out the tied copy, and does not load under
 // another layout. PipelineCli tests launch mpirun themselves: one log line per interval from a
@@ -182,6 +183,34 @@ TEST(MpiPipelineTraining, SaveAndResumeContinueTheSameCurve) {
     }
     world()->barrier();
   }
+}
+
+// bf16 weights (fp32 main weights in the optimizer): PP2 interleaved follows the single-rank bf16
+// curve within bf16 precision, and resumes bit for bit (the tied copy's fp32 main weights come
+// from the optimizer state, its bf16 value from the first stage).
+TEST(MpiPipelineTraining, Bf16PipelineTrainsAndResumes) {
+  SKIP_ON_ONE_RANK();
+  if (world()->size() != 2) GTEST_SKIP() << "runs at -np 2";
+  Fixture f;
+  TrainingArgs a = with_layout(pipeline_args(f, 8), PipeLayout{"pp2_interleaved", 1, 2, 1});
+  a.bf16 = true;
+  TrainingArgs single = pipeline_args(f, 8);
+  single.bf16 = true;
+  const TrainingSummary ref = reference_curve(single, f.dir / "ref");
+  const TrainingSummary full = pretrain_gpt(a);
+  ASSERT_EQ(full.losses.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(full.losses[i], ref.losses[i], 2e-2 * ref.losses[i]) << i;
+  TrainingArgs b = a;
+  b.save = f.dir / "bf16";
+  b.save_interval = 1000;
+  b.exit_interval = 4;
+  pretrain_gpt(b);
+  b.exit_interval = 0;
+  b.load = b.save;
+  const TrainingSummary second = pretrain_gpt(b);
+  ASSERT_EQ(second.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(second.losses[i], full.losses[4 + i]) << "iteration " << i + 5;
+  world()->barrier();
 }
 
 #ifdef MEGATRON_HAVE_MPI
