@@ -1,7 +1,7 @@
 // `megatron pretrain-gpt`: Megatron-LM's pretrain_gpt.py flags (names and defaults) mapped onto
 // training::TrainingArgs; the loop itself is training::pretrain_gpt. Under mpirun every rank runs
-// this command with the same flags (data, tensor and sequence parallelism; pipeline and context
-// parallel sizes accept only 1 so far).
+// this command with the same flags (data, tensor, sequence and pipeline parallelism, the latter
+// optionally interleaved; the context-parallel size accepts only 1 so far).
 #include "cli/command.h"
 #include "cli/tokenizer_options.h"
 #include "core/error.h"
@@ -100,7 +100,10 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--tensor-model-parallel-size", par.tensor_model_parallel_size,
                  "Tensor-parallel ranks")->capture_default_str();
   sub.add_option("--pipeline-model-parallel-size", par.pipeline_model_parallel_size,
-                 "Pipeline stages (only 1 so far)")->capture_default_str();
+                 "Pipeline stages (1F1B schedule)")->capture_default_str();
+  sub.add_option("--num-layers-per-virtual-pipeline-stage", par.num_layers_per_virtual_pipeline_stage,
+                 "Layers per model chunk: interleaved 1F1B with (num-layers / PP) / this chunks per "
+                 "pipeline rank");
   sub.add_option("--context-parallel-size", par.context_parallel_size,
                  "Context-parallel ranks (only 1 so far)")->capture_default_str();
   sub.add_flag("--sequence-parallel", m.sequence_parallel,

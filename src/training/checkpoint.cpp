@@ -51,8 +51,9 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OptimizerConfig, type, adam_beta
 }  // namespace megatron::optim
 namespace megatron::training {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ParallelArgs, tensor_model_parallel_size,
-                                                pipeline_model_parallel_size, context_parallel_size,
-                                                use_distributed_optimizer, overlap_grad_reduce,
+                                                pipeline_model_parallel_size,
+                                                num_layers_per_virtual_pipeline_stage,
+                                                context_parallel_size, use_distributed_optimizer, overlap_grad_reduce,
                                                 overlap_param_gather, ddp_bucket_size,
                                                 distributed_timeout_minutes)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TensorBoardOptions, dir, log_interval, queue_size,
@@ -394,16 +395,23 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
   }
   if (writes_model) {
     std::vector<std::pair<std::string, Tensor>> model_tensors;
-    for (const model::Parameter* p : params) model_tensors.emplace_back(p->name, p->value);
+    for (const model::Parameter* p : params)
+      if (!p->shared) model_tensors.emplace_back(p->name, p->value);  // the owner's copy is saved
     detail::write_tensor_file(tmp_dir, model_file(rank), model_tensors, files);
   }
   if (!optimizer.empty()) optimizer_meta = detail::save_optimizer_files(tmp_dir, optimizer, rank, files);
   if (writes_model || writes_optim) fsync_path(tmp_dir / rank_dir, true);
   json partition_dims = json::object();
-  for (const model::Parameter* p : params) partition_dims[p->name] = p->partition_dim;
-  if (multi) {  // rank 0 lists every rank's files
-    const std::vector<std::string> all = all_gather_strings(*rank.world, files.dump());
-    for (const std::string& f : all) files.update(json::parse(f));
+  for (const model::Parameter* p : params)
+    if (!p->shared) partition_dims[p->name] = p->partition_dim;
+  if (multi) {  // rank 0 lists every rank's files (and every pipeline stage's parameters)
+    const json mine = {{"files", files}, {"partition_dims", partition_dims}};
+    const std::vector<std::string> all = all_gather_strings(*rank.world, mine.dump());
+    for (const std::string& f : all) {
+      const json j = json::parse(f);
+      files.update(j["files"]);
+      partition_dims.update(j["partition_dims"]);
+    }
   }
 
   if (root) {
@@ -426,6 +434,7 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
     meta["optimizer"] = optimizer_meta;
     meta["parallel"] = {{"tensor_model_parallel_size", rank.tp_size},
                         {"pipeline_model_parallel_size", rank.pp_size},
+                        {"virtual_pipeline_model_parallel_size", rank.vp_size},
                         {"data_parallel_size", rank.dp_size},
                         {"partition_dims", partition_dims}};
     meta["args"] = state.args;
@@ -506,8 +515,11 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
     c.parallel.tensor_model_parallel_size = int(r.i64(p, "tensor_model_parallel_size", " in parallel"));
     c.parallel.pipeline_model_parallel_size = int(r.i64(p, "pipeline_model_parallel_size", " in parallel"));
     c.parallel.data_parallel_size = int(r.i64(p, "data_parallel_size", " in parallel"));
+    if (p.contains("virtual_pipeline_model_parallel_size"))  // absent before pipeline training
+      c.parallel.virtual_pipeline_model_parallel_size =
+          int(r.i64(p, "virtual_pipeline_model_parallel_size", " in parallel"));
     MG_REQUIRE(c.parallel.tensor_model_parallel_size >= 1 && c.parallel.pipeline_model_parallel_size >= 1 &&
-                   c.parallel.data_parallel_size >= 1,
+                   c.parallel.data_parallel_size >= 1 && c.parallel.virtual_pipeline_model_parallel_size >= 1,
                label, ": parallel sizes must be >= 1");
   }
   if (j.at("optimizer").is_object() && j.at("optimizer").contains("distributed")) {
@@ -522,17 +534,38 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
 
 void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank& rank) {
   const CheckpointParallel& c = ckpt.parallel;
-  if (c.tensor_model_parallel_size == rank.tp_size && c.pipeline_model_parallel_size == rank.pp_size)
-    return;
-  CheckpointParallel mine{rank.tp_size, rank.pp_size, rank.dp_size, false};
-  MG_THROW("the checkpoint ", ckpt.dir.string(), " was saved with ", c.describe(),
-           " but this run uses ", mine.describe(),
-           ": the tensor- and pipeline-parallel sizes must match the checkpoint's (the data-parallel "
-           "size may differ). Run with --tensor-model-parallel-size ", c.tensor_model_parallel_size,
-           " --pipeline-model-parallel-size ", c.pipeline_model_parallel_size,
-           " (world size a multiple of ", c.tensor_model_parallel_size * c.pipeline_model_parallel_size,
-           "); resharding a checkpoint to another layout needs a converter "
-           "(megatron checkpoint convert), which this build does not have yet");
+  const int ctp = c.tensor_model_parallel_size, cpp = c.pipeline_model_parallel_size;
+  const int cvp = c.virtual_pipeline_model_parallel_size;
+  if (ctp == rank.tp_size && cpp == rank.pp_size && cvp == rank.vp_size) return;
+  auto virtual_stages = [](int vp) {
+    return vp > 1 ? str(", ", vp, " virtual stages per pipeline rank") : std::string();
+  };
+  const std::string saved =
+      str("TP=", ctp, " PP=", cpp, " (DP=", c.data_parallel_size,
+          c.distributed_optimizer ? ", distributed optimizer" : "", virtual_stages(cvp), ")");
+  const std::string mine =
+      str("TP=", rank.tp_size, " PP=", rank.pp_size,
+          rank.vp_size > 1 ? str(" (", rank.vp_size, " virtual stages per pipeline rank)") : "");
+  const std::string where = str("the checkpoint ", ckpt.dir.string(), " was saved with ", saved,
+                                "; this run has ", mine, ". ");
+  if (ctp == rank.tp_size && cpp == rank.pp_size) {  // only the model chunks differ
+    int64_t per_chunk = 0;
+    const nlohmann::json& args = ckpt.state.args;
+    if (args.contains("parallel") && args["parallel"].contains("num_layers_per_virtual_pipeline_stage"))
+      per_chunk = args["parallel"]["num_layers_per_virtual_pipeline_stage"].get<int64_t>();
+    MG_THROW(where, "Each pipeline rank's file holds the layers of its model chunks, so the virtual "
+             "stages must match: run ",
+             per_chunk > 0 ? str("with --num-layers-per-virtual-pipeline-stage ", per_chunk)
+                           : std::string("without --num-layers-per-virtual-pipeline-stage"));
+  }
+  const fs::path load_dir = ckpt.dir.parent_path();
+  const std::string target = str(load_dir.filename().string(), "_tp", rank.tp_size, "_pp", rank.pp_size);
+  MG_THROW(where, "The tensor- and pipeline-parallel sizes must match the checkpoint's (the "
+           "data-parallel size may differ): run with --tensor-model-parallel-size ", ctp,
+           " --pipeline-model-parallel-size ", cpp, " (world size a multiple of ", ctp * cpp,
+           "), or reshard it with `megatron checkpoint convert --load ", load_dir.string(), " --save ",
+           (load_dir.parent_path() / target).string(), " --target-tensor-parallel-size ", rank.tp_size,
+           " --target-pipeline-parallel-size ", rank.pp_size, "`");
 }
 
 void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
@@ -543,6 +576,7 @@ void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList
   const std::string label = (ckpt.dir / rel).string();
   std::set<std::string> used;
   for (model::Parameter* p : params) {
+    if (p->shared) continue;  // not saved: the caller copies it from its owner
     auto it = st.tensors.find(p->name);
     MG_REQUIRE(it != st.tensors.end(), label, " has no tensor '", p->name,
                "' (the checkpoint was saved from a different model)");

@@ -20,8 +20,13 @@
 //       [param name, first element in the parameter, length, offset in the shard] saying which
 //       elements of which parameter the shard holds (optim/grad_buffer.h), so the state can be
 //       read back under any data-parallel size, or by the non-distributed optimizer, and back.
-// TT is the tensor-parallel rank (2 digits; mp_rank_TT_PPP when pipeline-parallel). Model and
-// plain optimizer files are written by data-parallel rank 0 of each tensor-parallel group;
+// TT is the tensor-parallel rank (2 digits; mp_rank_TT_PPP when pipeline-parallel, PPP the
+// pipeline rank: its stage's parameters, under their global names "decoder.layers.<i>...", all of
+// its model chunks with virtual stages). The last stage's copy of the tied word embedding
+// (output_layer.weight, Parameter::shared) is not in its model file: it is the first stage's
+// embedding.word_embeddings.weight, copied over after loading; its optimizer state is saved (it
+// equals the first stage's). Model and plain optimizer files are written by data-parallel rank 0
+// of each model-parallel rank;
 // metadata.json and the tracker by world rank 0 once every rank's files are complete.
 //
 // metadata.json, abridged:
@@ -34,6 +39,7 @@
 //    "rng_state": {"generator": "philox4x32-10", "seed": 1234, "dropout_offset": 1000},
 //    "optimizer": {"type": "adam", "distributed": false},   (null with --no-save-optim)
 //    "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
+//                 "virtual_pipeline_model_parallel_size": 1,
 //                 "data_parallel_size": 2, "partition_dims": {"<param>": 0, ...}},
 //                                                      (absent in single-rank checkpoints of old)
 //    "args": {...every TrainingArgs field...},
@@ -43,7 +49,7 @@
 // and then replaces the tracker (temp file + rename). Files 0640, folders 0750. Loading verifies
 // every listed file's size and SHA-256 before parsing it; every problem is a megatron::Error
 // naming the file. A checkpoint loads under any data-parallel size; the tensor- and
-// pipeline-parallel sizes must be the checkpoint's (check_checkpoint_layout).
+// pipeline-parallel sizes and virtual stages must be the checkpoint's (check_checkpoint_layout).
 #pragma once
 
 #include <cstdint>
@@ -94,6 +100,7 @@ TrainingArgs training_args_from_json(const nlohmann::json& j);
 struct CheckpointRank {
   Communicator* world = nullptr;  // null or a group of one: single rank, no collectives
   int tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0, dp_size = 1, dp_rank = 0;
+  int vp_size = 1;  // model chunks (virtual stages) per pipeline rank; 1 without interleaving
   static CheckpointRank from(const ParallelState& ps);
   bool multi() const { return world != nullptr && world->size() > 1; }
   std::string rank_dir() const;  // "mp_rank_TT" or, with PP > 1, "mp_rank_TT_PPP"
@@ -121,6 +128,7 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& save_dir,
 // The parallel layout a checkpoint was saved under.
 struct CheckpointParallel {
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, data_parallel_size = 1;
+  int virtual_pipeline_model_parallel_size = 1;  // model chunks per pipeline rank
   bool distributed_optimizer = false;  // the optimizer state is in distrib_optim_dp_*.safetensors
   std::string describe() const;        // "TP=2 x PP=1 x DP=2 (distributed optimizer)"
 };
@@ -141,12 +149,15 @@ struct CheckpointOnDisk {
 std::optional<CheckpointOnDisk> find_checkpoint(const std::filesystem::path& load_dir,
                                                 std::optional<int64_t> ckpt_step);
 
-// The checkpoint's tensor- and pipeline-parallel sizes must be this run's (the data-parallel size
-// may differ): otherwise an error naming both layouts and how to proceed.
+// The checkpoint's tensor- and pipeline-parallel sizes and virtual stages must be this run's (the
+// data-parallel size may differ): otherwise an error naming both layouts and the
+// `megatron checkpoint convert` command that reshards it.
 void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank& rank);
 
 // Reads this rank's model.safetensors (size and SHA-256 verified) into the parameters: every
 // parameter must be present with its shape; the dtype must match unless allow_dtype_conversion.
+// Parameter::shared replicas (the last pipeline stage's tied output_layer.weight) are neither
+// saved nor loaded: the caller copies them from their owner (GPTStageModel::sync_shared_embedding).
 void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
                         bool allow_dtype_conversion, const CheckpointRank& rank = {});
 

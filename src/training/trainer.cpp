@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -15,10 +17,12 @@
 #include "comm/timed_communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/gpt_stage.h"
 #include "model/tensor_parallel.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/grad_buffer.h"
 #include "optim/grad_scaler.h"
+#include "pipeline/forward_backward.h"
 #include "training/checkpoint.h"
 #include "training/metrics.h"
 
@@ -37,6 +41,26 @@ double seconds_since(Clock::time_point t0) {
 
 model::GPTInputs to_inputs(const data::GPTBatch& b) {
   return model::GPTInputs{b.tokens, b.position_ids, b.attention_start, b.labels, b.loss_mask};
+}
+
+// Test hook for fault-tolerance tests: MEGATRON_TEST_FAULT="kill:RANK:ITER" (or "hang:...") makes
+// world rank RANK die by SIGKILL (or stop by SIGSTOP, a hang) at the start of iteration ITER's
+// forward/backward, while its peers are mid-step. The job must then end with an error (the
+// launcher's, or the distributed timeout's MPI_Abort) instead of hanging. Unset: nothing happens.
+void maybe_inject_fault(int world_rank, int64_t iteration) {
+  static const char* spec = std::getenv("MEGATRON_TEST_FAULT");
+  if (spec == nullptr) return;
+  char mode[8] = {};
+  int rank = -1;
+  long long it = -1;
+  if (std::sscanf(spec, "%7[a-z]:%d:%lld", mode, &rank, &it) != 3 || rank != world_rank ||
+      it != iteration)
+    return;
+  const bool hang = std::string(mode) == "hang";
+  std::fprintf(stderr, "MEGATRON_TEST_FAULT: world rank %d %s at iteration %lld\n", world_rank,
+               hang ? "hangs (SIGSTOP)" : "dies (SIGKILL)", it);
+  std::fflush(stderr);
+  std::raise(hang ? SIGSTOP : SIGKILL);
 }
 
 double mask_sum(const Tensor& mask) {
@@ -102,10 +126,14 @@ void validate_parallel_args(const TrainingArgs& a, int world_size) {
   const ParallelArgs& p = a.parallel;
   MG_REQUIRE(p.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size must be >= 1 (got ",
              p.tensor_model_parallel_size, ")");
-  MG_REQUIRE(p.pipeline_model_parallel_size == 1,
-             "--pipeline-model-parallel-size ", p.pipeline_model_parallel_size,
-             " is not supported by pretrain-gpt yet (pipeline parallelism is not wired into the "
-             "trainer); use 1");
+  MG_REQUIRE(p.pipeline_model_parallel_size >= 1, "--pipeline-model-parallel-size must be >= 1 (got ",
+             p.pipeline_model_parallel_size, ")");
+  MG_REQUIRE(p.num_layers_per_virtual_pipeline_stage >= 0,
+             "--num-layers-per-virtual-pipeline-stage must be > 0 (got ",
+             p.num_layers_per_virtual_pipeline_stage, ")");
+  // L % PP, and with virtual stages (L / PP) % layers-per-virtual-stage (errors name the flags).
+  const model::PipelineLayout pl = model::PipelineLayout::make(
+      int(a.model.num_layers), p.pipeline_model_parallel_size, p.num_layers_per_virtual_pipeline_stage);
   MG_REQUIRE(p.context_parallel_size == 1, "--context-parallel-size ", p.context_parallel_size,
              " is not supported yet (no context parallelism); use 1");
   MG_REQUIRE(p.ddp_bucket_size >= 0, "--ddp-bucket-size must be > 0 (got ", p.ddp_bucket_size, ")");
@@ -123,6 +151,14 @@ void validate_parallel_args(const TrainingArgs& a, int world_size) {
   MG_REQUIRE(gbs % (a.micro_batch_size * dp) == 0, "--global-batch-size (", gbs,
              ") must be divisible by --micro-batch-size (", a.micro_batch_size,
              ") x data-parallel size (", dp, " = world ", world_size, " / (TP x PP x CP))");
+  const int64_t num_micro = gbs / (a.micro_batch_size * dp);
+  // Megatron (before microbatch groups): the interleaved schedule takes micro-batches in groups
+  // of PP, so their number must be a multiple of PP.
+  MG_REQUIRE(pl.num_chunks == 1 || num_micro % pl.pipeline_size == 0,
+             "number of micro-batches per data-parallel rank (", num_micro, " = --global-batch-size ",
+             gbs, " / (--micro-batch-size ", a.micro_batch_size, " x data-parallel size ", dp,
+             ")) is not divisible by --pipeline-model-parallel-size ", pl.pipeline_size,
+             " as the interleaved schedule (--num-layers-per-virtual-pipeline-stage) requires");
 }
 
 TrainingSummary pretrain_gpt(TrainingArgs a) {
@@ -145,7 +181,11 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   Communicator& world = ps.world();
   const bool distributed = world.size() > 1;
   const int dp = ps.dp_size(), dp_rank = ps.dp_rank(), tp = ps.tp_size();
-  const CheckpointRank crank = CheckpointRank::from(ps);
+  const int pp = ps.pp_size();
+  CheckpointRank crank = CheckpointRank::from(ps);
+  const model::PipelineLayout pipeline_layout = model::PipelineLayout::make(
+      int(a.model.num_layers), pp, a.parallel.num_layers_per_virtual_pipeline_stage);
+  crank.vp_size = pipeline_layout.num_chunks;
   // Megatron's print_rank_last: the last rank prints the log lines and writes the metrics.
   const bool log_rank = ps.world_rank() == ps.world_size() - 1;
   auto say = [&](const std::string& line) {
@@ -158,10 +198,16 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   const bool use_dist_opt = a.parallel.use_distributed_optimizer;
   const bool overlap = a.parallel.overlap_grad_reduce;
   if (distributed)
-    say(str("parallel layout: world ", world.size(), " = TP ", tp, " x PP ", ps.pp_size(), " x CP ",
-            ps.cp_size(), " x DP ", dp, a.model.sequence_parallel && tp > 1 ? ", sequence parallel" : "",
+    say(str("parallel layout: world ", world.size(), " = TP ", tp, " x PP ", pp, " x CP ",
+            ps.cp_size(), " x DP ", dp,
+            pipeline_layout.num_chunks > 1
+                ? str(", ", pipeline_layout.num_chunks, " virtual stages per pipeline rank (interleaved 1F1B)")
+                : std::string(pp > 1 ? ", 1F1B pipeline schedule" : ""),
+            a.model.sequence_parallel && tp > 1 ? ", sequence parallel" : "",
             use_dist_opt ? ", distributed optimizer" : "",
-            overlap ? ", gradient reduction overlapped with backward" : "",
+            overlap ? (pp > 1 ? ", gradient buckets reduced after the pipeline flush"
+                              : ", gradient reduction overlapped with backward")
+                    : "",
             "; ", num_micro, " micro-batches of ", mbs, " per rank and iteration"));
   if (a.parallel.overlap_param_gather)
     say("note: --overlap-param-gather is accepted but the parameter all-gather is not overlapped "
@@ -251,9 +297,21 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   }
 
   // The model is built with the (restored) RNG seed: dropout masks continue where they stopped.
-  // Every rank draws the same master weights and keeps its tensor-parallel slice.
-  model::GPTModel gpt(a.model, rng_seed, ps);
-  if (ckpt) load_model_weights(*ckpt, gpt.parameters(), /*allow_dtype_conversion=*/!resume, crank);
+  // Every rank draws the same master weights and keeps its tensor-parallel slice (of its
+  // pipeline stage's layers under PP).
+  std::unique_ptr<model::GPTModel> gpt;
+  std::unique_ptr<model::GPTStageModel> stage;
+  if (pp > 1)
+    stage = std::make_unique<model::GPTStageModel>(a.model, rng_seed, ps,
+                                                   a.parallel.num_layers_per_virtual_pipeline_stage);
+  else
+    gpt = std::make_unique<model::GPTModel>(a.model, rng_seed, ps);
+  const model::ParameterList params = stage ? stage->parameters() : gpt->parameters();
+  if (ckpt) {
+    load_model_weights(*ckpt, params, /*allow_dtype_conversion=*/!resume, crank);
+    // The last stage's tied output_layer.weight is not in the checkpoint: the first stage's table.
+    if (stage) stage->sync_shared_embedding();
+  }
   a.optimizer.type = optim::parse_optimizer_type(a.optimizer_name);
   // Data parallelism: one flat gradient buffer in buckets (Megatron: buckets only when
   // overlapping, of max(40M, 1M x DP) elements by default; one bucket otherwise).
@@ -264,7 +322,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
                                                                : std::max<int64_t>(40000000, 1000000 * dp))
                              : 0;
     bc.pad_for_sharding = use_dist_opt;
-    buffer = std::make_unique<optim::ParamAndGradBuffer>(gpt.parameters(), ps.group_ptr(GroupKind::DP), bc);
+    buffer = std::make_unique<optim::ParamAndGradBuffer>(params, ps.group_ptr(GroupKind::DP), bc);
   }
   // fp32 main copies of the (loaded) weights: all of them, or this rank's shard.
   std::unique_ptr<optim::Optimizer> plain_opt;
@@ -272,7 +330,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   if (use_dist_opt) {
     dist_opt = std::make_unique<optim::DistributedOptimizer>(*buffer, a.optimizer, world, ps.tp_rank());
   } else {
-    plain_opt = std::make_unique<optim::Optimizer>(gpt.parameters(), a.optimizer);
+    plain_opt = std::make_unique<optim::Optimizer>(params, a.optimizer);
     if (ps.mp().size() > 1) plain_opt->set_grad_stats_group(&ps.mp(), ps.tp_rank());
   }
   const OptimizerRef opt = use_dist_opt ? OptimizerRef(dist_opt.get()) : OptimizerRef(plain_opt.get());
@@ -346,7 +404,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     st.scheduler_num_steps = scheduler.num_steps();
     if (!a.no_save_rng) st.rng = RngState{rng_seed, dropout_offset};
     st.args = training_args_to_json(a);
-    const auto dir = save_checkpoint(a.save, st, gpt.parameters(),
+    const auto dir = save_checkpoint(a.save, st, params,
                                      a.no_save_optim ? OptimizerRef() : opt, crank);
     say(str("saved checkpoint at iteration ", it, " to ", dir.string()));
     last_saved = it;
@@ -364,10 +422,10 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   // --overlap-grad-reduce: during the last micro-batch's backward, each group of parameters whose
   // gradients are final gets its sequence-parallel sum and is handed to its bucket.
   auto on_grads_ready = [&](const model::ParameterList& ready) {
-    if (gpt.sequence_parallel()) model::all_reduce_sequence_parallel_grads(ready, ps.tp());
+    if (gpt->sequence_parallel()) model::all_reduce_sequence_parallel_grads(ready, ps.tp());
     buffer->register_grads_ready(ready);
   };
-  const bool hook_reduction = overlap && buffer != nullptr;
+  const bool hook_reduction = overlap && buffer != nullptr && gpt != nullptr;
 
   if (start_iteration >= train_iters)
     say(str("the checkpoint is at iteration ", start_iteration, ", at or past the ", train_iters,
@@ -387,15 +445,29 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     const double tokens = dp_sum({local_tokens})[0];  // loss tokens of the global batch
     const float grad_scale = float(scaler.scale() / std::max(tokens, 1.0));
     double loss_sum = 0;
-    for (int64_t m = 0; m < num_micro; ++m) {
-      if (hook_reduction && m == num_micro - 1) gpt.set_grad_ready_hook(on_grads_ready);
-      model::LossResult r = gpt.forward_backward(
-          to_inputs(batches[size_t(m)]), grad_scale, dropout_offset + uint64_t(m * dp + dp_rank));
-      loss_sum += r.loss_sum;
+    maybe_inject_fault(ps.world_rank(), it);
+    if (stage) {
+      // Megatron's forward_backward_func: the schedule over this DP rank's micro-batches, whose
+      // dropout keys are m * DP + dp_rank as below; it finalises the model-parallel grads (SP over
+      // TP, tied embedding over the embedding group) and gives every stage the loss.
+      std::vector<model::GPTInputs> inputs;
+      for (const data::GPTBatch& b : batches) inputs.push_back(to_inputs(b));
+      pipeline::ForwardBackwardOptions fb;
+      fb.grad_scale = grad_scale;
+      fb.dropout_offset = dropout_offset + uint64_t(dp_rank);
+      fb.dropout_offset_stride = uint64_t(dp);
+      loss_sum = pipeline::forward_backward(*stage, inputs, fb).loss_sum;
+    } else {
+      for (int64_t m = 0; m < num_micro; ++m) {
+        if (hook_reduction && m == num_micro - 1) gpt->set_grad_ready_hook(on_grads_ready);
+        model::LossResult r = gpt->forward_backward(
+            to_inputs(batches[size_t(m)]), grad_scale, dropout_offset + uint64_t(m * dp + dp_rank));
+        loss_sum += r.loss_sum;
+      }
+      if (hook_reduction) gpt->set_grad_ready_hook({});
+      if (!hook_reduction) gpt->all_reduce_sequence_parallel_grads();
     }
-    if (hook_reduction) gpt.set_grad_ready_hook({});
     dropout_offset += uint64_t(num_micro * dp);
-    if (!hook_reduction) gpt.all_reduce_sequence_parallel_grads();
     if (buffer) buffer->finish_grad_sync();
     loss_sum = dp_sum({loss_sum})[0];
     const double loss = loss_sum / std::max(tokens, 1.0);
@@ -469,14 +541,34 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     }
     if (ds.valid && a.eval_iters > 0 && (it % a.eval_interval == 0 || it == train_iters)) {
       // The same samples as one rank would see, split over DP; sums reduced over DP.
+      // Under PP: the forward-only schedule per evaluation iteration (the loss comes from the
+      // last stage to every stage); interleaved, only whole iterations (M stays a multiple of PP).
       double vloss = 0, vtokens = 0;
-      for (int64_t e = 0; e < a.eval_iters * num_micro; ++e) {
-        if (consumed_valid + mbs * dp > ds.valid->size()) break;
-        data::GPTBatch b = data::make_batch(*ds.valid, consumed_valid, mbs, dp_rank, dp, bopt);
-        consumed_valid += mbs * dp;
-        model::LossResult r = gpt.forward_loss(to_inputs(b));
-        vloss += r.loss_sum;
-        vtokens += r.num_tokens;
+      for (int64_t e = 0; e < a.eval_iters; ++e) {
+        if (stage && pipeline_layout.num_chunks > 1 &&
+            consumed_valid + num_micro * mbs * dp > ds.valid->size())
+          break;
+        std::vector<model::GPTInputs> group;
+        for (int64_t m = 0; m < num_micro; ++m) {
+          if (consumed_valid + mbs * dp > ds.valid->size()) break;
+          data::GPTBatch b = data::make_batch(*ds.valid, consumed_valid, mbs, dp_rank, dp, bopt);
+          consumed_valid += mbs * dp;
+          if (stage) {
+            group.push_back(to_inputs(b));
+          } else {
+            model::LossResult r = gpt->forward_loss(to_inputs(b));
+            vloss += r.loss_sum;
+            vtokens += r.num_tokens;
+          }
+        }
+        if (stage && !group.empty()) {
+          pipeline::ForwardBackwardOptions fb;
+          fb.forward_only = true;
+          const pipeline::ForwardBackwardResult r = pipeline::forward_backward(*stage, group, fb);
+          vloss += r.loss_sum;
+          vtokens += r.num_tokens;
+        }
+        if (stage && int64_t(group.size()) < num_micro) break;  // the validation split ran out
       }
       const std::vector<double> v = dp_sum({vloss, vtokens});
       vloss = v[0];
@@ -488,6 +580,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
         say(line);
         say(dashes);
         tensorboard.log_validation(it, consumed, vloss / vtokens);
+        sum.valid_losses.push_back(vloss / vtokens);
       }
       interval_t0 = Clock::now();
     }

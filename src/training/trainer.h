@@ -16,8 +16,17 @@
 // - tensor (+ sequence) parallel: every rank of a TP group trains on the same micro-batches
 //   (model/gpt_model.h); sequence-parallel gradients are summed over TP after backward; the grad
 //   norm and the inf check are reduced over the model-parallel group (the world with the
-//   distributed optimizer) with Megatron's TP-duplicate rule, so every rank skips together.
-// The last rank prints the log lines and writes the JSONL metrics and TensorBoard files (as
+//   distributed optimizer) with Megatron's TP-duplicate rule, so every rank skips together;
+// - pipeline parallel (--pipeline-model-parallel-size, optionally interleaved with
+//   --num-layers-per-virtual-pipeline-stage): each rank builds its stage (model/gpt_stage.h) and
+//   every iteration runs Megatron's schedule over the DP rank's micro-batches
+//   (pipeline/forward_backward.h: 1F1B or interleaved 1F1B, tied-embedding and sequence-parallel
+//   grads finalised there), then the DP reduction as above. The last stage computes the loss and
+//   the schedule broadcasts it over the pipeline group; the grad norm is reduced over TP x PP with
+//   the last stage's copy of the tied word embedding left out (counted once, on the first stage).
+//   --overlap-grad-reduce is accepted, but under PP the buckets are reduced after the pipeline
+//   flush. Evaluation runs the forward-only schedule.
+// The last rank (last pipeline stage: it has the loss) prints the log lines and writes the JSONL metrics and TensorBoard files (as
 // Megatron's print_rank_last); checkpoints are written per rank (checkpoint.h).
 // --load resumes exactly: the checkpoint restores iteration, consumed samples (the sampler goes on
 // with the next sample), weights, optimizer, loss scaler, LR schedule and the dropout counter, so a
@@ -44,7 +53,8 @@ namespace megatron::training {
 // --sequence-parallel is model::GPTConfig::sequence_parallel.
 struct ParallelArgs {
   int tensor_model_parallel_size = 1;      // --tensor-model-parallel-size
-  int pipeline_model_parallel_size = 1;    // --pipeline-model-parallel-size (only 1 so far)
+  int pipeline_model_parallel_size = 1;    // --pipeline-model-parallel-size
+  int num_layers_per_virtual_pipeline_stage = 0;  // --num-layers-per-virtual-pipeline-stage (0: none)
   int context_parallel_size = 1;           // --context-parallel-size (only 1 so far)
   bool use_distributed_optimizer = false;  // --use-distributed-optimizer
   bool overlap_grad_reduce = false;        // --overlap-grad-reduce
@@ -110,13 +120,15 @@ struct TrainingSummary {
   double seconds_per_iteration = 0;
   std::vector<double> losses;      // per-token loss of every iteration run (same on all ranks)
   std::vector<double> grad_norms;  // grad norm of every iteration run (NaN when skipped)
+  std::vector<double> valid_losses;  // per-token validation loss of every evaluation (all ranks)
   double comm_seconds = 0;         // this rank's time blocked in collectives (timed_communicator.h)
   int world_size = 1;
 };
 
-// Checks the parallel layout against the world size: TP x PP x CP must divide it, PP and CP must
-// be 1 for now, the global batch must split into micro-batches x DP, and the model must split
-// over TP. Throws megatron::Error naming the flags.
+// Checks the parallel layout against the world size: TP x PP x CP must divide it, CP must be 1
+// for now, the global batch must split into micro-batches x DP, the layers must split over the
+// pipeline (and virtual) stages, the interleaved schedule needs a number of micro-batches
+// divisible by PP, and the model must split over TP. Throws megatron::Error naming the flags.
 void validate_parallel_args(const TrainingArgs& a, int world_size);
 
 // Runs the whole training (builds tokenizer, data, model, optimizer) over the MPI world (a world

@@ -25,167 +25,12 @@
 #include "model/tensor_parallel.h"
 #include "test_util.h"
 #include "training/trainer.h"
+#include "parallel_test_util.h"
 
 namespace megatron::training {
 namespace {
 
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-
-std::shared_ptr<Communicator> world() { return world_communicator(); }
-
-// A folder every rank sees: rank 0 creates (and removes) it and tells the others its name.
-class SharedDir {
- public:
-  SharedDir() {
-    if (world()->rank() == 0) owned_ = std::make_unique<testing::TempDir>();
-    path_ = all_gather_strings(*world(), owned_ ? owned_->path().string() : "")[0];
-  }
-  ~SharedDir() { world()->barrier(); }  // nobody still reads when rank 0 removes it
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::unique_ptr<testing::TempDir> owned_;
-  fs::path path_;
-};
-
-void write_corpus(const std::string& prefix) {
-  data::IndexedDatasetBuilder b(prefix, data::IndexDType::U16);
-  for (int d = 0; d < 200; ++d) {  // arithmetic sequences mod 60, EOD = 63
-    std::vector<int32_t> doc;
-    const int step = 1 + d % 5;
-    for (int i = 0; i < 40; ++i) doc.push_back((d + i * step) % 60);
-    doc.push_back(63);
-    b.add_item(doc);
-    b.end_document();
-  }
-  b.finalize();
-}
-
-struct Fixture {
-  SharedDir dir;
-  std::string prefix = dir / "corpus";
-  Fixture() {
-    if (world()->rank() == 0) write_corpus(prefix);
-    world()->barrier();
-  }
-  TrainingArgs args(int64_t iters = 20) const {
-    TrainingArgs a;
-    a.model.num_layers = 2;
-    a.model.hidden_size = 32;
-    a.model.num_attention_heads = 4;
-    a.model.seq_length = 16;
-    a.model.max_position_embeddings = 16;
-    a.model.hidden_dropout = 0.0f;
-    a.model.attention_dropout = 0.0f;
-    a.make_vocab_size_divisible_by = 16;  // 64 under TP 1, 2 and 4
-    a.tokenizer.type = "NullTokenizer";
-    a.tokenizer.vocab_size = 64;
-    a.data.data_path = {prefix};
-    a.data.split = "90,10,0";
-    a.data.data_cache_path = dir / "cache";
-    a.micro_batch_size = 2;
-    a.global_batch_size = 8;
-    a.train_iters = iters;
-    a.lr = 3e-3;
-    a.min_lr = 3e-4;
-    a.lr_decay_style = "cosine";
-    a.lr_warmup_iters = 3;
-    a.log_interval = 1000;
-    a.eval_interval = 10;
-    a.eval_iters = 1;
-    return a;
-  }
-};
-
-TrainingSummary run_single(TrainingArgs a) { return pretrain_gpt(std::move(a), make_self_communicator("world")); }
-
-// The checkpoint's model tensors with every tensor-parallel shard put back together.
-std::map<std::string, std::vector<float>> gathered_model(const std::string& save, int64_t it) {
-  char name[32];
-  std::snprintf(name, sizeof name, "iter_%07lld", (long long)it);
-  const fs::path dir = fs::path(save) / name;
-  const json meta = json::parse(testing::read_file(dir / "metadata.json"));
-  const int tp = meta.contains("parallel") ? meta["parallel"]["tensor_model_parallel_size"].get<int>() : 1;
-  std::vector<SafetensorsContents> shards;
-  for (int r = 0; r < tp; ++r) {
-    char rd[32];
-    std::snprintf(rd, sizeof rd, "mp_rank_%02d", r);
-    shards.push_back(read_safetensors(dir / rd / "model.safetensors"));
-  }
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& [n, t0] : shards[0].tensors) {
-    const int pdim = tp > 1 ? meta["parallel"]["partition_dims"][n].get<int>() : -1;
-    if (pdim < 0) {
-      out[n] = t0.to_float_vector();
-      for (int r = 1; r < tp; ++r)  // replicated: every rank saved the same values
-        EXPECT_EQ(shards[size_t(r)].tensors.at(n).to_float_vector(), out[n]) << n;
-      continue;
-    }
-    // Concatenate along pdim (0 or the last of 2 dims).
-    const Shape s = t0.shape();
-    std::vector<float> full;
-    if (pdim == 0) {
-      for (int r = 0; r < tp; ++r) {
-        const auto v = shards[size_t(r)].tensors.at(n).to_float_vector();
-        full.insert(full.end(), v.begin(), v.end());
-      }
-    } else {
-      EXPECT_EQ(pdim, 1) << n;
-      const int64_t rows = s[0], cols = s[1];
-      for (int64_t i = 0; i < rows; ++i)
-        for (int r = 0; r < tp; ++r) {
-          const auto v = shards[size_t(r)].tensors.at(n).to_float_vector();
-          full.insert(full.end(), v.begin() + i * cols, v.begin() + (i + 1) * cols);
-        }
-    }
-    out[n] = full;
-  }
-  return out;
-}
-
-// Each tensor's largest difference relative to its largest |value|. The key part of the QKV bias
-// is compared loosely: it gets no gradient at all (it adds a constant per query to every
-// attention score, which the softmax ignores), so its "gradient" is rounding noise that Adam
-// normalises into steps of up to lr, different in every summation order. It never changes the
-// model's output. Key rows: [d, 2d) of every 3d-row query group (interleaved layout, no GQA).
-void expect_same_params(const std::string& got_save, const std::string& ref_save, int64_t it,
-                        double tol, int64_t head_dim = 8) {
-  const auto got = gathered_model(got_save, it), ref = gathered_model(ref_save, it);
-  ASSERT_EQ(got.size(), ref.size());
-  for (const auto& [n, r] : ref) {
-    const auto& g = got.at(n);
-    ASSERT_EQ(g.size(), r.size()) << n;
-    const bool qkv_bias = n.ends_with("linear_qkv.bias");
-    double scale = 1e-30, worst = 0, worst_key = 0;
-    for (float v : r) scale = std::max(scale, double(std::abs(v)));
-    for (size_t i = 0; i < r.size(); ++i) {
-      const double d = std::abs(double(g[i]) - r[i]);
-      const int64_t row = int64_t(i) % (3 * head_dim);
-      if (qkv_bias && row >= head_dim && row < 2 * head_dim)
-        worst_key = std::max(worst_key, d);
-      else
-        worst = std::max(worst, d);
-    }
-    EXPECT_LE(worst / scale, tol) << n;
-    EXPECT_LE(worst_key, 1e-4) << n << " (key bias)";
-    if (std::getenv("MG_PRINT_PARAM_DIFF"))  // the numbers behind the tolerances
-      std::printf("param diff %-55s %.3g (key bias %.3g)\n", n.c_str(), worst / scale, worst_key);
-  }
-}
-
-void expect_same_curve(const TrainingSummary& got, const TrainingSummary& ref, double tol,
-                       const std::string& what) {
-  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
-  for (size_t i = 0; i < ref.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], ref.losses[i], tol * std::abs(ref.losses[i]))
-        << what << ": iteration " << i + 1;
-    if (std::isfinite(ref.grad_norms[i])) {
-      EXPECT_NEAR(got.grad_norms[i], ref.grad_norms[i], 10 * tol * ref.grad_norms[i])
-          << what << ": grad norm, iteration " << i + 1;
-    }
-  }
-}
+using namespace parallel_test;
 
 struct Layout {
   std::string name;
@@ -217,9 +62,6 @@ void check_layout(const Fixture& f, const Layout& l, const TrainingArgs& base, d
   if (world()->rank() == 0) expect_same_params(par.save, ref.save, 20, tol);
   world()->barrier();
 }
-
-#define SKIP_ON_ONE_RANK() \
-  if (world()->size() == 1) GTEST_SKIP() << "needs mpirun -np 2 or 4 (label mpi)"
 
 TEST(MpiParallelTraining, DataParallelFollowsTheSingleRankCurve) {
   SKIP_ON_ONE_RANK();
@@ -317,9 +159,13 @@ TEST(MpiParallelTraining, ALayoutMismatchIsAClearError) {
       ADD_FAILURE() << "loading a TP2 checkpoint on one rank must fail";
     } catch (const Error& e) {
       const std::string m = e.what();
-      EXPECT_NE(m.find("TP=2 x PP=1 x DP="), std::string::npos) << m;
-      EXPECT_NE(m.find("TP=1 x PP=1 x DP=1"), std::string::npos) << m;
+      EXPECT_NE(m.find("saved with TP=2 PP=1 (DP="), std::string::npos) << m;
+      EXPECT_NE(m.find("this run has TP=1 PP=1."), std::string::npos) << m;
       EXPECT_NE(m.find("--tensor-model-parallel-size 2"), std::string::npos) << m;
+      EXPECT_NE(m.find("`megatron checkpoint convert --load " + a.save + " --save " + a.save +
+                       "_tp1_pp1 --target-tensor-parallel-size 1 --target-pipeline-parallel-size 1`"),
+                std::string::npos)
+          << m;
     }
   }
   world()->barrier();
@@ -340,8 +186,22 @@ TEST(ParallelArgs, LayoutErrorsNameTheFlags) {
   a.parallel.tensor_model_parallel_size = 3;
   expect_error(a, 4, "not divisible by --tensor-model-parallel-size 3");
   a = f.args();
+  a.parallel.pipeline_model_parallel_size = 3;
+  expect_error(a, 6, "--num-layers 2 is not divisible by --pipeline-model-parallel-size 3");
+  a = f.args();
   a.parallel.pipeline_model_parallel_size = 2;
-  expect_error(a, 4, "--pipeline-model-parallel-size 2 is not supported");
+  a.parallel.num_layers_per_virtual_pipeline_stage = 2;  // 2 layers / PP 2 = 1 per stage
+  expect_error(a, 4, "are not divisible by --num-layers-per-virtual-pipeline-stage 2");
+  a.model.num_layers = 4;
+  a.parallel.num_layers_per_virtual_pipeline_stage = 1;
+  EXPECT_NO_THROW(validate_parallel_args(a, 4));  // DP 2: 2 micro-batches, divisible by PP 2
+  a.global_batch_size = 6;                         // DP 1: 3 micro-batches
+  expect_error(a, 2, "is not divisible by --pipeline-model-parallel-size 2 as the interleaved");
+  a.parallel.num_layers_per_virtual_pipeline_stage = 0;  // plain 1F1B takes any number
+  EXPECT_NO_THROW(validate_parallel_args(a, 2));
+  a.parallel.pipeline_model_parallel_size = 1;
+  a.parallel.num_layers_per_virtual_pipeline_stage = 1;
+  expect_error(a, 2, "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
   a = f.args();
   a.parallel.context_parallel_size = 2;
   expect_error(a, 4, "--context-parallel-size 2 is not supported");
@@ -388,7 +248,8 @@ TEST(ParallelCli, DataParallelRunLogsOnceAndRankErrorsEndTheJob) {
 
   auto bad = testing::run_command(mpirun(2) + common + " --train-iters 4 --pipeline-model-parallel-size 2 2>&1");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.output.find("--pipeline-model-parallel-size 2 is not supported"), std::string::npos)
+  EXPECT_NE(bad.output.find("--num-layers 1 is not divisible by --pipeline-model-parallel-size 2"),
+            std::string::npos)
       << bad.output;
 
   // TP2: rank 1 alone reads mp_rank_01. Corrupt it: only rank 1 fails (checksum); rank 0 would
