@@ -23,6 +23,7 @@ void BatchEngine::reset() {
   free_.clear();
   for (int64_t s = slots_ - 1; s >= 0; --s) free_.push_back(s);
   started_ = false;
+  cache_len_ = 0;
 }
 
 void BatchEngine::validate(const SequenceRequest& request, int64_t index) const {
@@ -32,9 +33,16 @@ void BatchEngine::validate(const SequenceRequest& request, int64_t index) const 
 void BatchEngine::admit(SequenceRequest request, uint64_t id, int64_t index) {
   MG_CHECK(!free_.empty(), "admit with no free slot");
   SequenceDecoder decoder(std::move(request), index, vocab_, model_.max_sequence_length());
+  const int64_t need = decoder.limit();
   if (!started_) {
-    model_.start_slots(slots_, model_.max_sequence_length());
+    model_.start_slots(slots_, need);
     started_ = true;
+    cache_len_ = need;
+  } else if (need > cache_len_) {
+    // Doubling keeps the copies rare; the running sequences keep their cache entries.
+    const int64_t grown = std::min(model_.max_sequence_length(), std::max(need, 2 * cache_len_));
+    model_.grow_slots(grown);
+    cache_len_ = grown;
   }
   const int64_t slot = free_.back();
   free_.pop_back();

@@ -9,8 +9,10 @@
 // Results equal running each sequence alone with generate(): a slot attends only to its own
 // cache, and a sequence's random draws depend only on its seed, sequence number and position
 // (logits may differ in the last bits, as the matrix products see different batch sizes).
-// Capacity: every slot holds the model's whole context (max_sequence_length positions), so the
-// number of slots is the KV-cache bound; the cache is allocated on the first admit().
+// Capacity: the number of slots bounds the batch; every slot has room for the longest sequence
+// (prompt + tokens_to_generate) admitted since the cache was started, so the cache takes
+// slots x that length positions. It is allocated at the first admit() and grown (doubling, at
+// most to the model's context) when a longer sequence arrives; reset() gives it up.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,7 @@ class BatchEngine {
   int64_t running() const { return int64_t(running_.size()); }  // admitted, not finished
   bool idle() const { return running_.empty(); }
   int64_t steps() const { return steps_; }
+  int64_t cache_length() const { return cache_len_; }  // positions per slot (0 before start)
 
   // Checks a request as admit() would, without admitting it (throws megatron::Error naming
   // prompt `index`).
@@ -67,6 +70,7 @@ class BatchEngine {
   SpecialTokens special_;
   int64_t slots_;
   bool started_ = false;
+  int64_t cache_len_ = 0;
   std::vector<int64_t> free_;       // free slots, the lowest last
   std::vector<Sequence> running_;   // in admission order
   DecodeScratch scratch_;

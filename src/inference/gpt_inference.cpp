@@ -269,6 +269,23 @@ void GPTInference::clear_slot(int64_t slot) {
   row_pos_[size_t(slot)] = 0;  // stale keys and values beyond the position are never read
 }
 
+void GPTInference::grow_slots(int64_t max_len) {
+  MG_CHECK(batch_ > 0, "grow_slots before start_slots");
+  if (max_len <= max_len_) return;
+  MG_REQUIRE(max_len <= cfg_.max_position_embeddings, "sequence length ", max_len,
+             " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
+  // [slot, group, position, d]: each (slot, group) block keeps its positions at a longer stride.
+  const int64_t blocks = batch_ * groups_, old_block = max_len_ * d_, new_block = max_len * d_;
+  for (auto& L : layers_)
+    for (auto* cache : {&L.k_cache, &L.v_cache}) {
+      std::vector<float> grown(size_t(blocks * new_block), 0.0f);
+      for (int64_t b = 0; b < blocks; ++b)
+        std::copy_n(cache->data() + b * old_block, old_block, grown.data() + b * new_block);
+      cache->swap(grown);
+    }
+  max_len_ = max_len;
+}
+
 Tensor GPTInference::forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
                                    std::span<const int64_t> counts, bool all_positions) {
   MG_CHECK(!slots.empty() && slots.size() == counts.size(), "forward_slots: ", slots.size(),

@@ -77,6 +77,7 @@ class GPTInference final : public LanguageModel {
   bool supports_slots() const override { return true; }
   void start_slots(int64_t slots, int64_t max_len) override;
   void clear_slot(int64_t slot) override;
+  void grow_slots(int64_t max_len) override;
   Tensor forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
                        std::span<const int64_t> counts, bool all_positions) override;
   const GPTInferenceConfig& config() const { return cfg_; }

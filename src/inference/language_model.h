@@ -14,8 +14,10 @@
 // for `slots` independent sequences of up to `max_len` positions, all empty. `forward_slots`
 // appends counts[i] tokens to slot slots[i] at that slot's own positions, so sequences at
 // different positions (a newcomer's prompt, others mid-generation) share one forward. A slot is
-// emptied by `clear_slot` and reused for another sequence; the others are untouched. start()
-// ends slot mode (beam search and generate() use the lockstep interface above).
+// emptied by `clear_slot` and reused for another sequence; the others are untouched.
+// `grow_slots` lengthens every slot to `max_len` positions keeping their contents, so the cache
+// can start at the length the first sequences need. start() ends slot mode (beam search and
+// generate() use the lockstep interface above).
 #pragma once
 
 #include <cstdint>
@@ -51,6 +53,7 @@ class LanguageModel {
   virtual bool supports_slots() const { return false; }
   virtual void start_slots(int64_t slots, int64_t max_len);
   virtual void clear_slot(int64_t slot);
+  virtual void grow_slots(int64_t max_len);
   // tokens: the slots' tokens back to back (sum of counts). Logits [k, max count, V] (slot i's
   // positions at [i, 0..counts[i])) when all_positions, else [k, 1, V] for each slot's last token.
   virtual Tensor forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
@@ -72,6 +75,7 @@ inline void LanguageModel::start_slots(int64_t, int64_t) {
   MG_CHECK(false, "this model has no cache slots");
 }
 inline void LanguageModel::clear_slot(int64_t) { MG_CHECK(false, "this model has no cache slots"); }
+inline void LanguageModel::grow_slots(int64_t) { MG_CHECK(false, "this model has no cache slots"); }
 inline Tensor LanguageModel::forward_slots(std::span<const int64_t>, std::span<const int32_t>,
                                            std::span<const int64_t>, bool) {
   MG_CHECK(false, "this model has no cache slots");

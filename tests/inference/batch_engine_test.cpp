@@ -120,6 +120,9 @@ TEST(BatchEngine, JoiningSequencesEqualEachAlone) {
   EXPECT_EQ(max_running, 3);
   EXPECT_TRUE(engine.idle());
   EXPECT_EQ(engine.free_slots(), 3);
+  // The cache started at the first sequence's length (15) and doubled once for the second (21).
+  EXPECT_EQ(engine.cache_length(), 30);
+  EXPECT_EQ(model.grows, 1);
   // Some forwards mixed rows (batching happened) and never more than the slots.
   EXPECT_GT(*std::max_element(model.batch_sizes.begin(), model.batch_sizes.end()), 1);
   EXPECT_LE(*std::max_element(model.batch_sizes.begin(), model.batch_sizes.end()), 3);
@@ -187,6 +190,37 @@ TEST_P(BatchEngineGPT, JoiningSequencesEqualEachAlone) {
     std::vector<SequenceRequest> one = {rows[i]};
     expect_same(got[i], generate(alone, one, kVocab, special_tokens())[0], 1e-4, i);
   }
+}
+
+// The cache starts at the first sequence's length and grows, keeping what the running sequence
+// has cached, when a longer one joins mid-generation.
+TEST_P(BatchEngineGPT, TheCacheGrowsWhenALongerSequenceJoins) {
+  const auto c = GetParam() == 0 ? testing::gpt2_config() : testing::llama_config();
+  const auto w = testing::random_weights(c);
+  std::vector<SequenceRequest> rows(2);
+  rows[0].prompt = {1, 2, 3};
+  rows[0].tokens_to_generate = 5;
+  rows[0].sampling.top_k = 1;
+  rows[0].stop_on_eod = false;
+  rows[1].prompt = {4, 5, 6, 7};
+  rows[1].tokens_to_generate = 20;
+  rows[1].sampling.temperature = 0.9f;
+  rows[1].seed = 5;
+  rows[1].return_logprobs = true;
+  rows[1].stop_on_eod = false;
+  GPTInference model(c, testing::lookup(w));
+  BatchEngine engine(model, kVocab, special_tokens(), 2);
+  int64_t max_running = 0;
+  const auto got = run_engine(engine, rows, {0, 2}, &max_running);
+  EXPECT_EQ(max_running, 2);
+  EXPECT_EQ(engine.cache_length(), 24);  // max(24, 2 x 8)
+  GPTInference alone(c, testing::lookup(w));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::vector<SequenceRequest> one = {rows[i]};
+    expect_same(got[i], generate(alone, one, kVocab, special_tokens())[0], 1e-4, i);
+  }
+  EXPECT_EQ(got[0].generated(), 5);
+  EXPECT_EQ(got[1].generated(), 20);
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, BatchEngineGPT, ::testing::Values(0, 1),

@@ -91,6 +91,11 @@ class FakeModel final : public LanguageModel {
   bool supports_slots() const override { return true; }
   void start_slots(int64_t slots, int64_t max_len) override { start(slots, max_len); }
   void clear_slot(int64_t slot) override { rows_.at(size_t(slot)).clear(); }
+  void grow_slots(int64_t max_len) override {
+    MG_CHECK(max_len <= max_len_, "cache longer than the model allows");
+    cache_len_ = std::max(cache_len_, max_len);
+    ++grows;
+  }
   Tensor forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
                        std::span<const int64_t> counts, bool all_positions) override {
     MG_CHECK(!slots.empty() && slots.size() == counts.size(), "forward_slots");
@@ -118,6 +123,7 @@ class FakeModel final : public LanguageModel {
     return logits;
   }
   std::vector<int64_t> batch_sizes;  // rows of each forward_slots call
+  int64_t grows = 0;
 
   int64_t forwarded_tokens = 0;
   int64_t forwards = 0;
