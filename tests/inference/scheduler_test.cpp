@@ -158,6 +158,30 @@ TEST(Scheduler, BeamSearchRunsAloneAndFailuresAreReported) {
   EXPECT_TRUE(good->error.empty());
 }
 
+// An engine failure mid-step fails the jobs with running rows (and a job whose later rows were
+// still waiting for a slot); the scheduler starts over with an empty batch and keeps serving.
+TEST(Scheduler, AnEngineFailureFailsTheRunningJobsAndServingGoesOn) {
+  FakeModel model(32, 64, [](std::span<const int32_t> prefix, std::span<float> logits) {
+    MG_CHECK(prefix[0] != 13 || prefix.size() < 4, "injected failure");
+    testing::hashed_logits(prefix, logits);
+  });
+  Scheduler scheduler(model, 30, SpecialTokens{}, 2, 16);
+  auto doomed = sampling_job({{13}}, 8);           // fails at its third step
+  auto neighbour = sampling_job({{1}, {2}}, 8);    // one row running beside it, one waiting
+  ASSERT_TRUE(scheduler.submit(doomed));
+  ASSERT_TRUE(scheduler.submit(neighbour));
+  doomed->wait();
+  neighbour->wait();
+  EXPECT_NE(doomed->error.find("injected failure"), std::string::npos) << doomed->error;
+  EXPECT_NE(neighbour->error.find("injected failure"), std::string::npos) << neighbour->error;
+  auto after = sampling_job({{4}, {5}, {6}}, 3);
+  ASSERT_TRUE(scheduler.submit(after));
+  after->wait();
+  EXPECT_TRUE(after->error.empty()) << after->error;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(after->results.at(size_t(i)).tokens, alone({4 + i}, 3));
+  EXPECT_EQ(scheduler.stats().running, 0);
+}
+
 TEST(Scheduler, BoundedQueueRefusesAndStopFinishesWaitingJobs) {
   FakeModel model(32, 64, slow_logits);
   auto scheduler = std::make_unique<Scheduler>(model, 30, SpecialTokens{}, 1, 2);
