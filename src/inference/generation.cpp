@@ -21,13 +21,6 @@ std::optional<int32_t> single_token(const data::Tokenizer& tokenizer, std::strin
   return std::nullopt;
 }
 
-struct RowState {
-  int64_t limit = 0;  // total length at which the row ends
-  bool done = false;
-  float top_p = 0.0f;
-  std::optional<SamplingStream> stream;
-};
-
 }  // namespace
 
 SpecialTokens SpecialTokens::from_tokenizer(const data::Tokenizer& tokenizer) {
@@ -57,6 +50,92 @@ const char* finish_reason_name(FinishReason r) {
   return r == FinishReason::Length ? "length" : "stop";
 }
 
+SequenceDecoder::SequenceDecoder(SequenceRequest request, int64_t index, int64_t vocab,
+                                 int64_t max_sequence_length)
+    : request_(std::move(request)) {
+  const auto& r = request_;
+  MG_REQUIRE(!r.prompt.empty(), "prompt ", index, " is empty after tokenization (set add_BOS)");
+  MG_REQUIRE(r.tokens_to_generate >= 0, "tokens_to_generate must be >= 0");
+  for (int32_t t : r.prompt)
+    MG_REQUIRE(t >= 0 && t < vocab, "prompt ", index, " has token id ", t,
+               " outside the vocabulary [0, ", vocab, ")");
+  limit_ = int64_t(r.prompt.size()) + r.tokens_to_generate;
+  MG_REQUIRE(limit_ <= max_sequence_length, "prompt ", index, " (", r.prompt.size(),
+             " tokens) + tokens_to_generate (", r.tokens_to_generate,
+             ") exceeds the model's maximum sequence length ", max_sequence_length);
+  top_p_ = r.sampling.top_p;
+  if (!r.sampling.greedy()) stream_.emplace(r.seed, r.sequence);
+  result_.tokens = r.prompt;
+  result_.prompt_length = int64_t(r.prompt.size());
+  if (r.return_logprobs) result_.logprobs.reserve(size_t(limit_));
+}
+
+void SequenceDecoder::score_prompt(const float* logits, int64_t fed, int64_t width, int64_t vocab) {
+  if (!request_.return_logprobs) return;
+  for (int64_t p = 0; p + 1 < fed; ++p) {
+    std::span<const float> row(logits + p * width, size_t(width));
+    result_.logprobs.push_back(token_logprob(row, request_.prompt[size_t(p + 1)]));
+    if (request_.top_logprobs > 0)
+      result_.top_logprobs.push_back(top_n_logprobs(row, vocab, request_.top_logprobs));
+  }
+}
+
+int32_t SequenceDecoder::advance(std::span<const float> logits, int64_t pos, int64_t vocab,
+                                 const SpecialTokens& special, DecodeScratch& scratch) {
+  const int32_t filler = special.eod.value_or(0);
+  if (done_) return filler;
+  if (pos >= limit_) {
+    done_ = true;
+    return filler;
+  }
+  const auto& r = request_;
+  auto& res = result_;
+  auto& row_logits = scratch.logits;
+  row_logits.assign(logits.begin(), logits.end());
+  const int32_t prev = res.tokens[size_t(pos - 1)];
+  if (r.prevent_newline_after_colon && special.colon && special.newline && prev == *special.colon)
+    row_logits[size_t(*special.newline)] = -1e10f;
+  const bool in_prompt = pos < int64_t(r.prompt.size());
+  int32_t token;
+  if (in_prompt) {
+    token = r.prompt[size_t(pos)];
+  } else {
+    const double u = stream_ ? stream_->next() : 0.0;
+    token = sample_token(row_logits, vocab, r.sampling, top_p_, u, scratch.probs, scratch.index);
+    top_p_ = next_top_p(r.sampling, top_p_);
+    res.tokens.push_back(token);
+  }
+  float lp = std::numeric_limits<float>::quiet_NaN();
+  if (r.return_logprobs) {
+    lp = token_logprob(row_logits, token);
+    res.logprobs.push_back(lp);
+    if (r.top_logprobs > 0) res.top_logprobs.push_back(top_n_logprobs(row_logits, vocab, r.top_logprobs));
+  }
+  if (!in_prompt) {
+    bool stop = r.stop_on_eod && special.eod && token == *special.eod;
+    if (r.stop_on_eol && ((special.newline && token == *special.newline) ||
+                          (special.double_newline && token == *special.double_newline)))
+      stop = true;
+    if (r.stop_on_double_eol) {
+      if (special.double_newline && token == *special.double_newline) stop = true;
+      if (special.newline && token == *special.newline && prev == *special.newline) stop = true;
+    }
+    if (stop) {
+      done_ = true;
+      res.finish = FinishReason::Stop;
+    } else if (r.on_token && !r.on_token(res.tokens, lp)) {
+      done_ = true;
+      res.finish = FinishReason::Callback;
+    } else if (pos + 1 >= limit_) {
+      done_ = true;
+    }
+    if (stop && r.on_token) r.on_token(res.tokens, lp);
+  } else if (pos + 1 >= limit_) {
+    done_ = true;
+  }
+  return token;
+}
+
 std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceRequest> rows,
                                      int64_t vocab, const SpecialTokens& special) {
   const int64_t batch = int64_t(rows.size());
@@ -65,28 +144,15 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
   const int64_t width = model.vocab_size();
   MG_CHECK(vocab > 0 && vocab <= width, "vocabulary ", vocab, " vs logits width ", width);
 
-  std::vector<RowState> state(rows.size());
+  std::vector<SequenceDecoder> seqs;
+  seqs.reserve(rows.size());
   int64_t min_len = std::numeric_limits<int64_t>::max(), max_total = 0;
   bool any_logprobs = false;
   for (int64_t i = 0; i < batch; ++i) {
-    const auto& r = rows[i];
-    MG_REQUIRE(!r.prompt.empty(), "prompt ", i, " is empty after tokenization (set add_BOS)");
-    MG_REQUIRE(r.tokens_to_generate >= 0, "tokens_to_generate must be >= 0");
-    for (int32_t t : r.prompt)
-      MG_REQUIRE(t >= 0 && t < vocab, "prompt ", i, " has token id ", t,
-                 " outside the vocabulary [0, ", vocab, ")");
-    state[i].limit = int64_t(r.prompt.size()) + r.tokens_to_generate;
-    MG_REQUIRE(state[i].limit <= model.max_sequence_length(), "prompt ", i, " (",
-               r.prompt.size(), " tokens) + tokens_to_generate (", r.tokens_to_generate,
-               ") exceeds the model's maximum sequence length ", model.max_sequence_length());
-    state[i].top_p = r.sampling.top_p;
-    if (!r.sampling.greedy()) state[i].stream.emplace(r.seed, r.sequence);
-    min_len = std::min<int64_t>(min_len, int64_t(r.prompt.size()));
-    max_total = std::max(max_total, state[i].limit);
-    any_logprobs = any_logprobs || r.return_logprobs;
-    results[i].tokens = r.prompt;
-    results[i].prompt_length = int64_t(r.prompt.size());
-    if (r.return_logprobs) results[i].logprobs.reserve(size_t(state[i].limit));
+    seqs.emplace_back(rows[i], i, vocab, model.max_sequence_length());
+    min_len = std::min<int64_t>(min_len, int64_t(rows[i].prompt.size()));
+    max_total = std::max(max_total, seqs.back().limit());
+    any_logprobs = any_logprobs || rows[i].return_logprobs;
   }
 
   model.start(batch, max_total);
@@ -113,22 +179,14 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
   // Log-probs of the prompt tokens the prefill covered come from its earlier positions.
   std::vector<int64_t> last_offset(static_cast<size_t>(batch), 0);  // row's last position in logits
   if (any_logprobs) {
-    const float* base = logits.data<float>();
     for (int64_t i = 0; i < batch; ++i) {
       last_offset[size_t(i)] = fed[size_t(i)] - 1;
-      if (!rows[i].return_logprobs) continue;
-      for (int64_t p = 0; p + 1 < fed[size_t(i)]; ++p) {
-        std::span<const float> row(base + (i * positions_in_logits + p) * width, size_t(width));
-        results[i].logprobs.push_back(token_logprob(row, rows[i].prompt[p + 1]));
-        if (rows[i].top_logprobs > 0)
-          results[i].top_logprobs.push_back(top_n_logprobs(row, vocab, rows[i].top_logprobs));
-      }
+      seqs[size_t(i)].score_prompt(logits.data<float>() + i * positions_in_logits * width,
+                                   fed[size_t(i)], width, vocab);
     }
   }
 
-  std::vector<float> probs_scratch;
-  std::vector<int32_t> index_scratch;
-  std::vector<float> row_logits(static_cast<size_t>(width));
+  DecodeScratch scratch;
   std::vector<int32_t> next(static_cast<size_t>(batch));
   // Model row m holds request row active[m]; finished rows leave the batch (see below).
   std::vector<int64_t> active(static_cast<size_t>(batch));
@@ -138,72 +196,18 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
     bool all_done = true;
     for (int64_t m = 0; m < int64_t(active.size()); ++m) {
       const int64_t i = active[size_t(m)];
-      const int64_t pos = fed[size_t(i)];
-      auto& st = state[i];
-      auto& res = results[i];
-      const auto& r = rows[i];
-      next[size_t(m)] = special.eod.value_or(0);
-      if (st.done) continue;
-      if (pos >= st.limit) {
-        st.done = true;
-        continue;
-      }
       const float* src =
           logits.data<float>() + (m * positions_in_logits + last_offset[size_t(m)]) * width;
-      std::copy_n(src, width, row_logits.begin());
-      const int32_t prev = res.tokens[size_t(pos - 1)];
-      if (r.prevent_newline_after_colon && special.colon && special.newline &&
-          prev == *special.colon)
-        row_logits[size_t(*special.newline)] = -1e10f;
-      const bool in_prompt = pos < int64_t(r.prompt.size());
-      int32_t token;
-      if (in_prompt) {
-        token = r.prompt[size_t(pos)];
-      } else {
-        const double u = st.stream ? st.stream->next() : 0.0;
-        token = sample_token(row_logits, vocab, r.sampling, st.top_p, u, probs_scratch,
-                             index_scratch);
-        st.top_p = next_top_p(r.sampling, st.top_p);
-        res.tokens.push_back(token);
-      }
-      float lp = std::numeric_limits<float>::quiet_NaN();
-      if (r.return_logprobs) {
-        lp = token_logprob(row_logits, token);
-        res.logprobs.push_back(lp);
-        if (r.top_logprobs > 0)
-          res.top_logprobs.push_back(top_n_logprobs(row_logits, vocab, r.top_logprobs));
-      }
-      next[size_t(m)] = token;
-      if (!in_prompt) {
-        bool stop = r.stop_on_eod && special.eod && token == *special.eod;
-        if (r.stop_on_eol && ((special.newline && token == *special.newline) ||
-                              (special.double_newline && token == *special.double_newline)))
-          stop = true;
-        if (r.stop_on_double_eol) {
-          if (special.double_newline && token == *special.double_newline) stop = true;
-          if (special.newline && token == *special.newline && prev == *special.newline)
-            stop = true;
-        }
-        if (stop) {
-          st.done = true;
-          res.finish = FinishReason::Stop;
-        } else if (r.on_token && !r.on_token(res.tokens, lp)) {
-          st.done = true;
-          res.finish = FinishReason::Callback;
-        } else if (pos + 1 >= st.limit) {
-          st.done = true;
-        }
-        if (stop && r.on_token) r.on_token(res.tokens, lp);
-      } else if (pos + 1 >= st.limit) {
-        st.done = true;
-      }
-      if (!st.done) all_done = false;
+      auto& seq = seqs[size_t(i)];
+      next[size_t(m)] = seq.advance(std::span(src, size_t(width)), fed[size_t(i)], vocab, special,
+                                    scratch);
+      if (!seq.done()) all_done = false;
     }
     if (all_done) break;
     // Drop finished rows from the model's batch so later steps compute only live rows.
     std::vector<int64_t> keep;
     for (int64_t m = 0; m < int64_t(active.size()); ++m)
-      if (!state[size_t(active[size_t(m)])].done) keep.push_back(m);
+      if (!seqs[size_t(active[size_t(m)])].done()) keep.push_back(m);
     if (keep.size() < active.size()) {
       model.reorder(keep);
       std::vector<int64_t> live;
@@ -220,6 +224,7 @@ std::vector<SequenceResult> generate(LanguageModel& model, std::span<SequenceReq
     std::fill(last_offset.begin(), last_offset.end(), 0);
     positions_in_logits = 1;
   }
+  for (int64_t i = 0; i < batch; ++i) results[size_t(i)] = std::move(seqs[size_t(i)].result());
   return results;
 }
 

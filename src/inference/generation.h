@@ -72,6 +72,43 @@ struct SequenceResult {
 std::vector<std::pair<int32_t, float>> top_n_logprobs(std::span<const float> logits, int64_t vocab,
                                                      int n);
 
+// Buffers reused across rows and steps.
+struct DecodeScratch {
+  std::vector<float> logits, probs;
+  std::vector<int32_t> index;
+};
+
+// One sequence's generation: its random stream and nucleus size, stop rules, log-probs and
+// result. generate() and BatchEngine (batch_engine.h) both drive it, so a sequence gets the same
+// tokens whichever runs it and whatever shares its batch: its draws depend only on its own seed,
+// sequence number and token count.
+class SequenceDecoder {
+ public:
+  // Checks the request (throws megatron::Error naming prompt `index`).
+  SequenceDecoder(SequenceRequest request, int64_t index, int64_t vocab,
+                  int64_t max_sequence_length);
+  const SequenceRequest& request() const { return request_; }
+  int64_t limit() const { return limit_; }  // prompt + tokens_to_generate
+  bool done() const { return done_; }
+  // Log-probs (when requested) of prompt tokens 1..fed-1 from the logits of positions
+  // 0..fed-2, which lie `width` floats apart from `logits`.
+  void score_prompt(const float* logits, int64_t fed, int64_t width, int64_t vocab);
+  // With the logits of position pos - 1 (pos = positions fed so far), chooses the token at pos:
+  // the prompt's own while inside the prompt, else a sampled one; applies the stop rules and
+  // the callback. Returns the token to feed next (the end-of-document id, or 0, once done).
+  int32_t advance(std::span<const float> logits, int64_t pos, int64_t vocab,
+                  const SpecialTokens& special, DecodeScratch& scratch);
+  SequenceResult& result() { return result_; }
+
+ private:
+  SequenceRequest request_;
+  int64_t limit_ = 0;
+  bool done_ = false;
+  float top_p_ = 0.0f;
+  std::optional<SamplingStream> stream_;
+  SequenceResult result_;
+};
+
 // Runs the batch to completion. `vocab` is the real vocabulary size (ids >= vocab, the padding
 // rows of the logits, are never sampled). Throws megatron::Error if a row does not fit the
 // model's maximum sequence length.

@@ -186,7 +186,8 @@ void GPTInference::rope(float* v, int64_t position) const {
   }
 }
 
-void GPTInference::attention(Layer& L, float* qkv, float* ctx, std::span<const int64_t> counts) {
+void GPTInference::attention(Layer& L, float* qkv, float* ctx, std::span<const int64_t> slots,
+                             std::span<const int64_t> counts) {
   const int64_t hpg = heads_ / groups_;
   const int64_t stride = (hpg + 2) * d_;  // one query group in the fused QKV row
   const bool use_rope = cfg_.position_embedding_type == Config::Position::Rope;
@@ -194,15 +195,15 @@ void GPTInference::attention(Layer& L, float* qkv, float* ctx, std::span<const i
   std::vector<float> scores;
   int64_t first = 0;  // first token of row b in the flattened batch
   for (int64_t b = 0; b < int64_t(counts.size()); first += counts[size_t(b)], ++b) {
-    const int64_t n = counts[size_t(b)], pos = row_pos_[size_t(b)];
+    const int64_t n = counts[size_t(b)], s = slots[size_t(b)], pos = row_pos_[size_t(s)];
     if (n == 0) continue;
     float* row_qkv = qkv + first * qkv_dim_;
     // Rotate the queries in place; append the (rotated) keys and the values to the cache.
     for (int64_t g = 0; g < groups_; ++g)
       for (int64_t j = 0; j < n; ++j) {
         float* row = row_qkv + j * qkv_dim_ + g * stride;
-        float* k = L.k_cache.data() + ((b * groups_ + g) * max_len_ + pos + j) * d_;
-        float* v = L.v_cache.data() + ((b * groups_ + g) * max_len_ + pos + j) * d_;
+        float* k = L.k_cache.data() + ((s * groups_ + g) * max_len_ + pos + j) * d_;
+        float* v = L.v_cache.data() + ((s * groups_ + g) * max_len_ + pos + j) * d_;
         std::copy_n(row + hpg * d_, d_, k);
         std::copy_n(row + (hpg + 1) * d_, d_, v);
         if (use_rope) {
@@ -215,8 +216,8 @@ void GPTInference::attention(Layer& L, float* qkv, float* ctx, std::span<const i
     for (int64_t head = 0; head < heads_; ++head) {
       const int64_t g = head / hpg;
       const float* Q = row_qkv + g * stride + (head % hpg) * d_;  // row stride qkv_dim_
-      const float* K = L.k_cache.data() + (b * groups_ + g) * max_len_ * d_;
-      const float* Vc = L.v_cache.data() + (b * groups_ + g) * max_len_ * d_;
+      const float* K = L.k_cache.data() + (s * groups_ + g) * max_len_ * d_;
+      const float* Vc = L.v_cache.data() + (s * groups_ + g) * max_len_ * d_;
       float* out = ctx + first * heads_ * d_ + head * d_;  // row stride heads_ * d_
       // scores[j, t] = scale * q_j . k_t for t < total; position pos + j sees t <= pos + j.
       if (n == 1) {
@@ -252,7 +253,49 @@ Tensor GPTInference::forward(std::span<const int32_t> tokens, int64_t n, bool al
   MG_CHECK(int64_t(tokens.size()) == batch_ * n, "forward: ", tokens.size(), " tokens for ",
            batch_, "x", n);
   const std::vector<int64_t> counts(static_cast<size_t>(batch_), n);
-  return run(tokens, counts, all_positions);
+  return run(all_rows(), tokens, counts, all_positions);
+}
+
+std::vector<int64_t> GPTInference::all_rows() const {
+  std::vector<int64_t> rows(static_cast<size_t>(batch_));
+  for (int64_t b = 0; b < batch_; ++b) rows[size_t(b)] = b;
+  return rows;
+}
+
+void GPTInference::start_slots(int64_t slots, int64_t max_len) { start(slots, max_len); }
+
+void GPTInference::clear_slot(int64_t slot) {
+  MG_CHECK(slot >= 0 && slot < batch_, "clear_slot ", slot, " of ", batch_);
+  row_pos_[size_t(slot)] = 0;  // stale keys and values beyond the position are never read
+}
+
+void GPTInference::grow_slots(int64_t max_len) {
+  MG_CHECK(batch_ > 0, "grow_slots before start_slots");
+  if (max_len <= max_len_) return;
+  MG_REQUIRE(max_len <= cfg_.max_position_embeddings, "sequence length ", max_len,
+             " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
+  // [slot, group, position, d]: each (slot, group) block keeps its positions at a longer stride.
+  const int64_t blocks = batch_ * groups_, old_block = max_len_ * d_, new_block = max_len * d_;
+  for (auto& L : layers_)
+    for (auto* cache : {&L.k_cache, &L.v_cache}) {
+      std::vector<float> grown(size_t(blocks * new_block), 0.0f);
+      for (int64_t b = 0; b < blocks; ++b)
+        std::copy_n(cache->data() + b * old_block, old_block, grown.data() + b * new_block);
+      cache->swap(grown);
+    }
+  max_len_ = max_len;
+}
+
+Tensor GPTInference::forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+                                   std::span<const int64_t> counts, bool all_positions) {
+  MG_CHECK(!slots.empty() && slots.size() == counts.size(), "forward_slots: ", slots.size(),
+           " slots, ", counts.size(), " counts");
+  std::vector<bool> seen(static_cast<size_t>(batch_), false);
+  for (int64_t s : slots) {
+    MG_CHECK(s >= 0 && s < batch_ && !seen[size_t(s)], "forward_slots: bad or repeated slot ", s);
+    seen[size_t(s)] = true;
+  }
+  return run(slots, tokens, counts, all_positions);
 }
 
 Tensor GPTInference::prefill_ragged(std::span<const std::vector<int32_t>> prompts,
@@ -265,30 +308,31 @@ Tensor GPTInference::prefill_ragged(std::span<const std::vector<int32_t>> prompt
     tokens.insert(tokens.end(), p.begin(), p.end());
     counts.push_back(int64_t(p.size()));
   }
-  return run(tokens, counts, all_positions);
+  return run(all_rows(), tokens, counts, all_positions);
 }
 
-Tensor GPTInference::run(std::span<const int32_t> tokens, std::span<const int64_t> counts,
-                         bool all_positions) {
-  MG_CHECK(batch_ > 0 && int64_t(counts.size()) == batch_, "forward before start or bad batch");
+Tensor GPTInference::run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+                         std::span<const int64_t> counts, bool all_positions) {
+  MG_CHECK(batch_ > 0 && counts.size() == slots.size(), "forward before start or bad batch");
   const int64_t h = cfg_.hidden_size, V = cfg_.padded_vocab_size;
+  const int64_t calls = int64_t(slots.size());  // rows of this forward (cache slots it touches)
   int64_t rows = 0, max_count = 0;
-  for (int64_t b = 0; b < batch_; ++b) {
-    const int64_t n = counts[size_t(b)];
-    MG_REQUIRE(row_pos_[size_t(b)] + n <= max_len_, "sequence position ", row_pos_[size_t(b)] + n,
+  for (int64_t b = 0; b < calls; ++b) {
+    const int64_t n = counts[size_t(b)], pos = row_pos_[size_t(slots[size_t(b)])];
+    MG_REQUIRE(pos + n <= max_len_, "sequence position ", pos + n,
                " exceeds the cache length ", max_len_);
     rows += n;
     max_count = std::max(max_count, n);
   }
   MG_CHECK(int64_t(tokens.size()) == rows, "forward: ", tokens.size(), " tokens for ", rows);
   std::vector<float> x(static_cast<size_t>(rows * h)), y(static_cast<size_t>(rows * h));
-  for (int64_t b = 0, r = 0; b < batch_; ++b)
+  for (int64_t b = 0, r = 0; b < calls; ++b)
     for (int64_t j = 0; j < counts[size_t(b)]; ++j, ++r) {
       const int32_t t = tokens[size_t(r)];
       MG_REQUIRE(t >= 0 && t < V, "token id ", t, " outside the vocabulary [0, ", V, ")");
       std::copy_n(word_emb_.data() + int64_t(t) * h, h, x.data() + r * h);
       if (!pos_emb_.empty()) {
-        const float* pe = pos_emb_.data() + (row_pos_[size_t(b)] + j) * h;
+        const float* pe = pos_emb_.data() + (row_pos_[size_t(slots[size_t(b)])] + j) * h;
         for (int64_t i = 0; i < h; ++i) x[size_t(r * h + i)] += pe[i];
       }
     }
@@ -298,7 +342,7 @@ Tensor GPTInference::run(std::span<const int32_t> tokens, std::span<const int64_
   for (auto& L : layers_) {
     norm(x.data(), L.ln1_w, L.ln1_b, y.data(), rows);
     linear(y.data(), L.qkv_w, L.qkv_b, qkv.data(), rows, h, qkv_dim_);
-    attention(L, qkv.data(), ctx.data(), counts);
+    attention(L, qkv.data(), ctx.data(), slots, counts);
     linear(ctx.data(), L.proj_w, L.proj_b, y.data(), rows, heads_ * d_, h);
     for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     norm(x.data(), L.ln2_w, L.ln2_b, y.data(), rows);
@@ -327,7 +371,7 @@ Tensor GPTInference::run(std::span<const int32_t> tokens, std::span<const int64_
   const int64_t out_n = all_positions ? max_count : 1;
   std::vector<float> picked;
   std::vector<int64_t> dest;  // row of the logits tensor each picked position goes to
-  for (int64_t b = 0, first = 0; b < batch_; first += counts[size_t(b)], ++b) {
+  for (int64_t b = 0, first = 0; b < calls; first += counts[size_t(b)], ++b) {
     const int64_t n = counts[size_t(b)];
     for (int64_t j = all_positions ? 0 : n - 1; j < n; ++j) {
       picked.insert(picked.end(), x.begin() + (first + j) * h, x.begin() + (first + j + 1) * h);
@@ -339,10 +383,10 @@ Tensor GPTInference::run(std::span<const int32_t> tokens, std::span<const int64_
   norm(picked.data(), final_w_, final_b_, normed.data(), count);
   static const std::vector<float> no_bias;
   linear(normed.data(), output_w_.empty() ? word_emb_ : output_w_, no_bias, out.data(), count, h, V);
-  Tensor logits = Tensor::zeros({batch_, out_n, V}, DType::F32);
+  Tensor logits = Tensor::zeros({calls, out_n, V}, DType::F32);
   for (int64_t k = 0; k < count; ++k)
     std::copy_n(out.data() + k * V, V, logits.data<float>() + dest[size_t(k)] * V);
-  for (int64_t b = 0; b < batch_; ++b) row_pos_[size_t(b)] += counts[size_t(b)];
+  for (int64_t b = 0; b < calls; ++b) row_pos_[size_t(slots[size_t(b)])] += counts[size_t(b)];
   return logits;
 }
 

@@ -73,6 +73,13 @@ class GPTInference final : public LanguageModel {
   int64_t position() const override { return row_pos_.empty() ? 0 : row_pos_[0]; }
   bool supports_ragged() const override { return true; }
   Tensor prefill_ragged(std::span<const std::vector<int32_t>> prompts, bool all_positions) override;
+  // Slots are rows of the same cache; a forward over some slots leaves the others as they are.
+  bool supports_slots() const override { return true; }
+  void start_slots(int64_t slots, int64_t max_len) override;
+  void clear_slot(int64_t slot) override;
+  void grow_slots(int64_t max_len) override;
+  Tensor forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+                       std::span<const int64_t> counts, bool all_positions) override;
   const GPTInferenceConfig& config() const { return cfg_; }
 
  private:
@@ -83,9 +90,13 @@ class GPTInference final : public LanguageModel {
   };
   void norm(const float* x, const std::vector<float>& w, const std::vector<float>& b, float* y,
             int64_t rows) const;
-  // Appends counts[b] tokens to row b at its own position (the lockstep forward is counts all n).
-  Tensor run(std::span<const int32_t> tokens, std::span<const int64_t> counts, bool all_positions);
-  void attention(Layer& layer, float* qkv, float* ctx, std::span<const int64_t> counts);
+  // Appends counts[b] tokens to cache row slots[b] at its own position (the lockstep forward is
+  // every row with counts all n).
+  Tensor run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+             std::span<const int64_t> counts, bool all_positions);
+  void attention(Layer& layer, float* qkv, float* ctx, std::span<const int64_t> slots,
+                 std::span<const int64_t> counts);
+  std::vector<int64_t> all_rows() const;  // 0 .. batch_ - 1
   void rope(float* vec, int64_t position) const;
 
   GPTInferenceConfig cfg_;

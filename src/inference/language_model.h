@@ -9,6 +9,15 @@
 // [batch, n, vocab_size()] when `all_positions`, else [batch, 1, vocab_size()] for the last
 // position. `reorder` makes row i of the cache a copy of old row src[i], for i < src.size();
 // the batch becomes src.size() rows (beam search reorders; generation drops finished rows).
+//
+// Optional slot interface (continuous batching, batch_engine.h): `start_slots` sizes the cache
+// for `slots` independent sequences of up to `max_len` positions, all empty. `forward_slots`
+// appends counts[i] tokens to slot slots[i] at that slot's own positions, so sequences at
+// different positions (a newcomer's prompt, others mid-generation) share one forward. A slot is
+// emptied by `clear_slot` and reused for another sequence; the others are untouched.
+// `grow_slots` lengthens every slot to `max_len` positions keeping their contents, so the cache
+// can start at the length the first sequences need. start() ends slot mode (beam search and
+// generate() use the lockstep interface above).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +50,15 @@ class LanguageModel {
   virtual bool supports_ragged() const { return false; }
   virtual Tensor prefill_ragged(std::span<const std::vector<int32_t>> prompts, bool all_positions);
 
+  virtual bool supports_slots() const { return false; }
+  virtual void start_slots(int64_t slots, int64_t max_len);
+  virtual void clear_slot(int64_t slot);
+  virtual void grow_slots(int64_t max_len);
+  // tokens: the slots' tokens back to back (sum of counts). Logits [k, max count, V] (slot i's
+  // positions at [i, 0..counts[i])) when all_positions, else [k, 1, V] for each slot's last token.
+  virtual Tensor forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+                               std::span<const int64_t> counts, bool all_positions);
+
   // Convenience names for the two phases.
   Tensor prefill(std::span<const int32_t> tokens, int64_t n, bool all_positions) {
     return forward(tokens, n, all_positions);
@@ -50,6 +68,17 @@ class LanguageModel {
 
 inline Tensor LanguageModel::prefill_ragged(std::span<const std::vector<int32_t>>, bool) {
   MG_CHECK(false, "this model has no ragged prefill");
+  return Tensor();
+}
+
+inline void LanguageModel::start_slots(int64_t, int64_t) {
+  MG_CHECK(false, "this model has no cache slots");
+}
+inline void LanguageModel::clear_slot(int64_t) { MG_CHECK(false, "this model has no cache slots"); }
+inline void LanguageModel::grow_slots(int64_t) { MG_CHECK(false, "this model has no cache slots"); }
+inline Tensor LanguageModel::forward_slots(std::span<const int64_t>, std::span<const int32_t>,
+                                           std::span<const int64_t>, bool) {
+  MG_CHECK(false, "this model has no cache slots");
   return Tensor();
 }
 

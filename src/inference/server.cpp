@@ -179,7 +179,8 @@ TextGenerationServer::TextGenerationServer(LanguageModel& model, const data::Tok
     res.set_content(dump_json({{"status", "ok"},
                                {"queued", st.queued},
                                {"requests_done", st.jobs_done},
-                               {"batches", st.batches},
+                               {"running", st.running},
+                               {"steps", st.steps},
                                {"rejected", st.rejected}}),
                     "application/json");
   });

@@ -1,10 +1,11 @@
-// Request queue and scheduler thread: FIFO batching of sampling jobs, beam search alone.
+// Request queue and scheduler thread: continuous batching of sampling rows, beam search alone.
 #include "inference/server_queue.h"
 
 #include <algorithm>
 #include <chrono>
 #include <exception>
 
+#include "core/error.h"
 #include "core/log.h"
 
 namespace megatron::inference {
@@ -33,10 +34,10 @@ Scheduler::Scheduler(LanguageModel& model, int64_t vocab, SpecialTokens special,
                      int max_batch_size, size_t max_queue_size, double batch_window_ms)
     : model_(model),
       vocab_(vocab),
-      special_(std::move(special)),
       max_batch_size_(std::max(1, max_batch_size)),
       max_queue_size_(std::max<size_t>(1, max_queue_size)),
-      batch_window_ms_(std::max(0.0, batch_window_ms)) {
+      batch_window_ms_(std::max(0.0, batch_window_ms)),
+      engine_(model, vocab, std::move(special), max_batch_size_) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -81,76 +82,157 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
-void Scheduler::loop() {
+std::shared_ptr<Job> Scheduler::admit_locked(std::vector<std::shared_ptr<Job>>& rejected) {
   for (;;) {
-    std::vector<std::shared_ptr<Job>> batch;
-    {
-      std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
-      // The oldest job always goes; followers join while they fit (FIFO, no overtaking).
-      batch.push_back(queue_.front());
-      queue_.pop_front();
-      if (batch[0]->kind == Job::Kind::Sampling) {
-        int64_t rows = int64_t(batch[0]->rows.size());
-        const auto deadline = std::chrono::steady_clock::now() +
-                              std::chrono::microseconds(int64_t(batch_window_ms_ * 1000.0));
-        for (;;) {
-          while (!queue_.empty() && queue_.front()->kind == Job::Kind::Sampling &&
-                 rows + int64_t(queue_.front()->rows.size()) <= max_batch_size_) {
-            rows += int64_t(queue_.front()->rows.size());
-            batch.push_back(queue_.front());
-            queue_.pop_front();
-          }
-          // Stop when full, when the next job cannot join (FIFO), or when the window is over.
-          if (rows >= max_batch_size_ || !queue_.empty() || stopping_ ||
-              cv_.wait_until(lock, deadline) == std::cv_status::timeout)
-            break;
-        }
-        if (stopping_) {
-          for (auto it = batch.rbegin(); it != batch.rend(); ++it) queue_.push_front(*it);
-          return;
-        }
+    if (!admitting_) {
+      if (queue_.empty() || stopping_) return nullptr;
+      std::shared_ptr<Job> job = queue_.front();
+      if (job->kind == Job::Kind::BeamSearch) {
+        if (!engine_.idle()) return nullptr;  // it runs alone once the batch has drained
+        queue_.pop_front();
+        return job;
       }
+      if (engine_.free_slots() == 0) return nullptr;  // it stays queued until a slot frees
+      queue_.pop_front();
+      try {
+        for (size_t i = 0; i < job->rows.size(); ++i) engine_.validate(job->rows[i], int64_t(i));
+      } catch (const std::exception& e) {
+        // A bad request is rejected before it gets here; this one does not fit the model.
+        job->error = str("generation failed: ", e.what());
+        rejected.push_back(std::move(job));
+        continue;
+      }
+      if (job->rows.empty()) {
+        rejected.push_back(std::move(job));
+        continue;
+      }
+      job->results.assign(job->rows.size(), SequenceResult{});
+      unfinished_[job.get()] = job->rows.size();
+      admitting_ = std::move(job);
+      admitting_next_ = 0;
     }
-    run_batch(batch);
+    while (admitting_next_ < admitting_->rows.size() && engine_.free_slots() > 0) {
+      const uint64_t id = next_id_++;
+      engine_.admit(admitting_->rows[admitting_next_], id, int64_t(admitting_next_));
+      rows_[id] = RowRef{admitting_, admitting_next_};
+      ++admitting_next_;
+    }
+    stats_.running = engine_.running();
+    if (admitting_next_ < admitting_->rows.size()) return nullptr;  // every slot is taken
+    admitting_.reset();
   }
 }
 
-void Scheduler::run_batch(std::vector<std::shared_ptr<Job>>& batch) {
-  try {
-    if (batch[0]->kind == Job::Kind::BeamSearch) {
-      batch[0]->hypotheses = beam_search(model_, batch[0]->beam, vocab_);
-    } else {
-      // Concatenate the rows of all jobs, run in chunks of max_batch_size, hand results back.
-      std::vector<SequenceRequest> rows;
-      for (auto& job : batch) rows.insert(rows.end(), job->rows.begin(), job->rows.end());
-      std::vector<SequenceResult> results;
-      for (size_t begin = 0; begin < rows.size(); begin += size_t(max_batch_size_)) {
-        const size_t n = std::min(rows.size() - begin, size_t(max_batch_size_));
-        auto part = generate(model_, std::span(rows).subspan(begin, n), vocab_, special_);
-        std::move(part.begin(), part.end(), std::back_inserter(results));
-      }
-      size_t next = 0;
-      for (auto& job : batch) {
-        job->results.assign(std::make_move_iterator(results.begin() + long(next)),
-                            std::make_move_iterator(results.begin() + long(next + job->rows.size())));
-        next += job->rows.size();
-      }
-    }
-  } catch (const std::exception& e) {
-    // A bad request is rejected before it gets here; this is an engine failure. Report it on
-    // every job of the batch and keep serving.
-    log_warn("server: generation failed: ", e.what());
-    for (auto& job : batch) job->error = str("generation failed: ", e.what());
+void Scheduler::fail_running_locked(const std::string& why,
+                                    std::vector<std::shared_ptr<Job>>& failed) {
+  log_warn("server: generation failed: ", why);
+  engine_.reset();
+  for (auto& [id, ref] : rows_) {
+    if (unfinished_.erase(ref.job.get()) == 0) continue;
+    ref.job->error = str("generation failed: ", why);
+    failed.push_back(ref.job);
   }
+  rows_.clear();
+  // A job whose later rows were still waiting for a slot has failed too.
+  if (admitting_ && unfinished_.erase(admitting_.get()) > 0) {
+    admitting_->error = str("generation failed: ", why);
+    failed.push_back(admitting_);
+  }
+  admitting_.reset();
+  unfinished_.clear();
+  stats_.running = 0;
+}
+
+void Scheduler::finish(const std::vector<std::shared_ptr<Job>>& jobs) {
+  if (jobs.empty()) return;
   {
     // Counted before the jobs are released, so a client that sees its result sees the count.
     std::lock_guard lock(mutex_);
-    stats_.jobs_done += int64_t(batch.size());
-    ++stats_.batches;
+    stats_.jobs_done += int64_t(jobs.size());
   }
-  for (auto& job : batch) job->mark_finished();
+  for (auto& job : jobs) job->mark_finished();
+}
+
+void Scheduler::step() {
+  std::vector<BatchEngine::Finished> done;
+  std::vector<std::shared_ptr<Job>> finished;
+  try {
+    done = engine_.step();
+  } catch (const std::exception& e) {
+    // Requests were validated at admission; this is an engine failure. Report it on every job
+    // with a running row and start over with an empty batch.
+    std::lock_guard lock(mutex_);
+    fail_running_locked(e.what(), finished);
+    ++stats_.steps;
+  }
+  if (finished.empty()) {
+    std::lock_guard lock(mutex_);
+    for (auto& f : done) {
+      auto it = rows_.find(f.id);
+      MG_CHECK(it != rows_.end(), "finished sequence ", f.id, " is not a running row");
+      RowRef ref = std::move(it->second);
+      rows_.erase(it);
+      ref.job->results[ref.row] = std::move(f.result);
+      if (--unfinished_[ref.job.get()] == 0) {
+        unfinished_.erase(ref.job.get());
+        finished.push_back(std::move(ref.job));
+      }
+    }
+    stats_.running = engine_.running();
+    ++stats_.steps;
+  }
+  finish(finished);
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    std::shared_ptr<Job> beam;
+    std::vector<std::shared_ptr<Job>> rejected;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !engine_.idle() || admitting_; });
+      if (stopping_ && engine_.idle() && !admitting_) return;
+      if (engine_.idle() && !admitting_ && batch_window_ms_ > 0.0) {
+        // Wait for company before the first step, while the batch has room (FIFO is kept: the
+        // window only delays the start).
+        const auto deadline = std::chrono::steady_clock::now() +
+                              std::chrono::microseconds(int64_t(batch_window_ms_ * 1000.0));
+        auto waiting_rows = [&] {
+          size_t n = 0;
+          for (const auto& job : queue_)
+            n += job->kind == Job::Kind::Sampling ? job->rows.size() : size_t(max_batch_size_);
+          return n;
+        };
+        while (!stopping_ && waiting_rows() < size_t(max_batch_size_) &&
+               cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
+        }
+      }
+      try {
+        beam = admit_locked(rejected);
+      } catch (const std::exception& e) {
+        // Requests were validated; the engine could not take one (e.g. no memory for the cache).
+        fail_running_locked(e.what(), rejected);
+      }
+    }
+    finish(rejected);
+    if (beam) {
+      try {
+        engine_.reset();  // the engine is idle; the search takes the model's cache
+        beam->hypotheses = beam_search(model_, beam->beam, vocab_);
+      } catch (const std::exception& e) {
+        log_warn("server: beam search failed: ", e.what());
+        beam->error = str("generation failed: ", e.what());
+      }
+      {
+        std::lock_guard lock(mutex_);
+        ++stats_.steps;
+      }
+      rejected.assign(1, std::move(beam));
+      finish(rejected);
+      continue;
+    }
+    if (!engine_.idle()) step();
+  }
 }
 
 }  // namespace megatron::inference

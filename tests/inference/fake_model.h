@@ -87,6 +87,44 @@ class FakeModel final : public LanguageModel {
   }
   bool ragged = false;  // offer prefill_ragged
 
+  // Slots: row s of the "cache" is slot s; a forward touches only the slots it names.
+  bool supports_slots() const override { return true; }
+  void start_slots(int64_t slots, int64_t max_len) override { start(slots, max_len); }
+  void clear_slot(int64_t slot) override { rows_.at(size_t(slot)).clear(); }
+  void grow_slots(int64_t max_len) override {
+    MG_CHECK(max_len <= max_len_, "cache longer than the model allows");
+    cache_len_ = std::max(cache_len_, max_len);
+    ++grows;
+  }
+  Tensor forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+                       std::span<const int64_t> counts, bool all_positions) override {
+    MG_CHECK(!slots.empty() && slots.size() == counts.size(), "forward_slots");
+    int64_t longest = 0, total = 0;
+    for (int64_t n : counts) {
+      longest = std::max(longest, n);
+      total += n;
+    }
+    MG_CHECK(int64_t(tokens.size()) == total, "forward_slots: ", tokens.size(), " tokens for ", total);
+    const int64_t out_n = all_positions ? longest : 1, b = int64_t(slots.size());
+    Tensor logits = Tensor::zeros({b, out_n, width_}, DType::F32);
+    for (int64_t i = 0, t = 0; i < b; ++i) {
+      auto& row = rows_.at(size_t(slots[size_t(i)]));
+      const int64_t n = counts[size_t(i)];
+      MG_CHECK(int64_t(row.size()) + n <= cache_len_, "forward past the cache");
+      for (int64_t j = 0; j < n; ++j, ++t) {
+        row.push_back(tokens[size_t(t)]);
+        if (all_positions || j == n - 1)
+          fn_(row, std::span<float>(logits.data<float>() + (i * out_n + (all_positions ? j : 0)) * width_, width_));
+      }
+    }
+    forwarded_tokens += total;
+    ++forwards;
+    batch_sizes.push_back(b);
+    return logits;
+  }
+  std::vector<int64_t> batch_sizes;  // rows of each forward_slots call
+  int64_t grows = 0;
+
   int64_t forwarded_tokens = 0;
   int64_t forwards = 0;
   int64_t starts = 0;

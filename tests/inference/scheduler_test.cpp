@@ -1,8 +1,11 @@
-// The scheduler on its own: FIFO batching of queued jobs, beam search alone, chunking of jobs
-// larger than the batch, engine failures reported on the job, and the bound on the queue.
+// The scheduler on its own: continuous batching (a job submitted mid-generation joins the running
+// batch and can finish first), FIFO admission of rows, beam search alone, jobs larger than the
+// batch, engine failures reported on the job, and the bound on the queue.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "fake_model.h"
@@ -41,7 +44,7 @@ std::vector<int32_t> alone(std::vector<int32_t> prompt, int64_t n) {
   return generate(model, job->rows, 30, SpecialTokens{})[0].tokens;
 }
 
-TEST(Scheduler, BatchesQueuedJobsInOrderAndChunksLargeOnes) {
+TEST(Scheduler, QueuedJobsAndLargeOnesGetTheirAnswers) {
   FakeModel model(32, 64, slow_logits);
   Scheduler scheduler(model, 30, SpecialTokens{}, 4, 16);
   auto first = sampling_job({{1, 2}}, 10);  // occupies the engine while the others queue
@@ -58,20 +61,77 @@ TEST(Scheduler, BatchesQueuedJobsInOrderAndChunksLargeOnes) {
   for (int i = 0; i < 6; ++i) EXPECT_EQ(jobs[3]->results.at(size_t(i)).tokens, alone({i + 9}, 3));
   const auto stats = scheduler.stats();
   EXPECT_EQ(stats.jobs_done, 5);
-  // The three small jobs share one batch; the 6-row job goes in the next (in two chunks).
-  EXPECT_EQ(stats.batches, 3);
+  EXPECT_EQ(stats.running, 0);
+  // Never more rows in a forward than the batch holds.
+  for (int64_t b : model.batch_sizes) EXPECT_LE(b, 4);
+}
+
+// Deterministic, no timing: the short job is submitted from the long job's token callback (on
+// the scheduler thread, between steps), so it joins the running batch at the next step.
+TEST(Scheduler, AJobSubmittedMidGenerationJoinsAndFinishesFirst) {
+  FakeModel model(32, 64);
+  Scheduler scheduler(model, 30, SpecialTokens{}, 4, 16);
+  auto short_job = sampling_job({{7, 8, 9}}, 2);
+  std::atomic<int64_t> long_tokens{0}, long_tokens_when_short_done{-1};
+  short_job->on_finished = [&](Job&) { long_tokens_when_short_done = long_tokens.load(); };
+  auto long_job = sampling_job({{1, 2}}, 40);
+  long_job->rows[0].on_token = [&](std::span<const int32_t> tokens, float) {
+    long_tokens = int64_t(tokens.size()) - 2;
+    if (long_tokens == 3) {
+      EXPECT_TRUE(scheduler.submit(short_job));
+    }
+    return true;
+  };
+  ASSERT_TRUE(scheduler.submit(long_job));
+  short_job->wait();
+  long_job->wait();
+  // Admitted at the step after token 3; its prefill gives token 1, the next decode token 2.
+  EXPECT_GE(long_tokens_when_short_done.load(), 3);
+  EXPECT_LE(long_tokens_when_short_done.load(), 6);
+  EXPECT_EQ(short_job->results.at(0).tokens, alone({7, 8, 9}, 2));
+  EXPECT_EQ(long_job->results.at(0).tokens, alone({1, 2}, 40));
+  EXPECT_EQ(scheduler.stats().steps, 40);  // the long job's steps; the short one rode along
+}
+
+// Rows are admitted first come, first served: a later job never overtakes an earlier one, even
+// when the earlier job has more rows than there are free slots.
+TEST(Scheduler, RowsAreAdmittedInArrivalOrder) {
+  std::mutex mutex;
+  std::vector<int32_t> prefilled;  // first prompt token of each sequence, in prefill order
+  std::atomic<bool> gate{false};
+  FakeModel model(32, 64, [&](std::span<const int32_t> prefix, std::span<float> logits) {
+    if (prefix.size() == 1) {
+      std::lock_guard lock(mutex);
+      prefilled.push_back(prefix[0]);
+    }
+    while (!gate) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    testing::hashed_logits(prefix, logits);
+  });
+  Scheduler scheduler(model, 30, SpecialTokens{}, 2, 16);
+  auto blocker = sampling_job({{1}}, 3);
+  ASSERT_TRUE(scheduler.submit(blocker));
+  wait_until_dequeued(scheduler);  // its prefill waits at the gate
+  auto big = sampling_job({{10}, {11}, {12}}, 2);
+  auto small1 = sampling_job({{20}}, 2), small2 = sampling_job({{21}}, 2);
+  for (auto& j : {big, small1, small2}) ASSERT_TRUE(scheduler.submit(j));
+  gate = true;
+  for (auto& j : {blocker, big, small1, small2}) j->wait();
+  EXPECT_EQ(prefilled, (std::vector<int32_t>{1, 10, 11, 12, 20, 21}));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(big->results.at(size_t(i)).tokens, alone({10 + i}, 2));
+  EXPECT_EQ(small2->results.at(0).tokens, alone({21}, 2));
 }
 
 TEST(Scheduler, BatchWindowLetsLateJobsJoin) {
   FakeModel model(32, 64);
-  Scheduler scheduler(model, 30, SpecialTokens{}, 4, 16, 200.0);
+  Scheduler scheduler(model, 30, SpecialTokens{}, 4, 16, 300.0);
   auto a = sampling_job({{1}}, 2), b = sampling_job({{2}}, 2);
   ASSERT_TRUE(scheduler.submit(a));
-  wait_until_dequeued(scheduler);  // a waits in the window for company
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a waits in the window for company
   ASSERT_TRUE(scheduler.submit(b));
   a->wait();
   b->wait();
-  EXPECT_EQ(scheduler.stats().batches, 1);
+  // Both prefilled in the first step, both decoded in the second.
+  EXPECT_EQ(scheduler.stats().steps, 2);
   EXPECT_EQ(b->results.at(0).tokens, alone({2}, 2));
 }
 
@@ -96,6 +156,30 @@ TEST(Scheduler, BeamSearchRunsAloneAndFailuresAreReported) {
   ASSERT_TRUE(scheduler.submit(good));
   good->wait();
   EXPECT_TRUE(good->error.empty());
+}
+
+// An engine failure mid-step fails the jobs with running rows (and a job whose later rows were
+// still waiting for a slot); the scheduler starts over with an empty batch and keeps serving.
+TEST(Scheduler, AnEngineFailureFailsTheRunningJobsAndServingGoesOn) {
+  FakeModel model(32, 64, [](std::span<const int32_t> prefix, std::span<float> logits) {
+    MG_CHECK(prefix[0] != 13 || prefix.size() < 4, "injected failure");
+    testing::hashed_logits(prefix, logits);
+  });
+  Scheduler scheduler(model, 30, SpecialTokens{}, 2, 16);
+  auto doomed = sampling_job({{13}}, 8);           // fails at its third step
+  auto neighbour = sampling_job({{1}, {2}}, 8);    // one row running beside it, one waiting
+  ASSERT_TRUE(scheduler.submit(doomed));
+  ASSERT_TRUE(scheduler.submit(neighbour));
+  doomed->wait();
+  neighbour->wait();
+  EXPECT_NE(doomed->error.find("injected failure"), std::string::npos) << doomed->error;
+  EXPECT_NE(neighbour->error.find("injected failure"), std::string::npos) << neighbour->error;
+  auto after = sampling_job({{4}, {5}, {6}}, 3);
+  ASSERT_TRUE(scheduler.submit(after));
+  after->wait();
+  EXPECT_TRUE(after->error.empty()) << after->error;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(after->results.at(size_t(i)).tokens, alone({4 + i}, 3));
+  EXPECT_EQ(scheduler.stats().running, 0);
 }
 
 TEST(Scheduler, BoundedQueueRefusesAndStopFinishesWaitingJobs) {

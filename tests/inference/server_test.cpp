@@ -398,6 +398,51 @@ TEST(ServerLoad, FullQueueAnswers503AndRecovers) {
   EXPECT_EQ(s.client().Put("/api", R"({"prompts": ["1"], "tokens_to_generate": 1})", "application/json")->status, 200);
 }
 
+// Continuous batching through HTTP: a short request sent while a long one is generating is
+// admitted into the running batch and answered first. Margins are wide: the long request takes
+// at least 30 steps of >= 20 ms; the short one needs a prefill and at most one step of waiting.
+TEST(ServerLoad, AShortRequestSentDuringALongOneFinishesFirst) {
+  ServerOptions o = small_options();
+  RunningServer s(o, [](std::span<const int32_t> p, std::span<float> l) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    testing::hashed_logits(p, l);
+  });
+  // A prompt whose greedy continuation does not reach EOD within 30 tokens.
+  std::vector<int32_t> long_prompt, long_want;
+  for (int32_t k = 1; k < 99 && long_want.size() != 32; ++k) {
+    long_prompt = {k, 1};
+    long_want = expected_greedy(long_prompt, 30);
+  }
+  ASSERT_EQ(long_want.size(), 32u);
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point long_end, short_end;
+  auto long_request = std::async(std::launch::async, [&] {
+    auto r = s.client().Put("/api", json{{"prompts", {join(long_prompt)}}, {"tokens_to_generate", 30}, {"top_k", 1}}.dump(), "application/json");
+    long_end = Clock::now();
+    return r ? json::parse(r->body) : json();
+  });
+  // Wait until the long request is in the running batch.
+  const auto give_up = Clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    auto h = s.client().Get("/health");
+    ASSERT_TRUE(h);
+    if (json::parse(h->body)["running"].get<int>() >= 1) break;
+    ASSERT_LT(Clock::now(), give_up) << "the long request never started";
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  auto r = s.client().Put("/api", R"({"prompts": ["5 6"], "tokens_to_generate": 1, "top_k": 1})", "application/json");
+  short_end = Clock::now();
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["tokens"][0].get<std::vector<int32_t>>(), expected_greedy({5, 6}, 1));
+  // Answered while the long request is still generating.
+  EXPECT_EQ(long_request.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  const json long_body = long_request.get();
+  ASSERT_TRUE(long_body.contains("tokens")) << long_body.dump();
+  EXPECT_EQ(long_body["tokens"][0].get<std::vector<int32_t>>(), long_want);
+  EXPECT_LT(short_end, long_end);
+}
+
 TEST(ServerLoad, ThirtyTwoClientsTwentyRequestsEach) {
   ServerOptions o = small_options();
   o.max_queue_size = 64;
