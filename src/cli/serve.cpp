@@ -80,7 +80,7 @@ CommandRegistrar reg("serve", "Text generation server (Megatron PUT /api, OpenAI
   sub.add_option("--max-batch-size,--inference-max-batch-size", s.max_batch_size,
                  "Sequences decoded together")->capture_default_str()->check(CLI::Range(1, 4096));
   sub.add_option("--batch-window-ms", s.batch_window_ms,
-                 "Wait this long for more requests to fill a batch")->capture_default_str()->check(CLI::Range(0.0, 1000.0));
+                 "When a request reaches an idle server, wait this long for others before the first step")->capture_default_str()->check(CLI::Range(0.0, 1000.0));
   sub.add_option("--max-queue-size,--inference-max-requests", s.max_queue_size,
                  "Requests waiting before 503")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   sub.add_option("--max-request-bytes", s.max_request_bytes, "Largest request body (413 beyond)")
