@@ -20,6 +20,10 @@ struct LayerContext {
   uint64_t seed = 0, dropout_offset = 0;
   int64_t batch = 0, seq = 0;
   Tensor attention_start;  // [b, s] int32 or undefined
+  // Context parallelism (context_parallel.h): seq is this rank's S/C tokens. Hidden-dropout masks
+  // of CP rank r are those of block r of C such [b*seq, h] tensors (distinct per rank; not the
+  // unsplit run's masks), attention-dropout masks those of the unsplit attention.
+  int cp_rank = 0;
   // Dropout stream for (micro-batch offset, layer, site): stream = offset << 24 | layer << 4 |
   // site, so every mask is a pure function of (seed, offset, layer, site, element).
   // element_offset: index of the first element of the tensor this mask covers within the whole
