@@ -102,7 +102,8 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--pipeline-model-parallel-size", par.pipeline_model_parallel_size,
                  "Pipeline stages (only 1 so far)")->capture_default_str();
   sub.add_option("--context-parallel-size", par.context_parallel_size,
-                 "Context-parallel ranks (only 1 so far)")->capture_default_str();
+                 "Context-parallel ranks: each sequence split over CP ranks in 2 x CP chunks "
+                 "(not with PP > 1 yet)")->capture_default_str();
   sub.add_flag("--sequence-parallel", m.sequence_parallel,
                "Shard LayerNorm/dropout regions along the sequence (TP > 1)");
   sub.add_flag("--use-distributed-optimizer", par.use_distributed_optimizer,

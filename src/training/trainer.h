@@ -16,7 +16,12 @@
 // - tensor (+ sequence) parallel: every rank of a TP group trains on the same micro-batches
 //   (model/gpt_model.h); sequence-parallel gradients are summed over TP after backward; the grad
 //   norm and the inf check are reduced over the model-parallel group (the world with the
-//   distributed optimizer) with Megatron's TP-duplicate rule, so every rank skips together.
+//   distributed optimizer) with Megatron's TP-duplicate rule, so every rank skips together;
+// - context parallel (model/context_parallel.h): the CP ranks of a DP rank load the same
+//   micro-batches and each keeps its zig-zag slice of every sequence (chunks r and 2CP-1-r of
+//   2CP); loss sums and token counts are summed over DP x CP, and so are gradients (the buffer
+//   and the distributed optimizer work over the DP x CP group, as Megatron's
+//   data_parallel_group_with_cp). Not combined with PP yet.
 // The last rank prints the log lines and writes the JSONL metrics and TensorBoard files (as
 // Megatron's print_rank_last); checkpoints are written per rank (checkpoint.h).
 // --load resumes exactly: the checkpoint restores iteration, consumed samples (the sampler goes on
@@ -45,7 +50,7 @@ namespace megatron::training {
 struct ParallelArgs {
   int tensor_model_parallel_size = 1;      // --tensor-model-parallel-size
   int pipeline_model_parallel_size = 1;    // --pipeline-model-parallel-size (only 1 so far)
-  int context_parallel_size = 1;           // --context-parallel-size (only 1 so far)
+  int context_parallel_size = 1;           // --context-parallel-size (not with PP > 1 yet)
   bool use_distributed_optimizer = false;  // --use-distributed-optimizer
   bool overlap_grad_reduce = false;        // --overlap-grad-reduce
   bool overlap_param_gather = false;       // --overlap-param-gather (accepted; not overlapped)
@@ -114,9 +119,10 @@ struct TrainingSummary {
   int world_size = 1;
 };
 
-// Checks the parallel layout against the world size: TP x PP x CP must divide it, PP and CP must
-// be 1 for now, the global batch must split into micro-batches x DP, and the model must split
-// over TP. Throws megatron::Error naming the flags.
+// Checks the parallel layout against the world size: TP x PP x CP must divide it, PP must be 1
+// for now, the global batch must split into micro-batches x DP, and the model must split over TP;
+// with CP > 1 the sequence length must be divisible by 2 x CP (and, under sequence parallelism,
+// seq-length / CP by TP). Throws megatron::Error naming the flags.
 void validate_parallel_args(const TrainingArgs& a, int world_size);
 
 // Runs the whole training (builds tokenizer, data, model, optimizer) over the MPI world (a world
