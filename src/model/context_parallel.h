@@ -3,7 +3,8 @@
 // r and 2C-1-r (in that order), so every rank gets the same share of the causal attention work.
 // Tokens, labels, loss mask, position ids and attention starts are sliced that way
 // (slice_for_context_parallel in gpt_model.h); all non-attention layers run unchanged on the
-// local S/C tokens.
+// local S/C tokens, with dropout masks taken by each token's position in the unsplit tensors
+// (LayerContext::for_each_sequence_run), so training matches the unsplit run, dropout included.
 //
 // Attention needs every earlier key: the forward all-gathers the QKV activation of the CP group
 // and puts it back in sequence order, and each rank computes its own query rows against the

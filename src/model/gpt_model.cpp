@@ -173,6 +173,7 @@ struct GPTModel::Impl {
     ctx.batch = tokens.size(0);
     ctx.seq = tokens.size(1);
     ctx.cp_rank = cp.rank();
+    ctx.cp_size = cp.size();
     MG_REQUIRE(cp.size() == 1 || ctx.seq % 2 == 0, "context parallelism: the local sequence of ",
                ctx.seq, " tokens must be two equal chunks (slice_for_context_parallel)");
     MG_REQUIRE(ctx.seq <= cfg.max_position_embeddings, "sequence length ", ctx.seq,

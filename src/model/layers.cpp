@@ -194,44 +194,55 @@ TransformerLayer::TransformerLayer(int idx, int64_t h, int64_t ffn, const Attent
                         tp_.sequence_parallel),
       mlp(layer_prefix(idx) + ".mlp", h, ffn, gelu_tanh, dtype, tp_) {}
 
-// Index of x's first element in the unsharded [N, h] tensor (x is rank r's row block under
-// sequence parallelism), so the hidden-dropout masks equal the single-rank ones; under context
-// parallelism that tensor is block cp_rank of C (layer_base.h).
-static uint64_t shard_offset(const LayerContext& ctx, const TensorParallel& tp, const Tensor& x) {
-  const uint64_t cp_block = uint64_t(ctx.cp_rank) * uint64_t(ctx.rows()) * uint64_t(x.size(1));
-  return cp_block + (tp.sequence_parallel ? uint64_t(tp.rank()) * uint64_t(x.numel()) : 0);
+// Bias-dropout-add over x's rows with the masks of the same rows of the unsharded [N, h] tensor:
+// x is rank r's row block under sequence parallelism, and its rows are scattered over the whole
+// sequence under context parallelism (LayerContext::for_each_sequence_run).
+static int64_t first_row(const TensorParallel& tp, const Tensor& x) {
+  return tp.sequence_parallel ? int64_t(tp.rank()) * x.size(0) : 0;
+}
+static void bda_fwd(const LayerContext& ctx, int64_t row0, const Tensor& out, const Tensor& x,
+                    const Tensor& bias, const Tensor& residual, float p, int layer, int site) {
+  ctx.for_each_sequence_run(row0, x.size(0), x.size(1), [&](int64_t f, int64_t n, uint64_t off) {
+    ops::bias_dropout_add_fwd(out.narrow(0, f, n), x.narrow(0, f, n), bias,
+                              residual.narrow(0, f, n), ctx.dropout(p, layer, site, off));
+  });
+}
+static void bda_bwd(const LayerContext& ctx, int64_t row0, const Tensor& dx, const Tensor& dbias,
+                    const Tensor& dout, float p, int layer, int site) {
+  ctx.for_each_sequence_run(row0, dx.size(0), dx.size(1), [&](int64_t f, int64_t n, uint64_t off) {
+    ops::bias_dropout_add_bwd(dx.narrow(0, f, n), dbias, dout.narrow(0, f, n),
+                              ctx.dropout(p, layer, site, off));
+  });
 }
 
 Tensor TransformerLayer::forward(const LayerContext& ctx, const Tensor& x) {
-  const uint64_t off = shard_offset(ctx, tp, x);
+  const int64_t row0 = first_row(tp, x);
   Tensor a = input_layernorm.forward(ctx, x);
   Tensor attn = self_attention.forward(ctx, a);
   Tensor x2 = Tensor::empty(x.shape(), DType::F32);
-  ops::bias_dropout_add_fwd(x2, attn, self_attention.linear_proj.bias.f32, x,
-                            ctx.dropout(hidden_dropout, index, kSiteAttentionOut, off));
+  bda_fwd(ctx, row0, x2, attn, self_attention.linear_proj.bias.f32, x, hidden_dropout, index,
+          kSiteAttentionOut);
   Tensor m = pre_mlp_layernorm.forward(ctx, x2);
   Tensor mo = mlp.forward(ctx, m);
   Tensor y = Tensor::empty(x.shape(), DType::F32);
-  ops::bias_dropout_add_fwd(y, mo, mlp.linear_fc2.bias.f32, x2,
-                            ctx.dropout(hidden_dropout, index, kSiteMlpOut, off));
+  bda_fwd(ctx, row0, y, mo, mlp.linear_fc2.bias.f32, x2, hidden_dropout, index, kSiteMlpOut);
   if (ctx.save) saved = {x, x2};
   return y;
 }
 
 Tensor TransformerLayer::backward(const LayerContext& ctx, const Tensor& dy) {
   MG_CHECK(saved.x2.defined(), "TransformerLayer::backward without a saved forward");
-  const uint64_t off = shard_offset(ctx, tp, dy);
+  const int64_t row0 = first_row(tp, dy);
   // MLP branch: y = x2 + drop(mlp(ln2(x2)) + b)
   Tensor dmo = Tensor::empty(dy.shape(), DType::F32);
-  ops::bias_dropout_add_bwd(dmo, mlp.linear_fc2.bias.param.grad, dy,
-                            ctx.dropout(hidden_dropout, index, kSiteMlpOut, off));
+  bda_bwd(ctx, row0, dmo, mlp.linear_fc2.bias.param.grad, dy, hidden_dropout, index, kSiteMlpOut);
   Tensor dm = mlp.backward(ctx, dmo);
   Tensor dx2 = dy.clone();
   pre_mlp_layernorm.backward_accumulate(ctx, dm, dx2);
   // Attention branch: x2 = x + drop(attn(ln1(x)) + b)
   Tensor dattn = dmo;  // reuse the buffer
-  ops::bias_dropout_add_bwd(dattn, self_attention.linear_proj.bias.param.grad, dx2,
-                            ctx.dropout(hidden_dropout, index, kSiteAttentionOut, off));
+  bda_bwd(ctx, row0, dattn, self_attention.linear_proj.bias.param.grad, dx2, hidden_dropout, index,
+          kSiteAttentionOut);
   Tensor da = self_attention.backward(ctx, dattn);
   input_layernorm.backward_accumulate(ctx, da, dx2);
   saved = {};

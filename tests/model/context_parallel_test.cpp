@@ -7,7 +7,8 @@
 // gradient summed over the CP group (and gathered from the TP shards) agree with the single-rank
 // ones within 1e-5 of the tensor's scale: plain causal and with document resets
 // (--reset-attention-mask / --reset-position-ids), an uneven loss mask, recomputation, and
-// attention dropout (its masks are those of the unsplit attention).
+// dropout (masks are indexed by position in the unsplit tensors, so they equal the single-rank
+// model's).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -130,7 +131,7 @@ TEST(MpiContextParallelGPT, LossAndGradientsMatchSingleRank) {
     }
 }
 
-TEST(MpiContextParallelGPT, GroupedQueryAttentionRecomputeAndAttentionDropout) {
+TEST(MpiContextParallelGPT, GroupedQueryAttentionRecomputeAndDropout) {
   for (const Groups& g : cp_layouts()) {
     GPTConfig c = cp_config();
     c.num_attention_heads = 8;
@@ -142,11 +143,16 @@ TEST(MpiContextParallelGPT, GroupedQueryAttentionRecomputeAndAttentionDropout) {
     c.recompute_method = "uniform";
     c.recompute_num_layers = 1;
     check_parity(c, g, false, "full recompute");
-    // Attention-dropout masks are indexed by global query and key position: the same as the
-    // single-rank model's (hidden dropout differs per CP rank, layer_base.h).
+    // Dropout masks are indexed by position in the unsplit tensors (global query and key
+    // position for attention): the same as the single-rank model's.
     c = cp_config();
     c.attention_dropout = 0.2f;
-    check_parity(c, g, true, "attention dropout");
+    c.hidden_dropout = 0.1f;
+    check_parity(c, g, true, "dropout");
+    if (g.tp->size() > 1) {
+      c.sequence_parallel = true;
+      check_parity(c, g, false, "dropout sequence parallel");
+    }
   }
 }
 

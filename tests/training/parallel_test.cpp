@@ -258,6 +258,11 @@ TEST(MpiParallelTraining, ContextParallelFollowsTheSingleRankCurve) {
   resets.data.eod_mask_loss = true;
   cp2.name = "cp2_resets";
   check_layout(f, cp2, resets);
+  // Dropout masks are indexed by position in the unsplit tensors: the same as one rank's.
+  TrainingArgs dropout = f.args();
+  dropout.model.hidden_dropout = dropout.model.attention_dropout = 0.1f;
+  cp2.name = "cp2_dropout";
+  check_layout(f, cp2, dropout);
   if (world()->size() == 4) {
     Layout cp2_dp2{"cp2_dp2_distopt_overlap", 1, false, true, true, 3000};
     cp2_dp2.cp = 2;
