@@ -105,7 +105,8 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                  "Layers per model chunk: interleaved 1F1B with (num-layers / PP) / this chunks per "
                  "pipeline rank");
   sub.add_option("--context-parallel-size", par.context_parallel_size,
-                 "Context-parallel ranks (only 1 so far)")->capture_default_str();
+                 "Context-parallel ranks: each sequence split over CP ranks in 2 x CP chunks "
+                 "(not with PP > 1 yet)")->capture_default_str();
   sub.add_flag("--sequence-parallel", m.sequence_parallel,
                "Shard LayerNorm/dropout regions along the sequence (TP > 1)");
   sub.add_flag("--use-distributed-optimizer", par.use_distributed_optimizer,

@@ -94,6 +94,8 @@ struct AttentionShape {
   // with total_heads heads (0 = heads). Dropout masks are indexed by the global head, so they
   // do not depend on how heads are split across ranks.
   int head_offset = 0, total_heads = 0;
+  // Query-subset ops only: key positions of the whole sequence (seq = number of query rows).
+  int64_t kv_seq = 0;
 };
 void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
                    const Tensor& attention_start, const AttentionShape& shape,
@@ -102,6 +104,22 @@ void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, co
 void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& lse,
                    const Tensor& probs, const Tensor& attention_start,
                    const AttentionShape& shape, const DropoutSpec& dropout);
+// The same for a subset of the query positions (context parallelism: this rank's tokens of a
+// sequence split over ranks): qkv [b, kv_seq, width] holds the whole sequence in order;
+// query_positions int32 [seq] the position of each of the seq query rows (the same for every
+// sequence of the batch); ctx [b, seq, n*d], lse [b, n, seq], probs [b, n, seq, kv_seq] and
+// attention_start [b, seq] (values in [0, position]) are per query row. Query row i equals row
+// query_positions[i] of attention_fwd on the whole sequence, dropout masks included.
+void attention_subset_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs,
+                          const Tensor& qkv, const Tensor& query_positions,
+                          const Tensor& attention_start, const AttentionShape& shape,
+                          const DropoutSpec& dropout);
+// dqkv [b, kv_seq, width] is written: dK and dV of every position (from these queries only), dQ
+// at the query rows, zeros in the query columns of the other rows.
+void attention_subset_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
+                          const Tensor& query_positions, const Tensor& lse, const Tensor& probs,
+                          const Tensor& attention_start, const AttentionShape& shape,
+                          const DropoutSpec& dropout);
 
 // ---- softmax cross-entropy over the vocab -------------------------------------------------------
 // logits [n, V] fp32 (row-strided allowed), labels int32 [n], loss_mask fp32 [n] or undefined

@@ -106,6 +106,7 @@ struct GPTModel::Impl {
   GPTConfig cfg;
   uint64_t seed;
   TensorParallel tp;
+  ContextParallel cp;
   Embedding embedding;
   std::vector<std::unique_ptr<TransformerLayer>> layers;
   LayerNorm final_layernorm;
@@ -115,10 +116,11 @@ struct GPTModel::Impl {
   size_t activation_bytes = 0;
   GPTModel::GradReadyHook grad_ready;
 
-  Impl(const GPTConfig& c, uint64_t s, const TensorParallel& t)
+  Impl(const GPTConfig& c, uint64_t s, const TensorParallel& t, const ContextParallel& cp_)
       : cfg(c),
         seed(s),
         tp(t),
+        cp(cp_),
         embedding(c.padded_vocab_size, c.max_position_embeddings, c.hidden_size, c.hidden_dropout,
                   c.params_dtype, t),
         final_layernorm("decoder.final_layernorm", c.hidden_size, c.layernorm_epsilon,
@@ -128,7 +130,7 @@ struct GPTModel::Impl {
     for (int i = 0; i < c.num_layers; ++i)
       layers.push_back(std::make_unique<TransformerLayer>(i, c.hidden_size, c.ffn(), dims,
                                                           c.layernorm_epsilon, c.hidden_dropout,
-                                                          c.gelu_tanh, c.params_dtype, t));
+                                                          c.gelu_tanh, c.params_dtype, t, cp));
     const int L = c.num_layers, k = c.recompute_num_layers;
     if (c.recompute_granularity == "full" && c.recompute_method == "uniform") {
       for (int i = 0; i < L; i += k) chunks.push_back({i, std::min(L, i + k), true});
@@ -170,6 +172,10 @@ struct GPTModel::Impl {
     ctx.dropout_offset = offset;
     ctx.batch = tokens.size(0);
     ctx.seq = tokens.size(1);
+    ctx.cp_rank = cp.rank();
+    ctx.cp_size = cp.size();
+    MG_REQUIRE(cp.size() == 1 || ctx.seq % 2 == 0, "context parallelism: the local sequence of ",
+               ctx.seq, " tokens must be two equal chunks (slice_for_context_parallel)");
     MG_REQUIRE(ctx.seq <= cfg.max_position_embeddings, "sequence length ", ctx.seq,
                " exceeds --max-position-embeddings ", cfg.max_position_embeddings);
     MG_REQUIRE(!tp.sequence_parallel || ctx.seq % tp.size() == 0, "sequence length ", ctx.seq,
@@ -256,8 +262,13 @@ struct GPTModel::Impl {
 GPTModel::GPTModel(const GPTConfig& cfg, uint64_t seed)
     : GPTModel(cfg, seed, TensorParallel::none().group) {}
 
-GPTModel::GPTModel(const GPTConfig& cfg, uint64_t seed, std::shared_ptr<Communicator> tp_group) {
+GPTModel::GPTModel(const GPTConfig& cfg, uint64_t seed, std::shared_ptr<Communicator> tp_group)
+    : GPTModel(cfg, seed, std::move(tp_group), ContextParallel::none().group) {}
+
+GPTModel::GPTModel(const GPTConfig& cfg, uint64_t seed, std::shared_ptr<Communicator> tp_group,
+                   std::shared_ptr<Communicator> cp_group) {
   MG_CHECK(tp_group != nullptr, "GPTModel: null tensor-parallel group");
+  MG_CHECK(cp_group != nullptr, "GPTModel: null context-parallel group");
   cfg.validate();
   cfg.validate_tensor_parallel(tp_group->size());
   // Activations are allocated per step; keep freed blocks (up to glibc's 32 MiB mmap limit) in
@@ -265,7 +276,8 @@ GPTModel::GPTModel(const GPTConfig& cfg, uint64_t seed, std::shared_ptr<Communic
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   impl_ = std::make_unique<Impl>(cfg, seed,
-                                 TensorParallel::make(std::move(tp_group), cfg.sequence_parallel));
+                                 TensorParallel::make(std::move(tp_group), cfg.sequence_parallel),
+                                 ContextParallel{std::move(cp_group)});
   impl_->init_weights();
 }
 GPTModel::~GPTModel() = default;
@@ -274,6 +286,8 @@ ParameterList GPTModel::parameters() { return impl_->parameters(); }
 const GPTConfig& GPTModel::config() const { return impl_->cfg; }
 int GPTModel::tensor_parallel_size() const { return impl_->tp.size(); }
 int GPTModel::tensor_parallel_rank() const { return impl_->tp.rank(); }
+int GPTModel::context_parallel_size() const { return impl_->cp.size(); }
+int GPTModel::context_parallel_rank() const { return impl_->cp.rank(); }
 bool GPTModel::sequence_parallel() const { return impl_->tp.sequence_parallel; }
 void GPTModel::all_reduce_sequence_parallel_grads() {
   if (impl_->tp.sequence_parallel)

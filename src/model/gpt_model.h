@@ -15,6 +15,11 @@
 // every rank and equal the single-rank model's. Initialisation draws each whole master weight
 // exactly as the single-rank model does and keeps this rank's slice, so the sharded model equals
 // the unsharded one for the same seed (TP-size invariant, like --use-cpu-initialization).
+// Context parallelism (context_parallel.h): construct with a CP group too (the ParallelState
+// constructor does). Every rank of a CP group is given its own slice of the micro-batch
+// (slice_for_context_parallel: S/C tokens, chunks r and 2C-1-r); losses and gradients are this
+// rank's partial sums, which the caller sums over the (data x) context parallel group; logits are
+// those of the local tokens.
 // After the last micro-batch's backward of a step the trainer must call
 // all_reduce_sequence_parallel_grads() (a no-op without sequence parallelism); see
 // tensor_parallel.h for the grad-norm rule.
@@ -72,6 +77,12 @@ struct GPTInputs {
   Tensor loss_mask;        // [b, s] float32
 };
 
+// CP rank `rank` of `size`'s part of a micro-batch: every [b, S] tensor becomes [b, S/size], the
+// columns of chunks rank and 2*size-1-rank of the 2*size chunks (context_parallel.h); position
+// ids and attention starts keep their values (positions in the whole sequence). Error unless S is
+// divisible by 2*size. size 1: `in` itself.
+GPTInputs slice_for_context_parallel(const GPTInputs& in, int rank, int size);
+
 struct LossResult {
   double loss_sum = 0;    // sum over tokens of loss * mask
   double num_tokens = 0;  // sum of mask
@@ -85,9 +96,13 @@ class GPTModel {
   // Tensor-parallel model over `tp_group` (each rank holds 1/T of the sharded weights). A group of
   // one is the single-rank model. Collective: all ranks of the group construct it together.
   GPTModel(const GPTConfig& cfg, uint64_t seed, std::shared_ptr<Communicator> tp_group);
-  // The same over the ParallelState's tensor-parallel group.
+  // Tensor- and context-parallel model (cp_group: the ranks sharing each sequence; a group of one
+  // for no context parallelism). Collective over both groups.
+  GPTModel(const GPTConfig& cfg, uint64_t seed, std::shared_ptr<Communicator> tp_group,
+           std::shared_ptr<Communicator> cp_group);
+  // The same over the ParallelState's tensor- and context-parallel groups.
   GPTModel(const GPTConfig& cfg, uint64_t seed, const ParallelState& parallel)
-      : GPTModel(cfg, seed, parallel.group_ptr(GroupKind::TP)) {}
+      : GPTModel(cfg, seed, parallel.group_ptr(GroupKind::TP), parallel.group_ptr(GroupKind::CP)) {}
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
@@ -129,6 +144,8 @@ class GPTModel {
   const GPTConfig& config() const;
   int tensor_parallel_size() const;
   int tensor_parallel_rank() const;
+  int context_parallel_size() const;
+  int context_parallel_rank() const;
   bool sequence_parallel() const;  // config().sequence_parallel && TP > 1
   // Peak bytes of activations held for backward during the last forward_backward (saved layer
   // activations, recompute chunk inputs; workspaces and the loss head's logits chunk excluded).

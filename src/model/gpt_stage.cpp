@@ -62,6 +62,7 @@ struct GPTChunk::Impl {
   GPTConfig cfg;
   uint64_t seed;
   TensorParallel tp;
+  ContextParallel cp;
   int first_layer = 0;
   std::unique_ptr<Embedding> embedding;                 // first chunk
   std::vector<std::unique_ptr<TransformerLayer>> layers;
@@ -82,8 +83,8 @@ struct GPTChunk::Impl {
   std::map<int64_t, InFlight> in_flight;
 
   Impl(const GPTConfig& c, uint64_t s, const TensorParallel& t, const PipelineLayout& layout,
-       int pp_rank, int chunk)
-      : cfg(c), seed(s), tp(t), first_layer(layout.first_layer(pp_rank, chunk)) {
+       int pp_rank, int chunk, const ContextParallel& cp_)
+      : cfg(c), seed(s), tp(t), cp(cp_), first_layer(layout.first_layer(pp_rank, chunk)) {
     if (layout.has_embedding(pp_rank, chunk))
       embedding = std::make_unique<Embedding>(c.padded_vocab_size, c.max_position_embeddings,
                                               c.hidden_size, c.hidden_dropout, c.params_dtype, t);
@@ -92,7 +93,7 @@ struct GPTChunk::Impl {
       layers.push_back(std::make_unique<TransformerLayer>(first_layer + i, c.hidden_size, c.ffn(),
                                                           dims, c.layernorm_epsilon,
                                                           c.hidden_dropout, c.gelu_tanh,
-                                                          c.params_dtype, t));
+                                                          c.params_dtype, t, cp));
     if (layout.has_output(pp_rank, chunk)) {
       final_layernorm = std::make_unique<LayerNorm>("decoder.final_layernorm", c.hidden_size,
                                                     c.layernorm_epsilon, c.params_dtype,
@@ -183,6 +184,10 @@ struct GPTChunk::Impl {
     ctx.dropout_offset = offset;
     ctx.batch = tokens.size(0);
     ctx.seq = tokens.size(1);
+    ctx.cp_rank = cp.rank();
+    ctx.cp_size = cp.size();
+    MG_REQUIRE(cp.size() == 1 || ctx.seq % 2 == 0, "context parallelism: the local sequence of ",
+               ctx.seq, " tokens must be two equal chunks (slice_for_context_parallel)");
     MG_REQUIRE(ctx.seq <= cfg.max_position_embeddings, "sequence length ", ctx.seq,
                " exceeds --max-position-embeddings ", cfg.max_position_embeddings);
     MG_REQUIRE(!tp.sequence_parallel || ctx.seq % tp.size() == 0, "sequence length ", ctx.seq,
@@ -220,13 +225,14 @@ struct GPTChunk::Impl {
 };
 
 GPTChunk::GPTChunk(const GPTConfig& cfg, uint64_t seed, const TensorParallel& tp,
-                   const PipelineLayout& layout, int pp_rank, int chunk) {
+                   const PipelineLayout& layout, int pp_rank, int chunk,
+                   const ContextParallel& cp) {
   MG_CHECK(cfg.num_layers == layout.num_layers, "GPTChunk: config has ", cfg.num_layers,
            " layers, the pipeline layout ", layout.num_layers);
   MG_CHECK(pp_rank >= 0 && pp_rank < layout.pipeline_size && chunk >= 0 &&
                chunk < layout.num_chunks,
            "GPTChunk: chunk ", chunk, " of pipeline rank ", pp_rank, " outside the layout");
-  impl_ = std::make_unique<Impl>(cfg, seed, tp, layout, pp_rank, chunk);
+  impl_ = std::make_unique<Impl>(cfg, seed, tp, layout, pp_rank, chunk, cp);
   impl_->init_weights();
 }
 GPTChunk::~GPTChunk() = default;
@@ -340,12 +346,13 @@ GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const Parallel
     : GPTStageModel(cfg, seed,
                     PipelineLayout::make(cfg.num_layers, ps.pp_size(), layers_per_virtual_stage),
                     ps.pp_rank(), ps.group_ptr(GroupKind::TP), ps.group_ptr(GroupKind::PP),
-                    ps.group_ptr(GroupKind::EMBEDDING)) {}
+                    ps.group_ptr(GroupKind::EMBEDDING), ps.group_ptr(GroupKind::CP)) {}
 
 GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const PipelineLayout& layout,
                              int pp_rank, std::shared_ptr<Communicator> tp_group,
                              std::shared_ptr<Communicator> pp_group,
-                             std::shared_ptr<Communicator> embedding_group)
+                             std::shared_ptr<Communicator> embedding_group,
+                             std::shared_ptr<Communicator> cp_group)
     : cfg_(cfg), layout_(layout), pp_rank_(pp_rank) {
   cfg.validate();
   MG_CHECK(tp_group != nullptr, "GPTStageModel: null tensor-parallel group");
@@ -372,8 +379,9 @@ GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const Pipeline
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   tp_ = TensorParallel::make(std::move(tp_group), cfg.sequence_parallel);
+  const ContextParallel cp = cp_group ? ContextParallel{std::move(cp_group)} : ContextParallel::none();
   for (int c = 0; c < layout.num_chunks; ++c)
-    chunks_.push_back(std::make_unique<GPTChunk>(cfg, seed, tp_, layout, pp_rank, c));
+    chunks_.push_back(std::make_unique<GPTChunk>(cfg, seed, tp_, layout, pp_rank, c, cp));
 }
 GPTStageModel::~GPTStageModel() = default;
 

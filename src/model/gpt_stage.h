@@ -70,10 +70,13 @@ struct ChunkForward {
 
 class GPTChunk {
  public:
-  // Chunk `chunk` of pipeline rank `pp_rank` under `layout`, over the tensor-parallel group `tp`.
-  // cfg.num_layers is the whole model's and must equal layout.num_layers.
+  // Chunk `chunk` of pipeline rank `pp_rank` under `layout`, over the tensor-parallel group `tp`
+  // (and the context-parallel group `cp`: micro-batches are then this rank's slices, see
+  // slice_for_context_parallel). cfg.num_layers is the whole model's and must equal
+  // layout.num_layers.
   GPTChunk(const GPTConfig& cfg, uint64_t seed, const TensorParallel& tp,
-           const PipelineLayout& layout, int pp_rank, int chunk);
+           const PipelineLayout& layout, int pp_rank, int chunk,
+           const ContextParallel& cp = ContextParallel::none());
   ~GPTChunk();
   GPTChunk(const GPTChunk&) = delete;
   GPTChunk& operator=(const GPTChunk&) = delete;
@@ -119,8 +122,10 @@ class GPTChunk {
 
 class GPTStageModel {
  public:
-  // The chunks of this rank's pipeline stage (pp rank of `parallel`) over its tensor-parallel
-  // group. layers_per_virtual_stage: --num-layers-per-virtual-pipeline-stage (0: none).
+  // The chunks of this rank's pipeline stage (pp rank of `parallel`) over its tensor- and
+  // context-parallel groups (with CP > 1 every micro-batch passed to the schedules must be this
+  // rank's slice_for_context_parallel; losses and gradients are then partial sums over the CP
+  // group). layers_per_virtual_stage: --num-layers-per-virtual-pipeline-stage (0: none).
   // Validates the configuration (GPTConfig::validate, the TP and the pipeline rules).
   GPTStageModel(const GPTConfig& cfg, uint64_t seed, const ParallelState& parallel,
                 int layers_per_virtual_stage = 0);
@@ -128,7 +133,8 @@ class GPTStageModel {
   // groups; pp_group / embedding_group may be null when layout.pipeline_size == 1.
   GPTStageModel(const GPTConfig& cfg, uint64_t seed, const PipelineLayout& layout, int pp_rank,
                 std::shared_ptr<Communicator> tp_group, std::shared_ptr<Communicator> pp_group,
-                std::shared_ptr<Communicator> embedding_group);
+                std::shared_ptr<Communicator> embedding_group,
+                std::shared_ptr<Communicator> cp_group = nullptr);
   ~GPTStageModel();
   GPTStageModel(const GPTStageModel&) = delete;
   GPTStageModel& operator=(const GPTStageModel&) = delete;

@@ -69,14 +69,16 @@ static AttentionDims local_dims(const AttentionDims& d, const TensorParallel& tp
 // key head, its value head), so the column-parallel dim-0 shard of rank r is exactly query groups
 // [r*g/T, (r+1)*g/T) with their heads: the attention kernel reads it unchanged.
 SelfAttention::SelfAttention(const std::string& prefix, int64_t h, const AttentionDims& d,
-                             int layer_, DType dtype, const TensorParallel& tp)
+                             int layer_, DType dtype, const TensorParallel& tp,
+                             const ContextParallel& cp_)
     : linear_qkv(prefix + ".linear_qkv", h,
                  int64_t(d.groups) * (d.heads / d.groups + 2) * d.head_dim, dtype, tp),
       linear_proj(prefix + ".linear_proj", int64_t(d.heads) * d.head_dim, h, dtype, tp),
       dims(local_dims(d, tp)),
       head_offset(tp.rank() * (d.heads / tp.size())),
       total_heads(d.heads),
-      layer(layer_) {}
+      layer(layer_),
+      cp(cp_) {}
 
 static ops::AttentionShape attention_shape(const LayerContext& ctx, const SelfAttention& a) {
   ops::AttentionShape s;
@@ -97,10 +99,20 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
   Tensor c = Tensor::empty({ctx.rows(), int64_t(dims.heads) * dims.head_dim}, DType::F32);
   Tensor lse = Tensor::empty({ctx.batch, dims.heads, ctx.seq}, DType::F32);
   Tensor probs;
+  const int C = cp.size();
   if (ctx.save && !ctx.recompute_core_attention)
-    probs = Tensor::empty({ctx.batch, dims.heads, ctx.seq, ctx.seq}, DType::F32);
-  ops::attention_fwd(c, lse, probs, qkv, ctx.attention_start, sh,
-                     ctx.dropout(dims.attention_dropout, layer, kSiteAttentionProbs));
+    probs = Tensor::empty({ctx.batch, dims.heads, ctx.seq, C * ctx.seq}, DType::F32);
+  const ops::DropoutSpec drop = ctx.dropout(dims.attention_dropout, layer, kSiteAttentionProbs);
+  if (C > 1) {  // this rank's queries against the whole sequence's keys and values
+    ops::AttentionShape csh = sh;
+    csh.kv_seq = C * ctx.seq;
+    const Tensor full = GatherFromContextParallelRegion::forward(cp, qkv, ctx.batch);
+    ops::attention_subset_fwd(c, lse, probs, full,
+                              context_parallel_positions(ctx.seq, cp.rank(), C),
+                              ctx.attention_start, csh, drop);
+  } else {
+    ops::attention_fwd(c, lse, probs, qkv, ctx.attention_start, sh, drop);
+  }
   Tensor y = linear_proj.forward(ctx, c);
   if (ctx.save) saved = {qkv, lse, probs, c};
   return y;
@@ -108,10 +120,22 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
 Tensor SelfAttention::backward(const LayerContext& ctx, const Tensor& dy) {
   MG_CHECK(saved.qkv.defined(), "SelfAttention::backward without a saved forward");
   Tensor dc = linear_proj.backward(ctx, dy);
-  Tensor dqkv = Tensor::empty(saved.qkv.shape(), DType::F32);
-  ops::attention_bwd(dqkv, dc, saved.qkv, saved.lse, saved.probs, ctx.attention_start,
-                     attention_shape(ctx, *this),
-                     ctx.dropout(dims.attention_dropout, layer, kSiteAttentionProbs));
+  const ops::DropoutSpec drop = ctx.dropout(dims.attention_dropout, layer, kSiteAttentionProbs);
+  Tensor dqkv;
+  const int C = cp.size();
+  if (C > 1) {  // gathered again (not kept); dK / dV go back to the ranks owning the positions
+    ops::AttentionShape csh = attention_shape(ctx, *this);
+    csh.kv_seq = C * ctx.seq;
+    const Tensor full = GatherFromContextParallelRegion::forward(cp, saved.qkv, ctx.batch);
+    Tensor dfull = Tensor::empty(full.shape(), DType::F32);
+    ops::attention_subset_bwd(dfull, dc, full, context_parallel_positions(ctx.seq, cp.rank(), C),
+                              saved.lse, saved.probs, ctx.attention_start, csh, drop);
+    dqkv = GatherFromContextParallelRegion::backward(cp, dfull, ctx.batch);
+  } else {
+    dqkv = Tensor::empty(saved.qkv.shape(), DType::F32);
+    ops::attention_bwd(dqkv, dc, saved.qkv, saved.lse, saved.probs, ctx.attention_start,
+                       attention_shape(ctx, *this), drop);
+  }
   saved = {};
   return linear_qkv.backward(ctx, dqkv);
 }
@@ -159,53 +183,66 @@ static std::string layer_prefix(int i) { return "decoder.layers." + std::to_stri
 
 TransformerLayer::TransformerLayer(int idx, int64_t h, int64_t ffn, const AttentionDims& dims,
                                    float eps, float hdrop, bool gelu_tanh, DType dtype,
-                                   const TensorParallel& tp_)
+                                   const TensorParallel& tp_, const ContextParallel& cp_)
     : index(idx),
       hidden_dropout(hdrop),
       tp(tp_),
       input_layernorm(layer_prefix(idx) + ".input_layernorm", h, eps, dtype,
                       tp_.sequence_parallel),
-      self_attention(layer_prefix(idx) + ".self_attention", h, dims, idx, dtype, tp_),
+      self_attention(layer_prefix(idx) + ".self_attention", h, dims, idx, dtype, tp_, cp_),
       pre_mlp_layernorm(layer_prefix(idx) + ".pre_mlp_layernorm", h, eps, dtype,
                         tp_.sequence_parallel),
       mlp(layer_prefix(idx) + ".mlp", h, ffn, gelu_tanh, dtype, tp_) {}
 
-// Index of x's first element in the unsharded [N, h] tensor (x is rank r's row block under
-// sequence parallelism), so the hidden-dropout masks equal the single-rank ones.
-static uint64_t shard_offset(const TensorParallel& tp, const Tensor& x) {
-  return tp.sequence_parallel ? uint64_t(tp.rank()) * uint64_t(x.numel()) : 0;
+// Bias-dropout-add over x's rows with the masks of the same rows of the unsharded [N, h] tensor:
+// x is rank r's row block under sequence parallelism, and its rows are scattered over the whole
+// sequence under context parallelism (LayerContext::for_each_sequence_run).
+static int64_t first_row(const TensorParallel& tp, const Tensor& x) {
+  return tp.sequence_parallel ? int64_t(tp.rank()) * x.size(0) : 0;
+}
+static void bda_fwd(const LayerContext& ctx, int64_t row0, const Tensor& out, const Tensor& x,
+                    const Tensor& bias, const Tensor& residual, float p, int layer, int site) {
+  ctx.for_each_sequence_run(row0, x.size(0), x.size(1), [&](int64_t f, int64_t n, uint64_t off) {
+    ops::bias_dropout_add_fwd(out.narrow(0, f, n), x.narrow(0, f, n), bias,
+                              residual.narrow(0, f, n), ctx.dropout(p, layer, site, off));
+  });
+}
+static void bda_bwd(const LayerContext& ctx, int64_t row0, const Tensor& dx, const Tensor& dbias,
+                    const Tensor& dout, float p, int layer, int site) {
+  ctx.for_each_sequence_run(row0, dx.size(0), dx.size(1), [&](int64_t f, int64_t n, uint64_t off) {
+    ops::bias_dropout_add_bwd(dx.narrow(0, f, n), dbias, dout.narrow(0, f, n),
+                              ctx.dropout(p, layer, site, off));
+  });
 }
 
 Tensor TransformerLayer::forward(const LayerContext& ctx, const Tensor& x) {
-  const uint64_t off = shard_offset(tp, x);
+  const int64_t row0 = first_row(tp, x);
   Tensor a = input_layernorm.forward(ctx, x);
   Tensor attn = self_attention.forward(ctx, a);
   Tensor x2 = Tensor::empty(x.shape(), DType::F32);
-  ops::bias_dropout_add_fwd(x2, attn, self_attention.linear_proj.bias.f32, x,
-                            ctx.dropout(hidden_dropout, index, kSiteAttentionOut, off));
+  bda_fwd(ctx, row0, x2, attn, self_attention.linear_proj.bias.f32, x, hidden_dropout, index,
+          kSiteAttentionOut);
   Tensor m = pre_mlp_layernorm.forward(ctx, x2);
   Tensor mo = mlp.forward(ctx, m);
   Tensor y = Tensor::empty(x.shape(), DType::F32);
-  ops::bias_dropout_add_fwd(y, mo, mlp.linear_fc2.bias.f32, x2,
-                            ctx.dropout(hidden_dropout, index, kSiteMlpOut, off));
+  bda_fwd(ctx, row0, y, mo, mlp.linear_fc2.bias.f32, x2, hidden_dropout, index, kSiteMlpOut);
   if (ctx.save) saved = {x, x2};
   return y;
 }
 
 Tensor TransformerLayer::backward(const LayerContext& ctx, const Tensor& dy) {
   MG_CHECK(saved.x2.defined(), "TransformerLayer::backward without a saved forward");
-  const uint64_t off = shard_offset(tp, dy);
+  const int64_t row0 = first_row(tp, dy);
   // MLP branch: y = x2 + drop(mlp(ln2(x2)) + b)
   Tensor dmo = Tensor::empty(dy.shape(), DType::F32);
-  ops::bias_dropout_add_bwd(dmo, mlp.linear_fc2.bias.param.grad, dy,
-                            ctx.dropout(hidden_dropout, index, kSiteMlpOut, off));
+  bda_bwd(ctx, row0, dmo, mlp.linear_fc2.bias.param.grad, dy, hidden_dropout, index, kSiteMlpOut);
   Tensor dm = mlp.backward(ctx, dmo);
   Tensor dx2 = dy.clone();
   pre_mlp_layernorm.backward_accumulate(ctx, dm, dx2);
   // Attention branch: x2 = x + drop(attn(ln1(x)) + b)
   Tensor dattn = dmo;  // reuse the buffer
-  ops::bias_dropout_add_bwd(dattn, self_attention.linear_proj.bias.param.grad, dx2,
-                            ctx.dropout(hidden_dropout, index, kSiteAttentionOut, off));
+  bda_bwd(ctx, row0, dattn, self_attention.linear_proj.bias.param.grad, dx2, hidden_dropout, index,
+          kSiteAttentionOut);
   Tensor da = self_attention.backward(ctx, dattn);
   input_layernorm.backward_accumulate(ctx, da, dx2);
   saved = {};

@@ -17,6 +17,7 @@
 
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "model/context_parallel.h"
 #include "model/layer_base.h"
 #include "model/parallel_layers.h"
 #include "model/parameter.h"
@@ -54,13 +55,18 @@ struct AttentionDims {
 
 class SelfAttention {
  public:
+  // cp: context parallelism (context_parallel.h): queries are this rank's tokens, keys and
+  // values the whole sequence gathered over the group.
   SelfAttention(const std::string& prefix, int64_t h, const AttentionDims& dims, int layer,
-                DType dtype, const TensorParallel& tp = TensorParallel::none());
+                DType dtype, const TensorParallel& tp = TensorParallel::none(),
+                const ContextParallel& cp = ContextParallel::none());
   struct Saved {
     // n, g: this rank's heads and query groups (n/T, g/T of the layer's).
     Tensor qkv;    // [N, g*(n/g+2)*d] output of linear_qkv (with bias)
     Tensor lse;    // [b, n, s] softmax log-sum-exp
-    Tensor probs;  // [b, n, s, s] softmax probabilities; empty under selective recompute
+    // [b, n, s, s] softmax probabilities ([b, n, s, C*s] under context parallelism); empty
+    // under selective recompute
+    Tensor probs;
     Tensor ctx;    // [N, n*d] input of linear_proj
     size_t bytes() const { return bytes_of(qkv) + bytes_of(lse) + bytes_of(probs) + bytes_of(ctx); }
   };
@@ -75,6 +81,7 @@ class SelfAttention {
   AttentionDims dims;  // this rank's heads and groups
   int head_offset = 0, total_heads = 0;  // first global head held here; the layer's heads
   int layer;
+  ContextParallel cp;
 };
 
 class MLP {
@@ -102,7 +109,8 @@ class TransformerLayer {
  public:
   TransformerLayer(int index, int64_t h, int64_t ffn, const AttentionDims& dims, float eps,
                    float hidden_dropout, bool gelu_tanh, DType dtype,
-                   const TensorParallel& tp = TensorParallel::none());
+                   const TensorParallel& tp = TensorParallel::none(),
+                   const ContextParallel& cp = ContextParallel::none());
   // Rows R = N, or N/T (this rank's sequence shard) under sequence parallelism.
   struct Saved {
     Tensor x;   // [R, h] layer input (shared with the caller)

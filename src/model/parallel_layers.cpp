@@ -124,7 +124,10 @@ Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const T
   Tensor p = Tensor::empty({rows, h}, DType::F32);
   ops::embedding_fwd(p, pos.view({n}).narrow(0, row0, rows), position.f32);
   ops::bias_dropout_add_fwd(out, p, Tensor(), out, ops::DropoutSpec{});
-  ops::dropout_fwd(out, out, ctx.dropout(dropout, -1, kSiteEmbedding, uint64_t(row0 * h)));
+  ctx.for_each_sequence_run(row0, rows, h, [&](int64_t f, int64_t k, uint64_t off) {
+    const Tensor o = out.narrow(0, f, k);
+    ops::dropout_fwd(o, o, ctx.dropout(dropout, -1, kSiteEmbedding, off));
+  });
   if (ctx.save) saved = {tokens, pos};
   return out;
 }
@@ -134,7 +137,10 @@ void Embedding::backward(const LayerContext& ctx, const Tensor& dout) {
   const int64_t n = saved.tokens.numel(), rows = dout.size(0), h = dout.size(1);
   const int64_t row0 = tp_.sequence_parallel ? tp_.rank() * rows : 0;
   Tensor d = Tensor::empty(dout.shape(), DType::F32);
-  ops::dropout_bwd(d, dout, ctx.dropout(dropout, -1, kSiteEmbedding, uint64_t(row0 * h)));
+  ctx.for_each_sequence_run(row0, rows, h, [&](int64_t f, int64_t k, uint64_t off) {
+    ops::dropout_bwd(d.narrow(0, f, k), dout.narrow(0, f, k),
+                     ctx.dropout(dropout, -1, kSiteEmbedding, off));
+  });
   ops::embedding_bwd(position.param.grad, saved.position_ids.view({n}).narrow(0, row0, rows), d);
   Communicator& g = tp_.comm();
   d = tp_.sequence_parallel ? ReduceScatterToSequenceParallelRegion::backward(g, d)

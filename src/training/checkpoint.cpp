@@ -325,8 +325,11 @@ CheckpointRank CheckpointRank::from(const ParallelState& ps) {
   r.tp_rank = ps.tp_rank();
   r.pp_size = ps.pp_size();
   r.pp_rank = ps.pp_rank();
-  r.dp_size = ps.dp_size();
-  r.dp_rank = ps.dp_rank();
+  // Context-parallel ranks hold identical weights and the distributed optimizer shards over
+  // DP x CP, so for checkpoints the data-parallel dimension is DP x CP (Megatron's
+  // data_parallel_group_with_cp): only its rank 0 writes the model of a model-parallel rank.
+  r.dp_size = ps.dp_size() * ps.cp_size();
+  r.dp_rank = ps.layout().rank_in(GroupKind::DP_CP, ps.world_rank());
   return r;
 }
 

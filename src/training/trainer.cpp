@@ -122,6 +122,24 @@ void validate_args(const TrainingArgs& a) {
   MG_REQUIRE(a.ckpt_step < 0 || !a.load.empty(), "--ckpt-step needs --load DIR");
 }
 
+// Context parallelism (model/context_parallel.h): the sequence splits into 2 x CP chunks; under
+// sequence parallelism each rank's S/CP tokens split again over TP.
+void validate_context_parallel_args(const TrainingArgs& a) {
+  const int C = a.parallel.context_parallel_size, T = a.parallel.tensor_model_parallel_size;
+  const int64_t S = a.model.seq_length;
+  MG_REQUIRE(C >= 1, "--context-parallel-size must be >= 1 (got ", C, ")");
+  if (C == 1) return;
+  MG_REQUIRE(a.parallel.pipeline_model_parallel_size == 1, "--context-parallel-size ", C,
+             " together with --pipeline-model-parallel-size ", a.parallel.pipeline_model_parallel_size,
+             " is not supported by pretrain-gpt yet (the pipeline stages take CP micro-batch slices, "
+             "but the trainer does not combine the two); use one of them");
+  MG_REQUIRE(S % (2 * C) == 0, "--seq-length ", S, " is not divisible by 2 x --context-parallel-size = ",
+             2 * C, " (each context-parallel rank holds 2 of the 2 x CP sequence chunks)");
+  MG_REQUIRE(!a.model.sequence_parallel || T == 1 || (S / C) % T == 0, "--seq-length ", S,
+             " / --context-parallel-size ", C, " is not divisible by --tensor-model-parallel-size ", T,
+             " (required by --sequence-parallel: each rank holds seq-length / CP / TP of the tokens)");
+}
+
 void validate_parallel_args(const TrainingArgs& a, int world_size) {
   const ParallelArgs& p = a.parallel;
   MG_REQUIRE(p.tensor_model_parallel_size >= 1, "--tensor-model-parallel-size must be >= 1 (got ",
@@ -134,8 +152,7 @@ void validate_parallel_args(const TrainingArgs& a, int world_size) {
   // L % PP, and with virtual stages (L / PP) % layers-per-virtual-stage (errors name the flags).
   const model::PipelineLayout pl = model::PipelineLayout::make(
       int(a.model.num_layers), p.pipeline_model_parallel_size, p.num_layers_per_virtual_pipeline_stage);
-  MG_REQUIRE(p.context_parallel_size == 1, "--context-parallel-size ", p.context_parallel_size,
-             " is not supported yet (no context parallelism); use 1");
+  validate_context_parallel_args(a);
   MG_REQUIRE(p.ddp_bucket_size >= 0, "--ddp-bucket-size must be > 0 (got ", p.ddp_bucket_size, ")");
   MG_REQUIRE(p.distributed_timeout_minutes > 0, "--distributed-timeout-minutes must be > 0");
   MG_REQUIRE(!p.overlap_param_gather || (p.use_distributed_optimizer && p.overlap_grad_reduce),
@@ -186,6 +203,11 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   const model::PipelineLayout pipeline_layout = model::PipelineLayout::make(
       int(a.model.num_layers), pp, a.parallel.num_layers_per_virtual_pipeline_stage);
   crank.vp_size = pipeline_layout.num_chunks;
+  const int dp_cp = dp * ps.cp_size();  // ranks whose gradients and losses are summed
+  // Context parallelism: every CP rank loads its DP rank's micro-batch and keeps its zig-zag slice.
+  auto cp_slice = [&](const data::GPTBatch& b) {
+    return model::slice_for_context_parallel(to_inputs(b), ps.cp_rank(), ps.cp_size());
+  };
   // Megatron's print_rank_last: the last rank prints the log lines and writes the metrics.
   const bool log_rank = ps.world_rank() == ps.world_size() - 1;
   auto say = [&](const std::string& line) {
@@ -315,14 +337,17 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   a.optimizer.type = optim::parse_optimizer_type(a.optimizer_name);
   // Data parallelism: one flat gradient buffer in buckets (Megatron: buckets only when
   // overlapping, of max(40M, 1M x DP) elements by default; one bucket otherwise).
+  // Gradients are summed over data x context parallel ranks (every CP rank holds the partial
+  // gradient of its tokens; Megatron's data_parallel_group_with_cp); the distributed optimizer
+  // shards over that group.
   std::unique_ptr<optim::ParamAndGradBuffer> buffer;
-  if (dp > 1 || use_dist_opt) {
+  if (dp_cp > 1 || use_dist_opt) {
     optim::GradBufferConfig bc;
     bc.bucket_size = overlap ? (a.parallel.ddp_bucket_size > 0 ? a.parallel.ddp_bucket_size
-                                                               : std::max<int64_t>(40000000, 1000000 * dp))
+                                                               : std::max<int64_t>(40000000, 1000000 * dp_cp))
                              : 0;
     bc.pad_for_sharding = use_dist_opt;
-    buffer = std::make_unique<optim::ParamAndGradBuffer>(params, ps.group_ptr(GroupKind::DP), bc);
+    buffer = std::make_unique<optim::ParamAndGradBuffer>(params, ps.group_ptr(GroupKind::DP_CP), bc);
   }
   // fp32 main copies of the (loaded) weights: all of them, or this rank's shard.
   std::unique_ptr<optim::Optimizer> plain_opt;
@@ -410,11 +435,11 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     last_saved = it;
   };
 
-  // Sums over the data-parallel group (token counts, losses); a no-op on one rank.
+  // Sums over the data x context parallel group (token counts, losses); a no-op on one rank.
   auto dp_sum = [&](std::vector<double> v) {
-    if (dp > 1) {
+    if (dp_cp > 1) {
       Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
-      ps.dp().all_reduce(t, ReduceOp::Sum);
+      ps.dp_cp().all_reduce(t, ReduceOp::Sum);
       for (size_t i = 0; i < v.size(); ++i) v[i] = t.data<double>()[i];
     }
     return v;
@@ -436,10 +461,10 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     else
       plain_opt->zero_grad();
     // This DP rank's micro-batches: global micro-batch m * DP + dp_rank of the iteration.
-    std::vector<data::GPTBatch> batches;
+    std::vector<model::GPTInputs> batches;
     double local_tokens = 0;
     for (int64_t m = 0; m < num_micro; ++m) {
-      batches.push_back(data::make_batch(*ds.train, consumed + m * mbs * dp, mbs, dp_rank, dp, bopt));
+      batches.push_back(cp_slice(data::make_batch(*ds.train, consumed + m * mbs * dp, mbs, dp_rank, dp, bopt)));
       local_tokens += mask_sum(batches.back().loss_mask);
     }
     const double tokens = dp_sum({local_tokens})[0];  // loss tokens of the global batch
@@ -450,18 +475,16 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       // Megatron's forward_backward_func: the schedule over this DP rank's micro-batches, whose
       // dropout keys are m * DP + dp_rank as below; it finalises the model-parallel grads (SP over
       // TP, tied embedding over the embedding group) and gives every stage the loss.
-      std::vector<model::GPTInputs> inputs;
-      for (const data::GPTBatch& b : batches) inputs.push_back(to_inputs(b));
       pipeline::ForwardBackwardOptions fb;
       fb.grad_scale = grad_scale;
       fb.dropout_offset = dropout_offset + uint64_t(dp_rank);
       fb.dropout_offset_stride = uint64_t(dp);
-      loss_sum = pipeline::forward_backward(*stage, inputs, fb).loss_sum;
+      loss_sum = pipeline::forward_backward(*stage, batches, fb).loss_sum;
     } else {
       for (int64_t m = 0; m < num_micro; ++m) {
         if (hook_reduction && m == num_micro - 1) gpt->set_grad_ready_hook(on_grads_ready);
         model::LossResult r = gpt->forward_backward(
-            to_inputs(batches[size_t(m)]), grad_scale, dropout_offset + uint64_t(m * dp + dp_rank));
+            batches[size_t(m)], grad_scale, dropout_offset + uint64_t(m * dp + dp_rank));
         loss_sum += r.loss_sum;
       }
       if (hook_reduction) gpt->set_grad_ready_hook({});
@@ -554,9 +577,9 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
           data::GPTBatch b = data::make_batch(*ds.valid, consumed_valid, mbs, dp_rank, dp, bopt);
           consumed_valid += mbs * dp;
           if (stage) {
-            group.push_back(to_inputs(b));
+            group.push_back(cp_slice(b));
           } else {
-            model::LossResult r = gpt->forward_loss(to_inputs(b));
+            model::LossResult r = gpt->forward_loss(cp_slice(b));
             vloss += r.loss_sum;
             vtokens += r.num_tokens;
           }

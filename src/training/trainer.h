@@ -26,8 +26,14 @@
 //   the last stage's copy of the tied word embedding left out (counted once, on the first stage).
 //   --overlap-grad-reduce is accepted, but under PP the buckets are reduced after the pipeline
 //   flush. Evaluation runs the forward-only schedule.
-// The last rank (last pipeline stage: it has the loss) prints the log lines and writes the JSONL metrics and TensorBoard files (as
-// Megatron's print_rank_last); checkpoints are written per rank (checkpoint.h).
+// - context parallel (model/context_parallel.h): the CP ranks of a DP rank load the same
+//   micro-batches and each keeps its zig-zag slice of every sequence (chunks r and 2CP-1-r of
+//   2CP); loss sums and token counts are summed over DP x CP, and so are gradients (the buffer
+//   and the distributed optimizer work over the DP x CP group, as Megatron's
+//   data_parallel_group_with_cp). Not combined with PP in pretrain-gpt yet (the pipeline stages
+//   take the CP group; the trainer rejects CP x PP).
+// The last rank (last pipeline stage: it has the loss) prints the log lines and writes the JSONL
+// metrics and TensorBoard files (as Megatron's print_rank_last); checkpoints are written per rank (checkpoint.h).
 // --load resumes exactly: the checkpoint restores iteration, consumed samples (the sampler goes on
 // with the next sample), weights, optimizer, loss scaler, LR schedule and the dropout counter, so a
 // resumed run reproduces the uninterrupted one bit for bit. --save also writes a checkpoint when
@@ -55,7 +61,7 @@ struct ParallelArgs {
   int tensor_model_parallel_size = 1;      // --tensor-model-parallel-size
   int pipeline_model_parallel_size = 1;    // --pipeline-model-parallel-size
   int num_layers_per_virtual_pipeline_stage = 0;  // --num-layers-per-virtual-pipeline-stage (0: none)
-  int context_parallel_size = 1;           // --context-parallel-size (only 1 so far)
+  int context_parallel_size = 1;           // --context-parallel-size (not with PP > 1 yet)
   bool use_distributed_optimizer = false;  // --use-distributed-optimizer
   bool overlap_grad_reduce = false;        // --overlap-grad-reduce
   bool overlap_param_gather = false;       // --overlap-param-gather (accepted; not overlapped)
@@ -125,10 +131,12 @@ struct TrainingSummary {
   int world_size = 1;
 };
 
-// Checks the parallel layout against the world size: TP x PP x CP must divide it, CP must be 1
-// for now, the global batch must split into micro-batches x DP, the layers must split over the
-// pipeline (and virtual) stages, the interleaved schedule needs a number of micro-batches
-// divisible by PP, and the model must split over TP. Throws megatron::Error naming the flags.
+// Checks the parallel layout against the world size: TP x PP x CP must divide it, CP > 1 needs
+// PP = 1 for now, the global batch must split into micro-batches x DP, the layers must split over
+// the pipeline (and virtual) stages, the interleaved schedule needs a number of micro-batches
+// divisible by PP, and the model must split over TP; with CP > 1 the sequence length must be
+// divisible by 2 x CP (and, under sequence parallelism, seq-length / CP by TP). Throws
+// megatron::Error naming the flags.
 void validate_parallel_args(const TrainingArgs& a, int world_size);
 
 // Runs the whole training (builds tokenizer, data, model, optimizer) over the MPI world (a world

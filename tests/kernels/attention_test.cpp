@@ -142,6 +142,69 @@ TEST(Attention, HeadSubsetMatchesFullRunWithDropout) {
   }
 }
 
+// Context parallelism: disjoint query subsets of a sequence (the zig-zag halves of 2 ranks: chunks
+// {0, 3} and {1, 2} of 4) against the whole sequence give the full run's rows of ctx and lse, and
+// their dqkv summed give the full dqkv; with GQA, per-query starts and dropout, saved or
+// recomputed probabilities.
+TEST(Attention, QuerySubsetsMatchTheFullRun) {
+  const int64_t b = 2, s = 8, cs = 2;
+  const int n = 4, g = 2, d = 3, hpg = n / g;
+  const int64_t W = int64_t(g) * (hpg + 2) * d, CW = int64_t(n) * d;
+  Tensor qkv = randn({b, s, W}, 61), dctx = randn({b, s, CW}, 62);
+  std::vector<int32_t> start(size_t(b * s));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t i = 0; i < s; ++i) start[size_t(bi * s + i)] = int32_t(i >= 3 + bi ? 3 + bi : 0);
+  Tensor st = Tensor::from_vector(start, {b, s});
+  const DropoutSpec drop{0.3f, 5, 9};
+  AttentionShape full{b, s, n, g, d, 1.0f / std::sqrt(float(d))};
+  Tensor ctx = Tensor::empty({b, s, CW}, DType::F32), lse = Tensor::empty({b, n, s}, DType::F32);
+  Tensor dqkv = Tensor::empty(qkv.shape(), DType::F32);
+  attention_fwd(ctx, lse, Tensor(), qkv, st, full, drop);
+  attention_bwd(dqkv, dctx, qkv, lse, Tensor(), st, full, drop);
+  for (bool save_probs : {true, false}) {
+    SCOPED_TRACE(save_probs ? "saved probs" : "recomputed probs");
+    std::vector<float> dsum(size_t(dqkv.numel()), 0.0f);
+    for (const std::vector<int32_t>& chunks : {std::vector<int32_t>{0, 3}, {1, 2}}) {
+      std::vector<int32_t> pos;
+      for (int32_t c : chunks)
+        for (int64_t i = 0; i < cs; ++i) pos.push_back(int32_t(c * cs + i));
+      const int64_t sq = int64_t(pos.size());
+      std::vector<int32_t> sst;
+      std::vector<float> dcs;
+      const std::vector<float> dcf = dctx.to_float_vector();
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int32_t p : pos) {
+          sst.push_back(start[size_t(bi * s + p)]);
+          dcs.insert(dcs.end(), dcf.begin() + (bi * s + p) * CW, dcf.begin() + (bi * s + p + 1) * CW);
+        }
+      AttentionShape part = full;
+      part.seq = sq;
+      part.kv_seq = s;
+      Tensor qp = Tensor::from_vector(pos, {sq});
+      Tensor c = Tensor::empty({b, sq, CW}, DType::F32), l = Tensor::empty({b, n, sq}, DType::F32);
+      Tensor probs = save_probs ? Tensor::empty({b, n, sq, s}, DType::F32) : Tensor();
+      Tensor sub_st = Tensor::from_vector(sst, {b, sq}), dc = Tensor::from_vector(dcs, {b, sq, CW});
+      attention_subset_fwd(c, l, probs, qkv, qp, sub_st, part, drop);
+      Tensor dq = Tensor::full(qkv.shape(), 123.0, DType::F32);  // must be fully overwritten
+      attention_subset_bwd(dq, dc, qkv, qp, l, probs, sub_st, part, drop);
+      const std::vector<float> cv = c.to_float_vector(), lv = l.to_float_vector();
+      const std::vector<float> cf = ctx.to_float_vector(), lf = lse.to_float_vector();
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t i = 0; i < sq; ++i) {
+          const int64_t p = pos[size_t(i)];
+          for (int64_t e = 0; e < CW; ++e)
+            EXPECT_NEAR(cv[size_t((bi * sq + i) * CW + e)], cf[size_t((bi * s + p) * CW + e)], 1e-6);
+          for (int h = 0; h < n; ++h)
+            EXPECT_NEAR(lv[size_t((bi * n + h) * sq + i)], lf[size_t((bi * n + h) * s + p)], 1e-6);
+        }
+      const std::vector<float> dv = dq.to_float_vector();
+      for (size_t k = 0; k < dv.size(); ++k) dsum[k] += dv[k];
+    }
+    const std::vector<float> want = dqkv.to_float_vector();
+    for (size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(dsum[k], want[k], 1e-5) << k;
+  }
+}
+
 TEST(Attention, PlainCausal) { run_case({2, 9, 2, 2, 4, 0.0f, false}); }
 TEST(Attention, GroupedQueryWithStarts) { run_case({2, 8, 4, 2, 3, 0.0f, true}); }
 TEST(Attention, DropoutWithStartsSingleGroup) { run_case({1, 10, 3, 1, 4, 0.3f, true}); }

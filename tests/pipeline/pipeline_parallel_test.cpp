@@ -26,7 +26,7 @@ using model::testing::rel_diff;
 
 struct Case {
   std::string name;
-  int tp = 1, pp = 1, layers = 4, layers_per_virtual_stage = 0, microbatches = 4;
+  int tp = 1, pp = 1, layers = 4, layers_per_virtual_stage = 0, microbatches = 4, cp = 1;
   bool sequence_parallel = false;
   float dropout = 0.0f;
   std::string recompute_method;  // "" or "uniform" / "block" (full recomputation of 1 layer)
@@ -34,6 +34,7 @@ struct Case {
   explicit Case(std::string n = "") : name(std::move(n)) {}
   Case& TP(int v) { tp = v; return *this; }
   Case& PP(int v) { pp = v; return *this; }
+  Case& CP(int v) { cp = v; return *this; }
   Case& L(int v) { layers = v; return *this; }
   Case& layers_per_vstage(int v) { layers_per_virtual_stage = v; return *this; }
   Case& M(int v) { microbatches = v; return *this; }
@@ -65,14 +66,16 @@ void sgd(const model::ParameterList& ps, float lr) {
   }
 }
 
-// Runs `iterations` training steps of case `c` on this world (if TP x PP divides it).
+// Runs `iterations` training steps of case `c` on this world (if TP x PP x CP divides it). With
+// CP > 1 each rank runs its slice of every micro-batch; losses and gradients are summed over CP.
 void check_case(const Case& c, int iterations = 2) {
   auto w = world();
-  if (w->size() % (c.tp * c.pp) != 0) return;
+  if (w->size() % (c.tp * c.pp * c.cp) != 0) return;
   SCOPED_TRACE(c.name);
   ParallelConfig pc;
   pc.tensor_model_parallel_size = c.tp;
   pc.pipeline_model_parallel_size = c.pp;
+  pc.context_parallel_size = c.cp;
   const ParallelState ps = ParallelState::create(w, pc);
   const GPTConfig cfg = config_of(c);
   GPTConfig ref_cfg = cfg;
@@ -110,7 +113,17 @@ void check_case(const Case& c, int iterations = 2) {
     o.grad_scale = scale;
     o.dropout_offset = offset;
     o.dropout_offset_stride = stride;
-    const ForwardBackwardResult res = forward_backward(st, mbs, o);
+    std::vector<model::GPTInputs> local;
+    for (const auto& in : mbs)
+      local.push_back(model::slice_for_context_parallel(in, ps.cp_rank(), ps.cp_size()));
+    ForwardBackwardResult res = forward_backward(st, local, o);
+    if (c.cp > 1) {  // partial sums over the CP group (the trainer reduces over DP x CP)
+      Tensor sums = Tensor::from_vector(std::vector<double>{res.loss_sum, res.num_tokens}, {2});
+      ps.cp().all_reduce(sums);
+      res.loss_sum = sums.data<double>()[0];
+      res.num_tokens = sums.data<double>()[1];
+      for (Parameter* p : st.parameters()) ps.cp().all_reduce(p->grad);
+    }
     EXPECT_EQ(res.kind, want_kind);
     EXPECT_NEAR(res.loss_sum, want.loss_sum, 1e-5 * want.loss_sum);
     EXPECT_EQ(res.num_tokens, want.tokens);
@@ -183,6 +196,12 @@ TEST(MpiPipelineParallel, TensorTimesPipeline) {
   check_case(Case("TP2 x PP2 SP").TP(2).PP(2).M(3).SP());
   check_case(Case("TP2 x PP2 SP v2").TP(2).PP(2).L(8).layers_per_vstage(2).SP());
   check_case(Case("TP2 x PP2 SP dropout").TP(2).PP(2).M(2).SP().drop(0.1f));
+}
+
+// Context x pipeline parallelism at the model level (pretrain-gpt does not combine them yet).
+TEST(MpiPipelineParallel, ContextTimesPipeline) {
+  check_case(Case("CP2 x PP2").CP(2).PP(2));
+  check_case(Case("CP2 x PP2 v2 dropout").CP(2).PP(2).layers_per_vstage(1).drop(0.1f));
 }
 
 // Evaluation through the pipeline: forward only, the loss on every rank, nothing kept.
