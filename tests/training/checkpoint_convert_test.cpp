@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -431,6 +432,29 @@ TEST(CheckpointConvertCli, ConvertsAndSaysWhatItDid) {
   EXPECT_EQ(noopt.exit_code, 0) << noopt.output;
   EXPECT_NE(noopt.output.find("optimizer state: NONE"), std::string::npos) << noopt.output;
   EXPECT_NE(noopt.output.find("--no-load-optim"), std::string::npos) << noopt.output;
+  // generate reads the TP2 and the TP2 -> PP2 checkpoints directly and says what it generates
+  // from the TP1 one.
+  auto gen = [&](const std::string& dir) {
+    return megatron::testing::run_cli("generate --load " + dir + " --use-checkpoint-args "
+                                      "--tokenizer-type NullTokenizer --vocab-size 64 --prompt '1 2 3' "
+                                      "--prompt '7 9' --num-tokens-to-generate 6 --output-format jsonl "
+                                      "--return-log-probs 2>/dev/null");
+  };
+  auto results = [](const std::string& out) {  // the JSON lines (the log says where it loaded from)
+    std::string r, line;
+    std::istringstream in(out);
+    while (std::getline(in, line))
+      if (line.starts_with("{")) r += line + "\n";
+    return r;
+  };
+  const auto g1 = gen(src), g2 = gen((tmp / "tp2").string()), g3 = gen((tmp / "pp2").string());
+  EXPECT_EQ(g1.exit_code, 0) << g1.output;
+  EXPECT_EQ(g2.exit_code, 0) << g2.output;
+  EXPECT_EQ(g3.exit_code, 0) << g3.output;
+  EXPECT_NE(results(g1.output).find("\"tokens\""), std::string::npos) << g1.output;
+  EXPECT_EQ(results(g2.output), results(g1.output));
+  EXPECT_EQ(results(g3.output), results(g1.output));
+  EXPECT_NE(g2.output.find("merging the TP=2 x PP=1"), std::string::npos) << g2.output;
   auto bad = megatron::testing::run_cli("checkpoint convert --load " + src + " --save " +
                                         (tmp / "tp2").string() + " 2>&1");
   EXPECT_NE(bad.exit_code, 0);
