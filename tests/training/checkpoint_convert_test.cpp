@@ -412,6 +412,54 @@ TEST(CheckpointConvert, ErrorsNameTheProblem) {
   expect_error([&] { convert(tmp / "tp2pp2", tmp / "c3", 1, 1); }, {"missing"});
 }
 
+// The padded vocabulary depends on TP: without a buildable tokenizer the unpadded size is asked
+// for when it matters (TP2 -> TP1 with 64 rows padded by 16 x 2: 33..64 tokens pad to 48 or 64
+// under TP1), and --true-vocab-size decides it (40 tokens: 48 rows, the extra rows cut off).
+TEST(CheckpointConvert, TheVocabularyIsRepaddedFromTheTrueVocabularySize) {
+  megatron::testing::TempDir tmp;
+  write_corpus((tmp / "corpus").string());
+  TrainingArgs a = tiny_args(tmp.path(), 4);
+  a.save = (tmp / "src").string();
+  run_single(a);
+  convert(tmp / "src", tmp / "tp2", 2, 1);
+  const fs::path meta = tmp / "tp2" / "iter_0000004" / "metadata.json";
+  json j = json::parse(megatron::testing::read_file(meta));
+  j["args"]["tokenizer"] = {{"type", "GPT2BPETokenizer"}, {"vocab_file", (tmp / "gone.json").string()},
+                            {"merge_file", (tmp / "gone.txt").string()}};
+  megatron::testing::write_file(meta, j.dump());
+  try {
+    convert(tmp / "tp2", tmp / "tp1", 1, 1);
+    ADD_FAILURE() << "the padded size under TP1 cannot be known here";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--true-vocab-size"), std::string::npos) << e.what();
+  }
+  ConvertOptions o;
+  o.load = tmp / "tp2";
+  o.save = tmp / "tp1";
+  o.true_vocab_size = 40;
+  const ConvertResult r = convert_checkpoint(o);
+  EXPECT_EQ(r.padded_vocab_from, 64);
+  EXPECT_EQ(r.padded_vocab_to, 48);
+  const auto got = everything(tmp / "tp1"), ref = everything(tmp / "src");
+  const Tensor emb = got.at("model/embedding.word_embeddings.weight");
+  ASSERT_EQ(emb.size(0), 48);
+  EXPECT_TRUE(bit_equal(emb, ref.at("model/embedding.word_embeddings.weight").narrow(0, 0, 48).contiguous()));
+  EXPECT_EQ(got.at("exp_avg/embedding.word_embeddings.weight").size(0), 48);
+  EXPECT_EQ(open(tmp / "tp1").state.args["model"]["padded_vocab_size"], 48);
+  // --ckpt-step picks the iteration; a missing one is named.
+  o.save = tmp / "step4";
+  o.ckpt_step = 4;
+  EXPECT_EQ(convert_checkpoint(o).iteration, 4);
+  o.save = tmp / "step3";
+  o.ckpt_step = 3;
+  try {
+    convert_checkpoint(o);
+    ADD_FAILURE() << "iteration 3 was never saved";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--ckpt-step 3"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CheckpointConvertCli, ConvertsAndSaysWhatItDid) {
   megatron::testing::TempDir tmp;
   write_corpus((tmp / "corpus").string());
