@@ -531,9 +531,8 @@ void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank&
            "size may differ). Run with --tensor-model-parallel-size ", c.tensor_model_parallel_size,
            " --pipeline-model-parallel-size ", c.pipeline_model_parallel_size,
            " (world size a multiple of ", c.tensor_model_parallel_size * c.pipeline_model_parallel_size,
-           "), or reshard the checkpoint for this run's layout first: megatron checkpoint convert "
-           "--load ", ckpt.dir.parent_path().string(), " --save NEW_DIR --target-tensor-parallel-size ",
-           rank.tp_size, " --target-pipeline-parallel-size ", rank.pp_size);
+           "); resharding a checkpoint to another layout needs a converter "
+           "(megatron checkpoint convert), which this build does not have yet");
 }
 
 void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
