@@ -15,7 +15,7 @@ namespace {
 struct ConvertArgs {
   std::string load, save;
   int64_t ckpt_step = -1;
-  int target_tp = 1, target_pp = 1;
+  int target_tp = 1, target_pp = 1, target_layers_per_virtual_stage = 0;
   int64_t true_vocab_size = 0;
   bool no_save_optim = false;
 };
@@ -27,6 +27,7 @@ void run_convert(const ConvertArgs& a) {
   if (a.ckpt_step >= 0) o.ckpt_step = a.ckpt_step;
   o.target_tp = a.target_tp;
   o.target_pp = a.target_pp;
+  o.target_layers_per_virtual_stage = a.target_layers_per_virtual_stage;
   if (a.true_vocab_size > 0) o.true_vocab_size = a.true_vocab_size;
   o.drop_optimizer = a.no_save_optim;
   const training::ConvertResult r = training::convert_checkpoint(o);
@@ -63,6 +64,10 @@ CommandRegistrar reg(
       convert->add_option("--target-pipeline-parallel-size", a->target_pp,
                           "Pipeline-parallel size of the new checkpoint")
           ->capture_default_str();
+      convert->add_option("--target-num-layers-per-virtual-pipeline-stage",
+                          a->target_layers_per_virtual_stage,
+                          "Interleaved pipeline: layers per virtual stage of the new checkpoint "
+                          "(default: none)");
       convert->add_option("--true-vocab-size", a->true_vocab_size,
                           "Unpadded vocabulary size (default: from the checkpoint's tokenizer "
                           "arguments), needed to re-pad the embedding when TP changes");

@@ -234,18 +234,34 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
       if (!optim) continue;
       // The optimizer state through the trainer's own reader: a plain optimizer over this rank's
       // tensors, filled by load_optimizer_state (plain file or distributed shards).
-      std::vector<model::Parameter> params(names.size());
+      // The last stage of a PP > 1 checkpoint also has optimizer state for its tied copy of the
+      // word embedding (output_layer.weight, not in its model file): read it as a parameter of the
+      // embedding shard's shape, then drop it (it equals the first stage's).
+      const bool tied_copy = P > 1 && p == P - 1 && !stage_of.count(kOutputLayer) &&
+                             shards.count(kWordEmbedding) &&
+                             int(shards[kWordEmbedding]["param"].size()) > t;
+      std::vector<model::Parameter> params(names.size() + (tied_copy ? 1 : 0));
       model::ParameterList list;
-      for (size_t i = 0; i < names.size(); ++i) {
-        params[i].name = names[i];
-        params[i].value = shards[names[i]]["param"].back();
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i].name = i < names.size() ? names[i] : kOutputLayer;
+        params[i].value = i < names.size() ? shards[names[i]]["param"].back()
+                                           : shards[kWordEmbedding]["param"][size_t(t)].clone();
         params[i].grad = Tensor::zeros(params[i].value.shape(), DType::F32);
         list.push_back(&params[i]);
       }
       optim::OptimizerConfig cfg;
       cfg.type = optim::parse_optimizer_type(m.optimizer_type);
       optim::Optimizer o(list, cfg);
-      load_optimizer_state(ckpt, &o, rank);
+      try {
+        load_optimizer_state(ckpt, &o, rank);
+      } catch (const Error&) {
+        if (!tied_copy) throw;
+        // A checkpoint without state for the tied copy: read the stage's own parameters only.
+        list.pop_back();
+        optim::Optimizer own(list, cfg);
+        load_optimizer_state(ckpt, &own, rank);
+        o = std::move(own);
+      }
       MG_REQUIRE(!step || *step == o.step_count(), ckpt.dir.string(), ": optimizer.step of ",
                  rank.rank_dir(), " is ", o.step_count(), " but another rank's is ", *step);
       step = o.step_count();
@@ -393,7 +409,8 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   res.padded_vocab_to = target_vocab;
 
   // Layers and stages.
-  const model::PipelineLayout layout = model::PipelineLayout::make(L, P);
+  const model::PipelineLayout layout =
+      model::PipelineLayout::make(L, P, o.target_layers_per_virtual_stage);
   std::map<std::string, int> stage;
   std::set<int> layers_seen;
   for (const auto& [name, t] : m.model) {
@@ -402,7 +419,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
       MG_REQUIRE(layer < L, ckpt.dir.string(), ": tensor '", name, "' names layer ", layer,
                  " but the model has ", L, " layers");
       layers_seen.insert(layer);
-      stage[name] = layer / layout.layers_per_chunk();
+      stage[name] = (layer / layout.layers_per_chunk()) % P;  // virtual stage c * P + r
     } else if (name.starts_with("embedding.")) {
       stage[name] = 0;
     } else if (name.starts_with("decoder.final_layernorm.") || name == kOutputLayer) {
@@ -460,6 +477,17 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
                                      split_shard(it->second, rule, t, T));
         }
       }
+      if (optim && P > 1 && p == P - 1 && !m.model.count(kOutputLayer)) {
+        // The last stage's tied copy of the word embedding: not in the model file, but the
+        // trainer's optimizer there has state for it, equal to the first stage's.
+        const Tensor& emb = m.model.at(kWordEmbedding);
+        std::vector<std::string> kinds = moments;
+        if (emb.dtype() != DType::F32) kinds.insert(kinds.begin(), "fp32_param");
+        for (const std::string& kind : kinds)
+          optim_tensors.emplace_back(
+              std::string("optimizer.state.") + kind + "." + kOutputLayer,
+              split_shard(m.optimizer[kind].at(kWordEmbedding), m.rules.at(kWordEmbedding), t, T));
+      }
       detail::write_tensor_file(tmp, rd + "/model.safetensors", model_tensors, files);
       res.num_tensors += model_tensors.size();
       if (optim) detail::write_tensor_file(tmp, rd + "/optimizer.safetensors", optim_tensors, files);
@@ -473,6 +501,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   if (src_parallel.is_object()) src_parallel.erase("partition_dims");
   meta["parallel"] = {{"tensor_model_parallel_size", T},
                       {"pipeline_model_parallel_size", P},
+                      {"virtual_pipeline_model_parallel_size", layout.num_chunks},
                       {"data_parallel_size", ckpt.parallel.data_parallel_size},
                       {"partition_dims", partition_dims}};
   if (optim)
@@ -481,6 +510,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     meta["optimizer"] = nullptr;
   meta["args"]["parallel"]["tensor_model_parallel_size"] = T;
   meta["args"]["parallel"]["pipeline_model_parallel_size"] = P;
+  meta["args"]["parallel"]["num_layers_per_virtual_pipeline_stage"] = o.target_layers_per_virtual_stage;
   meta["args"]["model"]["padded_vocab_size"] = target_vocab;
   meta["files"] = files;
   meta["converted_from"] = {{"load", fs::absolute(o.load).string()},

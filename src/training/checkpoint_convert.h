@@ -14,10 +14,11 @@
 //   - with SwiGLU (args "swiglu": true) every linear_fc1 shard is [gate_r; up_r], so gate and up
 //     are chunked separately (Megatron's layout).
 // Pipeline stages: "decoder.layers.<i>." parameters carry global layer numbers; the target stage
-// of layer i is i / (L / P) (no virtual stages); the embedding goes to the first stage, the final
-// LayerNorm (and an untied output layer) to the last. A stage's tied copy of the word embedding
-// (output_layer.weight of a PP > 1 checkpoint whose model ties them) is not a parameter of the
-// single-rank model and is dropped.
+// of layer i is i / (L / P), or with v virtual stages of L / (P v) layers, (i / (L / (P v))) % P;
+// the embedding goes to the first stage, the final LayerNorm (and an untied output layer) to the
+// last. The last stage's tied copy of the word embedding (output_layer.weight when the model ties
+// them) is not in model files; its optimizer state is (equal to the embedding's): it is read and
+// dropped, and written again for a PP > 1 target.
 //
 // Optimizer state (plain optimizer.safetensors or distributed-optimizer shards under any DP size)
 // is read in parameter space and follows its parameter's split: fp32 main weights, Adam exp_avg /
@@ -86,6 +87,9 @@ struct ConvertOptions {
   std::filesystem::path load, save;
   std::optional<int64_t> ckpt_step;  // default: the tracker's iteration
   int target_tp = 1, target_pp = 1;
+  // --target-num-layers-per-virtual-pipeline-stage (0: none): rank r's file then holds the layers
+  // of its model chunks, virtual stages c * P + r (model/gpt_stage.h).
+  int target_layers_per_virtual_stage = 0;
   // The unpadded vocabulary size, needed when the padded size changes with T; by default the
   // tokenizer of the checkpoint's args is built (its vocabulary files must exist).
   std::optional<int64_t> true_vocab_size;

@@ -247,6 +247,13 @@ TEST(CheckpointConvert, RoundTripsAreBitExactOnEveryTensor) {
     EXPECT_TRUE(st1.count("decoder.final_layernorm.weight"));
     EXPECT_FALSE(st1.count("embedding.word_embeddings.weight"));
     EXPECT_FALSE(st1.count("output_layer.weight"));
+    // The last stage's optimizer file has the tied copy's state (the trainer's optimizer there
+    // holds output_layer.weight): the word embedding's.
+    const auto o1 = file_tensors(tmp / "tp1pp2" / "iter_0000004", "mp_rank_00_001/optimizer.safetensors");
+    ASSERT_TRUE(o1.count("optimizer.state.exp_avg.output_layer.weight"));
+    EXPECT_TRUE(bit_equal(o1.at("optimizer.state.exp_avg.output_layer.weight"),
+                          ref.at("exp_avg/embedding.word_embeddings.weight")));
+    EXPECT_EQ(o1.count("optimizer.state.fp32_param.output_layer.weight"), s.bf16 ? 1u : 0u);
 
     // Metadata: the state is the source's, the layout the target's; files 0640, folders 0750.
     const CheckpointOnDisk c = open(tmp / "tp2pp2");
@@ -371,6 +378,65 @@ TEST(CheckpointConvert, PipelineStagesLoadTheConvertedFiles) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("megatron checkpoint convert"), std::string::npos) << e.what();
   }
+}
+
+// Interleaved target (4 layers, PP2, one layer per virtual stage): pipeline rank r holds virtual
+// stages r and 2 + r, i.e. layers r and 2 + r, which its two GPTChunks load.
+TEST(CheckpointConvert, VirtualStagesHoldTheirChunksLayers) {
+  megatron::testing::TempDir tmp;
+  write_corpus((tmp / "corpus").string());
+  TrainingArgs a = tiny_args(tmp.path(), 4);
+  a.model.num_layers = 4;
+  a.save = (tmp / "src").string();
+  run_single(a);
+  ConvertOptions o;
+  o.load = tmp / "src";
+  o.save = tmp / "vp";
+  o.target_pp = 2;
+  o.target_layers_per_virtual_stage = 1;
+  convert_checkpoint(o);
+  const fs::path it = tmp / "vp" / "iter_0000004";
+  const auto st0 = file_tensors(it, "mp_rank_00_000/model.safetensors");
+  const auto st1 = file_tensors(it, "mp_rank_00_001/model.safetensors");
+  for (int layer = 0; layer < 4; ++layer) {
+    const std::string n = "decoder.layers." + std::to_string(layer) + ".mlp.linear_fc1.weight";
+    EXPECT_EQ(st0.count(n), layer % 2 == 0 ? 1u : 0u) << n;
+    EXPECT_EQ(st1.count(n), layer % 2 == 1 ? 1u : 0u) << n;
+  }
+  EXPECT_TRUE(st0.count("embedding.word_embeddings.weight"));
+  EXPECT_TRUE(st1.count("decoder.final_layernorm.weight"));
+  const json meta = json::parse(megatron::testing::read_file(it / "metadata.json"));
+  EXPECT_EQ(meta["parallel"]["virtual_pipeline_model_parallel_size"], 2);
+  EXPECT_EQ(meta["args"]["parallel"]["num_layers_per_virtual_pipeline_stage"], 1);
+  convert(tmp / "vp", tmp / "back", 1, 1);
+  expect_bit_equal(everything(tmp / "back"), everything(tmp / "src"), "TP1 -> PP2 (v2) -> TP1");
+
+  const CheckpointOnDisk src = open(tmp / "src"), vp = open(tmp / "vp");
+  const model::GPTConfig cfg = training_args_from_json(src.state.args).model;
+  model::GPTModel ref(cfg, 5);
+  load_model_weights(src, ref.parameters(), false);
+  std::map<std::string, model::Parameter*> by_name;
+  for (model::Parameter* p : ref.parameters()) by_name[p->name] = p;
+  const model::PipelineLayout layout = model::PipelineLayout::make(4, 2, 1);
+  size_t loaded = 0;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::unique_ptr<model::GPTChunk>> chunks;
+    model::ParameterList params;
+    for (int c = 0; c < 2; ++c) {
+      chunks.push_back(std::make_unique<model::GPTChunk>(cfg, 99, model::TensorParallel::none(), layout, r, c));
+      for (model::Parameter* p : chunks.back()->parameters())
+        if (!p->shared) params.push_back(p);
+    }
+    CheckpointRank rank;
+    rank.pp_size = 2;
+    rank.pp_rank = r;
+    load_model_weights(vp, params, false, rank);
+    for (model::Parameter* p : params) {
+      EXPECT_TRUE(bit_equal(p->value, by_name.at(p->name)->value)) << p->name;
+      ++loaded;
+    }
+  }
+  EXPECT_EQ(loaded, by_name.size());
 }
 
 TEST(CheckpointConvert, ErrorsNameTheProblem) {
