@@ -6,7 +6,9 @@
 // the unconverted one (one process); --no-save-optim; errors naming the problem; the CLI.
 // MpiCheckpointConvert (mpirun -np 2 / 4, label mpi): a TP1 checkpoint converted to TP2 resumes
 // under TP2 (x DP2 at -np 4) on the single-rank resume's curve, and a TP2 checkpoint converted to
-// TP1 resumes on one rank on the TP2 resume's curve (within 1e-5: only the reduction order differs).
+// TP1 resumes on one rank on the TP2 resume's curve (within 1e-5: only the reduction order differs);
+// the same both ways between one rank and PP2 (TP2 x PP2 at -np 4) where pretrain-gpt has pipeline
+// parallelism (it skips itself otherwise).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -648,6 +650,95 @@ TEST(MpiCheckpointConvert, ConvertedCheckpointsResumeUnderAnotherTensorParallelS
     const TrainingSummary got2 = run_single(d);
     EXPECT_EQ(got2.start_iteration, 6);
     expect_close(got2, ref2, "TP2 checkpoint converted to TP1");
+  }
+  world()->barrier();
+}
+
+// Pipeline-parallel training checkpoints (when this build's pretrain-gpt has pipeline
+// parallelism; it skips itself otherwise): PP2 (TP2 x PP2 at -np 4) saved by the trainer,
+// converted to TP1, resumes on one rank on the pipeline resume's curve; a TP1 checkpoint converted
+// to PP2 (TP2 x PP2) resumes under the pipeline on the single-rank resume's curve.
+bool trainer_has_pipeline_parallelism() {
+  TrainingArgs a;
+  a.model.num_layers = 2;
+  a.model.hidden_size = 32;
+  a.model.num_attention_heads = 4;
+  a.micro_batch_size = 1;
+  a.global_batch_size = 4;
+  a.parallel.pipeline_model_parallel_size = 2;
+  try {
+    validate_parallel_args(a, 2);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::vector<double> from_rank0(const std::vector<double>& v) {
+  return json::parse(all_gather_strings(*world(), json(v).dump())[0]).get<std::vector<double>>();
+}
+
+TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
+  if (world()->size() == 1) GTEST_SKIP() << "needs mpirun -np 2 or 4 (label mpi)";
+  if (!trainer_has_pipeline_parallelism()) GTEST_SKIP() << "pretrain-gpt has no pipeline parallelism in this build";
+  SharedDir dir;
+  const int W = world()->size();
+  const bool root = world()->rank() == 0, last = world()->rank() == W - 1;
+  if (root) write_corpus((dir / "corpus").string());
+  world()->barrier();
+  const TrainingArgs base = tiny_args(dir.path(), 12);
+  TrainingArgs pp = base;
+  pp.parallel.pipeline_model_parallel_size = 2;
+  pp.parallel.tensor_model_parallel_size = W / 2;
+  pp.parallel.use_distributed_optimizer = true;
+
+  // The trainer's PP checkpoint -> TP1.
+  TrainingArgs c = pp;
+  c.save = (dir / "pp").string();
+  c.exit_interval = 6;
+  pretrain_gpt(c);
+  c.exit_interval = 0;
+  c.save = "";
+  c.load = (dir / "pp").string();
+  const TrainingSummary ref_pp = pretrain_gpt(c);
+  std::vector<double> got_tp1;
+  if (root) {
+    convert(dir / "pp", dir / "pp_as_tp1", 1, 1);
+    TrainingArgs d = base;
+    d.load = (dir / "pp_as_tp1").string();
+    const TrainingSummary s = run_single(d);
+    EXPECT_EQ(s.start_iteration, 6);
+    got_tp1 = s.losses;
+  }
+  got_tp1 = from_rank0(got_tp1);
+  if (last) {
+    ASSERT_EQ(got_tp1.size(), ref_pp.losses.size());
+    for (size_t i = 0; i < got_tp1.size(); ++i)
+      EXPECT_NEAR(got_tp1[i], ref_pp.losses[i], 1e-5 * ref_pp.losses[i]) << "PP -> TP1, " << i;
+  }
+
+  // A TP1 checkpoint -> the PP layout.
+  std::vector<double> ref_tp1;
+  if (root) {
+    TrainingArgs a = base;
+    a.save = (dir / "tp1").string();
+    a.exit_interval = 6;
+    run_single(a);
+    a.exit_interval = 0;
+    a.save = "";
+    a.load = (dir / "tp1").string();
+    ref_tp1 = run_single(a).losses;
+    convert(dir / "tp1", dir / "tp1_as_pp", W / 2, 2);
+  }
+  ref_tp1 = from_rank0(ref_tp1);
+  TrainingArgs b = pp;
+  b.load = (dir / "tp1_as_pp").string();
+  const TrainingSummary got_pp = pretrain_gpt(b);
+  EXPECT_EQ(got_pp.start_iteration, 6);
+  if (last) {
+    ASSERT_EQ(got_pp.losses.size(), ref_tp1.size());
+    for (size_t i = 0; i < ref_tp1.size(); ++i)
+      EXPECT_NEAR(got_pp.losses[i], ref_tp1[i], 1e-5 * ref_tp1[i]) << "TP1 -> PP, " << i;
   }
   world()->barrier();
 }
