@@ -372,6 +372,13 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   MG_REQUIRE(L >= 1, (ckpt.dir / "metadata.json").string(), ": args.model.num_layers is missing");
   MG_REQUIRE(L % P == 0, "--target-pipeline-parallel-size ", P, " does not divide the ", L,
              " layers (--num-layers) of the checkpoint");
+  MG_REQUIRE(o.target_layers_per_virtual_stage == 0 ||
+                 (P > 1 && (L / P) % o.target_layers_per_virtual_stage == 0),
+             "--target-num-layers-per-virtual-pipeline-stage ", o.target_layers_per_virtual_stage,
+             " needs --target-pipeline-parallel-size > 1 and must divide the ", L / P,
+             " layers of each pipeline stage");
+  const model::PipelineLayout layout =
+      model::PipelineLayout::make(L, P, o.target_layers_per_virtual_stage);
   int64_t target_vocab = args.model.padded_vocab_size;
   const int src_tp = ckpt.parallel.tensor_model_parallel_size;
   const int64_t divisor = args.make_vocab_size_divisible_by;
@@ -381,6 +388,12 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     MG_REQUIRE(*true_vocab >= 1 && *true_vocab <= args.model.padded_vocab_size,
                "--true-vocab-size ", *true_vocab, " must be in [1, ", args.model.padded_vocab_size,
                "] (the checkpoint's padded vocabulary)");
+    MG_REQUIRE(o.true_vocab_size ||
+                   data::padded_vocab_size(*true_vocab, divisor, src_tp) == args.model.padded_vocab_size,
+               "the checkpoint's tokenizer has ", *true_vocab, " tokens, which pad to ",
+               data::padded_vocab_size(*true_vocab, divisor, src_tp), " rows under its TP=", src_tp,
+               ", but the checkpoint has ", args.model.padded_vocab_size,
+               " (another tokenizer?); pass --true-vocab-size N");
     target_vocab = data::padded_vocab_size(*true_vocab, divisor, T);
   } else if (T != src_tp) {
     // The true size is in (padded - divisor * src_tp, padded]; fine when all of them pad alike.
@@ -409,8 +422,6 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   res.padded_vocab_to = target_vocab;
 
   // Layers and stages.
-  const model::PipelineLayout layout =
-      model::PipelineLayout::make(L, P, o.target_layers_per_virtual_stage);
   std::map<std::string, int> stage;
   std::set<int> layers_seen;
   for (const auto& [name, t] : m.model) {

@@ -464,6 +464,14 @@ TEST(CheckpointConvert, ErrorsNameTheProblem) {
   expect_error([&] { convert(tmp / "src", tmp / "p3", 1, 3); }, {"--target-pipeline-parallel-size 3", "2 layers"});
   expect_error([&] { convert(tmp / "nothing", tmp / "n", 2, 1); }, {"nothing"});
   expect_error([&] { convert(tmp / "src", tmp / "s", 0, 1); }, {"--target-tensor-parallel-size"});
+  expect_error([&] {
+    ConvertOptions o;
+    o.load = tmp / "src";
+    o.save = tmp / "v";
+    o.target_pp = 2;
+    o.target_layers_per_virtual_stage = 2;  // 1 layer per stage
+    convert_checkpoint(o);
+  }, {"--target-num-layers-per-virtual-pipeline-stage 2"});
 
   // A corrupted shard, and a missing stage, are named.
   convert(tmp / "src", tmp / "tp2pp2", 2, 2);
