@@ -386,7 +386,7 @@ TEST(CheckpointConvert, PipelineStagesLoadTheConvertedFiles) {
 // then compares them).
 template <typename Rank>
 void set_virtual_stages(Rank& rank, int v) {
-  if constexpr (requires { rank.vp_size; }) rank.vp_size = v;
+  if constexpr (requires(Rank& r) { r.vp_size = v; }) rank.vp_size = v;
 }
 
 // Interleaved target (4 layers, PP2, one layer per virtual stage): pipeline rank r holds virtual
