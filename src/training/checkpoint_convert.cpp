@@ -92,12 +92,23 @@ bool uses_swiglu(const json& args) {
   return false;
 }
 
-CheckpointRank rank_of(int tp_size, int tp_rank, int pp_size, int pp_rank) {
+// The checkpoint's virtual stages per pipeline rank into a CheckpointRank, in builds whose
+// checkpoints record them (CheckpointRank::vp_size, CheckpointParallel::
+// virtual_pipeline_model_parallel_size); the loader's layout check compares them.
+template <typename Rank, typename Parallel>
+void copy_virtual_stages(Rank& rank, const Parallel& parallel) {
+  if constexpr (requires(Rank& r, const Parallel& p) { r.vp_size = p.virtual_pipeline_model_parallel_size; })
+    rank.vp_size = parallel.virtual_pipeline_model_parallel_size;
+}
+
+CheckpointRank rank_of(int tp_size, int tp_rank, int pp_size, int pp_rank,
+                       const CheckpointParallel& parallel = {}) {
   CheckpointRank r;
   r.tp_size = tp_size;
   r.tp_rank = tp_rank;
   r.pp_size = pp_size;
   r.pp_rank = pp_rank;
+  copy_virtual_stages(r, parallel);
   return r;
 }
 
@@ -209,7 +220,7 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
   std::optional<int64_t> step;
   for (int p = 0; p < P; ++p) {
     for (int t = 0; t < T; ++t) {
-      const CheckpointRank rank = rank_of(T, t, P, p);
+      const CheckpointRank rank = rank_of(T, t, P, p, ckpt.parallel);
       const std::string rel = rank.rank_dir() + "/model.safetensors";
       MG_REQUIRE(ckpt.files.contains(rel), meta_label, " lists no ", rel, ": the checkpoint is ",
                  ckpt.parallel.describe(), " but that rank's model file is missing from it");
