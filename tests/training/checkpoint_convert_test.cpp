@@ -756,6 +756,57 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
     for (size_t i = 0; i < ref_tp1.size(); ++i)
       EXPECT_NEAR(got_pp.losses[i], ref_tp1[i], 1e-5 * ref_tp1[i]) << "TP1 -> PP, " << i;
   }
+
+  // Interleaved: 4 layers, one per virtual stage (--num-layers-per-virtual-pipeline-stage 1, set
+  // through the JSON codec), the trainer's checkpoint -> TP1, and TP1 -> interleaved.
+  TrainingArgs four = base;
+  four.model.num_layers = 4;
+  json vj = training_args_to_json(pp);
+  vj["model"]["num_layers"] = 4;
+  vj["parallel"]["num_layers_per_virtual_pipeline_stage"] = 1;
+  TrainingArgs v = training_args_from_json(vj);
+  v.save = (dir / "vp").string();
+  v.exit_interval = 6;
+  pretrain_gpt(v);
+  v.exit_interval = 0;
+  v.save = "";
+  v.load = (dir / "vp").string();
+  const TrainingSummary ref_vp = pretrain_gpt(v);
+  std::vector<double> got_vp_tp1, ref_four;
+  if (root) {
+    convert(dir / "vp", dir / "vp_as_tp1", 1, 1);
+    TrainingArgs d = four;
+    d.load = (dir / "vp_as_tp1").string();
+    got_vp_tp1 = run_single(d).losses;
+    TrainingArgs a = four;
+    a.save = (dir / "four").string();
+    a.exit_interval = 6;
+    run_single(a);
+    a.exit_interval = 0;
+    a.save = "";
+    a.load = (dir / "four").string();
+    ref_four = run_single(a).losses;
+    ConvertOptions o;
+    o.load = dir / "four";
+    o.save = dir / "four_as_vp";
+    o.target_tp = W / 2;
+    o.target_pp = 2;
+    o.target_layers_per_virtual_stage = 1;
+    convert_checkpoint(o);
+  }
+  got_vp_tp1 = from_rank0(got_vp_tp1);
+  ref_four = from_rank0(ref_four);
+  v.load = (dir / "four_as_vp").string();
+  const TrainingSummary got_vp = pretrain_gpt(v);
+  EXPECT_EQ(got_vp.start_iteration, 6);
+  if (last) {
+    ASSERT_EQ(got_vp_tp1.size(), ref_vp.losses.size());
+    ASSERT_EQ(got_vp.losses.size(), ref_four.size());
+    for (size_t i = 0; i < ref_four.size(); ++i) {
+      EXPECT_NEAR(got_vp_tp1[i], ref_vp.losses[i], 1e-5 * ref_vp.losses[i]) << "interleaved -> TP1, " << i;
+      EXPECT_NEAR(got_vp.losses[i], ref_four[i], 1e-5 * ref_four[i]) << "TP1 -> interleaved, " << i;
+    }
+  }
   world()->barrier();
 }
 
