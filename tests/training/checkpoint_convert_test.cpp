@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "data/indexed_dataset.h"
+#include "inference/checkpoint_weights.h"
 #include "model/gpt_model.h"
 #include "model/gpt_stage.h"
 #include "model/tensor_parallel.h"
@@ -725,6 +726,13 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
     const TrainingSummary s = run_single(d);
     EXPECT_EQ(s.start_iteration, 6);
     got_tp1 = s.losses;
+  }
+  if (root) {  // generation reads the trainer's PP checkpoint as the converted TP1 one
+    const auto merged = inference::CheckpointWeights::open(dir / "pp");
+    const auto single = inference::CheckpointWeights::open(dir / "pp_as_tp1");
+    EXPECT_EQ(merged.names(), single.names());
+    for (const std::string& n : single.names())
+      EXPECT_TRUE(bit_equal(merged.get(n), single.get(n))) << n;
   }
   got_tp1 = from_rank0(got_tp1);
   if (last) {
