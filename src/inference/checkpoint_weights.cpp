@@ -5,9 +5,12 @@
 #include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/safetensors.h"
+#include "training/checkpoint_convert.h"
 
 namespace megatron::inference {
 namespace fs = std::filesystem;
@@ -42,19 +45,41 @@ CheckpointIteration find_checkpoint_iteration(const fs::path& load_dir,
   return {load_dir / name, *step};
 }
 
-CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optional<int64_t> step) {
+// A training checkpoint saved under tensor or pipeline parallelism: its metadata.json says so, or
+// it has a second mp_rank_* folder.
+static bool is_sharded_checkpoint(const fs::path& folder) {
+  if (fs::exists(folder / "mp_rank_01") || fs::exists(folder / "mp_rank_00_001")) return true;
+  std::ifstream in(folder / "metadata.json");
+  if (!in) return false;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("parallel") || !j["parallel"].is_object())
+    return false;
+  const nlohmann::json& p = j["parallel"];
+  auto above_one = [&](const char* key) {
+    return p.contains(key) && p[key].is_number_integer() && p[key].get<int64_t>() > 1;
+  };
+  return above_one("tensor_model_parallel_size") || above_one("pipeline_model_parallel_size");
+}
+
+CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optional<int64_t> step,
+                                          int64_t padded_vocab_size) {
   CheckpointWeights w;
   const CheckpointIteration it = find_checkpoint_iteration(load_dir, step);
   w.iteration_ = it.iteration;
   const fs::path folder = it.folder;
+  if (fs::is_directory(folder) && is_sharded_checkpoint(folder)) {
+    // Tensor/pipeline-parallel: every rank's model file (checksums verified), merged in memory.
+    auto ckpt = training::find_checkpoint(load_dir, step);
+    MG_REQUIRE(ckpt.has_value(), "no checkpoint in ", load_dir.string());
+    log_info("merging the ", ckpt->parallel.describe(), " shards of ", ckpt->dir.string(),
+             " into one model");
+    w.directory_ = ckpt->dir;
+    w.tensors_ = training::read_single_rank_model(*ckpt, padded_vocab_size);
+    return w;
+  }
   w.directory_ = folder / "mp_rank_00";
   MG_REQUIRE(fs::is_directory(w.directory_), "checkpoint folder ", w.directory_.string(),
-             " does not exist (only tensor- and pipeline-parallel size 1 checkpoints can be "
-             "loaded for generation)");
-  MG_REQUIRE(!fs::exists(folder / "mp_rank_01") && !fs::exists(folder / "mp_rank_00_001"),
-             "checkpoint ", folder.string(), " is tensor- or pipeline-parallel (it has "
-             "more than one mp_rank_* folder); generation loads only single-rank (TP = PP = 1) "
-             "checkpoints so far");
+             " does not exist");
   // The model's tensors: model.safetensors of a training checkpoint (not its optimizer files),
   // else every .safetensors file of the folder.
   std::vector<fs::path> files;

@@ -1,8 +1,11 @@
 // Model weights for inference from a checkpoint folder: DIR/latest_checkpointed_iteration.txt
 // names the iteration (or "release"), and DIR/iter_XXXXXXX/mp_rank_00/ holds the tensors in
 // safetensors files (8-byte little-endian header size, a JSON header of
-// {name: {dtype, shape, data_offsets}}, then the data). Only single-shard (TP = PP = 1) folders
-// are read; every malformed header, offset or dtype is a megatron::Error naming the file.
+// {name: {dtype, shape, data_offsets}}, then the data); every malformed header, offset or dtype is
+// a megatron::Error naming the file. A training checkpoint saved under tensor or pipeline
+// parallelism (mp_rank_TT[_PPP]/ folders) is read whole, checksums verified, and its shards merged
+// into the single-rank tensors in memory (training/checkpoint_convert.h), so generation needs no
+// conversion first.
 #pragma once
 
 #include <cstdint>
@@ -28,9 +31,12 @@ CheckpointIteration find_checkpoint_iteration(const std::filesystem::path& load_
 
 class CheckpointWeights {
  public:
-  // `step` overrides the tracker file (--ckpt-step).
+  // `step` overrides the tracker file (--ckpt-step). padded_vocab_size > 0: a sharded checkpoint's
+  // vocabulary table is re-padded to that many rows (the TP = 1 padding; the TP = T padding may
+  // have more rows). directory() is then the iteration folder.
   static CheckpointWeights open(const std::filesystem::path& load_dir,
-                                std::optional<int64_t> step = std::nullopt);
+                                std::optional<int64_t> step = std::nullopt,
+                                int64_t padded_vocab_size = 0);
   // The tensor of that name, or an undefined Tensor when the checkpoint has none.
   Tensor get(const std::string& name) const;
   std::vector<std::string> names() const;

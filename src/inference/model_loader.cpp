@@ -16,7 +16,7 @@ InferenceModel load_inference_model(const InferenceModelOptions& options) {
   const int64_t padded =
       data::padded_vocab_size(out.tokenizer->vocab_size(), options.make_vocab_size_divisible_by, 1);
   cfg.padded_vocab_size = padded;
-  const auto weights = CheckpointWeights::open(options.load, options.ckpt_step);
+  const auto weights = CheckpointWeights::open(options.load, options.ckpt_step, padded);
   out.iteration = weights.iteration();
   const Tensor emb = weights.get("embedding.word_embeddings.weight");
   MG_REQUIRE(emb.defined(), "checkpoint ", weights.directory().string(),

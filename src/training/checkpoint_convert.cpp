@@ -1,0 +1,548 @@
+// Checkpoint resharding; see checkpoint_convert.h for the rules.
+#include "training/checkpoint_convert.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/tokenizer.h"
+#include "model/gpt_stage.h"
+#include "model/tensor_parallel.h"
+#include "optim/optimizer.h"
+#include "training/checkpoint_files.h"
+
+namespace megatron::training {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const char* const kWordEmbedding = "embedding.word_embeddings.weight";
+const char* const kOutputLayer = "output_layer.weight";
+
+bool ends_with(const std::string& s, const char* suffix) { return s.ends_with(suffix); }
+
+// The global layer number of a "decoder.layers.<i>." name, or -1.
+int layer_of(const std::string& name) {
+  const std::string prefix = "decoder.layers.";
+  if (!name.starts_with(prefix)) return -1;
+  size_t i = prefix.size(), end = i;
+  while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+  if (end == i || end >= name.size() || name[end] != '.') return -1;
+  return std::stoi(name.substr(i, end - i));
+}
+
+void set_mode(const fs::path& p, mode_t mode) {
+  MG_REQUIRE(::chmod(p.c_str(), mode) == 0, "cannot set permissions of ", p.string(), ": ",
+             std::strerror(errno));
+}
+
+void fsync_path(const fs::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  MG_REQUIRE(fd >= 0, "cannot open ", p.string(), ": ", std::strerror(errno));
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  MG_REQUIRE(ok || directory, "fsync failed: ", p.string(), " (disk full?)");
+}
+
+void write_text_file(const fs::path& p, const std::string& text) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    MG_REQUIRE(out.good(), "cannot write ", tmp.string(), "; check that the folder is writable");
+    out << text;
+    out.flush();
+    MG_REQUIRE(out.good(), "write failed: ", tmp.string(), " (disk full?)");
+  }
+  fsync_path(tmp, false);
+  set_mode(tmp, 0640);
+  fs::rename(tmp, p);
+}
+
+json read_metadata(const CheckpointOnDisk& ckpt) {
+  const fs::path p = ckpt.dir / "metadata.json";
+  std::ifstream in(p, std::ios::binary);
+  MG_REQUIRE(in, "cannot read ", p.string());
+  const json j = json::parse(std::string((std::istreambuf_iterator<char>(in)), {}), nullptr, false);
+  MG_REQUIRE(!j.is_discarded() && j.is_object(), p.string(), " is not valid JSON (corrupted file?)");
+  return j;
+}
+
+TrainingArgs args_of(const CheckpointOnDisk& ckpt) {
+  try {
+    return training_args_from_json(ckpt.state.args);
+  } catch (const json::exception& e) {
+    MG_THROW((ckpt.dir / "metadata.json").string(), ": malformed \"args\": ", e.what());
+  }
+}
+
+bool uses_swiglu(const json& args) {
+  for (const json* o : {&args, args.contains("model") ? &args["model"] : nullptr})
+    if (o != nullptr && o->is_object() && o->contains("swiglu") && (*o)["swiglu"].is_boolean() &&
+        (*o)["swiglu"].get<bool>())
+      return true;
+  return false;
+}
+
+CheckpointRank rank_of(int tp_size, int tp_rank, int pp_size, int pp_rank,
+                       const CheckpointParallel& parallel = {}) {
+  CheckpointRank r;
+  r.tp_size = tp_size;
+  r.tp_rank = tp_rank;
+  r.pp_size = pp_size;
+  r.pp_rank = pp_rank;
+  r.vp_size = parallel.virtual_pipeline_model_parallel_size;  // the loader's layout check compares it
+  return r;
+}
+
+const std::vector<std::string>& moment_kinds(const std::string& type) {
+  static const std::vector<std::string> adam{"exp_avg", "exp_avg_sq"}, sgd{"momentum_buffer"};
+  return type == "adam" ? adam : sgd;
+}
+
+}  // namespace
+
+ShardRule shard_rule(const std::string& name, std::optional<int> partition_dim, bool swiglu) {
+  ShardRule r;
+  if (partition_dim) {
+    r.dim = *partition_dim;
+  } else if (name == kWordEmbedding || name == kOutputLayer ||
+             ends_with(name, "linear_qkv.weight") || ends_with(name, "linear_qkv.bias") ||
+             ends_with(name, "linear_fc1.weight") || ends_with(name, "linear_fc1.bias")) {
+    r.dim = 0;
+  } else if (ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight")) {
+    r.dim = 1;
+  }
+  r.vocab = r.dim == 0 && (name == kWordEmbedding || name == kOutputLayer);
+  r.swiglu = swiglu && r.dim == 0 &&
+             (ends_with(name, "linear_fc1.weight") || ends_with(name, "linear_fc1.bias"));
+  return r;
+}
+
+Tensor merge_shards(const std::vector<Tensor>& shards, const ShardRule& rule) {
+  MG_CHECK(!shards.empty(), "merge_shards without shards");
+  if (rule.dim < 0 || shards.size() == 1) return shards[0];
+  const int d = rule.dim;
+  const Tensor& s0 = shards[0];
+  MG_CHECK(d < s0.dim(), "merge_shards: dim ", d, " of ", shape_str(s0.shape()));
+  for (const Tensor& s : shards)
+    MG_REQUIRE(s.shape() == s0.shape() && s.dtype() == s0.dtype(), "tensor-parallel shards differ: ",
+               shape_str(s.shape()), " vs ", shape_str(s0.shape()));
+  const int64_t n = s0.size(d), T = int64_t(shards.size());
+  Shape full = s0.shape();
+  full[size_t(d)] = n * T;
+  Tensor out = Tensor::empty(full, s0.dtype());
+  if (rule.swiglu) {  // shard r = [gate_r; up_r]: gate rows first, then up rows
+    MG_REQUIRE(n % 2 == 0, "SwiGLU linear_fc1 shard of ", n, " rows is not [gate; up]");
+    const int64_t h = n / 2;
+    for (int64_t r = 0; r < T; ++r) {
+      out.narrow(0, r * h, h).copy_(shards[size_t(r)].narrow(0, 0, h));
+      out.narrow(0, T * h + r * h, h).copy_(shards[size_t(r)].narrow(0, h, h));
+    }
+    return out;
+  }
+  for (int64_t r = 0; r < T; ++r) out.narrow(d, r * n, n).copy_(shards[size_t(r)]);
+  return out;
+}
+
+Tensor split_shard(const Tensor& full, const ShardRule& rule, int rank, int size) {
+  if (rule.dim < 0 || size == 1) return full;
+  if (rule.swiglu) {
+    const int64_t rows = full.size(0);
+    MG_REQUIRE(rows % (2 * size) == 0, "SwiGLU linear_fc1 of ", rows,
+               " rows cannot be split into [gate; up] for ", size, " tensor-parallel ranks");
+    const int64_t h = rows / 2 / size;
+    Shape s = full.shape();
+    s[0] = 2 * h;
+    Tensor out = Tensor::empty(s, full.dtype());
+    out.narrow(0, 0, h).copy_(full.narrow(0, rank * h, h));
+    out.narrow(0, h, h).copy_(full.narrow(0, rows / 2 + rank * h, h));
+    return out;
+  }
+  return model::shard_along(full, rule.dim, rank, size);
+}
+
+Tensor repad_rows(const Tensor& table, int64_t rows, bool zero_fill) {
+  const int64_t have = table.size(0);
+  if (rows == have) return table;
+  if (rows < have) return table.narrow(0, 0, rows).contiguous();
+  Shape s = table.shape();
+  s[0] = rows;
+  Tensor out = Tensor::empty(s, table.dtype());
+  out.narrow(0, 0, have).copy_(table);
+  for (int64_t r = have; r < rows; ++r) {
+    Tensor row = out.narrow(0, r, 1);
+    if (zero_fill)
+      row.zero_();
+    else
+      row.copy_(table.narrow(0, have - 1, 1));
+  }
+  return out;
+}
+
+MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer) {
+  MergedCheckpoint m;
+  m.source = ckpt;
+  m.metadata = read_metadata(ckpt);
+  const std::string meta_label = (ckpt.dir / "metadata.json").string();
+  const int T = ckpt.parallel.tensor_model_parallel_size, P = ckpt.parallel.pipeline_model_parallel_size;
+  const bool swiglu = uses_swiglu(ckpt.state.args);
+  json dims = json::object();
+  if (m.metadata.contains("parallel") && m.metadata["parallel"].is_object() &&
+      m.metadata["parallel"].contains("partition_dims") &&
+      m.metadata["parallel"]["partition_dims"].is_object())
+    dims = m.metadata["parallel"]["partition_dims"];
+  const bool optim = with_optimizer && has_optimizer_state(ckpt);
+  if (optim) m.optimizer_type = ckpt.state.optimizer_type;
+  MG_REQUIRE(!optim || m.optimizer_type == "adam" || m.optimizer_type == "sgd", meta_label,
+             ": unknown optimizer type '", m.optimizer_type, "'");
+
+  // name -> kind -> per-TP-rank shards ("param" is the model tensor).
+  std::map<std::string, std::map<std::string, std::vector<Tensor>>> shards;
+  std::map<std::string, int> stage_of;  // name -> source pipeline rank
+  std::optional<int64_t> step;
+  for (int p = 0; p < P; ++p) {
+    for (int t = 0; t < T; ++t) {
+      const CheckpointRank rank = rank_of(T, t, P, p, ckpt.parallel);
+      const std::string rel = rank.rank_dir() + "/model.safetensors";
+      MG_REQUIRE(ckpt.files.contains(rel), meta_label, " lists no ", rel, ": the checkpoint is ",
+                 ckpt.parallel.describe(), " but that rank's model file is missing from it");
+      SafetensorsContents st = detail::read_tensor_file(ckpt, rel);
+      std::vector<std::string> names;
+      for (auto& [name, tensor] : st.tensors) {
+        if (P > 1 && name == kOutputLayer && p == P - 1 && p != 0) {
+          // The last stage's tied copy of the word embedding (not a single-rank parameter).
+          if (t == 0) m.notes.push_back("dropped the last pipeline stage's tied copy of the word "
+                                        "embedding (output_layer.weight)");
+          continue;
+        }
+        auto [it, fresh] = stage_of.emplace(name, p);
+        MG_REQUIRE(fresh || it->second == p, "tensor '", name, "' is in pipeline stages ",
+                   it->second, " and ", p, " of ", ckpt.dir.string());
+        auto& v = shards[name]["param"];
+        MG_REQUIRE(int(v.size()) == t, (ckpt.dir / rel).string(), ": tensor '", name,
+                   "' is missing from tensor-parallel rank ", v.size(), " of stage ", p);
+        v.push_back(tensor);
+        names.push_back(name);
+      }
+      if (!optim) continue;
+      // The optimizer state through the trainer's own reader: a plain optimizer over this rank's
+      // tensors, filled by load_optimizer_state (plain file or distributed shards).
+      // The last stage of a PP > 1 checkpoint also has optimizer state for its tied copy of the
+      // word embedding (output_layer.weight, not in its model file): read it as a parameter of the
+      // embedding shard's shape, then drop it (it equals the first stage's).
+      const bool tied_copy = P > 1 && p == P - 1 && !stage_of.count(kOutputLayer) &&
+                             shards.count(kWordEmbedding) &&
+                             int(shards[kWordEmbedding]["param"].size()) > t;
+      std::vector<model::Parameter> params(names.size() + (tied_copy ? 1 : 0));
+      model::ParameterList list;
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i].name = i < names.size() ? names[i] : kOutputLayer;
+        params[i].value = i < names.size() ? shards[names[i]]["param"].back()
+                                           : shards[kWordEmbedding]["param"][size_t(t)].clone();
+        params[i].grad = Tensor::zeros(params[i].value.shape(), DType::F32);
+        list.push_back(&params[i]);
+      }
+      optim::OptimizerConfig cfg;
+      cfg.type = optim::parse_optimizer_type(m.optimizer_type);
+      optim::Optimizer o(list, cfg);
+      try {
+        load_optimizer_state(ckpt, &o, rank);
+      } catch (const Error&) {
+        if (!tied_copy) throw;
+        // A checkpoint without state for the tied copy: read the stage's own parameters only.
+        list.pop_back();
+        optim::Optimizer own(list, cfg);
+        load_optimizer_state(ckpt, &own, rank);
+        o = std::move(own);
+      }
+      MG_REQUIRE(!step || *step == o.step_count(), ckpt.dir.string(), ": optimizer.step of ",
+                 rank.rank_dir(), " is ", o.step_count(), " but another rank's is ", *step);
+      step = o.step_count();
+      for (size_t i = 0; i < names.size(); ++i) {
+        const optim::ParamState& s = o.state()[i];
+        if (params[i].value.dtype() != DType::F32) shards[names[i]]["fp32_param"].push_back(s.main);
+        shards[names[i]][moment_kinds(m.optimizer_type)[0]].push_back(s.exp_avg);
+        if (m.optimizer_type == "adam") shards[names[i]]["exp_avg_sq"].push_back(s.exp_avg_sq);
+      }
+    }
+  }
+  if (step) m.optimizer_step = *step;
+  bool inferred = false;
+  for (auto& [name, kinds] : shards) {
+    std::optional<int> d;
+    if (dims.contains(name) && dims[name].is_number_integer()) d = dims[name].get<int>();
+    inferred = inferred || (!d && T > 1);
+    const ShardRule rule = shard_rule(name, d, swiglu);
+    const Tensor& first = kinds["param"][0];
+    MG_REQUIRE(rule.dim < first.dim(), meta_label, ": partition dim ", rule.dim, " of '", name,
+               "' but the tensor is ", shape_str(first.shape()));
+    m.rules[name] = rule;
+    for (auto& [kind, v] : kinds) {
+      MG_REQUIRE(int(v.size()) == T, ckpt.dir.string(), ": '", name, "' (", kind, ") is in ", v.size(),
+                 " of ", T, " tensor-parallel ranks");
+      Tensor full = merge_shards(v, rule);
+      if (kind == "param")
+        m.model[name] = full;
+      else
+        m.optimizer[kind][name] = full;
+    }
+  }
+  if (inferred)
+    m.notes.push_back("some parameters had no partition dim in metadata.json; their split was "
+                      "taken from the Megatron-Core parameter name");
+  auto emb = m.model.find(kWordEmbedding);
+  MG_REQUIRE(emb != m.model.end(), ckpt.dir.string(), " has no ", kWordEmbedding,
+             " in any stage (not a GPT checkpoint, or the first stage's files are missing)");
+  m.padded_vocab_size = emb->second.size(0);
+  return m;
+}
+
+void repad_vocabulary(MergedCheckpoint& m, int64_t rows) {
+  MG_REQUIRE(rows > 0, "padded vocabulary size must be > 0");
+  for (auto& [name, rule] : m.rules) {
+    if (!rule.vocab) continue;
+    m.model[name] = repad_rows(m.model[name], rows, false);
+    for (auto& [kind, tensors] : m.optimizer) {
+      auto it = tensors.find(name);
+      if (it != tensors.end()) it->second = repad_rows(it->second, rows, kind != "fp32_param");
+    }
+  }
+  m.padded_vocab_size = rows;
+}
+
+std::map<std::string, Tensor> read_single_rank_model(const CheckpointOnDisk& ckpt,
+                                                     int64_t padded_vocab_size) {
+  MergedCheckpoint m = merge_checkpoint(ckpt, false);
+  if (padded_vocab_size > 0 && padded_vocab_size != m.padded_vocab_size) {
+    log_info("re-padding the vocabulary of ", ckpt.dir.string(), " from ", m.padded_vocab_size,
+             " to ", padded_vocab_size, " rows");
+    repad_vocabulary(m, padded_vocab_size);
+  }
+  for (const std::string& n : m.notes) log_info(ckpt.dir.string(), ": ", n);
+  return std::move(m.model);
+}
+
+namespace {
+
+// The unpadded vocabulary size: given, or from the checkpoint's tokenizer arguments.
+std::optional<int64_t> true_vocab_size(const ConvertOptions& o, const TrainingArgs& args,
+                                       std::string* why_not) {
+  if (o.true_vocab_size) return o.true_vocab_size;
+  try {
+    return data::build_tokenizer(args.tokenizer)->vocab_size();
+  } catch (const Error& e) {
+    *why_not = e.what();
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+ConvertResult convert_checkpoint(const ConvertOptions& o) {
+  MG_REQUIRE(!o.load.empty(), "--load is required: the checkpoint folder to convert");
+  MG_REQUIRE(!o.save.empty(), "--save is required: the folder to write the converted checkpoint to");
+  MG_REQUIRE(o.target_tp >= 1, "--target-tensor-parallel-size must be >= 1 (got ", o.target_tp, ")");
+  MG_REQUIRE(o.target_pp >= 1, "--target-pipeline-parallel-size must be >= 1 (got ", o.target_pp, ")");
+  std::error_code ec;
+  MG_REQUIRE(fs::is_directory(o.load, ec), "--load ", o.load.string(), " is not a directory");
+  if (fs::exists(o.save, ec)) {
+    MG_REQUIRE(fs::is_directory(o.save, ec), "--save ", o.save.string(), " exists and is not a folder");
+    MG_REQUIRE(fs::is_empty(o.save, ec), "--save ", o.save.string(),
+               " is not empty; the converter does not overwrite: pass a new or empty folder");
+  }
+  MG_REQUIRE(!fs::exists(o.save, ec) || !fs::equivalent(o.load, o.save, ec),
+             "--save must differ from --load");
+  auto found = find_checkpoint(o.load, o.ckpt_step);
+  MG_REQUIRE(found.has_value(), "no checkpoint in --load ", o.load.string(),
+             ": latest_checkpointed_iteration.txt is missing (pass --ckpt-step N to pick an "
+             "iteration folder)");
+  const CheckpointOnDisk& ckpt = *found;
+  TrainingArgs args = args_of(ckpt);
+  const int T = o.target_tp, P = o.target_pp;
+
+  // Validate the target layout against the model before reading any tensor.
+  const int L = args.model.num_layers;
+  MG_REQUIRE(L >= 1, (ckpt.dir / "metadata.json").string(), ": args.model.num_layers is missing");
+  MG_REQUIRE(L % P == 0, "--target-pipeline-parallel-size ", P, " does not divide the ", L,
+             " layers (--num-layers) of the checkpoint");
+  MG_REQUIRE(o.target_layers_per_virtual_stage == 0 ||
+                 (P > 1 && (L / P) % o.target_layers_per_virtual_stage == 0),
+             "--target-num-layers-per-virtual-pipeline-stage ", o.target_layers_per_virtual_stage,
+             " needs --target-pipeline-parallel-size > 1 and must divide the ", L / P,
+             " layers of each pipeline stage");
+  const model::PipelineLayout layout =
+      model::PipelineLayout::make(L, P, o.target_layers_per_virtual_stage);
+  int64_t target_vocab = args.model.padded_vocab_size;
+  const int src_tp = ckpt.parallel.tensor_model_parallel_size;
+  const int64_t divisor = args.make_vocab_size_divisible_by;
+  std::string why_not;
+  const std::optional<int64_t> true_vocab = true_vocab_size(o, args, &why_not);
+  if (true_vocab) {
+    MG_REQUIRE(*true_vocab >= 1 && *true_vocab <= args.model.padded_vocab_size,
+               "--true-vocab-size ", *true_vocab, " must be in [1, ", args.model.padded_vocab_size,
+               "] (the checkpoint's padded vocabulary)");
+    MG_REQUIRE(o.true_vocab_size ||
+                   data::padded_vocab_size(*true_vocab, divisor, src_tp) == args.model.padded_vocab_size,
+               "the checkpoint's tokenizer has ", *true_vocab, " tokens, which pad to ",
+               data::padded_vocab_size(*true_vocab, divisor, src_tp), " rows under its TP=", src_tp,
+               ", but the checkpoint has ", args.model.padded_vocab_size,
+               " (another tokenizer?); pass --true-vocab-size N");
+    target_vocab = data::padded_vocab_size(*true_vocab, divisor, T);
+  } else if (T != src_tp) {
+    // The true size is in (padded - divisor * src_tp, padded]; fine when all of them pad alike.
+    const int64_t hi = args.model.padded_vocab_size, lo = std::max<int64_t>(1, hi - divisor * src_tp + 1);
+    target_vocab = data::padded_vocab_size(hi, divisor, T);
+    MG_REQUIRE(data::padded_vocab_size(lo, divisor, T) == target_vocab,
+               "cannot tell the unpadded vocabulary size, which the padded size for "
+               "--target-tensor-parallel-size ", T, " depends on: the checkpoint's tokenizer cannot "
+               "be built (", why_not, "); pass --true-vocab-size N");
+  }
+  {
+    model::GPTConfig c = args.model;
+    c.padded_vocab_size = target_vocab;
+    c.validate_tensor_parallel(T);  // heads, query groups, FFN, vocabulary divisible by T
+  }
+
+  MergedCheckpoint m = merge_checkpoint(ckpt, !o.drop_optimizer);
+  MG_REQUIRE(m.padded_vocab_size == args.model.padded_vocab_size, ckpt.dir.string(),
+             ": the word embedding has ", m.padded_vocab_size, " rows but args.model.padded_vocab_size is ",
+             args.model.padded_vocab_size);
+  ConvertResult res;
+  res.iteration = ckpt.state.iteration;
+  res.from = ckpt.parallel;
+  res.padded_vocab_from = m.padded_vocab_size;
+  if (target_vocab != m.padded_vocab_size) repad_vocabulary(m, target_vocab);
+  res.padded_vocab_to = target_vocab;
+
+  // Layers and stages.
+  std::map<std::string, int> stage;
+  std::set<int> layers_seen;
+  for (const auto& [name, t] : m.model) {
+    const int layer = layer_of(name);
+    if (layer >= 0) {
+      MG_REQUIRE(layer < L, ckpt.dir.string(), ": tensor '", name, "' names layer ", layer,
+                 " but the model has ", L, " layers");
+      layers_seen.insert(layer);
+      stage[name] = (layer / layout.layers_per_chunk()) % P;  // virtual stage c * P + r
+    } else if (name.starts_with("embedding.")) {
+      stage[name] = 0;
+    } else if (name.starts_with("decoder.final_layernorm.") || name == kOutputLayer) {
+      stage[name] = P - 1;
+    } else {
+      MG_THROW(ckpt.dir.string(), ": cannot tell which pipeline stage holds tensor '", name, "'");
+    }
+  }
+  MG_REQUIRE(int(layers_seen.size()) == L, ckpt.dir.string(), " holds tensors of ",
+             layers_seen.size(), " of its ", L, " layers (a pipeline stage's files are missing?)");
+
+  const bool optim = !m.optimizer_type.empty();
+  res.optimizer = optim;
+  if (!optim)
+    res.optimizer_note = o.drop_optimizer ? "dropped on request (--no-save-optim)"
+                                          : "the source checkpoint has none";
+
+  // Write the folder under a temporary name.
+  const std::string dir_name = ckpt.dir.filename().string();
+  fs::create_directories(o.save);
+  set_mode(o.save, 0750);
+  const fs::path tmp = o.save / (".tmp_" + dir_name);
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  set_mode(tmp, 0750);
+  json files = json::object();
+  json partition_dims = json::object();
+  for (const auto& [name, rule] : m.rules) partition_dims[name] = rule.dim;
+  const std::vector<std::string>& moments = optim ? moment_kinds(m.optimizer_type)
+                                                  : std::vector<std::string>{};
+  for (int p = 0; p < P; ++p) {
+    for (int t = 0; t < T; ++t) {
+      const CheckpointRank rank = rank_of(T, t, P, p);
+      const std::string rd = rank.rank_dir();
+      fs::create_directories(tmp / rd);
+      set_mode(tmp / rd, 0750);
+      std::vector<std::pair<std::string, Tensor>> model_tensors, optim_tensors;
+      if (optim) {
+        Tensor step = Tensor::empty({}, DType::I64);
+        *step.data<int64_t>() = m.optimizer_step;
+        optim_tensors.emplace_back("optimizer.step", step);
+      }
+      for (const auto& [name, full] : m.model) {
+        if (stage.at(name) != p) continue;
+        const ShardRule& rule = m.rules.at(name);
+        model_tensors.emplace_back(name, split_shard(full, rule, t, T));
+        if (!optim) continue;
+        std::vector<std::string> kinds = moments;
+        if (full.dtype() != DType::F32) kinds.insert(kinds.begin(), "fp32_param");
+        for (const std::string& kind : kinds) {
+          auto it = m.optimizer[kind].find(name);
+          MG_REQUIRE(it != m.optimizer[kind].end(), ckpt.dir.string(), ": no optimizer state '",
+                     kind, "' for '", name, "'");
+          optim_tensors.emplace_back("optimizer.state." + kind + "." + name,
+                                     split_shard(it->second, rule, t, T));
+        }
+      }
+      if (optim && P > 1 && p == P - 1 && !m.model.count(kOutputLayer)) {
+        // The last stage's tied copy of the word embedding: not in the model file, but the
+        // trainer's optimizer there has state for it, equal to the first stage's.
+        const Tensor& emb = m.model.at(kWordEmbedding);
+        std::vector<std::string> kinds = moments;
+        if (emb.dtype() != DType::F32) kinds.insert(kinds.begin(), "fp32_param");
+        for (const std::string& kind : kinds)
+          optim_tensors.emplace_back(
+              std::string("optimizer.state.") + kind + "." + kOutputLayer,
+              split_shard(m.optimizer[kind].at(kWordEmbedding), m.rules.at(kWordEmbedding), t, T));
+      }
+      detail::write_tensor_file(tmp, rd + "/model.safetensors", model_tensors, files);
+      res.num_tensors += model_tensors.size();
+      if (optim) detail::write_tensor_file(tmp, rd + "/optimizer.safetensors", optim_tensors, files);
+      fsync_path(tmp / rd, true);
+    }
+  }
+  res.num_files = files.size();
+
+  json meta = m.metadata;
+  json src_parallel = meta.contains("parallel") ? meta["parallel"] : json(nullptr);
+  if (src_parallel.is_object()) src_parallel.erase("partition_dims");
+  meta["parallel"] = {{"tensor_model_parallel_size", T},
+                      {"pipeline_model_parallel_size", P},
+                      {"virtual_pipeline_model_parallel_size", layout.num_chunks},
+                      {"data_parallel_size", ckpt.parallel.data_parallel_size},
+                      {"partition_dims", partition_dims}};
+  if (optim)
+    meta["optimizer"] = {{"type", m.optimizer_type}, {"distributed", false}};
+  else
+    meta["optimizer"] = nullptr;
+  meta["args"]["parallel"]["tensor_model_parallel_size"] = T;
+  meta["args"]["parallel"]["pipeline_model_parallel_size"] = P;
+  meta["args"]["parallel"]["num_layers_per_virtual_pipeline_stage"] = o.target_layers_per_virtual_stage;
+  meta["args"]["model"]["padded_vocab_size"] = target_vocab;
+  meta["files"] = files;
+  meta["converted_from"] = {{"load", fs::absolute(o.load).string()},
+                            {"folder", dir_name},
+                            {"parallel", src_parallel},
+                            {"padded_vocab_size", res.padded_vocab_from},
+                            {"optimizer_state", optim ? "resharded" : res.optimizer_note},
+                            {"tool", "megatron checkpoint convert"}};
+  write_text_file(tmp / "metadata.json", meta.dump(2) + "\n");
+  fsync_path(tmp, true);
+  res.dir = o.save / dir_name;
+  fs::rename(tmp, res.dir);
+  fsync_path(o.save, true);
+  write_text_file(o.save / "latest_checkpointed_iteration.txt",
+                  ckpt.release ? std::string("release") : std::to_string(ckpt.state.iteration));
+  fsync_path(o.save, true);
+  res.to = CheckpointParallel{T, P, ckpt.parallel.data_parallel_size, false};
+  res.notes = m.notes;
+  return res;
+}
+
+}  // namespace megatron::training

@@ -1,0 +1,120 @@
+// Resharding checkpoints: a checkpoint saved under one tensor x pipeline layout merged into the
+// single-rank (TP = PP = 1) tensors and split again for another layout (`megatron checkpoint
+// convert`), or merged in memory only (generation and serving read sharded checkpoints with it).
+//
+// Shard rules (model/tensor_parallel.h): a parameter with partition_dim d >= 0 (metadata.json's
+// "parallel.partition_dims", or the Megatron-Core name when a name is missing there) is cut into
+// T equal chunks along d, chunk r on TP rank r; linear_qkv's interleaved per-query-group layout
+// makes that a split by whole query groups. Replicated parameters (LayerNorms, row-parallel
+// biases, position embedding) are taken from TP rank 0. Two exceptions:
+//   - the vocabulary tables (embedding.word_embeddings.weight, an untied output_layer.weight) are
+//     re-padded to the target's padded vocabulary, Megatron's rule: ceil(V / (divisor * T)) *
+//     divisor * T rows for the true vocabulary size V; extra rows are cut off, missing rows repeat
+//     the last row (as Megatron's tools/checkpoint saver does; the Adam moments of new rows are 0);
+//   - with SwiGLU (args "swiglu": true) every linear_fc1 shard is [gate_r; up_r], so gate and up
+//     are chunked separately (Megatron's layout).
+// Pipeline stages: "decoder.layers.<i>." parameters carry global layer numbers; the target stage
+// of layer i is i / (L / P), or with v virtual stages of L / (P v) layers, (i / (L / (P v))) % P;
+// the embedding goes to the first stage, the final LayerNorm (and an untied output layer) to the
+// last. The last stage's tied copy of the word embedding (output_layer.weight when the model ties
+// them) is not in model files; its optimizer state is (equal to the embedding's): it is read and
+// dropped, and written again for a PP > 1 target.
+//
+// Optimizer state (plain optimizer.safetensors or distributed-optimizer shards under any DP size)
+// is read in parameter space and follows its parameter's split: fp32 main weights, Adam exp_avg /
+// exp_avg_sq, SGD momentum, and the step count. The target is written with the plain
+// (non-distributed) optimizer layout, which the trainer loads into either optimizer under any
+// data-parallel size. With drop_optimizer the target has no optimizer state ("optimizer": null,
+// as --no-save-optim): resuming from it then needs --no-load-optim (the loader says so).
+//
+// The target folder is written as the trainer writes checkpoints: DIR/.tmp_iter_N, files 0640,
+// folders 0750, every file's size and SHA-256 in metadata.json, fsync, rename, then the tracker.
+// metadata.json keeps the source's iteration, consumed samples, scheduler, grad scaler, RNG and
+// args (with the new TP/PP sizes and padded vocabulary) and records "converted_from".
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "training/checkpoint.h"
+
+namespace megatron::training {
+
+// How a parameter's single-rank tensor is cut into tensor-parallel shards.
+struct ShardRule {
+  int dim = -1;         // partition dimension, -1 replicated
+  bool swiglu = false;  // dim 0, [gate; up] chunked separately
+  bool vocab = false;   // dim 0 over the padded vocabulary (re-padded when T changes)
+};
+
+// The rule for `name` given its partition_dim (nullopt: unknown, inferred from the name).
+ShardRule shard_rule(const std::string& name, std::optional<int> partition_dim, bool swiglu);
+// The single-rank tensor from the shards of TP ranks 0..T-1 (rank 0's for a replicated one).
+Tensor merge_shards(const std::vector<Tensor>& shards, const ShardRule& rule);
+// Shard `rank` of `size` of the single-rank tensor (contiguous).
+Tensor split_shard(const Tensor& full, const ShardRule& rule, int rank, int size);
+// `table` with `rows` rows: cut, or extended by repeating the last row (zero_fill: zeros).
+Tensor repad_rows(const Tensor& table, int64_t rows, bool zero_fill);
+
+// A checkpoint's tensors as single-rank tensors.
+struct MergedCheckpoint {
+  CheckpointOnDisk source;
+  nlohmann::json metadata;                 // the source's metadata.json
+  std::map<std::string, ShardRule> rules;  // every model tensor's rule
+  std::map<std::string, Tensor> model;     // name -> single-rank tensor (parameter dtype)
+  // Optimizer state in parameter space: kind ("fp32_param", "exp_avg", "exp_avg_sq",
+  // "momentum_buffer") -> name -> single-rank F32 tensor. Empty without optimizer state.
+  std::map<std::string, std::map<std::string, Tensor>> optimizer;
+  std::string optimizer_type;  // "adam" | "sgd"; empty: none
+  int64_t optimizer_step = 0;
+  int64_t padded_vocab_size = 0;  // rows of the vocabulary tables
+  std::vector<std::string> notes;  // what was dropped or inferred, for the user
+};
+
+// Reads every model file (and, with with_optimizer, the optimizer state) of every TP x PP rank of
+// the checkpoint, sizes and SHA-256 checked, and merges them. Errors name the missing or corrupted
+// file.
+MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer);
+// Re-pads the vocabulary tables (and their optimizer state) to `rows`.
+void repad_vocabulary(MergedCheckpoint& m, int64_t rows);
+
+struct ConvertOptions {
+  std::filesystem::path load, save;
+  std::optional<int64_t> ckpt_step;  // default: the tracker's iteration
+  int target_tp = 1, target_pp = 1;
+  // --target-num-layers-per-virtual-pipeline-stage (0: none): rank r's file then holds the layers
+  // of its model chunks, virtual stages c * P + r (model/gpt_stage.h).
+  int target_layers_per_virtual_stage = 0;
+  // The unpadded vocabulary size, needed when the padded size changes with T; by default the
+  // tokenizer of the checkpoint's args is built (its vocabulary files must exist).
+  std::optional<int64_t> true_vocab_size;
+  bool drop_optimizer = false;
+};
+
+struct ConvertResult {
+  std::filesystem::path dir;  // the written iteration folder
+  int64_t iteration = 0;
+  CheckpointParallel from, to;
+  int64_t padded_vocab_from = 0, padded_vocab_to = 0;
+  bool optimizer = false;            // optimizer state written
+  std::string optimizer_note;        // why there is none, when there is none
+  size_t num_tensors = 0, num_files = 0;
+  std::vector<std::string> notes;
+};
+
+// Converts --load (at --ckpt-step or the tracker's iteration) into --save for the target layout.
+// --save must not exist or be empty. Validates the target sizes against the model (heads, query
+// groups, FFN size, padded vocabulary divisible by T; layers by P).
+ConvertResult convert_checkpoint(const ConvertOptions& options);
+
+// For generation: a checkpoint's model tensors under any layout as single-rank tensors, the
+// vocabulary tables re-padded to padded_vocab_size rows (0: as saved, i.e. merged shards).
+std::map<std::string, Tensor> read_single_rank_model(const CheckpointOnDisk& ckpt,
+                                                     int64_t padded_vocab_size);
+
+}  // namespace megatron::training
