@@ -80,6 +80,9 @@ using json = nlohmann::json;
 namespace {
 
 const char* const kTracker = "latest_checkpointed_iteration.txt";
+using detail::fsync_path;
+using detail::set_mode;
+using detail::write_text_file;
 
 std::string model_file(const CheckpointRank& rank) { return rank.rank_dir() + "/model.safetensors"; }
 
@@ -87,34 +90,6 @@ std::string iteration_dir_name(int64_t iteration) {
   char name[32];
   std::snprintf(name, sizeof name, "iter_%07lld", (long long)iteration);
   return name;
-}
-
-void set_mode(const fs::path& p, mode_t mode) {
-  MG_REQUIRE(::chmod(p.c_str(), mode) == 0, "cannot set permissions of ", p.string(), ": ",
-             std::strerror(errno));
-}
-
-void fsync_path(const fs::path& p, bool directory) {
-  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  MG_REQUIRE(fd >= 0, "cannot open ", p.string(), ": ", std::strerror(errno));
-  const bool ok = ::fsync(fd) == 0;
-  ::close(fd);
-  MG_REQUIRE(ok || directory, "fsync failed: ", p.string(), " (disk full?)");
-}
-
-// Writes `text` to p.tmp (0640, fsynced) and renames it over p.
-void write_text_file(const fs::path& p, const std::string& text) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    MG_REQUIRE(out.good(), "cannot write ", tmp.string(), "; check that the folder is writable");
-    out << text;
-    out.flush();
-    MG_REQUIRE(out.good(), "write failed: ", tmp.string(), " (disk full?)");
-  }
-  fsync_path(tmp, false);
-  set_mode(tmp, 0640);
-  fs::rename(tmp, p);
 }
 
 std::string read_text_file(const fs::path& p) {
@@ -300,6 +275,34 @@ std::vector<uint8_t> read_verified(const CheckpointOnDisk& ckpt, const std::stri
 }  // namespace
 
 namespace detail {
+
+void set_mode(const fs::path& p, unsigned mode) {
+  MG_REQUIRE(::chmod(p.c_str(), mode_t(mode)) == 0, "cannot set permissions of ", p.string(), ": ",
+             std::strerror(errno));
+}
+
+void fsync_path(const fs::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  MG_REQUIRE(fd >= 0, "cannot open ", p.string(), ": ", std::strerror(errno));
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  MG_REQUIRE(ok || directory, "fsync failed: ", p.string(), " (disk full?)");
+}
+
+void write_text_file(const fs::path& p, const std::string& text) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    MG_REQUIRE(out.good(), "cannot write ", tmp.string(), "; check that the folder is writable");
+    out << text;
+    out.flush();
+    MG_REQUIRE(out.good(), "write failed: ", tmp.string(), " (disk full?)");
+  }
+  fsync_path(tmp, false);
+  set_mode(tmp, 0640);
+  fs::rename(tmp, p);
+}
+
 
 SafetensorsContents read_tensor_file(const CheckpointOnDisk& ckpt, const std::string& rel) {
   const std::vector<uint8_t> bytes = read_verified(ckpt, rel);

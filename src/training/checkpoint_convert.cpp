@@ -1,12 +1,6 @@
 // Checkpoint resharding; see checkpoint_convert.h for the rules.
 #include "training/checkpoint_convert.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <set>
 
@@ -40,32 +34,9 @@ int layer_of(const std::string& name) {
   return std::stoi(name.substr(i, end - i));
 }
 
-void set_mode(const fs::path& p, mode_t mode) {
-  MG_REQUIRE(::chmod(p.c_str(), mode) == 0, "cannot set permissions of ", p.string(), ": ",
-             std::strerror(errno));
-}
-
-void fsync_path(const fs::path& p, bool directory) {
-  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  MG_REQUIRE(fd >= 0, "cannot open ", p.string(), ": ", std::strerror(errno));
-  const bool ok = ::fsync(fd) == 0;
-  ::close(fd);
-  MG_REQUIRE(ok || directory, "fsync failed: ", p.string(), " (disk full?)");
-}
-
-void write_text_file(const fs::path& p, const std::string& text) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    MG_REQUIRE(out.good(), "cannot write ", tmp.string(), "; check that the folder is writable");
-    out << text;
-    out.flush();
-    MG_REQUIRE(out.good(), "write failed: ", tmp.string(), " (disk full?)");
-  }
-  fsync_path(tmp, false);
-  set_mode(tmp, 0640);
-  fs::rename(tmp, p);
-}
+using detail::fsync_path;
+using detail::set_mode;
+using detail::write_text_file;
 
 json read_metadata(const CheckpointOnDisk& ckpt) {
   const fs::path p = ckpt.dir / "metadata.json";

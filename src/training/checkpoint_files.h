@@ -1,5 +1,6 @@
-// Internal to the checkpoint code (checkpoint.cpp, checkpoint_optimizer.cpp): checksummed writes
-// and verified reads of the tensor files of one checkpoint folder.
+// Internal to the checkpoint code (checkpoint.cpp, checkpoint_optimizer.cpp, checkpoint_convert.cpp):
+// checksummed writes and verified reads of the tensor files of one checkpoint folder, and the
+// durable small-file writes the atomic save is built from.
 #pragma once
 
 #include <filesystem>
@@ -12,6 +13,13 @@
 #include "training/checkpoint.h"
 
 namespace megatron::training::detail {
+
+// chmod, or an error naming the path.
+void set_mode(const std::filesystem::path& p, unsigned mode);
+// fsync of a file or a folder (a folder's fsync failing is tolerated: not every filesystem can).
+void fsync_path(const std::filesystem::path& p, bool directory);
+// Writes `text` to p.tmp (0640, fsynced) and renames it over p.
+void write_text_file(const std::filesystem::path& p, const std::string& text);
 
 // Writes `tensors` to dir/rel (mode 0640) and records {"bytes", "sha256"} under files[rel].
 void write_tensor_file(const std::filesystem::path& dir, const std::string& rel,
