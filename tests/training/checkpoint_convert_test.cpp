@@ -665,7 +665,8 @@ TEST(MpiCheckpointConvert, ConvertedCheckpointsResumeUnderAnotherTensorParallelS
 }
 
 // Pipeline-parallel training checkpoints: PP2 (TP2 x PP2 at -np 4) saved by the trainer,
-// converted to TP1, resumes on one rank on the pipeline resume's curve; a TP1 checkpoint converted
+// converted to TP1, resumes on one rank on the pipeline resume's curve (at -np 4 also converted to
+// TP1 x PP2 and resumed under PP2 x DP2); a TP1 checkpoint converted
 // to PP2 (TP2 x PP2) resumes under the pipeline on the single-rank resume's curve.
 std::vector<double> from_rank0(const std::vector<double>& v) {
   return json::parse(all_gather_strings(*world(), json(v).dump())[0]).get<std::vector<double>>();
@@ -714,6 +715,20 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
     ASSERT_EQ(got_tp1.size(), ref_pp.losses.size());
     for (size_t i = 0; i < got_tp1.size(); ++i)
       EXPECT_NEAR(got_tp1[i], ref_pp.losses[i], 1e-5 * ref_pp.losses[i]) << "PP -> TP1, " << i;
+  }
+  if (W == 4) {  // TP2 x PP2 -> TP1 x PP2, resumed under PP2 x DP2
+    if (root) convert(dir / "pp", dir / "pp_as_tp1_pp2", 1, 2);
+    world()->barrier();
+    TrainingArgs e = pp;
+    e.parallel.tensor_model_parallel_size = 1;
+    e.load = (dir / "pp_as_tp1_pp2").string();
+    const TrainingSummary s = pretrain_gpt(e);
+    EXPECT_EQ(s.start_iteration, 6);
+    if (last) {
+      ASSERT_EQ(s.losses.size(), ref_pp.losses.size());
+      for (size_t i = 0; i < s.losses.size(); ++i)
+        EXPECT_NEAR(s.losses[i], ref_pp.losses[i], 1e-5 * ref_pp.losses[i]) << "TP2 x PP2 -> TP1 x PP2, " << i;
+    }
   }
 
   // A TP1 checkpoint -> the PP layout.
