@@ -29,61 +29,24 @@
 #include "training/checkpoint.h"
 #include "training/checkpoint_convert.h"
 #include "training/trainer.h"
+#include "parallel_test_util.h"
 
 namespace megatron::training {
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using parallel_test::run_single;
+using parallel_test::SharedDir;
+using parallel_test::tiny_gpt_args;
+using parallel_test::world;
+using parallel_test::write_corpus;
 
-std::shared_ptr<Communicator> world() { return world_communicator(); }
-
-void write_corpus(const std::string& prefix) {
-  data::IndexedDatasetBuilder b(prefix, data::IndexDType::U16);
-  for (int d = 0; d < 200; ++d) {  // arithmetic sequences mod 60, EOD = 63
-    std::vector<int32_t> doc;
-    const int step = 1 + d % 5;
-    for (int i = 0; i < 40; ++i) doc.push_back((d + i * step) % 60);
-    doc.push_back(63);
-    b.add_item(doc);
-    b.end_document();
-  }
-  b.finalize();
-}
-
-// The tiny GPT of the parallel tests: 2 layers, h 32, 4 heads, vocabulary 64 (padded to 64 under
-// TP 1, 2 and 4), dropout 0.
+// The parallel tests' tiny GPT, saving only when asked to (--exit-interval, the end).
 TrainingArgs tiny_args(const fs::path& dir, int64_t iters) {
-  TrainingArgs a;
-  a.model.num_layers = 2;
-  a.model.hidden_size = 32;
-  a.model.num_attention_heads = 4;
-  a.model.seq_length = 16;
-  a.model.max_position_embeddings = 16;
-  a.model.hidden_dropout = 0.0f;
-  a.model.attention_dropout = 0.0f;
-  a.make_vocab_size_divisible_by = 16;
-  a.tokenizer.type = "NullTokenizer";
-  a.tokenizer.vocab_size = 64;
-  a.data.data_path = {(dir / "corpus").string()};
-  a.data.split = "90,10,0";
-  a.data.data_cache_path = (dir / "cache").string();
-  a.micro_batch_size = 2;
-  a.global_batch_size = 8;
-  a.train_iters = iters;
-  a.lr = 3e-3;
-  a.min_lr = 3e-4;
-  a.lr_decay_style = "cosine";
-  a.lr_warmup_iters = 3;
-  a.log_interval = 1000;
-  a.eval_interval = 1000;
-  a.eval_iters = 1;
+  TrainingArgs a = tiny_gpt_args(dir, iters);
   a.save_interval = 1000;
   return a;
-}
-
-TrainingSummary run_single(TrainingArgs a) {
-  return pretrain_gpt(std::move(a), make_self_communicator("world"));
 }
 
 ConvertResult convert(const fs::path& from, const fs::path& to, int tp, int pp,
@@ -591,21 +554,6 @@ TEST(CheckpointConvertCli, ConvertsAndSaysWhatItDid) {
 // ---------------------------------------------------------------------------------------------
 // Under mpirun.
 
-// A folder every rank sees: rank 0 creates (and removes) it and tells the others its name.
-class SharedDir {
- public:
-  SharedDir() {
-    if (world()->rank() == 0) owned_ = std::make_unique<megatron::testing::TempDir>();
-    path_ = all_gather_strings(*world(), owned_ ? owned_->path().string() : "")[0];
-  }
-  ~SharedDir() { world()->barrier(); }
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  std::unique_ptr<megatron::testing::TempDir> owned_;
-  fs::path path_;
-};
 
 void expect_close(const TrainingSummary& got, const TrainingSummary& ref, const std::string& what) {
   ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
@@ -617,7 +565,7 @@ TEST(MpiCheckpointConvert, ConvertedCheckpointsResumeUnderAnotherTensorParallelS
   if (world()->size() == 1) GTEST_SKIP() << "needs mpirun -np 2 or 4 (label mpi)";
   SharedDir dir;
   const bool root = world()->rank() == 0;
-  if (root) write_corpus((dir / "corpus").string());
+  if (root) write_corpus(dir / "corpus");
   world()->barrier();
   TrainingArgs base = tiny_args(dir.path(), 12);
 
@@ -625,19 +573,19 @@ TEST(MpiCheckpointConvert, ConvertedCheckpointsResumeUnderAnotherTensorParallelS
   TrainingSummary ref1;
   if (root) {
     TrainingArgs a = base;
-    a.save = (dir / "tp1").string();
+    a.save = dir / "tp1";
     a.exit_interval = 6;
     run_single(a);
     a.exit_interval = 0;
     a.save = "";
-    a.load = (dir / "tp1").string();
+    a.load = dir / "tp1";
     ref1 = run_single(a);
     convert(dir / "tp1", dir / "tp1_as_tp2", 2, 1);
   }
   world()->barrier();
   TrainingArgs b = base;
   b.parallel.tensor_model_parallel_size = 2;
-  b.load = (dir / "tp1_as_tp2").string();
+  b.load = dir / "tp1_as_tp2";
   const TrainingSummary got1 = pretrain_gpt(b);
   EXPECT_EQ(got1.start_iteration, 6);
   if (root) expect_close(got1, ref1, "TP1 checkpoint converted to TP2");
@@ -646,17 +594,17 @@ TEST(MpiCheckpointConvert, ConvertedCheckpointsResumeUnderAnotherTensorParallelS
   TrainingArgs c = base;
   c.parallel.tensor_model_parallel_size = 2;
   c.parallel.use_distributed_optimizer = world()->size() == 4;
-  c.save = (dir / "tp2").string();
+  c.save = dir / "tp2";
   c.exit_interval = 6;
   pretrain_gpt(c);
   c.exit_interval = 0;
   c.save = "";
-  c.load = (dir / "tp2").string();
+  c.load = dir / "tp2";
   const TrainingSummary ref2 = pretrain_gpt(c);
   if (root) {
     convert(dir / "tp2", dir / "tp2_as_tp1", 1, 1);
     TrainingArgs d = base;
-    d.load = (dir / "tp2_as_tp1").string();
+    d.load = dir / "tp2_as_tp1";
     const TrainingSummary got2 = run_single(d);
     EXPECT_EQ(got2.start_iteration, 6);
     expect_close(got2, ref2, "TP2 checkpoint converted to TP1");
@@ -677,7 +625,7 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   SharedDir dir;
   const int W = world()->size();
   const bool root = world()->rank() == 0, last = world()->rank() == W - 1;
-  if (root) write_corpus((dir / "corpus").string());
+  if (root) write_corpus(dir / "corpus");
   world()->barrier();
   const TrainingArgs base = tiny_args(dir.path(), 12);
   TrainingArgs pp = base;
@@ -687,18 +635,18 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
 
   // The trainer's PP checkpoint -> TP1.
   TrainingArgs c = pp;
-  c.save = (dir / "pp").string();
+  c.save = dir / "pp";
   c.exit_interval = 6;
   pretrain_gpt(c);
   c.exit_interval = 0;
   c.save = "";
-  c.load = (dir / "pp").string();
+  c.load = dir / "pp";
   const TrainingSummary ref_pp = pretrain_gpt(c);
   std::vector<double> got_tp1;
   if (root) {
     convert(dir / "pp", dir / "pp_as_tp1", 1, 1);
     TrainingArgs d = base;
-    d.load = (dir / "pp_as_tp1").string();
+    d.load = dir / "pp_as_tp1";
     const TrainingSummary s = run_single(d);
     EXPECT_EQ(s.start_iteration, 6);
     got_tp1 = s.losses;
@@ -721,7 +669,7 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
     world()->barrier();
     TrainingArgs e = pp;
     e.parallel.tensor_model_parallel_size = 1;
-    e.load = (dir / "pp_as_tp1_pp2").string();
+    e.load = dir / "pp_as_tp1_pp2";
     const TrainingSummary s = pretrain_gpt(e);
     EXPECT_EQ(s.start_iteration, 6);
     if (last) {
@@ -735,18 +683,18 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   std::vector<double> ref_tp1;
   if (root) {
     TrainingArgs a = base;
-    a.save = (dir / "tp1").string();
+    a.save = dir / "tp1";
     a.exit_interval = 6;
     run_single(a);
     a.exit_interval = 0;
     a.save = "";
-    a.load = (dir / "tp1").string();
+    a.load = dir / "tp1";
     ref_tp1 = run_single(a).losses;
     convert(dir / "tp1", dir / "tp1_as_pp", W / 2, 2);
   }
   ref_tp1 = from_rank0(ref_tp1);
   TrainingArgs b = pp;
-  b.load = (dir / "tp1_as_pp").string();
+  b.load = dir / "tp1_as_pp";
   const TrainingSummary got_pp = pretrain_gpt(b);
   EXPECT_EQ(got_pp.start_iteration, 6);
   if (last) {
@@ -763,26 +711,26 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   vj["model"]["num_layers"] = 4;
   vj["parallel"]["num_layers_per_virtual_pipeline_stage"] = 1;
   TrainingArgs v = training_args_from_json(vj);
-  v.save = (dir / "vp").string();
+  v.save = dir / "vp";
   v.exit_interval = 6;
   pretrain_gpt(v);
   v.exit_interval = 0;
   v.save = "";
-  v.load = (dir / "vp").string();
+  v.load = dir / "vp";
   const TrainingSummary ref_vp = pretrain_gpt(v);
   std::vector<double> got_vp_tp1, ref_four;
   if (root) {
     convert(dir / "vp", dir / "vp_as_tp1", 1, 1);
     TrainingArgs d = four;
-    d.load = (dir / "vp_as_tp1").string();
+    d.load = dir / "vp_as_tp1";
     got_vp_tp1 = run_single(d).losses;
     TrainingArgs a = four;
-    a.save = (dir / "four").string();
+    a.save = dir / "four";
     a.exit_interval = 6;
     run_single(a);
     a.exit_interval = 0;
     a.save = "";
-    a.load = (dir / "four").string();
+    a.load = dir / "four";
     ref_four = run_single(a).losses;
     ConvertOptions o;
     o.load = dir / "four";
@@ -794,7 +742,7 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   }
   got_vp_tp1 = from_rank0(got_vp_tp1);
   ref_four = from_rank0(ref_four);
-  v.load = (dir / "four_as_vp").string();
+  v.load = dir / "four_as_vp";
   const TrainingSummary got_vp = pretrain_gpt(v);
   EXPECT_EQ(got_vp.start_iteration, 6);
   if (last) {

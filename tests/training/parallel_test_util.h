@@ -36,6 +36,7 @@ class SharedDir {
     path_ = all_gather_strings(*world(), owned_ ? owned_->path().string() : "")[0];
   }
   ~SharedDir() { world()->barrier(); }  // nobody still reads when rank 0 removes it
+  const fs::path& path() const { return path_; }
   std::string operator/(const std::string& name) const { return (path_ / name).string(); }
 
  private:
@@ -56,6 +57,37 @@ inline void write_corpus(const std::string& prefix) {
   b.finalize();
 }
 
+// The tiny GPT the training tests train on write_corpus's data in `dir` ("corpus", index cache
+// in "cache"): 2 layers, hidden 32, 4 heads, sequence 16, vocabulary 64 (padded to 64 under TP 1,
+// 2 and 4), dropout 0, micro-batch 2, global batch 8, cosine LR 3e-3 -> 3e-4.
+inline TrainingArgs tiny_gpt_args(const fs::path& dir, int64_t iters) {
+  TrainingArgs a;
+  a.model.num_layers = 2;
+  a.model.hidden_size = 32;
+  a.model.num_attention_heads = 4;
+  a.model.seq_length = 16;
+  a.model.max_position_embeddings = 16;
+  a.model.hidden_dropout = 0.0f;
+  a.model.attention_dropout = 0.0f;
+  a.make_vocab_size_divisible_by = 16;
+  a.tokenizer.type = "NullTokenizer";
+  a.tokenizer.vocab_size = 64;
+  a.data.data_path = {(dir / "corpus").string()};
+  a.data.split = "90,10,0";
+  a.data.data_cache_path = (dir / "cache").string();
+  a.micro_batch_size = 2;
+  a.global_batch_size = 8;
+  a.train_iters = iters;
+  a.lr = 3e-3;
+  a.min_lr = 3e-4;
+  a.lr_decay_style = "cosine";
+  a.lr_warmup_iters = 3;
+  a.log_interval = 1000;
+  a.eval_interval = 1000;
+  a.eval_iters = 1;
+  return a;
+}
+
 struct Fixture {
   SharedDir dir;
   std::string prefix = dir / "corpus";
@@ -64,30 +96,8 @@ struct Fixture {
     world()->barrier();
   }
   TrainingArgs args(int64_t iters = 20) const {
-    TrainingArgs a;
-    a.model.num_layers = 2;
-    a.model.hidden_size = 32;
-    a.model.num_attention_heads = 4;
-    a.model.seq_length = 16;
-    a.model.max_position_embeddings = 16;
-    a.model.hidden_dropout = 0.0f;
-    a.model.attention_dropout = 0.0f;
-    a.make_vocab_size_divisible_by = 16;  // 64 under TP 1, 2 and 4
-    a.tokenizer.type = "NullTokenizer";
-    a.tokenizer.vocab_size = 64;
-    a.data.data_path = {prefix};
-    a.data.split = "90,10,0";
-    a.data.data_cache_path = dir / "cache";
-    a.micro_batch_size = 2;
-    a.global_batch_size = 8;
-    a.train_iters = iters;
-    a.lr = 3e-3;
-    a.min_lr = 3e-4;
-    a.lr_decay_style = "cosine";
-    a.lr_warmup_iters = 3;
-    a.log_interval = 1000;
+    TrainingArgs a = tiny_gpt_args(dir.path(), iters);
     a.eval_interval = 10;
-    a.eval_iters = 1;
     return a;
   }
 };
