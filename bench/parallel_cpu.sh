@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU scaling of `megatron pretrain-gpt` over MPI ranks: 1, 2 and 4 ranks, data parallel (plain,
 # distributed optimizer, overlapped reduction) vs tensor parallel (with and without sequence
-# parallelism) vs TP2 x DP2, on one GPT (4 layers, hidden 256, 8 heads, seq 256, vocab 4096,
+# parallelism) vs TP2 x DP2 vs pipeline parallel (1F1B, interleaved) vs context parallel, on one
+# GPT (4 layers, hidden 256, 8 heads, seq 256, vocab 4096,
 # micro-batch 4, global batch 16, fp32, no dropout) and a synthetic corpus (NullTokenizer ids).
 # For each run: mean ms per iteration and tokens/s over iterations 3..N (the JSONL metrics of the
 # last rank), and the communication time: the time that rank spent blocked in collectives
@@ -70,3 +71,10 @@ run "TP2 + SP" 2 0 --tensor-model-parallel-size 2 --sequence-parallel
 run "DP4" 4 0
 run "TP2 x DP2" 4 0 --tensor-model-parallel-size 2
 run "TP4" 4 0 --tensor-model-parallel-size 4
+run "PP2 (1F1B)" 2 0 --pipeline-model-parallel-size 2
+run "PP2 interleaved (2 virtual stages)" 2 0 --pipeline-model-parallel-size 2 \
+  --num-layers-per-virtual-pipeline-stage 1
+run "PP4" 4 0 --pipeline-model-parallel-size 4
+run "TP2 x PP2" 4 0 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+run "CP2" 2 0 --context-parallel-size 2
+run "CP2 x DP2" 4 0 --context-parallel-size 2
