@@ -11,6 +11,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/error.h"
+
 namespace megatron::testing {
 
 std::filesystem::path source_dir() { return MG_SOURCE_DIR; }
@@ -51,6 +53,15 @@ CommandResult run_command(const std::string& command_line) {
 
 CommandResult run_cli(const std::string& args) {
   return run_command("'" + cli_path().string() + "' " + args);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no megatron::Error was thrown)";
 }
 
 std::string read_file(const std::filesystem::path& p) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 
 namespace megatron::testing {
@@ -31,6 +32,10 @@ struct CommandResult {
 CommandResult run_command(const std::string& command_line);
 // Runs `megatron <args>` (args already shell-quoted as needed).
 CommandResult run_cli(const std::string& args);
+
+// The message of the megatron::Error that f throws, or a line saying it threw none (so that a
+// test's EXPECT on the message fails and shows why).
+std::string error_of(const std::function<void()>& f);
 
 std::string read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::string& content);
