@@ -129,10 +129,6 @@ void validate_context_parallel_args(const TrainingArgs& a) {
   const int64_t S = a.model.seq_length;
   MG_REQUIRE(C >= 1, "--context-parallel-size must be >= 1 (got ", C, ")");
   if (C == 1) return;
-  MG_REQUIRE(a.parallel.pipeline_model_parallel_size == 1, "--context-parallel-size ", C,
-             " together with --pipeline-model-parallel-size ", a.parallel.pipeline_model_parallel_size,
-             " is not supported by pretrain-gpt yet (the pipeline stages take CP micro-batch slices, "
-             "but the trainer does not combine the two); use one of them");
   MG_REQUIRE(S % (2 * C) == 0, "--seq-length ", S, " is not divisible by 2 x --context-parallel-size = ",
              2 * C, " (each context-parallel rank holds 2 of the 2 x CP sequence chunks)");
   MG_REQUIRE(!a.model.sequence_parallel || T == 1 || (S / C) % T == 0, "--seq-length ", S,

@@ -30,10 +30,11 @@
 //   micro-batches and each keeps its zig-zag slice of every sequence (chunks r and 2CP-1-r of
 //   2CP); loss sums and token counts are summed over DP x CP, and so are gradients (the buffer
 //   and the distributed optimizer work over the DP x CP group, as Megatron's
-//   data_parallel_group_with_cp). Not combined with PP in pretrain-gpt yet (the pipeline stages
-//   take the CP group; the trainer rejects CP x PP).
+//   data_parallel_group_with_cp). With PP the stages take the CP group and each schedule's
+//   micro-batches are the CP slices.
 // The last rank (last pipeline stage: it has the loss) prints the log lines and writes the JSONL
-// metrics and TensorBoard files (as Megatron's print_rank_last); checkpoints are written per rank (checkpoint.h).
+// metrics and TensorBoard files (as Megatron's print_rank_last); checkpoints are written per rank
+// (checkpoint.h).
 // --load resumes exactly: the checkpoint restores iteration, consumed samples (the sampler goes on
 // with the next sample), weights, optimizer, loss scaler, LR schedule and the dropout counter, so a
 // resumed run reproduces the uninterrupted one bit for bit. --save also writes a checkpoint when
@@ -131,12 +132,11 @@ struct TrainingSummary {
   int world_size = 1;
 };
 
-// Checks the parallel layout against the world size: TP x PP x CP must divide it, CP > 1 needs
-// PP = 1 for now, the global batch must split into micro-batches x DP, the layers must split over
-// the pipeline (and virtual) stages, the interleaved schedule needs a number of micro-batches
-// divisible by PP, and the model must split over TP; with CP > 1 the sequence length must be
-// divisible by 2 x CP (and, under sequence parallelism, seq-length / CP by TP). Throws
-// megatron::Error naming the flags.
+// Checks the parallel layout against the world size: TP x PP x CP must divide it, the global
+// batch must split into micro-batches x DP, the layers must split over the pipeline (and
+// virtual) stages, the interleaved schedule needs a number of micro-batches divisible by PP, and
+// the model must split over TP; with CP > 1 the sequence length must be divisible by 2 x CP (and,
+// under sequence parallelism, seq-length / CP by TP). Throws megatron::Error naming the flags.
 void validate_parallel_args(const TrainingArgs& a, int world_size);
 
 // Runs the whole training (builds tokenizer, data, model, optimizer) over the MPI world (a world

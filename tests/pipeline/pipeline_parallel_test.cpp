@@ -198,7 +198,7 @@ TEST(MpiPipelineParallel, TensorTimesPipeline) {
   check_case(Case("TP2 x PP2 SP dropout").TP(2).PP(2).M(2).SP().drop(0.1f));
 }
 
-// Context x pipeline parallelism at the model level (pretrain-gpt does not combine them yet).
+// Context x pipeline parallelism at the model level (pretrain-gpt: tests/training/pipeline_training_test.cpp).
 TEST(MpiPipelineParallel, ContextTimesPipeline) {
   check_case(Case("CP2 x PP2").CP(2).PP(2));
   check_case(Case("CP2 x PP2 v2 dropout").CP(2).PP(2).layers_per_vstage(1).drop(0.1f));
