@@ -16,9 +16,14 @@ struct PretrainFlags {
   training::TrainingArgs a;
   double hidden_dropout = 0.1, attention_dropout = 0.1;
   bool openai_gelu = false;
+  std::string cp_comm_type = "allgather";
 };
 
 void run(PretrainFlags f) {
+  MG_REQUIRE(f.cp_comm_type == "allgather", "--cp-comm-type ", f.cp_comm_type,
+             " is not implemented: context parallelism exchanges keys and values by all-gather; "
+             "pass --cp-comm-type allgather (the results are the same, the exchange is not "
+             "overlapped with compute)");
   if (f.a.model.max_position_embeddings == 0) f.a.model.max_position_embeddings = f.a.model.seq_length;
   f.a.model.hidden_dropout = float(f.hidden_dropout);
   f.a.model.attention_dropout = float(f.attention_dropout);
@@ -105,8 +110,12 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                  "Layers per model chunk: interleaved 1F1B with (num-layers / PP) / this chunks per "
                  "pipeline rank");
   sub.add_option("--context-parallel-size", par.context_parallel_size,
-                 "Context-parallel ranks: each sequence split over CP ranks in 2 x CP chunks "
-                 "(not with PP > 1 yet)")->capture_default_str();
+                 "Context-parallel ranks: each sequence split over CP ranks in 2 x CP chunks")
+      ->capture_default_str();
+  sub.add_option("--cp-comm-type", f->cp_comm_type,
+                 "How context-parallel attention exchanges keys and values (allgather only)")
+      ->check(CLI::IsMember({"p2p", "a2a", "allgather", "a2a+p2p"}))
+      ->capture_default_str();
   sub.add_flag("--sequence-parallel", m.sequence_parallel,
                "Shard LayerNorm/dropout regions along the sequence (TP > 1)");
   sub.add_flag("--use-distributed-optimizer", par.use_distributed_optimizer,

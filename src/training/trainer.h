@@ -62,7 +62,7 @@ struct ParallelArgs {
   int tensor_model_parallel_size = 1;      // --tensor-model-parallel-size
   int pipeline_model_parallel_size = 1;    // --pipeline-model-parallel-size
   int num_layers_per_virtual_pipeline_stage = 0;  // --num-layers-per-virtual-pipeline-stage (0: none)
-  int context_parallel_size = 1;           // --context-parallel-size (not with PP > 1 yet)
+  int context_parallel_size = 1;           // --context-parallel-size
   bool use_distributed_optimizer = false;  // --use-distributed-optimizer
   bool overlap_grad_reduce = false;        // --overlap-grad-reduce
   bool overlap_param_gather = false;       // --overlap-param-gather (accepted; not overlapped)

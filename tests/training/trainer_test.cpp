@@ -146,6 +146,11 @@ TEST(PretrainGptCli, TrainsAndRejectsBadFlags) {
             std::string::npos) << bad.output;
   auto unknown = testing::run_cli(common + " --train-iters 4 --no-such-flag");
   EXPECT_NE(unknown.exit_code, 0);
+  // Megatron's CP exchange flag: the all-gather variant is the one there is.
+  auto cp = testing::run_cli(common + " --train-iters 4 --cp-comm-type p2p");
+  EXPECT_EQ(cp.exit_code, 1) << cp.output;
+  EXPECT_NE(cp.output.find("--cp-comm-type p2p is not implemented"), std::string::npos) << cp.output;
+  EXPECT_EQ(testing::run_cli(common + " --train-iters 1 --cp-comm-type allgather").exit_code, 0);
   auto decay = testing::run_cli(common + " --train-iters 4 --lr-decay-style cosin");
   EXPECT_NE(decay.output.find("--lr-decay-style"), std::string::npos) << decay.output;
 }
