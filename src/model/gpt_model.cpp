@@ -162,32 +162,7 @@ struct GPTModel::Impl {
 
   LayerContext make_ctx(const Tensor& tokens, const Tensor& start, bool training, bool save,
                         uint64_t offset) const {
-    MG_REQUIRE(tokens.defined() && tokens.dim() == 2 && tokens.dtype() == DType::I32,
-               "tokens must be an int32 [batch, seq] tensor");
-    LayerContext ctx;
-    ctx.training = training;
-    ctx.save = save;
-    ctx.recompute_core_attention = cfg.recompute_granularity == "selective";
-    ctx.seed = seed;
-    ctx.dropout_offset = offset;
-    ctx.batch = tokens.size(0);
-    ctx.seq = tokens.size(1);
-    ctx.cp_rank = cp.rank();
-    ctx.cp_size = cp.size();
-    MG_REQUIRE(cp.size() == 1 || ctx.seq % 2 == 0, "context parallelism: the local sequence of ",
-               ctx.seq, " tokens must be two equal chunks (slice_for_context_parallel)");
-    MG_REQUIRE(ctx.seq <= cfg.max_position_embeddings, "sequence length ", ctx.seq,
-               " exceeds --max-position-embeddings ", cfg.max_position_embeddings);
-    MG_REQUIRE(!tp.sequence_parallel || ctx.seq % tp.size() == 0, "sequence length ", ctx.seq,
-               " is not divisible by the tensor-parallel size ", tp.size(),
-               " (required by --sequence-parallel)");
-    if (start.defined()) {
-      MG_REQUIRE(start.dtype() == DType::I32 && start.shape() == tokens.shape(),
-                 "attention_start must be int32 with the tokens' shape ",
-                 shape_str(tokens.shape()));
-      ctx.attention_start = start.contiguous();
-    }
-    return ctx;
+    return make_layer_context(cfg, seed, tp, cp, tokens, start, training, save, offset);
   }
 
   void check_targets(const GPTInputs& in) const {
@@ -360,6 +335,37 @@ Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& position_ids
   x = m.run_decoder(ctx, x, false);
   Tensor xf = m.final_layernorm.forward(ctx, x);
   return m.output.logits(xf).view({ctx.batch, ctx.seq, m.cfg.padded_vocab_size});
+}
+
+LayerContext make_layer_context(const GPTConfig& cfg, uint64_t seed, const TensorParallel& tp,
+                                const ContextParallel& cp, const Tensor& tokens,
+                                const Tensor& start, bool training, bool save, uint64_t offset) {
+  MG_REQUIRE(tokens.defined() && tokens.dim() == 2 && tokens.dtype() == DType::I32,
+             "tokens must be an int32 [batch, seq] tensor");
+  LayerContext ctx;
+  ctx.training = training;
+  ctx.save = save;
+  ctx.recompute_core_attention = cfg.recompute_granularity == "selective";
+  ctx.seed = seed;
+  ctx.dropout_offset = offset;
+  ctx.batch = tokens.size(0);
+  ctx.seq = tokens.size(1);
+  ctx.cp_rank = cp.rank();
+  ctx.cp_size = cp.size();
+  MG_REQUIRE(cp.size() == 1 || ctx.seq % 2 == 0, "context parallelism: the local sequence of ",
+             ctx.seq, " tokens must be two equal chunks (slice_for_context_parallel)");
+  MG_REQUIRE(ctx.seq <= cfg.max_position_embeddings, "sequence length ", ctx.seq,
+             " exceeds --max-position-embeddings ", cfg.max_position_embeddings);
+  MG_REQUIRE(!tp.sequence_parallel || ctx.seq % tp.size() == 0, "sequence length ", ctx.seq,
+             " is not divisible by the tensor-parallel size ", tp.size(),
+             " (required by --sequence-parallel)");
+  if (start.defined()) {
+    MG_REQUIRE(start.dtype() == DType::I32 && start.shape() == tokens.shape(),
+               "attention_start must be int32 with the tokens' shape ",
+               shape_str(tokens.shape()));
+    ctx.attention_start = start.contiguous();
+  }
+  return ctx;
 }
 
 }  // namespace megatron::model

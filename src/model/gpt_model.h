@@ -166,4 +166,15 @@ struct TensorParallel;
 void init_gpt_parameter(Parameter& p, size_t index, const GPTConfig& cfg, uint64_t seed,
                         const TensorParallel& tp);
 
+struct LayerContext;
+struct ContextParallel;
+// The layer context of one pass over `tokens` (int32 [batch, seq]) with the checks GPTModel and
+// the pipeline stages share: the sequence fits the position table, splits over TP under
+// sequence parallelism and into two chunks under context parallelism; attention_start (if
+// defined) is int32 with the tokens' shape.
+LayerContext make_layer_context(const GPTConfig& cfg, uint64_t seed, const TensorParallel& tp,
+                                const ContextParallel& cp, const Tensor& tokens,
+                                const Tensor& attention_start, bool training, bool save,
+                                uint64_t dropout_offset);
+
 }  // namespace megatron::model

@@ -171,36 +171,9 @@ struct GPTChunk::Impl {
   }
 
   LayerContext make_ctx(const GPTInputs& in, bool training, uint64_t offset) const {
-    const Tensor& tokens = in.tokens;
-    MG_REQUIRE(tokens.defined() && tokens.dim() == 2 && tokens.dtype() == DType::I32,
-               "tokens must be an int32 [batch, seq] tensor (every pipeline stage reads its "
-               "shape)");
     MG_REQUIRE(offset < (uint64_t(1) << 40), "dropout offset ", offset, " must be below 2^40");
-    LayerContext ctx;
-    ctx.training = training;
-    ctx.save = training;
-    ctx.recompute_core_attention = cfg.recompute_granularity == "selective";
-    ctx.seed = seed;
-    ctx.dropout_offset = offset;
-    ctx.batch = tokens.size(0);
-    ctx.seq = tokens.size(1);
-    ctx.cp_rank = cp.rank();
-    ctx.cp_size = cp.size();
-    MG_REQUIRE(cp.size() == 1 || ctx.seq % 2 == 0, "context parallelism: the local sequence of ",
-               ctx.seq, " tokens must be two equal chunks (slice_for_context_parallel)");
-    MG_REQUIRE(ctx.seq <= cfg.max_position_embeddings, "sequence length ", ctx.seq,
-               " exceeds --max-position-embeddings ", cfg.max_position_embeddings);
-    MG_REQUIRE(!tp.sequence_parallel || ctx.seq % tp.size() == 0, "sequence length ", ctx.seq,
-               " is not divisible by the tensor-parallel size ", tp.size(),
-               " (required by --sequence-parallel)");
-    if (in.attention_start.defined()) {
-      MG_REQUIRE(in.attention_start.dtype() == DType::I32 &&
-                     in.attention_start.shape() == tokens.shape(),
-                 "attention_start must be int32 with the tokens' shape ",
-                 shape_str(tokens.shape()));
-      ctx.attention_start = in.attention_start.contiguous();
-    }
-    return ctx;
+    return make_layer_context(cfg, seed, tp, cp, in.tokens, in.attention_start, training, training,
+                              offset);
   }
 
   LossResult head(const Tensor& xf, const GPTInputs& in, float grad_scale, Tensor* dxf) {
