@@ -165,14 +165,6 @@ struct GPTModel::Impl {
     return make_layer_context(cfg, seed, tp, cp, tokens, start, training, save, offset);
   }
 
-  void check_targets(const GPTInputs& in) const {
-    MG_REQUIRE(in.labels.defined() && in.labels.dtype() == DType::I32 &&
-                   in.labels.shape() == in.tokens.shape(),
-               "labels must be int32 with the tokens' shape ", shape_str(in.tokens.shape()));
-    MG_REQUIRE(in.loss_mask.defined() && in.loss_mask.dtype() == DType::F32 &&
-                   in.loss_mask.shape() == in.tokens.shape(),
-               "loss_mask must be float32 with the tokens' shape ", shape_str(in.tokens.shape()));
-  }
 
   // Collects the bytes of every activation currently held for backward (shared storage once).
   size_t held_bytes() const {
@@ -217,20 +209,9 @@ struct GPTModel::Impl {
     return x;
   }
 
-  // Loss over the final hidden states xf ([N, h], or this rank's [N/T, h] under sequence
-  // parallelism); when dxf is given also its gradient and the word-embedding grad (+=).
+  // Loss over the final hidden states xf; when dxf is given also its gradient (masked_lm_loss).
   LossResult head(const Tensor& xf, const GPTInputs& in, float grad_scale, Tensor* dxf) {
-    const int64_t N = in.tokens.numel();
-    const Tensor mask = in.loss_mask.contiguous().view({N});
-    Tensor loss = output.loss(xf, in.labels.contiguous().view({N}), mask, grad_scale, dxf);
-    LossResult res;
-    const float* lp = loss.data<float>();
-    const float* mp = mask.data<float>();
-    for (int64_t i = 0; i < N; ++i) {
-      res.loss_sum += double(lp[i]) * double(mp[i]);
-      res.num_tokens += double(mp[i]);
-    }
-    return res;
+    return masked_lm_loss(output, xf, in, grad_scale, dxf);
   }
 };
 
@@ -278,7 +259,7 @@ LossResult GPTModel::forward_backward(const GPTInputs& in, float grad_scale,
   Impl& m = *impl_;
   m.refresh();
   LayerContext ctx = m.make_ctx(in.tokens, in.attention_start, true, true, dropout_offset);
-  m.check_targets(in);
+  check_gpt_targets(in);
   Tensor tokens = in.tokens.contiguous(), pos = in.position_ids.contiguous();
   Tensor x = m.embedding.forward(ctx, tokens, pos);
   x = m.run_decoder(ctx, x, true);
@@ -319,7 +300,7 @@ LossResult GPTModel::forward_loss(const GPTInputs& in) {
   Impl& m = *impl_;
   m.refresh();
   LayerContext ctx = m.make_ctx(in.tokens, in.attention_start, false, false, 0);
-  m.check_targets(in);
+  check_gpt_targets(in);
   Tensor x = m.embedding.forward(ctx, in.tokens.contiguous(), in.position_ids.contiguous());
   x = m.run_decoder(ctx, x, false);
   Tensor xf = m.final_layernorm.forward(ctx, x);
@@ -335,6 +316,30 @@ Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& position_ids
   x = m.run_decoder(ctx, x, false);
   Tensor xf = m.final_layernorm.forward(ctx, x);
   return m.output.logits(xf).view({ctx.batch, ctx.seq, m.cfg.padded_vocab_size});
+}
+
+void check_gpt_targets(const GPTInputs& in) {
+  MG_REQUIRE(in.labels.defined() && in.labels.dtype() == DType::I32 &&
+                 in.labels.shape() == in.tokens.shape(),
+             "labels must be int32 with the tokens' shape ", shape_str(in.tokens.shape()));
+  MG_REQUIRE(in.loss_mask.defined() && in.loss_mask.dtype() == DType::F32 &&
+                 in.loss_mask.shape() == in.tokens.shape(),
+             "loss_mask must be float32 with the tokens' shape ", shape_str(in.tokens.shape()));
+}
+
+LossResult masked_lm_loss(VocabParallelOutput& output, const Tensor& xf, const GPTInputs& in,
+                          float grad_scale, Tensor* dxf) {
+  const int64_t N = in.tokens.numel();
+  const Tensor mask = in.loss_mask.contiguous().view({N});
+  Tensor loss = output.loss(xf, in.labels.contiguous().view({N}), mask, grad_scale, dxf);
+  LossResult res;
+  const float* lp = loss.data<float>();
+  const float* mp = mask.data<float>();
+  for (int64_t i = 0; i < N; ++i) {
+    res.loss_sum += double(lp[i]) * double(mp[i]);
+    res.num_tokens += double(mp[i]);
+  }
+  return res;
 }
 
 LayerContext make_layer_context(const GPTConfig& cfg, uint64_t seed, const TensorParallel& tp,

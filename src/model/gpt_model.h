@@ -172,6 +172,14 @@ struct ContextParallel;
 // the pipeline stages share: the sequence fits the position table, splits over TP under
 // sequence parallelism and into two chunks under context parallelism; attention_start (if
 // defined) is int32 with the tokens' shape.
+class VocabParallelOutput;
+// Labels int32 and loss mask float32, both with the tokens' shape, or a megatron::Error.
+void check_gpt_targets(const GPTInputs& in);
+// The language-model loss of final hidden states xf ([N, h], or this rank's [N/T, h] under
+// sequence parallelism) through `output`: the mask-weighted sum and the token count; with dxf
+// also its gradient (and the word-embedding grad, +=).
+LossResult masked_lm_loss(VocabParallelOutput& output, const Tensor& xf, const GPTInputs& in,
+                          float grad_scale, Tensor* dxf);
 LayerContext make_layer_context(const GPTConfig& cfg, uint64_t seed, const TensorParallel& tp,
                                 const ContextParallel& cp, const Tensor& tokens,
                                 const Tensor& attention_start, bool training, bool save,

@@ -177,23 +177,8 @@ struct GPTChunk::Impl {
   }
 
   LossResult head(const Tensor& xf, const GPTInputs& in, float grad_scale, Tensor* dxf) {
-    MG_REQUIRE(in.labels.defined() && in.labels.dtype() == DType::I32 &&
-                   in.labels.shape() == in.tokens.shape(),
-               "labels must be int32 with the tokens' shape ", shape_str(in.tokens.shape()));
-    MG_REQUIRE(in.loss_mask.defined() && in.loss_mask.dtype() == DType::F32 &&
-                   in.loss_mask.shape() == in.tokens.shape(),
-               "loss_mask must be float32 with the tokens' shape ", shape_str(in.tokens.shape()));
-    const int64_t N = in.tokens.numel();
-    const Tensor mask = in.loss_mask.contiguous().view({N});
-    Tensor loss = output->loss(xf, in.labels.contiguous().view({N}), mask, grad_scale, dxf);
-    LossResult res;
-    const float* lp = loss.data<float>();
-    const float* mp = mask.data<float>();
-    for (int64_t i = 0; i < N; ++i) {
-      res.loss_sum += double(lp[i]) * double(mp[i]);
-      res.num_tokens += double(mp[i]);
-    }
-    return res;
+    check_gpt_targets(in);
+    return masked_lm_loss(*output, xf, in, grad_scale, dxf);
   }
 };
 
