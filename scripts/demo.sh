@@ -32,7 +32,7 @@ fi
 # A small model (4 layers, hidden 128) so that most of the compute goes to tokens: with the GPT-2
 # vocabulary the output layer dominates, and what lowers the loss in a few minutes is how many
 # tokens the model sees, not its width.
-"$MEGATRON" inspect-data "$OUT/demo_text_document" | tee "$OUT/data_summary.txt"
+"$MEGATRON" inspect-data "$OUT/demo_text_document" --entropy | tee "$OUT/data_summary.txt"
 BASELINE="$(sed -n 's/^unigram entropy: \([0-9.]*\) .*/\1/p' "$OUT/data_summary.txt")"
 MODEL=(--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128
        --max-position-embeddings 128 --openai-gelu)

@@ -1,5 +1,6 @@
 // `megatron inspect-data PREFIX`: what an indexed dataset holds. Modes, chosen in run():
-//   (default)  summary: documents, sequences, tokens, dtype, document-length percentiles
+//   (default)  summary: documents, sequences, tokens, dtype, document-length percentiles (from
+//              the index alone); --entropy adds the unigram entropy (reads the whole .bin)
 //   --show N   document N, decoded with the tokenizer flags (token ids without --tokenizer-type)
 //   --samples K  the first K training samples built from the training data flags (--data-path,
 //              --split, --seq-length, --seed, batch/iteration flags) exactly as training sees them
@@ -24,6 +25,7 @@ namespace {
 struct InspectFlags {
   std::string prefix;
   std::optional<int64_t> show;  // --show N
+  bool entropy = false;         // --entropy: the summary also reads every token
   data::TokenizerOptions tokenizer;
   // --samples K mode
   std::optional<int64_t> samples;
@@ -65,7 +67,7 @@ int64_t percentile(const std::vector<int64_t>& sorted, double p) {
   return sorted[std::min(sorted.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
-void print_summary(const data::IndexedDataset& ds) {
+void print_summary(const data::IndexedDataset& ds, bool with_entropy) {
   auto lengths = ds.sequence_lengths();
   auto docs = ds.document_indices();
   std::vector<int64_t> doc_lengths(size_t(ds.num_documents()));
@@ -84,6 +86,7 @@ void print_summary(const data::IndexedDataset& ds) {
                 percentile(doc_lengths, 50), ", p90 ", percentile(doc_lengths, 90), ", p99 ",
                 percentile(doc_lengths, 99), ", max ",
                 doc_lengths.empty() ? 0 : doc_lengths.back()));
+  if (!with_entropy) return;
   // The entropy of the token frequencies: the loss (nats/token) of the best model that ignores
   // context, the baseline a trained language model's loss should fall well below.
   std::vector<int64_t> counts;
@@ -136,7 +139,7 @@ void run(const InspectFlags& f) {
     show_document(ds, *f.show, f);
     return;
   }
-  print_summary(ds);
+  print_summary(ds, f.entropy);
 }
 
 CommandRegistrar reg("inspect-data", "Show what an indexed dataset (.bin/.idx) holds", 102,
@@ -145,6 +148,8 @@ CommandRegistrar reg("inspect-data", "Show what an indexed dataset (.bin/.idx) h
                        sub.add_option("prefix", f->prefix, "Dataset prefix (without .bin/.idx)");
                        sub.add_option("--show", f->show, "Print document N (decoded with the "
                                                          "tokenizer flags, else as ids)");
+                       sub.add_flag("--entropy", f->entropy,
+                                    "Summary: also the unigram entropy (reads every token)");
                        add_tokenizer_options(sub, f->tokenizer);
                        sub.add_option("--samples", f->samples, "Print the first K training samples");
                        sub.add_option("--format", f->format, "--samples output: text or ids (one JSON list a line)")

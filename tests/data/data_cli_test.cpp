@@ -39,7 +39,10 @@ TEST(DataCli, PreprocessInspectMerge) {
   EXPECT_NE(r.output.find("documents: 3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tokens:    7"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("min 0, p50 3, p90 4, p99 4, max 4"), std::string::npos) << r.output;
-  // Tokens 1 2 3 99 4 5 99: -(2/7 ln 2/7 + 5/7 ln 1/7) = 1.74786 nats.
+  EXPECT_EQ(r.output.find("unigram entropy"), std::string::npos) << r.output;  // index only
+  // --entropy reads the tokens 1 2 3 99 4 5 99: -(2/7 ln 2/7 + 5/7 ln 1/7) = 1.74786 nats.
+  r = run_cli("inspect-data " + q(dir / "a_text_document") + " --entropy");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("unigram entropy: 1.7479 nats/token over 6 distinct tokens"), std::string::npos)
       << r.output;
   r = run_cli("inspect-data " + q(dir / "a_text_document") + " --show 2");
