@@ -1,7 +1,7 @@
 // `megatron pretrain-gpt`: Megatron-LM's pretrain_gpt.py flags (names and defaults) mapped onto
 // training::TrainingArgs; the loop itself is training::pretrain_gpt. Under mpirun every rank runs
-// this command with the same flags (data, tensor, sequence and pipeline parallelism, the latter
-// optionally interleaved; the context-parallel size accepts only 1 so far).
+// this command with the same flags (data, tensor, sequence, pipeline — optionally interleaved —
+// and context parallelism).
 #include "cli/command.h"
 #include "cli/tokenizer_options.h"
 #include "core/error.h"
@@ -16,14 +16,9 @@ struct PretrainFlags {
   training::TrainingArgs a;
   double hidden_dropout = 0.1, attention_dropout = 0.1;
   bool openai_gelu = false;
-  std::string cp_comm_type = "allgather";
 };
 
 void run(PretrainFlags f) {
-  MG_REQUIRE(f.cp_comm_type == "allgather", "--cp-comm-type ", f.cp_comm_type,
-             " is not implemented: context parallelism exchanges keys and values by all-gather; "
-             "pass --cp-comm-type allgather (the results are the same, the exchange is not "
-             "overlapped with compute)");
   if (f.a.model.max_position_embeddings == 0) f.a.model.max_position_embeddings = f.a.model.seq_length;
   f.a.model.hidden_dropout = float(f.hidden_dropout);
   f.a.model.attention_dropout = float(f.attention_dropout);
@@ -112,8 +107,9 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--context-parallel-size", par.context_parallel_size,
                  "Context-parallel ranks: each sequence split over CP ranks in 2 x CP chunks")
       ->capture_default_str();
-  sub.add_option("--cp-comm-type", f->cp_comm_type,
-                 "How context-parallel attention exchanges keys and values (allgather only)")
+  sub.add_option("--cp-comm-type", m.cp_comm_type,
+                 "How context-parallel attention exchanges keys and values: p2p (ring, overlapped "
+                 "with compute) or allgather; a2a is not implemented")
       ->check(CLI::IsMember({"p2p", "a2a", "allgather", "a2a+p2p"}))
       ->capture_default_str();
   sub.add_flag("--sequence-parallel", m.sequence_parallel,

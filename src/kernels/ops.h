@@ -94,8 +94,11 @@ struct AttentionShape {
   // with total_heads heads (0 = heads). Dropout masks are indexed by the global head, so they
   // do not depend on how heads are split across ranks.
   int head_offset = 0, total_heads = 0;
-  // Query-subset ops only: key positions of the whole sequence (seq = number of query rows).
+  // Query-subset ops: key positions of the whole sequence (seq = number of query rows).
+  // Block ops: key rows of the block.
   int64_t kv_seq = 0;
+  // Block ops only: length of the whole sequence the positions index.
+  int64_t full_seq = 0;
 };
 void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
                    const Tensor& attention_start, const AttentionShape& shape,
@@ -120,6 +123,40 @@ void attention_subset_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& 
                           const Tensor& query_positions, const Tensor& lse, const Tensor& probs,
                           const Tensor& attention_start, const AttentionShape& shape,
                           const DropoutSpec& dropout);
+
+// ---- blockwise attention (context parallelism's ring exchange, --cp-comm-type p2p) ----------------
+// This rank's query rows against one block of key/value rows of the same sequences (its own or
+// another rank's tokens); the blocks of all ranks, merged with attention_merge, give exactly
+// attention_subset_fwd over the whole sequence. shape.seq = sq query rows, shape.kv_seq = skv
+// key rows, shape.full_seq = S, the whole sequence (positions lie in [0, S); dropout masks are
+// those of the whole S x S attention). q_qkv [b, sq, qkv width]: the queries' fused QKV rows (only
+// the query columns are read). kv [b, skv, g*2*d]: per query group its key head then its value
+// head (the key and value columns of fused QKV rows, packed). q_positions int32 [sq] and
+// kv_positions int32 [skv]: the rows' positions in the sequence, both ascending. Query i attends
+// key j iff start[i] <= kv_positions[j] <= q_positions[i] (attention_start [b, sq] or undefined).
+// Writes ctx [b, sq, n*d], normalised over this block's keys, and lse [b, n, sq]; a row that
+// sees no key of the block gets lse = -inf and zeros. Rows and keys that cannot meet (all keys
+// after the last query, queries before the first key) are skipped, so a zig-zag block costs
+// half of its square.
+void attention_block_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& q_qkv,
+                         const Tensor& q_positions, const Tensor& kv, const Tensor& kv_positions,
+                         const Tensor& attention_start, const AttentionShape& shape,
+                         const DropoutSpec& dropout);
+// Online-softmax merge of a block's (ctx_b [b, sq, n*d], lse_b [b, n, sq]) into the running
+// (ctx, lse): lse <- log(e^lse + e^lse_b), ctx <- ctx e^(lse_old - lse) + ctx_b e^(lse_b - lse).
+void attention_merge(const Tensor& ctx, const Tensor& lse, const Tensor& ctx_b, const Tensor& lse_b,
+                     const AttentionShape& shape);
+// delta [b, n, sq] = per head, the row sums of dctx * ctx (the final attention output): the
+// softmax-backward term the blocks share.
+void attention_delta(const Tensor& delta, const Tensor& dctx, const Tensor& ctx,
+                     const AttentionShape& shape);
+// Backward of one block, given the final lse and delta: ADDS dQ into the query columns of dq
+// [b, sq, qkv width] and dK, dV into dkv [b, skv, g*2*d] (the caller zeroes them first).
+void attention_block_bwd(const Tensor& dq, const Tensor& dkv, const Tensor& dctx,
+                         const Tensor& q_qkv, const Tensor& q_positions, const Tensor& kv,
+                         const Tensor& kv_positions, const Tensor& lse, const Tensor& delta,
+                         const Tensor& attention_start, const AttentionShape& shape,
+                         const DropoutSpec& dropout);
 
 // ---- softmax cross-entropy over the vocab -------------------------------------------------------
 // logits [n, V] fp32 (row-strided allowed), labels int32 [n], loss_mask fp32 [n] or undefined

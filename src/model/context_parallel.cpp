@@ -8,6 +8,14 @@
 
 namespace megatron::model {
 
+CpCommType parse_cp_comm_type(const std::string& name) {
+  if (name == "p2p") return CpCommType::P2P;
+  if (name == "allgather") return CpCommType::AllGather;
+  MG_REQUIRE(name != "a2a" && name != "a2a+p2p", "--cp-comm-type ", name, " (the all-to-all of "
+             "attention heads) is not implemented; use p2p (the ring, the default) or allgather");
+  MG_THROW("--cp-comm-type must be p2p or allgather, got '", name, "'");
+}
+
 ContextParallel ContextParallel::none() {
   static const std::shared_ptr<Communicator> one = make_self_communicator("cp");
   return ContextParallel{one};
@@ -73,6 +81,129 @@ Tensor GatherFromContextParallelRegion::backward(const ContextParallel& cp, cons
   Tensor out = Tensor::empty({in.size(0) / C, in.size(1)}, DType::F32);
   cp.group->reduce_scatter(rank_major, out, ReduceOp::Sum);
   return out;
+}
+
+namespace {
+
+constexpr int kTagKV = 7101, kTagDKV = 7102;
+
+// The key and value columns of fused QKV rows [rows, g*(n/g+2)*d], packed per group -> [rows,
+// g*2*d] (a group's key head and value head are adjacent in the QKV row).
+Tensor pack_kv(const Tensor& qkv, const ops::AttentionShape& sh) {
+  const int hpg = sh.heads / sh.groups;
+  const int64_t d = sh.head_dim, W = int64_t(sh.groups) * (hpg + 2) * d, KW = int64_t(sh.groups) * 2 * d;
+  const int64_t rows = qkv.numel() / W;
+  Tensor kv = Tensor::empty({rows, KW}, DType::F32);
+  const float* x = qkv.data<float>();
+  float* o = kv.data<float>();
+  for (int64_t i = 0; i < rows; ++i)
+    for (int g = 0; g < sh.groups; ++g) {
+      const float* k = x + i * W + (int64_t(g) * (hpg + 2) + hpg) * d;
+      std::copy(k, k + 2 * d, o + i * KW + int64_t(g) * 2 * d);
+    }
+  return kv;
+}
+
+// dqkv's key and value columns <- dkv (the inverse of pack_kv's column map).
+void unpack_kv(const Tensor& dkv, const Tensor& dqkv, const ops::AttentionShape& sh) {
+  const int hpg = sh.heads / sh.groups;
+  const int64_t d = sh.head_dim, W = int64_t(sh.groups) * (hpg + 2) * d, KW = int64_t(sh.groups) * 2 * d;
+  const int64_t rows = dqkv.numel() / W;
+  const float* s = dkv.data<float>();
+  float* o = dqkv.data<float>();
+  for (int64_t i = 0; i < rows; ++i)
+    for (int g = 0; g < sh.groups; ++g) {
+      const float* k = s + i * KW + int64_t(g) * 2 * d;
+      std::copy(k, k + 2 * d, o + i * W + (int64_t(g) * (hpg + 2) + hpg) * d);
+    }
+}
+
+ops::AttentionShape block_shape(const ContextParallel& cp, const ops::AttentionShape& local) {
+  ops::AttentionShape b = local;
+  b.kv_seq = local.seq;
+  b.full_seq = int64_t(cp.size()) * local.seq;
+  return b;
+}
+
+}  // namespace
+
+void ring_attention_fwd(const ContextParallel& cp, const Tensor& ctx, const Tensor& lse,
+                        const Tensor& qkv, const Tensor& attention_start,
+                        const ops::AttentionShape& shape, const ops::DropoutSpec& dropout) {
+  const int C = cp.size(), r = cp.rank(), next = (r + 1) % C, prev = (r + C - 1) % C;
+  const ops::AttentionShape sh = block_shape(cp, shape);
+  const Tensor q = qkv.contiguous();
+  const Tensor qpos = context_parallel_positions(sh.seq, r, C);
+  Tensor kv = pack_kv(q, sh), incoming = Tensor::empty(kv.shape(), DType::F32);
+  Tensor cb = Tensor::empty(ctx.shape(), DType::F32), lb = Tensor::empty(lse.shape(), DType::F32);
+  for (int i = 0; i < C; ++i) {
+    const int src = (r + C - i) % C;  // whose keys and values this step holds
+    CommHandle recv, send;
+    if (i + 1 < C) {  // the next block travels while this one is computed
+      recv = cp.group->recv_async(incoming, prev, kTagKV);
+      send = cp.group->send_async(kv, next, kTagKV);
+    }
+    const Tensor kpos = context_parallel_positions(sh.seq, src, C);
+    if (i == 0) {
+      ops::attention_block_fwd(ctx, lse, q, qpos, kv, kpos, attention_start, sh, dropout);
+    } else {
+      ops::attention_block_fwd(cb, lb, q, qpos, kv, kpos, attention_start, sh, dropout);
+      ops::attention_merge(ctx, lse, cb, lb, sh);
+    }
+    if (i + 1 < C) {
+      send.wait();
+      recv.wait();
+      std::swap(kv, incoming);
+    }
+  }
+}
+
+Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dctx, const Tensor& qkv,
+                          const Tensor& ctx, const Tensor& lse, const Tensor& attention_start,
+                          const ops::AttentionShape& shape, const ops::DropoutSpec& dropout) {
+  const int C = cp.size(), r = cp.rank(), next = (r + 1) % C, prev = (r + C - 1) % C;
+  const ops::AttentionShape sh = block_shape(cp, shape);
+  const Tensor q = qkv.contiguous(), dc = dctx.contiguous();
+  const Tensor qpos = context_parallel_positions(sh.seq, r, C);
+  Tensor delta = Tensor::empty(lse.shape(), DType::F32);
+  ops::attention_delta(delta, dc, ctx, sh);
+  Tensor kv = pack_kv(q, sh), incoming = Tensor::empty(kv.shape(), DType::F32);
+  Tensor dq = Tensor::zeros(q.shape(), DType::F32);
+  // The dK / dV accumulator of a block travels one step behind it: at step i this rank adds its
+  // queries' part to the accumulator of block r-i, which ranks r-i .. r-1 have filled so far.
+  Tensor acc_in = Tensor::empty(kv.shape(), DType::F32), sending;
+  CommHandle acc_send;
+  for (int i = 0; i < C; ++i) {
+    const int src = (r + C - i) % C;
+    CommHandle recv, send, acc_recv;
+    if (i + 1 < C) {
+      recv = cp.group->recv_async(incoming, prev, kTagKV);
+      send = cp.group->send_async(kv, next, kTagKV);
+    }
+    if (i > 0) acc_recv = cp.group->recv_async(acc_in, prev, kTagDKV);
+    Tensor mine = Tensor::zeros(kv.shape(), DType::F32);
+    ops::attention_block_bwd(dq, mine, dc, q, qpos, kv, context_parallel_positions(sh.seq, src, C),
+                             lse, delta, attention_start, sh, dropout);
+    if (i > 0) {
+      acc_recv.wait();
+      float* m = mine.data<float>();
+      const float* a = acc_in.data<float>();
+      for (int64_t k = 0; k < mine.numel(); ++k) m[k] += a[k];
+    }
+    acc_send.wait();
+    sending = mine;
+    acc_send = cp.group->send_async(sending, next, kTagDKV);  // the last one reaches the owner
+    if (i + 1 < C) {
+      send.wait();
+      recv.wait();
+      std::swap(kv, incoming);
+    }
+  }
+  Tensor own = Tensor::empty(kv.shape(), DType::F32);
+  cp.group->recv_async(own, prev, kTagDKV).wait();
+  acc_send.wait();
+  unpack_kv(own, dq, sh);  // dq's key / value columns are still zero
+  return dq;
 }
 
 GPTInputs slice_for_context_parallel(const GPTInputs& in, int rank, int size) {

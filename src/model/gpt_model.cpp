@@ -40,6 +40,7 @@ void GPTConfig::validate() const {
   MG_REQUIRE(params_dtype == DType::F32 || params_dtype == DType::BF16 ||
                  params_dtype == DType::F16,
              "params dtype must be float32, bfloat16 or float16");
+  parse_cp_comm_type(cp_comm_type);  // throws naming --cp-comm-type
   const std::string& g = recompute_granularity;
   MG_REQUIRE(g.empty() || g == "full" || g == "selective", "--recompute-granularity '", g,
              "' is not one of: full, selective");
@@ -233,7 +234,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, uint64_t seed, std::shared_ptr<Communic
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   impl_ = std::make_unique<Impl>(cfg, seed,
                                  TensorParallel::make(std::move(tp_group), cfg.sequence_parallel),
-                                 ContextParallel{std::move(cp_group)});
+                                 ContextParallel{std::move(cp_group), parse_cp_comm_type(cfg.cp_comm_type)});
   impl_->init_weights();
 }
 GPTModel::~GPTModel() = default;

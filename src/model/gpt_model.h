@@ -57,6 +57,9 @@ struct GPTConfig {
   // --sequence-parallel: LayerNorm/dropout/residual regions hold seq/T of the tokens. Ignored
   // (as Megatron does) when the tensor-parallel size is 1.
   bool sequence_parallel = false;
+  // --cp-comm-type: how context-parallel attention exchanges keys and values ("p2p", the ring,
+  // or "allgather"; context_parallel.h). Same results, different communication.
+  std::string cp_comm_type = "p2p";
 
   int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }

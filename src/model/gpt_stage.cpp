@@ -337,7 +337,8 @@ GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const Pipeline
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   tp_ = TensorParallel::make(std::move(tp_group), cfg.sequence_parallel);
-  const ContextParallel cp = cp_group ? ContextParallel{std::move(cp_group)} : ContextParallel::none();
+  ContextParallel cp = cp_group ? ContextParallel{std::move(cp_group)} : ContextParallel::none();
+  cp.comm = parse_cp_comm_type(cfg.cp_comm_type);
   for (int c = 0; c < layout.num_chunks; ++c)
     chunks_.push_back(std::make_unique<GPTChunk>(cfg, seed, tp_, layout, pp_rank, c, cp));
 }

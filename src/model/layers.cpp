@@ -100,10 +100,14 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
   Tensor lse = Tensor::empty({ctx.batch, dims.heads, ctx.seq}, DType::F32);
   Tensor probs;
   const int C = cp.size();
-  if (ctx.save && !ctx.recompute_core_attention)
+  const bool ring = C > 1 && cp.comm == CpCommType::P2P;
+  // The ring recomputes the scores in backward (flash-attention style): no probabilities kept.
+  if (ctx.save && !ctx.recompute_core_attention && !ring)
     probs = Tensor::empty({ctx.batch, dims.heads, ctx.seq, C * ctx.seq}, DType::F32);
   const ops::DropoutSpec drop = ctx.dropout(dims.attention_dropout, layer, kSiteAttentionProbs);
-  if (C > 1) {  // this rank's queries against the whole sequence's keys and values
+  if (ring) {
+    ring_attention_fwd(cp, c, lse, qkv, ctx.attention_start, sh, drop);
+  } else if (C > 1) {  // this rank's queries against the whole sequence's keys and values
     ops::AttentionShape csh = sh;
     csh.kv_seq = C * ctx.seq;
     const Tensor full = GatherFromContextParallelRegion::forward(cp, qkv, ctx.batch);
@@ -123,7 +127,10 @@ Tensor SelfAttention::backward(const LayerContext& ctx, const Tensor& dy) {
   const ops::DropoutSpec drop = ctx.dropout(dims.attention_dropout, layer, kSiteAttentionProbs);
   Tensor dqkv;
   const int C = cp.size();
-  if (C > 1) {  // gathered again (not kept); dK / dV go back to the ranks owning the positions
+  if (C > 1 && cp.comm == CpCommType::P2P) {
+    dqkv = ring_attention_bwd(cp, dc, saved.qkv, saved.ctx, saved.lse, ctx.attention_start,
+                              attention_shape(ctx, *this), drop);
+  } else if (C > 1) {  // gathered again (not kept); dK / dV go back to the ranks owning the positions
     ops::AttentionShape csh = attention_shape(ctx, *this);
     csh.kv_seq = C * ctx.seq;
     const Tensor full = GatherFromContextParallelRegion::forward(cp, saved.qkv, ctx.batch);

@@ -56,7 +56,7 @@ struct AttentionDims {
 class SelfAttention {
  public:
   // cp: context parallelism (context_parallel.h): queries are this rank's tokens, keys and
-  // values the whole sequence gathered over the group.
+  // values the whole sequence, passed round a ring (p2p) or gathered over the group.
   SelfAttention(const std::string& prefix, int64_t h, const AttentionDims& dims, int layer,
                 DType dtype, const TensorParallel& tp = TensorParallel::none(),
                 const ContextParallel& cp = ContextParallel::none());
@@ -64,8 +64,8 @@ class SelfAttention {
     // n, g: this rank's heads and query groups (n/T, g/T of the layer's).
     Tensor qkv;    // [N, g*(n/g+2)*d] output of linear_qkv (with bias)
     Tensor lse;    // [b, n, s] softmax log-sum-exp
-    // [b, n, s, s] softmax probabilities ([b, n, s, C*s] under context parallelism); empty
-    // under selective recompute
+    // [b, n, s, s] softmax probabilities ([b, n, s, C*s] under context parallelism with the
+    // all-gather); empty under selective recompute and with the CP ring (recomputed by blocks)
     Tensor probs;
     Tensor ctx;    // [N, n*d] input of linear_proj
     size_t bytes() const { return bytes_of(qkv) + bytes_of(lse) + bytes_of(probs) + bytes_of(ctx); }

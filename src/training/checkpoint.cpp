@@ -33,7 +33,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
     num_query_groups, seq_length, max_position_embeddings, padded_vocab_size, hidden_dropout,
     attention_dropout, init_method_std, layernorm_epsilon, gelu_tanh, params_dtype,
     recompute_granularity, recompute_method, recompute_num_layers, apply_query_key_layer_scaling,
-    sequence_parallel)
+    sequence_parallel, cp_comm_type)
 }  // namespace megatron::model
 namespace megatron::data {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenizerOptions, type, vocab_file, merge_file,

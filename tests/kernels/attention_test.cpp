@@ -205,6 +205,127 @@ TEST(Attention, QuerySubsetsMatchTheFullRun) {
   }
 }
 
+// The ring variant of context parallelism: each of C = 3 zig-zag ranks (chunks r and 5-r of 6)
+// runs its queries against every rank's packed key/value block and merges the partial softmaxes;
+// ctx and lse equal the full run's rows, and the blocks' dQ / dK / dV, put back at their
+// positions and summed, equal the full dqkv. With GQA, per-query starts and dropout.
+TEST(Attention, RingBlocksMergedMatchTheFullRun) {
+  const int64_t b = 2, s = 12, C = 3, cs = s / (2 * C), sl = s / C;
+  const int n = 4, g = 2, d = 3, hpg = n / g;
+  const int64_t W = int64_t(g) * (hpg + 2) * d, CW = int64_t(n) * d, KW = int64_t(g) * 2 * d;
+  Tensor qkv = randn({b, s, W}, 71), dctx = randn({b, s, CW}, 72);
+  std::vector<int32_t> start(size_t(b * s));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t i = 0; i < s; ++i) start[size_t(bi * s + i)] = int32_t(i >= 5 + bi ? 5 + bi : 0);
+  const DropoutSpec drop{0.3f, 5, 9};
+  AttentionShape full{b, s, n, g, d, 1.0f / std::sqrt(float(d))};
+  Tensor ctx = Tensor::empty({b, s, CW}, DType::F32), lse = Tensor::empty({b, n, s}, DType::F32);
+  Tensor dqkv = Tensor::empty(qkv.shape(), DType::F32);
+  Tensor st = Tensor::from_vector(start, {b, s});
+  attention_fwd(ctx, lse, Tensor(), qkv, st, full, drop);
+  attention_bwd(dqkv, dctx, qkv, lse, Tensor(), st, full, drop);
+  const std::vector<float> x = qkv.to_float_vector(), dcf = dctx.to_float_vector();
+  auto positions = [&](int64_t r) {
+    std::vector<int32_t> pos;
+    for (int64_t c : {r, 2 * C - 1 - r})
+      for (int64_t i = 0; i < cs; ++i) pos.push_back(int32_t(c * cs + i));
+    return pos;
+  };
+  // Rows of a [b, s, w] tensor at the given positions -> [b, sl, w]; kv packs columns per group.
+  auto rows = [&](const std::vector<float>& src, int64_t w, const std::vector<int32_t>& pos) {
+    std::vector<float> out;
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int32_t p : pos) out.insert(out.end(), src.begin() + (bi * s + p) * w, src.begin() + (bi * s + p + 1) * w);
+    return out;
+  };
+  auto packed_kv = [&](const std::vector<int32_t>& pos) {
+    std::vector<float> out;
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int32_t p : pos)
+        for (int grp = 0; grp < g; ++grp) {
+          const float* k = x.data() + (bi * s + p) * W + int64_t(grp) * (hpg + 2) * d + hpg * d;
+          out.insert(out.end(), k, k + 2 * d);
+        }
+    return out;
+  };
+  std::vector<float> dsum(size_t(dqkv.numel()), 0.0f);
+  const std::vector<float> cf = ctx.to_float_vector(), lf = lse.to_float_vector();
+  for (int64_t r = 0; r < C; ++r) {
+    const std::vector<int32_t> qp = positions(r);
+    std::vector<int32_t> sst;
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int32_t p : qp) sst.push_back(start[size_t(bi * s + p)]);
+    AttentionShape part = full;
+    part.seq = sl;
+    part.kv_seq = sl;
+    part.full_seq = s;
+    Tensor q = Tensor::from_vector(rows(x, W, qp), {b, sl, W});
+    Tensor qpos = Tensor::from_vector(qp, {sl}), sub_st = Tensor::from_vector(sst, {b, sl});
+    Tensor c = Tensor::zeros({b, sl, CW}, DType::F32);
+    Tensor l = Tensor::full({b, n, sl}, -INFINITY, DType::F32);
+    for (int64_t src = 0; src < C; ++src) {
+      Tensor kv = Tensor::from_vector(packed_kv(positions(src)), {b, sl, KW});
+      Tensor kpos = Tensor::from_vector(positions(src), {sl});
+      Tensor cb = Tensor::empty({b, sl, CW}, DType::F32), lb = Tensor::empty({b, n, sl}, DType::F32);
+      attention_block_fwd(cb, lb, q, qpos, kv, kpos, sub_st, part, drop);
+      attention_merge(c, l, cb, lb, part);
+    }
+    const std::vector<float> cv = c.to_float_vector(), lv = l.to_float_vector();
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t i = 0; i < sl; ++i) {
+        const int64_t p = qp[size_t(i)];
+        for (int64_t e = 0; e < CW; ++e)
+          EXPECT_NEAR(cv[size_t((bi * sl + i) * CW + e)], cf[size_t((bi * s + p) * CW + e)], 1e-5);
+        for (int h = 0; h < n; ++h)
+          EXPECT_NEAR(lv[size_t((bi * n + h) * sl + i)], lf[size_t((bi * n + h) * s + p)], 1e-5);
+      }
+    Tensor dc = Tensor::from_vector(rows(dcf, CW, qp), {b, sl, CW});
+    Tensor delta = Tensor::empty({b, n, sl}, DType::F32);
+    attention_delta(delta, dc, c, part);
+    Tensor dq = Tensor::zeros({b, sl, W}, DType::F32);
+    for (int64_t src = 0; src < C; ++src) {
+      const std::vector<int32_t> kp = positions(src);
+      Tensor kv = Tensor::from_vector(packed_kv(kp), {b, sl, KW});
+      Tensor dkv = Tensor::zeros({b, sl, KW}, DType::F32);
+      attention_block_bwd(dq, dkv, dc, q, qpos, kv, Tensor::from_vector(kp, {sl}), l, delta,
+                          sub_st, part, drop);
+      const std::vector<float> dk = dkv.to_float_vector();
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t j = 0; j < sl; ++j)
+          for (int grp = 0; grp < g; ++grp)
+            for (int64_t e = 0; e < 2 * d; ++e)
+              dsum[size_t((bi * s + kp[size_t(j)]) * W + int64_t(grp) * (hpg + 2) * d + hpg * d + e)] +=
+                  dk[size_t((bi * sl + j) * KW + grp * 2 * d + e)];
+    }
+    const std::vector<float> dqv = dq.to_float_vector();
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t i = 0; i < sl; ++i)
+        for (int h = 0; h < n; ++h)
+          for (int64_t e = 0; e < d; ++e) {
+            const int64_t col = int64_t(h / hpg) * (hpg + 2) * d + int64_t(h % hpg) * d + e;
+            dsum[size_t((bi * s + qp[size_t(i)]) * W + col)] += dqv[size_t((bi * sl + i) * W + col)];
+          }
+  }
+  const std::vector<float> want = dqkv.to_float_vector();
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(dsum[k], want[k], 1e-5) << k;
+}
+
+TEST(Attention, BlockOpsRejectBadPositions) {
+  AttentionShape sh{1, 2, 1, 1, 2, 1.0f};
+  sh.kv_seq = 2;
+  sh.full_seq = 4;
+  Tensor q = Tensor::zeros({1, 2, 6}, DType::F32), kv = Tensor::zeros({1, 2, 4}, DType::F32);
+  Tensor c = Tensor::empty({1, 2, 2}, DType::F32), l = Tensor::empty({1, 1, 2}, DType::F32);
+  const Tensor ok = Tensor::from_vector(std::vector<int32_t>{0, 3}, {2});
+  const Tensor descending = Tensor::from_vector(std::vector<int32_t>{3, 0}, {2});
+  const Tensor outside = Tensor::from_vector(std::vector<int32_t>{0, 4}, {2});
+  EXPECT_NO_THROW(attention_block_fwd(c, l, q, ok, kv, ok, Tensor(), sh, DropoutSpec{}));
+  EXPECT_THROW(attention_block_fwd(c, l, q, descending, kv, ok, Tensor(), sh, DropoutSpec{}), InternalError);
+  EXPECT_THROW(attention_block_fwd(c, l, q, ok, kv, outside, Tensor(), sh, DropoutSpec{}), InternalError);
+  EXPECT_THROW(attention_block_fwd(c, l, q, ok, Tensor::zeros({1, 2, 6}, DType::F32), ok, Tensor(),
+                                   sh, DropoutSpec{}), InternalError);
+}
+
 TEST(Attention, PlainCausal) { run_case({2, 9, 2, 2, 4, 0.0f, false}); }
 TEST(Attention, GroupedQueryWithStarts) { run_case({2, 8, 4, 2, 3, 0.0f, true}); }
 TEST(Attention, DropoutWithStartsSingleGroup) { run_case({1, 10, 3, 1, 4, 0.3f, true}); }

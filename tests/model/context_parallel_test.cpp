@@ -3,7 +3,8 @@
 // context-parallel group is the whole world (CP = 2, 4) and, at -np 4, also CP = 2 x TP = 2
 // groups of a ParallelState (with and without sequence parallelism). Every rank builds the
 // single-rank model with the same weights and runs the whole batch; the CP model gets this rank's
-// zig-zag slice. Loss sums and token counts summed over the CP group, and every parameter
+// zig-zag slice, with either key/value exchange (the ring of --cp-comm-type p2p and the
+// all-gather). Loss sums and token counts summed over the CP group, and every parameter
 // gradient summed over the CP group (and gathered from the TP shards) agree with the single-rank
 // ones within 1e-5 of the tensor's scale: plain causal and with document resets
 // (--reset-attention-mask / --reset-position-ids), an uneven loss mask, recomputation, and
@@ -82,9 +83,10 @@ Result run(GPTModel& m, const Groups& g, const GPTInputs& whole, uint64_t offset
   return r;
 }
 
-void check_parity(const GPTConfig& cfg, const Groups& g, bool resets, const std::string& what,
-                  double tol = 1e-5) {
-  SCOPED_TRACE(what + " " + g.name + (resets ? " with document resets" : ""));
+void check_parity_with(const GPTConfig& cfg, const Groups& g, bool resets, const std::string& what,
+                       double tol) {
+  SCOPED_TRACE(what + " " + g.name + (resets ? " with document resets" : "") + " --cp-comm-type " +
+               cfg.cp_comm_type);
   GPTConfig ref_cfg = cfg;
   ref_cfg.recompute_granularity.clear();
   ref_cfg.recompute_method.clear();
@@ -112,6 +114,15 @@ void check_parity(const GPTConfig& cfg, const Groups& g, bool resets, const std:
   ASSERT_EQ(c.grads.size(), r.grads.size());
   for (size_t i = 0; i < r.grads.size(); ++i)
     EXPECT_LE(rel_diff(c.grads[i], r.grads[i]), tol) << b[i]->name;
+}
+
+// Both exchanges (--cp-comm-type p2p, the ring, and allgather) against the single-rank model.
+void check_parity(GPTConfig cfg, const Groups& g, bool resets, const std::string& what,
+                  double tol = 1e-5) {
+  for (const char* type : {"p2p", "allgather"}) {
+    cfg.cp_comm_type = type;
+    check_parity_with(cfg, g, resets, what, tol);
+  }
 }
 
 GPTConfig cp_config() {

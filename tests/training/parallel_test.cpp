@@ -85,15 +85,20 @@ TEST(MpiParallelTraining, TensorAndSequenceParallelFollowTheSingleRankCurve) {
   }
 }
 
-// Context parallelism: each CP rank trains on its zig-zag half (quarter) of every sequence; losses,
-// token counts and gradients are summed over DP x CP. The corpus' documents (41 tokens) span
-// sequence boundaries, so the 16-token samples have uneven content across the chunks.
+// Context parallelism (the ring exchange, and once the all-gather): each CP rank trains on its
+// zig-zag half (quarter) of every sequence; losses, token counts and gradients are summed over
+// DP x CP. The corpus' documents (41 tokens) span sequence boundaries, so the 16-token samples
+// have uneven content across the chunks.
 TEST(MpiParallelTraining, ContextParallelFollowsTheSingleRankCurve) {
   SKIP_ON_ONE_RANK();
   Fixture f;
   Layout cp2{"cp2", 1};
   cp2.cp = 2;
-  check_layout(f, cp2, f.args());
+  check_layout(f, cp2, f.args());  // the ring exchange (--cp-comm-type p2p, the default)
+  TrainingArgs allgather = f.args();
+  allgather.model.cp_comm_type = "allgather";
+  cp2.name = "cp2_allgather";
+  check_layout(f, cp2, allgather);
   // Document resets: per-token attention starts and position ids are sliced with the tokens.
   TrainingArgs resets = f.args();
   resets.data.reset_attention_mask = resets.data.reset_position_ids = true;

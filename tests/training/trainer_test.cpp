@@ -146,11 +146,13 @@ TEST(PretrainGptCli, TrainsAndRejectsBadFlags) {
             std::string::npos) << bad.output;
   auto unknown = testing::run_cli(common + " --train-iters 4 --no-such-flag");
   EXPECT_NE(unknown.exit_code, 0);
-  // Megatron's CP exchange flag: the all-gather variant is the one there is.
-  auto cp = testing::run_cli(common + " --train-iters 4 --cp-comm-type p2p");
+  // Megatron's CP exchange flag: p2p (the default) and allgather exist; the head all-to-all not.
+  auto cp = testing::run_cli(common + " --train-iters 4 --cp-comm-type a2a");
   EXPECT_EQ(cp.exit_code, 1) << cp.output;
-  EXPECT_NE(cp.output.find("--cp-comm-type p2p is not implemented"), std::string::npos) << cp.output;
+  EXPECT_NE(cp.output.find("--cp-comm-type a2a (the all-to-all of attention heads) is not "
+                           "implemented"), std::string::npos) << cp.output;
   EXPECT_EQ(testing::run_cli(common + " --train-iters 1 --cp-comm-type allgather").exit_code, 0);
+  EXPECT_EQ(testing::run_cli(common + " --train-iters 1 --cp-comm-type p2p").exit_code, 0);
   auto decay = testing::run_cli(common + " --train-iters 4 --lr-decay-style cosin");
   EXPECT_NE(decay.output.find("--lr-decay-style"), std::string::npos) << decay.output;
 }
