@@ -7,12 +7,16 @@
 # For each run: mean ms per iteration and tokens/s over iterations 3..N (the JSONL metrics of the
 # last rank), and the communication time: the time that rank spent blocked in collectives
 # (launch + wait, src/comm/timed_communicator.h), i.e. the part not hidden behind compute.
-# Usage: bench/parallel_cpu.sh [BUILD_DIR] [ITERS] [TOTAL_THREADS]
+# Usage: [SET=all|cp] [SEQ=256] [MBS=4] [GBS=16] bench/parallel_cpu.sh [BUILD_DIR] [ITERS] [TOTAL_THREADS]
 # TOTAL_THREADS (default: nproc) OpenMP threads are split over the ranks (at least 1 each), so
 # every row uses the same cores; 4 ranks on 2 cores are oversubscribed.
+# SET=cp runs only the context-parallel comparison: one rank vs CP2 / CP4 with the ring
+# (--cp-comm-type p2p) and with the all-gather, at sequence length SEQ (e.g. SEQ=2048 MBS=1:
+# long sequences, where attention dominates).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"; ITERS="${2:-12}"; TOTAL="${3:-$(nproc)}"
+SET="${SET:-all}"; SEQ="${SEQ:-256}"; MBS="${MBS:-4}"; GBS="${GBS:-16}"
 MEGATRON="$BUILD_DIR/megatron"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -29,9 +33,9 @@ PY
 "$MEGATRON" preprocess-data --input "$WORK/corpus.jsonl" --output-prefix "$WORK/c" \
   --tokenizer-type NullTokenizer --vocab-size 4096 --append-eod --workers 1 >/dev/null 2>&1
 
-COMMON=(pretrain-gpt --num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 256
-  --max-position-embeddings 256 --tokenizer-type NullTokenizer --vocab-size 4096
-  --micro-batch-size 4 --global-batch-size 16 --train-iters "$ITERS" --lr 1e-4
+COMMON=(pretrain-gpt --num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length "$SEQ"
+  --max-position-embeddings "$SEQ" --tokenizer-type NullTokenizer --vocab-size 4096
+  --micro-batch-size "$MBS" --global-batch-size "$GBS" --train-iters "$ITERS" --lr 1e-4
   --lr-decay-style constant --hidden-dropout 0 --attention-dropout 0
   --data-path "$WORK/c_text_document" --split 100,0,0 --data-cache-path "$WORK/cache"
   --log-interval 1 --eval-iters 0)
@@ -62,6 +66,13 @@ PY
   [ -n "$BASE" ] || BASE="${row##*$'\t'}"
 }
 run "1 rank" 1 0
+if [ "$SET" = cp ]; then
+  for c in 2 4; do
+    run "CP$c, ring (p2p)" "$c" 0 --context-parallel-size "$c" --cp-comm-type p2p
+    run "CP$c, all-gather" "$c" 0 --context-parallel-size "$c" --cp-comm-type allgather
+  done
+  exit 0
+fi
 run "1 rank, 1 thread" 1 1
 run "DP2" 2 0
 run "DP2, distributed optimizer" 2 0 --use-distributed-optimizer

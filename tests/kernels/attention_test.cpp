@@ -209,8 +209,9 @@ TEST(Attention, QuerySubsetsMatchTheFullRun) {
 // runs its queries against every rank's packed key/value block and merges the partial softmaxes;
 // ctx and lse equal the full run's rows, and the blocks' dQ / dK / dV, put back at their
 // positions and summed, equal the full dqkv. With GQA, per-query starts and dropout.
-TEST(Attention, RingBlocksMergedMatchTheFullRun) {
-  const int64_t b = 2, s = 12, C = 3, cs = s / (2 * C), sl = s / C;
+void ring_case(int64_t s) {
+  SCOPED_TRACE("sequence " + std::to_string(s));
+  const int64_t b = 2, C = 3, cs = s / (2 * C), sl = s / C;
   const int n = 4, g = 2, d = 3, hpg = n / g;
   const int64_t W = int64_t(g) * (hpg + 2) * d, CW = int64_t(n) * d, KW = int64_t(g) * 2 * d;
   Tensor qkv = randn({b, s, W}, 71), dctx = randn({b, s, CW}, 72);
@@ -310,6 +311,12 @@ TEST(Attention, RingBlocksMergedMatchTheFullRun) {
   for (size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(dsum[k], want[k], 1e-5) << k;
 }
 
+// 132 tokens: the full run crosses the causal kernel's 64-row tiles.
+TEST(Attention, RingBlocksMergedMatchTheFullRun) {
+  ring_case(12);
+  ring_case(132);
+}
+
 TEST(Attention, BlockOpsRejectBadPositions) {
   AttentionShape sh{1, 2, 1, 1, 2, 1.0f};
   sh.kv_seq = 2;
@@ -329,6 +336,8 @@ TEST(Attention, BlockOpsRejectBadPositions) {
 TEST(Attention, PlainCausal) { run_case({2, 9, 2, 2, 4, 0.0f, false}); }
 TEST(Attention, GroupedQueryWithStarts) { run_case({2, 8, 4, 2, 3, 0.0f, true}); }
 TEST(Attention, DropoutWithStartsSingleGroup) { run_case({1, 10, 3, 1, 4, 0.3f, true}); }
+// Longer than the 64-row tiles the kernel splits the causal square into (3 tiles, the last short).
+TEST(Attention, LongSequenceAcrossRowTiles) { run_case({1, 150, 2, 1, 2, 0.2f, true}); }
 
 }  // namespace
 }  // namespace megatron::ops

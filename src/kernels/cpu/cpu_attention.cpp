@@ -151,6 +151,21 @@ const float* query_rows(const Layout& L, const float* base, int head, float* buf
   return buf;
 }
 
+// The causal mask leaves keys after a query's position out, so the score and value GEMMs run on
+// tiles of kTileRows query rows, each against keys [0, kend) with kend past the tile's last
+// position: about half of the square for plain causal attention. Entries of a row past kend are
+// never read (the softmax writes zeros there).
+constexpr int64_t kTileRows = 64;
+template <class F>
+void for_row_tiles(const Layout& L, F&& f) {
+  for (int64_t i0 = 0; i0 < L.sq; i0 += kTileRows) {
+    const int64_t i1 = std::min(L.sq, i0 + kTileRows);
+    int64_t kend = 0;
+    for (int64_t i = i0; i < i1; ++i) kend = std::max(kend, L.pos(i) + 1);
+    f(i0, i1 - i0, kend);
+  }
+}
+
 void forward(const Layout& L, const Tensor& ctx, const Tensor& lse, const Tensor& probs,
              const Tensor& qkv, const Tensor& attention_start, float scale,
              const DropoutSpec& dropout) {
@@ -181,12 +196,17 @@ void forward(const Layout& L, const Tensor& ctx, const Tensor& lse, const Tensor
       float* Pd = pp ? work.data() : work.data() + sq * skv;
       int64_t ldq = 0;
       const float* Q = query_rows(L, base, head, qbuf.data(), ldq);
-      sgemm(false, true, sq, skv, L.d, scale, Q, ldq, base + L.k(head / L.hpg), L.width, 0.0f, P,
-            skv);
+      for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
+        sgemm(false, true, nt, kend, L.d, scale, Q + i0 * ldq, ldq, base + L.k(head / L.hpg),
+              L.width, 0.0f, P + i0 * skv, skv);
+      });
       softmax_rows(P, lp + task * sq, st, bi, L);
       const float* A = apply_dropout(Pd, P, L, bi, head, dropout, rng, keep);
-      sgemm(false, false, sq, L.d, skv, 1.0f, A, skv, base + L.v(head / L.hpg), L.width, 0.0f,
-            out + bi * sq * L.ctx_width + int64_t(head) * L.d, L.ctx_width);
+      float* O = out + bi * sq * L.ctx_width + int64_t(head) * L.d;
+      for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
+        sgemm(false, false, nt, L.d, kend, 1.0f, A + i0 * skv, skv, base + L.v(head / L.hpg),
+              L.width, 0.0f, O + i0 * L.ctx_width, L.ctx_width);
+      });
     }
   }
 }
@@ -230,18 +250,24 @@ void backward(const Layout& L, const Tensor& dqkv, const Tensor& dctx, const Ten
         if (pp) {
           std::copy(pp + hidx * sq * skv, pp + (hidx + 1) * sq * skv, P);
         } else {
-          sgemm(false, true, sq, skv, L.d, sc, Q, ldq, base + L.k(group), L.width, 0.0f, P, skv);
+          for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
+            sgemm(false, true, nt, kend, L.d, sc, Q + i0 * ldq, ldq, base + L.k(group), L.width,
+                  0.0f, P + i0 * skv, skv);
+          });
           softmax_from_lse(P, lp + hidx * sq, st, bi, L);
         }
         const float* A = apply_dropout(Pd, P, L, bi, head, dropout, rng, keep);
         const float* dO = dO_b + int64_t(head) * L.d;
-        const float beta = hh == 0 ? 0.0f : 1.0f;
-        // dV += Pd^T dO
-        sgemm(true, false, skv, L.d, sq, 1.0f, A, skv, dO, L.ctx_width, beta, dbase + L.v(group),
-              L.width);
-        // dPd = dO V^T
-        sgemm(false, true, sq, skv, L.d, 1.0f, dO, L.ctx_width, base + L.v(group), L.width, 0.0f,
-              dP, skv);
+        if (hh == 0)  // the group's dK, dV (adjacent columns) accumulate over its heads' tiles
+          for (int64_t j = 0; j < skv; ++j)
+            std::fill_n(dbase + j * L.width + L.k(group), 2 * L.d, 0.0f);
+        for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
+          // dV += Pd^T dO; dPd = dO V^T
+          sgemm(true, false, kend, L.d, nt, 1.0f, A + i0 * skv, skv, dO + i0 * L.ctx_width,
+                L.ctx_width, 1.0f, dbase + L.v(group), L.width);
+          sgemm(false, true, nt, kend, L.d, 1.0f, dO + i0 * L.ctx_width, L.ctx_width,
+                base + L.v(group), L.width, 0.0f, dP + i0 * skv, skv);
+        });
         for (int64_t i = 0; i < sq; ++i) {
           float* dpr = dP + i * skv;
           const float* pr = P + i * skv;
@@ -257,17 +283,18 @@ void backward(const Layout& L, const Tensor& dqkv, const Tensor& dctx, const Ten
           for (int64_t j = p + 1; j < skv; ++j) dpr[j] = 0;
         }
         // dQ = sc * dS K ; dK += sc * dS^T Q
-        if (L.qpos) {
-          sgemm(false, false, sq, L.d, skv, sc, dP, skv, base + L.k(group), L.width, 0.0f,
-                dqbuf.data(), L.d);
+        float* dQ = L.qpos ? dqbuf.data() : dbase + L.q(head);
+        const int64_t ldd = L.qpos ? L.d : L.width;
+        for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
+          sgemm(false, false, nt, L.d, kend, sc, dP + i0 * skv, skv, base + L.k(group), L.width,
+                0.0f, dQ + i0 * ldd, ldd);
+          sgemm(true, false, kend, L.d, nt, sc, dP + i0 * skv, skv, Q + i0 * ldq, ldq, 1.0f,
+                dbase + L.k(group), L.width);
+        });
+        if (L.qpos)
           for (int64_t i = 0; i < sq; ++i)
             std::copy(dqbuf.data() + i * L.d, dqbuf.data() + (i + 1) * L.d,
                       dbase + L.qpos[i] * L.width + L.q(head));
-        } else {
-          sgemm(false, false, sq, L.d, skv, sc, dP, skv, base + L.k(group), L.width, 0.0f,
-                dbase + L.q(head), L.width);
-        }
-        sgemm(true, false, skv, L.d, sq, sc, dP, skv, Q, ldq, beta, dbase + L.k(group), L.width);
       }
     }
   }
