@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU scaling of `megatron pretrain-gpt` over MPI ranks: 1, 2 and 4 ranks, data parallel (plain,
-# distributed optimizer, overlapped reduction) vs tensor parallel (with and without sequence
+# distributed optimizer, overlapped reduction, and with the distributed optimizer the parameter
+# all-gather overlapped with the next forward) vs tensor parallel (with and without sequence
 # parallelism) vs TP2 x DP2 vs pipeline parallel (1F1B, interleaved) vs context parallel, on one
 # GPT (4 layers, hidden 256, 8 heads, seq 256, vocab 4096,
 # micro-batch 4, global batch 16, fp32, no dropout) and a synthetic corpus (NullTokenizer ids).
@@ -77,6 +78,10 @@ run "1 rank, 1 thread" 1 1
 run "DP2" 2 0
 run "DP2, distributed optimizer" 2 0 --use-distributed-optimizer
 run "DP2, overlap (1M-element buckets)" 2 0 --overlap-grad-reduce --ddp-bucket-size 1000000
+run "DP2, dist. optimizer, overlap (1M buckets)" 2 0 --use-distributed-optimizer \
+  --overlap-grad-reduce --ddp-bucket-size 1000000
+run "DP2, dist. optimizer, overlap + param gather (1M buckets)" 2 0 --use-distributed-optimizer \
+  --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 1000000
 run "TP2" 2 0 --tensor-model-parallel-size 2
 run "TP2 + SP" 2 0 --tensor-model-parallel-size 2 --sequence-parallel
 run "DP4" 4 0

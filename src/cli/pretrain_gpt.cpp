@@ -119,8 +119,9 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_flag("--overlap-grad-reduce", par.overlap_grad_reduce,
                "Start each gradient bucket's reduction during backward");
   sub.add_flag("--overlap-param-gather", par.overlap_param_gather,
-               "Accepted (needs --use-distributed-optimizer --overlap-grad-reduce); the all-gather "
-               "is not overlapped yet");
+               "Overlap the distributed optimizer's parameter all-gather with the next forward "
+               "(each bucket is waited for before its first layer; needs "
+               "--use-distributed-optimizer --overlap-grad-reduce)");
   sub.add_option("--ddp-bucket-size", par.ddp_bucket_size,
                  "Elements per gradient bucket with --overlap-grad-reduce (default max(40M, 1M x DP))");
   sub.add_option("--distributed-timeout-minutes", par.distributed_timeout_minutes,

@@ -38,6 +38,16 @@ void check_sizes(const Communicator& c, const char* op, const Tensor& in, const 
 
 }  // namespace detail
 
+CommHandle Communicator::all_gather_inplace_async(Tensor& buf) {
+  detail::check_tensor(*this, "all_gather_inplace", buf);
+  MG_CHECK(buf.numel() % size() == 0, "all_gather_inplace on group '", name(), "' of size ",
+           size(), ": ", buf.numel(), " elements do not split evenly");
+  const int64_t n = buf.numel() / size();
+  // The input must not alias the output (MPI), and the copy stays alive with the handle.
+  const Tensor mine = buf.view({-1}).narrow(0, int64_t(rank()) * n, n).clone();
+  return all_gather_async(mine, buf);
+}
+
 namespace {
 
 class SelfCommunicator final : public Communicator {

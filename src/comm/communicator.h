@@ -6,6 +6,8 @@
 // - Tensors are contiguous. Collectives concatenate / split along the flat element order, which
 //   for a contiguous tensor is dim 0 (callers permute for other dims; see tp_mappings.h).
 // - all_gather: out.numel() == size() * in.numel(); rank r's input lands in slice r.
+//   all_gather_inplace: buf.numel() is a multiple of size(); rank r's input is slice r of buf
+//   itself (MPI_IN_PLACE), the other slices are overwritten with the other ranks' slices.
 // - reduce_scatter: in.numel() == size() * out.numel(); rank r receives reduced slice r.
 // - bf16/fp16 reductions are carried out in fp32 and rounded back once (RNE).
 // - Every wait polls its requests against the group's timeout (--distributed-timeout-minutes);
@@ -67,6 +69,8 @@ class Communicator {
   // Non-blocking collectives. Inputs must stay alive and unmodified until the handle completes.
   virtual CommHandle all_reduce_async(Tensor& t, ReduceOp op) = 0;  // in place
   virtual CommHandle all_gather_async(const Tensor& in, Tensor& out) = 0;
+  // The default copies slice rank() out and calls all_gather_async; MPI gathers in place.
+  virtual CommHandle all_gather_inplace_async(Tensor& buf);
   virtual CommHandle reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op) = 0;
   virtual CommHandle broadcast_async(Tensor& t, int root) = 0;  // root: rank in this group
   virtual CommHandle send_async(const Tensor& t, int dst, int tag = 0) = 0;
@@ -76,6 +80,7 @@ class Communicator {
   // Blocking forms: start and wait.
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op).wait(); }
   void all_gather(const Tensor& in, Tensor& out) { all_gather_async(in, out).wait(); }
+  void all_gather_inplace(Tensor& buf) { all_gather_inplace_async(buf).wait(); }
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::Sum) {
     reduce_scatter_async(in, out, op).wait();
   }

@@ -267,6 +267,19 @@ class MpiCommunicator final : public Communicator {
     return CommHandle(h);
   }
 
+  CommHandle all_gather_inplace_async(Tensor& buf) override {
+    detail::check_tensor(*this, "all_gather_inplace", buf);
+    MG_CHECK(buf.numel() % size_ == 0, "all_gather_inplace on group '", name_, "' of size ", size_,
+             ": ", buf.numel(), " elements do not split evenly");
+    auto h = handle("all_gather_inplace");
+    h->keep_alive = {buf};
+    const int n = count(buf.view({-1}).narrow(0, 0, buf.numel() / size_));
+    mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.raw_data(), n,
+                             mpi_type(buf.dtype()), comm_, h->request()),
+              "MPI_Iallgather(in place)");
+    return CommHandle(h);
+  }
+
   CommHandle reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op) override {
     detail::check_sizes(*this, "reduce_scatter", in, out, out.numel() * size_, out.numel());
     auto h = handle(str("reduce_scatter(", reduce_op_name(op), ")"));

@@ -1,6 +1,7 @@
 // Timing decorator over any Communicator (see timed_communicator.h).
 #include "comm/timed_communicator.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace megatron {
@@ -53,6 +54,10 @@ class TimedCommunicator final : public Communicator {
   }
   CommHandle all_gather_async(const Tensor& in, Tensor& out) override {
     return timed(in, [&] { return inner_->all_gather_async(in, out); });
+  }
+  CommHandle all_gather_inplace_async(Tensor& buf) override {
+    const int64_t n = buf.numel() / std::max(1, size());  // this rank's input: one slice
+    return timed(buf.view({-1}).narrow(0, 0, n), [&] { return inner_->all_gather_inplace_async(buf); });
   }
   CommHandle reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op) override {
     return timed(in, [&] { return inner_->reduce_scatter_async(in, out, op); });

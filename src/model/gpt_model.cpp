@@ -116,6 +116,7 @@ struct GPTModel::Impl {
   std::vector<Tensor> chunk_inputs;  // [R, h] per recomputed chunk (forward_backward only)
   size_t activation_bytes = 0;
   GPTModel::GradReadyHook grad_ready;
+  ForwardPreHook pre_hook;
 
   Impl(const GPTConfig& c, uint64_t s, const TensorParallel& t, const ContextParallel& cp_)
       : cfg(c),
@@ -161,6 +162,17 @@ struct GPTModel::Impl {
     final_layernorm.refresh_working_weights();
   }
 
+  // Before a module's forward: the pre-hook with its parameters, then its working weights.
+  template <class Module>
+  void prepare(Module& module) {
+    if (pre_hook) {
+      ParameterList ps;
+      module.parameters(ps);
+      pre_hook(ps);
+    }
+    module.refresh_working_weights();
+  }
+
   LayerContext make_ctx(const Tensor& tokens, const Tensor& start, bool training, bool save,
                         uint64_t offset) const {
     return make_layer_context(cfg, seed, tp, cp, tokens, start, training, save, offset);
@@ -204,8 +216,10 @@ struct GPTModel::Impl {
     for (size_t c = 0; c < chunks.size(); ++c) {
       const bool rec = ctx.save && chunks[c].recompute;
       if (rec && keep_chunk_inputs) chunk_inputs[c] = x;
-      for (int l = chunks[c].begin; l < chunks[c].end; ++l)
+      for (int l = chunks[c].begin; l < chunks[c].end; ++l) {
+        prepare(*layers[size_t(l)]);
         x = layers[size_t(l)]->forward(rec ? nosave : ctx, x);
+      }
     }
     return x;
   }
@@ -252,18 +266,20 @@ void GPTModel::all_reduce_sequence_parallel_grads() {
 }
 size_t GPTModel::activation_bytes() const { return impl_->activation_bytes; }
 void GPTModel::set_grad_ready_hook(GradReadyHook hook) { impl_->grad_ready = std::move(hook); }
+void GPTModel::set_forward_pre_hook(ForwardPreHook hook) { impl_->pre_hook = std::move(hook); }
 
 LossResult GPTModel::forward_backward(const GPTInputs& in, float grad_scale,
                                       uint64_t dropout_offset) {
   MG_REQUIRE(dropout_offset < (uint64_t(1) << 40), "dropout offset ", dropout_offset,
              " must be below 2^40");
   Impl& m = *impl_;
-  m.refresh();
   LayerContext ctx = m.make_ctx(in.tokens, in.attention_start, true, true, dropout_offset);
   check_gpt_targets(in);
   Tensor tokens = in.tokens.contiguous(), pos = in.position_ids.contiguous();
+  m.prepare(m.embedding);
   Tensor x = m.embedding.forward(ctx, tokens, pos);
   x = m.run_decoder(ctx, x, true);
+  m.prepare(m.final_layernorm);
   Tensor xf = m.final_layernorm.forward(ctx, x);
   size_t peak = m.held_bytes() + xf.nbytes();
   Tensor dxf;
@@ -299,11 +315,12 @@ LossResult GPTModel::forward_backward(const GPTInputs& in, float grad_scale,
 
 LossResult GPTModel::forward_loss(const GPTInputs& in) {
   Impl& m = *impl_;
-  m.refresh();
   LayerContext ctx = m.make_ctx(in.tokens, in.attention_start, false, false, 0);
   check_gpt_targets(in);
+  m.prepare(m.embedding);
   Tensor x = m.embedding.forward(ctx, in.tokens.contiguous(), in.position_ids.contiguous());
   x = m.run_decoder(ctx, x, false);
+  m.prepare(m.final_layernorm);
   Tensor xf = m.final_layernorm.forward(ctx, x);
   return m.head(xf, in, 0.0f, nullptr);
 }
@@ -311,10 +328,11 @@ LossResult GPTModel::forward_loss(const GPTInputs& in) {
 Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& position_ids,
                                 const Tensor& attention_start) {
   Impl& m = *impl_;
-  m.refresh();
   LayerContext ctx = m.make_ctx(tokens, attention_start, false, false, 0);
+  m.prepare(m.embedding);
   Tensor x = m.embedding.forward(ctx, tokens.contiguous(), position_ids.contiguous());
   x = m.run_decoder(ctx, x, false);
+  m.prepare(m.final_layernorm);
   Tensor xf = m.final_layernorm.forward(ctx, x);
   return m.output.logits(xf).view({ctx.batch, ctx.seq, m.cfg.padded_vocab_size});
 }

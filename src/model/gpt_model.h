@@ -86,6 +86,16 @@ struct GPTInputs {
 // divisible by 2*size. size 1: `in` itself.
 GPTInputs slice_for_context_parallel(const GPTInputs& in, int rank, int size);
 
+// Megatron's forward pre-hook: called during every forward pass (training, evaluation, logits)
+// with a module's parameters just before the module first reads them, in forward order: the
+// embedding (word table, which the tied output layer reads too, and position table), each
+// transformer layer, the final LayerNorm (the pipeline's last stage: and output_layer.weight).
+// The module's working weights are refreshed from the parameters right after the call, so the
+// hook may still be bringing the parameter values in. --overlap-param-gather uses it to wait for
+// the all-gather of the buckets holding them (optim::ParamAndGradBuffer::wait_params) while the
+// gathers of later layers go on. The hook must not throw part-way on one rank only.
+using ForwardPreHook = std::function<void(const ParameterList& params)>;
+
 struct LossResult {
   double loss_sum = 0;    // sum over tokens of loss * mask
   double num_tokens = 0;  // sum of mask
@@ -143,6 +153,8 @@ class GPTModel {
   // while backward goes on (--overlap-grad-reduce). An empty function (the default) disables it.
   using GradReadyHook = std::function<void(const ParameterList& ready)>;
   void set_grad_ready_hook(GradReadyHook hook);
+  // The forward pre-hook (see ForwardPreHook above); an empty function (the default) disables it.
+  void set_forward_pre_hook(ForwardPreHook hook);
 
   const GPTConfig& config() const;
   int tensor_parallel_size() const;

@@ -81,6 +81,7 @@ struct GPTChunk::Impl {
     Tensor dout;                                       // last chunk: grad of the decoder output
   };
   std::map<int64_t, InFlight> in_flight;
+  ForwardPreHook pre_hook;
 
   Impl(const GPTConfig& c, uint64_t s, const TensorParallel& t, const PipelineLayout& layout,
        int pp_rank, int chunk, const ContextParallel& cp_)
@@ -166,6 +167,22 @@ struct GPTChunk::Impl {
     if (output_weight) output_weight->refresh();
   }
 
+  // Before a module's forward: the pre-hook with its parameters, then its working weights.
+  template <class Module>
+  void prepare(Module& module) {
+    if (pre_hook) {
+      ParameterList ps;
+      module.parameters(ps);
+      pre_hook(ps);
+    }
+    module.refresh_working_weights();
+  }
+  void prepare_output_weight() {
+    if (!output_weight) return;
+    if (pre_hook) pre_hook({&output_weight->param});
+    output_weight->refresh();
+  }
+
   int64_t rows(int64_t b, int64_t s) const {
     return tp.sequence_parallel ? b * s / tp.size() : b * s;
   }
@@ -202,6 +219,7 @@ int GPTChunk::first_layer() const { return impl_->first_layer; }
 int GPTChunk::num_layers() const { return int(impl_->layers.size()); }
 int64_t GPTChunk::activation_rows(int64_t b, int64_t s) const { return impl_->rows(b, s); }
 int GPTChunk::in_flight() const { return int(impl_->in_flight.size()); }
+void GPTChunk::set_forward_pre_hook(ForwardPreHook hook) { impl_->pre_hook = std::move(hook); }
 Parameter* GPTChunk::word_embedding() {
   if (impl_->embedding) return &impl_->embedding->word.param;
   if (impl_->output_weight) return &impl_->output_weight->param;
@@ -213,7 +231,6 @@ Tensor GPTChunk::forward(int64_t mb, const GPTInputs& in, const Tensor& x_in,
   Impl& m = *impl_;
   MG_CHECK(!m.in_flight.count(mb), "GPTChunk::forward: micro-batch ", mb, " is already in flight");
   MG_CHECK(!m.output || loss != nullptr, "GPTChunk::forward: the last chunk needs a LossResult");
-  m.refresh();
   Impl::InFlight st;
   st.ctx = m.make_ctx(in, opt.training, opt.dropout_offset);
   const LayerContext& ctx = st.ctx;
@@ -221,6 +238,7 @@ Tensor GPTChunk::forward(int64_t mb, const GPTInputs& in, const Tensor& x_in,
   if (m.embedding) {
     MG_REQUIRE(in.position_ids.defined() && in.position_ids.dtype() == DType::I32,
                "position_ids must be an int32 [batch, seq] tensor");
+    m.prepare(*m.embedding);
     x = m.embedding->forward(ctx, in.tokens.contiguous(), in.position_ids.contiguous());
     if (ctx.save) st.embedding = std::exchange(m.embedding->saved, {});
   } else {
@@ -243,12 +261,15 @@ Tensor GPTChunk::forward(int64_t mb, const GPTInputs& in, const Tensor& x_in,
     const bool rec = ctx.save && blk.recompute;
     if (rec) st.block_inputs[b] = x;
     for (int l = blk.begin; l < blk.end; ++l) {
+      m.prepare(*m.layers[size_t(l)]);
       x = m.layers[size_t(l)]->forward(rec ? nosave : ctx, x);
       if (ctx.save && !rec) st.layers[size_t(l)] = m.layers[size_t(l)]->take_saved();
     }
   }
   Tensor out = x;
   if (m.output) {
+    m.prepare(*m.final_layernorm);
+    m.prepare_output_weight();
     Tensor xf = m.final_layernorm->forward(ctx, x);
     Tensor dxf;
     *loss = m.head(xf, in, opt.grad_scale, ctx.save ? &dxf : nullptr);
@@ -343,6 +364,10 @@ GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const Pipeline
     chunks_.push_back(std::make_unique<GPTChunk>(cfg, seed, tp_, layout, pp_rank, c, cp));
 }
 GPTStageModel::~GPTStageModel() = default;
+
+void GPTStageModel::set_forward_pre_hook(const ForwardPreHook& hook) {
+  for (auto& c : chunks_) c->set_forward_pre_hook(hook);
+}
 
 ParameterList GPTStageModel::parameters() {
   ParameterList out;

@@ -110,6 +110,9 @@ class GPTChunk {
   Tensor backward(int64_t microbatch, const Tensor& dy);
 
   int in_flight() const;  // micro-batches forwarded but not yet backwarded
+  // The forward pre-hook (gpt_model.h): called in forward() with each module's parameters
+  // before the module runs (embedding, each layer, final LayerNorm and output_layer.weight).
+  void set_forward_pre_hook(ForwardPreHook hook);
 
   // The word-embedding table (first chunk) or its copy (last chunk); null otherwise.
   Parameter* word_embedding();
@@ -155,6 +158,8 @@ class GPTStageModel {
 
   // All parameters of this rank: chunk 0's, then chunk 1's, ...
   ParameterList parameters();
+  // Sets the forward pre-hook of every chunk (--overlap-param-gather).
+  void set_forward_pre_hook(const ForwardPreHook& hook);
 
   // The model-parallel half of Megatron's finalize_model_grads, after the last micro-batch's
   // backward: sequence-parallel parameter grads summed over TP, then the tied word-embedding

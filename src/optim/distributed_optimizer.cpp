@@ -27,12 +27,14 @@ DistributedOptimizer::DistributedOptimizer(ParamAndGradBuffer& buffer, const Opt
 }
 
 void DistributedOptimizer::reload_main_from_model() {
+  buffer_.finish_param_sync();
   const Tensor params = buffer_.param_data();
   for (const BufferLayout::Piece& p : pieces_)
     main_.narrow(0, p.shard_offset, p.length).copy_(params.narrow(0, p.buffer_offset, p.length));
 }
 
 void DistributedOptimizer::copy_main_to_model() {
+  buffer_.finish_param_sync();  // a pending gather still reads this rank's shard
   const Tensor params = buffer_.param_data();
   for (const BufferLayout::Piece& p : pieces_)
     params.narrow(0, p.buffer_offset, p.length).copy_(main_.narrow(0, p.shard_offset, p.length));
@@ -41,6 +43,9 @@ void DistributedOptimizer::copy_main_to_model() {
 
 StepResult DistributedOptimizer::step(double lr, double weight_decay, GradScaler& scaler) {
   StepResult r;
+  // The previous step's gathers (--overlap-param-gather) read this rank's shard, which the update
+  // below overwrites; the forward normally waited for all of them already.
+  buffer_.finish_param_sync();
   const Tensor grads = buffer_.main_grad_shard();
   const double inv = scaler.inv_scale();
   if (inv != 1.0) scale_inplace(grads, float(inv));
@@ -77,7 +82,7 @@ StepResult DistributedOptimizer::step(double lr, double weight_decay, GradScaler
                          ? exp_avg_sq_.narrow(0, p.shard_offset, p.length) : Tensor();
     update_parameter(cfg_, main, g, m, v, model_copy, lr, wd, step_count_);
   }
-  buffer_.all_gather_params();
+  buffer_.start_param_sync();
   return r;
 }
 

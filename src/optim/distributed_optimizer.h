@@ -10,10 +10,14 @@
 //      all ranks skip together; clip;
 //   3. AdamW/SGD on the fp32 main shard (per parameter piece: weight decay follows the piece's
 //      parameter), writing the updated values in the parameter dtype into the parameter buffer;
-//   4. all-gather of the parameter buffer, so every rank holds every updated parameter.
+//   4. all-gather of the parameter buffer, so every rank holds every updated parameter
+//      (ParamAndGradBuffer::start_param_sync). With --overlap-param-gather the gathers are only
+//      launched here and overlap the next forward pass, which waits for each bucket just before
+//      the first layer that uses it (GPTModel / GPTStageModel forward pre-hook ->
+//      ParamAndGradBuffer::wait_params); other readers call finish_param_sync() first, and so
+//      does step() itself before it touches the shard.
 // The update is elementwise, so with the same reduced gradients it equals the unsharded
 // optimizer's bit for bit. Memory per parameter (fp32 model): 4 (param) + 4 (grad) + 12/DP.
-// --overlap-param-gather is not overlapped here: the all-gather is issued at the end of step().
 #pragma once
 
 #include <cstdint>
@@ -32,7 +36,8 @@ class DistributedOptimizer {
                        Communicator& grad_stats, int tp_rank);
 
   void zero_grad() { buffer_.zero_grad(); }
-  // After buffer.finish_grad_sync(). Updates the scaler; ends with the parameter all-gather.
+  // After buffer.finish_grad_sync(). Updates the scaler; ends with the parameter all-gather
+  // (launched only, with the buffer's overlap_param_gather; none when the step is skipped).
   StepResult step(double lr, double weight_decay, GradScaler& scaler);
 
   const OptimizerConfig& config() const { return cfg_; }
@@ -48,7 +53,7 @@ class DistributedOptimizer {
   Tensor exp_avg_sq() const { return exp_avg_sq_; }
   // Main shard <- model parameters (after loading model weights without optimizer state).
   void reload_main_from_model();
-  // Model parameters <- main shard (then all-gathered), after loading the main shard.
+  // Model parameters <- main shard (then all-gathered, blocking), after loading the main shard.
   void copy_main_to_model();
 
  private:

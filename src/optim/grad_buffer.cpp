@@ -120,6 +120,8 @@ ParamAndGradBuffer::ParamAndGradBuffer(model::ParameterList params,
   launched_.assign(nb, false);
   reported_.assign(params_.size(), false);
   handles_.resize(nb);
+  param_handles_.resize(nb);
+  param_pending_.assign(nb, false);
   for (size_t b = 0; b < nb; ++b) pending_[b] = int(layout_.buckets[b].params.size());
 }
 
@@ -157,8 +159,10 @@ void ParamAndGradBuffer::start_grad_sync() {
 }
 
 void ParamAndGradBuffer::progress() {
-  for (size_t b = 0; b < handles_.size(); ++b)
+  for (size_t b = 0; b < handles_.size(); ++b) {
     if (launched_[b]) handles_[b].test();
+    if (param_pending_[b]) param_handles_[b].test();
+  }
 }
 
 int ParamAndGradBuffer::launched_buckets() const {
@@ -178,18 +182,54 @@ void ParamAndGradBuffer::finish_grad_sync() {
   reported_.assign(params_.size(), false);
 }
 
+int ParamAndGradBuffer::bucket_of(const model::Parameter* p) const {
+  auto it = index_.find(p);
+  MG_CHECK(it != index_.end(), "ParamAndGradBuffer: parameter ", p->name, " is not in the buffer");
+  return layout_.params[it->second].bucket;
+}
+
+void ParamAndGradBuffer::launch_param_gather(size_t b) {
+  const BufferLayout::Bucket& k = layout_.buckets[b];
+  Tensor all = param_.narrow(0, k.begin, k.end - k.begin);
+  param_handles_[b] = dp_->all_gather_inplace_async(all);
+  param_pending_[b] = true;
+  ++param_pending_count_;
+}
+
+void ParamAndGradBuffer::start_param_sync() {
+  MG_CHECK(cfg_.pad_for_sharding, "start_param_sync needs the sharded (distributed optimizer) layout");
+  finish_param_sync();
+  // Buffer order is reverse model order: the forward needs the last bucket first.
+  for (size_t b = layout_.buckets.size(); b-- > 0;) launch_param_gather(b);
+  if (!cfg_.overlap_param_gather) finish_param_sync();
+}
+
+void ParamAndGradBuffer::wait_param_bucket(int bucket) {
+  const size_t b = size_t(bucket);
+  MG_CHECK(b < param_pending_.size(), "wait_param_bucket: bucket ", bucket, " of ",
+           param_pending_.size());
+  if (!param_pending_[b]) return;
+  param_handles_[b].wait();
+  param_handles_[b] = CommHandle();
+  param_pending_[b] = false;
+  --param_pending_count_;
+}
+
+void ParamAndGradBuffer::wait_params(const model::ParameterList& params) {
+  if (param_pending_count_ == 0) return;
+  for (const model::Parameter* p : params) wait_param_bucket(bucket_of(p));
+  progress();
+}
+
+void ParamAndGradBuffer::finish_param_sync() {
+  // In launch order, so a rank never blocks on a gather its peers have not reached the front of.
+  for (size_t b = param_pending_.size(); b-- > 0;) wait_param_bucket(int(b));
+}
+
 void ParamAndGradBuffer::all_gather_params() {
   MG_CHECK(cfg_.pad_for_sharding, "all_gather_params needs the sharded (distributed optimizer) layout");
-  std::vector<CommHandle> hs;
-  const int r = dp_->rank();
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    const BufferLayout::Bucket& k = layout_.buckets[b];
-    const int64_t n = layout_.shard_size(int(b));
-    Tensor mine = param_.narrow(0, k.begin + r * n, n).clone();  // MPI: no aliasing of in and out
-    Tensor all = param_.narrow(0, k.begin, k.end - k.begin);
-    hs.push_back(dp_->all_gather_async(mine, all));
-  }
-  for (CommHandle& h : hs) h.wait();
+  start_param_sync();
+  finish_param_sync();
 }
 
 }  // namespace megatron::optim

@@ -27,6 +27,17 @@
 // With overlap, register_grads_ready() launches a bucket's non-blocking collective as soon as all
 // of its parameters are reported final, and progress() lets MPI advance the pending ones (MPI has
 // no progress thread here: a collective moves only while some MPI call runs).
+//
+// Parameter synchronisation (distributed optimizer; Megatron's start/finish_param_sync): after
+// the optimizer wrote this rank's shard of the parameter buffer, every bucket is all-gathered in
+// place. Without overlap_param_gather start_param_sync() waits for the gathers. With it
+// (--overlap-param-gather) they are only launched, in the order the next forward pass needs them
+// (the last bucket, which holds the embedding, first), and nothing may read a parameter before
+// its bucket arrived: the model's forward pre-hook calls wait_params() with the parameters of the
+// layer it is about to run (which also polls the other gathers, so they advance during compute),
+// and every other reader (evaluation, checkpoint save, the end of training, the next optimizer
+// step) calls finish_param_sync() first. Until then the parameter elements outside this rank's
+// shard hold their previous values.
 #pragma once
 
 #include <cstdint>
@@ -80,6 +91,8 @@ struct BufferLayout {
 struct GradBufferConfig {
   int64_t bucket_size = 0;        // elements; 0: one bucket
   bool pad_for_sharding = false;  // the distributed optimizer's layout and reduce-scatter
+  // --overlap-param-gather: start_param_sync() launches the gathers without waiting (sharded only).
+  bool overlap_param_gather = false;
 };
 
 class ParamAndGradBuffer {
@@ -111,15 +124,33 @@ class ParamAndGradBuffer {
   void register_grads_ready(const model::ParameterList& ready);
   void start_grad_sync();
   void finish_grad_sync();
-  void progress();  // polls the pending collectives (lets MPI advance them)
+  void progress();  // polls the pending collectives, gradient and parameter (lets MPI advance them)
   int launched_buckets() const;  // buckets launched so far in this step (tests)
 
-  // Distributed optimizer: after the shard of the parameter buffer was updated, all-gather every
-  // bucket so all ranks hold all parameters. Blocking.
+  // Parameter synchronisation (sharded only; see the header comment). start_param_sync(): after
+  // the shard of the parameter buffer was updated, all-gathers every bucket so all ranks hold all
+  // parameters; blocking unless cfg.overlap_param_gather, then launched last bucket first.
+  // A gather still pending from before is finished first.
+  void start_param_sync();
+  // Waits for the gathers of the buckets holding `params` (a no-op for buckets already waited
+  // for), then polls the others. The forward pre-hook of --overlap-param-gather.
+  void wait_params(const model::ParameterList& params);
+  void wait_param_bucket(int bucket);
+  // Waits for every pending parameter gather. Call before anything reads parameters outside a
+  // forward with the pre-hook. A no-op when none is pending (and without overlap).
+  void finish_param_sync();
+  // Some bucket's parameter gather was launched and not yet waited for.
+  bool param_sync_pending() const { return param_pending_count_ > 0; }
+  bool param_bucket_pending(int bucket) const { return param_pending_[size_t(bucket)]; }
+  // The bucket holding parameter `p` (an error if p is not in the buffer).
+  int bucket_of(const model::Parameter* p) const;
+  // start_param_sync() and finish_param_sync(): blocking whatever the configuration (loading a
+  // checkpoint, tests).
   void all_gather_params();
 
  private:
   void launch(size_t bucket);
+  void launch_param_gather(size_t bucket);
 
   model::ParameterList params_;
   std::shared_ptr<Communicator> dp_;
@@ -130,6 +161,9 @@ class ParamAndGradBuffer {
   std::vector<bool> launched_;
   std::vector<bool> reported_;       // per parameter, this step
   std::vector<CommHandle> handles_;
+  std::vector<CommHandle> param_handles_;  // per bucket: its parameter all-gather
+  std::vector<bool> param_pending_;        // per bucket: gather launched, not yet waited for
+  int param_pending_count_ = 0;
   std::unordered_map<const model::Parameter*, size_t> index_;  // parameter -> model index
 };
 

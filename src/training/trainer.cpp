@@ -215,6 +215,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   a.global_batch_size = gbs;
   const bool use_dist_opt = a.parallel.use_distributed_optimizer;
   const bool overlap = a.parallel.overlap_grad_reduce;
+  // Requires the two above (validate_parallel_args).
+  const bool overlap_param_gather = a.parallel.overlap_param_gather;
   if (distributed)
     say(str("parallel layout: world ", world.size(), " = TP ", tp, " x PP ", pp, " x CP ",
             ps.cp_size(), " x DP ", dp,
@@ -226,10 +228,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
             overlap ? (pp > 1 ? ", gradient buckets reduced after the pipeline flush"
                               : ", gradient reduction overlapped with backward")
                     : "",
+            overlap_param_gather ? ", parameter all-gather overlapped with forward" : "",
             "; ", num_micro, " micro-batches of ", mbs, " per rank and iteration"));
-  if (a.parallel.overlap_param_gather)
-    say("note: --overlap-param-gather is accepted but the parameter all-gather is not overlapped "
-        "with the next forward (it runs at the end of the optimizer step)");
 
   auto tokenizer = data::build_tokenizer(a.tokenizer);
   a.model.padded_vocab_size =
@@ -343,8 +343,23 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
                                                                : std::max<int64_t>(40000000, 1000000 * dp_cp))
                              : 0;
     bc.pad_for_sharding = use_dist_opt;
+    bc.overlap_param_gather = overlap_param_gather;
     buffer = std::make_unique<optim::ParamAndGradBuffer>(params, ps.group_ptr(GroupKind::DP_CP), bc);
   }
+  // --overlap-param-gather: the optimizer step only launches the parameter all-gathers; the
+  // forward waits for each bucket just before the first layer that reads it (and polls the
+  // others so they advance during compute). Every other reader of the parameters (evaluation,
+  // checkpoint save, the end of training) calls buffer->finish_param_sync() first.
+  if (overlap_param_gather) {
+    auto wait_params = [b = buffer.get()](const model::ParameterList& ps) { b->wait_params(ps); };
+    if (stage)
+      stage->set_forward_pre_hook(wait_params);
+    else
+      gpt->set_forward_pre_hook(wait_params);
+  }
+  auto finish_param_sync = [&] {
+    if (buffer && use_dist_opt) buffer->finish_param_sync();
+  };
   // fp32 main copies of the (loaded) weights: all of them, or this rank's shard.
   std::unique_ptr<optim::Optimizer> plain_opt;
   std::unique_ptr<optim::DistributedOptimizer> dist_opt;
@@ -415,6 +430,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   int64_t last_saved = -1;
   auto save = [&](int64_t it) {
     if (a.save.empty() || last_saved == it) return;
+    finish_param_sync();  // the parameters of the last step are complete on every rank
     CheckpointState st;
     st.iteration = it;
     st.consumed_train_samples = consumed;
@@ -559,6 +575,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       interval_comm0 = comm_stats->seconds;
     }
     if (ds.valid && a.eval_iters > 0 && (it % a.eval_interval == 0 || it == train_iters)) {
+      finish_param_sync();
       // The same samples as one rank would see, split over DP; sums reduced over DP.
       // Under PP: the forward-only schedule per evaluation iteration (the loss comes from the
       // last stage to every stage); interleaved, only whole iterations (M stays a multiple of PP).
@@ -628,6 +645,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       break;
     }
   }
+  finish_param_sync();  // no gather outlives the loop: the caller may read the parameters
   const int64_t ran = sum.iterations - start_iteration;
   if (ran > 0) save(sum.iterations);  // also after --exit-interval/-duration and a signal
   const double total = seconds_since(loop_t0);

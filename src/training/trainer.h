@@ -65,7 +65,7 @@ struct ParallelArgs {
   int context_parallel_size = 1;           // --context-parallel-size
   bool use_distributed_optimizer = false;  // --use-distributed-optimizer
   bool overlap_grad_reduce = false;        // --overlap-grad-reduce
-  bool overlap_param_gather = false;       // --overlap-param-gather (accepted; not overlapped)
+  bool overlap_param_gather = false;       // --overlap-param-gather (all-gather during forward)
   int64_t ddp_bucket_size = 0;             // --ddp-bucket-size in elements (0: max(40M, 1M x DP))
   double distributed_timeout_minutes = 10; // --distributed-timeout-minutes
 };

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "comm/parallel_state.h"
+#include "comm/timed_communicator.h"
 #include "test_util.h"
 
 namespace megatron {
@@ -84,6 +85,36 @@ TEST(MpiCommunicator, AllGatherAndReduceScatter) {
   Tensor bad = Tensor::empty({3}, DType::F32);
   if (n > 1) {
     EXPECT_THROW(w->all_gather(in, bad), InternalError);
+  }
+}
+
+// In place: slice r of the buffer is rank r's input; every other slice is overwritten. Over MPI
+// (MPI_IN_PLACE), through the timing decorator (which counts one slice as the input bytes), and
+// through the base-class fallback (the self communicator, which copies the slice out).
+void check_all_gather_inplace(Communicator& c, DType dt) {
+  const int r = c.rank(), n = c.size();
+  Tensor buf = Tensor::full({n * 5}, -1.0, DType::F32);
+  for (int i = 0; i < 5; ++i) buf.data<float>()[r * 5 + i] = float(10 * r + i);
+  Tensor x = buf.to(dt);
+  CommHandle h = c.all_gather_inplace_async(x);
+  h.wait();
+  for (int q = 0; q < n; ++q)
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(x.item_as_double(q * 5 + i), 10 * q + i) << dtype_name(dt);
+}
+
+TEST(MpiCommunicator, AllGatherInPlace) {
+  auto w = world();
+  check_all_gather_inplace(*w, DType::F32);
+  check_all_gather_inplace(*w, DType::BF16);
+  auto stats = std::make_shared<CommStats>();
+  auto timed = make_timed_communicator(w, stats);
+  check_all_gather_inplace(*timed, DType::F32);
+  EXPECT_EQ(stats->calls, 1);
+  EXPECT_EQ(stats->bytes, 5 * 4);
+  check_all_gather_inplace(*make_self_communicator(), DType::F32);
+  if (w->size() > 1) {
+    Tensor odd = Tensor::empty({w->size() * 5 + 1}, DType::F32);
+    EXPECT_THROW(w->all_gather_inplace(odd), InternalError);
   }
 }
 

@@ -4,7 +4,11 @@
 //  - the bucketed all-reduce and reduce-scatter deliver known sums (each rank contributes values
 //    built from its rank id) at the places the layout says, padding stays zero, and overlapped
 //    launches (register_grads_ready) give the same result as the blocking path;
-//  - the all-gather of the parameter buffer puts every rank's shard everywhere;
+//  - the all-gather of the parameter buffer puts every rank's shard everywhere; launched without
+//    waiting (--overlap-param-gather) and then waited for bucket by bucket in forward order
+//    (wait_params) or all at once (finish_param_sync) it gives the blocking gather's parameters,
+//    and steps of the distributed optimizer with overlapped gathers (including a skipped one)
+//    equal the blocking ones bit for bit;
 //  - the sharded AdamW/SGD equals the unsharded optimizer run on the summed gradients (bitwise for
 //    the parameters without clipping, 1e-6 with clipping; bf16 parameters too), the grad norm is
 //    the global one, and an inf on one rank makes every rank skip.
@@ -196,6 +200,99 @@ TEST(MpiGradBuffer, AllGatherPutsEveryShardEverywhere) {
     for (int64_t k = 0; k < t.list[i]->value.numel(); ++k)
       ASSERT_EQ(t.list[i]->value.item_as_double(k), double(bf16_to_float(float_to_bf16(float(k)))))
           << i << " " << k;
+}
+
+// This rank writes a value derived from (round, parameter, element) into the pieces it owns;
+// elements it does not own keep their old values until the gather brings them.
+void write_owned(ParamAndGradBuffer& buf, const model::ParameterList& ps, int round) {
+  for (const auto& p : buf.layout().shard_pieces(buf.dp().rank())) {
+    Tensor v = ps[p.param]->value.view({-1}).narrow(0, p.param_offset, p.length);
+    Tensor src = Tensor::empty({p.length}, DType::F32);
+    for (int64_t k = 0; k < p.length; ++k)
+      src.data<float>()[k] = float(round * 1000 + int64_t(p.param) * 100 + (p.param_offset + k) % 97);
+    v.copy_(src);
+  }
+}
+
+void expect_same_values(const model::ParameterList& got, const model::ParameterList& want,
+                        size_t i, const std::string& what) {
+  ASSERT_EQ(got[i]->value.to_float_vector(), want[i]->value.to_float_vector())
+      << what << ": parameter " << i;
+}
+
+TEST(MpiGradBuffer, OverlappedParamGatherEqualsTheBlockingOne) {
+  auto w = world();
+  ToyParams ref(DType::F32, 4), ovl(DType::F32, 4);
+  ParamAndGradBuffer blocking(ref.list, w, GradBufferConfig{40, true, false});
+  ParamAndGradBuffer overlapped(ovl.list, w, GradBufferConfig{40, true, true});
+  const BufferLayout& L = overlapped.layout();
+  const int nb = int(L.buckets.size());
+  ASSERT_GE(nb, 3);  // several buckets: the per-bucket waits are exercised
+  for (int round = 1; round <= 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    write_owned(blocking, ref.list, round);
+    write_owned(overlapped, ovl.list, round);
+    blocking.start_param_sync();  // blocking without overlap_param_gather
+    EXPECT_FALSE(blocking.param_sync_pending());
+    // The blocking gather really brought the other ranks' values (the comparison is not idle).
+    const std::vector<float> last = ref.list.back()->value.to_float_vector();
+    EXPECT_EQ(last[0], float(round * 1000 + int64_t(ref.list.size() - 1) * 100));
+    overlapped.start_param_sync();
+    if (round == 3) overlapped.start_param_sync();  // a second launch finishes the first one
+    ASSERT_TRUE(overlapped.param_sync_pending());
+    for (int b = 0; b < nb; ++b) EXPECT_TRUE(overlapped.param_bucket_pending(b)) << b;
+    if (round == 2) {
+      // A reader outside the forward: finish_param_sync waits for every bucket.
+      overlapped.finish_param_sync();
+      EXPECT_FALSE(overlapped.param_sync_pending());
+      for (size_t i = 0; i < ref.list.size(); ++i) expect_same_values(ovl.list, ref.list, i, "finish");
+      continue;
+    }
+    // The forward's order: the last bucket (the first parameters in model order) first. Waiting
+    // for one bucket leaves the earlier ones pending.
+    for (int b = nb; b-- > 0;) {
+      model::ParameterList used;
+      for (size_t i : L.buckets[size_t(b)].params) used.push_back(ovl.list[i]);
+      overlapped.wait_params(used);
+      EXPECT_FALSE(overlapped.param_bucket_pending(b));
+      for (int e = 0; e < b; ++e) EXPECT_TRUE(overlapped.param_bucket_pending(e)) << b << " " << e;
+      for (size_t i : L.buckets[size_t(b)].params) expect_same_values(ovl.list, ref.list, i, "wait");
+      EXPECT_EQ(overlapped.bucket_of(used[0]), b);
+    }
+    EXPECT_FALSE(overlapped.param_sync_pending());
+    overlapped.finish_param_sync();  // nothing left: a no-op
+  }
+}
+
+TEST(MpiDistributedOptimizer, OverlappedParamGatherStepsEqualBlockingSteps) {
+  auto w = world();
+  OptimizerConfig oc;
+  ToyParams ref(DType::BF16, 5), ovl(DType::BF16, 5);
+  ParamAndGradBuffer bref(ref.list, w, GradBufferConfig{50, true, false});
+  ParamAndGradBuffer bovl(ovl.list, w, GradBufferConfig{50, true, true});
+  DistributedOptimizer oref(bref, oc, *w, 0), oovl(bovl, oc, *w, 0);
+  GradScaler s1 = GradScaler::dynamic(1024.0, 1.0, 1000, 1);
+  GradScaler s2 = GradScaler::dynamic(1024.0, 1.0, 1000, 1);
+  for (int step = 0; step < 4; ++step) {
+    for (auto* c : {&bref, &bovl}) {
+      c->zero_grad();
+      const model::ParameterList& ps = c == &bref ? ref.list : ovl.list;
+      fill_grads(ps, w->rank(), step);
+      // Step 2 overflows on the last rank: both skip, and nothing stays pending.
+      if (step == 2 && w->rank() == w->size() - 1)
+        ps[1]->grad.data<float>()[0] = std::numeric_limits<float>::infinity();
+      c->finish_grad_sync();
+    }
+    const StepResult a = oref.step(1e-2, 0.1, s1);
+    const StepResult b = oovl.step(1e-2, 0.1, s2);  // finishes the previous step's gathers first
+    EXPECT_EQ(a.skipped, step == 2);
+    EXPECT_EQ(b.skipped, a.skipped);
+    EXPECT_EQ(bovl.param_sync_pending(), !b.skipped) << step;
+    EXPECT_FALSE(bref.param_sync_pending());
+  }
+  bovl.finish_param_sync();
+  for (size_t i = 0; i < ref.list.size(); ++i) expect_same_values(ovl.list, ref.list, i, "steps");
+  EXPECT_EQ(oovl.step_count(), 3);
 }
 
 struct OptCase {

@@ -6,7 +6,9 @@
 // relative (the grad norm within 1e-4), and the parameters at the end, gathered from the
 // checkpoint's per-rank shards, must equal the reference checkpoint's within 1e-5 of each
 // tensor's scale (but for the QKV key bias, see expect_same_params).
-// Save/resume under TP2 x DP2 continues the uninterrupted curve exactly; distributed-optimizer
+// Save/resume under DP2 (with --overlap-grad-reduce --overlap-param-gather: the checkpoint is
+// written after the pending parameter gathers) and TP2 x DP2 continues the uninterrupted curve
+// exactly; distributed-optimizer
 // shards load under another data-parallel size and into the plain optimizer; a checkpoint of
 // another tensor-parallel size is a clear error. ParallelCli tests launch mpirun themselves.
 #include <gtest/gtest.h>
@@ -38,6 +40,7 @@ struct Layout {
   bool sp = false, dist_opt = false, overlap = false;
   int64_t bucket = 0;
   int cp = 1;  // --context-parallel-size
+  bool param_gather = false;  // --overlap-param-gather (needs dist_opt and overlap)
 };
 
 // Trains the reference and `layout` for 20 iterations; compares curves and final parameters.
@@ -54,6 +57,7 @@ void check_layout(const Fixture& f, const Layout& l, const TrainingArgs& base, d
   par.parallel.overlap_grad_reduce = l.overlap;
   par.parallel.ddp_bucket_size = l.bucket;
   par.parallel.context_parallel_size = l.cp;
+  par.parallel.overlap_param_gather = l.param_gather;
   const TrainingSummary r = run_single(ref);
   const TrainingSummary p = pretrain_gpt(par);
   EXPECT_EQ(p.world_size, world()->size());
@@ -71,6 +75,8 @@ TEST(MpiParallelTraining, DataParallelFollowsTheSingleRankCurve) {
   const int W = world()->size();
   check_layout(f, {"dp", 1}, f.args());
   check_layout(f, {"dp_distopt_overlap", 1, false, true, true, 3000}, f.args());
+  // Parameter all-gathers overlapped with the next forward, over ~25 buckets of 1000 elements.
+  check_layout(f, {"dp_distopt_overlap_pgather", 1, false, true, true, 1000, 1, true}, f.args());
   if (W == 4) check_layout(f, {"dp_overlap", 1, false, false, true, 5000}, f.args());
 }
 
@@ -80,7 +86,8 @@ TEST(MpiParallelTraining, TensorAndSequenceParallelFollowTheSingleRankCurve) {
   check_layout(f, {"tp2", 2}, f.args());
   check_layout(f, {"tp2_sp", 2, true}, f.args());
   if (world()->size() == 4) {  // TP2 x DP2
-    check_layout(f, {"tp2_dp2_sp_distopt_overlap", 2, true, true, true, 2000}, f.args());
+    check_layout(f, {"tp2_dp2_sp_distopt_overlap_pgather", 2, true, true, true, 2000, 1, true},
+                 f.args());
     check_layout(f, {"tp4_sp", 4, true}, f.args());
   }
 }
@@ -179,6 +186,11 @@ TEST(MpiParallelTraining, SaveAndResumeContinueTheSameCurve) {
   a.parallel.tensor_model_parallel_size = W == 4 ? 2 : 1;  // TP2 x DP2 at -np 4, DP2 at -np 2
   a.model.sequence_parallel = W == 4;
   a.parallel.use_distributed_optimizer = true;
+  if (W == 2) {  // DP2: overlapped gradient reduction and parameter all-gather, several buckets
+    a.parallel.overlap_grad_reduce = a.parallel.overlap_param_gather = true;
+    a.parallel.ddp_bucket_size = 2000;
+    a.eval_iters = 0;  // no evaluation before the saves: the save itself must wait for the gathers
+  }
   a.save = f.dir / "full";
   a.save_interval = 1000;
   const TrainingSummary full = pretrain_gpt(a);

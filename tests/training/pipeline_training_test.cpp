@@ -8,8 +8,10 @@
 // files, must equal the reference's within 1e-5 of each tensor's scale.
 //   np 2: PP2 (1F1B), PP2 interleaved (2 virtual stages per rank);
 //   np 4: TP2 x PP2 with sequence parallelism, PP2 interleaved x DP2 with the distributed
-//         optimizer, CP2 x PP2 interleaved with the distributed optimizer;
-//   np 8: TP2 x PP2 x DP2, sequence parallel, distributed optimizer (its own ctest entry), and
+//         optimizer, overlapped gradient reduction and parameter all-gather (2000-element
+//         buckets), CP2 x PP2 interleaved with the distributed optimizer;
+//   np 8: TP2 x PP2 x DP2, sequence parallel, distributed optimizer, overlapped gradient
+//         reduction and parameter all-gather (its own ctest entry), and
 //         TP2 x CP2 x PP2 with sequence parallelism;
 // and bf16 PP2 interleaved within bf16 precision of the single-rank bf16 curve (np 2).
 // Save/resume under PP (np 2: PP2 interleaved; np 4: TP2 x PP2) continues the uninterrupted curve
@@ -61,6 +63,8 @@ struct PipeLayout {
   int tp = 1, pp = 2, layers_per_virtual_stage = 0;
   bool sp = false, dist_opt = false, overlap = false;
   int cp = 1;
+  int64_t bucket = 0;         // --ddp-bucket-size
+  bool param_gather = false;  // --overlap-param-gather
 };
 
 TrainingArgs with_layout(TrainingArgs a, const PipeLayout& l) {
@@ -71,6 +75,8 @@ TrainingArgs with_layout(TrainingArgs a, const PipeLayout& l) {
   a.model.sequence_parallel = l.sp;
   a.parallel.use_distributed_optimizer = l.dist_opt;
   a.parallel.overlap_grad_reduce = l.overlap;
+  a.parallel.ddp_bucket_size = l.bucket;
+  a.parallel.overlap_param_gather = l.param_gather;
   return a;
 }
 
@@ -103,12 +109,13 @@ TEST(MpiPipelineTraining, PipelineLayoutsFollowTheSingleRankCurve) {
     check_pipeline_layout(f, {"pp2_interleaved", 1, 2, 1}, ref, ref_save);
   } else if (W == 4) {
     check_pipeline_layout(f, {"tp2_pp2_sp", 2, 2, 0, true}, ref, ref_save);
-    check_pipeline_layout(f, {"pp2_interleaved_dp2_distopt", 1, 2, 1, false, true}, ref, ref_save);
+    check_pipeline_layout(f, {"pp2_interleaved_dp2_distopt_overlap_pgather", 1, 2, 1, false, true,
+                              true, 1, 2000, true}, ref, ref_save);
     check_pipeline_layout(f, {"cp2_pp2_interleaved_distopt", 1, 2, 1, false, true, false, 2}, ref,
                           ref_save);
   } else if (W == 8) {
-    check_pipeline_layout(f, {"tp2_pp2_dp2_sp_distopt_overlap", 2, 2, 0, true, true, true}, ref,
-                          ref_save);
+    check_pipeline_layout(f, {"tp2_pp2_dp2_sp_distopt_overlap_pgather", 2, 2, 0, true, true, true,
+                              1, 2000, true}, ref, ref_save);
     check_pipeline_layout(f, {"tp2_cp2_pp2_sp", 2, 2, 0, true, false, false, 2}, ref, ref_save);
   }
 }
