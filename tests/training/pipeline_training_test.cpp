@@ -8,9 +8,12 @@
 // files, must equal the reference's within 1e-5 of each tensor's scale.
 //   np 2: PP2 (1F1B), PP2 interleaved (2 virtual stages per rank);
 //   np 4: TP2 x PP2 with sequence parallelism, PP2 interleaved x DP2 with the distributed
-//         optimizer, CP2 x PP2 interleaved with the distributed optimizer;
-//   np 8: TP2 x PP2 x DP2, sequence parallel, distributed optimizer (its own ctest entry), and
-//         TP2 x CP2 x PP2 with sequence parallelism;
+//         optimizer, CP2 x PP2 interleaved with the distributed optimizer, and PP2 x DP2 with
+//         --overlap-grad-reduce in small buckets (1F1B; interleaved; interleaved with the
+//         distributed optimizer), every bucket but the tied embedding's launched during the
+//         backward passes;
+//   np 8: TP2 x PP2 x DP2, sequence parallel, distributed optimizer, overlapped in small
+//         buckets (its own ctest entry), and TP2 x CP2 x PP2 with sequence parallelism;
 // and bf16 PP2 interleaved within bf16 precision of the single-rank bf16 curve (np 2).
 // Save/resume under PP (np 2: PP2 interleaved; np 4: TP2 x PP2) continues the uninterrupted curve
 // bit for bit, the checkpoint records the layout, leaves out the tied copy, and does not load under
@@ -61,6 +64,7 @@ struct PipeLayout {
   int tp = 1, pp = 2, layers_per_virtual_stage = 0;
   bool sp = false, dist_opt = false, overlap = false;
   int cp = 1;
+  int64_t bucket = 0;  // --ddp-bucket-size (0: the default)
 };
 
 TrainingArgs with_layout(TrainingArgs a, const PipeLayout& l) {
@@ -71,6 +75,7 @@ TrainingArgs with_layout(TrainingArgs a, const PipeLayout& l) {
   a.model.sequence_parallel = l.sp;
   a.parallel.use_distributed_optimizer = l.dist_opt;
   a.parallel.overlap_grad_reduce = l.overlap;
+  a.parallel.ddp_bucket_size = l.bucket;
   return a;
 }
 
@@ -86,6 +91,16 @@ void check_pipeline_layout(const Fixture& f, const PipeLayout& l, const Training
   EXPECT_EQ(p.consumed_samples, ref.consumed_samples);
   expect_same_curve(p, ref, 1e-5, l.name);
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.3);  // it learns: the comparison is not idle
+  if (l.overlap) {
+    // Every bucket but the one holding the tied word embedding (on every stage at PP 2) started
+    // its reduction during the backward passes, in every iteration.
+    if (l.bucket > 0) {
+      EXPECT_GE(p.grad_buckets, 3);
+    }
+    EXPECT_EQ(p.grad_buckets_launched_in_backward, p.grad_buckets - 1);
+  } else {
+    EXPECT_EQ(p.grad_buckets_launched_in_backward, 0);
+  }
   if (world()->rank() == 0) expect_same_params(par.save, ref_save, 20, 1e-5);
   world()->barrier();
 }
@@ -106,9 +121,17 @@ TEST(MpiPipelineTraining, PipelineLayoutsFollowTheSingleRankCurve) {
     check_pipeline_layout(f, {"pp2_interleaved_dp2_distopt", 1, 2, 1, false, true}, ref, ref_save);
     check_pipeline_layout(f, {"cp2_pp2_interleaved_distopt", 1, 2, 1, false, true, false, 2}, ref,
                           ref_save);
-  } else if (W == 8) {
-    check_pipeline_layout(f, {"tp2_pp2_dp2_sp_distopt_overlap", 2, 2, 0, true, true, true}, ref,
+    // --overlap-grad-reduce with several buckets: reduced during the pipeline's backward.
+    check_pipeline_layout(f, {"pp2_dp2_overlap", 1, 2, 0, false, false, true, 1, 3000}, ref,
                           ref_save);
+    check_pipeline_layout(f, {"pp2_interleaved_dp2_overlap", 1, 2, 1, false, false, true, 1, 3000},
+                          ref, ref_save);
+    check_pipeline_layout(
+        f, {"pp2_interleaved_dp2_distopt_overlap", 1, 2, 1, false, true, true, 1, 3000}, ref,
+        ref_save);
+  } else if (W == 8) {
+    check_pipeline_layout(
+        f, {"tp2_pp2_dp2_sp_distopt_overlap", 2, 2, 0, true, true, true, 1, 2000}, ref, ref_save);
     check_pipeline_layout(f, {"tp2_cp2_pp2_sp", 2, 2, 0, true, false, false, 2}, ref, ref_save);
   }
 }
