@@ -82,6 +82,15 @@ struct GPTChunk::Impl {
   };
   std::map<int64_t, InFlight> in_flight;
   ForwardPreHook pre_hook;
+  GPTChunk::GradReadyHook grad_ready;
+
+  template <class Module>
+  void report(Module& module) {
+    if (!grad_ready) return;
+    ParameterList ready;
+    module.parameters(ready);
+    grad_ready(ready);
+  }
 
   Impl(const GPTConfig& c, uint64_t s, const TensorParallel& t, const PipelineLayout& layout,
        int pp_rank, int chunk, const ContextParallel& cp_)
@@ -220,6 +229,7 @@ int GPTChunk::num_layers() const { return int(impl_->layers.size()); }
 int64_t GPTChunk::activation_rows(int64_t b, int64_t s) const { return impl_->rows(b, s); }
 int GPTChunk::in_flight() const { return int(impl_->in_flight.size()); }
 void GPTChunk::set_forward_pre_hook(ForwardPreHook hook) { impl_->pre_hook = std::move(hook); }
+void GPTChunk::set_grad_ready_hook(GradReadyHook hook) { impl_->grad_ready = std::move(hook); }
 Parameter* GPTChunk::word_embedding() {
   if (impl_->embedding) return &impl_->embedding->word.param;
   if (impl_->output_weight) return &impl_->output_weight->param;
@@ -291,6 +301,9 @@ Tensor GPTChunk::backward(int64_t mb, const Tensor& dy) {
   Tensor dx;
   if (m.output) {
     dx = st.dout;
+    // The loss head (final LayerNorm, output weight) was differentiated by the forward.
+    m.report(*m.final_layernorm);
+    if (m.output_weight && m.grad_ready) m.grad_ready({&m.output_weight->param});
   } else {
     const int64_t R = m.rows(ctx.batch, ctx.seq);
     MG_CHECK(dy.defined() && dy.dim() == 2 && dy.size(0) == R &&
@@ -309,11 +322,13 @@ Tensor GPTChunk::backward(int64_t mb, const Tensor& dy) {
     for (int l = blk.end; l-- > blk.begin;) {
       if (!blk.recompute) m.layers[size_t(l)]->restore_saved(std::move(st.layers[size_t(l)]));
       dx = m.layers[size_t(l)]->backward(ctx, dx);
+      m.report(*m.layers[size_t(l)]);
     }
   }
   if (m.embedding) {
     m.embedding->saved = std::move(st.embedding);
     m.embedding->backward(ctx, dx);
+    m.report(*m.embedding);
     return Tensor();
   }
   return dx;

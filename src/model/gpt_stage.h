@@ -114,6 +114,16 @@ class GPTChunk {
   // before the module runs (embedding, each layer, final LayerNorm and output_layer.weight).
   void set_forward_pre_hook(ForwardPreHook hook);
 
+  // As GPTModel::set_grad_ready_hook, for the backward passes run while it is set (the schedule
+  // sets it for the chunk's last micro-batch only): each group of parameters is reported as soon
+  // as that backward has added its last contribution, in reverse model order: the final LayerNorm
+  // and output_layer.weight (last chunk; their gradients were finished by the forward, which
+  // differentiates the loss head), then each layer from the last to the first, then the
+  // embedding (first chunk). Every parameter of the chunk is reported once per backward; an
+  // empty function (the default) disables it.
+  using GradReadyHook = GPTModel::GradReadyHook;
+  void set_grad_ready_hook(GradReadyHook hook);
+
   // The word-embedding table (first chunk) or its copy (last chunk); null otherwise.
   Parameter* word_embedding();
 
@@ -164,18 +174,21 @@ class GPTStageModel {
   // The model-parallel half of Megatron's finalize_model_grads, after the last micro-batch's
   // backward: sequence-parallel parameter grads summed over TP, then the tied word-embedding
   // grads summed over the embedding group. Commutes with the data-parallel reduction. Collective
-  // over the TP group and, on the first and last stage, the embedding group.
+  // over the TP group and, on the first and last stage, the embedding group. (With
+  // --overlap-grad-reduce the schedule does the same piecewise: see
+  // pipeline::ForwardBackwardOptions::grad_ready.)
   void finalize_model_parallel_grads();
   void all_reduce_sequence_parallel_grads();
   void all_reduce_embedding_grads();
+  // This rank's word table (first stage) or its tied copy (last stage), whose gradient needs the
+  // embedding-group sum of all_reduce_embedding_grads(); null on other stages and at P = 1.
+  Parameter* shared_embedding();
   // Copies the first stage's word embedding into the last stage's output_layer.weight over the
   // embedding group (after loading weights; construction already makes them equal). Collective
   // over the embedding group; no-op elsewhere and at P = 1.
   void sync_shared_embedding();
 
  private:
-  Parameter* shared_embedding();  // this rank's word table or copy in the embedding group
-
   GPTConfig cfg_;
   PipelineLayout layout_;
   int pp_rank_ = 0;

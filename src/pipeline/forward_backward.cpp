@@ -10,6 +10,8 @@ namespace megatron::pipeline {
 
 using model::GPTInputs;
 using model::GPTStageModel;
+using model::Parameter;
+using model::ParameterList;
 
 namespace {
 
@@ -55,6 +57,20 @@ struct PendingSend {
   CommHandle handle;
 };
 
+// Sets a chunk's grad-ready hook for one backward pass (cleared on exit, errors included).
+class HookScope {
+ public:
+  HookScope(model::GPTChunk& chunk, model::GPTChunk::GradReadyHook hook) : chunk_(chunk) {
+    chunk_.set_grad_ready_hook(std::move(hook));
+  }
+  ~HookScope() { chunk_.set_grad_ready_hook({}); }
+  HookScope(const HookScope&) = delete;
+  HookScope& operator=(const HookScope&) = delete;
+
+ private:
+  model::GPTChunk& chunk_;
+};
+
 void check_microbatches(const std::vector<GPTInputs>& mbs) {
   MG_REQUIRE(!mbs.empty(), "forward_backward: no micro-batches");
   const Tensor& t0 = mbs.front().tokens;
@@ -95,6 +111,30 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
   RecvChannel gradients(pp, next, kGradientTag, act_shape, std::move(bwd_recvs));
   std::vector<PendingSend> sends;
 
+  // --overlap-grad-reduce: the step of each chunk's last backward, during which its parameters
+  // are reported (all of the chunk's forwards come before it).
+  const bool hooked = bool(opt.grad_ready) && !opt.forward_only;
+  MG_CHECK(!hooked || opt.finalize_grads, "run_schedule: grad_ready needs finalize_grads");
+  std::vector<size_t> last_backward(size_t(model.num_chunks()), s.steps.size());
+  if (hooked) {
+    for (size_t i = 0; i < s.steps.size(); ++i)
+      if (s.steps[i].pass == Pass::Backward) last_backward[size_t(s.steps[i].chunk)] = i;
+    for (size_t i = 0; i < s.steps.size(); ++i)
+      MG_CHECK(s.steps[i].pass == Pass::Backward ||
+                   i < last_backward[size_t(s.steps[i].chunk)],
+               "run_schedule: forward of chunk ", s.steps[i].chunk, " after its last backward");
+  }
+  Parameter* const tied = model.shared_embedding();
+  const bool sp = model.sequence_parallel();
+  auto report = [&](const ParameterList& group) {
+    ParameterList ready;
+    for (Parameter* p : group)
+      if (p != tied) ready.push_back(p);
+    if (ready.empty()) return;
+    if (sp) model::all_reduce_sequence_parallel_grads(ready, model.tensor_group());
+    opt.grad_ready(ready);
+  };
+
   ForwardBackwardResult res;
   res.kind = s.kind;
   model::ChunkForward fwd;
@@ -120,13 +160,20 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
       MG_CHECK(st.recv != chunk.has_output() && st.send != chunk.has_embedding(),
                "schedule step ", i, " disagrees with chunk ", st.chunk, "'s stage");
       Tensor dy = st.recv ? gradients.take(i) : Tensor();
-      Tensor dx = chunk.backward(st.microbatch, dy);
+      Tensor dx;
+      if (hooked && i == last_backward[size_t(st.chunk)]) {
+        HookScope scope(chunk, report);
+        dx = chunk.backward(st.microbatch, dy);
+      } else {
+        dx = chunk.backward(st.microbatch, dy);
+      }
       if (st.send) sends.push_back({dx, pp.send_async(dx, prev, kGradientTag)});
     }
     int held = 0;
     for (int c = 0; c < model.num_chunks(); ++c) held += model.chunk(c).in_flight();
     res.max_in_flight = std::max(res.max_in_flight, held);
     std::erase_if(sends, [](PendingSend& p) { return p.handle.test(); });
+    if (opt.progress) opt.progress();
   }
   for (PendingSend& p : sends) p.handle.wait();
   for (int c = 0; c < model.num_chunks(); ++c)
@@ -141,7 +188,13 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
   res.loss_sum = loss.data<double>()[0];
   res.num_tokens = loss.data<double>()[1];
 
-  if (!opt.forward_only && opt.finalize_grads) model.finalize_model_parallel_grads();
+  if (hooked) {
+    // Everything but the tied embedding was finalised and reported by the passes.
+    model.all_reduce_embedding_grads();
+    if (tied) opt.grad_ready({tied});
+  } else if (!opt.forward_only && opt.finalize_grads) {
+    model.finalize_model_parallel_grads();
+  }
   return res;
 }
 

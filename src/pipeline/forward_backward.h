@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/gpt_stage.h"
@@ -40,8 +41,26 @@ struct ForwardBackwardOptions {
   bool forward_only = false;  // evaluation: no dropout, nothing kept, no backward
   // After the last backward, call GPTStageModel::finalize_model_parallel_grads() (sequence-
   // parallel grads over TP, tied embedding grads over the embedding group), as Megatron's
-  // schedules call finalize_model_grads. The data-parallel reduction commutes with it.
+  // schedules call finalize_model_grads (piecewise with grad_ready, below). The data-parallel
+  // reduction commutes with it.
   bool finalize_grads = true;
+  // Overlapping the data-parallel gradient reduction with the schedule (--overlap-grad-reduce;
+  // Megatron's grad sync enabled only for each chunk's last micro-batch). When set (with
+  // finalize_grads), grad_ready receives every parameter of this rank once, as soon as its
+  // gradient is final and model-parallel finalised: during the backward of each chunk's last
+  // micro-batch, group by group as GPTChunk::set_grad_ready_hook reports them, each group's
+  // sequence-parallel grads first summed over TP (all TP ranks of a stage run the same schedule,
+  // so this blocking sum is safe there); the tied word embedding / output-layer copy is held back
+  // and reported after the schedule, once all_reduce_embedding_grads() has summed it over the
+  // embedding group (the first and last stage reach their last backward at different times, so
+  // that sum cannot run inside a pass). Every rank at the same pipeline position reports the
+  // same parameters in the same order (the data-parallel buffer's requirement). With the
+  // interleaved schedule chunk v-1 finishes first, so its reductions overlap the remaining
+  // passes of the lower chunks.
+  model::GPTChunk::GradReadyHook grad_ready;
+  // Called after every pass (e.g. the data-parallel buffer's progress(), so that MPI advances
+  // the collectives grad_ready launched while the schedule goes on).
+  std::function<void()> progress;
 };
 
 struct ForwardBackwardResult {

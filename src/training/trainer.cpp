@@ -225,7 +225,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
                 : std::string(pp > 1 ? ", 1F1B pipeline schedule" : ""),
             a.model.sequence_parallel && tp > 1 ? ", sequence parallel" : "",
             use_dist_opt ? ", distributed optimizer" : "",
-            overlap ? (pp > 1 ? ", gradient buckets reduced after the pipeline flush"
+            overlap ? (pp > 1 ? ", gradient reduction overlapped with each model chunk's last "
+                                "micro-batch backward (tied embedding after the pipeline flush)"
                               : ", gradient reduction overlapped with backward")
                     : "",
             overlap_param_gather ? ", parameter all-gather overlapped with forward" : "",
@@ -456,13 +457,18 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     }
     return v;
   };
-  // --overlap-grad-reduce: during the last micro-batch's backward, each group of parameters whose
-  // gradients are final gets its sequence-parallel sum and is handed to its bucket.
+  // --overlap-grad-reduce: during the last micro-batch's backward (under PP: each model chunk's
+  // last micro-batch, see pipeline::ForwardBackwardOptions::grad_ready), each group of parameters
+  // whose gradients are final gets its sequence-parallel sum and is handed to its bucket, which
+  // starts its data-parallel reduction once all of its parameters are in.
   auto on_grads_ready = [&](const model::ParameterList& ready) {
     if (gpt->sequence_parallel()) model::all_reduce_sequence_parallel_grads(ready, ps.tp());
     buffer->register_grads_ready(ready);
   };
-  const bool hook_reduction = overlap && buffer != nullptr && gpt != nullptr;
+  const bool hook_reduction = overlap && buffer != nullptr;
+  // Buckets launched by the end of the backward passes (before finish_grad_sync; under PP before
+  // the tied embedding's all-reduce), the fewest over the iterations: tests check the overlap.
+  int launched_in_backward = -1;
 
   if (start_iteration >= train_iters)
     say(str("the checkpoint is at iteration ", start_iteration, ", at or past the ", train_iters,
@@ -482,15 +488,25 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     const double tokens = dp_sum({local_tokens})[0];  // loss tokens of the global batch
     const float grad_scale = float(scaler.scale() / std::max(tokens, 1.0));
     double loss_sum = 0;
+    int launched = 0;  // buckets launched by the end of the backward passes
     maybe_inject_fault(ps.world_rank(), it);
     if (stage) {
       // Megatron's forward_backward_func: the schedule over this DP rank's micro-batches, whose
       // dropout keys are m * DP + dp_rank as below; it finalises the model-parallel grads (SP over
-      // TP, tied embedding over the embedding group) and gives every stage the loss.
+      // TP, tied embedding over the embedding group) and gives every stage the loss. With
+      // overlap it hands each chunk's parameters to the buffer during the chunk's last
+      // micro-batch backward (their SP sums done), the tied embedding after the flush.
       pipeline::ForwardBackwardOptions fb;
       fb.grad_scale = grad_scale;
       fb.dropout_offset = dropout_offset + uint64_t(dp_rank);
       fb.dropout_offset_stride = uint64_t(dp);
+      if (hook_reduction) {
+        fb.grad_ready = [&](const model::ParameterList& ready) { buffer->register_grads_ready(ready); };
+        fb.progress = [&] {  // after every pass: MPI advances the launched reductions
+          buffer->progress();
+          launched = buffer->launched_buckets();
+        };
+      }
       loss_sum = pipeline::forward_backward(*stage, batches, fb).loss_sum;
     } else {
       for (int64_t m = 0; m < num_micro; ++m) {
@@ -501,7 +517,10 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       }
       if (hook_reduction) gpt->set_grad_ready_hook({});
       if (!hook_reduction) gpt->all_reduce_sequence_parallel_grads();
+      if (buffer) launched = buffer->launched_buckets();
     }
+    if (buffer)
+      launched_in_backward = launched_in_backward < 0 ? launched : std::min(launched_in_backward, launched);
     dropout_offset += uint64_t(num_micro * dp);
     if (buffer) buffer->finish_grad_sync();
     loss_sum = dp_sum({loss_sum})[0];
@@ -652,6 +671,10 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   sum.seconds_per_iteration = ran > 0 ? total / double(ran) : 0;
   sum.tokens_per_second = total > 0 ? double(ran * gbs * a.model.seq_length) / total : 0;
   sum.comm_seconds = comm_stats->seconds;
+  if (buffer) {
+    sum.grad_buckets = int(buffer->layout().buckets.size());
+    sum.grad_buckets_launched_in_backward = std::max(launched_in_backward, 0);
+  }
   return sum;
 }
 

@@ -24,8 +24,11 @@
 //   grads finalised there), then the DP reduction as above. The last stage computes the loss and
 //   the schedule broadcasts it over the pipeline group; the grad norm is reduced over TP x PP with
 //   the last stage's copy of the tied word embedding left out (counted once, on the first stage).
-//   --overlap-grad-reduce is accepted, but under PP the buckets are reduced after the pipeline
-//   flush. Evaluation runs the forward-only schedule.
+//   With --overlap-grad-reduce the schedule hands each model chunk's parameters to the buckets
+//   during the backward of the chunk's last micro-batch (Megatron's grad sync on the last
+//   micro-batch only), so their DP reduction overlaps the remaining passes; the tied word
+//   embedding's bucket follows after the flush, once it was summed over the embedding group.
+//   Evaluation runs the forward-only schedule.
 // - context parallel (model/context_parallel.h): the CP ranks of a DP rank load the same
 //   micro-batches and each keeps its zig-zag slice of every sequence (chunks r and 2CP-1-r of
 //   2CP); loss sums and token counts are summed over DP x CP, and so are gradients (the buffer
@@ -129,6 +132,11 @@ struct TrainingSummary {
   std::vector<double> grad_norms;  // grad norm of every iteration run (NaN when skipped)
   std::vector<double> valid_losses;  // per-token validation loss of every evaluation (all ranks)
   double comm_seconds = 0;         // this rank's time blocked in collectives (timed_communicator.h)
+  // Data-parallel gradient buckets of this rank (0 without a buffer), and the fewest of them,
+  // over the iterations run, whose reduction --overlap-grad-reduce had launched by the end of the
+  // backward passes (under PP: before the tied embedding's all-reduce after the flush).
+  int grad_buckets = 0;
+  int grad_buckets_launched_in_backward = 0;
   int world_size = 1;
 };
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "comm/parallel_state.h"
 #include "core/error.h"
@@ -30,6 +31,7 @@ struct Case {
   bool sequence_parallel = false;
   float dropout = 0.0f;
   std::string recompute_method;  // "" or "uniform" / "block" (full recomputation of 1 layer)
+  bool grad_ready = false;       // --overlap-grad-reduce's hook (ForwardBackwardOptions::grad_ready)
 
   explicit Case(std::string n = "") : name(std::move(n)) {}
   Case& TP(int v) { tp = v; return *this; }
@@ -41,6 +43,7 @@ struct Case {
   Case& SP() { sequence_parallel = true; return *this; }
   Case& drop(float p) { dropout = p; return *this; }
   Case& recompute(const std::string& method) { recompute_method = method; return *this; }
+  Case& hook() { grad_ready = true; return *this; }
 };
 
 std::shared_ptr<Communicator> world() { return world_communicator(); }
@@ -113,10 +116,46 @@ void check_case(const Case& c, int iterations = 2) {
     o.grad_scale = scale;
     o.dropout_offset = offset;
     o.dropout_offset_stride = stride;
+    // With the hook: the pass during which each parameter was reported (passes counted by
+    // progress) and its gradient then.
+    struct Report {
+      size_t pass;
+      std::vector<float> grad;
+    };
+    std::map<const Parameter*, Report> reported;
+    size_t passes = 0;
+    if (c.grad_ready) {
+      o.grad_ready = [&](const model::ParameterList& ready) {
+        for (const Parameter* p : ready)
+          EXPECT_TRUE(reported.emplace(p, Report{passes, p->grad.to_float_vector()}).second)
+              << p->name << " reported twice";
+      };
+      o.progress = [&] { ++passes; };
+    }
     std::vector<model::GPTInputs> local;
     for (const auto& in : mbs)
       local.push_back(model::slice_for_context_parallel(in, ps.cp_rank(), ps.cp_size()));
     ForwardBackwardResult res = forward_backward(st, local, o);
+    if (c.grad_ready) {
+      // Every parameter once, with its final (model-parallel finalised) gradient: nothing added
+      // or reduced after the report. Chunk k's during its last backward pass; the tied embedding
+      // after the schedule, once summed over the embedding group.
+      const Schedule sched = make_schedule(c.pp, ps.pp_rank(), c.microbatches, st.num_chunks());
+      EXPECT_EQ(passes, sched.steps.size());
+      EXPECT_EQ(reported.size(), st.parameters().size());
+      for (int k = 0; k < st.num_chunks(); ++k) {
+        size_t last_backward = 0;
+        for (size_t i = 0; i < sched.steps.size(); ++i)
+          if (sched.steps[i].pass == Pass::Backward && sched.steps[i].chunk == k) last_backward = i;
+        for (const Parameter* p : st.chunk(k).parameters()) {
+          auto it = reported.find(p);
+          ASSERT_NE(it, reported.end()) << p->name << " not reported";
+          const bool tied = p == st.shared_embedding();
+          EXPECT_EQ(it->second.pass, tied ? sched.steps.size() : last_backward) << p->name;
+          EXPECT_EQ(it->second.grad, p->grad.to_float_vector()) << p->name;
+        }
+      }
+    }
     if (c.cp > 1) {  // partial sums over the CP group (the trainer reduces over DP x CP)
       Tensor sums = Tensor::from_vector(std::vector<double>{res.loss_sum, res.num_tokens}, {2});
       ps.cp().all_reduce(sums);
@@ -196,6 +235,16 @@ TEST(MpiPipelineParallel, TensorTimesPipeline) {
   check_case(Case("TP2 x PP2 SP").TP(2).PP(2).M(3).SP());
   check_case(Case("TP2 x PP2 SP v2").TP(2).PP(2).L(8).layers_per_vstage(2).SP());
   check_case(Case("TP2 x PP2 SP dropout").TP(2).PP(2).M(2).SP().drop(0.1f));
+}
+
+// --overlap-grad-reduce's hook: the same gradients, each parameter reported once during its
+// chunk's last backward (the tied embedding after the flush) with its final gradient (sequence-
+// parallel sums done once, in the hook, not again at the end).
+TEST(MpiPipelineParallel, GradReadyHookReportsFinalGradients) {
+  check_case(Case("PP2 hook").PP(2).M(3).hook(), 1);
+  check_case(Case("PP2 v2 hook").PP(2).layers_per_vstage(1).hook(), 1);
+  check_case(Case("TP2 x PP2 SP v2 hook").TP(2).PP(2).L(8).layers_per_vstage(2).SP().hook(), 1);
+  check_case(Case("PP4 v2 hook").PP(4).L(8).layers_per_vstage(1).hook(), 1);
 }
 
 // Context x pipeline parallelism at the model level (pretrain-gpt: tests/training/pipeline_training_test.cpp).

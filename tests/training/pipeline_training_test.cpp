@@ -9,7 +9,9 @@
 //   np 2: PP2 (1F1B), PP2 interleaved (2 virtual stages per rank);
 //   np 4: TP2 x PP2 with sequence parallelism, PP2 interleaved x DP2 with the distributed
 //         optimizer, overlapped gradient reduction and parameter all-gather (2000-element
-//         buckets), CP2 x PP2 interleaved with the distributed optimizer;
+//         buckets), CP2 x PP2 interleaved with the distributed optimizer, and PP2 x DP2 with
+//         --overlap-grad-reduce in small buckets (1F1B; interleaved), every bucket but the tied
+//         embedding's launched during the backward passes;
 //   np 8: TP2 x PP2 x DP2, sequence parallel, distributed optimizer, overlapped gradient
 //         reduction and parameter all-gather (its own ctest entry), and
 //         TP2 x CP2 x PP2 with sequence parallelism;
@@ -92,6 +94,16 @@ void check_pipeline_layout(const Fixture& f, const PipeLayout& l, const Training
   EXPECT_EQ(p.consumed_samples, ref.consumed_samples);
   expect_same_curve(p, ref, 1e-5, l.name);
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.3);  // it learns: the comparison is not idle
+  if (l.overlap) {
+    // Every bucket but the one holding the tied word embedding (on every stage at PP 2) started
+    // its reduction during the backward passes, in every iteration.
+    if (l.bucket > 0) {
+      EXPECT_GE(p.grad_buckets, 3);
+    }
+    EXPECT_EQ(p.grad_buckets_launched_in_backward, p.grad_buckets - 1);
+  } else {
+    EXPECT_EQ(p.grad_buckets_launched_in_backward, 0);
+  }
   if (world()->rank() == 0) expect_same_params(par.save, ref_save, 20, 1e-5);
   world()->barrier();
 }
@@ -113,6 +125,11 @@ TEST(MpiPipelineTraining, PipelineLayoutsFollowTheSingleRankCurve) {
                               true, 1, 2000, true}, ref, ref_save);
     check_pipeline_layout(f, {"cp2_pp2_interleaved_distopt", 1, 2, 1, false, true, false, 2}, ref,
                           ref_save);
+    // --overlap-grad-reduce with several buckets: reduced during the pipeline's backward.
+    check_pipeline_layout(f, {"pp2_dp2_overlap", 1, 2, 0, false, false, true, 1, 3000}, ref,
+                          ref_save);
+    check_pipeline_layout(f, {"pp2_interleaved_dp2_overlap", 1, 2, 1, false, false, true, 1, 3000},
+                          ref, ref_save);
   } else if (W == 8) {
     check_pipeline_layout(f, {"tp2_pp2_dp2_sp_distopt_overlap_pgather", 2, 2, 0, true, true, true,
                               1, 2000, true}, ref, ref_save);
