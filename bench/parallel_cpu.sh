@@ -10,7 +10,8 @@
 # (launch + wait, src/comm/timed_communicator.h), i.e. the part not hidden behind compute.
 # Usage: [SET=all|cp] [SEQ=256] [MBS=4] [GBS=16] bench/parallel_cpu.sh [BUILD_DIR] [ITERS] [TOTAL_THREADS]
 # TOTAL_THREADS (default: nproc) OpenMP threads are split over the ranks (at least 1 each), so
-# every row uses the same cores; 4 ranks on 2 cores are oversubscribed.
+# every row uses the same cores; 4 ranks on 2 cores are oversubscribed. Ranks are not bound to
+# cores (--bind-to none): Open MPI's default binding puts a lone rank's 2 threads on one core.
 # SET=cp runs only the context-parallel comparison: one rank vs CP2 / CP4 with the ring
 # (--cp-comm-type p2p) and with the all-gather, at sequence length SEQ (e.g. SEQ=2048 MBS=1:
 # long sequences, where attention dominates).
@@ -47,7 +48,7 @@ BASE=""
 run() {  # name np threads-per-rank (0: TOTAL / np) flags...
   local name=$1 np=$2 threads=$3; shift 3
   [ "$threads" -gt 0 ] || threads=$(( TOTAL / np )); [ "$threads" -ge 1 ] || threads=1
-  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root \
+  OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root --bind-to none \
     -np "$np" "$MEGATRON" "${COMMON[@]}" "$@" --log-metrics-jsonl "$WORK/$name.jsonl" \
     >"$WORK/$name.log" 2>&1 || { echo "$name failed:"; tail -20 "$WORK/$name.log"; exit 1; }
   local row
@@ -92,5 +93,8 @@ run "PP2 interleaved (2 virtual stages)" 2 0 --pipeline-model-parallel-size 2 \
   --num-layers-per-virtual-pipeline-stage 1
 run "PP4" 4 0 --pipeline-model-parallel-size 4
 run "TP2 x PP2" 4 0 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+run "PP2 x DP2" 4 0 --pipeline-model-parallel-size 2
+run "PP2 x DP2, overlap (1M buckets)" 4 0 --pipeline-model-parallel-size 2 --overlap-grad-reduce \
+  --ddp-bucket-size 1000000
 run "CP2" 2 0 --context-parallel-size 2
 run "CP2 x DP2" 4 0 --context-parallel-size 2

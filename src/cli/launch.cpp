@@ -2,9 +2,15 @@
 // this binary under mpirun (the torchrun of this project). A thin wrapper: it builds the mpirun
 // command line and execs it, so mpirun's exit status is the job's. Adds --allow-run-as-root when
 // running as root and --oversubscribe when N exceeds this machine's cores (local runs only).
+// Threads: Open MPI binds each rank to one core by default (np <= 2), which would squeeze a
+// rank's OpenMP threads onto that core, so launch passes --bind-to none; and, like torchrun, it
+// sets OMP_NUM_THREADS when the environment does not: this machine's cores / N (at least 1) for
+// local runs, 1 per rank with a hostfile. A value already set is forwarded to every rank.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -38,12 +44,20 @@ std::vector<std::string> build_command(const LaunchOptions& o) {
   MG_REQUIRE(!ec, "cannot find the path of the megatron binary (/proc/self/exe): ", ec.message());
   std::vector<std::string> cmd = {o.mpirun};
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
+  cmd.insert(cmd.end(), {"--bind-to", "none"});
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) {
+    cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS"});
+  } else {
+    const unsigned per_rank =
+        o.hostfile.empty() ? std::max(1u, cores / unsigned(o.nproc_per_node)) : 1u;
+    cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS=" + std::to_string(per_rank)});
+  }
   if (!o.hostfile.empty()) {
     MG_REQUIRE(std::filesystem::is_regular_file(o.hostfile), "--hostfile ", o.hostfile,
                ": no such file");
     cmd.insert(cmd.end(), {"--hostfile", o.hostfile, "--npernode", std::to_string(o.nproc_per_node)});
   } else {
-    const unsigned cores = std::thread::hardware_concurrency();
     if (cores == 0 || unsigned(o.nproc_per_node) > cores) cmd.push_back("--oversubscribe");
     cmd.insert(cmd.end(), {"-np", std::to_string(o.nproc_per_node)});
   }
