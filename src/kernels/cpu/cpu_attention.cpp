@@ -86,11 +86,13 @@ inline int32_t row_start(const int32_t* st, int64_t bi, int64_t sq, int64_t i) {
   return st ? st[bi * sq + i] : 0;
 }
 
-// S (scaled scores, [sq, skv]) -> P (softmax over keys start..p, zeros elsewhere), lse per row.
-void softmax_rows(float* P, float* lse, const int32_t* st, int64_t bi, const Layout& L) {
-  const int64_t s = L.skv;
-  for (int64_t i = 0; i < L.sq; ++i) {
-    float* row = P + i * s;
+// Rows [i0, i1) of a score tile (row i at P + (i - i0) * ld) are defined over columns [0, w):
+// the keys a row may not see (before its start, after its position) become zeros.
+// S (scaled scores) -> P (softmax over keys start..p), lse per row.
+void softmax_rows(float* P, int64_t ld, int64_t w, int64_t i0, int64_t i1, float* lse,
+                  const int32_t* st, int64_t bi, const Layout& L) {
+  for (int64_t i = i0; i < i1; ++i) {
+    float* row = P + (i - i0) * ld;
     const int64_t j0 = row_start(st, bi, L.sq, i), p = L.pos(i);
     float mx = -std::numeric_limits<float>::infinity();
     for (int64_t j = j0; j <= p; ++j) mx = std::max(mx, row[j]);
@@ -102,18 +104,20 @@ void softmax_rows(float* P, float* lse, const int32_t* st, int64_t bi, const Lay
     const float inv = 1.0f / sum;
     for (int64_t j = 0; j < j0; ++j) row[j] = 0;
     for (int64_t j = j0; j <= p; ++j) row[j] *= inv;
-    for (int64_t j = p + 1; j < s; ++j) row[j] = 0;
+    for (int64_t j = p + 1; j < w; ++j) row[j] = 0;
     lse[i] = mx + std::log(sum);
   }
 }
 
-// P from S and the saved lse (backward recompute).
-void softmax_from_lse(float* P, const float* lse, const int32_t* st, int64_t bi, const Layout& L) {
-  const int64_t s = L.skv;
-  for (int64_t i = 0; i < L.sq; ++i) {
-    float* row = P + i * s;
+// P from S and the saved lse (backward recompute), same tile conventions.
+void softmax_from_lse(float* P, int64_t ld, int64_t w, int64_t i0, int64_t i1, const float* lse,
+                      const int32_t* st, int64_t bi, const Layout& L) {
+  for (int64_t i = i0; i < i1; ++i) {
+    float* row = P + (i - i0) * ld;
     const int64_t j0 = row_start(st, bi, L.sq, i), p = L.pos(i);
-    for (int64_t j = 0; j < s; ++j) row[j] = (j >= j0 && j <= p) ? cpu::fast_exp(row[j] - lse[i]) : 0;
+    for (int64_t j = 0; j < j0; ++j) row[j] = 0;
+    for (int64_t j = j0; j <= p; ++j) row[j] = cpu::fast_exp(row[j] - lse[i]);
+    for (int64_t j = p + 1; j < w; ++j) row[j] = 0;
   }
 }
 
@@ -123,16 +127,19 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
               int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
-// Pd = P * keep for head (bi, head); returns Pd (== P when dropout is off).
-const float* apply_dropout(float* Pd, const float* P, const Layout& L, int64_t bi, int head,
-                           const DropoutSpec& d, const Philox& rng, std::vector<float>& keep) {
+// Pd = P * keep for rows [i0, i1) of head (bi, head), Pd with leading dimension w (its width);
+// returns Pd, or P when dropout is off.
+const float* apply_dropout(float* Pd, const float* P, int64_t ldp, int64_t w, int64_t i0,
+                           int64_t i1, const Layout& L, int64_t bi, int head, const DropoutSpec& d,
+                           const Philox& rng, std::vector<float>& keep) {
   if (!d.active()) return P;
-  const int64_t s = L.skv;
-  for (int64_t i = 0; i < L.sq; ++i) {
+  for (int64_t i = i0; i < i1; ++i) {
     const int64_t p = L.pos(i);
+    const float* pr = P + (i - i0) * ldp;
+    float* out = Pd + (i - i0) * w;
     cpu::dropout_row(keep.data(), p + 1, L.dropout_first(bi, head, p, d), rng, d.p);  // keys > p are zero anyway
-    for (int64_t j = 0; j <= p; ++j) Pd[i * s + j] = P[i * s + j] * keep[size_t(j)];
-    for (int64_t j = p + 1; j < s; ++j) Pd[i * s + j] = 0;
+    for (int64_t j = 0; j <= p; ++j) out[j] = pr[j] * keep[size_t(j)];
+    for (int64_t j = p + 1; j < w; ++j) out[j] = 0;
   }
   return Pd;
 }
@@ -151,10 +158,10 @@ const float* query_rows(const Layout& L, const float* base, int head, float* buf
   return buf;
 }
 
-// The causal mask leaves keys after a query's position out, so the score and value GEMMs run on
-// tiles of kTileRows query rows, each against keys [0, kend) with kend past the tile's last
-// position: about half of the square for plain causal attention. Entries of a row past kend are
-// never read (the softmax writes zeros there).
+// The causal mask leaves keys after a query's position out, so attention runs on tiles of
+// kTileRows query rows, each against keys [0, kend) with kend past the tile's last position:
+// about half of the square for plain causal attention, in per-thread buffers of kTileRows x kv_seq
+// (small enough for the caches, never an s x s matrix unless probabilities are saved).
 constexpr int64_t kTileRows = 64;
 template <class F>
 void for_row_tiles(const Layout& L, F&& f) {
@@ -185,27 +192,28 @@ void forward(const Layout& L, const Tensor& ctx, const Tensor& lse, const Tensor
   cpu::blas_single_threaded();
 #pragma omp parallel
   {
-    std::vector<float> work(size_t(sq * skv) * (pp ? 1 : 2)), keep(static_cast<size_t>(skv));
+    std::vector<float> work(size_t(kTileRows * skv) * 2), keep(static_cast<size_t>(skv));
     std::vector<float> qbuf(L.qpos ? size_t(sq * L.d) : 0);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < L.b * L.n; ++task) {
       const int64_t bi = task / L.n;
       const int head = int(task % L.n);
       const float* base = x + bi * skv * L.width;
-      float* P = pp ? pp + task * sq * skv : work.data();
-      float* Pd = pp ? work.data() : work.data() + sq * skv;
       int64_t ldq = 0;
       const float* Q = query_rows(L, base, head, qbuf.data(), ldq);
-      for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
-        sgemm(false, true, nt, kend, L.d, scale, Q + i0 * ldq, ldq, base + L.k(head / L.hpg),
-              L.width, 0.0f, P + i0 * skv, skv);
-      });
-      softmax_rows(P, lp + task * sq, st, bi, L);
-      const float* A = apply_dropout(Pd, P, L, bi, head, dropout, rng, keep);
       float* O = out + bi * sq * L.ctx_width + int64_t(head) * L.d;
       for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
-        sgemm(false, false, nt, L.d, kend, 1.0f, A + i0 * skv, skv, base + L.v(head / L.hpg),
-              L.width, 0.0f, O + i0 * L.ctx_width, L.ctx_width);
+        // Saved probabilities are whole rows of [sq, skv]; otherwise a compact nt x kend tile.
+        float* P = pp ? pp + (task * sq + i0) * skv : work.data();
+        const int64_t ldp = pp ? skv : kend, w = pp ? skv : kend;
+        sgemm(false, true, nt, kend, L.d, scale, Q + i0 * ldq, ldq, base + L.k(head / L.hpg),
+              L.width, 0.0f, P, ldp);
+        softmax_rows(P, ldp, w, i0, i0 + nt, lp + task * sq, st, bi, L);
+        float* Pd = work.data() + kTileRows * skv;
+        const float* A = apply_dropout(Pd, P, ldp, kend, i0, i0 + nt, L, bi, head, dropout, rng, keep);
+        const int64_t lda = A == P ? ldp : kend;
+        sgemm(false, false, nt, L.d, kend, 1.0f, A, lda, base + L.v(head / L.hpg), L.width, 0.0f,
+              O + i0 * L.ctx_width, L.ctx_width);
       });
     }
   }
@@ -230,7 +238,7 @@ void backward(const Layout& L, const Tensor& dqkv, const Tensor& dctx, const Ten
   // One task per (batch, query group): heads of a group share dK, dV, so they run in order.
 #pragma omp parallel
   {
-    std::vector<float> work(size_t(sq * skv) * 3), keep(static_cast<size_t>(skv));
+    std::vector<float> work(size_t(kTileRows * skv) * 3), keep(static_cast<size_t>(skv));
     std::vector<float> qbuf(L.qpos ? size_t(sq * L.d) : 0), dqbuf(qbuf.size());
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < L.b * L.g; ++task) {
@@ -239,56 +247,57 @@ void backward(const Layout& L, const Tensor& dqkv, const Tensor& dctx, const Ten
       const float* base = x + bi * skv * L.width;
       float* dbase = dx + bi * skv * L.width;
       const float* dO_b = dout + bi * sq * L.ctx_width;
+      // The group's dK, dV (adjacent columns) accumulate over its heads and tiles.
+      for (int64_t j = 0; j < skv; ++j) std::fill_n(dbase + j * L.width + L.k(group), 2 * L.d, 0.0f);
       for (int hh = 0; hh < L.hpg; ++hh) {
         const int head = group * L.hpg + hh;
         const int64_t hidx = bi * L.n + head;
-        float* P = work.data();
-        float* Pd = work.data() + sq * skv;
-        float* dP = work.data() + 2 * sq * skv;
         int64_t ldq = 0;
         const float* Q = query_rows(L, base, head, qbuf.data(), ldq);
-        if (pp) {
-          std::copy(pp + hidx * sq * skv, pp + (hidx + 1) * sq * skv, P);
-        } else {
-          for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
-            sgemm(false, true, nt, kend, L.d, sc, Q + i0 * ldq, ldq, base + L.k(group), L.width,
-                  0.0f, P + i0 * skv, skv);
-          });
-          softmax_from_lse(P, lp + hidx * sq, st, bi, L);
-        }
-        const float* A = apply_dropout(Pd, P, L, bi, head, dropout, rng, keep);
         const float* dO = dO_b + int64_t(head) * L.d;
-        if (hh == 0)  // the group's dK, dV (adjacent columns) accumulate over its heads' tiles
-          for (int64_t j = 0; j < skv; ++j)
-            std::fill_n(dbase + j * L.width + L.k(group), 2 * L.d, 0.0f);
-        for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
-          // dV += Pd^T dO; dPd = dO V^T
-          sgemm(true, false, kend, L.d, nt, 1.0f, A + i0 * skv, skv, dO + i0 * L.ctx_width,
-                L.ctx_width, 1.0f, dbase + L.v(group), L.width);
-          sgemm(false, true, nt, kend, L.d, 1.0f, dO + i0 * L.ctx_width, L.ctx_width,
-                base + L.v(group), L.width, 0.0f, dP + i0 * skv, skv);
-        });
-        for (int64_t i = 0; i < sq; ++i) {
-          float* dpr = dP + i * skv;
-          const float* pr = P + i * skv;
-          const int64_t p = L.pos(i);
-          if (dropout.active()) {
-            cpu::dropout_row(keep.data(), p + 1, L.dropout_first(bi, head, p, dropout), rng,
-                             dropout.p);
-            for (int64_t j = 0; j <= p; ++j) dpr[j] *= keep[size_t(j)];
-          }
-          float D = 0;
-          for (int64_t j = 0; j <= p; ++j) D += pr[j] * dpr[j];
-          for (int64_t j = 0; j <= p; ++j) dpr[j] = pr[j] * (dpr[j] - D);
-          for (int64_t j = p + 1; j < skv; ++j) dpr[j] = 0;
-        }
-        // dQ = sc * dS K ; dK += sc * dS^T Q
         float* dQ = L.qpos ? dqbuf.data() : dbase + L.q(head);
         const int64_t ldd = L.qpos ? L.d : L.width;
         for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
-          sgemm(false, false, nt, L.d, kend, sc, dP + i0 * skv, skv, base + L.k(group), L.width,
-                0.0f, dQ + i0 * ldd, ldd);
-          sgemm(true, false, kend, L.d, nt, sc, dP + i0 * skv, skv, Q + i0 * ldq, ldq, 1.0f,
+          float* P = work.data();
+          float* Pd = work.data() + kTileRows * skv;
+          float* dP = work.data() + 2 * kTileRows * skv;
+          const float* Pr = P;
+          int64_t ldp = kend;
+          if (pp) {  // the saved probabilities, rows of [sq, skv]
+            Pr = pp + (hidx * sq + i0) * skv;
+            ldp = skv;
+          } else {
+            sgemm(false, true, nt, kend, L.d, sc, Q + i0 * ldq, ldq, base + L.k(group), L.width,
+                  0.0f, P, kend);
+            softmax_from_lse(P, kend, kend, i0, i0 + nt, lp + hidx * sq, st, bi, L);
+          }
+          const float* A = apply_dropout(Pd, Pr, ldp, kend, i0, i0 + nt, L, bi, head, dropout,
+                                         rng, keep);
+          const int64_t lda = A == Pr ? ldp : kend;
+          const float* dOt = dO + i0 * L.ctx_width;
+          // dV += Pd^T dO; dPd = dO V^T
+          sgemm(true, false, kend, L.d, nt, 1.0f, A, lda, dOt, L.ctx_width, 1.0f,
+                dbase + L.v(group), L.width);
+          sgemm(false, true, nt, kend, L.d, 1.0f, dOt, L.ctx_width, base + L.v(group), L.width,
+                0.0f, dP, kend);
+          for (int64_t i = i0; i < i0 + nt; ++i) {
+            float* dpr = dP + (i - i0) * kend;
+            const float* pr = Pr + (i - i0) * ldp;
+            const int64_t p = L.pos(i);
+            if (dropout.active()) {
+              cpu::dropout_row(keep.data(), p + 1, L.dropout_first(bi, head, p, dropout), rng,
+                               dropout.p);
+              for (int64_t j = 0; j <= p; ++j) dpr[j] *= keep[size_t(j)];
+            }
+            float D = 0;
+            for (int64_t j = 0; j <= p; ++j) D += pr[j] * dpr[j];
+            for (int64_t j = 0; j <= p; ++j) dpr[j] = pr[j] * (dpr[j] - D);
+            for (int64_t j = p + 1; j < kend; ++j) dpr[j] = 0;
+          }
+          // dQ = sc * dS K ; dK += sc * dS^T Q
+          sgemm(false, false, nt, L.d, kend, sc, dP, kend, base + L.k(group), L.width, 0.0f,
+                dQ + i0 * ldd, ldd);
+          sgemm(true, false, kend, L.d, nt, sc, dP, kend, Q + i0 * ldq, ldq, 1.0f,
                 dbase + L.k(group), L.width);
         });
         if (L.qpos)
