@@ -69,6 +69,8 @@ PY
 }
 run "1 rank" 1 0
 if [ "$SET" = cp ]; then
+  # One rank without the saved [s, s] softmax probabilities (the CP ring never keeps them).
+  run "1 rank, selective recompute" 1 0 --recompute-granularity selective
   for c in 2 4; do
     run "CP$c, ring (p2p)" "$c" 0 --context-parallel-size "$c" --cp-comm-type p2p
     run "CP$c, all-gather" "$c" 0 --context-parallel-size "$c" --cp-comm-type allgather
