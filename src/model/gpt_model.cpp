@@ -165,11 +165,7 @@ struct GPTModel::Impl {
   // Before a module's forward: the pre-hook with its parameters, then its working weights.
   template <class Module>
   void prepare(Module& module) {
-    if (pre_hook) {
-      ParameterList ps;
-      module.parameters(ps);
-      pre_hook(ps);
-    }
+    call_with_parameters(pre_hook, module);
     module.refresh_working_weights();
   }
 
@@ -287,12 +283,7 @@ LossResult GPTModel::forward_backward(const GPTInputs& in, float grad_scale,
   xf = Tensor();
   Tensor dx = m.final_layernorm.backward(ctx, dxf);
   dxf = Tensor();
-  auto report = [&](auto& module) {
-    if (!m.grad_ready) return;
-    ParameterList ready;
-    module.parameters(ready);
-    m.grad_ready(ready);
-  };
+  auto report = [&](auto& module) { call_with_parameters(m.grad_ready, module); };
   report(m.final_layernorm);
   for (size_t c = m.chunks.size(); c-- > 0;) {
     const Chunk& ch = m.chunks[c];

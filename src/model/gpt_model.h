@@ -96,6 +96,16 @@ GPTInputs slice_for_context_parallel(const GPTInputs& in, int rank, int size);
 // gathers of later layers go on. The hook must not throw part-way on one rank only.
 using ForwardPreHook = std::function<void(const ParameterList& params)>;
 
+// Calls `hook` (a forward pre-hook or a grad-ready hook; nothing when it is empty) with the
+// parameters of `module` (anything with parameters(ParameterList&)).
+template <class Module>
+void call_with_parameters(const std::function<void(const ParameterList&)>& hook, Module& module) {
+  if (!hook) return;
+  ParameterList ps;
+  module.parameters(ps);
+  hook(ps);
+}
+
 struct LossResult {
   double loss_sum = 0;    // sum over tokens of loss * mask
   double num_tokens = 0;  // sum of mask

@@ -86,10 +86,7 @@ struct GPTChunk::Impl {
 
   template <class Module>
   void report(Module& module) {
-    if (!grad_ready) return;
-    ParameterList ready;
-    module.parameters(ready);
-    grad_ready(ready);
+    call_with_parameters(grad_ready, module);
   }
 
   Impl(const GPTConfig& c, uint64_t s, const TensorParallel& t, const PipelineLayout& layout,
@@ -179,11 +176,7 @@ struct GPTChunk::Impl {
   // Before a module's forward: the pre-hook with its parameters, then its working weights.
   template <class Module>
   void prepare(Module& module) {
-    if (pre_hook) {
-      ParameterList ps;
-      module.parameters(ps);
-      pre_hook(ps);
-    }
+    call_with_parameters(pre_hook, module);
     module.refresh_working_weights();
   }
   void prepare_output_weight() {
