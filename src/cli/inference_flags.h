@@ -1,24 +1,23 @@
 // Megatron's model, tokenizer and checkpoint flags for the commands that load a model for
-// generation (generate, serve). The flags fill an InferenceModelOptions; finish() resolves the
-// flag combinations (e.g. --group-query-attention needs --num-query-groups) after parsing.
+// generation (generate, serve). The model flags are the training ones (model_flags.h); finish()
+// resolves them into the loader's options after parsing.
 //
-// --use-checkpoint-args (as Megatron's) takes the model-shape arguments from the checkpoint's
-// metadata.json "args" (inference/checkpoint_args.h): num_layers, hidden_size,
-// num_attention_heads (these three must be there unless given as flags), ffn_hidden_size,
-// kv_channels, num_query_groups / group_query_attention, max_position_embeddings, seq_length,
-// layernorm_epsilon (or norm_epsilon), normalization, position_embedding_type, rotary_percent,
-// rotary_base, add_bias_linear, add_qkv_bias, untie_embeddings_and_output_weights,
-// make_vocab_size_divisible_by, and the activation (gelu_tanh, or Megatron's swiglu /
-// openai_gelu / bias_gelu_fusion). A flag given on the command line must agree with the
-// checkpoint (an error names both values); keys the checkpoint lacks keep the flags' values.
-// Without --use-checkpoint-args, a checkpoint that has metadata is still checked: a flag, or a
-// default left alone, that describes a different model than the checkpoint's is an error.
+// --use-checkpoint-args (as Megatron's) takes the model settings from the checkpoint's
+// metadata.json "args" (ours, or Megatron's flat arguments; model/model_settings.h lists every
+// setting): the shape (num_layers, hidden_size, num_attention_heads must be there unless given as
+// flags), norms, activation, position embeddings, attention, biases, output layer, and
+// max_position_embeddings / seq_length and make_vocab_size_divisible_by. A flag given on the
+// command line must agree with the checkpoint (an error names both values); settings the
+// checkpoint lacks keep the flags' values. Without --use-checkpoint-args, a checkpoint that has
+// metadata is still checked: a flag, or a default left alone, that describes a different model
+// than the checkpoint's is an error naming it.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 
+#include "cli/model_flags.h"
 #include "cli/tokenizer_options.h"
 #include "inference/model_loader.h"
 
@@ -29,29 +28,23 @@ class CheckpointArgs;
 namespace megatron::cli {
 
 struct InferenceFlags {
-  inference::InferenceModelOptions options;
+  inference::InferenceModelOptions options;  // load, tokenizer, vocabulary padding
+  ModelFlags model;
   int64_t ckpt_step = -1;
-  int64_t seq_length = 0;
   bool use_checkpoint_args = false;
-  bool group_query_attention = false;
-  bool swiglu = false;
-  bool openai_gelu = false;
-  bool no_bias_gelu_fusion = false;
-  bool disable_bias_linear = false;
-  bool add_qkv_bias = false;
-  std::string normalization = "LayerNorm";
-  std::string position_embedding_type = "learned_absolute";
 
   void add(CLI::App& sub);
   // Resolves the flags (and, with --use-checkpoint-args, the checkpoint's arguments) into the
   // loader's options. Throws megatron::Error naming the flag at fault.
   inference::InferenceModelOptions finish();
+
  private:
-  // Applies a checkpoint's arguments to the flag values (--use-checkpoint-args), or with
-  // check_only (no --use-checkpoint-args, metadata present) checks that the model the flags and
-  // their defaults describe is the checkpoint's, and changes nothing.
-  void apply_checkpoint_args(const inference::CheckpointArgs& ck, bool check_only);
-  bool given(const std::string& flag) const;
+  // Applies a checkpoint's arguments to `cfg` (--use-checkpoint-args), or with check_only (no
+  // --use-checkpoint-args, metadata present) checks that the model `cfg` describes is the
+  // checkpoint's, and changes nothing.
+  void apply_checkpoint_args(model::TransformerConfig& cfg, const inference::CheckpointArgs& ck,
+                             bool check_only);
+  bool given(const std::string& flag) const { return model.given(flag); }
   CLI::App* app_ = nullptr;
 };
 

@@ -3,6 +3,7 @@
 // this command with the same flags (data, tensor, sequence, pipeline — optionally interleaved —
 // and context parallelism).
 #include "cli/command.h"
+#include "cli/model_flags.h"
 #include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -14,15 +15,21 @@ namespace {
 
 struct PretrainFlags {
   training::TrainingArgs a;
-  double hidden_dropout = 0.1, attention_dropout = 0.1;
-  bool openai_gelu = false;
+  ModelFlags model;
 };
 
 void run(PretrainFlags f) {
-  if (f.a.model.max_position_embeddings == 0) f.a.model.max_position_embeddings = f.a.model.seq_length;
-  f.a.model.hidden_dropout = float(f.hidden_dropout);
-  f.a.model.attention_dropout = float(f.attention_dropout);
-  f.a.model.gelu_tanh = f.openai_gelu;  // Megatron's default GeLU is the exact (erf) one
+  // The architecture from Megatron's model flags; the run-time fields (recomputation, sequence
+  // parallelism, CP exchange) were parsed into a.model directly.
+  const model::TransformerConfig arch = f.model.resolve();
+  model::TransformerConfig& m = f.a.model;
+  const model::TransformerConfig run_fields = m;
+  m = arch;
+  m.recompute_granularity = run_fields.recompute_granularity;
+  m.recompute_method = run_fields.recompute_method;
+  m.recompute_num_layers = run_fields.recompute_num_layers;
+  m.sequence_parallel = run_fields.sequence_parallel;
+  m.cp_comm_type = run_fields.cp_comm_type;
   training::TrainingSummary s = training::pretrain_gpt(f.a);
   if (world_communicator()->rank() == s.world_size - 1)  // the rank that printed the log lines
     log_print(str("training finished: ", s.iterations, " iterations, ", s.consumed_samples,
@@ -35,22 +42,9 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   auto& a = f->a;
   auto& m = a.model;
   // model
-  sub.add_option("--num-layers", m.num_layers, "Transformer layers");
-  sub.add_option("--hidden-size", m.hidden_size, "Hidden size");
-  sub.add_option("--num-attention-heads", m.num_attention_heads, "Attention heads");
-  sub.add_option("--ffn-hidden-size", m.ffn_hidden_size, "MLP width (default 4 x hidden)");
-  sub.add_option("--kv-channels", m.kv_channels, "Per-head width (default hidden / heads)");
-  sub.add_option("--num-query-groups", m.num_query_groups, "Query groups (GQA)");
-  sub.add_option("--seq-length", m.seq_length, "Sequence length");
-  sub.add_option("--max-position-embeddings", m.max_position_embeddings,
-                 "Position embeddings (default --seq-length)");
+  f->model.add(sub, /*training=*/true);
   sub.add_option("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by,
                  "Vocab padding multiple")->capture_default_str();
-  sub.add_option("--init-method-std", m.init_method_std, "Init std")->capture_default_str();
-  sub.add_option("--layernorm-epsilon", m.layernorm_epsilon, "LayerNorm epsilon")->capture_default_str();
-  sub.add_flag("--openai-gelu", f->openai_gelu, "GeLU in its tanh approximation");
-  sub.add_option("--hidden-dropout", f->hidden_dropout, "Hidden dropout")->capture_default_str();
-  sub.add_option("--attention-dropout", f->attention_dropout, "Attention dropout")->capture_default_str();
   sub.add_option("--recompute-granularity", m.recompute_granularity, "full | selective")
       ->check(CLI::IsMember({"full", "selective"}));
   sub.add_option("--recompute-method", m.recompute_method, "uniform | block")

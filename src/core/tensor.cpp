@@ -267,6 +267,16 @@ void Tensor::copy_(const Tensor& src) {
     std::memmove(raw_data(), src.raw_data(), nbytes());
     return;
   }
+  if (src.dtype_ == dtype_ && dim() == 2 && strides_[1] == 1 && src.strides_[1] == 1) {
+    // Row-strided matrices (column blocks of wider ones): one copy per row.
+    const size_t row = size_t(shape_[1]) * dtype_size(dtype_);
+    const size_t dstride = size_t(strides_[0]) * dtype_size(dtype_);
+    const size_t sstride = size_t(src.strides_[0]) * dtype_size(dtype_);
+    char* d = static_cast<char*>(raw_data());
+    const char* s = static_cast<const char*>(src.raw_data());
+    for (int64_t r = 0; r < shape_[0]; ++r) std::memmove(d + size_t(r) * dstride, s + size_t(r) * sstride, row);
+    return;
+  }
   // General path: gather source values in logical order, then scatter.
   const size_t se = dtype_size(src.dtype_), de = dtype_size(dtype_);
   std::vector<double> values(static_cast<size_t>(numel()));

@@ -1,4 +1,4 @@
-// Tokenizer + checkpoint weights -> GPT engine.
+// Tokenizer + checkpoint weights -> the generation engine over the model's own layers.
 #include "inference/model_loader.h"
 
 #include "core/error.h"
@@ -7,12 +7,29 @@
 
 namespace megatron::inference {
 
+std::map<std::string, Tensor> with_local_norm_names(std::map<std::string, Tensor> w) {
+  std::map<std::string, Tensor> out;
+  for (auto& [name, t] : w) {
+    std::string n = name;
+    for (const auto& [fused, local] :
+         {std::pair<std::string, std::string>{".self_attention.linear_qkv.layer_norm_", ".input_layernorm."},
+          {".mlp.linear_fc1.layer_norm_", ".pre_mlp_layernorm."}}) {
+      const size_t at = n.find(fused);
+      if (at != std::string::npos) n = n.substr(0, at) + local + n.substr(at + fused.size());
+    }
+    MG_REQUIRE(!out.count(n), "the checkpoint has both ", name, " and ", n,
+               " (the same norm under two names)");
+    out.emplace(n, std::move(t));
+  }
+  return out;
+}
+
 InferenceModel load_inference_model(const InferenceModelOptions& options) {
   MG_REQUIRE(!options.load.empty(), "--load is required: the checkpoint folder to generate with");
   MG_REQUIRE(!options.tokenizer.type.empty(), "--tokenizer-type is required");
   InferenceModel out;
   out.tokenizer = data::build_tokenizer(options.tokenizer);
-  GPTInferenceConfig cfg = options.gpt;
+  model::TransformerConfig cfg = options.model;
   const int64_t padded =
       data::padded_vocab_size(out.tokenizer->vocab_size(), options.make_vocab_size_divisible_by, 1);
   cfg.padded_vocab_size = padded;
@@ -25,8 +42,9 @@ InferenceModel load_inference_model(const InferenceModelOptions& options) {
              emb.size(0), " rows but the tokenizer (", out.tokenizer->vocab_size(),
              " tokens, --make-vocab-size-divisible-by ", options.make_vocab_size_divisible_by,
              ") pads to ", padded, "; use the tokenizer flags the model was trained with");
-  out.model = std::make_unique<GPTInference>(
-      cfg, [&weights](const std::string& name) { return weights.get(name); });
+  std::map<std::string, Tensor> tensors;
+  for (const std::string& n : weights.names()) tensors.emplace(n, weights.get(n));
+  out.model = std::make_unique<GPTEngine>(cfg, with_local_norm_names(std::move(tensors)));
   log_info("loaded checkpoint ", weights.directory().string(), " (iteration ", out.iteration,
            "): ", cfg.num_layers, " layers, hidden ", cfg.hidden_size, ", vocab ", padded);
   return out;

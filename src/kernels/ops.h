@@ -99,14 +99,19 @@ struct AttentionShape {
   int64_t kv_seq = 0;
   // Block ops only: length of the whole sequence the positions index.
   int64_t full_seq = 0;
+  bool causal = true;
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  bool alibi = false;
 };
 void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
                    const Tensor& attention_start, const AttentionShape& shape,
-                   const DropoutSpec& dropout);
+                   const DropoutSpec& dropout, const Tensor& key_padding = Tensor());
 // dqkv [b, s, qkv width] is written. probs may be undefined (then recomputed from qkv and lse).
 void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& lse,
                    const Tensor& probs, const Tensor& attention_start,
-                   const AttentionShape& shape, const DropoutSpec& dropout);
+                   const AttentionShape& shape, const DropoutSpec& dropout,
+                   const Tensor& key_padding = Tensor());
 // The same for a subset of the query positions (context parallelism: this rank's tokens of a
 // sequence split over ranks): qkv [b, kv_seq, width] holds the whole sequence in order;
 // query_positions int32 [seq] the position of each of the seq query rows (the same for every
@@ -182,5 +187,30 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
 double l2_norm_squared(const Tensor& x);  // sum of squares in double (any float dtype)
 bool all_finite(const Tensor& x);          // false if any NaN/Inf (any float dtype)
 void cast(const Tensor& dst, const Tensor& src);  // fp32/bf16/fp16/f64 <-> any (RNE), same numel
+
+// PENDING (kernels work in progress)
+void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight, float eps);
+void rmsnorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dout, const Tensor& x,
+                 const Tensor& weight, const Tensor& rstd, bool accumulate_dx = false);
+void swiglu_fwd(const Tensor& out, const Tensor& x);
+void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x);
+void squared_relu_fwd(const Tensor& out, const Tensor& x);
+void squared_relu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x);
+struct RotaryConfig {
+  int rotary_dim = 0;
+  double base = 10000.0;
+  bool interleaved = false;
+};
+void rope_fwd(const Tensor& qkv, const Tensor& positions, const AttentionShape& shape, const RotaryConfig& rope);
+void rope_bwd(const Tensor& dqkv, const Tensor& positions, const AttentionShape& shape, const RotaryConfig& rope);
+void kv_cache_append(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
+                     const Tensor& row_slot, const Tensor& row_pos, const AttentionShape& shape);
+void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& k_cache,
+                            const Tensor& v_cache, const Tensor& row_slot, const Tensor& row_pos,
+                            const AttentionShape& shape);
+void index_select_rows(const Tensor& out, const Tensor& in, const Tensor& index);
+void index_copy_rows(const Tensor& out, const Tensor& in, const Tensor& index, bool accumulate = false);
+double sum(const Tensor& x);
+double dot(const Tensor& a, const Tensor& b);
 
 }  // namespace megatron::ops

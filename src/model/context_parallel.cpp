@@ -231,7 +231,7 @@ GPTInputs slice_for_context_parallel(const GPTInputs& in, int rank, int size) {
     return out;
   };
   return GPTInputs{slice(in.tokens), slice(in.position_ids), slice(in.attention_start),
-                   slice(in.labels), slice(in.loss_mask)};
+                   slice(in.labels), slice(in.loss_mask), slice(in.padding_mask)};
 }
 
 }  // namespace megatron::model

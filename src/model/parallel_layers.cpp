@@ -27,18 +27,25 @@ constexpr int64_t kHeadRows = 256;  // rows of logits per loss-head chunk
 }  // namespace
 
 // ---- Column / row-parallel linear ----------------------------------------------------------
-LinearBase::LinearBase(const std::string& prefix, int64_t in, int64_t out, bool row, bool skip,
-                       DType dtype, const TensorParallel& tp)
+LinearBase::LinearBase(const std::string& prefix, int64_t in, int64_t out, bool row, DType dtype,
+                       const TensorParallel& tp, const LinearOptions& opt)
     : in_features(row ? local_size(in, tp.size(), prefix + " input") : in),
-      out_features(row ? out : local_size(out, tp.size(), prefix + " output")),
-      skip_bias_add(skip),
+      out_features(row ? out : local_size(out, tp.size() * opt.parts, prefix + " output") * opt.parts),
+      skip_bias_add(opt.skip_bias_add),
       row_parallel_(row),
       tp_(tp) {
-  weight.init(prefix + ".weight", {out_features, in_features}, dtype, true, row ? 1 : 0);
+  weight.init(prefix + ".weight", {out_features, in_features}, dtype, true, row ? 1 : 0, false,
+              opt.grad);
+  weight.param.partition_parts = row ? 1 : opt.parts;
   // Column: bias sharded with the output. Row: replicated, added on the reduced output, which is
   // the sequence shard under sequence parallelism (partial gradient).
-  bias.init(prefix + ".bias", {out_features}, dtype, false, row ? -1 : 0,
-            row && tp.sequence_parallel);
+  if (opt.bias) {
+    bias.init(prefix + ".bias", {out_features}, dtype, false, row ? -1 : 0,
+              row && tp.sequence_parallel, opt.grad);
+    bias.param.partition_parts = row ? 1 : opt.parts;
+  }
+  register_weight(weight);
+  register_weight(bias);
 }
 
 Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
@@ -55,124 +62,132 @@ Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
   if (row_parallel_)
     y = sp ? ReduceScatterToSequenceParallelRegion::forward(g, y)
            : ReduceFromTensorParallelRegion::forward(g, y);
-  if (!skip_bias_add) ops::bias_add(y, bias.f32);
-  if (ctx.save) saved.x = x;
+  if (!skip_bias_add && bias.defined()) ops::bias_add(y, bias.f32);
+  if (ctx.save) x_ = x;
   return y;
 }
 
 Tensor LinearBase::backward(const LayerContext&, const Tensor& dy) {
-  MG_CHECK(saved.x.defined(), "Linear::backward without a saved forward");
+  MG_CHECK(x_.defined(), "Linear::backward without a saved forward");
   Communicator& g = tp_.comm();
   const bool sp = tp_.sequence_parallel;
-  if (!skip_bias_add) ops::bias_grad(bias.param.grad, dy);
-  Tensor dyin = dy, xin = saved.x;
+  if (!skip_bias_add && bias.defined()) ops::bias_grad(bias.param.grad, dy);
+  Tensor dyin = dy, xin = x_;
   if (row_parallel_)
     dyin = sp ? ReduceScatterToSequenceParallelRegion::backward(g, dy)
               : ReduceFromTensorParallelRegion::backward(g, dy);
   else if (sp)
-    xin = GatherFromSequenceParallelRegion::forward(g, saved.x);  // gathered again, not kept
+    xin = GatherFromSequenceParallelRegion::forward(g, x_);  // gathered again, not kept
   Tensor dx = Tensor::empty({dyin.size(0), in_features}, DType::F32);
   ops::gemm(dyin, false, weight.f32, false, dx);
   ops::gemm(dyin, true, xin, false, weight.param.grad, 1.0f, 1.0f);
   if (!row_parallel_)
     dx = sp ? GatherFromSequenceParallelRegion::backward(g, dx)
             : CopyToTensorParallelRegion::backward(g, dx);
-  saved = {};
+  x_.reset();
   return dx;
 }
 
-void LinearBase::parameters(ParameterList& out) {
-  out.push_back(&weight.param);
-  out.push_back(&bias.param);
-}
-void LinearBase::refresh_working_weights() {
-  weight.refresh();
-  bias.refresh();
-}
-
-// ---- Embedding (vocab-parallel word table + position table) ---------------------------------
+// ---- Embedding (vocab-parallel word table + optional position table) ------------------------
 Embedding::Embedding(int64_t vocab, int64_t max_positions, int64_t h, float drop, DType dtype,
-                     const TensorParallel& tp)
+                     const TensorParallel& tp, bool grad)
     : vocab_size(vocab),
       vocab_start(local_size(vocab, tp.size(), "padded vocabulary") * tp.rank()),
       dropout(drop),
       tp_(tp) {
-  word.init("embedding.word_embeddings.weight", {vocab / tp.size(), h}, dtype, true, 0);
-  position.init("embedding.position_embeddings.weight", {max_positions, h}, dtype, true, -1,
-                tp.sequence_parallel);
+  word.init("embedding.word_embeddings.weight", {vocab / tp.size(), h}, dtype, true, 0, false, grad);
+  if (max_positions > 0)
+    position.init("embedding.position_embeddings.weight", {max_positions, h}, dtype, true, -1,
+                  tp.sequence_parallel, grad);
+  register_weight(word);
+  register_weight(position);
 }
 
 Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& pos) {
   const int64_t n = tokens.numel(), h = word.f32.size(1);
-  MG_REQUIRE(pos.numel() == n, "position_ids has ", pos.numel(), " elements but tokens has ", n);
-  const int64_t P = position.f32.size(0);
+  const bool learned = position.defined();
   const int32_t* tp = tokens.data<int32_t>();
-  const int32_t* pp = pos.data<int32_t>();
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < n; ++i)
     MG_REQUIRE(tp[i] >= 0 && tp[i] < vocab_size, "token id ", tp[i], " at position ", i,
                " is outside the padded vocabulary [0, ", vocab_size,
                "); the data was tokenized with a different tokenizer or vocab size");
-    MG_REQUIRE(pp[i] >= 0 && pp[i] < P, "position id ", pp[i], " at position ", i,
-               " is outside [0, --max-position-embeddings=", P, ")");
+  if (learned) {
+    MG_REQUIRE(pos.defined() && pos.dtype() == DType::I32 && pos.numel() == n,
+               "position_ids must be int32 with the tokens' ", n, " elements");
+    const int64_t P = position.f32.size(0);
+    const int32_t* pp = pos.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i)
+      MG_REQUIRE(pp[i] >= 0 && pp[i] < P, "position id ", pp[i], " at position ", i,
+                 " is outside [0, --max-position-embeddings=", P, ")");
   }
   Communicator& g = tp_.comm();
-  Tensor out = Tensor::empty({n, h}, DType::F32);
+  Tensor out = Tensor::empty({n, h}, DType::F32, word.f32.device());
   ops::vocab_parallel_embedding_fwd(out, tokens, word.f32, vocab_start);
   out = tp_.sequence_parallel ? ReduceScatterToSequenceParallelRegion::forward(g, out)
                               : ReduceFromTensorParallelRegion::forward(g, out);
   const int64_t rows = out.size(0), row0 = tp_.sequence_parallel ? tp_.rank() * rows : 0;
-  Tensor p = Tensor::empty({rows, h}, DType::F32);
-  ops::embedding_fwd(p, pos.view({n}).narrow(0, row0, rows), position.f32);
-  ops::bias_dropout_add_fwd(out, p, Tensor(), out, ops::DropoutSpec{});
-  ctx.for_each_sequence_run(row0, rows, h, [&](int64_t f, int64_t k, uint64_t off) {
-    const Tensor o = out.narrow(0, f, k);
-    ops::dropout_fwd(o, o, ctx.dropout(dropout, -1, kSiteEmbedding, off));
-  });
-  if (ctx.save) saved = {tokens, pos};
+  if (learned) {
+    Tensor p = Tensor::empty({rows, h}, DType::F32, out.device());
+    ops::embedding_fwd(p, pos.view({n}).narrow(0, row0, rows), position.f32);
+    ops::add(out, out, p);
+  }
+  if (ctx.training)
+    ctx.for_each_sequence_run(row0, rows, h, [&](int64_t f, int64_t k, uint64_t off) {
+      const Tensor o = out.narrow(0, f, k);
+      ops::dropout_fwd(o, o, ctx.dropout(dropout, -1, kSiteEmbedding, off));
+    });
+  if (ctx.save) {
+    tokens_ = tokens;
+    if (learned) position_ids_ = pos;
+  }
   return out;
 }
 
 void Embedding::backward(const LayerContext& ctx, const Tensor& dout) {
-  MG_CHECK(saved.tokens.defined(), "Embedding::backward without a saved forward");
-  const int64_t n = saved.tokens.numel(), rows = dout.size(0), h = dout.size(1);
+  MG_CHECK(tokens_.defined(), "Embedding::backward without a saved forward");
+  const Tensor& tokens = tokens_;
+  const int64_t n = tokens.numel(), rows = dout.size(0), h = dout.size(1);
   const int64_t row0 = tp_.sequence_parallel ? tp_.rank() * rows : 0;
-  Tensor d = Tensor::empty(dout.shape(), DType::F32);
+  Tensor d = Tensor::empty(dout.shape(), DType::F32, dout.device());
   ctx.for_each_sequence_run(row0, rows, h, [&](int64_t f, int64_t k, uint64_t off) {
     ops::dropout_bwd(d.narrow(0, f, k), dout.narrow(0, f, k),
                      ctx.dropout(dropout, -1, kSiteEmbedding, off));
   });
-  ops::embedding_bwd(position.param.grad, saved.position_ids.view({n}).narrow(0, row0, rows), d);
+  if (position.defined()) {
+    const Tensor& pos = position_ids_;
+    ops::embedding_bwd(position.param.grad, pos.view({n}).narrow(0, row0, rows), d);
+  }
   Communicator& g = tp_.comm();
   d = tp_.sequence_parallel ? ReduceScatterToSequenceParallelRegion::backward(g, d)
                             : ReduceFromTensorParallelRegion::backward(g, d);
-  ops::vocab_parallel_embedding_bwd(word.param.grad, saved.tokens, d, vocab_start);
-  saved = {};
+  ops::vocab_parallel_embedding_bwd(word.param.grad, tokens, d, vocab_start);
+  tokens_.reset();
+  position_ids_.reset();
 }
 
-void Embedding::parameters(ParameterList& out) {
-  out.push_back(&word.param);
-  out.push_back(&position.param);
-}
-void Embedding::refresh_working_weights() {
-  word.refresh();
-  position.refresh();
+// ---- Output layer and loss --------------------------------------------------------------------
+OutputLayer::OutputLayer(Weight& word, int64_t vocab_size, const TensorParallel& tp)
+    : weight_(&word), vocab_size_(vocab_size), tp_(tp) {}
+
+OutputLayer::OutputLayer(int64_t vocab_size, int64_t h, DType dtype, const TensorParallel& tp,
+                         bool shared, bool grad)
+    : weight_(&own_), vocab_size_(vocab_size), tp_(tp) {
+  own_.init("output_layer.weight", {local_size(vocab_size, tp.size(), "padded vocabulary"), h},
+            dtype, true, 0, false, grad);
+  own_.param.shared = shared;
+  register_weight(own_);
 }
 
-// ---- Vocab-parallel output layer and loss ---------------------------------------------------
-VocabParallelOutput::VocabParallelOutput(Weight& word, int64_t vocab_size,
-                                         const TensorParallel& tp)
-    : word_(word), vocab_size_(vocab_size), tp_(tp) {}
-
-Tensor VocabParallelOutput::input_region(const Tensor& x) const {
+Tensor OutputLayer::input_region(const Tensor& x) const {
   return tp_.sequence_parallel ? GatherFromSequenceParallelRegion::forward(tp_.comm(), x)
                                : CopyToTensorParallelRegion::forward(tp_.comm(), x);
 }
 
-Tensor VocabParallelOutput::loss(const Tensor& x, const Tensor& labels, const Tensor& loss_mask,
+Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& loss_mask,
                                  float grad_scale, Tensor* dx) {
   Communicator& g = tp_.comm();
   const Tensor xin = input_region(x);
-  const Tensor& W = word_.f32;
+  const Tensor& W = weight_->f32;
   const int64_t N = xin.size(0), vl = W.size(0);
   MG_CHECK(vl * tp_.size() == vocab_size_, "output layer: vocabulary shard ", vl, " x ",
            tp_.size(), " != ", vocab_size_);
@@ -205,7 +220,7 @@ Tensor VocabParallelOutput::loss(const Tensor& x, const Tensor& labels, const Te
     }
     if (dx) {
       ops::gemm(dz, false, W, false, dxin.narrow(0, r0, r));  // partial over vocabulary shards
-      ops::gemm(dz, true, xr, false, word_.param.grad, 1.0f, 1.0f);
+      ops::gemm(dz, true, xr, false, weight_->param.grad, 1.0f, 1.0f);
     }
   }
   if (dx)
@@ -214,10 +229,10 @@ Tensor VocabParallelOutput::loss(const Tensor& x, const Tensor& labels, const Te
   return loss;
 }
 
-Tensor VocabParallelOutput::logits(const Tensor& x) {
+Tensor OutputLayer::logits(const Tensor& x) {
   const Tensor xin = input_region(x);
-  Tensor z = Tensor::empty({xin.size(0), word_.f32.size(0)}, DType::F32);
-  ops::gemm(xin, false, word_.f32, true, z);
+  Tensor z = Tensor::empty({xin.size(0), weight_->f32.size(0)}, DType::F32, xin.device());
+  ops::gemm(xin, false, weight_->f32, true, z);
   return tp::gather_from_tensor_model_parallel_region(tp_.comm(), z);
 }
 

@@ -12,7 +12,7 @@
 //   ColumnParallelLinear  copy / SP gather  [N, out/T] (sharded)  all-reduce / SP reduce-scatter
 //   RowParallelLinear     [N, in/T]         all-reduce / SP r-s   identity / SP all-gather
 //   Embedding (vocab-p.)  ids [b, s]        all-reduce / SP r-s   identity / SP all-gather
-//   VocabParallelOutput   copy / SP gather  logits [N, V/T] -> vocab-parallel cross entropy
+//   OutputLayer           copy / SP gather  logits [N, V/T] -> vocab-parallel cross entropy
 //
 // Weights are this rank's shards (Parameter::partition_dim, see tensor_parallel.h); a
 // ColumnParallelLinear's bias is sharded with its output, a RowParallelLinear's bias is replicated
@@ -23,37 +23,41 @@
 #include <string>
 
 #include "comm/vocab_parallel_cross_entropy.h"
-#include "model/layer_base.h"
+#include "model/module.h"
 #include "model/tensor_parallel.h"
 
 namespace megatron::model {
 
 // y = x W^T + b, W [out, in] (PyTorch convention) split across the TP group. Returns y without
-// the bias when skip_bias_add (the caller fuses it, as Megatron's bias-dropout-add does).
-class LinearBase {
+// the bias when skip_bias_add (the caller fuses it, as Megatron's bias-dropout-add does). Without a
+// bias (--disable-bias-linear) the module has no bias weight at all.
+struct LinearOptions {
+  bool bias = true;
+  bool skip_bias_add = false;
+  // Rows of the full weight form `parts` equal blocks, each split across the TP ranks (SwiGLU's
+  // fc1 is [gate; up]: every rank holds its rows of both, Parameter::partition_parts).
+  int parts = 1;
+  bool grad = true;  // allocate gradients (training); false for inference
+};
+
+class LinearBase : public Module {
  public:
-  struct Saved {
-    // [N, in] (shared with the caller's input). ColumnParallelLinear under sequence parallelism
-    // keeps only the caller's sequence shard [N/T, in] and all-gathers it again in backward, as
-    // Megatron does, so the gathered input is never held between forward and backward.
-    Tensor x;
-    size_t bytes() const { return 0; }
-  };
   Tensor forward(const LayerContext& ctx, const Tensor& x);   // -> [N or N/T, out]
   Tensor backward(const LayerContext& ctx, const Tensor& dy); // -> dx; grads +=
-  void parameters(ParameterList& out);
-  void refresh_working_weights();
   int64_t in_features, out_features;  // this rank's (local) sizes
   bool skip_bias_add;
-  Saved saved;
-  Weight weight, bias;
+  Weight weight, bias;  // bias undefined without one
 
  protected:
   // in/out are the full (single-rank) sizes; the sharded one must be divisible by the TP size.
-  LinearBase(const std::string& prefix, int64_t in, int64_t out, bool row_parallel,
-             bool skip_bias_add, DType dtype, const TensorParallel& tp);
+  LinearBase(const std::string& prefix, int64_t in, int64_t out, bool row_parallel, DType dtype,
+             const TensorParallel& tp, const LinearOptions& opt);
   bool row_parallel_;
   TensorParallel tp_;
+  // [N, in] (shared with the caller's input). ColumnParallelLinear under sequence parallelism
+  // keeps only the caller's sequence shard [N/T, in] and all-gathers it again in backward, as
+  // Megatron does, so the gathered input is never held between forward and backward.
+  SavedTensor x_{this, "x", "[N, in] input (the caller's; the sequence shard under SP)"};
 };
 
 // Weight split on dim 0 (output rows) across tensor-parallel ranks, bias with it; input
@@ -62,8 +66,9 @@ class LinearBase {
 class ColumnParallelLinear : public LinearBase {
  public:
   ColumnParallelLinear(const std::string& prefix, int64_t in, int64_t out, DType dtype,
-                       const TensorParallel& tp = TensorParallel::none())
-      : LinearBase(prefix, in, out, false, false, dtype, tp) {}
+                       const TensorParallel& tp = TensorParallel::none(),
+                       const LinearOptions& opt = {})
+      : LinearBase(prefix, in, out, false, dtype, tp, opt) {}
 };
 // Weight split on dim 1 (input columns); input already split. Partial products are all-reduced
 // (identity backward) or, under sequence parallelism, reduce-scattered to the sequence shard
@@ -71,57 +76,69 @@ class ColumnParallelLinear : public LinearBase {
 // caller's bias-dropout-add; under sequence parallelism its gradient is a partial sum.
 class RowParallelLinear : public LinearBase {
  public:
+  // The bias is never added here (skip_bias_add): the caller's bias-dropout-add adds it.
   RowParallelLinear(const std::string& prefix, int64_t in, int64_t out, DType dtype,
-                    const TensorParallel& tp = TensorParallel::none())
-      : LinearBase(prefix, in, out, true, true, dtype, tp) {}
+                    const TensorParallel& tp = TensorParallel::none(), LinearOptions opt = {})
+      : LinearBase(prefix, in, out, true, dtype, tp, with_skip(opt)) {}
+
+ private:
+  static LinearOptions with_skip(LinearOptions o) {
+    o.skip_bias_add = true;
+    return o;
+  }
 };
 
-// Word + learned absolute position embeddings, then hidden dropout (Megatron's
-// LanguageModelEmbedding). The word table is vocab-parallel: TP rank r holds rows
-// [r*V/T, (r+1)*V/T) of the padded vocabulary; ids of other ranks give zero rows and the partial
-// sums are all-reduced, or reduce-scattered to the sequence shard under sequence parallelism, where
-// the position embedding is then added to the local rows only (its gradient is a partial sum,
-// marked sequence_parallel). The word table is also the tied output layer's weight.
-class Embedding {
+// Word embeddings, plus learned absolute position embeddings when the model has them, then hidden
+// dropout (Megatron's LanguageModelEmbedding). The word table is vocab-parallel: TP rank r holds
+// rows [r*V/T, (r+1)*V/T) of the padded vocabulary; ids of other ranks give zero rows and the
+// partial sums are all-reduced, or reduce-scattered to the sequence shard under sequence
+// parallelism, where the position embedding is then added to the local rows only (its gradient is
+// a partial sum, marked sequence_parallel). The word table is also a tied output layer's weight.
+class Embedding : public Module {
  public:
+  // max_positions 0: no position table (rotary, ALiBi or no position embedding).
   Embedding(int64_t vocab, int64_t max_positions, int64_t h, float dropout, DType dtype,
-            const TensorParallel& tp = TensorParallel::none());
-  struct Saved {
-    Tensor tokens;        // [b, s] int32 (caller's)
-    Tensor position_ids;  // [b, s] int32 (caller's)
-    size_t bytes() const { return 0; }
-  };
-  // -> [N, h], or [N/T, h] (this rank's sequence shard) under sequence parallelism.
+            const TensorParallel& tp = TensorParallel::none(), bool grad = true);
+  // -> [N, h], or [N/T, h] (this rank's sequence shard) under sequence parallelism. position_ids
+  // is read only with a position table.
   Tensor forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& position_ids);
   void backward(const LayerContext& ctx, const Tensor& dout);  // grads +=
-  void parameters(ParameterList& out);
-  void refresh_working_weights();
   int64_t vocab_size, vocab_start;  // padded global vocabulary; first row held here
-  Saved saved;
-  Weight word, position;
+  Weight word, position;            // position undefined without a table
   float dropout;
 
  private:
   TensorParallel tp_;
+  SavedTensor tokens_{this, "tokens", "[b, s] int32 (the caller's)"};
+  SavedTensor position_ids_{this, "position_ids", "[b, s] int32 (the caller's)"};
 };
 
-// The output layer tied to the word embedding (column-parallel over the vocabulary, weight = the
-// embedding's shard [V/T, h]) and the loss: logits stay vocab-sharded and go through
-// vocab-parallel cross entropy, in row chunks so at most [chunk, V/T] logits exist at a time.
-class VocabParallelOutput {
+// The output layer (column-parallel over the vocabulary, weight [V/T, h]) and the loss: logits
+// stay vocab-sharded and go through vocab-parallel cross entropy, in row chunks so at most
+// [chunk, V/T] logits exist at a time. Its weight is the word embedding's (tied) or its own
+// "output_layer.weight": untied (--untie-embeddings-and-output-weights), or, tied on the last
+// pipeline stage, a copy of the first stage's table (Parameter::shared).
+class OutputLayer : public Module {
  public:
-  VocabParallelOutput(Weight& word, int64_t vocab_size, const TensorParallel& tp);
+  // Tied to `word` (an Embedding's table in the same model chunk).
+  OutputLayer(Weight& word, int64_t vocab_size, const TensorParallel& tp);
+  // Its own weight [V/T, h]: `shared` marks the last stage's copy of a tied table.
+  OutputLayer(int64_t vocab_size, int64_t h, DType dtype, const TensorParallel& tp, bool shared,
+              bool grad = true);
   // Per-token losses [N] of final hidden states x ([N, h], or the [N/T, h] shard under sequence
   // parallelism) against labels [N] int32 (loss_mask [N] fp32). When dx is non-null it receives
-  // d(grad_scale * sum(loss * mask))/dx (x's shape) and the word grad is accumulated (+=).
+  // d(grad_scale * sum(loss * mask))/dx (x's shape) and the weight's grad is accumulated (+=).
   Tensor loss(const Tensor& x, const Tensor& labels, const Tensor& loss_mask, float grad_scale,
               Tensor* dx);
   // Full logits [N, V] (gathered over the vocabulary shards: generation and tests, not training).
   Tensor logits(const Tensor& x);
+  Weight& weight() { return *weight_; }
+  bool owns_weight() const { return own_.defined(); }
 
  private:
   Tensor input_region(const Tensor& x) const;  // all-gather of the sequence shard under SP
-  Weight& word_;
+  Weight own_;
+  Weight* weight_;
   int64_t vocab_size_;
   TensorParallel tp_;
   Tensor logits_buf_;

@@ -20,7 +20,13 @@ struct Parameter {
   // Tensor-parallel layout, for checkpoints, resharding and the grad norm (the rules are in
   // model/tensor_parallel.h):
   int partition_dim = -1;         // dimension split across TP ranks, -1 if replicated
-  bool sequence_parallel = false; // replicated but sees a sequence shard (needs TP grad all-reduce)
+  // The full tensor is `partition_parts` equal blocks along partition_dim, each split across the
+  // ranks; a shard is the rank's piece of every block, in order (SwiGLU's fc1 [gate; up]: 2).
+  int partition_parts = 1;
+  // Replicated, but its gradient is a partial sum over the tensor-parallel group, which the
+  // trainer all-reduces: it sees only a sequence shard (sequence parallelism), or only this rank's
+  // heads (the per-head query/key norm of --qk-layernorm).
+  bool sequence_parallel = false;
   // A replica of a parameter owned by another pipeline stage (Megatron's `shared`): the last
   // stage's copy of the tied word embedding, "output_layer.weight" (model/gpt_stage.h). Its
   // gradient is summed with the owner's over the embedding group; it is left out of the grad

@@ -25,14 +25,26 @@ Shape full_shape(const Parameter& p, int tp_size) {
   return s;
 }
 
-Tensor shard_along(const Tensor& full, int dim, int rank, int size) {
+Tensor shard_along(const Tensor& full, int dim, int rank, int size, int parts) {
   if (dim < 0 || size == 1) return full;
-  MG_CHECK(dim < full.dim() && rank >= 0 && rank < size, "shard_along: dim ", dim, " rank ", rank,
-           " of ", size, " for ", shape_str(full.shape()));
+  MG_CHECK(dim < full.dim() && rank >= 0 && rank < size && parts >= 1, "shard_along: dim ", dim,
+           " rank ", rank, " of ", size, " (", parts, " parts) for ", shape_str(full.shape()));
   const int64_t n = full.size(dim);
-  MG_REQUIRE(n % size == 0, "cannot split dimension ", dim, " of ", shape_str(full.shape()),
-             " into ", size, " tensor-parallel shards");
-  return full.narrow(dim, rank * (n / size), n / size).contiguous();
+  MG_REQUIRE(n % (size * parts) == 0, "cannot split dimension ", dim, " of ",
+             shape_str(full.shape()), " into ", size, " tensor-parallel shards",
+             parts > 1 ? str(" of each of its ", parts, " blocks") : std::string());
+  const int64_t block = n / parts, piece = block / size;
+  if (parts == 1) return full.narrow(dim, rank * piece, piece).contiguous();
+  Shape shape = full.shape();
+  shape[size_t(dim)] = piece * parts;
+  Tensor out = Tensor::empty(shape, full.dtype(), full.device());
+  for (int p = 0; p < parts; ++p)
+    out.narrow(dim, p * piece, piece).copy_(full.narrow(dim, p * block + rank * piece, piece));
+  return out;
+}
+
+Tensor shard_parameter(const Tensor& full, const Parameter& p, int rank, int size) {
+  return shard_along(full, p.partition_dim, rank, size, p.partition_parts);
 }
 
 Tensor gather_along(Communicator& tp, const Tensor& local, int dim) {

@@ -64,8 +64,12 @@ inline bool param_counts_in_grad_norm(const Parameter& p, int tp_rank) {
 // Shape of the single-rank tensor of which `p` is one of `tp_size` shards.
 Shape full_shape(const Parameter& p, int tp_size);
 // Chunk `rank` of `size` equal chunks of `full` along `dim` (contiguous copy; `full` itself when
-// dim < 0 or size == 1). Error if the dimension is not divisible.
-Tensor shard_along(const Tensor& full, int dim, int rank, int size);
+// dim < 0 or size == 1). Error if the dimension is not divisible. With parts > 1 the dimension is
+// `parts` blocks and the shard is the rank's chunk of each block, concatenated
+// (Parameter::partition_parts).
+Tensor shard_along(const Tensor& full, int dim, int rank, int size, int parts = 1);
+// This rank's shard of the single-rank tensor of parameter `p` (its partition dim and parts).
+Tensor shard_parameter(const Tensor& full, const Parameter& p, int rank, int size);
 // The single-rank tensor reassembled from every rank's `local` shard along `dim` (all-gather
 // over `tp`; `local` itself when dim < 0 or the group has one rank). Collective over `tp`.
 Tensor gather_along(Communicator& tp, const Tensor& local, int dim);

@@ -60,7 +60,7 @@ struct PendingSend {
 // Sets a chunk's grad-ready hook for one backward pass (cleared on exit, errors included).
 class HookScope {
  public:
-  HookScope(model::GPTChunk& chunk, model::GPTChunk::GradReadyHook hook) : chunk_(chunk) {
+  HookScope(model::GPTModel& chunk, model::GradReadyHook hook) : chunk_(chunk) {
     chunk_.set_grad_ready_hook(std::move(hook));
   }
   ~HookScope() { chunk_.set_grad_ready_hook({}); }
@@ -68,7 +68,7 @@ class HookScope {
   HookScope& operator=(const HookScope&) = delete;
 
  private:
-  model::GPTChunk& chunk_;
+  model::GPTModel& chunk_;
 };
 
 void check_microbatches(const std::vector<GPTInputs>& mbs) {
@@ -125,7 +125,7 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
                "run_schedule: forward of chunk ", s.steps[i].chunk, " after its last backward");
   }
   Parameter* const tied = model.shared_embedding();
-  const bool sp = model.sequence_parallel();
+  const bool sp = model.has_partial_tp_grads();
   auto report = [&](const ParameterList& group) {
     ParameterList ready;
     for (Parameter* p : group)
@@ -142,22 +142,22 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
   fwd.grad_scale = opt.grad_scale;
   for (size_t i = 0; i < s.steps.size(); ++i) {
     const Step& st = s.steps[i];
-    model::GPTChunk& chunk = model.chunk(st.chunk);
+    model::GPTModel& chunk = model.chunk(st.chunk);
     const GPTInputs& in = mbs[size_t(st.microbatch)];
     if (st.pass == Pass::Forward) {
-      MG_CHECK(st.recv != chunk.has_embedding() && st.send != chunk.has_output(),
+      MG_CHECK(st.recv != chunk.pre_process() && st.send != chunk.post_process(),
                "schedule step ", i, " disagrees with chunk ", st.chunk, "'s stage");
       Tensor x = st.recv ? activations.take(i) : Tensor();
       fwd.dropout_offset = opt.dropout_offset + uint64_t(st.microbatch) * opt.dropout_offset_stride;
       model::LossResult loss;
       Tensor y = chunk.forward(st.microbatch, in, x, fwd, &loss);
-      if (chunk.has_output()) {
+      if (chunk.post_process()) {
         res.loss_sum += loss.loss_sum;
         res.num_tokens += loss.num_tokens;
       }
       if (st.send) sends.push_back({y, pp.send_async(y, next, kActivationTag)});
     } else {
-      MG_CHECK(st.recv != chunk.has_output() && st.send != chunk.has_embedding(),
+      MG_CHECK(st.recv != chunk.post_process() && st.send != chunk.pre_process(),
                "schedule step ", i, " disagrees with chunk ", st.chunk, "'s stage");
       Tensor dy = st.recv ? gradients.take(i) : Tensor();
       Tensor dx;

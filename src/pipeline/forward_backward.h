@@ -48,7 +48,7 @@ struct ForwardBackwardOptions {
   // Megatron's grad sync enabled only for each chunk's last micro-batch). When set (with
   // finalize_grads), grad_ready receives every parameter of this rank once, as soon as its
   // gradient is final and model-parallel finalised: during the backward of each chunk's last
-  // micro-batch, group by group as GPTChunk::set_grad_ready_hook reports them, each group's
+  // micro-batch, group by group as GPTModel::set_grad_ready_hook reports them, each group's
   // sequence-parallel grads first summed over TP (all TP ranks of a stage run the same schedule,
   // so this blocking sum is safe there); the tied word embedding / output-layer copy is held back
   // and reported after the schedule, once all_reduce_embedding_grads() has summed it over the
@@ -57,7 +57,7 @@ struct ForwardBackwardOptions {
   // same parameters in the same order (the data-parallel buffer's requirement). With the
   // interleaved schedule chunk v-1 finishes first, so its reductions overlap the remaining
   // passes of the lower chunks.
-  model::GPTChunk::GradReadyHook grad_ready;
+  model::GradReadyHook grad_ready;
   // Called after every pass (e.g. the data-parallel buffer's progress(), so that MPI advances
   // the collectives grad_ready launched while the schedule goes on).
   std::function<void()> progress;

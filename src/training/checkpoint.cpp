@@ -27,14 +27,6 @@ NLOHMANN_JSON_SERIALIZE_ENUM(DType, {{DType::F32, "float32"}, {DType::F64, "floa
                                      {DType::I16, "int16"}, {DType::U16, "uint16"},
                                      {DType::I32, "int32"}, {DType::I64, "int64"}})
 }  // namespace megatron
-namespace megatron::model {
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
-    GPTConfig, num_layers, hidden_size, num_attention_heads, ffn_hidden_size, kv_channels,
-    num_query_groups, seq_length, max_position_embeddings, padded_vocab_size, hidden_dropout,
-    attention_dropout, init_method_std, layernorm_epsilon, gelu_tanh, params_dtype,
-    recompute_granularity, recompute_method, recompute_num_layers, apply_query_key_layer_scaling,
-    sequence_parallel, cp_comm_type)
-}  // namespace megatron::model
 namespace megatron::data {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenizerOptions, type, vocab_file, merge_file,
                                                 tokenizer_model, vocab_size, vocab_extra_ids)

@@ -40,7 +40,7 @@ double seconds_since(Clock::time_point t0) {
 }
 
 model::GPTInputs to_inputs(const data::GPTBatch& b) {
-  return model::GPTInputs{b.tokens, b.position_ids, b.attention_start, b.labels, b.loss_mask};
+  return model::GPTInputs{b.tokens, b.position_ids, b.attention_start, b.labels, b.loss_mask, Tensor()};
 }
 
 // Test hook for fault-tolerance tests: MEGATRON_TEST_FAULT="kill:RANK:ITER" (or "hang:...") makes
@@ -318,18 +318,15 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   // The model is built with the (restored) RNG seed: dropout masks continue where they stopped.
   // Every rank draws the same master weights and keeps its tensor-parallel slice (of its
   // pipeline stage's layers under PP).
-  std::unique_ptr<model::GPTModel> gpt;
-  std::unique_ptr<model::GPTStageModel> stage;
-  if (pp > 1)
-    stage = std::make_unique<model::GPTStageModel>(a.model, rng_seed, ps,
-                                                   a.parallel.num_layers_per_virtual_pipeline_stage);
-  else
-    gpt = std::make_unique<model::GPTModel>(a.model, rng_seed, ps);
-  const model::ParameterList params = stage ? stage->parameters() : gpt->parameters();
+  // One path for every layout: the rank's pipeline stage (at PP = 1 one chunk, the whole model)
+  // run by the schedule (at PP = 1 "no pipelining").
+  auto stage = std::make_unique<model::GPTStageModel>(
+      a.model, rng_seed, ps, a.parallel.num_layers_per_virtual_pipeline_stage);
+  const model::ParameterList params = stage->parameters();
   if (ckpt) {
     load_model_weights(*ckpt, params, /*allow_dtype_conversion=*/!resume, crank);
     // The last stage's tied output_layer.weight is not in the checkpoint: the first stage's table.
-    if (stage) stage->sync_shared_embedding();
+    stage->sync_shared_embedding();
   }
   a.optimizer.type = optim::parse_optimizer_type(a.optimizer_name);
   // Data parallelism: one flat gradient buffer in buckets (Megatron: buckets only when
@@ -352,11 +349,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   // others so they advance during compute). Every other reader of the parameters (evaluation,
   // checkpoint save, the end of training) calls buffer->finish_param_sync() first.
   if (overlap_param_gather) {
-    auto wait_params = [b = buffer.get()](const model::ParameterList& ps) { b->wait_params(ps); };
-    if (stage)
-      stage->set_forward_pre_hook(wait_params);
-    else
-      gpt->set_forward_pre_hook(wait_params);
+    stage->set_forward_pre_hook(
+        [b = buffer.get()](const model::ParameterList& ps) { b->wait_params(ps); });
   }
   auto finish_param_sync = [&] {
     if (buffer && use_dist_opt) buffer->finish_param_sync();
@@ -457,14 +451,6 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     }
     return v;
   };
-  // --overlap-grad-reduce: during the last micro-batch's backward (under PP: each model chunk's
-  // last micro-batch, see pipeline::ForwardBackwardOptions::grad_ready), each group of parameters
-  // whose gradients are final gets its sequence-parallel sum and is handed to its bucket, which
-  // starts its data-parallel reduction once all of its parameters are in.
-  auto on_grads_ready = [&](const model::ParameterList& ready) {
-    if (gpt->sequence_parallel()) model::all_reduce_sequence_parallel_grads(ready, ps.tp());
-    buffer->register_grads_ready(ready);
-  };
   const bool hook_reduction = overlap && buffer != nullptr;
   // Buckets launched by the end of the backward passes (before finish_grad_sync; under PP before
   // the tied embedding's all-reduce), the fewest over the iterations: tests check the overlap.
@@ -490,12 +476,12 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     double loss_sum = 0;
     int launched = 0;  // buckets launched by the end of the backward passes
     maybe_inject_fault(ps.world_rank(), it);
-    if (stage) {
+    {
       // Megatron's forward_backward_func: the schedule over this DP rank's micro-batches, whose
-      // dropout keys are m * DP + dp_rank as below; it finalises the model-parallel grads (SP over
-      // TP, tied embedding over the embedding group) and gives every stage the loss. With
+      // dropout keys are m * DP + dp_rank; it finalises the model-parallel grads (partial sums
+      // over TP, tied embedding over the embedding group) and gives every stage the loss. With
       // overlap it hands each chunk's parameters to the buffer during the chunk's last
-      // micro-batch backward (their SP sums done), the tied embedding after the flush.
+      // micro-batch backward (their TP sums done), the tied embedding after the flush.
       pipeline::ForwardBackwardOptions fb;
       fb.grad_scale = grad_scale;
       fb.dropout_offset = dropout_offset + uint64_t(dp_rank);
@@ -508,16 +494,6 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
         };
       }
       loss_sum = pipeline::forward_backward(*stage, batches, fb).loss_sum;
-    } else {
-      for (int64_t m = 0; m < num_micro; ++m) {
-        if (hook_reduction && m == num_micro - 1) gpt->set_grad_ready_hook(on_grads_ready);
-        model::LossResult r = gpt->forward_backward(
-            batches[size_t(m)], grad_scale, dropout_offset + uint64_t(m * dp + dp_rank));
-        loss_sum += r.loss_sum;
-      }
-      if (hook_reduction) gpt->set_grad_ready_hook({});
-      if (!hook_reduction) gpt->all_reduce_sequence_parallel_grads();
-      if (buffer) launched = buffer->launched_buckets();
     }
     if (buffer)
       launched_in_backward = launched_in_backward < 0 ? launched : std::min(launched_in_backward, launched);
@@ -600,30 +576,22 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       // last stage to every stage); interleaved, only whole iterations (M stays a multiple of PP).
       double vloss = 0, vtokens = 0;
       for (int64_t e = 0; e < a.eval_iters; ++e) {
-        if (stage && pipeline_layout.num_chunks > 1 &&
-            consumed_valid + num_micro * mbs * dp > ds.valid->size())
+        if (pipeline_layout.num_chunks > 1 && consumed_valid + num_micro * mbs * dp > ds.valid->size())
           break;
         std::vector<model::GPTInputs> group;
         for (int64_t m = 0; m < num_micro; ++m) {
           if (consumed_valid + mbs * dp > ds.valid->size()) break;
-          data::GPTBatch b = data::make_batch(*ds.valid, consumed_valid, mbs, dp_rank, dp, bopt);
+          group.push_back(cp_slice(data::make_batch(*ds.valid, consumed_valid, mbs, dp_rank, dp, bopt)));
           consumed_valid += mbs * dp;
-          if (stage) {
-            group.push_back(cp_slice(b));
-          } else {
-            model::LossResult r = gpt->forward_loss(cp_slice(b));
-            vloss += r.loss_sum;
-            vtokens += r.num_tokens;
-          }
         }
-        if (stage && !group.empty()) {
+        if (!group.empty()) {
           pipeline::ForwardBackwardOptions fb;
           fb.forward_only = true;
           const pipeline::ForwardBackwardResult r = pipeline::forward_backward(*stage, group, fb);
           vloss += r.loss_sum;
           vtokens += r.num_tokens;
         }
-        if (stage && int64_t(group.size()) < num_micro) break;  // the validation split ran out
+        if (int64_t(group.size()) < num_micro) break;  // the validation split ran out
       }
       const std::vector<double> v = dp_sum({vloss, vtokens});
       vloss = v[0];

@@ -57,7 +57,7 @@ void check_against_pytorch(const GPTConfig& cfg, bool resets) {
   j["head_dim"] = cfg.head_dim();
   j["vocab"] = V;
   j["eps"] = cfg.layernorm_epsilon;
-  j["gelu_tanh"] = cfg.gelu_tanh;
+  j["gelu_tanh"] = cfg.activation == "gelu_tanh";
   j["batch"] = b;
   j["seq"] = s;
   j["grad_scale"] = grad_scale;
@@ -106,7 +106,7 @@ TEST(GPTReference, MatchesPyTorchTanhGeluWithDocumentResets) {
 
 TEST(GPTReference, MatchesPyTorchExactGeluPlainCausal) {
   GPTConfig c = testing::tiny_config();
-  c.gelu_tanh = false;
+  c.activation = "gelu";
   c.num_layers = 1;
   c.ffn_hidden_size = 48;
   check_against_pytorch(c, false);

@@ -174,7 +174,7 @@ TEST(MpiTensorParallelGPT, GroupedQueryAttentionAndExactGelu) {
       cfg.num_attention_heads = 8;
       cfg.num_query_groups = 4;
       cfg.ffn_hidden_size = 48;
-      cfg.gelu_tanh = false;
+      cfg.activation = "gelu";
       cfg.sequence_parallel = sp;
       check_parity(cfg, g, sp ? "GQA sequence parallel" : "GQA");
     }

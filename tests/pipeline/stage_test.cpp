@@ -25,17 +25,17 @@ GPTConfig config(int layers) {
 }
 
 // Every chunk of every rank of `layout`, in virtual-stage order.
-std::vector<std::unique_ptr<GPTChunk>> all_chunks(const GPTConfig& cfg, uint64_t seed,
+std::vector<std::unique_ptr<GPTModel>> all_chunks(const GPTConfig& cfg, uint64_t seed,
                                                   const PipelineLayout& layout) {
-  std::vector<std::unique_ptr<GPTChunk>> out(size_t(layout.num_virtual_stages()));
+  std::vector<std::unique_ptr<GPTModel>> out(size_t(layout.num_virtual_stages()));
   for (int r = 0; r < layout.pipeline_size; ++r)
     for (int c = 0; c < layout.num_chunks; ++c)
       out[size_t(layout.virtual_stage(r, c))] =
-          std::make_unique<GPTChunk>(cfg, seed, TensorParallel::none(), layout, r, c);
+          std::make_unique<GPTModel>(cfg, seed, TensorParallel::none(), ContextParallel::none(), ModelChunk{layout, r, c});
   return out;
 }
 
-TEST(GPTChunkTest, InitialWeightsAndNamesEqualTheSingleRankModel) {
+TEST(ModelChunkTest, InitialWeightsAndNamesEqualTheSingleRankModel) {
   for (auto [L, P, lpvs] : {std::tuple{4, 2, 0}, std::tuple{4, 4, 0}, std::tuple{8, 2, 2},
                             std::tuple{8, 2, 1}, std::tuple{6, 3, 0}}) {
     SCOPED_TRACE("L=" + std::to_string(L) + " P=" + std::to_string(P) +
@@ -46,11 +46,11 @@ TEST(GPTChunkTest, InitialWeightsAndNamesEqualTheSingleRankModel) {
     auto chunks = all_chunks(cfg, 17, layout);
     std::multiset<std::string> names;
     for (int vs = 0; vs < layout.num_virtual_stages(); ++vs) {
-      GPTChunk& ch = *chunks[size_t(vs)];
+      GPTModel& ch = *chunks[size_t(vs)];
       EXPECT_EQ(ch.first_layer(), vs * layout.layers_per_chunk());
       EXPECT_EQ(ch.num_layers(), layout.layers_per_chunk());
-      EXPECT_EQ(ch.has_embedding(), vs == 0);
-      EXPECT_EQ(ch.has_output(), vs == layout.num_virtual_stages() - 1);
+      EXPECT_EQ(ch.pre_process(), vs == 0);
+      EXPECT_EQ(ch.post_process(), vs == layout.num_virtual_stages() - 1);
       for (Parameter* p : ch.parameters()) {
         names.insert(p->name);
         Parameter* r = testing::find_param(ref, testing::reference_name(*p));
@@ -70,10 +70,10 @@ TEST(GPTChunkTest, InitialWeightsAndNamesEqualTheSingleRankModel) {
 }
 
 // One chunk holding everything (P = 1) has exactly GPTModel's parameter list.
-TEST(GPTChunkTest, SingleStageHasNoTiedCopy) {
+TEST(ModelChunkTest, SingleStageHasNoTiedCopy) {
   const GPTConfig cfg = config(2);
   GPTModel ref(cfg, 3);
-  GPTChunk ch(cfg, 3, TensorParallel::none(), PipelineLayout::make(2, 1), 0, 0);
+  GPTModel ch(cfg, 3, TensorParallel::none(), ContextParallel::none(), ModelChunk{PipelineLayout::make(2, 1), 0, 0});
   ParameterList a = ch.parameters(), b = ref.parameters();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
@@ -136,14 +136,14 @@ void check_chained(const GPTConfig& cfg, const PipelineLayout& layout,
   }
 }
 
-TEST(GPTChunkTest, ChainedChunksMatchSingleRankWithMicrobatchesInFlight) {
+TEST(ModelChunkTest, ChainedChunksMatchSingleRankWithMicrobatchesInFlight) {
   check_chained(config(4), PipelineLayout::make(4, 2), {0, 1, 2}, "P2 in order");
   check_chained(config(4), PipelineLayout::make(4, 4), {2, 0, 1}, "P4 out of order");
   check_chained(config(8), PipelineLayout::make(8, 2, 2), {1, 3, 0, 2}, "P2 x 2 virtual");
   check_chained(config(3), PipelineLayout::make(3, 1), {1, 0}, "P1");
 }
 
-TEST(GPTChunkTest, ChainedChunksWithRecomputeAndDropout) {
+TEST(ModelChunkTest, ChainedChunksWithRecomputeAndDropout) {
   GPTConfig c = config(4);
   c.hidden_dropout = 0.1f;
   c.attention_dropout = 0.1f;
@@ -162,7 +162,7 @@ TEST(GPTChunkTest, ChainedChunksWithRecomputeAndDropout) {
 }
 
 // Evaluation: nothing stays in flight; the chained loss equals GPTModel::forward_loss.
-TEST(GPTChunkTest, ForwardOnlyKeepsNothing) {
+TEST(ModelChunkTest, ForwardOnlyKeepsNothing) {
   const GPTConfig cfg = config(4);
   GPTModel ref(cfg, 9);
   auto chunks = all_chunks(cfg, 9, PipelineLayout::make(4, 2, 1));
@@ -176,9 +176,9 @@ TEST(GPTChunkTest, ForwardOnlyKeepsNothing) {
   EXPECT_NEAR(l.loss_sum, ref.forward_loss(in).loss_sum, 1e-5 * l.loss_sum);
 }
 
-TEST(GPTChunkTest, MisuseIsCaught) {
+TEST(ModelChunkTest, MisuseIsCaught) {
   const GPTConfig cfg = config(4);
-  GPTChunk mid(cfg, 1, TensorParallel::none(), PipelineLayout::make(4, 4), 1, 0);
+  GPTModel mid(cfg, 1, TensorParallel::none(), ContextParallel::none(), ModelChunk{PipelineLayout::make(4, 4), 1, 0});
   const GPTInputs in = testing::random_inputs(2, 16, 96, 3, false);
   ChunkForward f;
   EXPECT_THROW(mid.forward(0, in, Tensor::zeros({31, 32}, DType::F32), f), InternalError);
@@ -189,8 +189,8 @@ TEST(GPTChunkTest, MisuseIsCaught) {
 }
 
 // The last stage's tied copy is counted once in the grad norm (on its owner, the first stage).
-TEST(GPTChunkTest, TiedCopyIsLeftOutOfTheGradNorm) {
-  GPTChunk last(config(4), 1, TensorParallel::none(), PipelineLayout::make(4, 2), 1, 0);
+TEST(ModelChunkTest, TiedCopyIsLeftOutOfTheGradNorm) {
+  GPTModel last(config(4), 1, TensorParallel::none(), ContextParallel::none(), ModelChunk{PipelineLayout::make(4, 2), 1, 0});
   Parameter* copy = last.word_embedding();
   ASSERT_NE(copy, nullptr);
   EXPECT_TRUE(copy->shared);

@@ -2,7 +2,7 @@
 // TP1 -> TP2 -> TP1, TP1 -> TP2xPP2 -> TP1 and TP2xPP2 -> TP1xPP2 -> TP1 bit-exact on every model
 // and optimizer tensor (fp32 with the plain optimizer; bf16 with distributed-optimizer shards);
 // TP2 shards equal to model::shard_along of the single-rank tensors; pipeline stages built by
-// GPTChunk load the PP2 files; a converted checkpoint resumes the same loss curve bit for bit as
+// GPTModel chunks load the PP2 files; a converted checkpoint resumes the same loss curve bit for bit as
 // the unconverted one (one process); --no-save-optim; errors naming the problem; the CLI.
 // MpiCheckpointConvert (mpirun -np 2 / 4, label mpi): a TP1 checkpoint converted to TP2 resumes
 // under TP2 (x DP2 at -np 4) on the single-rank resume's curve, and a TP2 checkpoint converted to
@@ -302,7 +302,7 @@ TEST(CheckpointConvert, AConvertedCheckpointResumesTheSameCurve) {
   EXPECT_EQ(fresh.losses[0], ref.losses[0]);  // same weights, same batch: same first loss
 }
 
-// The PP2 files load into the pipeline stages (GPTChunk of rank 0 and 1) through the trainer's
+// The PP2 files load into the pipeline stages (GPTModel chunks of rank 0 and 1) through the trainer's
 // load_model_weights and equal the single-rank model's parameters.
 TEST(CheckpointConvert, PipelineStagesLoadTheConvertedFiles) {
   megatron::testing::TempDir tmp;
@@ -320,7 +320,7 @@ TEST(CheckpointConvert, PipelineStagesLoadTheConvertedFiles) {
   const model::PipelineLayout layout = model::PipelineLayout::make(2, 2);
   size_t loaded = 0;
   for (int r = 0; r < 2; ++r) {
-    model::GPTChunk chunk(cfg, 99, model::TensorParallel::none(), layout, r, 0);
+    model::GPTModel chunk(cfg, 99, model::TensorParallel::none(), model::ContextParallel::none(), model::ModelChunk{layout, r, 0});
     model::ParameterList params;
     for (model::Parameter* p : chunk.parameters())
       if (!p->shared) params.push_back(p);  // the tied copy is not in checkpoints
@@ -343,7 +343,7 @@ TEST(CheckpointConvert, PipelineStagesLoadTheConvertedFiles) {
 }
 
 // Interleaved target (4 layers, PP2, one layer per virtual stage): pipeline rank r holds virtual
-// stages r and 2 + r, i.e. layers r and 2 + r, which its two GPTChunks load.
+// stages r and 2 + r, i.e. layers r and 2 + r, which its two model chunks load.
 TEST(CheckpointConvert, VirtualStagesHoldTheirChunksLayers) {
   megatron::testing::TempDir tmp;
   write_corpus((tmp / "corpus").string());
@@ -382,10 +382,10 @@ TEST(CheckpointConvert, VirtualStagesHoldTheirChunksLayers) {
   const model::PipelineLayout layout = model::PipelineLayout::make(4, 2, 1);
   size_t loaded = 0;
   for (int r = 0; r < 2; ++r) {
-    std::vector<std::unique_ptr<model::GPTChunk>> chunks;
+    std::vector<std::unique_ptr<model::GPTModel>> chunks;
     model::ParameterList params;
     for (int c = 0; c < 2; ++c) {
-      chunks.push_back(std::make_unique<model::GPTChunk>(cfg, 99, model::TensorParallel::none(), layout, r, c));
+      chunks.push_back(std::make_unique<model::GPTModel>(cfg, 99, model::TensorParallel::none(), model::ContextParallel::none(), model::ModelChunk{layout, r, c}));
       for (model::Parameter* p : chunks.back()->parameters())
         if (!p->shared) params.push_back(p);
     }

@@ -313,14 +313,14 @@ void backward(const Layout& L, const Tensor& dqkv, const Tensor& dctx, const Ten
 
 void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
                    const Tensor& attention_start, const AttentionShape& shape,
-                   const DropoutSpec& dropout) {
+                   const DropoutSpec& dropout, const Tensor&) {
   const Layout L = check("attention_fwd", qkv, ctx, attention_start, Tensor(), shape);
   forward(L, ctx, lse, probs, qkv, attention_start, shape.softmax_scale, dropout);
 }
 
 void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& lse,
                    const Tensor& probs, const Tensor& attention_start,
-                   const AttentionShape& shape, const DropoutSpec& dropout) {
+                   const AttentionShape& shape, const DropoutSpec& dropout, const Tensor&) {
   const Layout L = check("attention_bwd", qkv, dctx, attention_start, Tensor(), shape);
   backward(L, dqkv, dctx, qkv, lse, probs, attention_start, shape.softmax_scale, dropout);
 }

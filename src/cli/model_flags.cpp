@@ -1,0 +1,127 @@
+// Megatron's model flags and their resolution into a TransformerConfig (see model_flags.h).
+#include "cli/model_flags.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "model/layer_spec.h"
+
+namespace megatron::cli {
+
+void ModelFlags::add(CLI::App& sub, bool training) {
+  app_ = &sub;
+  auto& m = config;
+  sub.add_option("--num-layers", m.num_layers, "Transformer layers");
+  sub.add_option("--hidden-size", m.hidden_size, "Hidden size");
+  sub.add_option("--num-attention-heads", m.num_attention_heads, "Attention heads");
+  sub.add_option("--ffn-hidden-size", m.ffn_hidden_size, "MLP width (default 4 x hidden)");
+  sub.add_option("--kv-channels", m.kv_channels, "Per-head width (default hidden / heads)");
+  sub.add_flag("--group-query-attention", group_query_attention,
+               "Grouped-query attention (with --num-query-groups)");
+  sub.add_option("--num-query-groups", num_query_groups,
+                 "Query groups with --group-query-attention (1: multi-query attention)")
+      ->capture_default_str();
+  sub.add_option("--seq-length", m.seq_length, "Sequence length");
+  sub.add_option("--max-position-embeddings", m.max_position_embeddings,
+                 "Longest sequence the model takes (default --seq-length)");
+  std::vector<std::string> norms;
+  for (const model::NormKind& k : model::norm_kinds()) norms.push_back(k.name);
+  sub.add_option("--normalization", m.normalization, "Normalization layer")
+      ->check(CLI::IsMember(norms))
+      ->capture_default_str();
+  sub.add_option("--norm-epsilon,--layernorm-epsilon", m.layernorm_epsilon, "Norm epsilon")
+      ->capture_default_str();
+  sub.add_flag("--apply-layernorm-1p", m.apply_layernorm_1p,
+               "Zero-centred norm weight: stored as gamma - 1, computed with weight + 1");
+  size_t i = 0;
+  for (const model::ActivationKind& k : model::activation_kinds()) {
+    if (*k.flag != '\0') sub.add_flag(k.flag, activation_selected.at(i), k.help);
+    ++i;
+  }
+  sub.add_flag("--openai-gelu", openai_gelu, "GeLU in its tanh approximation");
+  sub.add_flag("--no-bias-gelu-fusion", no_bias_gelu_fusion,
+               "Exact (erf) GeLU; Megatron's default fused bias-GeLU is the tanh form");
+  sub.add_option("--position-embedding-type", m.position_embedding_type,
+                 "learned_absolute, rope, alibi or none")
+      ->check(CLI::IsMember({"learned_absolute", "rope", "alibi", "none"}))
+      ->capture_default_str();
+  sub.add_flag("--no-position-embedding", no_position_embedding,
+               "No learned absolute position embedding (Megatron's older flag)");
+  sub.add_flag("--use-rotary-position-embeddings", use_rotary_position_embeddings,
+               "Rotary position embeddings (Megatron's older spelling of "
+               "--position-embedding-type rope)");
+  sub.add_option("--rotary-percent", m.rotary_percent, "Fraction of each head's dims rotated")
+      ->capture_default_str();
+  sub.add_option("--rotary-base", m.rotary_base, "Rotary base")->capture_default_str();
+  sub.add_flag("--rotary-interleaved", m.rotary_interleaved,
+               "Rotate interleaved pairs (2i, 2i+1) instead of the two halves");
+  sub.add_option("--window-size", window_size,
+                 "Sliding-window attention: keys at most LEFT before and RIGHT after each query "
+                 "(-1: no limit; causal models: RIGHT 0)")
+      ->expected(2);
+  sub.add_flag("--qk-layernorm", m.qk_layernorm, "Normalise each query and key head");
+  sub.add_flag("--disable-bias-linear", disable_bias_linear, "No biases in the linear layers");
+  sub.add_flag("--add-qkv-bias", m.add_qkv_bias, "QKV bias even with --disable-bias-linear");
+  sub.add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
+               "Separate output layer instead of the word embedding");
+  if (training) {
+    sub.add_option("--init-method-std", m.init_method_std, "Init std")->capture_default_str();
+    sub.add_option("--hidden-dropout", hidden_dropout, "Hidden dropout")->capture_default_str();
+    sub.add_option("--attention-dropout", attention_dropout, "Attention dropout")
+        ->capture_default_str();
+  }
+}
+
+bool ModelFlags::given(const std::string& flag) const {
+  if (app_ == nullptr) return false;
+  try {
+    return app_->get_option(flag)->count() > 0;
+  } catch (const CLI::OptionNotFound&) {
+    return false;
+  }
+}
+
+model::TransformerConfig ModelFlags::resolve() const {
+  model::TransformerConfig c = config;
+  c.hidden_dropout = float(hidden_dropout);
+  c.attention_dropout = float(attention_dropout);
+  if (c.max_position_embeddings == 0) c.max_position_embeddings = c.seq_length;
+  if (!group_query_attention && given("--num-query-groups"))
+    log_warn("--num-query-groups ", num_query_groups, " is ignored without "
+             "--group-query-attention, as in Megatron: the model has multi-head attention");
+  MG_REQUIRE(!group_query_attention || num_query_groups >= 1,
+             "--num-query-groups must be >= 1 (got ", num_query_groups, ")");
+  c.num_query_groups = group_query_attention ? num_query_groups : 0;
+  c.add_bias_linear = !disable_bias_linear;
+  // The activation: a selecting flag (--swiglu, --squared-relu), else GeLU in the form
+  // Megatron's flags give (activation_from_flags).
+  std::string selected, selected_flags;
+  size_t i = 0;
+  for (const model::ActivationKind& k : model::activation_kinds()) {
+    if (*k.flag != '\0' && activation_selected.at(i)) {
+      selected_flags += (selected_flags.empty() ? "" : " and ") + std::string(k.flag);
+      MG_REQUIRE(selected.empty(), selected_flags, " are mutually exclusive");
+      selected = k.name;
+    }
+    ++i;
+  }
+  c.activation = !selected.empty()
+                     ? selected
+                     : model::activation_from_flags(false, false, openai_gelu,
+                                                    !no_bias_gelu_fusion, c.add_bias_linear);
+  if (use_rotary_position_embeddings) {
+    MG_REQUIRE(!given("--position-embedding-type") || c.position_embedding_type == "rope",
+               "--use-rotary-position-embeddings contradicts --position-embedding-type ",
+               c.position_embedding_type);
+    c.position_embedding_type = "rope";
+  }
+  if (no_position_embedding && c.position_embedding_type == "learned_absolute")
+    c.position_embedding_type = "none";
+  if (!window_size.empty()) {
+    MG_REQUIRE(window_size.size() == 2, "--window-size takes two numbers: LEFT RIGHT");
+    c.window_left = window_size[0];
+    c.window_right = window_size[1];
+  }
+  return c;
+}
+
+}  // namespace megatron::cli

@@ -1,0 +1,43 @@
+// Megatron's model-architecture flags, one definition for every command that builds a model
+// (pretrain-gpt, generate, serve): sizes, normalization, activation, position embeddings,
+// attention, biases, tied or untied output, regularisation. add() registers them; resolve() turns
+// them into a model::TransformerConfig with Megatron's rules (the activation that --swiglu,
+// --squared-relu, --openai-gelu, --no-bias-gelu-fusion and --disable-bias-linear select; query
+// groups only with --group-query-attention; --no-position-embedding). The names of norms and
+// activations come from the layer-spec tables (model/layer_spec.h).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/transformer_config.h"
+
+namespace megatron::cli {
+
+struct ModelFlags {
+  model::TransformerConfig config;  // sizes and plain fields are written here directly
+  bool group_query_attention = false;
+  int num_query_groups = 1;  // Megatron's default, used only with --group-query-attention
+  // Per entry of model::activation_kinds() that has a flag (--swiglu, --squared-relu): given.
+  std::array<bool, 16> activation_selected{};
+  bool openai_gelu = false, no_bias_gelu_fusion = false, disable_bias_linear = false;
+  bool no_position_embedding = false, use_rotary_position_embeddings = false;
+  std::vector<int64_t> window_size;
+  double hidden_dropout = 0.1, attention_dropout = 0.1;
+
+  // `training`: also the regularisation flags (dropouts, init).
+  void add(CLI::App& app, bool training);
+  // The configuration the flags describe (sizes not given stay 0). Throws megatron::Error for
+  // contradictory flags, naming them.
+  model::TransformerConfig resolve() const;
+  // Whether `flag` was given on the command line (after parsing).
+  bool given(const std::string& flag) const;
+
+ private:
+  CLI::App* app_ = nullptr;
+};
+
+}  // namespace megatron::cli

@@ -1,0 +1,216 @@
+// Forward and backward of self-attention (see attention.h). All compute goes through ops.
+#include "model/attention.h"
+
+#include <cmath>
+
+#include "model/inference_context.h"
+
+namespace megatron::model {
+
+namespace {
+
+int local_count(int full, const TensorParallel& tp, const char* what) {
+  MG_REQUIRE(full % tp.size() == 0, "attention: ", full, " ", what,
+             " cannot be split across ", tp.size(), " tensor-parallel ranks");
+  return full / tp.size();
+}
+
+LinearOptions linear_options(bool bias, bool grad) {
+  LinearOptions o;
+  o.bias = bias;
+  o.grad = grad;
+  return o;
+}
+
+}  // namespace
+
+// linear_qkv is in Megatron-Core's interleaved layout (per query group: its n/g query heads, its
+// key head, its value head), so the column-parallel dim-0 shard of rank r is exactly query groups
+// [r*g/T, (r+1)*g/T) with their heads: the attention kernels read it unchanged.
+SelfAttention::SelfAttention(const std::string& prefix, const TransformerConfig& cfg,
+                             const AttentionSpec& spec, int layer_, const TensorParallel& tp,
+                             const ContextParallel& cp, bool grad)
+    : linear_qkv(prefix + ".linear_qkv", cfg.hidden_size,
+                 int64_t(cfg.query_groups()) * (cfg.num_attention_heads / cfg.query_groups() + 2) *
+                     cfg.head_dim(),
+                 cfg.params_dtype, tp, linear_options(cfg.qkv_bias(), grad)),
+      linear_proj(prefix + ".linear_proj", int64_t(cfg.num_attention_heads) * cfg.head_dim(),
+                  cfg.hidden_size, cfg.params_dtype, tp, linear_options(cfg.add_bias_linear, grad)),
+      heads(local_count(cfg.num_attention_heads, tp, "heads")),
+      groups(local_count(cfg.query_groups(), tp, "query groups")),
+      head_dim(cfg.head_dim()),
+      head_offset(tp.rank() * (cfg.num_attention_heads / tp.size())),
+      total_heads(cfg.num_attention_heads),
+      layer(layer_),
+      attention_dropout(cfg.attention_dropout),
+      spec_(spec),
+      window_left_(cfg.window_left),
+      window_right_(spec.causal ? 0 : cfg.window_right),
+      cp_(cp) {
+  register_child(linear_qkv);
+  if (spec.qk_norm) {
+    NormOptions o;
+    o.eps = cfg.layernorm_epsilon;
+    o.zero_centered_gamma = cfg.apply_layernorm_1p;
+    o.partial_grad = tp.size() > 1;  // each rank normalises only its own heads
+    o.grad = grad;
+    q_layernorm = std::make_unique<Norm>(prefix + ".q_layernorm", head_dim, *spec.qk_norm,
+                                         cfg.params_dtype, o);
+    k_layernorm = std::make_unique<Norm>(prefix + ".k_layernorm", head_dim, *spec.qk_norm,
+                                         cfg.params_dtype, o);
+    register_child(*q_layernorm);
+    register_child(*k_layernorm);
+  }
+  register_child(linear_proj);
+  if (spec.rope) {
+    rope_.rotary_dim = cfg.rotary_dim();
+    rope_.base = cfg.rotary_base;
+    rope_.interleaved = cfg.rotary_interleaved;
+  }
+}
+
+ops::AttentionShape SelfAttention::shape(const LayerContext& ctx) const {
+  ops::AttentionShape s;
+  s.batch = ctx.batch;
+  s.seq = ctx.seq;
+  s.heads = heads;
+  s.groups = groups;
+  s.head_dim = head_dim;
+  s.softmax_scale = 1.0f / std::sqrt(float(head_dim));
+  s.head_offset = head_offset;
+  s.total_heads = total_heads;
+  s.causal = spec_.causal;
+  s.window_left = window_left_;
+  s.window_right = window_right_;
+  s.alibi = spec_.alibi;
+  return s;
+}
+
+const Tensor& SelfAttention::head_rows(int64_t n, bool keys) {
+  Tensor& cached = keys ? k_rows_ : q_rows_;
+  const int64_t hpg = heads / groups, per_token = int64_t(groups) * (keys ? 1 : hpg);
+  if (cached.defined() && cached.numel() == n * per_token) return cached;
+  std::vector<int32_t> idx;
+  idx.reserve(size_t(n * per_token));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t first = (t * groups + g) * (hpg + 2);
+      if (keys) {
+        idx.push_back(int32_t(first + hpg));
+      } else {
+        for (int64_t j = 0; j < hpg; ++j) idx.push_back(int32_t(first + j));
+      }
+    }
+  cached = Tensor::from_vector(idx, {int64_t(idx.size())});
+  return cached;
+}
+
+// The per-head norms read the query (key) heads as rows of the [N*g*(n/g+2), d] view of qkv,
+// normalise them and write them back in place.
+void SelfAttention::qk_norm_forward(const LayerContext& ctx, const Tensor& qkv) {
+  const int64_t n = qkv.size(0);
+  const Tensor rows = qkv.view({-1, head_dim});
+  for (bool keys : {false, true}) {
+    const Tensor& idx = head_rows(n, keys);
+    Tensor h = Tensor::empty({idx.numel(), head_dim}, DType::F32, qkv.device());
+    ops::index_select_rows(h, rows, idx);
+    Tensor normed = (keys ? k_layernorm : q_layernorm)->forward(ctx, h);
+    ops::index_copy_rows(rows, normed, idx);
+  }
+}
+
+void SelfAttention::qk_norm_backward(const LayerContext& ctx, const Tensor& dqkv) {
+  const int64_t n = dqkv.size(0);
+  const Tensor rows = dqkv.view({-1, head_dim});
+  for (bool keys : {false, true}) {
+    const Tensor& idx = head_rows(n, keys);
+    Tensor d = Tensor::empty({idx.numel(), head_dim}, DType::F32, dqkv.device());
+    ops::index_select_rows(d, rows, idx);
+    Tensor dx = (keys ? k_layernorm : q_layernorm)->backward(ctx, d);
+    ops::index_copy_rows(rows, dx, idx);
+  }
+}
+
+Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
+  Tensor qkv = linear_qkv.forward(ctx, x);
+  if (q_layernorm) qk_norm_forward(ctx, qkv);
+  if (spec_.rope) {
+    MG_CHECK(ctx.rope_positions.defined() && ctx.rope_positions.numel() == qkv.size(0),
+             "SelfAttention: rotary positions for ", qkv.size(0), " rows are missing");
+    ops::rope_fwd(qkv, ctx.rope_positions, shape(ctx), rope_);
+  }
+  const ops::AttentionShape sh = shape(ctx);
+  const Device dev = qkv.device();
+  const int64_t rows = qkv.size(0);
+  Tensor c = Tensor::empty({rows, int64_t(heads) * head_dim}, DType::F32, dev);
+  if (ctx.inference) {  // generation: append to the KV cache, attend the cached positions
+    InferenceContext& ic = *ctx.inference;
+    MG_CHECK(size_t(layer) < ic.key_cache.size(), "SelfAttention: no KV cache for layer ", layer);
+    ops::kv_cache_append(ic.key_cache[size_t(layer)], ic.value_cache[size_t(layer)], qkv,
+                         ic.row_slot, ic.row_pos, sh);
+    ops::attention_kv_cache_fwd(c, qkv, ic.key_cache[size_t(layer)],
+                                ic.value_cache[size_t(layer)], ic.row_slot, ic.row_pos, sh);
+    return linear_proj.forward(ctx, c);
+  }
+  Tensor lse = Tensor::empty({ctx.batch, heads, ctx.seq}, DType::F32, dev);
+  Tensor probs;
+  const int C = cp_.size();
+  const bool ring = C > 1 && cp_.comm == CpCommType::P2P;
+  // The ring recomputes the scores in backward (flash-attention style): no probabilities kept.
+  if (ctx.save && !ctx.recompute_core_attention && !ring)
+    probs = Tensor::empty({ctx.batch, heads, ctx.seq, C * ctx.seq}, DType::F32, dev);
+  const ops::DropoutSpec drop = ctx.dropout(attention_dropout, layer, kSiteAttentionProbs);
+  if (ring) {
+    ring_attention_fwd(cp_, c, lse, qkv, ctx.attention_start, sh, drop);
+  } else if (C > 1) {  // this rank's queries against the whole sequence's keys and values
+    ops::AttentionShape csh = sh;
+    csh.kv_seq = C * ctx.seq;
+    const Tensor full = GatherFromContextParallelRegion::forward(cp_, qkv, ctx.batch);
+    ops::attention_subset_fwd(c, lse, probs, full,
+                              context_parallel_positions(ctx.seq, cp_.rank(), C),
+                              ctx.attention_start, csh, drop);
+  } else {
+    ops::attention_fwd(c, lse, probs, qkv, ctx.attention_start, sh, drop, ctx.key_padding);
+  }
+  Tensor y = linear_proj.forward(ctx, c);
+  if (ctx.save) {
+    qkv_ = qkv;
+    lse_ = lse;
+    probs_ = probs;
+    ctx_ = c;
+  }
+  return y;
+}
+
+Tensor SelfAttention::backward(const LayerContext& ctx, const Tensor& dy) {
+  MG_CHECK(qkv_.defined(), "SelfAttention::backward without a saved forward");
+  Tensor dc = linear_proj.backward(ctx, dy);
+  const ops::DropoutSpec drop = ctx.dropout(attention_dropout, layer, kSiteAttentionProbs);
+  const ops::AttentionShape sh = shape(ctx);
+  Tensor dqkv;
+  const int C = cp_.size();
+  if (C > 1 && cp_.comm == CpCommType::P2P) {
+    dqkv = ring_attention_bwd(cp_, dc, qkv_, ctx_, lse_, ctx.attention_start, sh, drop);
+  } else if (C > 1) {  // gathered again (not kept); dK / dV go back to the ranks owning the positions
+    ops::AttentionShape csh = sh;
+    csh.kv_seq = C * ctx.seq;
+    const Tensor full = GatherFromContextParallelRegion::forward(cp_, qkv_, ctx.batch);
+    Tensor dfull = Tensor::empty(full.shape(), DType::F32, full.device());
+    ops::attention_subset_bwd(dfull, dc, full, context_parallel_positions(ctx.seq, cp_.rank(), C),
+                              lse_, probs_, ctx.attention_start, csh, drop);
+    dqkv = GatherFromContextParallelRegion::backward(cp_, dfull, ctx.batch);
+  } else {
+    dqkv = Tensor::empty(qkv_.get().shape(), DType::F32, dc.device());
+    ops::attention_bwd(dqkv, dc, qkv_, lse_, probs_, ctx.attention_start, sh, drop,
+                       ctx.key_padding);
+  }
+  qkv_.reset();
+  lse_.reset();
+  probs_.reset();
+  ctx_.reset();
+  if (spec_.rope) ops::rope_bwd(dqkv, ctx.rope_positions, sh, rope_);
+  if (q_layernorm) qk_norm_backward(ctx, dqkv);
+  return linear_qkv.backward(ctx, dqkv);
+}
+
+}  // namespace megatron::model

@@ -1,0 +1,49 @@
+// KV-cache storage of the inference context (see inference_context.h).
+#include "model/inference_context.h"
+
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace megatron::model {
+
+void InferenceContext::allocate(int num_layers, int64_t s, int64_t groups, int64_t len,
+                                int64_t head_dim, Device device) {
+  MG_CHECK(num_layers >= 1 && s >= 1 && groups >= 1 && len >= 1 && head_dim >= 1,
+           "InferenceContext::allocate: bad sizes");
+  slots = s;
+  max_len = len;
+  key_cache.assign(size_t(num_layers), Tensor());
+  value_cache.assign(size_t(num_layers), Tensor());
+  for (int l = 0; l < num_layers; ++l) {
+    key_cache[size_t(l)] = Tensor::empty({s, groups, len, head_dim}, DType::F32, device);
+    value_cache[size_t(l)] = Tensor::empty({s, groups, len, head_dim}, DType::F32, device);
+  }
+}
+
+void InferenceContext::grow(int64_t len) {
+  if (len <= max_len) return;
+  for (auto* caches : {&key_cache, &value_cache})
+    for (Tensor& c : *caches) {
+      const int64_t blocks = c.size(0) * c.size(1), d = c.size(3);
+      Tensor grown = Tensor::empty({c.size(0), c.size(1), len, d}, DType::F32, c.device());
+      // Each (slot, group) block keeps its positions at the longer stride.
+      grown.view({blocks, len * d}).narrow(1, 0, max_len * d).copy_(c.view({blocks, max_len * d}));
+      c = grown;
+    }
+  max_len = len;
+}
+
+void InferenceContext::reorder(const Tensor& src) {
+  const int64_t k = src.numel();
+  MG_CHECK(k >= 1 && src.dtype() == DType::I32, "InferenceContext::reorder: int32 slot list");
+  for (auto* caches : {&key_cache, &value_cache})
+    for (Tensor& c : *caches) {
+      const int64_t row = c.numel() / c.size(0);
+      Tensor out = Tensor::empty({k, c.size(1), c.size(2), c.size(3)}, DType::F32, c.device());
+      ops::index_select_rows(out.view({k, row}), c.view({slots, row}), src);
+      c = out;
+    }
+  slots = k;
+}
+
+}  // namespace megatron::model

@@ -1,0 +1,33 @@
+// The generation state of a model's attention layers (Megatron-Core's InferenceContext): a key /
+// value cache per layer, and for the current forward call which cache slot and which position
+// each token (row) belongs to. Slots are independent sequences: a forward may append tokens to
+// several slots at their own positions (continuous batching), and a slot is reused for another
+// sequence by overwriting it from position 0 (stale entries beyond a slot's position are never
+// read: attention only looks at positions <= the query's).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace megatron::model {
+
+struct InferenceContext {
+  int64_t slots = 0, max_len = 0;
+  // Per decoder layer (index = global layer number): [slots, groups, max_len, head_dim] fp32.
+  std::vector<Tensor> key_cache, value_cache;
+  // The current forward: int32 [n], slot and position of each of its n tokens.
+  Tensor row_slot, row_pos;
+
+  // Sizes the caches for `slots` sequences of up to `max_len` positions (contents undefined).
+  void allocate(int num_layers, int64_t slots, int64_t groups, int64_t max_len, int64_t head_dim,
+                Device device = Device::cpu());
+  // Lengthens every slot to `max_len` positions, keeping what is cached.
+  void grow(int64_t max_len);
+  // Slot i becomes a copy of old slot src[i] (int32 [k]); the cache then has k slots (beam
+  // search reorders its beams; generation drops finished rows).
+  void reorder(const Tensor& src);
+};
+
+}  // namespace megatron::model

@@ -1,0 +1,53 @@
+// Forward and backward of the MLP (see mlp.h).
+#include "model/mlp.h"
+
+namespace megatron::model {
+
+namespace {
+
+LinearOptions fc_options(bool bias, int parts, bool grad) {
+  LinearOptions o;
+  o.bias = bias;
+  o.parts = parts;
+  o.grad = grad;
+  return o;
+}
+
+}  // namespace
+
+MLP::MLP(const std::string& prefix, const TransformerConfig& cfg, const MlpSpec& spec,
+         const TensorParallel& tp, bool grad)
+    : activation(*spec.activation),
+      linear_fc1(prefix + ".linear_fc1", cfg.hidden_size,
+                 int64_t(cfg.ffn()) * (spec.activation->gated ? 2 : 1), cfg.params_dtype, tp,
+                 fc_options(cfg.add_bias_linear, spec.activation->gated ? 2 : 1, grad)),
+      linear_fc2(prefix + ".linear_fc2", cfg.ffn(), cfg.hidden_size, cfg.params_dtype, tp,
+                 fc_options(cfg.add_bias_linear, 1, grad)) {
+  register_child(linear_fc1);
+  register_child(linear_fc2);
+}
+
+Tensor MLP::forward(const LayerContext& ctx, const Tensor& x) {
+  Tensor h1 = linear_fc1.forward(ctx, x);
+  const int64_t width = activation.gated ? h1.size(1) / 2 : h1.size(1);
+  Tensor a1 = Tensor::empty({h1.size(0), width}, DType::F32, h1.device());
+  activation.fwd(a1, h1);
+  Tensor y = linear_fc2.forward(ctx, a1);
+  if (ctx.save) {
+    h1_ = h1;
+    a1_ = a1;
+  }
+  return y;
+}
+
+Tensor MLP::backward(const LayerContext& ctx, const Tensor& dy) {
+  MG_CHECK(h1_.defined(), "MLP::backward without a saved forward");
+  Tensor da = linear_fc2.backward(ctx, dy);
+  Tensor dh = activation.gated ? Tensor::empty(h1_.get().shape(), DType::F32, da.device()) : da;
+  activation.bwd(dh, da, h1_);
+  h1_.reset();
+  a1_.reset();
+  return linear_fc1.backward(ctx, dh);
+}
+
+}  // namespace megatron::model

@@ -1,0 +1,117 @@
+// LayerContext dropout streams, Weight storage and the Module bookkeeping (see module.h).
+#include "model/module.h"
+
+#include <unordered_set>
+
+namespace megatron::model {
+
+ops::DropoutSpec LayerContext::dropout(float p, int layer, int site,
+                                       uint64_t element_offset) const {
+  ops::DropoutSpec d;
+  d.p = training ? p : 0.0f;
+  d.seed = seed;
+  d.stream = (dropout_offset << 24) | (uint64_t(layer + 1) << 4) | uint64_t(site);
+  d.element_offset = element_offset;
+  return d;
+}
+
+size_t bytes_of(const Tensor& t) { return t.defined() ? t.nbytes() : 0; }
+
+void Weight::init(const std::string& name, const Shape& shape, DType dtype, bool decay, int pdim,
+                  bool sp, bool grad) {
+  param.name = name;
+  param.value = Tensor::zeros(shape, dtype);
+  param.grad = grad ? Tensor::zeros(shape, DType::F32) : Tensor();
+  param.weight_decay = decay;
+  param.partition_dim = pdim;
+  param.sequence_parallel = sp;
+  f32 = dtype == DType::F32 && offset == 0.0f ? param.value : Tensor::zeros(shape, DType::F32);
+}
+
+void Weight::refresh() {
+  if (param.value.dtype() == DType::F32 && offset == 0.0f) {
+    f32 = param.value;
+    return;
+  }
+  if (!f32.defined() || f32.shape() != param.value.shape() || f32.storage() == param.value.storage())
+    f32 = Tensor::empty(param.value.shape(), DType::F32, param.value.device());
+  ops::cast(f32, param.value);
+  if (offset != 0.0f) {
+    const Tensor add = Tensor::full(f32.shape(), double(offset), DType::F32, f32.device());
+    ops::add(f32, f32, add);
+  }
+}
+
+SavedTensor::SavedTensor(Module* owner, const char* n, const char* s) : name(n), shape(s) {
+  owner->saved_.push_back(this);
+}
+
+Weight& Module::register_weight(Weight& w) {
+  if (w.defined()) weights_.push_back(&w);
+  return w;
+}
+
+void Module::register_child(Module& m) { children_.push_back(&m); }
+
+void Module::parameters(ParameterList& out) {
+  for (Weight* w : weights_) out.push_back(&w->param);
+  for (Module* c : children_) c->parameters(out);
+}
+
+ParameterList Module::parameters() {
+  ParameterList out;
+  parameters(out);
+  return out;
+}
+
+void Module::refresh_working_weights() {
+  for (Weight* w : weights_) w->refresh();
+  for (Module* c : children_) c->refresh_working_weights();
+}
+
+void Module::for_each_saved(const std::function<void(const SavedTensor&)>& fn) const {
+  for (const SavedTensor* s : saved_) fn(*s);
+  for (const Module* c : children_) c->for_each_saved(fn);
+}
+
+ActivationStash Module::take_saved() {
+  ActivationStash out;
+  std::function<void(Module&)> take = [&](Module& m) {
+    for (SavedTensor* s : m.saved_) out.push_back(std::exchange(s->value, Tensor()));
+    for (Module* c : m.children_) take(*c);
+  };
+  take(*this);
+  return out;
+}
+
+void Module::restore_saved(ActivationStash&& stash) {
+  size_t i = 0;
+  std::function<void(Module&)> put = [&](Module& m) {
+    for (SavedTensor* s : m.saved_) {
+      MG_CHECK(i < stash.size(), "restore_saved: the stash holds fewer activations than declared");
+      s->value = std::move(stash[i++]);
+    }
+    for (Module* c : m.children_) put(*c);
+  };
+  put(*this);
+  MG_CHECK(i == stash.size(), "restore_saved: the stash holds ", stash.size(),
+           " activations, the module declares ", i);
+  stash.clear();
+}
+
+void Module::drop_saved() { (void)take_saved(); }
+
+size_t held_bytes(const std::vector<const Module*>& modules, const std::vector<Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
+  size_t total = 0;
+  auto add = [&](const Tensor& t) {
+    if (t.defined() && seen.insert(t.storage().get()).second) total += t.storage()->bytes();
+  };
+  for (const Tensor& t : tensors) add(t);
+  for (const Module* m : modules) m->for_each_saved([&](const SavedTensor& s) { add(s.value); });
+  return total;
+}
+
+size_t Module::saved_bytes() const { return held_bytes({this}, {}); }
+
+}  // namespace megatron::model

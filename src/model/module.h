@@ -1,0 +1,159 @@
+// What every layer shares:
+//  - LayerContext: the per-call state (training, saving, dropout streams, batch geometry, masks,
+//    rotary positions, the inference context with the KV cache);
+//  - Weight: a Parameter with the fp32 working copy compute reads;
+//  - Module: the base of every layer. A module owns its weights and its child modules (both
+//    registered in construction order, which is the parameter order of checkpoints and of the
+//    initialisation streams), and declares each activation it keeps from forward for backward
+//    once, as a SavedTensor member with its name and shape:
+//        SavedTensor qkv_{this, "qkv", "[N, qkv width]"};
+//    Everything that needs the saved activations works from those declarations: the bytes held
+//    (activation memory), dropping them (full recomputation) and moving a micro-batch's
+//    activations out and back in (take_saved / restore_saved: pipeline schedules keep several
+//    micro-batches in flight).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
+#include "model/context_parallel.h"
+#include "model/parameter.h"
+
+namespace megatron::model {
+
+struct InferenceContext;
+
+// Per-call state every layer sees. batch and seq are the full micro-batch: under sequence
+// parallelism a layer's input may hold only a block of its rows (see parallel_layers.h).
+struct LayerContext {
+  bool training = false;  // dropout active
+  bool save = false;      // keep activations for backward
+  bool recompute_core_attention = false;  // selective recompute: no s x s probabilities kept
+  uint64_t seed = 0, dropout_offset = 0;
+  int64_t batch = 0, seq = 0;
+  Tensor attention_start;  // [b, s] int32 or undefined: query i attends keys start[i].. (resets)
+  Tensor key_padding;      // [b, s] int32 or undefined: 0 marks a padding key (bidirectional)
+  // Rotary positions of the rows ([b*s] int32, row bi*s + i): the token's position in the whole
+  // sequence (its context-parallel position; at inference its cache position). Set when the
+  // model uses rotary embeddings.
+  Tensor rope_positions;
+  // Generation with a KV cache (inference_context.h); null in training and evaluation.
+  InferenceContext* inference = nullptr;
+  // Context parallelism (context_parallel.h): seq is this rank's S/C tokens (chunks cp_rank and
+  // 2*cp_size-1-cp_rank of the sequence). Dropout masks are indexed by the element's position in
+  // the unsplit tensors (for_each_sequence_run), so they do not depend on CP either.
+  int cp_rank = 0, cp_size = 1;
+  // Dropout stream for (micro-batch offset, layer, site): stream = offset << 24 | layer << 4 |
+  // site, so every mask is a pure function of (seed, offset, layer, site, element).
+  // element_offset: index of the first element of the tensor this mask covers within the whole
+  // (unsharded) tensor, for a sequence-parallel shard.
+  ops::DropoutSpec dropout(float p, int layer, int site, uint64_t element_offset = 0) const;
+  int64_t rows() const { return batch * seq; }
+  // Calls fn(first, n, element_offset) for each run of rows [row0, row0 + rows) of this rank's
+  // [batch*seq, width] activation that is contiguous in the unsplit [batch*seq*cp_size, width]
+  // one: rows row0 + first .. + n, whose first element has index element_offset there. Without
+  // context parallelism that is one run (0, rows, row0 * width).
+  template <class Fn>
+  void for_each_sequence_run(int64_t row0, int64_t rows, int64_t width, Fn&& fn) const {
+    if (cp_size == 1) {
+      fn(int64_t(0), rows, uint64_t(row0 * width));
+      return;
+    }
+    const int64_t half = seq / 2, end = row0 + rows;
+    for (int64_t r = row0; r < end;) {
+      const int64_t bi = r / seq, i = r % seq;
+      const int64_t n = std::min(end, bi * seq + (i < half ? half : seq)) - r;
+      const int64_t global_row = bi * seq * cp_size + context_parallel_position(i, seq, cp_rank, cp_size);
+      fn(r - row0, n, uint64_t(global_row * width));
+      r += n;
+    }
+  }
+};
+
+enum DropoutSite : int { kSiteEmbedding = 0, kSiteAttentionProbs = 1, kSiteAttentionOut = 2,
+                         kSiteMlpOut = 3 };
+
+size_t bytes_of(const Tensor& t);
+
+// A weight as layers use it: the Parameter plus the fp32 copy used in compute.
+struct Weight {
+  Parameter param;
+  Tensor f32;  // fp32 view/copy of param.value (+ offset)
+  // Added to the stored value in the working copy: 1 for a zero-centred norm weight
+  // (--apply-layernorm-1p stores gamma - 1), else 0.
+  float offset = 0.0f;
+  // shape is this rank's shard; pdim the TP partition dim (-1: replicated); sp marks a replicated
+  // parameter whose gradient is a partial sum over the tensor-parallel group
+  // (Parameter::sequence_parallel). Without `grad` (inference) no gradient is allocated.
+  void init(const std::string& name, const Shape& shape, DType dtype, bool decay, int pdim,
+            bool sp = false, bool grad = true);
+  bool defined() const { return param.value.defined(); }
+  void refresh();  // param.value (+ offset) -> f32 (no copy for fp32 params without offset)
+};
+
+class Module;
+
+// One activation a module keeps from its forward for its backward (see the file comment).
+class SavedTensor {
+ public:
+  SavedTensor(Module* owner, const char* name, const char* shape);
+  SavedTensor(const SavedTensor&) = delete;
+  SavedTensor& operator=(const SavedTensor&) = delete;
+  SavedTensor& operator=(Tensor t) {
+    value = std::move(t);
+    return *this;
+  }
+  operator const Tensor&() const { return value; }  // NOLINT: reads like the tensor it holds
+  const Tensor& get() const { return value; }
+  bool defined() const { return value.defined(); }
+  void reset() { value = Tensor(); }
+  const char* name;
+  const char* shape;  // documentation: shape in terms of rows N, widths, heads
+  Tensor value;
+};
+
+// The activations of a module tree moved out of it (Module::take_saved), in declaration order.
+using ActivationStash = std::vector<Tensor>;
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // This module's weights, then its children's, in registration order.
+  void parameters(ParameterList& out);
+  ParameterList parameters();
+  // Refreshes the fp32 working copies of this module's and its children's weights.
+  virtual void refresh_working_weights();
+
+  // Every activation this module and its children hold for backward.
+  void for_each_saved(const std::function<void(const SavedTensor&)>& fn) const;
+  ActivationStash take_saved();           // moves them out; the modules are left empty
+  void restore_saved(ActivationStash&& s);  // puts a stash taken from this module back
+  void drop_saved();
+  // Storage bytes held by the saved activations (shared storage counted once; tensors that
+  // are views of a caller's input count too).
+  size_t saved_bytes() const;
+
+ protected:
+  Weight& register_weight(Weight& w);  // after w.init; undefined weights are skipped
+  void register_child(Module& m);
+
+ private:
+  friend class SavedTensor;
+  std::vector<Weight*> weights_;
+  std::vector<Module*> children_;
+  std::vector<SavedTensor*> saved_;
+};
+
+// Bytes of the distinct storages of `tensors` and of the saved activations of `modules`.
+size_t held_bytes(const std::vector<const Module*>& modules, const std::vector<Tensor>& tensors);
+
+}  // namespace megatron::model

@@ -1,0 +1,54 @@
+// Forward and backward of the normalization layer through its kind's ops (see norm.h).
+#include "model/norm.h"
+
+namespace megatron::model {
+
+Norm::Norm(const std::string& prefix, int64_t h, const NormKind& k, DType dtype,
+           const NormOptions& opt)
+    : kind(k), eps(opt.eps) {
+  weight.offset = opt.zero_centered_gamma ? 1.0f : 0.0f;
+  weight.init(prefix + ".weight", {h}, dtype, false, -1, opt.partial_grad, opt.grad);
+  if (!opt.zero_centered_gamma) weight.param.value.fill_(1.0);
+  if (kind.has_bias) bias.init(prefix + ".bias", {h}, dtype, false, -1, opt.partial_grad, opt.grad);
+  register_weight(weight);
+  register_weight(bias);
+  weight.refresh();
+}
+
+Tensor Norm::forward(const LayerContext& ctx, const Tensor& x) {
+  const int64_t n = x.size(0);
+  Tensor out = Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor mean, rstd;
+  if (ctx.save) {
+    if (kind.saves_mean) mean = Tensor::empty({n}, DType::F32, x.device());
+    rstd = Tensor::empty({n}, DType::F32, x.device());
+  }
+  kind.fwd(out, mean, rstd, x, weight.f32, bias.defined() ? bias.f32 : Tensor(), eps);
+  if (ctx.save) {
+    x_ = x;
+    mean_ = mean;
+    rstd_ = rstd;
+  }
+  return out;
+}
+
+void Norm::run_backward(const Tensor& dx, const Tensor& dout, bool accumulate) {
+  MG_CHECK(rstd_.defined(), "Norm::backward without a saved forward");
+  kind.bwd(dx, weight.param.grad, bias.defined() ? bias.param.grad : Tensor(), dout, x_,
+           weight.f32, mean_, rstd_, accumulate);
+  x_.reset();
+  mean_.reset();
+  rstd_.reset();
+}
+
+void Norm::backward_accumulate(const LayerContext&, const Tensor& dout, const Tensor& dx) {
+  run_backward(dx, dout, true);
+}
+
+Tensor Norm::backward(const LayerContext&, const Tensor& dout) {
+  Tensor dx = Tensor::empty(dout.shape(), DType::F32, dout.device());
+  run_backward(dx, dout, false);
+  return dx;
+}
+
+}  // namespace megatron::model

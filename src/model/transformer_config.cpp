@@ -1,0 +1,147 @@
+// Validation of the transformer configuration (see transformer_config.h).
+#include "model/transformer_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/context_parallel.h"
+#include "model/layer_spec.h"
+
+namespace megatron::model {
+
+// Every serialised field, in the order metadata.json lists them.
+#define MG_TRANSFORMER_CONFIG_FIELDS(X)                                                       \
+  X(num_layers) X(hidden_size) X(num_attention_heads) X(ffn_hidden_size) X(kv_channels)       \
+  X(num_query_groups) X(seq_length) X(max_position_embeddings) X(padded_vocab_size)           \
+  X(normalization) X(layernorm_epsilon) X(apply_layernorm_1p) X(activation)                   \
+  X(position_embedding_type) X(rotary_percent) X(rotary_base) X(rotary_interleaved)           \
+  X(attention_mask_type) X(window_left) X(window_right) X(qk_layernorm) X(add_bias_linear)     \
+  X(add_qkv_bias) X(untie_embeddings_and_output_weights) X(hidden_dropout) X(attention_dropout) \
+  X(init_method_std) X(apply_query_key_layer_scaling) X(recompute_granularity)                \
+  X(recompute_method) X(recompute_num_layers) X(sequence_parallel) X(cp_comm_type)
+
+void to_json(nlohmann::json& j, const TransformerConfig& c) {
+  j = nlohmann::json::object();
+#define MG_TO(f) j[#f] = c.f;
+  MG_TRANSFORMER_CONFIG_FIELDS(MG_TO)
+#undef MG_TO
+  j["params_dtype"] = dtype_name(c.params_dtype);
+}
+
+void from_json(const nlohmann::json& j, TransformerConfig& c) {
+  c = TransformerConfig();
+#define MG_FROM(f) \
+  if (j.contains(#f) && !j.at(#f).is_null()) j.at(#f).get_to(c.f);
+  MG_TRANSFORMER_CONFIG_FIELDS(MG_FROM)
+#undef MG_FROM
+  if (!j.contains("activation") && j.contains("gelu_tanh"))  // written before "activation"
+    c.activation = j.at("gelu_tanh").get<bool>() ? "gelu_tanh" : "gelu";
+  if (j.contains("params_dtype")) {
+    const std::string d = j.at("params_dtype").get<std::string>();
+    c.params_dtype = d == "bfloat16" ? DType::BF16 : d == "float16" ? DType::F16 : DType::F32;
+    MG_REQUIRE(d == "bfloat16" || d == "float16" || d == "float32", "checkpoint args: unknown "
+               "params_dtype '", d, "'");
+  }
+}
+
+std::string activation_from_flags(bool swiglu, bool squared_relu, bool openai_gelu,
+                                  bool bias_gelu_fusion, bool add_bias_linear) {
+  MG_REQUIRE(!(swiglu && squared_relu), "--swiglu and --squared-relu are mutually exclusive");
+  if (swiglu) return "swiglu";
+  if (squared_relu) return "squared_relu";
+  if (openai_gelu) return "gelu_tanh";
+  // Megatron turns the bias-GeLU fusion (the tanh form) off when the linears have no bias.
+  return bias_gelu_fusion && add_bias_linear ? "gelu_tanh" : "gelu";
+}
+
+void TransformerConfig::validate() const {
+  MG_REQUIRE(num_layers > 0, "--num-layers must be > 0 (got ", num_layers, ")");
+  MG_REQUIRE(hidden_size > 0, "--hidden-size must be > 0 (got ", hidden_size, ")");
+  MG_REQUIRE(num_attention_heads > 0, "--num-attention-heads must be > 0");
+  MG_REQUIRE(kv_channels > 0 || hidden_size % num_attention_heads == 0, "--hidden-size ",
+             hidden_size, " is not divisible by --num-attention-heads ", num_attention_heads,
+             "; set --kv-channels or change the sizes");
+  MG_REQUIRE(num_query_groups >= 0 && num_attention_heads % query_groups() == 0,
+             "--num-attention-heads ", num_attention_heads,
+             " must be a multiple of --num-query-groups ", query_groups());
+  MG_REQUIRE(ffn_hidden_size >= 0, "--ffn-hidden-size must be > 0 (got ", ffn_hidden_size, ")");
+  MG_REQUIRE(seq_length > 0, "--seq-length must be > 0");
+  MG_REQUIRE(max_position_embeddings >= seq_length,
+             "--max-position-embeddings (", max_position_embeddings, ") must be >= --seq-length (",
+             seq_length, ")");
+  MG_REQUIRE(padded_vocab_size > 0, "padded vocabulary size must be > 0");
+  MG_REQUIRE(hidden_dropout >= 0 && hidden_dropout < 1, "--hidden-dropout must be in [0, 1)");
+  MG_REQUIRE(attention_dropout >= 0 && attention_dropout < 1,
+             "--attention-dropout must be in [0, 1)");
+  MG_REQUIRE(layernorm_epsilon > 0, "--norm-epsilon must be > 0 (got ", layernorm_epsilon, ")");
+  MG_REQUIRE(params_dtype == DType::F32 || params_dtype == DType::BF16 ||
+                 params_dtype == DType::F16,
+             "params dtype must be float32, bfloat16 or float16");
+  // The names resolve in the spec tables (errors list the valid names and the flag).
+  (void)norm_kind(normalization);
+  (void)activation_kind(activation);
+  MG_REQUIRE(position_embedding_type == "learned_absolute" || position_embedding_type == "rope" ||
+                 position_embedding_type == "alibi" || position_embedding_type == "none",
+             "--position-embedding-type '", position_embedding_type,
+             "' is not one of: learned_absolute, rope, alibi, none");
+  MG_REQUIRE(attention_mask_type == "causal" || attention_mask_type == "bidirectional",
+             "attention mask type '", attention_mask_type, "' is not one of: causal, bidirectional");
+  if (rope()) {
+    MG_REQUIRE(rotary_percent > 0 && rotary_percent <= 1, "--rotary-percent must be in (0, 1] (got ",
+               rotary_percent, ")");
+    MG_REQUIRE(rotary_dim() >= 2 && rotary_dim() % 2 == 0, "--rotary-percent ", rotary_percent,
+               " of the head size ", head_dim(), " rotates ", rotary_dim(),
+               " dims; it must be an even number >= 2");
+    MG_REQUIRE(rotary_base > 0, "--rotary-base must be > 0 (got ", rotary_base, ")");
+  }
+  MG_REQUIRE(window_left >= -1 && window_right >= -1, "--window-size values must be >= 0, or -1 "
+             "for no limit (got ", window_left, " ", window_right, ")");
+  MG_REQUIRE(!causal() || window_right <= 0, "--window-size: a causal model sees no key after "
+             "its query, so the right side of the window must be 0 or -1 (got ", window_right, ")");
+  parse_cp_comm_type(cp_comm_type);  // throws naming --cp-comm-type
+  const std::string& g = recompute_granularity;
+  MG_REQUIRE(g.empty() || g == "full" || g == "selective", "--recompute-granularity '", g,
+             "' is not one of: full, selective");
+  if (g == "full") {
+    MG_REQUIRE(recompute_method == "uniform" || recompute_method == "block",
+               "--recompute-granularity full needs --recompute-method uniform or block");
+    MG_REQUIRE(recompute_num_layers >= 1 && recompute_num_layers <= num_layers,
+               "--recompute-num-layers must be in [1, --num-layers=", num_layers, "] (got ",
+               recompute_num_layers, ")");
+  } else {
+    MG_REQUIRE(recompute_method.empty(), "--recompute-method ", recompute_method,
+               " requires --recompute-granularity full");
+  }
+}
+
+void TransformerConfig::validate_tensor_parallel(int T) const {
+  MG_REQUIRE(T >= 1, "--tensor-model-parallel-size must be >= 1 (got ", T, ")");
+  if (T == 1) return;
+  auto divisible = [&](int64_t v, const char* flag) {
+    MG_REQUIRE(v % T == 0, flag, " ", v, " is not divisible by --tensor-model-parallel-size ", T,
+               "; each tensor-parallel rank holds 1/", T, " of it");
+  };
+  divisible(hidden_size, "--hidden-size");
+  divisible(num_attention_heads, "--num-attention-heads");
+  divisible(query_groups(), num_query_groups > 0 ? "--num-query-groups" : "--num-attention-heads");
+  divisible(ffn(), ffn_hidden_size > 0 ? "--ffn-hidden-size" : "4 * --hidden-size");
+  MG_REQUIRE(padded_vocab_size % T == 0, "padded vocabulary size ", padded_vocab_size,
+             " is not divisible by --tensor-model-parallel-size ", T,
+             "; pad the vocabulary as Megatron does, to a multiple of "
+             "--make-vocab-size-divisible-by * --tensor-model-parallel-size");
+  MG_REQUIRE(!sequence_parallel || seq_length % T == 0, "--seq-length ", seq_length,
+             " is not divisible by --tensor-model-parallel-size ", T,
+             " (required by --sequence-parallel: each rank holds seq-length / TP of the tokens)");
+}
+
+void TransformerConfig::validate_context_parallel(int C) const {
+  if (C <= 1) return;
+  MG_REQUIRE(causal(), "context parallelism splits causal attention only; bidirectional attention "
+             "needs --context-parallel-size 1");
+  MG_REQUIRE(window_left < 0 && window_right < 0, "--window-size (sliding-window attention) is not "
+             "implemented with --context-parallel-size > 1");
+  MG_REQUIRE(!alibi(), "--position-embedding-type alibi is not implemented with "
+             "--context-parallel-size > 1");
+}
+
+}  // namespace megatron::model

@@ -1,0 +1,109 @@
+// The transformer's configuration (Megatron-Core's TransformerConfig): sizes, regularisation,
+// precision, recomputation, parallel switches, and the architecture choices that the layer spec
+// (layer_spec.h) turns into modules: normalization, activation, position embedding, attention
+// mask, biases, tied or untied output layer. Field names and defaults are Megatron's flags
+// (--num-layers -> num_layers, ...). A GPT-2-style model is the default; a Llama-style one is
+// normalization "RMSNorm", activation "swiglu", position_embedding_type "rope", grouped-query
+// attention, add_bias_linear false and untie_embeddings_and_output_weights true.
+//
+// The configuration is recorded in checkpoints (training/checkpoint.cpp serialises every field),
+// so a model is always rebuilt with the settings it was trained with.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/dtype.h"
+
+namespace megatron::model {
+
+struct TransformerConfig {
+  // ---- sizes
+  int num_layers = 0, hidden_size = 0, num_attention_heads = 0;
+  int ffn_hidden_size = 0;  // 0 -> 4h
+  int kv_channels = 0;      // 0 -> h / n
+  int num_query_groups = 0; // 0 -> num_attention_heads (no GQA); --num-query-groups
+  int seq_length = 0, max_position_embeddings = 0;
+  int64_t padded_vocab_size = 0;
+
+  // ---- architecture (layer_spec.h resolves the names; unknown names are errors naming the flag)
+  std::string normalization = "LayerNorm";  // --normalization: LayerNorm | RMSNorm
+  float layernorm_epsilon = 1e-5f;          // --norm-epsilon (--layernorm-epsilon)
+  bool apply_layernorm_1p = false;          // --apply-layernorm-1p: weight stored as gamma - 1 (init 0)
+  // The MLP activation: "gelu_tanh" (Megatron's default: bias-GeLU fusion computes the tanh
+  // form; also --openai-gelu), "gelu" (exact erf: --no-bias-gelu-fusion, or --disable-bias-linear,
+  // which turns the fusion off in Megatron), "swiglu" (--swiglu), "squared_relu" (--squared-relu).
+  std::string activation = "gelu_tanh";
+  // --position-embedding-type: learned_absolute | rope | alibi | none (--no-position-embedding).
+  std::string position_embedding_type = "learned_absolute";
+  float rotary_percent = 1.0f;   // --rotary-percent: fraction of each head's dims rotated
+  double rotary_base = 10000.0;  // --rotary-base
+  bool rotary_interleaved = false;  // --rotary-interleaved
+  // Attention mask: "causal" (decoders) or "bidirectional" (encoders; a key padding mask may
+  // come with the batch).
+  std::string attention_mask_type = "causal";
+  // Sliding window (--window-size LEFT RIGHT; the Ascend scripts' --pre-tockens / --next-tockens):
+  // a query at position i attends keys in [i - window_left, i + window_right]; -1 = unbounded
+  // (a causal mask bounds the right side at 0).
+  int64_t window_left = -1, window_right = -1;
+  bool qk_layernorm = false;      // --qk-layernorm: the norm over each query and key head
+  bool add_bias_linear = true;    // --disable-bias-linear turns it off
+  bool add_qkv_bias = false;      // --add-qkv-bias: QKV bias even without add_bias_linear
+  bool untie_embeddings_and_output_weights = false;  // --untie-embeddings-and-output-weights
+
+  // ---- regularisation and init
+  float hidden_dropout = 0.1f, attention_dropout = 0.1f;
+  float init_method_std = 0.02f;
+  bool apply_query_key_layer_scaling = false;  // mathematically a no-op in fp32 softmax
+
+  // ---- precision and memory
+  DType params_dtype = DType::F32;
+  std::string recompute_granularity;  // "", "full", "selective"
+  std::string recompute_method;       // "uniform", "block" (full only)
+  int recompute_num_layers = 0;
+
+  // ---- parallelism
+  // --sequence-parallel: LayerNorm/dropout/residual regions hold seq/T of the tokens. Ignored
+  // (as Megatron does) when the tensor-parallel size is 1.
+  bool sequence_parallel = false;
+  // --cp-comm-type: how context-parallel attention exchanges keys and values ("p2p", the ring,
+  // or "allgather"; context_parallel.h). Same results, different communication.
+  std::string cp_comm_type = "p2p";
+
+  int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  int query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  bool causal() const { return attention_mask_type == "causal"; }
+  bool learned_position_embedding() const { return position_embedding_type == "learned_absolute"; }
+  bool rope() const { return position_embedding_type == "rope"; }
+  bool alibi() const { return position_embedding_type == "alibi"; }
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
+  // Rotated dims per head: head_dim * rotary_percent (Megatron's int() truncation).
+  int rotary_dim() const { return int(float(head_dim()) * rotary_percent); }
+
+  // Throws megatron::Error naming the inconsistent flag.
+  void validate() const;
+  // The checks that depend on the tensor-parallel size T (--tensor-model-parallel-size): hidden
+  // size, heads, query groups, FFN size and padded vocabulary divisible by T; under sequence
+  // parallelism the sequence length too. Throws megatron::Error naming the flags.
+  void validate_tensor_parallel(int tp_size) const;
+  // The features context parallelism supports (causal attention without windows or ALiBi);
+  // throws megatron::Error naming the flag otherwise.
+  void validate_context_parallel(int cp_size) const;
+};
+
+// The activation Megatron's flags select (see TransformerConfig::activation): --swiglu,
+// --squared-relu, --openai-gelu, else the fused bias-GeLU (tanh form) unless
+// --no-bias-gelu-fusion or --disable-bias-linear turned the fusion off (exact erf GeLU).
+std::string activation_from_flags(bool swiglu, bool squared_relu, bool openai_gelu,
+                                  bool bias_gelu_fusion, bool add_bias_linear);
+
+// The checkpoint codec (metadata.json "args"."model"): every field by its name. Reading fills
+// fields a checkpoint lacks with their defaults, and maps the older "gelu_tanh" flag to the
+// activation it recorded.
+void to_json(nlohmann::json& j, const TransformerConfig& c);
+void from_json(const nlohmann::json& j, TransformerConfig& c);
+
+}  // namespace megatron::model

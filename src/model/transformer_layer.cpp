@@ -1,0 +1,108 @@
+// Forward and backward of a decoder layer (see transformer_layer.h).
+#include "model/transformer_layer.h"
+
+namespace megatron::model {
+
+namespace {
+
+std::string layer_prefix(int i) { return "decoder.layers." + std::to_string(i); }
+
+NormOptions norm_options(const TransformerConfig& cfg, const TensorParallel& tp, bool grad) {
+  NormOptions o;
+  o.eps = cfg.layernorm_epsilon;
+  o.zero_centered_gamma = cfg.apply_layernorm_1p;
+  o.partial_grad = tp.sequence_parallel;
+  o.grad = grad;
+  return o;
+}
+
+// Bias-dropout-add over x's rows with the masks of the same rows of the unsharded [N, h] tensor:
+// x is rank r's row block under sequence parallelism, and its rows are scattered over the whole
+// sequence under context parallelism (LayerContext::for_each_sequence_run).
+int64_t first_row(const TensorParallel& tp, const Tensor& x) {
+  return tp.sequence_parallel ? int64_t(tp.rank()) * x.size(0) : 0;
+}
+void bda_fwd(const LayerContext& ctx, int64_t row0, const Tensor& out, const Tensor& x,
+             const Tensor& bias, const Tensor& residual, float p, int layer, int site) {
+  ctx.for_each_sequence_run(row0, x.size(0), x.size(1), [&](int64_t f, int64_t n, uint64_t off) {
+    ops::bias_dropout_add_fwd(out.narrow(0, f, n), x.narrow(0, f, n), bias,
+                              residual.narrow(0, f, n), ctx.dropout(p, layer, site, off));
+  });
+}
+void bda_bwd(const LayerContext& ctx, int64_t row0, const Tensor& dx, const Tensor& dbias,
+             const Tensor& dout, float p, int layer, int site) {
+  ctx.for_each_sequence_run(row0, dx.size(0), dx.size(1), [&](int64_t f, int64_t n, uint64_t off) {
+    ops::bias_dropout_add_bwd(dx.narrow(0, f, n), dbias, dout.narrow(0, f, n),
+                              ctx.dropout(p, layer, site, off));
+  });
+}
+const Tensor& bias_of(const Weight& w) {
+  static const Tensor none;
+  return w.defined() ? w.f32 : none;
+}
+const Tensor& bias_grad_of(const Weight& w) {
+  static const Tensor none;
+  return w.defined() ? w.param.grad : none;
+}
+
+}  // namespace
+
+TransformerLayer::TransformerLayer(int idx, const TransformerConfig& cfg,
+                                   const TransformerLayerSpec& spec, const TensorParallel& tp_,
+                                   const ContextParallel& cp, bool grad)
+    : index(idx),
+      hidden_dropout(cfg.hidden_dropout),
+      tp(tp_),
+      input_layernorm(layer_prefix(idx) + ".input_layernorm", cfg.hidden_size,
+                      *spec.input_layernorm, cfg.params_dtype, norm_options(cfg, tp_, grad)),
+      self_attention(layer_prefix(idx) + ".self_attention", cfg, spec.self_attention, idx, tp_, cp,
+                     grad),
+      pre_mlp_layernorm(layer_prefix(idx) + ".pre_mlp_layernorm", cfg.hidden_size,
+                        *spec.pre_mlp_layernorm, cfg.params_dtype, norm_options(cfg, tp_, grad)),
+      mlp(layer_prefix(idx) + ".mlp", cfg, spec.mlp, tp_, grad) {
+  register_child(input_layernorm);
+  register_child(self_attention);
+  register_child(pre_mlp_layernorm);
+  register_child(mlp);
+}
+
+Tensor TransformerLayer::forward(const LayerContext& ctx, const Tensor& x) {
+  const int64_t row0 = first_row(tp, x);
+  Tensor a = input_layernorm.forward(ctx, x);
+  Tensor attn = self_attention.forward(ctx, a);
+  Tensor x2 = Tensor::empty(x.shape(), DType::F32, x.device());
+  bda_fwd(ctx, row0, x2, attn, bias_of(self_attention.linear_proj.bias), x, hidden_dropout, index,
+          kSiteAttentionOut);
+  Tensor m = pre_mlp_layernorm.forward(ctx, x2);
+  Tensor mo = mlp.forward(ctx, m);
+  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+  bda_fwd(ctx, row0, y, mo, bias_of(mlp.linear_fc2.bias), x2, hidden_dropout, index, kSiteMlpOut);
+  if (ctx.save) {
+    x_ = x;
+    x2_ = x2;
+  }
+  return y;
+}
+
+Tensor TransformerLayer::backward(const LayerContext& ctx, const Tensor& dy) {
+  MG_CHECK(x2_.defined(), "TransformerLayer::backward without a saved forward");
+  const int64_t row0 = first_row(tp, dy);
+  // MLP branch: y = x2 + drop(mlp(ln2(x2)) + b)
+  Tensor dmo = Tensor::empty(dy.shape(), DType::F32, dy.device());
+  bda_bwd(ctx, row0, dmo, bias_grad_of(mlp.linear_fc2.bias), dy, hidden_dropout, index,
+          kSiteMlpOut);
+  Tensor dm = mlp.backward(ctx, dmo);
+  Tensor dx2 = dy.clone();
+  pre_mlp_layernorm.backward_accumulate(ctx, dm, dx2);
+  // Attention branch: x2 = x + drop(attn(ln1(x)) + b)
+  Tensor dattn = dmo;  // reuse the buffer
+  bda_bwd(ctx, row0, dattn, bias_grad_of(self_attention.linear_proj.bias), dx2, hidden_dropout,
+          index, kSiteAttentionOut);
+  Tensor da = self_attention.backward(ctx, dattn);
+  input_layernorm.backward_accumulate(ctx, da, dx2);
+  x_.reset();
+  x2_.reset();
+  return dx2;
+}
+
+}  // namespace megatron::model

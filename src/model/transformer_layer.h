@@ -1,0 +1,41 @@
+// One decoder layer (Megatron-Core's TransformerLayer), its parts chosen by the layer spec:
+//   x2 = x + dropout(self_attention(input_layernorm(x)) + b_proj)
+//   y  = x2 + dropout(mlp(pre_mlp_layernorm(x2)) + b_fc2)
+// Activations are batch-first [b*s, h] rows; under sequence parallelism the norms, dropouts and
+// residual adds see this rank's block of rows only ([N/T, h]); dropout masks are indexed by the
+// element's position in the unsharded tensor, so they depend on neither TP nor CP.
+#pragma once
+
+#include <string>
+
+#include "model/attention.h"
+#include "model/layer_spec.h"
+#include "model/mlp.h"
+#include "model/module.h"
+#include "model/norm.h"
+
+namespace megatron::model {
+
+class TransformerLayer : public Module {
+ public:
+  // index: the global layer number (parameter names decoder.layers.<index>., dropout streams).
+  TransformerLayer(int index, const TransformerConfig& cfg, const TransformerLayerSpec& spec,
+                   const TensorParallel& tp = TensorParallel::none(),
+                   const ContextParallel& cp = ContextParallel::none(), bool grad = true);
+  // Rows R = N, or N/T (this rank's sequence shard) under sequence parallelism.
+  Tensor forward(const LayerContext& ctx, const Tensor& x);    // -> [R, h]
+  Tensor backward(const LayerContext& ctx, const Tensor& dy);  // -> dx [R, h]
+  int index;
+  float hidden_dropout;
+  TensorParallel tp;
+  Norm input_layernorm;
+  SelfAttention self_attention;
+  Norm pre_mlp_layernorm;
+  MLP mlp;
+
+ private:
+  SavedTensor x_{this, "x", "[R, h] layer input (the caller's)"};
+  SavedTensor x2_{this, "x2", "[R, h] residual stream after attention"};
+};
+
+}  // namespace megatron::model
