@@ -9,14 +9,17 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
 namespace megatron::ops {
 
-// ---- matrix products -------------------------------------------------------------------------
+// ---- matrix products ----------------------------------------------------------------------------
 // c = alpha * op(a) @ op(b) + beta * c. a, b, c: 2-D fp32 with unit inner stride (row stride is
-// the leading dimension, so column blocks of a wider matrix are valid operands).
+// the leading dimension, so column blocks of a wider matrix are valid operands). A product with a
+// single output row or column (decoding one token) runs as a matrix-vector product split across
+// the threads.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           float alpha = 1.0f, float beta = 0.0f);
 // Batched over dim 0 of 3-D operands ([batch, rows, cols], unit inner stride; a zero batch stride
@@ -24,7 +27,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
 void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                   float alpha = 1.0f, float beta = 0.0f);
 
-// ---- embedding --------------------------------------------------------------------------------
+// ---- embedding ----------------------------------------------------------------------------------
 // out[i, :] = weight[ids[i], :]; ids int32 [n] (any shape, flattened); out [n, h]; weight [V, h].
 // An id outside [0, V) throws Error naming the id and row.
 void embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight);
@@ -39,24 +42,61 @@ void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Te
 void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,
                                   int64_t vocab_start);
 
-// ---- LayerNorm over the last dim ----------------------------------------------------------------
-// x, out [n, h]; weight, bias [h]; mean, rstd [n] (saved for backward).
+// ---- LayerNorm and RMSNorm over the last dim ----------------------------------------------------
+// x, out [n, h]; weight, bias [h]; mean, rstd [n] (saved for backward; either may be undefined
+// when nothing is saved). out may alias x.
 void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                    const Tensor& weight, const Tensor& bias, float eps);
 // dx written (accumulated when accumulate_dx); dweight, dbias accumulate.
 void layernorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                    const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                    const Tensor& rstd, bool accumulate_dx = false);
+// RMSNorm (Megatron-Core's RMSNorm): out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
+// x, out [n, h]; weight [h]; rstd [n] (saved for backward) or undefined. out may alias x.
+void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                 float eps);
+// dx [n, h] written (accumulated when accumulate_dx); dweight [h] accumulates. rstd from the
+// forward. dx may alias dout unless accumulating.
+void rmsnorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dout, const Tensor& x,
+                 const Tensor& weight, const Tensor& rstd, bool accumulate_dx = false);
 
-// ---- GELU (tanh approximation or exact erf) ---------------------------------------------------
+// ---- GELU (tanh approximation or exact erf) -----------------------------------------------------
 void gelu_fwd(const Tensor& out, const Tensor& x, bool tanh_approx);
 void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx);
+
+// ---- gated and squared activations (MLP) --------------------------------------------------------
+// SwiGLU (Megatron's gated linear unit with SiLU, --swiglu): each row of x [n, 2f] is
+// [gate | up] (f columns each); out [n, f] = silu(gate) * up, silu(a) = a / (1 + e^-a).
+void swiglu_fwd(const Tensor& out, const Tensor& x);
+// dx [n, 2f] written: [dgate | dup].
+void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x);
+// Squared ReLU (--squared-relu): out = max(x, 0)^2, same shapes; out may alias x.
+void squared_relu_fwd(const Tensor& out, const Tensor& x);
+// dx = dout * 2 max(x, 0); dx may alias dout.
+void squared_relu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x);
 
 // ---- bias, residual, scale ----------------------------------------------------------------------
 void bias_add(const Tensor& x, const Tensor& bias);         // x [n, m] += bias [m] (in place)
 void bias_grad(const Tensor& dbias, const Tensor& dout);    // dbias [m] += sum_rows dout [n, m]
 void add(const Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias)
 void scale(const Tensor& x, float s);                         // x *= s (in place)
+
+// ---- rows and flat buffers ----------------------------------------------------------------------
+// Row gather / scatter for any dtype (KV-cache reorder in beam search, context-parallel packing,
+// per-head work). index int32 [k] (contiguous). in and out are 2-D with unit inner stride (a row
+// stride is allowed on both, so column blocks of a wider matrix work) and the same dtype and
+// width. An index outside the indexed tensor's rows throws naming its position and value.
+// out [k, w] row i = in row index[i]; in [n, w]. out must not overlap in.
+void index_select_rows(const Tensor& out, const Tensor& in, const Tensor& index);
+// out [n, w] row index[i] = in row i (+= with accumulate: fp32 only, duplicates summed in index
+// order; without it the indices must be distinct). in [k, w]; out must not overlap in.
+void index_copy_rows(const Tensor& out, const Tensor& in, const Tensor& index,
+                     bool accumulate = false);
+// The elements of parts (contiguous, flat's dtype) laid end to end in flat (numel = the sum),
+// in order: copy_to_flat fills flat from parts, copy_from_flat writes parts back from flat
+// (coalesced collectives over many small tensors).
+void copy_to_flat(const Tensor& flat, const std::vector<Tensor>& parts);
+void copy_from_flat(const std::vector<Tensor>& parts, const Tensor& flat);
 
 // ---- dropout ------------------------------------------------------------------------------------
 struct DropoutSpec {
@@ -79,13 +119,20 @@ void bias_dropout_add_fwd(const Tensor& out, const Tensor& x, const Tensor& bias
 void bias_dropout_add_bwd(const Tensor& dx, const Tensor& dbias, const Tensor& dout,
                           const DropoutSpec& d);
 
-// ---- causal self-attention, fused per (batch, head) -----------------------------------------------
+// ---- self-attention, fused per (batch, head) ----------------------------------------------------
 // qkv [b, s, g*(n/g+2)*d] in Megatron-Core layout: per query group, n/g query heads of d, then one
-// key head, then one value head. ctx [b, s, n*d] (head-major columns). attention_start [b, s]
-// int32 or undefined: query i attends keys j with start[i] <= j <= i (start 0 = plain causal).
-// lse [b, n, s] is always written (row log-sum-exp of the scaled, masked scores). probs
-// [b, n, s, s] is written when defined (pre-dropout softmax, saved for backward); leave it
-// undefined to recompute the scores in backward (selective recompute).
+// key head, then one value head. ctx [b, s, n*d] (head-major columns).
+// Query i attends key j iff all of these hold (the defaults give plain causal attention):
+//   start[i] <= j                    attention_start [b, s] int32 or undefined (all 0)
+//   j <= i                           when shape.causal (else bidirectional)
+//   j >= i - window_left             when window_left >= 0 (sliding window)
+//   j <= i + window_right            when !causal and window_right >= 0
+//   key_padding[b, j] != 0           key_padding [b, s] int32 or undefined (encoder padding)
+// With shape.alibi, slope(head_offset + h) * (j - i) (alibi_slopes(total_heads)) is added to the
+// scaled score. lse [b, n, s] is always written (row log-sum-exp of the scaled, masked scores; a
+// row that sees no key gets lse = -inf, zeros in ctx and zero gradients). probs [b, n, s, s] is
+// written when defined (pre-dropout softmax, saved for backward); leave it undefined to recompute
+// the scores in backward (selective recompute).
 struct AttentionShape {
   int64_t batch = 0, seq = 0;
   int heads = 0, groups = 0, head_dim = 0;
@@ -99,14 +146,29 @@ struct AttentionShape {
   int64_t kv_seq = 0;
   // Block ops only: length of the whole sequence the positions index.
   int64_t full_seq = 0;
+  // Masks (attention_fwd / attention_bwd and the KV-cache op; the context-parallel subset and
+  // block ops are causal only and reject anything else).
+  bool causal = true;  // false: bidirectional attention (encoders)
+  // Sliding window: a query at position i sees keys at positions >= i - window_left (-1: no limit).
+  int64_t window_left = -1;
+  // Bidirectional only: keys at positions <= i + window_right (-1: no limit); causal means 0.
+  int64_t window_right = -1;
+  // ALiBi: add slope(h) * (j - i) to the scaled score of query i, key j, h the GLOBAL head
+  // (head_offset + local head) of total_heads.
+  bool alibi = false;
 };
+// ALiBi slopes of a layer with total_heads heads (Press et al., as BLOOM and Megatron-DeepSpeed
+// build them): for a power of two n, 2^(-8 (h + 1) / n); otherwise those of the largest power of
+// two p < n followed by every other slope of 2p (the first n - p of its even positions).
+std::vector<float> alibi_slopes(int total_heads);
 void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
                    const Tensor& attention_start, const AttentionShape& shape,
-                   const DropoutSpec& dropout);
+                   const DropoutSpec& dropout, const Tensor& key_padding = Tensor());
 // dqkv [b, s, qkv width] is written. probs may be undefined (then recomputed from qkv and lse).
 void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& lse,
                    const Tensor& probs, const Tensor& attention_start,
-                   const AttentionShape& shape, const DropoutSpec& dropout);
+                   const AttentionShape& shape, const DropoutSpec& dropout,
+                   const Tensor& key_padding = Tensor());
 // The same for a subset of the query positions (context parallelism: this rank's tokens of a
 // sequence split over ranks): qkv [b, kv_seq, width] holds the whole sequence in order;
 // query_positions int32 [seq] the position of each of the seq query rows (the same for every
@@ -124,7 +186,7 @@ void attention_subset_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& 
                           const Tensor& attention_start, const AttentionShape& shape,
                           const DropoutSpec& dropout);
 
-// ---- blockwise attention (context parallelism's ring exchange, --cp-comm-type p2p) ----------------
+// ---- blockwise attention (context parallelism's ring exchange, --cp-comm-type p2p) --------------
 // This rank's query rows against one block of key/value rows of the same sequences (its own or
 // another rank's tokens); the blocks of all ranks, merged with attention_merge, give exactly
 // attention_subset_fwd over the whole sequence. shape.seq = sq query rows, shape.kv_seq = skv
@@ -158,12 +220,76 @@ void attention_block_bwd(const Tensor& dq, const Tensor& dkv, const Tensor& dctx
                          const Tensor& attention_start, const AttentionShape& shape,
                          const DropoutSpec& dropout);
 
+// ---- rotary position embedding (RoPE) -----------------------------------------------------------
+// Megatron-Core's RotaryEmbedding + apply_rotary_pos_emb on the fused QKV activation (layout of
+// attention_fwd): every query and key head is rotated in place, value heads are untouched, dims
+// >= rotary_dim of a head pass through. For frequency i < rotary_dim/2 (inv_freq_i =
+// base^(-2i/rotary_dim), angle = position * inv_freq_i, computed in double and rounded) the pair
+// (a, b) = (x[i], x[i + rotary_dim/2]) (interleaved: (x[2i], x[2i+1])) becomes
+// (a cos - b sin, b cos + a sin).
+struct RotaryConfig {
+  int rotary_dim = 0;     // dims rotated per head (even, <= head_dim): head_dim * --rotary-percent
+  double base = 10000.0;  // --rotary-base
+  // --rotary-interleaved: pairs (2i, 2i+1) share frequency i; else halves (i, i + rotary_dim/2).
+  bool interleaved = false;
+};
+// qkv [N, g*(n/g+2)*d] (any leading shape with N rows), shape.heads / groups / head_dim this
+// rank's; positions int32 [N]: the sequence position of each row's token (whole-sequence
+// positions under context parallelism, cache positions at inference), >= 0.
+void rope_fwd(const Tensor& qkv, const Tensor& positions, const AttentionShape& shape,
+              const RotaryConfig& rope);
+// Backward in place on dqkv: the transposed rotation (by -angle).
+void rope_bwd(const Tensor& dqkv, const Tensor& positions, const AttentionShape& shape,
+              const RotaryConfig& rope);
+
+// ---- KV-cache attention (inference: prefill and decode, continuous batching over cache slots) ---
+// k_cache, v_cache [slots, groups, max_len, d] fp32 (groups, d: shape.groups, shape.head_dim).
+// Rows r of qkv [n, width] (fused QKV as attention_fwd, rotary already applied) belong to cache
+// slot row_slot[r] at sequence position row_pos[r] (int32 [n] each, slot in [0, slots), position
+// in [0, max_len)). kv_cache_append writes each row's key and value heads into its slot at its
+// position.
+void kv_cache_append(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
+                     const Tensor& row_slot, const Tensor& row_pos, const AttentionShape& shape);
+// ctx [n, heads*d]: each row's query heads against its slot's cached keys and values at positions
+// lo..row_pos[r] (causal; lo = max(0, row_pos[r] - window_left) with a window), scaled by
+// shape.softmax_scale, plus ALiBi (shape.alibi, global heads as attention_fwd). The rows' own keys
+// and values must be in the cache already (kv_cache_append first). Rows of one slot at
+// consecutive positions (a prefill chunk) run together as matrix products per head; a lone row
+// (decode) as matrix-vector products. shape.causal must be true; batch, seq, kv_seq unused.
+void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& k_cache,
+                            const Tensor& v_cache, const Tensor& row_slot, const Tensor& row_pos,
+                            const AttentionShape& shape);
+
 // ---- softmax cross-entropy over the vocab -------------------------------------------------------
 // logits [n, V] fp32 (row-strided allowed), labels int32 [n], loss_mask fp32 [n] or undefined
 // (all ones). Writes loss [n] (per-token, unmasked) and, when grad_scale_or_zero != 0, replaces
 // logits in place by d(grad_scale * sum(loss * mask))/dlogits. A label outside [0, V) throws.
 void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor& labels,
                           const Tensor& loss_mask, float grad_scale, bool write_grad);
+
+// ---- vocab-parallel cross entropy: the per-row work of Megatron's _VocabParallelCrossEntropy ----
+// logits [n, Vl] fp32 contiguous: this rank's vocabulary ids [vocab_start, vocab_start + Vl) of
+// vocab_size. targets [n] int32 or int64 (global ids). The caller all-reduces between the steps.
+// 1. logits_max [n] = row max of logits. A target outside [0, vocab_size) throws Error naming
+//    the token (before any collective, so every rank of the group throws alike).
+void vocab_parallel_xent_max(const Tensor& logits_max, const Tensor& logits, const Tensor& targets,
+                             int64_t vocab_size);
+// 2. With logits_max all-reduced (MAX): logits <- exp(logits - max) in place; stats [3, n]
+//    written: row 0 the target's shifted logit (0 where another rank owns the target), row 1 the
+//    sum of exp, row 2 the sum of shifted logits (for label smoothing); local_target int64 [n]:
+//    target - vocab_start, or -1 when another rank owns it.
+void vocab_parallel_xent_partials(const Tensor& stats, const Tensor& local_target,
+                                  const Tensor& logits, const Tensor& logits_max,
+                                  const Tensor& targets, int64_t vocab_start);
+// 3. With stats all-reduced (SUM): loss [n] = log Z - z_t, with label smoothing a = ls V/(V-1):
+//    (1 - a)(log Z - z_t) - a * mean log-probability over the whole vocabulary; exp_logits /= Z
+//    in place (the softmax, saved for backward).
+void vocab_parallel_xent_loss(const Tensor& loss, const Tensor& exp_logits, const Tensor& stats,
+                              int64_t vocab_size, float label_smoothing);
+// dlogits [n, Vl] = (softmax - a/V - (1 - a) onehot(local_target)) * dloss[row]; dloss [n] fp32.
+void vocab_parallel_xent_bwd(const Tensor& dlogits, const Tensor& softmax,
+                             const Tensor& local_target, const Tensor& dloss, int64_t vocab_size,
+                             float label_smoothing);
 
 // ---- optimizer ----------------------------------------------------------------------------------
 struct AdamWConfig {
@@ -177,9 +303,19 @@ struct AdamWConfig {
 // receives the updated value when defined.
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const Tensor& model_copy, const AdamWConfig& cfg);
+// SGD with coupled weight decay and momentum (torch.optim.SGD): g' = g + wd p; buf = g' on the
+// first step or without momentum, else momentum buf + g'; p -= lr buf. param, grad, momentum_buf
+// fp32 of the same numel (momentum_buf is written even without momentum).
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, float lr,
+              float weight_decay, float momentum, bool first_step);
 
 // ---- reductions and casts -----------------------------------------------------------------------
 double l2_norm_squared(const Tensor& x);  // sum of squares in double (any float dtype)
+// Sums in double over any float dtype (fp32, fp64, bf16, fp16; contiguous), in fixed blocks
+// summed in order, so the result does not depend on the thread count. dot: same numel, the two
+// dtypes may differ (masked loss sums, token counts).
+double sum(const Tensor& x);
+double dot(const Tensor& a, const Tensor& b);
 bool all_finite(const Tensor& x);          // false if any NaN/Inf (any float dtype)
 void cast(const Tensor& dst, const Tensor& src);  // fp32/bf16/fp16/f64 <-> any (RNE), same numel
 

@@ -1,35 +1,55 @@
-// Causal self-attention fused per (batch, head) on the CPU: S = scale * Q K^T (sgemm on strided
-// views of the fused QKV activation), causal / per-query-start mask, softmax (row log-sum-exp
-// saved), Philox dropout, ctx = P V (sgemm). Only the softmax probabilities [s, s] per head are
-// kept for backward, and only when the caller asks (probs defined); otherwise backward
-// recomputes S from Q, K and the saved log-sum-exp (selective recompute). OpenMP over
-// (batch, head) tasks with per-thread s x s workspaces; OpenBLAS single-threaded.
-// The query-subset ops (context parallelism) run the same code for sq query rows at given
-// positions of the sequence against all kv_seq keys (sq x kv_seq workspaces). The block ops (the
-// CP ring) take query rows and a packed key/value block at given positions, compute only the
-// part of the block the causal mask lets through, and return partial softmaxes (lse) to merge.
+// Self-attention fused per (batch, head) on the CPU: S = scale * Q K^T (sgemm on strided views of
+// the fused QKV activation), the mask (causal or bidirectional, per-query starts, sliding
+// windows, key padding) and ALiBi bias, softmax (row log-sum-exp saved), Philox dropout,
+// ctx = P V (sgemm). Only the softmax probabilities [s, s] per head are kept for backward, and
+// only when the caller asks (probs defined); otherwise backward recomputes S from Q, K and the
+// saved log-sum-exp (selective recompute). OpenMP over (batch, head) tasks; OpenBLAS
+// single-threaded. Query rows run in tiles of 64 against the key range the tile can see (for
+// causal attention keys [0, the tile's last position]; with windows or bidirectional attention
+// [the tile's first visible key, its last]), in per-thread tile buffers.
+// The query-subset ops (context parallelism, causal only) run the same code for sq query rows at
+// given positions of the sequence against all kv_seq keys. The ring's block ops are in
+// cpu_attention_block.cpp.
 #include <omp.h>
 
 #include <algorithm>
-
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/cpu_attention_common.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/ops.h"
 
 namespace megatron::ops {
 namespace {
+using cpu::sgemm;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // sq query rows against skv key positions. Without query positions (plain self-attention) query
 // row i is position i and sq == skv; with them (context parallelism) row i is position qpos[i].
 struct Layout {
-  int64_t b, sq, skv, width, ctx_width;
-  int n, g, hpg, d;
-  int head_offset, total_heads;  // dropout indexes heads globally (tensor parallelism)
+  int64_t b = 0, sq = 0, skv = 0, width = 0, ctx_width = 0;
+  int n = 0, g = 0, hpg = 0, d = 0;
+  int head_offset = 0, total_heads = 0;  // dropout indexes heads globally (tensor parallelism)
   const int32_t* qpos = nullptr;
+  const int32_t* start = nullptr;  // [b, sq] or null
+  const int32_t* pad = nullptr;    // key padding [b, skv] or null
+  bool causal = true;
+  int64_t window_left = -1, window_right = -1;
+  std::vector<float> slopes;  // ALiBi slope of each local head, or empty
   int64_t pos(int64_t i) const { return qpos ? qpos[i] : i; }
+  // Tiles span [first visible key, last) instead of [0, last) (windows, bidirectional).
+  bool ranged() const { return !causal || window_left >= 0; }
+  // Keys [lo, hi) that query row i of batch bi may see, before key padding.
+  void key_range(int64_t bi, int64_t i, int64_t& lo, int64_t& hi) const {
+    const int64_t p = pos(i);
+    lo = start ? start[bi * sq + i] : 0;
+    if (window_left >= 0) lo = std::max(lo, p - window_left);
+    hi = causal ? p + 1 : (window_right >= 0 ? std::min(skv, p + window_right + 1) : skv);
+    if (hi < lo) hi = lo;
+  }
+  const int32_t* pad_row(int64_t bi) const { return pad ? pad + bi * skv : nullptr; }
   // First Philox element of the dropout-mask row of the query at position p (head `head`): the
   // masks of the whole skv x skv attention, whatever subset of its rows is computed here.
   uint64_t dropout_first(int64_t bi, int head, int64_t p, const DropoutSpec& d) const {
@@ -42,7 +62,7 @@ struct Layout {
 };
 
 Layout check(const char* op, const Tensor& qkv, const Tensor& ctx, const Tensor& start,
-             const Tensor& query_positions, const AttentionShape& sh) {
+             const Tensor& query_positions, const Tensor& key_padding, const AttentionShape& sh) {
   cpu::require_f32(op, "qkv", qkv);
   cpu::require_f32(op, "ctx", ctx);
   MG_CHECK(sh.heads > 0 && sh.groups > 0 && sh.heads % sh.groups == 0, op, ": heads ", sh.heads,
@@ -50,21 +70,34 @@ Layout check(const char* op, const Tensor& qkv, const Tensor& ctx, const Tensor&
   const int total = sh.total_heads > 0 ? sh.total_heads : sh.heads;
   MG_CHECK(sh.head_offset >= 0 && sh.head_offset + sh.heads <= total, op, ": heads [",
            sh.head_offset, ", ", sh.head_offset + sh.heads, ") outside the layer's ", total);
-  const int64_t skv = query_positions.defined() ? sh.kv_seq : sh.seq;
-  Layout L{sh.batch, sh.seq, skv, 0, 0, sh.heads, sh.groups, sh.heads / sh.groups, sh.head_dim,
-           sh.head_offset, total};
+  cpu::check_mask_fields(op, sh);
+  if (query_positions.defined()) cpu::require_causal_only(op, sh);
+  Layout L;
+  L.b = sh.batch;
+  L.sq = sh.seq;
+  L.skv = query_positions.defined() ? sh.kv_seq : sh.seq;
+  L.n = sh.heads;
+  L.g = sh.groups;
+  L.hpg = sh.heads / sh.groups;
+  L.d = sh.head_dim;
+  L.head_offset = sh.head_offset;
+  L.total_heads = total;
   L.width = int64_t(L.g) * (L.hpg + 2) * L.d;
   L.ctx_width = int64_t(L.n) * L.d;
+  L.causal = sh.causal;
+  L.window_left = sh.window_left;
+  L.window_right = sh.causal ? -1 : sh.window_right;
+  L.slopes = cpu::local_alibi_slopes(sh);
   if (query_positions.defined()) {
     cpu::require_cpu(op, query_positions);
     MG_CHECK(query_positions.dtype() == DType::I32 && query_positions.numel() == L.sq &&
                  query_positions.is_contiguous(),
              op, ": query_positions must be contiguous int32 [seq]");
-    MG_CHECK(skv >= L.sq, op, ": kv_seq ", skv, " < seq ", L.sq);
+    MG_CHECK(L.skv >= L.sq, op, ": kv_seq ", L.skv, " < seq ", L.sq);
     L.qpos = query_positions.data<int32_t>();
     for (int64_t i = 0; i < L.sq; ++i)
-      MG_CHECK(L.qpos[i] >= 0 && L.qpos[i] < skv, op, ": query position ", L.qpos[i],
-               " outside [0, ", skv, ")");
+      MG_CHECK(L.qpos[i] >= 0 && L.qpos[i] < L.skv, op, ": query position ", L.qpos[i],
+               " outside [0, ", L.skv, ")");
   } else {
     MG_CHECK(sh.kv_seq == 0 || sh.kv_seq == sh.seq, op, ": kv_seq needs query_positions");
   }
@@ -72,74 +105,104 @@ Layout check(const char* op, const Tensor& qkv, const Tensor& ctx, const Tensor&
            " does not match b=", L.b, " s=", L.skv, " width=", L.width);
   MG_CHECK(ctx.numel() == L.b * L.sq * L.ctx_width, op, ": ctx size mismatch");
   if (start.defined()) {
-    MG_CHECK(start.dtype() == DType::I32 && start.numel() == L.b * L.sq, op,
-             ": attention_start must be int32 [b, s]");
-    const int32_t* st = start.data<int32_t>();
+    cpu::require_cpu(op, start);
+    MG_CHECK(start.dtype() == DType::I32 && start.numel() == L.b * L.sq && start.is_contiguous(),
+             op, ": attention_start must be contiguous int32 [b, s]");
+    L.start = start.data<int32_t>();
     for (int64_t i = 0; i < L.b * L.sq; ++i)
-      MG_CHECK(st[i] >= 0 && st[i] <= L.pos(i % L.sq), op, ": attention_start[", i, "] = ", st[i],
-               " must lie in [0, position]");
+      MG_CHECK(L.start[i] >= 0 && L.start[i] <= L.pos(i % L.sq), op, ": attention_start[", i,
+               "] = ", L.start[i], " must lie in [0, position]");
+  }
+  if (key_padding.defined()) {
+    cpu::require_cpu(op, key_padding);
+    MG_CHECK(key_padding.dtype() == DType::I32 && key_padding.numel() == L.b * L.skv &&
+                 key_padding.is_contiguous(),
+             op, ": key_padding must be contiguous int32 [b, s], got ",
+             shape_str(key_padding.shape()));
+    L.pad = key_padding.data<int32_t>();
   }
   return L;
 }
 
-inline int32_t row_start(const int32_t* st, int64_t bi, int64_t sq, int64_t i) {
-  return st ? st[bi * sq + i] : 0;
+// One query row of a score tile: the entry of key j (c0 <= j < c1) is row[j - c0]. ALiBi adds
+// slope * (j - p) over the visible range [lo, hi).
+inline void add_alibi(float* row, int64_t c0, int64_t lo, int64_t hi, int64_t p, float slope) {
+  for (int64_t j = lo; j < hi; ++j) row[j - c0] += slope * float(j - p);
 }
 
-// Rows [i0, i1) of a score tile (row i at P + (i - i0) * ld) are defined over columns [0, w):
-// the keys a row may not see (before its start, after its position) become zeros.
-// S (scaled scores) -> P (softmax over keys start..p), lse per row.
-void softmax_rows(float* P, int64_t ld, int64_t w, int64_t i0, int64_t i1, float* lse,
-                  const int32_t* st, int64_t bi, const Layout& L) {
-  for (int64_t i = i0; i < i1; ++i) {
-    float* row = P + (i - i0) * ld;
-    const int64_t j0 = row_start(st, bi, L.sq, i), p = L.pos(i);
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = j0; j <= p; ++j) mx = std::max(mx, row[j]);
-    float sum = 0;
-    for (int64_t j = j0; j <= p; ++j) {
-      row[j] = cpu::fast_exp(row[j] - mx);
-      sum += row[j];
+// Scaled scores -> probabilities over the visible keys [lo, hi) minus padded ones (pad row or
+// null), zeros over the rest of [c0, c1). Returns the row's log-sum-exp (-inf if it sees no key).
+float softmax_row(float* row, int64_t c0, int64_t c1, int64_t lo, int64_t hi, const int32_t* pad) {
+  float mx = kNegInf;
+  bool any = hi > lo;
+  if (pad) {
+    any = false;
+    for (int64_t j = lo; j < hi; ++j)
+      if (pad[j]) {
+        mx = std::max(mx, row[j - c0]);
+        any = true;
+      }
+  } else {
+    for (int64_t j = lo; j < hi; ++j) mx = std::max(mx, row[j - c0]);
+  }
+  if (!any) {
+    std::fill(row, row + (c1 - c0), 0.0f);
+    return kNegInf;
+  }
+  float sum = 0;
+  if (pad) {
+    for (int64_t j = lo; j < hi; ++j) {
+      const float e = pad[j] ? cpu::fast_exp(row[j - c0] - mx) : 0.0f;
+      row[j - c0] = e;
+      sum += e;
     }
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < j0; ++j) row[j] = 0;
-    for (int64_t j = j0; j <= p; ++j) row[j] *= inv;
-    for (int64_t j = p + 1; j < w; ++j) row[j] = 0;
-    lse[i] = mx + std::log(sum);
+  } else {
+    for (int64_t j = lo; j < hi; ++j) {
+      row[j - c0] = cpu::fast_exp(row[j - c0] - mx);
+      sum += row[j - c0];
+    }
   }
+  const float inv = 1.0f / sum;
+  for (int64_t j = c0; j < lo; ++j) row[j - c0] = 0;
+  for (int64_t j = lo; j < hi; ++j) row[j - c0] *= inv;
+  for (int64_t j = hi; j < c1; ++j) row[j - c0] = 0;
+  return mx + std::log(sum);
 }
 
-// P from S and the saved lse (backward recompute), same tile conventions.
-void softmax_from_lse(float* P, int64_t ld, int64_t w, int64_t i0, int64_t i1, const float* lse,
-                      const int32_t* st, int64_t bi, const Layout& L) {
-  for (int64_t i = i0; i < i1; ++i) {
-    float* row = P + (i - i0) * ld;
-    const int64_t j0 = row_start(st, bi, L.sq, i), p = L.pos(i);
-    for (int64_t j = 0; j < j0; ++j) row[j] = 0;
-    for (int64_t j = j0; j <= p; ++j) row[j] = cpu::fast_exp(row[j] - lse[i]);
-    for (int64_t j = p + 1; j < w; ++j) row[j] = 0;
+// Probabilities from the scaled scores and the saved lse (backward recompute), as softmax_row.
+void softmax_row_from_lse(float* row, int64_t c0, int64_t c1, int64_t lo, int64_t hi,
+                          const int32_t* pad, float lse) {
+  if (lse == kNegInf) {
+    std::fill(row, row + (c1 - c0), 0.0f);
+    return;
   }
+  for (int64_t j = c0; j < lo; ++j) row[j - c0] = 0;
+  if (pad) {
+    for (int64_t j = lo; j < hi; ++j) row[j - c0] = pad[j] ? cpu::fast_exp(row[j - c0] - lse) : 0.0f;
+  } else {
+    for (int64_t j = lo; j < hi; ++j) row[j - c0] = cpu::fast_exp(row[j - c0] - lse);
+  }
+  for (int64_t j = hi; j < c1; ++j) row[j - c0] = 0;
 }
 
-void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
-}
-
-// Pd = P * keep for rows [i0, i1) of head (bi, head), Pd with leading dimension w (its width);
-// returns Pd, or P when dropout is off.
-const float* apply_dropout(float* Pd, const float* P, int64_t ldp, int64_t w, int64_t i0,
-                           int64_t i1, const Layout& L, int64_t bi, int head, const DropoutSpec& d,
-                           const Philox& rng, std::vector<float>& keep) {
+// Pd = P * keep for rows [i0, i1) of head (bi, head) over tile keys [k0, k1) (P row i at
+// P + (i - i0) * ldp, key k0 first; Pd compact, width k1 - k0); returns Pd, or P when dropout is
+// off. The mask row of each query is drawn from its first tile key.
+const float* apply_dropout(float* Pd, const float* P, int64_t ldp, int64_t k0, int64_t k1,
+                           int64_t i0, int64_t i1, const Layout& L, int64_t bi, int head,
+                           const DropoutSpec& d, const Philox& rng, std::vector<float>& keep) {
   if (!d.active()) return P;
+  const int64_t w = k1 - k0;
   for (int64_t i = i0; i < i1; ++i) {
-    const int64_t p = L.pos(i);
+    int64_t lo = 0, hi = 0;
+    L.key_range(bi, i, lo, hi);
+    const int64_t he = std::clamp(hi, k0, k1);  // keys >= hi have P = 0
     const float* pr = P + (i - i0) * ldp;
     float* out = Pd + (i - i0) * w;
-    cpu::dropout_row(keep.data(), p + 1, L.dropout_first(bi, head, p, d), rng, d.p);  // keys > p are zero anyway
-    for (int64_t j = 0; j <= p; ++j) out[j] = pr[j] * keep[size_t(j)];
-    for (int64_t j = p + 1; j < w; ++j) out[j] = 0;
+    cpu::dropout_row(keep.data(), he - k0, L.dropout_first(bi, head, L.pos(i), d) + uint64_t(k0),
+                     rng, d.p);
+    for (int64_t j = 0; j < he - k0; ++j) out[j] = pr[j] * keep[size_t(j)];
+    for (int64_t j = he - k0; j < w; ++j) out[j] = 0;
   }
   return Pd;
 }
@@ -158,24 +221,31 @@ const float* query_rows(const Layout& L, const float* base, int head, float* buf
   return buf;
 }
 
-// The causal mask leaves keys after a query's position out, so attention runs on tiles of
-// kTileRows query rows, each against keys [0, kend) with kend past the tile's last position:
-// about half of the square for plain causal attention, in per-thread buffers of kTileRows x kv_seq
-// (small enough for the caches, never an s x s matrix unless probabilities are saved).
+// Query rows run in tiles of kTileRows, each against the keys [k0, k1) its rows can see: for
+// causal attention k0 = 0 and k1 past the tile's last position (about half of the square); with
+// windows or bidirectional attention k0 is the tile's first visible key. Per-thread buffers of
+// kTileRows x kv_seq (small enough for the caches, never an s x s matrix unless probabilities
+// are saved). A tile whose rows see no key gets k0 = k1.
 constexpr int64_t kTileRows = 64;
 template <class F>
-void for_row_tiles(const Layout& L, F&& f) {
+void for_row_tiles(const Layout& L, int64_t bi, F&& f) {
   for (int64_t i0 = 0; i0 < L.sq; i0 += kTileRows) {
     const int64_t i1 = std::min(L.sq, i0 + kTileRows);
-    int64_t kend = 0;
-    for (int64_t i = i0; i < i1; ++i) kend = std::max(kend, L.pos(i) + 1);
-    f(i0, i1 - i0, kend);
+    int64_t k0 = L.ranged() ? L.skv : 0, k1 = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      int64_t lo = 0, hi = 0;
+      L.key_range(bi, i, lo, hi);
+      if (hi <= lo) continue;
+      if (L.ranged()) k0 = std::min(k0, lo);
+      k1 = std::max(k1, hi);
+    }
+    if (k1 <= k0) k0 = k1 = 0;
+    f(i0, i1 - i0, k0, k1);
   }
 }
 
 void forward(const Layout& L, const Tensor& ctx, const Tensor& lse, const Tensor& probs,
-             const Tensor& qkv, const Tensor& attention_start, float scale,
-             const DropoutSpec& dropout) {
+             const Tensor& qkv, float scale, const DropoutSpec& dropout) {
   cpu::require_f32("attention_fwd", "lse", lse);
   MG_CHECK(lse.numel() == L.b * L.n * L.sq, "attention_fwd: lse must be [b, n, s]");
   const int64_t sq = L.sq, skv = L.skv;
@@ -187,7 +257,6 @@ void forward(const Layout& L, const Tensor& ctx, const Tensor& lse, const Tensor
   float* out = ctx.data<float>();
   float* lp = lse.data<float>();
   float* pp = probs.defined() ? probs.data<float>() : nullptr;
-  const int32_t* st = attention_start.defined() ? attention_start.data<int32_t>() : nullptr;
   const Philox rng(dropout.seed, dropout.stream);
   cpu::blas_single_threaded();
 #pragma omp parallel
@@ -198,39 +267,61 @@ void forward(const Layout& L, const Tensor& ctx, const Tensor& lse, const Tensor
     for (int64_t task = 0; task < L.b * L.n; ++task) {
       const int64_t bi = task / L.n;
       const int head = int(task % L.n);
+      const int32_t* pad = L.pad_row(bi);
       const float* base = x + bi * skv * L.width;
       int64_t ldq = 0;
       const float* Q = query_rows(L, base, head, qbuf.data(), ldq);
       float* O = out + bi * sq * L.ctx_width + int64_t(head) * L.d;
-      for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
-        // Saved probabilities are whole rows of [sq, skv]; otherwise a compact nt x kend tile.
+      float* lrow = lp + task * sq;
+      for_row_tiles(L, bi, [&](int64_t i0, int64_t nt, int64_t k0, int64_t k1) {
+        // Saved probabilities are whole rows of [sq, skv]; otherwise a compact nt x (k1-k0) tile.
         float* P = pp ? pp + (task * sq + i0) * skv : work.data();
-        const int64_t ldp = pp ? skv : kend, w = pp ? skv : kend;
-        sgemm(false, true, nt, kend, L.d, scale, Q + i0 * ldq, ldq, base + L.k(head / L.hpg),
-              L.width, 0.0f, P, ldp);
-        softmax_rows(P, ldp, w, i0, i0 + nt, lp + task * sq, st, bi, L);
+        const int64_t ldp = pp ? skv : k1 - k0, c0 = pp ? 0 : k0, c1 = pp ? skv : k1;
+        if (k1 == k0) {  // no row of the tile sees a key
+          for (int64_t i = i0; i < i0 + nt; ++i) {
+            lrow[i] = kNegInf;
+            std::fill_n(O + i * L.ctx_width, L.d, 0.0f);
+            if (pp) std::fill_n(P + (i - i0) * skv, skv, 0.0f);
+          }
+          return;
+        }
+        float* S = P + (k0 - c0);  // the tile's first key
+        sgemm(false, true, nt, k1 - k0, L.d, scale, Q + i0 * ldq, ldq,
+              base + k0 * L.width + L.k(head / L.hpg), L.width, 0.0f, S, ldp);
+        for (int64_t i = i0; i < i0 + nt; ++i) {
+          int64_t lo = 0, hi = 0;
+          L.key_range(bi, i, lo, hi);
+          float* row = P + (i - i0) * ldp;
+          if (!L.slopes.empty()) add_alibi(row, c0, lo, hi, L.pos(i), L.slopes[size_t(head)]);
+          lrow[i] = softmax_row(row, c0, c1, lo, hi, pad);
+        }
         float* Pd = work.data() + kTileRows * skv;
-        const float* A = apply_dropout(Pd, P, ldp, kend, i0, i0 + nt, L, bi, head, dropout, rng, keep);
-        const int64_t lda = A == P ? ldp : kend;
-        sgemm(false, false, nt, L.d, kend, 1.0f, A, lda, base + L.v(head / L.hpg), L.width, 0.0f,
-              O + i0 * L.ctx_width, L.ctx_width);
+        const float* A = apply_dropout(Pd, S, ldp, k0, k1, i0, i0 + nt, L, bi, head, dropout,
+                                       rng, keep);
+        const int64_t lda = A == S ? ldp : k1 - k0;
+        sgemm(false, false, nt, L.d, k1 - k0, 1.0f, A, lda, base + k0 * L.width + L.v(head / L.hpg),
+              L.width, 0.0f, O + i0 * L.ctx_width, L.ctx_width);
       });
     }
   }
 }
 
 void backward(const Layout& L, const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
-              const Tensor& lse, const Tensor& probs, const Tensor& attention_start, float sc,
-              const DropoutSpec& dropout) {
+              const Tensor& lse, const Tensor& probs, float sc, const DropoutSpec& dropout) {
   cpu::require_f32("attention_bwd", "dqkv", dqkv);
+  cpu::require_f32("attention_bwd", "lse", lse);
   cpu::require_numel("attention_bwd", dqkv, qkv);
+  MG_CHECK(lse.numel() == L.b * L.n * L.sq, "attention_bwd: lse must be [b, n, s]");
   const int64_t sq = L.sq, skv = L.skv;
+  if (probs.defined()) {
+    cpu::require_f32("attention_bwd", "probs", probs);
+    MG_CHECK(probs.numel() == L.b * L.n * sq * skv, "attention_bwd: probs must be [b, n, s, kv_s]");
+  }
   const float* x = qkv.data<float>();
   const float* dout = dctx.data<float>();
   float* dx = dqkv.data<float>();
   const float* lp = lse.data<float>();
   const float* pp = probs.defined() ? probs.data<float>() : nullptr;
-  const int32_t* st = attention_start.defined() ? attention_start.data<int32_t>() : nullptr;
   const Philox rng(dropout.seed, dropout.stream);
   // A query subset writes dQ only at its rows: the query columns of the other rows are zero.
   if (L.qpos) std::fill(dx, dx + dqkv.numel(), 0.0f);
@@ -244,6 +335,7 @@ void backward(const Layout& L, const Tensor& dqkv, const Tensor& dctx, const Ten
     for (int64_t task = 0; task < L.b * L.g; ++task) {
       const int64_t bi = task / L.g;
       const int group = int(task % L.g);
+      const int32_t* pad = L.pad_row(bi);
       const float* base = x + bi * skv * L.width;
       float* dbase = dx + bi * skv * L.width;
       const float* dO_b = dout + bi * sq * L.ctx_width;
@@ -257,48 +349,64 @@ void backward(const Layout& L, const Tensor& dqkv, const Tensor& dctx, const Ten
         const float* dO = dO_b + int64_t(head) * L.d;
         float* dQ = L.qpos ? dqbuf.data() : dbase + L.q(head);
         const int64_t ldd = L.qpos ? L.d : L.width;
-        for_row_tiles(L, [&](int64_t i0, int64_t nt, int64_t kend) {
+        const float* K = base + L.k(group);
+        const float* V = base + L.v(group);
+        for_row_tiles(L, bi, [&](int64_t i0, int64_t nt, int64_t k0, int64_t k1) {
+          const int64_t kw = k1 - k0;
+          if (kw == 0) {  // rows that see no key: no gradient
+            for (int64_t i = i0; i < i0 + nt; ++i) std::fill_n(dQ + i * ldd, L.d, 0.0f);
+            return;
+          }
           float* P = work.data();
           float* Pd = work.data() + kTileRows * skv;
           float* dP = work.data() + 2 * kTileRows * skv;
           const float* Pr = P;
-          int64_t ldp = kend;
-          if (pp) {  // the saved probabilities, rows of [sq, skv]
-            Pr = pp + (hidx * sq + i0) * skv;
+          int64_t ldp = kw;
+          if (pp) {  // the saved probabilities, rows of [sq, skv] from key k0
+            Pr = pp + (hidx * sq + i0) * skv + k0;
             ldp = skv;
           } else {
-            sgemm(false, true, nt, kend, L.d, sc, Q + i0 * ldq, ldq, base + L.k(group), L.width,
-                  0.0f, P, kend);
-            softmax_from_lse(P, kend, kend, i0, i0 + nt, lp + hidx * sq, st, bi, L);
+            sgemm(false, true, nt, kw, L.d, sc, Q + i0 * ldq, ldq, K + k0 * L.width, L.width,
+                  0.0f, P, kw);
+            for (int64_t i = i0; i < i0 + nt; ++i) {
+              int64_t lo = 0, hi = 0;
+              L.key_range(bi, i, lo, hi);
+              float* row = P + (i - i0) * kw;
+              if (!L.slopes.empty()) add_alibi(row, k0, lo, hi, L.pos(i), L.slopes[size_t(head)]);
+              softmax_row_from_lse(row, k0, k1, lo, hi, pad, lp[hidx * sq + i]);
+            }
           }
-          const float* A = apply_dropout(Pd, Pr, ldp, kend, i0, i0 + nt, L, bi, head, dropout,
+          const float* A = apply_dropout(Pd, Pr, ldp, k0, k1, i0, i0 + nt, L, bi, head, dropout,
                                          rng, keep);
-          const int64_t lda = A == Pr ? ldp : kend;
+          const int64_t lda = A == Pr ? ldp : kw;
           const float* dOt = dO + i0 * L.ctx_width;
           // dV += Pd^T dO; dPd = dO V^T
-          sgemm(true, false, kend, L.d, nt, 1.0f, A, lda, dOt, L.ctx_width, 1.0f,
-                dbase + L.v(group), L.width);
-          sgemm(false, true, nt, kend, L.d, 1.0f, dOt, L.ctx_width, base + L.v(group), L.width,
-                0.0f, dP, kend);
+          sgemm(true, false, kw, L.d, nt, 1.0f, A, lda, dOt, L.ctx_width, 1.0f,
+                dbase + k0 * L.width + L.v(group), L.width);
+          sgemm(false, true, nt, kw, L.d, 1.0f, dOt, L.ctx_width, V + k0 * L.width, L.width,
+                0.0f, dP, kw);
           for (int64_t i = i0; i < i0 + nt; ++i) {
-            float* dpr = dP + (i - i0) * kend;
+            int64_t lo = 0, hi = 0;
+            L.key_range(bi, i, lo, hi);
+            const int64_t he = std::clamp(hi, k0, k1) - k0;  // keys >= hi have P = 0
+            float* dpr = dP + (i - i0) * kw;
             const float* pr = Pr + (i - i0) * ldp;
-            const int64_t p = L.pos(i);
             if (dropout.active()) {
-              cpu::dropout_row(keep.data(), p + 1, L.dropout_first(bi, head, p, dropout), rng,
+              cpu::dropout_row(keep.data(), he,
+                               L.dropout_first(bi, head, L.pos(i), dropout) + uint64_t(k0), rng,
                                dropout.p);
-              for (int64_t j = 0; j <= p; ++j) dpr[j] *= keep[size_t(j)];
+              for (int64_t j = 0; j < he; ++j) dpr[j] *= keep[size_t(j)];
             }
             float D = 0;
-            for (int64_t j = 0; j <= p; ++j) D += pr[j] * dpr[j];
-            for (int64_t j = 0; j <= p; ++j) dpr[j] = pr[j] * (dpr[j] - D);
-            for (int64_t j = p + 1; j < kend; ++j) dpr[j] = 0;
+            for (int64_t j = 0; j < he; ++j) D += pr[j] * dpr[j];
+            for (int64_t j = 0; j < he; ++j) dpr[j] = pr[j] * (dpr[j] - D);
+            for (int64_t j = he; j < kw; ++j) dpr[j] = 0;
           }
           // dQ = sc * dS K ; dK += sc * dS^T Q
-          sgemm(false, false, nt, L.d, kend, sc, dP, kend, base + L.k(group), L.width, 0.0f,
+          sgemm(false, false, nt, L.d, kw, sc, dP, kw, K + k0 * L.width, L.width, 0.0f,
                 dQ + i0 * ldd, ldd);
-          sgemm(true, false, kend, L.d, nt, sc, dP, kend, Q + i0 * ldq, ldq, 1.0f,
-                dbase + L.k(group), L.width);
+          sgemm(true, false, kw, L.d, nt, sc, dP, kw, Q + i0 * ldq, ldq, 1.0f,
+                dbase + k0 * L.width + L.k(group), L.width);
         });
         if (L.qpos)
           for (int64_t i = 0; i < sq; ++i)
@@ -313,16 +421,17 @@ void backward(const Layout& L, const Tensor& dqkv, const Tensor& dctx, const Ten
 
 void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
                    const Tensor& attention_start, const AttentionShape& shape,
-                   const DropoutSpec& dropout) {
-  const Layout L = check("attention_fwd", qkv, ctx, attention_start, Tensor(), shape);
-  forward(L, ctx, lse, probs, qkv, attention_start, shape.softmax_scale, dropout);
+                   const DropoutSpec& dropout, const Tensor& key_padding) {
+  const Layout L = check("attention_fwd", qkv, ctx, attention_start, Tensor(), key_padding, shape);
+  forward(L, ctx, lse, probs, qkv, shape.softmax_scale, dropout);
 }
 
 void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& lse,
                    const Tensor& probs, const Tensor& attention_start,
-                   const AttentionShape& shape, const DropoutSpec& dropout) {
-  const Layout L = check("attention_bwd", qkv, dctx, attention_start, Tensor(), shape);
-  backward(L, dqkv, dctx, qkv, lse, probs, attention_start, shape.softmax_scale, dropout);
+                   const AttentionShape& shape, const DropoutSpec& dropout,
+                   const Tensor& key_padding) {
+  const Layout L = check("attention_bwd", qkv, dctx, attention_start, Tensor(), key_padding, shape);
+  backward(L, dqkv, dctx, qkv, lse, probs, shape.softmax_scale, dropout);
 }
 
 void attention_subset_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs,
@@ -330,8 +439,9 @@ void attention_subset_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& pr
                           const Tensor& attention_start, const AttentionShape& shape,
                           const DropoutSpec& dropout) {
   MG_CHECK(query_positions.defined(), "attention_subset_fwd: query_positions is undefined");
-  const Layout L = check("attention_subset_fwd", qkv, ctx, attention_start, query_positions, shape);
-  forward(L, ctx, lse, probs, qkv, attention_start, shape.softmax_scale, dropout);
+  const Layout L =
+      check("attention_subset_fwd", qkv, ctx, attention_start, query_positions, Tensor(), shape);
+  forward(L, ctx, lse, probs, qkv, shape.softmax_scale, dropout);
 }
 
 void attention_subset_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
@@ -339,332 +449,9 @@ void attention_subset_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& 
                           const Tensor& attention_start, const AttentionShape& shape,
                           const DropoutSpec& dropout) {
   MG_CHECK(query_positions.defined(), "attention_subset_bwd: query_positions is undefined");
-  const Layout L = check("attention_subset_bwd", qkv, dctx, attention_start, query_positions, shape);
-  backward(L, dqkv, dctx, qkv, lse, probs, attention_start, shape.softmax_scale, dropout);
-}
-
-
-// ---- blockwise attention (ring context parallelism) -------------------------------------------
-
-namespace {
-
-struct BlockLayout {
-  int64_t b, sq, skv, S, qkv_width, kv_width, ctx_width;
-  int n, g, hpg, d;
-  int head_offset, total_heads;
-  const int32_t* qpos;
-  const int32_t* kpos;
-  const int32_t* start;  // [b, sq] or null
-  // Query rows [qa, sq) and keys [0, kb) can meet; the rest of the block is masked.
-  int64_t qa = 0, kb = 0;
-  int64_t q(int head) const { return int64_t(head / hpg) * (hpg + 2) * d + int64_t(head % hpg) * d; }
-  int64_t k(int group) const { return int64_t(group) * 2 * d; }
-  int64_t v(int group) const { return k(group) + d; }
-  // Keys j of query row i (batch bi) lie in [lo, hi): start <= kpos[j] <= qpos[i].
-  void key_range(int64_t bi, int64_t i, int64_t& lo, int64_t& hi) const {
-    const int32_t s0 = start ? start[bi * sq + i] : 0;
-    lo = std::lower_bound(kpos, kpos + kb, s0) - kpos;
-    hi = std::upper_bound(kpos, kpos + kb, qpos[i]) - kpos;
-    if (hi < lo) hi = lo;
-  }
-  uint64_t dropout_first(int64_t bi, int head, int64_t p, const DropoutSpec& dr) const {
-    return dr.element_offset + uint64_t(((bi * total_heads + head_offset + head) * S + p) * S);
-  }
-  // keep[j - lo] for keys [lo, hi) of the query at position p: the whole attention's mask,
-  // drawn run by run of consecutive key positions.
-  void keep_row(float* keep, int64_t bi, int head, int64_t p, int64_t lo, int64_t hi,
-                const DropoutSpec& dr, const Philox& rng) const {
-    const uint64_t first = dropout_first(bi, head, p, dr);
-    for (int64_t j = lo; j < hi;) {
-      int64_t e = j + 1;
-      while (e < hi && kpos[e] == kpos[e - 1] + 1) ++e;
-      cpu::dropout_row(keep + (j - lo), e - j, first + uint64_t(kpos[j]), rng, dr.p);
-      j = e;
-    }
-  }
-};
-
-void check_positions(const char* op, const char* name, const Tensor& pos, int64_t n, int64_t S) {
-  cpu::require_cpu(op, pos);
-  MG_CHECK(pos.defined() && pos.dtype() == DType::I32 && pos.numel() == n && pos.is_contiguous(),
-           op, ": ", name, " must be contiguous int32 [", n, "]");
-  const int32_t* p = pos.data<int32_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    MG_CHECK(p[i] >= 0 && p[i] < S, op, ": ", name, "[", i, "] = ", p[i], " outside [0, ", S, ")");
-    MG_CHECK(i == 0 || p[i] > p[i - 1], op, ": ", name, " must be ascending");
-  }
-}
-
-BlockLayout check_block(const char* op, const Tensor& q_qkv, const Tensor& qpos, const Tensor& kv,
-                        const Tensor& kpos, const Tensor& start, const AttentionShape& sh) {
-  cpu::require_f32(op, "q_qkv", q_qkv);
-  cpu::require_f32(op, "kv", kv);
-  MG_CHECK(sh.heads > 0 && sh.groups > 0 && sh.heads % sh.groups == 0, op, ": heads ", sh.heads,
-           " not a multiple of groups ", sh.groups);
-  const int total = sh.total_heads > 0 ? sh.total_heads : sh.heads;
-  MG_CHECK(sh.head_offset >= 0 && sh.head_offset + sh.heads <= total, op, ": heads outside the layer");
-  MG_CHECK(sh.seq > 0 && sh.kv_seq > 0 && sh.full_seq >= sh.seq && sh.full_seq >= sh.kv_seq, op,
-           ": needs seq, kv_seq > 0 and full_seq >= both");
-  BlockLayout L{};
-  L.b = sh.batch;
-  L.sq = sh.seq;
-  L.skv = sh.kv_seq;
-  L.S = sh.full_seq;
-  L.n = sh.heads;
-  L.g = sh.groups;
-  L.hpg = sh.heads / sh.groups;
-  L.d = sh.head_dim;
-  L.head_offset = sh.head_offset;
-  L.total_heads = total;
-  L.qkv_width = int64_t(L.g) * (L.hpg + 2) * L.d;
-  L.kv_width = int64_t(L.g) * 2 * L.d;
-  L.ctx_width = int64_t(L.n) * L.d;
-  MG_CHECK(q_qkv.numel() == L.b * L.sq * L.qkv_width, op, ": q_qkv ", shape_str(q_qkv.shape()),
-           " does not match b=", L.b, " seq=", L.sq, " width=", L.qkv_width);
-  MG_CHECK(kv.numel() == L.b * L.skv * L.kv_width, op, ": kv ", shape_str(kv.shape()),
-           " does not match b=", L.b, " kv_seq=", L.skv, " width=", L.kv_width);
-  check_positions(op, "q_positions", qpos, L.sq, L.S);
-  check_positions(op, "kv_positions", kpos, L.skv, L.S);
-  L.qpos = qpos.data<int32_t>();
-  L.kpos = kpos.data<int32_t>();
-  L.start = nullptr;
-  if (start.defined()) {
-    cpu::require_cpu(op, start);
-    MG_CHECK(start.dtype() == DType::I32 && start.numel() == L.b * L.sq && start.is_contiguous(),
-             op, ": attention_start must be int32 [b, seq]");
-    L.start = start.data<int32_t>();
-    for (int64_t i = 0; i < L.b * L.sq; ++i)
-      MG_CHECK(L.start[i] >= 0 && L.start[i] <= L.qpos[i % L.sq], op, ": attention_start[", i,
-               "] = ", L.start[i], " must lie in [0, position]");
-  }
-  L.qa = std::lower_bound(L.qpos, L.qpos + L.sq, L.kpos[0]) - L.qpos;
-  L.kb = std::upper_bound(L.kpos, L.kpos + L.skv, L.qpos[L.sq - 1]) - L.kpos;
-  return L;
-}
-
-// P over the block's active keys from the scaled scores, given each row's lse (or, when
-// lse_out, computing it): rows [qa, sq), keys [0, kb), ld kb; masked entries zero.
-void block_softmax(float* P, const float* lse_in, float* lse_out, const BlockLayout& L,
-                   int64_t bi) {
-  const int64_t kb = L.kb;
-  for (int64_t i = L.qa; i < L.sq; ++i) {
-    float* row = P + (i - L.qa) * kb;
-    int64_t lo = 0, hi = 0;
-    L.key_range(bi, i, lo, hi);
-    float m = 0;
-    if (lse_out) {
-      if (lo == hi) {
-        lse_out[i] = -std::numeric_limits<float>::infinity();
-        std::fill(row, row + kb, 0.0f);
-        continue;
-      }
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = lo; j < hi; ++j) mx = std::max(mx, row[j]);
-      float sum = 0;
-      for (int64_t j = lo; j < hi; ++j) sum += cpu::fast_exp(row[j] - mx);
-      lse_out[i] = mx + std::log(sum);
-      m = lse_out[i];
-    } else {
-      m = lse_in[i];
-      if (!std::isfinite(m)) lo = hi = 0;
-    }
-    for (int64_t j = 0; j < lo; ++j) row[j] = 0;
-    for (int64_t j = lo; j < hi; ++j) row[j] = cpu::fast_exp(row[j] - m);
-    for (int64_t j = hi; j < kb; ++j) row[j] = 0;
-  }
-}
-
-}  // namespace
-
-void attention_block_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& q_qkv,
-                         const Tensor& q_positions, const Tensor& kv, const Tensor& kv_positions,
-                         const Tensor& attention_start, const AttentionShape& shape,
-                         const DropoutSpec& dropout) {
-  const char* op = "attention_block_fwd";
-  const BlockLayout L = check_block(op, q_qkv, q_positions, kv, kv_positions, attention_start, shape);
-  cpu::require_f32(op, "ctx", ctx);
-  cpu::require_f32(op, "lse", lse);
-  MG_CHECK(ctx.numel() == L.b * L.sq * L.ctx_width, op, ": ctx must be [b, seq, n*d]");
-  MG_CHECK(lse.numel() == L.b * L.n * L.sq, op, ": lse must be [b, n, seq]");
-  float* out = ctx.data<float>();
-  float* lp = lse.data<float>();
-  const float* xq = q_qkv.data<float>();
-  const float* xkv = kv.data<float>();
-  const float scale = shape.softmax_scale;
-  const Philox rng(dropout.seed, dropout.stream);
-  const int64_t nq = L.sq - L.qa, kb = L.kb;
-  cpu::blas_single_threaded();
-#pragma omp parallel
-  {
-    std::vector<float> work(size_t(std::max<int64_t>(nq * kb, 1))), keep(size_t(std::max<int64_t>(kb, 1)));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < L.b * L.n; ++task) {
-      const int64_t bi = task / L.n;
-      const int head = int(task % L.n);
-      float* lrow = lp + task * L.sq;
-      float* o = out + bi * L.sq * L.ctx_width + int64_t(head) * L.d;
-      for (int64_t i = 0; i < L.qa; ++i) {
-        lrow[i] = -std::numeric_limits<float>::infinity();
-        std::fill(o + i * L.ctx_width, o + i * L.ctx_width + L.d, 0.0f);
-      }
-      if (nq == 0) continue;
-      if (kb == 0) {
-        for (int64_t i = L.qa; i < L.sq; ++i) {
-          lrow[i] = -std::numeric_limits<float>::infinity();
-          std::fill(o + i * L.ctx_width, o + i * L.ctx_width + L.d, 0.0f);
-        }
-        continue;
-      }
-      const float* Q = xq + (bi * L.sq + L.qa) * L.qkv_width + L.q(head);
-      const float* K = xkv + bi * L.skv * L.kv_width + L.k(head / L.hpg);
-      const float* V = xkv + bi * L.skv * L.kv_width + L.v(head / L.hpg);
-      float* P = work.data();
-      sgemm(false, true, nq, kb, L.d, scale, Q, L.qkv_width, K, L.kv_width, 0.0f, P, kb);
-      block_softmax(P, nullptr, lrow, L, bi);
-      if (dropout.active()) {
-        for (int64_t i = L.qa; i < L.sq; ++i) {
-          int64_t lo = 0, hi = 0;
-          L.key_range(bi, i, lo, hi);
-          L.keep_row(keep.data(), bi, head, L.qpos[i], lo, hi, dropout, rng);
-          float* row = P + (i - L.qa) * kb;
-          for (int64_t j = lo; j < hi; ++j) row[j] *= keep[size_t(j - lo)];
-        }
-      }
-      sgemm(false, false, nq, L.d, kb, 1.0f, P, kb, V, L.kv_width, 0.0f, o + L.qa * L.ctx_width,
-            L.ctx_width);
-    }
-  }
-}
-
-void attention_merge(const Tensor& ctx, const Tensor& lse, const Tensor& ctx_b, const Tensor& lse_b,
-                     const AttentionShape& sh) {
-  const char* op = "attention_merge";
-  for (const Tensor* t : {&ctx, &lse, &ctx_b, &lse_b}) cpu::require_f32(op, "operand", *t);
-  const int64_t b = sh.batch, sq = sh.seq, n = sh.heads, d = sh.head_dim, w = n * d;
-  MG_CHECK(ctx.numel() == b * sq * w && ctx_b.numel() == ctx.numel() &&
-               lse.numel() == b * n * sq && lse_b.numel() == lse.numel(),
-           op, ": ctx must be [b, seq, n*d] and lse [b, n, seq], both pairs alike");
-  float* o = ctx.data<float>();
-  float* l = lse.data<float>();
-  const float* ob = ctx_b.data<float>();
-  const float* lb = lse_b.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t task = 0; task < b * n; ++task) {
-    const int64_t bi = task / n, head = task % n;
-    for (int64_t i = 0; i < sq; ++i) {
-      const float a = l[task * sq + i], c = lb[task * sq + i];
-      if (c == -std::numeric_limits<float>::infinity()) continue;  // the block adds nothing
-      float wa = 0, wb = 1, m = c;
-      if (a != -std::numeric_limits<float>::infinity()) {
-        const float mx = std::max(a, c);
-        m = mx + std::log(std::exp(a - mx) + std::exp(c - mx));
-        wa = std::exp(a - m);
-        wb = std::exp(c - m);
-      }
-      l[task * sq + i] = m;
-      float* orow = o + (bi * sq + i) * w + head * d;
-      const float* brow = ob + (bi * sq + i) * w + head * d;
-      for (int64_t k = 0; k < d; ++k) orow[k] = wa * orow[k] + wb * brow[k];
-    }
-  }
-}
-
-void attention_delta(const Tensor& delta, const Tensor& dctx, const Tensor& ctx,
-                     const AttentionShape& sh) {
-  const char* op = "attention_delta";
-  for (const Tensor* t : {&delta, &dctx, &ctx}) cpu::require_f32(op, "operand", *t);
-  const int64_t b = sh.batch, sq = sh.seq, n = sh.heads, d = sh.head_dim, w = n * d;
-  MG_CHECK(ctx.numel() == b * sq * w && dctx.numel() == ctx.numel() && delta.numel() == b * n * sq,
-           op, ": ctx and dctx must be [b, seq, n*d], delta [b, n, seq]");
-  float* D = delta.data<float>();
-  const float* o = ctx.data<float>();
-  const float* g = dctx.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t task = 0; task < b * n; ++task) {
-    const int64_t bi = task / n, head = task % n;
-    for (int64_t i = 0; i < sq; ++i) {
-      const int64_t at = (bi * sq + i) * w + head * d;
-      float s = 0;
-      for (int64_t k = 0; k < d; ++k) s += o[at + k] * g[at + k];
-      D[task * sq + i] = s;
-    }
-  }
-}
-
-void attention_block_bwd(const Tensor& dq, const Tensor& dkv, const Tensor& dctx,
-                         const Tensor& q_qkv, const Tensor& q_positions, const Tensor& kv,
-                         const Tensor& kv_positions, const Tensor& lse, const Tensor& delta,
-                         const Tensor& attention_start, const AttentionShape& shape,
-                         const DropoutSpec& dropout) {
-  const char* op = "attention_block_bwd";
-  const BlockLayout L = check_block(op, q_qkv, q_positions, kv, kv_positions, attention_start, shape);
-  for (const Tensor* t : {&dq, &dkv, &dctx, &lse, &delta}) cpu::require_f32(op, "operand", *t);
-  cpu::require_numel(op, dq, q_qkv);
-  cpu::require_numel(op, dkv, kv);
-  MG_CHECK(dctx.numel() == L.b * L.sq * L.ctx_width, op, ": dctx must be [b, seq, n*d]");
-  MG_CHECK(lse.numel() == L.b * L.n * L.sq && delta.numel() == lse.numel(), op,
-           ": lse and delta must be [b, n, seq]");
-  const int64_t nq = L.sq - L.qa, kb = L.kb;
-  if (nq == 0 || kb == 0) return;
-  const float* xq = q_qkv.data<float>();
-  const float* xkv = kv.data<float>();
-  float* gq = dq.data<float>();
-  float* gkv = dkv.data<float>();
-  const float* dout = dctx.data<float>();
-  const float* lp = lse.data<float>();
-  const float* Dp = delta.data<float>();
-  const float sc = shape.softmax_scale;
-  const Philox rng(dropout.seed, dropout.stream);
-  cpu::blas_single_threaded();
-  // One task per (batch, query group): the group's heads share dK, dV, so they run in order.
-#pragma omp parallel
-  {
-    std::vector<float> work(size_t(nq * kb) * 2), keep(static_cast<size_t>(kb));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < L.b * L.g; ++task) {
-      const int64_t bi = task / L.g;
-      const int group = int(task % L.g);
-      const float* K = xkv + bi * L.skv * L.kv_width + L.k(group);
-      const float* V = xkv + bi * L.skv * L.kv_width + L.v(group);
-      float* dK = gkv + bi * L.skv * L.kv_width + L.k(group);
-      float* dV = gkv + bi * L.skv * L.kv_width + L.v(group);
-      for (int hh = 0; hh < L.hpg; ++hh) {
-        const int head = group * L.hpg + hh;
-        const int64_t hidx = bi * L.n + head;
-        const float* Q = xq + (bi * L.sq + L.qa) * L.qkv_width + L.q(head);
-        float* dQ = gq + (bi * L.sq + L.qa) * L.qkv_width + L.q(head);
-        const float* dO = dout + (bi * L.sq + L.qa) * L.ctx_width + int64_t(head) * L.d;
-        float* P = work.data();
-        float* dP = work.data() + nq * kb;
-        sgemm(false, true, nq, kb, L.d, sc, Q, L.qkv_width, K, L.kv_width, 0.0f, P, kb);
-        block_softmax(P, lp + hidx * L.sq, nullptr, L, bi);
-        // dPd = dO V^T
-        sgemm(false, true, nq, kb, L.d, 1.0f, dO, L.ctx_width, V, L.kv_width, 0.0f, dP, kb);
-        for (int64_t i = L.qa; i < L.sq; ++i) {
-          float* pr = P + (i - L.qa) * kb;
-          float* dpr = dP + (i - L.qa) * kb;
-          int64_t lo = 0, hi = 0;
-          L.key_range(bi, i, lo, hi);
-          if (!std::isfinite(lp[hidx * L.sq + i])) lo = hi = 0;
-          const float Di = Dp[hidx * L.sq + i];
-          if (dropout.active()) L.keep_row(keep.data(), bi, head, L.qpos[i], lo, hi, dropout, rng);
-          for (int64_t j = lo; j < hi; ++j) {
-            const float kj = dropout.active() ? keep[size_t(j - lo)] : 1.0f;
-            const float p = pr[j];
-            // dS = P (keep * dPd - D); P becomes Pd (P * keep) for dV
-            dpr[j] = p * (kj * dpr[j] - Di);
-            pr[j] = p * kj;
-          }
-          for (int64_t j = 0; j < lo; ++j) dpr[j] = 0;
-          for (int64_t j = hi; j < kb; ++j) dpr[j] = 0;
-        }
-        // dV += Pd^T dO; dQ += sc dS K; dK += sc dS^T Q
-        sgemm(true, false, kb, L.d, nq, 1.0f, P, kb, dO, L.ctx_width, 1.0f, dV, L.kv_width);
-        sgemm(false, false, nq, L.d, kb, sc, dP, kb, K, L.kv_width, 1.0f, dQ, L.qkv_width);
-        sgemm(true, false, kb, L.d, nq, sc, dP, kb, Q, L.qkv_width, 1.0f, dK, L.kv_width);
-      }
-    }
-  }
+  const Layout L =
+      check("attention_subset_bwd", qkv, dctx, attention_start, query_positions, Tensor(), shape);
+  backward(L, dqkv, dctx, qkv, lse, probs, shape.softmax_scale, dropout);
 }
 
 }  // namespace megatron::ops
