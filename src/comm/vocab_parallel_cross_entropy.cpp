@@ -1,28 +1,11 @@
 // Vocab-parallel cross entropy: forward with two all-reduces (MAX, then one fused SUM of the
-// target logit, the sum of exponentials and the sum of log-softmax), local backward.
+// target logit, the sum of exponentials and the sum of log-softmax), local backward. The per-row
+// work is ops::vocab_parallel_xent_*; this file holds the collectives between the steps.
 #include "comm/vocab_parallel_cross_entropy.h"
 
-#include <cmath>
-#include <limits>
+#include "kernels/ops.h"
 
 namespace megatron {
-
-namespace {
-
-std::vector<int64_t> read_targets(const Tensor& t) {
-  Tensor c = t.contiguous();
-  std::vector<int64_t> out(size_t(c.numel()));
-  if (c.dtype() == DType::I64) {
-    std::copy(c.data<int64_t>(), c.data<int64_t>() + c.numel(), out.begin());
-  } else {
-    MG_CHECK(c.dtype() == DType::I32, "cross entropy targets must be int32 or int64, got ",
-             dtype_name(c.dtype()));
-    std::copy(c.data<int32_t>(), c.data<int32_t>() + c.numel(), out.begin());
-  }
-  return out;
-}
-
-}  // namespace
 
 Tensor VocabParallelCrossEntropy::forward(Communicator& tp, const Tensor& logits,
                                           const Tensor& targets, Saved& saved,
@@ -40,7 +23,7 @@ Tensor VocabParallelCrossEntropy::forward(Communicator& tp, const Tensor& logits
   MG_REQUIRE(label_smoothing == 0.0f || vocab > 1, "--label-smoothing needs a vocabulary of more "
              "than one entry");
   const int64_t start = vl * tp.rank();
-  const auto tgt = read_targets(targets);
+  const Tensor tgt = targets.contiguous().view({n});
 
   saved.logits_shape = logits.shape();
   saved.vocab_size = vocab;
@@ -48,61 +31,20 @@ Tensor VocabParallelCrossEntropy::forward(Communicator& tp, const Tensor& logits
   saved.softmax = logits.to(DType::F32).contiguous().view({n, vl});
   if (saved.softmax.raw_data() == logits.raw_data()) saved.softmax = saved.softmax.clone();
   saved.local_target = Tensor::empty({n}, DType::I64);
-  float* z = saved.softmax.data<float>();
-  int64_t* lt = saved.local_target.data<int64_t>();
 
-  // 1. Global max per token.
+  // 1. Global max per token (targets checked first, alike on every rank).
   Tensor mx = Tensor::empty({n}, DType::F32);
-  float* m = mx.data<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    MG_REQUIRE(tgt[size_t(i)] >= 0 && tgt[size_t(i)] < vocab, "cross entropy: target id ",
-               tgt[size_t(i)], " at token ", i, " is outside the vocabulary [0, ", vocab,
-               "); check the tokenizer / --vocab-size of the data");
-    float v = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < vl; ++j) v = std::max(v, z[i * vl + j]);
-    m[i] = v;
-  }
+  ops::vocab_parallel_xent_max(mx, saved.softmax, tgt, vocab);
   tp.all_reduce(mx, ReduceOp::Max);
 
   // 2. Shift, target logit, sum of exp, sum of shifted logits (for the smoothing term).
-  Tensor sums = Tensor::zeros({3, n}, DType::F32);
-  float* pred = sums.data<float>();
-  float* sexp = pred + n;
-  float* szs = pred + 2 * n;
-#pragma omp parallel for schedule(static) if (n * vl > 65536)
-  for (int64_t i = 0; i < n; ++i) {
-    float* row = z + i * vl;
-    const int64_t t = tgt[size_t(i)] - start;
-    lt[i] = (t >= 0 && t < vl) ? t : -1;
-    if (lt[i] >= 0) pred[i] = row[lt[i]] - m[i];  // other ranks contribute 0
-    float se = 0.0f, sz = 0.0f;
-    for (int64_t j = 0; j < vl; ++j) {
-      const float zj = row[j] - m[i];
-      sz += zj;
-      row[j] = std::exp(zj);
-      se += row[j];
-    }
-    sexp[i] = se;
-    szs[i] = sz;
-  }
+  Tensor sums = Tensor::empty({3, n}, DType::F32);
+  ops::vocab_parallel_xent_partials(sums, saved.local_target, saved.softmax, mx, tgt, start);
   tp.all_reduce(sums, ReduceOp::Sum);
 
   // 3. loss = log Z - z_t; softmax = exp / Z; smoothing with the global mean log-probability.
   Tensor loss = Tensor::empty(loss_shape, DType::F32);
-  float* l = loss.data<float>();
-  const double a = label_smoothing > 0 ? double(label_smoothing) * double(vocab) / double(vocab - 1) : 0.0;
-#pragma omp parallel for schedule(static) if (n * vl > 65536)
-  for (int64_t i = 0; i < n; ++i) {
-    const float log_z = std::log(sexp[i]);
-    float loss_i = log_z - pred[i];
-    if (a > 0) {
-      const double mean_log_p = double(szs[i]) / double(vocab) - double(log_z);
-      loss_i = float((1.0 - a) * double(loss_i) - a * mean_log_p);
-    }
-    l[i] = loss_i;
-    const float inv = 1.0f / sexp[i];
-    for (int64_t j = 0; j < vl; ++j) z[i * vl + j] *= inv;
-  }
+  ops::vocab_parallel_xent_loss(loss, saved.softmax, sums, vocab, label_smoothing);
   return loss;
 }
 
@@ -111,22 +53,10 @@ Tensor VocabParallelCrossEntropy::backward(const Saved& saved, const Tensor& gra
   const int64_t n = saved.softmax.size(0), vl = saved.softmax.size(1);
   MG_CHECK(grad_loss.numel() == n, "cross entropy backward: ", grad_loss.numel(),
            " upstream gradients for ", n, " tokens");
-  const Tensor g = grad_loss.to(DType::F32).contiguous();
-  const float* gl = g.data<float>();
-  const float* sm = saved.softmax.data<float>();
-  const int64_t* lt = saved.local_target.data<int64_t>();
-  const double a = saved.label_smoothing > 0
-                       ? double(saved.label_smoothing) * double(saved.vocab_size) /
-                             double(saved.vocab_size - 1)
-                       : 0.0;
-  const float hit = float(1.0 - a), floor = float(a / double(saved.vocab_size));
+  const Tensor g = grad_loss.to(DType::F32).contiguous().view({n});
   Tensor grad = Tensor::empty(saved.logits_shape, DType::F32);
-  float* d = grad.data<float>();
-#pragma omp parallel for schedule(static) if (n * vl > 65536)
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < vl; ++j) d[i * vl + j] = (sm[i * vl + j] - floor) * gl[i];
-    if (lt[i] >= 0) d[i * vl + lt[i]] -= hit * gl[i];
-  }
+  ops::vocab_parallel_xent_bwd(grad.view({n, vl}), saved.softmax, saved.local_target, g,
+                               saved.vocab_size, saved.label_smoothing);
   return grad;
 }
 

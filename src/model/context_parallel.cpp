@@ -3,7 +3,9 @@
 #include "model/context_parallel.h"
 
 #include <algorithm>
+#include <vector>
 
+#include "kernels/ops.h"
 #include "model/gpt_model.h"
 
 namespace megatron::model {
@@ -28,29 +30,38 @@ int64_t context_parallel_position(int64_t i, int64_t local_seq, int rank, int si
 }
 
 Tensor context_parallel_positions(int64_t local_seq, int rank, int size) {
-  Tensor t = Tensor::empty({local_seq}, DType::I32);
+  std::vector<int32_t> pos(static_cast<size_t>(local_seq));
   for (int64_t i = 0; i < local_seq; ++i)
-    t.data<int32_t>()[i] = int32_t(context_parallel_position(i, local_seq, rank, size));
-  return t;
+    pos[size_t(i)] = int32_t(context_parallel_position(i, local_seq, rank, size));
+  return Tensor::from_vector(pos, {local_seq});
 }
 
 namespace {
 
+// 0, 1, ..., n-1 as an int32 index (a plain row copy through the row ops).
+Tensor iota_index(int64_t n) {
+  std::vector<int32_t> ix(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ix[size_t(i)] = int32_t(i);
+  return Tensor::from_vector(ix, {n});
+}
+
 // Copies rows between the rank-major layout [C][b][S/C] (what the all-gather produces) and
 // sequence order [b][S]: to_sequence = true moves rank-major -> sequence.
 void permute_rows(const Tensor& src, const Tensor& dst, int64_t batch, int size, bool to_sequence) {
-  const int64_t w = src.size(1), seq = src.size(0) / batch, local = seq / size;
-  const float* s = src.data<float>();
-  float* d = dst.data<float>();
+  const int64_t rows = src.size(0), seq = rows / batch, local = seq / size;
+  // source[k]: the row of src that lands in row k of dst.
+  std::vector<int32_t> source(static_cast<size_t>(rows));
   for (int r = 0; r < size; ++r)
     for (int64_t bi = 0; bi < batch; ++bi)
       for (int64_t i = 0; i < local; ++i) {
         const int64_t rank_major = (int64_t(r) * batch + bi) * local + i;
         const int64_t in_order = bi * seq + context_parallel_position(i, local, r, size);
-        const int64_t from = to_sequence ? rank_major : in_order;
-        const int64_t to = to_sequence ? in_order : rank_major;
-        std::copy(s + from * w, s + (from + 1) * w, d + to * w);
+        if (to_sequence)
+          source[size_t(in_order)] = int32_t(rank_major);
+        else
+          source[size_t(rank_major)] = int32_t(in_order);
       }
+  ops::index_select_rows(dst, src, Tensor::from_vector(source, {rows}));
 }
 
 }  // namespace
@@ -89,33 +100,26 @@ constexpr int kTagKV = 7101, kTagDKV = 7102;
 
 // The key and value columns of fused QKV rows [rows, g*(n/g+2)*d], packed per group -> [rows,
 // g*2*d] (a group's key head and value head are adjacent in the QKV row).
-Tensor pack_kv(const Tensor& qkv, const ops::AttentionShape& sh) {
+// Seen as [rows * groups, (n/g + 2) * d], the key and value heads of every group are the column
+// block [n/g * d, (n/g + 2) * d): a row-strided view the row ops copy.
+Tensor kv_columns(const Tensor& qkv, const ops::AttentionShape& sh) {
   const int hpg = sh.heads / sh.groups;
-  const int64_t d = sh.head_dim, W = int64_t(sh.groups) * (hpg + 2) * d, KW = int64_t(sh.groups) * 2 * d;
-  const int64_t rows = qkv.numel() / W;
-  Tensor kv = Tensor::empty({rows, KW}, DType::F32);
-  const float* x = qkv.data<float>();
-  float* o = kv.data<float>();
-  for (int64_t i = 0; i < rows; ++i)
-    for (int g = 0; g < sh.groups; ++g) {
-      const float* k = x + i * W + (int64_t(g) * (hpg + 2) + hpg) * d;
-      std::copy(k, k + 2 * d, o + i * KW + int64_t(g) * 2 * d);
-    }
+  const int64_t d = sh.head_dim, GW = int64_t(hpg + 2) * d;
+  return qkv.view({qkv.numel() / GW, GW}).narrow(1, int64_t(hpg) * d, 2 * d);
+}
+
+Tensor pack_kv(const Tensor& qkv, const ops::AttentionShape& sh) {
+  const Tensor cols = kv_columns(qkv, sh);
+  const int64_t rows = cols.size(0) / sh.groups;
+  Tensor kv = Tensor::empty({rows, int64_t(sh.groups) * 2 * sh.head_dim}, DType::F32);
+  ops::index_select_rows(kv.view({cols.size(0), cols.size(1)}), cols, iota_index(cols.size(0)));
   return kv;
 }
 
 // dqkv's key and value columns <- dkv (the inverse of pack_kv's column map).
 void unpack_kv(const Tensor& dkv, const Tensor& dqkv, const ops::AttentionShape& sh) {
-  const int hpg = sh.heads / sh.groups;
-  const int64_t d = sh.head_dim, W = int64_t(sh.groups) * (hpg + 2) * d, KW = int64_t(sh.groups) * 2 * d;
-  const int64_t rows = dqkv.numel() / W;
-  const float* s = dkv.data<float>();
-  float* o = dqkv.data<float>();
-  for (int64_t i = 0; i < rows; ++i)
-    for (int g = 0; g < sh.groups; ++g) {
-      const float* k = s + i * KW + int64_t(g) * 2 * d;
-      std::copy(k, k + 2 * d, o + i * W + (int64_t(g) * (hpg + 2) + hpg) * d);
-    }
+  const Tensor cols = kv_columns(dqkv, sh);
+  ops::index_copy_rows(cols, dkv.view({cols.size(0), cols.size(1)}), iota_index(cols.size(0)));
 }
 
 ops::AttentionShape block_shape(const ContextParallel& cp, const ops::AttentionShape& local) {
@@ -186,9 +190,7 @@ Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dctx, const T
                              lse, delta, attention_start, sh, dropout);
     if (i > 0) {
       acc_recv.wait();
-      float* m = mine.data<float>();
-      const float* a = acc_in.data<float>();
-      for (int64_t k = 0; k < mine.numel(); ++k) m[k] += a[k];
+      ops::add(mine, mine, acc_in);
     }
     acc_send.wait();
     sending = mine;
@@ -215,19 +217,19 @@ GPTInputs slice_for_context_parallel(const GPTInputs& in, int rank, int size) {
              "--context-parallel-size = ", 2 * size, " (the sequence is cut into 2 x CP chunks "
              "for causal load balancing)");
   const int64_t local = s / size;
+  // Element (bi, i) of a slice is element (bi, position i of this rank) of the batch tensor.
+  std::vector<int32_t> source(static_cast<size_t>(b * local));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t i = 0; i < local; ++i)
+      source[size_t(bi * local + i)] = int32_t(bi * s + context_parallel_position(i, local, rank, size));
+  const Tensor index = Tensor::from_vector(source, {b * local});
   auto slice = [&](const Tensor& t) -> Tensor {
     if (!t.defined()) return t;
     MG_REQUIRE(t.shape() == in.tokens.shape(), "context parallelism: a batch tensor has shape ",
                shape_str(t.shape()), ", not the tokens' ", shape_str(in.tokens.shape()));
     const Tensor src = t.contiguous();
     Tensor out = Tensor::empty({b, local}, src.dtype());
-    const size_t el = dtype_size(src.dtype());
-    const char* sp = static_cast<const char*>(src.raw_data());
-    char* op = static_cast<char*>(out.raw_data());
-    for (int64_t bi = 0; bi < b; ++bi)
-      for (int64_t i = 0; i < local; ++i)
-        std::copy_n(sp + size_t(bi * s + context_parallel_position(i, local, rank, size)) * el, el,
-                    op + size_t(bi * local + i) * el);
+    ops::index_select_rows(out.view({b * local, 1}), src.view({b * s, 1}), index);
     return out;
   };
   return GPTInputs{slice(in.tokens), slice(in.position_ids), slice(in.attention_start),

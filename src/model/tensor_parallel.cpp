@@ -1,7 +1,7 @@
 // Shards, gathers and the sequence-parallel gradient reduction (see tensor_parallel.h).
 #include "model/tensor_parallel.h"
 
-#include <cstring>
+#include <vector>
 
 #include "comm/tp_mappings.h"
 #include "kernels/ops.h"
@@ -57,27 +57,20 @@ Tensor gather_along(Communicator& tp, const Tensor& local, int dim) {
 
 void all_reduce_sequence_parallel_grads(const ParameterList& params, Communicator& tp) {
   if (tp.size() == 1) return;
+  std::vector<Tensor> grads;
   int64_t total = 0;
-  for (const Parameter* p : params)
-    if (p->sequence_parallel) total += p->grad.numel();
-  if (total == 0) return;
-  Tensor flat = Tensor::empty({total}, DType::F32);
-  float* f = flat.data<float>();
-  int64_t at = 0;
   for (const Parameter* p : params) {
     if (!p->sequence_parallel) continue;
     MG_CHECK(p->grad.dtype() == DType::F32 && p->grad.is_contiguous(), "gradient of ", p->name,
              " must be contiguous fp32");
-    std::memcpy(f + at, p->grad.data<float>(), p->grad.nbytes());
-    at += p->grad.numel();
+    grads.push_back(p->grad);
+    total += p->grad.numel();
   }
+  if (total == 0) return;
+  Tensor flat = Tensor::empty({total}, DType::F32);
+  ops::copy_to_flat(flat, grads);
   tp.all_reduce(flat, ReduceOp::Sum);
-  at = 0;
-  for (const Parameter* p : params) {
-    if (!p->sequence_parallel) continue;
-    std::memcpy(p->grad.data<float>(), f + at, p->grad.nbytes());
-    at += p->grad.numel();
-  }
+  ops::copy_from_flat(grads, flat);
 }
 
 double local_grad_sum_of_squares(const ParameterList& params, int tp_rank) {

@@ -17,10 +17,7 @@ OptimizerType parse_optimizer_type(const std::string& s) {
 
 void scale_inplace(const Tensor& t, float factor) {
   MG_CHECK(t.dtype() == DType::F32 && t.is_contiguous(), "grads must be contiguous fp32");
-  float* p = t.data<float>();
-  const int64_t n = t.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) p[i] *= factor;
+  ops::scale(t, factor);
 }
 
 void update_parameter(const OptimizerConfig& cfg, const Tensor& main, const Tensor& grad,
@@ -46,18 +43,7 @@ void update_parameter(const OptimizerConfig& cfg, const Tensor& main, const Tens
 
 void sgd_update(const Tensor& main, const Tensor& grad, const Tensor& buf, double lr, double wd,
                 double momentum, bool first) {
-  float* p = main.data<float>();
-  const float* g = grad.data<float>();
-  float* b = buf.data<float>();
-  const int64_t n = main.numel();
-  const float flr = float(lr), fwd = float(wd), fm = float(momentum);
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) {
-    float gi = g[i] + fwd * p[i];
-    float bi = momentum == 0.0 ? gi : (first ? gi : fm * b[i] + gi);
-    b[i] = bi;
-    p[i] -= flr * bi;
-  }
+  ops::sgd_step(main, grad, buf, float(lr), float(wd), float(momentum), first || momentum == 0.0);
 }
 
 std::pair<bool, double> reduce_grad_stats(Communicator* group, bool local_nonfinite,
@@ -65,8 +51,7 @@ std::pair<bool, double> reduce_grad_stats(Communicator* group, bool local_nonfin
   if (group == nullptr || group->size() == 1) return {local_nonfinite, local_sum_sq};
   Tensor t = Tensor::from_vector<double>({local_nonfinite ? 1.0 : 0.0, local_sum_sq}, {2});
   group->all_reduce(t, ReduceOp::Sum);
-  const double* v = t.data<double>();
-  return {v[0] > 0.0, v[1]};
+  return {ops::sum(t.narrow(0, 0, 1)) > 0.0, ops::sum(t.narrow(0, 1, 1))};
 }
 
 double global_l2_norm(const std::vector<Tensor>& tensors) {

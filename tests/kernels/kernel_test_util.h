@@ -1,5 +1,6 @@
 // Helpers for the op tests: random fp32 tensors, double copies, and the element-wise check
-// |got - ref| <= atol + |ref| * eps that every op test uses (any failing element fails).
+// |got - ref| <= atol + |ref| * eps that every op test uses (any failing element fails; equal
+// values pass, so expected infinities such as lse = -inf can be checked).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -30,7 +31,7 @@ inline void expect_close(const std::string& what, const Tensor& got,
   ASSERT_EQ(g.size(), ref.size()) << what;
   int64_t bad = 0, first = -1;
   for (size_t i = 0; i < g.size(); ++i)
-    if (!(std::abs(double(g[i]) - ref[i]) <= atol + std::abs(ref[i]) * eps)) {
+    if (!(double(g[i]) == ref[i] || std::abs(double(g[i]) - ref[i]) <= atol + std::abs(ref[i]) * eps)) {
       if (first < 0) first = int64_t(i);
       ++bad;
     }

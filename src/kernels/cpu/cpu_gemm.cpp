@@ -2,7 +2,10 @@
 // (the row stride is the BLAS leading dimension), so column blocks of a fused matrix (e.g. one
 // head of the QKV output) are multiplied without copies. OpenBLAS runs single-threaded; large
 // products are split into column (or row) blocks of C across the OpenMP threads, so there is one
-// thread pool and OpenMP's spinning workers never compete with OpenBLAS's own threads.
+// thread pool and OpenMP's spinning workers never compete with OpenBLAS's own threads. A product
+// with a single output row or column (decoding one token) is a matrix-vector product: it runs
+// through cblas_sgemv (OpenBLAS's sgemm with one row is several times slower), split into blocks
+// of output entries across the threads.
 #include <cblas.h>
 #include <omp.h>
 
@@ -26,6 +29,35 @@ Mat as_mat(const char* what, const Tensor& t, int d0) {
   return {t.data<float>(), t.size(d0), t.size(-1), ld};
 }
 
+// y = alpha * op(M) x + beta * y with M [rows, cols] (leading dimension ld): y has cols entries
+// when trans, else rows. Blocks of output entries (multiples of 16) go to the OpenMP threads.
+void sgemv(bool trans, int64_t rows, int64_t cols, float alpha, const float* M, int64_t ld,
+           const float* x, int64_t incx, float beta, float* y, int64_t incy) {
+  const int64_t ny = trans ? cols : rows;
+  if (beta == 0.0f)  // BLAS's scaling by beta = 0 may keep NaNs of an unwritten output
+    for (int64_t j = 0; j < ny; ++j) y[j * incy] = 0.0f;
+  auto call = [&](int64_t j0, int64_t j1) {
+    if (trans)
+      cblas_sgemv(CblasRowMajor, CblasTrans, int(rows), int(j1 - j0), alpha, M + j0, int(ld), x,
+                  int(incx), beta, y + j0 * incy, int(incy));
+    else
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(j1 - j0), int(cols), alpha, M + j0 * ld,
+                  int(ld), x, int(incx), beta, y + j0 * incy, int(incy));
+  };
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (nt == 1 || double(rows) * double(cols) < 1.0e5 || ny < 32) {
+    call(0, ny);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t j0 = (ny * t / T) & ~int64_t(15);
+    const int64_t j1 = t + 1 == T ? ny : (ny * (t + 1) / T) & ~int64_t(15);
+    if (j1 > j0) call(j0, j1);
+  }
+}
+
 void sgemm(const Mat& a, bool ta, const Mat& b, bool tb, const Mat& c, float alpha, float beta) {
   int64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols;
   int64_t kb = tb ? b.cols : b.rows, n = tb ? b.rows : b.cols;
@@ -34,6 +66,14 @@ void sgemm(const Mat& a, bool ta, const Mat& b, bool tb, const Mat& c, float alp
   if (m == 0 || n == 0) return;
   cpu::blas_single_threaded();
   float* cp = const_cast<float*>(c.p);
+  if (k > 0 && m == 1) {  // c row = op(b)^T op(a) row
+    sgemv(!tb, b.rows, b.cols, alpha, b.p, b.ld, a.p, ta ? a.ld : 1, beta, cp, 1);
+    return;
+  }
+  if (k > 0 && n == 1) {  // c column = op(a) op(b) column
+    sgemv(ta, a.rows, a.cols, alpha, a.p, a.ld, b.p, tb ? 1 : b.ld, beta, cp, c.ld);
+    return;
+  }
   auto call = [&](int64_t mm, int64_t nn, const float* ap, const float* bp, float* cc) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 int(mm), int(nn), int(k), alpha, ap, int(a.ld), bp, int(b.ld), beta, cc,

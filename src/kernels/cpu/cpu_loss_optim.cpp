@@ -1,5 +1,5 @@
 // Fused softmax cross-entropy (per-token loss, dlogits written in place), AdamW with decoupled
-// weight decay, and reductions / casts over any float dtype.
+// weight decay, SGD with momentum, and reductions / casts over any float dtype.
 #include <omp.h>
 
 #include <cmath>
@@ -83,6 +83,27 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
     p[i] -= c.lr * upd;
   }
   if (model_copy.defined() && model_copy.raw_data() != master.raw_data()) cast(model_copy, master);
+}
+
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, float lr,
+              float weight_decay, float momentum, bool first_step) {
+  cpu::require_f32("sgd_step", "param", param);
+  cpu::require_f32("sgd_step", "grad", grad);
+  cpu::require_f32("sgd_step", "momentum_buf", momentum_buf);
+  cpu::require_numel("sgd_step", param, grad);
+  cpu::require_numel("sgd_step", param, momentum_buf);
+  float* p = param.data<float>();
+  const float* g = grad.data<float>();
+  float* b = momentum_buf.data<float>();
+  const int64_t n = param.numel();
+  const bool fresh = momentum == 0.0f || first_step;  // the buffer starts as the gradient
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = g[i] + weight_decay * p[i];
+    float bi = fresh ? gi : momentum * b[i] + gi;
+    b[i] = bi;
+    p[i] -= lr * bi;
+  }
 }
 
 namespace {

@@ -1,0 +1,196 @@
+// Row gather / scatter, flat-buffer packing and double-precision sums on the CPU. Gathers and
+// copies move bytes (any dtype); sums read any float dtype. Sums run in fixed blocks whose
+// partial sums are added in order, so they do not depend on the thread count.
+#include <omp.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/ops.h"
+
+namespace megatron::ops {
+namespace {
+
+// A 2-D operand with unit inner stride seen as rows of bytes.
+struct Rows {
+  char* p;
+  int64_t rows, width, ld;  // ld and width in elements
+  size_t el;
+  const char* end() const { return p + (rows == 0 ? 0 : size_t((rows - 1) * ld + width) * el); }
+};
+
+Rows as_rows(const char* op, const char* name, const Tensor& t) {
+  cpu::require_cpu(op, t);
+  MG_CHECK(t.defined(), op, ": ", name, " is undefined");
+  MG_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D [rows, width], got ", shape_str(t.shape()));
+  MG_CHECK(t.stride(1) == 1 || t.size(1) <= 1, op, ": ", name, " needs unit inner stride");
+  const int64_t ld = t.size(0) <= 1 ? t.size(1) : t.stride(0);
+  MG_CHECK(ld >= t.size(1), op, ": ", name, " rows overlap (row stride ", ld, ")");
+  return {static_cast<char*>(t.raw_data()), t.size(0), t.size(1), ld, dtype_size(t.dtype())};
+}
+
+const int32_t* check_index(const char* op, const Tensor& index, int64_t k, int64_t n) {
+  cpu::require_cpu(op, index);
+  MG_CHECK(index.defined() && index.dtype() == DType::I32 && index.is_contiguous(), op,
+           ": index must be contiguous int32");
+  MG_CHECK(index.numel() == k, op, ": index has ", index.numel(), " entries for ", k, " rows");
+  const int32_t* ix = index.data<int32_t>();
+  for (int64_t i = 0; i < k; ++i)
+    MG_CHECK(ix[i] >= 0 && ix[i] < n, op, ": index[", i, "] = ", ix[i], " is outside the ", n,
+             " rows [0, ", n, ")");
+  return ix;
+}
+
+void check_pair(const char* op, const Tensor& out, const Tensor& in, const Rows& o, const Rows& i) {
+  MG_CHECK(out.dtype() == in.dtype(), op, ": out is ", dtype_name(out.dtype()), ", in is ",
+           dtype_name(in.dtype()));
+  MG_CHECK(o.width == i.width, op, ": out rows have ", o.width, " elements, in rows ", i.width);
+  MG_CHECK(o.end() <= i.p || i.end() <= o.p, op, ": out overlaps in");
+}
+
+}  // namespace
+
+void index_select_rows(const Tensor& out, const Tensor& in, const Tensor& index) {
+  const char* op = "index_select_rows";
+  const Rows o = as_rows(op, "out", out), s = as_rows(op, "in", in);
+  check_pair(op, out, in, o, s);
+  const int32_t* ix = check_index(op, index, o.rows, s.rows);
+  const size_t bytes = size_t(o.width) * o.el;
+#pragma omp parallel for schedule(static) if (o.rows * o.width > 16384)
+  for (int64_t i = 0; i < o.rows; ++i)
+    std::memcpy(o.p + size_t(i * o.ld) * o.el, s.p + size_t(int64_t(ix[i]) * s.ld) * s.el, bytes);
+}
+
+void index_copy_rows(const Tensor& out, const Tensor& in, const Tensor& index, bool accumulate) {
+  const char* op = "index_copy_rows";
+  const Rows o = as_rows(op, "out", out), s = as_rows(op, "in", in);
+  check_pair(op, out, in, o, s);
+  const int32_t* ix = check_index(op, index, s.rows, o.rows);
+  if (accumulate) {
+    MG_CHECK(out.dtype() == DType::F32, op, ": accumulate needs float32, got ",
+             dtype_name(out.dtype()));
+    float* d = reinterpret_cast<float*>(o.p);
+    const float* x = reinterpret_cast<const float*>(s.p);
+    // Each thread owns a column block and walks the rows in index order: duplicates are summed
+    // in a fixed order whatever the thread count.
+#pragma omp parallel if (s.rows * s.width > 16384)
+    {
+      const int T = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t c0 = s.width * t / T, c1 = s.width * (t + 1) / T;
+      for (int64_t i = 0; i < s.rows; ++i) {
+        float* drow = d + int64_t(ix[i]) * o.ld;
+        const float* xrow = x + i * s.ld;
+        for (int64_t c = c0; c < c1; ++c) drow[c] += xrow[c];
+      }
+    }
+    return;
+  }
+  std::vector<char> seen(size_t(o.rows), 0);
+  for (int64_t i = 0; i < s.rows; ++i) {
+    MG_CHECK(!seen[size_t(ix[i])], op, ": index[", i, "] = ", ix[i],
+             " repeats an earlier index (only accumulate may write a row twice)");
+    seen[size_t(ix[i])] = 1;
+  }
+  const size_t bytes = size_t(o.width) * o.el;
+#pragma omp parallel for schedule(static) if (s.rows * s.width > 16384)
+  for (int64_t i = 0; i < s.rows; ++i)
+    std::memcpy(o.p + size_t(int64_t(ix[i]) * o.ld) * o.el, s.p + size_t(i * s.ld) * s.el, bytes);
+}
+
+namespace {
+// Checks flat against parts and calls f(part_bytes, flat_bytes, nbytes) for each part.
+template <class F>
+void for_each_part(const char* op, const Tensor& flat, const std::vector<Tensor>& parts, F&& f) {
+  cpu::require_cpu(op, flat);
+  MG_CHECK(flat.defined() && flat.is_contiguous(), op, ": flat must be contiguous");
+  int64_t total = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const Tensor& p = parts[k];
+    cpu::require_cpu(op, p);
+    MG_CHECK(p.defined() && p.is_contiguous() && p.dtype() == flat.dtype(), op, ": parts[", k,
+             "] must be contiguous ", dtype_name(flat.dtype()), " like flat");
+    total += p.numel();
+  }
+  MG_CHECK(total == flat.numel(), op, ": parts hold ", total, " elements, flat ", flat.numel());
+  char* fp = static_cast<char*>(flat.raw_data());
+  size_t at = 0;
+  for (const Tensor& p : parts) {
+    f(static_cast<char*>(p.raw_data()), fp + at, p.nbytes());
+    at += p.nbytes();
+  }
+}
+}  // namespace
+
+void copy_to_flat(const Tensor& flat, const std::vector<Tensor>& parts) {
+  for_each_part("copy_to_flat", flat, parts,
+                [](char* part, char* f, size_t n) { std::memcpy(f, part, n); });
+}
+
+void copy_from_flat(const std::vector<Tensor>& parts, const Tensor& flat) {
+  for_each_part("copy_from_flat", flat, parts,
+                [](char* part, char* f, size_t n) { std::memcpy(part, f, n); });
+}
+
+namespace {
+constexpr int64_t kSumBlock = 4096;
+
+// value(i) of a contiguous float tensor as double, for any float dtype.
+template <class F>
+auto with_reader(const char* op, const Tensor& x, F&& f) {
+  cpu::require_cpu(op, x);
+  MG_CHECK(x.defined() && x.is_contiguous(), op, ": tensor must be contiguous");
+  switch (x.dtype()) {
+    case DType::F32: {
+      const float* p = x.data<float>();
+      return f([p](int64_t i) { return double(p[i]); });
+    }
+    case DType::F64: {
+      const double* p = x.data<double>();
+      return f([p](int64_t i) { return p[i]; });
+    }
+    case DType::BF16: {
+      const bf16* p = x.data<bf16>();
+      return f([p](int64_t i) { return double(bf16_to_float(p[i])); });
+    }
+    case DType::F16: {
+      const fp16* p = x.data<fp16>();
+      return f([p](int64_t i) { return double(fp16_to_float(p[i])); });
+    }
+    default: MG_CHECK(false, op, ": not a float dtype: ", dtype_name(x.dtype()));
+  }
+  return f([](int64_t) { return 0.0; });  // not reached
+}
+
+// Sum over i < n of term(i), in blocks of kSumBlock summed in order.
+template <class T>
+double blocked_sum(int64_t n, const T& term) {
+  const int64_t nb = (n + kSumBlock - 1) / kSumBlock;
+  std::vector<double> part(size_t(nb), 0.0);
+#pragma omp parallel for schedule(static) if (nb > 1)
+  for (int64_t b = 0; b < nb; ++b) {
+    double s = 0;
+    const int64_t e = std::min(n, (b + 1) * kSumBlock);
+    for (int64_t i = b * kSumBlock; i < e; ++i) s += term(i);
+    part[size_t(b)] = s;
+  }
+  double total = 0;
+  for (double v : part) total += v;
+  return total;
+}
+}  // namespace
+
+double sum(const Tensor& x) {
+  return with_reader("sum", x, [&](auto rd) { return blocked_sum(x.numel(), rd); });
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  cpu::require_numel("dot", a, b);
+  return with_reader("dot", a, [&](auto ra) {
+    return with_reader("dot", b, [&](auto rb) {
+      return blocked_sum(a.numel(), [&](int64_t i) { return ra(i) * rb(i); });
+    });
+  });
+}
+
+}  // namespace megatron::ops

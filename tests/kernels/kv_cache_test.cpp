@@ -1,0 +1,164 @@
+// KV-cache attention (inference) against a double reference of full causal attention over each
+// slot's whole sequence: ragged prompts prefilled together (one over the 64-row tiles), then
+// calls that mix a late prompt with decode steps of other slots at different positions, with
+// GQA, a sliding window and ALiBi; and the argument checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "kernel_test_util.h"
+
+namespace megatron::ops {
+namespace {
+using testing::expect_close;
+using testing::randn;
+
+constexpr int kHeads = 4, kGroups = 2, kDim = 5, kHpg = kHeads / kGroups;
+constexpr int64_t kWidth = int64_t(kGroups) * (kHpg + 2) * kDim, kCtx = int64_t(kHeads) * kDim;
+
+// ctx row (double) of the query at position p of a sequence seq [len, kWidth].
+std::vector<double> reference_row(const std::vector<double>& seq, int64_t p, int64_t window,
+                                  bool alibi) {
+  std::vector<double> out(static_cast<size_t>(kCtx), 0.0);
+  const std::vector<float> slopes = alibi_slopes(kHeads);
+  const double scale = 1.0 / std::sqrt(double(kDim));
+  for (int h = 0; h < kHeads; ++h) {
+    const int grp = h / kHpg;
+    const int64_t qo = int64_t(grp) * (kHpg + 2) * kDim + int64_t(h % kHpg) * kDim;
+    const int64_t ko = int64_t(grp) * (kHpg + 2) * kDim + int64_t(kHpg) * kDim, vo = ko + kDim;
+    const int64_t lo = window >= 0 ? std::max<int64_t>(0, p - window) : 0;
+    std::vector<double> sc;
+    double mx = -INFINITY;
+    for (int64_t j = lo; j <= p; ++j) {
+      double v = 0;
+      for (int e = 0; e < kDim; ++e) v += seq[size_t(p * kWidth + qo + e)] * seq[size_t(j * kWidth + ko + e)];
+      v = v * scale + (alibi ? double(slopes[size_t(h)]) * double(j - p) : 0.0);
+      sc.push_back(v);
+      mx = std::max(mx, v);
+    }
+    double se = 0;
+    for (double v : sc) se += std::exp(v - mx);
+    for (int64_t j = lo; j <= p; ++j)
+      for (int e = 0; e < kDim; ++e)
+        out[size_t(h * kDim + e)] +=
+            std::exp(sc[size_t(j - lo)] - mx) / se * seq[size_t(j * kWidth + vo + e)];
+  }
+  return out;
+}
+
+struct Row {
+  int32_t slot, pos;
+};
+
+void run_schedule(int64_t window, bool alibi) {
+  SCOPED_TRACE("window " + std::to_string(window) + (alibi ? " alibi" : ""));
+  const int64_t slots = 3, max_len = 80;
+  const std::vector<int64_t> lengths{72, 9, 9};
+  std::vector<std::vector<float>> seqs;
+  for (int64_t s = 0; s < slots; ++s)
+    seqs.push_back(randn({lengths[size_t(s)], kWidth}, 400 + uint64_t(s)).to_float_vector());
+  AttentionShape sh;
+  sh.heads = kHeads;
+  sh.groups = kGroups;
+  sh.head_dim = kDim;
+  sh.softmax_scale = 1.0f / std::sqrt(float(kDim));
+  sh.window_left = window;
+  sh.alibi = alibi;
+  Tensor kc = Tensor::full({slots, kGroups, max_len, kDim}, NAN, DType::F32);
+  Tensor vc = Tensor::full({slots, kGroups, max_len, kDim}, NAN, DType::F32);
+  // Call 1: prompts of slots 0 (70 tokens, over a tile boundary) and 1 (5 tokens).
+  // Call 2: slot 2's prompt (3 tokens) listed between decode rows of slots 1 and 0.
+  // Then decode steps, one row per active slot, at different positions.
+  std::vector<std::vector<Row>> calls(2);
+  for (int32_t p = 0; p < 70; ++p) calls[0].push_back({0, p});
+  for (int32_t p = 0; p < 5; ++p) calls[0].push_back({1, p});
+  calls[1] = {{1, 5}, {2, 0}, {2, 1}, {2, 2}, {0, 70}};
+  for (int32_t step = 0; step < 6; ++step) {
+    std::vector<Row> c;
+    if (step == 0) c.push_back({0, 71});
+    if (6 + step < 9) c.push_back({1, 6 + step});
+    c.push_back({2, 3 + step});
+    calls.push_back(c);
+  }
+  for (size_t ci = 0; ci < calls.size(); ++ci) {
+    SCOPED_TRACE("call " + std::to_string(ci));
+    const std::vector<Row>& rows = calls[ci];
+    const int64_t n = int64_t(rows.size());
+    std::vector<float> x;
+    std::vector<int32_t> slot, pos;
+    std::vector<double> ref;
+    for (const Row& r : rows) {
+      const std::vector<float>& seq = seqs[size_t(r.slot)];
+      x.insert(x.end(), seq.begin() + r.pos * kWidth, seq.begin() + (r.pos + 1) * kWidth);
+      slot.push_back(r.slot);
+      pos.push_back(r.pos);
+      const std::vector<double> rr = reference_row({seq.begin(), seq.end()}, r.pos, window, alibi);
+      ref.insert(ref.end(), rr.begin(), rr.end());
+    }
+    Tensor qkv = Tensor::from_vector(x, {n, kWidth});
+    Tensor ts = Tensor::from_vector(slot, {n}), tp = Tensor::from_vector(pos, {n});
+    kv_cache_append(kc, vc, qkv, ts, tp, sh);
+    Tensor ctx = Tensor::full({n, kCtx}, 7.0, DType::F32);
+    attention_kv_cache_fwd(ctx, qkv, kc, vc, ts, tp, sh);
+    expect_close("kv-cache ctx", ctx, ref, 1e-5);
+  }
+}
+
+TEST(KvCache, PrefillAndDecodeAcrossSlotsMatchFullAttention) { run_schedule(-1, false); }
+TEST(KvCache, SlidingWindow) { run_schedule(3, false); }
+TEST(KvCache, Alibi) { run_schedule(-1, true); }
+TEST(KvCache, SlidingWindowWithAlibiAcrossTiles) { run_schedule(66, true); }
+
+TEST(KvCache, AppendWritesTheRowsKeysAndValues) {
+  AttentionShape sh;
+  sh.heads = kHeads;
+  sh.groups = kGroups;
+  sh.head_dim = kDim;
+  Tensor kc = Tensor::zeros({2, kGroups, 4, kDim}, DType::F32), vc = kc.clone();
+  Tensor qkv = randn({1, kWidth}, 410);
+  kv_cache_append(kc, vc, qkv, Tensor::from_vector(std::vector<int32_t>{1}, {1}),
+                  Tensor::from_vector(std::vector<int32_t>{2}, {1}), sh);
+  for (int g = 0; g < kGroups; ++g)
+    for (int e = 0; e < kDim; ++e) {
+      const int64_t at = ((1 * kGroups + g) * 4 + 2) * kDim + e;
+      const int64_t col = int64_t(g) * (kHpg + 2) * kDim + kHpg * kDim + e;
+      EXPECT_EQ(kc.item_as_double(at), qkv.item_as_double(col));
+      EXPECT_EQ(vc.item_as_double(at), qkv.item_as_double(col + kDim));
+    }
+  EXPECT_EQ(testing::to_double(kc.narrow(0, 0, 1).contiguous()),
+            std::vector<double>(size_t(kGroups * 4 * kDim), 0.0));
+}
+
+TEST(KvCache, RejectsBadArguments) {
+  AttentionShape sh;
+  sh.heads = kHeads;
+  sh.groups = kGroups;
+  sh.head_dim = kDim;
+  sh.softmax_scale = 1.0f;
+  Tensor kc = Tensor::zeros({2, kGroups, 4, kDim}, DType::F32), vc = kc.clone();
+  Tensor qkv = randn({2, kWidth}, 420), ctx = Tensor::empty({2, kCtx}, DType::F32);
+  auto ints = [](std::vector<int32_t> v) { return Tensor::from_vector(v, {int64_t(v.size())}); };
+  EXPECT_NO_THROW(attention_kv_cache_fwd(ctx, qkv, kc, vc, ints({0, 1}), ints({0, 3}), sh));
+  EXPECT_THROW(kv_cache_append(kc, vc, qkv, ints({0, 2}), ints({0, 1}), sh), InternalError);
+  EXPECT_THROW(kv_cache_append(kc, vc, qkv, ints({0, 1}), ints({0, 4}), sh), InternalError);
+  EXPECT_THROW(kv_cache_append(kc, vc, qkv, ints({0}), ints({0}), sh), InternalError);
+  EXPECT_THROW(kv_cache_append(kc, Tensor::zeros({2, kGroups, 5, kDim}, DType::F32), qkv,
+                               ints({0, 1}), ints({0, 1}), sh),
+               InternalError);
+  EXPECT_THROW(kv_cache_append(Tensor::zeros({2, 1, 4, kDim}, DType::F32),
+                               Tensor::zeros({2, 1, 4, kDim}, DType::F32), qkv, ints({0, 1}),
+                               ints({0, 1}), sh),
+               InternalError);
+  AttentionShape bidir = sh;
+  bidir.causal = false;
+  EXPECT_THROW(attention_kv_cache_fwd(ctx, qkv, kc, vc, ints({0, 1}), ints({0, 1}), bidir),
+               InternalError);
+  EXPECT_THROW(attention_kv_cache_fwd(Tensor::empty({2, kCtx - 1}, DType::F32), qkv, kc, vc,
+                                      ints({0, 1}), ints({0, 1}), sh),
+               InternalError);
+}
+
+}  // namespace
+}  // namespace megatron::ops
