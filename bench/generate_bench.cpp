@@ -2,6 +2,7 @@
 // into the KV cache) and decode tokens/s (one token per sequence per step) at batch 1 and 16.
 // Compare with bench/reference/generate_bench.py (PyTorch with a KV cache, same shapes):
 //   build/bench/generate_bench [--layers 6 --hidden 512 --heads 8 --vocab 50304 --prompt 128 --gen 32]
+//                              [--arch gpt|llama]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,10 +18,11 @@ int main(int argc, char** argv) {
   const int64_t layers = f.get("--layers", 6), hidden = f.get("--hidden", 512),
                 heads = f.get("--heads", 8), vocab = f.get("--vocab", 50304),
                 prompt = f.get("--prompt", 128), gen = f.get("--gen", 32), reps = f.get("--reps", 3);
-  const auto cfg = bench::bench_config(layers, hidden, heads, vocab, prompt + gen);
-  inference::GPTInference model(cfg, bench::random_lookup(cfg));
-  std::printf("model: %lld layers, hidden %lld, heads %lld, vocab %lld; prompt %lld, generate %lld\n",
-              (long long)layers, (long long)hidden, (long long)heads, (long long)vocab,
+  const std::string arch = f.text("--arch", "gpt");
+  const auto cfg = bench::bench_config(layers, hidden, heads, vocab, prompt + gen, arch);
+  inference::GPTEngine model(cfg, bench::random_weights(cfg));
+  std::printf("model: %s, %lld layers, hidden %lld, heads %lld, vocab %lld; prompt %lld, generate %lld\n",
+              arch.c_str(), (long long)layers, (long long)hidden, (long long)heads, (long long)vocab,
               (long long)prompt, (long long)gen);
   std::printf("| batch | prefill tokens/s | decode tokens/s | decode ms/step |\n|---|---|---|---|\n");
   for (int64_t batch : {int64_t(1), int64_t(16)}) {

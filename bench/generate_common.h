@@ -2,55 +2,49 @@
 // do not matter for speed) and a tiny flag parser.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
 
 #include "core/rng.h"
-#include "inference/gpt_inference.h"
+#include "inference/gpt_engine.h"
+#include "model/gpt_model.h"
 
 namespace megatron::bench {
 
-inline inference::GPTInferenceConfig bench_config(int64_t layers, int64_t hidden, int64_t heads,
-                                                  int64_t vocab, int64_t max_len) {
-  inference::GPTInferenceConfig c;
-  c.num_layers = layers;
-  c.hidden_size = hidden;
-  c.num_attention_heads = heads;
+// A GPT-2-style shape, or with arch "llama" a Llama-style one (RMSNorm, SwiGLU, rotary, no biases,
+// untied output, query groups = heads / 4).
+inline model::TransformerConfig bench_config(int64_t layers, int64_t hidden, int64_t heads,
+                                             int64_t vocab, int64_t max_len,
+                                             const std::string& arch = "gpt") {
+  model::TransformerConfig c;
+  c.num_layers = int(layers);
+  c.hidden_size = int(hidden);
+  c.num_attention_heads = int(heads);
   c.padded_vocab_size = vocab;
-  c.max_position_embeddings = max_len;
-  return c.resolved();
+  c.max_position_embeddings = int(max_len);
+  c.seq_length = int(max_len);
+  c.hidden_dropout = c.attention_dropout = 0.0f;
+  if (arch == "llama") {
+    c.normalization = "RMSNorm";
+    c.activation = "swiglu";
+    c.position_embedding_type = "rope";
+    c.num_query_groups = std::max<int>(1, int(heads) / 4);
+    c.ffn_hidden_size = int(hidden) * 8 / 3 / 64 * 64;
+    c.add_bias_linear = false;
+    c.untie_embeddings_and_output_weights = true;
+  }
+  return c;
 }
 
-// Random normal(0, 0.02) weights by name, generated on demand (norm weights 1, biases 0).
-inline inference::WeightLookup random_lookup(const inference::GPTInferenceConfig& c) {
-  return [c](const std::string& name) -> Tensor {
-    const int64_t h = c.hidden_size, V = c.padded_vocab_size;
-    const int64_t qkv = (c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels;
-    Shape shape;
-    bool ones = false, zeros = false;
-    auto ends = [&](const char* s) {
-      return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0;
-    };
-    if (name == "embedding.word_embeddings.weight") shape = {V, h};
-    else if (name == "embedding.position_embeddings.weight") shape = {c.max_position_embeddings, h};
-    else if (ends("layernorm.weight")) { shape = {h}; ones = true; }
-    else if (ends("layernorm.bias")) { shape = {h}; zeros = true; }
-    else if (ends("linear_qkv.weight")) shape = {qkv, h};
-    else if (ends("linear_qkv.bias")) { shape = {qkv}; zeros = true; }
-    else if (ends("linear_proj.weight")) shape = {h, c.num_attention_heads * c.kv_channels};
-    else if (ends("linear_proj.bias") || ends("linear_fc2.bias")) { shape = {h}; zeros = true; }
-    else if (ends("linear_fc1.weight")) shape = {c.ffn_hidden_size, h};
-    else if (ends("linear_fc1.bias")) { shape = {c.ffn_hidden_size}; zeros = true; }
-    else if (ends("linear_fc2.weight")) shape = {h, c.ffn_hidden_size};
-    else return Tensor();
-    if (ones) return Tensor::full(shape, 1.0, DType::F32);
-    if (zeros) return Tensor::zeros(shape, DType::F32);
-    Tensor t = Tensor::empty(shape, DType::F32);
-    Philox(7, std::hash<std::string>{}(name)).fill_normal(t.data<float>(), t.numel(), 0.0f, 0.02f);
-    return t;
-  };
+// Megatron's initial weights of that shape (the values do not matter for speed).
+inline std::map<std::string, Tensor> random_weights(const model::TransformerConfig& c) {
+  model::GPTModel m(c, 7);
+  std::map<std::string, Tensor> w;
+  for (model::Parameter* p : m.parameters()) w[p->name] = p->value.clone();
+  return w;
 }
 
 // --name value pairs into a map; flag(name, default).
@@ -61,6 +55,10 @@ struct Flags {
   int64_t get(const std::string& name, int64_t fallback) const {
     auto it = values.find(name);
     return it == values.end() ? fallback : std::atoll(it->second.c_str());
+  }
+  std::string text(const std::string& name, const std::string& fallback) const {
+    auto it = values.find(name);
+    return it == values.end() ? fallback : it->second;
   }
   std::map<std::string, std::string> values;
 };

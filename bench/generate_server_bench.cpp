@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   set_log_level(LogLevel::Warn);
   data::NullTokenizer tokenizer(50257);
   const auto cfg = bench::bench_config(layers, hidden, heads, 50304, 256);
-  inference::GPTInference model(cfg, bench::random_lookup(cfg));
+  inference::GPTEngine model(cfg, bench::random_weights(cfg));
   inference::ServerOptions options;
   options.port = 0;
   options.max_batch_size = int(max_batch);

@@ -18,6 +18,15 @@ void layernorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor& db, const T
   ops::layernorm_bwd(dx, dw, db, dout, x, w, mean, rstd, acc);
 }
 
+void rmsnorm_fwd(const Tensor& out, const Tensor&, const Tensor& rstd, const Tensor& x,
+                 const Tensor& w, const Tensor&, float eps) {
+  ops::rmsnorm_fwd(out, rstd, x, w, eps);
+}
+void rmsnorm_bwd(const Tensor& dx, const Tensor& dw, const Tensor&, const Tensor& dout,
+                 const Tensor& x, const Tensor& w, const Tensor&, const Tensor& rstd, bool acc) {
+  ops::rmsnorm_bwd(dx, dw, dout, x, w, rstd, acc);
+}
+
 void gelu_fwd(const Tensor& out, const Tensor& x) { ops::gelu_fwd(out, x, false); }
 void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   ops::gelu_bwd(dx, dout, x, false);
@@ -39,6 +48,7 @@ std::string names(const std::vector<Kind>& kinds) {
 const std::vector<NormKind>& norm_kinds() {
   static const std::vector<NormKind> kinds = {
       {"LayerNorm", true, true, layernorm_fwd, layernorm_bwd},
+      {"RMSNorm", false, false, rmsnorm_fwd, rmsnorm_bwd},
   };
   return kinds;
 }
@@ -49,6 +59,10 @@ const std::vector<ActivationKind>& activation_kinds() {
        false, gelu_tanh_fwd, gelu_tanh_bwd},
       {"gelu", "", "GeLU, exact erf form (--no-bias-gelu-fusion, or --disable-bias-linear)", false,
        gelu_fwd, gelu_bwd},
+      {"swiglu", "--swiglu", "SwiGLU MLP: silu(gate) * up, fc1 gives [gate | up]", true,
+       ops::swiglu_fwd, ops::swiglu_bwd},
+      {"squared_relu", "--squared-relu", "Squared ReLU activation", false, ops::squared_relu_fwd,
+       ops::squared_relu_bwd},
   };
   return kinds;
 }

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/gpt_stage.h"
+#include "model/layer_spec.h"
 #include "model/tensor_parallel.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/grad_buffer.h"
@@ -406,7 +407,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   }
   FlopsModel fm{a.model.num_layers, a.model.hidden_size, a.model.num_attention_heads,
                 a.model.kv_channels, a.model.num_query_groups, a.model.ffn(), a.model.seq_length,
-                a.model.padded_vocab_size, false};
+                a.model.padded_vocab_size, model::activation_kind(a.model.activation).gated};
   const double flops_iter = flops_per_iteration(fm, gbs);
   TensorBoardOptions tb_options = a.tensorboard;
   if (!log_rank) tb_options.dir.clear();

@@ -7,7 +7,7 @@
 #include "fake_model.h"
 #include "inference/batch_engine.h"
 #include "inference/generation.h"
-#include "inference/gpt_inference.h"
+#include "inference/gpt_engine.h"
 #include "tiny_gpt.h"
 
 namespace megatron::inference {
@@ -179,13 +179,13 @@ TEST_P(BatchEngineGPT, JoiningSequencesEqualEachAlone) {
   const auto w = testing::random_weights(c);
   auto rows = mixed_requests();  // prompt + tokens <= 26 < 32 positions
   const std::vector<int64_t> join = {0, 0, 1, 4, 4, 5, 6, 11};
-  GPTInference model(c, testing::lookup(w));
+  GPTEngine model(c, w);
   BatchEngine engine(model, kVocab, special_tokens(), 3);
   int64_t max_running = 0;
   const auto got = run_engine(engine, rows, join, &max_running);
   ASSERT_EQ(got.size(), rows.size());
   EXPECT_EQ(max_running, 3);
-  GPTInference alone(c, testing::lookup(w));
+  GPTEngine alone(c, w);
   for (size_t i = 0; i < rows.size(); ++i) {
     std::vector<SequenceRequest> one = {rows[i]};
     expect_same(got[i], generate(alone, one, kVocab, special_tokens())[0], 1e-4, i);
@@ -208,13 +208,13 @@ TEST_P(BatchEngineGPT, TheCacheGrowsWhenALongerSequenceJoins) {
   rows[1].seed = 5;
   rows[1].return_logprobs = true;
   rows[1].stop_on_eod = false;
-  GPTInference model(c, testing::lookup(w));
+  GPTEngine model(c, w);
   BatchEngine engine(model, kVocab, special_tokens(), 2);
   int64_t max_running = 0;
   const auto got = run_engine(engine, rows, {0, 2}, &max_running);
   EXPECT_EQ(max_running, 2);
   EXPECT_EQ(engine.cache_length(), 24);  // max(24, 2 x 8)
-  GPTInference alone(c, testing::lookup(w));
+  GPTEngine alone(c, w);
   for (size_t i = 0; i < rows.size(); ++i) {
     std::vector<SequenceRequest> one = {rows[i]};
     expect_same(got[i], generate(alone, one, kVocab, special_tokens())[0], 1e-4, i);

@@ -27,7 +27,7 @@ using nlohmann::json;
 const std::string kTokenizer = " --tokenizer-type NullTokenizer --vocab-size 60 --make-vocab-size-divisible-by 64";
 
 struct Checkpoint {
-  Checkpoint(const GPTInferenceConfig& config, const json& args) : weights(testing::random_weights(config)) {
+  Checkpoint(const model::TransformerConfig& config, const json& args) : weights(testing::random_weights(config)) {
     testing::write_checkpoint(dir.path(), weights, 5);
     if (!args.is_null()) set_args(args);
   }
@@ -47,9 +47,9 @@ json gpt2_args() {
           {"padded_vocab_size", 64}};
 }
 
-std::vector<int32_t> greedy(const GPTInferenceConfig& config, const testing::Weights& w,
+std::vector<int32_t> greedy(const model::TransformerConfig& config, const testing::Weights& w,
                             std::vector<int32_t> prompt, int64_t n) {
-  GPTInference model(config, testing::lookup(w));
+  GPTEngine model(config, w);
   std::vector<SequenceRequest> rows(1);
   rows[0].prompt = std::move(prompt);
   rows[0].tokens_to_generate = n;
@@ -116,7 +116,7 @@ TEST(UseCheckpointArgs, GenerateTakesTheShapeFromTheCheckpoint) {
   nested["model"]["gelu_tanh"] = false;
   ckpt.set_args(nested);
   auto erf = config;
-  erf.activation = GPTInferenceConfig::Activation::Gelu;
+  erf.activation = "gelu";
   const auto want_erf = greedy(erf, ckpt.weights, {1, 2, 3}, 6);
   EXPECT_EQ(tokens_of(generate_cli(ckpt, " --use-checkpoint-args --tokenizer-type NullTokenizer"
                                          " --vocab-size 60")),
@@ -198,9 +198,8 @@ TEST(UseCheckpointArgs, MistakesAreClearErrors) {
 // epsilon, the vocabulary padding) is an error naming the flag, not silently wrong text.
 TEST(UseCheckpointArgs, FlagsAndDefaultsAreCheckedAgainstTheMetadata) {
   auto config = testing::gpt2_config();
-  config.activation = GPTInferenceConfig::Activation::Gelu;  // trained with the exact GeLU
+  config.activation = "gelu";  // trained with the exact GeLU
   config.layernorm_epsilon = 1e-6;
-  config = config.resolved();
   json args = gpt2_args();
   args["openai_gelu"] = false;
   args["bias_gelu_fusion"] = false;

@@ -35,7 +35,7 @@ struct Checkpoint {
 };
 
 std::vector<int32_t> greedy(const testing::Weights& w, std::vector<int32_t> prompt, int64_t n) {
-  GPTInference model(testing::gpt2_config(), testing::lookup(w));
+  GPTEngine model(testing::gpt2_config(), w);
   std::vector<SequenceRequest> rows(1);
   rows[0].prompt = std::move(prompt);
   rows[0].tokens_to_generate = n;

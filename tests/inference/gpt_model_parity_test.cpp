@@ -1,12 +1,16 @@
 // The inference engine on a training GPTModel's weights: KV-cache decoding reproduces
 // GPTModel::forward_logits over the same prefix, and greedy generation equals generation by
-// recomputing the whole prefix with forward_logits at every step.
+// recomputing the whole prefix with forward_logits at every step, for every architecture the
+// layer spec builds (GeLU forms, Llama-style, per-head q/k norms, ALiBi, sliding window,
+// interleaved partial rotary, zero-centred norms).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "inference/generation.h"
-#include "inference/gpt_inference.h"
+#include "inference/gpt_engine.h"
 #include "model/gpt_model.h"
 
 namespace megatron::inference {
@@ -36,14 +40,46 @@ std::vector<float> model_logits(model::GPTModel& m, const std::vector<int32_t>& 
   return m.forward_logits(t, p).to_float_vector();
 }
 
-class GPTModelParity : public ::testing::TestWithParam<bool> {};
+// The configuration named by the test parameter.
+model::GPTConfig config_for(const std::string& name) {
+  model::GPTConfig c = tiny_model_config();
+  if (name == "ErfGelu") c.activation = "gelu";
+  if (name == "Llama" || name == "LlamaQkNormInterleaved") {
+    c.normalization = "RMSNorm";
+    c.activation = "swiglu";
+    c.position_embedding_type = "rope";
+    c.num_query_groups = 2;
+    c.ffn_hidden_size = 48;
+    c.add_bias_linear = false;
+    c.untie_embeddings_and_output_weights = true;
+  }
+  if (name == "LlamaQkNormInterleaved") {
+    c.qk_layernorm = true;
+    c.rotary_interleaved = true;
+    c.rotary_percent = 0.5f;
+    c.apply_layernorm_1p = true;
+  }
+  if (name == "AlibiWindowSquaredRelu") {
+    c.position_embedding_type = "alibi";
+    c.window_left = 5;
+    c.activation = "squared_relu";
+  }
+  return c;
+}
+
+// The model's own parameters as the engine's weights.
+std::map<std::string, Tensor> weights_of(model::GPTModel& m) {
+  std::map<std::string, Tensor> w;
+  for (model::Parameter* p : m.parameters()) w[p->name] = p->value;
+  return w;
+}
+
+class GPTModelParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GPTModelParity, CachedDecodingEqualsForwardLogits) {
-  model::GPTConfig mc = tiny_model_config();
-  mc.gelu_tanh = GetParam();
+  model::GPTConfig mc = config_for(GetParam());
   model::GPTModel m(mc, 1234);
-  auto params = m.parameters();
-  GPTInference engine(inference_config(mc), parameter_lookup(params));
+  GPTEngine engine(mc, weights_of(m));
   const std::vector<int32_t> tokens = {3, 17, 42, 5, 9, 60, 1, 33, 8, 2, 50, 11};
   const auto want = model_logits(m, tokens);
   const int64_t V = mc.padded_vocab_size, s = int64_t(tokens.size());
@@ -62,11 +98,9 @@ TEST_P(GPTModelParity, CachedDecodingEqualsForwardLogits) {
 }
 
 TEST_P(GPTModelParity, GreedyGenerationAndLogprobsEqualRecomputation) {
-  model::GPTConfig mc = tiny_model_config();
-  mc.gelu_tanh = GetParam();
+  model::GPTConfig mc = config_for(GetParam());
   model::GPTModel m(mc, 99);
-  auto params = m.parameters();
-  GPTInference engine(inference_config(mc), parameter_lookup(params));
+  GPTEngine engine(mc, weights_of(m));
   std::vector<SequenceRequest> rows(1);
   rows[0].prompt = {7, 8, 9};
   rows[0].tokens_to_generate = 10;
@@ -93,8 +127,10 @@ TEST_P(GPTModelParity, GreedyGenerationAndLogprobsEqualRecomputation) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Gelu, GPTModelParity, ::testing::Values(true, false),
-                         [](const auto& info) { return info.param ? "TanhGelu" : "ErfGelu"; });
+INSTANTIATE_TEST_SUITE_P(Architectures, GPTModelParity,
+                         ::testing::Values("TanhGelu", "ErfGelu", "Llama", "LlamaQkNormInterleaved",
+                                           "AlibiWindowSquaredRelu"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace megatron::inference

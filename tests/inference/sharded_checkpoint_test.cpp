@@ -63,7 +63,7 @@ void convert(const fs::path& from, const fs::path& to, int tp, int pp) {
 InferenceModel load(const fs::path& dir, int64_t vocab, int64_t divisor) {
   InferenceModelOptions o;
   o.load = dir.string();
-  o.gpt = testing::gpt2_config();
+  o.model = testing::gpt2_config();
   o.make_vocab_size_divisible_by = divisor;
   o.tokenizer.type = "NullTokenizer";
   o.tokenizer.vocab_size = vocab;

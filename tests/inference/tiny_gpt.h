@@ -9,11 +9,11 @@
 #include <string>
 
 #include "core/rng.h"
-#include "inference/gpt_inference.h"
+#include "inference/gpt_engine.h"
 
 namespace megatron::inference::testing {
 
-using Config = GPTInferenceConfig;
+using Config = model::TransformerConfig;
 using Weights = std::map<std::string, Tensor>;
 
 inline Config gpt2_config() {
@@ -23,8 +23,9 @@ inline Config gpt2_config() {
   c.num_attention_heads = 4;
   c.padded_vocab_size = 64;
   c.max_position_embeddings = 32;
-  c.activation = Config::Activation::GeluTanh;  // Megatron's default fused bias-GeLU
-  return c.resolved();
+  c.seq_length = 32;
+  c.activation = "gelu_tanh";  // Megatron's default fused bias-GeLU
+  return c;
 }
 
 inline Config llama_config() {
@@ -36,14 +37,15 @@ inline Config llama_config() {
   c.ffn_hidden_size = 48;
   c.padded_vocab_size = 64;
   c.max_position_embeddings = 32;
-  c.normalization = Config::Norm::RMSNorm;
-  c.activation = Config::Activation::SwiGLU;
-  c.position_embedding_type = Config::Position::Rope;
-  c.rotary_percent = 0.5;
+  c.seq_length = 32;
+  c.normalization = "RMSNorm";
+  c.activation = "swiglu";
+  c.position_embedding_type = "rope";
+  c.rotary_percent = 0.5f;
   c.add_bias_linear = false;
   c.add_qkv_bias = false;
   c.untie_embeddings_and_output_weights = true;
-  return c.resolved();
+  return c;
 }
 
 inline Weights random_weights(const Config& c) {
@@ -54,12 +56,12 @@ inline Weights random_weights(const Config& c) {
     Philox(1234, stream++).fill_normal(t.data<float>(), t.numel(), mean, stddev);
     w[name] = t;
   };
-  const int64_t h = c.hidden_size, V = c.padded_vocab_size;
-  const bool ln = c.normalization == Config::Norm::LayerNorm;
-  const int64_t qkv = (c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels;
-  const int64_t fc1 = c.activation == Config::Activation::SwiGLU ? 2 * c.ffn_hidden_size : c.ffn_hidden_size;
+  const int64_t h = c.hidden_size, V = c.padded_vocab_size, ffn = c.ffn();
+  const bool ln = c.normalization == "LayerNorm";
+  const int64_t qkv = int64_t(c.num_attention_heads + 2 * c.query_groups()) * c.head_dim();
+  const int64_t fc1 = c.activation == "swiglu" ? 2 * ffn : ffn;
   add("embedding.word_embeddings.weight", {V, h}, 0.0f, 0.5f);
-  if (c.position_embedding_type == Config::Position::LearnedAbsolute)
+  if (c.learned_position_embedding())
     add("embedding.position_embeddings.weight", {c.max_position_embeddings, h}, 0.0f, 0.5f);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "decoder.layers." + std::to_string(i) + ".";
@@ -70,10 +72,10 @@ inline Weights random_weights(const Config& c) {
       add(p + "pre_mlp_layernorm.bias", {h}, 0.0f, 0.1f);
     }
     add(p + "self_attention.linear_qkv.weight", {qkv, h}, 0.0f, 0.3f);
-    add(p + "self_attention.linear_proj.weight", {h, c.num_attention_heads * c.kv_channels}, 0.0f, 0.2f);
+    add(p + "self_attention.linear_proj.weight", {h, int64_t(c.num_attention_heads) * c.head_dim()}, 0.0f, 0.2f);
     add(p + "mlp.linear_fc1.weight", {fc1, h}, 0.0f, 0.2f);
-    add(p + "mlp.linear_fc2.weight", {h, c.ffn_hidden_size}, 0.0f, 0.2f);
-    if (c.add_qkv_bias) add(p + "self_attention.linear_qkv.bias", {qkv}, 0.0f, 0.1f);
+    add(p + "mlp.linear_fc2.weight", {h, ffn}, 0.0f, 0.2f);
+    if (c.qkv_bias()) add(p + "self_attention.linear_qkv.bias", {qkv}, 0.0f, 0.1f);
     if (c.add_bias_linear) {
       add(p + "self_attention.linear_proj.bias", {h}, 0.0f, 0.1f);
       add(p + "mlp.linear_fc1.bias", {fc1}, 0.0f, 0.1f);
@@ -84,13 +86,6 @@ inline Weights random_weights(const Config& c) {
   if (ln) add("decoder.final_layernorm.bias", {h}, 0.0f, 0.1f);
   if (c.untie_embeddings_and_output_weights) add("output_layer.weight", {V, h}, 0.0f, 0.5f);
   return w;
-}
-
-inline WeightLookup lookup(const Weights& w) {
-  return [&w](const std::string& name) {
-    auto it = w.find(name);
-    return it == w.end() ? Tensor() : it->second;
-  };
 }
 
 // Writes `w` as DIR/iter_{step}/mp_rank_00/model.safetensors plus the tracker file.

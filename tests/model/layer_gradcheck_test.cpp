@@ -9,7 +9,12 @@
 #include <functional>
 
 #include "core/rng.h"
-#include "model/layers.h"
+#include "model/attention.h"
+#include "model/layer_spec.h"
+#include "model/mlp.h"
+#include "model/norm.h"
+#include "model/parallel_layers.h"
+#include "model/transformer_layer.h"
 
 namespace megatron::model {
 namespace {
@@ -72,88 +77,203 @@ void gradcheck(const std::string& what, const LayerContext& ctx, Tensor x,
   for (Parameter* p : params) check(p->name, p->value, p->grad);
 }
 
-TEST(LayerGradcheck, LayerNorm) {
-  LayerNorm ln("ln", 16, 1e-5f, DType::F32);
-  ln.weight.param.value.copy_(randn({16}, 1, 0.5f));
-  ln.bias.param.value.copy_(randn({16}, 2));
-  LayerContext ctx = make_ctx(2, 5, false);
-  gradcheck("LayerNorm", ctx, randn({10, 16}, 3),
-            [&](const LayerContext& c, const Tensor& x) { return ln.forward(c, x); },
-            [&](const LayerContext& c, const Tensor& d) { return ln.backward(c, d); },
-            {&ln.weight.param, &ln.bias.param});
+TransformerConfig layer_config(int h, int heads, int groups) {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = h;
+  c.num_attention_heads = heads;
+  c.num_query_groups = groups;
+  c.seq_length = 8;
+  c.max_position_embeddings = 8;
+  c.padded_vocab_size = 16;
+  c.hidden_dropout = 0.0f;
+  c.attention_dropout = 0.0f;
+  return c;
 }
 
-TEST(LayerGradcheck, ColumnAndRowParallelLinear) {
-  ColumnParallelLinear col("col", 12, 20, DType::F32);
-  RowParallelLinear row("row", 20, 12, DType::F32);
-  for (Weight* w : {&col.weight, &col.bias, &row.weight})
-    w->param.value.copy_(randn(w->param.value.shape(), 4, 0.3f));
-  LayerContext ctx = make_ctx(2, 4, false);
-  auto fwd = [&](const LayerContext& c, const Tensor& x) { return row.forward(c, col.forward(c, x)); };
-  auto bwd = [&](const LayerContext& c, const Tensor& d) { return col.backward(c, row.backward(c, d)); };
-  gradcheck("Linear", ctx, randn({8, 12}, 5), fwd, bwd,
-            {&col.weight.param, &col.bias.param, &row.weight.param});
-}
-
-TEST(LayerGradcheck, SelfAttentionWithDropoutAndStarts) {
-  for (bool selective : {false, true}) {
-    SelfAttention attn("attn", 16, AttentionDims{4, 4, 4, 0.2f}, 0, DType::F32);
-    for (Weight* w : {&attn.linear_qkv.weight, &attn.linear_qkv.bias, &attn.linear_proj.weight})
-      w->param.value.copy_(randn(w->param.value.shape(), 6, 0.4f));
-    LayerContext ctx = make_ctx(2, 6, true);
-    ctx.recompute_core_attention = selective;
-    gradcheck(selective ? "SelfAttention(selective)" : "SelfAttention", ctx, randn({12, 16}, 7),
-              [&](const LayerContext& c, const Tensor& x) { return attn.forward(c, x); },
-              [&](const LayerContext& c, const Tensor& d) { return attn.backward(c, d); },
-              {&attn.linear_qkv.weight.param, &attn.linear_qkv.bias.param,
-               &attn.linear_proj.weight.param});
-  }
-}
-
-TEST(LayerGradcheck, MLPBothGelus) {
-  for (bool tanh_gelu : {true, false}) {
-    MLP mlp("mlp", 8, 24, tanh_gelu, DType::F32);
-    for (Weight* w : {&mlp.linear_fc1.weight, &mlp.linear_fc1.bias, &mlp.linear_fc2.weight})
-      w->param.value.copy_(randn(w->param.value.shape(), 8, 0.4f));
-    LayerContext ctx = make_ctx(2, 3, false);
-    gradcheck("MLP", ctx, randn({6, 8}, 9),
-              [&](const LayerContext& c, const Tensor& x) { return mlp.forward(c, x); },
-              [&](const LayerContext& c, const Tensor& d) { return mlp.backward(c, d); },
-              {&mlp.linear_fc1.weight.param, &mlp.linear_fc1.bias.param,
-               &mlp.linear_fc2.weight.param});
-  }
-}
-
-TEST(LayerGradcheck, TransformerLayerWithDropout) {
-  TransformerLayer layer(1, 16, 32, AttentionDims{2, 2, 8, 0.1f}, 1e-5f, 0.1f, true, DType::F32);
-  ParameterList ps;
-  layer.parameters(ps);
+void randomise(const ParameterList& ps, uint64_t seed) {
   for (size_t i = 0; i < ps.size(); ++i) {
-    Tensor r = randn(ps[i]->value.shape(), 50 + i, 0.3f);
+    Tensor r = randn(ps[i]->value.shape(), seed + i, 0.3f);
     if (ps[i]->name.find("layernorm.weight") != std::string::npos)
       for (int64_t j = 0; j < r.numel(); ++j) r.data<float>()[j] += 1.0f;
     ps[i]->value.copy_(r);
   }
-  LayerContext ctx = make_ctx(2, 5, true);
-  gradcheck("TransformerLayer", ctx, randn({10, 16}, 11),
-            [&](const LayerContext& c, const Tensor& x) { return layer.forward(c, x); },
-            [&](const LayerContext& c, const Tensor& d) { return layer.backward(c, d); }, ps);
+}
+
+TEST(LayerGradcheck, Norms) {
+  for (const char* kind : {"LayerNorm", "RMSNorm"})
+    for (bool one_p : {false, true}) {
+      NormOptions o;
+      o.zero_centered_gamma = one_p;
+      Norm ln("ln", 16, norm_kind(kind), DType::F32, o);
+      ParameterList ps = ln.parameters();
+      EXPECT_EQ(ps.size(), std::string(kind) == "LayerNorm" ? 2u : 1u);
+      randomise(ps, 1);
+      ln.refresh_working_weights();
+      LayerContext ctx = make_ctx(2, 5, false);
+      gradcheck(std::string(kind) + (one_p ? " 1p" : ""), ctx, randn({10, 16}, 3),
+                [&](const LayerContext& c, const Tensor& x) {
+                  ln.refresh_working_weights();
+                  return ln.forward(c, x);
+                },
+                [&](const LayerContext& c, const Tensor& d) { return ln.backward(c, d); }, ps);
+    }
+}
+
+TEST(LayerGradcheck, ColumnAndRowParallelLinear) {
+  for (bool bias : {true, false}) {
+    LinearOptions o;
+    o.bias = bias;
+    ColumnParallelLinear col("col", 12, 20, DType::F32, TensorParallel::none(), o);
+    RowParallelLinear row("row", 20, 12, DType::F32, TensorParallel::none(), o);
+    ParameterList ps = col.parameters();
+    for (Parameter* p : row.parameters())
+      if (p->name != "row.bias") ps.push_back(p);  // added by the caller's bias-dropout-add
+    EXPECT_EQ(ps.size(), bias ? 3u : 2u);
+    randomise(ps, 4);
+    LayerContext ctx = make_ctx(2, 4, false);
+    auto fwd = [&](const LayerContext& c, const Tensor& x) { return row.forward(c, col.forward(c, x)); };
+    auto bwd = [&](const LayerContext& c, const Tensor& d) { return col.backward(c, row.backward(c, d)); };
+    gradcheck("Linear", ctx, randn({8, 12}, 5), fwd, bwd, ps);
+  }
+}
+
+// Each attention variant of the layer spec: dropout with document starts (stored and selective
+// recompute), rotary (halves, interleaved, partial), per-head q/k norms, ALiBi, a sliding window,
+// bidirectional attention with a padding mask, grouped-query attention.
+TEST(LayerGradcheck, SelfAttentionVariants) {
+  struct Case {
+    const char* name;
+    std::function<void(TransformerConfig&)> set;
+    bool selective = false, padding = false;
+  };
+  const std::vector<Case> cases = {
+      {"dropout+starts", [](TransformerConfig& c) { c.attention_dropout = 0.2f; }},
+      {"selective", [](TransformerConfig& c) { c.attention_dropout = 0.2f; }, true},
+      {"rope", [](TransformerConfig& c) { c.position_embedding_type = "rope"; }},
+      {"rope interleaved partial",
+       [](TransformerConfig& c) {
+         c.position_embedding_type = "rope";
+         c.rotary_interleaved = true;
+         c.rotary_percent = 0.5f;
+       }},
+      {"qk layernorm + rope",
+       [](TransformerConfig& c) {
+         c.qk_layernorm = true;
+         c.position_embedding_type = "rope";
+       }},
+      {"qk rmsnorm 1p",
+       [](TransformerConfig& c) {
+         c.qk_layernorm = true;
+         c.normalization = "RMSNorm";
+         c.apply_layernorm_1p = true;
+       }},
+      {"alibi", [](TransformerConfig& c) { c.position_embedding_type = "alibi"; }},
+      {"window", [](TransformerConfig& c) { c.window_left = 2; }},
+      {"bidirectional+padding+window",
+       [](TransformerConfig& c) {
+         c.attention_mask_type = "bidirectional";
+         c.window_left = 3;
+         c.window_right = 1;
+       },
+       false, true},
+      {"no biases", [](TransformerConfig& c) { c.add_bias_linear = false; }},
+  };
+  for (const Case& k : cases) {
+    TransformerConfig cfg = layer_config(16, 4, 2);
+    k.set(cfg);
+    const TransformerLayerSpec spec = gpt_layer_spec(cfg);
+    SelfAttention attn("attn", cfg, spec.self_attention, 0);
+    ParameterList ps = attn.parameters();
+    std::vector<Parameter*> checked;
+    for (Parameter* p : ps)
+      if (p->name != "attn.linear_proj.bias") checked.push_back(p);
+    randomise(ps, 6);
+    attn.refresh_working_weights();
+    LayerContext ctx = make_ctx(2, 6, cfg.attention_dropout > 0);
+    ctx.recompute_core_attention = k.selective;
+    if (!cfg.causal()) ctx.attention_start = Tensor();
+    if (k.padding)
+      ctx.key_padding = Tensor::from_vector(std::vector<int32_t>{1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1}, {2, 6});
+    if (cfg.rope()) {
+      std::vector<int32_t> pos;
+      for (int64_t i = 0; i < 12; ++i) pos.push_back(int32_t(i % 6));
+      ctx.rope_positions = Tensor::from_vector(pos, {12});
+    }
+    gradcheck(std::string("SelfAttention ") + k.name, ctx, randn({12, 16}, 7),
+              [&](const LayerContext& c, const Tensor& x) {
+                attn.refresh_working_weights();
+                return attn.forward(c, x);
+              },
+              [&](const LayerContext& c, const Tensor& d) { return attn.backward(c, d); }, checked);
+  }
+}
+
+TEST(LayerGradcheck, MLPActivations) {
+  for (const char* act : {"gelu_tanh", "gelu", "swiglu", "squared_relu"}) {
+    TransformerConfig cfg = layer_config(8, 2, 2);
+    cfg.ffn_hidden_size = 24;
+    cfg.activation = act;
+    MLP mlp("mlp", cfg, gpt_layer_spec(cfg).mlp);
+    ParameterList ps = mlp.parameters();
+    std::vector<Parameter*> checked;
+    for (Parameter* p : ps)
+      if (p->name != "mlp.linear_fc2.bias") checked.push_back(p);
+    randomise(ps, 8);
+    EXPECT_EQ(mlp.linear_fc1.weight.param.value.size(0), std::string(act) == "swiglu" ? 48 : 24);
+    LayerContext ctx = make_ctx(2, 3, false);
+    gradcheck(std::string("MLP ") + act, ctx, randn({6, 8}, 9),
+              [&](const LayerContext& c, const Tensor& x) { return mlp.forward(c, x); },
+              [&](const LayerContext& c, const Tensor& d) { return mlp.backward(c, d); }, checked);
+  }
+}
+
+TEST(LayerGradcheck, TransformerLayerWithDropout) {
+  for (bool llama : {false, true}) {
+    TransformerConfig cfg = layer_config(16, 2, 2);
+    cfg.ffn_hidden_size = 32;
+    cfg.hidden_dropout = 0.1f;
+    cfg.attention_dropout = 0.1f;
+    if (llama) {
+      cfg.normalization = "RMSNorm";
+      cfg.activation = "swiglu";
+      cfg.position_embedding_type = "rope";
+      cfg.num_query_groups = 1;
+      cfg.add_bias_linear = false;
+    }
+    TransformerLayer layer(1, cfg, gpt_layer_spec(cfg));
+    ParameterList ps = layer.parameters();
+    randomise(ps, 50);
+    layer.refresh_working_weights();
+    LayerContext ctx = make_ctx(2, 5, true);
+    if (llama) {
+      std::vector<int32_t> pos;
+      for (int64_t i = 0; i < 10; ++i) pos.push_back(int32_t(i % 5));
+      ctx.rope_positions = Tensor::from_vector(pos, {10});
+    }
+    gradcheck(llama ? "TransformerLayer llama" : "TransformerLayer", ctx, randn({10, 16}, 11),
+              [&](const LayerContext& c, const Tensor& x) { return layer.forward(c, x); },
+              [&](const LayerContext& c, const Tensor& d) { return layer.backward(c, d); }, ps);
+  }
 }
 
 TEST(LayerGradcheck, EmbeddingWithDropout) {
-  Embedding emb(13, 9, 8, 0.2f, DType::F32);
-  emb.word.param.value.copy_(randn({13, 8}, 12));
-  emb.position.param.value.copy_(randn({9, 8}, 13));
-  std::vector<int32_t> tok = {1, 5, 5, 12, 0, 3}, pos = {0, 1, 2, 0, 1, 2};
-  Tensor t = Tensor::from_vector(tok, {2, 3}), p = Tensor::from_vector(pos, {2, 3});
-  LayerContext ctx = make_ctx(2, 3, true);
-  gradcheck("Embedding", ctx, Tensor::zeros({1}, DType::F32),
-            [&](const LayerContext& c, const Tensor&) { return emb.forward(c, t, p); },
-            [&](const LayerContext& c, const Tensor& d) {
-              emb.backward(c, d);
-              return Tensor();
-            },
-            {&emb.word.param, &emb.position.param});
+  for (bool positions : {true, false}) {
+    Embedding emb(13, positions ? 9 : 0, 8, 0.2f, DType::F32);
+    ParameterList ps = emb.parameters();
+    EXPECT_EQ(ps.size(), positions ? 2u : 1u);
+    randomise(ps, 12);
+    std::vector<int32_t> tok = {1, 5, 5, 12, 0, 3}, pos = {0, 1, 2, 0, 1, 2};
+    Tensor t = Tensor::from_vector(tok, {2, 3}), p = Tensor::from_vector(pos, {2, 3});
+    LayerContext ctx = make_ctx(2, 3, true);
+    gradcheck("Embedding", ctx, Tensor::zeros({1}, DType::F32),
+              [&](const LayerContext& c, const Tensor&) { return emb.forward(c, t, p); },
+              [&](const LayerContext& c, const Tensor& d) {
+                emb.backward(c, d);
+                return Tensor();
+              },
+              ps);
+  }
 }
 
 }  // namespace

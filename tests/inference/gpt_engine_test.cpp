@@ -1,6 +1,7 @@
-// GPT inference with a KV cache: incremental decoding equals a full causal forward over the same
-// prefix, and both equal a PyTorch reference (tests/reference/generate_reference.py) on the
-// same random weights, for a GPT-2 style and a Llama style configuration.
+// The generation engine (the model's own layers with a KV cache): incremental decoding equals a
+// full causal forward over the same prefix, and both equal a PyTorch reference
+// (tests/reference/generate_reference.py) on the same random weights, for a GPT-2 style and a
+// Llama style configuration.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,24 +12,23 @@
 #include "core/rng.h"
 #include "inference/beam_search.h"
 #include "inference/generation.h"
-#include "inference/gpt_inference.h"
+#include "inference/gpt_engine.h"
 #include "test_util.h"
 #include "tiny_gpt.h"
 
 namespace megatron::inference {
 namespace {
 
-using Config = GPTInferenceConfig;
+using Config = model::TransformerConfig;
 using testing::gpt2_config;
 using testing::llama_config;
-using testing::lookup;
 using testing::random_weights;
 using testing::Weights;
 
 // The same network without a cache: every forward recomputes the whole prefix.
 class RecomputeModel final : public LanguageModel {
  public:
-  explicit RecomputeModel(GPTInference& inner) : inner_(inner) {}
+  explicit RecomputeModel(GPTEngine& inner) : inner_(inner) {}
   int64_t vocab_size() const override { return inner_.vocab_size(); }
   int64_t max_sequence_length() const override { return inner_.max_sequence_length(); }
   void start(int64_t batch, int64_t) override { rows_.assign(size_t(batch), {}); }
@@ -51,24 +51,24 @@ class RecomputeModel final : public LanguageModel {
   int64_t position() const override { return rows_.empty() ? 0 : int64_t(rows_[0].size()); }
 
  private:
-  GPTInference& inner_;
+  GPTEngine& inner_;
   std::vector<std::vector<int32_t>> rows_;
 };
 
-class GPTInferenceTest : public ::testing::TestWithParam<int> {
+class GPTEngineTest : public ::testing::TestWithParam<int> {
  protected:
   Config config() const {
     if (GetParam() == 2) return llama_config();
     Config c = gpt2_config();
-    if (GetParam() == 1) c.activation = Config::Activation::Gelu;  // --no-bias-gelu-fusion
+    if (GetParam() == 1) c.activation = "gelu";  // --no-bias-gelu-fusion
     return c;
   }
 };
 
-TEST_P(GPTInferenceTest, DecodingWithTheCacheEqualsAFullForward) {
+TEST_P(GPTEngineTest, DecodingWithTheCacheEqualsAFullForward) {
   const Config c = config();
   const Weights w = random_weights(c);
-  GPTInference model(c, lookup(w));
+  GPTEngine model(c, w);
   const int64_t b = 2, s = 12;
   std::vector<int32_t> tokens;
   for (int64_t i = 0; i < b * s; ++i) tokens.push_back(int32_t((i * 37 + 5) % 60));
@@ -98,10 +98,10 @@ TEST_P(GPTInferenceTest, DecodingWithTheCacheEqualsAFullForward) {
   EXPECT_LT(worst, 1e-5f);
 }
 
-TEST_P(GPTInferenceTest, GenerationAndBeamSearchEqualRecomputation) {
+TEST_P(GPTEngineTest, GenerationAndBeamSearchEqualRecomputation) {
   const Config c = config();
   const Weights w = random_weights(c);
-  GPTInference cached(c, lookup(w)), inner(c, lookup(w));
+  GPTEngine cached(c, w), inner(c, w);
   RecomputeModel recompute(inner);
   std::vector<SequenceRequest> rows(3);
   for (int i = 0; i < 3; ++i) {
@@ -135,20 +135,20 @@ TEST_P(GPTInferenceTest, GenerationAndBeamSearchEqualRecomputation) {
   }
 }
 
-TEST_P(GPTInferenceTest, MatchesThePyTorchReference) {
+TEST_P(GPTEngineTest, MatchesThePyTorchReference) {
   const Config c = config();
   const Weights w = random_weights(c);
   megatron::testing::TempDir dir;
   nlohmann::json spec;
   spec["config"] = {{"num_layers", c.num_layers}, {"num_attention_heads", c.num_attention_heads},
-                    {"num_query_groups", c.num_query_groups}, {"kv_channels", c.kv_channels},
+                    {"num_query_groups", c.query_groups()}, {"kv_channels", c.head_dim()},
                     {"padded_vocab_size", c.padded_vocab_size},
                     {"layernorm_epsilon", c.layernorm_epsilon},
-                    {"normalization", c.normalization == Config::Norm::LayerNorm ? "LayerNorm" : "RMSNorm"},
-                    {"activation", c.activation == Config::Activation::Gelu ? "Gelu"
-                                   : c.activation == Config::Activation::GeluTanh ? "GeluTanh" : "SwiGLU"},
+                    {"normalization", c.normalization},
+                    {"activation", c.activation == "gelu" ? "Gelu"
+                                   : c.activation == "gelu_tanh" ? "GeluTanh" : "SwiGLU"},
                     {"position_embedding_type",
-                     c.position_embedding_type == Config::Position::Rope ? "Rope" : "LearnedAbsolute"},
+                     c.rope() ? "Rope" : "LearnedAbsolute"},
                     {"rotary_base", c.rotary_base}, {"rotary_percent", c.rotary_percent}};
   std::ofstream bin(dir / "w.bin", std::ios::binary);
   int64_t offset = 0;
@@ -170,7 +170,7 @@ TEST_P(GPTInferenceTest, MatchesThePyTorchReference) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const auto ref = nlohmann::json::parse(run.output);
 
-  GPTInference model(c, lookup(w));
+  GPTEngine model(c, w);
   std::vector<int32_t> flat;
   for (const auto& p : prompts) flat.insert(flat.end(), p.begin(), p.end());
   model.start(2, 6);
@@ -205,24 +205,23 @@ TEST_P(GPTInferenceTest, MatchesThePyTorchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, GPTInferenceTest, ::testing::Values(0, 1, 2), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(Configs, GPTEngineTest, ::testing::Values(0, 1, 2), [](const auto& info) {
   return info.param == 0 ? "GPT2Style" : info.param == 1 ? "GPT2StyleErfGelu" : "LlamaStyle";
 });
 
-TEST(GPTInference, ReadsAModelsParameters) {
-  const Config c = gpt2_config();
+// bf16 weights are kept in the configuration's dtype and computed in fp32: close to, not equal
+// to, the fp32 weights.
+TEST(GPTEngine, HalfPrecisionWeights) {
+  Config c = gpt2_config();
   const Weights w = random_weights(c);
-  std::vector<model::Parameter> storage;
-  for (const auto& [name, t] : w) storage.push_back({name, t.to(DType::BF16), Tensor(), true, -1, false});
-  model::ParameterList params;
-  for (auto& p : storage) params.push_back(&p);
-  GPTInference from_params(c, parameter_lookup(params));
-  GPTInference from_map(c, lookup(w));
+  Config c16 = c;
+  c16.params_dtype = DType::BF16;
+  GPTEngine bf16(c16, w), fp32(c, w);
+  EXPECT_EQ(bf16.model().parameters()[0]->value.dtype(), DType::BF16);
   std::vector<int32_t> tokens = {1, 2, 3, 4};
-  from_params.start(1, 4);
-  from_map.start(1, 4);
-  const Tensor a = from_params.forward(tokens, 4, false), b = from_map.forward(tokens, 4, false);
-  // bf16 parameters are converted to fp32: close to, not equal to, the fp32 weights.
+  bf16.start(1, 4);
+  fp32.start(1, 4);
+  const Tensor a = bf16.forward(tokens, 4, false), b = fp32.forward(tokens, 4, false);
   double worst = 0.0;
   for (int64_t v = 0; v < c.padded_vocab_size; ++v)
     worst = std::max(worst, double(std::abs(a.data<float>()[v] - b.data<float>()[v])));
@@ -230,14 +229,20 @@ TEST(GPTInference, ReadsAModelsParameters) {
   EXPECT_GT(worst, 0.0);
 }
 
-TEST(GPTInference, MissingOrMisshapenWeightsAreClearErrors) {
+TEST(GPTEngine, MissingOrMisshapenWeightsAreClearErrors) {
   const Config c = gpt2_config();
   Weights w = random_weights(c);
   w.erase("decoder.layers.1.mlp.linear_fc2.weight");
-  EXPECT_THROW(GPTInference(c, lookup(w)), Error);
+  EXPECT_THROW(GPTEngine(c, w), Error);
   w = random_weights(c);
   w["decoder.final_layernorm.weight"] = Tensor::zeros({5}, DType::F32);
-  EXPECT_THROW(GPTInference(c, lookup(w)), Error);
+  EXPECT_THROW(GPTEngine(c, w), Error);
+  w = random_weights(c);
+  w["decoder.layers.0.self_attention.q_layernorm.weight"] = Tensor::zeros({8}, DType::F32);
+  EXPECT_THROW(GPTEngine(c, w), Error);  // a tensor the configuration does not use
+  w = random_weights(c);
+  w["decoder.final_layernorm.weight"].data<float>()[3] = std::nanf("");
+  EXPECT_THROW(GPTEngine(c, w), Error);  // non-finite weights
 }
 
 }  // namespace
