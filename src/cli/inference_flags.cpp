@@ -69,6 +69,8 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
       if (given(f)) flags.push_back(f);
     const std::string value = s.show(cfg);
     const std::string key = s.key;
+    if (key == "num_query_groups" && given("--num-query-groups"))
+      return str("--num-query-groups ", cfg.query_groups());
     if (key == "max_position_embeddings" && flags.empty() && given("--seq-length"))
       return str("--seq-length (no --max-position-embeddings) ", value);
     if (key == "activation") {

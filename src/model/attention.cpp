@@ -45,7 +45,7 @@ SelfAttention::SelfAttention(const std::string& prefix, const TransformerConfig&
       attention_dropout(cfg.attention_dropout),
       spec_(spec),
       window_left_(cfg.window_left),
-      window_right_(spec.causal ? 0 : cfg.window_right),
+      window_right_(cfg.window_right),
       cp_(cp) {
   register_child(linear_qkv);
   if (spec.qk_norm) {

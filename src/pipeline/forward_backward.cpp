@@ -181,12 +181,14 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
              model.chunk(c).in_flight(), " micro-batches after the schedule");
 
   // The loss lives on the last stage; every rank of the pipeline group gets it.
-  Tensor loss = Tensor::empty({2}, DType::F64);
-  loss.data<double>()[0] = res.loss_sum;
-  loss.data<double>()[1] = res.num_tokens;
-  pp.broadcast(loss, P - 1);
-  res.loss_sum = loss.data<double>()[0];
-  res.num_tokens = loss.data<double>()[1];
+  if (P > 1) {
+    Tensor loss = Tensor::empty({2}, DType::F64);
+    loss.data<double>()[0] = res.loss_sum;
+    loss.data<double>()[1] = res.num_tokens;
+    pp.broadcast(loss, P - 1);
+    res.loss_sum = loss.data<double>()[0];
+    res.num_tokens = loss.data<double>()[1];
+  }
 
   if (hooked) {
     // Everything but the tied embedding was finalised and reported by the passes.
