@@ -353,16 +353,18 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
   // ---- id -> bytes for decode, vocabulary size, token lookup
   id_bytes_.assign(size_t(max_id) + 1, std::string());
   has_id_.assign(size_t(max_id) + 1, false);
-  std::sort(names.begin(), names.end());
-  names.erase(std::unique(names.begin(), names.end(),
-                          [](const auto& a, const auto& b) { return a.first == b.first; }),
-              names.end());
-  vocab_size_ = int64_t(names.size());
   for (const auto& [name, id] : names) {
     auto bytes = byte_level_bytes(name);
     id_bytes_[size_t(id)] = bytes ? *bytes : name;
     has_id_[size_t(id)] = true;
   }
+  // len(tokenizer) counts token strings: an added token whose content is also a vocabulary
+  // token counts once.
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end(),
+                          [](const auto& a, const auto& b) { return a.first == b.first; }),
+              names.end());
+  vocab_size_ = int64_t(names.size());
   token_ids_ = std::move(names);
 
   // ---- special ids: tokenizer_config.json / special_tokens_map.json as AutoTokenizer reads them

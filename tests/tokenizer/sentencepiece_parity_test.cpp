@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "data/indexed_dataset.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "test_util.h"
 #include "tokenizer/parity_util.h"
@@ -114,6 +115,35 @@ TEST_F(SentencePieceParity, UnigramGPTSentencePieceTokenizer) {
 }
 TEST_F(SentencePieceParity, UnigramLlama2Tokenizer) {
   check("unigram", Flavor::kLlama2, "Llama2Tokenizer", 0);
+}
+
+// preprocess-data end to end: every document is BOS + the reference ids + EOS (--append-eod).
+TEST_F(SentencePieceParity, PreprocessDataWithLlama2TokenizerWritesTheReferenceIds) {
+  const fs::path model = *tmp_ / "bpe.model", ids = *tmp_ / "cli_ref.bin";
+  ASSERT_EQ(parity::run_reference(
+                std::string(kPython) + " '" +
+                (source_dir() / "tests/reference/sentencepiece_reference.py").string() +
+                "' encode --model '" + model.string() + "' --flavor Llama2Tokenizer --out '" +
+                ids.string() + "' --decoded '" + (*tmp_ / "cli_dec.jsonl").string() + "' '" +
+                (*tmp_ / "held.jsonl").string() + "'"),
+            "");
+  auto r = megatron::testing::run_cli(
+      "preprocess-data --input '" + (*tmp_ / "held.jsonl").string() + "' --output-prefix '" +
+      (*tmp_ / "llama").string() + "' --tokenizer-type Llama2Tokenizer --tokenizer-model '" +
+      model.string() + "' --append-eod --workers 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  SentencePieceTokenizer tok(model.string(), Flavor::kLlama2);
+  const auto ref = parity::read_id_file(ids);
+  IndexedDataset ds((*tmp_ / "llama_text_document").string());
+  ASSERT_EQ(ds.num_documents(), int64_t(ref.size()));
+  for (size_t d = 0; d < ref.size(); ++d) {
+    std::vector<int32_t> got;
+    for (int64_t s = ds.document_indices()[d]; s < ds.document_indices()[d + 1]; ++s)
+      ds.read(s, 0, ds.sequence_length(s), got);
+    auto expected = ref[d];
+    expected.push_back(*tok.eod());
+    ASSERT_EQ(parity::first_difference(got, expected), "") << "document " << d;
+  }
 }
 
 TEST(SentencePieceTokenizer, ErrorsNameTheFlagAndFile) {
