@@ -15,7 +15,10 @@
 //  - post_processor: TemplateProcessing (the "single" template, e.g. Llama-3's BOS),
 //    RobertaProcessing/BertProcessing, ByteLevel, Sequence: applied to every encode, as
 //    transformers' tokenizer(text).input_ids that Megatron calls;
-//  - decoder: ByteLevel (tokens' characters back to bytes; invalid UTF-8 becomes U+FFFD).
+//  - decoder: ByteLevel (tokens' characters back to bytes; invalid UTF-8 becomes U+FFFD);
+//    transformers' optional clean_up_tokenization_spaces is not applied, so decode(encode(x)) == x.
+// Added tokens are matched in the raw text, also those marked "normalized" (which the tokenizers
+// crate matches after normalization; the same unless the normalizer changes them).
 // EOD/BOS/pad are the eos/bos/pad tokens of tokenizer_config.json (or special_tokens_map.json)
 // beside tokenizer.json, as transformers' AutoTokenizer reads them; without either file the EOD
 // is the first added token named <|endoftext|>, <|end_of_text|>, </s> or <eos>.
