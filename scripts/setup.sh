@@ -9,7 +9,8 @@ PACKAGES=(
   libopenblas-dev libopenmpi-dev openmpi-bin
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libutf8proc-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-numpy python3-torch
+  libsentencepiece-dev libpcre2-dev libsnappy-dev libzstd-dev zlib1g-dev
+  python3 python3-numpy python3-torch python3-sentencepiece
 )
 
 missing=()

@@ -1,4 +1,5 @@
-// `megatron preprocess-data`: Megatron's tools/preprocess_data.py flags -> data::preprocess_data.
+// `megatron preprocess-data`: Megatron's tools/preprocess_data.py flags -> data::preprocess_data
+// (JSONL, plain text or Parquet input).
 // SIGINT/SIGTERM set a flag the pipeline polls, so an interrupted run removes its temporary
 // files and leaves no output pair behind.
 #include <algorithm>
@@ -71,16 +72,21 @@ CommandRegistrar reg(
     "preprocess-data", "Tokenize JSONL/text into Megatron .bin/.idx datasets", 100,
     [](CLI::App& sub) {
       auto f = std::make_shared<Flags>();
-      sub.add_option("--input", f->opt.input, "Input JSONL (or .txt) file")->required();
+      sub.add_option("--input", f->opt.input,
+                     "Input JSONL, .txt or .parquet file, or a quoted glob of files "
+                     "('data/*.parquet'), read in sorted order into one dataset")
+          ->required();
       sub.add_option("--json-keys", f->opt.json_keys,
-                     "Keys to extract from each JSON line; one output dataset per key")
+                     "Keys to extract from each JSON line (Parquet: string columns); one output "
+                     "dataset per key")
           ->default_str("text");
       sub.add_option("--output-prefix", f->opt.output_prefix,
                      "Output prefix: writes PREFIX_KEY_document.bin/.idx")
           ->required();
       sub.add_option("--input-format", f->input_format,
-                     "auto (*.txt = text-lines, else jsonl), jsonl, text-lines (one document per "
-                     "line) or text-paragraphs (documents separated by blank lines)")
+                     "auto (*.parquet = parquet, *.txt = text-lines, else jsonl), jsonl, text-lines "
+                     "(one document per line), text-paragraphs (documents separated by blank "
+                     "lines) or parquet")
           ->capture_default_str();
       sub.add_flag("--split-sentences", f->opt.split_sentences,
                    "Split documents into sentences (rule-based splitter)");

@@ -1,6 +1,7 @@
 // Megatron's tokenizer flag group (--tokenizer-type, --vocab-file, --merge-file,
-// --tokenizer-model, --vocab-size, --vocab-extra-ids), added to any subcommand that builds a
-// tokenizer, so every command spells and documents them the same way.
+// --tokenizer-model, --vocab-size, --vocab-extra-ids, --tiktoken-pattern,
+// --tiktoken-num-special-tokens, --tokenizer-special-tokens), added to any subcommand that builds
+// a tokenizer, so every command spells and documents them the same way.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -2,6 +2,7 @@
 #include "data/preprocess.h"
 
 #include <fcntl.h>
+#include <glob.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/indexed_dataset.h"
+#include "data/preprocess_batch.h"
 #include "data/sentence_splitter.h"
 
 namespace megatron::data {
@@ -30,20 +32,6 @@ namespace megatron::data {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// One input record (a JSON line, a text line or a paragraph) inside a batch's byte buffer.
-struct Record {
-  size_t begin, end;     // in Batch::data
-  int64_t line;          // 1-based line number of its first line
-  uint64_t file_offset;  // byte offset of its first byte in the input file
-};
-
-struct Batch {
-  uint64_t seq = 0;
-  std::string data;
-  std::vector<Record> records;
-  uint64_t input_bytes = 0;  // bytes of the file this batch covers (records + separators)
-};
 
 struct DocResult {
   std::string error;  // non-empty: the record is bad
@@ -71,14 +59,14 @@ std::string json_type_name(const nlohmann::json& v) {
 
 class Pipeline {
  public:
-  Pipeline(const PreprocessOptions& o, const Tokenizer& tok, InputFormat format)
-      : opt_(o), tok_(tok), format_(format) {
+  Pipeline(const PreprocessOptions& o, const Tokenizer& tok, InputFormat format,
+           std::vector<std::string> files)
+      : opt_(o), tok_(tok), format_(format), files_(std::move(files)) {
     if (o.append_eod) eod_ = tok.eod_or_throw();
   }
   ~Pipeline() { shutdown(); }
 
-  void start(int fd) {
-    fd_ = fd;
+  void start() {
     reader_ = std::thread([this] { run_reader(); });
     for (int w = 0; w < opt_.workers; ++w) workers_.emplace_back([this] { run_worker(); });
   }
@@ -123,7 +111,21 @@ class Pipeline {
   // ---- reader: splits the file into records, batches them, respects the in-flight bound.
   void run_reader() {
     try {
-      read_records();
+      if (format_ == InputFormat::Parquet) {
+        read_parquet_batches(
+            files_, opt_.json_keys, kBatchBytes, kBatchRecords, [this](Batch& b) { return push(b); },
+            [this] { return stop_requested(); });
+      } else {
+        for (uint32_t f = 0; f < files_.size(); ++f) {
+          const int fd = ::open(files_[f].c_str(), O_RDONLY | O_CLOEXEC);
+          MG_REQUIRE(fd >= 0, "cannot open --input ", files_[f], ": ", std::strerror(errno));
+          struct FdCloser {
+            int fd;
+            ~FdCloser() { ::close(fd); }
+          } closer{fd};
+          if (!read_records(fd, f)) break;
+        }
+      }
       std::lock_guard lock(mu_);
       reader_done_ = true;
     } catch (...) {
@@ -147,7 +149,8 @@ class Pipeline {
     return true;
   }
 
-  void read_records() {
+  // Reads one text/JSONL file into batches; false when the run is stopping.
+  bool read_records(int fd, uint32_t file) {
     std::vector<char> chunk(kReadChunk);
     Batch batch;
     std::string line;          // the current line, possibly spanning chunks
@@ -178,7 +181,7 @@ class Pipeline {
           }
         } else {
           if (!block_open) {
-            block = Record{batch.data.size(), 0, line_no, line_offset};
+            block = Record{batch.data.size(), 0, line_no, line_offset, file};
             block_open = true;
           } else {
             batch.data.push_back('\n');
@@ -189,7 +192,7 @@ class Pipeline {
       } else {
         size_t len = line.size();
         if (format_ == InputFormat::TextLines && len && line[len - 1] == '\r') --len;
-        Record r{batch.data.size(), batch.data.size() + len, line_no, line_offset};
+        Record r{batch.data.size(), batch.data.size() + len, line_no, line_offset, file};
         batch.data.append(line, 0, len);
         full = finish_record(r, consumed);
       }
@@ -199,14 +202,14 @@ class Pipeline {
     };
 
     for (;;) {
-      if (stop_requested()) return;
+      if (stop_requested()) return false;
       // Wait in short slices so an interrupt is seen even on a pipe that stays silent.
-      pollfd pfd{fd_, POLLIN, 0};
+      pollfd pfd{fd, POLLIN, 0};
       int ready = ::poll(&pfd, 1, 100);
       if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
-      ssize_t n = ::read(fd_, chunk.data(), chunk.size());
+      ssize_t n = ::read(fd, chunk.data(), chunk.size());
       if (n < 0 && errno == EINTR) continue;
-      MG_REQUIRE(n >= 0, "cannot read ", opt_.input, ": ", std::strerror(errno));
+      MG_REQUIRE(n >= 0, "cannot read ", files_[file], ": ", std::strerror(errno));
       if (n == 0) break;
       const char* p = chunk.data();
       const char* end = p + n;
@@ -217,7 +220,7 @@ class Pipeline {
         line.append(p, size_t(stop - p));
         if (!nl) break;
         p = nl + 1;
-        if (on_line(line.size() + 1) && !push(batch)) return;
+        if (on_line(line.size() + 1) && !push(batch)) return false;
       }
       offset += uint64_t(n);
     }
@@ -227,7 +230,8 @@ class Pipeline {
       block_open = false;
       finish_record(block, 0);
     }
-    if (!batch.records.empty() || batch.input_bytes) push(batch);
+    if (!batch.records.empty() || batch.input_bytes) return push(batch);
+    return true;
   }
 
   // ---- workers
@@ -248,10 +252,13 @@ class Pipeline {
         const Record& rec = b.records[i];
         std::string_view text(b.data.data() + rec.begin, rec.end - rec.begin);
         try {
-          process_record(text, rec, r.docs[i]);
+          if (format_ == InputFormat::Parquet)
+            process_row(b, i, r.docs[i]);
+          else
+            process_record(text, rec, r.docs[i]);
         } catch (const std::exception& e) {
           r.docs[i] = DocResult();
-          r.docs[i].error = str(opt_.input, ":", rec.line, ": ", e.what());
+          r.docs[i].error = str(where(rec), ": ", e.what());
         }
       }
       {
@@ -283,11 +290,42 @@ class Pipeline {
       encode_value({text}, doc);
   }
 
+  // "FILE:LINE" of a record ("FILE: row N" for Parquet).
+  std::string where(const Record& rec) const {
+    if (format_ == InputFormat::Parquet) return str(files_[rec.file], ": row ", rec.line);
+    return str(files_[rec.file], ":", rec.line);
+  }
+
+  // A Parquet row: one value per --json-keys column.
+  void process_row(const Batch& b, size_t i, DocResult& doc) {
+    const Record& rec = b.records[i];
+    const size_t keys = opt_.json_keys.size();
+    size_t begin = 0;
+    for (size_t k = 0; k < keys; ++k) {
+      const size_t end = b.field_ends[i * keys + k];
+      if (b.field_null[i * keys + k]) {
+        doc = DocResult();
+        doc.error = str(where(rec), ": column '", opt_.json_keys[k], "' is null");
+        return;
+      }
+      std::string_view text(b.data.data() + rec.begin + begin, end - begin);
+      begin = end;
+      const size_t bad = find_invalid_utf8(text);
+      if (bad != std::string_view::npos) {
+        doc = DocResult();
+        doc.error = str(where(rec), ": column '", opt_.json_keys[k],
+                        "' holds invalid UTF-8 at byte ", bad + 1, " of the value");
+        return;
+      }
+      encode_text(text, doc);
+    }
+  }
+
   void process_record(std::string_view text, const Record& rec, DocResult& doc) {
     size_t bad = find_invalid_utf8(text);
     if (bad != std::string_view::npos) {
       // Column counts bytes from 1 in the record's first line (paragraphs: may be a later line).
-      doc.error = str(opt_.input, ":", rec.line, ": invalid UTF-8 at byte offset ",
+      doc.error = str(where(rec), ": invalid UTF-8 at byte offset ",
                       rec.file_offset + bad, " of the file (byte ", bad + 1,
                       " of the record); the input must be UTF-8");
       return;
@@ -300,18 +338,18 @@ class Pipeline {
     try {
       j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
-      doc.error = str(opt_.input, ":", rec.line, ": malformed JSON: ", e.what());
+      doc.error = str(where(rec), ": malformed JSON: ", e.what());
       return;
     }
     if (!j.is_object()) {
-      doc.error = str(opt_.input, ":", rec.line, ": expected a JSON object, found a ",
+      doc.error = str(where(rec), ": expected a JSON object, found a ",
                       json_type_name(j));
       return;
     }
     for (const std::string& key : opt_.json_keys) {
       auto it = j.find(key);
       if (it == j.end()) {
-        doc.error = str(opt_.input, ":", rec.line, ": missing key '", key,
+        doc.error = str(where(rec), ": missing key '", key,
                         "' (select keys with --json-keys)");
         return;
       }
@@ -321,7 +359,7 @@ class Pipeline {
         std::vector<std::string_view> sentences;
         for (const auto& s : *it) {
           if (!s.is_string()) {
-            doc.error = str(opt_.input, ":", rec.line, ": key '", key, "' is a list holding a ",
+            doc.error = str(where(rec), ": key '", key, "' is a list holding a ",
                             json_type_name(s), "; expected a string or a list of strings");
             return;
           }
@@ -329,7 +367,7 @@ class Pipeline {
         }
         encode_value(sentences, doc);
       } else {
-        doc.error = str(opt_.input, ":", rec.line, ": key '", key, "' has a ",
+        doc.error = str(where(rec), ": key '", key, "' has a ",
                         json_type_name(*it), " value; expected a string or a list of strings");
         return;
       }
@@ -339,8 +377,8 @@ class Pipeline {
   const PreprocessOptions& opt_;
   const Tokenizer& tok_;
   InputFormat format_;
+  std::vector<std::string> files_;
   std::optional<int32_t> eod_;
-  int fd_ = -1;
   std::thread reader_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
@@ -374,7 +412,9 @@ InputFormat input_format_from_name(const std::string& name) {
   if (name == "jsonl") return InputFormat::Jsonl;
   if (name == "text-lines") return InputFormat::TextLines;
   if (name == "text-paragraphs") return InputFormat::TextParagraphs;
-  MG_THROW("--input-format must be auto, jsonl, text-lines or text-paragraphs, got '", name, "'");
+  if (name == "parquet") return InputFormat::Parquet;
+  MG_THROW("--input-format must be auto, jsonl, text-lines, text-paragraphs or parquet, got '",
+           name, "'");
 }
 
 size_t find_invalid_utf8(std::string_view s) {
@@ -421,37 +461,54 @@ std::vector<std::string> preprocess_output_prefixes(const PreprocessOptions& o) 
   return out;
 }
 
+std::vector<std::string> expand_input(const std::string& input) {
+  MG_REQUIRE(!input.empty(), "--input is required");
+  if (input.find_first_of("*?[") == std::string::npos) return {input};
+  glob_t g{};
+  const int rc = ::glob(input.c_str(), 0, nullptr, &g);
+  std::vector<std::string> files;
+  for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+  ::globfree(&g);
+  MG_REQUIRE(!files.empty(), "--input '", input, "' matches no file");
+  return files;  // glob() sorts its matches
+}
+
 PreprocessStats preprocess_data(const PreprocessOptions& o, const Tokenizer& tokenizer) {
   MG_REQUIRE(!o.input.empty(), "--input is required");
   MG_REQUIRE(!o.output_prefix.empty(), "--output-prefix is required");
   MG_REQUIRE(!o.json_keys.empty(), "--json-keys needs at least one key");
   MG_REQUIRE(o.workers >= 1, "--workers must be >= 1, got ", o.workers);
   MG_REQUIRE(o.log_interval >= 1, "--log-interval must be >= 1, got ", o.log_interval);
+  const std::vector<std::string> files = expand_input(o.input);
+  auto ends_with = [](const std::string& s, const char* suffix) {
+    const size_t n = std::strlen(suffix);
+    return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+  };
   InputFormat format = o.input_format;
   if (format == InputFormat::Auto) {
-    const std::string& in = o.input;
-    format = in.size() >= 4 && in.compare(in.size() - 4, 4, ".txt") == 0 ? InputFormat::TextLines
-                                                                         : InputFormat::Jsonl;
+    const std::string& in = files[0];
+    format = ends_with(in, ".parquet") ? InputFormat::Parquet
+             : ends_with(in, ".txt")   ? InputFormat::TextLines
+                                       : InputFormat::Jsonl;
   }
-  MG_REQUIRE(format == InputFormat::Jsonl || o.json_keys.size() == 1,
+  MG_REQUIRE(format == InputFormat::Jsonl || format == InputFormat::Parquet ||
+                 o.json_keys.size() == 1,
              "plain-text input has one text per document; give at most one --json-keys name "
              "(it names the output), got ", o.json_keys.size());
-  MG_REQUIRE(!(o.input.size() > 3 && o.input.compare(o.input.size() - 3, 3, ".gz") == 0),
-             "compressed input ", o.input, " is not supported; decompress it first (gunzip)");
-
-  int fd = ::open(o.input.c_str(), O_RDONLY | O_CLOEXEC);
-  MG_REQUIRE(fd >= 0, "cannot open --input ", o.input, ": ", std::strerror(errno));
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  MG_REQUIRE(::fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode), "--input ", o.input,
-             " is a folder; give a JSONL or text file");
   // Pipes have no size: no ETA then.
-  const double file_size = S_ISREG(st.st_mode) ? double(st.st_size) : -1.0;
-  if (S_ISREG(st.st_mode) && st.st_size == 0)
-    log_warn("input ", o.input, " is empty; writing an empty dataset (0 documents)");
+  double file_size = 0;
+  for (const std::string& f : files) {
+    MG_REQUIRE(!ends_with(f, ".gz"), "compressed input ", f,
+               " is not supported; decompress it first (gunzip)");
+    struct stat st {};
+    MG_REQUIRE(::stat(f.c_str(), &st) == 0, "cannot open --input ", f, ": ", std::strerror(errno));
+    MG_REQUIRE(!S_ISDIR(st.st_mode), "--input ", f,
+               " is a folder; give a JSONL, text or Parquet file (or a glob such as 'dir/*.parquet')");
+    MG_REQUIRE(::access(f.c_str(), R_OK) == 0, "cannot open --input ", f, ": ", std::strerror(errno));
+    file_size = S_ISREG(st.st_mode) && file_size >= 0 ? file_size + double(st.st_size) : -1.0;
+    if (S_ISREG(st.st_mode) && st.st_size == 0 && format != InputFormat::Parquet)
+      log_warn("input ", f, " is empty", files.size() == 1 ? "; writing an empty dataset (0 documents)" : "");
+  }
 
   PreprocessStats stats;
   stats.output_prefixes = preprocess_output_prefixes(o);
@@ -475,8 +532,8 @@ PreprocessStats preprocess_data(const PreprocessOptions& o, const Tokenizer& tok
                "%, ETA ", format_duration(eta));
   };
 
-  Pipeline pipeline(o, tokenizer, format);
-  pipeline.start(fd);
+  Pipeline pipeline(o, tokenizer, format, files);
+  pipeline.start();
   ResultBatch batch;
   int64_t skip_warnings = 0;
   while (pipeline.next(batch)) {

@@ -1,5 +1,6 @@
-// preprocess-data: text (JSONL or plain text) -> tokenized indexed datasets, as Megatron's
-// tools/preprocess_data.py, but streamed and multi-threaded:
+// preprocess-data: text (JSONL, plain text or Parquet; one file or a glob of files, read in
+// order) -> tokenized indexed datasets, as Megatron's tools/preprocess_data.py, but streamed and
+// multi-threaded:
 //   reader thread (fixed-size chunks, never the whole file) -> bounded queue of record batches
 //   -> N worker threads (UTF-8 check, JSON parse, sentence split, tokenize)
 //   -> ordered reassembly on the calling thread -> one IndexedDatasetBuilder per JSON key.
@@ -28,11 +29,13 @@ enum class InputFormat {
   Jsonl,           // one JSON object per line
   TextLines,       // one document per line (trailing '\r' dropped)
   TextParagraphs,  // one document per block of lines separated by blank lines
+  Parquet,         // Parquet files: one document per row, --json-keys name string columns
 };
-InputFormat input_format_from_name(const std::string& name);  // auto|jsonl|text-lines|text-paragraphs
+// auto|jsonl|text-lines|text-paragraphs|parquet
+InputFormat input_format_from_name(const std::string& name);
 
 struct PreprocessOptions {
-  std::string input;                          // --input
+  std::string input;                          // --input (a file or a glob of files)
   std::vector<std::string> json_keys{"text"};  // --json-keys (text inputs: one name for outputs)
   std::string output_prefix;                  // --output-prefix
   InputFormat input_format = InputFormat::Auto;
@@ -56,6 +59,9 @@ struct PreprocessStats {
   double seconds = 0;
   std::vector<std::string> output_prefixes;  // one per key: PREFIX_KEY_document|sentence
 };
+
+// The files --input names: itself, or the sorted matches of a glob pattern (*, ?, [...]).
+std::vector<std::string> expand_input(const std::string& input);
 
 // "{output_prefix}_{key}_{document|sentence}" for each key.
 std::vector<std::string> preprocess_output_prefixes(const PreprocessOptions& options);

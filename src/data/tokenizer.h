@@ -49,9 +49,12 @@ struct TokenizerOptions {
   std::string type;         // --tokenizer-type
   std::string vocab_file;   // --vocab-file
   std::string merge_file;   // --merge-file
-  std::string tokenizer_model;  // --tokenizer-model (unused by the built-in types so far)
-  int64_t vocab_size = 0;   // --vocab-size (NullTokenizer)
+  std::string tokenizer_model;  // --tokenizer-model (SentencePiece model, tokenizer.json, ranks)
+  int64_t vocab_size = 0;   // --vocab-size (NullTokenizer; TikTokenizer, 0 = 131072)
   int vocab_extra_ids = 0;  // --vocab-extra-ids
+  std::string tiktoken_pattern;                     // --tiktoken-pattern v1|v2 (TikTokenizer)
+  int tiktoken_num_special_tokens = 1000;           // --tiktoken-num-special-tokens
+  std::vector<std::string> special_tokens;          // --tokenizer-special-tokens (TikTokenizer)
 };
 
 // Builds the tokenizer the options name; throws megatron::Error naming the flag or file at fault.

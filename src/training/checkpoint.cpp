@@ -29,7 +29,9 @@ NLOHMANN_JSON_SERIALIZE_ENUM(DType, {{DType::F32, "float32"}, {DType::F64, "floa
 }  // namespace megatron
 namespace megatron::data {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TokenizerOptions, type, vocab_file, merge_file,
-                                                tokenizer_model, vocab_size, vocab_extra_ids)
+                                                tokenizer_model, vocab_size, vocab_extra_ids,
+                                                tiktoken_pattern, tiktoken_num_special_tokens,
+                                                special_tokens)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
     GPTDataConfig, data_path, split, train_data_path, valid_data_path, test_data_path, seq_length,
     seed, data_cache_path, mmap, tokenizer, pad_id, mid_level_dataset_surplus, use_cache, eod_id,

@@ -20,7 +20,10 @@ inline std::vector<std::string> stress_documents() {
       "#include <vector>", "std::string", "a_b_c", "__init__", "http://example.com/a?b=c&d=e",
       "!!!", "...", "?!?", "---", "***", "(", ")", "[]", "{}", "<|endoftext|>", "<|im_start|>",
       "\u00a0", "\u2009", "\u3000", "\u200b", "\u2028", "\u0085", "\ufeff", "\t", "\x0b", "\x0c",
-      "$", "€100", "£", "%", "@user", "#hashtag", "ﬁ", "Ⓐ", "\U0001D400", "\U00020000"};
+      "$", "€100", "£", "%", "@user", "#hashtag", "ﬁ", "Ⓐ", "\U0001D400", "\U00020000",
+      // Case-folding contractions ('ſ folds to 's, K is the Kelvin sign), U+180E (not
+      // White_Space since Unicode 6.3), control characters, surrogate-range-free astral marks.
+      "'ſ", "'\u212a", "\u180e", "\x01\x02", "\x7f", "\x1b[0m", "x\u180ey"};
   const std::vector<std::string> separators = {
       " ", " ", " ", "", "  ", "   ", "\n", "\n\n", "\r\n", "\r\n\r\n", "\t", "\t\t", " \t ",
       "\n    ", "\n\t", " \n", "\u00a0", "\u3000 ", "        "};

@@ -1,5 +1,6 @@
 // The tokenizer flags through the megatron binary: preprocess-data with each built-in tokenizer
-// type, decoded back by inspect-data --show, and the errors for missing tokenizer files/flags.
+// type, decoded back by inspect-data --show, and the errors for missing tokenizer files/flags
+// (the SentencePiece, Hugging Face and TikToken types run end to end in their parity tests).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -60,7 +61,22 @@ TEST(TokenizerCli, MissingTokenizerFilesAreClearErrors) {
   r = run_cli(base + "BertWordPieceCase");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("needs --vocab-file"), std::string::npos) << r.output;
-  r = run_cli(base + "SentencePieceTokenizer");
+  for (const char* type : {"SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer",
+                           "HuggingFaceTokenizer", "TikTokenizer"}) {
+    r = run_cli(base + type);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("needs --tokenizer-model"), std::string::npos) << type << ": " << r.output;
+  }
+  r = run_cli(base + "TikTokenizer --tokenizer-model " + q(d / "ranks.tiktoken"));
+  EXPECT_NE(r.output.find("needs --tiktoken-pattern v1 or v2"), std::string::npos) << r.output;
+  r = run_cli(base + "TikTokenizer --tokenizer-model " + q(d / "ranks.tiktoken") +
+              " --tiktoken-pattern v1");
+  EXPECT_NE(r.output.find("cannot open --tokenizer-model"), std::string::npos) << r.output;
+  r = run_cli(base + "Llama2Tokenizer --tokenizer-model " + q(d / "in.jsonl"));
+  EXPECT_NE(r.output.find("is not a SentencePiece model"), std::string::npos) << r.output;
+  r = run_cli(base + "HuggingFaceTokenizer --tokenizer-model " + q(d.path()));
+  EXPECT_NE(r.output.find("tokenizer.json does not exist"), std::string::npos) << r.output;
+  r = run_cli(base + "FooTokenizer");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("unknown --tokenizer-type"), std::string::npos) << r.output;
 }

@@ -1,0 +1,15 @@
+// Whole-file reads for tokenizer and vocabulary files, with errors naming the flag and path.
+#pragma once
+
+#include <string>
+
+namespace megatron::data {
+
+// The bytes of `path`; throws megatron::Error naming `flag` (e.g. "--tokenizer-model") when the
+// file cannot be opened or read, or is a folder.
+std::string read_file_for_flag(const std::string& path, const char* flag);
+
+// 1-based line number of a byte offset (for error messages).
+size_t line_at_offset(const std::string& text, size_t offset);
+
+}  // namespace megatron::data
