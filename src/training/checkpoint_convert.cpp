@@ -55,12 +55,25 @@ TrainingArgs args_of(const CheckpointOnDisk& ckpt) {
   }
 }
 
-bool uses_swiglu(const json& args) {
+// A boolean or string argument at the top level (Megatron's flat arguments) or in "model" (ours).
+const json* model_arg(const json& args, const char* key) {
   for (const json* o : {&args, args.contains("model") ? &args["model"] : nullptr})
-    if (o != nullptr && o->is_object() && o->contains("swiglu") && (*o)["swiglu"].is_boolean() &&
-        (*o)["swiglu"].get<bool>())
-      return true;
-  return false;
+    if (o != nullptr && o->is_object() && o->contains(key)) return &(*o)[key];
+  return nullptr;
+}
+
+// The MLP is gated (SwiGLU): every linear_fc1 shard is [gate_r; up_r].
+bool uses_swiglu(const json& args) {
+  const json* s = model_arg(args, "swiglu");
+  if (s && s->is_boolean() && s->get<bool>()) return true;
+  const json* a = model_arg(args, "activation");
+  return a && a->is_string() && a->get<std::string>() == "swiglu";
+}
+
+// output_layer.weight is a parameter of its own, not the last stage's copy of the word embedding.
+bool untied_output(const json& args) {
+  const json* u = model_arg(args, "untie_embeddings_and_output_weights");
+  return u && u->is_boolean() && u->get<bool>();
 }
 
 CheckpointRank rank_of(int tp_size, int tp_rank, int pp_size, int pp_rank,
@@ -166,6 +179,7 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
   const std::string meta_label = (ckpt.dir / "metadata.json").string();
   const int T = ckpt.parallel.tensor_model_parallel_size, P = ckpt.parallel.pipeline_model_parallel_size;
   const bool swiglu = uses_swiglu(ckpt.state.args);
+  const bool untied = untied_output(ckpt.state.args);
   json dims = json::object();
   if (m.metadata.contains("parallel") && m.metadata["parallel"].is_object() &&
       m.metadata["parallel"].contains("partition_dims") &&
@@ -189,7 +203,7 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
       SafetensorsContents st = detail::read_tensor_file(ckpt, rel);
       std::vector<std::string> names;
       for (auto& [name, tensor] : st.tensors) {
-        if (P > 1 && name == kOutputLayer && p == P - 1 && p != 0) {
+        if (P > 1 && name == kOutputLayer && p == P - 1 && p != 0 && !untied) {
           // The last stage's tied copy of the word embedding (not a single-rank parameter).
           if (t == 0) m.notes.push_back("dropped the last pipeline stage's tied copy of the word "
                                         "embedding (output_layer.weight)");

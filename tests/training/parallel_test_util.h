@@ -19,6 +19,7 @@
 #include "core/safetensors.h"
 #include "data/indexed_dataset.h"
 #include "test_util.h"
+#include "training/checkpoint_convert.h"
 #include "training/trainer.h"
 
 namespace megatron::training::parallel_test {
@@ -125,33 +126,17 @@ inline std::map<std::string, std::vector<float>> gathered_model(const std::strin
         std::snprintf(rd, sizeof rd, "mp_rank_%02d", r);
       shards.push_back(read_safetensors(dir / rd / "model.safetensors"));
     }
+    const json& args = meta["args"];
+    const bool swiglu = args.contains("model") && args["model"].value("activation", "") == "swiglu";
     for (const auto& [n, t0] : shards[0].tensors) {
       EXPECT_FALSE(out.count(n)) << n << " is saved by two pipeline stages";
       const int pdim = tp > 1 ? meta["parallel"]["partition_dims"][n].get<int>() : -1;
-      if (pdim < 0) {
-        out[n] = t0.to_float_vector();
+      std::vector<Tensor> parts;
+      for (int r = 0; r < tp; ++r) parts.push_back(shards[size_t(r)].tensors.at(n));
+      if (pdim < 0)
         for (int r = 1; r < tp; ++r)  // replicated: every rank saved the same values
-          EXPECT_EQ(shards[size_t(r)].tensors.at(n).to_float_vector(), out[n]) << n;
-        continue;
-      }
-      // Concatenate along pdim (0 or the last of 2 dims).
-      const Shape s = t0.shape();
-      std::vector<float> full;
-      if (pdim == 0) {
-        for (int r = 0; r < tp; ++r) {
-          const auto v = shards[size_t(r)].tensors.at(n).to_float_vector();
-          full.insert(full.end(), v.begin(), v.end());
-        }
-      } else {
-        EXPECT_EQ(pdim, 1) << n;
-        const int64_t rows = s[0], cols = s[1];
-        for (int64_t i = 0; i < rows; ++i)
-          for (int r = 0; r < tp; ++r) {
-            const auto v = shards[size_t(r)].tensors.at(n).to_float_vector();
-            full.insert(full.end(), v.begin() + i * cols, v.begin() + (i + 1) * cols);
-          }
-      }
-      out[n] = full;
+          EXPECT_EQ(parts[size_t(r)].to_float_vector(), parts[0].to_float_vector()) << n;
+      out[n] = merge_shards(parts, shard_rule(n, pdim, swiglu)).to_float_vector();
     }
   }
   return out;

@@ -1,0 +1,215 @@
+// Llama-family pretraining by parity with the single-rank run: the tiny GPT of
+// parallel_test_util.h built as a Llama (RMSNorm, rotary embeddings, SwiGLU, grouped-query
+// attention with 2 query groups for 4 heads, no biases, untied output layer; 4 layers) trains in
+// every parallel layout and follows the single-rank loss curve within 1e-5 per iteration and ends
+// with its parameters (gathered from the per-rank checkpoint files, SwiGLU's per-rank [gate; up]
+// rows put back in order) within 1e-5 of each tensor's scale.
+//   np 2: TP2 + SP, PP2 (1F1B), PP2 interleaved, CP2 (ring; rotary positions are the tokens'
+//         positions in the whole sequence), CP2 all-gather, DP2 with the distributed optimizer
+//         and overlapped reduction and parameter gather;
+//   np 4: TP2 x PP2 + SP, PP2 interleaved x DP2 (distributed optimizer, overlap), CP2 x PP2
+//         interleaved, TP2 + SP x CP2;
+//   np 8: TP2 x PP2 x DP2 (SP, distributed optimizer, overlap) and TP2 + SP x CP2 x PP2.
+// Also: full and selective recomputation follow the curve (np 2, PP2), bf16 and fp16 train under
+// TP2 (np 2) close to their single-rank curves, save/resume under PP2 interleaved continues the
+// uninterrupted curve bit for bit, and a TP2 x PP2 checkpoint converts to TP1 x PP1 and resumes
+// on one rank on the same curve.
+#include <gtest/gtest.h>
+
+#include "parallel_test_util.h"
+#include "training/checkpoint_convert.h"
+
+namespace megatron::training {
+namespace {
+
+using namespace parallel_test;
+
+TrainingArgs llama_args(const Fixture& f, int64_t iters = 20) {
+  TrainingArgs a = f.args(iters);
+  auto& m = a.model;
+  m.num_layers = 4;
+  m.normalization = "RMSNorm";
+  m.activation = "swiglu";
+  m.position_embedding_type = "rope";
+  m.num_query_groups = 2;
+  m.ffn_hidden_size = 48;
+  m.add_bias_linear = false;
+  m.untie_embeddings_and_output_weights = true;
+  return a;
+}
+
+struct Layout {
+  std::string name;
+  int tp = 1, pp = 1, layers_per_virtual_stage = 0, cp = 1;
+  bool sp = false, dist_opt = false, overlap = false, param_gather = false;
+  std::string cp_comm = "p2p";
+  std::string recompute;  // "", "full", "selective"
+};
+
+TrainingArgs with_layout(TrainingArgs a, const Layout& l) {
+  a.parallel.tensor_model_parallel_size = l.tp;
+  a.parallel.pipeline_model_parallel_size = l.pp;
+  a.parallel.num_layers_per_virtual_pipeline_stage = l.layers_per_virtual_stage;
+  a.parallel.context_parallel_size = l.cp;
+  a.model.sequence_parallel = l.sp;
+  a.model.cp_comm_type = l.cp_comm;
+  a.parallel.use_distributed_optimizer = l.dist_opt;
+  a.parallel.overlap_grad_reduce = l.overlap;
+  a.parallel.overlap_param_gather = l.param_gather;
+  if (l.overlap) a.parallel.ddp_bucket_size = 3000;
+  if (l.recompute == "full") {
+    a.model.recompute_granularity = "full";
+    a.model.recompute_method = "uniform";
+    a.model.recompute_num_layers = 1;
+  } else if (l.recompute == "selective") {
+    a.model.recompute_granularity = "selective";
+  }
+  return a;
+}
+
+// Rank 0 trains `a` alone (saving to `save`); every rank gets its curve.
+TrainingSummary reference_curve(TrainingArgs a, const std::string& save) {
+  TrainingSummary r;
+  std::string text;
+  if (world()->rank() == 0) {
+    a.save = save;
+    a.save_interval = 1000;
+    r = run_single(a);
+    text = json({{"losses", r.losses}, {"grad_norms", r.grad_norms},
+                 {"valid_losses", r.valid_losses}, {"consumed", r.consumed_samples}}).dump();
+  }
+  const json j = json::parse(all_gather_strings(*world(), text)[0]);
+  r.losses = j["losses"].get<std::vector<double>>();
+  r.grad_norms.clear();
+  for (const json& g : j["grad_norms"]) r.grad_norms.push_back(g.is_number() ? g.get<double>() : std::nan(""));
+  r.valid_losses = j["valid_losses"].get<std::vector<double>>();
+  r.consumed_samples = j["consumed"].get<int64_t>();
+  return r;
+}
+
+void check_layout(const Fixture& f, const Layout& l, const TrainingSummary& ref,
+                  const std::string& ref_save, double tol = 1e-5) {
+  SCOPED_TRACE(l.name);
+  TrainingArgs par = with_layout(llama_args(f), l);
+  par.save = f.dir / ("llama_" + l.name);
+  par.save_interval = 1000;
+  const TrainingSummary p = pretrain_gpt(par);
+  EXPECT_EQ(p.world_size, world()->size());
+  EXPECT_EQ(p.iterations, 20);
+  expect_same_curve(p, ref, tol, l.name);
+  EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.3);  // it learns: the comparison is not idle
+  // Untied output layer: no tied embedding to hold back, every bucket starts during backward.
+  if (l.overlap) EXPECT_EQ(p.grad_buckets_launched_in_backward, p.grad_buckets);
+  if (world()->rank() == 0) expect_same_params(par.save, ref_save, 20, tol);
+  world()->barrier();
+}
+
+TEST(MpiLlamaTraining, LayoutsFollowTheSingleRankCurve) {
+  SKIP_ON_ONE_RANK();
+  Fixture f;
+  const int W = world()->size();
+  const std::string ref_save = f.dir / "llama_ref";
+  const TrainingSummary ref = reference_curve(llama_args(f), ref_save);
+  ASSERT_EQ(ref.losses.size(), 20u);
+  std::vector<Layout> layouts;
+  if (W == 2) {
+    layouts = {{"tp2_sp", 2, 1, 0, 1, true},
+               {"pp2", 1, 2},
+               {"pp2_interleaved", 1, 2, 1},
+               {"cp2_ring", 1, 1, 0, 2},
+               {"cp2_allgather", 1, 1, 0, 2, false, false, false, false, "allgather"},
+               {"dp2_distopt_overlap_pgather", 1, 1, 0, 1, false, true, true, true},
+               {"pp2_full_recompute", 1, 2, 0, 1, false, false, false, false, "p2p", "full"},
+               {"tp2_selective_recompute", 2, 1, 0, 1, false, false, false, false, "p2p", "selective"}};
+  } else if (W == 4) {
+    layouts = {{"tp2_pp2_sp", 2, 2, 0, 1, true},
+               {"pp2_interleaved_dp2_distopt_overlap", 1, 2, 1, 1, false, true, true, true},
+               {"cp2_pp2_interleaved", 1, 2, 1, 2},
+               {"tp2_sp_cp2", 2, 1, 0, 2, true}};
+  } else if (W == 8) {
+    layouts = {{"tp2_pp2_dp2_sp_distopt_overlap", 2, 2, 0, 1, true, true, true, true},
+               {"tp2_sp_cp2_pp2", 2, 2, 0, 2, true}};
+  }
+  for (const Layout& l : layouts) check_layout(f, l, ref, ref_save);
+}
+
+// bf16 / fp16 (dynamic loss scaling) under TP2 follow their own single-rank curves within the
+// precision of the parameter dtype.
+TEST(MpiLlamaTraining, HalfPrecisionUnderTensorParallelism) {
+  SKIP_ON_ONE_RANK();
+  if (world()->size() != 2) GTEST_SKIP() << "runs at np 2";
+  Fixture f;
+  for (const char* dtype : {"bf16", "fp16"}) {
+    SCOPED_TRACE(dtype);
+    TrainingArgs a = llama_args(f);
+    a.bf16 = std::string(dtype) == "bf16";
+    a.fp16 = !a.bf16;
+    a.initial_loss_scale = 1024;
+    const TrainingSummary ref = reference_curve(a, f.dir / (std::string("llama_ref_") + dtype));
+    Layout l{"tp2_sp", 2, 1, 0, 1, true};
+    const TrainingSummary p = pretrain_gpt(with_layout(a, l));
+    ASSERT_EQ(p.losses.size(), ref.losses.size());
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      EXPECT_NEAR(p.losses[i], ref.losses[i], 2e-2 * std::abs(ref.losses[i])) << "iteration " << i + 1;
+    EXPECT_LT(p.losses.back(), p.losses.front() - 0.3);
+    world()->barrier();
+  }
+}
+
+// Save at 10 under PP2 interleaved, resume to 20: the losses of 11..20 and the final parameters
+// equal the uninterrupted run's bit for bit.
+TEST(MpiLlamaTraining, SaveAndResumeAreExact) {
+  SKIP_ON_ONE_RANK();
+  if (world()->size() != 2) GTEST_SKIP() << "runs at np 2";
+  Fixture f;
+  const Layout l{"pp2_interleaved", 1, 2, 1};
+  TrainingArgs full = with_layout(llama_args(f), l);
+  full.save = f.dir / "llama_full";
+  full.save_interval = 1000;
+  const TrainingSummary whole = pretrain_gpt(full);
+  TrainingArgs first = with_layout(llama_args(f), l);
+  first.save = f.dir / "llama_resume";
+  first.save_interval = 10;
+  first.exit_interval = 10;
+  pretrain_gpt(first);
+  TrainingArgs second = first;
+  second.load = first.save;
+  second.exit_interval = 0;
+  second.save_interval = 1000;
+  const TrainingSummary rest = pretrain_gpt(second);
+  ASSERT_EQ(rest.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(rest.losses[i], whole.losses[10 + i]) << i;
+  if (world()->rank() == 0) expect_same_params(second.save, full.save, 20, 0.0);
+  world()->barrier();
+}
+
+// A TP2 x PP2 Llama checkpoint converts to one rank (SwiGLU halves, query groups, the untied
+// output layer) and resumes there on the same curve as the 4-rank run.
+TEST(MpiLlamaTraining, ConvertedCheckpointResumesOnOneRank) {
+  SKIP_ON_ONE_RANK();
+  if (world()->size() != 4) GTEST_SKIP() << "runs at np 4";
+  Fixture f;
+  const Layout l{"tp2_pp2_sp", 2, 2, 0, 1, true};
+  TrainingArgs first = with_layout(llama_args(f), l);
+  first.save = f.dir / "llama_tp2pp2";
+  first.save_interval = 10;
+  const TrainingSummary whole = pretrain_gpt(first);
+  if (world()->rank() == 0) {
+    ConvertOptions c;
+    c.load = first.save;
+    c.save = f.dir / "llama_tp1";
+    c.ckpt_step = 10;
+    const ConvertResult r = convert_checkpoint(c);
+    EXPECT_EQ(r.to.tensor_model_parallel_size, 1);
+    TrainingArgs one = llama_args(f);
+    one.load = c.save.string();
+    const TrainingSummary rest = run_single(one);
+    ASSERT_EQ(rest.losses.size(), 10u);
+    for (size_t i = 0; i < 10; ++i)
+      EXPECT_NEAR(rest.losses[i], whole.losses[10 + i], 1e-5 * whole.losses[10 + i]) << i;
+  }
+  world()->barrier();
+}
+
+}  // namespace
+}  // namespace megatron::training
