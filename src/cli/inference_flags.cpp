@@ -103,6 +103,7 @@ void InferenceFlags::add(CLI::App& sub) {
                  "Vocabulary padding multiple")
       ->capture_default_str();
   add_tokenizer_options(sub, o.tokenizer)->required();
+  add_inference_compat_flags(sub, *this);
 }
 
 bool InferenceFlags::given(const std::string& flag) const {
@@ -264,6 +265,7 @@ void InferenceFlags::apply_checkpoint_args(const inference::CheckpointArgs& ck, 
 
 inference::InferenceModelOptions InferenceFlags::finish() {
   const std::optional<int64_t> step = ckpt_step >= 0 ? std::optional<int64_t>(ckpt_step) : std::nullopt;
+  check_inference_compat_flags(*app_, *this, step);
   if (use_checkpoint_args) {
     apply_checkpoint_args(inference::CheckpointArgs::read(options.load, step), false);
   } else if (auto ck = inference::CheckpointArgs::read_if_present(options.load, step)) {
