@@ -96,6 +96,8 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
   const ZeroShotTotals t = score_samples(
       model, count,
       [&](int64_t i) { return windows ? windows->get(i) : lambada[size_t(i)]; }, o);
+  log_info(str("evaluate: ", t.samples, " samples, ", t.correct, " correct, ", t.scored,
+               " scored tokens, loss sum ", python_float_repr(t.loss_sum), " nats"));
   if (a.task == "LAMBADA")
     print_result(lambada_result_line(a.task, t.correct, t.samples));
   else

@@ -355,6 +355,7 @@ ZeroShotTotals score_samples(LanguageModel& model, int64_t count,
           const double top = x[argmax];
           for (int64_t v = 0; v < V; ++v) sum += std::exp(double(x[v]) - top);
           totals.loss_sum += top + std::log(sum) - double(x[label]);
+          ++totals.scored;
           if (argmax != label) correct[size_t(r)] = 0;
         }
       }

@@ -84,6 +84,7 @@ struct ZeroShotTotals {
   double loss_sum = 0;   // summed cross entropy of the scored positions (nats)
   int64_t correct = 0;   // samples whose every scored position's argmax is its label
   int64_t samples = 0;
+  int64_t scored = 0;    // scored positions
 };
 
 struct ZeroShotOptions {

@@ -11,6 +11,9 @@ weights of a megatron.cpp checkpoint (single-rank safetensors).
 Usage: zeroshot_reference.py CKPT_DIR --task LAMBADA|WIKITEXT103 --file F --seq-length S
                              [--strict-lambada] [--overlapping-eval K]
 Prints JSON {"correct", "total", "loss_sum", "num_tokenized_tokens", "num_original_tokens"}.
+       zeroshot_reference.py --detokenize FILE
+Prints JSON {"wiki", "ptb", "strip", "split"} of FILE's text (the detokenizers, str.strip and
+str.split alone).
 """
 import argparse
 import json
@@ -23,17 +26,15 @@ import sys
 import tempfile
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from generate_reference import forward  # noqa: E402
 
 EOD = 50256  # GPT-2's <|endoftext|>
 
 
 def read_checkpoint(load):
+    import torch
     tracker = open(os.path.join(load, "latest_checkpointed_iteration.txt")).read().strip()
     folder = os.path.join(load, "release" if tracker == "release" else "iter_%07d" % int(tracker))
     args = json.load(open(os.path.join(folder, "metadata.json")))["args"]
@@ -144,6 +145,15 @@ def wikitext_samples(path, seq, overlap):
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--detokenize":
+        text = open(sys.argv[2], "rb").read().decode("utf-8")
+        json.dump({"wiki": wikitext_detokenizer(text), "ptb": ptb_detokenizer(text),
+                   "strip": text.strip(), "split": text.split()}, sys.stdout)
+        return
+    import torch
+    import torch.nn.functional as F
+    from generate_reference import forward
+    torch.set_num_threads(1)
     p = argparse.ArgumentParser()
     p.add_argument("load")
     p.add_argument("--task", required=True)
@@ -172,5 +182,4 @@ def main():
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
     main()
