@@ -80,7 +80,7 @@ std::optional<int64_t> tokenizer_vocab_size(const ConvertArgs& a) {
   int64_t vocab = 0;
   try {
     vocab = data::build_tokenizer(tok)->vocab_size();
-  } catch (const Error& e) {
+  } catch (const Error&) {
     if (given) throw;  // the message names the flag given here
     // Needed only when the target padding depends on the unpadded size.
     const int64_t lo = std::max<int64_t>(1, padded - divisor * src_tp + 1);
@@ -90,11 +90,12 @@ std::optional<int64_t> tokenizer_vocab_size(const ConvertArgs& a) {
     std::string files;
     for (const auto* f : {&args.tokenizer.vocab_file, &args.tokenizer.merge_file})
       if (!f->empty()) files += (files.empty() ? "'" : ", '") + *f + "'";
-    MG_THROW("the padded vocabulary for --target-tensor-parallel-size ", a.target_tp,
-             " depends on the unpadded vocabulary size, but the tokenizer the checkpoint was "
-             "trained with (", args.tokenizer.type, files.empty() ? "" : ", files " + files,
-             ", paths relative to the folder training ran in) cannot be built from here, nor "
-             "from next to --load ", a.load, " (", e.what(), "): pass its files with --vocab-file",
+    // The tokenizer's own message would name the recorded file as a flag given here.
+    MG_THROW("the padded vocabulary of the target layout (TP=", a.target_tp, ") depends on the "
+             "unpadded vocabulary size, but the tokenizer the checkpoint was trained with (",
+             args.tokenizer.type, files.empty() ? "" : ", files " + files,
+             ", paths relative to the folder training ran in) cannot be read from here, nor next to ",
+             a.load, " or in its parent folder: pass its files with --vocab-file",
              args.tokenizer.type == "GPT2BPETokenizer" ? " and --merge-file" : "",
              ", or the size with --true-vocab-size N");
   }

@@ -2,7 +2,9 @@
 // WIKITEXT103 (inference/evaluate.h), on any checkpoint generate and serve load (sharded or
 // not), with the model and tokenizer flags of generate (or --use-checkpoint-args). Prints
 // Megatron's lines: the dataset summary, "> working on iteration: N" every --log-interval
-// micro-batches (with samples done and the rate), and the result between dashes.
+// micro-batches (with samples done and the rate), and the result between dashes. Under an MPI
+// job (megatron launch --nproc_per_node N, as Megatron's scripts run it) the ranks are data
+// parallel: rank r scores samples r, r + N, ..., the totals are summed, and rank 0 prints.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -10,6 +12,7 @@
 
 #include "cli/command.h"
 #include "cli/inference_flags.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "inference/evaluate.h"
@@ -50,6 +53,11 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
   MG_REQUIRE(a.log_interval >= 1, "--log-interval must be >= 1");
   check_compat_flags(a.runtime, sub, CompatScope::Training);
   const InferenceModelOptions options = a.model.finish();
+  const auto world = world_communicator();
+  const int ranks = world->size(), rank = world->rank();
+  auto print = [rank](const std::string& line) {
+    if (rank == 0) log_print(line);
+  };
   const int64_t seq_length =
       a.model.seq_length > 0 ? a.model.seq_length : options.gpt.max_position_embeddings;
   InferenceModel loaded = load_inference_model(options);
@@ -60,21 +68,23 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
   std::vector<ZeroShotSample> lambada;
   std::optional<LMWindows> windows;
   if (a.task == "LAMBADA") {
-    log_print("> building lambada dataset from " + path + " ...");
+    print("> building lambada dataset from " + path + " ...");
     lambada = build_lambada_samples(path, tok, a.strict_lambada, seq_length);
-    log_print(str(" > found ", lambada.size(), " samples."));
+    print(str(" > found ", lambada.size(), " samples."));
   } else {
     std::optional<Detokenizer> detok = detokenizer_for_path(path);
     if (!detok) {
-      log_info("note: ", path, " names none of ptb, wiki, lambada (Megatron picks its detokenizer "
+      if (rank == 0)
+        log_info("note: ", path, " names none of ptb, wiki, lambada (Megatron picks its detokenizer "
                "by them); using the WikiText detokenizer");
       detok = Detokenizer::Wiki;
     }
     windows.emplace(build_wikitext_windows(path, tok, seq_length, a.overlapping_eval, detok));
-    log_print(str(" > number of original tokens: ", windows->num_original_tokens(),
-                  ", number of detokenized tokens: ", windows->num_tokenized_tokens()));
+    print(str(" > number of original tokens: ", windows->num_original_tokens(),
+              ", number of detokenized tokens: ", windows->num_tokenized_tokens()));
   }
   const int64_t count = windows ? windows->size() : int64_t(lambada.size());
+  const int64_t mine = count > rank ? (count - rank + ranks - 1) / ranks : 0;  // this rank's share
   const auto start = std::chrono::steady_clock::now();
   ZeroShotOptions o;
   o.micro_batch_size = a.micro_batch_size;
@@ -91,11 +101,20 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
                     double(total - done) / per_second);
       rate = buf;
     }
-    log_print(str("> working on iteration: ", iteration, " | samples ", done, "/", total, rate));
+    print(str("> working on iteration: ", iteration, " | samples ", done, "/", total, rate));
   };
-  const ZeroShotTotals t = score_samples(
-      model, count,
-      [&](int64_t i) { return windows ? windows->get(i) : lambada[size_t(i)]; }, o);
+  ZeroShotTotals t = score_samples(model, mine, [&](int64_t j) {
+    const int64_t i = rank + j * ranks;
+    return windows ? windows->get(i) : lambada[size_t(i)];
+  }, o);
+  if (ranks > 1) {
+    Tensor sums = Tensor::from_vector<double>(
+        {t.loss_sum, double(t.correct), double(t.samples), double(t.scored)}, {4});
+    world->all_reduce(sums);
+    const double* v = sums.data<double>();
+    t = {v[0], int64_t(v[1]), int64_t(v[2]), int64_t(v[3])};
+  }
+  if (rank != 0) return;
   log_info(str("evaluate: ", t.samples, " samples, ", t.correct, " correct, ", t.scored,
                " scored tokens, loss sum ", python_float_repr(t.loss_sum), " nats"));
   if (a.task == "LAMBADA")

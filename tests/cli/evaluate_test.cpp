@@ -11,6 +11,7 @@
 #include <regex>
 
 #include "cli/cli_fixture.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "inference/evaluate.h"
 #include "test_util.h"
@@ -217,6 +218,36 @@ TEST(ZeroShot, ShardedCheckpointsGiveTheSameResult) {
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_NE(bad.output.find("--tensor-model-parallel-size 4 differs from the checkpoint's (2"),
             std::string::npos) << bad.output;
+}
+
+// examples/evaluate_zeroshot_gpt.sh (its removed --batch-size spelled --micro-batch-size), with
+// torch.distributed.launch replaced: two data-parallel ranks give the single process's result.
+TEST(ZeroShot, MegatronsEvaluationScriptRunsDataParallel) {
+  if (launched_under_mpi()) GTEST_SKIP() << "launches its own job";
+  EvalFiles files;
+  const auto& f = mt::cli_fixture();
+  const std::string data = (files.dir / "lambada_test.jsonl").string();
+  const std::string model =
+      " --task LAMBADA --valid-data " + data + " --tokenizer-type GPT2BPETokenizer --strict-lambada"
+      " --vocab-file " + f.vocab_file + " --merge-file " + f.merge_file + " --load " + f.checkpoint +
+      " --tensor-model-parallel-size 1 --num-layers 1 --hidden-size 32 --num-attention-heads 4"
+      " --micro-batch-size 8 --seq-length 32 --max-position-embeddings 32 --log-interval 10 --fp16"
+      " --no-load-optim --no-load-rng";
+  const auto one = mt::run_cli("evaluate" + model + " 2>&1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto two = mt::run_cli("launch --nproc_per_node 2 --nnodes 1 --node_rank 0 --master_addr "
+                               "localhost --master_port 6000 ./tasks/main.py" + model + " 2>&1");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  std::smatch m1, m2;
+  const std::regex result("\n( validation results on [^\n]*)\n");
+  ASSERT_TRUE(std::regex_search(one.output, m1, result)) << one.output;
+  ASSERT_TRUE(std::regex_search(two.output, m2, result)) << two.output;
+  EXPECT_EQ(m1[1].str(), m2[1].str());
+  size_t lines = 0;  // printed once, by rank 0
+  for (size_t p = two.output.find("validation results on"); p != std::string::npos;
+       p = two.output.find("validation results on", p + 1))
+    ++lines;
+  EXPECT_EQ(lines, 1u) << two.output;
 }
 
 TEST(ZeroShot, MistakesAreClearErrors) {
