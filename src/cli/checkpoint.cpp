@@ -2,9 +2,19 @@
 // another tensor x pipeline-parallel layout (training/checkpoint_convert.h), Megatron's
 // tools/checkpoint/convert.py with the core loader and saver in one step. Exports to other
 // formats (--to hf-gpt2) will be further actions of this command.
+//
+// The unpadded vocabulary size (needed when the target TP changes the padding) comes from
+// --true-vocab-size, or from the tokenizer: the checkpoint's tokenizer arguments with any
+// tokenizer flag given here replacing its value. A file the checkpoint names by a relative path
+// (relative to the folder training ran in) that is not found from here is looked for next to
+// --load and in its parent; when it is still missing, the error says which flags to pass.
+#include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "cli/command.h"
+#include "cli/megatron_compat.h"
+#include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "training/checkpoint_convert.h"
@@ -18,7 +28,84 @@ struct ConvertArgs {
   int target_tp = 1, target_pp = 1, target_layers_per_virtual_stage = 0;
   int64_t true_vocab_size = 0;
   bool no_save_optim = false;
+  data::TokenizerOptions tokenizer;  // flags given here override the checkpoint's
+  CLI::App* app = nullptr;
 };
+
+// A tokenizer file of the checkpoint's arguments, found from here: as recorded, else next to
+// --load or in its parent (by its recorded relative path, then by its name).
+std::string locate(const std::string& recorded, const std::filesystem::path& load) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (recorded.empty() || fs::exists(recorded, ec)) return recorded;
+  const fs::path p(recorded);
+  for (const fs::path& dir : {load, load.parent_path().empty() ? fs::path(".") : load.parent_path()})
+    for (const fs::path& candidate : {dir / p, dir / p.filename()})
+      if (p.is_relative() && fs::exists(candidate, ec)) {
+        log_info("checkpoint convert: the tokenizer file ", recorded, " is ", candidate.string());
+        return candidate.string();
+      }
+  return recorded;
+}
+
+// The unpadded vocabulary size from the tokenizer (see the file comment), or nullopt when it is
+// not needed and cannot be had. Errors name the flags to pass.
+std::optional<int64_t> tokenizer_vocab_size(const ConvertArgs& a) {
+  const auto found = training::find_checkpoint(a.load, a.ckpt_step >= 0 ? std::optional<int64_t>(a.ckpt_step)
+                                                                        : std::nullopt);
+  if (!found) return std::nullopt;  // convert_checkpoint names what is missing
+  training::TrainingArgs args;
+  try {
+    args = training::training_args_from_json(found->state.args);
+  } catch (const std::exception&) {
+    return std::nullopt;  // convert_checkpoint names the malformed file
+  }
+  data::TokenizerOptions tok = args.tokenizer;
+  const CLI::App& sub = *a.app;
+  bool given = false;
+  auto take = [&](const char* flag, auto& field, const auto& value) {
+    if (flag_given(sub, flag)) field = value, given = true;
+  };
+  take("--tokenizer-type", tok.type, a.tokenizer.type);
+  take("--vocab-file", tok.vocab_file, a.tokenizer.vocab_file);
+  take("--merge-file", tok.merge_file, a.tokenizer.merge_file);
+  take("--tokenizer-model", tok.tokenizer_model, a.tokenizer.tokenizer_model);
+  take("--vocab-size", tok.vocab_size, a.tokenizer.vocab_size);
+  take("--vocab-extra-ids", tok.vocab_extra_ids, a.tokenizer.vocab_extra_ids);
+  if (!flag_given(sub, "--vocab-file")) tok.vocab_file = locate(tok.vocab_file, a.load);
+  if (!flag_given(sub, "--merge-file")) tok.merge_file = locate(tok.merge_file, a.load);
+  if (!flag_given(sub, "--tokenizer-model")) tok.tokenizer_model = locate(tok.tokenizer_model, a.load);
+  const int src_tp = found->parallel.tensor_model_parallel_size;
+  const int64_t divisor = args.make_vocab_size_divisible_by, padded = args.model.padded_vocab_size;
+  int64_t vocab = 0;
+  try {
+    vocab = data::build_tokenizer(tok)->vocab_size();
+  } catch (const Error&) {
+    if (given) throw;  // the message names the flag given here
+    // Needed only when the target padding depends on the unpadded size.
+    const int64_t lo = std::max<int64_t>(1, padded - divisor * src_tp + 1);
+    if (padded <= 0 || data::padded_vocab_size(lo, divisor, a.target_tp) ==
+                           data::padded_vocab_size(padded, divisor, a.target_tp))
+      return std::nullopt;
+    std::string files;
+    for (const auto* f : {&args.tokenizer.vocab_file, &args.tokenizer.merge_file})
+      if (!f->empty()) files += (files.empty() ? "'" : ", '") + *f + "'";
+    // The tokenizer's own message would name the recorded file as a flag given here.
+    MG_THROW("the padded vocabulary of the target layout (TP=", a.target_tp, ") depends on the "
+             "unpadded vocabulary size, but the tokenizer the checkpoint was trained with (",
+             args.tokenizer.type, files.empty() ? "" : ", files " + files,
+             ", paths relative to the folder training ran in) cannot be read from here, nor next to ",
+             a.load, " or in its parent folder: pass its files with --vocab-file",
+             args.tokenizer.type == "GPT2BPETokenizer" ? " and --merge-file" : "",
+             ", or the size with --true-vocab-size N");
+  }
+  MG_REQUIRE(padded <= 0 || data::padded_vocab_size(vocab, divisor, src_tp) == padded,
+             given ? "the tokenizer given here" : "the checkpoint's tokenizer", " has ", vocab,
+             " tokens, which pad to ", data::padded_vocab_size(vocab, divisor, src_tp),
+             " rows under the checkpoint's TP=", src_tp, ", but the checkpoint has ", padded,
+             " (another tokenizer?); pass the tokenizer it was trained with, or --true-vocab-size N");
+  return vocab;
+}
 
 void run_convert(const ConvertArgs& a) {
   training::ConvertOptions o;
@@ -28,7 +115,10 @@ void run_convert(const ConvertArgs& a) {
   o.target_tp = a.target_tp;
   o.target_pp = a.target_pp;
   o.target_layers_per_virtual_stage = a.target_layers_per_virtual_stage;
-  if (a.true_vocab_size > 0) o.true_vocab_size = a.true_vocab_size;
+  if (a.true_vocab_size > 0)
+    o.true_vocab_size = a.true_vocab_size;
+  else if (const auto v = tokenizer_vocab_size(a))
+    o.true_vocab_size = *v;
   o.drop_optimizer = a.no_save_optim;
   const training::ConvertResult r = training::convert_checkpoint(o);
   for (const std::string& n : r.notes) log_print("note: " + n);
@@ -73,6 +163,8 @@ CommandRegistrar reg(
                           "arguments), needed to re-pad the embedding when TP changes");
       convert->add_flag("--no-save-optim", a->no_save_optim,
                         "Leave the optimizer state out (resume then needs --no-load-optim)");
+      add_tokenizer_options(*convert, a->tokenizer);
+      a->app = convert;
       convert->callback([a] { run_convert(*a); });
     });
 

@@ -47,6 +47,7 @@ void InferenceFlags::add(CLI::App& sub) {
                  "Vocabulary padding multiple")
       ->capture_default_str();
   add_tokenizer_options(sub, o.tokenizer)->required();
+  add_inference_compat_flags(sub, *this);
 }
 
 void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
@@ -130,6 +131,7 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
 
 inference::InferenceModelOptions InferenceFlags::finish() {
   const std::optional<int64_t> step = ckpt_step >= 0 ? std::optional<int64_t>(ckpt_step) : std::nullopt;
+  check_inference_compat_flags(*app_, *this, step);
   model::TransformerConfig cfg = model.resolve();
   if (use_checkpoint_args) {
     apply_checkpoint_args(cfg, inference::CheckpointArgs::read(options.load, step), false);

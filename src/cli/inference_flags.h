@@ -15,8 +15,10 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "cli/megatron_compat.h"
 #include "cli/model_flags.h"
 #include "cli/tokenizer_options.h"
 #include "inference/model_loader.h"
@@ -32,6 +34,14 @@ struct InferenceFlags {
   ModelFlags model;
   int64_t ckpt_step = -1;
   bool use_checkpoint_args = false;
+  // Megatron's flags of the tools that load a model for inference (run_text_generation_server.py,
+  // tasks/main.py): the parallel sizes must be 1 (shards merged in memory) or the checkpoint's;
+  // --fp16/--bf16 name the weights' precision in memory (parsed, not yet acted on by the loader);
+  // --no-load-optim/--no-load-rng are what inference does anyway (weights only).
+  int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
+  bool fp16 = false, bf16 = false;
+  bool no_load_optim = false, no_load_rng = false;
+  CompatFlags compat;
 
   void add(CLI::App& sub);
   // Resolves the flags (and, with --use-checkpoint-args, the checkpoint's arguments) into the
@@ -47,5 +57,12 @@ struct InferenceFlags {
   bool given(const std::string& flag) const { return model.given(flag); }
   CLI::App* app_ = nullptr;
 };
+
+// Megatron's inference-tool flags above (parallel sizes, precision, load switches, the kernel
+// flags of megatron_compat.h): added by InferenceFlags::add, checked first by finish() (the
+// parallel sizes against the checkpoint's mp_rank_* folders). See inference_compat.cpp.
+void add_inference_compat_flags(CLI::App& sub, InferenceFlags& f);
+void check_inference_compat_flags(const CLI::App& sub, const InferenceFlags& f,
+                                  std::optional<int64_t> step);
 
 }  // namespace megatron::cli

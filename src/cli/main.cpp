@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "cli/cli_errors.h"
 #include "cli/command.h"
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -57,7 +58,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // Every other parse error is a user mistake: "error: ...", status 1 (as the README says).
+    return fail(1, std::string("error: ") + cli::explain_parse_error(app, argc, argv, e));
   } catch (const Error& e) {
     return fail(1, std::string("error: ") + e.what());
   } catch (const InternalError& e) {

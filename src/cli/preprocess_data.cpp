@@ -26,6 +26,8 @@ struct Flags {
   int partitions = 1;
   bool keep_sequential_samples = false;
   std::string lang = "english";
+  std::string dataset_impl = "mmap";  // --dataset-impl (older Megatron-LM)
+  int64_t chunk_size = 0;             // --chunk-size (older Megatron-LM)
 };
 
 void run(Flags& f) {
@@ -36,6 +38,9 @@ void run(Flags& f) {
              "--on-error must be fail or skip, got '", f.on_error, "'");
   MG_REQUIRE(f.lang == "english", "--lang ", f.lang,
              " is not supported: the built-in sentence splitter follows English rules");
+  MG_REQUIRE(f.dataset_impl == "mmap", "--dataset-impl ", f.dataset_impl,
+             " names Megatron-LM's old non-mmap format, which this build does not write; use "
+             "--dataset-impl mmap (the format every current Megatron-LM reads)");
   f.opt.skip_errors = f.on_error == "skip";
   f.opt.input_format = data::input_format_from_name(f.input_format);
   auto tokenizer = data::build_tokenizer(f.tokenizer);
@@ -98,6 +103,15 @@ CommandRegistrar reg(
       sub.add_option("--partitions", f->partitions, "Only 1 is supported")->capture_default_str();
       sub.add_flag("--keep-sequential-samples", f->keep_sequential_samples,
                    "Accepted for compatibility (the output always keeps input order)");
+      sub.add_option("--dataset-impl", f->dataset_impl,
+                     "mmap: Megatron's .bin/.idx format, the only one written (older "
+                     "Megatron-LM's flag)")
+          ->check(CLI::IsMember({"lazy", "cached", "mmap"}))
+          ->capture_default_str();
+      sub.add_option("--chunk-size", f->chunk_size,
+                     "Documents per worker task in older Megatron-LM; accepted, the workers take "
+                     "documents as they free up here")
+          ->check(CLI::PositiveNumber);
       sub.add_option("--log-interval", f->opt.log_interval, "Progress every N documents")
           ->capture_default_str();
       sub.add_option("--on-error", f->on_error,

@@ -1,8 +1,16 @@
 // `megatron pretrain-gpt`: Megatron-LM's pretrain_gpt.py flags (names and defaults) mapped onto
 // training::TrainingArgs; the loop itself is training::pretrain_gpt. Under mpirun every rank runs
 // this command with the same flags (data, tensor, sequence, pipeline — optionally interleaved —
-// and context parallelism).
+// and context parallelism). Defaults as pretrain_gpt.py's: --tokenizer-type GPT2BPETokenizer,
+// --recompute-num-layers 1, the fused bias-GeLU (tanh form) unless --no-bias-gelu-fusion.
+// Flags naming kernels or backends this build always uses are accepted (megatron_compat.h);
+// flags the loop does not act on yet are parsed into TrainingArgs and rejected by name.
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
 #include "cli/command.h"
+#include "cli/megatron_compat.h"
 #include "cli/model_flags.h"
 #include "cli/tokenizer_options.h"
 #include "core/error.h"
@@ -16,21 +24,101 @@ namespace {
 struct PretrainFlags {
   training::TrainingArgs a;
   ModelFlags model;
+  bool recompute_activations = false, checkpoint_activations = false;
+  bool accumulate_allreduce_grads_in_fp32 = false;
+  double decoupled_lr = std::numeric_limits<double>::quiet_NaN();
+  double decoupled_min_lr = std::numeric_limits<double>::quiet_NaN();
+  int64_t batch_size = 0, warmup = 0, model_parallel_size = 0;  // Megatron's removed flags
+  CompatFlags compat;
+  CLI::App* app = nullptr;
 };
 
+[[noreturn]] void not_implemented(const std::string& flag, const std::string& what) {
+  MG_THROW(flag, " is not implemented yet in this build (", what, "); remove it from the command line");
+}
+
+// The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
+// naming each, unless it has Megatron's default value or a meaning the loop already has.
+void reject_pending_flags(const training::TrainingArgs& a) {
+  if (!a.rampup_batch_size.empty())
+    not_implemented("--rampup-batch-size", str("batch-size ramp-up; without it every iteration uses "
+                                               "--global-batch-size ", a.global_batch_size));
+  if (!a.step_batch_size_schedule.empty())
+    not_implemented("--step-batch-size-schedule", "batch-size schedule");
+  if (a.decoupled_lr) not_implemented("--decoupled-lr", "a separate learning rate for the embedding and output layer");
+  if (a.decoupled_min_lr) not_implemented("--decoupled-min-lr", "a separate learning rate for the embedding and output layer");
+  if (a.grad_reduce_in_bf16 && a.bf16)
+    not_implemented("--grad-reduce-in-bf16", "gradients are reduced in fp32 here");
+  if (a.mock_data) not_implemented("--mock-data", "Megatron's synthetic dataset; pass --data-path");
+  if (a.skip_train) not_implemented("--skip-train", "evaluation without training");
+  if (a.train_epochs > 0) not_implemented("--train-epochs", "pass --train-iters or --train-samples");
+  if (a.ckpt_format == "torch")
+    not_implemented("--ckpt-format torch", "Megatron's model_optim_rng.pt files; the default "
+                    "torch_dist writes this build's resharding format");
+  MG_REQUIRE(a.ckpt_format == "torch_dist", "--ckpt-format ", a.ckpt_format,
+             " is not supported: use torch_dist (Megatron's default; here this build's resharding "
+             "checkpoint format, safetensors per rank)");
+}
+
+// Relative tokenizer file names are made absolute, so the checkpoint's arguments name files that
+// tools run from another folder (checkpoint convert) still find.
+void absolute_if_exists(std::string& path) {
+  std::error_code ec;
+  if (!path.empty() && std::filesystem::path(path).is_relative() && std::filesystem::exists(path, ec))
+    path = std::filesystem::absolute(path, ec).lexically_normal().string();
+}
+
 void run(PretrainFlags f) {
-  // The architecture from Megatron's model flags; the run-time fields (recomputation, sequence
-  // parallelism, CP exchange) were parsed into a.model directly.
-  const model::TransformerConfig arch = f.model.resolve();
-  model::TransformerConfig& m = f.a.model;
-  const model::TransformerConfig run_fields = m;
-  m = arch;
-  m.recompute_granularity = run_fields.recompute_granularity;
-  m.recompute_method = run_fields.recompute_method;
-  m.recompute_num_layers = run_fields.recompute_num_layers;
-  m.sequence_parallel = run_fields.sequence_parallel;
-  m.cp_comm_type = run_fields.cp_comm_type;
-  training::TrainingSummary s = training::pretrain_gpt(f.a);
+  auto& a = f.a;
+  auto& sub = *f.app;
+  MG_REQUIRE(f.batch_size == 0, "--batch-size is no longer valid (Megatron-LM removed it): use "
+             "--micro-batch-size");
+  MG_REQUIRE(f.warmup == 0, "--warmup is no longer valid (Megatron-LM removed it): use "
+             "--lr-warmup-fraction or --lr-warmup-iters");
+  MG_REQUIRE(f.model_parallel_size == 0, "--model-parallel-size is no longer valid (Megatron-LM "
+             "removed it): use --tensor-model-parallel-size");
+  check_compat_flags(f.compat, sub, CompatScope::Model);
+  check_compat_flags(f.compat, sub, CompatScope::Training);
+  if (!std::isnan(f.decoupled_lr)) a.decoupled_lr = f.decoupled_lr;
+  if (!std::isnan(f.decoupled_min_lr)) a.decoupled_min_lr = f.decoupled_min_lr;
+  reject_pending_flags(a);
+  // The architecture from Megatron's model flags (model_flags.h); the run-time fields
+  // (recomputation, sequence parallelism, CP exchange) were parsed into a.model directly.
+  {
+    const model::TransformerConfig run_fields = a.model;
+    a.model = f.model.resolve();
+    a.model.recompute_granularity = run_fields.recompute_granularity;
+    a.model.recompute_method = run_fields.recompute_method;
+    a.model.recompute_num_layers = run_fields.recompute_num_layers;
+    a.model.sequence_parallel = run_fields.sequence_parallel;
+    a.model.cp_comm_type = run_fields.cp_comm_type;
+    a.model.apply_query_key_layer_scaling = run_fields.apply_query_key_layer_scaling;
+  }
+  // The Ascend scripts' sparse attention: keys --pre-tockens before and --next-tockens after each
+  // query, i.e. a sliding window (--pre-tockens >= --seq-length - 1 with --next-tockens 0 is plain
+  // causal attention).
+  if (a.next_tockens != 0 || a.pre_tockens < a.model.seq_length - 1) {
+    MG_REQUIRE(!f.model.given("--window-size"), "--pre-tockens / --next-tockens and --window-size "
+               "both set a sliding window; keep one");
+    MG_REQUIRE(a.pre_tockens >= 0 && a.next_tockens >= 0, "--pre-tockens and --next-tockens must "
+               "be >= 0 (got ", a.pre_tockens, " and ", a.next_tockens, ")");
+    a.model.window_left = a.pre_tockens < a.model.seq_length - 1 ? a.pre_tockens : -1;
+    a.model.window_right = a.next_tockens;
+  }
+  if (f.checkpoint_activations) {
+    // Megatron-LM's old flag: recompute every layer's input, one layer per chunk.
+    MG_REQUIRE(a.model.recompute_granularity.empty(), "--checkpoint-activations and "
+               "--recompute-granularity cannot be combined: keep --recompute-granularity");
+    log_info("note: --checkpoint-activations (removed from Megatron-LM) is taken as "
+             "--recompute-granularity full --recompute-method uniform");
+    a.model.recompute_granularity = "full";
+    if (a.model.recompute_method.empty()) a.model.recompute_method = "uniform";
+  }
+  if (f.recompute_activations) a.model.recompute_granularity = "selective";  // as Megatron
+  absolute_if_exists(a.tokenizer.vocab_file);
+  absolute_if_exists(a.tokenizer.merge_file);
+  absolute_if_exists(a.tokenizer.tokenizer_model);
+  training::TrainingSummary s = training::pretrain_gpt(a);
   if (world_communicator()->rank() == s.world_size - 1)  // the rank that printed the log lines
     log_print(str("training finished: ", s.iterations, " iterations, ", s.consumed_samples,
                 " samples, last lm loss ", s.last_loss, ", ", s.tokens_per_second, " tokens/s"));
@@ -39,20 +127,41 @@ void run(PretrainFlags f) {
 CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretrain_gpt.py flags)", 20,
                      [](CLI::App& sub) {
   auto f = std::make_shared<PretrainFlags>();
+  f->app = &sub;
   auto& a = f->a;
   auto& m = a.model;
+  a.tokenizer.type = "GPT2BPETokenizer";  // pretrain_gpt.py's default
+  m.recompute_num_layers = 1;             // Megatron's default
   // model
   f->model.add(sub, /*training=*/true);
   sub.add_option("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by,
                  "Vocab padding multiple")->capture_default_str();
+  sub.add_flag("--apply-query-key-layer-scaling", m.apply_query_key_layer_scaling,
+               "Scale Q.K^T by 1/layer (undone in the fp32 softmax: same result)");
   sub.add_option("--recompute-granularity", m.recompute_granularity, "full | selective")
       ->check(CLI::IsMember({"full", "selective"}));
   sub.add_option("--recompute-method", m.recompute_method, "uniform | block")
       ->check(CLI::IsMember({"uniform", "block"}));
-  sub.add_option("--recompute-num-layers", m.recompute_num_layers, "Layers per recompute chunk");
+  sub.add_option("--recompute-num-layers", m.recompute_num_layers,
+                 "uniform: layers per recompute chunk; block: layers recomputed per stage")
+      ->capture_default_str();
+  sub.add_flag("--recompute-activations", f->recompute_activations,
+               "Same as --recompute-granularity selective");
+  sub.add_flag("--checkpoint-activations", f->checkpoint_activations,
+               "Megatron-LM's old name for --recompute-granularity full --recompute-method uniform");
   // batch / schedule / optimizer
   sub.add_option("--micro-batch-size", a.micro_batch_size, "Micro-batch size");
   sub.add_option("--global-batch-size", a.global_batch_size, "Global batch size (default micro)");
+  sub.add_option("--batch-size", f->batch_size, "Removed from Megatron-LM: use --micro-batch-size");
+  sub.add_option("--rampup-batch-size", a.rampup_batch_size,
+                 "START INCR SAMPLES: batch-size ramp-up (not implemented yet)")
+      ->expected(3);
+  sub.add_option("--step-batch-size-schedule", a.step_batch_size_schedule,
+                 "\"THRESHOLD:BATCH ...\" batch-size schedule (not implemented yet)");
+  sub.add_option("--train-epochs", a.train_epochs, "Epochs to train (not implemented yet)");
+  sub.add_flag("--skip-train", a.skip_train, "Evaluate only (not implemented yet)");
+  sub.add_flag("--calculate-per-token-loss", a.calculate_per_token_loss,
+               "One token mean over the whole global batch (how this build normalises the loss today)");
   sub.add_option("--train-iters", a.train_iters, "Training iterations");
   sub.add_option("--train-samples", a.train_samples, "Training samples");
   sub.add_option("--lr", a.lr, "Peak learning rate");
@@ -65,6 +174,11 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--lr-warmup-iters", a.lr_warmup_iters, "Warmup iterations")->capture_default_str();
   sub.add_option("--lr-warmup-samples", a.lr_warmup_samples, "Warmup samples")->capture_default_str();
   sub.add_option("--lr-warmup-init", a.lr_warmup_init, "Warmup start LR")->capture_default_str();
+  sub.add_option("--warmup", f->warmup, "Removed from Megatron-LM: use --lr-warmup-fraction");
+  sub.add_option("--decoupled-lr", f->decoupled_lr,
+                 "Embedding and output layer learning rate (not implemented yet)");
+  sub.add_option("--decoupled-min-lr", f->decoupled_min_lr,
+                 "Embedding and output layer minimum learning rate (not implemented yet)");
   sub.add_option("--lr-wsd-decay-style", a.lr_wsd_decay_style, "exponential|linear|cosine|minus_sqrt")
       ->capture_default_str();
   sub.add_option("--lr-wsd-decay-iters", a.lr_wsd_decay_iters, "WSD anneal iterations");
@@ -89,6 +203,11 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--min-loss-scale", a.min_loss_scale, "Dynamic scale floor")->capture_default_str();
   sub.add_option("--loss-scale-window", a.loss_scale_window, "Clean steps before growth")->capture_default_str();
   sub.add_option("--hysteresis", a.hysteresis, "Overflows tolerated before backoff")->capture_default_str();
+  sub.add_flag("--grad-reduce-in-bf16", a.grad_reduce_in_bf16,
+               "Reduce gradients in bf16 (with --bf16: not implemented yet; without it no effect, "
+               "as in Megatron-LM)");
+  sub.add_flag("--accumulate-allreduce-grads-in-fp32", f->accumulate_allreduce_grads_in_fp32,
+               "Gradients always accumulate and reduce in fp32 here");
   // parallelism: world size = TP x PP x CP x DP (mpirun -np N)
   auto& par = a.parallel;
   sub.add_option("--tensor-model-parallel-size", par.tensor_model_parallel_size,
@@ -120,8 +239,18 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                  "Elements per gradient bucket with --overlap-grad-reduce (default max(40M, 1M x DP))");
   sub.add_option("--distributed-timeout-minutes", par.distributed_timeout_minutes,
                  "A collective waiting longer aborts the job")->capture_default_str();
+  sub.add_option("--model-parallel-size", f->model_parallel_size,
+                 "Removed from Megatron-LM: use --tensor-model-parallel-size");
+  sub.add_option("--pre-tockens", a.pre_tockens,
+                 "Keys before each query (Ascend's sliding window); >= --seq-length - 1: no limit")
+      ->capture_default_str();
+  sub.add_option("--next-tockens", a.next_tockens, "Keys after each query (Ascend); 0 is causal")
+      ->capture_default_str();
+  add_compat_flags(sub, f->compat, CompatScope::Model);
+  add_compat_flags(sub, f->compat, CompatScope::Training);
   // data and tokenizer
-  add_tokenizer_options(sub, a.tokenizer);
+  add_tokenizer_options(sub, a.tokenizer)->capture_default_str();
+  sub.add_flag("--mock-data", a.mock_data, "Megatron's synthetic dataset (not implemented yet)");
   sub.add_option("--data-path", a.data.data_path, "[WEIGHT] PREFIX ... blend");
   sub.add_option("--train-data-path", a.data.train_data_path, "[WEIGHT] PREFIX ...");
   sub.add_option("--valid-data-path", a.data.valid_data_path, "[WEIGHT] PREFIX ...");
@@ -162,6 +291,11 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--load", a.load, "Checkpoint folder to resume from (a missing folder or tracker "
                  "starts from scratch)");
   sub.add_option("--ckpt-step", a.ckpt_step, "Load this iteration instead of the tracker's");
+  sub.add_option("--ckpt-format", a.ckpt_format,
+                 "torch_dist (this build's resharding format, safetensors per rank) | torch "
+                 "(not implemented yet)")
+      ->check(CLI::IsMember({"torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"}))
+      ->capture_default_str();
   sub.add_flag("--finetune", a.finetune, "Load the weights only; iteration, samples, optimizer, "
                "LR schedule and RNG start from zero");
   sub.add_flag("--no-load-optim", a.no_load_optim, "Do not load optimizer, loss scaler and LR schedule");

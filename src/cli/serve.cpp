@@ -28,6 +28,14 @@ void on_stop_signal(int sig) {
 struct ServeArgs {
   InferenceFlags model;
   inference::ServerOptions server;
+  // Flags of Megatron's run_text_generation_server.py. The server there samples with each
+  // request's own fields, so the sampling flags only set what a script passes; so here.
+  int64_t seed = 1234;          // --seed
+  int micro_batch_size = 1;     // --micro-batch-size
+  int64_t out_seq_length = 1024, tokens_to_generate = 30;
+  double temperature = 1.0, top_p = 0.0;
+  int top_k = 1;
+  bool return_log_probs = false;
 };
 
 void run_serve(ServeArgs& a) {
@@ -87,6 +95,18 @@ CommandRegistrar reg("serve", "Text generation server (Megatron PUT /api, OpenAI
       ->capture_default_str()->check(CLI::Range(64, 1 << 30));
   sub.add_option("--max-tokens-to-generate", s.max_tokens_to_generate, "Largest tokens_to_generate / max_tokens")
       ->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  sub.add_option("--seed", a->seed, "Random seed (Megatron's; requests carry their own random_seed)")
+      ->capture_default_str();
+  sub.add_option("--micro-batch-size", a->micro_batch_size,
+                 "Accepted (Megatron's); --max-batch-size sets the sequences decoded together")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  const std::string per_request = " (Megatron's server flag; each request sets its own)";
+  sub.add_option("--out-seq-length", a->out_seq_length, "Longest output" + per_request);
+  sub.add_option("--num-tokens-to-generate", a->tokens_to_generate, "Tokens to generate" + per_request);
+  sub.add_option("--temperature", a->temperature, "Sampling temperature" + per_request);
+  sub.add_option("--top_k,--top-k", a->top_k, "Top-k sampling" + per_request);
+  sub.add_option("--top_p,--top-p", a->top_p, "Nucleus sampling" + per_request);
+  sub.add_flag("--return-log-probs", a->return_log_probs, "Log-probs" + per_request);
   sub.callback([a] { run_serve(*a); });
 });
 

@@ -224,7 +224,8 @@ nlohmann::json megatron_response(const MegatronApiRequest& request, const ApiCon
   out["text"] = std::move(text);
   out["segments"] = std::move(segments);
   out["tokens"] = std::move(tokens);
-  if (request.logprobs) out["logprobs"] = std::move(logprobs);
+  // Megatron's answer always has "logprobs": the lists when asked for, else null.
+  out["logprobs"] = request.logprobs ? std::move(logprobs) : nlohmann::json(nullptr);
   return out;
 }
 

@@ -46,6 +46,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,32 @@ struct TrainingArgs {
   bool override_opt_param_scheduler = false;        // --override-opt_param-scheduler
   bool use_checkpoint_opt_param_scheduler = false;  // --use-checkpoint-opt_param-scheduler
   bool exit_on_missing_checkpoint = false;          // --exit-on-missing-checkpoint
+
+  // Megatron flags that change what is computed, parsed by `pretrain-gpt` with Megatron's names,
+  // types and defaults. The loop does not act on them yet: the command rejects each (naming it,
+  // "not implemented yet") unless it has Megatron's default value or the meaning the loop already
+  // has, so none is silently ignored. Not yet in the checkpoint's argument JSON either.
+  // --rampup-batch-size START INCR SAMPLES: the global batch grows from START by INCR every
+  // SAMPLES / ((global - START) / INCR) consumed samples (empty: no ramp-up).
+  std::vector<int64_t> rampup_batch_size;
+  std::string step_batch_size_schedule;  // --step-batch-size-schedule "THRESHOLD:BATCH ..." ("": none)
+  // --decoupled-lr / --decoupled-min-lr: the embedding's and output layer's own peak / minimum LR.
+  std::optional<double> decoupled_lr, decoupled_min_lr;
+  bool grad_reduce_in_bf16 = false;  // --grad-reduce-in-bf16 (with --bf16: reduce grads in bf16)
+  bool mock_data = false;            // --mock-data: Megatron's synthetic GPT dataset, no files
+  // --calculate-per-token-loss: one token mean over the global batch (every micro-batch and DP
+  // rank), which is how the loop normalises today; off, Megatron divides each micro-batch's loss
+  // by its own token count, then by the number of micro-batches, and averages over DP.
+  bool calculate_per_token_loss = false;
+  bool skip_train = false;           // --skip-train: evaluate (validation, test) only, then exit
+  int64_t train_epochs = 0;          // --train-epochs (0: not given)
+  // --pre-tockens / --next-tockens (Ascend's fused attention): query i attends keys
+  // [i - pre, i + next]. The defaults, or any pre >= seq-length - 1 with next 0, are causal
+  // attention as computed now; a narrower window is the sliding window.
+  int64_t pre_tockens = 65536, next_tockens = 0;
+  // --ckpt-format: torch_dist (Megatron's default) is served by this build's own resharding
+  // format (safetensors per rank); torch is Megatron's model_optim_rng.pt files.
+  std::string ckpt_format = "torch_dist";
 };
 
 // Checks cross-flag constraints; throws megatron::Error naming the flags.
