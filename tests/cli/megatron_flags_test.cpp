@@ -62,7 +62,18 @@ TEST(MegatronFlags, ScriptFlagsForWhatThisBuildAlwaysDoesAreAccepted) {
   EXPECT_TRUE(fs::path(args["tokenizer"]["vocab_file"].get<std::string>()).is_absolute());
   EXPECT_EQ(args["model"]["recompute_num_layers"], 1);
   EXPECT_EQ(args["model"]["recompute_granularity"], "full");
-  EXPECT_EQ(args["model"]["gelu_tanh"], true);
+  EXPECT_EQ(args["model"]["activation"], "gelu_tanh");
+}
+
+// The Ascend scripts' sparse attention flags are the sliding window.
+TEST(MegatronFlags, PreAndNextTockensAreTheSlidingWindow) {
+  TempDir tmp;
+  const std::string save = (tmp / "ckpt").string();
+  const auto r = run_cli(tiny_run(save, 1) + " --pre-tockens 4 --next-tockens 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json args = saved_args(save, 1);
+  EXPECT_EQ(args["model"]["window_left"], 4);
+  EXPECT_EQ(args["model"]["window_right"], 0);
 }
 
 TEST(MegatronFlags, OldSpellingsKeepTheirMeaning) {
@@ -75,7 +86,7 @@ TEST(MegatronFlags, OldSpellingsKeepTheirMeaning) {
   const json args = saved_args(save, 1);
   EXPECT_EQ(args["model"]["recompute_granularity"], "full");
   EXPECT_EQ(args["model"]["recompute_method"], "uniform");
-  EXPECT_EQ(args["model"]["gelu_tanh"], false);  // exact GeLU
+  EXPECT_EQ(args["model"]["activation"], "gelu");  // exact GeLU
 }
 
 TEST(MegatronFlags, FlagsTheLoopDoesNotActOnYetAreRefusedByName) {
@@ -91,8 +102,8 @@ TEST(MegatronFlags, FlagsTheLoopDoesNotActOnYetAreRefusedByName) {
       {"--mock-data", "--mock-data is not implemented yet"},
       {"--skip-train", "--skip-train is not implemented yet"},
       {"--train-epochs 3", "--train-epochs is not implemented yet"},
-      {"--pre-tockens 4", "--pre-tockens is not implemented yet in this build (sliding-window attention"},
-      {"--next-tockens 2", "--next-tockens is not implemented yet"},
+      {"--next-tockens 2", "--window-size: a causal model sees no key after its query"},
+      {"--pre-tockens 4 --window-size 4 0", "--pre-tockens / --next-tockens and --window-size"},
       {"--ckpt-format torch", "--ckpt-format torch is not implemented yet"},
       {"--ckpt-format zarr", "--ckpt-format zarr is not supported"},
       {"--batch-size 8", "use --micro-batch-size"},
