@@ -58,8 +58,8 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
   auto print = [rank](const std::string& line) {
     if (rank == 0) log_print(line);
   };
-  const int64_t seq_length =
-      a.model.seq_length > 0 ? a.model.seq_length : options.gpt.max_position_embeddings;
+  const int64_t seq_length = options.model.seq_length > 0 ? options.model.seq_length
+                                                          : options.model.max_position_embeddings;
   InferenceModel loaded = load_inference_model(options);
   const data::Tokenizer& tok = *loaded.tokenizer;
   LanguageModel& model = *loaded.model;
