@@ -39,10 +39,16 @@ TrainingArgs llama_args(const Fixture& f, int64_t iters = 20) {
 }
 
 struct Layout {
+  Layout(std::string name_, int tp_, int pp_ = 1, int vstage = 0, int cp_ = 1, bool sp_ = false,
+         bool dist_opt_ = false, bool overlap_ = false, bool param_gather_ = false,
+         std::string cp_comm_ = "p2p", std::string recompute_ = "")
+      : name(std::move(name_)), tp(tp_), pp(pp_), layers_per_virtual_stage(vstage), cp(cp_),
+        sp(sp_), dist_opt(dist_opt_), overlap(overlap_), param_gather(param_gather_),
+        cp_comm(std::move(cp_comm_)), recompute(std::move(recompute_)) {}
   std::string name;
-  int tp = 1, pp = 1, layers_per_virtual_stage = 0, cp = 1;
-  bool sp = false, dist_opt = false, overlap = false, param_gather = false;
-  std::string cp_comm = "p2p";
+  int tp, pp, layers_per_virtual_stage, cp;
+  bool sp, dist_opt, overlap, param_gather;
+  std::string cp_comm;
   std::string recompute;  // "", "full", "selective"
 };
 
@@ -99,7 +105,9 @@ void check_layout(const Fixture& f, const Layout& l, const TrainingSummary& ref,
   expect_same_curve(p, ref, tol, l.name);
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.3);  // it learns: the comparison is not idle
   // Untied output layer: no tied embedding to hold back, every bucket starts during backward.
-  if (l.overlap) EXPECT_EQ(p.grad_buckets_launched_in_backward, p.grad_buckets);
+  if (l.overlap) {
+    EXPECT_EQ(p.grad_buckets_launched_in_backward, p.grad_buckets);
+  }
   if (world()->rank() == 0) expect_same_params(par.save, ref_save, 20, tol);
   world()->barrier();
 }

@@ -133,9 +133,10 @@ inline std::map<std::string, std::vector<float>> gathered_model(const std::strin
       const int pdim = tp > 1 ? meta["parallel"]["partition_dims"][n].get<int>() : -1;
       std::vector<Tensor> parts;
       for (int r = 0; r < tp; ++r) parts.push_back(shards[size_t(r)].tensors.at(n));
-      if (pdim < 0)
+      if (pdim < 0) {
         for (int r = 1; r < tp; ++r)  // replicated: every rank saved the same values
           EXPECT_EQ(parts[size_t(r)].to_float_vector(), parts[0].to_float_vector()) << n;
+      }
       out[n] = merge_shards(parts, shard_rule(n, pdim, swiglu)).to_float_vector();
     }
   }
