@@ -50,6 +50,9 @@ def read_checkpoint(load):
         data = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32).reshape(t["shape"])
         weights[name] = torch.from_numpy(data.astype(np.float64))
     m = args["model"]
+    assert m.get("normalization", "LayerNorm") == "LayerNorm" and \
+        m.get("position_embedding_type", "learned_absolute") == "learned_absolute", \
+        "the zero-shot reference scores GPT-2-style models"
     heads = m["num_attention_heads"]
     cfg = {
         "num_layers": m["num_layers"],
@@ -59,7 +62,7 @@ def read_checkpoint(load):
         "layernorm_epsilon": m["layernorm_epsilon"],
         "normalization": "LayerNorm",
         "position_embedding_type": "LearnedAbsolute",
-        "activation": "GeluTanh" if m["gelu_tanh"] else "Gelu",
+        "activation": {"gelu_tanh": "GeluTanh", "gelu": "Gelu"}[m["activation"]],
     }
     return cfg, weights
 
