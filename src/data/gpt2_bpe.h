@@ -40,6 +40,7 @@ class GPT2BPETokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
   // The raw bytes of a token (may be a partial UTF-8 sequence).
   const std::string& token_bytes(int32_t id) const;
+  std::optional<std::string> token_raw_bytes(int32_t id) const override { return token_bytes(id); }
   int64_t vocab_size() const override { return vocab_size_; }
   std::optional<int32_t> eod() const override { return eod_; }
   std::string type() const override { return "GPT2BPETokenizer"; }
