@@ -4,8 +4,11 @@
 // whenever the server closes them, while one well-behaved client asks GET /health and PUT /api
 // every --poll-ms on a fresh connection. Prints how many of its requests were answered within
 // one second and the latency percentiles: the server is usable only if all of them are.
+// --mode big-chunked / big-gzip instead sends one 200 MB body (chunked, or labelled gzip) and
+// prints how much was sent before the server answered and its memory before and after.
 //   build/bench/server_slow_clients_bench [--slow-clients 100 --mode trickle|idle|body
 //       --interval-ms 1000 --seconds 20 --poll-ms 200 --api-key KEY]
+//   build/bench/server_slow_clients_bench --mode big-chunked
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -117,6 +120,57 @@ double timed_request(int port, const std::string& request, double timeout_s, int
   return -1;
 }
 
+// Resident memory of this process (the server runs in it), MB.
+double rss_mb() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return double(resident) * double(::sysconf(_SC_PAGESIZE)) / 1e6;
+}
+
+// One client sends a 200 MB body in 64 KiB chunks (chunked transfer coding, or gzip-labelled
+// with a Content-Length): the bytes it got to send before the server answered, the answer, and
+// the server's memory before and after.
+void big_body(int port, bool gzip) {
+  const double before = rss_mb();
+  const int fd = connect_loopback(port);
+  const size_t total = 200u << 20, piece = 64u << 10;
+  const std::string head = gzip ? "PUT /api HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                                  "Content-Length: " + std::to_string(total) + "\r\n\r\n"
+                                : "PUT /api HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+  const std::string data(piece, 'a');
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "%zx\r\n", piece);
+  size_t sent = 0;
+  std::string answer;
+  while (sent < total && answer.empty()) {
+    std::string chunk = gzip ? data : std::string(hex) + data + "\r\n";
+    if (::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL) <= 0) break;
+    sent += piece;
+    pollfd p{fd, POLLIN, 0};
+    char buf[512];
+    if (::poll(&p, 1, 0) == 1) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n > 0) answer.assign(buf, size_t(n));
+    }
+  }
+  if (answer.empty()) {
+    pollfd p{fd, POLLIN, 0};
+    char buf[512];
+    if (::poll(&p, 1, 2000) == 1) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n > 0) answer.assign(buf, size_t(n));
+    }
+  }
+  ::close(fd);
+  std::printf("200 MB %s body: %zu KB sent before the answer '%s'; server RSS %.1f MB before, %.1f MB after\n",
+              gzip ? "gzip-labelled" : "chunked", sent >> 10,
+              answer.substr(0, answer.find("\r\n")).c_str(), before, rss_mb());
+}
+
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -147,6 +201,12 @@ int main(int argc, char** argv) {
   inference::TextGenerationServer server(model, tokenizer, options);
   const int port = server.bind();
   std::thread serving([&] { server.serve(); });
+  if (mode == "big-chunked" || mode == "big-gzip") {
+    big_body(port, mode == "big-gzip");
+    server.stop();
+    serving.join();
+    return 0;
+  }
 
   // The attackers: one thread drives every slow connection.
   const std::string auth = key.empty() ? "" : "Authorization: Bearer " + key + "\r\n";
