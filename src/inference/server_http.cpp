@@ -305,7 +305,8 @@ struct HttpFront::Impl {
       const ssize_t n = ::send(c.fd, c.out.data() + c.out_sent, c.out.size() - c.out_sent, MSG_NOSIGNAL);
       if (n > 0) {
         c.out_sent += size_t(n);
-        c.deadline = Clock::now() + std::chrono::milliseconds(o.write_timeout_ms);
+        if (c.phase == Conn::Phase::Writing)  // (a 100 Continue keeps the request's deadline)
+          c.deadline = Clock::now() + std::chrono::milliseconds(o.write_timeout_ms);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
