@@ -38,14 +38,7 @@ using detail::fsync_path;
 using detail::set_mode;
 using detail::write_text_file;
 
-json read_metadata(const CheckpointOnDisk& ckpt) {
-  const fs::path p = ckpt.dir / "metadata.json";
-  std::ifstream in(p, std::ios::binary);
-  MG_REQUIRE(in, "cannot read ", p.string());
-  const json j = json::parse(std::string((std::istreambuf_iterator<char>(in)), {}), nullptr, false);
-  MG_REQUIRE(!j.is_discarded() && j.is_object(), p.string(), " is not valid JSON (corrupted file?)");
-  return j;
-}
+json read_metadata(const CheckpointOnDisk& ckpt) { return read_checkpoint_metadata(ckpt.dir); }
 
 TrainingArgs args_of(const CheckpointOnDisk& ckpt) {
   try {
@@ -437,8 +430,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
 
   // Write the folder under a temporary name.
   const std::string dir_name = ckpt.dir.filename().string();
-  fs::create_directories(o.save);
-  set_mode(o.save, 0750);
+  detail::create_private_dirs(o.save);
   const fs::path tmp = o.save / (".tmp_" + dir_name);
   fs::remove_all(tmp);
   fs::create_directories(tmp);
@@ -517,7 +509,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
                             {"padded_vocab_size", res.padded_vocab_from},
                             {"optimizer_state", optim ? "resharded" : res.optimizer_note},
                             {"tool", "megatron checkpoint convert"}};
-  write_text_file(tmp / "metadata.json", meta.dump(2) + "\n");
+  detail::write_metadata(tmp, meta.dump(2) + "\n");
   fsync_path(tmp, true);
   res.dir = o.save / dir_name;
   fs::rename(tmp, res.dir);
