@@ -1,6 +1,7 @@
 // `megatron checkpoint <action>`: tools for checkpoint folders. `convert` reshards a checkpoint to
 // another tensor x pipeline-parallel layout (training/checkpoint_convert.h), Megatron's
-// tools/checkpoint/convert.py with the core loader and saver in one step. Exports to other
+// tools/checkpoint/convert.py with the core loader and saver in one step, and moves checkpoints
+// between this build's format and Megatron-LM's torch format (--load-format, --save-format). Exports to other
 // formats (--to hf-gpt2) will be further actions of this command.
 #include <memory>
 
@@ -18,6 +19,7 @@ struct ConvertArgs {
   int target_tp = 1, target_pp = 1, target_layers_per_virtual_stage = 0;
   int64_t true_vocab_size = 0;
   bool no_save_optim = false;
+  std::string load_format = "auto", save_format = "safetensors", transformer_impl = "transformer_engine";
 };
 
 void run_convert(const ConvertArgs& a) {
@@ -30,6 +32,9 @@ void run_convert(const ConvertArgs& a) {
   o.target_layers_per_virtual_stage = a.target_layers_per_virtual_stage;
   if (a.true_vocab_size > 0) o.true_vocab_size = a.true_vocab_size;
   o.drop_optimizer = a.no_save_optim;
+  o.load_format = a.load_format;
+  o.save_format = a.save_format;
+  o.transformer_impl = a.transformer_impl;
   const training::ConvertResult r = training::convert_checkpoint(o);
   for (const std::string& n : r.notes) log_print("note: " + n);
   log_print(str("converted iteration ", r.iteration, " from ", r.from.describe(), " to TP=",
@@ -38,7 +43,13 @@ void run_convert(const ConvertArgs& a) {
                 r.dir.string()));
   if (r.padded_vocab_from != r.padded_vocab_to)
     log_print(str("padded vocabulary: ", r.padded_vocab_from, " -> ", r.padded_vocab_to, " rows"));
-  if (r.optimizer)
+  if (a.save_format == "torch")
+    log_print(str("format: Megatron-LM torch checkpoint (mp_rank_*/model_optim_rng.pt, Megatron-Core "
+                  "names for --transformer-impl ", a.transformer_impl, "; load it in Megatron-LM with "
+                  "--ckpt-format torch)"));
+  if (r.optimizer && a.save_format == "torch")
+    log_print("optimizer state: resharded (Megatron's non-distributed optimizer layout)");
+  else if (r.optimizer)
     log_print("optimizer state: resharded (plain optimizer layout; loads with or without "
               "--use-distributed-optimizer, under any data-parallel size)");
   else
@@ -73,6 +84,22 @@ CommandRegistrar reg(
                           "arguments), needed to re-pad the embedding when TP changes");
       convert->add_flag("--no-save-optim", a->no_save_optim,
                         "Leave the optimizer state out (resume then needs --no-load-optim)");
+      convert->add_option("--load-format", a->load_format,
+                          "auto (what the folder holds), safetensors (this build's checkpoints) or "
+                          "torch (Megatron-LM's mp_rank_*/model_optim_rng.pt)")
+          ->check(CLI::IsMember({"auto", "safetensors", "torch"}))
+          ->capture_default_str();
+      convert->add_option("--save-format", a->save_format,
+                          "safetensors (this build's checkpoints) or torch (Megatron-LM's "
+                          "model_optim_rng.pt files, for Megatron-LM's --ckpt-format torch)")
+          ->check(CLI::IsMember({"safetensors", "torch"}))
+          ->capture_default_str();
+      convert->add_option("--transformer-impl", a->transformer_impl,
+                          "With --save-format torch: the --transformer-impl of the Megatron-LM run "
+                          "that loads it (transformer_engine: fused norm names and _extra_state "
+                          "entries; local: the local layer spec's names)")
+          ->check(CLI::IsMember({"transformer_engine", "local"}))
+          ->capture_default_str();
       convert->callback([a] { run_convert(*a); });
     });
 

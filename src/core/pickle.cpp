@@ -144,7 +144,7 @@ namespace {
 enum class Known {
   OrderedDict, Namespace, RebuildTensorV2, RebuildTensor, RebuildParameter, TorchSize, Storage,
   TorchDType, NumpyReconstruct, NumpyNdarray, NumpyDType, NumpyScalar, CodecsEncode, Bytes, Set,
-  Getattr, MegatronEnum,
+  Getattr, MegatronEnum, BytesIO,
 };
 
 struct StorageType {
@@ -217,6 +217,8 @@ bool classify(const std::string& module, const std::string& name, GlobalInfo* ou
   if (builtins && (name == "bytes" || name == "bytearray")) return set(Known::Bytes);
   if (builtins && (name == "set" || name == "frozenset")) return set(Known::Set);
   if (builtins && name == "getattr") return set(Known::Getattr);
+  // Transformer Engine's _extra_state of older versions: io.BytesIO(bytes), kept as bytes.
+  if ((module == "_io" || module == "io") && name == "BytesIO") return set(Known::BytesIO);
   if (module.starts_with("megatron.") && module.find("enums") != std::string::npos)
     for (const char* e : kMegatronEnums)
       if (name == e) return set(Known::MegatronEnum);
@@ -661,6 +663,14 @@ Value* Unpickler::call(Value* f, Value* args, size_t at) {
       }
       return bad();
     }
+    case Known::BytesIO: {  // (initial bytes[, position]), then BUILD with its __dict__
+      Value* b = doc_.make(Kind::Bytes);
+      b->member = "BytesIO";
+      if (a.empty()) return b;
+      if (a.size() > 2 || a[0]->kind != Kind::Bytes) return bad();
+      b->text = a[0]->text;
+      return b;
+    }
     case Known::Set:
       if (a.empty()) return doc_.list();
       if (a.size() != 1 || (a[0]->kind != Kind::List && a[0]->kind != Kind::Tuple)) return bad();
@@ -722,9 +732,14 @@ Value* Unpickler::call(Value* f, Value* args, size_t at) {
 Value* Unpickler::newobj(Value* cls, Value* args, size_t at) {
   MG_REQUIRE(cls->kind == Kind::Global && args->kind == Kind::Tuple && args->items.empty(),
              where(at), "NEWOBJ of ", cls->describe(), " with ", args->describe(),
-             " (only argparse.Namespace and OrderedDict are built this way in checkpoints)");
+             " (only argparse.Namespace, OrderedDict and io.BytesIO are built this way in checkpoints)");
   if (known_of(cls) == Known::Namespace) return doc_.namespace_();
   if (known_of(cls) == Known::OrderedDict) return doc_.dict(true);
+  if (known_of(cls) == Known::BytesIO) {
+    Value* b = doc_.make(Kind::Bytes);
+    b->member = "BytesIO";
+    return b;
+  }
   MG_THROW(where(at), "NEWOBJ of ", cls->text, " is not used by PyTorch checkpoints");
 }
 
@@ -738,6 +753,11 @@ void Unpickler::build(Value* obj, Value* state, size_t at) {
       obj->entries.insert(obj->entries.end(), state->entries.begin(), state->entries.end());
       return;
     }
+    case Kind::Bytes:  // an io.BytesIO's state (value, position, __dict__): the value is kept
+      MG_REQUIRE(obj->member == "BytesIO", where(at), "BUILD on bytes (corrupted pickle)");
+      if (state->kind == Kind::Tuple && !state->items.empty() && state->items[0]->kind == Kind::Bytes)
+        obj->text = state->items[0]->text;
+      return;
     case Kind::Dict:  // an OrderedDict's instance attributes (state_dict()._metadata): dropped
       MG_REQUIRE(obj->ordered, where(at), "BUILD on a plain dict (corrupted pickle)");
       return;

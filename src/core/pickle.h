@@ -21,6 +21,7 @@
 //   ModelType, PositionEmbeddingType, ...) called with their value, or
 //   builtins.getattr(enum class, member name)        -> Enum
 //   torch.Size(tuple)                                -> Tuple
+//   io.BytesIO(bytes) + BUILD (older Transformer Engine _extra_state) -> Bytes
 //
 // Any other global (os.system, posix.system, builtins.eval, ...) is refused with an Error that
 // names it, as are the opcodes only other pickles use (INST, OBJ, EXT*, PERSID text ids other than

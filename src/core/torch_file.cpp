@@ -93,7 +93,8 @@ void TorchFile::open_zip() {
                ": big-endian PyTorch files are not supported");
   }
   doc_ = pickle::unpickle(zip_->read(*pkl), label_ + " (" + prefix_ + "data.pkl)");
-  for (const Value* s : doc_.storages) (void)storage_bytes(*s);  // every storage present and sized
+  // Every storage present and sized now; CRC-32 checked when a tensor is read.
+  for (const Value* s : doc_.storages) (void)storage_bytes(*s, false);
 }
 
 void TorchFile::open_legacy() {
@@ -135,10 +136,10 @@ void TorchFile::open_legacy() {
                ": storage '", k->text, "' is listed twice");
     pos += size_t(n);
   }
-  for (const Value* s : doc_.storages) (void)storage_bytes(*s);
+  for (const Value* s : doc_.storages) (void)storage_bytes(*s, false);
 }
 
-std::span<const uint8_t> TorchFile::storage_bytes(const Value& s) const {
+std::span<const uint8_t> TorchFile::storage_bytes(const Value& s, bool verify) const {
   MG_CHECK(s.kind == Kind::Storage, "storage_bytes of a ", pickle::kind_name(s.kind));
   uint64_t expected = 0;
   MG_REQUIRE(byte_count(s.storage_numel, dtype_size(s.dtype), &expected), label_, ": storage '",
@@ -152,8 +153,15 @@ std::span<const uint8_t> TorchFile::storage_bytes(const Value& s) const {
       const ZipEntry* e = zip_->find(prefix_ + "data/" + s.text);
       MG_REQUIRE(e != nullptr, label_, ": storage record ", prefix_, "data/", s.text,
                  " is missing (incomplete or corrupted file)");
-      data = zip_->read(*e);
-      checked_.emplace(s.text, data);
+      if (verify) {
+        data = zip_->read(*e);
+        checked_.emplace(s.text, data);
+      } else {
+        MG_REQUIRE(e->size == expected, label_, ": storage record ", e->name, " has ", e->size,
+                   " bytes but ", s.storage_numel, " ", dtype_name(s.dtype), " elements need ",
+                   expected, " (corrupted file)");
+        return {};
+      }
     }
   } else {
     auto it = legacy_storages_.find(s.text);
@@ -169,7 +177,7 @@ std::span<const uint8_t> TorchFile::storage_bytes(const Value& s) const {
 Tensor TorchFile::tensor(const Value& v) const {
   MG_CHECK(v.kind == Kind::Tensor && v.storage != nullptr, "TorchFile::tensor of a ",
            pickle::kind_name(v.kind));
-  const std::span<const uint8_t> data = storage_bytes(*v.storage);
+  const std::span<const uint8_t> data = storage_bytes(*v.storage, true);
   const size_t elem = dtype_size(v.dtype);
   const int nd = int(v.shape.size());
   // numel and the largest element index, overflow-checked.

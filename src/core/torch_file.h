@@ -10,8 +10,10 @@
 // and a system-info dict, then the object, then the list of storage keys, then for each key its
 // element count (int64) and elements.
 //
-// Every tensor is bounds-checked against its storage (offset + extent within the storage's
-// elements, no overflow) before it is copied out; every error names the file.
+// Opening reads the pickle and checks that every storage it names is present with its size;
+// each storage's CRC-32 is checked when a tensor of it is first read. Every tensor is
+// bounds-checked against its storage (offset + extent within the storage's elements, no
+// overflow) before it is copied out; every error names the file.
 #pragma once
 
 #include <filesystem>
@@ -42,7 +44,9 @@ class TorchFile {
  private:
   void open_zip();
   void open_legacy();
-  std::span<const uint8_t> storage_bytes(const pickle::Value& storage) const;
+  // A storage's bytes (CRC-32 checked once when `verify`; without it only its presence and size
+  // are checked and the span is empty).
+  std::span<const uint8_t> storage_bytes(const pickle::Value& storage, bool verify) const;
 
   std::string label_;
   std::span<const uint8_t> bytes_;

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "training/checkpoint_files.h"
+#include "training/torch_checkpoint.h"
 
 // JSON codecs of the argument structs, in their own namespaces so that nlohmann finds them.
 namespace megatron {
@@ -497,6 +498,9 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
                " does not exist (deleted or never completed; pass --ckpt-step N to pick another)");
   }
   c.dir = load_dir / sub;
+  if (is_torch_checkpoint(c.dir))  // Megatron-LM's model_optim_rng.pt files
+    return open_torch_checkpoint(c.dir, c.release,
+                                 c.release ? std::nullopt : std::optional<int64_t>(expected_iteration));
   const fs::path meta_path = c.dir / "metadata.json";
   MG_REQUIRE(fs::is_regular_file(meta_path), "incomplete checkpoint: ", meta_path.string(),
              " is missing");
@@ -577,8 +581,10 @@ void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank&
 void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
                         bool allow_dtype_conversion, const CheckpointRank& rank) {
   check_checkpoint_layout(ckpt, rank);
-  const std::string rel = model_file(rank);
-  SafetensorsContents st = detail::read_tensor_file(ckpt, rel);
+  const bool torch = ckpt.format == "torch";
+  const std::string rel = torch ? rank.rank_dir() + "/" + kTorchCheckpointFile : model_file(rank);
+  SafetensorsContents st = torch ? read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, false).model
+                                 : detail::read_tensor_file(ckpt, rel);
   const std::string label = (ckpt.dir / rel).string();
   std::set<std::string> used;
   for (model::Parameter* p : params) {

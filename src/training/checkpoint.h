@@ -57,6 +57,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/parallel_state.h"
@@ -140,6 +141,10 @@ struct CheckpointOnDisk {
   CheckpointState state;
   CheckpointParallel parallel;
   nlohmann::json files;  // relative path -> {"bytes", "sha256"}
+  // "safetensors" (this layout) or "torch": Megatron-LM's mp_rank_*/model_optim_rng.pt files
+  // (training/torch_checkpoint.h), read by the same functions.
+  std::string format = "safetensors";
+  std::vector<std::string> notes;  // what reading will leave out (torch: unmappable optimizer state)
 };
 
 // Resolves --load / --ckpt-step. nullopt when nothing is there to load: the folder or its tracker
