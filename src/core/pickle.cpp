@@ -71,6 +71,8 @@ std::string Value::describe() const {
 }
 
 Value* Document::make(Kind k) {
+  MG_REQUIRE(arena_.size() < kMaxPickleObjects, "the pickle builds more than ", kMaxPickleObjects,
+             " objects: not a checkpoint (a Megatron-LM checkpoint's pickle has far fewer)");
   arena_.emplace_back();
   arena_.back().kind = k;
   return &arena_.back();
@@ -298,7 +300,16 @@ class Unpickler {
   }
 
   size_t base() const { return marks_.empty() ? 0 : marks_.back(); }
-  void push(Value* v) { stack_.push_back(v); }
+  void push(Value* v) {
+    MG_REQUIRE(stack_.size() < kMaxPickleObjects, label_, ": the pickle's stack passes ",
+               kMaxPickleObjects, " entries (corrupted file)");
+    stack_.push_back(v);
+  }
+  void memo_put(uint64_t i, Value* v) {
+    MG_REQUIRE(memo_.size() < kMaxPickleObjects || memo_.count(i), label_, ": the pickle's memo passes ",
+               kMaxPickleObjects, " entries (corrupted file)");
+    memo_[i] = v;
+  }
   Value* pop(size_t at) {
     MG_REQUIRE(stack_.size() > base(), where(at), "pops an empty stack (corrupted pickle)");
     Value* v = stack_.back();
@@ -360,7 +371,10 @@ void Unpickler::step(uint8_t op, size_t at) {
       return;
     }
     case 0x95: le(8); return;  // FRAME: a length hint only
-    case '(': marks_.push_back(stack_.size()); return;
+    case '(':
+      MG_REQUIRE(marks_.size() < kMaxPickleObjects, where(at), "too many MARKs (corrupted file)");
+      marks_.push_back(stack_.size());
+      return;
     case '0': {  // POP (or the mark itself when nothing is above it, as CPython does)
       if (stack_.size() > base()) stack_.pop_back();
       else if (!marks_.empty()) marks_.pop_back();
@@ -475,13 +489,9 @@ void Unpickler::step(uint8_t op, size_t at) {
     }
     case 'h': push(memo_get(le(1), at)); return;   // BINGET
     case 'j': push(memo_get(le(4), at)); return;   // LONG_BINGET
-    case 'q': memo_[le(1)] = top(at); return;      // BINPUT
-    case 'r': memo_[le(4)] = top(at); return;      // LONG_BINPUT
-    case 0x94: {                                   // MEMOIZE
-      const uint64_t i = memo_.size();
-      memo_[i] = top(at);
-      return;
-    }
+    case 'q': memo_put(le(1), top(at)); return;    // BINPUT
+    case 'r': memo_put(le(4), top(at)); return;    // LONG_BINPUT
+    case 0x94: memo_put(memo_.size(), top(at)); return;  // MEMOIZE
     case 'c': {  // GLOBAL "module\nname\n"
       const std::string module = line();
       const std::string name = line();
@@ -838,7 +848,12 @@ bool is_allowed_global(const std::string& module, const std::string& name) {
 }
 
 Document unpickle(std::span<const uint8_t> bytes, const std::string& label, size_t* consumed) {
-  return Unpickler(bytes, label).run(consumed);
+  try {
+    return Unpickler(bytes, label).run(consumed);
+  } catch (const Error& e) {
+    if (std::string_view(e.what()).starts_with(label)) throw;
+    throw Error(label + ": " + e.what());  // limits hit inside Document name the file too
+  }
 }
 
 }  // namespace megatron::pickle

@@ -25,10 +25,10 @@
 //
 // Any other global (os.system, posix.system, builtins.eval, ...) is refused with an Error that
 // names it, as are the opcodes only other pickles use (INST, OBJ, EXT*, PERSID text ids other than
-// storages). Every size is bounded by the input: strings and byte strings by the bytes left, the
-// memo is a map (a huge index allocates nothing), containers grow one opcode at a time, and the
-// tree lives in an arena owned by the Document (memo references may form cycles: consumers walk it
-// with a depth limit).
+// storages). Every size is bounded: strings and byte strings by the bytes left, the memo is a map
+// (a huge index allocates nothing), containers grow one opcode at a time, objects, stack, memo and
+// marks by kMaxPickleObjects, and the tree lives in an arena owned by the Document (memo
+// references may form cycles and shared subtrees: consumers walk it with a depth limit).
 #pragma once
 
 #include <cstdint>
@@ -42,6 +42,10 @@
 #include "core/tensor.h"
 
 namespace megatron::pickle {
+
+// No pickle may build more objects (or hold more stack, memo or mark entries) than this: the
+// memory a hostile file can claim stays bounded whatever its size.
+inline constexpr size_t kMaxPickleObjects = size_t(1) << 21;
 
 enum class Kind : uint8_t {
   None, Bool, Int, BigInt, Float, Str, Bytes, Tuple, List, Dict, Namespace, Global,

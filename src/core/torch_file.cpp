@@ -192,6 +192,11 @@ Tensor TorchFile::tensor(const Value& v) const {
                " elements is implausibly large (corrupted file)");
     if (n > 0) last += uint64_t(n - 1) * uint64_t(st);
   }
+  // A checkpoint's tensor never has more elements than its storage (only broadcast views do): the
+  // allocation below is bounded by the file's size.
+  MG_REQUIRE(numel <= uint64_t(v.storage->storage_numel), label_, ": a tensor of shape ",
+             shape_str(v.shape), " has more elements than its storage '", v.storage->text, "' (",
+             v.storage->storage_numel, "): a broadcast view, or a corrupted file");
   Tensor out = Tensor::empty(v.shape, v.dtype);
   if (numel == 0) return out;
   MG_REQUIRE(last < uint64_t(v.storage->storage_numel), label_, ": a tensor of shape ",
