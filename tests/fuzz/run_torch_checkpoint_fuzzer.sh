@@ -19,7 +19,7 @@ CXX="${CXX:-clang++}"
 mkdir -p "$OUT/corpus" "$OUT/seeds" "$OUT/crashes"
 
 echo "building $OUT/torch_checkpoint_fuzzer"
-"$CXX" -std=c++20 -O1 -g -fno-omit-frame-pointer \
+"$CXX" -std=c++20 -O2 -g -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I "$ROOT/src" "$ROOT/tests/fuzz/torch_checkpoint_fuzzer.cc" \
   "$ROOT"/src/core/{zip_archive,pickle,pickle_writer,torch_file,tensor,dtype,error}.cpp \
@@ -53,7 +53,7 @@ echo "fuzzing: $RUNS inputs"
 cd "$OUT"
 start=$(date +%s)
 ./torch_checkpoint_fuzzer corpus -dict="$ROOT/tests/fuzz/torch_checkpoint.dict" -runs="$RUNS" \
-  -max_len=262144 -rss_limit_mb=4096 -timeout=20 -artifact_prefix="$OUT/crashes/" \
-  -jobs="$JOBS" -workers="$JOBS" -print_final_stats=1 2>&1 | tee "$OUT/fuzz.log" | grep -E "^#[0-9]+.*(DONE|pulse)|ERROR|SUMMARY|stat::" || true
+  -max_len=100000 -rss_limit_mb=4096 -timeout=20 -artifact_prefix="$OUT/crashes/" \
+  $( [ "$JOBS" -gt 1 ] && echo "-jobs=$JOBS -workers=$JOBS" ) -print_final_stats=1 2>&1 | tee "$OUT/fuzz.log" | grep -E "^#[0-9]+.*(DONE|pulse)|ERROR|SUMMARY|stat::" || true
 echo "elapsed: $(( $(date +%s) - start )) s; log in $OUT/fuzz.log; crashes in $OUT/crashes/"
 ls "$OUT/crashes" | head

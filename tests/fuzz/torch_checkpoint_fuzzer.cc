@@ -42,10 +42,10 @@ void visit(const Value* v, const megatron::TorchFile* file, std::unordered_set<c
     for (const auto& [k, val] : x->entries) {
       todo.push_back(k);
       todo.push_back(val);
-      if (x->kind == Kind::Dict) {  // the lookups consumers make
-        sink += x->get("model") != nullptr;
-        sink += x->get(int64_t(0)) != nullptr;
-      }
+    }
+    if (x->kind == Kind::Dict || x->kind == Kind::Namespace) {  // the lookups consumers make
+      sink += x->get("model") != nullptr;
+      sink += x->get(int64_t(0)) != nullptr;
     }
     if (x->storage != nullptr) todo.push_back(x->storage);
   }

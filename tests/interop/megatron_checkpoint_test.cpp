@@ -205,6 +205,42 @@ TEST(MegatronCheckpoint, TheTrainersReadersLoadARanksWeightsAndOptimizer) {
   EXPECT_NE(msg.find("checkpoint convert"), std::string::npos) << msg;
 }
 
+TEST(MegatronCheckpoint, NameSchemesMapBothWays) {
+  bool tied = false, qkv = false;
+  auto ours = [&](const std::string& n, int offset = 0, bool tied_model = true) {
+    return torch_names::to_ours(n, offset, tied_model, &tied, &qkv);
+  };
+  EXPECT_EQ(ours("language_model.embedding.word_embeddings.weight"), "embedding.word_embeddings.weight");
+  EXPECT_EQ(ours("language_model.encoder.layers.3.self_attention.query_key_value.weight", 4),
+            "decoder.layers.7.self_attention.linear_qkv.weight");
+  EXPECT_TRUE(qkv);
+  EXPECT_EQ(ours("language_model.transformer.layers.0.attention.dense.bias"),
+            "decoder.layers.0.self_attention.linear_proj.bias");
+  EXPECT_EQ(ours("language_model.encoder.layers.1.post_attention_layernorm.weight"),
+            "decoder.layers.1.pre_mlp_layernorm.weight");
+  EXPECT_EQ(ours("language_model.encoder.layers.1.mlp.dense_h_to_4h.bias"), "decoder.layers.1.mlp.linear_fc1.bias");
+  EXPECT_EQ(ours("language_model.encoder.layers.1.mlp.dense_4h_to_h.weight"), "decoder.layers.1.mlp.linear_fc2.weight");
+  EXPECT_EQ(ours("language_model.encoder.final_layernorm.bias"), "decoder.final_layernorm.bias");
+  EXPECT_EQ(ours("word_embeddings_for_head.weight"), "output_layer.weight");
+  EXPECT_TRUE(tied);
+  EXPECT_EQ(ours("decoder.layers.2.self_attention.linear_qkv.layer_norm_weight", 2),
+            "decoder.layers.4.input_layernorm.weight");
+  EXPECT_EQ(ours("decoder.layers.0.mlp.linear_fc1.layer_norm_bias"), "decoder.layers.0.pre_mlp_layernorm.bias");
+  EXPECT_FALSE(qkv);
+  EXPECT_EQ(ours("decoder.layers.0.self_attention.core_attention._extra_state"), "");
+  EXPECT_EQ(ours("output_layer.weight", 0, /*tied_model=*/false), "output_layer.weight");
+  EXPECT_FALSE(tied);
+  EXPECT_EQ(torch_names::to_megatron("decoder.layers.5.input_layernorm.weight", 4, true),
+            "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight");
+  EXPECT_EQ(torch_names::to_megatron("decoder.layers.5.input_layernorm.weight", 4, false),
+            "decoder.layers.1.input_layernorm.weight");
+  for (const char* bert : {"language_model.pooler.dense.weight", "lm_head.dense.weight", "binary_head.weight"}) {
+    const std::string msg = mt::error_of([&] { ours(bert); });
+    EXPECT_NE(msg.find(bert), std::string::npos) << msg;
+    EXPECT_NE(msg.find("GPT"), std::string::npos) << msg;
+  }
+}
+
 std::string jsonl_results(const std::string& out) {
   std::string r, line;
   std::istringstream in(out);

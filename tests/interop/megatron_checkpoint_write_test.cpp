@@ -93,13 +93,12 @@ ConvertResult convert(const fs::path& from, const fs::path& to, int tp, int pp, 
   return convert_checkpoint(o);
 }
 
-// The reference script's check of a written folder: one JSON object per rank file.
-std::vector<json> torch_check(const fs::path& dir, int64_t it, int tp, int pp, int vp,
-                              const std::string& impl, const std::string& dtype) {
+// The reference script's check of written folders ("DIR ITER T P V IMPL DTYPE" each): one JSON
+// object per rank file.
+std::vector<json> torch_check(const std::string& specs) {
   const auto r = mt::run_command("/usr/bin/python3 " +
                                  (mt::source_dir() / "tests/reference/megatron_checkpoint.py").string() +
-                                 str(" check ", dir.string(), " ", it, " ", tp, " ", pp, " ", vp, " ", impl,
-                                     " ", dtype, " 2>&1"));
+                                 " check" + specs + " 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::vector<json> out;
   std::istringstream in(r.output);
@@ -129,14 +128,23 @@ void write_and_check(const std::string& dtype, const std::vector<Layout>& layout
   a.fp16 = dtype == "fp16";
   a.model.params_dtype = a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32;
   ASSERT_EQ(run_single(a).iterations, 3);
+  auto folder = [&](const Layout& l) { return tmp / str("torch_", l.tp, "_", l.pp, "_", l.lpvs, "_", l.impl); };
+  auto chunks = [](const Layout& l) { return l.lpvs > 0 ? 4 / l.pp / l.lpvs : 1; };
+  std::string specs;
+  for (const Layout& l : layouts) {
+    const ConvertResult r = convert(tmp / "ours", folder(l), l.tp, l.pp, "torch", l.lpvs, l.impl);
+    EXPECT_EQ(r.num_files, size_t(l.tp * l.pp));
+    specs += str(" ", folder(l).string(), " 3 ", l.tp, " ", l.pp, " ", chunks(l), " ", l.impl, " ", dtype);
+  }
+  const std::vector<json> all_ranks = torch_check(specs);  // one Python start for every layout
   for (const Layout& l : layouts) {
     const std::string what = str(dtype, " TP", l.tp, " PP", l.pp, " lpvs ", l.lpvs, " ", l.impl);
     SCOPED_TRACE(what);
-    const fs::path torch = tmp / str("torch_", l.tp, "_", l.pp, "_", l.lpvs, "_", l.impl);
-    const ConvertResult r = convert(tmp / "ours", torch, l.tp, l.pp, "torch", l.lpvs, l.impl);
-    EXPECT_EQ(r.num_files, size_t(l.tp * l.pp));
-    const int vp = l.lpvs > 0 ? 4 / l.pp / l.lpvs : 1;
-    const std::vector<json> ranks = torch_check(torch, 3, l.tp, l.pp, vp, l.impl, dtype);
+    const fs::path torch = folder(l);
+    const int vp = chunks(l);
+    std::vector<json> ranks;
+    for (const json& j : all_ranks)
+      if (j["folder"] == torch.string()) ranks.push_back(j);
     ASSERT_EQ(ranks.size(), size_t(l.tp * l.pp));
     for (const json& j : ranks) {
       SCOPED_TRACE(j["rank"].get<std::string>());

@@ -14,7 +14,7 @@ FP32Optimizer or Float16OptimizerWithFloat16Params state_dict.
       Megatron folder megatron/, our-format weights for generation ours/ (one rank, model only) and
       reference.safetensors (single-rank tensors "model/<name>", "<kind>/<name>", "step") with
       reference.json (iteration, samples, schedule)
-  megatron_checkpoint.py check DIR ITER T P V IMPL DTYPE
+  megatron_checkpoint.py check DIR ITER T P V IMPL DTYPE [DIR ITER ...]
       loads every rank file of a checkpoint we wrote with torch.load into these modules
       (load_state_dict strict=True), its optimizer into torch.optim.Adam over Megatron's groups,
       its RNG state into random / numpy / torch; prints one JSON line per rank (or the problem)
@@ -499,7 +499,7 @@ def check(folder, iteration, tp, pp, vp, impl, dtype_name):
             L, H, HEADS, SEQ = a.num_layers, a.hidden_size, a.num_attention_heads, a.max_position_embeddings
             FFN, HEAD_DIM = a.ffn_hidden_size, a.kv_channels
             zero = full_weights(dtype, seed=0, vocab_rows=a.padded_vocab_size)
-            res = {"rank": rank_dir, "keys": sorted(k for k in sd.keys())}
+            res = {"folder": folder, "rank": rank_dir, "keys": sorted(k for k in sd.keys())}
             stages = [Stage(scheme, zero, t, tp, p, pp, c, vp, 3, False) for c in range(vp)]
             for c, s in enumerate(stages):
                 key = "model" if vp == 1 else "model%d" % c
@@ -562,8 +562,10 @@ def check(folder, iteration, tp, pp, vp, impl, dtype_name):
 def main():
     if sys.argv[1] == "make":
         make(sys.argv[2])
-    elif sys.argv[1] == "check":
-        check(*sys.argv[2:9])
+    elif sys.argv[1] == "check":  # one or more groups of DIR ITER T P V IMPL DTYPE
+        rest = sys.argv[2:]
+        for i in range(0, len(rest), 7):
+            check(*rest[i:i + 7])
     else:
         raise SystemExit("unknown command " + sys.argv[1])
 

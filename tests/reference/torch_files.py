@@ -110,7 +110,15 @@ def check(path, expect_path):
     problems = []
 
     def walk(node, exp, where):
-        if isinstance(exp, dict) and "dtype" in exp and "shape" in exp:
+        if isinstance(exp, dict) and "__ndarray__" in exp:  # {"__ndarray__": [dtype, shape, first values]}
+            dt, shape, first = exp["__ndarray__"]
+            if not isinstance(node, np.ndarray) or str(node.dtype) != dt or list(node.shape) != shape or \
+                    [int(x) for x in node.reshape(-1)[:len(first)]] != first:
+                problems.append("%s: %r, expected ndarray %s %s %s" % (where, node, dt, shape, first))
+        elif isinstance(exp, dict) and "__str__" in exp:  # objects compared by str(), e.g. torch dtypes
+            if str(node) != exp["__str__"]:
+                problems.append("%s: %s, expected %s" % (where, node, exp["__str__"]))
+        elif isinstance(exp, dict) and "dtype" in exp and "shape" in exp:
             if not torch.is_tensor(node):
                 problems.append("%s: not a tensor (%s)" % (where, type(node).__name__))
                 return
