@@ -10,6 +10,7 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libutf8proc-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch
+  clang libclang-rt-14-dev  # fuzzing (tests/fuzz: libFuzzer and the sanitizers)
 )
 
 missing=()

@@ -262,12 +262,24 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
     if (L % (layout.pp * int64_t(chunks.size())) == 0)
       args["parallel"]["num_layers_per_virtual_pipeline_stage"] = L / (layout.pp * int64_t(chunks.size()));
   }
-  if (args["model"]["padded_vocab_size"].get<int64_t>() == 0) {  // from the embedding's rows
+  {  // What old checkpoints' arguments leave out, from the first rank's tensors.
     std::vector<std::pair<std::string, const Value*>> tensors;
-    flatten(*chunks[0], "", 0, label, tensors);
-    for (const auto& [name, t] : tensors)
-      if (name.ends_with("word_embeddings.weight") && t->kind == Kind::Tensor && !t->shape.empty())
-        args["model"]["padded_vocab_size"] = t->shape[0] * layout.tp;
+    for (const Value* chunk : chunks) flatten(*chunk, "", 0, label, tensors);
+    std::set<std::string> layers;
+    json& model = args["model"];
+    for (const auto& [name, t] : tensors) {
+      if (t->kind != Kind::Tensor || t->shape.empty()) continue;
+      if (name.ends_with("word_embeddings.weight")) {
+        if (model["padded_vocab_size"].get<int64_t>() == 0) model["padded_vocab_size"] = t->shape[0] * layout.tp;
+        if (model["hidden_size"].get<int64_t>() == 0 && t->shape.size() == 2) model["hidden_size"] = t->shape[1];
+      }
+      if (name.ends_with("position_embeddings.weight") && model["max_position_embeddings"].get<int64_t>() == 0)
+        model["max_position_embeddings"] = t->shape[0];
+      const size_t at = name.find("layers.");
+      if (at != std::string::npos) layers.insert(name.substr(0, name.find('.', at + 7)));
+    }
+    if (model["num_layers"].get<int64_t>() == 0)  // each rank holds 1/P of them
+      model["num_layers"] = int64_t(layers.size()) * layout.pp;
   }
   if (const Value* dp = ns ? ns->get("data_parallel_size") : nullptr; dp && dp->kind == Kind::Int && dp->integer >= 1)
     c.parallel.data_parallel_size = int(dp->integer);
@@ -387,8 +399,12 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
       params.push_back({ours, v->shape, no_wd, tied_copy, v});
       if (tied_copy) continue;
       Tensor tensor = f.tensor(*v);
-      if (legacy_qkv && version < 2.0)
+      if (legacy_qkv && version < 2.0) {
+        MG_REQUIRE(heads > 0, label, ": checkpoint_version ", version, " stores QKV in an order that "
+                   "depends on the number of attention heads, and the file has no \"args\" that "
+                   "record it (num_attention_heads)");
         tensor = torch_names::fix_qkv_ordering(tensor, version, heads / T, a.model.head_dim(), label + ": '" + name + "'");
+      }
       MG_REQUIRE(out.model.tensors.emplace(ours, tensor).second, label, ": two tensors map to '", ours,
                  "' (the second is '", name, "')");
     }
