@@ -3,16 +3,17 @@
 # with libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer (clang and libclang-rt-14-dev
 # from Debian). Not part of CI: a run of a few million inputs takes tens of minutes.
 #
-#   tests/fuzz/run_torch_checkpoint_fuzzer.sh            # RUNS=2000000 inputs into build-fuzz/
+#   tests/fuzz/run_torch_checkpoint_fuzzer.sh            # RUNS=2000000 inputs, in build-fuzz/torch_checkpoint/
 #   RUNS=5000000 JOBS=2 tests/fuzz/run_torch_checkpoint_fuzzer.sh
 #
 # Seeds: PyTorch files written by Debian's torch (tests/reference/torch_files.py: every dtype,
 # views, the legacy format, files naming os.system; tests/reference/megatron_checkpoint.py with the
 # smallest dimensions: Megatron-LM rank files of every name scheme), each as a whole file (first
-# byte odd) and its data.pkl alone (first byte even). Crashes land in build-fuzz/crashes/.
+# byte odd) and its data.pkl alone (first byte even). The grown corpus stays in
+# build-fuzz/torch_checkpoint/corpus/ for the next run; crashes land in .../crashes/.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-OUT="${OUT:-$ROOT/build-fuzz}"
+OUT="${OUT:-$ROOT/build-fuzz/torch_checkpoint}"
 RUNS="${RUNS:-2000000}"
 JOBS="${JOBS:-1}"
 CXX="${CXX:-clang++}"
