@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/safetensors.h"
 #include "training/checkpoint_files.h"
+#include "training/torch_checkpoint.h"
 
 // JSON codecs of the argument structs, in their own namespaces so that nlohmann finds them.
 namespace megatron {
@@ -472,6 +473,9 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
   }
   warn_leftovers(load_dir);
   c.dir = load_dir / sub;
+  if (is_torch_checkpoint(c.dir))  // Megatron-LM's model_optim_rng.pt files
+    return open_torch_checkpoint(c.dir, c.release,
+                                 c.release ? std::nullopt : std::optional<int64_t>(expected_iteration));
   const fs::path meta_path = c.dir / "metadata.json";
   const std::string label = meta_path.string();
   const json j = read_checkpoint_metadata(c.dir);  // checked against metadata.json.sha256
@@ -549,8 +553,10 @@ void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank&
 void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
                         bool allow_dtype_conversion, const CheckpointRank& rank) {
   check_checkpoint_layout(ckpt, rank);
-  const std::string rel = model_file(rank);
-  SafetensorsContents st = detail::read_tensor_file(ckpt, rel);
+  const bool torch = ckpt.format == "torch";
+  const std::string rel = torch ? rank.rank_dir() + "/" + kTorchCheckpointFile : model_file(rank);
+  SafetensorsContents st = torch ? read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, false).model
+                                 : detail::read_tensor_file(ckpt, rel);
   const std::string label = (ckpt.dir / rel).string();
   std::set<std::string> used;
   for (model::Parameter* p : params) {

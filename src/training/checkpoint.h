@@ -142,6 +142,10 @@ struct CheckpointOnDisk {
   CheckpointState state;
   CheckpointParallel parallel;
   nlohmann::json files;  // relative path -> {"bytes", "sha256"}
+  // "safetensors" (this layout) or "torch": Megatron-LM's mp_rank_*/model_optim_rng.pt files
+  // (training/torch_checkpoint.h), read by the same functions.
+  std::string format = "safetensors";
+  std::vector<std::string> notes;  // what reading will leave out (torch: unmappable optimizer state)
 };
 
 // Resolves --load / --ckpt-step. nullopt when nothing is there to load: the folder or its tracker

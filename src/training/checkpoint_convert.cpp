@@ -11,6 +11,7 @@
 #include "model/tensor_parallel.h"
 #include "optim/optimizer.h"
 #include "training/checkpoint_files.h"
+#include "training/torch_checkpoint.h"
 
 namespace megatron::training {
 
@@ -166,6 +167,7 @@ Tensor repad_rows(const Tensor& table, int64_t rows, bool zero_fill) {
 }
 
 MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer) {
+  if (ckpt.format == "torch") return merge_torch_checkpoint(ckpt, with_optimizer);
   MergedCheckpoint m;
   m.source = ckpt;
   m.metadata = read_metadata(ckpt);
@@ -344,6 +346,11 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
              ": latest_checkpointed_iteration.txt is missing (pass --ckpt-step N to pick an "
              "iteration folder)");
   const CheckpointOnDisk& ckpt = *found;
+  MG_REQUIRE(o.load_format == "auto" || o.load_format == ckpt.format, "--load-format ", o.load_format,
+             ": ", ckpt.dir.string(), " holds a ", ckpt.format, " checkpoint",
+             ckpt.format == "torch" ? " (Megatron-LM's model_optim_rng.pt files)" : " (metadata.json)");
+  MG_REQUIRE(o.save_format == "safetensors" || o.save_format == "torch", "--save-format must be "
+             "safetensors or torch (got '", o.save_format, "')");
   TrainingArgs args = args_of(ckpt);
   const int T = o.target_tp, P = o.target_pp;
 
@@ -427,6 +434,18 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   if (!optim)
     res.optimizer_note = o.drop_optimizer ? "dropped on request (--no-save-optim)"
                                           : "the source checkpoint has none";
+
+  if (o.save_format == "torch") {  // Megatron-LM's files (training/torch_checkpoint.h)
+    m.metadata["args"]["model"]["padded_vocab_size"] = target_vocab;
+    res.dir = write_torch_checkpoint(m, o.save, T, P, o.target_layers_per_virtual_stage,
+                                     TorchSaveOptions{o.transformer_impl});
+    res.num_tensors = m.model.size();
+    res.num_files = size_t(T) * size_t(P);
+    res.to = CheckpointParallel{T, P, ckpt.parallel.data_parallel_size, false};
+    res.to.virtual_pipeline_model_parallel_size = layout.num_chunks;
+    res.notes = m.notes;
+    return res;
+  }
 
   // Write the folder under a temporary name.
   const std::string dir_name = ckpt.dir.filename().string();
