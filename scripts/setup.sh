@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libsentencepiece-dev libpcre2-dev libsnappy-dev libzstd-dev zlib1g-dev
   python3 python3-numpy python3-torch python3-sentencepiece
+  clang libclang-rt-14-dev  # fuzzing (tests/fuzz: libFuzzer and the sanitizers)
 )
 
 missing=()

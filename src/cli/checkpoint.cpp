@@ -1,6 +1,7 @@
 // `megatron checkpoint <action>`: tools for checkpoint folders. `convert` reshards a checkpoint to
 // another tensor x pipeline-parallel layout (training/checkpoint_convert.h), Megatron's
-// tools/checkpoint/convert.py with the core loader and saver in one step. Exports to other
+// tools/checkpoint/convert.py with the core loader and saver in one step, and moves checkpoints
+// between this build's format and Megatron-LM's torch format (--load-format, --save-format). Exports to other
 // formats (--to hf-gpt2) will be further actions of this command.
 //
 // The unpadded vocabulary size (needed when the target TP changes the padding) comes from
@@ -30,6 +31,7 @@ struct ConvertArgs {
   bool no_save_optim = false;
   data::TokenizerOptions tokenizer;  // flags given here override the checkpoint's
   CLI::App* app = nullptr;
+  std::string load_format = "auto", save_format = "safetensors", transformer_impl = "transformer_engine";
 };
 
 // A tokenizer file of the checkpoint's arguments, found from here: as recorded, else next to
@@ -120,6 +122,9 @@ void run_convert(const ConvertArgs& a) {
   else if (const auto v = tokenizer_vocab_size(a))
     o.true_vocab_size = *v;
   o.drop_optimizer = a.no_save_optim;
+  o.load_format = a.load_format;
+  o.save_format = a.save_format;
+  o.transformer_impl = a.transformer_impl;
   const training::ConvertResult r = training::convert_checkpoint(o);
   for (const std::string& n : r.notes) log_print("note: " + n);
   log_print(str("converted iteration ", r.iteration, " from ", r.from.describe(), " to TP=",
@@ -128,7 +133,13 @@ void run_convert(const ConvertArgs& a) {
                 r.dir.string()));
   if (r.padded_vocab_from != r.padded_vocab_to)
     log_print(str("padded vocabulary: ", r.padded_vocab_from, " -> ", r.padded_vocab_to, " rows"));
-  if (r.optimizer)
+  if (a.save_format == "torch")
+    log_print(str("format: Megatron-LM torch checkpoint (mp_rank_*/model_optim_rng.pt, Megatron-Core "
+                  "names for --transformer-impl ", a.transformer_impl, "; load it in Megatron-LM with "
+                  "--ckpt-format torch)"));
+  if (r.optimizer && a.save_format == "torch")
+    log_print("optimizer state: resharded (Megatron's non-distributed optimizer layout)");
+  else if (r.optimizer)
     log_print("optimizer state: resharded (plain optimizer layout; loads with or without "
               "--use-distributed-optimizer, under any data-parallel size)");
   else
@@ -165,6 +176,22 @@ CommandRegistrar reg(
                         "Leave the optimizer state out (resume then needs --no-load-optim)");
       add_tokenizer_options(*convert, a->tokenizer);
       a->app = convert;
+      convert->add_option("--load-format", a->load_format,
+                          "auto (what the folder holds), safetensors (this build's checkpoints) or "
+                          "torch (Megatron-LM's mp_rank_*/model_optim_rng.pt)")
+          ->check(CLI::IsMember({"auto", "safetensors", "torch"}))
+          ->capture_default_str();
+      convert->add_option("--save-format", a->save_format,
+                          "safetensors (this build's checkpoints) or torch (Megatron-LM's "
+                          "model_optim_rng.pt files, for Megatron-LM's --ckpt-format torch)")
+          ->check(CLI::IsMember({"safetensors", "torch"}))
+          ->capture_default_str();
+      convert->add_option("--transformer-impl", a->transformer_impl,
+                          "With --save-format torch: the --transformer-impl of the Megatron-LM run "
+                          "that loads it (transformer_engine: fused norm names and _extra_state "
+                          "entries; local: the local layer spec's names)")
+          ->check(CLI::IsMember({"transformer_engine", "local"}))
+          ->capture_default_str();
       convert->callback([a] { run_convert(*a); });
     });
 

@@ -1,6 +1,7 @@
 // `megatron merge-datasets`: Megatron's tools/merge_datasets.py. Every PREFIX.bin/PREFIX.idx pair
 // in --input is appended (add_index) in sorted stem order into --output-prefix; every stem needs
-// both files and all datasets must share one dtype (the first one's).
+// both files and all datasets must share one dtype (the first one's). The output may not be
+// written into the input folder.
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -23,6 +24,12 @@ void run(const std::string& input, const std::string& output_prefix, bool multim
   if (parent.empty()) parent = ".";
   MG_REQUIRE(fs::is_directory(parent, ec), "the folder of --output-prefix (", parent.string(),
              ") does not exist; create it first");
+  // The output beside its inputs would be read back as an input: now (a previous output folded
+  // in, every document twice) or on the next run, and could overwrite an input of the same name.
+  MG_REQUIRE(fs::weakly_canonical(parent) != fs::weakly_canonical(input), "--output-prefix ",
+             output_prefix, " is inside the --input folder ", input,
+             ": the merged dataset would be merged into itself on the next run (its documents "
+             "twice) and could overwrite an input; write it to another folder");
 
   std::map<std::string, std::pair<bool, bool>> stems;  // stem -> (has .bin, has .idx)
   for (const auto& entry : fs::directory_iterator(input)) {

@@ -1,7 +1,7 @@
 // `megatron preprocess-data`: Megatron's tools/preprocess_data.py flags -> data::preprocess_data
 // (JSONL, plain text or Parquet input).
-// SIGINT/SIGTERM set a flag the pipeline polls, so an interrupted run removes its temporary
-// files and leaves no output pair behind.
+// SIGINT/SIGTERM/SIGHUP (a closed terminal) set a flag the pipeline polls, so an interrupted run
+// removes its temporary files and leaves no output pair behind.
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -49,18 +49,20 @@ void run(Flags& f) {
 
   g_stop = false;
   f.opt.stop_requested = &g_stop;
-  struct sigaction sa {}, old_int {}, old_term {};
+  struct sigaction sa {}, old_int {}, old_term {}, old_hup {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
   struct Restore {
-    struct sigaction a, b;
+    struct sigaction a, b, c;
     ~Restore() {
       sigaction(SIGINT, &a, nullptr);
       sigaction(SIGTERM, &b, nullptr);
+      sigaction(SIGHUP, &c, nullptr);
     }
-  } restore{old_int, old_term};
+  } restore{old_int, old_term, old_hup};
 
   data::PreprocessStats s = data::preprocess_data(f.opt, *tokenizer);
   const double mb = double(s.input_bytes) / 1e6;

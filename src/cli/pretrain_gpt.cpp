@@ -302,6 +302,9 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_flag("--no-load-rng", a.no_load_rng, "Do not load the RNG state (dropout from --seed)");
   sub.add_flag("--override-opt_param-scheduler,--override-opt-param-scheduler",
                a.override_opt_param_scheduler, "LR schedule values from the command line, not the checkpoint");
+  sub.add_flag("--override-checkpoint-model-args", a.override_checkpoint_model_args,
+               "Resume with this run's model settings (activation, norm epsilon, ...) where they "
+               "differ from the checkpoint's (a warning each; shapes must still match)");
   sub.add_flag("--use-checkpoint-opt_param-scheduler,--use-checkpoint-opt-param-scheduler",
                a.use_checkpoint_opt_param_scheduler, "LR schedule values from the checkpoint");
   sub.add_flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint,

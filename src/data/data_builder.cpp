@@ -38,7 +38,7 @@ Blend parse_blend(const std::vector<std::string>& args, const std::string& flag)
     MG_REQUIRE(v, flag, ": weight '", args[i], "' (position ", i + 1,
                ") is not a number; give WEIGHT PREFIX pairs like '0.3 data/a 0.7 data/b'");
     MG_REQUIRE(std::isfinite(*v) && *v >= 0, flag, ": weight ", args[i], " for ", args[i + 1],
-               " must be a non-negative number");
+               " must be a finite, non-negative number");
     w.push_back(*v);
     b.prefixes.push_back(args[i + 1]);
   }
@@ -56,6 +56,7 @@ GPTBatchOptions batch_options(const GPTDataConfig& c) {
   o.reset_position_ids = c.reset_position_ids;
   o.reset_attention_mask = c.reset_attention_mask;
   o.eod_mask_loss = c.eod_mask_loss;
+  o.vocab_size = c.vocab_size;
   return o;
 }
 
@@ -72,14 +73,31 @@ namespace {
 
 using DatasetCache = std::map<std::string, std::shared_ptr<const IndexedDataset>>;
 
+// The largest token id a dataset dtype can hold.
+double dtype_max_id(IndexDType d) {
+  switch (d) {
+    case IndexDType::U8: return 255;
+    case IndexDType::I8: return 127;
+    case IndexDType::I16: return 32767;
+    case IndexDType::U16: return 65535;
+    default: return 9.0e15;
+  }
+}
+
 std::shared_ptr<const IndexedDataset> open_prefix(const std::string& prefix, const std::string& flag,
-                                                  DatasetCache& cache) {
+                                                  int64_t vocab_size, DatasetCache& cache) {
   auto it = cache.find(prefix);
   if (it != cache.end()) return it->second;
   for (const auto& f : {index_file_path(prefix), data_file_path(prefix)})
     MG_REQUIRE(std::filesystem::exists(f), flag, ": dataset prefix '", prefix, "' has no ", f,
                " (give the path without .bin/.idx, as written by preprocess-data)");
   auto d = std::make_shared<const IndexedDataset>(prefix);
+  // Megatron writes uint16 below 65500 ids and int32 above: a narrower dtype cannot hold this
+  // vocabulary's ids (another tokenizer's dataset, or a changed dtype byte).
+  MG_REQUIRE(vocab_size <= 0 || double(vocab_size - 1) <= dtype_max_id(d->dtype()), flag, ": dataset ",
+             prefix, " stores tokens as ", index_dtype_name(d->dtype()), ", which cannot hold the ids of "
+             "this run's vocabulary (", vocab_size, " tokens): it was made with another tokenizer, "
+             "or its .idx dtype byte was changed; preprocess it again with this tokenizer");
   cache[prefix] = d;
   return d;
 }
@@ -107,7 +125,7 @@ std::shared_ptr<const SampleDataset> build_split(const GPTDataConfig& c, const B
   if (!bookends) return nullptr;
   auto opts = options_for(c, split_string, m);
   auto make = [&](const std::string& prefix, std::optional<int64_t> samples) -> std::shared_ptr<const SampleDataset> {
-    auto data = open_prefix(prefix, flag, cache);
+    auto data = open_prefix(prefix, flag, c.vocab_size, cache);
     auto range = split_range(*bookends, data->num_sequences());
     if (range.first == range.second) {
       MG_REQUIRE(!samples || *samples == 0, flag, ": the ", split_name(split), " split of ", prefix, " (",

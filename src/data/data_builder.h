@@ -37,6 +37,9 @@ struct GPTDataConfig {
   // Batch construction (--eod id from the tokenizer, --reset-position-ids, --reset-attention-mask,
   // --eod-mask-loss); see batch_options().
   int32_t eod_id = 0;
+  // The tokenizer's vocabulary size (0: unknown): datasets whose dtype cannot hold its ids, and
+  // samples with ids outside it, are errors.
+  int64_t vocab_size = 0;
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   bool eod_mask_loss = false;

@@ -180,6 +180,16 @@ struct GPT2BPETokenizer::MergeTable {
   }
 };
 
+// A token's bytes for messages: printable ASCII as is, other bytes as \xNN.
+static std::string printable_token(const std::string& bytes) {
+  std::string out;
+  for (unsigned char c : bytes.substr(0, 32)) {
+    if (c >= 0x20 && c < 0x7f) out.push_back(char(c));
+    else out += {'\\', 'x', "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]};
+  }
+  return out;
+}
+
 GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file)
     : instance_(g_next_instance.fetch_add(1)) {
   const std::vector<int> inv = unicode_to_byte();
@@ -265,9 +275,47 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
     m[2] = it->second;
     merges.push_back(m);
   }
+  check_merges_cover_vocabulary(merges, merge_file, vocab_file);
   merges_ = std::make_unique<MergeTable>(merges.size());
   for (size_t r = 0; r < merges.size(); ++r)
     merges_->put(merges[r][0], merges[r][1], uint32_t(r), merges[r][2]);
+}
+
+// A byte-level BPE vocabulary is the 256 byte tokens, one token per merge, and special tokens:
+// every other token must be made by a merge whose two parts exist by then (bytes or earlier
+// merges). A merges file missing lines (empty, cut short, from another vocabulary) leaves tokens
+// that encode can never produce, and text then splits into several times as many tokens; that
+// is refused here, naming a few of the tokens. Special tokens ("<|endoftext|>", "<s>", "<pad>",
+// ...: text in angle brackets) are exempt.
+void GPT2BPETokenizer::check_merges_cover_vocabulary(const std::vector<std::array<int32_t, 3>>& merges,
+                                                     const std::string& merge_file,
+                                                     const std::string& vocab_file) const {
+  std::vector<bool> made(has_id_.size(), false);
+  for (int b = 0; b < 256; ++b) made[size_t(byte_id_[b])] = true;
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const auto& m = merges[r];
+    MG_REQUIRE(made[size_t(m[0])] && made[size_t(m[1])], "--merge-file '", merge_file, "': merge ",
+               r + 1, " ('", printable_token(id_bytes_[size_t(m[0])]), "' + '",
+               printable_token(id_bytes_[size_t(m[1])]), "') uses a token that no earlier merge "
+               "makes: the lines are out of order or some are missing");
+    made[size_t(m[2])] = true;
+  }
+  std::vector<std::string> unreachable;
+  size_t count = 0;
+  for (size_t id = 0; id < has_id_.size(); ++id) {
+    if (!has_id_[id] || made[id]) continue;
+    const std::string& t = id_bytes_[id];
+    if (t.size() >= 3 && t.front() == '<' && t.back() == '>') continue;  // a special token
+    ++count;
+    if (unreachable.size() < 5) unreachable.push_back("'" + printable_token(t) + "'");
+  }
+  if (count == 0) return;
+  std::string examples;
+  for (const auto& u : unreachable) examples += (examples.empty() ? "" : ", ") + u;
+  MG_THROW("--merge-file '", merge_file, "' has ", merges.size(), " merges, but ", count,
+           " tokens of --vocab-file '", vocab_file, "' are made by none of them (", examples,
+           count > unreachable.size() ? ", ..." : "", "): the merges file is incomplete (empty or "
+           "cut short?) or belongs to another vocabulary; text would split into far more tokens");
 }
 
 GPT2BPETokenizer::~GPT2BPETokenizer() = default;

@@ -17,10 +17,14 @@
 // "[^\s\p{L}\p{N}]" class, so it joins punctuation runs; decode(encode(x)) == x for any bytes.
 // decode concatenates the tokens' bytes and repairs invalid UTF-8 with U+FFFD
 // (errors='replace').
+// The merges file is validated against the vocabulary: every token other than the 256 bytes and
+// special tokens ("<...>") must be made by a merge of earlier tokens, so an empty or truncated
+// merges file is an error instead of tokenizing into several times as many tokens.
 #pragma once
 
-#include <string>
+#include <array>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -40,6 +44,7 @@ class GPT2BPETokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
   // The raw bytes of a token (may be a partial UTF-8 sequence).
   const std::string& token_bytes(int32_t id) const;
+  std::optional<std::string> token_raw_bytes(int32_t id) const override { return token_bytes(id); }
   int64_t vocab_size() const override { return vocab_size_; }
   std::optional<int32_t> eod() const override { return eod_; }
   std::string type() const override { return "GPT2BPETokenizer"; }
@@ -49,6 +54,8 @@ class GPT2BPETokenizer final : public Tokenizer {
 
  private:
   struct MergeTable;
+  void check_merges_cover_vocabulary(const std::vector<std::array<int32_t, 3>>& merges,
+                                     const std::string& merge_file, const std::string& vocab_file) const;
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
   std::vector<int32_t> merge_short(std::string_view piece) const;
   std::vector<int32_t> merge_long(std::string_view piece) const;

@@ -17,6 +17,12 @@ GPTBatch make_gpt_batch(const std::vector<std::vector<int32_t>>& texts, const GP
   for (int64_t r = 0; r < b; ++r) {
     const auto& t = texts[size_t(r)];
     MG_REQUIRE(int64_t(t.size()) == s + 1, "sample ", r, " has ", t.size(), " tokens, expected ", s + 1);
+    if (o.vocab_size > 0)
+      for (int32_t id : t)
+        MG_REQUIRE((id >= 0 && id < o.vocab_size) || id == o.pad_id, "a training sample holds token id ", id,
+                   ", outside the tokenizer's vocabulary of ", o.vocab_size,
+                   " ids: the dataset was made with another tokenizer (or its .bin is corrupted); "
+                   "preprocess it with this run's --tokenizer-type and vocabulary");
     int32_t* tok = g.tokens.data<int32_t>() + r * s;
     int32_t* lab = g.labels.data<int32_t>() + r * s;
     float* mask = g.loss_mask.data<float>() + r * s;

@@ -20,6 +20,9 @@ struct GPTBatchOptions {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   bool eod_mask_loss = false;
+  // The tokenizer's vocabulary size: a token id at or above it (a dataset made with another
+  // tokenizer) is an error naming the sample. 0: unchecked.
+  int64_t vocab_size = 0;
 };
 
 struct GPTBatch {

@@ -153,7 +153,7 @@ bool GPTDataset::try_load_cache() {
     indices_.sample_index = std::move(smp.values);
     indices_.shuffle_index = std::move(shf.values);
     return true;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // megatron::Error from the checks; anything else too
     log_warn("ignoring the index cache ", cache_file("*"), " (", e.what(), "); rebuilding it");
     return false;
   }

@@ -1,6 +1,8 @@
 // See gpt_indices.h. Each function follows the Megatron code path named beside it.
 #include "data/gpt_indices.h"
 
+#include <algorithm>
+
 #include <cfenv>
 #include <cmath>
 #include <limits>
@@ -29,6 +31,16 @@ std::vector<double> normalize_weights(std::span<const double> weights) {
   }
   MG_REQUIRE(sum > 0, "weights sum to 0; give at least one positive weight");
   std::vector<double> out;
+  if (!std::isfinite(sum)) {
+    // Finite weights whose sum overflows (1e308 + 1e308): scale by the largest first. Only then,
+    // so that ordinary weights normalise exactly as Megatron's numpy code does.
+    double largest = 0;
+    for (double w : weights) largest = std::max(largest, w);
+    sum = 0;
+    for (double w : weights) sum += w / largest;
+    for (double w : weights) out.push_back(w / largest / sum);
+    return out;
+  }
   for (double w : weights) out.push_back(w / sum);
   return out;
 }

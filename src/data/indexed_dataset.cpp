@@ -198,6 +198,44 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
                " bytes): the .bin is truncated or does not belong to this .idx");
     num_tokens_ += len;
   }
+  // Megatron's writer (and ours) lays the sequences out back to back from byte 0, so every
+  // pointer is the sum of the lengths before it times the element size, and the .bin holds
+  // exactly those bytes. This catches what the bounds above cannot: a dtype byte changed (the
+  // pointers advance by another element size), a .bin of another dataset, lengths or pointers
+  // altered within bounds.
+  // The element size the offsets and the .bin's size are consistent with, if not the dtype's:
+  // then the dtype byte is what was changed.
+  auto layout_element_size = [&]() -> uint64_t {
+    for (uint64_t k : {1, 2, 4, 8}) {
+      uint64_t at = 0;
+      bool fits = true;
+      for (uint64_t i = 0; i < n && fits; ++i) {
+        fits = uint64_t(pointers_[i]) == at;
+        at += uint64_t(lengths_[i]) * k;
+      }
+      if (fits && at == bin_size_) return k;
+    }
+    return 0;
+  };
+  uint64_t expected_pointer = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (uint64_t(pointers_[i]) != expected_pointer) {
+      const uint64_t k = layout_element_size();
+      if (k != 0 && k != uint64_t(item))
+        MG_THROW("index file ", idx_path, " is corrupted: its sequence offsets and ", bin_path,
+                 " advance by ", k, " bytes per token but the dtype byte says ",
+                 index_dtype_name(dtype_), " (", item, " bytes); the dtype byte was changed");
+      MG_THROW("index file ", idx_path, " is corrupted: sequence ", i, " starts at byte ",
+               pointers_[i], " of ", bin_path, " but the sequences before it end at byte ",
+               expected_pointer, " (sequences are stored back to back; a length or an offset was "
+               "altered)");
+    }
+    expected_pointer += uint64_t(lengths_[i]) * uint64_t(item);
+  }
+  MG_REQUIRE(expected_pointer == bin_size_, "data file ", bin_path, " has ", bin_size_,
+             " bytes but ", idx_path, " describes ", num_tokens_, " tokens of ", item, " bytes (",
+             expected_pointer, " bytes): the .bin does not belong to this .idx (or one of them was "
+             "truncated, extended or rewritten)");
   MG_REQUIRE(document_indices_[0] == 0, "index file ", idx_path,
              " is corrupted: document_indices must start with 0, found ", document_indices_[0]);
   for (uint64_t k = 1; k < d; ++k)

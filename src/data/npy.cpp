@@ -11,7 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
+#include <charconv>
 
 #include "core/error.h"
 
@@ -75,6 +75,57 @@ void write_npy_i64_as(const std::string& path, const std::string& descr, const s
   write_npy(path, descr, v.data(), shape);
 }
 
+NpyHeader parse_npy_header(std::string_view header, const std::string& path) {
+  auto fail = [&](const char* what) {
+    MG_THROW(path, ": malformed .npy header (", what, "): '", header.substr(0, 200),
+             header.size() > 200 ? "...'" : "'");
+  };
+  // The value after 'key': in the dict literal.
+  auto value_of = [&](std::string_view key) -> std::string_view {
+    const std::string quoted = "'" + std::string(key) + "'";
+    size_t k = header.find(quoted);
+    if (k == std::string_view::npos) fail("no key");
+    k += quoted.size();
+    while (k < header.size() && header[k] == ' ') ++k;
+    if (k >= header.size() || header[k] != ':') fail("no ':' after a key");
+    ++k;
+    while (k < header.size() && header[k] == ' ') ++k;
+    return header.substr(k);
+  };
+  NpyHeader h;
+  std::string_view d = value_of("descr");
+  if (d.empty() || d[0] != '\'') fail("descr is not a string");
+  const size_t d_end = d.find('\'', 1);
+  if (d_end == std::string_view::npos || d_end > 8) fail("descr is not a short string");
+  h.descr = std::string(d.substr(1, d_end - 1));
+  if (h.descr == "|i1") h.descr = "<i1";
+  const std::string_view f = value_of("fortran_order");
+  if (f.starts_with("True")) h.fortran_order = true;
+  else if (!f.starts_with("False")) fail("fortran_order is not True or False");
+  std::string_view s = value_of("shape");
+  if (s.empty() || s[0] != '(') fail("shape is not a tuple");
+  const size_t s_end = s.find(')');
+  if (s_end == std::string_view::npos) fail("shape tuple not closed");
+  h.shape_text = std::string(s.substr(0, s_end + 1));
+  s = s.substr(1, s_end - 1);
+  size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && s[i] == ' ') ++i;
+    if (i == s.size()) break;
+    int64_t dim = 0;
+    const auto [ptr, ec] = std::from_chars(s.data() + i, s.data() + s.size(), dim);
+    if (ec == std::errc::result_out_of_range) fail("a dimension does not fit in 64 bits");
+    if (ec != std::errc() || dim < 0) fail("a dimension is not a non-negative integer");
+    h.shape.push_back(dim);
+    if (h.shape.size() > 8) fail("more than 8 dimensions");
+    i = size_t(ptr - s.data());
+    while (i < s.size() && s[i] == ' ') ++i;
+    if (i < s.size() && s[i] != ',') fail("dimensions not separated by commas");
+    ++i;
+  }
+  return h;
+}
+
 namespace {
 struct Mapping {
   const uint8_t* p = nullptr;
@@ -85,48 +136,35 @@ struct Mapping {
 };
 }  // namespace
 
-NpyArray read_npy(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  MG_REQUIRE(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  Mapping m;
-  m.n = size_t(st.st_size);
-  if (m.n > 0) {
-    void* p = ::mmap(nullptr, m.n, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p != MAP_FAILED) m.p = static_cast<const uint8_t*>(p);
-  }
-  ::close(fd);
-  MG_REQUIRE(m.p && m.n >= 10 && std::memcmp(m.p, "\x93NUMPY\x01\x00", 8) == 0, path,
+NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& path) {
+  MG_REQUIRE(bytes.size() >= 10 && std::memcmp(bytes.data(), "\x93NUMPY\x01\x00", 8) == 0, path,
              ": not a NumPy .npy v1.0 file (bad magic or truncated)");
   uint16_t hl;
-  std::memcpy(&hl, m.p + 8, 2);
-  MG_REQUIRE(10 + size_t(hl) <= m.n, path, ": truncated .npy header");
-  std::string header(reinterpret_cast<const char*>(m.p + 10), hl);
-  std::smatch d, s, f;
-  MG_REQUIRE(std::regex_search(header, d, std::regex("'descr':\\s*'([<|>]?[a-z][0-9])'")) &&
-                 std::regex_search(header, f, std::regex("'fortran_order':\\s*(True|False)")) &&
-                 std::regex_search(header, s, std::regex("'shape':\\s*\\(([0-9, ]*)\\)")),
-             path, ": malformed .npy header '", header, "'");
+  std::memcpy(&hl, bytes.data() + 8, 2);
+  MG_REQUIRE(10 + size_t(hl) <= bytes.size(), path, ": truncated .npy header");
+  const std::string header(reinterpret_cast<const char*>(bytes.data() + 10), hl);
+  const NpyHeader h = parse_npy_header(header, path);
   NpyArray a;
-  a.descr = d[1].str();
-  if (a.descr == "|i1") a.descr = "<i1";
-  size_t elem = descr_size(a.descr);
+  a.descr = h.descr;
+  const size_t elem = descr_size(a.descr);
   MG_REQUIRE(elem > 0, path, ": unsupported dtype ", a.descr, " (expected <i2, <i4, <u4 or <i8)");
-  MG_REQUIRE(f[1].str() == "False", path, ": Fortran-order arrays are not supported");
-  std::string shp = s[1].str();
-  int64_t n = 1;
-  const std::regex digits("[0-9]+");
-  for (auto it = std::sregex_iterator(shp.begin(), shp.end(), digits); it != std::sregex_iterator(); ++it) {
-    a.shape.push_back(std::stoll(it->str()));
-    n *= a.shape.back();
-  }
-  size_t off = 10 + hl;
-  MG_REQUIRE(m.n - off == size_t(n) * elem, path, ": holds ", m.n - off, " data bytes but its header says ", n,
-             " elements of ", elem, " bytes (truncated or corrupt)");
+  MG_REQUIRE(!h.fortran_order, path, ": Fortran-order arrays are not supported");
+  a.shape = h.shape;
+  // The element count, checked against the bytes present before anything is allocated: a
+  // header may claim any shape, the file's size is the truth.
+  const size_t off = 10 + hl;
+  const uint64_t data_bytes = bytes.size() - off;
+  uint64_t n = 1;
+  for (int64_t d : a.shape)
+    MG_REQUIRE(!__builtin_mul_overflow(n, uint64_t(d), &n), path, ": the shape ", h.shape_text,
+               " has more elements than fit in 64 bits (corrupt header)");
+  uint64_t need = 0;
+  MG_REQUIRE(!__builtin_mul_overflow(n, uint64_t(elem), &need) && need == data_bytes, path, ": holds ",
+             data_bytes, " data bytes but its header says shape ", h.shape_text, " of ", elem,
+             "-byte elements (truncated or corrupt)");
   a.values.resize(size_t(n));
-  const uint8_t* p = m.p + off;
-  for (int64_t i = 0; i < n; ++i) {
+  const uint8_t* p = bytes.data() + off;
+  for (uint64_t i = 0; i < n; ++i) {
     const uint8_t* q = p + size_t(i) * elem;
     if (a.descr == "<i2") { int16_t v; std::memcpy(&v, q, 2); a.values[size_t(i)] = v; }
     else if (a.descr == "<i4") { int32_t v; std::memcpy(&v, q, 4); a.values[size_t(i)] = v; }
@@ -134,6 +172,22 @@ NpyArray read_npy(const std::string& path) {
     else { int64_t v; std::memcpy(&v, q, 8); a.values[size_t(i)] = v; }
   }
   return a;
+}
+
+NpyArray read_npy(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MG_REQUIRE(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
+  struct stat st {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  Mapping m;
+  m.n = stat_ok ? size_t(st.st_size) : 0;
+  if (m.n > 0) {
+    void* p = ::mmap(nullptr, m.n, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p != MAP_FAILED) m.p = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);
+  MG_REQUIRE(m.p, path, ": not a NumPy .npy v1.0 file (empty or unreadable)");
+  return parse_npy(std::span<const uint8_t>(m.p, m.n), path);
 }
 
 }  // namespace megatron::data

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -19,6 +20,7 @@
 #include <optional>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <thread>
 
 #include "core/error.h"
@@ -28,6 +30,9 @@
 #include "data/sentence_splitter.h"
 
 namespace megatron::data {
+
+// More tokenizing threads than this only add memory and contention.
+constexpr int kMaxWorkers = 1024;
 
 namespace {
 
@@ -67,8 +72,14 @@ class Pipeline {
   ~Pipeline() { shutdown(); }
 
   void start() {
-    reader_ = std::thread([this] { run_reader(); });
-    for (int w = 0; w < opt_.workers; ++w) workers_.emplace_back([this] { run_worker(); });
+    try {
+      reader_ = std::thread([this] { run_reader(); });
+      for (int w = 0; w < opt_.workers; ++w) workers_.emplace_back([this] { run_worker(); });
+    } catch (const std::system_error& e) {
+      shutdown();
+      MG_THROW("could not start ", opt_.workers, " worker threads (", e.what(),
+               "); lower --workers");
+    }
   }
 
   // Blocks until the next batch in input order is done; returns false at the end of input.
@@ -334,43 +345,16 @@ class Pipeline {
       encode_text(text, doc);
       return;
     }
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      doc.error = str(where(rec), ": malformed JSON: ", e.what());
+    nlohmann::json storage;
+    std::vector<JsonlValue> values;
+    const std::string error = parse_jsonl_record(text, opt_.json_keys, storage, values);
+    if (!error.empty()) {
+      doc.error = str(where(rec), ": ", error);
       return;
     }
-    if (!j.is_object()) {
-      doc.error = str(where(rec), ": expected a JSON object, found a ",
-                      json_type_name(j));
-      return;
-    }
-    for (const std::string& key : opt_.json_keys) {
-      auto it = j.find(key);
-      if (it == j.end()) {
-        doc.error = str(where(rec), ": missing key '", key,
-                        "' (select keys with --json-keys)");
-        return;
-      }
-      if (it->is_string()) {
-        encode_text(it->get_ref<const std::string&>(), doc);
-      } else if (it->is_array()) {
-        std::vector<std::string_view> sentences;
-        for (const auto& s : *it) {
-          if (!s.is_string()) {
-            doc.error = str(where(rec), ": key '", key, "' is a list holding a ",
-                            json_type_name(s), "; expected a string or a list of strings");
-            return;
-          }
-          sentences.push_back(s.get_ref<const std::string&>());
-        }
-        encode_value(sentences, doc);
-      } else {
-        doc.error = str(where(rec), ": key '", key, "' has a ",
-                        json_type_name(*it), " value; expected a string or a list of strings");
-        return;
-      }
+    for (const JsonlValue& v : values) {
+      if (v.list) encode_value(v.sentences, doc);  // already split: one sentence per element
+      else encode_text(v.sentences[0], doc);
     }
   }
 
@@ -415,6 +399,38 @@ InputFormat input_format_from_name(const std::string& name) {
   if (name == "parquet") return InputFormat::Parquet;
   MG_THROW("--input-format must be auto, jsonl, text-lines, text-paragraphs or parquet, got '",
            name, "'");
+}
+
+std::string parse_jsonl_record(std::string_view line, const std::vector<std::string>& keys,
+                               nlohmann::json& storage, std::vector<JsonlValue>& values) {
+  values.clear();
+  try {
+    storage = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    return str("malformed JSON: ", e.what());
+  }
+  if (!storage.is_object()) return str("expected a JSON object, found a ", json_type_name(storage));
+  for (const std::string& key : keys) {
+    auto it = storage.find(key);
+    if (it == storage.end()) return str("missing key '", key, "' (select keys with --json-keys)");
+    auto& value = values.emplace_back();
+    auto& sentences = value.sentences;
+    if (it->is_string()) {
+      sentences.push_back(it->get_ref<const std::string&>());
+    } else if (it->is_array()) {
+      value.list = true;
+      for (const auto& s : *it) {
+        if (!s.is_string())
+          return str("key '", key, "' is a list holding a ", json_type_name(s),
+                     "; expected a string or a list of strings");
+        sentences.push_back(s.get_ref<const std::string&>());
+      }
+    } else {
+      return str("key '", key, "' has a ", json_type_name(*it),
+                 " value; expected a string or a list of strings");
+    }
+  }
+  return {};
 }
 
 size_t find_invalid_utf8(std::string_view s) {
@@ -478,6 +494,10 @@ PreprocessStats preprocess_data(const PreprocessOptions& o, const Tokenizer& tok
   MG_REQUIRE(!o.output_prefix.empty(), "--output-prefix is required");
   MG_REQUIRE(!o.json_keys.empty(), "--json-keys needs at least one key");
   MG_REQUIRE(o.workers >= 1, "--workers must be >= 1, got ", o.workers);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  MG_REQUIRE(o.workers <= kMaxWorkers, "--workers ", o.workers, " is more threads than is useful: "
+             "use at most ", kMaxWorkers, " (this machine has ", cores, " cores; --workers ", cores,
+             " keeps them all busy)");
   MG_REQUIRE(o.log_interval >= 1, "--log-interval must be >= 1, got ", o.log_interval);
   const std::vector<std::string> files = expand_input(o.input);
   auto ends_with = [](const std::string& s, const char* suffix) {

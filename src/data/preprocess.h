@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -72,5 +73,16 @@ PreprocessStats preprocess_data(const PreprocessOptions& options, const Tokenize
 
 // Checks that `s` is valid UTF-8; returns the byte offset of the first invalid byte or npos.
 size_t find_invalid_utf8(std::string_view s);
+
+// One JSONL record (a line, valid UTF-8): for each of `keys`, its text (a string) or its
+// sentences (a list of strings), viewing into `storage`. Returns what is wrong, for the caller to
+// prefix with file:line (malformed JSON, not an object, a missing key, a value of another type),
+// or an empty string.
+struct JsonlValue {
+  std::vector<std::string_view> sentences;  // one element for a string value
+  bool list = false;                        // the value was a list (already split)
+};
+std::string parse_jsonl_record(std::string_view line, const std::vector<std::string>& keys,
+                               nlohmann::json& storage, std::vector<JsonlValue>& values);
 
 }  // namespace megatron::data

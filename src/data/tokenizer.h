@@ -28,6 +28,9 @@ class Tokenizer {
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   // The text of one token as Megatron's "segments" show it (decode of that id alone).
   virtual std::string token_text(int32_t id) const { return decode(std::span(&id, 1)); }
+  // Byte-level tokenizers: the raw bytes of one token, possibly part of a UTF-8 character (the
+  // concatenation over a sequence is the text before repair). nullopt for other tokenizers.
+  virtual std::optional<std::string> token_raw_bytes(int32_t) const { return std::nullopt; }
   // Vocabulary size before padding (Megatron's tokenizer.vocab_size).
   virtual int64_t vocab_size() const = 0;
   // Special ids; nullopt where the tokenizer has none.

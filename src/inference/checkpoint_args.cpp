@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "inference/checkpoint_weights.h"
+#include "training/checkpoint.h"
 
 namespace megatron::inference {
 
@@ -33,10 +34,8 @@ std::optional<CheckpointArgs> CheckpointArgs::read_if_present(const fs::path& lo
                                                              std::optional<int64_t> step) {
   const fs::path file = find_checkpoint_iteration(load_dir, step).folder / "metadata.json";
   if (!fs::exists(file)) return std::nullopt;
-  std::ifstream in(file);
-  MG_REQUIRE(in, "cannot read ", file.string());
-  nlohmann::json meta = nlohmann::json::parse(in, nullptr, false);
-  MG_REQUIRE(!meta.is_discarded() && meta.is_object(), file.string(), " is not a JSON object");
+  // Checked against metadata.json.sha256, as every reader of the checkpoint does.
+  nlohmann::json meta = training::read_checkpoint_metadata(file.parent_path());
   if (!meta.contains("args") || !meta["args"].is_object()) return std::nullopt;
   return CheckpointArgs(meta["args"], file);
 }

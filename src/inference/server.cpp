@@ -1,18 +1,15 @@
-// HTTP transport of the text generation server (cpp-httplib): routes, API key, limits, errors.
+// The text generation server: routes, API key and error responses over the HTTP front.
 #include "inference/server.h"
 
-#include <httplib.h>
-
 #include <arpa/inet.h>
-#include <sys/socket.h>
 
-#include <chrono>
 #include <random>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "inference/server_api.h"
+#include "inference/server_http.h"
 #include "inference/server_queue.h"
 
 namespace megatron::inference {
@@ -26,9 +23,16 @@ bool is_loopback_host(const std::string& host) {
 
 namespace {
 
-void send_error(httplib::Response& res, int status, const std::string& message) {
+void send_error(HttpResponse& res, int status, const std::string& message) {
   res.status = status;
-  res.set_content(dump_json(nlohmann::json{{"error", message}}), "application/json");
+  res.content_type = "application/json";
+  res.body = dump_json(nlohmann::json{{"error", message}});
+}
+
+HttpResponse error_response(int status, const std::string& message) {
+  HttpResponse res;
+  send_error(res, status, message);
+  return res;
 }
 
 bool same_secret(const std::string& a, const std::string& b) {
@@ -37,6 +41,17 @@ bool same_secret(const std::string& a, const std::string& b) {
   for (size_t i = 0; i < b.size(); ++i) diff |= unsigned(uint8_t(i < a.size() ? a[i] : 0) ^ uint8_t(b[i]));
   return diff == 0;
 }
+
+struct Endpoint {
+  const char* path;
+  const char* method;
+  HttpRoute::Kind kind;
+};
+// /health runs on the event loop (it only reads counters); the others on the workers.
+constexpr Endpoint kEndpoints[] = {{"/api", "PUT", HttpRoute::Kind::Worker},
+                                   {"/v1/completions", "POST", HttpRoute::Kind::Worker},
+                                   {"/completions", "POST", HttpRoute::Kind::Worker},
+                                   {"/health", "GET", HttpRoute::Kind::Inline}};
 
 }  // namespace
 
@@ -50,9 +65,52 @@ struct TextGenerationServer::Impl {
     ctx.max_sequence_length = model.max_sequence_length();
     ctx.max_tokens_to_generate = options.max_tokens_to_generate;
     seed_base = std::random_device{}();
+    HttpFrontOptions f;
+    f.host = options.host;
+    f.port = options.port;
+    f.limits.max_body_bytes = options.max_request_bytes;
+    f.worker_threads = std::max(1, options.http_threads);
+    f.max_connections = options.max_connections;
+    f.max_unauthenticated = options.max_unauthenticated;
+    f.request_timeout_ms = options.request_timeout_ms;
+    f.idle_timeout_ms = options.idle_timeout_ms;
+    f.heads_authenticate = !options.api_key.empty();
+    front = std::make_unique<HttpFront>(f, [this](const HttpRequest& head) { return route(head); });
   }
 
   uint64_t next_seed() { return seed_base + 0x9E3779B97F4A7C15ull * ++counter; }
+
+  // Called with the request head, before any body byte is read: the key, then the endpoint.
+  HttpRoute route(const HttpRequest& head) {
+    HttpRoute r;
+    if (!options.api_key.empty()) {
+      const std::string auth = head.header("authorization");
+      const std::string prefix = "Bearer ";
+      if (auth.rfind(prefix, 0) != 0 || !same_secret(auth.substr(prefix.size()), options.api_key)) {
+        r.response = error_response(
+            401, "missing or invalid API key: send the header 'Authorization: Bearer <key>'");
+        r.response.headers.emplace_back("WWW-Authenticate", "Bearer");
+        return r;
+      }
+    }
+    for (const Endpoint& e : kEndpoints) {
+      if (head.path != e.path) continue;
+      if (head.method != e.method) {
+        r.response = error_response(405, str(head.method, " is not allowed on ", head.path, "; use ", e.method));
+        r.response.headers.emplace_back("Allow", e.method);
+        return r;
+      }
+      r.kind = e.kind;
+      const std::string path = e.path;
+      if (path == "/health") r.handler = [this](const HttpRequest&, HttpResponse& res) { health(res); };
+      else if (path == "/api") r.handler = [this](const HttpRequest& req, HttpResponse& res) { handle_api(req, res); };
+      else r.handler = [this](const HttpRequest& req, HttpResponse& res) { handle_completions(req, res); };
+      return r;
+    }
+    r.response = error_response(404, str("no endpoint ", head.method, " ", head.path,
+                                         "; endpoints: PUT /api, POST /v1/completions, GET /health"));
+    return r;
+  }
 
   // Submits and waits; a full queue is a 503, an engine failure a 500.
   void run(const std::shared_ptr<Job>& job) {
@@ -64,7 +122,7 @@ struct TextGenerationServer::Impl {
   }
 
   template <typename Fn>
-  void guarded(httplib::Response& res, Fn&& fn) {
+  void guarded(HttpResponse& res, Fn&& fn) {
     try {
       fn();
     } catch (const ApiError& e) {
@@ -75,7 +133,17 @@ struct TextGenerationServer::Impl {
     }
   }
 
-  void handle_api(const httplib::Request& req, httplib::Response& res) {
+  void health(HttpResponse& res) {
+    const auto st = scheduler.stats();
+    res.body = dump_json({{"status", "ok"},
+                          {"queued", st.queued},
+                          {"requests_done", st.jobs_done},
+                          {"running", st.running},
+                          {"steps", st.steps},
+                          {"rejected", st.rejected}});
+  }
+
+  void handle_api(const HttpRequest& req, HttpResponse& res) {
     guarded(res, [&] {
       auto request = parse_megatron_request(parse_json_body(req.body), ctx, next_seed());
       if (!request.no_log)
@@ -84,51 +152,43 @@ struct TextGenerationServer::Impl {
                      ? str("beam search, width ", request.job->beam.beam_width)
                      : str(request.job->rows.size(), " prompt(s)"));
       run(request.job);
-      res.set_content(dump_json(megatron_response(request, ctx)), "application/json");
+      res.body = dump_json(megatron_response(request, ctx));
     });
   }
 
-  void handle_completions(const httplib::Request& req, httplib::Response& res) {
+  void handle_completions(const HttpRequest& req, HttpResponse& res) {
     guarded(res, [&] {
       const std::string id = str("cmpl-", std::hex, next_seed());
       auto request = parse_completion_request(parse_json_body(req.body), ctx, next_seed(), id);
       if (!request.stream) {
         run(request.job);
-        res.set_content(dump_json(completion_response(request, ctx)), "application/json");
+        res.body = dump_json(completion_response(request, ctx));
         return;
       }
       if (!scheduler.submit(request.job))
         throw ApiError(503, str("the server is busy (", options.max_queue_size,
                                 " requests queued); retry later"));
       auto channel = request.channel;
-      res.set_header("Cache-Control", "no-cache");
-      res.set_chunked_content_provider(
-          "text/event-stream",
-          [channel](size_t, httplib::DataSink& sink) {
-            std::string event;
-            if (!channel->pop(event)) {
-              sink.done();
-              return true;
-            }
-            if (!sink.write(event.data(), event.size())) {
-              channel->cancel();
-              return false;
-            }
-            return true;
-          },
-          [channel](bool success) {
-            if (!success) channel->cancel();
-          });
+      res.content_type = "text/event-stream";
+      res.headers.emplace_back("Cache-Control", "no-cache");
+      res.stream = [channel](const std::function<bool(std::string_view)>& write) {
+        std::string event;
+        while (channel->pop(event)) {
+          if (!write(event)) {
+            channel->cancel();  // the rows stop at their next token; the job then closes the channel
+            return;
+          }
+        }
+      };
     });
   }
 
   ServerOptions options;
   ApiContext ctx;
   Scheduler scheduler;
-  httplib::Server http;
+  std::unique_ptr<HttpFront> front;
   uint64_t seed_base = 0;
   std::atomic<uint64_t> counter{0};
-  int listen_socket = -1;
 };
 
 TextGenerationServer::TextGenerationServer(LanguageModel& model, const data::Tokenizer& tokenizer,
@@ -145,117 +205,31 @@ TextGenerationServer::TextGenerationServer(LanguageModel& model, const data::Tok
              "--batch-window-ms must be in [0, 1000]");
   MG_REQUIRE(options.max_request_bytes >= 64, "--max-request-bytes must be >= 64");
   MG_REQUIRE(options.max_tokens_to_generate >= 1, "--max-tokens-to-generate must be >= 1");
+  MG_REQUIRE(options.request_timeout_ms >= 1 && options.idle_timeout_ms >= 1 &&
+                 options.max_connections >= 1 && options.max_unauthenticated >= 1,
+             "server timeouts and connection limits must be positive");
   impl_ = std::make_unique<Impl>(model, tokenizer, std::move(options));
-  Impl& s = *impl_;
-  auto& http = s.http;
-  const int threads = std::max(4, s.options.http_threads);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  http.set_payload_max_length(s.options.max_request_bytes);
-  http.set_read_timeout(30, 0);
-  // Remember the listening socket so bind() can raise its backlog: the library listens with a
-  // backlog of 5, which drops connections when many clients connect at once.
-  http.set_socket_options([&s](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    s.listen_socket = sock;
-  });
-  http.set_write_timeout(30, 0);
-
-  http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
-    if (s.options.api_key.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    if (auth.rfind(prefix, 0) == 0 && same_secret(auth.substr(prefix.size()), s.options.api_key))
-      return httplib::Server::HandlerResponse::Unhandled;
-    res.set_header("WWW-Authenticate", "Bearer");
-    send_error(res, 401, "missing or invalid API key: send the header 'Authorization: Bearer <key>'");
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  http.Put("/api", [&s](const auto& req, auto& res) { s.handle_api(req, res); });
-  http.Post("/v1/completions", [&s](const auto& req, auto& res) { s.handle_completions(req, res); });
-  http.Post("/completions", [&s](const auto& req, auto& res) { s.handle_completions(req, res); });
-  http.Get("/health", [&s](const auto&, auto& res) {
-    const auto st = s.scheduler.stats();
-    res.set_content(dump_json({{"status", "ok"},
-                               {"queued", st.queued},
-                               {"requests_done", st.jobs_done},
-                               {"running", st.running},
-                               {"steps", st.steps},
-                               {"rejected", st.rejected}}),
-                    "application/json");
-  });
-  auto wrong_method = [](const char* allowed) {
-    return [allowed](const httplib::Request& req, httplib::Response& res) {
-      res.set_header("Allow", allowed);
-      send_error(res, 405, str(req.method, " is not allowed on ", req.path, "; use ", allowed));
-    };
-  };
-  for (auto [path, allowed] : {std::pair{"/api", "PUT"}, std::pair{"/v1/completions", "POST"},
-                               std::pair{"/completions", "POST"}, std::pair{"/health", "GET"}}) {
-    const std::string m = allowed;
-    if (m != "GET") http.Get(path, wrong_method(allowed));
-    if (m != "PUT") http.Put(path, wrong_method(allowed));
-    if (m != "POST") http.Post(path, wrong_method(allowed));
-    http.Delete(path, wrong_method(allowed));
-    http.Patch(path, wrong_method(allowed));
-  }
-  http.set_error_handler(httplib::Server::HandlerWithResponse(
-      [&s](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    std::string message;
-    switch (res.status) {
-      case 404:
-        message = str("no endpoint ", req.method, " ", req.path,
-                      "; endpoints: PUT /api, POST /v1/completions, GET /health");
-        break;
-      case 413:
-        message = str("the request body is larger than the limit of ", s.options.max_request_bytes,
-                      " bytes (--max-request-bytes)");
-        break;
-      default:
-        message = str("HTTP status ", res.status);
-    }
-    send_error(res, res.status, message);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_error(res, 500, "internal error: " + what);
-  });
 }
 
-TextGenerationServer::~TextGenerationServer() {
-  stop();
-}
+TextGenerationServer::~TextGenerationServer() { stop(); }
 
 int TextGenerationServer::bind() {
-  auto& s = *impl_;
-  if (s.options.port == 0) {
-    port_ = s.http.bind_to_any_port(s.options.host);
-  } else {
-    port_ = s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1;
-  }
-  MG_REQUIRE(port_ > 0, "cannot listen on ", s.options.host, ":", s.options.port,
-             " (address in use or not available); choose another --host/--port");
-  if (s.listen_socket >= 0) ::listen(s.listen_socket, 1024);  // Linux updates the backlog
+  port_ = impl_->front->bind();
   return port_;
 }
 
 void TextGenerationServer::serve() {
   MG_REQUIRE(port_ > 0, "serve() before bind()");
-  impl_->http.listen_after_bind();
+  impl_->front->serve();
 }
 
 void TextGenerationServer::stop() {
   if (!impl_) return;
-  impl_->http.stop();
+  // The loop first (no new requests), then the scheduler (waiting handlers get their answer),
+  // then the workers can be joined.
+  impl_->front->stop();
   impl_->scheduler.stop();
+  impl_->front->join_workers();
 }
 
 }  // namespace megatron::inference

@@ -1,11 +1,14 @@
-// The text generation server's transport: HTTP routes over cpp-httplib, authentication, body
-// limits and error responses. Request bodies become jobs through the task layer
-// (server_api.h); jobs run on the scheduler (server_queue.h), which owns the model.
+// The text generation server: routes, authentication and error responses over the event-driven
+// HTTP front (server_http.h: deadlines, connection caps, bounded bodies, pipelining). Request
+// bodies become jobs through the task layer (server_api.h); jobs run on the scheduler
+// (server_queue.h), which owns the model.
 //
 // Endpoints: PUT /api (Megatron), POST /v1/completions (OpenAI, optionally streamed as
 // server-sent events), GET /health. Every error is a JSON body {"error": "..."}: 400 for bad
 // requests, 401 without the API key, 404/405 for unknown routes or methods, 413 for bodies over
-// the limit, 503 when the queue is full, 500 only for engine failures.
+// the limit, 503 when the queue is full, 500 only for engine failures; the transport adds 408
+// (request not received in time), 415 (compressed body), 431 (head too large), 501/505.
+// The API key is checked as soon as a request's head has arrived, before its body is read.
 #pragma once
 
 #include <atomic>
@@ -28,9 +31,13 @@ struct ServerOptions {
   int max_batch_size = 8;       // rows decoded together
   double batch_window_ms = 0.0; // how long the scheduler waits for more requests to fill a batch
   size_t max_queue_size = 64;   // jobs waiting; more get 503
-  size_t max_request_bytes = 1 << 20;
+  size_t max_request_bytes = 1 << 20;  // decoded body (chunked bodies included)
   int64_t max_tokens_to_generate = 1024;
-  int http_threads = 64;
+  int http_threads = 64;        // workers running request handlers (they wait for generation)
+  int request_timeout_ms = 10000;  // a whole request (head and body) from its first byte
+  int idle_timeout_ms = 5000;      // a kept-alive connection waiting for its next request
+  int max_connections = 1024;
+  int max_unauthenticated = 256;   // connections between requests or still sending a head
 };
 
 // True for loopback names and addresses (127.0.0.0/8, ::1, localhost).

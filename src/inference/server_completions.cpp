@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "data/unicode.h"
 #include "inference/server_api.h"
 #include "inference/server_fields.h"
 
@@ -46,6 +47,37 @@ size_t streamable(const std::string& text, size_t hold_back) {
   static const std::string replacement = "\xEF\xBF\xBD";
   while (end >= 3 && text.compare(end - 3, 3, replacement) == 0) end -= 3;
   return end;
+}
+
+// OpenAI's text of one token in "logprobs": the token's bytes when they are whole UTF-8
+// characters, else "bytes:" and the bytes as \xNN escapes (what OpenAI returns for a token that
+// holds part of a character). *size: the token's length in the text, for "text_offset".
+std::string api_token_text(const data::Tokenizer& tok, int32_t id, size_t* size) {
+  const auto raw = tok.token_raw_bytes(id);
+  if (!raw) {
+    std::string text = tok.token_text(id);
+    *size = text.size();
+    return text;
+  }
+  *size = raw->size();
+  if (data::unicode::repair_utf8(*raw) == *raw) return *raw;
+  static const char* digits = "0123456789abcdef";
+  std::string out = "bytes:";
+  for (unsigned char c : *raw) out += {'\\', 'x', digits[c >> 4], digits[c & 15]};
+  return out;
+}
+
+// The fewest leading tokens whose text begins with `text`. (Their decoded prefix does so from
+// some count on: a prefix that ends inside a character decodes to U+FFFD there and does not
+// match yet, so a binary search over the count finds it.)
+size_t tokens_covering(const data::Tokenizer& tok, std::span<const int32_t> ids, const std::string& text) {
+  size_t lo = 0, hi = ids.size();
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (tok.decode(ids.first(mid)).starts_with(text)) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
 }
 
 json chunk(const CompletionRequest& req, size_t index, const std::string& text,
@@ -277,20 +309,23 @@ json completion_response(const CompletionRequest& req, const ApiContext& ctx) {
     const std::string prefix = req.echo ? tok.decode(prompt) : std::string();
     json logprobs = nullptr;
     if (req.logprobs >= 0) {
+      // One entry per token: the prompt's when echoed, then every generated token that
+      // contributes to the returned text (a final EOD excluded; with a stop string, up to the
+      // token that reaches the cut).
+      const auto eod = tok.eod();
+      size_t generated_count = generated.size();
+      if (generated_count > 0 && eod && generated.back() == *eod) --generated_count;
+      if (done.stopped) generated_count = tokens_covering(tok, generated.first(generated_count), done.text);
       json tokens = json::array(), token_lps = json::array(), tops = json::array(),
            offsets = json::array();
       size_t offset = 0;
       const size_t first = req.echo ? 0 : size_t(res.prompt_length);
-      const size_t limit = prefix.size() + done.text.size();
-      const auto eod = tok.eod();
-      for (size_t j = first; j < res.tokens.size(); ++j) {
-        const bool gen = j >= size_t(res.prompt_length);
-        if (gen && (offset >= limit || (eod && res.tokens[j] == *eod && j + 1 == res.tokens.size())))
-          break;
-        const std::string text = tok.token_text(res.tokens[j]);
-        tokens.push_back(text);
+      const size_t end = size_t(res.prompt_length) + generated_count;
+      for (size_t j = first; j < end; ++j) {
+        size_t bytes = 0;
+        tokens.push_back(api_token_text(tok, res.tokens[j], &bytes));
         offsets.push_back(offset);
-        offset += text.size();
+        offset += bytes;
         if (j == 0) {
           token_lps.push_back(nullptr);
           tops.push_back(nullptr);
@@ -298,8 +333,10 @@ json completion_response(const CompletionRequest& req, const ApiContext& ctx) {
         }
         token_lps.push_back(res.logprobs.at(j - 1));
         json top = json::object();
-        if (req.logprobs > 0)
-          for (const auto& [id, lp] : res.top_logprobs.at(j - 1)) top[tok.token_text(id)] = lp;
+        if (req.logprobs > 0) {
+          size_t unused = 0;
+          for (const auto& [id, lp] : res.top_logprobs.at(j - 1)) top[api_token_text(tok, id, &unused)] = lp;
+        }
         tops.push_back(req.logprobs > 0 ? top : json(nullptr));
       }
       logprobs = {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops},

@@ -121,6 +121,8 @@ RecordedConfig config_from_checkpoint_args(const json& args) {
     for (const ModelSetting& s : model_settings())
       if (m.contains(s.key)) mark(s.key);
     if (m.contains("gelu_tanh")) mark("activation");
+    // Builds before the GeLU form was recorded trained the exact (erf) form.
+    if (!m.contains("activation") && !m.contains("gelu_tanh")) c.activation = "gelu";
     if (m.contains("window_left") || m.contains("window_right")) mark("window_size");
     return out;
   }

@@ -2,10 +2,10 @@
 #include "training/checkpoint.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/safetensors.h"
 #include "training/checkpoint_files.h"
+#include "training/torch_checkpoint.h"
 
 // JSON codecs of the argument structs, in their own namespaces so that nlohmann finds them.
 namespace megatron {
@@ -86,29 +88,34 @@ std::string iteration_dir_name(int64_t iteration) {
   return name;
 }
 
+// The iterations of the iter_N folders in `dir`, ascending.
+std::vector<int64_t> iteration_folders(const fs::path& dir) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("iter_") || name.size() < 6 || name.size() > 23 || !e.is_directory(ec)) continue;
+    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    out.push_back(std::stoll(name.substr(5)));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void warn_leftovers(const fs::path& dir) {
+  const auto names = detail::leftover_folders(dir);
+  if (names.empty()) return;
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  log_warn(dir.string(), " holds ", list, ": incomplete checkpoint folders left by interrupted saves; "
+           "they are not loaded, and the next save into this folder removes them");
+}
+
 std::string read_text_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   MG_REQUIRE(in, "cannot read ", p.string());
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
-
-struct Sha256 {
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx{EVP_MD_CTX_new(), EVP_MD_CTX_free};
-  Sha256() { MG_CHECK(ctx && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1, "SHA-256 init"); }
-  void update(const void* p, size_t n) { MG_CHECK(EVP_DigestUpdate(ctx.get(), p, n) == 1, "SHA-256"); }
-  std::string hex() {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int len = 0;
-    MG_CHECK(EVP_DigestFinal_ex(ctx.get(), md, &len) == 1, "SHA-256 final");
-    static const char* digits = "0123456789abcdef";
-    std::string out;
-    for (unsigned int i = 0; i < len; ++i) {
-      out.push_back(digits[md[i] >> 4]);
-      out.push_back(digits[md[i] & 15]);
-    }
-    return out;
-  }
-};
 
 const char* lr_style_name(optim::LRDecayStyle s) {
   switch (s) {
@@ -237,35 +244,6 @@ CheckpointState state_from_json(const json& j, const std::string& label) {
   return s;
 }
 
-// The file's bytes after checking its size and SHA-256 against metadata.json.
-std::vector<uint8_t> read_verified(const CheckpointOnDisk& ckpt, const std::string& rel) {
-  const fs::path file = ckpt.dir / rel;
-  const std::string meta = (ckpt.dir / "metadata.json").string();
-  MG_REQUIRE(ckpt.files.is_object() && ckpt.files.contains(rel), meta, " lists no checksum for ", rel);
-  const json& f = ckpt.files[rel];
-  MG_REQUIRE(f.is_object() && f.contains("bytes") && f["bytes"].is_number_unsigned() &&
-                 f.contains("sha256") && f["sha256"].is_string(),
-             meta, ": malformed \"files\" entry for ", rel);
-  MG_REQUIRE(fs::is_regular_file(file), "checkpoint file ", file.string(), " is missing");
-  const uint64_t expected = f["bytes"].get<uint64_t>();
-  const uint64_t actual = fs::file_size(file);
-  MG_REQUIRE(actual == expected, file.string(), " has ", actual, " bytes but metadata.json records ",
-             expected, " (truncated or partially written file)");
-  std::vector<uint8_t> bytes(actual);
-  {
-    std::ifstream in(file, std::ios::binary);
-    MG_REQUIRE(in && in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(actual)),
-               "cannot read ", file.string());
-  }
-  Sha256 h;
-  h.update(bytes.data(), bytes.size());
-  const std::string sha = h.hex();
-  MG_REQUIRE(sha == f["sha256"].get<std::string>(), file.string(),
-             ": SHA-256 checksum mismatch (file is corrupted): expected ",
-             f["sha256"].get<std::string>(), ", got ", sha);
-  return bytes;
-}
-
 }  // namespace
 
 namespace detail {
@@ -297,11 +275,6 @@ void write_text_file(const fs::path& p, const std::string& text) {
   fs::rename(tmp, p);
 }
 
-
-SafetensorsContents read_tensor_file(const CheckpointOnDisk& ckpt, const std::string& rel) {
-  const std::vector<uint8_t> bytes = read_verified(ckpt, rel);
-  return parse_safetensors(bytes, (ckpt.dir / rel).string());
-}
 
 void write_tensor_file(const fs::path& dir, const std::string& rel,
                        const std::vector<std::pair<std::string, Tensor>>& tensors, json& files,
@@ -353,19 +326,6 @@ json training_args_to_json(const TrainingArgs& args) { return json(args); }
 
 TrainingArgs training_args_from_json(const json& j) { return j.get<TrainingArgs>(); }
 
-std::string sha256_file(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  MG_REQUIRE(in, "cannot read ", file.string());
-  Sha256 h;
-  std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), std::streamsize(buf.size()));
-    h.update(buf.data(), size_t(in.gcount()));
-  }
-  MG_REQUIRE(in.eof(), "cannot read ", file.string());
-  return h.hex();
-}
-
 fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
                          const model::ParameterList& params, OptimizerRef optimizer,
                          const CheckpointRank& rank) {
@@ -375,7 +335,8 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
   const fs::path final_dir = save_dir / name;
   const fs::path tmp_dir = save_dir / (".tmp_" + name);
   if (root) {
-    fs::create_directories(save_dir);
+    detail::create_private_dirs(save_dir);
+    detail::clean_leftovers(save_dir);  // of saves interrupted by kill -9 or a full disk
     fs::remove_all(tmp_dir);
     fs::create_directories(tmp_dir);
     set_mode(tmp_dir, 0750);
@@ -439,7 +400,7 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
                         {"partition_dims", partition_dims}};
     meta["args"] = state.args;
     meta["files"] = files;
-    write_text_file(tmp_dir / "metadata.json", meta.dump(2) + "\n");
+    detail::write_metadata(tmp_dir, meta.dump(2) + "\n");
     fsync_path(tmp_dir, true);
 
     // Re-saving an iteration: the old folder is moved aside first, so that a crash in between
@@ -470,7 +431,23 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
     MG_REQUIRE(fs::is_directory(load_dir / sub), "--ckpt-step ", *ckpt_step, ": checkpoint folder ",
                (load_dir / sub).string(), " does not exist");
   } else {
-    if (!fs::exists(load_dir) || !fs::exists(tracker)) return std::nullopt;
+    if (!fs::exists(load_dir)) return std::nullopt;
+    if (!fs::exists(tracker)) {
+      // Iteration folders without a tracker: a save that never wrote it, or a deleted tracker.
+      // Starting from random weights here would silently throw the checkpoints away.
+      const std::vector<int64_t> found = iteration_folders(load_dir);
+      if (!found.empty())
+        MG_THROW("--load ", load_dir.string(), " has ", found.size(), " checkpoint folder",
+                 found.size() > 1 ? "s" : "", " (", iteration_dir_name(found.front()),
+                 found.size() > 1 ? str(" ... ", iteration_dir_name(found.back())) : std::string(),
+                 ") but no ", kTracker, ": pass --ckpt-step ", found.back(),
+                 " to load the newest, or write its iteration into ", tracker.string());
+      warn_leftovers(load_dir);
+      return std::nullopt;
+    }
+    MG_REQUIRE(fs::is_regular_file(tracker), tracker.string(),
+               " is not a file (a folder of that name?): it must hold the iteration to load; "
+               "remove it, or pass --ckpt-step N to pick an iteration folder");
     std::string text = read_text_file(tracker);
     while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
     while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.erase(0, 1);
@@ -486,17 +463,22 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
       expected_iteration = std::stoll(text);
       sub = iteration_dir_name(expected_iteration);
     }
+    MG_REQUIRE(fs::is_directory(load_dir / sub) || !fs::is_directory(load_dir / (".old_" + sub)),
+               tracker.string(), " names ", sub, " but ", (load_dir / sub).string(),
+               " does not exist; ", (load_dir / (".old_" + sub)).string(),
+               " holds it (a re-save of that iteration was interrupted): rename it back to ", sub);
     MG_REQUIRE(fs::is_directory(load_dir / sub), tracker.string(), " names ", sub, " but ",
                (load_dir / sub).string(),
                " does not exist (deleted or never completed; pass --ckpt-step N to pick another)");
   }
+  warn_leftovers(load_dir);
   c.dir = load_dir / sub;
+  if (is_torch_checkpoint(c.dir))  // Megatron-LM's model_optim_rng.pt files
+    return open_torch_checkpoint(c.dir, c.release,
+                                 c.release ? std::nullopt : std::optional<int64_t>(expected_iteration));
   const fs::path meta_path = c.dir / "metadata.json";
-  MG_REQUIRE(fs::is_regular_file(meta_path), "incomplete checkpoint: ", meta_path.string(),
-             " is missing");
   const std::string label = meta_path.string();
-  const json j = json::parse(read_text_file(meta_path), nullptr, /*allow_exceptions=*/false);
-  MG_REQUIRE(!j.is_discarded() && j.is_object(), label, " is not valid JSON (corrupted file?)");
+  const json j = read_checkpoint_metadata(c.dir);  // checked against metadata.json.sha256
   MG_REQUIRE(j.contains("format_version") && j["format_version"].is_number_integer(), label,
              ": no format_version (not a megatron.cpp training checkpoint?)");
   const int64_t version = j["format_version"].get<int64_t>();
@@ -571,8 +553,10 @@ void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank&
 void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
                         bool allow_dtype_conversion, const CheckpointRank& rank) {
   check_checkpoint_layout(ckpt, rank);
-  const std::string rel = model_file(rank);
-  SafetensorsContents st = detail::read_tensor_file(ckpt, rel);
+  const bool torch = ckpt.format == "torch";
+  const std::string rel = torch ? rank.rank_dir() + "/" + kTorchCheckpointFile : model_file(rank);
+  SafetensorsContents st = torch ? read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, false).model
+                                 : detail::read_tensor_file(ckpt, rel);
   const std::string label = (ckpt.dir / rel).string();
   std::set<std::string> used;
   for (model::Parameter* p : params) {
@@ -594,36 +578,6 @@ void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList
   for (const auto& [name, t] : st.tensors)
     MG_REQUIRE(used.count(name), label, " has a tensor '", name,
                "' that the model does not have (the checkpoint was saved from a different model)");
-}
-
-void check_checkpoint_args(const CheckpointOnDisk& ckpt, const TrainingArgs& a, bool finetune) {
-  TrainingArgs c;
-  try {
-    c = training_args_from_json(ckpt.state.args);
-  } catch (const json::exception& e) {
-    MG_THROW((ckpt.dir / "metadata.json").string(), ": malformed \"args\": ", e.what());
-  }
-  const std::string where = (ckpt.dir / "metadata.json").string();
-  auto same = [&](const char* flag, auto saved, auto given) {
-    MG_REQUIRE(saved == given, flag, ": the checkpoint ", where, " has ", saved,
-               " but this run gives ", given,
-               finetune ? " (the model's tensors must match the checkpoint's)"
-                        : " (model-shape flags must match the checkpoint when resuming)");
-  };
-  same("--num-layers", c.model.num_layers, a.model.num_layers);
-  same("--hidden-size", c.model.hidden_size, a.model.hidden_size);
-  same("--num-attention-heads", c.model.num_attention_heads, a.model.num_attention_heads);
-  same("--ffn-hidden-size", c.model.ffn(), a.model.ffn());
-  same("--kv-channels", c.model.head_dim(), a.model.head_dim());
-  same("--num-query-groups", c.model.query_groups(), a.model.query_groups());
-  same("--max-position-embeddings", c.model.max_position_embeddings, a.model.max_position_embeddings);
-  same("padded vocabulary size (--vocab-size / --vocab-file, --make-vocab-size-divisible-by)",
-       c.model.padded_vocab_size, a.model.padded_vocab_size);
-  if (!finetune) {
-    same("--seq-length", c.model.seq_length, a.model.seq_length);
-    same("parameter dtype (--fp16 / --bf16)", std::string(dtype_name(c.model.params_dtype)),
-         std::string(dtype_name(a.model.params_dtype)));
-  }
 }
 
 optim::LRSchedulerConfig resolve_scheduler_config(const optim::LRSchedulerConfig& from_args,

@@ -55,8 +55,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/parallel_state.h"
@@ -140,6 +142,10 @@ struct CheckpointOnDisk {
   CheckpointState state;
   CheckpointParallel parallel;
   nlohmann::json files;  // relative path -> {"bytes", "sha256"}
+  // "safetensors" (this layout) or "torch": Megatron-LM's mp_rank_*/model_optim_rng.pt files
+  // (training/torch_checkpoint.h), read by the same functions.
+  std::string format = "safetensors";
+  std::vector<std::string> notes;  // what reading will leave out (torch: unmappable optimizer state)
 };
 
 // Resolves --load / --ckpt-step. nullopt when nothing is there to load: the folder or its tracker
@@ -164,10 +170,19 @@ void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList
 // Megatron's check_checkpoint_args: the flags that fix the model's tensors (--num-layers,
 // --hidden-size, --num-attention-heads, --ffn-hidden-size, --kv-channels, --num-query-groups,
 // --max-position-embeddings, the padded vocabulary) must equal the checkpoint's; for a resume
-// (not --finetune) also --seq-length and the parameter dtype (--fp16/--bf16). A mismatch is an
-// error naming the flag, the checkpoint's value and the given value. `args` has its derived fields
-// (padded_vocab_size, params_dtype) filled in.
+// (not --finetune) also --seq-length and the parameter dtype (--fp16/--bf16). Then every setting
+// that changes the function (check_model_function_args). A mismatch is an error naming the flag,
+// the checkpoint's value, the given value and metadata.json. `args` has its derived fields
+// (padded_vocab_size, params_dtype) filled in (checkpoint_args_check.cpp).
 void check_checkpoint_args(const CheckpointOnDisk& ckpt, const TrainingArgs& args, bool finetune);
+
+// Every setting of model::model_settings() beyond the shape ones (activation, norm and its
+// epsilon, position embedding, rotary settings, window, biases, untied output, q/k norm) must be
+// equal in the checkpoint's recorded arguments and this run's; a setting a checkpoint did not
+// record means its default then. A difference is an error naming the flag, both values and
+// metadata.json, unless args.override_checkpoint_model_args (--override-checkpoint-model-args: a
+// warning per difference, this run's value kept).
+void check_model_function_args(const CheckpointOnDisk& ckpt, const TrainingArgs& args);
 
 // Megatron's OptimizerParamScheduler.load_state_dict rule for each schedule value (LR, min LR,
 // warmup, decay steps and style, weight-decay range and style): --override-opt_param-scheduler
@@ -189,5 +204,14 @@ void load_optimizer_state(const CheckpointOnDisk& ckpt, OptimizerRef optimizer,
 
 // SHA-256 of a file, lowercase hex.
 std::string sha256_file(const std::filesystem::path& file);
+
+// An iteration folder's metadata.json, parsed after checking it against metadata.json.sha256;
+// errors name the file. For every reader of checkpoints (generate, serve, convert, the trainer).
+nlohmann::json read_checkpoint_metadata(const std::filesystem::path& iteration_dir);
+
+// Weights are refused when not finite: an error naming the tensor, the element and `where` (the
+// file). Integer tensors pass.
+void check_finite_tensor(const Tensor& t, const std::string& name, const std::string& where);
+void check_finite_tensors(const std::map<std::string, Tensor>& tensors, const std::string& where);
 
 }  // namespace megatron::training

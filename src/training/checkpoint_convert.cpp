@@ -11,6 +11,7 @@
 #include "model/tensor_parallel.h"
 #include "optim/optimizer.h"
 #include "training/checkpoint_files.h"
+#include "training/torch_checkpoint.h"
 
 namespace megatron::training {
 
@@ -38,14 +39,7 @@ using detail::fsync_path;
 using detail::set_mode;
 using detail::write_text_file;
 
-json read_metadata(const CheckpointOnDisk& ckpt) {
-  const fs::path p = ckpt.dir / "metadata.json";
-  std::ifstream in(p, std::ios::binary);
-  MG_REQUIRE(in, "cannot read ", p.string());
-  const json j = json::parse(std::string((std::istreambuf_iterator<char>(in)), {}), nullptr, false);
-  MG_REQUIRE(!j.is_discarded() && j.is_object(), p.string(), " is not valid JSON (corrupted file?)");
-  return j;
-}
+json read_metadata(const CheckpointOnDisk& ckpt) { return read_checkpoint_metadata(ckpt.dir); }
 
 TrainingArgs args_of(const CheckpointOnDisk& ckpt) {
   try {
@@ -173,6 +167,7 @@ Tensor repad_rows(const Tensor& table, int64_t rows, bool zero_fill) {
 }
 
 MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer) {
+  if (ckpt.format == "torch") return merge_torch_checkpoint(ckpt, with_optimizer);
   MergedCheckpoint m;
   m.source = ckpt;
   m.metadata = read_metadata(ckpt);
@@ -351,6 +346,11 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
              ": latest_checkpointed_iteration.txt is missing (pass --ckpt-step N to pick an "
              "iteration folder)");
   const CheckpointOnDisk& ckpt = *found;
+  MG_REQUIRE(o.load_format == "auto" || o.load_format == ckpt.format, "--load-format ", o.load_format,
+             ": ", ckpt.dir.string(), " holds a ", ckpt.format, " checkpoint",
+             ckpt.format == "torch" ? " (Megatron-LM's model_optim_rng.pt files)" : " (metadata.json)");
+  MG_REQUIRE(o.save_format == "safetensors" || o.save_format == "torch", "--save-format must be "
+             "safetensors or torch (got '", o.save_format, "')");
   TrainingArgs args = args_of(ckpt);
   const int T = o.target_tp, P = o.target_pp;
 
@@ -435,10 +435,21 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     res.optimizer_note = o.drop_optimizer ? "dropped on request (--no-save-optim)"
                                           : "the source checkpoint has none";
 
+  if (o.save_format == "torch") {  // Megatron-LM's files (training/torch_checkpoint.h)
+    m.metadata["args"]["model"]["padded_vocab_size"] = target_vocab;
+    res.dir = write_torch_checkpoint(m, o.save, T, P, o.target_layers_per_virtual_stage,
+                                     TorchSaveOptions{o.transformer_impl});
+    res.num_tensors = m.model.size();
+    res.num_files = size_t(T) * size_t(P);
+    res.to = CheckpointParallel{T, P, ckpt.parallel.data_parallel_size, false};
+    res.to.virtual_pipeline_model_parallel_size = layout.num_chunks;
+    res.notes = m.notes;
+    return res;
+  }
+
   // Write the folder under a temporary name.
   const std::string dir_name = ckpt.dir.filename().string();
-  fs::create_directories(o.save);
-  set_mode(o.save, 0750);
+  detail::create_private_dirs(o.save);
   const fs::path tmp = o.save / (".tmp_" + dir_name);
   fs::remove_all(tmp);
   fs::create_directories(tmp);
@@ -517,7 +528,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
                             {"padded_vocab_size", res.padded_vocab_from},
                             {"optimizer_state", optim ? "resharded" : res.optimizer_note},
                             {"tool", "megatron checkpoint convert"}};
-  write_text_file(tmp / "metadata.json", meta.dump(2) + "\n");
+  detail::write_metadata(tmp, meta.dump(2) + "\n");
   fsync_path(tmp, true);
   res.dir = o.save / dir_name;
   fs::rename(tmp, res.dir);

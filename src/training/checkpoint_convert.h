@@ -94,6 +94,11 @@ struct ConvertOptions {
   // tokenizer of the checkpoint's args is built (its vocabulary files must exist).
   std::optional<int64_t> true_vocab_size;
   bool drop_optimizer = false;
+  // --load-format: "auto" (what the folder holds), "safetensors" (ours) or "torch" (Megatron-LM's
+  // model_optim_rng.pt); --save-format: "safetensors" or "torch" (training/torch_checkpoint.h),
+  // the latter for Megatron's --transformer-impl (transformer_engine or local).
+  std::string load_format = "auto", save_format = "safetensors";
+  std::string transformer_impl = "transformer_engine";
 };
 
 struct ConvertResult {

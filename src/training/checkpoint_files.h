@@ -26,8 +26,24 @@ void write_tensor_file(const std::filesystem::path& dir, const std::string& rel,
                        const std::vector<std::pair<std::string, Tensor>>& tensors,
                        nlohmann::json& files, std::map<std::string, std::string> metadata = {});
 
-// The file's tensors after checking its size and SHA-256 against metadata.json.
+// The file's tensors after checking its size and SHA-256 against metadata.json; a floating-point
+// tensor holding NaN or an infinity is an error naming it (checkpoint_integrity.cpp).
 SafetensorsContents read_tensor_file(const CheckpointOnDisk& ckpt, const std::string& rel);
+
+// metadata.json of an iteration folder and its checksum file metadata.json.sha256 ("<hex>
+// metadata.json", sha256sum's format, so `sha256sum -c` checks it too).
+void write_metadata(const std::filesystem::path& dir, const std::string& text);
+// metadata.json's text, verified against metadata.json.sha256 (only a warning when that file is
+// absent: checkpoints of older builds have none).
+std::string read_metadata_text(const std::filesystem::path& dir);
+
+// mkdir -p, every folder it creates 0750 whatever the umask; an existing folder is left as is.
+void create_private_dirs(const std::filesystem::path& p);
+// .tmp_iter_* / .old_iter_* folders in a save folder: the leftovers of interrupted saves.
+std::vector<std::string> leftover_folders(const std::filesystem::path& dir);
+// Removes them (each named in a warning); an .old_iter_N whose iter_N is missing is the only
+// complete copy of that iteration and is renamed back instead.
+void clean_leftovers(const std::filesystem::path& save_dir);
 
 // Optimizer files (checkpoint_optimizer.cpp): writes this rank's optimizer files into `dir` (the
 // temporary iteration folder) and records their checksums in `files`; returns metadata.json's

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "training/checkpoint.h"
 #include "training/checkpoint_files.h"
+#include "training/torch_checkpoint.h"
 
 namespace megatron::training {
 
@@ -101,7 +102,12 @@ class StateReader {
   StateReader(const CheckpointOnDisk& ckpt, const CheckpointRank& rank, std::string hint)
       : hint_(std::move(hint)) {
     std::vector<std::string> rels;
-    if (!ckpt.parallel.distributed_optimizer) {
+    if (ckpt.format == "torch") {  // Megatron-LM's file, its optimizer state under our names
+      TorchRankContents r = read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, true);
+      MG_REQUIRE(r.optimizer.has_value(), r.notes.empty() ? "no optimizer state" : r.notes.back(), hint_);
+      files_.push_back(std::move(*r.optimizer));
+      labels_.push_back((ckpt.dir / rank.rank_dir() / kTorchCheckpointFile).string());
+    } else if (!ckpt.parallel.distributed_optimizer) {
       rels.push_back(detail::plain_optimizer_file(rank));
     } else {
       distributed_ = true;

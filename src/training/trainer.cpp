@@ -242,6 +242,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   a.data.seed = uint32_t(a.seed);
   a.data.tokenizer = tokenizer->type();
   a.data.eod_id = tokenizer->eod_or_throw();
+  a.data.vocab_size = tokenizer->vocab_size();
 
   // --load: find the checkpoint first, so that flag mismatches fail before any work.
   std::optional<CheckpointOnDisk> ckpt;

@@ -117,6 +117,7 @@ struct TrainingArgs {
   bool no_load_optim = false, no_load_rng = false;  // --no-load-optim, --no-load-rng
   bool override_opt_param_scheduler = false;        // --override-opt_param-scheduler
   bool use_checkpoint_opt_param_scheduler = false;  // --use-checkpoint-opt_param-scheduler
+  bool override_checkpoint_model_args = false;      // --override-checkpoint-model-args
   bool exit_on_missing_checkpoint = false;          // --exit-on-missing-checkpoint
 
   // Megatron flags that change what is computed, parsed by `pretrain-gpt` with Megatron's names,

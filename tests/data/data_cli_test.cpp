@@ -1,5 +1,6 @@
 // The preprocess-data, merge-datasets and inspect-data commands end to end: outputs, summaries,
-// and user mistakes (exit code 1 with a message naming the problem), plus SIGINT mid-run.
+// and user mistakes (exit code 1 with a message naming the problem), plus SIGINT, SIGTERM and
+// SIGHUP mid-run.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -81,6 +82,17 @@ TEST(DataCli, PreprocessInspectMerge) {
   r = run_cli("merge-datasets --input " + q(dir / "parts") + " --output-prefix " + q(dir / "x" / "m"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+  // The output inside the input folder would be folded back in (and could overwrite an input):
+  // refused, spelled either way, and nothing is written.
+  fs::remove(dir / "parts" / "p3.bin");
+  fs::remove(dir / "parts" / "p3.idx");
+  for (const fs::path& out : {dir / "parts" / "merged", dir / "parts" / "." / "p1"}) {
+    r = run_cli("merge-datasets --input " + q(dir / "parts") + " --output-prefix " + q(out));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("is inside the --input folder"), std::string::npos) << r.output;
+  }
+  EXPECT_FALSE(fs::exists(dir / "parts" / "merged.bin"));
+  EXPECT_EQ(IndexedDataset((dir / "parts" / "p1").string()).num_documents(), 3);
 }
 
 TEST(DataCli, UserMistakesExitOne) {
@@ -98,6 +110,7 @@ TEST(DataCli, UserMistakesExitOne) {
            {"preprocess-data --input " + q(dir / "none.jsonl") + " --output-prefix o" + kNull, "cannot open --input"},
            {base + " --tokenizer-type NullTokenizer --workers 1", "vocab-size"},
            {"inspect-data " + q(dir / "nothing"), "cannot open index file"},
+           {base + kNullTokenizer + " --workers 100000", "--workers 100000 is more threads than is useful"},
        }) {
     auto r = run_cli(c.args);
     EXPECT_EQ(r.exit_code, 1) << c.args << "\n" << r.output;
@@ -108,7 +121,10 @@ TEST(DataCli, UserMistakesExitOne) {
   EXPECT_NE(r.output.find("skipped: 1"), std::string::npos) << r.output;
 }
 
-TEST(DataCli, SigintMidRunLeavesNoOutput) {
+// SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal closed) all stop the run cleanly.
+class DataCliSignal : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DataCliSignal, MidRunLeavesNoOutput) {
   TempDir dir;
   const auto fifo = dir / "in.jsonl";
   ASSERT_EQ(run_command("mkfifo " + q(fifo)).exit_code, 0);
@@ -116,7 +132,7 @@ TEST(DataCli, SigintMidRunLeavesNoOutput) {
   const std::string script =
       "(printf '{\"text\": \"1 2\"}\\n'; sleep 3) > " + q(fifo) + " & "
       "'" + cli_path().string() + "' preprocess-data --input " + q(fifo) + " --output-prefix " +
-      q(dir / "o") + kNull + " & pid=$!; sleep 1.5; kill -INT $pid; wait $pid; echo rc=$?";
+      q(dir / "o") + kNull + " & pid=$!; sleep 1.5; kill -" + GetParam() + " $pid; wait $pid; echo rc=$?";
   auto r = run_command("bash -c \"" + [&] {
     std::string s;
     for (char c : script) {
@@ -130,6 +146,8 @@ TEST(DataCli, SigintMidRunLeavesNoOutput) {
   for (const auto& e : fs::directory_iterator(dir.path()))
     EXPECT_EQ(e.path().filename(), "in.jsonl") << "left behind: " << e.path();
 }
+
+INSTANTIATE_TEST_SUITE_P(Signals, DataCliSignal, ::testing::Values("INT", "TERM", "HUP"));
 
 }  // namespace
 }  // namespace megatron::data

@@ -210,6 +210,49 @@ TEST(GPTDataBuilder, ClearErrors) {
   c = config_for({a}, "");
   c.seq_length = 100000;
   expect_error(c, {10, 1, 1}, "--seq-length");
+  expect_error(config_for({"1e309", a, "1", a}, ""), {10, 1, 1}, "finite, non-negative");
+  // A dataset whose dtype cannot hold the tokenizer's ids (another tokenizer's, or a changed
+  // dtype byte): uint8 for GPT-2's 50257 ids.
+  const std::string narrow = (dir / "narrow").string();
+  {
+    IndexedDatasetBuilder b(narrow, IndexDType::U8);
+    for (int d = 0; d < 20; ++d) {
+      b.add_item(std::vector<int32_t>(30, d));
+      b.end_document();
+    }
+    b.finalize();
+  }
+  c = config_for({narrow}, "");
+  c.vocab_size = 50257;
+  expect_error(c, {10, 1, 1}, "stores tokens as uint8, which cannot hold the ids");
+  c.vocab_size = 200;
+  c.use_cache = false;
+  EXPECT_NO_THROW(build_gpt_datasets(c, {10, 1, 1}));
+}
+
+TEST(GPTDataBuilder, HugeBlendWeightsNormalise) {
+  const auto b = parse_blend({"1e308", "a", "1e308", "b", "5e307", "c"}, "--data-path");
+  ASSERT_TRUE(b.weights);
+  EXPECT_DOUBLE_EQ((*b.weights)[0], 0.4);
+  EXPECT_DOUBLE_EQ((*b.weights)[1], 0.4);
+  EXPECT_DOUBLE_EQ((*b.weights)[2], 0.2);
+  // Ordinary weights normalise exactly as before (Megatron's w / sum).
+  const auto o = parse_blend({"0.3", "a", "0.7", "b"}, "--data-path");
+  EXPECT_EQ((*o.weights)[0], 0.3 / (0.3 + 0.7));
+}
+
+TEST(GPTBatch, TokenIdsOutsideTheVocabularyAreAnError) {
+  GPTBatchOptions o;
+  o.eod_id = 63;
+  o.vocab_size = 64;
+  EXPECT_NO_THROW(make_gpt_batch({{1, 2, 63, 5}}, o));
+  try {
+    make_gpt_batch({{1, 2, 64, 5}}, o);
+    ADD_FAILURE() << "no error";
+  } catch (const megatron::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 64, outside the tokenizer's vocabulary of 64 ids"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(GPTBatch, LossMaskPositionsAndAttentionStart) {

@@ -162,6 +162,38 @@ TEST(Gpt2Bpe, BadFilesNameTheFileAndLine) {
   EXPECT_NE(e.find("not in --vocab-file"), std::string::npos) << e;
 }
 
+// A merges file that does not make every token of the vocabulary (empty, cut at a line boundary,
+// a line missing, lines out of order) is refused, naming tokens no merge makes, instead of
+// tokenizing into several times as many tokens.
+TEST(Gpt2Bpe, IncompleteMergesFilesAreRefused) {
+  TinyVocab t;
+  TempDir d;
+  auto refused = [&](const std::string& merges, const std::string& vocab = "") {
+    write_file(d / "m.txt", merges);
+    return error_of([&] { GPT2BPETokenizer(vocab.empty() ? t.vocab : vocab, (d / "m.txt").string()); });
+  };
+  std::string e = refused("#version: 0.2\n");
+  EXPECT_NE(e.find("has 0 merges, but 4 tokens of --vocab-file"), std::string::npos) << e;
+  EXPECT_NE(e.find("'he', 'll', 'hell', ' w'"), std::string::npos) << e;  // <|endoftext|> is special
+  e = refused("#version: 0.2\nl l\nh e\nhe ll\n");  // the last line missing
+  EXPECT_NE(e.find("1 tokens of --vocab-file"), std::string::npos) << e;
+  EXPECT_NE(e.find("(' w')"), std::string::npos) << e;
+  e = refused("#version: 0.2\nhe ll\nl l\nh e\n" + byte_char(' ') + " w\n");  // out of order
+  EXPECT_NE(e.find("merge 1 ('he' + 'll') uses a token that no earlier merge makes"), std::string::npos) << e;
+
+  auto dir = megatron::testing::source_dir() / ".cache" / "gpt2";
+  ASSERT_TRUE(std::filesystem::exists(dir / "gpt2-merges.txt")) << "run scripts/get-corpus.sh";
+  const std::string vocab = (dir / "gpt2-vocab.json").string();
+  const std::string full = megatron::testing::read_file(dir / "gpt2-merges.txt");
+  size_t cut = 0;
+  for (int line = 0; line < 25001; ++line) cut = full.find('\n', cut) + 1;  // half the merges
+  e = refused(full.substr(0, cut), vocab);
+  EXPECT_NE(e.find("has 25000 merges, but 2"), std::string::npos) << e;  // ~25000 tokens unmade
+  e = refused(full.substr(0, full.rfind('\n', full.size() - 2) + 1), vocab);  // one line short
+  EXPECT_NE(e.find("has 49999 merges, but 1 tokens"), std::string::npos) << e;
+  EXPECT_NE(refused("", vocab).find("has 0 merges"), std::string::npos);
+}
+
 // Known GPT-2 ids (tiktoken gpt2), when scripts/get-corpus.sh has fetched the real files.
 TEST(Gpt2Bpe, KnownGpt2Ids) {
   auto dir = megatron::testing::source_dir() / ".cache" / "gpt2";

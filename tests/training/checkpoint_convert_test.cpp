@@ -459,6 +459,7 @@ TEST(CheckpointConvert, TheVocabularyIsRepaddedFromTheTrueVocabularySize) {
   j["args"]["tokenizer"] = {{"type", "GPT2BPETokenizer"}, {"vocab_file", (tmp / "gone.json").string()},
                             {"merge_file", (tmp / "gone.txt").string()}};
   megatron::testing::write_file(meta, j.dump());
+  megatron::testing::write_file(meta.string() + ".sha256", sha256_file(meta) + "  metadata.json\n");
   {
     const std::string m = megatron::testing::error_of([&] { convert(tmp / "tp2", tmp / "tp1", 1, 1); });
     EXPECT_NE(m.find("--true-vocab-size"), std::string::npos) << m;

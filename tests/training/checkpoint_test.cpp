@@ -388,6 +388,7 @@ void refresh_checksum(const fs::path& iter_dir, const std::string& rel) {
   j["files"][rel] = {{"bytes", fs::file_size(iter_dir / rel)}, {"sha256", sha256_file(iter_dir / rel)}};
   fs::permissions(meta, fs::perms::owner_write, fs::perm_options::add);
   testing::write_file(meta, j.dump(2));
+  testing::write_file(iter_dir / "metadata.json.sha256", sha256_file(meta) + "  metadata.json\n");
 }
 
 TEST(CheckpointResume, CorruptedOrMismatchedCheckpointsAreCleanErrors) {
@@ -437,6 +438,10 @@ TEST(CheckpointResume, CorruptedOrMismatchedCheckpointsAreCleanErrors) {
                  {"model.safetensors: the header length field says 4294967296 bytes"});
   expect_failure([&](const fs::path&, const fs::path& it) {
     testing::write_file(it / "metadata.json", "{\"format_version\": 2, \"iteration\": ");
+  }, {"metadata.json: SHA-256 checksum mismatch"});
+  expect_failure([&](const fs::path&, const fs::path& it) {  // its checksum file updated too
+    testing::write_file(it / "metadata.json", "{\"format_version\": 2, \"iteration\": ");
+    testing::write_file(it / "metadata.json.sha256", sha256_file(it / "metadata.json") + "  metadata.json\n");
   }, {"metadata.json is not valid JSON"});
   expect_failure([&](const fs::path& c, const fs::path&) {
     testing::write_file(c / "latest_checkpointed_iteration.txt", "12abc\n");

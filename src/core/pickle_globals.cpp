@@ -1,0 +1,407 @@
+// The globals the restricted unpickler knows and what each one means (see pickle.h): REDUCE,
+// NEWOBJ, BUILD and persistent ids on them build plain values; nothing is ever called.
+#include <bit>
+
+#include "core/error.h"
+#include "core/pickle_internal.h"
+
+namespace megatron::pickle::detail {
+
+namespace {
+
+
+enum class Known {
+  OrderedDict, Namespace, RebuildTensorV2, RebuildTensor, RebuildParameter, TorchSize, Storage,
+  TorchDType, NumpyReconstruct, NumpyNdarray, NumpyDType, NumpyScalar, CodecsEncode, Bytes, Set,
+  Getattr, MegatronEnum, BytesIO,
+};
+
+struct StorageType {
+  const char* name;
+  DType dtype;
+  bool is_bool;
+};
+constexpr StorageType kStorages[] = {
+    {"FloatStorage", DType::F32, false},  {"DoubleStorage", DType::F64, false},
+    {"HalfStorage", DType::F16, false},   {"BFloat16Storage", DType::BF16, false},
+    {"LongStorage", DType::I64, false},   {"IntStorage", DType::I32, false},
+    {"ShortStorage", DType::I16, false},  {"CharStorage", DType::I8, false},
+    {"ByteStorage", DType::U8, false},    {"BoolStorage", DType::U8, true},
+};
+constexpr StorageType kTorchDTypes[] = {
+    {"float32", DType::F32, false}, {"float", DType::F32, false},   {"float64", DType::F64, false},
+    {"double", DType::F64, false},  {"float16", DType::F16, false}, {"half", DType::F16, false},
+    {"bfloat16", DType::BF16, false}, {"int64", DType::I64, false}, {"long", DType::I64, false},
+    {"int32", DType::I32, false},   {"int", DType::I32, false},     {"int16", DType::I16, false},
+    {"short", DType::I16, false},   {"int8", DType::I8, false},     {"uint8", DType::U8, false},
+    {"bool", DType::U8, true},
+};
+// Enums Megatron-LM keeps in its argument namespace (megatron.core.transformer.enums,
+// megatron.model.enums, megatron.core.enums, ...).
+constexpr const char* kMegatronEnums[] = {
+    "AttnBackend", "AttnMaskType", "AttnType", "ModelType", "PositionEmbeddingType", "LayerType",
+    "Fp8Recipe", "Fp4Recipe", "CudaGraphScope", "ActivationType", "RouterType",
+};
+
+struct GlobalInfo {
+  Known known;
+  DType dtype = DType::F32;
+  bool is_bool = false;
+};
+
+bool classify(const std::string& module, const std::string& name, GlobalInfo* out) {
+  auto set = [&](Known k) {
+    out->known = k;
+    return true;
+  };
+  const bool builtins = module == "builtins" || module == "__builtin__";
+  const bool numpy_core = module == "numpy.core.multiarray" || module == "numpy._core.multiarray";
+  if (module == "collections" && name == "OrderedDict") return set(Known::OrderedDict);
+  if (module == "argparse" && name == "Namespace") return set(Known::Namespace);
+  if (module == "torch._utils" && name == "_rebuild_tensor_v2") return set(Known::RebuildTensorV2);
+  if (module == "torch._utils" && name == "_rebuild_tensor") return set(Known::RebuildTensor);
+  if (module == "torch._utils" && name == "_rebuild_parameter") return set(Known::RebuildParameter);
+  if (module == "torch" && name == "Size") return set(Known::TorchSize);
+  if (module == "torch" || module == "torch.cuda") {
+    for (const StorageType& s : kStorages)
+      if (name == s.name) {
+        out->dtype = s.dtype;
+        out->is_bool = s.is_bool;
+        return set(Known::Storage);
+      }
+  }
+  if (module == "torch") {
+    for (const StorageType& s : kTorchDTypes)
+      if (name == s.name) {
+        out->dtype = s.dtype;
+        out->is_bool = s.is_bool;
+        return set(Known::TorchDType);
+      }
+  }
+  if (numpy_core && name == "_reconstruct") return set(Known::NumpyReconstruct);
+  if (numpy_core && name == "scalar") return set(Known::NumpyScalar);
+  if (module == "numpy" && name == "ndarray") return set(Known::NumpyNdarray);
+  if (module == "numpy" && name == "dtype") return set(Known::NumpyDType);
+  if (module == "_codecs" && name == "encode") return set(Known::CodecsEncode);
+  if (builtins && (name == "bytes" || name == "bytearray")) return set(Known::Bytes);
+  if (builtins && (name == "set" || name == "frozenset")) return set(Known::Set);
+  if (builtins && name == "getattr") return set(Known::Getattr);
+  // Transformer Engine's _extra_state of older versions: io.BytesIO(bytes), kept as bytes.
+  if ((module == "_io" || module == "io") && name == "BytesIO") return set(Known::BytesIO);
+  if (module.starts_with("megatron.") && module.find("enums") != std::string::npos)
+    for (const char* e : kMegatronEnums)
+      if (name == e) return set(Known::MegatronEnum);
+  return false;
+}
+
+// NumPy's type strings for the element types the RNG state and scalars use.
+struct NumpyType {
+  char kind;  // 'u', 'i', 'f', 'b'
+  int size;
+};
+bool parse_numpy_type(const std::string& s, NumpyType* t) {
+  std::string d = s;
+  if (!d.empty() && (d[0] == '<' || d[0] == '|' || d[0] == '=')) d.erase(0, 1);
+  if (d.size() != 2 || (d[0] != 'u' && d[0] != 'i' && d[0] != 'f' && d[0] != 'b')) return false;
+  const int n = d[1] - '0';
+  if (n != 1 && n != 2 && n != 4 && n != 8) return false;
+  if (d[0] == 'f' && n == 1) return false;
+  if (d[0] == 'b' && n != 1) return false;
+  *t = {d[0], n};
+  return true;
+}
+
+Known known_of(const Value* v) { return Known(v->integer); }
+
+bool int_tuple(const Value* v, Shape* out) {
+  if (v->kind != Kind::Tuple && v->kind != Kind::List) return false;
+  out->clear();
+  for (const Value* x : v->items) {
+    if (x->kind != Kind::Int) return false;
+    out->push_back(x->integer);
+  }
+  return true;
+}
+
+// latin-1 text (code points < 256, UTF-8 encoded in the pickle) back to bytes.
+bool latin1_bytes(const std::string& utf8, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < utf8.size(); ++i) {
+    const uint8_t c = uint8_t(utf8[i]);
+    if (c < 0x80) {
+      out->push_back(char(c));
+    } else if ((c & 0xe0) == 0xc0 && c <= 0xc3 && i + 1 < utf8.size() &&
+               (uint8_t(utf8[i + 1]) & 0xc0) == 0x80) {
+      out->push_back(char(((c & 0x1f) << 6) | (uint8_t(utf8[i + 1]) & 0x3f)));
+      ++i;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+Value* make_global(Document& doc, const std::string& module, const std::string& name,
+                   const std::string& where) {
+  GlobalInfo info{};
+  MG_REQUIRE(classify(module, name, &info), where, "refers to the global '", module, ".", name,
+             "', which a Megatron-LM checkpoint never uses; refusing to load this file (nothing "
+             "was executed). Only tensors, storages, containers, argparse.Namespace, OrderedDict, "
+             "NumPy RNG state and Megatron's argument enums are accepted");
+  if (info.known == Known::TorchDType) {
+    Value* v = doc.torch_dtype(info.dtype);
+    v->is_bool = info.is_bool;
+    return v;
+  }
+  Value* v = doc.make(Kind::Global);
+  v->text = module + "." + name;
+  v->integer = int64_t(info.known);
+  v->dtype = info.dtype;
+  v->is_bool = info.is_bool;
+  return v;
+}
+
+Value* call_global(Document& doc, Value* f, Value* args, const std::string& where) {
+  MG_REQUIRE(f->kind == Kind::Global, where, "REDUCE calls a ", f->describe(),
+             " (corrupted pickle)");
+  MG_REQUIRE(args->kind == Kind::Tuple, where, "REDUCE arguments are a ", args->describe());
+  const std::vector<Value*>& a = args->items;
+  auto bad = [&]() -> Value* {
+    MG_THROW(where, f->text, " called with unexpected arguments (", args->describe(),
+             "): not a PyTorch checkpoint as Megatron-LM writes it");
+  };
+  switch (known_of(f)) {
+    case Known::OrderedDict: {
+      Value* d = doc.dict(true);
+      if (a.empty()) return d;
+      if (a.size() != 1 || (a[0]->kind != Kind::List && a[0]->kind != Kind::Tuple)) return bad();
+      for (Value* kv : a[0]->items) {
+        if (kv->kind != Kind::Tuple || kv->items.size() != 2) return bad();
+        d->entries.emplace_back(kv->items[0], kv->items[1]);
+      }
+      return d;
+    }
+    case Known::Namespace:
+      if (!a.empty()) return bad();
+      return doc.namespace_();
+    case Known::RebuildTensorV2:
+    case Known::RebuildTensor: {
+      // (storage, storage_offset, size, stride[, requires_grad, backward_hooks[, metadata]])
+      const bool v2 = known_of(f) == Known::RebuildTensorV2;
+      if (a.size() < 4 || (v2 && a.size() != 6 && a.size() != 7) || (!v2 && a.size() != 4))
+        return bad();
+      if (a[0]->kind != Kind::Storage || a[1]->kind != Kind::Int) return bad();
+      Value* t = doc.make(Kind::Tensor);
+      t->storage = a[0];
+      t->dtype = a[0]->dtype;
+      t->is_bool = a[0]->is_bool;
+      t->storage_offset = a[1]->integer;
+      if (!int_tuple(a[2], &t->shape) || !int_tuple(a[3], &t->stride)) return bad();
+      MG_REQUIRE(t->shape.size() == t->stride.size() && t->shape.size() <= 16 && t->storage_offset >= 0,
+                 where, "a tensor with ", t->shape.size(), " sizes, ", t->stride.size(),
+                 " strides and storage offset ", t->storage_offset, " (corrupted file)");
+      return t;
+    }
+    case Known::RebuildParameter:  // (data, requires_grad, backward_hooks)
+      if (a.size() != 3 || a[0]->kind != Kind::Tensor) return bad();
+      return a[0];
+    case Known::TorchSize:
+      if (a.size() != 1 || (a[0]->kind != Kind::Tuple && a[0]->kind != Kind::List)) return bad();
+      return doc.tuple(a[0]->items);
+    case Known::CodecsEncode: {  // protocol 2's bytes: _codecs.encode(latin-1 text, 'latin1')
+      if (a.size() != 2 || a[0]->kind != Kind::Str || a[1]->kind != Kind::Str ||
+          (a[1]->text != "latin1" && a[1]->text != "latin-1"))
+        return bad();
+      Value* b = doc.make(Kind::Bytes);
+      MG_REQUIRE(latin1_bytes(a[0]->text, &b->text), where,
+                 "_codecs.encode of text that is not latin-1 (corrupted pickle)");
+      return b;
+    }
+    case Known::Bytes: {
+      Value* b = doc.make(Kind::Bytes);
+      if (a.empty()) return b;
+      if (a.size() == 1 && a[0]->kind == Kind::Bytes) {
+        b->text = a[0]->text;
+        return b;
+      }
+      return bad();
+    }
+    case Known::BytesIO: {  // (initial bytes[, position]), then BUILD with its __dict__
+      Value* b = doc.make(Kind::Bytes);
+      b->member = "BytesIO";
+      if (a.empty()) return b;
+      if (a.size() > 2 || a[0]->kind != Kind::Bytes) return bad();
+      b->text = a[0]->text;
+      return b;
+    }
+    case Known::Set:
+      if (a.empty()) return doc.list();
+      if (a.size() != 1 || (a[0]->kind != Kind::List && a[0]->kind != Kind::Tuple)) return bad();
+      return doc.list(a[0]->items);
+    case Known::NumpyReconstruct: {  // (numpy.ndarray, (0,), b'b'), then BUILD
+      if (a.size() != 3 || a[0]->kind != Kind::Global || known_of(a[0]) != Known::NumpyNdarray)
+        return bad();
+      Value* v = doc.make(Kind::NdArray);
+      v->member = "|u1";
+      return v;
+    }
+    case Known::NumpyDType: {  // numpy.dtype('u4', False, True), then BUILD
+      if (a.empty() || a.size() > 3 || a[0]->kind != Kind::Str) return bad();
+      NumpyType t{};
+      MG_REQUIRE(parse_numpy_type(a[0]->text, &t), where, "numpy.dtype('", a[0]->text.substr(0, 16),
+                 "') is not an element type a Megatron checkpoint uses");
+      Value* v = doc.make(Kind::NumpyDType);
+      v->member = (a[0]->text[0] == '<' || a[0]->text[0] == '|') ? a[0]->text : "<" + a[0]->text;
+      return v;
+    }
+    case Known::NumpyScalar: {  // numpy.core.multiarray.scalar(dtype, raw bytes)
+      if (a.size() != 2 || a[0]->kind != Kind::NumpyDType || a[1]->kind != Kind::Bytes) return bad();
+      NumpyType t{};
+      if (!parse_numpy_type(a[0]->member, &t) || a[1]->text.size() != size_t(t.size) ||
+          a[0]->member[0] == '>')
+        return bad();
+      uint64_t u = 0;
+      for (int i = 0; i < t.size; ++i) u |= uint64_t(uint8_t(a[1]->text[size_t(i)])) << (8 * i);
+      if (t.kind == 'f') {
+        if (t.size == 8) return doc.real(std::bit_cast<double>(u));
+        if (t.size == 4) return doc.real(std::bit_cast<float>(uint32_t(u)));
+        return doc.real(fp16_to_float(fp16{uint16_t(u)}));
+      }
+      if (t.kind == 'b') return doc.boolean(u != 0);
+      if (t.kind == 'i' && t.size < 8 && (u >> (8 * t.size - 1)) & 1) u |= ~uint64_t(0) << (8 * t.size);
+      return doc.integer(int64_t(u));
+    }
+    case Known::Getattr: {  // getattr(EnumClass, 'member'): how Python 3.11+ pickles enums
+      if (a.size() != 2 || a[0]->kind != Kind::Global || known_of(a[0]) != Known::MegatronEnum ||
+          a[1]->kind != Kind::Str)
+        return bad();
+      Value* e = doc.make(Kind::Enum);
+      e->text = a[0]->text;
+      e->member = a[1]->text;
+      return e;
+    }
+    case Known::MegatronEnum: {  // EnumClass(value)
+      if (a.size() != 1 || (a[0]->kind != Kind::Int && a[0]->kind != Kind::Str)) return bad();
+      Value* e = doc.make(Kind::Enum);
+      e->text = f->text;
+      e->items = {a[0]};
+      return e;
+    }
+    default: break;
+  }
+  MG_THROW(where, "calls ", f->text, ", which a PyTorch checkpoint never calls (corrupted pickle)");
+}
+
+Value* new_object(Document& doc, Value* cls, Value* args, const std::string& where) {
+  MG_REQUIRE(cls->kind == Kind::Global && args->kind == Kind::Tuple && args->items.empty(),
+             where, "NEWOBJ of ", cls->describe(), " with ", args->describe(),
+             " (only argparse.Namespace, OrderedDict and io.BytesIO are built this way in checkpoints)");
+  if (known_of(cls) == Known::Namespace) return doc.namespace_();
+  if (known_of(cls) == Known::OrderedDict) return doc.dict(true);
+  if (known_of(cls) == Known::BytesIO) {
+    Value* b = doc.make(Kind::Bytes);
+    b->member = "BytesIO";
+    return b;
+  }
+  MG_THROW(where, "NEWOBJ of ", cls->text, " is not used by PyTorch checkpoints");
+}
+
+void build_object(Value* obj, Value* state, const std::string& where) {
+  switch (obj->kind) {
+    case Kind::Namespace: {
+      // state: the instance __dict__, or (dict, slot state)
+      if (state->kind == Kind::Tuple && state->items.size() == 2) state = state->items[0];
+      MG_REQUIRE(state->kind == Kind::Dict, where, "argparse.Namespace state is a ",
+                 state->describe());
+      obj->entries.insert(obj->entries.end(), state->entries.begin(), state->entries.end());
+      return;
+    }
+    case Kind::Bytes:  // an io.BytesIO's state (value, position, __dict__): the value is kept
+      MG_REQUIRE(obj->member == "BytesIO", where, "BUILD on bytes (corrupted pickle)");
+      if (state->kind == Kind::Tuple && !state->items.empty() && state->items[0]->kind == Kind::Bytes)
+        obj->text = state->items[0]->text;
+      return;
+    case Kind::Dict:  // an OrderedDict's instance attributes (state_dict()._metadata): dropped
+      MG_REQUIRE(obj->ordered, where, "BUILD on a plain dict (corrupted pickle)");
+      return;
+    case Kind::NumpyDType: {
+      // (version, byte order, subarray, names, fields, elsize, alignment, flags)
+      MG_REQUIRE(state->kind == Kind::Tuple && state->items.size() >= 2 &&
+                     state->items[1]->kind == Kind::Str,
+                 where, "numpy.dtype state is a ", state->describe());
+      const std::string& order = state->items[1]->text;
+      MG_REQUIRE(order == "<" || order == "|" || order == "=", where,
+                 "big-endian NumPy data is not supported (byte order '", order.substr(0, 4), "')");
+      obj->member[0] = order == "|" ? '|' : '<';
+      return;
+    }
+    case Kind::NdArray: {
+      // ([version,] shape, dtype, is_fortran, raw data)
+      MG_REQUIRE(state->kind == Kind::Tuple && (state->items.size() == 4 || state->items.size() == 5),
+                 where, "numpy.ndarray state is a ", state->describe());
+      const size_t o = state->items.size() - 4;
+      Value* dt = state->items[o + 1];
+      Value* raw = state->items[o + 3];
+      MG_REQUIRE(int_tuple(state->items[o], &obj->shape) && obj->shape.size() <= 8 &&
+                     dt->kind == Kind::NumpyDType && state->items[o + 2]->kind == Kind::Bool &&
+                     raw->kind == Kind::Bytes,
+                 where, "malformed numpy.ndarray state");
+      NumpyType t{};
+      MG_CHECK(parse_numpy_type(dt->member, &t), "numpy dtype ", dt->member);
+      uint64_t n = uint64_t(t.size);
+      for (int64_t d : obj->shape) {
+        MG_REQUIRE(d >= 0 && (d == 0 || n <= (uint64_t(1) << 62) / uint64_t(d)), where,
+                   "numpy.ndarray of impossible shape");
+        n *= uint64_t(d);
+      }
+      MG_REQUIRE(n == raw->text.size(), where, "numpy.ndarray of shape ", shape_str(obj->shape),
+                 " and type ", dt->member, " holds ", raw->text.size(), " bytes, expected ", n);
+      MG_REQUIRE(!state->items[o + 2]->boolean || obj->shape.size() <= 1, where,
+                 "Fortran-ordered NumPy arrays are not supported");
+      obj->member = dt->member;
+      obj->text = raw->text;
+      return;
+    }
+    default: break;
+  }
+  MG_THROW(where, "BUILD on a ", obj->describe(), ", which PyTorch checkpoints never do");
+}
+
+Value* storage_reference(Document& doc, Value* pid, const std::string& where) {
+  // ('storage', storage type, key, location, numel) and, in PyTorch's legacy (pre-1.6) format,
+  // a sixth item: view metadata (None).
+  MG_REQUIRE(pid->kind == Kind::Tuple && (pid->items.size() == 5 || pid->items.size() == 6) &&
+                 pid->items[0]->kind == Kind::Str && pid->items[0]->text == "storage",
+             where, "persistent id ", pid->describe(), " is not a storage reference");
+  const std::vector<Value*>& a = pid->items;
+  MG_REQUIRE((a[1]->kind == Kind::Global && known_of(a[1]) == Known::Storage) ||
+                 a[1]->kind == Kind::TorchDType,
+             where, "storage of type ", a[1]->describe(), " (not a tensor storage)");
+  MG_REQUIRE(a[2]->kind == Kind::Str && a[3]->kind == Kind::Str && a[4]->kind == Kind::Int &&
+                 a[4]->integer >= 0,
+             where, "malformed storage reference (key, location, size)");
+  MG_REQUIRE(a.size() == 5 || a[5]->kind == Kind::None, where,
+             "storage views (files of PyTorch before 0.4) are not supported");
+  MG_REQUIRE(a[2]->text.size() <= 64, where, "over-long storage key");
+  Value* s = doc.make(Kind::Storage);
+  s->dtype = a[1]->dtype;
+  s->is_bool = a[1]->is_bool;
+  s->text = a[2]->text;
+  s->location = a[3]->text.substr(0, 32);
+  s->storage_numel = a[4]->integer;
+  doc.storages.push_back(s);
+  return s;
+}
+
+}  // namespace megatron::pickle::detail
+
+namespace megatron::pickle {
+
+bool is_allowed_global(const std::string& module, const std::string& name) {
+  detail::GlobalInfo info{};
+  return detail::classify(module, name, &info);
+}
+
+}  // namespace megatron::pickle

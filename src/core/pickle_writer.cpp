@@ -1,0 +1,268 @@
+// The protocol-2 pickle writer (what torch.save emits for a checkpoint); see pickle.h.
+#include <bit>
+
+#include "core/error.h"
+#include "core/pickle.h"
+
+namespace megatron::pickle {
+
+namespace {
+
+const char* storage_class(DType t) {
+  switch (t) {
+    case DType::F32: return "FloatStorage";
+    case DType::F64: return "DoubleStorage";
+    case DType::F16: return "HalfStorage";
+    case DType::BF16: return "BFloat16Storage";
+    case DType::I64: return "LongStorage";
+    case DType::I32: return "IntStorage";
+    case DType::I16: return "ShortStorage";
+    case DType::I8: return "CharStorage";
+    case DType::U8: return "ByteStorage";
+    default: break;
+  }
+  MG_THROW("a ", dtype_name(t), " tensor has no PyTorch storage type to be saved as");
+}
+
+const char* torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::F16: return "float16";
+    case DType::BF16: return "bfloat16";
+    case DType::I64: return "int64";
+    case DType::I32: return "int32";
+    case DType::I16: return "int16";
+    case DType::I8: return "int8";
+    case DType::U8: return "uint8";
+    default: break;
+  }
+  MG_THROW("no torch dtype for ", dtype_name(t));
+}
+
+class Pickler {
+ public:
+  explicit Pickler(std::vector<std::pair<std::string, Tensor>>& storages) : storages_(storages) {}
+
+  std::vector<uint8_t> run(const Value& root) {
+    op(0x80);
+    op(2);  // PROTO 2, as torch.save
+    value(root, 0);
+    op('.');
+    return std::move(out_);
+  }
+
+ private:
+  void op(uint8_t b) { out_.push_back(b); }
+  void le(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_.push_back(uint8_t(v >> (8 * i)));
+  }
+  void raw(const std::string& s) { out_.insert(out_.end(), s.begin(), s.end()); }
+  void global(const char* module, const char* name) {
+    op('c');
+    raw(module);
+    op('\n');
+    raw(name);
+    op('\n');
+  }
+  void text(const std::string& s) {
+    op('X');
+    le(s.size(), 4);
+    raw(s);
+  }
+  void integer(int64_t i) {
+    if (i >= 0 && i < 256) {
+      op('K');
+      le(uint64_t(i), 1);
+    } else if (i >= 0 && i < 65536) {
+      op('M');
+      le(uint64_t(i), 2);
+    } else if (i >= INT32_MIN && i <= INT32_MAX) {
+      op('J');
+      le(uint64_t(uint32_t(int32_t(i))), 4);
+    } else {  // LONG1: the shortest little-endian two's complement
+      int n = 8;
+      while (n > 1) {
+        const int64_t hi = i >> (8 * (n - 1) - 1);
+        if (hi != 0 && hi != -1) break;
+        --n;
+      }
+      op(0x8a);
+      op(uint8_t(n));
+      le(uint64_t(i), n);
+    }
+  }
+  void real(double d) {
+    op('G');
+    const uint64_t u = std::bit_cast<uint64_t>(d);
+    for (int i = 7; i >= 0; --i) op(uint8_t(u >> (8 * i)));
+  }
+  void bytes(const std::string& b) {  // protocol 2 has no bytes opcode: _codecs.encode(latin-1)
+    if (b.empty()) {
+      global("__builtin__", "bytes");
+      op(')');
+      op('R');
+      return;
+    }
+    global("_codecs", "encode");
+    std::string utf8;
+    for (char c : b) {
+      const uint8_t u = uint8_t(c);
+      if (u < 0x80) {
+        utf8.push_back(c);
+      } else {
+        utf8.push_back(char(0xc0 | (u >> 6)));
+        utf8.push_back(char(0x80 | (u & 0x3f)));
+      }
+    }
+    text(utf8);
+    text("latin1");
+    op(0x86);
+    op('R');
+  }
+  void items(const std::vector<Value*>& v, int depth) {
+    for (const Value* x : v) value(*x, depth + 1);
+  }
+  void int_tuple(const Shape& s) {
+    if (s.empty()) {
+      op(')');
+      return;
+    }
+    op('(');
+    for (int64_t x : s) integer(x);
+    op('t');
+  }
+  void entries(const Value& m, int depth) {
+    if (m.entries.empty()) return;
+    op('(');
+    for (const auto& [k, v] : m.entries) {
+      value(*k, depth + 1);
+      value(*v, depth + 1);
+    }
+    op('u');
+  }
+  void tensor(const Value& v) {
+    MG_CHECK(v.data.defined() && v.data.device().is_cpu(), "pickle: a tensor without CPU data");
+    const Tensor t = v.data.contiguous();
+    const std::string key = std::to_string(storages_.size());
+    storages_.emplace_back(key, t);
+    global("torch._utils", "_rebuild_tensor_v2");
+    op('(');
+    op('(');
+    text("storage");
+    global("torch", storage_class(t.dtype()));
+    text(key);
+    text("cpu");
+    integer(t.numel());
+    op('t');
+    op('Q');  // BINPERSID
+    integer(0);
+    int_tuple(t.shape());
+    int_tuple(t.strides());
+    op(0x89);  // requires_grad False
+    global("collections", "OrderedDict");
+    op(')');
+    op('R');
+    op('t');
+    op('R');
+  }
+  void ndarray(const Value& v) {
+    global("numpy.core.multiarray", "_reconstruct");
+    global("numpy", "ndarray");
+    integer(0);
+    op(0x85);
+    bytes("b");
+    op(0x87);
+    op('R');
+    op('(');
+    integer(1);
+    int_tuple(v.shape);
+    global("numpy", "dtype");
+    text(v.member.substr(1));
+    op(0x89);
+    op(0x88);
+    op(0x87);
+    op('R');
+    op('(');  // dtype state: (3, byte order, None, None, None, -1, -1, 0)
+    integer(3);
+    text(v.member.substr(0, 1));
+    op('N');
+    op('N');
+    op('N');
+    integer(-1);
+    integer(-1);
+    integer(0);
+    op('t');
+    op('b');
+    op(0x89);  // C order
+    bytes(v.text);
+    op('t');
+    op('b');
+  }
+
+  void value(const Value& v, int depth) {
+    MG_CHECK(depth < 64, "pickle: nesting deeper than 64 (a cycle?)");
+    switch (v.kind) {
+      case Kind::None: op('N'); return;
+      case Kind::Bool: op(v.boolean ? 0x88 : 0x89); return;
+      case Kind::Int: integer(v.integer); return;
+      case Kind::Float: real(v.real); return;
+      case Kind::Str: text(v.text); return;
+      case Kind::Bytes: bytes(v.text); return;
+      case Kind::Tuple:
+        if (v.items.empty()) {
+          op(')');
+        } else if (v.items.size() <= 3) {
+          items(v.items, depth);
+          op(uint8_t(0x84 + v.items.size()));  // TUPLE1..3
+        } else {
+          op('(');
+          items(v.items, depth);
+          op('t');
+        }
+        return;
+      case Kind::List:
+        op(']');
+        if (!v.items.empty()) {
+          op('(');
+          items(v.items, depth);
+          op('e');
+        }
+        return;
+      case Kind::Dict:
+        if (v.ordered) {
+          global("collections", "OrderedDict");
+          op(')');
+          op('R');
+        } else {
+          op('}');
+        }
+        entries(v, depth);
+        return;
+      case Kind::Namespace:
+        global("argparse", "Namespace");
+        op(')');
+        op(0x81);  // NEWOBJ
+        op('}');
+        entries(v, depth);
+        op('b');
+        return;
+      case Kind::TorchDType: global("torch", torch_dtype_name(v.dtype)); return;
+      case Kind::Tensor: tensor(v); return;
+      case Kind::NdArray: ndarray(v); return;
+      default: break;
+    }
+    MG_CHECK(false, "pickle: cannot write a ", kind_name(v.kind));
+  }
+
+  std::vector<std::pair<std::string, Tensor>>& storages_;
+  std::vector<uint8_t> out_;
+};
+
+}  // namespace
+
+std::vector<uint8_t> pickle(const Value& root, std::vector<std::pair<std::string, Tensor>>& storages) {
+  return Pickler(storages).run(root);
+}
+
+}  // namespace megatron::pickle

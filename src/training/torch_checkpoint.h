@@ -1,0 +1,157 @@
+// Megatron-LM's own checkpoints ("--ckpt-format torch"), read and written without Python:
+//
+//   DIR/latest_checkpointed_iteration.txt
+//   DIR/iter_0000500/mp_rank_TT[_PPP]/model_optim_rng.pt      one torch.save file per TP x PP rank
+//
+// each file a dict: "args" (argparse.Namespace), "checkpoint_version", "iteration", "model" (or
+// "model0", "model1", ... one per virtual pipeline stage), "optimizer", "opt_param_scheduler",
+// "rng_state", read with the restricted unpickler (core/torch_file.h: nothing is executed).
+//
+// Reading (find_checkpoint detects the folder; load_model_weights, load_optimizer_state,
+// merge_checkpoint and read_single_rank_model read it) maps both of Megatron's name schemes onto
+// ours (Megatron-Core's names, layer numbers global):
+//   legacy  language_model.embedding.word_embeddings.weight  -> embedding.word_embeddings.weight
+//           language_model.embedding.position_embeddings.weight
+//           language_model.{encoder,transformer}.layers.N.input_layernorm.*
+//                                                  -> decoder.layers.N.input_layernorm.*
+//             .{self_attention,attention}.query_key_value.*   -> .self_attention.linear_qkv.*
+//             .{self_attention,attention}.dense.*             -> .self_attention.linear_proj.*
+//             .post_attention_layernorm.*                     -> .pre_mlp_layernorm.*
+//             .mlp.dense_h_to_4h.* / .mlp.dense_4h_to_h.*     -> .mlp.linear_fc1.* / .linear_fc2.*
+//           language_model.{encoder,transformer}.final_layernorm.* -> decoder.final_layernorm.*
+//           language_model.output_layer.weight                -> output_layer.weight (untied)
+//           word_embeddings_for_head.weight      the last stage's tied copy: dropped
+//   core    the names themselves; Transformer Engine's fused norms
+//           self_attention.linear_qkv.layer_norm_{weight,bias} -> input_layernorm.{weight,bias},
+//           mlp.linear_fc1.layer_norm_{weight,bias}            -> pre_mlp_layernorm.{weight,bias};
+//           *._extra_state skipped; output_layer.weight on the last stage of a tied model dropped.
+// Megatron numbers layers per pipeline stage (and model chunk); they become global numbers
+// (chunk c of rank p starts at c * L / V + p * L / (P V)). QKV layouts by checkpoint_version, per
+// tensor-parallel shard of n heads of d channels (fix_query_key_value_ordering): 0 stores
+// [3, n, d, h], 1.0 stores [n, d, 3, h]; both become [n, 3, d, h], the layout of 2.0 and 3.0 and
+// of Megatron-Core's linear_qkv (per query group: its queries, key, value), which is ours.
+// The optimizer: Megatron's FP32Optimizer (torch's optimizer state_dict) or
+// Float16OptimizerWithFloat16Params ({"optimizer", "grad_scaler", "fp32_from_fp16_params"}) is
+// mapped onto parameters through the parameter groups (weight-decayed, then not: the model's
+// parameter order split by "1-D or bias"; either group order, sizes and every shape checked):
+// exp_avg, exp_avg_sq (or momentum_buffer), fp32 main params, the step. A distributed optimizer
+// (its state lives in distrib_optim.pt), chained optimizers or groups that do not match load the
+// weights only, and the checkpoint's notes say so.
+//
+// Writing (checkpoint convert --save-format torch, and save_torch_checkpoint for pretrain-gpt
+// --ckpt-format torch) produces Megatron-Core names in Megatron's structure, checkpoint_version
+// 3.0: with --transformer-impl local the local layer spec's names, with transformer_engine (the
+// default, as Megatron's) the fused norm names and an _extra_state entry (None) per Transformer
+// Engine module; the optimizer as Megatron's wrapper for the parameter dtype (two parameter groups,
+// weight-decayed first), the scheduler as OptimizerParamScheduler.state_dict, args as an
+// argparse.Namespace with Megatron's argument names, rng_state as Megatron's
+// [{random_rng_state, np_rng_state, torch_rng_state, cuda_rng_state, rng_tracker_states}] for
+// the seed (this build's counter-based dropout state goes along as "dropout_rng_state").
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/pickle.h"
+#include "core/safetensors.h"
+#include "training/checkpoint.h"
+#include "training/checkpoint_convert.h"
+
+namespace megatron::training {
+
+inline constexpr const char* kTorchCheckpointFile = "model_optim_rng.pt";
+
+// True when the iteration folder holds Megatron-LM's files (mp_rank_00[_000]/model_optim_rng.pt)
+// rather than ours (metadata.json).
+bool is_torch_checkpoint(const std::filesystem::path& iteration_dir);
+
+// find_checkpoint for such a folder: reads the first rank's file (its pickle, not its tensors)
+// for the iteration, arguments, schedule, scaler and RNG, and the folder names for the layout.
+// The state's args are ours (training_args_to_json's shape) from Megatron's argument names.
+CheckpointOnDisk open_torch_checkpoint(const std::filesystem::path& iteration_dir, bool release,
+                                       std::optional<int64_t> expected_iteration);
+
+// One rank's file under our names: the model tensors (this rank's shards) and, when asked for and
+// mappable, the optimizer state as our optimizer files hold it ("optimizer.step",
+// "optimizer.state.<kind>.<name>", the last stage's tied copy of the word embedding included as
+// output_layer.weight, as our trainer's optimizer has it). `notes` says what was dropped or could
+// not be mapped.
+struct TorchRankContents {
+  SafetensorsContents model;
+  std::optional<SafetensorsContents> optimizer;
+  std::vector<std::string> notes;
+};
+TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int tp_rank, int pp_rank,
+                                  bool with_optimizer);
+
+// merge_checkpoint for a torch checkpoint.
+MergedCheckpoint merge_torch_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer);
+
+struct TorchSaveOptions {
+  // Megatron's --transformer-impl of the model that will load the files: "transformer_engine"
+  // (fused norm names, _extra_state entries) or "local".
+  std::string transformer_impl = "transformer_engine";
+};
+
+// Writes merged tensors as a torch checkpoint for TP = tp x PP = pp (virtual stages of
+// layers_per_virtual_stage layers, 0: none) into save_dir/iter_N (or release) through a temporary
+// folder, then the tracker. `m` holds the single-rank tensors, padded for the target's vocabulary
+// (checkpoint_convert), with m.metadata in our metadata.json shape (iteration, samples, scheduler,
+// scaler, RNG, args). Returns the iteration folder.
+std::filesystem::path write_torch_checkpoint(const MergedCheckpoint& m, const std::filesystem::path& save_dir,
+                                             int tp, int pp, int layers_per_virtual_stage,
+                                             const TorchSaveOptions& options = {});
+
+// pretrain-gpt --ckpt-format torch: save_checkpoint's inputs and collective contract, Megatron's
+// files out. Every rank saves into a staging folder of ours (save_dir/.torch_staging), world rank
+// 0 then merges it and writes save_dir/iter_N/mp_rank_*/model_optim_rng.pt for this run's TP x PP
+// (and virtual stages), updates the tracker and removes the staging folder. Returns the
+// iteration folder.
+std::filesystem::path save_torch_checkpoint(const std::filesystem::path& save_dir,
+                                            const CheckpointState& state,
+                                            const model::ParameterList& params, OptimizerRef optimizer,
+                                            const CheckpointRank& rank = {},
+                                            const TorchSaveOptions& options = {});
+
+// Megatron's names <-> ours (torch_checkpoint_names.cpp).
+namespace torch_names {
+// Our name for a Megatron parameter name of chunk-local layer numbering, with the layer offset of
+// its stage added; "" to skip (_extra_state, rotary inv_freq buffers). `tied_copy` is set for the
+// last stage's copy of a tied word embedding (legacy word_embeddings_for_head.weight, or
+// output_layer.weight when `tied`). An Error names a tensor that has no place in a GPT model.
+std::string to_ours(const std::string& megatron_name, int layer_offset, bool tied, bool* tied_copy,
+                    bool* legacy_qkv);
+// Megatron-Core's name for ours, with the chunk-local layer number (layer - layer_offset).
+std::string to_megatron(const std::string& our_name, int layer_offset, bool transformer_engine);
+// The Transformer Engine modules of one layer whose _extra_state entries Megatron-Core expects.
+std::vector<std::string> te_extra_state_names(int local_layer);
+// checkpoint_version 0 / 1.0 QKV of one TP shard (heads_per_shard heads of head_dim) to ours.
+Tensor fix_qkv_ordering(const Tensor& t, double checkpoint_version, int heads_per_shard,
+                        int head_dim, const std::string& label);
+}  // namespace torch_names
+
+// The args mapping (torch_checkpoint_args.cpp): our training_args_to_json object as Megatron's
+// flat argument names and back (fields Megatron leaves None keep our defaults).
+namespace torch_args {
+pickle::Value* to_namespace(pickle::Document& doc, const nlohmann::json& ours,
+                            const nlohmann::json& extra);
+nlohmann::json from_namespace(const pickle::Value& ns, const std::string& label);
+}  // namespace torch_args
+
+// Megatron's rng_state for a seed (torch_rng_state.cpp).
+namespace torch_rng {
+// torch.manual_seed(seed); torch.get_rng_state() (5056 bytes) and a CUDA generator's state.
+std::vector<uint8_t> torch_cpu_state(uint64_t seed);
+std::vector<uint8_t> torch_cuda_state(uint64_t seed);
+// [{"random_rng_state", "np_rng_state", "torch_rng_state", "cuda_rng_state",
+//   "rng_tracker_states", "dropout_rng_state"}] as Megatron's _set_random_seed(seed) leaves them on
+// this rank.
+pickle::Value* megatron_rng_state(pickle::Document& doc, uint64_t seed, int tp_rank, int pp_rank,
+                                  uint64_t dropout_seed, uint64_t dropout_offset);
+}  // namespace torch_rng
+
+}  // namespace megatron::training

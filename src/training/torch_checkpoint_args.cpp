@@ -1,0 +1,205 @@
+// Our argument set (training_args_to_json) as Megatron-LM's argparse.Namespace and back; see
+// torch_checkpoint.h. Every leaf of our nested JSON has a Megatron argument name (its own name
+// unless listed below), so the mapping is derived from the argument set itself and follows it as
+// it grows. Our "unset" sentinels (0, -1, "") are Megatron's None.
+#include <set>
+
+#include "core/error.h"
+#include "model/transformer_config.h"
+#include "training/torch_checkpoint.h"
+
+namespace megatron::training::torch_args {
+
+namespace {
+
+using json = nlohmann::json;
+using pickle::Kind;
+using pickle::Value;
+
+// Megatron's name of a leaf of our argument JSON ("" to leave out: derived at run time).
+std::string megatron_name(const std::vector<std::string>& path) {
+  const std::string joined = [&] {
+    std::string s;
+    for (const std::string& p : path) s += (s.empty() ? "" : ".") + p;
+    return s;
+  }();
+  if (joined == "tokenizer.type") return "tokenizer_type";
+  if (joined == "optimizer_name") return "optimizer";
+  if (joined == "optimizer.type") return "";  // from --optimizer
+  if (joined == "tensorboard.dir") return "tensorboard_dir";
+  if (joined == "tensorboard.log_interval") return "tensorboard_log_interval";
+  if (joined == "tensorboard.queue_size") return "tensorboard_queue_size";
+  if (joined == "data.seq_length" || joined == "data.seed" || joined == "data.tokenizer" ||
+      joined.starts_with("data.tokenizer."))
+    return "";
+  return path.back();
+}
+
+// Megatron arguments whose None our JSON writes as this value.
+bool is_unset(const std::string& name, const json& v) {
+  static const std::set<std::string> zero_is_none = {
+      "num_layers_per_virtual_pipeline_stage", "train_samples", "train_iters", "lr_decay_iters",
+      "lr_decay_samples", "lr_wsd_decay_iters", "lr_wsd_decay_samples", "loss_scale",
+      "exit_interval", "exit_duration_in_mins", "ddp_bucket_size", "vocab_size", "save_interval"};
+  static const std::set<std::string> negative_is_none = {
+      "lr", "ckpt_step", "start_weight_decay", "end_weight_decay", "lr_warmup_fraction"};
+  if (v.is_string()) return v.get<std::string>().empty();
+  if (v.is_number() && zero_is_none.count(name)) return v.get<double>() == 0;
+  if (v.is_number() && negative_is_none.count(name)) return v.get<double>() < 0;
+  return false;
+}
+
+Value* to_value(pickle::Document& doc, const std::string& name, const json& v) {
+  if (v.is_null()) return doc.none();
+  if (name == "params_dtype" && v.is_string()) return doc.torch_dtype(dtype_from_name(v.get<std::string>()));
+  if (v.is_boolean()) return doc.boolean(v.get<bool>());
+  if (v.is_number_unsigned()) return doc.integer(int64_t(std::min<uint64_t>(v.get<uint64_t>(), INT64_MAX)));
+  if (v.is_number_integer()) return doc.integer(v.get<int64_t>());
+  if (v.is_number_float()) return doc.real(v.get<double>());
+  if (v.is_string()) return doc.str(v.get<std::string>());
+  if (v.is_array()) {
+    Value* l = doc.list();
+    for (const json& x : v) l->items.push_back(to_value(doc, "", x));
+    return l;
+  }
+  return doc.str(v.dump());  // an object where a value was expected: kept readable
+}
+
+template <typename F>
+void for_each_leaf(const json& j, std::vector<std::string>& path, const F& f) {
+  for (const auto& [k, v] : j.items()) {
+    path.push_back(k);
+    if (v.is_object()) for_each_leaf(v, path, f);
+    else f(path, v);
+    path.pop_back();
+  }
+}
+
+// A Namespace value as JSON of the type of `like` (nullopt when it does not fit).
+std::optional<json> from_value(const Value& v, const json& like) {
+  switch (v.kind) {
+    case Kind::Bool:
+      if (like.is_boolean() || like.is_null()) return json(v.boolean);
+      return std::nullopt;
+    case Kind::Int:
+      if (like.is_number_float()) return json(double(v.integer));
+      if (like.is_number_unsigned()) return v.integer >= 0 ? std::optional<json>(json(uint64_t(v.integer))) : std::nullopt;
+      if (like.is_number_integer() || like.is_null()) return json(v.integer);
+      return std::nullopt;
+    case Kind::Float:
+      if (like.is_number_float() || like.is_null()) return json(v.real);
+      if (like.is_number_integer() && v.real == double(int64_t(v.real))) return json(int64_t(v.real));
+      return std::nullopt;
+    case Kind::Str:
+      if (like.is_string() || like.is_null()) return json(v.text);
+      return std::nullopt;
+    case Kind::TorchDType:
+      if (like.is_string()) return json(dtype_name(v.dtype));
+      return std::nullopt;
+    case Kind::Enum:
+      if (like.is_string()) return json(v.member.empty() && !v.items.empty() && v.items[0]->kind == Kind::Str
+                                            ? v.items[0]->text : v.member);
+      return std::nullopt;
+    case Kind::List:
+    case Kind::Tuple: {
+      if (!like.is_array()) return std::nullopt;
+      json a = json::array();
+      for (const Value* x : v.items) {
+        if (x->kind == Kind::Str) a.push_back(x->text);
+        else if (x->kind == Kind::Int) a.push_back(x->integer);
+        else if (x->kind == Kind::Float) a.push_back(x->real);
+        else return std::nullopt;
+      }
+      return a;
+    }
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+Value* to_namespace(pickle::Document& doc, const json& ours, const json& extra) {
+  Value* ns = doc.namespace_();
+  std::set<std::string> done;
+  for (const auto& [k, v] : extra.items()) {
+    pickle::Document::set(ns, doc.str(k), to_value(doc, k, v));
+    done.insert(k);
+  }
+  std::vector<std::string> path;
+  for_each_leaf(ours, path, [&](const std::vector<std::string>& p, const json& v) {
+    const std::string name = megatron_name(p);
+    if (name.empty() || !done.insert(name).second) return;
+    pickle::Document::set(ns, doc.str(name), is_unset(name, v) ? doc.none() : to_value(doc, name, v));
+  });
+  return ns;
+}
+
+json from_namespace(const Value& ns, const std::string& label) {
+  MG_REQUIRE(ns.kind == Kind::Namespace, label, ": \"args\" is a ", ns.describe(),
+             ", not an argparse.Namespace");
+  json out = training_args_to_json(TrainingArgs{});
+  std::vector<std::string> path;
+  json leaves = out;
+  for_each_leaf(leaves, path, [&](const std::vector<std::string>& p, const json& like) {
+    const std::string name = megatron_name(p);
+    if (name.empty()) return;
+    const Value* v = ns.get(name);
+    if (v == nullptr || v->kind == Kind::None) return;
+    if (auto j = from_value(*v, like)) {
+      json* slot = &out;
+      for (const std::string& k : p) slot = &(*slot)[k];
+      *slot = *j;
+    }
+  });
+  auto get = [&](const char* n) { return ns.get(n); };
+  auto flag = [&](const char* n) {
+    const Value* v = get(n);
+    return v != nullptr && v->kind == Kind::Bool && v->boolean;
+  };
+  auto integer = [&](const char* n) -> std::optional<int64_t> {
+    const Value* v = get(n);
+    if (v == nullptr || v->kind != Kind::Int) return std::nullopt;
+    return v->integer;
+  };
+  // Megatron's spellings that differ from ours, old and new.
+  if (const auto tp = integer("model_parallel_size"); tp && !get("tensor_model_parallel_size"))
+    out["parallel"]["tensor_model_parallel_size"] = *tp;
+  if (get("group_query_attention") != nullptr && !flag("group_query_attention"))
+    out["model"]["num_query_groups"] = 0;
+  // The activation from Megatron's switches; bias_gelu_fusion is on unless recorded off.
+  if (get("swiglu") || get("squared_relu") || get("openai_gelu") || get("bias_gelu_fusion")) {
+    const Value* fusion = get("bias_gelu_fusion");
+    const Value* bias = get("add_bias_linear");
+    out["model"]["activation"] = model::activation_from_flags(
+        flag("swiglu"), flag("squared_relu"), flag("openai_gelu"),
+        fusion == nullptr || flag("bias_gelu_fusion"), bias == nullptr || flag("add_bias_linear"));
+  }
+  if (flag("use_rotary_position_embeddings")) out["model"]["position_embedding_type"] = "rope";
+  if (get("add_position_embedding") != nullptr && !flag("add_position_embedding") &&
+      out["model"]["position_embedding_type"] == "learned_absolute")
+    out["model"]["position_embedding_type"] = "none";
+  if (const Value* w = get("window_size");
+      w != nullptr && (w->kind == Kind::Tuple || w->kind == Kind::List) && w->items.size() == 2 &&
+      w->items[0]->kind == Kind::Int && w->items[1]->kind == Kind::Int) {
+    out["model"]["window_left"] = w->items[0]->integer;
+    out["model"]["window_right"] = w->items[1]->integer;
+  }
+  if (!get("layernorm_epsilon"))
+    if (const Value* e = get("norm_epsilon"); e != nullptr && e->kind == Kind::Float)
+      out["model"]["layernorm_epsilon"] = e->real;
+  if (!get("params_dtype") || get("params_dtype")->kind != Kind::TorchDType)
+    out["model"]["params_dtype"] = flag("fp16") ? "float16" : flag("bf16") ? "bfloat16" : "float32";
+  if (const auto v = integer("virtual_pipeline_model_parallel_size");
+      v && *v > 1 && !integer("num_layers_per_virtual_pipeline_stage")) {
+    const int64_t L = out["model"]["num_layers"].get<int64_t>();
+    const int64_t P = out["parallel"]["pipeline_model_parallel_size"].get<int64_t>();
+    if (P > 0 && L % (P * *v) == 0) out["parallel"]["num_layers_per_virtual_pipeline_stage"] = L / (P * *v);
+  }
+  out["optimizer"]["type"] = out["optimizer_name"];
+  out["data"]["seq_length"] = out["model"]["seq_length"];
+  out["data"]["seed"] = out["seed"];
+  out["data"]["tokenizer"] = out["tokenizer"]["type"];
+  return out;
+}
+
+}  // namespace megatron::training::torch_args

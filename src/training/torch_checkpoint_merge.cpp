@@ -1,0 +1,167 @@
+// A Megatron-LM torch checkpoint merged into single-rank tensors (merge_checkpoint for the
+// format), with its state in our metadata.json shape; see torch_checkpoint.h.
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "training/torch_checkpoint.h"
+
+namespace megatron::training {
+
+using json = nlohmann::json;
+
+namespace {
+
+const char* lr_style(optim::LRDecayStyle s) {
+  switch (s) {
+    case optim::LRDecayStyle::Constant: return "constant";
+    case optim::LRDecayStyle::Linear: return "linear";
+    case optim::LRDecayStyle::Cosine: return "cosine";
+    case optim::LRDecayStyle::InverseSquareRoot: return "inverse-square-root";
+    case optim::LRDecayStyle::WSD: return "WSD";
+  }
+  return "linear";
+}
+const char* wsd_style(optim::WSDDecayStyle s) {
+  switch (s) {
+    case optim::WSDDecayStyle::Exponential: return "exponential";
+    case optim::WSDDecayStyle::Linear: return "linear";
+    case optim::WSDDecayStyle::Cosine: return "cosine";
+    case optim::WSDDecayStyle::MinusSqrt: return "minus_sqrt";
+  }
+  return "exponential";
+}
+const char* wd_style(optim::WDIncrStyle s) {
+  switch (s) {
+    case optim::WDIncrStyle::Constant: return "constant";
+    case optim::WDIncrStyle::Linear: return "linear";
+    case optim::WDIncrStyle::Cosine: return "cosine";
+  }
+  return "constant";
+}
+
+// What metadata.json would say about this checkpoint (files and partition dims aside).
+json metadata_of(const CheckpointOnDisk& c, const std::string& optimizer_type) {
+  const CheckpointState& s = c.state;
+  json m;
+  m["format_version"] = kCheckpointFormatVersion;
+  m["iteration"] = s.iteration;
+  m["consumed_train_samples"] = s.consumed_train_samples;
+  m["consumed_valid_samples"] = s.consumed_valid_samples;
+  m["grad_scaler"] = {{"dynamic", s.grad_scaler_dynamic},
+                      {"scale", s.grad_scaler.scale},
+                      {"growth_tracker", s.grad_scaler.growth_tracker},
+                      {"hysteresis_tracker", s.grad_scaler.hysteresis_tracker}};
+  const optim::LRSchedulerConfig& sc = s.scheduler;
+  m["opt_param_scheduler"] = {{"max_lr", sc.max_lr},
+                              {"min_lr", sc.min_lr},
+                              {"lr_warmup_init", sc.lr_warmup_init},
+                              {"lr_warmup_steps", sc.lr_warmup_steps},
+                              {"lr_decay_steps", sc.lr_decay_steps},
+                              {"lr_decay_style", lr_style(sc.decay_style)},
+                              {"wsd_decay_steps", sc.wsd_decay_steps},
+                              {"lr_wsd_decay_style", wsd_style(sc.wsd_decay_style)},
+                              {"start_wd", sc.start_wd},
+                              {"end_wd", sc.end_wd},
+                              {"wd_incr_steps", sc.wd_incr_steps},
+                              {"wd_incr_style", wd_style(sc.wd_incr_style)},
+                              {"num_steps", s.scheduler_num_steps}};
+  if (s.rng)
+    m["rng_state"] = {{"generator", "philox4x32-10"}, {"seed", s.rng->seed}, {"dropout_offset", s.rng->dropout_offset}};
+  else
+    m["rng_state"] = nullptr;
+  m["optimizer"] = optimizer_type.empty() ? json(nullptr)
+                                          : json{{"type", optimizer_type}, {"distributed", false}};
+  m["parallel"] = {{"tensor_model_parallel_size", c.parallel.tensor_model_parallel_size},
+                   {"pipeline_model_parallel_size", c.parallel.pipeline_model_parallel_size},
+                   {"virtual_pipeline_model_parallel_size", c.parallel.virtual_pipeline_model_parallel_size},
+                   {"data_parallel_size", c.parallel.data_parallel_size}};
+  m["args"] = s.args;
+  return m;
+}
+
+bool swiglu_of(const json& args) {
+  return args.contains("swiglu") && args["swiglu"].is_boolean() && args["swiglu"].get<bool>();
+}
+
+}  // namespace
+
+MergedCheckpoint merge_torch_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer) {
+  MergedCheckpoint m;
+  m.source = ckpt;
+  const int T = ckpt.parallel.tensor_model_parallel_size, P = ckpt.parallel.pipeline_model_parallel_size;
+  const bool optim = with_optimizer && !ckpt.state.optimizer_type.empty();
+  const bool swiglu = swiglu_of(ckpt.state.args);
+  std::map<std::string, std::map<std::string, std::vector<Tensor>>> shards;  // name -> kind -> [t]
+  std::map<std::string, int> stage_of;
+  std::set<std::string> notes(ckpt.notes.begin(), ckpt.notes.end());
+  bool optimizer_complete = optim;
+  std::optional<int64_t> step;
+  for (int p = 0; p < P; ++p) {
+    for (int t = 0; t < T; ++t) {
+      TorchRankContents r = read_torch_rank(ckpt, t, p, optim);
+      notes.insert(r.notes.begin(), r.notes.end());
+      for (auto& [name, tensor] : r.model.tensors) {
+        auto [it, fresh] = stage_of.emplace(name, p);
+        MG_REQUIRE(fresh || it->second == p, "tensor '", name, "' is in pipeline stages ", it->second,
+                   " and ", p, " of ", ckpt.dir.string());
+        auto& v = shards[name]["param"];
+        MG_REQUIRE(int(v.size()) == t, ckpt.dir.string(), ": tensor '", name,
+                   "' is missing from tensor-parallel rank ", v.size(), " of stage ", p);
+        v.push_back(tensor);
+      }
+      if (!optimizer_complete) continue;
+      if (!r.optimizer) {
+        optimizer_complete = false;
+        continue;
+      }
+      for (auto& [key, tensor] : r.optimizer->tensors) {
+        if (key == "optimizer.step") {
+          const int64_t s = *tensor.data<int64_t>();
+          if (step && *step != s)
+            notes.insert(str("the optimizer step differs between ranks (", *step, " and ", s,
+                             "); the larger is kept"));
+          step = std::max(step.value_or(0), s);
+          continue;
+        }
+        const std::string rest = key.substr(std::string("optimizer.state.").size());
+        const size_t dot = rest.find('.');
+        shards[rest.substr(dot + 1)][rest.substr(0, dot)].push_back(tensor);
+      }
+    }
+  }
+  if (optim && !optimizer_complete) notes.insert("the optimizer state is not complete in every rank's "
+                                                 "file: weights only");
+  for (auto& [name, kinds] : shards) {
+    // Optimizer state without a model tensor: the last stage's tied copy of the word embedding
+    // (its state equals the embedding's; written again for a PP > 1 target).
+    if (!kinds.count("param")) continue;
+    const ShardRule rule = shard_rule(name, std::nullopt, swiglu);
+    m.rules[name] = rule;
+    for (auto& [kind, v] : kinds) {
+      if (kind != "param" && !optimizer_complete) continue;
+      MG_REQUIRE(int(v.size()) == T, ckpt.dir.string(), ": '", name, "' (", kind, ") is in ", v.size(),
+                 " of ", T, " tensor-parallel ranks");
+      Tensor full = merge_shards(v, rule);
+      if (kind == "param")
+        m.model[name] = full;
+      else
+        m.optimizer[kind][name] = full;
+    }
+  }
+  if (optimizer_complete) {
+    m.optimizer_type = ckpt.state.optimizer_type;
+    m.optimizer_step = step.value_or(0);
+  } else {
+    m.optimizer.clear();
+  }
+  m.metadata = metadata_of(ckpt, m.optimizer_type);
+  auto emb = m.model.find("embedding.word_embeddings.weight");
+  MG_REQUIRE(emb != m.model.end(), ckpt.dir.string(), " has no word embedding in any stage (not a GPT "
+             "checkpoint, or the first stage's files are missing)");
+  m.padded_vocab_size = emb->second.size(0);
+  m.notes.assign(notes.begin(), notes.end());
+  return m;
+}
+
+}  // namespace megatron::training

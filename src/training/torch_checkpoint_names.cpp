@@ -1,0 +1,138 @@
+// Megatron-LM's parameter names (legacy and Megatron-Core, local and Transformer Engine layer
+// specs) and ours, and the QKV orderings of old checkpoint versions; see torch_checkpoint.h.
+#include <cctype>
+#include <cmath>
+
+#include "core/error.h"
+#include "training/torch_checkpoint.h"
+
+namespace megatron::training::torch_names {
+
+namespace {
+
+// "layers.<n>.<rest>" -> n and rest; false when `s` is not of that form.
+bool split_layer(const std::string& s, const std::string& prefix, int* n, std::string* rest) {
+  if (!s.starts_with(prefix)) return false;
+  size_t i = prefix.size(), end = i;
+  while (end < s.size() && std::isdigit(static_cast<unsigned char>(s[end])) && end - i < 6) ++end;
+  if (end == i || end >= s.size() || s[end] != '.') return false;
+  *n = std::stoi(s.substr(i, end - i));
+  *rest = s.substr(end + 1);
+  return true;
+}
+
+bool replace_prefix(std::string& s, const std::string& from, const std::string& to) {
+  if (!s.starts_with(from)) return false;
+  s = to + s.substr(from.size());
+  return true;
+}
+
+[[noreturn]] void no_place(const std::string& name) {
+  MG_THROW("tensor '", name, "' has no place in a GPT model (a BERT, T5 or other model's "
+           "checkpoint? only GPT checkpoints are read)");
+}
+
+}  // namespace
+
+std::string to_ours(const std::string& name, int layer_offset, bool tied, bool* tied_copy,
+                    bool* legacy_qkv) {
+  *tied_copy = false;
+  *legacy_qkv = false;
+  if (name.ends_with("_extra_state") || name.ends_with("inv_freq")) return "";
+  if (name == "word_embeddings_for_head.weight") {
+    *tied_copy = true;
+    return "output_layer.weight";
+  }
+  int n = 0;
+  std::string rest;
+  if (name.starts_with("language_model.")) {  // legacy (megatron/model)
+    const std::string r = name.substr(15);
+    if (r == "embedding.word_embeddings.weight" || r == "embedding.position_embeddings.weight" ||
+        r == "output_layer.weight")
+      return r;
+    for (const char* stack : {"encoder.", "transformer."}) {
+      if (!r.starts_with(stack)) continue;
+      const std::string t = r.substr(std::string(stack).size());
+      if (t.starts_with("final_layernorm.") || t.starts_with("final_norm."))
+        return "decoder.final_layernorm." + t.substr(t.find('.') + 1);
+      if (!split_layer(t, "layers.", &n, &rest)) no_place(name);
+      std::string m = rest;
+      if (replace_prefix(m, "self_attention.query_key_value.", "self_attention.linear_qkv.") ||
+          replace_prefix(m, "attention.query_key_value.", "self_attention.linear_qkv.")) {
+        *legacy_qkv = true;
+      } else if (!(replace_prefix(m, "self_attention.dense.", "self_attention.linear_proj.") ||
+                   replace_prefix(m, "attention.dense.", "self_attention.linear_proj.") ||
+                   replace_prefix(m, "post_attention_layernorm.", "pre_mlp_layernorm.") ||
+                   replace_prefix(m, "mlp.dense_h_to_4h.", "mlp.linear_fc1.") ||
+                   replace_prefix(m, "mlp.dense_4h_to_h.", "mlp.linear_fc2.") ||
+                   m.starts_with("input_layernorm."))) {
+        no_place(name);
+      }
+      return "decoder.layers." + std::to_string(n + layer_offset) + "." + m;
+    }
+    no_place(name);
+  }
+  if (name.starts_with("embedding.")) return name;  // Megatron-Core
+  if (split_layer(name, "decoder.layers.", &n, &rest)) {
+    std::string m = rest;
+    if (m == "self_attention.linear_qkv.layer_norm_weight") m = "input_layernorm.weight";
+    else if (m == "self_attention.linear_qkv.layer_norm_bias") m = "input_layernorm.bias";
+    else if (m == "mlp.linear_fc1.layer_norm_weight") m = "pre_mlp_layernorm.weight";
+    else if (m == "mlp.linear_fc1.layer_norm_bias") m = "pre_mlp_layernorm.bias";
+    return "decoder.layers." + std::to_string(n + layer_offset) + "." + m;
+  }
+  if (name.starts_with("decoder.final_layernorm.") || name.starts_with("decoder.final_norm."))
+    return "decoder.final_layernorm." + name.substr(name.find('.', 8) + 1);
+  if (name == "output_layer.weight") {
+    *tied_copy = tied;
+    return name;
+  }
+  no_place(name);
+}
+
+std::string to_megatron(const std::string& ours, int layer_offset, bool transformer_engine) {
+  int n = 0;
+  std::string rest;
+  if (!split_layer(ours, "decoder.layers.", &n, &rest)) return ours;
+  if (transformer_engine) {
+    if (rest == "input_layernorm.weight") rest = "self_attention.linear_qkv.layer_norm_weight";
+    else if (rest == "input_layernorm.bias") rest = "self_attention.linear_qkv.layer_norm_bias";
+    else if (rest == "pre_mlp_layernorm.weight") rest = "mlp.linear_fc1.layer_norm_weight";
+    else if (rest == "pre_mlp_layernorm.bias") rest = "mlp.linear_fc1.layer_norm_bias";
+  }
+  return "decoder.layers." + std::to_string(n - layer_offset) + "." + rest;
+}
+
+std::vector<std::string> te_extra_state_names(int local_layer) {
+  const std::string p = "decoder.layers." + std::to_string(local_layer) + ".";
+  return {p + "self_attention.core_attention._extra_state", p + "self_attention.linear_proj._extra_state",
+          p + "self_attention.linear_qkv._extra_state", p + "mlp.linear_fc1._extra_state",
+          p + "mlp.linear_fc2._extra_state"};
+}
+
+Tensor fix_qkv_ordering(const Tensor& t, double version, int heads, int head_dim,
+                        const std::string& label) {
+  if (version >= 2.0) return t;
+  MG_REQUIRE(version == 0.0 || version == 1.0, label, ": checkpoint_version ", version,
+             " is not one Megatron-LM wrote (0, 1.0, 2.0 or 3.0)");
+  const int64_t rows = int64_t(3) * heads * head_dim;
+  MG_REQUIRE(t.dim() >= 1 && t.dim() <= 2 && t.size(0) == rows, label, ": query_key_value of shape ",
+             shape_str(t.shape()), " is not [3 x ", heads, " heads x ", head_dim,
+             " channels, ...] (check --num-attention-heads and --kv-channels)");
+  Shape tail;
+  if (t.dim() == 2) tail.push_back(t.size(1));
+  const Tensor c = t.contiguous();
+  Tensor fixed;
+  if (version == 0.0) {  // [3, n, d, ...] -> [n, 3, d, ...]
+    Shape s = {3, heads, head_dim};
+    s.insert(s.end(), tail.begin(), tail.end());
+    fixed = c.view(s).transpose(0, 1).contiguous();
+  } else {  // [n, d, 3, ...] -> [n, 3, d, ...]
+    Shape s = {heads, head_dim, 3};
+    s.insert(s.end(), tail.begin(), tail.end());
+    fixed = c.view(s).transpose(1, 2).contiguous();
+  }
+  return fixed.view(t.shape());
+}
+
+}  // namespace megatron::training::torch_names

@@ -1,0 +1,364 @@
+// Writing Megatron-LM's model_optim_rng.pt checkpoints; see torch_checkpoint.h.
+#include <cstdio>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/torch_file.h"
+#include "model/gpt_stage.h"
+#include "optim/lr_scheduler.h"
+#include "training/checkpoint_files.h"
+#include "training/torch_checkpoint.h"
+
+namespace megatron::training {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using pickle::Document;
+using pickle::Value;
+
+namespace {
+
+const char* const kWordEmbedding = "embedding.word_embeddings.weight";
+const char* const kOutputLayer = "output_layer.weight";
+
+std::string iteration_name(int64_t iteration) {
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld", (long long)iteration);
+  return name;
+}
+
+// One parameter of a rank's model chunk, in Megatron-Core's named_parameters() order.
+struct ChunkParam {
+  std::string ours;      // our name (the tensor in the merged checkpoint)
+  std::string megatron;  // its name in the chunk's state dict
+  bool tied_copy = false;
+};
+
+// The per-layer order of Megatron-Core's modules: the local spec registers input_layernorm,
+// self_attention (core_attention, linear_proj, then linear_qkv), pre_mlp_layernorm, mlp; the
+// Transformer Engine spec fuses the norms into linear_qkv / linear_fc1, whose norm parameters
+// come before their weights.
+std::vector<std::string> layer_order(bool te) {
+  if (te)
+    return {"self_attention.linear_proj.weight", "self_attention.linear_proj.bias",
+            "input_layernorm.weight",  "input_layernorm.bias",
+            "self_attention.linear_qkv.weight",  "self_attention.linear_qkv.bias",
+            "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
+            "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"};
+  return {"input_layernorm.weight", "input_layernorm.bias", "self_attention.linear_proj.weight",
+          "self_attention.linear_proj.bias", "self_attention.linear_qkv.weight",
+          "self_attention.linear_qkv.bias", "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
+          "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"};
+}
+
+std::vector<ChunkParam> chunk_params(const MergedCheckpoint& m, const model::PipelineLayout& layout,
+                                     int p, int c, bool te, std::set<std::string>& placed) {
+  std::vector<ChunkParam> out;
+  const int offset = layout.first_layer(p, c);
+  auto add = [&](const std::string& ours, bool tied_copy = false) {
+    if (!tied_copy && !m.model.count(ours)) return;
+    out.push_back({ours, torch_names::to_megatron(ours, offset, te), tied_copy});
+    if (!tied_copy) placed.insert(ours);
+  };
+  if (layout.has_embedding(p, c)) {
+    add(kWordEmbedding);
+    add("embedding.position_embeddings.weight");
+  }
+  for (int l = offset; l < offset + layout.layers_per_chunk(); ++l) {
+    const std::string prefix = "decoder.layers." + std::to_string(l) + ".";
+    for (const std::string& n : layer_order(te)) add(prefix + n);
+    // Parameters of this layer the lists above do not name keep their own (sorted) order.
+    for (auto it = m.model.lower_bound(prefix); it != m.model.end() && it->first.starts_with(prefix); ++it)
+      if (!placed.count(it->first)) add(it->first);
+  }
+  if (layout.has_output(p, c)) {
+    add("decoder.final_layernorm.weight");
+    add("decoder.final_layernorm.bias");
+    if (m.model.count(kOutputLayer))
+      add(kOutputLayer);
+    else if (!layout.has_embedding(p, c))
+      add(kOutputLayer, /*tied_copy=*/true);  // the last stage's copy of the tied embedding
+  }
+  return out;
+}
+
+Tensor shard_of(const MergedCheckpoint& m, const ChunkParam& cp, const std::string& kind, int t, int T) {
+  const std::string& name = cp.tied_copy ? std::string(kWordEmbedding) : cp.ours;
+  const Tensor& full = kind == "param" ? m.model.at(name) : m.optimizer.at(kind).at(name);
+  return split_shard(full, m.rules.at(name), t, T);
+}
+
+double current_lr(const optim::LRSchedulerConfig& c, int64_t num_steps) {
+  try {
+    optim::LRScheduler s(c);
+    s.set_num_steps(num_steps);
+    return s.lr();
+  } catch (const Error&) {
+    return c.max_lr;
+  }
+}
+
+}  // namespace
+
+fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_dir, int T, int P,
+                                int layers_per_virtual_stage, const TorchSaveOptions& options) {
+  MG_REQUIRE(options.transformer_impl == "transformer_engine" || options.transformer_impl == "local",
+             "--transformer-impl must be transformer_engine or local (got '", options.transformer_impl, "')");
+  const bool te = options.transformer_impl == "transformer_engine";
+  const json& meta = m.metadata;
+  const json& args_json = meta.at("args");
+  const TrainingArgs a = training_args_from_json(args_json);
+  const model::PipelineLayout layout =
+      model::PipelineLayout::make(a.model.num_layers, P, layers_per_virtual_stage);
+  const int V = layout.num_chunks;
+  const int64_t iteration = meta.at("iteration").get<int64_t>();
+  const bool release = m.source.release;
+  const std::string dir_name = release ? "release" : iteration_name(iteration);
+  const bool optim = !m.optimizer_type.empty();
+  const bool adam = m.optimizer_type == "adam";
+  const DType dtype = m.model.at(kWordEmbedding).dtype();
+  const json& sc = meta.at("opt_param_scheduler");
+  optim::LRSchedulerConfig sched;
+  sched.max_lr = sc.at("max_lr").get<double>();
+  sched.min_lr = sc.at("min_lr").get<double>();
+  sched.lr_warmup_init = sc.value("lr_warmup_init", 0.0);
+  sched.lr_warmup_steps = sc.at("lr_warmup_steps").get<int64_t>();
+  sched.lr_decay_steps = sc.at("lr_decay_steps").get<int64_t>();
+  sched.decay_style = optim::parse_lr_decay_style(sc.at("lr_decay_style").get<std::string>());
+  sched.wsd_decay_steps = sc.value("wsd_decay_steps", int64_t(0));
+  sched.start_wd = sc.at("start_wd").get<double>();
+  sched.end_wd = sc.at("end_wd").get<double>();
+  const int64_t num_steps = sc.at("num_steps").get<int64_t>();
+  const json& rng = meta.at("rng_state");
+  const int dp = meta.contains("parallel") && meta["parallel"].is_object() &&
+                         meta["parallel"].contains("data_parallel_size")
+                     ? meta["parallel"]["data_parallel_size"].get<int>() : 1;
+
+  // Megatron's argument names for what the loader and check_checkpoint_args read.
+  const int groups = a.model.query_groups();
+  json extra = {
+      {"num_layers", a.model.num_layers}, {"hidden_size", a.model.hidden_size},
+      {"num_attention_heads", a.model.num_attention_heads}, {"ffn_hidden_size", a.model.ffn()},
+      {"kv_channels", a.model.head_dim()}, {"group_query_attention", groups != a.model.num_attention_heads},
+      {"num_query_groups", groups != a.model.num_attention_heads ? groups : 1},
+      {"padded_vocab_size", m.padded_vocab_size},
+      {"tensor_model_parallel_size", T}, {"pipeline_model_parallel_size", P},
+      {"virtual_pipeline_model_parallel_size", V > 1 ? json(V) : json(nullptr)},
+      {"num_layers_per_virtual_pipeline_stage", V > 1 ? json(layout.layers_per_chunk()) : json(nullptr)},
+      {"data_parallel_size", dp}, {"world_size", T * P * dp},
+      {"consumed_train_samples", meta.at("consumed_train_samples")},
+      {"consumed_valid_samples", meta.at("consumed_valid_samples")}, {"iteration", iteration},
+      {"add_position_embedding", m.model.count("embedding.position_embeddings.weight") > 0},
+      {"position_embedding_type", a.model.position_embedding_type == "none"
+                                      ? "learned_absolute" : a.model.position_embedding_type},
+      {"use_rotary_position_embeddings", a.model.position_embedding_type == "rope"},
+      {"rotary_percent", a.model.rotary_percent}, {"rotary_base", a.model.rotary_base},
+      {"rotary_interleaved", a.model.rotary_interleaved},
+      {"add_bias_linear", a.model.add_bias_linear}, {"add_qkv_bias", a.model.add_qkv_bias},
+      {"swiglu", a.model.activation == "swiglu"},
+      {"squared_relu", a.model.activation == "squared_relu"},
+      {"untie_embeddings_and_output_weights", m.model.count(kOutputLayer) > 0},
+      {"apply_layernorm_1p", a.model.apply_layernorm_1p},
+      {"normalization", a.model.normalization}, {"qk_layernorm", a.model.qk_layernorm},
+      {"norm_epsilon", a.model.layernorm_epsilon}, {"layernorm_epsilon", a.model.layernorm_epsilon},
+      // Megatron's GeLU: the fused bias-GeLU (on by default) computes the tanh form, so does
+      // --openai-gelu; the exact erf form is the unfused F.gelu (or any GeLU without biases).
+      {"openai_gelu", a.model.activation == "gelu_tanh" && !a.model.add_bias_linear},
+      {"bias_gelu_fusion", a.model.activation == "gelu_tanh" && a.model.add_bias_linear},
+      {"fp16", a.fp16}, {"bf16", a.bf16}, {"params_dtype", dtype_name(dtype)},
+      {"use_distributed_optimizer", false}, {"ckpt_format", "torch"},
+      {"transformer_impl", options.transformer_impl}, {"use_legacy_models", false},
+      {"use_mcore_models", true}, {"data_parallel_random_init", false},
+  };
+  if (a.model.window_left >= 0 || a.model.window_right >= 0)
+    extra["window_size"] = json::array({a.model.window_left, a.model.window_right});
+
+  fs::create_directories(save_dir);
+  detail::set_mode(save_dir, 0750);
+  const fs::path tmp = save_dir / (".tmp_" + dir_name);
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  detail::set_mode(tmp, 0750);
+  std::set<std::string> placed;
+  for (int p = 0; p < P; ++p) {
+    std::vector<std::vector<ChunkParam>> chunks;
+    for (int c = 0; c < V; ++c) chunks.push_back(chunk_params(m, layout, p, c, te, placed));
+    for (int t = 0; t < T; ++t) {
+      Document doc;
+      Value* root = doc.dict();
+      doc.root = root;
+      doc.set(root, "args", torch_args::to_namespace(doc, args_json, extra));
+      doc.set(root, "checkpoint_version", doc.real(3.0));
+      doc.set(root, "iteration", doc.integer(iteration));
+      for (int c = 0; c < V; ++c) {
+        Value* sd = doc.dict(/*ordered=*/true);
+        const int offset = layout.first_layer(p, c);
+        int last_layer = -1;
+        for (const ChunkParam& cp : chunks[size_t(c)]) {
+          doc.set(sd, cp.megatron, doc.tensor(shard_of(m, cp, "param", t, T)));
+          // Transformer Engine modules carry an _extra_state entry (None: no FP8 metadata).
+          const int layer = cp.ours.starts_with("decoder.layers.")
+                                ? std::stoi(cp.ours.substr(15, cp.ours.find('.', 15) - 15)) : -1;
+          if (te && layer != last_layer && layer >= 0) {
+            for (const std::string& e : torch_names::te_extra_state_names(layer - offset))
+              doc.set(sd, e, doc.none());
+            last_layer = layer;
+          }
+        }
+        doc.set(root, V == 1 ? std::string("model") : "model" + std::to_string(c), sd);
+      }
+      if (optim) {
+        // Two parameter groups (weight-decayed first, as Megatron-Core sorts them), parameters
+        // numbered through the groups as torch's Optimizer.state_dict numbers them.
+        std::vector<const ChunkParam*> wd, no_wd;
+        for (const auto& chunk : chunks)
+          for (const ChunkParam& cp : chunk) {
+            const Tensor& full = cp.tied_copy ? m.model.at(kWordEmbedding) : m.model.at(cp.ours);
+            (full.dim() == 1 || cp.megatron.ends_with(".bias") ? no_wd : wd).push_back(&cp);
+          }
+        Value* state = doc.dict();
+        Value* param_groups = doc.list();
+        Value* mains = doc.list();
+        int64_t id = 0;
+        for (int g = 0; g < 2; ++g) {
+          const auto& members = g == 0 ? wd : no_wd;
+          Value* ids = doc.list();
+          Value* group_mains = doc.list();
+          for (const ChunkParam* cp : members) {
+            Value* s = doc.dict();
+            if (adam) {
+              doc.set(s, "step", doc.tensor(Tensor::full({}, double(m.optimizer_step), DType::F32)));
+              doc.set(s, "exp_avg", doc.tensor(shard_of(m, *cp, "exp_avg", t, T)));
+              doc.set(s, "exp_avg_sq", doc.tensor(shard_of(m, *cp, "exp_avg_sq", t, T)));
+            } else {
+              doc.set(s, "momentum_buffer", doc.tensor(shard_of(m, *cp, "momentum_buffer", t, T)));
+            }
+            Document::set(state, doc.integer(id), s);
+            ids->items.push_back(doc.integer(id++));
+            if (dtype != DType::F32) group_mains->items.push_back(doc.tensor(shard_of(m, *cp, "fp32_param", t, T)));
+          }
+          const double wd_mult = g == 0 ? 1.0 : 0.0;
+          const double weight_decay = a.weight_decay * wd_mult;
+          Value* pg = doc.dict();
+          doc.set(pg, "params", ids);
+          doc.set(pg, "is_expert_parallel", doc.boolean(false));
+          doc.set(pg, "default_config", doc.boolean(true));
+          doc.set(pg, "wd_mult", doc.real(wd_mult));
+          doc.set(pg, "lr_mult", doc.real(1.0));
+          doc.set(pg, "is_decoupled_lr", doc.boolean(false));
+          doc.set(pg, "max_lr", doc.real(sched.max_lr));
+          doc.set(pg, "min_lr", doc.real(sched.min_lr));
+          doc.set(pg, "lr", doc.real(current_lr(sched, num_steps)));
+          doc.set(pg, "weight_decay", doc.real(weight_decay));
+          if (adam) {
+            doc.set(pg, "betas", doc.tuple({doc.real(a.optimizer.adam_beta1), doc.real(a.optimizer.adam_beta2)}));
+            doc.set(pg, "eps", doc.real(a.optimizer.adam_eps));
+            doc.set(pg, "bias_correction", doc.boolean(true));
+            doc.set(pg, "amsgrad", doc.boolean(false));
+            doc.set(pg, "step", doc.integer(m.optimizer_step));
+          } else {
+            doc.set(pg, "momentum", doc.real(a.optimizer.sgd_momentum));
+            doc.set(pg, "dampening", doc.integer(0));
+            doc.set(pg, "nesterov", doc.boolean(false));
+          }
+          doc.set(pg, "maximize", doc.boolean(false));
+          doc.set(pg, "foreach", doc.none());
+          doc.set(pg, "capturable", doc.boolean(false));
+          doc.set(pg, "differentiable", doc.boolean(false));
+          doc.set(pg, "fused", doc.none());
+          param_groups->items.push_back(pg);
+          mains->items.push_back(group_mains);
+        }
+        Value* inner = doc.dict();
+        doc.set(inner, "state", state);
+        doc.set(inner, "param_groups", param_groups);
+        if (dtype == DType::F32) {
+          doc.set(root, "optimizer", inner);  // FP32Optimizer.state_dict()
+        } else {  // Float16OptimizerWithFloat16Params.state_dict()
+          Value* o = doc.dict();
+          doc.set(o, "optimizer", inner);
+          if (a.fp16) {
+            const json& gs = meta.at("grad_scaler");
+            Value* scaler = doc.dict();
+            doc.set(scaler, "scale", doc.tensor(Tensor::full({1}, gs.at("scale").get<double>(), DType::F32)));
+            doc.set(scaler, "growth_tracker", doc.integer(gs.at("growth_tracker").get<int64_t>()));
+            doc.set(scaler, "hysteresis_tracker", doc.integer(gs.at("hysteresis_tracker").get<int64_t>()));
+            doc.set(o, "grad_scaler", scaler);
+          }
+          doc.set(o, "fp32_from_fp16_params", mains);
+          doc.set(root, "optimizer", o);
+        }
+        Value* s = doc.dict();  // OptimizerParamScheduler.state_dict()
+        for (const auto& [k, v] : sc.items()) {
+          if (v.is_string()) doc.set(s, k, doc.str(v.get<std::string>()));
+          else if (v.is_number_integer()) doc.set(s, k, doc.integer(v.get<int64_t>()));
+          else if (v.is_number()) doc.set(s, k, doc.real(v.get<double>()));
+        }
+        doc.set(root, "opt_param_scheduler", s);
+      }
+      if (!rng.is_null())
+        doc.set(root, "rng_state",
+                torch_rng::megatron_rng_state(doc, a.seed, t, p, rng.at("seed").get<uint64_t>(),
+                                              rng.at("dropout_offset").get<uint64_t>()));
+      char rank_dir[32];
+      if (P > 1)
+        std::snprintf(rank_dir, sizeof rank_dir, "mp_rank_%02d_%03d", t, p);
+      else
+        std::snprintf(rank_dir, sizeof rank_dir, "mp_rank_%02d", t);
+      fs::create_directories(tmp / rank_dir);
+      detail::set_mode(tmp / rank_dir, 0750);
+      const fs::path file = tmp / rank_dir / kTorchCheckpointFile;
+      write_torch_file(file, *root, "model_optim_rng");
+      detail::set_mode(file, 0640);
+      detail::fsync_path(tmp / rank_dir, true);
+    }
+  }
+  for (const auto& [name, t] : m.model)
+    MG_REQUIRE(placed.count(name), "tensor '", name, "' has no place in Megatron-Core's GPT model "
+               "(it would be lost in the torch checkpoint)");
+  detail::fsync_path(tmp, true);
+  const fs::path final_dir = save_dir / dir_name;
+  const fs::path old_dir = save_dir / (".old_" + dir_name);
+  fs::remove_all(old_dir);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
+  fs::rename(tmp, final_dir);
+  detail::fsync_path(save_dir, true);
+  fs::remove_all(old_dir);
+  detail::write_text_file(save_dir / "latest_checkpointed_iteration.txt",
+                          release ? std::string("release") : std::to_string(iteration));
+  detail::fsync_path(save_dir, true);
+  return final_dir;
+}
+
+fs::path save_torch_checkpoint(const fs::path& save_dir, const CheckpointState& state,
+                               const model::ParameterList& params, OptimizerRef optimizer,
+                               const CheckpointRank& rank, const TorchSaveOptions& options) {
+  const bool root = !rank.multi() || rank.world->rank() == 0;
+  const fs::path staging = save_dir / ".torch_staging";
+  save_checkpoint(staging, state, params, optimizer, rank);  // collective: every rank's files
+  fs::path out = save_dir / iteration_name(state.iteration);
+  std::string failure;
+  if (root) {
+    try {
+      const auto ckpt = find_checkpoint(staging, state.iteration);
+      MG_CHECK(ckpt.has_value(), "the staged checkpoint is missing");
+      const MergedCheckpoint m = merge_checkpoint(*ckpt, !optimizer.empty());
+      int lpvs = 0;
+      if (state.args.contains("parallel") && state.args["parallel"].contains("num_layers_per_virtual_pipeline_stage"))
+        lpvs = state.args["parallel"]["num_layers_per_virtual_pipeline_stage"].get<int>();
+      out = write_torch_checkpoint(m, save_dir, rank.tp_size, rank.pp_size, lpvs, options);
+      fs::remove_all(staging);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  if (rank.multi()) {  // every rank learns whether rank 0 succeeded
+    const std::vector<std::string> all = all_gather_strings(*rank.world, failure);
+    failure = all[0];
+  }
+  MG_REQUIRE(failure.empty(), "saving the torch checkpoint in ", save_dir.string(), " failed: ", failure);
+  return out;
+}
+
+}  // namespace megatron::training

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of this folder (clang, -fsanitize=fuzzer,address,undefined) and
+# runs each for a set time, printing the executions and the outcome. Not part of CI: run by hand.
+#   tests/fuzz/run_fuzzers.sh [SECONDS_PER_TARGET] [TARGET ...]     (default 600 s, all targets)
+# Targets: http_request npy safetensors indexed_dataset jsonl gpt2_bpe. Findings (crash-*,
+# leak-*, timeout-*) are written to build-fuzz/findings/TARGET/; the corpus grows in
+# build-fuzz/corpus/TARGET (seeded from tests/fuzz/seeds/TARGET). Needs clang and libclang-rt
+# (Debian: clang, libclang-rt-14-dev) and GPT-2's files in .cache/gpt2 for gpt2_bpe
+# (scripts/get-corpus.sh).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${FUZZ_BUILD:-$ROOT/build-fuzz}
+SECONDS_PER_TARGET=${1:-600}
+shift || true
+TARGETS=("$@")
+if [ ${#TARGETS[@]} -eq 0 ]; then
+  TARGETS=(http_request npy safetensors indexed_dataset jsonl gpt2_bpe)
+fi
+CXX=${FUZZ_CXX:-clang++}
+FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+       -I"$ROOT/src" -DMEGATRON_VERSION='"fuzz"' -Wno-unused-command-line-argument)
+
+# The library code the targets reach: core and data, and the HTTP parser, built once with the
+# sanitizers (without main; libFuzzer provides it).
+mkdir -p "$OUT/obj"
+LIB_SOURCES=("$ROOT"/src/core/*.cpp "$ROOT"/src/data/*.cpp "$ROOT/src/inference/server_http_parser.cpp")
+OBJECTS=()
+for src in "${LIB_SOURCES[@]}"; do
+  obj="$OUT/obj/$(basename "$(dirname "$src")")_$(basename "${src%.cpp}").o"
+  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
+    echo "fuzz: compiling $src" >&2
+    "$CXX" "${FLAGS[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" -c "$src" -o "$obj"
+  fi
+  OBJECTS+=("$obj")
+done
+
+summary=()
+for t in "${TARGETS[@]}"; do
+  src="$ROOT/tests/fuzz/fuzz_$t.cpp"
+  bin="$OUT/fuzz_$t"
+  [ -f "$src" ] || { echo "fuzz: no target $t ($src)" >&2; exit 1; }
+  if [ ! -f "$bin" ] || [ "$src" -nt "$bin" ] || [ -n "$(find "$OUT/obj" -newer "$bin" -name '*.o' | head -1)" ]; then
+    echo "fuzz: linking $bin" >&2
+    "$CXX" "${FLAGS[@]}" "$src" "${OBJECTS[@]}" -o "$bin" -lutf8proc -lpthread
+  fi
+  corpus="$OUT/corpus/$t" findings="$OUT/findings/$t"
+  mkdir -p "$corpus" "$findings"
+  [ -d "$ROOT/tests/fuzz/seeds/$t" ] && cp -n "$ROOT/tests/fuzz/seeds/$t"/* "$corpus"/ 2>/dev/null || true
+  max_len=65536
+  [ "$t" = gpt2_bpe ] && max_len=8192  # long texts only slow it down: pieces are short
+  log="$OUT/fuzz_$t.log"
+  echo "fuzz: running $t for $SECONDS_PER_TARGET s (log $log)" >&2
+  set +e
+  (cd "$ROOT" && GPT2_DIR="$ROOT/.cache/gpt2" "$bin" -max_total_time="$SECONDS_PER_TARGET" \
+     -timeout=10 -rss_limit_mb=2048 -max_len=$max_len -print_final_stats=1 \
+     -artifact_prefix="$findings/" "$corpus" > "$log" 2>&1)
+  rc=$?
+  set -e
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  result=$([ $rc -eq 0 ] && echo "no crash" || echo "FAILED (exit $rc; see $log and $findings)")
+  summary+=("$t: ${runs:-?} executions in $SECONDS_PER_TARGET s, $result")
+done
+printf '%s\n' "${summary[@]}"
