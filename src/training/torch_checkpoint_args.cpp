@@ -137,7 +137,8 @@ Value* to_namespace(pickle::Document& doc, const json& ours, const json& extra) 
 json from_namespace(const Value& ns, const std::string& label) {
   MG_REQUIRE(ns.kind == Kind::Namespace, label, ": \"args\" is a ", ns.describe(),
              ", not an argparse.Namespace");
-  json out = training_args_to_json(TrainingArgs{});
+  static const TrainingArgs kDefaults;  // (a named object: GCC 12 misreads the temporary)
+  json out = training_args_to_json(kDefaults);
   std::vector<std::string> path;
   json leaves = out;
   for_each_leaf(leaves, path, [&](const std::vector<std::string>& p, const json& like) {

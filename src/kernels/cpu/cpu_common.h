@@ -12,6 +12,13 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 
+namespace megatron::ops {
+// Work (elements) below which a loop runs on the calling thread: an OpenMP region costs more than
+// it saves there (decode steps run one row per sequence) and its idle threads spin while OpenBLAS
+// wants the cores. Loops with independent iterations only, so results do not change.
+constexpr int64_t kMinParallelWork = 16384;
+}  // namespace megatron::ops
+
 namespace megatron::ops::cpu {
 
 inline void require_cpu(const char* op, const Tensor& t) {

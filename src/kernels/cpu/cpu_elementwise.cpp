@@ -25,7 +25,7 @@ void embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight) {
                " is outside the table [0, ", V, ")");
   const float* w = weight.data<float>();
   float* o = out.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * h > kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) std::copy(w + id[i] * h, w + (id[i] + 1) * h, o + i * h);
 }
 
@@ -66,7 +66,7 @@ void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Te
   const int32_t* id = ids.data<int32_t>();
   const float* w = weight.data<float>();
   float* o = out.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * h > kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t v = int64_t(id[i]) - vocab_start;
     if (v >= 0 && v < V)
@@ -107,7 +107,7 @@ void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, co
   float* o = out.data<float>();
   float* mp = mean.defined() ? mean.data<float>() : nullptr;
   float* rp = rstd.defined() ? rstd.data<float>() : nullptr;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * h > kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = xp + i * h;
     float m = 0;
@@ -184,13 +184,13 @@ void gelu_fwd(const Tensor& out, const Tensor& x, bool tanh_approx) {
   float* o = out.data<float>();
   const int64_t n = x.numel();
   if (tanh_approx) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
     for (int64_t i = 0; i < n; ++i) {
       const float v = xp[i];
       o[i] = 0.5f * v * (1.0f + fast_tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
     }
   } else {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
     for (int64_t i = 0; i < n; ++i) o[i] = 0.5f * xp[i] * (1.0f + std::erf(xp[i] * kInvSqrt2));
   }
 }
@@ -202,7 +202,7 @@ void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_a
   float* d = dx.data<float>();
   const int64_t n = x.numel();
   if (tanh_approx) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
     for (int64_t i = 0; i < n; ++i) {
       const float v = xp[i];
       const float t = fast_tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v));
@@ -210,7 +210,7 @@ void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_a
       d[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
     }
   } else {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
     for (int64_t i = 0; i < n; ++i) {
       const float v = xp[i];
       const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
@@ -227,7 +227,7 @@ void bias_add(const Tensor& x, const Tensor& bias) {
   MG_CHECK(x.size(-1) == m, "bias_add: last dim ", x.size(-1), " != bias ", m);
   float* xp = x.data<float>();
   const float* b = bias.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * m > kMinParallelWork)
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < m; ++j) xp[i * m + j] += b[j];
 }
@@ -258,7 +258,7 @@ void add(const Tensor& out, const Tensor& a, const Tensor& b) {
   float* o = out.data<float>();
   const float *ap = a.data<float>(), *bp = b.data<float>();
   const int64_t n = out.numel();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) o[i] = ap[i] + bp[i];
 }
 
@@ -266,7 +266,7 @@ void scale(const Tensor& x, float s) {
   require_f32("scale", "x", x);
   float* p = x.data<float>();
   const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) p[i] *= s;
 }
 

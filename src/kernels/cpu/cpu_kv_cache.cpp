@@ -81,7 +81,7 @@ void kv_cache_append(const Tensor& k_cache, const Tensor& v_cache, const Tensor&
   const float* x = qkv.data<float>();
   float* kc = k_cache.data<float>();
   float* vc = v_cache.data<float>();
-#pragma omp parallel for schedule(static) if (L.n * L.width > 16384)
+#pragma omp parallel for schedule(static) if (L.n * L.width > kMinParallelWork)
   for (int64_t r = 0; r < L.n; ++r) {
     const float* row = x + r * L.width;
     for (int g = 0; g < L.groups; ++g) {
@@ -128,7 +128,7 @@ void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& 
   constexpr int64_t kTileRows = 64;
   const int64_t tasks = int64_t(runs.size()) * L.heads;
   cpu::blas_single_threaded();
-#pragma omp parallel
+#pragma omp parallel if (tasks * L.max_len * L.d > kMinParallelWork)
   {
     std::vector<float> P(size_t(std::min<int64_t>(kTileRows, L.n) * L.max_len));
 #pragma omp for schedule(dynamic, 1)

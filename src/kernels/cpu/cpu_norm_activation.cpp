@@ -36,7 +36,7 @@ void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const T
   const float *xp = x.data<float>(), *w = weight.data<float>();
   float* o = out.data<float>();
   float* rp = rstd.defined() ? rstd.data<float>() : nullptr;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * h > kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = xp + i * h;
     float ms = 0;
@@ -110,7 +110,7 @@ void swiglu_fwd(const Tensor& out, const Tensor& x) {
   const int64_t f = check_glu("swiglu_fwd", x, out, "out"), n = rows_of(x);
   const float* xp = x.data<float>();
   float* o = out.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * f > kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const float *gate = xp + i * 2 * f, *up = gate + f;
     float* oi = o + i * f;
@@ -126,7 +126,7 @@ void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   cpu::require_numel(op, dx, x);
   const float *xp = x.data<float>(), *g = dout.data<float>();
   float* d = dx.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * f > kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const float *gate = xp + i * 2 * f, *up = gate + f, *gi = g + i * f;
     float *dgate = d + i * 2 * f, *dup = dgate + f;
@@ -147,7 +147,7 @@ void squared_relu_fwd(const Tensor& out, const Tensor& x) {
   const float* xp = x.data<float>();
   float* o = out.data<float>();
   const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const float r = xp[i] > 0.0f ? xp[i] : 0.0f;
     o[i] = r * r;
@@ -163,7 +163,7 @@ void squared_relu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   const float *xp = x.data<float>(), *g = dout.data<float>();
   float* d = dx.data<float>();
   const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) d[i] = xp[i] > 0.0f ? 2.0f * xp[i] * g[i] : 0.0f;
 }
 

@@ -78,14 +78,14 @@ void rope_apply(const char* op, const Tensor& qkv, const Tensor& positions,
   const bool table = span <= n;
   std::vector<float> cs_tab(table ? size_t(span * half) : 0), sn_tab(cs_tab.size());
   if (table) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (span * half > kMinParallelWork)
     for (int64_t p = 0; p < span; ++p) {
       angles(pmin + p, inv_freq, cs_tab.data() + p * half, sn_tab.data() + p * half);
       for (int64_t i = 0; i < half; ++i) sn_tab[size_t(p * half + i)] *= sign;
     }
   }
   float* x = qkv.data<float>();
-#pragma omp parallel
+#pragma omp parallel if (n * half > kMinParallelWork)
   {
     std::vector<float> cs_row(table ? 0 : size_t(half)), sn_row(cs_row.size());
 #pragma omp for schedule(static)
