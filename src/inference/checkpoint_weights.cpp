@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "core/safetensors.h"
 #include "training/checkpoint.h"
+#include "training/torch_checkpoint.h"
 #include "training/checkpoint_convert.h"
 
 namespace megatron::inference {
@@ -81,7 +82,10 @@ CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optiona
   const bool recorded =
       has_metadata && (fs::exists(folder / "metadata.json.sha256") ||
                        training::read_checkpoint_metadata(folder).contains("files"));
-  if (recorded) {
+  // Megatron-LM's model_optim_rng.pt files (any layout): read through the training checkpoint
+  // reader (every tensor's CRC-32 checked, shards merged, weights checked finite).
+  const bool torch = !has_metadata && training::is_torch_checkpoint(folder);
+  if (recorded || torch) {
     auto ckpt = training::find_checkpoint(load_dir, step);
     MG_REQUIRE(ckpt.has_value(), "no checkpoint in ", load_dir.string());
     const bool sharded = ckpt->parallel.tensor_model_parallel_size > 1 ||
@@ -92,6 +96,7 @@ CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optiona
     w.directory_ = sharded ? ckpt->dir : ckpt->dir / "mp_rank_00";
     // Unsharded: the vocabulary table as saved, so that a tokenizer mismatch shows.
     w.tensors_ = training::read_single_rank_model(*ckpt, sharded ? padded_vocab_size : 0);
+    if (torch) training::check_finite_tensors(w.tensors_, ckpt->dir.string());
     return w;
   }
   w.directory_ = folder / "mp_rank_00";

@@ -37,6 +37,7 @@ void check_model_function_args(const CheckpointOnDisk& ckpt, const TrainingArgs&
       flag = model::activation_flag(args.model.activation);
     } else {
       for (const char* f : s.flags) flag += (flag.empty() ? "" : " / ") + std::string(f);
+      if (flag.empty()) flag = s.key;  // fixed by the model type, not by a flag
     }
     const std::string what =
         str(flag, ": the checkpoint ", where, " was trained with ", s.key, " = ", was,

@@ -7,6 +7,7 @@
 
 #include "cli/cli_fixture.h"
 #include "test_util.h"
+#include "training/checkpoint_files.h"
 
 namespace megatron::testing {
 namespace {
@@ -27,7 +28,7 @@ TEST(ConvertTokenizerFiles, FoundNextToTheCheckpointOrNamedByFlags) {
   json j = json::parse(read_file(meta));
   j["args"]["tokenizer"]["vocab_file"] = "gpt2-vocab.json";
   j["args"]["tokenizer"]["merge_file"] = "gpt2-merges.txt";
-  write_file(meta, j.dump());
+  training::detail::write_metadata(meta.parent_path(), j.dump());  // with its checksum file
   const std::string cd = "cd '" + tmp.path().string() + "' && '" + cli_path().string() + "' ";
   // TP2 -> TP1: 50432 rows under TP2 hold 50177 to 50432 tokens, which pad to 50304 or 50432
   // rows under TP1: the unpadded size (GPT-2's 50257 -> 50304 rows) is needed.
