@@ -14,9 +14,11 @@ void InferenceContext::allocate(int num_layers, int64_t s, int64_t groups, int64
   max_len = len;
   key_cache.assign(size_t(num_layers), Tensor());
   value_cache.assign(size_t(num_layers), Tensor());
+  // Zero-filled: the pages are touched here, at the start of a request, rather than by the first
+  // token written at each position (a page fault inside every decode step).
   for (int l = 0; l < num_layers; ++l) {
-    key_cache[size_t(l)] = Tensor::empty({s, groups, len, head_dim}, DType::F32, device);
-    value_cache[size_t(l)] = Tensor::empty({s, groups, len, head_dim}, DType::F32, device);
+    key_cache[size_t(l)] = Tensor::zeros({s, groups, len, head_dim}, DType::F32, device);
+    value_cache[size_t(l)] = Tensor::zeros({s, groups, len, head_dim}, DType::F32, device);
   }
 }
 

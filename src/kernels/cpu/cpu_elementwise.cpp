@@ -276,9 +276,9 @@ void dropout_apply(float* out, const float* x, const float* bias, int64_t m, con
                    int64_t n, const DropoutSpec& d) {
   const Philox rng(d.seed, d.stream);
   constexpr int64_t kChunk = 4096;
-#pragma omp parallel
+#pragma omp parallel if (n > kMinParallelWork)
   {
-    std::vector<float> keep(kChunk);
+    std::vector<float> keep(d.active() ? size_t(kChunk) : 0);  // (no mask without dropout)
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < n; c += kChunk) {
       const int64_t len = std::min(kChunk, n - c);
