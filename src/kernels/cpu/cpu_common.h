@@ -21,6 +21,31 @@ constexpr int64_t kMinParallelWork = 16384;
 
 namespace megatron::ops::cpu {
 
+// body(i) for i in [0, n): on the OpenMP threads (static schedule) when `work` (elements) exceeds
+// kMinParallelWork, else on the calling thread without entering an OpenMP region (even a region
+// with one thread costs a futex wake at its barrier: about 75 per decode step of a 6-layer model).
+// Iterations must be independent, so the values do not depend on the path.
+template <class Body>
+inline void parallel_for(int64_t n, int64_t work, Body&& body) {
+  if (work > kMinParallelWork) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) body(i);
+  } else {
+    for (int64_t i = 0; i < n; ++i) body(i);
+  }
+}
+// The same for element-wise loops (simd on both paths).
+template <class Body>
+inline void parallel_for_simd(int64_t n, Body&& body) {
+  if (n > kMinParallelWork) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) body(i);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) body(i);
+  }
+}
+
 inline void require_cpu(const char* op, const Tensor& t) {
   if (t.defined() && !t.device().is_cpu())
     MG_THROW(op, ": tensor on ", t.device().to_string(),

@@ -25,8 +25,7 @@ void embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight) {
                " is outside the table [0, ", V, ")");
   const float* w = weight.data<float>();
   float* o = out.data<float>();
-#pragma omp parallel for schedule(static) if (n * h > kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) std::copy(w + id[i] * h, w + (id[i] + 1) * h, o + i * h);
+  cpu::parallel_for(n, n * h, [&](int64_t i) { std::copy(w + id[i] * h, w + (id[i] + 1) * h, o + i * h); });
 }
 
 void embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout) {
@@ -66,14 +65,13 @@ void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Te
   const int32_t* id = ids.data<int32_t>();
   const float* w = weight.data<float>();
   float* o = out.data<float>();
-#pragma omp parallel for schedule(static) if (n * h > kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
+  cpu::parallel_for(n, n * h, [&](int64_t i) {
     const int64_t v = int64_t(id[i]) - vocab_start;
     if (v >= 0 && v < V)
       std::copy(w + v * h, w + (v + 1) * h, o + i * h);
     else
       std::fill(o + i * h, o + (i + 1) * h, 0.0f);
-  }
+  });
 }
 
 void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,
@@ -107,8 +105,7 @@ void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, co
   float* o = out.data<float>();
   float* mp = mean.defined() ? mean.data<float>() : nullptr;
   float* rp = rstd.defined() ? rstd.data<float>() : nullptr;
-#pragma omp parallel for schedule(static) if (n * h > kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
+  cpu::parallel_for(n, n * h, [&](int64_t i) {
     const float* xi = xp + i * h;
     float m = 0;
     for (int64_t j = 0; j < h; ++j) m += xi[j];
@@ -121,7 +118,7 @@ void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, co
     for (int64_t j = 0; j < h; ++j) oi[j] = (xi[j] - m) * r * w[j] + b[j];
     if (mp) mp[i] = m;
     if (rp) rp[i] = r;
-  }
+  });
 }
 
 void layernorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
@@ -184,14 +181,12 @@ void gelu_fwd(const Tensor& out, const Tensor& x, bool tanh_approx) {
   float* o = out.data<float>();
   const int64_t n = x.numel();
   if (tanh_approx) {
-#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
-    for (int64_t i = 0; i < n; ++i) {
+    cpu::parallel_for_simd(n, [&](int64_t i) {
       const float v = xp[i];
       o[i] = 0.5f * v * (1.0f + fast_tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
-    }
+    });
   } else {
-#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
-    for (int64_t i = 0; i < n; ++i) o[i] = 0.5f * xp[i] * (1.0f + std::erf(xp[i] * kInvSqrt2));
+    cpu::parallel_for_simd(n, [&](int64_t i) { o[i] = 0.5f * xp[i] * (1.0f + std::erf(xp[i] * kInvSqrt2)); });
   }
 }
 
@@ -202,21 +197,19 @@ void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_a
   float* d = dx.data<float>();
   const int64_t n = x.numel();
   if (tanh_approx) {
-#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
-    for (int64_t i = 0; i < n; ++i) {
+    cpu::parallel_for_simd(n, [&](int64_t i) {
       const float v = xp[i];
       const float t = fast_tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v));
       const float dt = (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
       d[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
-    }
+    });
   } else {
-#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
-    for (int64_t i = 0; i < n; ++i) {
+    cpu::parallel_for_simd(n, [&](int64_t i) {
       const float v = xp[i];
       const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
       const float pdf = 0.3989422804014327f * std::exp(-0.5f * v * v);
       d[i] = g[i] * (cdf + v * pdf);
-    }
+    });
   }
 }
 
@@ -227,9 +220,9 @@ void bias_add(const Tensor& x, const Tensor& bias) {
   MG_CHECK(x.size(-1) == m, "bias_add: last dim ", x.size(-1), " != bias ", m);
   float* xp = x.data<float>();
   const float* b = bias.data<float>();
-#pragma omp parallel for schedule(static) if (n * m > kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i)
+  cpu::parallel_for(n, n * m, [&](int64_t i) {
     for (int64_t j = 0; j < m; ++j) xp[i * m + j] += b[j];
+  });
 }
 
 void bias_grad(const Tensor& dbias, const Tensor& dout) {
@@ -258,16 +251,14 @@ void add(const Tensor& out, const Tensor& a, const Tensor& b) {
   float* o = out.data<float>();
   const float *ap = a.data<float>(), *bp = b.data<float>();
   const int64_t n = out.numel();
-#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) o[i] = ap[i] + bp[i];
+  cpu::parallel_for_simd(n, [&](int64_t i) { o[i] = ap[i] + bp[i]; });
 }
 
 void scale(const Tensor& x, float s) {
   require_f32("scale", "x", x);
   float* p = x.data<float>();
   const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) p[i] *= s;
+  cpu::parallel_for_simd(n, [&](int64_t i) { p[i] *= s; });
 }
 
 namespace {
@@ -276,21 +267,28 @@ void dropout_apply(float* out, const float* x, const float* bias, int64_t m, con
                    int64_t n, const DropoutSpec& d) {
   const Philox rng(d.seed, d.stream);
   constexpr int64_t kChunk = 4096;
-#pragma omp parallel if (n > kMinParallelWork)
-  {
-    std::vector<float> keep(d.active() ? size_t(kChunk) : 0);  // (no mask without dropout)
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < n; c += kChunk) {
-      const int64_t len = std::min(kChunk, n - c);
-      if (d.active()) cpu::dropout_row(keep.data(), len, d.element_offset + uint64_t(c), rng, d.p);
-      for (int64_t i = 0; i < len; ++i) {
-        float v = x[c + i];
-        if (bias) v += bias[(c + i) % m];
-        if (d.active()) v *= keep[size_t(i)];
-        if (res) v += res[c + i];
-        out[c + i] = v;
-      }
+  auto chunk = [&](int64_t c, std::vector<float>& keep) {
+    const int64_t len = std::min(kChunk, n - c);
+    if (d.active()) cpu::dropout_row(keep.data(), len, d.element_offset + uint64_t(c), rng, d.p);
+    for (int64_t i = 0; i < len; ++i) {
+      float v = x[c + i];
+      if (bias) v += bias[(c + i) % m];
+      if (d.active()) v *= keep[size_t(i)];
+      if (res) v += res[c + i];
+      out[c + i] = v;
     }
+  };
+  const size_t mask = d.active() ? size_t(kChunk) : 0;  // no mask without dropout
+  if (n <= kMinParallelWork) {  // on this thread, outside any OpenMP region
+    std::vector<float> keep(mask);
+    for (int64_t c = 0; c < n; c += kChunk) chunk(c, keep);
+    return;
+  }
+#pragma omp parallel
+  {
+    std::vector<float> keep(mask);
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < n; c += kChunk) chunk(c, keep);
   }
 }
 }  // namespace

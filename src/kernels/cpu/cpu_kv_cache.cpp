@@ -81,15 +81,14 @@ void kv_cache_append(const Tensor& k_cache, const Tensor& v_cache, const Tensor&
   const float* x = qkv.data<float>();
   float* kc = k_cache.data<float>();
   float* vc = v_cache.data<float>();
-#pragma omp parallel for schedule(static) if (L.n * L.width > kMinParallelWork)
-  for (int64_t r = 0; r < L.n; ++r) {
+  cpu::parallel_for(L.n, L.n * L.width, [&](int64_t r) {
     const float* row = x + r * L.width;
     for (int g = 0; g < L.groups; ++g) {
       const int64_t at = L.cache(L.slot[r], g) + int64_t(L.pos[r]) * L.d;
       std::copy_n(row + L.k(g), L.d, kc + at);
       std::copy_n(row + L.v(g), L.d, vc + at);
     }
-  }
+  });
 }
 
 void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& k_cache,
@@ -128,58 +127,65 @@ void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& 
   constexpr int64_t kTileRows = 64;
   const int64_t tasks = int64_t(runs.size()) * L.heads;
   cpu::blas_single_threaded();
-#pragma omp parallel if (tasks * L.max_len * L.d > kMinParallelWork)
-  {
-    std::vector<float> P(size_t(std::min<int64_t>(kTileRows, L.n) * L.max_len));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const auto [first, len] = runs[size_t(task / L.heads)];
-      const int head = int(task % L.heads), group = head / L.hpg;
-      const float* K = kc + L.cache(L.slot[first], group);
-      const float* V = vc + L.cache(L.slot[first], group);
-      for (int64_t t0 = 0; t0 < len; t0 += kTileRows) {
-        const int64_t nt = std::min(kTileRows, len - t0), r0 = first + t0;
-        const int64_t p0 = L.pos[r0], p1 = L.pos[r0 + nt - 1];
-        // Keys [k0, k1) cover the tile: the first row's window start to the last row's position.
-        const int64_t k0 = window >= 0 ? std::max<int64_t>(0, p0 - window) : 0, k1 = p1 + 1;
-        const int64_t kw = k1 - k0;
-        const float* Q = x + r0 * L.width + L.q(head);
-        float* O = out + r0 * L.ctx_width + int64_t(head) * L.d;
-        if (nt == 1) {
-          std::fill_n(P.data(), kw, 0.0f);
-          cblas_sgemv(CblasRowMajor, CblasNoTrans, int(kw), L.d, scale, K + k0 * L.d, L.d, Q, 1,
-                      0.0f, P.data(), 1);
-        } else {
-          cpu::sgemm(false, true, nt, kw, L.d, scale, Q, L.width, K + k0 * L.d, L.d, 0.0f,
-                     P.data(), kw);
+  const size_t scratch = size_t(std::min<int64_t>(kTileRows, L.n) * L.max_len);
+  auto run_task = [&](int64_t task, std::vector<float>& P) {
+    const auto [first, len] = runs[size_t(task / L.heads)];
+    const int head = int(task % L.heads), group = head / L.hpg;
+    const float* K = kc + L.cache(L.slot[first], group);
+    const float* V = vc + L.cache(L.slot[first], group);
+    for (int64_t t0 = 0; t0 < len; t0 += kTileRows) {
+      const int64_t nt = std::min(kTileRows, len - t0), r0 = first + t0;
+      const int64_t p0 = L.pos[r0], p1 = L.pos[r0 + nt - 1];
+      // Keys [k0, k1) cover the tile: the first row's window start to the last row's position.
+      const int64_t k0 = window >= 0 ? std::max<int64_t>(0, p0 - window) : 0, k1 = p1 + 1;
+      const int64_t kw = k1 - k0;
+      const float* Q = x + r0 * L.width + L.q(head);
+      float* O = out + r0 * L.ctx_width + int64_t(head) * L.d;
+      if (nt == 1) {
+        std::fill_n(P.data(), kw, 0.0f);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, int(kw), L.d, scale, K + k0 * L.d, L.d, Q, 1,
+                    0.0f, P.data(), 1);
+      } else {
+        cpu::sgemm(false, true, nt, kw, L.d, scale, Q, L.width, K + k0 * L.d, L.d, 0.0f,
+                   P.data(), kw);
+      }
+      for (int64_t i = 0; i < nt; ++i) {
+        float* row = P.data() + i * kw;
+        const int64_t p = p0 + i, lo = window >= 0 ? std::max<int64_t>(0, p - window) : 0;
+        if (!slopes.empty())
+          for (int64_t j = lo; j <= p; ++j) row[j - k0] += slopes[size_t(head)] * float(j - p);
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = lo; j <= p; ++j) mx = std::max(mx, row[j - k0]);
+        float sum = 0;
+        for (int64_t j = lo; j <= p; ++j) {
+          row[j - k0] = cpu::fast_exp(row[j - k0] - mx);
+          sum += row[j - k0];
         }
-        for (int64_t i = 0; i < nt; ++i) {
-          float* row = P.data() + i * kw;
-          const int64_t p = p0 + i, lo = window >= 0 ? std::max<int64_t>(0, p - window) : 0;
-          if (!slopes.empty())
-            for (int64_t j = lo; j <= p; ++j) row[j - k0] += slopes[size_t(head)] * float(j - p);
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t j = lo; j <= p; ++j) mx = std::max(mx, row[j - k0]);
-          float sum = 0;
-          for (int64_t j = lo; j <= p; ++j) {
-            row[j - k0] = cpu::fast_exp(row[j - k0] - mx);
-            sum += row[j - k0];
-          }
-          const float inv = 1.0f / sum;
-          for (int64_t j = k0; j < lo; ++j) row[j - k0] = 0;
-          for (int64_t j = lo; j <= p; ++j) row[j - k0] *= inv;
-          for (int64_t j = p + 1; j < k1; ++j) row[j - k0] = 0;
-        }
-        if (nt == 1) {
-          std::fill_n(O, L.d, 0.0f);
-          cblas_sgemv(CblasRowMajor, CblasTrans, int(kw), L.d, 1.0f, V + k0 * L.d, L.d, P.data(),
-                      1, 0.0f, O, 1);
-        } else {
-          cpu::sgemm(false, false, nt, L.d, kw, 1.0f, P.data(), kw, V + k0 * L.d, L.d, 0.0f, O,
-                     L.ctx_width);
-        }
+        const float inv = 1.0f / sum;
+        for (int64_t j = k0; j < lo; ++j) row[j - k0] = 0;
+        for (int64_t j = lo; j <= p; ++j) row[j - k0] *= inv;
+        for (int64_t j = p + 1; j < k1; ++j) row[j - k0] = 0;
+      }
+      if (nt == 1) {
+        std::fill_n(O, L.d, 0.0f);
+        cblas_sgemv(CblasRowMajor, CblasTrans, int(kw), L.d, 1.0f, V + k0 * L.d, L.d, P.data(),
+                    1, 0.0f, O, 1);
+      } else {
+        cpu::sgemm(false, false, nt, L.d, kw, 1.0f, P.data(), kw, V + k0 * L.d, L.d, 0.0f, O,
+                   L.ctx_width);
       }
     }
+  };
+  if (tasks * L.max_len * L.d <= kMinParallelWork) {  // on this thread, outside any OpenMP region
+    std::vector<float> P(scratch);
+    for (int64_t task = 0; task < tasks; ++task) run_task(task, P);
+    return;
+  }
+#pragma omp parallel
+  {
+    std::vector<float> P(scratch);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) run_task(task, P);
   }
 }
 

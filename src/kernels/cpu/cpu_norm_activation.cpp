@@ -36,8 +36,7 @@ void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const T
   const float *xp = x.data<float>(), *w = weight.data<float>();
   float* o = out.data<float>();
   float* rp = rstd.defined() ? rstd.data<float>() : nullptr;
-#pragma omp parallel for schedule(static) if (n * h > kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
+  cpu::parallel_for(n, n * h, [&](int64_t i) {
     const float* xi = xp + i * h;
     float ms = 0;
     for (int64_t j = 0; j < h; ++j) ms += xi[j] * xi[j];
@@ -45,7 +44,7 @@ void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const T
     float* oi = o + i * h;
     for (int64_t j = 0; j < h; ++j) oi[j] = xi[j] * r * w[j];
     if (rp) rp[i] = r;
-  }
+  });
 }
 
 void rmsnorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dout, const Tensor& x,
@@ -110,13 +109,12 @@ void swiglu_fwd(const Tensor& out, const Tensor& x) {
   const int64_t f = check_glu("swiglu_fwd", x, out, "out"), n = rows_of(x);
   const float* xp = x.data<float>();
   float* o = out.data<float>();
-#pragma omp parallel for schedule(static) if (n * f > kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
+  cpu::parallel_for(n, n * f, [&](int64_t i) {
     const float *gate = xp + i * 2 * f, *up = gate + f;
     float* oi = o + i * f;
 #pragma omp simd
     for (int64_t j = 0; j < f; ++j) oi[j] = gate[j] * sigmoid(gate[j]) * up[j];
-  }
+  });
 }
 
 void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
@@ -126,8 +124,7 @@ void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   cpu::require_numel(op, dx, x);
   const float *xp = x.data<float>(), *g = dout.data<float>();
   float* d = dx.data<float>();
-#pragma omp parallel for schedule(static) if (n * f > kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
+  cpu::parallel_for(n, n * f, [&](int64_t i) {
     const float *gate = xp + i * 2 * f, *up = gate + f, *gi = g + i * f;
     float *dgate = d + i * 2 * f, *dup = dgate + f;
 #pragma omp simd
@@ -137,7 +134,7 @@ void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
       dgate[j] = gi[j] * up[j] * s * (1.0f + a * (1.0f - s));
       dup[j] = gi[j] * silu;
     }
-  }
+  });
 }
 
 void squared_relu_fwd(const Tensor& out, const Tensor& x) {
@@ -147,11 +144,10 @@ void squared_relu_fwd(const Tensor& out, const Tensor& x) {
   const float* xp = x.data<float>();
   float* o = out.data<float>();
   const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
+  cpu::parallel_for_simd(n, [&](int64_t i) {
     const float r = xp[i] > 0.0f ? xp[i] : 0.0f;
     o[i] = r * r;
-  }
+  });
 }
 
 void squared_relu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
@@ -163,8 +159,7 @@ void squared_relu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   const float *xp = x.data<float>(), *g = dout.data<float>();
   float* d = dx.data<float>();
   const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (n > kMinParallelWork)
-  for (int64_t i = 0; i < n; ++i) d[i] = xp[i] > 0.0f ? 2.0f * xp[i] * g[i] : 0.0f;
+  cpu::parallel_for_simd(n, [&](int64_t i) { d[i] = xp[i] > 0.0f ? 2.0f * xp[i] * g[i] : 0.0f; });
 }
 
 }  // namespace megatron::ops

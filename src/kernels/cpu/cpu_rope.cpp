@@ -78,18 +78,13 @@ void rope_apply(const char* op, const Tensor& qkv, const Tensor& positions,
   const bool table = span <= n;
   std::vector<float> cs_tab(table ? size_t(span * half) : 0), sn_tab(cs_tab.size());
   if (table) {
-#pragma omp parallel for schedule(static) if (span * half > kMinParallelWork)
-    for (int64_t p = 0; p < span; ++p) {
+    cpu::parallel_for(span, span * half, [&](int64_t p) {
       angles(pmin + p, inv_freq, cs_tab.data() + p * half, sn_tab.data() + p * half);
       for (int64_t i = 0; i < half; ++i) sn_tab[size_t(p * half + i)] *= sign;
-    }
+    });
   }
   float* x = qkv.data<float>();
-#pragma omp parallel if (n * half > kMinParallelWork)
-  {
-    std::vector<float> cs_row(table ? 0 : size_t(half)), sn_row(cs_row.size());
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < n; ++r) {
+  auto rotate_row = [&](int64_t r, std::vector<float>& cs_row, std::vector<float>& sn_row) {
       const float *cs = nullptr, *sn = nullptr;
       if (table) {
         cs = cs_tab.data() + (pos[r] - pmin) * half;
@@ -104,7 +99,18 @@ void rope_apply(const char* op, const Tensor& qkv, const Tensor& positions,
       for (int g = 0; g < sh.groups; ++g)
         for (int h = 0; h <= hpg; ++h)  // the group's query heads, then its key head
           rotate_head(row + (int64_t(g) * (hpg + 2) + h) * d, half, rope.interleaved, cs, sn);
-    }
+  };
+  const size_t scratch = table ? 0 : size_t(half);
+  if (n * half <= kMinParallelWork) {  // on this thread, outside any OpenMP region
+    std::vector<float> cs_row(scratch), sn_row(scratch);
+    for (int64_t r = 0; r < n; ++r) rotate_row(r, cs_row, sn_row);
+    return;
+  }
+#pragma omp parallel
+  {
+    std::vector<float> cs_row(scratch), sn_row(scratch);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < n; ++r) rotate_row(r, cs_row, sn_row);
   }
 }
 

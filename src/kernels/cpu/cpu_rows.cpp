@@ -57,9 +57,9 @@ void index_select_rows(const Tensor& out, const Tensor& in, const Tensor& index)
   check_pair(op, out, in, o, s);
   const int32_t* ix = check_index(op, index, o.rows, s.rows);
   const size_t bytes = size_t(o.width) * o.el;
-#pragma omp parallel for schedule(static) if (o.rows * o.width > kMinParallelWork)
-  for (int64_t i = 0; i < o.rows; ++i)
+  cpu::parallel_for(o.rows, o.rows * o.width, [&](int64_t i) {
     std::memcpy(o.p + size_t(i * o.ld) * o.el, s.p + size_t(int64_t(ix[i]) * s.ld) * s.el, bytes);
+  });
 }
 
 void index_copy_rows(const Tensor& out, const Tensor& in, const Tensor& index, bool accumulate) {
@@ -74,15 +74,21 @@ void index_copy_rows(const Tensor& out, const Tensor& in, const Tensor& index, b
     const float* x = reinterpret_cast<const float*>(s.p);
     // Each thread owns a column block and walks the rows in index order: duplicates are summed
     // in a fixed order whatever the thread count.
-#pragma omp parallel if (s.rows * s.width > kMinParallelWork)
-    {
-      const int T = omp_get_num_threads(), t = omp_get_thread_num();
-      const int64_t c0 = s.width * t / T, c1 = s.width * (t + 1) / T;
+    auto columns = [&](int64_t c0, int64_t c1) {
       for (int64_t i = 0; i < s.rows; ++i) {
         float* drow = d + int64_t(ix[i]) * o.ld;
         const float* xrow = x + i * s.ld;
         for (int64_t c = c0; c < c1; ++c) drow[c] += xrow[c];
       }
+    };
+    if (s.rows * s.width <= kMinParallelWork) {
+      columns(0, s.width);
+      return;
+    }
+#pragma omp parallel
+    {
+      const int T = omp_get_num_threads(), t = omp_get_thread_num();
+      columns(s.width * t / T, s.width * (t + 1) / T);
     }
     return;
   }
@@ -93,9 +99,9 @@ void index_copy_rows(const Tensor& out, const Tensor& in, const Tensor& index, b
     seen[size_t(ix[i])] = 1;
   }
   const size_t bytes = size_t(o.width) * o.el;
-#pragma omp parallel for schedule(static) if (s.rows * s.width > kMinParallelWork)
-  for (int64_t i = 0; i < s.rows; ++i)
+  cpu::parallel_for(s.rows, s.rows * s.width, [&](int64_t i) {
     std::memcpy(o.p + size_t(int64_t(ix[i]) * o.ld) * o.el, s.p + size_t(i * s.ld) * s.el, bytes);
+  });
 }
 
 namespace {
