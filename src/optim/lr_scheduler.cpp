@@ -18,6 +18,36 @@ LRDecayStyle parse_lr_decay_style(const std::string& s) {
            "'; use one of constant, linear, cosine, inverse-square-root, WSD");
 }
 
+const char* lr_decay_style_name(LRDecayStyle s) {
+  switch (s) {
+    case LRDecayStyle::Constant: return "constant";
+    case LRDecayStyle::Linear: return "linear";
+    case LRDecayStyle::Cosine: return "cosine";
+    case LRDecayStyle::InverseSquareRoot: return "inverse-square-root";
+    case LRDecayStyle::WSD: return "WSD";
+  }
+  return "?";
+}
+
+const char* wsd_decay_style_name(WSDDecayStyle s) {
+  switch (s) {
+    case WSDDecayStyle::Exponential: return "exponential";
+    case WSDDecayStyle::Linear: return "linear";
+    case WSDDecayStyle::Cosine: return "cosine";
+    case WSDDecayStyle::MinusSqrt: return "minus_sqrt";
+  }
+  return "?";
+}
+
+const char* wd_incr_style_name(WDIncrStyle s) {
+  switch (s) {
+    case WDIncrStyle::Constant: return "constant";
+    case WDIncrStyle::Linear: return "linear";
+    case WDIncrStyle::Cosine: return "cosine";
+  }
+  return "?";
+}
+
 WSDDecayStyle parse_wsd_decay_style(const std::string& s) {
   if (s == "exponential") return WSDDecayStyle::Exponential;
   if (s == "linear") return WSDDecayStyle::Linear;

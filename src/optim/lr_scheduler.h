@@ -17,6 +17,10 @@ enum class WDIncrStyle { Constant, Linear, Cosine };
 LRDecayStyle parse_lr_decay_style(const std::string& s);    // Megatron's names; Error otherwise
 WSDDecayStyle parse_wsd_decay_style(const std::string& s);
 WDIncrStyle parse_wd_incr_style(const std::string& s);
+// Megatron's names of each style (what the parsers read).
+const char* lr_decay_style_name(LRDecayStyle s);
+const char* wsd_decay_style_name(WSDDecayStyle s);
+const char* wd_incr_style_name(WDIncrStyle s);
 
 struct LRSchedulerConfig {
   double max_lr = 0.0, min_lr = 0.0, lr_warmup_init = 0.0;

@@ -117,33 +117,6 @@ std::string read_text_file(const fs::path& p) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-const char* lr_style_name(optim::LRDecayStyle s) {
-  switch (s) {
-    case optim::LRDecayStyle::Constant: return "constant";
-    case optim::LRDecayStyle::Linear: return "linear";
-    case optim::LRDecayStyle::Cosine: return "cosine";
-    case optim::LRDecayStyle::InverseSquareRoot: return "inverse-square-root";
-    case optim::LRDecayStyle::WSD: return "WSD";
-  }
-  return "?";
-}
-const char* wsd_style_name(optim::WSDDecayStyle s) {
-  switch (s) {
-    case optim::WSDDecayStyle::Exponential: return "exponential";
-    case optim::WSDDecayStyle::Linear: return "linear";
-    case optim::WSDDecayStyle::Cosine: return "cosine";
-    case optim::WSDDecayStyle::MinusSqrt: return "minus_sqrt";
-  }
-  return "?";
-}
-const char* wd_style_name(optim::WDIncrStyle s) {
-  switch (s) {
-    case optim::WDIncrStyle::Constant: return "constant";
-    case optim::WDIncrStyle::Linear: return "linear";
-    case optim::WDIncrStyle::Cosine: return "cosine";
-  }
-  return "?";
-}
 
 nlohmann::ordered_json scheduler_to_json(const optim::LRSchedulerConfig& c, int64_t num_steps) {
   nlohmann::ordered_json j;
@@ -152,13 +125,13 @@ nlohmann::ordered_json scheduler_to_json(const optim::LRSchedulerConfig& c, int6
   j["lr_warmup_init"] = c.lr_warmup_init;
   j["lr_warmup_steps"] = c.lr_warmup_steps;
   j["lr_decay_steps"] = c.lr_decay_steps;
-  j["lr_decay_style"] = lr_style_name(c.decay_style);
+  j["lr_decay_style"] = optim::lr_decay_style_name(c.decay_style);
   j["wsd_decay_steps"] = c.wsd_decay_steps;
-  j["lr_wsd_decay_style"] = wsd_style_name(c.wsd_decay_style);
+  j["lr_wsd_decay_style"] = optim::wsd_decay_style_name(c.wsd_decay_style);
   j["start_wd"] = c.start_wd;
   j["end_wd"] = c.end_wd;
   j["wd_incr_steps"] = c.wd_incr_steps;
-  j["wd_incr_style"] = wd_style_name(c.wd_incr_style);
+  j["wd_incr_style"] = optim::wd_incr_style_name(c.wd_incr_style);
   j["num_steps"] = num_steps;
   return j;
 }
@@ -596,9 +569,9 @@ optim::LRSchedulerConfig resolve_scheduler_config(const optim::LRSchedulerConfig
     field = stored;
   };
   auto num = [](auto v) { return str(v); };
-  auto lr_style = [](optim::LRDecayStyle v) { return std::string(lr_style_name(v)); };
-  auto wsd_style = [](optim::WSDDecayStyle v) { return std::string(wsd_style_name(v)); };
-  auto wd_style = [](optim::WDIncrStyle v) { return std::string(wd_style_name(v)); };
+  auto lr_style = [](optim::LRDecayStyle v) { return std::string(optim::lr_decay_style_name(v)); };
+  auto wsd_style = [](optim::WSDDecayStyle v) { return std::string(optim::wsd_decay_style_name(v)); };
+  auto wd_style = [](optim::WDIncrStyle v) { return std::string(optim::wd_incr_style_name(v)); };
   if (from_args.max_lr < 0 && !override_args)
     out.max_lr = saved.max_lr;  // --lr not given: the checkpoint's
   else

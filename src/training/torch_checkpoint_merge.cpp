@@ -12,34 +12,6 @@ using json = nlohmann::json;
 
 namespace {
 
-const char* lr_style(optim::LRDecayStyle s) {
-  switch (s) {
-    case optim::LRDecayStyle::Constant: return "constant";
-    case optim::LRDecayStyle::Linear: return "linear";
-    case optim::LRDecayStyle::Cosine: return "cosine";
-    case optim::LRDecayStyle::InverseSquareRoot: return "inverse-square-root";
-    case optim::LRDecayStyle::WSD: return "WSD";
-  }
-  return "linear";
-}
-const char* wsd_style(optim::WSDDecayStyle s) {
-  switch (s) {
-    case optim::WSDDecayStyle::Exponential: return "exponential";
-    case optim::WSDDecayStyle::Linear: return "linear";
-    case optim::WSDDecayStyle::Cosine: return "cosine";
-    case optim::WSDDecayStyle::MinusSqrt: return "minus_sqrt";
-  }
-  return "exponential";
-}
-const char* wd_style(optim::WDIncrStyle s) {
-  switch (s) {
-    case optim::WDIncrStyle::Constant: return "constant";
-    case optim::WDIncrStyle::Linear: return "linear";
-    case optim::WDIncrStyle::Cosine: return "cosine";
-  }
-  return "constant";
-}
-
 // What metadata.json would say about this checkpoint (files and partition dims aside).
 json metadata_of(const CheckpointOnDisk& c, const std::string& optimizer_type) {
   const CheckpointState& s = c.state;
@@ -58,13 +30,13 @@ json metadata_of(const CheckpointOnDisk& c, const std::string& optimizer_type) {
                               {"lr_warmup_init", sc.lr_warmup_init},
                               {"lr_warmup_steps", sc.lr_warmup_steps},
                               {"lr_decay_steps", sc.lr_decay_steps},
-                              {"lr_decay_style", lr_style(sc.decay_style)},
+                              {"lr_decay_style", optim::lr_decay_style_name(sc.decay_style)},
                               {"wsd_decay_steps", sc.wsd_decay_steps},
-                              {"lr_wsd_decay_style", wsd_style(sc.wsd_decay_style)},
+                              {"lr_wsd_decay_style", optim::wsd_decay_style_name(sc.wsd_decay_style)},
                               {"start_wd", sc.start_wd},
                               {"end_wd", sc.end_wd},
                               {"wd_incr_steps", sc.wd_incr_steps},
-                              {"wd_incr_style", wd_style(sc.wd_incr_style)},
+                              {"wd_incr_style", optim::wd_incr_style_name(sc.wd_incr_style)},
                               {"num_steps", s.scheduler_num_steps}};
   if (s.rng)
     m["rng_state"] = {{"generator", "philox4x32-10"}, {"seed", s.rng->seed}, {"dropout_offset", s.rng->dropout_offset}};

@@ -161,12 +161,16 @@ TEST(Scheduler, BeamSearchRunsAloneAndFailuresAreReported) {
 // An engine failure mid-step fails the jobs with running rows (and a job whose later rows were
 // still waiting for a slot); the scheduler starts over with an empty batch and keeps serving.
 TEST(Scheduler, AnEngineFailureFailsTheRunningJobsAndServingGoesOn) {
-  FakeModel model(32, 64, [](std::span<const int32_t> prefix, std::span<float> logits) {
-    MG_CHECK(prefix[0] != 13 || prefix.size() < 4, "injected failure");
+  // The failure waits until the neighbour's first row runs in the same batch (the scheduler may
+  // start the doomed job before the neighbour is submitted).
+  std::atomic<bool> neighbour_running{false};
+  FakeModel model(32, 64, [&](std::span<const int32_t> prefix, std::span<float> logits) {
+    if (prefix[0] == 1) neighbour_running = true;
+    MG_CHECK(prefix[0] != 13 || prefix.size() < 4 || !neighbour_running, "injected failure");
     testing::hashed_logits(prefix, logits);
   });
   Scheduler scheduler(model, 30, SpecialTokens{}, 2, 16);
-  auto doomed = sampling_job({{13}}, 8);           // fails at its third step
+  auto doomed = sampling_job({{13}}, 20);          // fails once both run, from its third step
   auto neighbour = sampling_job({{1}, {2}}, 8);    // one row running beside it, one waiting
   ASSERT_TRUE(scheduler.submit(doomed));
   ASSERT_TRUE(scheduler.submit(neighbour));
