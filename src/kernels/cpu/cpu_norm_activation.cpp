@@ -6,11 +6,9 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
-namespace megatron::ops {
-using cpu::require_f32;
-using cpu::rows_of;
+namespace megatron::ops::cpu {
 
 namespace {
 // x [n, h] and weight [h] of a norm; returns h.
@@ -167,4 +165,4 @@ void squared_relu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   for (int64_t i = 0; i < n; ++i) d[i] = xp[i] > 0.0f ? 2.0f * xp[i] * g[i] : 0.0f;
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::ops::cpu
