@@ -70,6 +70,7 @@ TEST(BackendOps, CheckedDeviceEqualsCpuBitForBit) {
   }
 }
 
+#ifdef MEGATRON_HAVE_CUDA
 // Number of elements of got outside the tolerance of want (and the first of them).
 int64_t count_off(const Tensor& got, const Tensor& want, Tolerance tol, int64_t* first) {
   const std::vector<float> g = got.to_float_vector(), w = want.to_float_vector();
@@ -83,6 +84,7 @@ int64_t count_off(const Tensor& got, const Tensor& want, Tolerance tol, int64_t*
   }
   return bad;
 }
+#endif
 
 TEST(BackendOps, CudaMatchesCpu) {
 #ifndef MEGATRON_HAVE_CUDA

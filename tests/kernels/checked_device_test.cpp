@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <initializer_list>
 
 #include "core/safetensors.h"
 #include "kernels/backend.h"
@@ -77,7 +78,7 @@ TEST(CheckedDevice, OpsComputeAndCloseTheirTensorsAgain) {
   ops::add(out, a, b);
   EXPECT_EQ(out.to_float_vector()[4], (4.0f - 3.0f) + (8.0f - 3.0f));
   EXPECT_DOUBLE_EQ(ops::sum(a), 45.0 - 30.0);
-  for (const Tensor* t : {&a, &b, &out}) EXPECT_EQ(t->storage()->host_access_count(), 0);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&a, &b, &out}) EXPECT_EQ(t->storage()->host_access_count(), 0);
   EXPECT_THROW((void)out.data<float>(), InternalError);
   // An op that throws (an id outside the table) closes its tensors too.
   const Tensor weight = Tensor::zeros({5, 3}, DType::F32, dev);
@@ -85,7 +86,7 @@ TEST(CheckedDevice, OpsComputeAndCloseTheirTensorsAgain) {
   Tensor emb = Tensor::empty({2, 3}, DType::F32, dev);
   EXPECT_NE(error_of([&] { ops::embedding_fwd(emb, ids, weight); }).find("embedding index 7"),
             std::string::npos);
-  for (const Tensor* t : {&weight, &ids, &emb}) EXPECT_EQ(t->storage()->host_access_count(), 0);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&weight, &ids, &emb}) EXPECT_EQ(t->storage()->host_access_count(), 0);
 }
 
 TEST(CheckedDevice, SafetensorsWritesFromAHostCopy) {
