@@ -8,7 +8,7 @@
 // (src/kernels/checked/: the CPU kernels over guarded host memory, registered by tests) and
 // CUDA (src/kernels/cuda/, registered by cuda::init with the kernels it has).
 // Adding an op: declare it in ops.h, add its name to MG_FOR_EACH_OP, define its dispatcher in
-// ops.cpp and its CPU kernel in ops::cpu, and add its cases to tests/kernels/backend_ops_test.cpp.
+// ops.cpp and its CPU kernel in ops::cpu, and add its cases to tests/kernels/backend_op_cases.cpp.
 #pragma once
 
 #include <cstddef>
