@@ -12,11 +12,17 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "kernels/checked/checked_backend.h"
 
 namespace megatron::testing {
 
 std::filesystem::path source_dir() { return MG_SOURCE_DIR; }
 std::filesystem::path cli_path() { return MG_CLI_PATH; }
+
+Device checked_device() {
+  static const Device device = ops::register_checked_backend();
+  return device;
+}
 
 TempDir::TempDir() {
   std::random_device rd;

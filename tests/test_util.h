@@ -1,11 +1,19 @@
-// Shared test helpers: temporary folders, running the CLI, paths to the source tree.
+// Shared test helpers: temporary folders, running the CLI, paths to the source tree, the checking
+// device.
 #pragma once
 
 #include <filesystem>
 #include <functional>
 #include <string>
 
+#include "core/tensor.h"
+
 namespace megatron::testing {
+
+// The checking device (kernels/checked/checked_backend.h), registered on first use: tensors on
+// it can be read or written only by ops and explicit copies, so a test that runs code on it
+// proves that code never touches tensor memory directly.
+Device checked_device();
 
 std::filesystem::path source_dir();
 std::filesystem::path cli_path();

@@ -1,5 +1,6 @@
 // Communicator helpers and the group-of-one implementation (SelfCommunicator): every collective
-// over a single rank is a copy or a no-op, so a world of 1 needs no MPI at all.
+// over a single rank is a copy (Tensor::copy_, so any device) or a no-op, so a world of 1 needs
+// no MPI at all.
 #include "comm/communicator.h"
 
 #include <algorithm>
@@ -21,14 +22,14 @@ namespace detail {
 void check_tensor(const Communicator& c, const char* op, const Tensor& t) {
   MG_CHECK(t.defined(), op, " on group '", c.name(), "': undefined tensor");
   MG_CHECK(t.is_contiguous(), op, " on group '", c.name(), "': tensor must be contiguous");
-  MG_CHECK(t.device().is_cpu(), op, " on group '", c.name(), "': this communicator handles ",
-           "host tensors, got ", t.device().to_string());
 }
 
 void check_sizes(const Communicator& c, const char* op, const Tensor& in, const Tensor& out,
                  int64_t in_numel_expected, int64_t out_numel_expected) {
   check_tensor(c, op, in);
   check_tensor(c, op, out);
+  MG_CHECK(in.device() == out.device(), op, " on group '", c.name(), "': input on ",
+           in.device().to_string(), ", output on ", out.device().to_string());
   MG_CHECK(in.dtype() == out.dtype(), op, " on group '", c.name(), "': dtypes differ (",
            dtype_name(in.dtype()), " vs ", dtype_name(out.dtype()), ")");
   MG_CHECK(in.numel() == in_numel_expected && out.numel() == out_numel_expected, op,
@@ -96,8 +97,10 @@ class SelfCommunicator final : public Communicator {
   }
 
  private:
+  // out <- in (same element count, contiguous; any device: an explicit copy).
   static void copy_bytes(const Tensor& in, Tensor& out) {
-    if (in.raw_data() != out.raw_data()) std::memcpy(out.raw_data(), in.raw_data(), in.nbytes());
+    if (in.storage() == out.storage() && in.byte_offset() == out.byte_offset()) return;
+    out.view({-1}).copy_(in.view({-1}));
   }
   std::string name_;
   CommOptions options_;

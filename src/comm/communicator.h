@@ -1,9 +1,11 @@
 // Communicator: device-agnostic collectives over a group of ranks (a "process group").
-// Implementations: SelfCommunicator (a group of one; no MPI needed) and MpiCommunicator (host
-// tensors; src/comm/mpi_communicator.cpp). A device implementation (NCCL) fills the same interface.
+// Implementations: SelfCommunicator (a group of one; no MPI needed) and MpiCommunicator
+// (src/comm/mpi_communicator.cpp; tensors on a device other than the CPU are staged through host
+// copies). A device implementation (NCCL) fills the same interface.
 //
 // Conventions (all ranks of the group call a collective in the same order with matching shapes):
-// - Tensors are contiguous. Collectives concatenate / split along the flat element order, which
+// - Tensors are contiguous, on any device (the input and output of one call on the same one).
+//   Collectives concatenate / split along the flat element order, which
 //   for a contiguous tensor is dim 0 (callers permute for other dims; see tp_mappings.h).
 // - all_gather: out.numel() == size() * in.numel(); rank r's input lands in slice r.
 //   all_gather_inplace: buf.numel() is a multiple of size(); rank r's input is slice r of buf

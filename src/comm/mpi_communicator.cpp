@@ -1,5 +1,7 @@
-// MPI communicator for host tensors, and world_communicator(): MPI is initialised lazily, only
-// when a world is requested under a launcher, so single-process binaries never need mpirun.
+// MPI communicator, and world_communicator(): MPI is initialised lazily, only when a world is
+// requested under a launcher, so single-process binaries never need mpirun. MPI moves host
+// memory: tensors on another device are staged through host copies (explicit copies), so
+// collectives work on the checking device and on CUDA without CUDA-aware MPI.
 //
 // Every operation is issued non-blocking (MPI_I*) and waited by polling MPI_Testall against the
 // group's deadline: blocking MPI calls cannot time out, and a dead or hung peer must make the
@@ -14,6 +16,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "kernels/ops.h"
 
 #ifdef MEGATRON_HAVE_MPI
 #include <mpi.h>
@@ -126,31 +129,23 @@ MPI_Op mpi_op(ReduceOp op) {
 
 bool is_half(DType t) { return t == DType::F16 || t == DType::BF16; }
 
-// fp32 working copy of a contiguous bf16/fp16 tensor, and the rounding back (RNE).
-Tensor half_to_f32(const Tensor& t) {
-  Tensor out = Tensor::empty(t.shape(), DType::F32);
-  float* o = out.data<float>();
-  const int64_t n = t.numel();
-  if (t.dtype() == DType::BF16) {
-    const bf16* in = t.data<bf16>();
-    for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_float(in[i]);
-  } else {
-    const fp16* in = t.data<fp16>();
-    for (int64_t i = 0; i < n; ++i) o[i] = fp16_to_float(in[i]);
-  }
-  return out;
+// MPI reads and writes host memory: a tensor on another device (CUDA without CUDA-aware MPI, the
+// checking device) is staged through a host copy, made with an explicit copy before the call
+// (`load`) and copied back on completion.
+Tensor host_side(const Tensor& t, bool load) {
+  if (t.device().is_cpu()) return t;
+  return load ? t.to(Device::cpu()) : Tensor::empty(t.shape(), t.dtype(), Device::cpu());
 }
 
-void f32_to_half(const Tensor& src, Tensor& dst) {
-  const float* in = src.data<float>();
-  const int64_t n = dst.numel();
-  if (dst.dtype() == DType::BF16) {
-    bf16* o = dst.data<bf16>();
-    for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(in[i]);
-  } else {
-    fp16* o = dst.data<fp16>();
-    for (int64_t i = 0; i < n; ++i) o[i] = float_to_fp16(in[i]);
-  }
+bool same_memory(const Tensor& a, const Tensor& b) {
+  return a.storage() == b.storage() && a.byte_offset() == b.byte_offset();
+}
+
+// fp32 working copy of a contiguous host bf16/fp16 tensor (ops::cast rounds back with RNE).
+Tensor to_f32(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), DType::F32);
+  ops::cast(out, t);
+  return out;
 }
 
 // One pending operation: its requests, the tensors it must keep alive, and what to do once done.
@@ -245,13 +240,10 @@ class MpiCommunicator final : public Communicator {
   CommHandle all_reduce_async(Tensor& t, ReduceOp op) override {
     detail::check_tensor(*this, "all_reduce", t);
     auto h = handle(str("all_reduce(", reduce_op_name(op), ")"));
-    Tensor buf = t;
-    if (is_half(t.dtype())) {
-      buf = half_to_f32(t);
-      Tensor dst = t;
-      h->on_complete = [dst, buf]() mutable { f32_to_half(buf, dst); };
-    }
-    h->keep_alive = {t, buf};
+    const Tensor host = host_side(t, true);
+    const Tensor buf = is_half(t.dtype()) ? to_f32(host) : host;
+    finish_into(*h, t, host, buf);
+    h->keep_alive = {t, host, buf};
     mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), count(buf), mpi_type(buf.dtype()),
                              mpi_op(op), comm_, h->request()), "MPI_Iallreduce");
     return CommHandle(h);
@@ -260,9 +252,11 @@ class MpiCommunicator final : public Communicator {
   CommHandle all_gather_async(const Tensor& in, Tensor& out) override {
     detail::check_sizes(*this, "all_gather", in, out, in.numel(), in.numel() * size_);
     auto h = handle("all_gather");
-    h->keep_alive = {in, out};
-    mpi_check(MPI_Iallgather(in.raw_data(), count(in), mpi_type(in.dtype()), out.raw_data(),
-                             count(in), mpi_type(out.dtype()), comm_, h->request()),
+    const Tensor hin = host_side(in, true), hout = host_side(out, false);
+    finish_into(*h, out, hout, hout);
+    h->keep_alive = {in, out, hin, hout};
+    mpi_check(MPI_Iallgather(hin.raw_data(), count(hin), mpi_type(hin.dtype()), hout.raw_data(),
+                             count(hin), mpi_type(hout.dtype()), comm_, h->request()),
               "MPI_Iallgather");
     return CommHandle(h);
   }
@@ -272,10 +266,12 @@ class MpiCommunicator final : public Communicator {
     MG_CHECK(buf.numel() % size_ == 0, "all_gather_inplace on group '", name_, "' of size ", size_,
              ": ", buf.numel(), " elements do not split evenly");
     auto h = handle("all_gather_inplace");
-    h->keep_alive = {buf};
-    const int n = count(buf.view({-1}).narrow(0, 0, buf.numel() / size_));
-    mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.raw_data(), n,
-                             mpi_type(buf.dtype()), comm_, h->request()),
+    const Tensor host = host_side(buf, true);
+    finish_into(*h, buf, host, host);
+    h->keep_alive = {buf, host};
+    const int n = count(host.view({-1}).narrow(0, 0, host.numel() / size_));
+    mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host.raw_data(), n,
+                             mpi_type(host.dtype()), comm_, h->request()),
               "MPI_Iallgather(in place)");
     return CommHandle(h);
   }
@@ -283,14 +279,12 @@ class MpiCommunicator final : public Communicator {
   CommHandle reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op) override {
     detail::check_sizes(*this, "reduce_scatter", in, out, out.numel() * size_, out.numel());
     auto h = handle(str("reduce_scatter(", reduce_op_name(op), ")"));
-    Tensor src = in, dst = out;
-    if (is_half(in.dtype())) {
-      src = half_to_f32(in);
-      dst = Tensor::empty(out.shape(), DType::F32);
-      Tensor final_out = out;
-      h->on_complete = [final_out, dst]() mutable { f32_to_half(dst, final_out); };
-    }
-    h->keep_alive = {in, out, src, dst};
+    const Tensor hin = host_side(in, true), hout = host_side(out, false);
+    const bool half = is_half(in.dtype());
+    const Tensor src = half ? to_f32(hin) : hin;
+    const Tensor dst = half ? Tensor::empty(out.shape(), DType::F32) : hout;
+    finish_into(*h, out, hout, dst);
+    h->keep_alive = {in, out, hin, hout, src, dst};
     mpi_check(MPI_Ireduce_scatter_block(src.raw_data(), dst.raw_data(), count(dst),
                                         mpi_type(src.dtype()), mpi_op(op), comm_, h->request()),
               "MPI_Ireduce_scatter_block");
@@ -302,8 +296,10 @@ class MpiCommunicator final : public Communicator {
     MG_CHECK(root >= 0 && root < size_, "broadcast on group '", name_, "': root ", root,
              " outside [0, ", size_, ")");
     auto h = handle(str("broadcast(root ", root, ")"));
-    h->keep_alive = {t};
-    mpi_check(MPI_Ibcast(t.raw_data(), count(t), mpi_type(t.dtype()), root, comm_,
+    const Tensor host = host_side(t, rank_ == root);
+    finish_into(*h, t, host, host);
+    h->keep_alive = {t, host};
+    mpi_check(MPI_Ibcast(host.raw_data(), count(host), mpi_type(host.dtype()), root, comm_,
                          h->request()), "MPI_Ibcast");
     return CommHandle(h);
   }
@@ -312,8 +308,9 @@ class MpiCommunicator final : public Communicator {
     detail::check_tensor(*this, "send", t);
     MG_CHECK(dst >= 0 && dst < size_ && dst != rank_, "send on group '", name_, "': bad peer ", dst);
     auto h = handle(str("send(to ", dst, ", tag ", tag, ")"));
-    h->keep_alive = {t};
-    mpi_check(MPI_Isend(t.raw_data(), count(t), mpi_type(t.dtype()), dst, tag, comm_,
+    const Tensor host = host_side(t, true);
+    h->keep_alive = {t, host};
+    mpi_check(MPI_Isend(host.raw_data(), count(host), mpi_type(host.dtype()), dst, tag, comm_,
                         h->request()), "MPI_Isend");
     return CommHandle(h);
   }
@@ -322,8 +319,10 @@ class MpiCommunicator final : public Communicator {
     detail::check_tensor(*this, "recv", t);
     MG_CHECK(src >= 0 && src < size_ && src != rank_, "recv on group '", name_, "': bad peer ", src);
     auto h = handle(str("recv(from ", src, ", tag ", tag, ")"));
-    h->keep_alive = {t};
-    mpi_check(MPI_Irecv(t.raw_data(), count(t), mpi_type(t.dtype()), src, tag, comm_,
+    const Tensor host = host_side(t, false);
+    finish_into(*h, t, host, host);
+    h->keep_alive = {t, host};
+    mpi_check(MPI_Irecv(host.raw_data(), count(host), mpi_type(host.dtype()), src, tag, comm_,
                         h->request()), "MPI_Irecv");
     return CommHandle(h);
   }
@@ -347,6 +346,17 @@ class MpiCommunicator final : public Communicator {
     MG_CHECK(t.numel() <= int64_t(std::numeric_limits<int>::max()), "group '", name_,
              "': a buffer of ", t.numel(), " elements exceeds MPI's int count; split it");
     return int(t.numel());
+  }
+  // On completion: the fp32 work buffer rounded into the host tensor, the host tensor copied to
+  // the result on its device (each step only where they differ).
+  static void finish_into(MpiHandle& h, const Tensor& result, const Tensor& host,
+                          const Tensor& work) {
+    const bool round = !same_memory(work, host), stage = !same_memory(host, result);
+    if (!round && !stage) return;
+    h.on_complete = [result = Tensor(result), host, work, round, stage]() mutable {
+      if (round) ops::cast(host, work);
+      if (stage) result.copy_(host);
+    };
   }
   std::shared_ptr<MpiHandle> handle(const std::string& op) {
     return std::make_shared<MpiHandle>(op, name_, world_ranks_, options_.timeout_seconds);

@@ -1,8 +1,6 @@
 // Splits, gathers and reductions behind the tensor-parallel mappings (see tp_mappings.h).
 #include "comm/tp_mappings.h"
 
-#include <cstring>
-
 namespace megatron::tp {
 
 namespace {
@@ -16,25 +14,19 @@ int64_t shard(Communicator& g, const Tensor& x, int dim, const char* what) {
   return n / g.size();
 }
 
-// Copies `rows` runs of `run` bytes: dst run i at dst + i*dst_stride, src at src + i*src_stride.
-void copy_runs(char* dst, int64_t dst_stride, const char* src, int64_t src_stride, int64_t rows,
-               int64_t run) {
-  for (int64_t i = 0; i < rows; ++i) std::memcpy(dst + i * dst_stride, src + i * src_stride, size_t(run));
-}
 
 }  // namespace
 
 Tensor split_along_last_dim(Communicator& g, const Tensor& x) {
   if (g.size() == 1) return x;
   const int64_t n = shard(g, x, -1, "split along the last dimension");
-  const Tensor xc = x.contiguous();
   Shape s = x.shape();
   s.back() = n;
-  Tensor out = Tensor::empty(s, x.dtype());
-  const int64_t es = int64_t(dtype_size(x.dtype())), rows = n == 0 ? 0 : out.numel() / n;
-  copy_runs(static_cast<char*>(out.raw_data()), n * es,
-            static_cast<const char*>(xc.raw_data()) + g.rank() * n * es, n * g.size() * es, rows,
-            n * es);
+  Tensor out = Tensor::empty(s, x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  // This rank's column block of x seen as [rows, size * n]: a row-strided copy.
+  const int64_t rows = out.numel() / n;
+  out.view({rows, n}).copy_(x.contiguous().view({rows, n * g.size()}).narrow(1, g.rank() * n, n));
   return out;
 }
 
@@ -56,7 +48,7 @@ Tensor all_gather_first_dim(Communicator& g, const Tensor& x) {
   MG_REQUIRE(x.dim() >= 1, "all-gather along the first dimension: tensor needs a dimension");
   Shape s = x.shape();
   s[0] *= g.size();
-  Tensor out = Tensor::empty(s, x.dtype());
+  Tensor out = Tensor::empty(s, x.dtype(), x.device());
   g.all_gather(x.contiguous(), out);
   return out;
 }
@@ -66,18 +58,18 @@ Tensor all_gather_last_dim(Communicator& g, const Tensor& x) {
   MG_REQUIRE(x.dim() >= 1, "all-gather along the last dimension: tensor needs a dimension");
   Shape buf_shape = {int64_t(g.size())};
   buf_shape.insert(buf_shape.end(), x.shape().begin(), x.shape().end());
-  Tensor buf = Tensor::empty(buf_shape, x.dtype());
+  Tensor buf = Tensor::empty(buf_shape, x.dtype(), x.device());
   g.all_gather(x.contiguous(), buf);
   Shape s = x.shape();
   const int64_t n = s.back();
   s.back() *= g.size();
-  Tensor out = Tensor::empty(s, x.dtype());
-  // buf is [P, rows, n]; out row i is [buf[0][i], buf[1][i], ...].
-  const int64_t es = int64_t(dtype_size(x.dtype())), rows = n == 0 ? 0 : x.numel() / n;
-  for (int r = 0; r < g.size(); ++r) {
-    copy_runs(static_cast<char*>(out.raw_data()) + r * n * es, n * g.size() * es,
-              static_cast<const char*>(buf.raw_data()) + r * rows * n * es, n * es, rows, n * es);
-  }
+  Tensor out = Tensor::empty(s, x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  // buf is [P, rows, n]; out row i is [buf[0][i], buf[1][i], ...]: rank r's block is the column
+  // block r of out seen as [rows, P * n] (row-strided copies).
+  const int64_t rows = x.numel() / n;
+  const Tensor out2 = out.view({rows, n * g.size()});
+  for (int r = 0; r < g.size(); ++r) out2.narrow(1, r * n, n).copy_(buf.select(0, r).view({rows, n}));
   return out;
 }
 
@@ -86,7 +78,7 @@ Tensor reduce_scatter_first_dim(Communicator& g, const Tensor& x) {
   const int64_t n = shard(g, x, 0, "reduce-scatter along the first dimension");
   Shape s = x.shape();
   s[0] = n;
-  Tensor out = Tensor::empty(s, x.dtype());
+  Tensor out = Tensor::empty(s, x.dtype(), x.device());
   g.reduce_scatter(x.contiguous(), out, ReduceOp::Sum);
   return out;
 }

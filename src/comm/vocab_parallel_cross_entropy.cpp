@@ -28,22 +28,22 @@ Tensor VocabParallelCrossEntropy::forward(Communicator& tp, const Tensor& logits
   saved.logits_shape = logits.shape();
   saved.vocab_size = vocab;
   saved.label_smoothing = label_smoothing;
-  saved.softmax = logits.to(DType::F32).contiguous().view({n, vl});
-  if (saved.softmax.raw_data() == logits.raw_data()) saved.softmax = saved.softmax.clone();
-  saved.local_target = Tensor::empty({n}, DType::I64);
+  const Device dev = logits.device();
+  saved.softmax = logits.to(DType::F32).contiguous().view({n, vl});  // a copy (to() always copies)
+  saved.local_target = Tensor::empty({n}, DType::I64, dev);
 
   // 1. Global max per token (targets checked first, alike on every rank).
-  Tensor mx = Tensor::empty({n}, DType::F32);
+  Tensor mx = Tensor::empty({n}, DType::F32, dev);
   ops::vocab_parallel_xent_max(mx, saved.softmax, tgt, vocab);
   tp.all_reduce(mx, ReduceOp::Max);
 
   // 2. Shift, target logit, sum of exp, sum of shifted logits (for the smoothing term).
-  Tensor sums = Tensor::empty({3, n}, DType::F32);
+  Tensor sums = Tensor::empty({3, n}, DType::F32, dev);
   ops::vocab_parallel_xent_partials(sums, saved.local_target, saved.softmax, mx, tgt, start);
   tp.all_reduce(sums, ReduceOp::Sum);
 
   // 3. loss = log Z - z_t; softmax = exp / Z; smoothing with the global mean log-probability.
-  Tensor loss = Tensor::empty(loss_shape, DType::F32);
+  Tensor loss = Tensor::empty(loss_shape, DType::F32, dev);
   ops::vocab_parallel_xent_loss(loss, saved.softmax, sums, vocab, label_smoothing);
   return loss;
 }
@@ -54,7 +54,7 @@ Tensor VocabParallelCrossEntropy::backward(const Saved& saved, const Tensor& gra
   MG_CHECK(grad_loss.numel() == n, "cross entropy backward: ", grad_loss.numel(),
            " upstream gradients for ", n, " tokens");
   const Tensor g = grad_loss.to(DType::F32).contiguous().view({n});
-  Tensor grad = Tensor::empty(saved.logits_shape, DType::F32);
+  Tensor grad = Tensor::empty(saved.logits_shape, DType::F32, saved.softmax.device());
   ops::vocab_parallel_xent_bwd(grad.view({n, vl}), saved.softmax, saved.local_target, g,
                                saved.vocab_size, saved.label_smoothing);
   return grad;

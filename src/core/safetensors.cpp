@@ -211,9 +211,9 @@ void write_safetensors(const fs::path& file, const std::vector<std::pair<std::st
   for (const auto& [name, tensor] : tensors) {
     MG_CHECK(name != "__metadata__" && !header.contains(name), "safetensors: bad or duplicate name '",
              name, "'");
-    MG_CHECK(tensor.defined() && tensor.device().is_cpu(), "safetensors: tensor '", name,
-             "' must be a defined CPU tensor");
-    data.push_back(tensor.contiguous());
+    MG_CHECK(tensor.defined(), "safetensors: tensor '", name, "' is undefined");
+    // A tensor on another device is written from a host copy (an explicit copy).
+    data.push_back(tensor.device().is_cpu() ? tensor.contiguous() : tensor.to(Device::cpu()));
     nlohmann::ordered_json e;
     e["dtype"] = safetensors_dtype_code(tensor.dtype());
     e["shape"] = tensor.shape();

@@ -40,7 +40,8 @@ SafetensorsContents read_safetensors(const std::filesystem::path& file);
 SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, const std::string& label);
 
 // Writes tensors in the given order (the header lists them in that order; data follows in the
-// same order), fsyncs and closes. Tensors must be CPU tensors; non-contiguous ones are copied.
+// same order), fsyncs and closes. Non-contiguous tensors and tensors on another device are written
+// from host copies.
 // Names must be unique and must not be "__metadata__".
 void write_safetensors(const std::filesystem::path& file,
                        const std::vector<std::pair<std::string, Tensor>>& tensors,

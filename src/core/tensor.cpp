@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/checked_memory.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -20,7 +22,8 @@ struct CpuAllocator final : Allocator {
 };
 
 CpuAllocator g_cpu_allocator;
-Allocator* g_allocators[2] = {&g_cpu_allocator, nullptr};
+Allocator* g_allocators[3] = {&g_cpu_allocator, nullptr, nullptr};  // by DeviceType
+DeviceCopyFn g_device_copies[3] = {nullptr, nullptr, nullptr};
 
 template <typename T>
 double load_as_double(const void* p) {
@@ -79,23 +82,26 @@ void for_each_offset(const Shape& shape, const Shape& strides, size_t elem, Fn&&
 }  // namespace
 
 std::string Device::to_string() const {
-  return is_cpu() ? std::string("cpu") : str("cuda:", index);
+  switch (type) {
+    case DeviceType::CPU: return "cpu";
+    case DeviceType::CUDA: return str("cuda:", index);
+    case DeviceType::Checked: return str("checked:", index);
+  }
+  return str("device type ", int(type));
 }
 
 void register_allocator(DeviceType type, Allocator* allocator) {
   g_allocators[int(type)] = allocator;
 }
 
-namespace {
-DeviceCopyFn g_device_copy = nullptr;
-}
-
-void register_device_copy(DeviceCopyFn fn) { g_device_copy = fn; }
+void register_device_copy(DeviceType type, DeviceCopyFn fn) { g_device_copies[int(type)] = fn; }
 
 Allocator* allocator_for(DeviceType type) {
   Allocator* a = g_allocators[int(type)];
-  MG_REQUIRE(a != nullptr, "no allocator for device type ", int(type),
-             ": this build has no CUDA backend or it was not initialised");
+  MG_REQUIRE(a != nullptr, "no allocator for ", Device{type, 0}.to_string(),
+             type == DeviceType::CUDA
+                 ? ": this build has no CUDA backend or cuda::init was not called"
+                 : ": the checking device is registered by ops::register_checked_backend()");
   return a;
 }
 
@@ -253,64 +259,105 @@ Tensor Tensor::to(Device dev) const {
   return t;
 }
 
-void Tensor::copy_(const Tensor& src) {
-  MG_CHECK(src.shape_ == shape_, "copy_: shape ", shape_str(src.shape_), " into ", shape_str(shape_));
-  if (!(device().is_cpu() && src.device().is_cpu())) {
-    MG_REQUIRE(g_device_copy != nullptr, "copy between ", src.device().to_string(), " and ",
-               device().to_string(), " needs the CUDA backend, which this build lacks");
-    MG_CHECK(src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous(),
-             "copy_ across devices needs contiguous tensors of one dtype");
-    g_device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+namespace {
+
+// dst <- src for host-addressable memory (already open if on the checking device).
+void host_copy(const Tensor& dst, const Tensor& src) {
+  const DType dt = dst.dtype(), st = src.dtype();
+  if (st == dt && dst.is_contiguous() && src.is_contiguous()) {
+    std::memmove(dst.raw_data(), src.raw_data(), dst.nbytes());
     return;
   }
-  if (src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous()) {
-    std::memmove(raw_data(), src.raw_data(), nbytes());
-    return;
-  }
-  if (src.dtype_ == dtype_ && dim() == 2 && strides_[1] == 1 && src.strides_[1] == 1) {
+  if (st == dt && dst.dim() == 2 && dst.stride(1) == 1 && src.stride(1) == 1) {
     // Row-strided matrices (column blocks of wider ones): one copy per row.
-    const size_t row = size_t(shape_[1]) * dtype_size(dtype_);
-    const size_t dstride = size_t(strides_[0]) * dtype_size(dtype_);
-    const size_t sstride = size_t(src.strides_[0]) * dtype_size(dtype_);
-    char* d = static_cast<char*>(raw_data());
+    const size_t row = size_t(dst.size(1)) * dtype_size(dt);
+    const size_t dstride = size_t(dst.stride(0)) * dtype_size(dt);
+    const size_t sstride = size_t(src.stride(0)) * dtype_size(dt);
+    char* d = static_cast<char*>(dst.raw_data());
     const char* s = static_cast<const char*>(src.raw_data());
-    for (int64_t r = 0; r < shape_[0]; ++r) std::memmove(d + size_t(r) * dstride, s + size_t(r) * sstride, row);
+    for (int64_t r = 0; r < dst.size(0); ++r)
+      std::memmove(d + size_t(r) * dstride, s + size_t(r) * sstride, row);
     return;
   }
   // General path: gather source values in logical order, then scatter.
-  const size_t se = dtype_size(src.dtype_), de = dtype_size(dtype_);
-  std::vector<double> values(static_cast<size_t>(numel()));
+  std::vector<double> values(static_cast<size_t>(dst.numel()));
   const char* sb = static_cast<const char*>(src.raw_data());
-  dispatch(src.dtype_, [&](auto tag) {
+  dispatch(st, [&](auto tag) {
     using T = decltype(tag);
-    for_each_offset(src.shape_, src.strides_, se,
-                    [&](int64_t i, int64_t off) { values[i] = load_as_double<T>(sb + off); });
+    for_each_offset(src.shape(), src.strides(), dtype_size(st),
+                    [&](int64_t i, int64_t off) { values[size_t(i)] = load_as_double<T>(sb + off); });
   });
-  char* db = static_cast<char*>(raw_data());
-  dispatch(dtype_, [&](auto tag) {
+  char* db = static_cast<char*>(dst.raw_data());
+  dispatch(dt, [&](auto tag) {
     using T = decltype(tag);
-    for_each_offset(shape_, strides_, de,
-                    [&](int64_t i, int64_t off) { store_from_double<T>(db + off, values[i]); });
+    for_each_offset(dst.shape(), dst.strides(), dtype_size(dt),
+                    [&](int64_t i, int64_t off) { store_from_double<T>(db + off, values[size_t(i)]); });
   });
+}
+
+// dst <- src where at least one side is on a device with its own memory: one registered byte
+// copy for contiguous tensors of one dtype; conversions, strides and copies between two such
+// devices go through host memory.
+void device_copy(Tensor& dst, const Tensor& src) {
+  const Device dd = dst.device(), sd = src.device();
+  const bool plain = src.dtype() == dst.dtype() && dst.is_contiguous() && src.is_contiguous();
+  const bool two_devices = !dd.is_host_memory() && !sd.is_host_memory() && dd.type != sd.type;
+  if (!plain || two_devices) {
+    const Tensor& device_side = sd.is_host_memory() ? dst : src;
+    MG_CHECK(device_side.is_contiguous(), "copy_ of a non-contiguous tensor on ",
+             device_side.device().to_string(), " (", shape_str(device_side.shape()),
+             "): make it contiguous on the device first");
+    Tensor staged = Tensor::empty(device_side.shape(), device_side.dtype(), Device::cpu());
+    staged.copy_(src);
+    dst.copy_(staged);
+    return;
+  }
+  const DeviceType owner = dd.is_host_memory() ? sd.type : dd.type;
+  const DeviceCopyFn fn = g_device_copies[int(owner)];
+  MG_REQUIRE(fn != nullptr, "copy between ", sd.to_string(), " and ", dd.to_string(),
+             " needs the ", Device{owner, 0}.to_string(), " backend, which this build lacks or "
+             "has not initialised");
+  HostAccess access;  // a side on the checking device
+  access.open(dst);
+  access.open(src);
+  fn(dst.raw_data(), dd.is_host_memory() ? Device::cpu() : dd, src.raw_data(),
+     sd.is_host_memory() ? Device::cpu() : sd, dst.nbytes());
+}
+
+}  // namespace
+
+void Tensor::copy_(const Tensor& src) {
+  MG_CHECK(src.shape_ == shape_, "copy_: shape ", shape_str(src.shape_), " into ", shape_str(shape_));
+  const Device dd = device(), sd = src.device();
+  if (dd.is_cpu() && sd.is_cpu()) {
+    host_copy(*this, src);
+  } else if (dd.is_host_memory() && sd.is_host_memory()) {
+    HostAccess access;
+    access.open(*this);
+    access.open(src);
+    host_copy(*this, src);
+  } else {
+    device_copy(*this, src);
+  }
 }
 
 void Tensor::zero_() {
-  if (!device().is_cpu()) {
+  if (!device().is_host_memory() || !is_contiguous()) {
     fill_(0.0);
     return;
   }
-  if (is_contiguous()) {
-    std::memset(raw_data(), 0, nbytes());
-    return;
-  }
-  fill_(0.0);
+  HostAccess access;
+  access.open(*this);
+  std::memset(raw_data(), 0, nbytes());
 }
 
 void Tensor::fill_(double value) {
-  if (!device().is_cpu()) {  // staged through the host: not for hot paths
+  if (!device().is_host_memory()) {  // staged through the host: not for hot paths
     copy_(full(shape_, value, dtype_, Device::cpu()));
     return;
   }
+  HostAccess access;
+  access.open(*this);
   char* db = static_cast<char*>(raw_data());
   dispatch(dtype_, [&](auto tag) {
     using T = decltype(tag);
@@ -326,12 +373,20 @@ double Tensor::item_as_double(int64_t flat) const {
     off += (flat % shape_[d]) * strides_[d];
     flat /= shape_[d];
   }
+  if (!device().is_cpu()) {  // copy the one element to the host
+    Tensor one = *this;
+    one.offset_ += size_t(off) * dtype_size(dtype_);
+    one.shape_ = {1};
+    one.strides_ = {1};
+    return one.to(Device::cpu()).item_as_double(0);
+  }
   const char* p = static_cast<const char*>(raw_data()) + off * int64_t(dtype_size(dtype_));
   return dispatch(dtype_, [&](auto tag) { return load_as_double<decltype(tag)>(p); });
 }
 
 std::vector<float> Tensor::to_float_vector() const {
-  Tensor f = to(DType::F32);
+  const Tensor host = device().is_cpu() ? *this : to(Device::cpu());
+  const Tensor f = host.dtype() == DType::F32 && host.is_contiguous() ? host : host.to(DType::F32);
   const float* p = f.data<float>();
   return std::vector<float>(p, p + f.numel());
 }

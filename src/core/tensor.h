@@ -13,17 +13,23 @@
 
 namespace megatron {
 
-enum class DeviceType : uint8_t { CPU, CUDA };
+// CPU: host memory. CUDA: GPU memory. Checked: the checking device for tests (host memory that
+// host code cannot read outside ops and explicit copies; core/checked_memory.h).
+enum class DeviceType : uint8_t { CPU, CUDA, Checked };
 
 struct Device {
   DeviceType type = DeviceType::CPU;
   int index = 0;
   bool is_cpu() const { return type == DeviceType::CPU; }
   bool is_cuda() const { return type == DeviceType::CUDA; }
+  bool is_checked() const { return type == DeviceType::Checked; }
+  // Memory the host can address (the CPU's, and the checking device's while it is opened).
+  bool is_host_memory() const { return type != DeviceType::CUDA; }
   bool operator==(const Device&) const = default;
   std::string to_string() const;
   static Device cpu() { return {}; }
   static Device cuda(int i = 0) { return {DeviceType::CUDA, i}; }
+  static Device checked() { return {DeviceType::Checked, 0}; }
 };
 
 // Memory for one device kind. The CPU allocator is built in; the CUDA backend registers its
@@ -35,11 +41,18 @@ struct Allocator {
 };
 void register_allocator(DeviceType type, Allocator* allocator);
 Allocator* allocator_for(DeviceType type);
-// Byte copies between devices (host<->device, device<->device), registered by the CUDA backend
-// with its allocator; Tensor::to(Device) and copy_ use it for tensors on different devices.
+// Byte copies between a device with its own memory and the host, or within that device,
+// registered by its backend with its allocator (CUDA); Tensor::copy_, to(Device) and clone use it.
+// The host side is passed as Device::cpu().
 using DeviceCopyFn = void (*)(void* dst, Device dst_device, const void* src, Device src_device,
                               size_t bytes);
-void register_device_copy(DeviceCopyFn fn);
+void register_device_copy(DeviceType type, DeviceCopyFn fn);
+
+class Tensor;
+class HostAccess;
+namespace detail {
+[[noreturn]] void throw_closed_checked_memory(const Tensor& t);
+}
 
 class Storage {
  public:
@@ -52,13 +65,17 @@ class Storage {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  // Checking device: the number of open HostAccess scopes holding this storage (0: closed).
+  int host_access_count() const { return host_access_; }
 
  private:
+  friend class HostAccess;
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
   std::shared_ptr<void> keep_alive_;
   bool owned_ = true;
+  int host_access_ = 0;
 };
 
 using Shape = std::vector<int64_t>;
@@ -71,8 +88,10 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor full(const Shape& shape, double value, DType dtype, Device device = Device::cpu());
+  // Host values into a new tensor on `device` (an explicit copy for a device other than the CPU).
   template <typename T>
-  static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
+  static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
+                            Device device = Device::cpu());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -88,7 +107,14 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   size_t byte_offset() const { return offset_; }
 
-  void* raw_data() const { return static_cast<char*>(storage_->data()) + offset_; }
+  // The address of the first element (a device address for CUDA tensors). On the checking device
+  // this throws InternalError unless an op or a copy has the memory open.
+  void* raw_data() const {
+    if (storage_->device().type == DeviceType::Checked && storage_->host_access_count() == 0)
+        [[unlikely]]
+      detail::throw_closed_checked_memory(*this);
+    return static_cast<char*>(storage_->data()) + offset_;
+  }
   template <typename T>
   T* data() const {
     MG_CHECK(dtype_v<T> == dtype_, "tensor holds ", dtype_name(dtype_), ", accessed as ",
@@ -103,16 +129,19 @@ class Tensor {
   Tensor transpose(int a, int b) const;
   Tensor operator[](int64_t i) const { return select(0, i); }
 
-  // Copies.
+  // Copies (explicit copies: they work on every device, across devices through the registered
+  // copies; a device with its own memory converts dtypes and re-strides through the host, and
+  // needs contiguous tensors on its side).
   Tensor contiguous() const;  // self if already contiguous
   Tensor clone() const;
-  Tensor to(DType dtype) const;     // converts (CPU); returns a new tensor
+  Tensor to(DType dtype) const;     // converts; returns a new tensor on the same device
   Tensor to(Device device) const;   // copies across devices
-  void copy_(const Tensor& src);    // same shape; converts dtype (CPU)
+  void copy_(const Tensor& src);    // same shape; converts dtype
   void zero_();
   void fill_(double value);
 
-  // Element access for tests and small host code (CPU, any float dtype; slow).
+  // Element reads for tests and small host code (any device: explicit copies to the host, so a
+  // device synchronisation each; any dtype; slow).
   double item_as_double(int64_t flat_index) const;  // flat index in logical row-major order
   std::vector<float> to_float_vector() const;
 
@@ -127,12 +156,12 @@ class Tensor {
 Shape contiguous_strides(const Shape& shape);
 
 template <typename T>
-Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
+Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
   MG_CHECK(int64_t(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
            " values for shape ", shape_str(shape));
   Tensor t = empty(shape, dtype_v<T>);
   std::copy(values.begin(), values.end(), t.data<T>());
-  return t;
+  return device.is_cpu() ? t : t.to(device);
 }
 
 }  // namespace megatron

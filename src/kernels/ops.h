@@ -1,7 +1,11 @@
-// The op interface: one function per operation, taking Tensors (never raw pointers) so that a
-// device backend can be chosen from the tensors' device. Only the CPU backend exists
-// (src/kernels/cpu/: OpenMP over rows, OpenBLAS sgemm for matrix products); each op checks its
-// tensors' device and throws megatron::Error for a device this build cannot run.
+// The op interface: one function per operation, taking Tensors (never raw pointers). Each op
+// finds its tensors' device (all on one device, else Error naming the op and the devices) and
+// calls that device's backend through a table of function pointers (backend.h, as ggml's backend
+// interface): the CPU (src/kernels/cpu/: OpenMP over rows, OpenBLAS sgemm for matrix products;
+// the reference, every op), CUDA (src/kernels/cuda/, the ops it has kernels for; any other op
+// throws Error naming the op and the device) and the checking device for tests
+// (src/kernels/checked/: the CPU kernels over memory host code cannot read outside ops).
+// tests/kernels/backend_ops_test.cpp runs every op on every backend against the CPU.
 // Conventions: compute tensors are fp32 and contiguous unless stated ("2-D with unit inner
 // stride" allows row-strided views); outputs are written, "accumulates" means +=.
 // Dropout masks come from the counter-based Philox RNG: element k of (seed, stream) is kept iff
@@ -160,7 +164,7 @@ struct AttentionShape {
 // ALiBi slopes of a layer with total_heads heads (Press et al., as BLOOM and Megatron-DeepSpeed
 // build them): for a power of two n, 2^(-8 (h + 1) / n); otherwise those of the largest power of
 // two p < n followed by every other slope of 2p (the first n - p of its even positions).
-std::vector<float> alibi_slopes(int total_heads);
+std::vector<float> alibi_slopes(int total_heads);  // a host helper (not dispatched)
 void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
                    const Tensor& attention_start, const AttentionShape& shape,
                    const DropoutSpec& dropout, const Tensor& key_padding = Tensor());

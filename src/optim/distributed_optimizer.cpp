@@ -20,9 +20,10 @@ DistributedOptimizer::DistributedOptimizer(ParamAndGradBuffer& buffer, const Opt
   MG_REQUIRE(cfg.sgd_momentum >= 0.0, "--sgd-momentum must be >= 0");
   pieces_ = buffer.layout().shard_pieces(buffer.dp().rank());
   const int64_t n = buffer.layout().total_shard_size();
-  main_ = Tensor::zeros({n}, DType::F32);
-  exp_avg_ = Tensor::zeros({n}, DType::F32);
-  if (cfg.type == OptimizerType::Adam) exp_avg_sq_ = Tensor::zeros({n}, DType::F32);
+  const Device dev = buffer.param_data().device();
+  main_ = Tensor::zeros({n}, DType::F32, dev);
+  exp_avg_ = Tensor::zeros({n}, DType::F32, dev);
+  if (cfg.type == OptimizerType::Adam) exp_avg_sq_ = Tensor::zeros({n}, DType::F32, dev);
   reload_main_from_model();
 }
 

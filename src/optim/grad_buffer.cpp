@@ -88,20 +88,24 @@ ParamAndGradBuffer::ParamAndGradBuffer(model::ParameterList params,
   MG_CHECK(!params_.empty(), "ParamAndGradBuffer: no parameters");
   std::vector<int64_t> numels;
   const DType vdtype = params_[0]->value.dtype();
+  const Device device = params_[0]->value.device();
   for (size_t i = 0; i < params_.size(); ++i) {
     const model::Parameter* p = params_[i];
     MG_CHECK(p->grad.dtype() == DType::F32 && p->grad.numel() == p->value.numel(), "parameter ",
              p->name, ": grad must be fp32 of the value's size");
     MG_CHECK(p->value.dtype() == vdtype, "parameter ", p->name, " is ", dtype_name(p->value.dtype()),
              ", others ", dtype_name(vdtype), ": one buffer holds one dtype");
+    MG_CHECK(p->value.device() == device && p->grad.device() == device, "parameter ", p->name,
+             " is on ", p->value.device().to_string(), ", others on ", device.to_string(),
+             ": one buffer lives on one device");
     MG_CHECK(index_.emplace(p, i).second, "parameter ", p->name, " listed twice");
     numels.push_back(p->value.numel());
   }
   layout_ = BufferLayout::build(numels, cfg.bucket_size, dp_->size(), cfg.pad_for_sharding);
-  grad_ = Tensor::zeros({layout_.total}, DType::F32);
+  grad_ = Tensor::zeros({layout_.total}, DType::F32, device);
   if (cfg.pad_for_sharding) {
-    param_ = Tensor::zeros({layout_.total}, vdtype);
-    grad_shard_ = Tensor::zeros({layout_.total_shard_size()}, DType::F32);
+    param_ = Tensor::zeros({layout_.total}, vdtype, device);
+    grad_shard_ = Tensor::zeros({layout_.total_shard_size()}, DType::F32, device);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     model::Parameter* p = params_[i];

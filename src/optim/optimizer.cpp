@@ -74,8 +74,10 @@ Optimizer::Optimizer(model::ParameterList params, const OptimizerConfig& cfg)
              "parameter ", p->name, ": grad must be fp32 of the value's size");
     ParamState s;
     s.main = p->value.dtype() == DType::F32 ? p->value : p->value.to(DType::F32);
-    s.exp_avg = Tensor::zeros(p->value.shape(), DType::F32);
-    if (cfg.type == OptimizerType::Adam) s.exp_avg_sq = Tensor::zeros(p->value.shape(), DType::F32);
+    const Device dev = p->value.device();
+    s.exp_avg = Tensor::zeros(p->value.shape(), DType::F32, dev);
+    if (cfg.type == OptimizerType::Adam)
+      s.exp_avg_sq = Tensor::zeros(p->value.shape(), DType::F32, dev);
     state_.push_back(std::move(s));
   }
 }

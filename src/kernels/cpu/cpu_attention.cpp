@@ -19,11 +19,10 @@
 
 #include "kernels/cpu/cpu_attention_common.h"
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
-namespace megatron::ops {
+namespace megatron::ops::cpu {
 namespace {
-using cpu::sgemm;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // sq query rows against skv key positions. Without query positions (plain self-attention) query
@@ -89,7 +88,7 @@ Layout check(const char* op, const Tensor& qkv, const Tensor& ctx, const Tensor&
   L.window_right = sh.causal ? -1 : sh.window_right;
   L.slopes = cpu::local_alibi_slopes(sh);
   if (query_positions.defined()) {
-    cpu::require_cpu(op, query_positions);
+    cpu::require_host(op, query_positions);
     MG_CHECK(query_positions.dtype() == DType::I32 && query_positions.numel() == L.sq &&
                  query_positions.is_contiguous(),
              op, ": query_positions must be contiguous int32 [seq]");
@@ -105,7 +104,7 @@ Layout check(const char* op, const Tensor& qkv, const Tensor& ctx, const Tensor&
            " does not match b=", L.b, " s=", L.skv, " width=", L.width);
   MG_CHECK(ctx.numel() == L.b * L.sq * L.ctx_width, op, ": ctx size mismatch");
   if (start.defined()) {
-    cpu::require_cpu(op, start);
+    cpu::require_host(op, start);
     MG_CHECK(start.dtype() == DType::I32 && start.numel() == L.b * L.sq && start.is_contiguous(),
              op, ": attention_start must be contiguous int32 [b, s]");
     L.start = start.data<int32_t>();
@@ -114,7 +113,7 @@ Layout check(const char* op, const Tensor& qkv, const Tensor& ctx, const Tensor&
                "] = ", L.start[i], " must lie in [0, position]");
   }
   if (key_padding.defined()) {
-    cpu::require_cpu(op, key_padding);
+    cpu::require_host(op, key_padding);
     MG_CHECK(key_padding.dtype() == DType::I32 && key_padding.numel() == L.b * L.skv &&
                  key_padding.is_contiguous(),
              op, ": key_padding must be contiguous int32 [b, s], got ",
@@ -454,4 +453,4 @@ void attention_subset_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& 
   backward(L, dqkv, dctx, qkv, lse, probs, shape.softmax_scale, dropout);
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::ops::cpu

@@ -12,10 +12,9 @@
 
 #include "kernels/cpu/cpu_attention_common.h"
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
-namespace megatron::ops {
-using cpu::sgemm;
+namespace megatron::ops::cpu {
 
 namespace {
 
@@ -56,7 +55,7 @@ struct BlockLayout {
 };
 
 void check_positions(const char* op, const char* name, const Tensor& pos, int64_t n, int64_t S) {
-  cpu::require_cpu(op, pos);
+  cpu::require_host(op, pos);
   MG_CHECK(pos.defined() && pos.dtype() == DType::I32 && pos.numel() == n && pos.is_contiguous(),
            op, ": ", name, " must be contiguous int32 [", n, "]");
   const int32_t* p = pos.data<int32_t>();
@@ -101,7 +100,7 @@ BlockLayout check_block(const char* op, const Tensor& q_qkv, const Tensor& qpos,
   L.kpos = kpos.data<int32_t>();
   L.start = nullptr;
   if (start.defined()) {
-    cpu::require_cpu(op, start);
+    cpu::require_host(op, start);
     MG_CHECK(start.dtype() == DType::I32 && start.numel() == L.b * L.sq && start.is_contiguous(),
              op, ": attention_start must be int32 [b, seq]");
     L.start = start.data<int32_t>();
@@ -339,4 +338,4 @@ void attention_block_bwd(const Tensor& dq, const Tensor& dkv, const Tensor& dctx
   }
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::ops::cpu

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace megatron::ops::cpu {
 

@@ -46,13 +46,14 @@ inline void parallel_for_simd(int64_t n, Body&& body) {
   }
 }
 
-inline void require_cpu(const char* op, const Tensor& t) {
-  if (t.defined() && !t.device().is_cpu())
-    MG_THROW(op, ": tensor on ", t.device().to_string(),
-             " but this build has only the CPU backend; move the tensor to the CPU");
+// The dispatcher hands these kernels tensors of one device whose memory the host can address (the
+// CPU, or the checking device with the call's memory opened).
+inline void require_host(const char* op, const Tensor& t) {
+  MG_CHECK(!t.defined() || t.device().is_host_memory(), op, ": CPU kernel given a tensor on ",
+           t.device().to_string());
 }
 inline void require_f32(const char* op, const char* name, const Tensor& t) {
-  require_cpu(op, t);
+  require_host(op, t);
   MG_CHECK(t.defined(), op, ": ", name, " is undefined");
   MG_CHECK(t.dtype() == DType::F32, op, ": ", name, " must be float32, got ",
            dtype_name(t.dtype()));

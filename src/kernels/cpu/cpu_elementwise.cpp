@@ -6,16 +6,14 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
-namespace megatron::ops {
-using cpu::require_f32;
-using cpu::rows_of;
+namespace megatron::ops::cpu {
 
 void embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight) {
   require_f32("embedding_fwd", "out", out);
   require_f32("embedding_fwd", "weight", weight);
-  cpu::require_cpu("embedding_fwd", ids);
+  cpu::require_host("embedding_fwd", ids);
   MG_CHECK(ids.dtype() == DType::I32 && ids.is_contiguous(), "embedding_fwd: ids must be int32");
   const int64_t n = ids.numel(), h = weight.size(1), V = weight.size(0);
   MG_CHECK(out.numel() == n * h, "embedding_fwd: out has ", out.numel(), " elements, want ", n * h);
@@ -56,7 +54,7 @@ void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Te
                                   int64_t vocab_start) {
   require_f32("vocab_parallel_embedding_fwd", "out", out);
   require_f32("vocab_parallel_embedding_fwd", "weight", weight);
-  cpu::require_cpu("vocab_parallel_embedding_fwd", ids);
+  cpu::require_host("vocab_parallel_embedding_fwd", ids);
   MG_CHECK(ids.dtype() == DType::I32 && ids.is_contiguous(),
            "vocab_parallel_embedding_fwd: ids must be contiguous int32");
   const int64_t n = ids.numel(), h = weight.size(1), V = weight.size(0);
@@ -302,7 +300,7 @@ void dropout_fwd(const Tensor& out, const Tensor& x, const DropoutSpec& d) {
 }
 
 void dropout_bwd(const Tensor& dx, const Tensor& dout, const DropoutSpec& d) {
-  dropout_fwd(dx, dout, d);  // the mask is linear: backward applies the same keep/scale
+  cpu::dropout_fwd(dx, dout, d);  // the mask is linear: backward applies the same keep/scale
 }
 
 void bias_dropout_add_fwd(const Tensor& out, const Tensor& x, const Tensor& bias,
@@ -325,8 +323,8 @@ void bias_dropout_add_fwd(const Tensor& out, const Tensor& x, const Tensor& bias
 
 void bias_dropout_add_bwd(const Tensor& dx, const Tensor& dbias, const Tensor& dout,
                           const DropoutSpec& d) {
-  dropout_fwd(dx, dout, d);
-  if (dbias.defined()) bias_grad(dbias, dx);
+  cpu::dropout_fwd(dx, dout, d);
+  if (dbias.defined()) cpu::bias_grad(dbias, dx);
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::ops::cpu

@@ -10,9 +10,9 @@
 #include <omp.h>
 
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
-namespace megatron::ops {
+namespace megatron::ops::cpu {
 namespace {
 
 struct Mat {
@@ -21,7 +21,7 @@ struct Mat {
 };
 
 Mat as_mat(const char* what, const Tensor& t, int d0) {
-  cpu::require_cpu("gemm", t);
+  cpu::require_host("gemm", t);
   MG_CHECK(t.defined() && t.dtype() == DType::F32, "gemm: ", what, " must be float32");
   MG_CHECK(t.stride(-1) == 1 || t.size(-1) == 1, "gemm: ", what, " needs unit inner stride");
   int64_t ld = t.size(-1) == 1 && t.size(d0) > 1 ? t.stride(d0) : t.stride(d0);
@@ -123,4 +123,4 @@ void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
   }
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::ops::cpu

@@ -13,9 +13,9 @@
 
 #include "kernels/cpu/cpu_attention_common.h"
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
-namespace megatron::ops {
+namespace megatron::ops::cpu {
 namespace {
 
 struct CacheLayout {
@@ -31,7 +31,7 @@ struct CacheLayout {
 };
 
 void check_index_vec(const char* op, const char* name, const Tensor& t, int64_t n, int64_t limit) {
-  cpu::require_cpu(op, t);
+  cpu::require_host(op, t);
   MG_CHECK(t.defined() && t.dtype() == DType::I32 && t.is_contiguous() && t.numel() == n, op, ": ",
            name, " must be contiguous int32 [", n, "] (one per row of qkv)");
   const int32_t* p = t.data<int32_t>();
@@ -189,4 +189,4 @@ void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& 
   }
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::ops::cpu

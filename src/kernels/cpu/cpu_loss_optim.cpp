@@ -6,13 +6,13 @@
 #include <limits>
 
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
-namespace megatron::ops {
+namespace megatron::ops::cpu {
 
 void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor& labels,
                           const Tensor& loss_mask, float grad_scale, bool write_grad) {
-  cpu::require_cpu("softmax_xent", logits);
+  cpu::require_host("softmax_xent", logits);
   MG_CHECK(logits.dim() == 2 && logits.dtype() == DType::F32 && logits.stride(1) == 1,
            "softmax_xent: logits must be 2-D float32 with unit inner stride");
   cpu::require_f32("softmax_xent", "loss", loss);
@@ -109,7 +109,7 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
 namespace {
 template <typename F>
 void for_each_float(const char* op, const Tensor& x, F&& f) {
-  cpu::require_cpu(op, x);
+  cpu::require_host(op, x);
   MG_CHECK(x.is_contiguous(), op, ": tensor must be contiguous");
   const int64_t n = x.numel();
   switch (x.dtype()) {
@@ -125,7 +125,7 @@ void for_each_float(const char* op, const Tensor& x, F&& f) {
 double l2_norm_squared(const Tensor& x) {
   double total = 0;
   if (x.dtype() == DType::F64) {
-    cpu::require_cpu("l2_norm_squared", x);
+    cpu::require_host("l2_norm_squared", x);
     const double* p = x.data<double>();
     for (int64_t i = 0; i < x.numel(); ++i) total += p[i] * p[i];
     return total;
@@ -154,7 +154,7 @@ bool all_finite(const Tensor& x) {
 }
 
 void cast(const Tensor& dst, const Tensor& src) {
-  cpu::require_cpu("cast", dst);
+  cpu::require_host("cast", dst);
   cpu::require_numel("cast", dst, src);
   MG_CHECK(dst.is_contiguous(), "cast: destination must be contiguous");
   const int64_t n = src.numel();
@@ -195,4 +195,4 @@ void cast(const Tensor& dst, const Tensor& src) {
   });
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::ops::cpu

@@ -6,11 +6,9 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
-namespace megatron::ops {
-using cpu::require_f32;
-using cpu::rows_of;
+namespace megatron::ops::cpu {
 
 namespace {
 // x [n, h] and weight [h] of a norm; returns h.
@@ -162,4 +160,4 @@ void squared_relu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   cpu::parallel_for_simd(n, [&](int64_t i) { d[i] = xp[i] > 0.0f ? 2.0f * xp[i] * g[i] : 0.0f; });
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::ops::cpu

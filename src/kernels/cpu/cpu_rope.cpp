@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
-namespace megatron::ops {
+namespace megatron::ops::cpu {
 namespace {
 
 // cos and sin of position p for the rot/2 frequencies.
@@ -58,7 +58,7 @@ void rope_apply(const char* op, const Tensor& qkv, const Tensor& positions,
            ": rotary_dim ", rope.rotary_dim, " must be even and in (0, head_dim ", d, "]");
   MG_CHECK(rope.base > 0, op, ": rotary base ", rope.base, " must be positive");
   const int64_t n = qkv.numel() / width, half = rope.rotary_dim / 2;
-  cpu::require_cpu(op, positions);
+  cpu::require_host(op, positions);
   MG_CHECK(positions.defined() && positions.dtype() == DType::I32 && positions.is_contiguous() &&
                positions.numel() == n,
            op, ": positions must be contiguous int32 [", n, "] (one per row of qkv)");
@@ -126,6 +126,11 @@ void rope_bwd(const Tensor& dqkv, const Tensor& positions, const AttentionShape&
   rope_apply("rope_bwd", dqkv, positions, shape, rope, true);
 }
 
+}  // namespace megatron::ops::cpu
+
+namespace megatron::ops {
+
+// A host helper, not an op: the slopes are small tables the kernels and callers build.
 std::vector<float> alibi_slopes(int total_heads) {
   MG_CHECK(total_heads > 0, "alibi_slopes: total_heads ", total_heads, " must be positive");
   // Slopes of a power of two n: start^(h+1) with start = 2^(-8/n).

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
-namespace megatron::ops {
+namespace megatron::ops::cpu {
 namespace {
 
 // A 2-D operand with unit inner stride seen as rows of bytes.
@@ -21,7 +21,7 @@ struct Rows {
 };
 
 Rows as_rows(const char* op, const char* name, const Tensor& t) {
-  cpu::require_cpu(op, t);
+  cpu::require_host(op, t);
   MG_CHECK(t.defined(), op, ": ", name, " is undefined");
   MG_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D [rows, width], got ", shape_str(t.shape()));
   MG_CHECK(t.stride(1) == 1 || t.size(1) <= 1, op, ": ", name, " needs unit inner stride");
@@ -31,7 +31,7 @@ Rows as_rows(const char* op, const char* name, const Tensor& t) {
 }
 
 const int32_t* check_index(const char* op, const Tensor& index, int64_t k, int64_t n) {
-  cpu::require_cpu(op, index);
+  cpu::require_host(op, index);
   MG_CHECK(index.defined() && index.dtype() == DType::I32 && index.is_contiguous(), op,
            ": index must be contiguous int32");
   MG_CHECK(index.numel() == k, op, ": index has ", index.numel(), " entries for ", k, " rows");
@@ -108,12 +108,12 @@ namespace {
 // Checks flat against parts and calls f(part_bytes, flat_bytes, nbytes) for each part.
 template <class F>
 void for_each_part(const char* op, const Tensor& flat, const std::vector<Tensor>& parts, F&& f) {
-  cpu::require_cpu(op, flat);
+  cpu::require_host(op, flat);
   MG_CHECK(flat.defined() && flat.is_contiguous(), op, ": flat must be contiguous");
   int64_t total = 0;
   for (size_t k = 0; k < parts.size(); ++k) {
     const Tensor& p = parts[k];
-    cpu::require_cpu(op, p);
+    cpu::require_host(op, p);
     MG_CHECK(p.defined() && p.is_contiguous() && p.dtype() == flat.dtype(), op, ": parts[", k,
              "] must be contiguous ", dtype_name(flat.dtype()), " like flat");
     total += p.numel();
@@ -144,7 +144,7 @@ constexpr int64_t kSumBlock = 4096;
 // value(i) of a contiguous float tensor as double, for any float dtype.
 template <class F>
 auto with_reader(const char* op, const Tensor& x, F&& f) {
-  cpu::require_cpu(op, x);
+  cpu::require_host(op, x);
   MG_CHECK(x.defined() && x.is_contiguous(), op, ": tensor must be contiguous");
   switch (x.dtype()) {
     case DType::F32: {
@@ -199,4 +199,4 @@ double dot(const Tensor& a, const Tensor& b) {
   });
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::ops::cpu

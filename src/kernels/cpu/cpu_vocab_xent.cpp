@@ -8,9 +8,9 @@
 #include <limits>
 
 #include "kernels/cpu/cpu_common.h"
-#include "kernels/ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
-namespace megatron::ops {
+namespace megatron::ops::cpu {
 namespace {
 
 // logits [n, Vl] -> (n, Vl).
@@ -23,7 +23,7 @@ void check_logits(const char* op, const char* name, const Tensor& logits, int64_
 }
 
 void check_vec(const char* op, const char* name, const Tensor& t, int64_t n, DType dtype) {
-  cpu::require_cpu(op, t);
+  cpu::require_host(op, t);
   MG_CHECK(t.defined() && t.dtype() == dtype && t.is_contiguous() && t.numel() == n, op, ": ",
            name, " must be contiguous ", dtype_name(dtype), " [", n, "], got ",
            t.defined() ? shape_str(t.shape()) : std::string("undefined"));
@@ -36,7 +36,7 @@ struct Targets {
   int64_t operator[](int64_t i) const { return i32 ? int64_t(i32[i]) : i64[i]; }
 };
 Targets read_targets(const char* op, const Tensor& t, int64_t n) {
-  cpu::require_cpu(op, t);
+  cpu::require_host(op, t);
   MG_CHECK(t.defined() && t.is_contiguous() && t.numel() == n, op, ": targets must be contiguous [",
            n, "]");
   if (t.dtype() == DType::I32) return {t.data<int32_t>(), nullptr};
@@ -161,4 +161,4 @@ void vocab_parallel_xent_bwd(const Tensor& dlogits, const Tensor& softmax,
   }
 }
 
-}  // namespace megatron::ops
+}  // namespace megatron::ops::cpu

@@ -2,13 +2,15 @@
 // CUDA compiler is found at configure time (MEGATRON_HAVE_CUDA); elsewhere the functions do not
 // exist and code asks cuda_compiled() first.
 //
-// Runtime: init(device) selects a GPU, registers the caching allocator for DeviceType::CUDA and
-// the host<->device copy used by Tensor::to / copy_. All kernels run on the backend's stream
+// Runtime: init(device) selects a GPU, registers the caching allocator for DeviceType::CUDA, the
+// host<->device copy used by Tensor::to / copy_, and the op table (op_table()) through which
+// ops:: calls on CUDA tensors reach these kernels. All kernels run on the backend's stream
 // (one per process); nothing here synchronises the host except synchronize(), copies to the
 // host and the scalar results (l2_norm_squared, all_finite).
 //
 // Kernels mirror src/kernels/ops.h one for one (same arguments, same meaning, fp32 compute), so
-// the ops layer can dispatch on the tensors' device; tests compare each against its CPU twin.
+// the ops layer dispatches to them (cuda_ops.cpp); tests/kernels/backend_ops_test.cpp compares
+// each against the CPU op.
 #pragma once
 
 #include <cstddef>
@@ -19,7 +21,14 @@
 #include "core/tensor.h"
 #include "kernels/ops.h"
 
+namespace megatron::ops {
+struct OpTable;
+}
+
 namespace megatron::cuda {
+
+// The ops with a CUDA kernel, for the dispatcher (kernels/backend.h); registered by init().
+const ops::OpTable& op_table();
 
 // ---- runtime ------------------------------------------------------------------------------------
 int device_count();             // 0 when there is no driver or no device (never throws)

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -166,7 +167,8 @@ void init(int device) {
   MG_CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   g_device = device;
   register_allocator(DeviceType::CUDA, &caching_allocator());
-  register_device_copy(&device_copy);
+  register_device_copy(DeviceType::CUDA, &device_copy);
+  ops::register_backend(DeviceType::CUDA, &op_table());
 }
 
 void synchronize() { MG_CUDA_CHECK(cudaStreamSynchronize(detail::stream())); }

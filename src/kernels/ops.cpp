@@ -1,0 +1,242 @@
+// The ops:: functions: each finds its tensors' device and calls that device's backend
+// (backend.h). The kernels themselves live in cpu/, cuda/ and checked/.
+#include "kernels/backend.h"
+
+#define MG_DISPATCH(op, ...) return detail::dispatch<&OpTable::op>(#op, __VA_ARGS__)
+
+namespace megatron::ops {
+
+namespace detail {
+
+const OpTable* g_backends[kDeviceTypeCount] = {&cpu::kOps, nullptr, nullptr};
+
+void throw_mixed_devices(const char* op, Device a, Device b) {
+  MG_THROW(op, ": tensors on ", a.to_string(), " and ", b.to_string(),
+           "; all tensors of an op must be on one device (move them with Tensor::to)");
+}
+
+void throw_no_kernel(const char* op, Device device) {
+  if (g_backends[size_t(device.type)] == nullptr)
+    MG_THROW(op, ": no backend for ", device.to_string(), " is registered (",
+             device.is_cuda() ? "this build has no CUDA backend or cuda::init was not called"
+                              : "register the device first", ")");
+  MG_THROW(op, " has no kernel on ", device.to_string(),
+           "; run it on another device (Tensor::to) or add the kernel to that backend");
+}
+
+}  // namespace detail
+
+void register_backend(DeviceType type, const OpTable* table) {
+  MG_CHECK(size_t(type) < kDeviceTypeCount, "register_backend: bad device type ", int(type));
+  MG_CHECK(type != DeviceType::CPU || table != nullptr, "the CPU backend cannot be removed");
+  detail::g_backends[size_t(type)] = table;
+}
+
+const OpTable* backend_for(DeviceType type) {
+  MG_CHECK(size_t(type) < kDeviceTypeCount, "backend_for: bad device type ", int(type));
+  return detail::g_backends[size_t(type)];
+}
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+          float alpha, float beta) {
+  MG_DISPATCH(gemm, a, trans_a, b, trans_b, c, alpha, beta);
+}
+void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                  float alpha, float beta) {
+  MG_DISPATCH(gemm_batched, a, trans_a, b, trans_b, c, alpha, beta);
+}
+
+void embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight) {
+  MG_DISPATCH(embedding_fwd, out, ids, weight);
+}
+void embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout) {
+  MG_DISPATCH(embedding_bwd, dweight, ids, dout);
+}
+void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight,
+                                  int64_t vocab_start) {
+  MG_DISPATCH(vocab_parallel_embedding_fwd, out, ids, weight, vocab_start);
+}
+void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,
+                                  int64_t vocab_start) {
+  MG_DISPATCH(vocab_parallel_embedding_bwd, dweight, ids, dout, vocab_start);
+}
+
+void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                   const Tensor& weight, const Tensor& bias, float eps) {
+  MG_DISPATCH(layernorm_fwd, out, mean, rstd, x, weight, bias, eps);
+}
+void layernorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                   const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                   const Tensor& rstd, bool accumulate_dx) {
+  MG_DISPATCH(layernorm_bwd, dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate_dx);
+}
+void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                 float eps) {
+  MG_DISPATCH(rmsnorm_fwd, out, rstd, x, weight, eps);
+}
+void rmsnorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dout, const Tensor& x,
+                 const Tensor& weight, const Tensor& rstd, bool accumulate_dx) {
+  MG_DISPATCH(rmsnorm_bwd, dx, dweight, dout, x, weight, rstd, accumulate_dx);
+}
+
+void gelu_fwd(const Tensor& out, const Tensor& x, bool tanh_approx) {
+  MG_DISPATCH(gelu_fwd, out, x, tanh_approx);
+}
+void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx) {
+  MG_DISPATCH(gelu_bwd, dx, dout, x, tanh_approx);
+}
+void swiglu_fwd(const Tensor& out, const Tensor& x) { MG_DISPATCH(swiglu_fwd, out, x); }
+void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+  MG_DISPATCH(swiglu_bwd, dx, dout, x);
+}
+void squared_relu_fwd(const Tensor& out, const Tensor& x) {
+  MG_DISPATCH(squared_relu_fwd, out, x);
+}
+void squared_relu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+  MG_DISPATCH(squared_relu_bwd, dx, dout, x);
+}
+
+void bias_add(const Tensor& x, const Tensor& bias) { MG_DISPATCH(bias_add, x, bias); }
+void bias_grad(const Tensor& dbias, const Tensor& dout) { MG_DISPATCH(bias_grad, dbias, dout); }
+void add(const Tensor& out, const Tensor& a, const Tensor& b) { MG_DISPATCH(add, out, a, b); }
+void scale(const Tensor& x, float s) { MG_DISPATCH(scale, x, s); }
+
+void index_select_rows(const Tensor& out, const Tensor& in, const Tensor& index) {
+  MG_DISPATCH(index_select_rows, out, in, index);
+}
+void index_copy_rows(const Tensor& out, const Tensor& in, const Tensor& index, bool accumulate) {
+  MG_DISPATCH(index_copy_rows, out, in, index, accumulate);
+}
+void copy_to_flat(const Tensor& flat, const std::vector<Tensor>& parts) {
+  MG_DISPATCH(copy_to_flat, flat, parts);
+}
+void copy_from_flat(const std::vector<Tensor>& parts, const Tensor& flat) {
+  MG_DISPATCH(copy_from_flat, parts, flat);
+}
+
+void dropout_fwd(const Tensor& out, const Tensor& x, const DropoutSpec& d) {
+  MG_DISPATCH(dropout_fwd, out, x, d);
+}
+void dropout_bwd(const Tensor& dx, const Tensor& dout, const DropoutSpec& d) {
+  MG_DISPATCH(dropout_bwd, dx, dout, d);
+}
+void bias_dropout_add_fwd(const Tensor& out, const Tensor& x, const Tensor& bias,
+                          const Tensor& residual, const DropoutSpec& d) {
+  MG_DISPATCH(bias_dropout_add_fwd, out, x, bias, residual, d);
+}
+void bias_dropout_add_bwd(const Tensor& dx, const Tensor& dbias, const Tensor& dout,
+                          const DropoutSpec& d) {
+  MG_DISPATCH(bias_dropout_add_bwd, dx, dbias, dout, d);
+}
+
+void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
+                   const Tensor& attention_start, const AttentionShape& shape,
+                   const DropoutSpec& dropout, const Tensor& key_padding) {
+  MG_DISPATCH(attention_fwd, ctx, lse, probs, qkv, attention_start, shape, dropout, key_padding);
+}
+void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& lse,
+                   const Tensor& probs, const Tensor& attention_start,
+                   const AttentionShape& shape, const DropoutSpec& dropout,
+                   const Tensor& key_padding) {
+  MG_DISPATCH(attention_bwd, dqkv, dctx, qkv, lse, probs, attention_start, shape, dropout,
+              key_padding);
+}
+void attention_subset_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs,
+                          const Tensor& qkv, const Tensor& query_positions,
+                          const Tensor& attention_start, const AttentionShape& shape,
+                          const DropoutSpec& dropout) {
+  MG_DISPATCH(attention_subset_fwd, ctx, lse, probs, qkv, query_positions, attention_start, shape,
+              dropout);
+}
+void attention_subset_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
+                          const Tensor& query_positions, const Tensor& lse, const Tensor& probs,
+                          const Tensor& attention_start, const AttentionShape& shape,
+                          const DropoutSpec& dropout) {
+  MG_DISPATCH(attention_subset_bwd, dqkv, dctx, qkv, query_positions, lse, probs, attention_start,
+              shape, dropout);
+}
+void attention_block_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& q_qkv,
+                         const Tensor& q_positions, const Tensor& kv, const Tensor& kv_positions,
+                         const Tensor& attention_start, const AttentionShape& shape,
+                         const DropoutSpec& dropout) {
+  MG_DISPATCH(attention_block_fwd, ctx, lse, q_qkv, q_positions, kv, kv_positions,
+              attention_start, shape, dropout);
+}
+void attention_merge(const Tensor& ctx, const Tensor& lse, const Tensor& ctx_b, const Tensor& lse_b,
+                     const AttentionShape& shape) {
+  MG_DISPATCH(attention_merge, ctx, lse, ctx_b, lse_b, shape);
+}
+void attention_delta(const Tensor& delta, const Tensor& dctx, const Tensor& ctx,
+                     const AttentionShape& shape) {
+  MG_DISPATCH(attention_delta, delta, dctx, ctx, shape);
+}
+void attention_block_bwd(const Tensor& dq, const Tensor& dkv, const Tensor& dctx,
+                         const Tensor& q_qkv, const Tensor& q_positions, const Tensor& kv,
+                         const Tensor& kv_positions, const Tensor& lse, const Tensor& delta,
+                         const Tensor& attention_start, const AttentionShape& shape,
+                         const DropoutSpec& dropout) {
+  MG_DISPATCH(attention_block_bwd, dq, dkv, dctx, q_qkv, q_positions, kv, kv_positions, lse,
+              delta, attention_start, shape, dropout);
+}
+
+void rope_fwd(const Tensor& qkv, const Tensor& positions, const AttentionShape& shape,
+              const RotaryConfig& rope) {
+  MG_DISPATCH(rope_fwd, qkv, positions, shape, rope);
+}
+void rope_bwd(const Tensor& dqkv, const Tensor& positions, const AttentionShape& shape,
+              const RotaryConfig& rope) {
+  MG_DISPATCH(rope_bwd, dqkv, positions, shape, rope);
+}
+
+void kv_cache_append(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
+                     const Tensor& row_slot, const Tensor& row_pos, const AttentionShape& shape) {
+  MG_DISPATCH(kv_cache_append, k_cache, v_cache, qkv, row_slot, row_pos, shape);
+}
+void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& k_cache,
+                            const Tensor& v_cache, const Tensor& row_slot, const Tensor& row_pos,
+                            const AttentionShape& shape) {
+  MG_DISPATCH(attention_kv_cache_fwd, ctx, qkv, k_cache, v_cache, row_slot, row_pos, shape);
+}
+
+void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor& labels,
+                          const Tensor& loss_mask, float grad_scale, bool write_grad) {
+  MG_DISPATCH(softmax_xent_fwd_bwd, logits, loss, labels, loss_mask, grad_scale, write_grad);
+}
+
+void vocab_parallel_xent_max(const Tensor& logits_max, const Tensor& logits, const Tensor& targets,
+                             int64_t vocab_size) {
+  MG_DISPATCH(vocab_parallel_xent_max, logits_max, logits, targets, vocab_size);
+}
+void vocab_parallel_xent_partials(const Tensor& stats, const Tensor& local_target,
+                                  const Tensor& logits, const Tensor& logits_max,
+                                  const Tensor& targets, int64_t vocab_start) {
+  MG_DISPATCH(vocab_parallel_xent_partials, stats, local_target, logits, logits_max, targets,
+              vocab_start);
+}
+void vocab_parallel_xent_loss(const Tensor& loss, const Tensor& exp_logits, const Tensor& stats,
+                              int64_t vocab_size, float label_smoothing) {
+  MG_DISPATCH(vocab_parallel_xent_loss, loss, exp_logits, stats, vocab_size, label_smoothing);
+}
+void vocab_parallel_xent_bwd(const Tensor& dlogits, const Tensor& softmax,
+                             const Tensor& local_target, const Tensor& dloss, int64_t vocab_size,
+                             float label_smoothing) {
+  MG_DISPATCH(vocab_parallel_xent_bwd, dlogits, softmax, local_target, dloss, vocab_size,
+              label_smoothing);
+}
+
+void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const Tensor& model_copy, const AdamWConfig& cfg) {
+  MG_DISPATCH(adamw_step, master, grad, exp_avg, exp_avg_sq, model_copy, cfg);
+}
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, float lr,
+              float weight_decay, float momentum, bool first_step) {
+  MG_DISPATCH(sgd_step, param, grad, momentum_buf, lr, weight_decay, momentum, first_step);
+}
+
+double l2_norm_squared(const Tensor& x) { MG_DISPATCH(l2_norm_squared, x); }
+double sum(const Tensor& x) { MG_DISPATCH(sum, x); }
+double dot(const Tensor& a, const Tensor& b) { MG_DISPATCH(dot, a, b); }
+bool all_finite(const Tensor& x) { MG_DISPATCH(all_finite, x); }
+void cast(const Tensor& dst, const Tensor& src) { MG_DISPATCH(cast, dst, src); }
+
+}  // namespace megatron::ops
