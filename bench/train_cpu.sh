@@ -20,7 +20,7 @@ DATA=.cache/demo/demo_text_document
 TOK=(--tokenizer-type GPT2BPETokenizer --vocab-file .cache/gpt2/gpt2-vocab.json --merge-file .cache/gpt2/gpt2-merges.txt)
 if [ ! -s "$DATA.idx" ]; then
   mkdir -p .cache/demo
-  "$MEGATRON" preprocess-data --input .cache/corpus/demo.jsonl --output-prefix .cache/demo/demo "${TOK[@]}" --append-eod
+  "$MEGATRON" preprocess-data --input .cache/corpus/demo.jsonl --output-prefix .cache/demo/demo "${TOK[@]}" --append-eod --workers "$THREADS"
 fi
 export OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS=1
 LOG=$(mktemp)
