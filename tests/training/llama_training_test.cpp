@@ -73,26 +73,6 @@ TrainingArgs with_layout(TrainingArgs a, const Layout& l) {
   return a;
 }
 
-// Rank 0 trains `a` alone (saving to `save`); every rank gets its curve.
-TrainingSummary reference_curve(TrainingArgs a, const std::string& save) {
-  TrainingSummary r;
-  std::string text;
-  if (world()->rank() == 0) {
-    a.save = save;
-    a.save_interval = 1000;
-    r = run_single(a);
-    text = json({{"losses", r.losses}, {"grad_norms", r.grad_norms},
-                 {"valid_losses", r.valid_losses}, {"consumed", r.consumed_samples}}).dump();
-  }
-  const json j = json::parse(all_gather_strings(*world(), text)[0]);
-  r.losses = j["losses"].get<std::vector<double>>();
-  r.grad_norms.clear();
-  for (const json& g : j["grad_norms"]) r.grad_norms.push_back(g.is_number() ? g.get<double>() : std::nan(""));
-  r.valid_losses = j["valid_losses"].get<std::vector<double>>();
-  r.consumed_samples = j["consumed"].get<int64_t>();
-  return r;
-}
-
 void check_layout(const Fixture& f, const Layout& l, const TrainingSummary& ref,
                   const std::string& ref_save, double tol = 1e-5) {
   SCOPED_TRACE(l.name);

@@ -105,6 +105,26 @@ struct Fixture {
 
 inline TrainingSummary run_single(TrainingArgs a) { return pretrain_gpt(std::move(a), make_self_communicator("world")); }
 
+// Rank 0 trains `a` alone (saving to `save`); every rank gets its loss and grad-norm curve.
+inline TrainingSummary reference_curve(TrainingArgs a, const std::string& save) {
+  TrainingSummary r;
+  std::string text;
+  if (world()->rank() == 0) {
+    a.save = save;
+    a.save_interval = 1000;
+    r = run_single(a);
+    text = json({{"losses", r.losses}, {"grad_norms", r.grad_norms},
+                 {"valid_losses", r.valid_losses}, {"consumed", r.consumed_samples}}).dump();
+  }
+  const json j = json::parse(all_gather_strings(*world(), text)[0]);
+  r.losses = j["losses"].get<std::vector<double>>();
+  r.grad_norms.clear();
+  for (const json& g : j["grad_norms"]) r.grad_norms.push_back(g.is_number() ? g.get<double>() : std::nan(""));
+  r.valid_losses = j["valid_losses"].get<std::vector<double>>();
+  r.consumed_samples = j["consumed"].get<int64_t>();
+  return r;
+}
+
 // The checkpoint's model tensors with every tensor-parallel shard put back together and every
 // pipeline stage's tensors merged (their names are global: "decoder.layers.<i>...").
 inline std::map<std::string, std::vector<float>> gathered_model(const std::string& save, int64_t it) {
