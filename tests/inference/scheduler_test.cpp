@@ -161,8 +161,9 @@ TEST(Scheduler, BeamSearchRunsAloneAndFailuresAreReported) {
 // An engine failure mid-step fails the jobs with running rows (and a job whose later rows were
 // still waiting for a slot); the scheduler starts over with an empty batch and keeps serving.
 TEST(Scheduler, AnEngineFailureFailsTheRunningJobsAndServingGoesOn) {
-  // The failure waits until the neighbour's first row runs in the same batch (the scheduler may
-  // start the doomed job before the neighbour is submitted).
+  // No timing: the neighbour is submitted from the doomed job's first token callback (on the
+  // scheduler thread, between steps), so it joins the running batch at the next step; the failure
+  // waits until the neighbour's first row has run beside the doomed row.
   std::atomic<bool> neighbour_running{false};
   FakeModel model(32, 64, [&](std::span<const int32_t> prefix, std::span<float> logits) {
     if (prefix[0] == 1) neighbour_running = true;
@@ -172,9 +173,14 @@ TEST(Scheduler, AnEngineFailureFailsTheRunningJobsAndServingGoesOn) {
   Scheduler scheduler(model, 30, SpecialTokens{}, 2, 16);
   auto doomed = sampling_job({{13}}, 20);          // fails once both run, from its third step
   auto neighbour = sampling_job({{1}, {2}}, 8);    // one row running beside it, one waiting
+  std::atomic<bool> submitted{false}, accepted{false};
+  doomed->rows[0].on_token = [&](std::span<const int32_t>, float) {
+    if (!submitted.exchange(true)) accepted = scheduler.submit(neighbour);
+    return true;
+  };
   ASSERT_TRUE(scheduler.submit(doomed));
-  ASSERT_TRUE(scheduler.submit(neighbour));
   doomed->wait();
+  ASSERT_TRUE(accepted);
   neighbour->wait();
   EXPECT_NE(doomed->error.find("injected failure"), std::string::npos) << doomed->error;
   EXPECT_NE(neighbour->error.find("injected failure"), std::string::npos) << neighbour->error;
