@@ -24,11 +24,12 @@ model::TransformerConfig for_inference(model::TransformerConfig c) {
 }  // namespace
 
 GPTEngine::GPTEngine(const model::TransformerConfig& config,
-                     const std::map<std::string, Tensor>& weights)
+                     const std::map<std::string, Tensor>& weights, Device device)
     : cfg_(for_inference(config)) {
   model::ModelOptions opt;
   opt.grad = false;
   opt.init_weights = false;
+  opt.device = device;
   model_ = std::make_unique<model::GPTModel>(cfg_, 0, model::TensorParallel::none(),
                                              model::ContextParallel::none(), model::ModelChunk{
                                                  model::PipelineLayout{cfg_.num_layers, 1, 1}, 0, 0},
@@ -41,7 +42,14 @@ GPTEngine::GPTEngine(const model::TransformerConfig& config,
     MG_REQUIRE(it->second.shape() == p->value.shape(), "weight '", p->name, "' has shape ",
                shape_str(it->second.shape()), ", the configuration needs ",
                shape_str(p->value.shape()));
-    ops::cast(p->value, it->second.contiguous());
+    const Tensor w = it->second.contiguous();
+    if (w.device() == p->value.device()) {
+      ops::cast(p->value, w);
+    } else {  // cast where the weight is, then one copy to the model's device
+      Tensor v = Tensor::empty(w.shape(), p->value.dtype(), w.device());
+      ops::cast(v, w);
+      p->value.copy_(v);
+    }
     ++used;
   }
   if (used != weights.size()) {
@@ -152,15 +160,18 @@ Tensor GPTEngine::run(std::span<const int64_t> slots, std::span<const int32_t> t
       }
     }
   }
-  cache_.row_slot = Tensor::from_vector(slot, {rows});
-  cache_.row_pos = Tensor::from_vector(pos, {rows});
-  const Tensor ids = Tensor::from_vector(std::vector<int32_t>(tokens.begin(), tokens.end()), {rows});
-  const Tensor picked = model_->forward_inference(ids, cache_, Tensor::from_vector(pick, {int64_t(pick.size())}));
-  Tensor logits = Tensor::zeros({calls, out_n, V}, DType::F32);
+  const Device dev = model_->device();
+  cache_.row_slot = Tensor::from_vector(slot, {rows}, dev);
+  cache_.row_pos = Tensor::from_vector(pos, {rows}, dev);
+  const Tensor ids =
+      Tensor::from_vector(std::vector<int32_t>(tokens.begin(), tokens.end()), {rows}, dev);
+  const Tensor picked = model_->forward_inference(
+      ids, cache_, Tensor::from_vector(pick, {int64_t(pick.size())}, dev));
+  Tensor logits = Tensor::zeros({calls, out_n, V}, DType::F32, dev);
   ops::index_copy_rows(logits.view({calls * out_n, V}), picked,
-                       Tensor::from_vector(dest, {int64_t(dest.size())}));
+                       Tensor::from_vector(dest, {int64_t(dest.size())}, dev));
   for (int64_t b = 0; b < calls; ++b) row_pos_[size_t(slots[size_t(b)])] += counts[size_t(b)];
-  return logits;
+  return dev.is_cpu() ? logits : logits.to(Device::cpu());  // sampling reads them on the host
 }
 
 void GPTEngine::reorder(std::span<const int64_t> src) {
@@ -173,7 +184,7 @@ void GPTEngine::reorder(std::span<const int64_t> src) {
     idx.push_back(int32_t(s));
     pos.push_back(row_pos_[size_t(s)]);
   }
-  cache_.reorder(Tensor::from_vector(idx, {int64_t(idx.size())}));
+  cache_.reorder(Tensor::from_vector(idx, {int64_t(idx.size())}, model_->device()));
   row_pos_ = std::move(pos);
   batch_ = int64_t(src.size());
 }

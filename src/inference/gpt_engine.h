@@ -31,7 +31,9 @@ class GPTEngine final : public LanguageModel {
   // every parameter of the model must be in `weights` (by its Megatron-Core name) with its shape;
   // values of any float dtype are converted to the configuration's params_dtype. Tensors the
   // model does not have are an error naming them, unless listed in `ignored`.
-  GPTEngine(const model::TransformerConfig& config, const std::map<std::string, Tensor>& weights);
+  // The model runs on `device` (weights are copied there; logits come back to the host).
+  GPTEngine(const model::TransformerConfig& config, const std::map<std::string, Tensor>& weights,
+            Device device = Device::cpu());
 
   int64_t vocab_size() const override { return cfg_.padded_vocab_size; }
   int64_t max_sequence_length() const override { return cfg_.max_position_embeddings; }

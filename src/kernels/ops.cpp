@@ -237,6 +237,7 @@ double l2_norm_squared(const Tensor& x) { MG_DISPATCH(l2_norm_squared, x); }
 double sum(const Tensor& x) { MG_DISPATCH(sum, x); }
 double dot(const Tensor& a, const Tensor& b) { MG_DISPATCH(dot, a, b); }
 bool all_finite(const Tensor& x) { MG_DISPATCH(all_finite, x); }
+IntRange int_range(const Tensor& ids) { MG_DISPATCH(int_range, ids); }
 void cast(const Tensor& dst, const Tensor& src) { MG_DISPATCH(cast, dst, src); }
 
 }  // namespace megatron::ops

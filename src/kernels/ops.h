@@ -321,6 +321,12 @@ double l2_norm_squared(const Tensor& x);  // sum of squares in double (any float
 double sum(const Tensor& x);
 double dot(const Tensor& a, const Tensor& b);
 bool all_finite(const Tensor& x);          // false if any NaN/Inf (any float dtype)
+// The smallest and largest value of a contiguous int32 tensor (token and position ids are
+// range-checked with it); {INT64_MAX, INT64_MIN} when empty.
+struct IntRange {
+  int64_t min, max;
+};
+IntRange int_range(const Tensor& ids);
 void cast(const Tensor& dst, const Tensor& src);  // fp32/bf16/fp16/f64 <-> any (RNE), same numel
 
 }  // namespace megatron::ops

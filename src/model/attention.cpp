@@ -86,10 +86,11 @@ ops::AttentionShape SelfAttention::shape(const LayerContext& ctx) const {
   return s;
 }
 
-const Tensor& SelfAttention::head_rows(int64_t n, bool keys) {
+const Tensor& SelfAttention::head_rows(int64_t n, bool keys, Device device) {
   Tensor& cached = keys ? k_rows_ : q_rows_;
   const int64_t hpg = heads / groups, per_token = int64_t(groups) * (keys ? 1 : hpg);
-  if (cached.defined() && cached.numel() == n * per_token) return cached;
+  if (cached.defined() && cached.numel() == n * per_token && cached.device() == device)
+    return cached;
   std::vector<int32_t> idx;
   idx.reserve(size_t(n * per_token));
   for (int64_t t = 0; t < n; ++t)
@@ -101,7 +102,7 @@ const Tensor& SelfAttention::head_rows(int64_t n, bool keys) {
         for (int64_t j = 0; j < hpg; ++j) idx.push_back(int32_t(first + j));
       }
     }
-  cached = Tensor::from_vector(idx, {int64_t(idx.size())});
+  cached = Tensor::from_vector(idx, {int64_t(idx.size())}, device);
   return cached;
 }
 
@@ -111,7 +112,7 @@ void SelfAttention::qk_norm_forward(const LayerContext& ctx, const Tensor& qkv) 
   const int64_t n = qkv.size(0);
   const Tensor rows = qkv.view({-1, head_dim});
   for (bool keys : {false, true}) {
-    const Tensor& idx = head_rows(n, keys);
+    const Tensor& idx = head_rows(n, keys, qkv.device());
     Tensor h = Tensor::empty({idx.numel(), head_dim}, DType::F32, qkv.device());
     ops::index_select_rows(h, rows, idx);
     Tensor normed = (keys ? k_layernorm : q_layernorm)->forward(ctx, h);
@@ -123,7 +124,7 @@ void SelfAttention::qk_norm_backward(const LayerContext& ctx, const Tensor& dqkv
   const int64_t n = dqkv.size(0);
   const Tensor rows = dqkv.view({-1, head_dim});
   for (bool keys : {false, true}) {
-    const Tensor& idx = head_rows(n, keys);
+    const Tensor& idx = head_rows(n, keys, dqkv.device());
     Tensor d = Tensor::empty({idx.numel(), head_dim}, DType::F32, dqkv.device());
     ops::index_select_rows(d, rows, idx);
     Tensor dx = (keys ? k_layernorm : q_layernorm)->backward(ctx, d);
@@ -167,7 +168,7 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
     csh.kv_seq = C * ctx.seq;
     const Tensor full = GatherFromContextParallelRegion::forward(cp_, qkv, ctx.batch);
     ops::attention_subset_fwd(c, lse, probs, full,
-                              context_parallel_positions(ctx.seq, cp_.rank(), C),
+                              context_parallel_positions(ctx.seq, cp_.rank(), C, qkv.device()),
                               ctx.attention_start, csh, drop);
   } else {
     ops::attention_fwd(c, lse, probs, qkv, ctx.attention_start, sh, drop, ctx.key_padding);
@@ -196,7 +197,8 @@ Tensor SelfAttention::backward(const LayerContext& ctx, const Tensor& dy) {
     csh.kv_seq = C * ctx.seq;
     const Tensor full = GatherFromContextParallelRegion::forward(cp_, qkv_, ctx.batch);
     Tensor dfull = Tensor::empty(full.shape(), DType::F32, full.device());
-    ops::attention_subset_bwd(dfull, dc, full, context_parallel_positions(ctx.seq, cp_.rank(), C),
+    ops::attention_subset_bwd(dfull, dc, full,
+                              context_parallel_positions(ctx.seq, cp_.rank(), C, full.device()),
                               lse_, probs_, ctx.attention_start, csh, drop);
     dqkv = GatherFromContextParallelRegion::backward(cp_, dfull, ctx.batch);
   } else {

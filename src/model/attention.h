@@ -45,7 +45,7 @@ class SelfAttention : public Module {
  private:
   ops::AttentionShape shape(const LayerContext& ctx) const;
   // Rows of the [N * g * (n/g+2), d] view of fused QKV that hold query (or key) heads.
-  const Tensor& head_rows(int64_t n, bool keys);
+  const Tensor& head_rows(int64_t n, bool keys, Device device);
   void qk_norm_forward(const LayerContext& ctx, const Tensor& qkv);
   void qk_norm_backward(const LayerContext& ctx, const Tensor& dqkv);
 

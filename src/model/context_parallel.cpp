@@ -29,20 +29,20 @@ int64_t context_parallel_position(int64_t i, int64_t local_seq, int rank, int si
   return i < chunk ? int64_t(rank) * chunk + i : int64_t(2 * size - 1 - rank) * chunk + (i - chunk);
 }
 
-Tensor context_parallel_positions(int64_t local_seq, int rank, int size) {
+Tensor context_parallel_positions(int64_t local_seq, int rank, int size, Device device) {
   std::vector<int32_t> pos(static_cast<size_t>(local_seq));
   for (int64_t i = 0; i < local_seq; ++i)
     pos[size_t(i)] = int32_t(context_parallel_position(i, local_seq, rank, size));
-  return Tensor::from_vector(pos, {local_seq});
+  return Tensor::from_vector(pos, {local_seq}, device);
 }
 
 namespace {
 
 // 0, 1, ..., n-1 as an int32 index (a plain row copy through the row ops).
-Tensor iota_index(int64_t n) {
+Tensor iota_index(int64_t n, Device device) {
   std::vector<int32_t> ix(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) ix[size_t(i)] = int32_t(i);
-  return Tensor::from_vector(ix, {n});
+  return Tensor::from_vector(ix, {n}, device);
 }
 
 // Copies rows between the rank-major layout [C][b][S/C] (what the all-gather produces) and
@@ -61,7 +61,7 @@ void permute_rows(const Tensor& src, const Tensor& dst, int64_t batch, int size,
         else
           source[size_t(rank_major)] = int32_t(in_order);
       }
-  ops::index_select_rows(dst, src, Tensor::from_vector(source, {rows}));
+  ops::index_select_rows(dst, src, Tensor::from_vector(source, {rows}, src.device()));
 }
 
 }  // namespace
@@ -73,9 +73,9 @@ Tensor GatherFromContextParallelRegion::forward(const ContextParallel& cp, const
   MG_CHECK(local.dim() == 2 && local.size(0) % batch == 0, "context-parallel gather: ",
            shape_str(local.shape()), " is not [batch * local_seq, width]");
   const Tensor in = local.contiguous();
-  Tensor gathered = Tensor::empty({C * in.size(0), in.size(1)}, DType::F32);
+  Tensor gathered = Tensor::empty({C * in.size(0), in.size(1)}, DType::F32, in.device());
   cp.group->all_gather(in, gathered);
-  Tensor full = Tensor::empty(gathered.shape(), DType::F32);
+  Tensor full = Tensor::empty(gathered.shape(), DType::F32, in.device());
   permute_rows(gathered, full, batch, C, true);
   return full;
 }
@@ -87,9 +87,9 @@ Tensor GatherFromContextParallelRegion::backward(const ContextParallel& cp, cons
   MG_CHECK(dfull.dim() == 2 && dfull.size(0) % (batch * C) == 0, "context-parallel "
            "reduce-scatter: ", shape_str(dfull.shape()), " is not [batch * seq, width]");
   const Tensor in = dfull.contiguous();
-  Tensor rank_major = Tensor::empty(in.shape(), DType::F32);
+  Tensor rank_major = Tensor::empty(in.shape(), DType::F32, in.device());
   permute_rows(in, rank_major, batch, C, false);
-  Tensor out = Tensor::empty({in.size(0) / C, in.size(1)}, DType::F32);
+  Tensor out = Tensor::empty({in.size(0) / C, in.size(1)}, DType::F32, in.device());
   cp.group->reduce_scatter(rank_major, out, ReduceOp::Sum);
   return out;
 }
@@ -111,15 +111,17 @@ Tensor kv_columns(const Tensor& qkv, const ops::AttentionShape& sh) {
 Tensor pack_kv(const Tensor& qkv, const ops::AttentionShape& sh) {
   const Tensor cols = kv_columns(qkv, sh);
   const int64_t rows = cols.size(0) / sh.groups;
-  Tensor kv = Tensor::empty({rows, int64_t(sh.groups) * 2 * sh.head_dim}, DType::F32);
-  ops::index_select_rows(kv.view({cols.size(0), cols.size(1)}), cols, iota_index(cols.size(0)));
+  Tensor kv = Tensor::empty({rows, int64_t(sh.groups) * 2 * sh.head_dim}, DType::F32, qkv.device());
+  ops::index_select_rows(kv.view({cols.size(0), cols.size(1)}), cols,
+                         iota_index(cols.size(0), qkv.device()));
   return kv;
 }
 
 // dqkv's key and value columns <- dkv (the inverse of pack_kv's column map).
 void unpack_kv(const Tensor& dkv, const Tensor& dqkv, const ops::AttentionShape& sh) {
   const Tensor cols = kv_columns(dqkv, sh);
-  ops::index_copy_rows(cols, dkv.view({cols.size(0), cols.size(1)}), iota_index(cols.size(0)));
+  ops::index_copy_rows(cols, dkv.view({cols.size(0), cols.size(1)}),
+                       iota_index(cols.size(0), dkv.device()));
 }
 
 ops::AttentionShape block_shape(const ContextParallel& cp, const ops::AttentionShape& local) {
@@ -137,9 +139,11 @@ void ring_attention_fwd(const ContextParallel& cp, const Tensor& ctx, const Tens
   const int C = cp.size(), r = cp.rank(), next = (r + 1) % C, prev = (r + C - 1) % C;
   const ops::AttentionShape sh = block_shape(cp, shape);
   const Tensor q = qkv.contiguous();
-  const Tensor qpos = context_parallel_positions(sh.seq, r, C);
-  Tensor kv = pack_kv(q, sh), incoming = Tensor::empty(kv.shape(), DType::F32);
-  Tensor cb = Tensor::empty(ctx.shape(), DType::F32), lb = Tensor::empty(lse.shape(), DType::F32);
+  const Device dev = q.device();
+  const Tensor qpos = context_parallel_positions(sh.seq, r, C, dev);
+  Tensor kv = pack_kv(q, sh), incoming = Tensor::empty(kv.shape(), DType::F32, dev);
+  Tensor cb = Tensor::empty(ctx.shape(), DType::F32, dev);
+  Tensor lb = Tensor::empty(lse.shape(), DType::F32, dev);
   for (int i = 0; i < C; ++i) {
     const int src = (r + C - i) % C;  // whose keys and values this step holds
     CommHandle recv, send;
@@ -147,7 +151,7 @@ void ring_attention_fwd(const ContextParallel& cp, const Tensor& ctx, const Tens
       recv = cp.group->recv_async(incoming, prev, kTagKV);
       send = cp.group->send_async(kv, next, kTagKV);
     }
-    const Tensor kpos = context_parallel_positions(sh.seq, src, C);
+    const Tensor kpos = context_parallel_positions(sh.seq, src, C, dev);
     if (i == 0) {
       ops::attention_block_fwd(ctx, lse, q, qpos, kv, kpos, attention_start, sh, dropout);
     } else {
@@ -168,14 +172,15 @@ Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dctx, const T
   const int C = cp.size(), r = cp.rank(), next = (r + 1) % C, prev = (r + C - 1) % C;
   const ops::AttentionShape sh = block_shape(cp, shape);
   const Tensor q = qkv.contiguous(), dc = dctx.contiguous();
-  const Tensor qpos = context_parallel_positions(sh.seq, r, C);
-  Tensor delta = Tensor::empty(lse.shape(), DType::F32);
+  const Device dev = q.device();
+  const Tensor qpos = context_parallel_positions(sh.seq, r, C, dev);
+  Tensor delta = Tensor::empty(lse.shape(), DType::F32, dev);
   ops::attention_delta(delta, dc, ctx, sh);
-  Tensor kv = pack_kv(q, sh), incoming = Tensor::empty(kv.shape(), DType::F32);
-  Tensor dq = Tensor::zeros(q.shape(), DType::F32);
+  Tensor kv = pack_kv(q, sh), incoming = Tensor::empty(kv.shape(), DType::F32, dev);
+  Tensor dq = Tensor::zeros(q.shape(), DType::F32, dev);
   // The dK / dV accumulator of a block travels one step behind it: at step i this rank adds its
   // queries' part to the accumulator of block r-i, which ranks r-i .. r-1 have filled so far.
-  Tensor acc_in = Tensor::empty(kv.shape(), DType::F32), sending;
+  Tensor acc_in = Tensor::empty(kv.shape(), DType::F32, dev), sending;
   CommHandle acc_send;
   for (int i = 0; i < C; ++i) {
     const int src = (r + C - i) % C;
@@ -185,8 +190,8 @@ Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dctx, const T
       send = cp.group->send_async(kv, next, kTagKV);
     }
     if (i > 0) acc_recv = cp.group->recv_async(acc_in, prev, kTagDKV);
-    Tensor mine = Tensor::zeros(kv.shape(), DType::F32);
-    ops::attention_block_bwd(dq, mine, dc, q, qpos, kv, context_parallel_positions(sh.seq, src, C),
+    Tensor mine = Tensor::zeros(kv.shape(), DType::F32, dev);
+    ops::attention_block_bwd(dq, mine, dc, q, qpos, kv, context_parallel_positions(sh.seq, src, C, dev),
                              lse, delta, attention_start, sh, dropout);
     if (i > 0) {
       acc_recv.wait();
@@ -201,7 +206,7 @@ Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dctx, const T
       std::swap(kv, incoming);
     }
   }
-  Tensor own = Tensor::empty(kv.shape(), DType::F32);
+  Tensor own = Tensor::empty(kv.shape(), DType::F32, dev);
   cp.group->recv_async(own, prev, kTagDKV).wait();
   acc_send.wait();
   unpack_kv(own, dq, sh);  // dq's key / value columns are still zero
@@ -222,13 +227,13 @@ GPTInputs slice_for_context_parallel(const GPTInputs& in, int rank, int size) {
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t i = 0; i < local; ++i)
       source[size_t(bi * local + i)] = int32_t(bi * s + context_parallel_position(i, local, rank, size));
-  const Tensor index = Tensor::from_vector(source, {b * local});
+  const Tensor index = Tensor::from_vector(source, {b * local}, in.tokens.device());
   auto slice = [&](const Tensor& t) -> Tensor {
     if (!t.defined()) return t;
     MG_REQUIRE(t.shape() == in.tokens.shape(), "context parallelism: a batch tensor has shape ",
                shape_str(t.shape()), ", not the tokens' ", shape_str(in.tokens.shape()));
     const Tensor src = t.contiguous();
-    Tensor out = Tensor::empty({b, local}, src.dtype());
+    Tensor out = Tensor::empty({b, local}, src.dtype(), src.device());
     ops::index_select_rows(out.view({b * local, 1}), src.view({b * s, 1}), index);
     return out;
   };

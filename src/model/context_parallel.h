@@ -58,7 +58,8 @@ struct ContextParallel {
 // when size > 1.
 int64_t context_parallel_position(int64_t i, int64_t local_seq, int rank, int size);
 // All of them: int32 [local_seq].
-Tensor context_parallel_positions(int64_t local_seq, int rank, int size);
+Tensor context_parallel_positions(int64_t local_seq, int rank, int size,
+                                 Device device = Device::cpu());
 
 // The attention exchange as a conjugate pair (see tp_mappings.h), over rows of batch-first
 // [b*s, w] activations:

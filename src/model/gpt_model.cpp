@@ -69,12 +69,8 @@ LossResult masked_lm_loss(OutputLayer& output, const Tensor& xf, const GPTInputs
   const Tensor mask = in.loss_mask.contiguous().view({N});
   Tensor loss = output.loss(xf, in.labels.contiguous().view({N}), mask, grad_scale, dxf);
   LossResult res;
-  const float* lp = loss.data<float>();
-  const float* mp = mask.data<float>();
-  for (int64_t i = 0; i < N; ++i) {
-    res.loss_sum += double(lp[i]) * double(mp[i]);
-    res.num_tokens += double(mp[i]);
-  }
+  res.loss_sum = ops::dot(loss, mask);
+  res.num_tokens = ops::sum(mask);
   return res;
 }
 
@@ -86,6 +82,7 @@ struct GPTModel::Impl {
   TensorParallel tp;
   ContextParallel cp;
   ModelChunk place;
+  Device device;
   TransformerLayerSpec spec;
   int first_layer = 0;
   std::unique_ptr<Embedding> embedding;                 // first chunk
@@ -110,7 +107,7 @@ struct GPTModel::Impl {
 
   Impl(const TransformerConfig& c, uint64_t s, const TensorParallel& t, const ContextParallel& cp_,
        const ModelChunk& m, const ModelOptions& opt)
-      : cfg(c), seed(s), tp(t), cp(cp_), place(m), spec(gpt_layer_spec(c)) {
+      : cfg(c), seed(s), tp(t), cp(cp_), place(m), device(opt.device), spec(gpt_layer_spec(c)) {
     const PipelineLayout& L = m.layout;
     first_layer = L.first_layer(m.pp_rank, m.chunk);
     const bool pre = L.has_embedding(m.pp_rank, m.chunk), post = L.has_output(m.pp_rank, m.chunk);
@@ -177,6 +174,16 @@ struct GPTModel::Impl {
     refresh();
   }
 
+  // Parameters and gradients (drawn or zeroed on the host) to the model's device, then the
+  // working weights there.
+  void move_to_device() {
+    for (Parameter* p : parameters()) {
+      if (p->value.device() != device) p->value = p->value.to(device);
+      if (p->grad.defined() && p->grad.device() != device) p->grad = p->grad.to(device);
+    }
+    refresh();
+  }
+
   void refresh() {
     if (embedding) embedding->refresh_working_weights();
     for (auto& l : layers) l->refresh_working_weights();
@@ -201,6 +208,8 @@ struct GPTModel::Impl {
     const Tensor& tokens = in.tokens;
     MG_REQUIRE(tokens.defined() && tokens.dim() == 2 && tokens.dtype() == DType::I32,
                "tokens must be an int32 [batch, seq] tensor");
+    MG_REQUIRE(tokens.device() == device, "the model's inputs must be on its device ",
+               device.to_string(), " (tokens are on ", tokens.device().to_string(), ")");
     MG_REQUIRE(offset < (uint64_t(1) << 40), "dropout offset ", offset, " must be below 2^40");
     LayerContext ctx;
     ctx.training = training;
@@ -236,7 +245,7 @@ struct GPTModel::Impl {
         for (int64_t i = 0; i < ctx.seq; ++i)
           pos[size_t(b * ctx.seq + i)] =
               int32_t(context_parallel_position(i, ctx.seq, cp.rank(), cp.size()));
-      ctx.rope_positions = Tensor::from_vector(pos, {ctx.rows()});
+      ctx.rope_positions = Tensor::from_vector(pos, {ctx.rows()}).to(device);
     }
     return ctx;
   }
@@ -292,10 +301,8 @@ GPTModel::GPTModel(const TransformerConfig& cfg, uint64_t seed, const TensorPara
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
   impl_ = std::make_unique<Impl>(cfg, seed, tp, cp, chunk, opt);
-  if (opt.init_weights)
-    impl_->init_weights();
-  else
-    impl_->refresh();
+  if (opt.init_weights) impl_->init_weights();
+  impl_->move_to_device();
 }
 GPTModel::~GPTModel() = default;
 
@@ -314,6 +321,7 @@ int GPTModel::tensor_parallel_rank() const { return impl_->tp.rank(); }
 int GPTModel::context_parallel_size() const { return impl_->cp.size(); }
 int GPTModel::context_parallel_rank() const { return impl_->cp.rank(); }
 bool GPTModel::sequence_parallel() const { return impl_->tp.sequence_parallel; }
+Device GPTModel::device() const { return impl_->device; }
 size_t GPTModel::activation_bytes() const { return impl_->activation_bytes; }
 
 Parameter* GPTModel::word_embedding() {
@@ -481,7 +489,7 @@ void GPTModel::allocate_inference(InferenceContext& ic, int64_t slots, int64_t m
   const Impl& m = *impl_;
   MG_REQUIRE(max_len >= 1 && max_len <= m.cfg.max_position_embeddings, "sequence length ",
              max_len, " exceeds max_position_embeddings ", m.cfg.max_position_embeddings);
-  ic.allocate(m.cfg.num_layers, slots, m.cfg.query_groups(), max_len, m.cfg.head_dim());
+  ic.allocate(m.cfg.num_layers, slots, m.cfg.query_groups(), max_len, m.cfg.head_dim(), m.device);
 }
 
 Tensor GPTModel::forward_inference(const Tensor& tokens, InferenceContext& ic,

@@ -120,6 +120,9 @@ struct ModelChunk {
 struct ModelOptions {
   bool grad = true;          // allocate gradients (training); false for inference
   bool init_weights = true;  // draw Megatron's initial weights (false: zeros, to be loaded)
+  // Where parameters, gradients and activations live: inputs must be on it; everything the
+  // model allocates follows it (initial weights are drawn on the host and copied over).
+  Device device = Device::cpu();
 };
 
 class GPTModel {
@@ -191,7 +194,8 @@ class GPTModel {
                         const Tensor& attention_start = Tensor());
   // Generation: tokens int32 [n] are appended to the KV cache at inference.row_slot /
   // inference.row_pos (int32 [n] each, set by the caller); returns the logits [k, V] of the rows
-  // listed in logit_rows (int32 [k]). The whole model without tensor or context parallelism.
+  // listed in logit_rows (int32 [k]). All of them on device(). The whole model without tensor or
+  // context parallelism.
   Tensor forward_inference(const Tensor& tokens, InferenceContext& inference,
                            const Tensor& logit_rows);
   // Sizes `inference`'s caches for this model: `slots` sequences of up to `max_len` positions.
@@ -208,6 +212,7 @@ class GPTModel {
   int context_parallel_size() const;
   int context_parallel_rank() const;
   bool sequence_parallel() const;  // config().sequence_parallel && TP > 1
+  Device device() const;           // ModelOptions::device
   // Peak bytes of activations held for backward during the last forward_backward (every
   // declared saved activation and recompute block input; workspaces and the loss head's logits
   // chunk excluded).

@@ -18,7 +18,7 @@ GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const Pipeline
                              int pp_rank, std::shared_ptr<Communicator> tp_group,
                              std::shared_ptr<Communicator> pp_group,
                              std::shared_ptr<Communicator> embedding_group,
-                             std::shared_ptr<Communicator> cp_group)
+                             std::shared_ptr<Communicator> cp_group, Device device)
     : cfg_(cfg), layout_(layout), pp_rank_(pp_rank) {
   cfg.validate();
   MG_CHECK(tp_group != nullptr, "GPTStageModel: null tensor-parallel group");
@@ -45,8 +45,11 @@ GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const Pipeline
   tp_ = TensorParallel::make(std::move(tp_group), cfg.sequence_parallel);
   ContextParallel cp = cp_group ? ContextParallel{std::move(cp_group)} : ContextParallel::none();
   cp.comm = parse_cp_comm_type(cfg.cp_comm_type);
+  ModelOptions options;
+  options.device = device;
   for (int c = 0; c < layout.num_chunks; ++c)
-    chunks_.push_back(std::make_unique<GPTModel>(cfg, seed, tp_, cp, ModelChunk{layout, pp_rank, c}));
+    chunks_.push_back(
+        std::make_unique<GPTModel>(cfg, seed, tp_, cp, ModelChunk{layout, pp_rank, c}, options));
   if (tp_.size() > 1)
     for (const Parameter* p : parameters()) partial_tp_grads_ = partial_tp_grads_ || p->sequence_parallel;
 }

@@ -32,11 +32,12 @@ class GPTStageModel {
   GPTStageModel(const GPTConfig& cfg, uint64_t seed, const ParallelState& parallel,
                 int layers_per_virtual_stage = 0);
   // Without a ParallelState (tests, tools): pipeline rank `pp_rank` of `layout`, with explicit
-  // groups; pp_group / embedding_group may be null when layout.pipeline_size == 1.
+  // groups; pp_group / embedding_group may be null when layout.pipeline_size == 1. The chunks
+  // live on `device` (ModelOptions::device).
   GPTStageModel(const GPTConfig& cfg, uint64_t seed, const PipelineLayout& layout, int pp_rank,
                 std::shared_ptr<Communicator> tp_group, std::shared_ptr<Communicator> pp_group,
                 std::shared_ptr<Communicator> embedding_group,
-                std::shared_ptr<Communicator> cp_group = nullptr);
+                std::shared_ptr<Communicator> cp_group = nullptr, Device device = Device::cpu());
   ~GPTStageModel();
   GPTStageModel(const GPTStageModel&) = delete;
   GPTStageModel& operator=(const GPTStageModel&) = delete;

@@ -33,7 +33,8 @@ void Weight::refresh() {
     f32 = param.value;
     return;
   }
-  if (!f32.defined() || f32.shape() != param.value.shape() || f32.storage() == param.value.storage())
+  if (!f32.defined() || f32.shape() != param.value.shape() ||
+      f32.device() != param.value.device() || f32.storage() == param.value.storage())
     f32 = Tensor::empty(param.value.shape(), DType::F32, param.value.device());
   ops::cast(f32, param.value);
   if (offset != 0.0f) {

@@ -24,6 +24,19 @@ int64_t local_size(int64_t full, int parts, const std::string& what) {
 
 constexpr int64_t kHeadRows = 256;  // rows of logits per loss-head chunk
 
+// Error unless every id of the int32 tensor is in [0, limit): the range comes from an op; the
+// first id outside it is looked up on a host copy (error path only).
+void check_ids(const Tensor& ids, int64_t limit, const char* what, const char* outside,
+               const char* hint) {
+  const ops::IntRange r = ops::int_range(ids);
+  if (ids.numel() == 0 || (r.min >= 0 && r.max < limit)) return;
+  const Tensor host = ids.contiguous().to(Device::cpu());
+  const int32_t* p = host.data<int32_t>();
+  for (int64_t i = 0; i < host.numel(); ++i)
+    MG_REQUIRE(p[i] >= 0 && p[i] < limit, what, " ", p[i], " at position ", i, " ", outside, limit,
+               hint);
+}
+
 }  // namespace
 
 // ---- Column / row-parallel linear ----------------------------------------------------------
@@ -57,7 +70,7 @@ Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
              : CopyToTensorParallelRegion::forward(g, x);
   MG_CHECK(xin.dim() == 2 && xin.size(1) == in_features, "Linear ", weight.param.name,
            ": input ", shape_str(xin.shape()), " does not have ", in_features, " columns");
-  Tensor y = Tensor::empty({xin.size(0), out_features}, DType::F32);
+  Tensor y = Tensor::empty({xin.size(0), out_features}, DType::F32, xin.device());
   ops::gemm(xin, false, weight.f32, true, y);
   if (row_parallel_)
     y = sp ? ReduceScatterToSequenceParallelRegion::forward(g, y)
@@ -78,7 +91,7 @@ Tensor LinearBase::backward(const LayerContext&, const Tensor& dy) {
               : ReduceFromTensorParallelRegion::backward(g, dy);
   else if (sp)
     xin = GatherFromSequenceParallelRegion::forward(g, x_);  // gathered again, not kept
-  Tensor dx = Tensor::empty({dyin.size(0), in_features}, DType::F32);
+  Tensor dx = Tensor::empty({dyin.size(0), in_features}, DType::F32, dyin.device());
   ops::gemm(dyin, false, weight.f32, false, dx);
   ops::gemm(dyin, true, xin, false, weight.param.grad, 1.0f, 1.0f);
   if (!row_parallel_)
@@ -106,19 +119,13 @@ Embedding::Embedding(int64_t vocab, int64_t max_positions, int64_t h, float drop
 Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& pos) {
   const int64_t n = tokens.numel(), h = word.f32.size(1);
   const bool learned = position.defined();
-  const int32_t* tp = tokens.data<int32_t>();
-  for (int64_t i = 0; i < n; ++i)
-    MG_REQUIRE(tp[i] >= 0 && tp[i] < vocab_size, "token id ", tp[i], " at position ", i,
-               " is outside the padded vocabulary [0, ", vocab_size,
-               "); the data was tokenized with a different tokenizer or vocab size");
+  check_ids(tokens, vocab_size, "token id", "is outside the padded vocabulary [0, ",
+            "); the data was tokenized with a different tokenizer or vocab size");
   if (learned) {
     MG_REQUIRE(pos.defined() && pos.dtype() == DType::I32 && pos.numel() == n,
                "position_ids must be int32 with the tokens' ", n, " elements");
     const int64_t P = position.f32.size(0);
-    const int32_t* pp = pos.data<int32_t>();
-    for (int64_t i = 0; i < n; ++i)
-      MG_REQUIRE(pp[i] >= 0 && pp[i] < P, "position id ", pp[i], " at position ", i,
-                 " is outside [0, --max-position-embeddings=", P, ")");
+    check_ids(pos, P, "position id", "is outside [0, --max-position-embeddings=", ")");
   }
   Communicator& g = tp_.comm();
   Tensor out = Tensor::empty({n, h}, DType::F32, word.f32.device());
@@ -194,11 +201,13 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
   MG_CHECK(labels.numel() == N && loss_mask.numel() == N, "output layer: ", labels.numel(),
            " labels / ", loss_mask.numel(), " mask entries for ", N, " rows");
   const int64_t R = std::min(N, kHeadRows);
-  if (!logits_buf_.defined() || logits_buf_.size(0) != R || logits_buf_.size(1) != vl)
-    logits_buf_ = Tensor::empty({R, vl}, DType::F32);
-  Tensor loss = Tensor::empty({N}, DType::F32);
+  const Device dev = xin.device();
+  if (!logits_buf_.defined() || logits_buf_.size(0) != R || logits_buf_.size(1) != vl ||
+      logits_buf_.device() != dev)
+    logits_buf_ = Tensor::empty({R, vl}, DType::F32, dev);
+  Tensor loss = Tensor::empty({N}, DType::F32, dev);
   Tensor dxin;
-  if (dx) dxin = Tensor::empty(xin.shape(), DType::F32);
+  if (dx) dxin = Tensor::empty(xin.shape(), DType::F32, dev);
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t r = std::min(R, N - r0);
     Tensor z = logits_buf_.narrow(0, 0, r);

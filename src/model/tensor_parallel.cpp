@@ -67,7 +67,7 @@ void all_reduce_sequence_parallel_grads(const ParameterList& params, Communicato
     total += p->grad.numel();
   }
   if (total == 0) return;
-  Tensor flat = Tensor::empty({total}, DType::F32);
+  Tensor flat = Tensor::empty({total}, DType::F32, grads.front().device());
   ops::copy_to_flat(flat, grads);
   tp.all_reduce(flat, ReduceOp::Sum);
   ops::copy_from_flat(grads, flat);

@@ -22,8 +22,10 @@ constexpr int kGradientTag = 12;    // backward: input gradient to the previous 
 // the next receive is started as soon as the previous one has been taken.
 class RecvChannel {
  public:
-  RecvChannel(Communicator& group, int src, int tag, Shape shape, std::vector<size_t> steps)
-      : group_(group), src_(src), tag_(tag), shape_(std::move(shape)), steps_(std::move(steps)) {
+  RecvChannel(Communicator& group, int src, int tag, Shape shape, Device device,
+              std::vector<size_t> steps)
+      : group_(group), src_(src), tag_(tag), shape_(std::move(shape)), device_(device),
+        steps_(std::move(steps)) {
     post_next();
   }
   // Waits for the transfer of schedule step `step` and returns its tensor.
@@ -40,12 +42,13 @@ class RecvChannel {
  private:
   void post_next() {
     if (next_ >= steps_.size()) return;
-    buf_ = Tensor::empty(shape_, DType::F32);
+    buf_ = Tensor::empty(shape_, DType::F32, device_);
     handle_ = group_.recv_async(buf_, src_, tag_);
   }
   Communicator& group_;
   int src_, tag_;
   Shape shape_;
+  Device device_;
   std::vector<size_t> steps_;
   size_t next_ = 0;
   Tensor buf_;
@@ -107,8 +110,9 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
     const Step& st = s.steps[i];
     if (st.recv) (st.pass == Pass::Forward ? fwd_recvs : bwd_recvs).push_back(i);
   }
-  RecvChannel activations(pp, prev, kActivationTag, act_shape, std::move(fwd_recvs));
-  RecvChannel gradients(pp, next, kGradientTag, act_shape, std::move(bwd_recvs));
+  const Device dev = model.chunk(0).device();
+  RecvChannel activations(pp, prev, kActivationTag, act_shape, dev, std::move(fwd_recvs));
+  RecvChannel gradients(pp, next, kGradientTag, act_shape, dev, std::move(bwd_recvs));
   std::vector<PendingSend> sends;
 
   // --overlap-grad-reduce: the step of each chunk's last backward, during which its parameters

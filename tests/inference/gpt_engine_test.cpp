@@ -211,6 +211,69 @@ INSTANTIATE_TEST_SUITE_P(Configs, GPTEngineTest, ::testing::Values(0, 1, 2), [](
 
 // bf16 weights are kept in the configuration's dtype and computed in fp32: close to, not equal
 // to, the fp32 weights.
+// The model on the checking device (memory host code cannot touch outside ops and explicit
+// copies): sampling, log-probs, slots of the continuous batcher and beam search give exactly the
+// CPU run's results, so generation reads and writes the model's tensors only through ops.
+TEST_P(GPTEngineTest, GenerationOnTheCheckingDeviceEqualsTheCpu) {
+  Config c = config();
+  if (GetParam() == 0) c.params_dtype = DType::BF16;  // weights cast into working copies there
+  const Weights w = random_weights(c);
+  GPTEngine cpu(c, w), dev(c, w, megatron::testing::checked_device());
+  EXPECT_TRUE(dev.model().parameters()[0]->value.device().is_checked());
+  std::vector<SequenceRequest> rows(3);
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j <= 2 * i; ++j) rows[i].prompt.push_back(int32_t((i * 13 + j * 5) % 60));
+    rows[i].tokens_to_generate = 7;
+    rows[i].return_logprobs = true;
+    rows[i].seed = 11;
+    rows[i].sequence = uint64_t(i);
+  }
+  rows[1].sampling.temperature = 0.8f;
+  rows[2].sampling.top_p = 0.9f;
+  const auto a = generate(cpu, rows, 60, SpecialTokens{});
+  const auto b = generate(dev, rows, 60, SpecialTokens{});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << i;
+    EXPECT_EQ(a[i].logprobs, b[i].logprobs) << i;
+  }
+  // Slots as the continuous batcher drives them: ragged prefill, one slot decoding, a cleared
+  // slot reused, the cache grown.
+  for (GPTEngine* e : {&cpu, &dev}) e->start_slots(2, 8);
+  const std::vector<int64_t> both = {0, 1}, one = {1};
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9};
+  const std::vector<int64_t> counts = {3, 2}, single = {1};
+  const std::vector<int32_t> next = {21};
+  std::vector<Tensor> out[2];
+  int k = 0;
+  for (GPTEngine* e : {&cpu, &dev}) {
+    out[k].push_back(e->forward_slots(both, prompt, counts, true));
+    out[k].push_back(e->forward_slots(one, next, single, false));
+    e->clear_slot(0);
+    e->grow_slots(12);
+    out[k].push_back(e->forward_slots(both, prompt, counts, false));
+    ++k;
+  }
+  for (size_t i = 0; i < out[0].size(); ++i) {
+    EXPECT_TRUE(out[1][i].device().is_cpu());
+    EXPECT_EQ(out[0][i].to_float_vector(), out[1][i].to_float_vector()) << "call " << i;
+  }
+  BeamSearchRequest req;
+  req.prompt = {3, 14, 15};
+  req.tokens_to_generate = 5;
+  req.beam_width = 3;
+  req.stop_token = 9;
+  const auto ha = beam_search(cpu, req, 60), hb = beam_search(dev, req, 60);
+  ASSERT_EQ(ha.size(), hb.size());
+  for (size_t i = 0; i < ha.size(); ++i) {
+    EXPECT_EQ(ha[i].tokens, hb[i].tokens);
+    EXPECT_EQ(ha[i].score, hb[i].score);
+  }
+  // An input outside the vocabulary is still a clear error there.
+  dev.start(1, 4);
+  const std::vector<int32_t> bad = {1, int32_t(c.padded_vocab_size)};
+  EXPECT_THROW(dev.forward(bad, 2, false), Error);
+}
+
 TEST(GPTEngine, HalfPrecisionWeights) {
   Config c = gpt2_config();
   const Weights w = random_weights(c);

@@ -566,6 +566,11 @@ void optimizer_reduction_cases(Table& t) {
   t.add("dot", "bf16 . fp32", [](Device d) {
     return Outs{scalar(dot(rnd(d, {5000}, 143, 1.0f, DType::BF16), rnd(d, {5000}, 144)))};
   });
+  for (int64_t n : {int64_t(0), int64_t(7), int64_t(200003)})
+    t.add("int_range", str(n, " ids in [-5, 90)"), [n](Device d) {
+      const IntRange r = int_range(ids(d, n, -5, 90, 146));
+      return Outs{scalar(double(r.min)), scalar(double(r.max))};
+    }, {Tolerance{0.0, 0.0}});
   const std::vector<std::pair<DType, DType>> casts = {
       {DType::F32, DType::BF16}, {DType::F32, DType::F16}, {DType::BF16, DType::F32},
       {DType::F16, DType::F32},  {DType::F32, DType::F64}, {DType::BF16, DType::F16}};

@@ -1,9 +1,11 @@
 // Row gather / scatter, flat-buffer packing and double-precision sums on the CPU. Gathers and
 // copies move bytes (any dtype); sums read any float dtype. Sums run in fixed blocks whose
-// partial sums are added in order, so they do not depend on the thread count.
+// partial sums are added in order, so they do not depend on the thread count. int_range gives the
+// extremes of int32 ids.
 #include <omp.h>
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
@@ -197,6 +199,22 @@ double dot(const Tensor& a, const Tensor& b) {
       return blocked_sum(a.numel(), [&](int64_t i) { return ra(i) * rb(i); });
     });
   });
+}
+
+IntRange int_range(const Tensor& ids) {
+  cpu::require_host("int_range", ids);
+  MG_CHECK(ids.defined() && ids.is_contiguous() && ids.dtype() == DType::I32,
+           "int_range: ids must be a contiguous int32 tensor");
+  const int32_t* p = ids.data<int32_t>();
+  const int64_t n = ids.numel();
+  int32_t lo = std::numeric_limits<int32_t>::max(), hi = std::numeric_limits<int32_t>::min();
+#pragma omp parallel for simd reduction(min : lo) reduction(max : hi) if (n >= 4 * kMinParallelWork)
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, p[i]);
+    hi = std::max(hi, p[i]);
+  }
+  if (n == 0) return {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
+  return {lo, hi};
 }
 
 }  // namespace megatron::ops::cpu
