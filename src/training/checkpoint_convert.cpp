@@ -11,6 +11,7 @@
 #include "model/tensor_parallel.h"
 #include "optim/optimizer.h"
 #include "training/checkpoint_files.h"
+#include "training/hf_checkpoint.h"
 #include "training/torch_checkpoint.h"
 
 namespace megatron::training {
@@ -318,7 +319,7 @@ std::optional<int64_t> true_vocab_size(const ConvertOptions& o, const TrainingAr
                                        std::string* why_not) {
   if (o.true_vocab_size) return o.true_vocab_size;
   try {
-    return data::build_tokenizer(args.tokenizer)->vocab_size();
+    return data::build_tokenizer(o.tokenizer ? *o.tokenizer : args.tokenizer)->vocab_size();
   } catch (const Error& e) {
     *why_not = e.what();
     return std::nullopt;
@@ -327,36 +328,15 @@ std::optional<int64_t> true_vocab_size(const ConvertOptions& o, const TrainingAr
 
 }  // namespace
 
-ConvertResult convert_checkpoint(const ConvertOptions& o) {
-  MG_REQUIRE(!o.load.empty(), "--load is required: the checkpoint folder to convert");
-  MG_REQUIRE(!o.save.empty(), "--save is required: the folder to write the converted checkpoint to");
-  MG_REQUIRE(o.target_tp >= 1, "--target-tensor-parallel-size must be >= 1 (got ", o.target_tp, ")");
-  MG_REQUIRE(o.target_pp >= 1, "--target-pipeline-parallel-size must be >= 1 (got ", o.target_pp, ")");
-  std::error_code ec;
-  MG_REQUIRE(fs::is_directory(o.load, ec), "--load ", o.load.string(), " is not a directory");
-  if (fs::exists(o.save, ec)) {
-    MG_REQUIRE(fs::is_directory(o.save, ec), "--save ", o.save.string(), " exists and is not a folder");
-    MG_REQUIRE(fs::is_empty(o.save, ec), "--save ", o.save.string(),
-               " is not empty; the converter does not overwrite: pass a new or empty folder");
-  }
-  MG_REQUIRE(!fs::exists(o.save, ec) || !fs::equivalent(o.load, o.save, ec),
-             "--save must differ from --load");
-  auto found = find_checkpoint(o.load, o.ckpt_step);
-  MG_REQUIRE(found.has_value(), "no checkpoint in --load ", o.load.string(),
-             ": latest_checkpointed_iteration.txt is missing (pass --ckpt-step N to pick an "
-             "iteration folder)");
-  const CheckpointOnDisk& ckpt = *found;
-  MG_REQUIRE(o.load_format == "auto" || o.load_format == ckpt.format, "--load-format ", o.load_format,
-             ": ", ckpt.dir.string(), " holds a ", ckpt.format, " checkpoint",
-             ckpt.format == "torch" ? " (Megatron-LM's model_optim_rng.pt files)" : " (metadata.json)");
-  MG_REQUIRE(o.save_format == "safetensors" || o.save_format == "torch", "--save-format must be "
-             "safetensors or torch (got '", o.save_format, "')");
-  TrainingArgs args = args_of(ckpt);
-  const int T = o.target_tp, P = o.target_pp;
+namespace {
 
-  // Validate the target layout against the model before reading any tensor.
+// The target layout checked against the model (before any tensor is read); `label` names the
+// file the model's arguments come from.
+model::PipelineLayout target_layout(const TrainingArgs& args, const ConvertOptions& o,
+                                    const std::string& label) {
+  const int P = o.target_pp;
   const int L = args.model.num_layers;
-  MG_REQUIRE(L >= 1, (ckpt.dir / "metadata.json").string(), ": args.model.num_layers is missing");
+  MG_REQUIRE(L >= 1, label, ": args.model.num_layers is missing");
   MG_REQUIRE(L % P == 0, "--target-pipeline-parallel-size ", P, " does not divide the ", L,
              " layers (--num-layers) of the checkpoint");
   MG_REQUIRE(o.target_layers_per_virtual_stage == 0 ||
@@ -364,50 +344,16 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
              "--target-num-layers-per-virtual-pipeline-stage ", o.target_layers_per_virtual_stage,
              " needs --target-pipeline-parallel-size > 1 and must divide the ", L / P,
              " layers of each pipeline stage");
-  const model::PipelineLayout layout =
-      model::PipelineLayout::make(L, P, o.target_layers_per_virtual_stage);
-  int64_t target_vocab = args.model.padded_vocab_size;
-  const int src_tp = ckpt.parallel.tensor_model_parallel_size;
-  const int64_t divisor = args.make_vocab_size_divisible_by;
-  std::string why_not;
-  const std::optional<int64_t> true_vocab = true_vocab_size(o, args, &why_not);
-  if (true_vocab) {
-    MG_REQUIRE(*true_vocab >= 1 && *true_vocab <= args.model.padded_vocab_size,
-               "--true-vocab-size ", *true_vocab, " must be in [1, ", args.model.padded_vocab_size,
-               "] (the checkpoint's padded vocabulary)");
-    MG_REQUIRE(o.true_vocab_size ||
-                   data::padded_vocab_size(*true_vocab, divisor, src_tp) == args.model.padded_vocab_size,
-               "the checkpoint's tokenizer has ", *true_vocab, " tokens, which pad to ",
-               data::padded_vocab_size(*true_vocab, divisor, src_tp), " rows under its TP=", src_tp,
-               ", but the checkpoint has ", args.model.padded_vocab_size,
-               " (another tokenizer?); pass --true-vocab-size N");
-    target_vocab = data::padded_vocab_size(*true_vocab, divisor, T);
-  } else if (T != src_tp) {
-    // The true size is in (padded - divisor * src_tp, padded]; fine when all of them pad alike.
-    const int64_t hi = args.model.padded_vocab_size, lo = std::max<int64_t>(1, hi - divisor * src_tp + 1);
-    target_vocab = data::padded_vocab_size(hi, divisor, T);
-    MG_REQUIRE(data::padded_vocab_size(lo, divisor, T) == target_vocab,
-               "cannot tell the unpadded vocabulary size, which the padded size for "
-               "--target-tensor-parallel-size ", T, " depends on: the checkpoint's tokenizer cannot "
-               "be built (", why_not, "); pass --true-vocab-size N");
-  }
-  {
-    model::GPTConfig c = args.model;
-    c.padded_vocab_size = target_vocab;
-    c.validate_tensor_parallel(T);  // heads, query groups, FFN, vocabulary divisible by T
-  }
+  return model::PipelineLayout::make(L, P, o.target_layers_per_virtual_stage);
+}
 
-  MergedCheckpoint m = merge_checkpoint(ckpt, !o.drop_optimizer);
-  MG_REQUIRE(m.padded_vocab_size == args.model.padded_vocab_size, ckpt.dir.string(),
-             ": the word embedding has ", m.padded_vocab_size, " rows but args.model.padded_vocab_size is ",
-             args.model.padded_vocab_size);
-  ConvertResult res;
-  res.iteration = ckpt.state.iteration;
-  res.from = ckpt.parallel;
-  res.padded_vocab_from = m.padded_vocab_size;
-  if (target_vocab != m.padded_vocab_size) repad_vocabulary(m, target_vocab);
-  res.padded_vocab_to = target_vocab;
-
+// Writes m's single-rank tensors (vocabulary padded for the target) in the target layout and
+// format; m.source and m.metadata describe the source.
+ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
+                           const model::PipelineLayout& layout, int L, int64_t target_vocab,
+                           ConvertResult res) {
+  const CheckpointOnDisk& ckpt = m.source;
+  const int T = o.target_tp, P = o.target_pp;
   // Layers and stages.
   std::map<std::string, int> stage;
   std::set<int> layers_seen;
@@ -540,5 +486,212 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   res.notes = m.notes;
   return res;
 }
+
+
+// --save-format hf: the merged tensors as a transformers folder.
+ConvertResult export_hf(const CheckpointOnDisk& ckpt, const TrainingArgs& args, const ConvertOptions& o) {
+  MG_REQUIRE(o.target_tp == 1 && o.target_pp == 1 && o.target_layers_per_virtual_stage == 0,
+             "--target-tensor-parallel-size, --target-pipeline-parallel-size and "
+             "--target-num-layers-per-virtual-pipeline-stage do not apply to --save-format hf: a "
+             "transformers folder holds whole tensors");
+  const std::string type = hf_model_type(args.model);  // before any tensor is read
+  std::string why_not;
+  const std::optional<int64_t> vocab = true_vocab_size(o, args, &why_not);
+  MG_REQUIRE(vocab.has_value(), "--save-format hf cuts the padded vocabulary to the tokenizer's, "
+             "but the tokenizer cannot be built (", why_not, "): pass its files (--vocab-file and "
+             "--merge-file, or --tokenizer-model) or the size with --true-vocab-size N");
+  MergedCheckpoint m = merge_checkpoint(ckpt, false);
+  HfExportOptions e;
+  e.save = o.save;
+  e.params_dtype = o.target_params_dtype;
+  e.max_shard_bytes = o.max_shard_bytes;
+  e.true_vocab_size = *vocab;
+  e.tokenizer = o.tokenizer ? *o.tokenizer : args.tokenizer;
+  e.print_structure = o.print_structure;
+  const HfExportResult r = export_hf_checkpoint(m, args, e);
+  ConvertResult res;
+  res.dir = o.save;
+  res.iteration = ckpt.state.iteration;
+  res.from = ckpt.parallel;
+  res.padded_vocab_from = m.padded_vocab_size;
+  res.padded_vocab_to = *vocab;
+  res.optimizer_note = "a transformers folder holds weights only";
+  res.num_tensors = r.tensors.size();
+  res.num_files = r.files.size();
+  res.notes = m.notes;
+  res.notes.insert(res.notes.end(), r.notes.begin(), r.notes.end());
+  res.hf_model_type = type;
+  return res;
+}
+
+// A fresh checkpoint's metadata (iteration 0, no optimizer, scheduler or RNG state) for `args`.
+json fresh_metadata(const TrainingArgs& args) {
+  const optim::LRSchedulerConfig s;
+  json sc = {{"max_lr", s.max_lr}, {"min_lr", s.min_lr}, {"lr_warmup_init", s.lr_warmup_init},
+             {"lr_warmup_steps", s.lr_warmup_steps}, {"lr_decay_steps", s.lr_decay_steps},
+             {"lr_decay_style", optim::lr_decay_style_name(s.decay_style)},
+             {"wsd_decay_steps", s.wsd_decay_steps},
+             {"lr_wsd_decay_style", optim::wsd_decay_style_name(s.wsd_decay_style)},
+             {"start_wd", s.start_wd}, {"end_wd", s.end_wd}, {"wd_incr_steps", s.wd_incr_steps},
+             {"wd_incr_style", optim::wd_incr_style_name(s.wd_incr_style)}, {"num_steps", 0}};
+  return {{"format_version", kCheckpointFormatVersion},
+          {"iteration", 0},
+          {"consumed_train_samples", 0},
+          {"consumed_valid_samples", 0},
+          {"grad_scaler", {{"dynamic", false}, {"scale", 1.0}, {"growth_tracker", 0}, {"hysteresis_tracker", 0}}},
+          {"opt_param_scheduler", sc},
+          {"rng_state", nullptr},
+          {"optimizer", nullptr},
+          {"args", training_args_to_json(args)}};
+}
+
+// --load-format hf: a transformers folder as a release checkpoint (weights only) in the target
+// layout, or (--save-format hf) written again as a transformers folder.
+ConvertResult import_hf(const ConvertOptions& o) {
+  HfImport im = read_hf_checkpoint(o.load, o.make_vocab_size_divisible_by, o.target_tp, o.tokenizer);
+  TrainingArgs& args = im.args;
+  if (o.target_params_dtype && *o.target_params_dtype != args.model.params_dtype) {
+    const DType d = *o.target_params_dtype;
+    for (auto& [name, t] : im.model) t = t.to(d);
+    args.model.params_dtype = d;
+    args.bf16 = d == DType::BF16;
+    args.fp16 = d == DType::F16;
+  }
+  if (o.print_structure)
+    for (const auto& [name, t] : im.model)
+      log_print(str(name, " ", shape_str(t.shape()), " ", dtype_name(t.dtype())));
+  MergedCheckpoint m;
+  m.source.dir = o.load / "release";
+  m.source.release = true;
+  m.source.format = "hf";
+  m.notes = im.notes;
+  const bool swiglu = args.model.activation == "swiglu";
+  for (const auto& [name, t] : im.model) m.rules[name] = shard_rule(name, std::nullopt, swiglu);
+  m.model = std::move(im.model);
+  m.padded_vocab_size = im.true_vocab_size;
+  ConvertResult res;
+  res.padded_vocab_from = im.true_vocab_size;
+  res.hf_model_type = im.model_type;
+  if (o.save_format == "hf") {
+    MG_REQUIRE(o.target_tp == 1 && o.target_pp == 1 && o.target_layers_per_virtual_stage == 0,
+               "--target-* sizes do not apply to --save-format hf");
+    HfExportOptions e;
+    e.save = o.save;
+    e.max_shard_bytes = o.max_shard_bytes;
+    e.true_vocab_size = im.true_vocab_size;
+    e.print_structure = o.print_structure;
+    if (!im.tokenizer_files.empty() || (o.tokenizer && !o.tokenizer->type.empty())) {
+      e.tokenizer = args.tokenizer;  // paths relative to the folder read
+      for (std::string* f : {&e.tokenizer->vocab_file, &e.tokenizer->merge_file, &e.tokenizer->tokenizer_model})
+        if (!f->empty() && fs::path(*f).is_relative() && !im.tokenizer_files.empty()) *f = (o.load / *f).string();
+    }
+    const HfExportResult r = export_hf_checkpoint(m, args, e);
+    res.dir = o.save;
+    res.padded_vocab_to = im.true_vocab_size;
+    res.num_tensors = r.tensors.size();
+    res.num_files = r.files.size();
+    res.notes = m.notes;
+    res.notes.insert(res.notes.end(), r.notes.begin(), r.notes.end());
+    res.optimizer_note = "a transformers folder holds weights only";
+    return res;
+  }
+  const int L = args.model.num_layers;
+  const model::PipelineLayout layout = target_layout(args, o, (o.load / "config.json").string());
+  args.model.validate_tensor_parallel(o.target_tp);  // heads, groups, FFN, padded vocabulary
+  // The tokenizer files go next to the checkpoint; its args name them there.
+  const fs::path save_abs = fs::absolute(o.save);
+  for (std::string* f : {&args.tokenizer.vocab_file, &args.tokenizer.merge_file, &args.tokenizer.tokenizer_model})
+    if (!f->empty() && fs::path(*f).is_relative() && !im.tokenizer_files.empty()) *f = (save_abs / *f).string();
+  repad_vocabulary(m, args.model.padded_vocab_size);
+  m.metadata = fresh_metadata(args);
+  res.padded_vocab_to = args.model.padded_vocab_size;
+  res = write_target(m, o, layout, L, args.model.padded_vocab_size, std::move(res));
+  for (const std::string& f : im.tokenizer_files) {
+    const fs::path to = o.save / fs::path(f).filename();
+    fs::copy_file(f, to, fs::copy_options::overwrite_existing);
+    set_mode(to, 0640);
+  }
+  res.optimizer_note = "a transformers folder holds weights only";
+  return res;
+}
+
+}  // namespace
+
+ConvertResult convert_checkpoint(const ConvertOptions& o) {
+  MG_REQUIRE(!o.load.empty(), "--load is required: the checkpoint folder to convert");
+  MG_REQUIRE(!o.save.empty(), "--save is required: the folder to write the converted checkpoint to");
+  MG_REQUIRE(o.target_tp >= 1, "--target-tensor-parallel-size must be >= 1 (got ", o.target_tp, ")");
+  MG_REQUIRE(o.target_pp >= 1, "--target-pipeline-parallel-size must be >= 1 (got ", o.target_pp, ")");
+  std::error_code ec;
+  MG_REQUIRE(fs::is_directory(o.load, ec), "--load ", o.load.string(), " is not a directory");
+  if (fs::exists(o.save, ec)) {
+    MG_REQUIRE(fs::is_directory(o.save, ec), "--save ", o.save.string(), " exists and is not a folder");
+    MG_REQUIRE(fs::is_empty(o.save, ec), "--save ", o.save.string(),
+               " is not empty; the converter does not overwrite: pass a new or empty folder");
+  }
+  MG_REQUIRE(!fs::exists(o.save, ec) || !fs::equivalent(o.load, o.save, ec),
+             "--save must differ from --load");
+  MG_REQUIRE(o.save_format == "safetensors" || o.save_format == "torch" || o.save_format == "hf",
+             "--save-format must be safetensors, torch or hf (got '", o.save_format, "')");
+  if (o.load_format == "hf") return import_hf(o);
+  auto found = find_checkpoint(o.load, o.ckpt_step);
+  MG_REQUIRE(found.has_value(), "no checkpoint in --load ", o.load.string(),
+             ": latest_checkpointed_iteration.txt is missing (pass --ckpt-step N to pick an "
+             "iteration folder)");
+  const CheckpointOnDisk& ckpt = *found;
+  MG_REQUIRE(o.load_format == "auto" || o.load_format == ckpt.format, "--load-format ", o.load_format,
+             ": ", ckpt.dir.string(), " holds a ", ckpt.format, " checkpoint",
+             ckpt.format == "torch" ? " (Megatron-LM's model_optim_rng.pt files)" : " (metadata.json)");
+  TrainingArgs args = args_of(ckpt);
+  if (o.save_format == "hf") return export_hf(ckpt, args, o);
+  const int T = o.target_tp;
+
+  // Validate the target layout against the model before reading any tensor.
+  const int L = args.model.num_layers;
+  const model::PipelineLayout layout = target_layout(args, o, (ckpt.dir / "metadata.json").string());
+  int64_t target_vocab = args.model.padded_vocab_size;
+  const int src_tp = ckpt.parallel.tensor_model_parallel_size;
+  const int64_t divisor = args.make_vocab_size_divisible_by;
+  std::string why_not;
+  const std::optional<int64_t> true_vocab = true_vocab_size(o, args, &why_not);
+  if (true_vocab) {
+    MG_REQUIRE(*true_vocab >= 1 && *true_vocab <= args.model.padded_vocab_size,
+               "--true-vocab-size ", *true_vocab, " must be in [1, ", args.model.padded_vocab_size,
+               "] (the checkpoint's padded vocabulary)");
+    MG_REQUIRE(o.true_vocab_size ||
+                   data::padded_vocab_size(*true_vocab, divisor, src_tp) == args.model.padded_vocab_size,
+               "the checkpoint's tokenizer has ", *true_vocab, " tokens, which pad to ",
+               data::padded_vocab_size(*true_vocab, divisor, src_tp), " rows under its TP=", src_tp,
+               ", but the checkpoint has ", args.model.padded_vocab_size,
+               " (another tokenizer?); pass --true-vocab-size N");
+    target_vocab = data::padded_vocab_size(*true_vocab, divisor, T);
+  } else if (T != src_tp) {
+    // The true size is in (padded - divisor * src_tp, padded]; fine when all of them pad alike.
+    const int64_t hi = args.model.padded_vocab_size, lo = std::max<int64_t>(1, hi - divisor * src_tp + 1);
+    target_vocab = data::padded_vocab_size(hi, divisor, T);
+    MG_REQUIRE(data::padded_vocab_size(lo, divisor, T) == target_vocab,
+               "cannot tell the unpadded vocabulary size, which the padded size for "
+               "--target-tensor-parallel-size ", T, " depends on: the checkpoint's tokenizer cannot "
+               "be built (", why_not, "); pass --true-vocab-size N");
+  }
+  {
+    model::GPTConfig c = args.model;
+    c.padded_vocab_size = target_vocab;
+    c.validate_tensor_parallel(T);  // heads, query groups, FFN, vocabulary divisible by T
+  }
+
+  MergedCheckpoint m = merge_checkpoint(ckpt, !o.drop_optimizer);
+  MG_REQUIRE(m.padded_vocab_size == args.model.padded_vocab_size, ckpt.dir.string(),
+             ": the word embedding has ", m.padded_vocab_size, " rows but args.model.padded_vocab_size is ",
+             args.model.padded_vocab_size);
+  ConvertResult res;
+  res.iteration = ckpt.state.iteration;
+  res.from = ckpt.parallel;
+  res.padded_vocab_from = m.padded_vocab_size;
+  if (target_vocab != m.padded_vocab_size) repad_vocabulary(m, target_vocab);
+  res.padded_vocab_to = target_vocab;
+  return write_target(m, o, layout, L, target_vocab, std::move(res));
+}
+
 
 }  // namespace megatron::training
