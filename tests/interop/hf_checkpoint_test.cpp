@@ -107,15 +107,27 @@ std::vector<json> generate(const fs::path& ckpt) {
   return out;
 }
 
-// The reference's log-probs of the same token sequences from the exported folder.
-std::vector<std::vector<double>> reference_logprobs(const fs::path& folder, const std::vector<json>& gen,
-                                                    const fs::path& tmp) {
+// The reference's log-probs of the same token sequences from each exported folder (one Python
+// process), and with `rounding` = {fp32 folder, bf16 folder} the number of bf16 tensors checked to
+// be the fp32 ones rounded.
+struct Reference {
+  std::map<std::string, std::vector<std::vector<double>>> logprobs;  // folder -> sequences
+  int64_t rounded = -1;
+};
+Reference reference(const std::vector<fs::path>& folders, const std::vector<json>& gen, const fs::path& tmp,
+                    const std::vector<fs::path>& rounding = {}) {
   json seqs = json::array();
   for (const json& g : gen) seqs.push_back(g["tokens"]);
   mt::write_file(tmp / "tokens.json", seqs.dump());
-  const std::string out = python("logprobs " + folder.string() + " " + (tmp / "tokens.json").string());
-  const json j = json::parse(out.substr(out.find('{')));
-  return j["logprobs"].get<std::vector<std::vector<double>>>();
+  std::string args = "logprobs " + (tmp / "tokens.json").string();
+  for (const fs::path& f : folders) args += " " + f.string();
+  if (!rounding.empty()) args += " --rounding " + rounding[0].string() + " " + rounding[1].string();
+  const std::string out = python(args);
+  const json j = json::parse(out.substr(std::min(out.find('{'), out.size())));
+  Reference r;
+  for (const auto& [f, lp] : j["logprobs"].items()) r.logprobs[f] = lp.get<std::vector<std::vector<double>>>();
+  if (j.contains("rounding")) r.rounded = j["rounding"].get<int64_t>();
+  return r;
 }
 
 void expect_logprobs(const std::vector<json>& gen, const std::vector<std::vector<double>>& ref,
@@ -174,22 +186,12 @@ void check_model(const fs::path& dir, const fs::path& ckpt, const std::string& t
   const auto tensors = folder_tensors(hf);
   EXPECT_EQ(tensors.size(), num_tensors);
 
-  const std::vector<json> gen = generate(ckpt);
-  ASSERT_EQ(gen.size(), 2u);
-  const auto ref = reference_logprobs(hf, gen, dir);
-  expect_logprobs(gen, ref, 1e-4, type + " fp32");
-
   // bf16: the fp32 weights rounded, log-probs within bf16 rounding.
   r = mt::run_cli("checkpoint convert --load " + ckpt.string() + " --save " + (dir / "hf_bf16").string() +
                   " --save-format hf --target-params-dtype bf16");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(json::parse(mt::read_file(dir / "hf_bf16" / "config.json"))["torch_dtype"], "bfloat16");
-  EXPECT_NE(python("rounding " + hf.string() + " " + (dir / "hf_bf16").string()).find("\"tensors\": " +
-                                                                                     std::to_string(num_tensors)),
-            std::string::npos);
-  expect_logprobs(gen, reference_logprobs(dir / "hf_bf16", gen, dir), 5e-2, type + " bf16");
-
-  // Sharded: several files and an index, the same tensors and log-probs.
+  // Sharded: several files and an index, the same tensors.
   r = mt::run_cli("checkpoint convert --load " + ckpt.string() + " --save " + (dir / "hf_sharded").string() +
                   " --save-format hf --max-shard-size 20KB");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -204,8 +206,16 @@ void check_model(const fs::path& dir, const fs::path& ckpt, const std::string& t
     EXPECT_LE(fs::file_size(dir / "hf_sharded" / f), 20'000u + 4096u) << f;  // data <= 20 KB + header
   }
   expect_same_folder(hf, dir / "hf_sharded");
-  const auto sharded_ref = reference_logprobs(dir / "hf_sharded", gen, dir);
-  EXPECT_EQ(sharded_ref, ref);
+
+  // The reference on all three against generate on the TP2 x PP2 checkpoint.
+  const std::vector<json> gen = generate(ckpt);
+  ASSERT_EQ(gen.size(), 2u);
+  Reference ref = reference({hf, dir / "hf_bf16", dir / "hf_sharded"}, gen, dir, {hf, dir / "hf_bf16"});
+  ASSERT_EQ(ref.logprobs.size(), 3u);
+  expect_logprobs(gen, ref.logprobs[hf.string()], 1e-4, type + " fp32");
+  expect_logprobs(gen, ref.logprobs[(dir / "hf_bf16").string()], 5e-2, type + " bf16");
+  EXPECT_EQ(ref.rounded, int64_t(num_tensors));
+  EXPECT_EQ(ref.logprobs[(dir / "hf_sharded").string()], ref.logprobs[hf.string()]);
 
   // Import -> export bit for bit; the import under TP2 x PP2 generates the same log-probs.
   ConvertOptions in = options(hf, dir / "imported");

@@ -8,11 +8,11 @@ their modelling code defines it (tensor names and shapes, Conv1D weights stored 
 "gelu_new", LayerNorm / RMSNorm, rotate-half rotary embeddings with transformers' inv_freq,
 grouped-query attention by repeat_kv), in float64.
 
-Usage:
-  hf_reference.py logprobs FOLDER TOKENS.json   TOKENS.json: [[id, ...], ...]
-      prints {"logprobs": [[log p(t_i | t_<i) for i >= 1], ...], "vocab": V}
-  hf_reference.py rounding FP32_FOLDER BF16_FOLDER
-      checks that every bf16 tensor is its fp32 twin rounded to bfloat16; prints {"tensors": n}
+Usage (one process for several folders: importing torch is the slow part):
+  hf_reference.py logprobs TOKENS.json FOLDER... [--rounding FP32_FOLDER BF16_FOLDER]
+      TOKENS.json: [[id, ...], ...]; prints {"logprobs": {FOLDER: [[log p(t_i | t_<i) for
+      i >= 1], ...]}}, and with --rounding also "rounding": n after checking that each of the n
+      bf16 tensors is its fp32 twin rounded to bfloat16
   hf_reference.py structure FOLDER
       prints {"name": [shape, dtype], ...}
 """
@@ -154,17 +154,16 @@ def llama_logits(cfg, W, ids):
     return x @ head.T
 
 
-def logprobs(folder, tokens_file):
+def logprobs(folder, seqs):
     cfg, W = load_folder(folder)
-    with open(tokens_file) as f:
-        seqs = json.load(f)
     forward = {"gpt2": gpt2_logits, "llama": llama_logits}[cfg["model_type"]]
     out = []
     for ids in seqs:
         logits = forward(cfg, W, torch.tensor(ids))
+        assert logits.shape[-1] == cfg["vocab_size"]
         lp = torch.log_softmax(logits, -1)
         out.append([lp[i - 1, ids[i]].item() for i in range(1, len(ids))])
-    print(json.dumps({"logprobs": out, "vocab": cfg["vocab_size"]}))
+    return out
 
 
 def rounding(fp32_folder, bf16_folder):
@@ -176,7 +175,7 @@ def rounding(fp32_folder, bf16_folder):
         b = w16[name]
         assert b.dtype == torch.bfloat16, name
         assert torch.equal(t.to(torch.bfloat16), b), f"{name}: not the fp32 weights rounded to bf16"
-    print(json.dumps({"tensors": len(w32)}))
+    return len(w32)
 
 
 def structure(folder):
@@ -187,9 +186,16 @@ def structure(folder):
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "logprobs":
-        logprobs(sys.argv[2], sys.argv[3])
-    elif cmd == "rounding":
-        rounding(sys.argv[2], sys.argv[3])
+        args = sys.argv[3:]
+        result = {}
+        if "--rounding" in args:
+            at = args.index("--rounding")
+            result["rounding"] = rounding(args[at + 1], args[at + 2])
+            args = args[:at] + args[at + 3:]
+        with open(sys.argv[2]) as f:
+            seqs = json.load(f)
+        result["logprobs"] = {folder: logprobs(folder, seqs) for folder in args}
+        print(json.dumps(result))
     elif cmd == "structure":
         structure(sys.argv[2])
     else:
