@@ -56,8 +56,10 @@ std::string locate(const std::string& recorded, const std::filesystem::path& loa
 }
 
 // The unpadded vocabulary size from the tokenizer (see the file comment), or nullopt when it is
-// not needed and cannot be had. Errors name the flags to pass.
-std::optional<int64_t> tokenizer_vocab_size(const ConvertArgs& a, data::TokenizerOptions* resolved) {
+// not needed and cannot be had, or when --true-vocab-size gave it (size_given). `resolved`: the
+// tokenizer options with the flags given here and the files located. Errors name the flags to pass.
+std::optional<int64_t> tokenizer_vocab_size(const ConvertArgs& a, data::TokenizerOptions* resolved,
+                                            bool size_given) {
   const auto found = training::find_checkpoint(a.load, a.ckpt_step >= 0 ? std::optional<int64_t>(a.ckpt_step)
                                                                         : std::nullopt);
   if (!found) return std::nullopt;  // convert_checkpoint names what is missing
@@ -83,6 +85,7 @@ std::optional<int64_t> tokenizer_vocab_size(const ConvertArgs& a, data::Tokenize
   if (!flag_given(sub, "--merge-file")) tok.merge_file = locate(tok.merge_file, a.load);
   if (!flag_given(sub, "--tokenizer-model")) tok.tokenizer_model = locate(tok.tokenizer_model, a.load);
   *resolved = tok;
+  if (size_given) return std::nullopt;
   const int src_tp = found->parallel.tensor_model_parallel_size;
   const int64_t divisor = args.make_vocab_size_divisible_by, padded = args.model.padded_vocab_size;
   int64_t vocab = 0;
@@ -139,10 +142,8 @@ void run_convert(const ConvertArgs& a) {
   o.load_format = a.load_format;
   if (a.load_format != "hf") {
     data::TokenizerOptions resolved;
-    if (a.true_vocab_size > 0)
-      o.true_vocab_size = a.true_vocab_size;
-    else if (const auto v = tokenizer_vocab_size(a, &resolved))
-      o.true_vocab_size = *v;
+    if (const auto v = tokenizer_vocab_size(a, &resolved, a.true_vocab_size > 0)) o.true_vocab_size = *v;
+    if (a.true_vocab_size > 0) o.true_vocab_size = a.true_vocab_size;
     if (!resolved.type.empty()) o.tokenizer = resolved;
   } else if (flag_given(*a.app, "--tokenizer-type")) {
     o.tokenizer = a.tokenizer;  // recorded when the folder has no tokenizer files

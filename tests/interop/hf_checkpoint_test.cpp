@@ -6,10 +6,12 @@
 //     exported with `megatron checkpoint convert --save-format hf`: the reference's log-probs of
 //     prompt + greedy continuation equal `megatron generate`'s on the TP2 x PP2 checkpoint within
 //     1e-4; the bf16 export holds exactly the fp32 weights rounded to bf16 and its log-probs stay
-//     within bf16 rounding; a sharded export (--max-shard-size) reads back the same;
+//     within bf16 rounding; a sharded export (--max-shard-size) reads back the same; the export
+//     of the same weights as Megatron-LM's TP2 x PP2 .pt files is the same folder;
 //   - import -> export is bit for bit (every tensor and config.json), and the import under
 //     TP2 x PP2 generates the same log-probs;
 //   - the padded vocabulary is cut on export and padded by Megatron's rule on import;
+//   - the tokenizer's files (a GPT-2 BPE) travel with the export and with the import;
 //   - errors: settings transformers cannot express, missing or malformed config.json, an
 //     unsupported model type or field, a missing, extra or misshapen tensor.
 // Resuming training from an import under TP2 x PP2 is in tests/training/hf_import_training_test.cpp.
@@ -217,6 +219,17 @@ void check_model(const fs::path& dir, const fs::path& ckpt, const std::string& t
   EXPECT_EQ(ref.rounded, int64_t(num_tensors));
   EXPECT_EQ(ref.logprobs[(dir / "hf_sharded").string()], ref.logprobs[hf.string()]);
 
+  // From Megatron-LM's .pt files of the same weights (TP2 x PP2): the same folder.
+  ConvertOptions to_torch = options(dir / "single", dir / "megatron");
+  to_torch.save_format = "torch";
+  to_torch.target_tp = 2;
+  to_torch.target_pp = 2;
+  convert_checkpoint(to_torch);
+  r = mt::run_cli("checkpoint convert --load " + (dir / "megatron").string() + " --save " +
+                  (dir / "hf_from_pt").string() + " --save-format hf");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_folder(hf, dir / "hf_from_pt");
+
   // Import -> export bit for bit; the import under TP2 x PP2 generates the same log-probs.
   ConvertOptions in = options(hf, dir / "imported");
   in.load_format = "hf";
@@ -303,6 +316,74 @@ TEST(HfCheckpoint, TheVocabularyIsCutOnExportAndPaddedOnImport) {
   EXPECT_EQ(args.tokenizer.vocab_size, 64);
   const MergedCheckpoint mi = merge_checkpoint(c, false);
   EXPECT_EQ(mi.model.at("embedding.word_embeddings.weight").size(0), 256);
+}
+
+// A byte-level BPE vocabulary of GPT-2's format with no merges: the 256 byte symbols (GPT-2's
+// byte-to-unicode map) and <|endoftext|> = 256.
+void write_byte_bpe(const fs::path& vocab, const fs::path& merges) {
+  json v = json::object();
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + extra++);
+    std::string utf8;
+    if (cp < 0x80) {
+      utf8 = std::string(1, char(cp));
+    } else {
+      utf8 = {char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
+    }
+    v[utf8] = b;
+  }
+  v["<|endoftext|>"] = 256;
+  mt::write_file(vocab, v.dump());
+  mt::write_file(merges, "#version: 0.2\n");
+}
+
+TEST(HfCheckpoint, TokenizerFilesTravelWithTheExportAndTheImport) {
+  mt::TempDir tmp;
+  write_byte_bpe(tmp / "vocab.json", tmp / "merges.txt");
+  const std::string bpe = " --tokenizer-type GPT2BPETokenizer --vocab-file " + (tmp / "vocab.json").string() +
+                          " --merge-file " + (tmp / "merges.txt").string();
+  TrainingArgs a = gpt2_args(tmp.path());
+  a.train_iters = 1;
+  a.lr_warmup_iters = 0;
+  a.tokenizer.vocab_size = 257;  // the BPE's size: 272 rows
+  write_corpus((tmp / "corpus").string());
+  a.save = (tmp / "single").string();
+  run_single(a);
+  auto r = mt::run_cli("checkpoint convert --load " + (tmp / "single").string() + " --save " +
+                       (tmp / "hf").string() + " --save-format hf" + bpe);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(mt::read_file(tmp / "hf" / "vocab.json"), mt::read_file(tmp / "vocab.json"));
+  EXPECT_EQ(mt::read_file(tmp / "hf" / "merges.txt"), mt::read_file(tmp / "merges.txt"));
+  EXPECT_EQ(json::parse(mt::read_file(tmp / "hf" / "tokenizer_config.json"))["tokenizer_class"], "GPT2Tokenizer");
+  const json config = json::parse(mt::read_file(tmp / "hf" / "config.json"));
+  EXPECT_EQ(config["vocab_size"], 257);
+  EXPECT_EQ(config["bos_token_id"], 256);
+  EXPECT_EQ(config["eos_token_id"], 256);
+  EXPECT_EQ(json::parse(mt::read_file(tmp / "hf" / "generation_config.json"))["eos_token_id"], 256);
+  // --true-vocab-size with the tokenizer flags: the files still travel.
+  r = mt::run_cli("checkpoint convert --load " + (tmp / "single").string() + " --save " +
+                  (tmp / "hf2").string() + " --save-format hf --true-vocab-size 257" + bpe);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(tmp / "hf2" / "merges.txt"));
+
+  // The import records the tokenizer, its files copied next to the checkpoint.
+  r = mt::run_cli("checkpoint convert --load " + (tmp / "hf").string() + " --load-format hf --save " +
+                  (tmp / "imported").string() + " --make-vocab-size-divisible-by 16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("imported the Hugging Face gpt2 model"), std::string::npos) << r.output;
+  const CheckpointOnDisk c = *find_checkpoint(tmp / "imported", std::nullopt);
+  const TrainingArgs args = training_args_from_json(c.state.args);
+  EXPECT_EQ(args.tokenizer.type, "GPT2BPETokenizer");
+  EXPECT_EQ(args.tokenizer.vocab_file, (fs::absolute(tmp / "imported") / "vocab.json").string());
+  EXPECT_EQ(mt::read_file(args.tokenizer.merge_file), mt::read_file(tmp / "merges.txt"));
+  EXPECT_EQ(args.model.padded_vocab_size, 272);
+  r = mt::run_cli("--log-level warn generate --load " + (tmp / "imported").string() +
+                  " --use-checkpoint-args --tokenizer-type GPT2BPETokenizer --vocab-file " +
+                  args.tokenizer.vocab_file + " --merge-file " + args.tokenizer.merge_file +
+                  " --prompt 'ab' --num-tokens-to-generate 2 --top_k 1 --output-format jsonl");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST(HfCheckpoint, ShardSizesParseAsTransformersDoes) {
