@@ -277,6 +277,51 @@ TEST(HfCheckpoint, LlamaExportMatchesTheReferenceAndRoundTrips) {
   EXPECT_EQ(c["rope_theta"], 10000.0);
 }
 
+// Less common settings each class expresses: GPT-2 with the exact GeLU, an FFN size other than 4h
+// (n_inner), zero-centred norms (exported as 1 + w) and an untied output layer; Llama with biases
+// on every linear layer, heads of kv-channels != h / n (head_dim) and another rotary base.
+TEST(HfCheckpoint, OtherSettingsMatchTheReference) {
+  mt::TempDir tmp;
+  write_corpus((tmp / "corpus").string());
+  TrainingArgs g = gpt2_args(tmp.path());
+  g.model.activation = "gelu";
+  g.model.ffn_hidden_size = 48;
+  g.model.apply_layernorm_1p = true;
+  g.model.untie_embeddings_and_output_weights = true;
+  TrainingArgs l = llama_args(tmp.path());
+  l.model.num_layers = 2;
+  l.model.add_bias_linear = true;
+  l.model.kv_channels = 16;
+  l.model.rotary_base = 500000.0;
+  std::vector<fs::path> folders;
+  std::vector<std::vector<json>> gens;
+  for (auto [name, a] : {std::pair{"gpt2", g}, std::pair{"llama", l}}) {
+    a.train_iters = 2;
+    a.lr_warmup_iters = 0;
+    a.save = (tmp / name).string();
+    run_single(a);
+    const fs::path hf = tmp / (std::string(name) + "_hf");
+    ConvertOptions o = options(tmp / name, hf);
+    o.save_format = "hf";
+    EXPECT_EQ(convert_checkpoint(o).hf_model_type, name);
+    folders.push_back(hf);
+    gens.push_back(generate(tmp / name));
+  }
+  const json gc = json::parse(mt::read_file(folders[0] / "config.json"));
+  EXPECT_EQ(gc["activation_function"], "gelu");
+  EXPECT_EQ(gc["n_inner"], 48);
+  EXPECT_EQ(gc["tie_word_embeddings"], false);
+  const json lc = json::parse(mt::read_file(folders[1] / "config.json"));
+  EXPECT_EQ(lc["attention_bias"], true);
+  EXPECT_EQ(lc["head_dim"], 16);
+  EXPECT_EQ(lc["rope_theta"], 500000.0);
+  EXPECT_TRUE(folder_tensors(folders[1]).count("model.layers.1.mlp.down_proj.bias"));
+  for (size_t i = 0; i < folders.size(); ++i) {
+    const Reference ref = reference({folders[i]}, gens[i], tmp.path());
+    expect_logprobs(gens[i], ref.logprobs.at(folders[i].string()), 1e-4, folders[i].filename().string());
+  }
+}
+
 TEST(HfCheckpoint, TheVocabularyIsCutOnExportAndPaddedOnImport) {
   mt::TempDir tmp;
   TrainingArgs a = gpt2_args(tmp.path());
