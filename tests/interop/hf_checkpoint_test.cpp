@@ -90,14 +90,17 @@ fs::path trained_tp2pp2(const fs::path& dir, TrainingArgs a, int vstage) {
   return dir / "tp2pp2";
 }
 
-const char* kPrompts[] = {"1 2 3 4 5", "9 8 7"};
+const std::vector<std::string> kPrompts = {"1 2 3 4 5", "9 8 7"};
 
-// `megatron generate` on the checkpoint: every prompt's tokens (prompt + 6 greedy) and log-probs.
-std::vector<json> generate(const fs::path& ckpt) {
+// `megatron generate` on the checkpoint: every prompt's tokens (prompt + `tokens` greedy) and
+// log-probs.
+std::vector<json> generate(const fs::path& ckpt, int tokens = 6,
+                           const std::vector<std::string>& prompts = kPrompts) {
   std::string cmd = "--log-level warn generate --load " + ckpt.string() +
                     " --use-checkpoint-args --tokenizer-type NullTokenizer --vocab-size 64"
-                    " --num-tokens-to-generate 6 --top_k 1 --return-log-probs --output-format jsonl";
-  for (const char* p : kPrompts) cmd += std::string(" --prompt '") + p + "'";
+                    " --num-tokens-to-generate " + std::to_string(tokens) +
+                    " --top_k 1 --return-log-probs --output-format jsonl";
+  for (const std::string& p : prompts) cmd += " --prompt '" + p + "'";
   const auto r = mt::run_cli(cmd);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::vector<json> out;
@@ -105,7 +108,7 @@ std::vector<json> generate(const fs::path& ckpt) {
   std::string line;
   while (std::getline(in, line))
     if (line.starts_with("{")) out.push_back(json::parse(line));
-  EXPECT_EQ(out.size(), std::size(kPrompts)) << r.output;
+  EXPECT_EQ(out.size(), prompts.size()) << r.output;
   return out;
 }
 
@@ -305,7 +308,8 @@ TEST(HfCheckpoint, OtherSettingsMatchTheReference) {
     o.save_format = "hf";
     EXPECT_EQ(convert_checkpoint(o).hf_model_type, name);
     folders.push_back(hf);
-    gens.push_back(generate(tmp / name));
+    // The log-probs of the same sequences under both models (one reference process for both).
+    gens.push_back(generate(tmp / name, 0, {"1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16", "9 8 7 3 5"}));
   }
   const json gc = json::parse(mt::read_file(folders[0] / "config.json"));
   EXPECT_EQ(gc["activation_function"], "gelu");
@@ -316,8 +320,9 @@ TEST(HfCheckpoint, OtherSettingsMatchTheReference) {
   EXPECT_EQ(lc["head_dim"], 16);
   EXPECT_EQ(lc["rope_theta"], 500000.0);
   EXPECT_TRUE(folder_tensors(folders[1]).count("model.layers.1.mlp.down_proj.bias"));
+  const Reference ref = reference(folders, gens[0], tmp.path());
   for (size_t i = 0; i < folders.size(); ++i) {
-    const Reference ref = reference({folders[i]}, gens[i], tmp.path());
+    ASSERT_EQ(gens[i][0]["tokens"], gens[0][0]["tokens"]);
     expect_logprobs(gens[i], ref.logprobs.at(folders[i].string()), 1e-4, folders[i].filename().string());
   }
 }
