@@ -280,6 +280,7 @@ HfExportResult export_hf_checkpoint(const MergedCheckpoint& m, const TrainingArg
   if (shards.size() == 1) {
     write_safetensors(tmp / "model.safetensors", res.tensors, st_meta);
     res.files.push_back("model.safetensors");
+    log_info("checkpoint convert: wrote model.safetensors (", total, " bytes)");
   } else {
     ojson map = ojson::object();
     for (size_t s = 0; s < shards.size(); ++s) {
@@ -292,6 +293,7 @@ HfExportResult export_hf_checkpoint(const MergedCheckpoint& m, const TrainingArg
       }
       write_safetensors(tmp / name, part, st_meta);
       res.files.push_back(name);
+      log_info("checkpoint convert: wrote ", name, " (", s + 1, " of ", shards.size(), ")");
     }
     write_json(tmp / "model.safetensors.index.json",
                ojson{{"metadata", {{"total_size", total}}}, {"weight_map", map}});

@@ -9,7 +9,7 @@
 //     within bf16 rounding; a sharded export (--max-shard-size) reads back the same; the export
 //     of the same weights as Megatron-LM's TP2 x PP2 .pt files is the same folder;
 //   - import -> export is bit for bit (every tensor and config.json), and the import under
-//     TP2 x PP2 generates the same log-probs;
+//     TP2 x PP2 (the Llama one with virtual stages) generates the same log-probs;
 //   - the padded vocabulary is cut on export and padded by Megatron's rule on import;
 //   - the tokenizer's files (a GPT-2 BPE) travel with the export and with the import;
 //   - errors: settings transformers cannot express, missing or malformed config.json, an
@@ -248,6 +248,7 @@ void check_model(const fs::path& dir, const fs::path& ckpt, const std::string& t
   in_par.save = dir / "imported_tp2pp2";
   in_par.target_tp = 2;
   in_par.target_pp = 2;
+  in_par.target_layers_per_virtual_stage = type == "llama" ? 1 : 0;  // 2 chunks of 1 layer per rank
   const ConvertResult rp = convert_checkpoint(in_par);
   EXPECT_EQ(rp.to.tensor_model_parallel_size, 2);
   EXPECT_EQ(rp.to.pipeline_model_parallel_size, 2);
