@@ -3,7 +3,8 @@
 // again, once for one rank and once for this run's layout (TP2 at np 2, TP2 x PP2 at np 4); both
 // imports are release checkpoints (weights only) and pretraining from them follows the same loss
 // curve: the parallel run within 1e-5 of the single-rank run per iteration, starting below the
-// random initialisation's first loss.
+// random initialisation's first loss. What the parallel run saves (TP2 x PP2 at np 4) exports to
+// the transformers tensors of the one-rank run's within 1e-5 of each tensor's scale.
 #include <gtest/gtest.h>
 
 #include "parallel_test_util.h"
@@ -68,6 +69,8 @@ TEST(MpiHfImport, TrainingFromAnImportFollowsTheSingleRankCurve) {
   par.load = f.dir / "parallel";
   par.parallel.tensor_model_parallel_size = tp;
   par.parallel.pipeline_model_parallel_size = pp;
+  par.save = f.dir / "parallel_trained";
+  par.save_interval = 1000;
   const TrainingSummary p = pretrain_gpt(par);
   ASSERT_EQ(ref.losses.size(), 10u);
   // The imported weights are the trained ones: the same first batch has a lower loss.
@@ -75,6 +78,31 @@ TEST(MpiHfImport, TrainingFromAnImportFollowsTheSingleRankCurve) {
     EXPECT_LT(ref.losses[0], fresh_first_loss - 0.05);
   }
   expect_same_curve(p, ref, 1e-5, "import under TP2 x PP" + std::to_string(pp));
+  if (world()->rank() == 0) {
+    // What the parallel run saved exports to the same transformers tensors as the one-rank run's.
+    std::map<std::string, Tensor> exported[2];
+    int i = 0;
+    for (const std::string name : {"ref_save", "parallel_trained"}) {
+      ConvertOptions o;
+      o.load = f.dir / name;
+      o.save = f.dir / (name + "_hf");
+      o.save_format = "hf";
+      convert_checkpoint(o);
+      exported[i++] = read_safetensors(fs::path(f.dir / (name + "_hf")) / "model.safetensors").tensors;
+    }
+    ASSERT_EQ(exported[0].size(), exported[1].size());
+    for (const auto& [n, t] : exported[0]) {
+      ASSERT_TRUE(exported[1].count(n)) << n;
+      const std::vector<float> a = t.to_float_vector(), b = exported[1].at(n).to_float_vector();
+      ASSERT_EQ(a.size(), b.size()) << n;
+      double scale = 1e-30, worst = 0;
+      for (size_t k = 0; k < a.size(); ++k) {
+        scale = std::max(scale, double(std::abs(a[k])));
+        worst = std::max(worst, double(std::abs(a[k] - b[k])));
+      }
+      EXPECT_LE(worst / scale, 1e-5) << n;
+    }
+  }
   world()->barrier();
 }
 
