@@ -1,8 +1,9 @@
 // `megatron checkpoint <action>`: tools for checkpoint folders. `convert` reshards a checkpoint to
 // another tensor x pipeline-parallel layout (training/checkpoint_convert.h), Megatron's
 // tools/checkpoint/convert.py with the core loader and saver in one step, and moves checkpoints
-// between this build's format and Megatron-LM's torch format (--load-format, --save-format). Exports to other
-// formats (--to hf-gpt2) will be further actions of this command.
+// between this build's format and Megatron-LM's torch format (--load-format, --save-format), and to
+// and from Hugging Face transformers folders (--save-format hf / --load-format hf,
+// training/hf_checkpoint.h).
 //
 // The unpadded vocabulary size (needed when the target TP changes the padding) comes from
 // --true-vocab-size, or from the tokenizer: the checkpoint's tokenizer arguments with any
@@ -19,6 +20,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "training/checkpoint_convert.h"
+#include "training/hf_checkpoint.h"
 
 namespace megatron::cli {
 namespace {
@@ -32,6 +34,9 @@ struct ConvertArgs {
   data::TokenizerOptions tokenizer;  // flags given here override the checkpoint's
   CLI::App* app = nullptr;
   std::string load_format = "auto", save_format = "safetensors", transformer_impl = "transformer_engine";
+  std::string target_params_dtype, max_shard_size = "5GB";
+  bool print_structure = false;
+  int64_t make_vocab_size_divisible_by = 128;
 };
 
 // A tokenizer file of the checkpoint's arguments, found from here: as recorded, else next to
@@ -51,8 +56,10 @@ std::string locate(const std::string& recorded, const std::filesystem::path& loa
 }
 
 // The unpadded vocabulary size from the tokenizer (see the file comment), or nullopt when it is
-// not needed and cannot be had. Errors name the flags to pass.
-std::optional<int64_t> tokenizer_vocab_size(const ConvertArgs& a) {
+// not needed and cannot be had, or when --true-vocab-size gave it (size_given). `resolved`: the
+// tokenizer options with the flags given here and the files located. Errors name the flags to pass.
+std::optional<int64_t> tokenizer_vocab_size(const ConvertArgs& a, data::TokenizerOptions* resolved,
+                                            bool size_given) {
   const auto found = training::find_checkpoint(a.load, a.ckpt_step >= 0 ? std::optional<int64_t>(a.ckpt_step)
                                                                         : std::nullopt);
   if (!found) return std::nullopt;  // convert_checkpoint names what is missing
@@ -77,6 +84,8 @@ std::optional<int64_t> tokenizer_vocab_size(const ConvertArgs& a) {
   if (!flag_given(sub, "--vocab-file")) tok.vocab_file = locate(tok.vocab_file, a.load);
   if (!flag_given(sub, "--merge-file")) tok.merge_file = locate(tok.merge_file, a.load);
   if (!flag_given(sub, "--tokenizer-model")) tok.tokenizer_model = locate(tok.tokenizer_model, a.load);
+  *resolved = tok;
+  if (size_given) return std::nullopt;
   const int src_tp = found->parallel.tensor_model_parallel_size;
   const int64_t divisor = args.make_vocab_size_divisible_by, padded = args.model.padded_vocab_size;
   int64_t vocab = 0;
@@ -84,6 +93,18 @@ std::optional<int64_t> tokenizer_vocab_size(const ConvertArgs& a) {
     vocab = data::build_tokenizer(tok)->vocab_size();
   } catch (const Error&) {
     if (given) throw;  // the message names the flag given here
+    if (a.save_format == "hf") {
+      std::string files;
+      for (const auto* f : {&args.tokenizer.vocab_file, &args.tokenizer.merge_file, &args.tokenizer.tokenizer_model})
+        if (!f->empty()) files += (files.empty() ? "'" : ", '") + *f + "'";
+      MG_THROW("--save-format hf cuts the padded vocabulary to the tokenizer's and copies its files, "
+               "but the tokenizer the checkpoint was trained with (", args.tokenizer.type,
+               files.empty() ? "" : ", files " + files, ") cannot be read from here, nor next to ",
+               a.load, " or in its parent folder: pass its files with ",
+               args.tokenizer.type == "GPT2BPETokenizer" ? "--vocab-file and --merge-file"
+                                                         : "--vocab-file or --tokenizer-model",
+               ", or the size alone with --true-vocab-size N (the export then has no tokenizer files)");
+    }
     // Needed only when the target padding depends on the unpadded size.
     const int64_t lo = std::max<int64_t>(1, padded - divisor * src_tp + 1);
     if (padded <= 0 || data::padded_vocab_size(lo, divisor, a.target_tp) ==
@@ -117,16 +138,36 @@ void run_convert(const ConvertArgs& a) {
   o.target_tp = a.target_tp;
   o.target_pp = a.target_pp;
   o.target_layers_per_virtual_stage = a.target_layers_per_virtual_stage;
-  if (a.true_vocab_size > 0)
-    o.true_vocab_size = a.true_vocab_size;
-  else if (const auto v = tokenizer_vocab_size(a))
-    o.true_vocab_size = *v;
   o.drop_optimizer = a.no_save_optim;
   o.load_format = a.load_format;
+  if (a.load_format != "hf") {
+    data::TokenizerOptions resolved;
+    if (const auto v = tokenizer_vocab_size(a, &resolved, a.true_vocab_size > 0)) o.true_vocab_size = *v;
+    if (a.true_vocab_size > 0) o.true_vocab_size = a.true_vocab_size;
+    if (!resolved.type.empty()) o.tokenizer = resolved;
+  } else if (flag_given(*a.app, "--tokenizer-type")) {
+    o.tokenizer = a.tokenizer;  // recorded when the folder has no tokenizer files
+  }
+  if (a.target_params_dtype == "fp32") o.target_params_dtype = DType::F32;
+  if (a.target_params_dtype == "bf16") o.target_params_dtype = DType::BF16;
+  if (a.target_params_dtype == "fp16") o.target_params_dtype = DType::F16;
+  o.max_shard_bytes = training::parse_shard_size(a.max_shard_size);
+  o.print_structure = a.print_structure;
+  o.make_vocab_size_divisible_by = a.make_vocab_size_divisible_by;
   o.save_format = a.save_format;
   o.transformer_impl = a.transformer_impl;
   const training::ConvertResult r = training::convert_checkpoint(o);
   for (const std::string& n : r.notes) log_print("note: " + n);
+  if (a.save_format == "hf") {
+    log_print(str("exported iteration ", r.iteration, " (", r.from.describe(), ") as a Hugging Face ",
+                  r.hf_model_type == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM", " folder: ",
+                  r.num_tensors, " tensors, vocabulary ", r.padded_vocab_to, " (padded ",
+                  r.padded_vocab_from, "), ", r.num_files, " files in ", r.dir.string()));
+    return;
+  }
+  if (a.load_format == "hf")
+    log_print(str("imported the Hugging Face ", r.hf_model_type, " model ", a.load, " (vocabulary ",
+                  r.padded_vocab_from, ", padded to ", r.padded_vocab_to, ")"));
   log_print(str("converted iteration ", r.iteration, " from ", r.from.describe(), " to TP=",
                 r.to.tensor_model_parallel_size, " x PP=", r.to.pipeline_model_parallel_size, ": ",
                 r.num_tensors, " model tensors in ", r.num_files, " files, written to ",
@@ -148,11 +189,12 @@ void run_convert(const ConvertArgs& a) {
 }
 
 CommandRegistrar reg(
-    "checkpoint", "Checkpoint tools: convert (reshard to another TP/PP layout)", 70,
+    "checkpoint", "Checkpoint tools: convert (reshard to another TP/PP layout; Megatron-LM and Hugging Face formats)", 70,
     [](CLI::App& sub) {
       sub.require_subcommand(1);
       CLI::App* convert = sub.add_subcommand(
-          "convert", "Reshard a checkpoint to another tensor/pipeline-parallel layout");
+          "convert", "Reshard a checkpoint to another tensor/pipeline-parallel layout, or export / "
+          "import Megatron-LM and Hugging Face formats");
       auto a = std::make_shared<ConvertArgs>();
       convert->add_option("--load", a->load, "Checkpoint folder to read")->required();
       convert->add_option("--save", a->save, "New (or empty) folder to write the converted checkpoint to")
@@ -177,20 +219,37 @@ CommandRegistrar reg(
       add_tokenizer_options(*convert, a->tokenizer);
       a->app = convert;
       convert->add_option("--load-format", a->load_format,
-                          "auto (what the folder holds), safetensors (this build's checkpoints) or "
-                          "torch (Megatron-LM's mp_rank_*/model_optim_rng.pt)")
-          ->check(CLI::IsMember({"auto", "safetensors", "torch"}))
+                          "auto (what the folder holds), safetensors (this build's checkpoints), "
+                          "torch (Megatron-LM's mp_rank_*/model_optim_rng.pt) or hf (a Hugging Face "
+                          "transformers folder: config.json and safetensors)")
+          ->check(CLI::IsMember({"auto", "safetensors", "torch", "hf"}))
           ->capture_default_str();
       convert->add_option("--save-format", a->save_format,
-                          "safetensors (this build's checkpoints) or torch (Megatron-LM's "
-                          "model_optim_rng.pt files, for Megatron-LM's --ckpt-format torch)")
-          ->check(CLI::IsMember({"safetensors", "torch"}))
+                          "safetensors (this build's checkpoints), torch (Megatron-LM's "
+                          "model_optim_rng.pt files, for Megatron-LM's --ckpt-format torch) or hf "
+                          "(a Hugging Face transformers folder: GPT2LMHeadModel or LlamaForCausalLM)")
+          ->check(CLI::IsMember({"safetensors", "torch", "hf"}))
           ->capture_default_str();
       convert->add_option("--transformer-impl", a->transformer_impl,
                           "With --save-format torch: the --transformer-impl of the Megatron-LM run "
                           "that loads it (transformer_engine: fused norm names and _extra_state "
                           "entries; local: the local layer spec's names)")
           ->check(CLI::IsMember({"transformer_engine", "local"}))
+          ->capture_default_str();
+      convert->add_option("--target-params-dtype", a->target_params_dtype,
+                          "With --save-format hf (or --load-format hf): the weights' dtype "
+                          "(default: as stored)")
+          ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+      convert->add_option("--max-shard-size", a->max_shard_size,
+                          "With --save-format hf: the largest safetensors file before the weights "
+                          "are split into model-0000K-of-0000N.safetensors with an index (5GB, "
+                          "500MB, 2GiB or bytes)")
+          ->capture_default_str();
+      convert->add_flag("--print-checkpoint-structure", a->print_structure,
+                        "With hf: print every tensor written (or read) with its shape and dtype");
+      convert->add_option("--make-vocab-size-divisible-by", a->make_vocab_size_divisible_by,
+                          "With --load-format hf: pad the vocabulary to a multiple of this times "
+                          "the target tensor-parallel size (Megatron's rule)")
           ->capture_default_str();
       convert->callback([a] { run_convert(*a); });
     });

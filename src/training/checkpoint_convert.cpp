@@ -11,6 +11,7 @@
 #include "model/tensor_parallel.h"
 #include "optim/optimizer.h"
 #include "training/checkpoint_files.h"
+#include "training/hf_checkpoint_internal.h"
 #include "training/torch_checkpoint.h"
 
 namespace megatron::training {
@@ -311,52 +312,27 @@ std::map<std::string, Tensor> read_single_rank_model(const CheckpointOnDisk& ckp
   return std::move(m.model);
 }
 
-namespace {
+namespace convert_detail {
 
 // The unpadded vocabulary size: given, or from the checkpoint's tokenizer arguments.
 std::optional<int64_t> true_vocab_size(const ConvertOptions& o, const TrainingArgs& args,
                                        std::string* why_not) {
   if (o.true_vocab_size) return o.true_vocab_size;
   try {
-    return data::build_tokenizer(args.tokenizer)->vocab_size();
+    return data::build_tokenizer(o.tokenizer ? *o.tokenizer : args.tokenizer)->vocab_size();
   } catch (const Error& e) {
     *why_not = e.what();
     return std::nullopt;
   }
 }
 
-}  // namespace
-
-ConvertResult convert_checkpoint(const ConvertOptions& o) {
-  MG_REQUIRE(!o.load.empty(), "--load is required: the checkpoint folder to convert");
-  MG_REQUIRE(!o.save.empty(), "--save is required: the folder to write the converted checkpoint to");
-  MG_REQUIRE(o.target_tp >= 1, "--target-tensor-parallel-size must be >= 1 (got ", o.target_tp, ")");
-  MG_REQUIRE(o.target_pp >= 1, "--target-pipeline-parallel-size must be >= 1 (got ", o.target_pp, ")");
-  std::error_code ec;
-  MG_REQUIRE(fs::is_directory(o.load, ec), "--load ", o.load.string(), " is not a directory");
-  if (fs::exists(o.save, ec)) {
-    MG_REQUIRE(fs::is_directory(o.save, ec), "--save ", o.save.string(), " exists and is not a folder");
-    MG_REQUIRE(fs::is_empty(o.save, ec), "--save ", o.save.string(),
-               " is not empty; the converter does not overwrite: pass a new or empty folder");
-  }
-  MG_REQUIRE(!fs::exists(o.save, ec) || !fs::equivalent(o.load, o.save, ec),
-             "--save must differ from --load");
-  auto found = find_checkpoint(o.load, o.ckpt_step);
-  MG_REQUIRE(found.has_value(), "no checkpoint in --load ", o.load.string(),
-             ": latest_checkpointed_iteration.txt is missing (pass --ckpt-step N to pick an "
-             "iteration folder)");
-  const CheckpointOnDisk& ckpt = *found;
-  MG_REQUIRE(o.load_format == "auto" || o.load_format == ckpt.format, "--load-format ", o.load_format,
-             ": ", ckpt.dir.string(), " holds a ", ckpt.format, " checkpoint",
-             ckpt.format == "torch" ? " (Megatron-LM's model_optim_rng.pt files)" : " (metadata.json)");
-  MG_REQUIRE(o.save_format == "safetensors" || o.save_format == "torch", "--save-format must be "
-             "safetensors or torch (got '", o.save_format, "')");
-  TrainingArgs args = args_of(ckpt);
-  const int T = o.target_tp, P = o.target_pp;
-
-  // Validate the target layout against the model before reading any tensor.
+// The target layout checked against the model (before any tensor is read); `label` names the
+// file the model's arguments come from.
+model::PipelineLayout target_layout(const TrainingArgs& args, const ConvertOptions& o,
+                                    const std::string& label) {
+  const int P = o.target_pp;
   const int L = args.model.num_layers;
-  MG_REQUIRE(L >= 1, (ckpt.dir / "metadata.json").string(), ": args.model.num_layers is missing");
+  MG_REQUIRE(L >= 1, label, ": args.model.num_layers is missing");
   MG_REQUIRE(L % P == 0, "--target-pipeline-parallel-size ", P, " does not divide the ", L,
              " layers (--num-layers) of the checkpoint");
   MG_REQUIRE(o.target_layers_per_virtual_stage == 0 ||
@@ -364,50 +340,16 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
              "--target-num-layers-per-virtual-pipeline-stage ", o.target_layers_per_virtual_stage,
              " needs --target-pipeline-parallel-size > 1 and must divide the ", L / P,
              " layers of each pipeline stage");
-  const model::PipelineLayout layout =
-      model::PipelineLayout::make(L, P, o.target_layers_per_virtual_stage);
-  int64_t target_vocab = args.model.padded_vocab_size;
-  const int src_tp = ckpt.parallel.tensor_model_parallel_size;
-  const int64_t divisor = args.make_vocab_size_divisible_by;
-  std::string why_not;
-  const std::optional<int64_t> true_vocab = true_vocab_size(o, args, &why_not);
-  if (true_vocab) {
-    MG_REQUIRE(*true_vocab >= 1 && *true_vocab <= args.model.padded_vocab_size,
-               "--true-vocab-size ", *true_vocab, " must be in [1, ", args.model.padded_vocab_size,
-               "] (the checkpoint's padded vocabulary)");
-    MG_REQUIRE(o.true_vocab_size ||
-                   data::padded_vocab_size(*true_vocab, divisor, src_tp) == args.model.padded_vocab_size,
-               "the checkpoint's tokenizer has ", *true_vocab, " tokens, which pad to ",
-               data::padded_vocab_size(*true_vocab, divisor, src_tp), " rows under its TP=", src_tp,
-               ", but the checkpoint has ", args.model.padded_vocab_size,
-               " (another tokenizer?); pass --true-vocab-size N");
-    target_vocab = data::padded_vocab_size(*true_vocab, divisor, T);
-  } else if (T != src_tp) {
-    // The true size is in (padded - divisor * src_tp, padded]; fine when all of them pad alike.
-    const int64_t hi = args.model.padded_vocab_size, lo = std::max<int64_t>(1, hi - divisor * src_tp + 1);
-    target_vocab = data::padded_vocab_size(hi, divisor, T);
-    MG_REQUIRE(data::padded_vocab_size(lo, divisor, T) == target_vocab,
-               "cannot tell the unpadded vocabulary size, which the padded size for "
-               "--target-tensor-parallel-size ", T, " depends on: the checkpoint's tokenizer cannot "
-               "be built (", why_not, "); pass --true-vocab-size N");
-  }
-  {
-    model::GPTConfig c = args.model;
-    c.padded_vocab_size = target_vocab;
-    c.validate_tensor_parallel(T);  // heads, query groups, FFN, vocabulary divisible by T
-  }
+  return model::PipelineLayout::make(L, P, o.target_layers_per_virtual_stage);
+}
 
-  MergedCheckpoint m = merge_checkpoint(ckpt, !o.drop_optimizer);
-  MG_REQUIRE(m.padded_vocab_size == args.model.padded_vocab_size, ckpt.dir.string(),
-             ": the word embedding has ", m.padded_vocab_size, " rows but args.model.padded_vocab_size is ",
-             args.model.padded_vocab_size);
-  ConvertResult res;
-  res.iteration = ckpt.state.iteration;
-  res.from = ckpt.parallel;
-  res.padded_vocab_from = m.padded_vocab_size;
-  if (target_vocab != m.padded_vocab_size) repad_vocabulary(m, target_vocab);
-  res.padded_vocab_to = target_vocab;
-
+// Writes m's single-rank tensors (vocabulary padded for the target) in the target layout and
+// format; m.source and m.metadata describe the source.
+ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
+                           const model::PipelineLayout& layout, int L, int64_t target_vocab,
+                           ConvertResult res) {
+  const CheckpointOnDisk& ckpt = m.source;
+  const int T = o.target_tp, P = o.target_pp;
   // Layers and stages.
   std::map<std::string, int> stage;
   std::set<int> layers_seen;
@@ -540,5 +482,85 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   res.notes = m.notes;
   return res;
 }
+}  // namespace convert_detail
+
+using namespace convert_detail;
+
+ConvertResult convert_checkpoint(const ConvertOptions& o) {
+  MG_REQUIRE(!o.load.empty(), "--load is required: the checkpoint folder to convert");
+  MG_REQUIRE(!o.save.empty(), "--save is required: the folder to write the converted checkpoint to");
+  MG_REQUIRE(o.target_tp >= 1, "--target-tensor-parallel-size must be >= 1 (got ", o.target_tp, ")");
+  MG_REQUIRE(o.target_pp >= 1, "--target-pipeline-parallel-size must be >= 1 (got ", o.target_pp, ")");
+  std::error_code ec;
+  MG_REQUIRE(fs::is_directory(o.load, ec), "--load ", o.load.string(), " is not a directory");
+  if (fs::exists(o.save, ec)) {
+    MG_REQUIRE(fs::is_directory(o.save, ec), "--save ", o.save.string(), " exists and is not a folder");
+    MG_REQUIRE(fs::is_empty(o.save, ec), "--save ", o.save.string(),
+               " is not empty; the converter does not overwrite: pass a new or empty folder");
+  }
+  MG_REQUIRE(!fs::exists(o.save, ec) || !fs::equivalent(o.load, o.save, ec),
+             "--save must differ from --load");
+  MG_REQUIRE(o.save_format == "safetensors" || o.save_format == "torch" || o.save_format == "hf",
+             "--save-format must be safetensors, torch or hf (got '", o.save_format, "')");
+  if (o.load_format == "hf") return import_hf(o);
+  auto found = find_checkpoint(o.load, o.ckpt_step);
+  MG_REQUIRE(found.has_value(), "no checkpoint in --load ", o.load.string(),
+             ": latest_checkpointed_iteration.txt is missing (pass --ckpt-step N to pick an "
+             "iteration folder)");
+  const CheckpointOnDisk& ckpt = *found;
+  MG_REQUIRE(o.load_format == "auto" || o.load_format == ckpt.format, "--load-format ", o.load_format,
+             ": ", ckpt.dir.string(), " holds a ", ckpt.format, " checkpoint",
+             ckpt.format == "torch" ? " (Megatron-LM's model_optim_rng.pt files)" : " (metadata.json)");
+  TrainingArgs args = args_of(ckpt);
+  if (o.save_format == "hf") return export_hf(ckpt, args, o);
+  const int T = o.target_tp;
+
+  // Validate the target layout against the model before reading any tensor.
+  const int L = args.model.num_layers;
+  const model::PipelineLayout layout = target_layout(args, o, (ckpt.dir / "metadata.json").string());
+  int64_t target_vocab = args.model.padded_vocab_size;
+  const int src_tp = ckpt.parallel.tensor_model_parallel_size;
+  const int64_t divisor = args.make_vocab_size_divisible_by;
+  std::string why_not;
+  const std::optional<int64_t> true_vocab = true_vocab_size(o, args, &why_not);
+  if (true_vocab) {
+    MG_REQUIRE(*true_vocab >= 1 && *true_vocab <= args.model.padded_vocab_size,
+               "--true-vocab-size ", *true_vocab, " must be in [1, ", args.model.padded_vocab_size,
+               "] (the checkpoint's padded vocabulary)");
+    MG_REQUIRE(o.true_vocab_size ||
+                   data::padded_vocab_size(*true_vocab, divisor, src_tp) == args.model.padded_vocab_size,
+               "the checkpoint's tokenizer has ", *true_vocab, " tokens, which pad to ",
+               data::padded_vocab_size(*true_vocab, divisor, src_tp), " rows under its TP=", src_tp,
+               ", but the checkpoint has ", args.model.padded_vocab_size,
+               " (another tokenizer?); pass --true-vocab-size N");
+    target_vocab = data::padded_vocab_size(*true_vocab, divisor, T);
+  } else if (T != src_tp) {
+    // The true size is in (padded - divisor * src_tp, padded]; fine when all of them pad alike.
+    const int64_t hi = args.model.padded_vocab_size, lo = std::max<int64_t>(1, hi - divisor * src_tp + 1);
+    target_vocab = data::padded_vocab_size(hi, divisor, T);
+    MG_REQUIRE(data::padded_vocab_size(lo, divisor, T) == target_vocab,
+               "cannot tell the unpadded vocabulary size, which the padded size for "
+               "--target-tensor-parallel-size ", T, " depends on: the checkpoint's tokenizer cannot "
+               "be built (", why_not, "); pass --true-vocab-size N");
+  }
+  {
+    model::GPTConfig c = args.model;
+    c.padded_vocab_size = target_vocab;
+    c.validate_tensor_parallel(T);  // heads, query groups, FFN, vocabulary divisible by T
+  }
+
+  MergedCheckpoint m = merge_checkpoint(ckpt, !o.drop_optimizer);
+  MG_REQUIRE(m.padded_vocab_size == args.model.padded_vocab_size, ckpt.dir.string(),
+             ": the word embedding has ", m.padded_vocab_size, " rows but args.model.padded_vocab_size is ",
+             args.model.padded_vocab_size);
+  ConvertResult res;
+  res.iteration = ckpt.state.iteration;
+  res.from = ckpt.parallel;
+  res.padded_vocab_from = m.padded_vocab_size;
+  if (target_vocab != m.padded_vocab_size) repad_vocabulary(m, target_vocab);
+  res.padded_vocab_to = target_vocab;
+  return write_target(m, o, layout, L, target_vocab, std::move(res));
+}
+
 
 }  // namespace megatron::training

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "data/tokenizer.h"
 #include "training/checkpoint.h"
 
 namespace megatron::training {
@@ -94,11 +95,23 @@ struct ConvertOptions {
   // tokenizer of the checkpoint's args is built (its vocabulary files must exist).
   std::optional<int64_t> true_vocab_size;
   bool drop_optimizer = false;
-  // --load-format: "auto" (what the folder holds), "safetensors" (ours) or "torch" (Megatron-LM's
-  // model_optim_rng.pt); --save-format: "safetensors" or "torch" (training/torch_checkpoint.h),
-  // the latter for Megatron's --transformer-impl (transformer_engine or local).
+  // --load-format: "auto" (what the folder holds), "safetensors" (ours), "torch" (Megatron-LM's
+  // model_optim_rng.pt) or "hf" (a transformers folder, training/hf_checkpoint.h); --save-format:
+  // "safetensors", "torch" (training/torch_checkpoint.h), the latter for Megatron's
+  // --transformer-impl (transformer_engine or local), or "hf".
   std::string load_format = "auto", save_format = "safetensors";
   std::string transformer_impl = "transformer_engine";
+  // The tokenizer (its files resolved by the caller): --save-format hf copies its files and takes
+  // bos/eos from it; --load-format hf records it when the folder has no tokenizer files. Default:
+  // the checkpoint's args.
+  std::optional<data::TokenizerOptions> tokenizer;
+  // --save-format hf: --target-params-dtype (default: as stored), --max-shard-size in bytes,
+  // --print-checkpoint-structure (also prints what --load-format hf read).
+  std::optional<DType> target_params_dtype;
+  int64_t max_shard_bytes = 5'000'000'000;
+  bool print_structure = false;
+  // --load-format hf: Megatron's --make-vocab-size-divisible-by for the padded vocabulary.
+  int64_t make_vocab_size_divisible_by = 128;
 };
 
 struct ConvertResult {
@@ -110,6 +123,7 @@ struct ConvertResult {
   std::string optimizer_note;        // why there is none, when there is none
   size_t num_tensors = 0, num_files = 0;
   std::vector<std::string> notes;
+  std::string hf_model_type;  // "gpt2" | "llama" when a transformers folder was read or written
 };
 
 // Converts --load (at --ckpt-step or the tracker's iteration) into --save for the target layout.

@@ -1,0 +1,383 @@
+// Import of a transformers folder (config.json + safetensors) as single-rank tensors under our
+// names (hf_checkpoint.h has the names and layouts).
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "training/hf_checkpoint.h"
+#include "training/hf_checkpoint_internal.h"
+
+namespace megatron::training {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace hf_detail;
+
+namespace {
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  MG_REQUIRE(in, "cannot read ", p.string());
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+json read_json(const fs::path& p) {
+  try {
+    return json::parse(read_text(p));
+  } catch (const json::exception& e) {
+    MG_THROW(p.string(), ": malformed JSON: ", e.what());
+  }
+}
+
+// Typed fields of config.json; errors name the file and the field.
+struct Config {
+  json j;
+  std::string label;
+  const json* find(const char* key) const {
+    return j.contains(key) && !j[key].is_null() ? &j[key] : nullptr;
+  }
+  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
+    const json* v = find(key);
+    if (!v) {
+      MG_REQUIRE(fallback.has_value(), label, ": missing \"", key, "\"");
+      return *fallback;
+    }
+    MG_REQUIRE(v->is_number_integer() && v->get<int64_t>() > 0, label, ": \"", key,
+               "\" must be a positive integer, got ", v->dump());
+    return v->get<int64_t>();
+  }
+  double number(const char* key, double fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    MG_REQUIRE(v->is_number(), label, ": \"", key, "\" must be a number, got ", v->dump());
+    return v->get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    MG_REQUIRE(v->is_boolean(), label, ": \"", key, "\" must be true or false, got ", v->dump());
+    return v->get<bool>();
+  }
+  std::string string(const char* key, const std::string& fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    MG_REQUIRE(v->is_string(), label, ": \"", key, "\" must be a string, got ", v->dump());
+    return v->get<std::string>();
+  }
+  [[noreturn]] void unsupported(const char* key, const std::string& why) const {
+    MG_THROW(label, ": \"", key, "\" = ", j.contains(key) ? j[key].dump() : "(absent)", " is not "
+             "supported: ", why);
+  }
+};
+
+model::TransformerConfig gpt2_config(const Config& c) {
+  model::TransformerConfig m;
+  m.hidden_size = int(c.integer("n_embd"));
+  m.num_layers = int(c.integer("n_layer"));
+  m.num_attention_heads = int(c.integer("n_head"));
+  m.max_position_embeddings = int(c.find("n_positions") ? c.integer("n_positions") : c.integer("n_ctx"));
+  const int64_t inner = c.integer("n_inner", 4 * int64_t(m.hidden_size));
+  m.ffn_hidden_size = inner == 4 * m.hidden_size ? 0 : int(inner);
+  MG_REQUIRE(m.hidden_size % m.num_attention_heads == 0, c.label, ": n_embd ", m.hidden_size,
+             " is not divisible by n_head ", m.num_attention_heads);
+  m.layernorm_epsilon = float(c.number("layer_norm_epsilon", 1e-5));
+  const std::string act = c.string("activation_function", "gelu_new");
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh")
+    m.activation = "gelu_tanh";
+  else if (act == "gelu")
+    m.activation = "gelu";
+  else
+    c.unsupported("activation_function", "GPT-2 models import with gelu_new, gelu_pytorch_tanh or gelu");
+  if (!c.boolean("scale_attn_weights", true))
+    c.unsupported("scale_attn_weights", "attention is scaled by 1/sqrt(head dim) here");
+  if (c.boolean("scale_attn_by_inverse_layer_idx", false))
+    c.unsupported("scale_attn_by_inverse_layer_idx", "no per-layer attention scaling here");
+  if (c.boolean("add_cross_attention", false))
+    c.unsupported("add_cross_attention", "decoder-only GPT models have no cross-attention");
+  m.hidden_dropout = float(c.number("resid_pdrop", 0.1));
+  m.attention_dropout = float(c.number("attn_pdrop", 0.1));
+  m.init_method_std = float(c.number("initializer_range", 0.02));
+  m.untie_embeddings_and_output_weights = !c.boolean("tie_word_embeddings", true);
+  return m;
+}
+
+model::TransformerConfig llama_config(const Config& c) {
+  model::TransformerConfig m;
+  m.hidden_size = int(c.integer("hidden_size"));
+  m.num_layers = int(c.integer("num_hidden_layers"));
+  m.num_attention_heads = int(c.integer("num_attention_heads"));
+  m.ffn_hidden_size = int(c.integer("intermediate_size"));
+  m.max_position_embeddings = int(c.integer("max_position_embeddings", 2048));
+  const int64_t kv = c.integer("num_key_value_heads", m.num_attention_heads);
+  MG_REQUIRE(m.num_attention_heads % kv == 0, c.label, ": num_attention_heads ", m.num_attention_heads,
+             " is not a multiple of num_key_value_heads ", kv);
+  m.num_query_groups = kv == m.num_attention_heads ? 0 : int(kv);
+  const int64_t head_dim = c.integer("head_dim", m.hidden_size / m.num_attention_heads);
+  m.kv_channels = head_dim * m.num_attention_heads == m.hidden_size ? 0 : int(head_dim);
+  m.normalization = "RMSNorm";
+  m.layernorm_epsilon = float(c.number("rms_norm_eps", 1e-6));
+  m.activation = "swiglu";
+  if (c.string("hidden_act", "silu") != "silu")
+    c.unsupported("hidden_act", "Llama models import with silu (SwiGLU)");
+  m.position_embedding_type = "rope";
+  m.rotary_base = c.number("rope_theta", 10000.0);
+  if (c.find("rope_scaling")) c.unsupported("rope_scaling", "rotary scaling is not implemented");
+  if (c.find("partial_rotary_factor") && c.number("partial_rotary_factor", 1.0) != 1.0)
+    c.unsupported("partial_rotary_factor", "Llama rotates every head dim");
+  const bool attn_bias = c.boolean("attention_bias", false), mlp_bias = c.boolean("mlp_bias", false);
+  if (attn_bias != mlp_bias)
+    c.unsupported("attention_bias", "biases are on every linear layer or none here (attention_bias "
+                  "must equal mlp_bias)");
+  m.add_bias_linear = attn_bias;
+  m.hidden_dropout = 0.0f;
+  m.attention_dropout = float(c.number("attention_dropout", 0.0));
+  m.init_method_std = float(c.number("initializer_range", 0.02));
+  m.untie_embeddings_and_output_weights = !c.boolean("tie_word_embeddings", false);
+  return m;
+}
+
+// The folder's tensors, every file's header checked against the index.
+struct Tensors {
+  std::map<std::string, Tensor> t;
+  std::map<std::string, std::string> file_of;
+  std::set<std::string> used;
+  std::string prefix;  // "transformer." / "model.", when the file uses it
+
+  // The tensor `name` (without the prefix) with `shape`; errors name file and tensor.
+  Tensor take(const std::string& name, const Shape& shape, const std::string& folder) {
+    std::string key = prefix + name;
+    if (!t.count(key)) key = name;
+    auto it = t.find(key);
+    MG_REQUIRE(it != t.end(), folder, ": tensor '", prefix + name, "' is missing from the "
+               "safetensors files (config.json says it is there)");
+    MG_REQUIRE(it->second.shape() == shape, file_of.at(key), ": tensor '", key, "' has shape ",
+               shape_str(it->second.shape()), " but config.json implies ", shape_str(shape));
+    used.insert(key);
+    return it->second;
+  }
+  bool has(const std::string& name) const { return t.count(prefix + name) || t.count(name); }
+};
+
+Tensors read_tensors(const fs::path& folder, const std::string& prefix) {
+  Tensors out;
+  out.prefix = prefix;
+  std::error_code ec;
+  const fs::path index = folder / "model.safetensors.index.json";
+  std::vector<std::string> files;
+  json weight_map;
+  if (fs::exists(index, ec)) {
+    const json j = read_json(index);
+    MG_REQUIRE(j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
+               ": missing \"weight_map\" object");
+    weight_map = j["weight_map"];
+    std::set<std::string> seen;
+    for (const auto& [name, file] : weight_map.items()) {
+      MG_REQUIRE(file.is_string(), index.string(), ": weight_map[\"", name, "\"] must be a file name");
+      const std::string f = file.get<std::string>();
+      MG_REQUIRE(f.find('/') == std::string::npos && f != ".." && !f.empty(), index.string(),
+                 ": weight_map[\"", name, "\"] = '", f, "' is not a file name in the folder");
+      if (seen.insert(f).second) files.push_back(f);
+    }
+  } else if (fs::exists(folder / "model.safetensors", ec)) {
+    files.push_back("model.safetensors");
+  } else {
+    MG_THROW(folder.string(), " has neither model.safetensors nor model.safetensors.index.json "
+             "(weights in pytorch_model.bin are pickles, which are not read: save the model with "
+             "safe_serialization=True)");
+  }
+  for (const std::string& f : files) {
+    const fs::path p = folder / f;
+    MG_REQUIRE(fs::is_regular_file(p, ec), p.string(), " is missing",
+               weight_map.is_null() ? "" : " (named in model.safetensors.index.json)");
+    for (auto& [name, tensor] : read_safetensors(p).tensors) {
+      MG_REQUIRE(!out.t.count(name), p.string(), ": tensor '", name, "' is also in ",
+                 out.file_of[name]);
+      if (!weight_map.is_null())
+        MG_REQUIRE(weight_map.contains(name) && weight_map[name] == f, p.string(), ": tensor '",
+                   name, "' is not listed for this file in model.safetensors.index.json");
+      out.file_of[name] = p.string();
+      out.t[name] = std::move(tensor);
+    }
+  }
+  if (!weight_map.is_null())
+    for (const auto& [name, file] : weight_map.items())
+      MG_REQUIRE(out.t.count(name), index.string(), " lists tensor '", name, "' in ",
+                 file.get<std::string>(), ", which does not hold it");
+  return out;
+}
+
+// Buffers some files carry that are not parameters.
+bool skipped_buffer(const std::string& name) {
+  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
+         name.ends_with("rotary_emb.inv_freq");
+}
+
+std::string ours(int i, const std::string& rest) { return "decoder.layers." + std::to_string(i) + "." + rest; }
+
+void gpt2_tensors(Tensors& x, const model::TransformerConfig& c, int64_t V, const std::string& folder,
+                  std::map<std::string, Tensor>& m) {
+  const int64_t h = c.hidden_size, f = c.ffn();
+  const int n = c.num_attention_heads, d = c.head_dim();
+  m["embedding.word_embeddings.weight"] = x.take("wte.weight", {V, h}, folder);
+  m["embedding.position_embeddings.weight"] = x.take("wpe.weight", {c.max_position_embeddings, h}, folder);
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string l = "h." + std::to_string(i) + ".";
+    m[ours(i, "input_layernorm.weight")] = x.take(l + "ln_1.weight", {h}, folder);
+    m[ours(i, "input_layernorm.bias")] = x.take(l + "ln_1.bias", {h}, folder);
+    const Tensor w = transposed(x.take(l + "attn.c_attn.weight", {h, 3 * h}, folder));
+    m[ours(i, "self_attention.linear_qkv.weight")] =
+        fuse_qkv({w.narrow(0, 0, h), w.narrow(0, h, h), w.narrow(0, 2 * h, h)}, n, n, d);
+    const Tensor b = x.take(l + "attn.c_attn.bias", {3 * h}, folder);
+    m[ours(i, "self_attention.linear_qkv.bias")] =
+        fuse_qkv({b.narrow(0, 0, h), b.narrow(0, h, h), b.narrow(0, 2 * h, h)}, n, n, d);
+    m[ours(i, "self_attention.linear_proj.weight")] = transposed(x.take(l + "attn.c_proj.weight", {h, h}, folder));
+    m[ours(i, "self_attention.linear_proj.bias")] = x.take(l + "attn.c_proj.bias", {h}, folder);
+    m[ours(i, "pre_mlp_layernorm.weight")] = x.take(l + "ln_2.weight", {h}, folder);
+    m[ours(i, "pre_mlp_layernorm.bias")] = x.take(l + "ln_2.bias", {h}, folder);
+    m[ours(i, "mlp.linear_fc1.weight")] = transposed(x.take(l + "mlp.c_fc.weight", {h, f}, folder));
+    m[ours(i, "mlp.linear_fc1.bias")] = x.take(l + "mlp.c_fc.bias", {f}, folder);
+    m[ours(i, "mlp.linear_fc2.weight")] = transposed(x.take(l + "mlp.c_proj.weight", {f, h}, folder));
+    m[ours(i, "mlp.linear_fc2.bias")] = x.take(l + "mlp.c_proj.bias", {h}, folder);
+  }
+  m["decoder.final_layernorm.weight"] = x.take("ln_f.weight", {h}, folder);
+  m["decoder.final_layernorm.bias"] = x.take("ln_f.bias", {h}, folder);
+}
+
+void llama_tensors(Tensors& x, const model::TransformerConfig& c, int64_t V, const std::string& folder,
+                   std::map<std::string, Tensor>& m) {
+  const int64_t h = c.hidden_size, f = c.ffn();
+  const int n = c.num_attention_heads, g = c.query_groups(), d = c.head_dim();
+  const bool bias = c.add_bias_linear;
+  m["embedding.word_embeddings.weight"] = x.take("embed_tokens.weight", {V, h}, folder);
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string l = "layers." + std::to_string(i) + ".";
+    m[ours(i, "input_layernorm.weight")] = x.take(l + "input_layernorm.weight", {h}, folder);
+    for (const char* kind : {"weight", "bias"}) {
+      const std::string k = kind;
+      if (k == "bias" && !bias) continue;
+      auto shape = [&](int64_t rows, int64_t cols) { return k == "bias" ? Shape{rows} : Shape{rows, cols}; };
+      QkvParts p{x.take(l + "self_attn.q_proj." + k, shape(n * d, h), folder),
+                 x.take(l + "self_attn.k_proj." + k, shape(g * d, h), folder),
+                 x.take(l + "self_attn.v_proj." + k, shape(g * d, h), folder)};
+      m[ours(i, "self_attention.linear_qkv." + k)] = fuse_qkv(p, n, g, d);
+      m[ours(i, "self_attention.linear_proj." + k)] =
+          x.take(l + "self_attn.o_proj." + k, k == "bias" ? Shape{h} : Shape{h, n * d}, folder);
+      m[ours(i, "mlp.linear_fc1." + k)] = cat_rows({x.take(l + "mlp.gate_proj." + k, shape(f, h), folder),
+                                                    x.take(l + "mlp.up_proj." + k, shape(f, h), folder)});
+      m[ours(i, "mlp.linear_fc2." + k)] =
+          x.take(l + "mlp.down_proj." + k, k == "bias" ? Shape{h} : Shape{h, f}, folder);
+    }
+    m[ours(i, "pre_mlp_layernorm.weight")] = x.take(l + "post_attention_layernorm.weight", {h}, folder);
+  }
+  m["decoder.final_layernorm.weight"] = x.take("norm.weight", {h}, folder);
+}
+
+// The tokenizer files of the folder, as our tokenizer options.
+std::optional<data::TokenizerOptions> folder_tokenizer(const fs::path& folder, const std::string& type,
+                                                       std::vector<std::string>& files) {
+  std::error_code ec;
+  auto has = [&](const char* f) { return fs::is_regular_file(folder / f, ec); };
+  data::TokenizerOptions t;
+  if (has("vocab.json") && has("merges.txt") && (type == "gpt2" || !has("tokenizer.json"))) {
+    t.type = "GPT2BPETokenizer";
+    t.vocab_file = "vocab.json";
+    t.merge_file = "merges.txt";
+    files = {"vocab.json", "merges.txt"};
+  } else if (has("tokenizer.model") && (type == "llama" || !has("tokenizer.json"))) {
+    t.type = "Llama2Tokenizer";
+    t.tokenizer_model = "tokenizer.model";
+    files = {"tokenizer.model"};
+  } else if (has("tokenizer.json")) {
+    t.type = "HuggingFaceTokenizer";
+    t.tokenizer_model = "tokenizer.json";
+    files = {"tokenizer.json"};
+  } else {
+    return std::nullopt;
+  }
+  if (has("tokenizer_config.json")) files.push_back("tokenizer_config.json");
+  for (std::string& f : files) f = (folder / f).string();
+  return t;
+}
+
+}  // namespace
+
+HfImport read_hf_checkpoint(const fs::path& folder, int64_t divisor, int target_tp,
+                            const std::optional<data::TokenizerOptions>& tokenizer) {
+  std::error_code ec;
+  MG_REQUIRE(fs::is_directory(folder, ec), "--load ", folder.string(), " is not a directory");
+  const fs::path config_path = folder / "config.json";
+  MG_REQUIRE(fs::is_regular_file(config_path, ec), config_path.string(),
+             " is missing: --load-format hf reads a Hugging Face transformers model folder "
+             "(config.json and model.safetensors)");
+  Config cfg{read_json(config_path), config_path.string()};
+  MG_REQUIRE(cfg.j.is_object(), cfg.label, ": expected a JSON object");
+  HfImport out;
+  out.model_type = cfg.string("model_type", "");
+  model::TransformerConfig c;
+  if (out.model_type == "gpt2")
+    c = gpt2_config(cfg);
+  else if (out.model_type == "llama")
+    c = llama_config(cfg);
+  else
+    cfg.unsupported("model_type", "this build imports gpt2 (GPT2LMHeadModel) and llama "
+                    "(LlamaForCausalLM) models");
+  const int64_t V = cfg.integer("vocab_size");
+
+  Tensors x = read_tensors(folder, out.model_type == "gpt2" ? "transformer." : "model.");
+  std::map<std::string, Tensor>& m = out.model;
+  if (out.model_type == "gpt2")
+    gpt2_tensors(x, c, V, folder.string(), m);
+  else
+    llama_tensors(x, c, V, folder.string(), m);
+  const Tensor& emb = m.at("embedding.word_embeddings.weight");
+  if (c.untie_embeddings_and_output_weights) {
+    m["output_layer.weight"] = x.take("lm_head.weight", {V, c.hidden_size}, folder.string());
+  } else if (x.t.count("lm_head.weight")) {  // a tied copy saved anyway: it must be the embedding
+    const Tensor& head = x.t.at("lm_head.weight");
+    MG_REQUIRE(head.shape() == emb.shape() && head.dtype() == emb.dtype() &&
+                   std::memcmp(head.raw_data(), emb.raw_data(), head.nbytes()) == 0,
+               x.file_of.at("lm_head.weight"), ": lm_head.weight differs from the word embedding but "
+               "config.json ties them (tie_word_embeddings): set \"tie_word_embeddings\": false");
+    x.used.insert("lm_head.weight");
+  }
+  for (const auto& [name, t] : x.t)
+    MG_REQUIRE(x.used.count(name) || skipped_buffer(name), x.file_of.at(name), ": unexpected tensor '",
+               name, "' (not part of a ", out.model_type, " model as config.json describes it)");
+
+  // One parameter dtype: the embedding's.
+  const DType dtype = emb.dtype();
+  MG_REQUIRE(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
+             x.file_of.begin()->second, ": weights must be float32, bfloat16 or float16, not ",
+             dtype_name(dtype));
+  bool mixed = false;
+  for (auto& [name, t] : m)
+    if (t.dtype() != dtype) t = t.to(dtype), mixed = true;
+  if (mixed)
+    out.notes.push_back(str("the folder mixes dtypes; every weight was converted to ", dtype_name(dtype)));
+
+  c.params_dtype = dtype;
+  c.padded_vocab_size = data::padded_vocab_size(V, divisor, target_tp);
+  c.seq_length = c.max_position_embeddings;
+  out.true_vocab_size = V;
+  TrainingArgs& a = out.args;
+  a.model = c;
+  a.make_vocab_size_divisible_by = divisor;
+  a.bf16 = dtype == DType::BF16;
+  a.fp16 = dtype == DType::F16;
+  if (auto t = folder_tokenizer(folder, out.model_type, out.tokenizer_files)) {
+    a.tokenizer = *t;
+  } else if (tokenizer && !tokenizer->type.empty()) {
+    a.tokenizer = *tokenizer;
+  } else {
+    a.tokenizer.type = "NullTokenizer";
+    a.tokenizer.vocab_size = V;
+    out.notes.push_back(str(folder.string(), " has no tokenizer files (vocab.json + merges.txt, "
+                            "tokenizer.json or tokenizer.model): the checkpoint records a NullTokenizer "
+                            "of ", V, " ids; pass --tokenizer-type and its files to record another"));
+  }
+  return out;
+}
+
+}  // namespace megatron::training
