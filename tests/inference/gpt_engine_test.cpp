@@ -55,6 +55,22 @@ class RecomputeModel final : public LanguageModel {
   std::vector<std::vector<int32_t>> rows_;
 };
 
+// Three rows with prompts of 1, 3 and 5 tokens, log-probs on; row 1 samples at temperature 0.7,
+// row 2 with top-p 0.8 (row 0 as set by the caller).
+std::vector<SequenceRequest> sampled_rows(int64_t tokens_to_generate, uint64_t seed) {
+  std::vector<SequenceRequest> rows(3);
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j <= 2 * i; ++j) rows[i].prompt.push_back(int32_t((i * 11 + j * 3) % 60));
+    rows[i].tokens_to_generate = tokens_to_generate;
+    rows[i].return_logprobs = true;
+    rows[i].seed = seed;
+    rows[i].sequence = uint64_t(i);
+  }
+  rows[1].sampling.temperature = 0.7f;
+  rows[2].sampling.top_p = 0.8f;
+  return rows;
+}
+
 class GPTEngineTest : public ::testing::TestWithParam<int> {
  protected:
   Config config() const {
@@ -103,17 +119,8 @@ TEST_P(GPTEngineTest, GenerationAndBeamSearchEqualRecomputation) {
   const Weights w = random_weights(c);
   GPTEngine cached(c, w), inner(c, w);
   RecomputeModel recompute(inner);
-  std::vector<SequenceRequest> rows(3);
-  for (int i = 0; i < 3; ++i) {
-    for (int j = 0; j <= 2 * i; ++j) rows[i].prompt.push_back(int32_t((i * 11 + j * 3) % 60));
-    rows[i].tokens_to_generate = 8;
-    rows[i].return_logprobs = true;
-    rows[i].seed = 7;
-    rows[i].sequence = uint64_t(i);
-  }
+  std::vector<SequenceRequest> rows = sampled_rows(8, 7);
   rows[0].sampling.top_k = 1;
-  rows[1].sampling.temperature = 0.7f;
-  rows[2].sampling.top_p = 0.8f;
   SpecialTokens special;
   const auto a = generate(cached, rows, 60, special);
   const auto b = generate(recompute, rows, 60, special);
@@ -220,16 +227,7 @@ TEST_P(GPTEngineTest, GenerationOnTheCheckingDeviceEqualsTheCpu) {
   const Weights w = random_weights(c);
   GPTEngine cpu(c, w), dev(c, w, megatron::testing::checked_device());
   EXPECT_TRUE(dev.model().parameters()[0]->value.device().is_checked());
-  std::vector<SequenceRequest> rows(3);
-  for (int i = 0; i < 3; ++i) {
-    for (int j = 0; j <= 2 * i; ++j) rows[i].prompt.push_back(int32_t((i * 13 + j * 5) % 60));
-    rows[i].tokens_to_generate = 7;
-    rows[i].return_logprobs = true;
-    rows[i].seed = 11;
-    rows[i].sequence = uint64_t(i);
-  }
-  rows[1].sampling.temperature = 0.8f;
-  rows[2].sampling.top_p = 0.9f;
+  std::vector<SequenceRequest> rows = sampled_rows(7, 11);
   const auto a = generate(cpu, rows, 60, SpecialTokens{});
   const auto b = generate(dev, rows, 60, SpecialTokens{});
   for (size_t i = 0; i < rows.size(); ++i) {

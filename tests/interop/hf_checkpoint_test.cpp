@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "model/model_test_util.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
 #include "training/checkpoint_convert.h"
@@ -56,15 +57,7 @@ TrainingArgs gpt2_args(const fs::path& dir) {
 
 TrainingArgs llama_args(const fs::path& dir) {
   TrainingArgs a = gpt2_args(dir);
-  auto& m = a.model;
-  m.num_layers = 4;
-  m.normalization = "RMSNorm";
-  m.activation = "swiglu";
-  m.position_embedding_type = "rope";
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 48;
-  m.add_bias_linear = false;
-  m.untie_embeddings_and_output_weights = true;
+  model::testing::make_llama_style(a.model);
   return a;
 }
 

@@ -24,6 +24,19 @@ inline GPTConfig tiny_config() {
   return c;
 }
 
+// The Llama-shaped test model on top of `c`'s sizes: 4 layers, RMSNorm, SwiGLU (ffn 48), rotary,
+// 2 query groups, no biases, an untied output layer.
+inline void make_llama_style(GPTConfig& c) {
+  c.num_layers = 4;
+  c.normalization = "RMSNorm";
+  c.activation = "swiglu";
+  c.position_embedding_type = "rope";
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = 48;
+  c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = true;
+}
+
 // tokens/labels uniform in [0, vocab); every third sequence gets a document boundary so
 // attention_start and position_ids reset there (Megatron's --reset-* flags).
 inline GPTInputs random_inputs(int64_t b, int64_t s, int64_t vocab, uint64_t seed,

@@ -19,6 +19,7 @@
 #include "model/gpt_stage.h"
 #include "model/model_test_util.h"
 #include "optim/optimizer.h"
+#include "pipeline_test_util.h"
 #include "pipeline/forward_backward.h"
 #include "test_util.h"
 
@@ -94,11 +95,7 @@ void check_layout(const Layout& l) {
   auto w = world_communicator();
   if (w->size() != l.tp * l.pp * l.cp) return;
   SCOPED_TRACE(l.name);
-  ParallelConfig pc;
-  pc.tensor_model_parallel_size = l.tp;
-  pc.pipeline_model_parallel_size = l.pp;
-  pc.context_parallel_size = l.cp;
-  const ParallelState ps = ParallelState::create(w, pc);
+  const ParallelState ps = model::testing::parallel_state(w, l.tp, l.pp, l.cp);
   const GPTConfig cfg = config_of(l);
   const model::PipelineLayout layout =
       model::PipelineLayout::make(cfg.num_layers, l.pp, l.layers_per_virtual_stage);

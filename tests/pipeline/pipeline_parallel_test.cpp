@@ -75,11 +75,7 @@ void check_case(const Case& c, int iterations = 2) {
   auto w = world();
   if (w->size() % (c.tp * c.pp * c.cp) != 0) return;
   SCOPED_TRACE(c.name);
-  ParallelConfig pc;
-  pc.tensor_model_parallel_size = c.tp;
-  pc.pipeline_model_parallel_size = c.pp;
-  pc.context_parallel_size = c.cp;
-  const ParallelState ps = ParallelState::create(w, pc);
+  const ParallelState ps = model::testing::parallel_state(w, c.tp, c.pp, c.cp);
   const GPTConfig cfg = config_of(c);
   GPTConfig ref_cfg = cfg;
   ref_cfg.recompute_granularity.clear();

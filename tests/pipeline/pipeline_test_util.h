@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/parallel_state.h"
 #include "model/gpt_model.h"
 #include "model/gpt_stage.h"
 #include "model/model_test_util.h"
@@ -87,6 +88,15 @@ inline Reference reference_step(GPTModel& ref, const std::vector<GPTInputs>& mbs
   }
   for (Parameter* p : ref.parameters()) r.grads[p->name] = p->grad.clone();
   return r;
+}
+
+// The groups of TP x PP x CP ranks over `world` (its size a multiple of the product).
+inline ParallelState parallel_state(std::shared_ptr<Communicator> world, int tp, int pp, int cp) {
+  ParallelConfig pc;
+  pc.tensor_model_parallel_size = tp;
+  pc.pipeline_model_parallel_size = pp;
+  pc.context_parallel_size = cp;
+  return ParallelState::create(std::move(world), pc);
 }
 
 }  // namespace megatron::model::testing

@@ -7,6 +7,7 @@
 // the transformers tensors of the one-rank run's within 1e-5 of each tensor's scale.
 #include <gtest/gtest.h>
 
+#include "model/model_test_util.h"
 #include "parallel_test_util.h"
 #include "training/checkpoint_convert.h"
 
@@ -17,15 +18,7 @@ using namespace parallel_test;
 
 TrainingArgs llama_args(const Fixture& f, int64_t iters) {
   TrainingArgs a = f.args(iters);
-  auto& m = a.model;
-  m.num_layers = 4;
-  m.normalization = "RMSNorm";
-  m.activation = "swiglu";
-  m.position_embedding_type = "rope";
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 48;
-  m.add_bias_linear = false;
-  m.untie_embeddings_and_output_weights = true;
+  model::testing::make_llama_style(a.model);
   return a;
 }
 
