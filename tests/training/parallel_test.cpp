@@ -204,6 +204,33 @@ TEST(MpiParallelTraining, Bf16GradReduceRoundsTheDataParallelSum) {
   }
 }
 
+// A batch-size ramp-up under data parallelism (plain and distributed optimizer) follows the
+// single-rank ramp-up curve: each iteration's micro-batches split over the DP ranks from the same
+// consumed-sample offsets. With unit = micro-batch x DP: one unit per iteration until 4 units are
+// consumed, then 2 units.
+TEST(MpiParallelTraining, BatchSizeRampUpFollowsTheSingleRankCurve) {
+  SKIP_ON_ONE_RANK();
+  Fixture f;
+  TrainingArgs a = f.args();
+  const int64_t unit = a.micro_batch_size * world()->size();
+  a.global_batch_size = 2 * unit;
+  a.rampup_batch_size = {unit, unit, 4 * unit};
+  a.train_iters = 0;
+  a.train_samples = 20 * unit;
+  a.lr_warmup_iters = 0;
+  a.lr_warmup_samples = 3 * unit;
+  const TrainingSummary r = run_single(a);
+  // Megatron's update_train_iters: 5 ramp-up iterations (1 1 1 1 2 units: 6), then (20 - 6) // 2.
+  ASSERT_EQ(r.losses.size(), 12u);
+  for (bool dist : {false, true}) {
+    TrainingArgs p = a;
+    p.parallel.use_distributed_optimizer = dist;
+    const TrainingSummary s = pretrain_gpt(p);
+    EXPECT_EQ(s.consumed_samples, r.consumed_samples);
+    expect_same_curve(s, r, 1e-5, dist ? "rampup, distributed optimizer" : "rampup");
+  }
+}
+
 TEST(MpiParallelTraining, SaveAndResumeContinueTheSameCurve) {
   SKIP_ON_ONE_RANK();
   Fixture f;
