@@ -204,7 +204,8 @@ TEST(MpiParallelTraining, Bf16GradReduceRoundsTheDataParallelSum) {
   }
 }
 
-// A batch-size ramp-up under data parallelism (plain and distributed optimizer) follows the
+// A batch-size ramp-up under data parallelism (plain and distributed optimizer) and pipeline
+// parallelism (the micro-batch count of the 1F1B schedule changes between iterations) follows the
 // single-rank ramp-up curve: each iteration's micro-batches split over the DP ranks from the same
 // consumed-sample offsets. With unit = micro-batch x DP: one unit per iteration until 4 units are
 // consumed, then 2 units.
@@ -222,12 +223,14 @@ TEST(MpiParallelTraining, BatchSizeRampUpFollowsTheSingleRankCurve) {
   const TrainingSummary r = run_single(a);
   // Megatron's update_train_iters: 5 ramp-up iterations (1 1 1 1 2 units: 6), then (20 - 6) // 2.
   ASSERT_EQ(r.losses.size(), 12u);
-  for (bool dist : {false, true}) {
+  for (int layout = 0; layout < 3; ++layout) {
     TrainingArgs p = a;
-    p.parallel.use_distributed_optimizer = dist;
+    p.parallel.use_distributed_optimizer = layout == 1;
+    p.parallel.pipeline_model_parallel_size = layout == 2 ? 2 : 1;  // 1F1B over 2 stages x DP/2
     const TrainingSummary s = pretrain_gpt(p);
     EXPECT_EQ(s.consumed_samples, r.consumed_samples);
-    expect_same_curve(s, r, 1e-5, dist ? "rampup, distributed optimizer" : "rampup");
+    expect_same_curve(s, r, 1e-5, layout == 0 ? "rampup" : layout == 1 ? "rampup, distributed optimizer"
+                                                                        : "rampup, PP2");
   }
 }
 
