@@ -3,8 +3,10 @@
 // this command with the same flags (data, tensor, sequence, pipeline — optionally interleaved —
 // and context parallelism). Defaults as pretrain_gpt.py's: --tokenizer-type GPT2BPETokenizer,
 // --recompute-num-layers 1, the fused bias-GeLU (tanh form) unless --no-bias-gelu-fusion.
-// Flags naming kernels or backends this build always uses are accepted (megatron_compat.h);
-// flags the loop does not act on yet are parsed into TrainingArgs and rejected by name.
+// Flags naming kernels or backends this build always uses are accepted (megatron_compat.h); the
+// ones that change what is computed (batch-size ramp-up and step schedule, decoupled LR, bf16
+// gradient reduction, mock data, --skip-train) go to TrainingArgs and are checked by
+// training::validate_args; --ckpt-format torch is still rejected by name.
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -38,7 +40,8 @@ struct PretrainFlags {
 }
 
 // The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
-// naming each, unless it has Megatron's default value or a meaning the loop already has.
+// naming each, unless it has Megatron's default value or a meaning the loop already has; a note
+// for --grad-reduce-in-bf16 without --bf16 (no effect, as in Megatron-LM).
 void reject_pending_flags(const training::TrainingArgs& a) {
   if (a.grad_reduce_in_bf16 && !a.bf16)
     log_info("note: --grad-reduce-in-bf16 has no effect without --bf16 (as in Megatron-LM: "

@@ -38,6 +38,10 @@
 // The last rank (last pipeline stage: it has the loss) prints the log lines and writes the JSONL
 // metrics and TensorBoard files (as Megatron's print_rank_last); checkpoints are written per rank
 // (checkpoint.h).
+// The global batch may change between iterations (--rampup-batch-size, --step-batch-size-schedule;
+// training/batch_size_schedule.h): each iteration takes its batch from the consumed-sample count,
+// the LR schedule steps by it, and a checkpoint is saved (with --save) before the micro-batch
+// count changes, as Megatron does. --skip-train evaluates and returns before the loop.
 // --load resumes exactly: the checkpoint restores iteration, consumed samples (the sampler goes on
 // with the next sample), weights, optimizer, loss scaler, LR schedule and the dropout counter, so a
 // resumed run reproduces the uninterrupted one bit for bit. --save also writes a checkpoint when
