@@ -3,8 +3,10 @@
 // this command with the same flags (data, tensor, sequence, pipeline — optionally interleaved —
 // and context parallelism). Defaults as pretrain_gpt.py's: --tokenizer-type GPT2BPETokenizer,
 // --recompute-num-layers 1, the fused bias-GeLU (tanh form) unless --no-bias-gelu-fusion.
-// Flags naming kernels or backends this build always uses are accepted (megatron_compat.h);
-// flags the loop does not act on yet are parsed into TrainingArgs and rejected by name.
+// Flags naming kernels or backends this build always uses are accepted (megatron_compat.h); the
+// ones that change what is computed (batch-size ramp-up and step schedule, decoupled LR, bf16
+// gradient reduction, mock data, --skip-train) go to TrainingArgs and are checked by
+// training::validate_args; --ckpt-format torch is still rejected by name.
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -38,20 +40,12 @@ struct PretrainFlags {
 }
 
 // The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
-// naming each, unless it has Megatron's default value or a meaning the loop already has.
+// naming each, unless it has Megatron's default value or a meaning the loop already has; a note
+// for --grad-reduce-in-bf16 without --bf16 (no effect, as in Megatron-LM).
 void reject_pending_flags(const training::TrainingArgs& a) {
-  if (!a.rampup_batch_size.empty())
-    not_implemented("--rampup-batch-size", str("batch-size ramp-up; without it every iteration uses "
-                                               "--global-batch-size ", a.global_batch_size));
-  if (!a.step_batch_size_schedule.empty())
-    not_implemented("--step-batch-size-schedule", "batch-size schedule");
-  if (a.decoupled_lr) not_implemented("--decoupled-lr", "a separate learning rate for the embedding and output layer");
-  if (a.decoupled_min_lr) not_implemented("--decoupled-min-lr", "a separate learning rate for the embedding and output layer");
-  if (a.grad_reduce_in_bf16 && a.bf16)
-    not_implemented("--grad-reduce-in-bf16", "gradients are reduced in fp32 here");
-  if (a.mock_data) not_implemented("--mock-data", "Megatron's synthetic dataset; pass --data-path");
-  if (a.skip_train) not_implemented("--skip-train", "evaluation without training");
-  if (a.train_epochs > 0) not_implemented("--train-epochs", "pass --train-iters or --train-samples");
+  if (a.grad_reduce_in_bf16 && !a.bf16)
+    log_info("note: --grad-reduce-in-bf16 has no effect without --bf16 (as in Megatron-LM: "
+             "gradients of fp32 and fp16 models are reduced in their own dtype here, fp32)");
   if (a.ckpt_format == "torch")
     not_implemented("--ckpt-format torch", "Megatron's model_optim_rng.pt files; the default "
                     "torch_dist writes this build's resharding format");
@@ -154,12 +148,15 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--global-batch-size", a.global_batch_size, "Global batch size (default micro)");
   sub.add_option("--batch-size", f->batch_size, "Removed from Megatron-LM: use --micro-batch-size");
   sub.add_option("--rampup-batch-size", a.rampup_batch_size,
-                 "START INCR SAMPLES: batch-size ramp-up (not implemented yet)")
+                 "START INCR SAMPLES: global batch from START, +INCR every SAMPLES / ((global - START) "
+                 "/ INCR) consumed samples (needs --train-samples)")
       ->expected(3);
   sub.add_option("--step-batch-size-schedule", a.step_batch_size_schedule,
-                 "\"THRESHOLD:BATCH ...\" batch-size schedule (not implemented yet)");
-  sub.add_option("--train-epochs", a.train_epochs, "Epochs to train (not implemented yet)");
-  sub.add_flag("--skip-train", a.skip_train, "Evaluate only (not implemented yet)");
+                 "\"TOKENS:BATCH ...\" global batch from each consumed-token threshold on (K/M/B/T "
+                 "suffixes; first 0; needs --train-samples, replaces --global-batch-size)");
+  sub.add_option("--train-epochs", a.train_epochs,
+                 "Not a Megatron-LM pretraining flag: refused; use --train-iters or --train-samples");
+  sub.add_flag("--skip-train", a.skip_train, "Evaluate only: validation and test splits at the loaded iteration");
   sub.add_flag("--calculate-per-token-loss", a.calculate_per_token_loss,
                "One token mean over the whole global batch (how this build normalises the loss today)");
   sub.add_option("--train-iters", a.train_iters, "Training iterations");
@@ -176,9 +173,9 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--lr-warmup-init", a.lr_warmup_init, "Warmup start LR")->capture_default_str();
   sub.add_option("--warmup", f->warmup, "Removed from Megatron-LM: use --lr-warmup-fraction");
   sub.add_option("--decoupled-lr", f->decoupled_lr,
-                 "Embedding and output layer learning rate (not implemented yet)");
+                 "Peak LR of the word embedding and output layer (same warmup and decay)");
   sub.add_option("--decoupled-min-lr", f->decoupled_min_lr,
-                 "Embedding and output layer minimum learning rate (not implemented yet)");
+                 "Minimum LR of the word embedding and output layer (default --min-lr)");
   sub.add_option("--lr-wsd-decay-style", a.lr_wsd_decay_style, "exponential|linear|cosine|minus_sqrt")
       ->capture_default_str();
   sub.add_option("--lr-wsd-decay-iters", a.lr_wsd_decay_iters, "WSD anneal iterations");
@@ -204,8 +201,8 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--loss-scale-window", a.loss_scale_window, "Clean steps before growth")->capture_default_str();
   sub.add_option("--hysteresis", a.hysteresis, "Overflows tolerated before backoff")->capture_default_str();
   sub.add_flag("--grad-reduce-in-bf16", a.grad_reduce_in_bf16,
-               "Reduce gradients in bf16 (with --bf16: not implemented yet; without it no effect, "
-               "as in Megatron-LM)");
+               "With --bf16: round gradients to bf16 before the data-parallel reduction and the sum "
+               "to bf16 (without --bf16 no effect, as in Megatron-LM)");
   sub.add_flag("--accumulate-allreduce-grads-in-fp32", f->accumulate_allreduce_grads_in_fp32,
                "Gradients always accumulate and reduce in fp32 here");
   // parallelism: world size = TP x PP x CP x DP (mpirun -np N)
@@ -250,7 +247,8 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   add_compat_flags(sub, f->compat, CompatScope::Training);
   // data and tokenizer
   add_tokenizer_options(sub, a.tokenizer)->capture_default_str();
-  sub.add_flag("--mock-data", a.mock_data, "Megatron's synthetic dataset (not implemented yet)");
+  sub.add_flag("--mock-data", a.mock_data,
+               "Megatron's synthetic dataset (100000 documents 1 2 .. L-1 EOD, split 1,1,1) instead of --data-path");
   sub.add_option("--data-path", a.data.data_path, "[WEIGHT] PREFIX ... blend");
   sub.add_option("--train-data-path", a.data.train_data_path, "[WEIGHT] PREFIX ...");
   sub.add_option("--valid-data-path", a.data.valid_data_path, "[WEIGHT] PREFIX ...");

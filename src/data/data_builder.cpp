@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/mock_gpt_dataset.h"
 
 namespace megatron::data {
 
@@ -175,6 +176,28 @@ GPTDatasets build_gpt_datasets(const GPTDataConfig& c, std::array<int64_t, 3> n)
   DatasetCache cache;
   GPTDatasets out;
   std::shared_ptr<const SampleDataset>* slots[3] = {&out.train, &out.valid, &out.test};
+  if (c.mock) {
+    MG_REQUIRE(c.data_path.empty() && c.train_data_path.empty() && c.valid_data_path.empty() &&
+                   c.test_data_path.empty(),
+               "--mock-data cannot be combined with --data-path/--train-data-path/--valid-data-path/"
+               "--test-data-path: keep one (Megatron builds mock data only when no blend is given)");
+    // The mock documents hold the ids 1 .. 4094 (and EOD).
+    MG_REQUIRE(c.vocab_size <= 0 || c.vocab_size >= MockGPTLowLevelDataset::kMaxSequenceLength - 1,
+               "--mock-data: Megatron's mock documents hold token ids up to ",
+               MockGPTLowLevelDataset::kMaxSequenceLength - 2, ", but the vocabulary has ", c.vocab_size,
+               " tokens; use a larger --vocab-size (NullTokenizer) or another tokenizer");
+    auto data = std::make_shared<const MockGPTLowLevelDataset>(c.eod_id);
+    const std::string split = "1,1,1";  // BlendedMegatronDatasetConfig: "an arbitrarily even split"
+    const SplitMatrix m = split_matrix(parse_split(split, "--split"));
+    for (int s = 0; s < 3; ++s) {
+      if (!m[size_t(s)]) continue;
+      GPTDatasetOptions o = options_for(c, split, m);
+      o.use_cache = c.use_cache && !c.data_cache_path.empty();
+      const auto range = split_range(*m[size_t(s)], data->num_sequences());
+      *slots[s] = std::make_shared<const GPTDataset>(data, Split(s), range, count(n[size_t(s)]), o);
+    }
+    return out;
+  }
   if (!c.data_path.empty()) {
     MG_REQUIRE(c.train_data_path.empty() && c.valid_data_path.empty() && c.test_data_path.empty(),
                "--data-path cannot be combined with --train-data-path/--valid-data-path/--test-data-path");

@@ -24,6 +24,10 @@ Blend parse_blend(const std::vector<std::string>& args, const std::string& flag)
 
 struct GPTDataConfig {
   std::vector<std::string> data_path;  // --data-path
+  // --mock-data: Megatron's synthetic documents (data/mock_gpt_dataset.h) instead of files; the
+  // split is "1,1,1" whatever --split says (as Megatron), indices cached only with
+  // --data-cache-path.
+  bool mock = false;
   std::string split = "969, 30, 1";    // --split (Megatron's legacy default)
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   int64_t seq_length = 0;

@@ -71,7 +71,7 @@ std::string md5_hex(const std::string& msg) {
   return out;
 }
 
-GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, Split split, std::pair<int64_t, int64_t> range,
+GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> data, Split split, std::pair<int64_t, int64_t> range,
                        std::optional<int64_t> num_samples, const GPTDatasetOptions& options)
     : data_(std::move(data)), split_(split), options_(options) {
   MG_CHECK(data_);

@@ -42,7 +42,7 @@ struct GPTDatasetOptions {
 class GPTDataset : public SampleDataset {
  public:
   // `split_range`: the split's sequence ids [lo, hi). num_samples nullopt: one epoch.
-  GPTDataset(std::shared_ptr<const IndexedDataset> data, Split split, std::pair<int64_t, int64_t> split_range,
+  GPTDataset(std::shared_ptr<const LowLevelDataset> data, Split split, std::pair<int64_t, int64_t> split_range,
              std::optional<int64_t> num_samples, const GPTDatasetOptions& options);
 
   int64_t size() const override { return indices_.num_samples(); }
@@ -60,7 +60,7 @@ class GPTDataset : public SampleDataset {
   bool try_load_cache();
   void write_cache() const;
 
-  std::shared_ptr<const IndexedDataset> data_;
+  std::shared_ptr<const LowLevelDataset> data_;
   Split split_;
   GPTDatasetOptions options_;
   GPTIndices indices_;

@@ -47,7 +47,22 @@ bool is_valid_index_dtype_code(uint8_t code);
 std::string data_file_path(const std::string& prefix);
 std::string index_file_path(const std::string& prefix);
 
-class IndexedDataset {
+// What a GPTDataset reads its documents from (Megatron's "low-level dataset"): an indexed
+// dataset on disk, or the synthetic documents of --mock-data (data/mock_gpt_dataset.h).
+class LowLevelDataset {
+ public:
+  virtual ~LowLevelDataset() = default;
+  virtual int64_t num_sequences() const = 0;
+  virtual std::span<const int32_t> sequence_lengths() const = 0;
+  virtual int64_t sequence_length(int64_t i) const = 0;
+  // Appends tokens [offset, offset+length) of sequence i, as int32, to `out`; throws
+  // megatron::Error when the range is outside the sequence.
+  virtual void read(int64_t i, int64_t offset, int64_t length, std::vector<int32_t>& out) const = 0;
+  // The path prefix ("" for data that has no files).
+  virtual const std::string& prefix() const = 0;
+};
+
+class IndexedDataset : public LowLevelDataset {
  public:
   // Opens PREFIX.idx and PREFIX.bin and validates them; throws megatron::Error on any defect.
   explicit IndexedDataset(const std::string& prefix);
@@ -57,23 +72,23 @@ class IndexedDataset {
   IndexedDataset(IndexedDataset&&) noexcept;
   IndexedDataset& operator=(IndexedDataset&&) noexcept;
 
-  int64_t num_sequences() const { return int64_t(lengths_.size()); }
+  int64_t num_sequences() const override { return int64_t(lengths_.size()); }
   // document_count - 1
   int64_t num_documents() const { return int64_t(document_indices_.size()) - 1; }
   // Sum of all sequence lengths.
   int64_t num_tokens() const { return num_tokens_; }
   IndexDType dtype() const { return dtype_; }
-  std::span<const int32_t> sequence_lengths() const { return lengths_; }
+  std::span<const int32_t> sequence_lengths() const override { return lengths_; }
   std::span<const int64_t> sequence_pointers() const { return pointers_; }
   std::span<const int64_t> document_indices() const { return document_indices_; }
-  int64_t sequence_length(int64_t i) const;
+  int64_t sequence_length(int64_t i) const override;
   // Appends tokens [offset, offset+length) of sequence i, converted to int32, to `out`.
   // Throws megatron::Error when the range is outside the sequence.
-  void read(int64_t i, int64_t offset, int64_t length, std::vector<int32_t>& out) const;
+  void read(int64_t i, int64_t offset, int64_t length, std::vector<int32_t>& out) const override;
   std::vector<int32_t> get(int64_t i) const;
   // Raw bytes of sequence i in the file's dtype (for byte copies, e.g. merging).
   std::span<const uint8_t> raw_bytes(int64_t i) const;
-  const std::string& prefix() const { return prefix_; }
+  const std::string& prefix() const override { return prefix_; }
 
  private:
   std::string prefix_;

@@ -42,7 +42,13 @@ void DistributedOptimizer::copy_main_to_model() {
   buffer_.all_gather_params();
 }
 
-StepResult DistributedOptimizer::step(double lr, double weight_decay, GradScaler& scaler) {
+void DistributedOptimizer::set_decoupled_lr_params(std::vector<bool> flags) {
+  MG_CHECK(flags.empty() || flags.size() == buffer_.parameters().size(), "one decoupled-LR flag per parameter");
+  decoupled_ = std::move(flags);
+}
+
+StepResult DistributedOptimizer::step(double lr, double weight_decay, GradScaler& scaler,
+                                      double decoupled_lr) {
   StepResult r;
   // The previous step's gathers (--overlap-param-gather) read this rank's shard, which the update
   // below overwrites; the forward normally waited for all of them already.
@@ -81,7 +87,9 @@ StepResult DistributedOptimizer::step(double lr, double weight_decay, GradScaler
     const Tensor model_copy = pbuf.narrow(0, p.buffer_offset, p.length);
     const Tensor v = cfg_.type == OptimizerType::Adam
                          ? exp_avg_sq_.narrow(0, p.shard_offset, p.length) : Tensor();
-    update_parameter(cfg_, main, g, m, v, model_copy, lr, wd, step_count_);
+    const bool dec = !decoupled_.empty() && decoupled_[p.param];
+    MG_CHECK(!dec || !std::isnan(decoupled_lr), "decoupled-LR parameter without a decoupled LR");
+    update_parameter(cfg_, main, g, m, v, model_copy, dec ? decoupled_lr : lr, wd, step_count_);
   }
   buffer_.start_param_sync();
   return r;

@@ -20,6 +20,7 @@
 // optimizer's bit for bit. Memory per parameter (fp32 model): 4 (param) + 4 (grad) + 12/DP.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -38,7 +39,10 @@ class DistributedOptimizer {
   void zero_grad() { buffer_.zero_grad(); }
   // After buffer.finish_grad_sync(). Updates the scaler; ends with the parameter all-gather
   // (launched only, with the buffer's overlap_param_gather; none when the step is skipped).
-  StepResult step(double lr, double weight_decay, GradScaler& scaler);
+  // Parameters marked by set_decoupled_lr_params() take decoupled_lr (optim/optimizer.h).
+  StepResult step(double lr, double weight_decay, GradScaler& scaler,
+                  double decoupled_lr = std::nan(""));
+  void set_decoupled_lr_params(std::vector<bool> flags);  // per parameter, model order
 
   const OptimizerConfig& config() const { return cfg_; }
   ParamAndGradBuffer& buffer() const { return buffer_; }
@@ -63,6 +67,7 @@ class DistributedOptimizer {
   int tp_rank_;
   std::vector<BufferLayout::Piece> pieces_;
   Tensor main_, exp_avg_, exp_avg_sq_;
+  std::vector<bool> decoupled_;
   int64_t step_count_ = 0;
 };
 

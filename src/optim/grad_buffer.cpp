@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace megatron::optim {
 
@@ -124,6 +125,8 @@ ParamAndGradBuffer::ParamAndGradBuffer(model::ParameterList params,
   launched_.assign(nb, false);
   reported_.assign(params_.size(), false);
   handles_.resize(nb);
+  bf16_in_.resize(nb);
+  bf16_out_.resize(nb);
   param_handles_.resize(nb);
   param_pending_.assign(nb, false);
   for (size_t b = 0; b < nb; ++b) pending_[b] = int(layout_.buckets[b].params.size());
@@ -136,6 +139,22 @@ void ParamAndGradBuffer::zero_grad() { grad_.zero_(); }
 void ParamAndGradBuffer::launch(size_t b) {
   const BufferLayout::Bucket& k = layout_.buckets[b];
   Tensor view = grad_.narrow(0, k.begin, k.end - k.begin);
+  if (cfg_.reduce_in_bf16) {
+    // --grad-reduce-in-bf16: the bucket goes out rounded to bf16 (RNE); the communicator sums bf16
+    // in fp32 and rounds the sum once to bf16; finish_grad_sync() widens it back into fp32.
+    Tensor in = Tensor::empty({k.end - k.begin}, DType::BF16, view.device());
+    ops::cast(in, view);
+    bf16_in_[b] = in;
+    if (cfg_.pad_for_sharding) {
+      Tensor out = Tensor::empty({layout_.shard_size(int(b))}, DType::BF16, view.device());
+      bf16_out_[b] = out;
+      handles_[b] = dp_->reduce_scatter_async(in, out, ReduceOp::Sum);
+    } else {
+      handles_[b] = dp_->all_reduce_async(in, ReduceOp::Sum);
+    }
+    launched_[b] = true;
+    return;
+  }
   if (cfg_.pad_for_sharding) {
     Tensor out = grad_shard_.narrow(0, layout_.shard_offset(int(b)), layout_.shard_size(int(b)));
     handles_[b] = dp_->reduce_scatter_async(view, out, ReduceOp::Sum);
@@ -178,6 +197,16 @@ int ParamAndGradBuffer::launched_buckets() const {
 void ParamAndGradBuffer::finish_grad_sync() {
   start_grad_sync();
   for (CommHandle& h : handles_) h.wait();
+  for (size_t b = 0; b < bf16_in_.size(); ++b) {  // --grad-reduce-in-bf16: the bf16 sums back to fp32
+    if (!bf16_in_[b].defined()) continue;
+    const BufferLayout::Bucket& k = layout_.buckets[b];
+    if (cfg_.pad_for_sharding)
+      ops::cast(grad_shard_.narrow(0, layout_.shard_offset(int(b)), layout_.shard_size(int(b))), bf16_out_[b]);
+    else
+      ops::cast(grad_.narrow(0, k.begin, k.end - k.begin), bf16_in_[b]);
+    bf16_in_[b] = Tensor();
+    bf16_out_[b] = Tensor();
+  }
   for (size_t b = 0; b < launched_.size(); ++b) {
     launched_[b] = false;
     pending_[b] = int(layout_.buckets[b].params.size());

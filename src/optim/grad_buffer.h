@@ -93,6 +93,13 @@ struct GradBufferConfig {
   bool pad_for_sharding = false;  // the distributed optimizer's layout and reduce-scatter
   // --overlap-param-gather: start_param_sync() launches the gathers without waiting (sharded only).
   bool overlap_param_gather = false;
+  // --grad-reduce-in-bf16 (with --bf16; Megatron's grad_reduce_in_fp32 off): each bucket is rounded
+  // to bf16 (RNE) before the collective and its sum is rounded to bf16 once (the communicator sums
+  // bf16 in fp32, communicator.h), then widened back into the fp32 buffer. Megatron's bf16 grad
+  // buffer also rounds after every micro-batch's accumulation and NCCL rounds after every partial
+  // sum of its ring; here the micro-batches accumulate in fp32 and the sum is rounded once, which
+  // at DP 2 with one rounding per rank equals NCCL's bf16 all-reduce bit for bit.
+  bool reduce_in_bf16 = false;
 };
 
 class ParamAndGradBuffer {
@@ -161,6 +168,7 @@ class ParamAndGradBuffer {
   std::vector<bool> launched_;
   std::vector<bool> reported_;       // per parameter, this step
   std::vector<CommHandle> handles_;
+  std::vector<Tensor> bf16_in_, bf16_out_;  // per bucket, --grad-reduce-in-bf16 (while in flight)
   std::vector<CommHandle> param_handles_;  // per bucket: its parameter all-gather
   std::vector<bool> param_pending_;        // per bucket: gather launched, not yet waited for
   int param_pending_count_ = 0;

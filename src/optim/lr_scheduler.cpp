@@ -77,6 +77,10 @@ LRScheduler::LRScheduler(const LRSchedulerConfig& cfg) : cfg_(cfg) {
   if (cfg.decay_style == LRDecayStyle::WSD)
     MG_REQUIRE(cfg.wsd_decay_steps > 0 && cfg.wsd_decay_steps <= cfg.lr_decay_steps,
                "--lr-decay-style WSD needs --lr-wsd-decay-iters/samples in (0, decay steps]");
+  if (cfg.has_decoupled_lr())
+    MG_REQUIRE(cfg.decoupled_min_lr >= 0.0 && cfg.decoupled_min_lr <= cfg.decoupled_max_lr,
+               "--decoupled-min-lr (", cfg.decoupled_min_lr, "; --min-lr when not given) must be "
+               "between 0 and --decoupled-lr (", cfg.decoupled_max_lr, ")");
   MG_REQUIRE(cfg.start_wd >= 0.0 && cfg.end_wd >= cfg.start_wd,
              "--end-weight-decay (", cfg.end_wd, ") must be >= --start-weight-decay (",
              cfg.start_wd, ") >= 0");
@@ -93,8 +97,14 @@ double LRScheduler::weight_decay() const {
   return cfg_.start_wd + c * delta;
 }
 
-double LRScheduler::lr() const {
-  const double max_lr = cfg_.max_lr, min_lr = cfg_.min_lr;
+double LRScheduler::lr() const { return lr(cfg_.max_lr, cfg_.min_lr); }
+
+double LRScheduler::decoupled_lr() const {
+  MG_CHECK(cfg_.has_decoupled_lr(), "decoupled_lr() without --decoupled-lr");
+  return lr(cfg_.decoupled_max_lr, cfg_.decoupled_min_lr);
+}
+
+double LRScheduler::lr(double max_lr, double min_lr) const {
   const int64_t W = cfg_.lr_warmup_steps, D = cfg_.lr_decay_steps, k = num_steps_;
   if (W > 0 && k <= W) return cfg_.lr_warmup_init + (max_lr - cfg_.lr_warmup_init) * double(k) / double(W);
   if (cfg_.decay_style == LRDecayStyle::Constant) return max_lr;

@@ -32,12 +32,21 @@ struct LRSchedulerConfig {
   double start_wd = 0.01, end_wd = 0.01;
   int64_t wd_incr_steps = 0;  // samples
   WDIncrStyle wd_incr_style = WDIncrStyle::Constant;
+  // --decoupled-lr / --decoupled-min-lr (Megatron's is_decoupled_lr parameter group: the word
+  // embedding and the output layer): the same warmup from lr_warmup_init and the same decay, to
+  // and from these values instead of max_lr / min_lr. Negative: no decoupled group.
+  double decoupled_max_lr = -1, decoupled_min_lr = -1;
+  bool has_decoupled_lr() const { return decoupled_max_lr >= 0; }
 };
 
 class LRScheduler {
  public:
   explicit LRScheduler(const LRSchedulerConfig& cfg);  // validates (Error on bad values)
   double lr() const;            // at the current step
+  // Megatron's get_lr(param_group): the schedule for a group with its own max_lr / min_lr.
+  double lr(double max_lr, double min_lr) const;
+  // The decoupled group's LR (config().has_decoupled_lr() must hold).
+  double decoupled_lr() const;
   double weight_decay() const;  // at the current step
   void step(int64_t increment) { num_steps_ += increment; }
   int64_t num_steps() const { return num_steps_; }

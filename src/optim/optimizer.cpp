@@ -96,7 +96,12 @@ void Optimizer::copy_main_to_model() {
     if (state_[i].main.storage() != params_[i]->value.storage()) params_[i]->value.copy_(state_[i].main);
 }
 
-StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler) {
+void Optimizer::set_decoupled_lr_params(std::vector<bool> flags) {
+  MG_CHECK(flags.empty() || flags.size() == params_.size(), "one decoupled-LR flag per parameter");
+  decoupled_ = std::move(flags);
+}
+
+StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler, double decoupled_lr) {
   StepResult r;
   std::vector<Tensor> grads;
   grads.reserve(params_.size());
@@ -130,8 +135,10 @@ StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler) {
     ParamState& s = state_[i];
     const double wd = p.weight_decay ? weight_decay : 0.0;
     const bool separate = s.main.storage() != p.value.storage();
+    const bool dec = !decoupled_.empty() && decoupled_[i];
+    MG_CHECK(!dec || !std::isnan(decoupled_lr), "decoupled-LR parameter without a decoupled LR");
     update_parameter(cfg_, s.main, p.grad, s.exp_avg, s.exp_avg_sq, separate ? p.value : Tensor(),
-                     lr, wd, step_count_);
+                     dec ? decoupled_lr : lr, wd, step_count_);
   }
   return r;
 }

@@ -9,8 +9,12 @@
 // global: Megatron's rule (model/tensor_parallel.h) counts TP-replicated parameters on TP rank 0
 // only, the local sums are SUM-all-reduced over the model-parallel group, and every rank skips
 // (or not) together. The sharded variant is optim/distributed_optimizer.h.
+// --decoupled-lr (Megatron's _get_param_groups): the parameters marked is_embedding_or_output
+// (the word embedding and the output layer, incl. the last pipeline stage's tied copy; not the
+// position embedding) form their own group updated with the decoupled LR.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -51,7 +55,11 @@ class Optimizer {
 
   void zero_grad();  // zeroes every Parameter::grad
   // Unscale, check, clip and update with this step's LR and weight decay. Updates the scaler.
-  StepResult step(double lr, double weight_decay, GradScaler& scaler);
+  // Parameters marked by set_decoupled_lr_params() take decoupled_lr instead of lr.
+  StepResult step(double lr, double weight_decay, GradScaler& scaler,
+                  double decoupled_lr = std::nan(""));
+  // --decoupled-lr: flags[i] puts parameter i (model order) in Megatron's decoupled LR group.
+  void set_decoupled_lr_params(std::vector<bool> flags);
 
   const model::ParameterList& parameters() const { return params_; }
   std::vector<ParamState>& state() { return state_; }
@@ -75,6 +83,7 @@ class Optimizer {
   Communicator* stats_group_ = nullptr;
   int tp_rank_ = 0;
   std::vector<ParamState> state_;
+  std::vector<bool> decoupled_;  // empty: no decoupled group
   int64_t step_count_ = 0;
 };
 

@@ -132,6 +132,10 @@ nlohmann::ordered_json scheduler_to_json(const optim::LRSchedulerConfig& c, int6
   j["end_wd"] = c.end_wd;
   j["wd_incr_steps"] = c.wd_incr_steps;
   j["wd_incr_style"] = optim::wd_incr_style_name(c.wd_incr_style);
+  if (c.has_decoupled_lr()) {  // --decoupled-lr: the embedding/output group's own bounds
+    j["decoupled_lr"] = c.decoupled_max_lr;
+    j["decoupled_min_lr"] = c.decoupled_min_lr;
+  }
   j["num_steps"] = num_steps;
   return j;
 }
@@ -193,6 +197,10 @@ CheckpointState state_from_json(const json& j, const std::string& label) {
   s.scheduler.start_wd = r.f64(sc, "start_wd", in_sc);
   s.scheduler.end_wd = r.f64(sc, "end_wd", in_sc);
   s.scheduler.wd_incr_steps = r.i64(sc, "wd_incr_steps", in_sc);
+  if (sc.contains("decoupled_lr")) {  // absent: saved without --decoupled-lr
+    s.scheduler.decoupled_max_lr = r.f64(sc, "decoupled_lr", in_sc);
+    s.scheduler.decoupled_min_lr = r.f64(sc, "decoupled_min_lr", in_sc);
+  }
   try {
     s.scheduler.decay_style = optim::parse_lr_decay_style(r.string(sc, "lr_decay_style", in_sc));
     s.scheduler.wsd_decay_style = optim::parse_wsd_decay_style(r.string(sc, "lr_wsd_decay_style", in_sc));
@@ -591,6 +599,9 @@ optim::LRSchedulerConfig resolve_scheduler_config(const optim::LRSchedulerConfig
   pick("--train-iters/--train-samples (weight-decay increment steps)", out.wd_incr_steps,
        saved.wd_incr_steps, num);
   pick("--weight-decay-incr-style", out.wd_incr_style, saved.wd_incr_style, wd_style);
+  auto dec = [](double v) { return v < 0 ? std::string("none") : str(v); };
+  pick("--decoupled-lr", out.decoupled_max_lr, saved.decoupled_max_lr, dec);
+  pick("--decoupled-min-lr", out.decoupled_min_lr, saved.decoupled_min_lr, dec);
   return out;
 }
 

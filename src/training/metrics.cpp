@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include "core/error.h"
+
 namespace megatron::training {
 
 double flops_per_iteration(const FlopsModel& m, int64_t global_batch_size) {
@@ -49,8 +51,14 @@ std::string format_log_line(const IntervalStats& s) {
     std::snprintf(buf, sizeof buf, "throughput per GPU (TFLOP/s/GPU): %.1f | ", s.tflops_per_device);
     out += buf;
   }
-  std::snprintf(buf, sizeof buf, "tokens per second: %.1f | learning rate: %.6E | global batch size: %5lld | ",
-                s.tokens_per_second, s.learning_rate, (long long)s.global_batch_size);
+  std::snprintf(buf, sizeof buf, "tokens per second: %.1f | learning rate: %.6E | ", s.tokens_per_second,
+                s.learning_rate);
+  out += buf;
+  if (s.decoupled_learning_rate) {  // Megatron: after the main one, with --decoupled-lr
+    std::snprintf(buf, sizeof buf, "decoupled learning rate: %.6E | ", *s.decoupled_learning_rate);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "global batch size: %5lld | ", (long long)s.global_batch_size);
   out += buf;
   std::snprintf(buf, sizeof buf, "lm loss: %.6E | loss scale: %.1f | ", s.lm_loss, s.loss_scale);
   out += buf;
@@ -65,10 +73,14 @@ std::string format_log_line(const IntervalStats& s) {
 }
 
 std::string format_validation_line(int64_t iteration, double loss) {
+  return format_evaluation_line(str("iteration ", iteration), loss);
+}
+
+std::string format_evaluation_line(const std::string& prefix, double loss) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | ",
-                (long long)iteration, loss, std::exp(std::min(20.0, loss)));
-  return buf;
+  std::snprintf(buf, sizeof buf, "lm loss value: %.6E | lm loss PPL: %.6E | ", loss,
+                std::exp(std::min(20.0, loss)));
+  return " validation loss at " + prefix + " | " + buf;
 }
 
 }  // namespace megatron::training

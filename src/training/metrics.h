@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace megatron::training {
@@ -20,7 +21,8 @@ struct IntervalStats {
   bool log_throughput = false;
   double tflops_per_device = 0;
   double learning_rate = 0;
-  int64_t global_batch_size = 0;
+  std::optional<double> decoupled_learning_rate;  // --decoupled-lr: the embedding/output layer's
+  int64_t global_batch_size = 0;                   // this iteration's (it ramps up with a schedule)
   double lm_loss = 0;
   double loss_scale = 1.0;
   double grad_norm = 0;  // NaN when no advanced iteration in the interval
@@ -28,6 +30,9 @@ struct IntervalStats {
   double tokens_per_second = 0;
 };
 std::string format_log_line(const IntervalStats& s);  // with the [timestamp] prefix
-std::string format_validation_line(int64_t iteration, double loss);
+std::string format_validation_line(int64_t iteration, double loss);  // in-loop: "iteration N"
+// Megatron's evaluate_and_print_results line: " validation loss at PREFIX | lm loss value: ... |"
+// (PREFIX "iteration N on validation set" / "... on test set" after training or --skip-train).
+std::string format_evaluation_line(const std::string& prefix, double loss);
 
 }  // namespace megatron::training

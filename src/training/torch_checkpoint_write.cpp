@@ -130,6 +130,15 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   sched.start_wd = sc.at("start_wd").get<double>();
   sched.end_wd = sc.at("end_wd").get<double>();
   const int64_t num_steps = sc.at("num_steps").get<int64_t>();
+  // Trained with --decoupled-lr: Megatron keeps the embedding and output layer in their own
+  // parameter group (is_decoupled_lr true, its own max_lr/min_lr); these files have the two
+  // groups of a run without it, so say so instead of dropping the schedule silently.
+  if (optim && sc.contains("decoupled_lr"))
+    log_warn("the checkpoint was trained with --decoupled-lr ", sc["decoupled_lr"].dump(),
+             ": the .pt optimizer state has no decoupled group (the embedding and output layer are "
+             "in the main groups, is_decoupled_lr false), so Megatron-LM loads it only without "
+             "--decoupled-lr (its parameter groups must match); with --decoupled-lr resume there "
+             "with --no-load-optim");
   const json& rng = meta.at("rng_state");
   const int dp = meta.contains("parallel") && meta["parallel"].is_object() &&
                          meta["parallel"].contains("data_parallel_size")

@@ -17,6 +17,7 @@
 #include "comm/timed_communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/ops.h"
 #include "model/gpt_stage.h"
 #include "model/layer_spec.h"
 #include "model/tensor_parallel.h"
@@ -24,6 +25,7 @@
 #include "optim/grad_buffer.h"
 #include "optim/grad_scaler.h"
 #include "pipeline/forward_backward.h"
+#include "training/batch_size_schedule.h"
 #include "training/checkpoint.h"
 #include "training/metrics.h"
 
@@ -88,8 +90,33 @@ void validate_args(const TrainingArgs& a) {
   MG_REQUIRE(a.model.max_position_embeddings >= a.model.seq_length, "--max-position-embeddings (",
              a.model.max_position_embeddings, ") must be >= --seq-length (", a.model.seq_length, ")");
   MG_REQUIRE(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
-  MG_REQUIRE((a.train_iters > 0) != (a.train_samples > 0),
+  MG_REQUIRE(a.train_epochs == 0, "--train-epochs is not a Megatron-LM pretraining flag (only its "
+             "finetuning tasks take --epochs); give the length as --train-iters N or --train-samples N");
+  MG_REQUIRE(!(a.train_iters > 0 && a.train_samples > 0),
              "give exactly one of --train-iters and --train-samples");
+  MG_REQUIRE(a.skip_train || a.train_iters > 0 || a.train_samples > 0,
+             "give exactly one of --train-iters and --train-samples (or --skip-train to evaluate only)");
+  if (!a.rampup_batch_size.empty()) {
+    MG_REQUIRE(a.rampup_batch_size.size() == 3, "--rampup-batch-size expects <start batch size> "
+               "<batch size increment> <ramp-up samples>");
+    MG_REQUIRE(a.step_batch_size_schedule.empty(),
+               "Cannot specify both --step-batch-size-schedule and --rampup-batch-size");
+    MG_REQUIRE(a.train_iters == 0, "--rampup-batch-size needs sample-based training: Megatron-LM "
+               "expects no batch-size rampup for iteration-based training; replace --train-iters "
+               "with --train-samples (and -iters LR flags with -samples ones)");
+    MG_REQUIRE(a.global_batch_size > 0, "--rampup-batch-size needs --global-batch-size (the batch "
+               "size the ramp-up ends at)");
+  }
+  if (!a.step_batch_size_schedule.empty()) {
+    MG_REQUIRE(a.global_batch_size == 0, "Cannot specify both --step-batch-size-schedule and "
+               "--global-batch-size (the schedule's last batch size is the global batch size)");
+    MG_REQUIRE(a.train_iters == 0, "--step-batch-size-schedule needs sample-based training: "
+               "replace --train-iters with --train-samples (and -iters LR flags with -samples ones)");
+  }
+  MG_REQUIRE(!a.decoupled_min_lr || a.decoupled_lr, "--decoupled-min-lr needs --decoupled-lr (the "
+             "decoupled group exists only with it; Megatron-LM ignores --decoupled-min-lr alone)");
+  MG_REQUIRE(!a.decoupled_lr || *a.decoupled_lr >= 0, "--decoupled-lr must be >= 0 (got ",
+             a.decoupled_lr.value_or(0), ")");
   if (a.train_iters > 0) {
     MG_REQUIRE(a.lr_decay_samples == 0 && a.lr_warmup_samples == 0 && a.lr_wsd_decay_samples == 0,
                "iteration-based training (--train-iters) cannot use --lr-decay-samples, "
@@ -99,15 +126,20 @@ void validate_args(const TrainingArgs& a) {
                "sample-based training (--train-samples) cannot use --lr-decay-iters, "
                "--lr-warmup-iters or --lr-wsd-decay-iters; use the -samples flags");
   }
-  MG_REQUIRE(a.lr >= 0 || (a.use_checkpoint_opt_param_scheduler && !a.load.empty()),
+  MG_REQUIRE(a.lr >= 0 || a.skip_train || (a.use_checkpoint_opt_param_scheduler && !a.load.empty()),
              "--lr is required (unless --load with --use-checkpoint-opt_param-scheduler)");
   MG_REQUIRE(a.lr < 0 || a.min_lr <= a.lr, "--min-lr (", a.min_lr, ") must be <= --lr (", a.lr, ")");
   MG_REQUIRE(a.lr_warmup_fraction < 0 || (a.lr_warmup_iters == 0 && a.lr_warmup_samples == 0),
              "--lr-warmup-fraction cannot be combined with --lr-warmup-iters/--lr-warmup-samples");
   MG_REQUIRE(a.lr_warmup_fraction < 0 || a.lr_warmup_fraction <= 1.0,
              "--lr-warmup-fraction must be in [0, 1]");
-  MG_REQUIRE(!a.data.data_path.empty() || !a.data.train_data_path.empty(),
-             "--data-path (or --train-data-path) is required");
+  MG_REQUIRE(a.mock_data || !a.data.data_path.empty() || !a.data.train_data_path.empty() ||
+                 (a.skip_train && (!a.data.valid_data_path.empty() || !a.data.test_data_path.empty())),
+             "--data-path (or --train-data-path, or --mock-data for Megatron's synthetic data) is required");
+  MG_REQUIRE(!a.mock_data || (a.data.data_path.empty() && a.data.train_data_path.empty() &&
+                              a.data.valid_data_path.empty() && a.data.test_data_path.empty()),
+             "--mock-data cannot be combined with --data-path/--train-data-path/--valid-data-path/"
+             "--test-data-path: keep one");
   MG_REQUIRE(!a.tokenizer.type.empty(), "--tokenizer-type is required");
   MG_REQUIRE(a.log_interval > 0, "--log-interval must be > 0");
   MG_REQUIRE(a.eval_interval > 0, "--eval-interval must be > 0");
@@ -211,8 +243,19 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     if (log_rank) log_print(line);
   };
   const int64_t mbs = a.micro_batch_size;
-  const int64_t gbs = a.global_batch_size > 0 ? a.global_batch_size : mbs * dp;
-  const int64_t num_micro = gbs / (mbs * dp);  // per data-parallel rank
+  // The global batch size per iteration: constant, --rampup-batch-size or
+  // --step-batch-size-schedule (batch_size_schedule.h). gbs is the final one (evaluation's).
+  const BatchSizeSchedule batch_schedule =
+      !a.rampup_batch_size.empty()
+          ? BatchSizeSchedule::rampup(a.rampup_batch_size[0], a.rampup_batch_size[1],
+                                      a.rampup_batch_size[2], a.global_batch_size)
+      : !a.step_batch_size_schedule.empty()
+          ? BatchSizeSchedule::step(a.step_batch_size_schedule, a.model.seq_length)
+          : BatchSizeSchedule::constant(a.global_batch_size > 0 ? a.global_batch_size : mbs * dp);
+  const int64_t gbs = batch_schedule.final_global_batch_size();
+  MG_REQUIRE(gbs % (mbs * dp) == 0, "the global batch size (", gbs, ") is not divisible by "
+             "--micro-batch-size (", mbs, ") times data parallel size (", dp, ")");
+  const int64_t num_micro = gbs / (mbs * dp);  // per data-parallel rank, of the final batch
   a.global_batch_size = gbs;
   const bool use_dist_opt = a.parallel.use_distributed_optimizer;
   const bool overlap = a.parallel.overlap_grad_reduce;
@@ -279,23 +322,43 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   const uint64_t rng_seed = load_rng ? ckpt->state.rng->seed : a.seed;
   uint64_t dropout_offset = load_rng ? ckpt->state.rng->dropout_offset : 0;
 
-  const int64_t train_iters = a.train_iters > 0 ? a.train_iters : (a.train_samples + gbs - 1) / gbs;
+  // Sample-based training: Megatron's update_train_iters under a batch-size schedule.
+  const int64_t train_iters =
+      a.train_iters > 0    ? a.train_iters
+      : a.train_samples <= 0 ? 0  // --skip-train without a training length
+      : batch_schedule.is_constant() ? (a.train_samples + gbs - 1) / gbs
+                                     : batch_schedule.train_iters_for_samples(a.train_samples);
   const int64_t train_samples = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
   auto num_samples = data::train_valid_test_num_samples(a.train_samples > 0 ? a.train_samples : -1,
                                                         a.train_iters, gbs, a.eval_interval,
                                                         a.eval_iters);
+  // Megatron sizes the validation split by the iteration count (update_train_iters' under a schedule).
+  if (!batch_schedule.is_constant())
+    num_samples[1] = (train_iters / a.eval_interval + 1) * a.eval_iters * gbs;
+  if (train_iters == 0) num_samples[0] = -1;  // --skip-train: the training split is not read
+  if (!batch_schedule.is_constant()) {
+    batch_schedule.validate_against(consumed, start_iteration, train_iters, mbs, dp,
+                                    pipeline_layout.num_chunks > 1 ? pipeline_layout.pipeline_size : 1);
+    say(str("will use ", batch_schedule.describe(), "; ", train_iters, " iterations for --train-samples ",
+            a.train_samples));
+  }
+  a.data.mock = a.mock_data;
   // Rank 0 builds (and caches) the sample indices first; the others then load them.
   data::GPTDatasets ds;
   if (ps.world_rank() == 0) ds = data::build_gpt_datasets(a.data, num_samples);
   if (distributed) world.barrier();
   if (ps.world_rank() != 0) ds = data::build_gpt_datasets(a.data, num_samples);
-  MG_REQUIRE(ds.train != nullptr, "the training split is empty; check --split / --data-path");
+  MG_REQUIRE(ds.train != nullptr || a.skip_train, "the training split is empty; check --split / --data-path");
   const data::GPTBatchOptions bopt = data::batch_options(a.data);
 
   // LR schedule in samples (iteration flags x global batch).
   optim::LRSchedulerConfig sc;
   sc.max_lr = a.lr;
   sc.min_lr = a.min_lr;
+  if (a.decoupled_lr) {  // Megatron: decoupled_min_lr defaults to min_lr
+    sc.decoupled_max_lr = *a.decoupled_lr;
+    sc.decoupled_min_lr = a.decoupled_min_lr.value_or(a.min_lr);
+  }
   sc.lr_warmup_init = a.lr_warmup_init;
   sc.decay_style = optim::parse_lr_decay_style(a.lr_decay_style);
   sc.lr_decay_steps = a.train_iters > 0 ? (a.lr_decay_iters > 0 ? a.lr_decay_iters : a.train_iters) * gbs
@@ -330,6 +393,78 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     // The last stage's tied output_layer.weight is not in the checkpoint: the first stage's table.
     stage->sync_shared_embedding();
   }
+
+  // Megatron's evaluate(): up to --eval-iters iterations of the final global batch's micro-batches
+  // from sample `consumed_eval` of `d` on (which it advances), the same samples as one rank would
+  // see, split over DP. Under PP the forward-only schedule per evaluation iteration (the loss comes
+  // from the last stage to every stage); interleaved, only whole iterations (M stays a multiple of
+  // PP). Returns {loss sum, loss tokens}, summed over DP x CP.
+  auto evaluate = [&](const data::SampleDataset& d, int64_t& consumed_eval) {
+    double vloss = 0, vtokens = 0;
+    for (int64_t e = 0; e < a.eval_iters; ++e) {
+      if (pipeline_layout.num_chunks > 1 && consumed_eval + num_micro * mbs * dp > d.size()) break;
+      std::vector<model::GPTInputs> group;
+      for (int64_t m = 0; m < num_micro; ++m) {
+        if (consumed_eval + mbs * dp > d.size()) break;
+        group.push_back(cp_slice(data::make_batch(d, consumed_eval, mbs, dp_rank, dp, bopt)));
+        consumed_eval += mbs * dp;
+      }
+      if (!group.empty()) {
+        pipeline::ForwardBackwardOptions fb;
+        fb.forward_only = true;
+        const pipeline::ForwardBackwardResult r = pipeline::forward_backward(*stage, group, fb);
+        vloss += r.loss_sum;
+        vtokens += r.num_tokens;
+      }
+      if (int64_t(group.size()) < num_micro) break;  // the split ran out
+    }
+    if (dp_cp > 1) {
+      Tensor t = Tensor::from_vector(std::vector<double>{vloss, vtokens}, {2});
+      ps.dp_cp().all_reduce(t, ReduceOp::Sum);
+      vloss = t.data<double>()[0];
+      vtokens = t.data<double>()[1];
+    }
+    return std::pair<double, double>(vloss, vtokens);
+  };
+  auto print_evaluation = [&](const std::string& line) {
+    const std::string dashes(line.size(), '-');
+    say(dashes);
+    say(line);
+    say(dashes);
+  };
+
+  if (a.skip_train) {
+    // Megatron's pretrain() with --skip-train: no training loop; the validation split from its
+    // first sample and the test split, at the loaded iteration (0 without a checkpoint).
+    say("skipping training (--skip-train is on) ...");
+    const bool do_valid = ds.valid && a.eval_iters > 0, do_test = ds.test && a.eval_iters > 0;
+    MG_REQUIRE(do_valid || do_test, "--skip-train: nothing to evaluate: ",
+               a.eval_iters == 0 ? "--eval-iters is 0"
+                                 : "the validation and test splits are empty (check --split, "
+                                   "--valid-data-path, --test-data-path)");
+    TrainingSummary sum;
+    sum.start_iteration = sum.iterations = start_iteration;
+    sum.consumed_samples = consumed;
+    sum.world_size = world.size();
+    if (do_valid) {
+      int64_t from = 0;
+      const auto [l, t] = evaluate(*ds.valid, from);
+      if (t > 0) {
+        print_evaluation(format_evaluation_line(str("iteration ", start_iteration, " on validation set"), l / t));
+        sum.valid_losses.push_back(l / t);
+      }
+    }
+    if (do_test) {
+      int64_t from = 0;
+      const auto [l, t] = evaluate(*ds.test, from);
+      if (t > 0) {
+        print_evaluation(format_evaluation_line(str("iteration ", start_iteration, " on test set"), l / t));
+        sum.test_loss = l / t;
+      }
+    }
+    sum.comm_seconds = comm_stats->seconds;
+    return sum;
+  }
   a.optimizer.type = optim::parse_optimizer_type(a.optimizer_name);
   // Data parallelism: one flat gradient buffer in buckets (Megatron: buckets only when
   // overlapping, of max(40M, 1M x DP) elements by default; one bucket otherwise).
@@ -344,6 +479,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
                              : 0;
     bc.pad_for_sharding = use_dist_opt;
     bc.overlap_param_gather = overlap_param_gather;
+    bc.reduce_in_bf16 = a.bf16 && a.grad_reduce_in_bf16;
     buffer = std::make_unique<optim::ParamAndGradBuffer>(params, ps.group_ptr(GroupKind::DP_CP), bc);
   }
   // --overlap-param-gather: the optimizer step only launches the parameter all-gathers; the
@@ -381,6 +517,17 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   MG_REQUIRE(sc.max_lr >= 0, "--lr is required (no LR schedule was loaded from a checkpoint)");
   optim::LRScheduler scheduler(sc);
   if (load_optim) scheduler.set_num_steps(ckpt->state.scheduler_num_steps);
+  // --decoupled-lr: Megatron's is_embedding_or_output_parameter (the word embedding on the first
+  // stage, output_layer.weight on the last, the tied copy included; not the position embedding).
+  if (sc.has_decoupled_lr()) {
+    std::vector<bool> flags;
+    for (const model::Parameter* p : params)
+      flags.push_back(p->name == "embedding.word_embeddings.weight" || p->name == "output_layer.weight");
+    if (dist_opt)
+      dist_opt->set_decoupled_lr_params(flags);
+    else
+      plain_opt->set_decoupled_lr_params(flags);
+  }
   if (ckpt) {
     std::string what;
     if (!resume) {
@@ -409,7 +556,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   FlopsModel fm{a.model.num_layers, a.model.hidden_size, a.model.num_attention_heads,
                 a.model.kv_channels, a.model.num_query_groups, a.model.ffn(), a.model.seq_length,
                 a.model.padded_vocab_size, model::activation_kind(a.model.activation).gated};
-  const double flops_iter = flops_per_iteration(fm, gbs);
+  double interval_flops = 0;  // the batch size may change between iterations
   TensorBoardOptions tb_options = a.tensorboard;
   if (!log_rank) tb_options.dir.clear();
   TrainingTensorBoard tensorboard(tb_options);
@@ -420,6 +567,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   sum.world_size = world.size();
   double interval_comm0 = comm_stats->seconds;
   int64_t interval_iters = 0, interval_advanced = 0, interval_skipped = 0, interval_nan = 0;
+  int64_t interval_samples = 0;
+  const int64_t consumed_at_start = consumed;
   double interval_loss = 0, interval_gn = std::nan("");
   auto interval_t0 = Clock::now();
   const auto loop_t0 = Clock::now();
@@ -461,7 +610,20 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   if (start_iteration >= train_iters)
     say(str("the checkpoint is at iteration ", start_iteration, ", at or past the ", train_iters,
             " training iterations asked for: nothing to train"));
+  // Megatron's get_num_microbatches() of the previous iteration (the schedule's at the start).
+  int64_t prev_num_micro = batch_schedule.global_batch_size(consumed) / (mbs * dp);
   for (int64_t it = start_iteration + 1; it <= train_iters; ++it) {
+    // This iteration's global batch (batch_size_schedule.h; checked up front by validate_against).
+    const int64_t iter_gbs = batch_schedule.global_batch_size(consumed);
+    const int64_t iter_micro = iter_gbs / (mbs * dp);
+    if (iter_micro != prev_num_micro) {
+      // Megatron saves a checkpoint (with --save) before the number of micro-batches changes.
+      say(str(batch_schedule.kind() == BatchSizeSchedule::Kind::Step ? "stepping" : "ramping up",
+              " batch size from ", prev_num_micro * mbs * dp, " to ", iter_gbs, " at ", consumed,
+              " consumed samples"));
+      save(it - 1);
+      prev_num_micro = iter_micro;
+    }
     if (buffer)
       buffer->zero_grad();
     else
@@ -469,7 +631,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     // This DP rank's micro-batches: global micro-batch m * DP + dp_rank of the iteration.
     std::vector<model::GPTInputs> batches;
     double local_tokens = 0;
-    for (int64_t m = 0; m < num_micro; ++m) {
+    for (int64_t m = 0; m < iter_micro; ++m) {
       batches.push_back(cp_slice(data::make_batch(*ds.train, consumed + m * mbs * dp, mbs, dp_rank, dp, bopt)));
       local_tokens += mask_sum(batches.back().loss_mask);
     }
@@ -499,14 +661,26 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     }
     if (buffer)
       launched_in_backward = launched_in_backward < 0 ? launched : std::min(launched_in_backward, launched);
-    dropout_offset += uint64_t(num_micro * dp);
+    dropout_offset += uint64_t(iter_micro * dp);
     if (buffer) buffer->finish_grad_sync();
+    if (a.bf16 && a.grad_reduce_in_bf16 && !buffer) {
+      // One rank, no reduction: Megatron's bf16 main-grad buffer still holds bf16 values.
+      for (const model::Parameter* p : params) {
+        Tensor h = Tensor::empty(p->grad.shape(), DType::BF16, p->grad.device());
+        ops::cast(h, p->grad);
+        ops::cast(p->grad, h);
+      }
+    }
     loss_sum = dp_sum({loss_sum})[0];
     const double loss = loss_sum / std::max(tokens, 1.0);
-    optim::StepResult step = dist_opt ? dist_opt->step(scheduler.lr(), scheduler.weight_decay(), scaler)
-                                      : plain_opt->step(scheduler.lr(), scheduler.weight_decay(), scaler);
+    const double dec_lr = sc.has_decoupled_lr() ? scheduler.decoupled_lr() : std::nan("");
+    optim::StepResult step =
+        dist_opt ? dist_opt->step(scheduler.lr(), scheduler.weight_decay(), scaler, dec_lr)
+                 : plain_opt->step(scheduler.lr(), scheduler.weight_decay(), scaler, dec_lr);
     const double used_lr = scheduler.lr();
-    consumed += gbs;
+    consumed += iter_gbs;
+    interval_samples += iter_gbs;
+    interval_flops += flops_per_iteration(fm, iter_gbs);
     ++interval_iters;
     if (step.skipped) {
       ++interval_skipped;
@@ -516,7 +690,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
         MG_THROW("loss is ", loss, " at iteration ", it,
                  " (NaN/Inf); lower --lr or check the data");
     } else {
-      scheduler.step(gbs);
+      scheduler.step(iter_gbs);  // Megatron: num_microbatches x micro-batch x DP samples
       ++interval_advanced;
       interval_loss += loss;
       interval_gn = step.grad_norm;
@@ -526,7 +700,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     sum.consumed_samples = consumed;
     sum.losses.push_back(loss);
     sum.grad_norms.push_back(step.skipped ? std::nan("") : step.grad_norm);
-    tensorboard.log_iteration({it, consumed, used_lr, gbs,
+    tensorboard.log_iteration({it, consumed, used_lr, iter_gbs,
                                step.skipped ? std::nullopt : std::optional<double>(loss),
                                scaler.scale(),
                                step.skipped ? std::nullopt : std::optional<double>(step.grad_norm),
@@ -540,15 +714,16 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       s.consumed_samples = consumed;
       s.elapsed_ms_per_iter = secs * 1000.0 / double(interval_iters);
       s.log_throughput = a.log_throughput;
-      s.tflops_per_device = flops_iter / (secs / double(interval_iters)) / 1e12 / world.size();
+      s.tflops_per_device = interval_flops / secs / 1e12 / world.size();
       s.learning_rate = used_lr;
-      s.global_batch_size = gbs;
+      if (sc.has_decoupled_lr()) s.decoupled_learning_rate = dec_lr;
+      s.global_batch_size = iter_gbs;
       s.lm_loss = interval_advanced > 0 ? interval_loss / double(interval_advanced) : loss;
       s.loss_scale = scaler.scale();
       s.grad_norm = interval_gn;
       s.skipped_iterations = interval_skipped;
       s.nan_iterations = interval_nan;
-      s.tokens_per_second = double(interval_iters * gbs * a.model.seq_length) / secs;
+      s.tokens_per_second = double(interval_samples * a.model.seq_length) / secs;
       const double comm_ms = (comm_stats->seconds - interval_comm0) * 1000.0 / double(interval_iters);
       say(format_log_line(s));
       if (jsonl.is_open()) {
@@ -565,7 +740,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       tensorboard.log_interval(it, secs / double(interval_iters),
                                a.log_throughput ? std::optional<double>(s.tflops_per_device)
                                                 : std::nullopt);
-      interval_iters = interval_advanced = interval_skipped = interval_nan = 0;
+      interval_iters = interval_advanced = interval_skipped = interval_nan = interval_samples = 0;
+      interval_flops = 0;
       interval_loss = 0;
       interval_gn = std::nan("");
       interval_t0 = Clock::now();
@@ -573,37 +749,9 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     }
     if (ds.valid && a.eval_iters > 0 && (it % a.eval_interval == 0 || it == train_iters)) {
       finish_param_sync();
-      // The same samples as one rank would see, split over DP; sums reduced over DP.
-      // Under PP: the forward-only schedule per evaluation iteration (the loss comes from the
-      // last stage to every stage); interleaved, only whole iterations (M stays a multiple of PP).
-      double vloss = 0, vtokens = 0;
-      for (int64_t e = 0; e < a.eval_iters; ++e) {
-        if (pipeline_layout.num_chunks > 1 && consumed_valid + num_micro * mbs * dp > ds.valid->size())
-          break;
-        std::vector<model::GPTInputs> group;
-        for (int64_t m = 0; m < num_micro; ++m) {
-          if (consumed_valid + mbs * dp > ds.valid->size()) break;
-          group.push_back(cp_slice(data::make_batch(*ds.valid, consumed_valid, mbs, dp_rank, dp, bopt)));
-          consumed_valid += mbs * dp;
-        }
-        if (!group.empty()) {
-          pipeline::ForwardBackwardOptions fb;
-          fb.forward_only = true;
-          const pipeline::ForwardBackwardResult r = pipeline::forward_backward(*stage, group, fb);
-          vloss += r.loss_sum;
-          vtokens += r.num_tokens;
-        }
-        if (int64_t(group.size()) < num_micro) break;  // the validation split ran out
-      }
-      const std::vector<double> v = dp_sum({vloss, vtokens});
-      vloss = v[0];
-      vtokens = v[1];
+      const auto [vloss, vtokens] = evaluate(*ds.valid, consumed_valid);
       if (vtokens > 0) {
-        const std::string line = format_validation_line(it, vloss / vtokens);
-        const std::string dashes(line.size(), '-');
-        say(dashes);
-        say(line);
-        say(dashes);
+        print_evaluation(format_validation_line(it, vloss / vtokens));
         tensorboard.log_validation(it, consumed, vloss / vtokens);
         sum.valid_losses.push_back(vloss / vtokens);
       }
@@ -639,7 +787,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   if (ran > 0) save(sum.iterations);  // also after --exit-interval/-duration and a signal
   const double total = seconds_since(loop_t0);
   sum.seconds_per_iteration = ran > 0 ? total / double(ran) : 0;
-  sum.tokens_per_second = total > 0 ? double(ran * gbs * a.model.seq_length) / total : 0;
+  sum.tokens_per_second = total > 0 ? double((consumed - consumed_at_start) * a.model.seq_length) / total : 0;
   sum.comm_seconds = comm_stats->seconds;
   if (buffer) {
     sum.grad_buckets = int(buffer->layout().buckets.size());

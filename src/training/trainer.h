@@ -38,6 +38,10 @@
 // The last rank (last pipeline stage: it has the loss) prints the log lines and writes the JSONL
 // metrics and TensorBoard files (as Megatron's print_rank_last); checkpoints are written per rank
 // (checkpoint.h).
+// The global batch may change between iterations (--rampup-batch-size, --step-batch-size-schedule;
+// training/batch_size_schedule.h): each iteration takes its batch from the consumed-sample count,
+// the LR schedule steps by it, and a checkpoint is saved (with --save) before the micro-batch
+// count changes, as Megatron does. --skip-train evaluates and returns before the loop.
 // --load resumes exactly: the checkpoint restores iteration, consumed samples (the sampler goes on
 // with the next sample), weights, optimizer, loss scaler, LR schedule and the dropout counter, so a
 // resumed run reproduces the uninterrupted one bit for bit. --save also writes a checkpoint when
@@ -45,6 +49,7 @@
 // --exit-signal-handler, which finish the current iteration first; all ranks stop together).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -120,24 +125,30 @@ struct TrainingArgs {
   bool override_checkpoint_model_args = false;      // --override-checkpoint-model-args
   bool exit_on_missing_checkpoint = false;          // --exit-on-missing-checkpoint
 
-  // Megatron flags that change what is computed, parsed by `pretrain-gpt` with Megatron's names,
-  // types and defaults. The loop does not act on them yet: the command rejects each (naming it,
-  // "not implemented yet") unless it has Megatron's default value or the meaning the loop already
-  // has, so none is silently ignored. Not yet in the checkpoint's argument JSON either.
+  // Megatron flags parsed by `pretrain-gpt` with Megatron's names, types and defaults. Not in the
+  // checkpoint's argument JSON (the LR schedule's decoupled bounds are, with the scheduler).
   // --rampup-batch-size START INCR SAMPLES: the global batch grows from START by INCR every
-  // SAMPLES / ((global - START) / INCR) consumed samples (empty: no ramp-up).
+  // SAMPLES / ((global - START) / INCR) consumed samples (empty: no ramp-up); needs
+  // --train-samples. --step-batch-size-schedule "TOKENS:BATCH ...": the batch from each token
+  // threshold on. Both: batch_size_schedule.h (Megatron's num_microbatches_calculator.py).
   std::vector<int64_t> rampup_batch_size;
-  std::string step_batch_size_schedule;  // --step-batch-size-schedule "THRESHOLD:BATCH ..." ("": none)
-  // --decoupled-lr / --decoupled-min-lr: the embedding's and output layer's own peak / minimum LR.
+  std::string step_batch_size_schedule;  // ("": none)
+  // --decoupled-lr / --decoupled-min-lr: the embedding's and output layer's own peak / minimum LR
+  // (optim/lr_scheduler.h; the minimum defaults to --min-lr).
   std::optional<double> decoupled_lr, decoupled_min_lr;
-  bool grad_reduce_in_bf16 = false;  // --grad-reduce-in-bf16 (with --bf16: reduce grads in bf16)
+  // --grad-reduce-in-bf16 (with --bf16): each rank's gradients are rounded to bf16 before the
+  // data-parallel reduction and the sum is rounded to bf16 (optim/grad_buffer.h); without --bf16
+  // it has no effect, as in Megatron-LM.
+  bool grad_reduce_in_bf16 = false;
   bool mock_data = false;            // --mock-data: Megatron's synthetic GPT dataset, no files
   // --calculate-per-token-loss: one token mean over the global batch (every micro-batch and DP
   // rank), which is how the loop normalises today; off, Megatron divides each micro-batch's loss
   // by its own token count, then by the number of micro-batches, and averages over DP.
   bool calculate_per_token_loss = false;
-  bool skip_train = false;           // --skip-train: evaluate (validation, test) only, then exit
-  int64_t train_epochs = 0;          // --train-epochs (0: not given)
+  // --skip-train: no training loop; evaluate the validation split (from its first sample) and the
+  // test split at the loaded iteration, as Megatron; an error when there is nothing to evaluate.
+  bool skip_train = false;
+  int64_t train_epochs = 0;          // --train-epochs: not Megatron's; refused (validate_args)
   // --pre-tockens / --next-tockens (Ascend's fused attention): query i attends keys
   // [i - pre, i + next]. The defaults, or any pre >= seq-length - 1 with next 0, are causal
   // attention as computed now; a narrower window is the sliding window.
@@ -159,6 +170,7 @@ struct TrainingSummary {
   std::vector<double> losses;      // per-token loss of every iteration run (same on all ranks)
   std::vector<double> grad_norms;  // grad norm of every iteration run (NaN when skipped)
   std::vector<double> valid_losses;  // per-token validation loss of every evaluation (all ranks)
+  double test_loss = std::nan("");   // --skip-train: the test split's per-token loss
   double comm_seconds = 0;         // this rank's time blocked in collectives (timed_communicator.h)
   // Data-parallel gradient buckets of this rank (0 without a buffer), and the fewest of them,
   // over the iterations run, whose reduction --overlap-grad-reduce had launched by the end of the

@@ -1,7 +1,6 @@
 // Megatron-LM's script flags on `pretrain-gpt` and `preprocess-data`: the ones naming what this
 // build always does are accepted (and change nothing), backends it cannot use get a one-line
-// note, the defaults are pretrain_gpt.py's, and the flags the training loop does not act on yet
-// are refused by name unless given Megatron's default value.
+// note, the defaults are pretrain_gpt.py's, and flags given inconsistently are refused by name.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -89,19 +88,20 @@ TEST(MegatronFlags, OldSpellingsKeepTheirMeaning) {
   EXPECT_EQ(args["model"]["activation"], "gelu");  // exact GeLU
 }
 
-TEST(MegatronFlags, FlagsTheLoopDoesNotActOnYetAreRefusedByName) {
+TEST(MegatronFlags, FlagsGivenInconsistentlyAreRefusedByName) {
   struct Case {
     std::string flags, says;
   };
   const std::vector<Case> cases = {
-      {"--rampup-batch-size 2 2 100", "--rampup-batch-size is not implemented yet"},
-      {"--step-batch-size-schedule '0:2 100:4'", "--step-batch-size-schedule is not implemented yet"},
-      {"--decoupled-lr 1e-4", "--decoupled-lr is not implemented yet"},
-      {"--decoupled-min-lr 1e-5", "--decoupled-min-lr is not implemented yet"},
-      {"--grad-reduce-in-bf16 --bf16", "--grad-reduce-in-bf16 is not implemented yet"},
-      {"--mock-data", "--mock-data is not implemented yet"},
-      {"--skip-train", "--skip-train is not implemented yet"},
-      {"--train-epochs 3", "--train-epochs is not implemented yet"},
+      // Megatron-LM: "expected no batch-size rampup for iteration-based training".
+      {"--rampup-batch-size 2 2 100", "--rampup-batch-size needs sample-based training"},
+      {"--step-batch-size-schedule '0:2 100:4'",
+       "Cannot specify both --step-batch-size-schedule and --global-batch-size"},
+      {"--decoupled-min-lr 1e-5", "--decoupled-min-lr needs --decoupled-lr"},
+      {"--decoupled-lr 1e-4 --decoupled-min-lr 1e-3", "--decoupled-min-lr (0.001"},
+      {"--mock-data", "--mock-data cannot be combined with --data-path"},
+      {"--train-epochs 3", "--train-epochs is not a Megatron-LM pretraining flag"},
+      {"--skip-train", "--skip-train: nothing to evaluate: --eval-iters is 0"},
       {"--next-tockens 2", "--window-size: a causal model sees no key after its query"},
       {"--pre-tockens 4 --window-size 4 0", "--pre-tockens / --next-tockens and --window-size"},
       {"--ckpt-format torch", "--ckpt-format torch is not implemented yet"},
@@ -121,6 +121,37 @@ TEST(MegatronFlags, FlagsTheLoopDoesNotActOnYetAreRefusedByName) {
     EXPECT_NE(r.output.find(c.says), std::string::npos) << c.flags << "\n" << r.output;
   }
   EXPECT_FALSE(fs::exists(tmp / "never"));
+}
+
+// A Megatron example's training flags on the command line: Megatron's mock data (no --data-path),
+// a batch-size ramp-up (2 for 8 samples, then 4: Megatron's 8 iterations for 24 samples), the
+// decoupled LR in the log line; then --skip-train on the checkpoint evaluates both splits.
+TEST(MegatronFlags, MockDataRampUpDecoupledLrAndSkipTrain) {
+  TempDir tmp;
+  const auto& f = cli_fixture();
+  const std::string save = (tmp / "ckpt").string();
+  const std::string common =
+      "pretrain-gpt --num-layers 1 --hidden-size 16 --num-attention-heads 2 --seq-length 16 "
+      "--max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 4 --train-samples 24 "
+      "--rampup-batch-size 2 2 8 --lr 1e-3 --min-lr 1e-4 --decoupled-lr 2e-3 --decoupled-min-lr 2e-4 "
+      "--mock-data --vocab-file " + f.vocab_file + " --merge-file " + f.merge_file +
+      " --eval-iters 1 --eval-interval 4 --log-interval 1 --save " + save + " --save-interval 100";
+  const auto r = run_cli(common);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("iteration        8/       8 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| decoupled learning rate: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| global batch size:     2 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| global batch size:     4 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ramping up batch size from 2 to 4 at 8 consumed samples"), std::string::npos)
+      << r.output;
+  const auto e = run_cli(common + " --load " + save + " --skip-train");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_NE(e.output.find("skipping training (--skip-train is on) ..."), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find(" validation loss at iteration 8 on validation set | lm loss value: "),
+            std::string::npos) << e.output;
+  EXPECT_NE(e.output.find(" validation loss at iteration 8 on test set | lm loss value: "),
+            std::string::npos) << e.output;
+  EXPECT_EQ(e.output.find("iteration        1/"), std::string::npos) << e.output;
 }
 
 TEST(MegatronFlags, PreprocessTakesTheOlderDatasetFlags) {

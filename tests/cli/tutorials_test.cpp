@@ -8,8 +8,8 @@
 //     flags);
 //   - the MindSpeed quick start (torchrun, tensor + sequence parallel, distributed optimizer);
 //   - the flags of Megatron-LM's current example scripts.
-// Flags the training loop does not act on yet (batch-size ramp-up, decoupled LR, ...) stop with an
-// error naming them; the tests assert that error for the lines that use them.
+// Where Megatron-LM itself refuses a tutorial's line (the GPT-3 175B script's batch-size ramp-up
+// with --train-iters) this build does too, naming the flag.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -147,30 +147,38 @@ TEST(MegatronTutorials, MindSpeedQuickStart) {
       2, 4);
 }
 
-// examples/gpt3/train_gpt3_175b_distributed.sh: the 857M line plus --rampup-batch-size, which the
-// training loop does not implement yet: it stops before training, naming the flag. (The other
-// flags of Megatron's current examples in that state: --step-batch-size-schedule,
-// --decoupled-lr/--decoupled-min-lr, --grad-reduce-in-bf16 with --bf16, --mock-data, --skip-train,
-// --train-epochs, --ckpt-format torch; megatron_flags_test.cpp checks each.)
-TEST(MegatronTutorials, Gpt3_175bStopsAtTheBatchSizeRampUp) {
+// examples/gpt3/train_gpt3_175b_distributed.sh: the 857M line plus --rampup-batch-size. The script
+// passes --train-iters, which Megatron-LM itself refuses with a ramp-up ("expected no batch-size
+// rampup for iteration-based training"): so does this build, naming the flag. With the length in
+// samples (--train-samples 40, --lr-decay-samples 40) it ramps 2, 2, 2, 4, 4, 6, then 8 (8
+// iterations: Megatron's update_train_iters), saves, and resumes.
+TEST(MegatronTutorials, Gpt3_175bRampsUpTheBatchSize) {
   if (!can_launch()) GTEST_SKIP() << "launches its own job";
-  TempDir dir;
-  const auto r = run_cli(expand(
+  const std::string line =
       "launch --nproc_per_node 2 --nnodes 1 --master_addr localhost --master_port 6000"
       " pretrain_gpt.py --num-layers 2 --hidden-size 16 --num-attention-heads 2 --seq-length 16"
       " --max-position-embeddings 16 --attention-backend auto --micro-batch-size 1"
-      " --global-batch-size 8 --rampup-batch-size 2 2 16 --train-iters 4 --weight-decay 0.1"
+      " --global-batch-size 8 --rampup-batch-size 2 2 16 LENGTH --weight-decay 0.1"
       " --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.006 --clip-grad 1.0 --fp16"
       " --lr 6.0e-5 --lr-decay-style cosine --min-lr 6.0e-6 --lr-warmup-fraction .001"
-      " --lr-decay-iters 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1"
+      " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1"
       " --data-path $DATA --vocab-file $VOCAB --merge-file $MERGE --split 949,50,1"
       " --log-interval 1 --save-interval 4 --eval-interval 2 --save $CKPT --load $CKPT"
-      " --eval-iters 1 --tensorboard-dir $TB 2>&1",
-      dir));
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("error: --rampup-batch-size is not implemented yet"), std::string::npos)
-      << r.output;
-  EXPECT_FALSE(std::filesystem::exists(dir / "ckpt"));
+      " --eval-iters 1 --tensorboard-dir $TB";
+  auto with = [&](const std::string& length) {
+    std::string l = line;
+    l.replace(l.find("LENGTH"), 6, length);
+    return l;
+  };
+  {
+    TempDir dir;
+    const auto r = run_cli(expand(with("--train-iters 4 --lr-decay-iters 4"), dir) + " 2>&1");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("error: --rampup-batch-size needs sample-based training"),
+              std::string::npos) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir / "ckpt"));
+  }
+  trains_saves_and_resumes(with("--train-samples 40 --lr-decay-samples 40"), 4, 8);
 }
 
 }  // namespace

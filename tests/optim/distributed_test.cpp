@@ -4,6 +4,7 @@
 //  - the bucketed all-reduce and reduce-scatter deliver known sums (each rank contributes values
 //    built from its rank id) at the places the layout says, padding stays zero, and overlapped
 //    launches (register_grads_ready) give the same result as the blocking path;
+//  - --grad-reduce-in-bf16: each rank's gradient rounded to bf16, the sum rounded to bf16;
 //  - the all-gather of the parameter buffer puts every rank's shard everywhere; launched without
 //    waiting (--overlap-param-gather) and then waited for bucket by bucket in forward order
 //    (wait_params) or all at once (finish_param_sync) it gives the blocking gather's parameters,
@@ -181,6 +182,45 @@ TEST(MpiGradBuffer, ReduceScatterFillsThisRanksShardAndPaddingStaysZero) {
         ASSERT_EQ(shard.item_as_double(k), 0.0) << "padding " << k;
       }
     }
+  }
+}
+
+// --grad-reduce-in-bf16: every rank's gradient goes out rounded to bf16 and the sum comes back
+// rounded to bf16, for the all-reduce and the distributed optimizer's reduce-scatter. The sums of
+// these few bf16 values are exact in fp32, so the expected value is exact whatever the order.
+float bf16_round(double x) { return bf16_to_float(float_to_bf16(float(x))); }
+
+TEST(MpiGradBuffer, Bf16ReductionRoundsEachRanksGradientAndTheSum) {
+  auto w = world();
+  for (bool sharded : {false, true}) {
+    ToyParams t(DType::F32, 1);
+    GradBufferConfig cfg{40, sharded};
+    cfg.reduce_in_bf16 = true;
+    ParamAndGradBuffer buf(t.list, w, cfg);
+    fill_grads(t.list, w->rank(), 5);
+    for (size_t i = t.list.size(); i-- > 0;) buf.register_grads_ready({t.list[i]});
+    buf.finish_grad_sync();
+    auto expected = [&](size_t i, int64_t k) {
+      double s = 0;
+      for (int r = 0; r < w->size(); ++r) s += bf16_round(grad_value(r, i, k, 5));
+      return bf16_round(s);
+    };
+    int64_t differs_from_fp32 = 0, checked = 0;
+    auto check = [&](double got, size_t i, int64_t k) {
+      ASSERT_EQ(got, double(expected(i, k))) << i << " " << k;
+      differs_from_fp32 += got != double(summed_grad(w->size(), i, k, 5));
+      ++checked;
+    };
+    if (sharded) {
+      for (const auto& p : buf.layout().shard_pieces(w->rank()))
+        for (int64_t k = 0; k < p.length; ++k)
+          check(buf.main_grad_shard().item_as_double(p.shard_offset + k), p.param, p.param_offset + k);
+    } else {
+      for (size_t i = 0; i < t.list.size(); ++i)
+        for (int64_t k = 0; k < t.list[i]->grad.numel(); ++k) check(t.list[i]->grad.item_as_double(k), i, k);
+    }
+    EXPECT_GT(checked, 0);
+    EXPECT_GT(differs_from_fp32, checked / 2) << "the bf16 rounding must show";
   }
 }
 

@@ -54,6 +54,27 @@ TEST(LRScheduler, DecayStyles) {
   EXPECT_DOUBLE_EQ(lr_at(LRScheduler(base_cfg(LRDecayStyle::InverseSquareRoot)), 80000), 1e-4);
 }
 
+// --decoupled-lr: the same warmup (from the shared lr_warmup_init) and decay, between the
+// decoupled bounds; the main LR is unchanged (Megatron's get_lr(param_group)).
+TEST(LRScheduler, DecoupledGroupFollowsTheSameScheduleBetweenItsOwnBounds) {
+  LRSchedulerConfig c = base_cfg(LRDecayStyle::Linear);
+  c.decoupled_max_lr = 5e-3;
+  c.decoupled_min_lr = 2e-4;
+  LRScheduler s(c);
+  auto dec_at = [&](int64_t k) {
+    s.set_num_steps(k);
+    return s.decoupled_lr();
+  };
+  EXPECT_DOUBLE_EQ(dec_at(0), 1e-5);                               // warmup starts at the init
+  EXPECT_DOUBLE_EQ(dec_at(40), 1e-5 + (5e-3 - 1e-5) * 0.5);
+  EXPECT_DOUBLE_EQ(dec_at(80), 5e-3);
+  EXPECT_NEAR(dec_at(440), 2e-4 + 0.5 * (5e-3 - 2e-4), 1e-15);    // r = 0.5
+  EXPECT_DOUBLE_EQ(dec_at(801), 2e-4);
+  EXPECT_NEAR(lr_at(s, 440), 1e-4 + 0.5 * 9e-4, 1e-15);             // the main group's
+  c.decoupled_min_lr = 6e-3;
+  EXPECT_THROW(LRScheduler{c}, Error);
+}
+
 TEST(LRScheduler, WSD) {
   LRSchedulerConfig c = base_cfg(LRDecayStyle::WSD);
   c.wsd_decay_steps = 200;  // anneal from 600 to 800

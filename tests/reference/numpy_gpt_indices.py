@@ -7,6 +7,10 @@ Requests:
   {"op": "shuffle", "seed": s, "n": n}                  -> RandomState(s).shuffle(arange(n))
   {"op": "gpt", "lengths": [...], "split": [lo, hi], "num_samples": N|null, "seq_length": S, "seed": s}
   {"op": "blend", "weights": [...], "size": n}  /  {"op": "blend_exhaustive", "sizes": [...]}
+  {"op": "mock", "split": 0|1|2, "num_samples": N, "seq_length": S, "seed": s, "eod": e, "count": k}
+      -> {"lengths_head": [...], "lengths_sum": n, "range": [lo, hi], "samples": [[S+1 ids] x k]}:
+         --mock-data as Megatron builds it (MockGPTLowLevelDataset: numpy.random.default_rng(0)
+         lengths, documents 1 .. L-1 EOD; split "1,1,1"; GPTDataset indices; the first k samples)
 """
 import json
 import sys
@@ -89,6 +93,44 @@ def gpt(req):
             "sample_index": smp_idx.reshape(-1).tolist(), "shuffle_index": shf_idx.tolist()}
 
 
+def mock(req):
+    # MockGPTLowLevelDataset
+    lengths = numpy.random.default_rng(seed=0).integers(low=1, high=4096, size=100000, dtype=numpy.int32)
+
+    def doc(i):
+        return numpy.int64(numpy.concatenate([numpy.arange(lengths[i] - 1) + 1, [req["eod"]]]))
+
+    # BlendedMegatronDatasetConfig: split "1,1,1" -> book-ends; _build_megatron_dataset_splits
+    vec = (numpy.array([1.0, 1.0, 1.0]) / 3.0).tolist()  # utils.normalize([1, 1, 1])
+    expansion = [0.0]
+    for x in vec:
+        expansion.append(expansion[-1] + x)
+    k = req["split"]
+    lo = int(round(expansion[k] * float(len(lengths))))
+    hi = int(round(expansion[k + 1] * float(len(lengths))))
+    idx = gpt({"lengths": lengths.tolist(), "split": [lo, hi], "num_samples": req["num_samples"],
+               "seq_length": req["seq_length"], "seed": req["seed"]})
+    doc_idx = idx["document_index"]
+    smp = numpy.array(idx["sample_index"]).reshape(-1, 2)
+    shf = idx["shuffle_index"]
+    S = req["seq_length"]
+    samples = []
+    for i in range(req["count"]):
+        j = shf[i]
+        (b, bo), (e, eo) = smp[j], smp[j + 1]
+        if b == e:
+            part = [doc(doc_idx[b])[bo:eo + 1]]
+        else:
+            part = []
+            for d in range(b, e + 1):
+                off = 0 if d > b else bo
+                t = doc(doc_idx[d])
+                part.append(t[off:] if d < e else t[off:eo + 1])
+        samples.append(numpy.concatenate(part).tolist()[: S + 1])
+    return {"lengths_head": lengths[:5].tolist(), "lengths_sum": int(lengths.sum()),
+            "range": [lo, hi], "samples": samples}
+
+
 def blend(weights, size):
     weights = numpy.array(weights, dtype=numpy.float64)
     weights = weights / numpy.sum(weights)
@@ -138,6 +180,8 @@ for line in sys.stdin:
         ans = a.tolist()
     elif req["op"] == "gpt":
         ans = gpt(req)
+    elif req["op"] == "mock":
+        ans = mock(req)
     elif req["op"] == "blend":
         ans = blend(req["weights"], req["size"])
     else:

@@ -178,6 +178,62 @@ TEST(MpiParallelTraining, Bf16DataParallelTrains) {
   }
 }
 
+// --grad-reduce-in-bf16 under DP (all-reduce and the distributed optimizer's reduce-scatter):
+// the first forward is the same as without it, the reduced gradients are bf16 values (the grad
+// norm of iteration 1 differs from the fp32 reduction's; tests/optim checks the exact sums), and
+// the curve stays within bf16 precision of the single-rank one.
+TEST(MpiParallelTraining, Bf16GradReduceRoundsTheDataParallelSum) {
+  SKIP_ON_ONE_RANK();
+  Fixture f;
+  TrainingArgs a = f.args();
+  a.bf16 = true;
+  const TrainingSummary single = run_single(a);
+  for (bool dist : {false, true}) {
+    TrainingArgs p = a;
+    p.parallel.use_distributed_optimizer = dist;
+    const TrainingSummary fp32_reduce = pretrain_gpt(p);
+    p.grad_reduce_in_bf16 = true;
+    const TrainingSummary bf16_reduce = pretrain_gpt(p);
+    ASSERT_EQ(bf16_reduce.losses.size(), 20u);
+    EXPECT_EQ(bf16_reduce.losses[0], fp32_reduce.losses[0]);
+    EXPECT_NE(bf16_reduce.grad_norms[0], fp32_reduce.grad_norms[0]);
+    EXPECT_NEAR(bf16_reduce.grad_norms[0], fp32_reduce.grad_norms[0], 1e-2 * fp32_reduce.grad_norms[0]);
+    for (size_t i = 0; i < 20; ++i)
+      EXPECT_NEAR(bf16_reduce.losses[i], single.losses[i], 2e-2 * single.losses[i]) << i;
+    EXPECT_LT(bf16_reduce.losses.back(), bf16_reduce.losses.front() - 0.3);
+  }
+}
+
+// A batch-size ramp-up under data parallelism (plain and distributed optimizer) and pipeline
+// parallelism (the micro-batch count of the 1F1B schedule changes between iterations) follows the
+// single-rank ramp-up curve: each iteration's micro-batches split over the DP ranks from the same
+// consumed-sample offsets. With unit = micro-batch x DP: one unit per iteration until 4 units are
+// consumed, then 2 units.
+TEST(MpiParallelTraining, BatchSizeRampUpFollowsTheSingleRankCurve) {
+  SKIP_ON_ONE_RANK();
+  Fixture f;
+  TrainingArgs a = f.args();
+  const int64_t unit = a.micro_batch_size * world()->size();
+  a.global_batch_size = 2 * unit;
+  a.rampup_batch_size = {unit, unit, 4 * unit};
+  a.train_iters = 0;
+  a.train_samples = 20 * unit;
+  a.lr_warmup_iters = 0;
+  a.lr_warmup_samples = 3 * unit;
+  const TrainingSummary r = run_single(a);
+  // Megatron's update_train_iters: 5 ramp-up iterations (1 1 1 1 2 units: 6), then (20 - 6) // 2.
+  ASSERT_EQ(r.losses.size(), 12u);
+  for (int layout = 0; layout < 3; ++layout) {
+    TrainingArgs p = a;
+    p.parallel.use_distributed_optimizer = layout == 1;
+    p.parallel.pipeline_model_parallel_size = layout == 2 ? 2 : 1;  // 1F1B over 2 stages x DP/2
+    const TrainingSummary s = pretrain_gpt(p);
+    EXPECT_EQ(s.consumed_samples, r.consumed_samples);
+    expect_same_curve(s, r, 1e-5, layout == 0 ? "rampup" : layout == 1 ? "rampup, distributed optimizer"
+                                                                        : "rampup, PP2");
+  }
+}
+
 TEST(MpiParallelTraining, SaveAndResumeContinueTheSameCurve) {
   SKIP_ON_ONE_RANK();
   Fixture f;
