@@ -433,12 +433,34 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     say(dashes);
   };
 
+  // Megatron's pretrain() after the training loop, or instead of it with --skip-train: the
+  // validation split from sample `valid_from` (where the loop's evaluations stopped) and the test
+  // split from its first sample, printed as "iteration N on validation set" / "... on test set".
+  auto final_evaluation = [&](int64_t iteration, int64_t valid_from, TrainingSummary& sum) {
+    if (a.eval_iters <= 0) return;
+    if (ds.valid) {
+      const auto [l, t] = evaluate(*ds.valid, valid_from);
+      if (t > 0) {
+        print_evaluation(
+            format_evaluation_line(str("iteration ", iteration, " on validation set"), l / t));
+        sum.valid_losses.push_back(l / t);
+      }
+    }
+    if (ds.test) {
+      int64_t from = 0;
+      const auto [l, t] = evaluate(*ds.test, from);
+      if (t > 0) {
+        print_evaluation(format_evaluation_line(str("iteration ", iteration, " on test set"), l / t));
+        sum.test_loss = l / t;
+      }
+    }
+  };
+
   if (a.skip_train) {
     // Megatron's pretrain() with --skip-train: no training loop; the validation split from its
     // first sample and the test split, at the loaded iteration (0 without a checkpoint).
     say("skipping training (--skip-train is on) ...");
-    const bool do_valid = ds.valid && a.eval_iters > 0, do_test = ds.test && a.eval_iters > 0;
-    MG_REQUIRE(do_valid || do_test, "--skip-train: nothing to evaluate: ",
+    MG_REQUIRE((ds.valid || ds.test) && a.eval_iters > 0, "--skip-train: nothing to evaluate: ",
                a.eval_iters == 0 ? "--eval-iters is 0"
                                  : "the validation and test splits are empty (check --split, "
                                    "--valid-data-path, --test-data-path)");
@@ -446,22 +468,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     sum.start_iteration = sum.iterations = start_iteration;
     sum.consumed_samples = consumed;
     sum.world_size = world.size();
-    if (do_valid) {
-      int64_t from = 0;
-      const auto [l, t] = evaluate(*ds.valid, from);
-      if (t > 0) {
-        print_evaluation(format_evaluation_line(str("iteration ", start_iteration, " on validation set"), l / t));
-        sum.valid_losses.push_back(l / t);
-      }
-    }
-    if (do_test) {
-      int64_t from = 0;
-      const auto [l, t] = evaluate(*ds.test, from);
-      if (t > 0) {
-        print_evaluation(format_evaluation_line(str("iteration ", start_iteration, " on test set"), l / t));
-        sum.test_loss = l / t;
-      }
-    }
+    final_evaluation(start_iteration, 0, sum);
     sum.comm_seconds = comm_stats->seconds;
     return sum;
   }
@@ -612,6 +619,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
             " training iterations asked for: nothing to train"));
   // Megatron's get_num_microbatches() of the previous iteration (the schedule's at the start).
   int64_t prev_num_micro = batch_schedule.global_batch_size(consumed) / (mbs * dp);
+  bool exited_early = false;  // --exit-interval, --exit-duration-in-mins or a signal
   for (int64_t it = start_iteration + 1; it <= train_iters; ++it) {
     // This iteration's global batch (batch_size_schedule.h; checked up front by validate_against).
     const int64_t iter_gbs = batch_schedule.global_batch_size(consumed);
@@ -677,7 +685,6 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     optim::StepResult step =
         dist_opt ? dist_opt->step(scheduler.lr(), scheduler.weight_decay(), scaler, dec_lr)
                  : plain_opt->step(scheduler.lr(), scheduler.weight_decay(), scaler, dec_lr);
-    const double used_lr = scheduler.lr();
     consumed += iter_gbs;
     interval_samples += iter_gbs;
     interval_flops += flops_per_iteration(fm, iter_gbs);
@@ -695,12 +702,16 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       interval_loss += loss;
       interval_gn = step.grad_norm;
     }
+    // Megatron logs the optimizer's learning rate after the scheduler step: the rate of the next
+    // iteration (the same one after a skipped step).
+    const double logged_lr = scheduler.lr();
+    const double logged_dec_lr = sc.has_decoupled_lr() ? scheduler.decoupled_lr() : std::nan("");
     sum.last_loss = loss;
     sum.iterations = it;
     sum.consumed_samples = consumed;
     sum.losses.push_back(loss);
     sum.grad_norms.push_back(step.skipped ? std::nan("") : step.grad_norm);
-    tensorboard.log_iteration({it, consumed, used_lr, iter_gbs,
+    tensorboard.log_iteration({it, consumed, logged_lr, iter_gbs,
                                step.skipped ? std::nullopt : std::optional<double>(loss),
                                scaler.scale(),
                                step.skipped ? std::nullopt : std::optional<double>(step.grad_norm),
@@ -715,8 +726,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       s.elapsed_ms_per_iter = secs * 1000.0 / double(interval_iters);
       s.log_throughput = a.log_throughput;
       s.tflops_per_device = interval_flops / secs / 1e12 / world.size();
-      s.learning_rate = used_lr;
-      if (sc.has_decoupled_lr()) s.decoupled_learning_rate = dec_lr;
+      s.learning_rate = logged_lr;
+      if (sc.has_decoupled_lr()) s.decoupled_learning_rate = logged_dec_lr;
       s.global_batch_size = iter_gbs;
       s.lm_loss = interval_advanced > 0 ? interval_loss / double(interval_advanced) : loss;
       s.loss_scale = scaler.scale();
@@ -728,7 +739,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       say(format_log_line(s));
       if (jsonl.is_open()) {
         jsonl << "{\"iteration\": " << it << ", \"consumed_samples\": " << consumed
-              << ", \"lm_loss\": " << s.lm_loss << ", \"learning_rate\": " << used_lr
+              << ", \"lm_loss\": " << s.lm_loss << ", \"learning_rate\": " << logged_lr
               << ", \"loss_scale\": " << s.loss_scale << ", \"grad_norm\": "
               << (std::isnan(interval_gn) ? std::string("null") : str(std::setprecision(17), interval_gn))
               << ", \"ms_per_iteration\": " << s.elapsed_ms_per_iter
@@ -747,7 +758,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       interval_t0 = Clock::now();
       interval_comm0 = comm_stats->seconds;
     }
-    if (ds.valid && a.eval_iters > 0 && (it % a.eval_interval == 0 || it == train_iters)) {
+    if (ds.valid && a.eval_iters > 0 && it % a.eval_interval == 0) {
       finish_param_sync();
       const auto [vloss, vtokens] = evaluate(*ds.valid, consumed_valid);
       if (vtokens > 0) {
@@ -760,6 +771,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     if (a.save_interval > 0 && it % a.save_interval == 0) save(it);
     if (a.exit_interval > 0 && it % a.exit_interval == 0) {
       say(str("exiting program at iteration ", it, " (--exit-interval)"));
+      exited_early = true;
       break;
     }
     // Time and signals differ between ranks: MAX over the world, so all stop together.
@@ -775,10 +787,12 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     if (stop[0] > 0) {
       say(str("exiting program after ", a.exit_duration_in_mins, " minutes at iteration ", it,
               " (--exit-duration-in-mins)"));
+      exited_early = true;
       break;
     }
     if (stop[1] > 0) {
       say(str("exiting program at iteration ", it, " on a termination signal"));
+      exited_early = true;
       break;
     }
   }
@@ -793,6 +807,8 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     sum.grad_buckets = int(buffer->layout().buckets.size());
     sum.grad_buckets_launched_in_backward = std::max(launched_in_backward, 0);
   }
+  // Megatron exits without the final evaluation when the loop was stopped early.
+  if (!exited_early) final_evaluation(sum.iterations, consumed_valid, sum);
   return sum;
 }
 
