@@ -12,6 +12,7 @@
 #include "core/safetensors.h"
 #include "data/indexed_dataset.h"
 #include "test_util.h"
+#include "parallel_test_util.h"
 #include "training/batch_size_schedule.h"
 #include "training/trainer.h"
 
@@ -82,47 +83,20 @@ TEST(BatchSizeSchedule, StepScheduleInTokens) {
   expect_error([] { BatchSizeSchedule::step("0:x", 16); }, "is not THRESHOLD:BATCH_SIZE");
 }
 
-std::string write_corpus(const testing::TempDir& dir) {
-  const std::string prefix = (dir / "corpus").string();
-  data::IndexedDatasetBuilder b(prefix, data::IndexDType::U16);
-  for (int d = 0; d < 300; ++d) {
-    std::vector<int32_t> doc;
-    const int step = 1 + d % 5;
-    for (int i = 0; i < 40; ++i) doc.push_back((d + i * step) % 60);
-    doc.push_back(63);
-    b.add_item(doc);
-    b.end_document();
-  }
-  b.finalize();
-  return prefix;
-}
-
-TrainingArgs tiny(const std::string& prefix, const std::string& cache) {
-  TrainingArgs a;
-  a.model.num_layers = 1;
-  a.model.hidden_size = 16;
-  a.model.num_attention_heads = 2;
-  a.model.seq_length = 16;
-  a.model.max_position_embeddings = 16;
+// The training tests' tiny GPT (parallel_test_util.h) on its corpus in `dir`, with dropout,
+// a batch-size ramp-up from 2 by 2 over 16 samples to 8, 40 samples, a warmup of 6 samples,
+// logging every iteration and evaluation every 4.
+TrainingArgs tiny(const testing::TempDir& dir) {
+  parallel_test::write_corpus((dir / "corpus").string());
+  TrainingArgs a = parallel_test::tiny_gpt_args(dir.path(), 0);
   a.model.hidden_dropout = 0.1f;
   a.model.attention_dropout = 0.1f;
-  a.make_vocab_size_divisible_by = 8;
-  a.tokenizer.type = "NullTokenizer";
-  a.tokenizer.vocab_size = 64;
-  a.data.data_path = {prefix};
-  a.data.split = "90,10,0";
-  a.data.data_cache_path = cache;
-  a.micro_batch_size = 2;
-  a.global_batch_size = 8;
   a.rampup_batch_size = {2, 2, 16};
   a.train_samples = 40;
-  a.lr = 3e-3;
-  a.min_lr = 3e-4;
-  a.lr_decay_style = "cosine";
+  a.lr_warmup_iters = 0;
   a.lr_warmup_samples = 6;
   a.log_interval = 1;
   a.eval_interval = 4;
-  a.eval_iters = 1;
   return a;
 }
 
@@ -141,8 +115,7 @@ double field(const std::string& line, const std::string& key) {
 
 TEST(BatchSizeRampup, TrainsWithMegatronsBatchesAndResumesMidRampBitForBit) {
   testing::TempDir dir;
-  const std::string prefix = write_corpus(dir);
-  TrainingArgs a = tiny(prefix, (dir / "cache").string());
+  TrainingArgs a = tiny(dir);
   a.micro_batch_size = 2;  // 2 4 6 8 all split into micro-batches of 2
   a.metrics_jsonl = (dir / "full.jsonl").string();
   const TrainingSummary full = pretrain_gpt(a);
@@ -190,7 +163,7 @@ TEST(BatchSizeRampup, TrainsWithMegatronsBatchesAndResumesMidRampBitForBit) {
 
 TEST(BatchSizeRampup, StepScheduleTrainsItsBatches) {
   testing::TempDir dir;
-  TrainingArgs a = tiny(write_corpus(dir), (dir / "cache").string());
+  TrainingArgs a = tiny(dir);
   a.rampup_batch_size.clear();
   a.global_batch_size = 0;
   a.step_batch_size_schedule = "0:2 96:4 160:8";  // tokens: 6 and 10 samples of 16 tokens
@@ -221,8 +194,7 @@ bool same(const Tensor& x, const Tensor& y) {
 
 TEST(DecoupledLR, EmbeddingAndOutputLayerTakeTheirOwnSchedule) {
   testing::TempDir dir;
-  const std::string prefix = write_corpus(dir);
-  TrainingArgs a = tiny(prefix, (dir / "cache").string());
+  TrainingArgs a = tiny(dir);
   a.rampup_batch_size.clear();
   a.global_batch_size = 4;
   a.train_samples = 0;
@@ -266,7 +238,7 @@ TEST(DecoupledLR, EmbeddingAndOutputLayerTakeTheirOwnSchedule) {
 
 TEST(DecoupledLR, ResumeKeepsTheDecoupledSchedule) {
   testing::TempDir dir;
-  TrainingArgs a = tiny(write_corpus(dir), (dir / "cache").string());
+  TrainingArgs a = tiny(dir);
   a.decoupled_lr = 1e-2;
   a.decoupled_min_lr = 1e-3;
   const TrainingSummary full = pretrain_gpt(a);
@@ -290,8 +262,7 @@ TEST(DecoupledLR, ResumeKeepsTheDecoupledSchedule) {
 
 TEST(SkipTrain, EvaluatesValidationAndTestAtTheLoadedIteration) {
   testing::TempDir dir;
-  const std::string prefix = write_corpus(dir);
-  TrainingArgs a = tiny(prefix, (dir / "cache").string());
+  TrainingArgs a = tiny(dir);
   a.data.split = "80,10,10";
   a.rampup_batch_size.clear();
   a.train_samples = 0;
