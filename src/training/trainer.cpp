@@ -326,8 +326,9 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
   const int64_t train_iters =
       a.train_iters > 0    ? a.train_iters
       : a.train_samples <= 0 ? 0  // --skip-train without a training length
-      : batch_schedule.is_constant() ? (a.train_samples + gbs - 1) / gbs
-                                     : batch_schedule.train_iters_for_samples(a.train_samples);
+      : batch_schedule.train_iters_for_samples(a.train_samples);  // a partial last batch: dropped
+  MG_REQUIRE(a.train_samples <= 0 || a.train_iters > 0 || train_iters > 0, "--train-samples ",
+             a.train_samples, " is less than one global batch (", gbs, " samples): nothing to train");
   const int64_t train_samples = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
   auto num_samples = data::train_valid_test_num_samples(a.train_samples > 0 ? a.train_samples : -1,
                                                         a.train_iters, gbs, a.eval_interval,

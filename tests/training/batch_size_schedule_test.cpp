@@ -161,6 +161,21 @@ TEST(BatchSizeRampup, TrainsWithMegatronsBatchesAndResumesMidRampBitForBit) {
   EXPECT_TRUE(std::filesystem::exists(dir2 / "ckpt" / "iter_0000006"));  // 6 -> 8 before iteration 7
 }
 
+// A constant batch with --train-samples: Megatron's train_samples // global_batch_size
+// iterations (10 samples of batches of 4: 2 iterations, not 3); less than one batch is an error.
+TEST(BatchSizeRampup, ConstantBatchTrainSamplesDropThePartialLastBatch) {
+  testing::TempDir dir;
+  TrainingArgs a = tiny(dir);
+  a.rampup_batch_size.clear();
+  a.global_batch_size = 4;
+  a.train_samples = 10;
+  const TrainingSummary s = pretrain_gpt(a);
+  EXPECT_EQ(s.iterations, 2);
+  EXPECT_EQ(s.consumed_samples, 8);
+  a.train_samples = 3;
+  expect_error([&] { pretrain_gpt(a); }, "--train-samples 3 is less than one global batch (4 samples)");
+}
+
 TEST(BatchSizeRampup, StepScheduleTrainsItsBatches) {
   testing::TempDir dir;
   TrainingArgs a = tiny(dir);
