@@ -1,12 +1,6 @@
 // PyTorch file reading and writing; see torch_file.h.
 #include "core/torch_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 
 #include "core/error.h"
@@ -34,24 +28,9 @@ bool byte_count(int64_t n, size_t elem, uint64_t* out) {
 }  // namespace
 
 TorchFile TorchFile::open(const fs::path& file) {
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  MG_REQUIRE(fd >= 0, "cannot open ", file.string(), ": ", std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    MG_THROW(file.string(), " is not a regular file");
-  }
-  const size_t size = size_t(st.st_size);
-  if (size == 0) {
-    ::close(fd);
-    MG_THROW(file.string(), " is empty (0 bytes): truncated or never completely written");
-  }
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  MG_REQUIRE(p != MAP_FAILED, "cannot map ", file.string(), ": ", std::strerror(errno));
-  std::shared_ptr<const void> mapping(p, [size](const void* q) { ::munmap(const_cast<void*>(q), size); });
-  TorchFile f = from_memory(std::span<const uint8_t>(static_cast<const uint8_t*>(p), size), file.string());
-  f.keep_alive_ = std::move(mapping);
+  MappedFile m = map_file(file, "truncated or never completely written");
+  TorchFile f = from_memory(m.bytes, file.string());
+  f.keep_alive_ = std::move(m.mapping);
   return f;
 }
 

@@ -68,7 +68,7 @@ uint32_t crc32(std::span<const uint8_t> data, uint32_t crc) {
   return ~c;
 }
 
-ZipReader ZipReader::open(const std::filesystem::path& file) {
+MappedFile map_file(const std::filesystem::path& file, const char* when_empty) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   MG_REQUIRE(fd >= 0, "cannot open ", file.string(), ": ", std::strerror(errno));
   struct stat st {};
@@ -79,16 +79,24 @@ ZipReader ZipReader::open(const std::filesystem::path& file) {
   const size_t size = size_t(st.st_size);
   if (size == 0) {
     ::close(fd);
-    MG_THROW(file.string(), " is empty (0 bytes): not a ZIP archive (truncated or never written?)");
+    MG_THROW(file.string(), " is empty (0 bytes): ", when_empty);
   }
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   MG_REQUIRE(p != MAP_FAILED, "cannot map ", file.string(), ": ", std::strerror(errno));
-  ZipReader z;
-  z.mapping_ = std::shared_ptr<const void>(p, [size](const void* q) {
+  MappedFile m;
+  m.mapping = std::shared_ptr<const void>(p, [size](const void* q) {
     ::munmap(const_cast<void*>(q), size);
   });
-  z.bytes_ = std::span<const uint8_t>(static_cast<const uint8_t*>(p), size);
+  m.bytes = std::span<const uint8_t>(static_cast<const uint8_t*>(p), size);
+  return m;
+}
+
+ZipReader ZipReader::open(const std::filesystem::path& file) {
+  MappedFile m = map_file(file, "not a ZIP archive (truncated or never written?)");
+  ZipReader z;
+  z.mapping_ = std::move(m.mapping);
+  z.bytes_ = m.bytes;
   z.label_ = file.string();
   z.parse();
   return z;

@@ -20,6 +20,14 @@
 
 namespace megatron {
 
+// A whole regular file mapped read-only (private). An Error names the file when it is missing,
+// unreadable, not a regular file or empty (the message then ends with `when_empty`).
+struct MappedFile {
+  std::shared_ptr<const void> mapping;  // unmapped with the last copy
+  std::span<const uint8_t> bytes;
+};
+MappedFile map_file(const std::filesystem::path& file, const char* when_empty);
+
 // CRC-32 (IEEE 802.3, as ZIP uses), continuing from `crc` (0 to start).
 uint32_t crc32(std::span<const uint8_t> data, uint32_t crc = 0);
 
