@@ -20,10 +20,10 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "interop/hf_reference_util.h"
 #include "model/model_test_util.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
@@ -40,14 +40,11 @@ using json = nlohmann::json;
 using parallel_test::run_single;
 using parallel_test::tiny_gpt_args;
 using parallel_test::write_corpus;
-
-std::string python(const std::string& args) {
-  const auto r = mt::run_command("/usr/bin/python3 " +
-                                 (mt::source_dir() / "tests/interop/hf_reference.py").string() + " " +
-                                 args + " 2>&1");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return r.output;
-}
+using hf_test::expect_logprobs;
+using hf_test::folder_tensors;
+using hf_test::generate;
+using hf_test::reference;
+using hf_test::Reference;
 
 TrainingArgs gpt2_args(const fs::path& dir) {
   TrainingArgs a = tiny_gpt_args(dir, 6);
@@ -81,70 +78,6 @@ fs::path trained_tp2pp2(const fs::path& dir, TrainingArgs a, int vstage) {
   const ConvertResult r = convert_checkpoint(o);
   EXPECT_EQ(r.to.tensor_model_parallel_size, 2);
   return dir / "tp2pp2";
-}
-
-const std::vector<std::string> kPrompts = {"1 2 3 4 5", "9 8 7"};
-
-// `megatron generate` on the checkpoint: every prompt's tokens (prompt + `tokens` greedy) and
-// log-probs.
-std::vector<json> generate(const fs::path& ckpt, int tokens = 6,
-                           const std::vector<std::string>& prompts = kPrompts) {
-  std::string cmd = "--log-level warn generate --load " + ckpt.string() +
-                    " --use-checkpoint-args --tokenizer-type NullTokenizer --vocab-size 64"
-                    " --num-tokens-to-generate " + std::to_string(tokens) +
-                    " --top_k 1 --return-log-probs --output-format jsonl";
-  for (const std::string& p : prompts) cmd += " --prompt '" + p + "'";
-  const auto r = mt::run_cli(cmd);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::vector<json> out;
-  std::istringstream in(r.output);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.starts_with("{")) out.push_back(json::parse(line));
-  EXPECT_EQ(out.size(), prompts.size()) << r.output;
-  return out;
-}
-
-// The reference's log-probs of the same token sequences from each exported folder (one Python
-// process), and with `rounding` = {fp32 folder, bf16 folder} the number of bf16 tensors checked to
-// be the fp32 ones rounded.
-struct Reference {
-  std::map<std::string, std::vector<std::vector<double>>> logprobs;  // folder -> sequences
-  int64_t rounded = -1;
-};
-Reference reference(const std::vector<fs::path>& folders, const std::vector<json>& gen, const fs::path& tmp,
-                    const std::vector<fs::path>& rounding = {}) {
-  json seqs = json::array();
-  for (const json& g : gen) seqs.push_back(g["tokens"]);
-  mt::write_file(tmp / "tokens.json", seqs.dump());
-  std::string args = "logprobs " + (tmp / "tokens.json").string();
-  for (const fs::path& f : folders) args += " " + f.string();
-  if (!rounding.empty()) args += " --rounding " + rounding[0].string() + " " + rounding[1].string();
-  const std::string out = python(args);
-  const json j = json::parse(out.substr(std::min(out.find('{'), out.size())));
-  Reference r;
-  for (const auto& [f, lp] : j["logprobs"].items()) r.logprobs[f] = lp.get<std::vector<std::vector<double>>>();
-  if (j.contains("rounding")) r.rounded = j["rounding"].get<int64_t>();
-  return r;
-}
-
-void expect_logprobs(const std::vector<json>& gen, const std::vector<std::vector<double>>& ref,
-                     double tol, const std::string& what) {
-  ASSERT_EQ(ref.size(), gen.size()) << what;
-  for (size_t s = 0; s < gen.size(); ++s) {
-    const auto ours = gen[s]["logprobs"].get<std::vector<double>>();
-    ASSERT_EQ(ours.size(), ref[s].size()) << what;
-    for (size_t i = 0; i < ours.size(); ++i) EXPECT_NEAR(ours[i], ref[s][i], tol) << what << " " << s << "/" << i;
-  }
-}
-
-// Every tensor of a folder's safetensors files (single or sharded).
-std::map<std::string, Tensor> folder_tensors(const fs::path& folder) {
-  std::map<std::string, Tensor> out;
-  for (const auto& e : fs::directory_iterator(folder))
-    if (e.path().extension() == ".safetensors")
-      for (auto& [n, t] : read_safetensors(e.path()).tensors) out[n] = t;
-  return out;
 }
 
 bool bit_equal(const Tensor& a, const Tensor& b) {
@@ -208,11 +141,11 @@ void check_model(const fs::path& dir, const fs::path& ckpt, const std::string& t
   // The reference on all three against generate on the TP2 x PP2 checkpoint.
   const std::vector<json> gen = generate(ckpt);
   ASSERT_EQ(gen.size(), 2u);
-  Reference ref = reference({hf, dir / "hf_bf16", dir / "hf_sharded"}, gen, dir, {hf, dir / "hf_bf16"});
+  Reference ref = reference({hf, dir / "hf_bf16", dir / "hf_sharded"}, gen, dir, {{hf, dir / "hf_bf16"}});
   ASSERT_EQ(ref.logprobs.size(), 3u);
   expect_logprobs(gen, ref.logprobs[hf.string()], 1e-4, type + " fp32");
   expect_logprobs(gen, ref.logprobs[(dir / "hf_bf16").string()], 5e-2, type + " bf16");
-  EXPECT_EQ(ref.rounded, int64_t(num_tensors));
+  EXPECT_EQ(ref.rounded[(dir / "hf_bf16").string()], int64_t(num_tensors));
   EXPECT_EQ(ref.logprobs[(dir / "hf_sharded").string()], ref.logprobs[hf.string()]);
 
   // From Megatron-LM's .pt files of the same weights (TP2 x PP2): the same folder.

@@ -9,10 +9,11 @@ their modelling code defines it (tensor names and shapes, Conv1D weights stored 
 grouped-query attention by repeat_kv), in float64.
 
 Usage (one process for several folders: importing torch is the slow part):
-  hf_reference.py logprobs TOKENS.json FOLDER... [--rounding FP32_FOLDER BF16_FOLDER]
+  hf_reference.py logprobs TOKENS.json FOLDER... [--rounding FP32_FOLDER LOW_FOLDER]...
       TOKENS.json: [[id, ...], ...]; prints {"logprobs": {FOLDER: [[log p(t_i | t_<i) for
-      i >= 1], ...]}}, and with --rounding also "rounding": n after checking that each of the n
-      bf16 tensors is its fp32 twin rounded to bfloat16
+      i >= 1], ...]}}, and with --rounding (any number of pairs) also "rounding": {LOW_FOLDER: n}
+      after checking that each of the n tensors of LOW_FOLDER (torch_dtype bfloat16 or float16)
+      is its FP32_FOLDER twin rounded to that type (round to nearest even, as torch's .to does)
   hf_reference.py structure FOLDER
       prints {"name": [shape, dtype], ...}
 """
@@ -166,15 +167,16 @@ def logprobs(folder, seqs):
     return out
 
 
-def rounding(fp32_folder, bf16_folder):
+def rounding(fp32_folder, low_folder):
     c32, w32 = load_folder(fp32_folder)
-    c16, w16 = load_folder(bf16_folder)
-    assert c32["torch_dtype"] == "float32" and c16["torch_dtype"] == "bfloat16"
+    c16, w16 = load_folder(low_folder)
+    assert c32["torch_dtype"] == "float32", c32["torch_dtype"]
+    low = {"bfloat16": torch.bfloat16, "float16": torch.float16}[c16["torch_dtype"]]
     assert set(w32) == set(w16), set(w32) ^ set(w16)
     for name, t in w32.items():
         b = w16[name]
-        assert b.dtype == torch.bfloat16, name
-        assert torch.equal(t.to(torch.bfloat16), b), f"{name}: not the fp32 weights rounded to bf16"
+        assert b.dtype == low, (name, b.dtype)
+        assert torch.equal(t.to(low), b), f"{name}: not the fp32 weights rounded to {low}"
     return len(w32)
 
 
@@ -188,9 +190,9 @@ if __name__ == "__main__":
     if cmd == "logprobs":
         args = sys.argv[3:]
         result = {}
-        if "--rounding" in args:
+        while "--rounding" in args:
             at = args.index("--rounding")
-            result["rounding"] = rounding(args[at + 1], args[at + 2])
+            result.setdefault("rounding", {})[args[at + 2]] = rounding(args[at + 1], args[at + 2])
             args = args[:at] + args[at + 3:]
         with open(sys.argv[2]) as f:
             seqs = json.load(f)
