@@ -14,7 +14,8 @@
 //   - the tokenizer's files (a GPT-2 BPE) travel with the export and with the import;
 //   - errors: settings transformers cannot express, missing or malformed config.json, an
 //     unsupported model type or field, a missing, extra or misshapen tensor.
-// Resuming training from an import under TP2 x PP2 is in tests/training/hf_import_training_test.cpp.
+// Resuming training from an import under TP2 x PP2 is in tests/training/hf_import_training_test.cpp;
+// exports of models trained under TP2 x PP2 (fp32, bf16, fp16) in hf_export_training_test.cpp there.
 #include <gtest/gtest.h>
 
 #include <cstring>
