@@ -461,12 +461,32 @@ void HuggingFaceTokenizer::encode_segment(std::string_view text, std::vector<int
           if (n.kind == Normalizer::kNFC || n.kind == Normalizer::kNFKC) options |= UTF8PROC_COMPOSE;
           else options |= UTF8PROC_DECOMPOSE;
           if (n.kind == Normalizer::kNFKC || n.kind == Normalizer::kNFKD) options |= UTF8PROC_COMPAT;
-          utf8proc_uint8_t* mapped = nullptr;
-          const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                                        utf8proc_ssize_t(s.size()), &mapped,
-                                        utf8proc_option_t(options));
-          if (len >= 0) s.assign(reinterpret_cast<char*>(mapped), size_t(len));
-          std::free(mapped);  // invalid UTF-8 (len < 0): left as it is
+          // utf8proc refuses a text holding invalid UTF-8 as a whole; then each run of valid
+          // UTF-8 is normalised on its own and the invalid bytes between them are kept.
+          auto map = [&](std::string_view run, std::string& into) {
+            utf8proc_uint8_t* mapped = nullptr;
+            const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(run.data()),
+                                          utf8proc_ssize_t(run.size()), &mapped,
+                                          utf8proc_option_t(options));
+            if (len >= 0) into.append(reinterpret_cast<char*>(mapped), size_t(len));
+            std::free(mapped);
+            return len >= 0;
+          };
+          std::string r;
+          if (map(s, r)) {
+            s.swap(r);
+            break;
+          }
+          r.clear();
+          for (size_t i = 0; i < s.size();) {
+            size_t j = i;
+            int len;
+            while (j < s.size() && unicode::decode_utf8(s, j, len) != unicode::kInvalid) j += size_t(len);
+            if (j > i && !map(std::string_view(s).substr(i, j - i), r)) r.append(s, i, j - i);
+            while (j < s.size() && unicode::decode_utf8(s, j, len) == unicode::kInvalid) r += s[j++];
+            i = j;
+          }
+          s.swap(r);
           break;
         }
         case Normalizer::kLowercase: {

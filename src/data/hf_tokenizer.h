@@ -23,6 +23,9 @@
 // beside tokenizer.json, as transformers' AutoTokenizer reads them; without either file the EOD
 // is the first added token named <|endoftext|>, <|end_of_text|>, </s> or <eos>.
 // vocab_size() = len(tokenizer): the vocabulary plus added tokens not in it.
+// Invalid UTF-8 (which the tokenizers crate cannot be given) is encoded as raw bytes: the
+// normalizers act on the runs of valid UTF-8 between invalid bytes, no regex match crosses an
+// invalid byte, and each run of invalid bytes is a piece of its own for the byte-level BPE.
 #pragma once
 
 #include <deque>

@@ -8,6 +8,8 @@
 //  - encode is tiktoken's encode_ordinary with --tiktoken-pattern v1 or v2 (special-token strings
 //    in the text are ordinary text); decode writes special tokens as their strings and repairs
 //    invalid UTF-8 with U+FFFD; EOD = EOS = </s>, BOS = <s>, no pad.
+// Invalid UTF-8 in the text (which tiktoken cannot be given) is encoded as raw bytes: the pattern
+// never matches an invalid byte and no match crosses one; each run of invalid bytes is a piece.
 // The ranks file is Megatron's JSON (a list of {"rank", "token_bytes" (base64), "token_str"}) or
 // tiktoken's text form (one "BASE64 RANK" line per token, e.g. cl100k_base.tiktoken).
 #pragma once

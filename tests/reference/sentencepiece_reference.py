@@ -7,10 +7,14 @@ written out here from their documented behaviour.
                                    --vocab-size N
       trains P.model on the lines of TEXT.txt
   sentencepiece_reference.py encode --model P.model --flavor FLAVOR [--vocab-extra-ids N]
-                                    --out IDS.bin --decoded DECODED.jsonl FILE.jsonl...
+                                    [--hex] --out IDS.bin --decoded DECODED.jsonl FILE.jsonl...
       for every {"text"} line: uint32 count then the ids (little-endian) in IDS.bin, and
       {"text": decode(ids)} in DECODED.jsonl; the first line of DECODED.jsonl is
-      {"vocab_size", "eod", "bos", "eos", "pad"}
+      {"vocab_size", "eod", "bos", "eos", "pad"}. --hex: the lines are {"hex": "..."}, raw bytes
+      that may hold invalid UTF-8; SentencePieceProcessor takes bytes as well as str, so they go
+      to it as they are (the wrappers' special-token search runs on the bytes)
+  sentencepiece_reference.py decode --model P.model --flavor FLAVOR [--vocab-extra-ids N] IDS.json
+      IDS.json: [[id, ...], ...]; prints the JSON list of their decoded texts
   sentencepiece_reference.py bench --model P.model --flavor FLAVOR FILE.jsonl...
       encodes every text once on one thread (texts read first) and prints
       {"bytes","documents","tokens","seconds","mb_per_s","tokens_per_s"}
@@ -69,10 +73,11 @@ class MegatronSentencePiece:
         if self.flavor == "Llama2Tokenizer":
             return [self.bos] + self.sp.encode(text)
         ids, idx = [], 0
+        raw = isinstance(text, bytes)
         while True:
             found = {}
             for token in self.specials:
-                at = text.find(token, idx)
+                at = text.find(token.encode() if raw else token, idx)
                 if at >= 0:
                     found[token] = at
             if not found:
@@ -80,7 +85,7 @@ class MegatronSentencePiece:
             token = min(found, key=found.get)
             ids += self.sp.encode_as_ids(text[idx:found[token]])
             ids.append(self.specials[token])
-            idx = found[token] + len(token)
+            idx = found[token] + len(token.encode() if raw else token)
         return ids + self.sp.encode_as_ids(text[idx:])
 
     def detokenize(self, ids):
@@ -96,7 +101,7 @@ class MegatronSentencePiece:
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["train", "encode", "bench"])
+    p.add_argument("mode", choices=["train", "encode", "decode", "bench"])
     p.add_argument("--input")
     p.add_argument("--model-prefix")
     p.add_argument("--model-type")
@@ -106,6 +111,7 @@ def main():
     p.add_argument("--vocab-extra-ids", type=int, default=0)
     p.add_argument("--out")
     p.add_argument("--decoded")
+    p.add_argument("--hex", action="store_true")
     p.add_argument("files", nargs="*")
     a = p.parse_intermixed_args()
     if a.mode == "train":
@@ -116,6 +122,10 @@ def main():
             shuffle_input_sentence=False)
         return
     tok = MegatronSentencePiece(a.model, a.flavor, a.vocab_extra_ids)
+    if a.mode == "decode":
+        with open(a.files[0]) as f:
+            print(json.dumps([tok.detokenize(ids) for ids in json.load(f)]))
+        return
     if a.mode == "bench":
         texts = []
         for f in a.files:
@@ -138,7 +148,8 @@ def main():
                 for line in fin:
                     if not line.strip():
                         continue
-                    ids = tok.tokenize(json.loads(line)["text"])
+                    doc = json.loads(line)
+                    ids = tok.tokenize(bytes.fromhex(doc["hex"]) if a.hex else doc["text"])
                     ids_out.write(struct.pack("<I%dI" % len(ids), len(ids), *ids))
                     dec_out.write(json.dumps({"text": tok.detokenize(ids)}) + "\n")
 

@@ -30,6 +30,20 @@ inline void write_jsonl_texts(const std::filesystem::path& p, const std::vector<
   for (const auto& t : texts) f << nlohmann::json{{"text", t}}.dump() << "\n";
 }
 
+// Raw byte strings (which may hold invalid UTF-8, which JSON strings cannot) as {"hex": "..."}
+// lines for the reference programs.
+inline void write_hex_texts(const std::filesystem::path& p, const std::vector<std::string>& texts) {
+  std::ofstream f(p);
+  for (const auto& t : texts) {
+    std::string hex;
+    for (unsigned char c : t) {
+      hex += "0123456789abcdef"[c >> 4];
+      hex += "0123456789abcdef"[c & 15];
+    }
+    f << nlohmann::json{{"hex", hex}}.dump() << "\n";
+  }
+}
+
 // The documents of a reference id file.
 inline std::vector<std::vector<int32_t>> read_id_file(const std::filesystem::path& p) {
   const std::string bin = megatron::testing::read_file(p);

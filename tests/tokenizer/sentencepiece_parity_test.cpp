@@ -2,9 +2,18 @@
 // python3-sentencepiece with Megatron's wrappers (tests/reference/sentencepiece_reference.py):
 // BPE and unigram models trained here on part of the Brown corpus, then ids, decoded text and
 // special ids compared on held-out text (the nlp corpus, the stress text, special-token strings).
+//
+// Invalid UTF-8 (InvalidUtf8GoesToTheLibraryAsTheSameBytes): SentencePieceProcessor takes bytes as
+// well as str, so the reference is given exactly our bytes (the wrappers' special-token search
+// running on bytes). That is the fair comparison: libsentencepiece turns each invalid byte into
+// U+FFFD, which no piece covers, so it becomes <unk> (decoded " \u2047 "), whereas a U+FFFD
+// already in a Python str (bytes decoded with errors='replace') is removed by the nmt_nfkc
+// normaliser: decoding first would give other ids than the library gives the bytes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <tuple>
 
 #include "data/indexed_dataset.h"
 #include "data/sentencepiece_tokenizer.h"
@@ -40,6 +49,7 @@ class SentencePieceParity : public ::testing::Test {
     held.push_back("a<EOD>b <extra_id_1> </s><s>x<unk><CLS><SEP><MASK><PAD><extra_id_0>");
     held.push_back("<EOD><EOD>  <s> <<EOD>> <extra_id_2><extra_id_7>");
     parity::write_jsonl_texts(*tmp_ / "held.jsonl", held);
+    parity::write_hex_texts(*tmp_ / "invalid.jsonl", invalid_utf8_documents());
     for (const char* type : {"bpe", "unigram"}) {
       const std::string err = parity::run_reference(
           std::string(kPython) + " '" + (root / "tests/reference/sentencepiece_reference.py").string() +
@@ -143,6 +153,40 @@ TEST_F(SentencePieceParity, PreprocessDataWithLlama2TokenizerWritesTheReferenceI
     auto expected = ref[d];
     expected.push_back(*tok.eod());
     ASSERT_EQ(parity::first_difference(got, expected), "") << "document " << d;
+  }
+}
+
+TEST_F(SentencePieceParity, InvalidUtf8GoesToTheLibraryAsTheSameBytes) {
+  const auto docs = invalid_utf8_documents();
+  for (const auto& [model_type, flavor, name, extra] :
+       {std::tuple{"bpe", Flavor::kSentencePiece, "SentencePieceTokenizer", 3},
+        std::tuple{"bpe", Flavor::kLlama2, "Llama2Tokenizer", 0},
+        std::tuple{"unigram", Flavor::kGPTSentencePiece, "GPTSentencePieceTokenizer", 0}}) {
+    const fs::path model = *tmp_ / (std::string(model_type) + ".model");
+    const fs::path ids = *tmp_ / "invalid_ids.bin", decoded = *tmp_ / "invalid_dec.jsonl";
+    ASSERT_EQ(parity::run_reference(
+                  std::string(kPython) + " '" +
+                  (source_dir() / "tests/reference/sentencepiece_reference.py").string() +
+                  "' encode --hex --model '" + model.string() + "' --flavor " + name +
+                  " --vocab-extra-ids " + std::to_string(extra) + " --out '" + ids.string() +
+                  "' --decoded '" + decoded.string() + "' '" + (*tmp_ / "invalid.jsonl").string() + "'"),
+              "");
+    SentencePieceTokenizer tok(model.string(), flavor, extra);
+    const auto ref = parity::read_id_file(ids);
+    ASSERT_EQ(ref.size(), docs.size());
+    std::ifstream dec(decoded);
+    std::string line;
+    std::getline(dec, line);  // the special ids
+    size_t unk = 0;
+    for (size_t d = 0; d < docs.size(); ++d) {
+      const auto ours = tok.encode(docs[d]);
+      ASSERT_EQ(parity::first_difference(ours, ref[d]), "") << name << " invalid document " << d;
+      unk += size_t(std::count(ours.begin(), ours.end(), 0));
+      ASSERT_TRUE(std::getline(dec, line));
+      EXPECT_EQ(tok.decode(ours), nlohmann::json::parse(line)["text"].get<std::string>())
+          << name << " decode of invalid document " << d;
+    }
+    EXPECT_GT(unk, docs.size()) << name << ": the invalid bytes are <unk> (id 0)";
   }
 }
 

@@ -1,6 +1,7 @@
 // Deterministic stress text for the tokenizer parity tests: tricky fragments (code, whitespace
 // runs with tabs and \r\n, numbers, contractions, accented Latin, CJK, emoji with ZWJ
-// sequences, combining marks, unusual Unicode spaces, punctuation runs) and long pieces.
+// sequences, combining marks, unusual Unicode spaces, punctuation runs) and long pieces; and
+// documents holding invalid UTF-8.
 #pragma once
 
 #include <random>
@@ -54,6 +55,32 @@ inline std::vector<std::string> stress_documents() {
   for (int k = 0; k < 700; ++k) pattern += k % 3 ? "ab" : "aab";
   docs.push_back(pattern + "\n" + pattern.substr(1));
   docs.push_back("");
+  return docs;
+}
+
+// Documents holding invalid UTF-8: hand-picked cases (lone continuation and lead bytes, truncated
+// sequences mid-word and at the end, overlong forms, encoded surrogates, code points above
+// U+10FFFF, stray bytes beside special-token strings, digits, contractions, whitespace runs and
+// decomposed characters) and stress documents with invalid bytes put at random byte offsets
+// (some land inside multi-byte characters, cutting them).
+inline std::vector<std::string> invalid_utf8_documents() {
+  std::vector<std::string> docs = {
+      "a\xff\xfe b\xc3", "x\xe6\x9dy", "\xed\xa0\x80z", "ok\xc0\x80", "\x80\x80\x80", "caf\xc3",
+      "\xf0\x9f\x98 smile \xf0\x9f\x98\x80", "\xf4\x90\x80\x80 above", "\xe0\x80\xaf overlong",
+      "Hello\xff<|endoftext|>\xfe world", "<EOD>\xff<s>\xfe</s>\xc0<extra_id_0>",
+      "<|im_start|>\xffuser\n<|im_end|>\x80", "e\xcc\x81\xff e\xcc\x81 \xfe\xcc\x81x",
+      "   \xff   \n\n\xfe\t\t", "don\xff't it\xfe's", "123\xff" "4567\xfe" "8", "\xc3\xa9\xa9\xa9",
+      "\xff", "\xff\xff\xff\xff\xff\xff\xff\xff", " \xff", "\xff \xfe  \xfd\n", "\xe2\x80 \xe2\x80\x83 x"};
+  const std::string bad[] = {"\x80", "\xbf", "\xc0", "\xc1", "\xf5", "\xff", "\xfe", "\xc3", "\xe6\x9d",
+                             "\xf0\x9f\x98", "\xed\xb0\x80"};
+  std::mt19937 rng(99);
+  const auto stress = stress_documents();
+  for (size_t d = 0; d < 60; ++d) {
+    std::string doc = stress[d].substr(0, 400);
+    const int n = 1 + int(rng() % 6);
+    for (int k = 0; k < n; ++k) doc.insert(rng() % (doc.size() + 1), bad[rng() % std::size(bad)]);
+    docs.push_back(doc);
+  }
   return docs;
 }
 
