@@ -2,7 +2,10 @@
 // preprocessed with the tokenizer, a tiny GPT trained on it by `megatron pretrain-gpt` (which
 // sizes the vocabulary from the tokenizer), then `megatron generate` with the same
 // --tokenizer-type: the output's first ids are the reference library's ids of the prompt, and its
-// text is the reference's decode of all its ids (prompt + greedy continuation).
+// text is the reference's decode of all its ids (prompt + greedy continuation); and
+// `megatron evaluate --task WIKITEXT103` counts as many tokens in the detokenized WikiText as the
+// reference gives the same text (Megatron's WikiText detokenizer written out in Python,
+// tests/reference/zeroshot_reference.py).
 //  - Llama2Tokenizer (BOS first) and SentencePieceTokenizer (Megatron's added <SEP>, <EOD>, ...)
 //    on a BPE SentencePiece model trained here, against python3-sentencepiece with Megatron's
 //    wrappers (tests/reference/sentencepiece_reference.py);
@@ -14,6 +17,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "test_util.h"
@@ -92,6 +96,31 @@ void expect_reference(const fs::path& dir, const std::vector<std::string>& promp
   }
 }
 
+// `megatron evaluate --task WIKITEXT103` on dir/ckpt: its count of the detokenized text's tokens
+// equals the reference's (`encode_cmd`, as in expect_reference) for Python's detokenization.
+void expect_wikitext_tokens(const fs::path& dir, const std::string& tokenizer, const std::string& encode_cmd) {
+  const fs::path file = dir / "wiki.test.tokens";
+  mt::write_file(file,
+                 " \n = Robert Boulter = \n \n Robert Boulter is an English film , television and theatre "
+                 "actor . He had a guest @-@ starring role in 2000 , in ( the 1 @,@ 000 @.@ 5 km ) film "
+                 "\" Donkey Punch \" at 20 \u00b0 C ; caf\u00e9 's 3 @.@ 14 . \n \n = = Career = = \n");
+  const auto r = mt::run_cli("evaluate --task WIKITEXT103 --valid-data " + q(file) + " --load " + q(dir / "ckpt") +
+                             " --use-checkpoint-args" + tokenizer);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(number of detokenized tokens: (\d+))"))) << r.output;
+  const auto d = mt::run_command("/usr/bin/python3 " + q(mt::source_dir() / "tests/reference/zeroshot_reference.py") +
+                                 " --detokenize " + q(file));
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  parity::write_jsonl_texts(dir / "wiki.jsonl", {json::parse(d.output)["wiki"].get<std::string>()});
+  ASSERT_EQ(parity::run_reference(encode_cmd + " --out " + q(dir / "wiki_ids.bin") + " --decoded " +
+                                  q(dir / "wiki_dec.jsonl") + " " + q(dir / "wiki.jsonl")),
+            "");
+  const auto ids = parity::read_id_file(dir / "wiki_ids.bin");
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_EQ(std::stoull(m[1].str()), ids[0].size()) << r.output;
+}
+
 TEST(TokenizerGenerate, SentencePieceTypesMatchPythonSentencePiece) {
   mt::TempDir tmp;
   const std::string py = "/usr/bin/python3 " + q(mt::source_dir() / "tests/reference/sentencepiece_reference.py");
@@ -116,6 +145,7 @@ TEST(TokenizerGenerate, SentencePieceTypesMatchPythonSentencePiece) {
     if (type == "Llama2Tokenizer") {
       ASSERT_FALSE(gen.empty());
       EXPECT_EQ(gen[0]["tokens"][0], 1) << "BOS first";
+      expect_wikitext_tokens(dir, flags, py + " encode --model " + q(tmp / "sp.model") + " --flavor " + type);
     }
   }
 }
@@ -134,6 +164,7 @@ TEST(TokenizerGenerate, HuggingFaceTokenizerMatchesTheReference) {
   expect_reference(tmp.path(), prompts, gen, node + " encode qwen2", node + " decode qwen2");
   ASSERT_FALSE(gen.empty());
   EXPECT_EQ(gen[0]["tokens"][0], 100257) << "<|im_start|>";
+  expect_wikitext_tokens(tmp.path(), flags, node + " encode qwen2");
 }
 
 }  // namespace
