@@ -93,7 +93,8 @@ std::string sha256_file(const fs::path& file) {
   return h.hex();
 }
 
-void check_finite_tensor(const Tensor& t, const std::string& name, const std::string& where) {
+void check_finite_tensor(const Tensor& t, const std::string& name, const std::string& where,
+                         const std::string& remedy) {
   int64_t at = -1;
   bool nan = false;
   switch (t.dtype()) {
@@ -106,8 +107,10 @@ void check_finite_tensor(const Tensor& t, const std::string& name, const std::st
     default: return;  // integer tensors are always finite
   }
   MG_REQUIRE(at < 0, where, ": tensor '", name, "' holds ", nan ? "NaN" : "an infinity",
-             " (element ", at, " of ", t.numel(), "); the weights are corrupted or the run had "
-             "diverged when it was saved: load an earlier iteration (--ckpt-step N)");
+             " (element ", at, " of ", t.numel(), "); ",
+             remedy.empty() ? "the weights are corrupted or the run had diverged when it was saved: "
+                              "load an earlier iteration (--ckpt-step N)"
+                            : remedy);
 }
 
 void check_finite_tensors(const std::map<std::string, Tensor>& tensors, const std::string& where) {
