@@ -210,8 +210,10 @@ std::string sha256_file(const std::filesystem::path& file);
 nlohmann::json read_checkpoint_metadata(const std::filesystem::path& iteration_dir);
 
 // Weights are refused when not finite: an error naming the tensor, the element and `where` (the
-// file). Integer tensors pass.
-void check_finite_tensor(const Tensor& t, const std::string& name, const std::string& where);
+// file), then `remedy` (by default: load an earlier iteration). Integer tensors pass. Every reader
+// of weights calls it: our tensor files, Megatron-LM's .pt files, Hugging Face folders.
+void check_finite_tensor(const Tensor& t, const std::string& name, const std::string& where,
+                         const std::string& remedy = "");
 void check_finite_tensors(const std::map<std::string, Tensor>& tensors, const std::string& where);
 
 }  // namespace megatron::training

@@ -30,11 +30,13 @@ void write_tensor_file(const std::filesystem::path& dir, const std::string& rel,
 // tensor holding NaN or an infinity is an error naming it (checkpoint_integrity.cpp).
 SafetensorsContents read_tensor_file(const CheckpointOnDisk& ckpt, const std::string& rel);
 
-// metadata.json of an iteration folder and its checksum file metadata.json.sha256 ("<hex>
-// metadata.json", sha256sum's format, so `sha256sum -c` checks it too).
+// metadata.json of an iteration folder (`text`, a JSON object, with "metadata_checksum_file"
+// added) and its checksum file metadata.json.sha256 ("<hex>  metadata.json", sha256sum's format,
+// so `sha256sum -c` checks it too).
 void write_metadata(const std::filesystem::path& dir, const std::string& text);
-// metadata.json's text, verified against metadata.json.sha256 (only a warning when that file is
-// absent: checkpoints of older builds have none).
+// metadata.json's text, verified against metadata.json.sha256. A missing checksum file is an
+// error when metadata.json records "metadata_checksum_file" (every checkpoint of this build), a
+// warning otherwise (checkpoints of older builds have none).
 std::string read_metadata_text(const std::filesystem::path& dir);
 
 // mkdir -p, every folder it creates 0750 whatever the umask; an existing folder is left as is.

@@ -29,6 +29,9 @@ namespace {
 
 const char* const kMetadata = "metadata.json";
 const char* const kMetadataChecksum = "metadata.json.sha256";
+// The key of metadata.json that says its checksum file was written beside it (every checkpoint
+// of this build): then a missing checksum file is an error, not the warning older checkpoints get.
+const char* const kChecksumKey = "metadata_checksum_file";
 
 struct Sha256 {
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx{EVP_MD_CTX_new(), EVP_MD_CTX_free};
@@ -93,7 +96,8 @@ std::string sha256_file(const fs::path& file) {
   return h.hex();
 }
 
-void check_finite_tensor(const Tensor& t, const std::string& name, const std::string& where) {
+void check_finite_tensor(const Tensor& t, const std::string& name, const std::string& where,
+                         const std::string& remedy) {
   int64_t at = -1;
   bool nan = false;
   switch (t.dtype()) {
@@ -106,8 +110,10 @@ void check_finite_tensor(const Tensor& t, const std::string& name, const std::st
     default: return;  // integer tensors are always finite
   }
   MG_REQUIRE(at < 0, where, ": tensor '", name, "' holds ", nan ? "NaN" : "an infinity",
-             " (element ", at, " of ", t.numel(), "); the weights are corrupted or the run had "
-             "diverged when it was saved: load an earlier iteration (--ckpt-step N)");
+             " (element ", at, " of ", t.numel(), "); ",
+             remedy.empty() ? "the weights are corrupted or the run had diverged when it was saved: "
+                              "load an earlier iteration (--ckpt-step N)"
+                            : remedy);
 }
 
 void check_finite_tensors(const std::map<std::string, Tensor>& tensors, const std::string& where) {
@@ -131,6 +137,13 @@ std::string read_metadata_text(const fs::path& dir) {
              fs::exists(meta, ec) ? " is not a regular file" : " is missing");
   const std::vector<uint8_t> bytes = read_bytes(meta);
   if (!fs::exists(sum, ec)) {
+    const json j = json::parse(bytes.begin(), bytes.end(), nullptr, /*allow_exceptions=*/false);
+    MG_REQUIRE(!(j.is_object() && j.contains(kChecksumKey)), "incomplete checkpoint: ", sum.string(),
+               " is missing, but ", meta.string(), " records that it was saved beside it (\"",
+               kChecksumKey, "\"), so the contents of metadata.json cannot be verified. Copy ",
+               kMetadataChecksum, " from the original checkpoint; if metadata.json is known to be "
+               "intact, recreate it with `sha256sum metadata.json > metadata.json.sha256` in ",
+               dir.string());
     static std::mutex mutex;
     static std::set<std::string> warned;  // once per file and process
     std::lock_guard lock(mutex);
@@ -156,9 +169,14 @@ std::string read_metadata_text(const fs::path& dir) {
 }
 
 void write_metadata(const fs::path& dir, const std::string& text) {
-  write_text_file(dir / kMetadata, text);
-  write_text_file(dir / kMetadataChecksum,
-                  sha256_of(text.data(), text.size()) + "  " + kMetadata + "\n");
+  // Recorded in the file itself, so that deleting the checksum file does not pass for an older
+  // checkpoint that never had one.
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  MG_CHECK(j.is_object(), "write_metadata: the metadata is not a JSON object");
+  j[kChecksumKey] = kMetadataChecksum;
+  const std::string out = j.dump(2) + "\n";
+  write_text_file(dir / kMetadata, out);
+  write_text_file(dir / kMetadataChecksum, sha256_of(out.data(), out.size()) + "  " + kMetadata + "\n");
 }
 
 SafetensorsContents read_tensor_file(const CheckpointOnDisk& ckpt, const std::string& rel) {

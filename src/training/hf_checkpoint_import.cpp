@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "training/checkpoint.h"
 #include "training/hf_checkpoint.h"
 #include "training/hf_checkpoint_internal.h"
 
@@ -154,6 +155,10 @@ struct Tensors {
                "safetensors files (config.json says it is there)");
     MG_REQUIRE(it->second.shape() == shape, file_of.at(key), ": tensor '", key, "' has shape ",
                shape_str(it->second.shape()), " but config.json implies ", shape_str(shape));
+    // (Only the weights taken: a skipped buffer such as a causal mask may hold -inf.)
+    check_finite_tensor(it->second, key, file_of.at(key),
+                        "the weights are corrupted or the model had diverged when it was saved: "
+                        "save it again from a model whose weights are finite");
     used.insert(key);
     return it->second;
   }

@@ -375,6 +375,7 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
   // optimizer's parameter groups index this list.
   struct Param {
     std::string ours;
+    std::string name;  // in the file
     Shape shape;
     bool no_wd;
     bool tied_copy;  // the last stage's copy of the word embedding: not a model tensor here
@@ -396,9 +397,10 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
       if (ours.empty()) continue;  // _extra_state, rotary buffers
       MG_REQUIRE(v->kind == Kind::Tensor, label, ": '", name, "' is a ", v->describe(), ", not a tensor");
       const bool no_wd = v->shape.size() == 1 || name.ends_with(".bias");
-      params.push_back({ours, v->shape, no_wd, tied_copy, v});
+      params.push_back({ours, name, v->shape, no_wd, tied_copy, v});
       if (tied_copy) continue;
       Tensor tensor = f.tensor(*v);
+      check_finite_tensor(tensor, name, label);
       if (legacy_qkv && version < 2.0) {
         MG_REQUIRE(heads > 0, label, ": checkpoint_version ", version, " stores QKV in an order that "
                    "depends on the number of attention heads, and the file has no \"args\" that "
@@ -512,6 +514,7 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
           if (m->kind != Kind::Tensor || m->shape != prm.shape)
             return unmapped("'" + k + "' of '" + prm.ours + "' does not have the parameter's shape");
           value = f.tensor(*m).to(DType::F32);
+          check_finite_tensor(value, prm.name + " (optimizer " + k + ")", label);
         }
         o.tensors["optimizer.state." + k + "." + prm.ours] = value;
       }
@@ -519,7 +522,9 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
       const Value* main = mains != nullptr && mains->kind == Kind::List && j < mains->items.size()
                               ? mains->items[j] : nullptr;
       if (main != nullptr && main->kind == Kind::Tensor && main->shape == prm.shape) {
-        o.tensors["optimizer.state.fp32_param." + prm.ours] = f.tensor(*main).to(DType::F32);
+        Tensor fp32 = f.tensor(*main).to(DType::F32);
+        check_finite_tensor(fp32, prm.name + " (optimizer fp32 main weight)", label);
+        o.tensors["optimizer.state.fp32_param." + prm.ours] = std::move(fp32);
       } else {
         o.tensors["optimizer.state.fp32_param." + prm.ours] = f.tensor(*prm.value).to(DType::F32);
         if (out.notes.empty() || !out.notes.back().ends_with("(fp32_from_fp16_params missing)"))

@@ -1,6 +1,7 @@
 // What every checkpoint reader verifies, end to end with the CLI on one tiny trained checkpoint:
 // metadata.json against metadata.json.sha256 (a one-digit edit is refused by pretrain-gpt,
-// generate and checkpoint convert), the SHA-256 of the weights in generate, non-finite weights
+// generate and checkpoint convert; so is a deleted checksum file, unless the checkpoint is older
+// than the checksum file), the SHA-256 of the weights in generate, non-finite weights
 // refused with the tensor's name, the recorded model settings on resume (with
 // --override-checkpoint-model-args for a deliberate change), leftovers of interrupted saves,
 // folders 0750 whatever the umask, and clear errors for tracker problems.
@@ -123,14 +124,54 @@ TEST_F(CheckpointIntegrity, MetadataIsVerifiedByEveryReader) {
   EXPECT_FAILS_WITH(testing::run_cli("checkpoint convert --load " + ck.string() + " --save " +
                                      (ck.string() + "_tp2") + " --target-tensor-parallel-size 2"),
                     needle);
-  // A manifest that is not a checksum is an error too; a missing one (older builds) a warning.
+  // A manifest that is not a checksum is an error too.
   testing::write_file(iter / "metadata.json.sha256", "garbage\n");
   EXPECT_FAILS_WITH(generate(ck), "metadata.json.sha256 is malformed");
-  const fs::path old = copy("meta_old");
-  fs::remove(old / "iter_0000004/metadata.json.sha256");
+}
+
+TEST_F(CheckpointIntegrity, AMissingMetadataChecksumIsAnErrorUnlessTheCheckpointPredatesIt) {
+  // metadata.json records that its checksum file was written: deleting that file (with or
+  // without an edit of metadata.json) does not pass for an older checkpoint.
+  const fs::path ck = copy("nosum");
+  const fs::path iter = ck / "iter_0000004";
+  const json recorded = json::parse(testing::read_file(iter / "metadata.json"));
+  EXPECT_EQ(recorded.value("metadata_checksum_file", ""), "metadata.json.sha256");
+  fs::remove(iter / "metadata.json.sha256");
+  std::string text = testing::read_file(iter / "metadata.json");
+  const size_t at = text.find("\"num_steps\": 8");
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + 13] = '9';
+  testing::write_file(iter / "metadata.json", text);
+  const std::vector<std::string> needles = {
+      "incomplete checkpoint: " + (iter / "metadata.json.sha256").string() + " is missing",
+      "records that it was saved beside it", "Copy metadata.json.sha256 from the original checkpoint",
+      "sha256sum metadata.json > metadata.json.sha256"};
+  for (const auto& r : {resume(ck), generate(ck),
+                        testing::run_cli("checkpoint convert --load " + ck.string() + " --save " +
+                                         (ck.string() + "_tp2") + " --target-tensor-parallel-size 2")}) {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    for (const std::string& n : needles)
+      EXPECT_NE(r.output.find(n), std::string::npos) << "missing '" << n << "' in\n" << r.output;
+  }
+  EXPECT_FALSE(fs::exists(ck.string() + "_tp2"));
+  // The way out the message gives: the recreated file is accepted again.
+  testing::write_file(iter / "metadata.json", recorded.dump(2) + "\n");
+  write_manifest(iter);
+  const auto back = generate(ck);
+  EXPECT_EQ(back.exit_code, 0) << back.output;
+
+  // A checkpoint of an older build has neither the key nor the file: it loads with a warning.
+  const fs::path old = copy("nosum_old");
+  const fs::path old_iter = old / "iter_0000004";
+  json m = json::parse(testing::read_file(old_iter / "metadata.json"));
+  m.erase("metadata_checksum_file");
+  testing::write_file(old_iter / "metadata.json", m.dump(2));
+  fs::remove(old_iter / "metadata.json.sha256");
   const auto g = generate(old);
   EXPECT_EQ(g.exit_code, 0) << g.output;
   EXPECT_NE(g.output.find("has no metadata.json.sha256"), std::string::npos) << g.output;
+  const auto r = resume(old);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST_F(CheckpointIntegrity, GenerateVerifiesTheWeightsChecksum) {
