@@ -24,48 +24,10 @@ std::map<std::string, Tensor> CheckpointWeights::read_safetensors(const fs::path
 CheckpointIteration find_checkpoint_iteration(const fs::path& load_dir,
                                               std::optional<int64_t> step) {
   MG_REQUIRE(fs::is_directory(load_dir), "--load ", load_dir.string(), " is not a directory");
-  if (!step) {
-    const fs::path tracker = load_dir / "latest_checkpointed_iteration.txt";
-    if (!fs::exists(tracker)) {
-      int64_t newest = -1;
-      for (const auto& e : fs::directory_iterator(load_dir)) {
-        const std::string name = e.path().filename().string();
-        if (name.starts_with("iter_") && name.size() > 5 && name.size() <= 23 && e.is_directory() &&
-            name.find_first_not_of("0123456789", 5) == std::string::npos)
-          newest = std::max<int64_t>(newest, std::stoll(name.substr(5)));
-      }
-      MG_THROW("no checkpoint in ", load_dir.string(), ": ", tracker.filename().string(), " is missing",
-               newest >= 0 ? str("; the newest iteration folder there is ", newest,
-                                 ": pass --ckpt-step ", newest, " to load it")
-                           : std::string(" (pass --ckpt-step to pick an iteration)"));
-    }
-    MG_REQUIRE(fs::is_regular_file(tracker), tracker.string(),
-               " is not a file (a folder of that name?): it must hold the iteration to load; "
-               "remove it, or pass --ckpt-step N");
-    std::ifstream in(tracker);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
-    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.erase(0, 1);
-    if (text == "release") return {load_dir / "release", 0};
-    try {
-      size_t used = 0;
-      step = std::stoll(text, &used);
-      if (used != text.size() || *step < 0) throw std::invalid_argument("");
-    } catch (const std::exception&) {
-      MG_THROW(tracker.string(), ": expected an iteration number or 'release', got '",
-               text.substr(0, 64), "'");
-    }
-  }
-  MG_REQUIRE(*step >= 0, "--ckpt-step must be >= 0");
-  char name[32];
-  std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(*step));
-  const fs::path folder = load_dir / name, aside = load_dir / (std::string(".old_") + name);
-  MG_REQUIRE(fs::is_directory(folder) || !fs::is_directory(aside), folder.string(),
-             " does not exist; ", aside.string(), " holds it (a re-save of that iteration was "
-             "interrupted): rename it back to ", name);
-  MG_REQUIRE(fs::is_directory(folder), "checkpoint folder ", folder.string(),
-             " does not exist (deleted or never completed; pass --ckpt-step N to pick another)");
-  return {folder, *step};
+  const auto where = training::locate_checkpoint(load_dir, step);  // the trainer's rules
+  MG_REQUIRE(where, "no checkpoint in ", load_dir.string(), ": it holds neither ",
+             training::kTrackerFile, " nor iteration folders (iter_NNNNNNN)");
+  return {where->dir, where->iteration};
 }
 
 CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optional<int64_t> step,

@@ -464,13 +464,14 @@ LossResult GPTModel::forward_loss(const GPTInputs& in) {
 }
 
 Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& position_ids,
-                                const Tensor& attention_start) {
+                                const Tensor& attention_start, const Tensor& padding_mask) {
   Impl& m = *impl_;
   MG_CHECK(pre_process() && post_process(), "GPTModel::forward_logits needs the whole model");
   GPTInputs in;
   in.tokens = tokens;
   in.position_ids = position_ids;
   in.attention_start = attention_start;
+  in.padding_mask = padding_mask;
   LayerContext ctx = m.make_ctx(in, false, false, 0);
   m.prepare(*m.embedding);
   Tensor x = m.embedding->forward(ctx, tokens.contiguous(),

@@ -190,8 +190,10 @@ class GPTModel {
   // Evaluation: no dropout, nothing saved for backward. labels/loss_mask required.
   LossResult forward_loss(const GPTInputs& in);
   // [b, s, padded_vocab] fp32 logits, no dropout. Under TP the vocabulary shards are gathered.
+  // padding_mask: as GPTInputs::padding_mask (bidirectional models), or undefined.
   Tensor forward_logits(const Tensor& tokens, const Tensor& position_ids,
-                        const Tensor& attention_start = Tensor());
+                        const Tensor& attention_start = Tensor(),
+                        const Tensor& padding_mask = Tensor());
   // Generation: tokens int32 [n] are appended to the KV cache at inference.row_slot /
   // inference.row_pos (int32 [n] each, set by the caller); returns the logits [k, V] of the rows
   // listed in logit_rows (int32 [k]). All of them on device(). The whole model without tensor or

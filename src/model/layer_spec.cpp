@@ -56,13 +56,13 @@ const std::vector<NormKind>& norm_kinds() {
 const std::vector<ActivationKind>& activation_kinds() {
   static const std::vector<ActivationKind> kinds = {
       {"gelu_tanh", "", "GeLU, tanh form (Megatron's default fused bias-GeLU; --openai-gelu)",
-       false, gelu_tanh_fwd, gelu_tanh_bwd},
-      {"gelu", "", "GeLU, exact erf form (--no-bias-gelu-fusion, or --disable-bias-linear)", false,
-       gelu_fwd, gelu_bwd},
-      {"swiglu", "--swiglu", "SwiGLU MLP: silu(gate) * up, fc1 gives [gate | up]", true,
-       ops::swiglu_fwd, ops::swiglu_bwd},
-      {"squared_relu", "--squared-relu", "Squared ReLU activation", false, ops::squared_relu_fwd,
-       ops::squared_relu_bwd},
+       "GeLU (tanh form)", "--openai-gelu", false, gelu_tanh_fwd, gelu_tanh_bwd},
+      {"gelu", "", "GeLU, exact erf form (--no-bias-gelu-fusion, or --disable-bias-linear)",
+       "GeLU (exact erf form)", "--no-bias-gelu-fusion", false, gelu_fwd, gelu_bwd},
+      {"swiglu", "--swiglu", "SwiGLU MLP: silu(gate) * up, fc1 gives [gate | up]", "SwiGLU",
+       "--swiglu", true, ops::swiglu_fwd, ops::swiglu_bwd},
+      {"squared_relu", "--squared-relu", "Squared ReLU activation", "squared ReLU",
+       "--squared-relu", false, ops::squared_relu_fwd, ops::squared_relu_bwd},
   };
   return kinds;
 }

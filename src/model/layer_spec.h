@@ -8,7 +8,8 @@
 //   - attention: causal or bidirectional mask, rotary / ALiBi positions, a sliding window, the
 //     optional per-head query/key norm.
 // Adding a norm or an activation is one entry in the table of layer_spec.cpp plus its op
-// (kernels/ops.h and its CPU kernel): the CLI lists the names and flags from these tables.
+// (kernels/ops.h and its CPU kernel): the CLI, the recorded-settings checks and their messages
+// take the names and flags from these tables.
 #pragma once
 
 #include <string>
@@ -37,8 +38,10 @@ struct NormKind {
 // of 2F columns per tensor-parallel rank, [gate | up], and gives F.
 struct ActivationKind {
   const char* name;  // TransformerConfig::activation
-  const char* flag;  // the Megatron flag that selects it ("" for the default)
+  const char* flag;  // a Megatron flag of its own that selects it ("" for the GeLU forms)
   const char* help;
+  const char* display;    // in messages: "SwiGLU"
+  const char* asked_by;   // the flag that asks for it, for messages ("--openai-gelu" for tanh GeLU)
   bool gated;
   void (*fwd)(const Tensor& out, const Tensor& x);
   void (*bwd)(const Tensor& dx, const Tensor& dout, const Tensor& x);  // dx may alias dout unless gated

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "model/layer_spec.h"
 
 namespace megatron::model {
 
@@ -37,18 +38,17 @@ const json* lookup(const json& args, const char* key) {
 
 }  // namespace
 
+// From the activation table (layer_spec.h); a name not in it (a newer checkpoint) as it is.
 std::string activation_display_name(const std::string& a) {
-  if (a == "gelu_tanh") return "GeLU (tanh form)";
-  if (a == "gelu") return "GeLU (exact erf form)";
-  if (a == "swiglu") return "SwiGLU";
-  if (a == "squared_relu") return "squared ReLU";
+  for (const ActivationKind& k : activation_kinds())
+    if (a == k.name) return k.display;
   return a;
 }
 
 std::string activation_flag(const std::string& a) {
-  if (a == "gelu_tanh") return "--openai-gelu";
-  if (a == "gelu") return "--no-bias-gelu-fusion";
-  return "--" + std::string(a == "squared_relu" ? "squared-relu" : a);
+  for (const ActivationKind& k : activation_kinds())
+    if (a == k.name) return k.asked_by;
+  return "--" + a;
 }
 
 const std::vector<ModelSetting>& model_settings() {
@@ -120,9 +120,7 @@ RecordedConfig config_from_checkpoint_args(const json& args) {
     }
     for (const ModelSetting& s : model_settings())
       if (m.contains(s.key)) mark(s.key);
-    if (m.contains("gelu_tanh")) mark("activation");
-    // Builds before the GeLU form was recorded trained the exact (erf) form.
-    if (!m.contains("activation") && !m.contains("gelu_tanh")) c.activation = "gelu";
+    if (m.contains("gelu_tanh")) mark("activation");  // from_json reads the legacy forms
     if (m.contains("window_left") || m.contains("window_right")) mark("window_size");
     return out;
   }

@@ -34,8 +34,11 @@ void from_json(const nlohmann::json& j, TransformerConfig& c) {
   if (j.contains(#f) && !j.at(#f).is_null()) j.at(#f).get_to(c.f);
   MG_TRANSFORMER_CONFIG_FIELDS(MG_FROM)
 #undef MG_FROM
-  if (!j.contains("activation") && j.contains("gelu_tanh"))  // written before "activation"
-    c.activation = j.at("gelu_tanh").get<bool>() ? "gelu_tanh" : "gelu";
+  // Metadata written before "activation" was recorded: "gelu_tanh" (a bool) named the form, and
+  // builds before that trained the exact (erf) form. Every reader of a checkpoint (resume,
+  // generate, conversion, the .pt and Hugging Face writers) goes through here, so they agree.
+  if (!j.contains("activation"))
+    c.activation = j.contains("gelu_tanh") && j.at("gelu_tanh").get<bool>() ? "gelu_tanh" : "gelu";
   if (j.contains("params_dtype")) {
     const std::string d = j.at("params_dtype").get<std::string>();
     c.params_dtype = d == "bfloat16" ? DType::BF16 : d == "float16" ? DType::F16 : DType::F32;

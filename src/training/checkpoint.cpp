@@ -75,18 +75,11 @@ using json = nlohmann::json;
 
 namespace {
 
-const char* const kTracker = "latest_checkpointed_iteration.txt";
 using detail::fsync_path;
 using detail::set_mode;
 using detail::write_text_file;
 
 std::string model_file(const CheckpointRank& rank) { return rank.rank_dir() + "/model.safetensors"; }
-
-std::string iteration_dir_name(int64_t iteration) {
-  char name[32];
-  std::snprintf(name, sizeof name, "iter_%07lld", (long long)iteration);
-  return name;
-}
 
 // The iterations of the iter_N folders in `dir`, ascending.
 std::vector<int64_t> iteration_folders(const fs::path& dir) {
@@ -227,6 +220,12 @@ CheckpointState state_from_json(const json& j, const std::string& label) {
 
 }  // namespace
 
+std::string iteration_dir_name(int64_t iteration) {
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld", (long long)iteration);
+  return name;
+}
+
 namespace detail {
 
 void set_mode(const fs::path& p, unsigned mode) {
@@ -254,6 +253,19 @@ void write_text_file(const fs::path& p, const std::string& text) {
   fsync_path(tmp, false);
   set_mode(tmp, 0640);
   fs::rename(tmp, p);
+}
+
+void publish_iteration(const fs::path& save_dir, const fs::path& tmp, const std::string& name,
+                       const std::string& tracker) {
+  const fs::path final_dir = save_dir / name;
+  const fs::path old_dir = save_dir / (".old_" + name);
+  fs::remove_all(old_dir);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
+  fs::rename(tmp, final_dir);
+  fsync_path(save_dir, true);
+  fs::remove_all(old_dir);
+  write_text_file(save_dir / kTrackerFile, tracker);
+  fsync_path(save_dir, true);
 }
 
 
@@ -384,31 +396,25 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
     detail::write_metadata(tmp_dir, meta.dump(2) + "\n");
     fsync_path(tmp_dir, true);
 
-    // Re-saving an iteration: the old folder is moved aside first, so that a crash in between
-    // leaves one complete folder under some name.
-    const fs::path old_dir = save_dir / (".old_" + name);
-    fs::remove_all(old_dir);
-    if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
-    fs::rename(tmp_dir, final_dir);
-    fsync_path(save_dir, true);
-    fs::remove_all(old_dir);
-    write_text_file(save_dir / kTracker, std::to_string(state.iteration));
-    fsync_path(save_dir, true);
+    detail::publish_iteration(save_dir, tmp_dir, name, std::to_string(state.iteration));
   }
   if (multi) rank.world->barrier();  // complete (renamed, tracker written) for everyone
   return final_dir;
 }
 
-std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
-                                                std::optional<int64_t> ckpt_step) {
-  const fs::path tracker = load_dir / kTracker;
-  CheckpointOnDisk c;
+std::optional<CheckpointLocation> locate_checkpoint(const fs::path& load_dir,
+                                                    std::optional<int64_t> ckpt_step) {
+  const fs::path tracker = load_dir / kTrackerFile;
+  CheckpointLocation c;
   std::string sub;
-  int64_t expected_iteration = 0;
   if (ckpt_step) {
-    expected_iteration = *ckpt_step;
+    c.iteration = *ckpt_step;
     MG_REQUIRE(*ckpt_step >= 0, "--ckpt-step must be >= 0 (got ", *ckpt_step, ")");
     sub = iteration_dir_name(*ckpt_step);
+    MG_REQUIRE(fs::is_directory(load_dir / sub) || !fs::is_directory(load_dir / (".old_" + sub)),
+               "--ckpt-step ", *ckpt_step, ": ", (load_dir / sub).string(), " does not exist; ",
+               (load_dir / (".old_" + sub)).string(), " holds it (a re-save of that iteration was "
+               "interrupted): rename it back to ", sub);
     MG_REQUIRE(fs::is_directory(load_dir / sub), "--ckpt-step ", *ckpt_step, ": checkpoint folder ",
                (load_dir / sub).string(), " does not exist");
   } else {
@@ -421,7 +427,7 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
         MG_THROW("--load ", load_dir.string(), " has ", found.size(), " checkpoint folder",
                  found.size() > 1 ? "s" : "", " (", iteration_dir_name(found.front()),
                  found.size() > 1 ? str(" ... ", iteration_dir_name(found.back())) : std::string(),
-                 ") but no ", kTracker, ": pass --ckpt-step ", found.back(),
+                 ") but no ", kTrackerFile, ": pass --ckpt-step ", found.back(),
                  " to load the newest, or write its iteration into ", tracker.string());
       warn_leftovers(load_dir);
       return std::nullopt;
@@ -441,8 +447,8 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
       MG_REQUIRE(ok, tracker.string(), ": expected an iteration number or 'release', got '",
                  text.substr(0, 64), text.size() > 64 ? "...'" : "'",
                  " (corrupted tracker file; pass --ckpt-step N to pick an iteration folder)");
-      expected_iteration = std::stoll(text);
-      sub = iteration_dir_name(expected_iteration);
+      c.iteration = std::stoll(text);
+      sub = iteration_dir_name(c.iteration);
     }
     MG_REQUIRE(fs::is_directory(load_dir / sub) || !fs::is_directory(load_dir / (".old_" + sub)),
                tracker.string(), " names ", sub, " but ", (load_dir / sub).string(),
@@ -454,9 +460,19 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
   }
   warn_leftovers(load_dir);
   c.dir = load_dir / sub;
-  if (is_torch_checkpoint(c.dir))  // Megatron-LM's model_optim_rng.pt files
-    return open_torch_checkpoint(c.dir, c.release,
-                                 c.release ? std::nullopt : std::optional<int64_t>(expected_iteration));
+  return c;
+}
+
+std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
+                                                std::optional<int64_t> ckpt_step) {
+  const std::optional<CheckpointLocation> where = locate_checkpoint(load_dir, ckpt_step);
+  if (!where) return std::nullopt;
+  if (is_torch_checkpoint(where->dir))  // Megatron-LM's model_optim_rng.pt files
+    return open_torch_checkpoint(where->dir, where->release,
+                                 where->release ? std::nullopt : std::optional<int64_t>(where->iteration));
+  CheckpointOnDisk c;
+  c.dir = where->dir;
+  c.release = where->release;
   const fs::path meta_path = c.dir / "metadata.json";
   const std::string label = meta_path.string();
   const json j = read_checkpoint_metadata(c.dir);  // checked against metadata.json.sha256
@@ -490,8 +506,8 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
                ": optimizer.distributed must be true or false");
     c.parallel.distributed_optimizer = j.at("optimizer").at("distributed").get<bool>();
   }
-  MG_REQUIRE(c.release || c.state.iteration == expected_iteration, label, " says iteration ",
-             c.state.iteration, " but the folder is ", sub);
+  MG_REQUIRE(c.release || c.state.iteration == where->iteration, label, " says iteration ",
+             c.state.iteration, " but the folder is ", where->dir.filename().string());
   return c;
 }
 

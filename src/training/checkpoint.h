@@ -148,10 +148,28 @@ struct CheckpointOnDisk {
   std::vector<std::string> notes;  // what reading will leave out (torch: unmappable optimizer state)
 };
 
-// Resolves --load / --ckpt-step. nullopt when nothing is there to load: the folder or its tracker
-// file does not exist (Megatron starts from scratch then). A tracker without a valid iteration,
-// a tracker or --ckpt-step naming a missing or incomplete iteration folder, and bad metadata are
-// errors naming the path.
+// The layout every writer and reader shares (our safetensors checkpoints, conversion, Megatron's
+// .pt files): DIR/iter_0000100/ (or DIR/release/) and the tracker DIR/latest_checkpointed_iteration.txt.
+inline constexpr const char* kTrackerFile = "latest_checkpointed_iteration.txt";
+std::string iteration_dir_name(int64_t iteration);  // "iter_0000100"
+
+// The iteration folder --load and --ckpt-step name, for every reader (training, conversion,
+// generate/serve/evaluate): DIR/iter_NNNNNNN of --ckpt-step, else the one the tracker names
+// ("release": DIR/release, iteration 0). nullopt when nothing is there to load: DIR does not
+// exist, or holds neither a tracker nor iteration folders. Iteration folders without a tracker,
+// a tracker that is not a file or holds no iteration, and a named folder that is missing (or only
+// moved aside by an interrupted re-save) are errors saying how to proceed.
+struct CheckpointLocation {
+  std::filesystem::path dir;
+  int64_t iteration = 0;
+  bool release = false;
+};
+std::optional<CheckpointLocation> locate_checkpoint(const std::filesystem::path& load_dir,
+                                                    std::optional<int64_t> ckpt_step);
+
+// Resolves --load / --ckpt-step (locate_checkpoint) and reads the folder's metadata. nullopt when
+// nothing is there to load (Megatron starts from scratch then). Bad metadata is an error naming
+// the path.
 std::optional<CheckpointOnDisk> find_checkpoint(const std::filesystem::path& load_dir,
                                                 std::optional<int64_t> ckpt_step);
 

@@ -473,11 +473,8 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
   detail::write_metadata(tmp, meta.dump(2) + "\n");
   fsync_path(tmp, true);
   res.dir = o.save / dir_name;
-  fs::rename(tmp, res.dir);
-  fsync_path(o.save, true);
-  write_text_file(o.save / "latest_checkpointed_iteration.txt",
-                  ckpt.release ? std::string("release") : std::to_string(ckpt.state.iteration));
-  fsync_path(o.save, true);
+  detail::publish_iteration(o.save, tmp, dir_name,
+                            ckpt.release ? std::string("release") : std::to_string(ckpt.state.iteration));
   res.to = CheckpointParallel{T, P, ckpt.parallel.data_parallel_size, false};
   res.notes = m.notes;
   return res;

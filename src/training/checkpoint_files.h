@@ -21,6 +21,12 @@ void fsync_path(const std::filesystem::path& p, bool directory);
 // Writes `text` to p.tmp (0640, fsynced) and renames it over p.
 void write_text_file(const std::filesystem::path& p, const std::string& text);
 
+// Publishes a complete, fsynced temporary folder as save_dir/name, then writes the tracker file
+// (`tracker`: the iteration or "release"). An existing save_dir/name (an iteration saved again)
+// is moved aside first and removed after, so a crash in between leaves one complete copy.
+void publish_iteration(const std::filesystem::path& save_dir, const std::filesystem::path& tmp,
+                       const std::string& name, const std::string& tracker);
+
 // Writes `tensors` to dir/rel (mode 0640) and records {"bytes", "sha256"} under files[rel].
 void write_tensor_file(const std::filesystem::path& dir, const std::string& rel,
                        const std::vector<std::pair<std::string, Tensor>>& tensors,

@@ -22,12 +22,6 @@ namespace {
 const char* const kWordEmbedding = "embedding.word_embeddings.weight";
 const char* const kOutputLayer = "output_layer.weight";
 
-std::string iteration_name(int64_t iteration) {
-  char name[32];
-  std::snprintf(name, sizeof name, "iter_%07lld", (long long)iteration);
-  return name;
-}
-
 // One parameter of a rank's model chunk, in Megatron-Core's named_parameters() order.
 struct ChunkParam {
   std::string ours;      // our name (the tensor in the merged checkpoint)
@@ -114,7 +108,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   const int V = layout.num_chunks;
   const int64_t iteration = meta.at("iteration").get<int64_t>();
   const bool release = m.source.release;
-  const std::string dir_name = release ? "release" : iteration_name(iteration);
+  const std::string dir_name = release ? "release" : iteration_dir_name(iteration);
   const bool optim = !m.optimizer_type.empty();
   const bool adam = m.optimizer_type == "adam";
   const DType dtype = m.model.at(kWordEmbedding).dtype();
@@ -327,17 +321,9 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
     MG_REQUIRE(placed.count(name), "tensor '", name, "' has no place in Megatron-Core's GPT model "
                "(it would be lost in the torch checkpoint)");
   detail::fsync_path(tmp, true);
-  const fs::path final_dir = save_dir / dir_name;
-  const fs::path old_dir = save_dir / (".old_" + dir_name);
-  fs::remove_all(old_dir);
-  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
-  fs::rename(tmp, final_dir);
-  detail::fsync_path(save_dir, true);
-  fs::remove_all(old_dir);
-  detail::write_text_file(save_dir / "latest_checkpointed_iteration.txt",
-                          release ? std::string("release") : std::to_string(iteration));
-  detail::fsync_path(save_dir, true);
-  return final_dir;
+  detail::publish_iteration(save_dir, tmp, dir_name,
+                            release ? std::string("release") : std::to_string(iteration));
+  return save_dir / dir_name;
 }
 
 fs::path save_torch_checkpoint(const fs::path& save_dir, const CheckpointState& state,
@@ -346,7 +332,7 @@ fs::path save_torch_checkpoint(const fs::path& save_dir, const CheckpointState& 
   const bool root = !rank.multi() || rank.world->rank() == 0;
   const fs::path staging = save_dir / ".torch_staging";
   save_checkpoint(staging, state, params, optimizer, rank);  // collective: every rank's files
-  fs::path out = save_dir / iteration_name(state.iteration);
+  fs::path out = save_dir / iteration_dir_name(state.iteration);
   std::string failure;
   if (root) {
     try {

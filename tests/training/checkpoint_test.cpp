@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "data/indexed_dataset.h"
+#include "model/model_settings.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
 
@@ -72,6 +73,18 @@ TEST(CheckpointArgs, JsonRoundTripKeepsEveryField) {
   const TrainingArgs d = training_args_from_json(json{{"model", {{"num_layers", 5}}}});
   EXPECT_EQ(d.model.num_layers, 5);
   EXPECT_EQ(d.seed, 1234u);
+  // ... except the activation: metadata without it was written by builds that trained the exact
+  // (erf) GeLU, or recorded the form as "gelu_tanh"; every reader must agree with the resume check.
+  EXPECT_EQ(model::TransformerConfig().activation, "gelu_tanh");  // today's default differs
+  EXPECT_EQ(d.model.activation, "gelu");
+  EXPECT_EQ(model::config_from_checkpoint_args(json{{"model", {{"num_layers", 5}}}}).config.activation,
+            "gelu");
+  for (bool tanh_form : {false, true}) {
+    const json legacy{{"model", {{"num_layers", 5}, {"gelu_tanh", tanh_form}}}};
+    const std::string want = tanh_form ? "gelu_tanh" : "gelu";
+    EXPECT_EQ(training_args_from_json(legacy).model.activation, want);
+    EXPECT_EQ(model::config_from_checkpoint_args(legacy).config.activation, want);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
