@@ -43,6 +43,10 @@ void Weight::refresh() {
   }
 }
 
+void Weight::release() {
+  if (f32.defined() && f32.storage() != param.value.storage()) f32 = Tensor();
+}
+
 SavedTensor::SavedTensor(Module* owner, const char* n, const char* s) : name(n), shape(s) {
   owner->saved_.push_back(this);
 }
@@ -68,6 +72,19 @@ ParameterList Module::parameters() {
 void Module::refresh_working_weights() {
   for (Weight* w : weights_) w->refresh();
   for (Module* c : children_) c->refresh_working_weights();
+}
+
+void Module::release_working_weights() {
+  for (Weight* w : weights_) w->release();
+  for (Module* c : children_) c->release_working_weights();
+}
+
+void Module::weight_tensors(std::vector<Tensor>& out) const {
+  for (const Weight* w : weights_) {
+    out.push_back(w->param.value);
+    out.push_back(w->f32);
+  }
+  for (const Module* c : children_) c->weight_tensors(out);
 }
 
 void Module::for_each_saved(const std::function<void(const SavedTensor&)>& fn) const {
