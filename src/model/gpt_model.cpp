@@ -177,13 +177,16 @@ struct GPTModel::Impl {
   }
 
   // Parameters and gradients (drawn or zeroed on the host) to the model's device, then the
-  // working weights there.
+  // working weights there (none of half-precision weights in a model without gradients).
   void move_to_device() {
     for (Parameter* p : parameters()) {
       if (p->value.device() != device) p->value = p->value.to(device);
       if (p->grad.defined() && p->grad.device() != device) p->grad = p->grad.to(device);
     }
-    refresh();
+    if (transient_working_weights)
+      release_all();
+    else
+      refresh();
   }
 
   void refresh() {
@@ -323,7 +326,6 @@ GPTModel::GPTModel(const TransformerConfig& cfg, uint64_t seed, const TensorPara
   impl_ = std::make_unique<Impl>(cfg, seed, tp, cp, chunk, opt);
   if (opt.init_weights) impl_->init_weights();
   impl_->move_to_device();
-  impl_->release_all();
 }
 GPTModel::~GPTModel() = default;
 

@@ -25,7 +25,11 @@ void Weight::init(const std::string& name, const Shape& shape, DType dtype, bool
   param.weight_decay = decay;
   param.partition_dim = pdim;
   param.sequence_parallel = sp;
-  f32 = dtype == DType::F32 && offset == 0.0f ? param.value : Tensor::zeros(shape, DType::F32);
+  // Without gradients (inference) the fp32 copy of a half-precision weight is made by refresh()
+  // when a module runs (see release()).
+  f32 = dtype == DType::F32 && offset == 0.0f ? param.value
+        : grad                                ? Tensor::zeros(shape, DType::F32)
+                                              : Tensor();
 }
 
 void Weight::refresh() {
@@ -44,7 +48,7 @@ void Weight::refresh() {
 }
 
 void Weight::release() {
-  if (f32.defined() && f32.storage() != param.value.storage()) f32 = Tensor();
+  f32 = param.value.dtype() == DType::F32 && offset == 0.0f ? param.value : Tensor();
 }
 
 SavedTensor::SavedTensor(Module* owner, const char* n, const char* s) : name(n), shape(s) {

@@ -94,7 +94,7 @@ struct Weight {
             bool sp = false, bool grad = true);
   bool defined() const { return param.value.defined(); }
   void refresh();  // param.value (+ offset) -> f32 (no copy for fp32 params without offset)
-  void release();  // drops an f32 copy (not a view of an fp32 value); refresh() makes it again
+  void release();  // drops an f32 copy (an fp32 value stays its own view); refresh() makes it again
 };
 
 class Module;
