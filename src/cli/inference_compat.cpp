@@ -43,8 +43,8 @@ void add_inference_compat_flags(CLI::App& sub, InferenceFlags& f) {
                  "1 (a sharded checkpoint is merged in memory) or the checkpoint's own size")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  sub.add_flag("--fp16", f.fp16, "Weights in fp16 in memory");
-  sub.add_flag("--bf16", f.bf16, "Weights in bf16 in memory");
+  sub.add_flag("--fp16", f.fp16, "Keep the weights in fp16 in memory (half the fp32 bytes)");
+  sub.add_flag("--bf16", f.bf16, "Keep the weights in bf16 in memory (half the fp32 bytes)");
   sub.add_flag("--no-load-optim", f.no_load_optim, "Accepted: inference loads the weights only");
   sub.add_flag("--no-load-rng", f.no_load_rng, "Accepted: inference loads the weights only");
   add_compat_flags(sub, f.compat, CompatScope::Model);

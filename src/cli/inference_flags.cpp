@@ -156,6 +156,8 @@ inference::InferenceModelOptions InferenceFlags::finish() {
   MG_REQUIRE(cfg.seq_length <= cfg.max_position_embeddings || !cfg.learned_position_embedding(),
              "--seq-length ", cfg.seq_length, " exceeds --max-position-embeddings ",
              cfg.max_position_embeddings);
+  // --fp16 / --bf16: the weights are kept in that precision (Megatron's Float16Module).
+  cfg.params_dtype = fp16 ? DType::F16 : bf16 ? DType::BF16 : DType::F32;
   o.model = cfg;
   return o;
 }

@@ -36,7 +36,10 @@ struct InferenceFlags {
   bool use_checkpoint_args = false;
   // Megatron's flags of the tools that load a model for inference (run_text_generation_server.py,
   // tasks/main.py): the parallel sizes must be 1 (shards merged in memory) or the checkpoint's;
-  // --fp16/--bf16 name the weights' precision in memory (parsed, not yet acted on by the loader);
+  // --fp16/--bf16 keep the weights in that precision in memory (half the fp32 bytes; each
+  // module's fp32 working copy exists only while it runs, model/gpt_model.h ModelOptions::grad):
+  // the products, norms and softmax compute in fp32 from the rounded weights, and the KV cache is
+  // fp32 (Megatron computes the activations in half as well);
   // --no-load-optim/--no-load-rng are what inference does anyway (weights only).
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
   bool fp16 = false, bf16 = false;

@@ -30,7 +30,7 @@ struct ServeArgs {
   inference::ServerOptions server;
   // Flags of Megatron's run_text_generation_server.py. The server there samples with each
   // request's own fields, so the sampling flags only set what a script passes; so here.
-  int64_t seed = 1234;          // --seed
+  int64_t seed = 1234;          // --seed: the sampling seeds of requests without their own
   int micro_batch_size = 1;     // --micro-batch-size
   int64_t out_seq_length = 1024, tokens_to_generate = 30;
   double temperature = 1.0, top_p = 0.0;
@@ -45,6 +45,8 @@ void run_serve(ServeArgs& a) {
   MG_REQUIRE(inference::is_loopback_host(a.server.host) || !a.server.api_key.empty(), "--host ",
              a.server.host, " would expose the server beyond this machine without "
              "authentication; pass --api-key KEY (or set MEGATRON_API_KEY) or bind 127.0.0.1");
+  MG_REQUIRE(a.seed > 0, "--seed ", a.seed, " must be a positive integer (Megatron's rule)");
+  a.server.seed = uint64_t(a.seed);
   auto loaded = inference::load_inference_model(a.model.finish());
 
   // SIGINT/SIGTERM may land on any thread (BLAS and OpenMP threads exist before main): the
@@ -95,7 +97,8 @@ CommandRegistrar reg("serve", "Text generation server (Megatron PUT /api, OpenAI
       ->capture_default_str()->check(CLI::Range(64, 1 << 30));
   sub.add_option("--max-tokens-to-generate", s.max_tokens_to_generate, "Largest tokens_to_generate / max_tokens")
       ->capture_default_str()->check(CLI::Range(1, 1 << 24));
-  sub.add_option("--seed", a->seed, "Random seed (Megatron's; requests carry their own random_seed)")
+  sub.add_option("--seed", a->seed, "Seed of the sampling of requests without their own random_seed (/api) or seed "
+                 "(/v1/completions): each takes the next seed of the sequence it starts (> 0)")
       ->capture_default_str();
   sub.add_option("--micro-batch-size", a->micro_batch_size,
                  "Accepted (Megatron's); --max-batch-size sets the sequences decoded together")

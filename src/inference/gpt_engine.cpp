@@ -43,6 +43,8 @@ GPTEngine::GPTEngine(const model::TransformerConfig& config,
                shape_str(it->second.shape()), ", the configuration needs ",
                shape_str(p->value.shape()));
     const Tensor w = it->second.contiguous();
+    MG_REQUIRE(ops::all_finite(w), "weight '", p->name,
+               "' holds NaN or Inf values; the checkpoint is damaged");
     if (w.device() == p->value.device()) {
       ops::cast(p->value, w);
     } else {  // cast where the weight is, then one copy to the model's device
@@ -62,9 +64,12 @@ GPTEngine::GPTEngine(const model::TransformerConfig& config,
              "); check the model flags (--normalization, --swiglu, --disable-bias-linear, "
              "--untie-embeddings-and-output-weights, --position-embedding-type, --qk-layernorm)");
   }
+  // Finite weights that are not finite in the model's precision overflowed it (|w| > 65504 in
+  // fp16).
   for (model::Parameter* p : model_->parameters())
-    MG_REQUIRE(ops::all_finite(p->value), "weight '", p->name,
-               "' holds NaN or Inf values; the checkpoint is damaged");
+    MG_REQUIRE(ops::all_finite(p->value), "weight '", p->name, "' has values beyond the range of ",
+               dtype_name(cfg_.params_dtype), " (|w| > 65504 overflows fp16); load it with "
+               "--bf16, or without --fp16");
 }
 
 void GPTEngine::start(int64_t batch, int64_t max_len) {

@@ -3,7 +3,6 @@
 
 #include <arpa/inet.h>
 
-#include <random>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -64,7 +63,7 @@ struct TextGenerationServer::Impl {
     ctx.vocab = tokenizer.vocab_size();
     ctx.max_sequence_length = model.max_sequence_length();
     ctx.max_tokens_to_generate = options.max_tokens_to_generate;
-    seed_base = std::random_device{}();
+    seed_base = options.seed;
     HttpFrontOptions f;
     f.host = options.host;
     f.port = options.port;

@@ -38,6 +38,12 @@ struct ServerOptions {
   int idle_timeout_ms = 5000;      // a kept-alive connection waiting for its next request
   int max_connections = 1024;
   int max_unauthenticated = 256;   // connections between requests or still sending a head
+  // --seed (Megatron's, default 1234, > 0): Megatron seeds its process-wide generator with it at
+  // start-up, and a request without "random_seed" (/api; "seed" for /v1/completions) samples from
+  // that generator where earlier requests left it. Here such a request takes the next seed of
+  // the sequence `seed` starts (one per request, in the order requests are parsed), so servers
+  // started with the same --seed answer the same requests in the same order alike.
+  uint64_t seed = 1234;
 };
 
 // True for loopback names and addresses (127.0.0.0/8, ::1, localhost).

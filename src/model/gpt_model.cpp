@@ -104,10 +104,12 @@ struct GPTModel::Impl {
   ForwardPreHook pre_hook;
   GradReadyHook grad_ready;
   size_t activation_bytes = 0;
+  bool transient_working_weights = false;  // !ModelOptions::grad (see there)
 
   Impl(const TransformerConfig& c, uint64_t s, const TensorParallel& t, const ContextParallel& cp_,
        const ModelChunk& m, const ModelOptions& opt)
-      : cfg(c), seed(s), tp(t), cp(cp_), place(m), device(opt.device), spec(gpt_layer_spec(c)) {
+      : cfg(c), seed(s), tp(t), cp(cp_), place(m), device(opt.device), spec(gpt_layer_spec(c)),
+        transient_working_weights(!opt.grad) {
     const PipelineLayout& L = m.layout;
     first_layer = L.first_layer(m.pp_rank, m.chunk);
     const bool pre = L.has_embedding(m.pp_rank, m.chunk), post = L.has_output(m.pp_rank, m.chunk);
@@ -175,13 +177,16 @@ struct GPTModel::Impl {
   }
 
   // Parameters and gradients (drawn or zeroed on the host) to the model's device, then the
-  // working weights there.
+  // working weights there (none of half-precision weights in a model without gradients).
   void move_to_device() {
     for (Parameter* p : parameters()) {
       if (p->value.device() != device) p->value = p->value.to(device);
       if (p->grad.defined() && p->grad.device() != device) p->grad = p->grad.to(device);
     }
-    refresh();
+    if (transient_working_weights)
+      release_all();
+    else
+      refresh();
   }
 
   void refresh() {
@@ -191,10 +196,28 @@ struct GPTModel::Impl {
     if (output_layer) output_layer->refresh_working_weights();
   }
 
-  // Before a module's forward: the pre-hook with its parameters, then its working weights.
+  // Before a module's forward: the pre-hook with its parameters, then its working weights (a
+  // tied output layer's are the word table's, which an inference model dropped after the
+  // embedding).
   void prepare(Module& module) {
     call_with_parameters(pre_hook, module);
     module.refresh_working_weights();
+    if (transient_working_weights && &module == output_layer.get() && !output_layer->owns_weight())
+      output_layer->weight().refresh();
+  }
+  // After a module's forward in a model without gradients: its working copies go (see
+  // ModelOptions::grad).
+  void done(Module& module) {
+    if (!transient_working_weights) return;
+    module.release_working_weights();
+    if (&module == output_layer.get() && !output_layer->owns_weight())
+      output_layer->weight().release();
+  }
+  void release_all() {
+    if (embedding) done(*embedding);
+    for (auto& l : layers) done(*l);
+    if (final_layernorm) done(*final_layernorm);
+    if (output_layer) done(*output_layer);
   }
 
   int64_t rows(int64_t b, int64_t s) const {
@@ -324,6 +347,19 @@ bool GPTModel::sequence_parallel() const { return impl_->tp.sequence_parallel; }
 Device GPTModel::device() const { return impl_->device; }
 size_t GPTModel::activation_bytes() const { return impl_->activation_bytes; }
 
+size_t GPTModel::weight_bytes() const {
+  const Impl& m = *impl_;
+  std::vector<Tensor> ts;
+  if (m.embedding) m.embedding->weight_tensors(ts);
+  for (const auto& l : m.layers) l->weight_tensors(ts);
+  if (m.final_layernorm) m.final_layernorm->weight_tensors(ts);
+  if (m.output_layer) {
+    m.output_layer->weight_tensors(ts);
+    ts.push_back(m.output_layer->weight().f32);  // a tied table's (the embedding's in this chunk)
+  }
+  return held_bytes({}, ts);
+}
+
 Parameter* GPTModel::word_embedding() {
   if (impl_->cfg.untie_embeddings_and_output_weights) return nullptr;
   if (impl_->embedding) return &impl_->embedding->word.param;
@@ -349,6 +385,7 @@ Tensor GPTModel::forward(int64_t mb, const GPTInputs& in, const Tensor& x_in,
     x = m.embedding->forward(ctx, in.tokens.contiguous(),
                              in.position_ids.defined() ? in.position_ids.contiguous() : Tensor());
     if (ctx.save) st.embedding = m.embedding->take_saved();
+    else m.done(*m.embedding);
   } else {
     const int64_t R = m.rows(ctx.batch, ctx.seq);
     MG_CHECK(x_in.defined() && x_in.dim() == 2 && x_in.size(0) == R &&
@@ -373,6 +410,7 @@ Tensor GPTModel::forward(int64_t mb, const GPTInputs& in, const Tensor& x_in,
       m.prepare(layer);
       x = layer.forward(rec ? nosave : ctx, x);
       if (ctx.save && !rec) st.layers[size_t(l)] = layer.take_saved();
+      if (!ctx.save) m.done(layer);
     }
   }
   Tensor out = x;
@@ -383,6 +421,10 @@ Tensor GPTModel::forward(int64_t mb, const GPTInputs& in, const Tensor& x_in,
     Tensor dxf;
     *loss = masked_lm_loss(*m.output_layer, xf, in, opt.grad_scale, ctx.save ? &dxf : nullptr);
     if (ctx.save) st.dout = m.final_layernorm->backward(ctx, dxf);
+    if (!ctx.save) {
+      m.done(*m.final_layernorm);
+      m.done(*m.output_layer);
+    }
     out = Tensor();
   }
   if (ctx.save) {
@@ -476,14 +518,19 @@ Tensor GPTModel::forward_logits(const Tensor& tokens, const Tensor& position_ids
   m.prepare(*m.embedding);
   Tensor x = m.embedding->forward(ctx, tokens.contiguous(),
                                   position_ids.defined() ? position_ids.contiguous() : Tensor());
+  m.done(*m.embedding);
   for (auto& l : m.layers) {
     m.prepare(*l);
     x = l->forward(ctx, x);
+    m.done(*l);
   }
   m.prepare(*m.final_layernorm);
   m.prepare(*m.output_layer);
   Tensor xf = m.final_layernorm->forward(ctx, x);
-  return m.output_layer->logits(xf).view({ctx.batch, ctx.seq, m.cfg.padded_vocab_size});
+  Tensor logits = m.output_layer->logits(xf).view({ctx.batch, ctx.seq, m.cfg.padded_vocab_size});
+  m.done(*m.final_layernorm);
+  m.done(*m.output_layer);
+  return logits;
 }
 
 void GPTModel::allocate_inference(InferenceContext& ic, int64_t slots, int64_t max_len) const {
@@ -509,15 +556,20 @@ Tensor GPTModel::forward_inference(const Tensor& tokens, InferenceContext& ic,
   if (m.cfg.rope()) ctx.rope_positions = ic.row_pos;
   m.prepare(*m.embedding);
   Tensor x = m.embedding->forward(ctx, tokens.view({1, n}), ic.row_pos.view({1, n}));
+  m.done(*m.embedding);
   for (auto& l : m.layers) {
     m.prepare(*l);
     x = l->forward(ctx, x);
+    m.done(*l);
   }
   Tensor picked = Tensor::empty({logit_rows.numel(), x.size(1)}, DType::F32, x.device());
   ops::index_select_rows(picked, x, logit_rows);
   m.prepare(*m.final_layernorm);
   m.prepare(*m.output_layer);
-  return m.output_layer->logits(m.final_layernorm->forward(ctx, picked));
+  Tensor logits = m.output_layer->logits(m.final_layernorm->forward(ctx, picked));
+  m.done(*m.final_layernorm);
+  m.done(*m.output_layer);
+  return logits;
 }
 
 }  // namespace megatron::model

@@ -8,7 +8,7 @@
 // Activations are batch-first: a micro-batch of b sequences of s tokens is a [b*s, h] row-major
 // matrix (token (bi, si) is row bi*s + si). Every layer owns its Parameters (value in
 // params_dtype, fp32 grad accumulated +=); compute is fp32 (bf16/fp16 weights are converted once
-// per call into an fp32 working copy). Parameter names and shapes follow Megatron-Core
+// per call into an fp32 working copy, which an inference model drops after each module). Parameter names and shapes follow Megatron-Core
 // (embedding.word_embeddings.weight, decoder.layers.{i}.self_attention.linear_qkv.weight, ...;
 // decoder layers keep their global numbers in every chunk). Logits span the padded vocabulary.
 // Dropout masks are pure functions of (seed, dropout_offset, layer, site, element), so
@@ -118,7 +118,10 @@ struct ModelChunk {
   int pp_rank = 0, chunk = 0;
 };
 struct ModelOptions {
-  bool grad = true;          // allocate gradients (training); false for inference
+  // Allocate gradients (training). false (inference): the model only runs forward, so the fp32
+  // working copies of bf16/fp16 weights are made just before each module runs and dropped after
+  // it; between calls the weights take their own precision's bytes (weight_bytes()).
+  bool grad = true;
   bool init_weights = true;  // draw Megatron's initial weights (false: zeros, to be loaded)
   // Where parameters, gradients and activations live: inputs must be on it; everything the
   // model allocates follows it (initial weights are drawn on the host and copied over).
@@ -219,6 +222,9 @@ class GPTModel {
   // declared saved activation and recompute block input; workspaces and the loss head's logits
   // chunk excluded).
   size_t activation_bytes() const;
+  // Bytes of the distinct storages held by this chunk's parameter values and their fp32 working
+  // copies now (a tied output layer's table counted once).
+  size_t weight_bytes() const;
 
   struct Impl;
 

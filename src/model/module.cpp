@@ -25,7 +25,11 @@ void Weight::init(const std::string& name, const Shape& shape, DType dtype, bool
   param.weight_decay = decay;
   param.partition_dim = pdim;
   param.sequence_parallel = sp;
-  f32 = dtype == DType::F32 && offset == 0.0f ? param.value : Tensor::zeros(shape, DType::F32);
+  // Without gradients (inference) the fp32 copy of a half-precision weight is made by refresh()
+  // when a module runs (see release()).
+  f32 = dtype == DType::F32 && offset == 0.0f ? param.value
+        : grad                                ? Tensor::zeros(shape, DType::F32)
+                                              : Tensor();
 }
 
 void Weight::refresh() {
@@ -41,6 +45,10 @@ void Weight::refresh() {
     const Tensor add = Tensor::full(f32.shape(), double(offset), DType::F32, f32.device());
     ops::add(f32, f32, add);
   }
+}
+
+void Weight::release() {
+  f32 = param.value.dtype() == DType::F32 && offset == 0.0f ? param.value : Tensor();
 }
 
 SavedTensor::SavedTensor(Module* owner, const char* n, const char* s) : name(n), shape(s) {
@@ -68,6 +76,19 @@ ParameterList Module::parameters() {
 void Module::refresh_working_weights() {
   for (Weight* w : weights_) w->refresh();
   for (Module* c : children_) c->refresh_working_weights();
+}
+
+void Module::release_working_weights() {
+  for (Weight* w : weights_) w->release();
+  for (Module* c : children_) c->release_working_weights();
+}
+
+void Module::weight_tensors(std::vector<Tensor>& out) const {
+  for (const Weight* w : weights_) {
+    out.push_back(w->param.value);
+    out.push_back(w->f32);
+  }
+  for (const Module* c : children_) c->weight_tensors(out);
 }
 
 void Module::for_each_saved(const std::function<void(const SavedTensor&)>& fn) const {

@@ -94,6 +94,7 @@ struct Weight {
             bool sp = false, bool grad = true);
   bool defined() const { return param.value.defined(); }
   void refresh();  // param.value (+ offset) -> f32 (no copy for fp32 params without offset)
+  void release();  // drops an f32 copy (an fp32 value stays its own view); refresh() makes it again
 };
 
 class Module;
@@ -132,6 +133,13 @@ class Module {
   ParameterList parameters();
   // Refreshes the fp32 working copies of this module's and its children's weights.
   virtual void refresh_working_weights();
+  // Drops the fp32 working copies of half-precision weights (a model that only runs forward keeps
+  // its weights' footprint at their own precision between modules); refresh_working_weights()
+  // makes them again.
+  void release_working_weights();
+  // Appends this module's and its children's parameter values and fp32 working copies (a copy
+  // that is a view of its value shares its storage) to `out`, for held_bytes.
+  void weight_tensors(std::vector<Tensor>& out) const;
 
   // Every activation this module and its children hold for backward.
   void for_each_saved(const std::function<void(const SavedTensor&)>& fn) const;

@@ -14,25 +14,16 @@
 
 #include "inference/generation.h"
 #include "test_util.h"
-#include "tiny_gpt.h"
+#include "cli_test_util.h"
 
 namespace megatron::inference {
 namespace {
 
 namespace mt = megatron::testing;
 
-// Architecture and tokenizer flags of the tiny GPT-2 style model (vocab 60 padded to 64).
-const std::string kModelFlags =
-    " --num-layers 2 --hidden-size 32 --num-attention-heads 4 --max-position-embeddings 32"
-    " --tokenizer-type NullTokenizer --vocab-size 60 --make-vocab-size-divisible-by 64";
-
-struct Checkpoint {
-  Checkpoint() : weights(testing::random_weights(testing::gpt2_config())) {
-    testing::write_checkpoint(dir.path(), weights, 5);
-  }
-  mt::TempDir dir;
-  testing::Weights weights;
-};
+using testing::Checkpoint;
+using testing::kModelFlags;
+using testing::without_warnings;
 
 std::vector<int32_t> greedy(const testing::Weights& w, std::vector<int32_t> prompt, int64_t n) {
   GPTEngine model(testing::gpt2_config(), w);
@@ -49,16 +40,6 @@ std::string join(const std::vector<int32_t>& ids) {
   std::string s;
   for (size_t i = 0; i < ids.size(); ++i) s += (i ? " " : "") + std::to_string(ids[i]);
   return s;
-}
-
-// The output without "warning: " lines (these hand-made checkpoints have no metadata.json, so
-// the loader warns that their checksums cannot be verified).
-std::string without_warnings(const std::string& output) {
-  std::istringstream lines(output);
-  std::string out;
-  for (std::string line; std::getline(lines, line);)
-    if (line.rfind("warning: ", 0) != 0) out += line + "\n";
-  return out;
 }
 
 TEST(GenerateCommand, GreedyOutputEqualsTheEngine) {

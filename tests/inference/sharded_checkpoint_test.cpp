@@ -3,7 +3,7 @@
 // with `megatron checkpoint convert`'s library to TP2, PP2 and TP2 x PP2, and each sharded folder
 // loaded by load_inference_model (which merges the shards in memory) must generate exactly what
 // the single-rank checkpoint generates: the same tokens and bit-identical log-probs, greedy and
-// sampled. The vocabulary re-padding (TP2 pads to more rows than TP1) and a corrupted shard are
+// sampled, for a GPT-2-style and a Llama-style model. The vocabulary re-padding (TP2 pads to more rows than TP1) and a corrupted shard are
 // covered too.
 #include <gtest/gtest.h>
 
@@ -27,12 +27,8 @@ namespace fs = std::filesystem;
 void save_training_checkpoint(const fs::path& dir, const testing::Weights& w, const testing::Config& c,
                               int64_t vocab, int64_t divisor) {
   training::TrainingArgs a;
-  a.model.num_layers = int(c.num_layers);
-  a.model.hidden_size = int(c.hidden_size);
-  a.model.num_attention_heads = int(c.num_attention_heads);
+  a.model = c;  // the architecture too (Llama-style: RMSNorm, SwiGLU, rotary, GQA, untied)
   a.model.seq_length = int(c.max_position_embeddings);
-  a.model.max_position_embeddings = int(c.max_position_embeddings);
-  a.model.padded_vocab_size = c.padded_vocab_size;
   a.make_vocab_size_divisible_by = divisor;
   a.tokenizer.type = "NullTokenizer";
   a.tokenizer.vocab_size = vocab;
@@ -60,10 +56,11 @@ void convert(const fs::path& from, const fs::path& to, int tp, int pp) {
   training::convert_checkpoint(o);
 }
 
-InferenceModel load(const fs::path& dir, int64_t vocab, int64_t divisor) {
+InferenceModel load(const fs::path& dir, int64_t vocab, int64_t divisor,
+                    const testing::Config& c = testing::gpt2_config()) {
   InferenceModelOptions o;
   o.load = dir.string();
-  o.model = testing::gpt2_config();
+  o.model = c;
   o.make_vocab_size_divisible_by = divisor;
   o.tokenizer.type = "NullTokenizer";
   o.tokenizer.vocab_size = vocab;
@@ -96,14 +93,21 @@ void expect_same(const std::vector<SequenceResult>& got, const std::vector<Seque
   }
 }
 
-TEST(ShardedCheckpointGeneration, TensorAndPipelineShardsGenerateLikeTheSingleRankCheckpoint) {
+// GPT-2 style (2 layers, h 32, 4 heads, vocab 64) and Llama style (the same sizes with RMSNorm,
+// SwiGLU, rotary on half of each head, 2 query groups, no biases, untied output layer).
+class ShardedCheckpointGeneration : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ShardedCheckpointGeneration, TensorAndPipelineShardsGenerateLikeTheSingleRankCheckpoint) {
   megatron::testing::TempDir tmp;
-  const testing::Config c = testing::gpt2_config();  // 2 layers, h 32, 4 heads, vocab 64
+  const bool llama = std::string(GetParam()) == "llama";
+  const testing::Config c = llama ? testing::llama_config() : testing::gpt2_config();
   const testing::Weights w = testing::random_weights(c);
   save_training_checkpoint(tmp / "tp1", w, c, 64, 16);
-  InferenceModel ref_model = load(tmp / "tp1", 64, 16);
+  InferenceModel ref_model = load(tmp / "tp1", 64, 16, c);
   const auto ref = run(ref_model, 64);
-  for (auto [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}, std::pair{4, 1}}) {
+  std::vector<std::pair<int, int>> layouts = {{2, 1}, {1, 2}, {2, 2}};
+  if (!llama) layouts.push_back({4, 1});  // 2 query groups do not split over 4 ranks
+  for (auto [tp, pp] : layouts) {
     const std::string name = "tp" + std::to_string(tp) + "pp" + std::to_string(pp);
     SCOPED_TRACE(name);
     convert(tmp / "tp1", tmp / name, tp, pp);
@@ -113,7 +117,7 @@ TEST(ShardedCheckpointGeneration, TensorAndPipelineShardsGenerateLikeTheSingleRa
     else
       std::snprintf(last, sizeof last, "mp_rank_%02d", tp - 1);
     ASSERT_TRUE(fs::exists(tmp / name / "iter_0000007" / last / "model.safetensors")) << last;
-    InferenceModel m = load(tmp / name, 64, 16);
+    InferenceModel m = load(tmp / name, 64, 16, c);
     EXPECT_EQ(m.iteration, 7);
     expect_same(run(m, 64), ref, name);
     // The merged tensors are the saved ones, bit for bit.
@@ -126,9 +130,12 @@ TEST(ShardedCheckpointGeneration, TensorAndPipelineShardsGenerateLikeTheSingleRa
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Architectures, ShardedCheckpointGeneration,
+                         ::testing::Values("gpt2", "llama"));
+
 // 60 tokens padded by 64: 64 rows under TP1, 128 under TP2. The TP2 checkpoint's extra rows are
 // cut off again when generating (the tokenizer's TP1 padding), which gives the TP1 model.
-TEST(ShardedCheckpointGeneration, TheVocabularyIsRepaddedForOneRank) {
+TEST(ShardedCheckpointGenerationVocabulary, TheVocabularyIsRepaddedForOneRank) {
   megatron::testing::TempDir tmp;
   const testing::Config c = testing::gpt2_config();
   const testing::Weights w = testing::random_weights(c);
@@ -146,7 +153,7 @@ TEST(ShardedCheckpointGeneration, TheVocabularyIsRepaddedForOneRank) {
   expect_same(run(m, 60), run(ref_model, 60), "tp2 re-padded");
 }
 
-TEST(ShardedCheckpointGeneration, ACorruptedShardIsAnErrorNamingTheFile) {
+TEST(ShardedCheckpointGenerationErrors, ACorruptedShardIsAnErrorNamingTheFile) {
   megatron::testing::TempDir tmp;
   const testing::Config c = testing::gpt2_config();
   save_training_checkpoint(tmp / "tp1", testing::random_weights(c), c, 64, 16);

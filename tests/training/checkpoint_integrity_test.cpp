@@ -282,5 +282,72 @@ TEST_F(CheckpointIntegrity, TrackerProblemsAreClearErrors) {
     EXPECT_FAILS_WITH(r, "latest_checkpointed_iteration.txt is not a file");
 }
 
+// serve and evaluate read checkpoints through the same verification as generate: an edited
+// metadata.json, a flipped byte of the weights or a NaN weight is an error naming the file or
+// tensor, the exit status is 1, and nothing is served (the server never binds).
+class InferenceCheckpointIntegrity : public CheckpointIntegrity {
+ protected:
+  static testing::CommandResult serve(const fs::path& ckpt, int seconds = 60) {
+    // A server that starts would run until killed: `timeout` ends it (exit 124).
+    return testing::run_command("timeout " + std::to_string(seconds) + " '" +
+                                testing::cli_path().string() + "' serve " +
+                                kModel + "--load " + ckpt.string() + " --port 0 2>&1");
+  }
+  static testing::CommandResult evaluate(const fs::path& ckpt) {
+    const fs::path data = ckpt / "lambada.jsonl";
+    testing::write_file(data, "{\"text\": \"1 4 7 10 13 16\"}\n{\"text\": \"2 5 8 11\"}\n");
+    return testing::run_cli(std::string("evaluate --task LAMBADA --valid-data ") + data.string() +
+                            " " + kModel + "--load " + ckpt.string());
+  }
+  static void expect_refused(const testing::CommandResult& r, const std::string& says,
+                             const std::string& names) {
+    EXPECT_FAILS_WITH(r, says, names);
+    EXPECT_EQ(r.output.find("serving on"), std::string::npos) << r.output;
+  }
+};
+
+TEST_F(InferenceCheckpointIntegrity, ServeAndEvaluateLoadTheGoodCheckpoint) {
+  const fs::path ck = copy("inference_good");
+  const auto e = evaluate(ck);
+  EXPECT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_NE(e.output.find("number correct:"), std::string::npos) << e.output;
+  // The server comes up (and `timeout` stops it after 5 s).
+  const auto s = serve(ck, 5);
+  EXPECT_EQ(s.exit_code, 124) << s.output;
+  EXPECT_NE(s.output.find("serving on http://127.0.0.1:"), std::string::npos) << s.output;
+}
+
+TEST_F(InferenceCheckpointIntegrity, EditedMetadataIsRefused) {
+  const fs::path ck = copy("inference_meta");
+  const fs::path iter = ck / "iter_0000004";
+  std::string text = testing::read_file(iter / "metadata.json");
+  const size_t at = text.find("\"num_steps\": 8");
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + 13] = '9';
+  testing::write_file(iter / "metadata.json", text);
+  for (const auto& r : {serve(ck), evaluate(ck)})
+    expect_refused(r, "metadata.json: SHA-256 checksum mismatch", (iter / "metadata.json").string());
+}
+
+TEST_F(InferenceCheckpointIntegrity, AFlippedByteOfTheWeightsIsRefused) {
+  const fs::path ck = copy("inference_flip");
+  const fs::path file = ck / "iter_0000004/mp_rank_00/model.safetensors";
+  std::string bytes = testing::read_file(file);
+  bytes[bytes.size() - 9] ^= 0x01;
+  testing::write_file(file, bytes);
+  for (const auto& r : {serve(ck), evaluate(ck)})
+    expect_refused(r, "model.safetensors: SHA-256 checksum mismatch", file.string());
+}
+
+TEST_F(InferenceCheckpointIntegrity, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  const fs::path ck = copy("inference_nan");
+  rewrite_model(ck / "iter_0000004", [](std::map<std::string, Tensor>& t) {
+    t.at("decoder.layers.0.mlp.linear_fc1.weight").data<float>()[7] = std::numeric_limits<float>::quiet_NaN();
+  });
+  for (const auto& r : {serve(ck), evaluate(ck)})
+    expect_refused(r, "tensor 'decoder.layers.0.mlp.linear_fc1.weight' holds NaN (element 7 of",
+                   "model.safetensors");
+}
+
 }  // namespace
 }  // namespace megatron::training
