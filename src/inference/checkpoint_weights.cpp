@@ -58,7 +58,6 @@ CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optiona
     w.directory_ = sharded ? ckpt->dir : ckpt->dir / "mp_rank_00";
     // Unsharded: the vocabulary table as saved, so that a tokenizer mismatch shows.
     w.tensors_ = training::read_single_rank_model(*ckpt, sharded ? padded_vocab_size : 0);
-    if (torch) training::check_finite_tensors(w.tensors_, ckpt->dir.string());
     return w;
   }
   w.directory_ = folder / "mp_rank_00";
