@@ -35,10 +35,6 @@ struct PretrainFlags {
   CLI::App* app = nullptr;
 };
 
-[[noreturn]] void not_implemented(const std::string& flag, const std::string& what) {
-  MG_THROW(flag, " is not implemented yet in this build (", what, "); remove it from the command line");
-}
-
 // The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
 // naming each, unless it has Megatron's default value or a meaning the loop already has; a note
 // for --grad-reduce-in-bf16 without --bf16 (no effect, as in Megatron-LM).
@@ -158,7 +154,9 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                  "Not a Megatron-LM pretraining flag: refused; use --train-iters or --train-samples");
   sub.add_flag("--skip-train", a.skip_train, "Evaluate only: validation and test splits at the loaded iteration");
   sub.add_flag("--calculate-per-token-loss", a.calculate_per_token_loss,
-               "One token mean over the whole global batch (how this build normalises the loss today)");
+               "Gradient of one token mean over the whole global batch (all micro-batches and "
+               "DP x CP ranks); default, as Megatron-LM: each micro-batch's loss over its own "
+               "loss tokens, averaged over micro-batches and DP x CP ranks");
   sub.add_option("--train-iters", a.train_iters, "Training iterations");
   sub.add_option("--train-samples", a.train_samples, "Training samples");
   sub.add_option("--lr", a.lr, "Peak learning rate");

@@ -639,12 +639,24 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       plain_opt->zero_grad();
     // This DP rank's micro-batches: global micro-batch m * DP + dp_rank of the iteration.
     std::vector<model::GPTInputs> batches;
+    std::vector<double> microbatch_tokens;  // loss tokens of each micro-batch (this CP slice)
     double local_tokens = 0;
     for (int64_t m = 0; m < iter_micro; ++m) {
       batches.push_back(cp_slice(data::make_batch(*ds.train, consumed + m * mbs * dp, mbs, dp_rank, dp, bopt)));
-      local_tokens += mask_sum(batches.back().loss_mask);
+      microbatch_tokens.push_back(mask_sum(batches.back().loss_mask));
+      local_tokens += microbatch_tokens.back();
     }
     const double tokens = dp_sum({local_tokens})[0];  // loss tokens of the global batch
+    // The loss whose gradient the step takes (trainer.h), times the loss scale:
+    // --calculate-per-token-loss: sum of loss over the global batch / its loss tokens
+    // (Megatron's finalize_model_grads divides by the tokens summed over DP x CP);
+    // default: each micro-batch's loss sum / max(its loss tokens, 1) / micro-batches (Megatron's
+    // forward_step), and 1 / (DP x CP) as Megatron's gradient_scaling_factor before the sum.
+    std::vector<float> microbatch_grad_scale;
+    if (!a.calculate_per_token_loss)
+      for (double t : microbatch_tokens)
+        microbatch_grad_scale.push_back(
+            float(scaler.scale() / (std::max(t, 1.0) * double(iter_micro) * double(dp_cp))));
     const float grad_scale = float(scaler.scale() / std::max(tokens, 1.0));
     double loss_sum = 0;
     int launched = 0;  // buckets launched by the end of the backward passes
@@ -657,6 +669,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       // micro-batch backward (their TP sums done), the tied embedding after the flush.
       pipeline::ForwardBackwardOptions fb;
       fb.grad_scale = grad_scale;
+      fb.microbatch_grad_scale = std::move(microbatch_grad_scale);
       fb.dropout_offset = dropout_offset + uint64_t(dp_rank);
       fb.dropout_offset_stride = uint64_t(dp);
       if (hook_reduction) {
