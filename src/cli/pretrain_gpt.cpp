@@ -92,6 +92,9 @@ void run(PretrainFlags f) {
                "both set a sliding window; keep one");
     MG_REQUIRE(a.pre_tockens >= 0 && a.next_tockens >= 0, "--pre-tockens and --next-tockens must "
                "be >= 0 (got ", a.pre_tockens, " and ", a.next_tockens, ")");
+    MG_REQUIRE(!a.model.causal() || a.next_tockens == 0, "--next-tockens ", a.next_tockens,
+               ": a causal model (GPT) sees no key after its query; keep --next-tockens 0 and set "
+               "the window with --pre-tockens");
     a.model.window_left = a.pre_tockens < a.model.seq_length - 1 ? a.pre_tockens : -1;
     a.model.window_right = a.next_tockens;
   }
