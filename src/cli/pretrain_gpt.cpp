@@ -6,7 +6,7 @@
 // Flags naming kernels or backends this build always uses are accepted (megatron_compat.h); the
 // ones that change what is computed (batch-size ramp-up and step schedule, decoupled LR, bf16
 // gradient reduction, mock data, --skip-train) go to TrainingArgs and are checked by
-// training::validate_args; --ckpt-format torch is still rejected by name.
+// training::validate_args; --ckpt-format torch saves Megatron-LM's model_optim_rng.pt files.
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -42,12 +42,10 @@ void reject_pending_flags(const training::TrainingArgs& a) {
   if (a.grad_reduce_in_bf16 && !a.bf16)
     log_info("note: --grad-reduce-in-bf16 has no effect without --bf16 (as in Megatron-LM: "
              "gradients of fp32 and fp16 models are reduced in their own dtype here, fp32)");
-  if (a.ckpt_format == "torch")
-    not_implemented("--ckpt-format torch", "Megatron's model_optim_rng.pt files; the default "
-                    "torch_dist writes this build's resharding format");
-  MG_REQUIRE(a.ckpt_format == "torch_dist", "--ckpt-format ", a.ckpt_format,
-             " is not supported: use torch_dist (Megatron's default; here this build's resharding "
-             "checkpoint format, safetensors per rank)");
+  MG_REQUIRE(a.ckpt_format == "torch_dist" || a.ckpt_format == "torch", "--ckpt-format ",
+             a.ckpt_format, " is not supported: use torch_dist (Megatron's default; here this "
+             "build's resharding checkpoint format, safetensors per rank) or torch (Megatron-LM's "
+             "model_optim_rng.pt files)");
 }
 
 // Relative tokenizer file names are made absolute, so the checkpoint's arguments name files that
@@ -72,6 +70,7 @@ void run(PretrainFlags f) {
   if (!std::isnan(f.decoupled_lr)) a.decoupled_lr = f.decoupled_lr;
   if (!std::isnan(f.decoupled_min_lr)) a.decoupled_min_lr = f.decoupled_min_lr;
   reject_pending_flags(a);
+  a.transformer_impl = f.compat.transformer_impl;  // the names --ckpt-format torch writes
   // The architecture from Megatron's model flags (model_flags.h); the run-time fields
   // (recomputation, sequence parallelism, CP exchange) were parsed into a.model directly.
   {
@@ -292,7 +291,8 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--ckpt-step", a.ckpt_step, "Load this iteration instead of the tracker's");
   sub.add_option("--ckpt-format", a.ckpt_format,
                  "torch_dist (this build's resharding format, safetensors per rank) | torch "
-                 "(not implemented yet)")
+                 "(Megatron-LM's iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt files, which "
+                 "Megatron-LM loads with --ckpt-format torch)")
       ->check(CLI::IsMember({"torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"}))
       ->capture_default_str();
   sub.add_flag("--finetune", a.finetune, "Load the weights only; iteration, samples, optimizer, "

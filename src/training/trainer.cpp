@@ -28,6 +28,7 @@
 #include "training/batch_size_schedule.h"
 #include "training/checkpoint.h"
 #include "training/metrics.h"
+#include "training/torch_checkpoint.h"
 
 namespace megatron::training {
 
@@ -595,8 +596,15 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     st.scheduler_num_steps = scheduler.num_steps();
     if (!a.no_save_rng) st.rng = RngState{rng_seed, dropout_offset};
     st.args = training_args_to_json(a);
-    const auto dir = save_checkpoint(a.save, st, params,
-                                     a.no_save_optim ? OptimizerRef() : opt, crank);
+    const OptimizerRef saved_opt = a.no_save_optim ? OptimizerRef() : opt;
+    std::filesystem::path dir;
+    if (a.ckpt_format == "torch") {
+      TorchSaveOptions to;
+      to.transformer_impl = a.transformer_impl;
+      dir = save_torch_checkpoint(a.save, st, params, saved_opt, crank, to);
+    } else {
+      dir = save_checkpoint(a.save, st, params, saved_opt, crank);
+    }
     say(str("saved checkpoint at iteration ", it, " to ", dir.string()));
     last_saved = it;
   };

@@ -167,8 +167,12 @@ struct TrainingArgs {
   // attention as computed now; a narrower window is the sliding window.
   int64_t pre_tockens = 65536, next_tockens = 0;
   // --ckpt-format: torch_dist (Megatron's default) is served by this build's own resharding
-  // format (safetensors per rank); torch is Megatron's model_optim_rng.pt files.
+  // format (safetensors per rank, checkpoint.h); torch saves Megatron-LM's files
+  // (iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt and latest_checkpointed_iteration.txt,
+  // torch_checkpoint.h) with the names of --transformer-impl (transformer_impl below). --load
+  // reads either format whatever --ckpt-format says.
   std::string ckpt_format = "torch_dist";
+  std::string transformer_impl = "transformer_engine";  // --transformer-impl (names in .pt files)
 };
 
 // Checks cross-flag constraints; throws megatron::Error naming the flags.
