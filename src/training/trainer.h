@@ -49,7 +49,8 @@
 //   micro-batches are the CP slices.
 // The last rank (last pipeline stage: it has the loss) prints the log lines and writes the JSONL
 // metrics and TensorBoard files (as Megatron's print_rank_last); checkpoints are written per rank
-// (checkpoint.h).
+// (checkpoint.h), or with --ckpt-format torch as Megatron-LM's model_optim_rng.pt files
+// (torch_checkpoint.h).
 // The global batch may change between iterations (--rampup-batch-size, --step-batch-size-schedule;
 // training/batch_size_schedule.h): each iteration takes its batch from the consumed-sample count,
 // the LR schedule steps by it, and a checkpoint is saved (with --save) before the micro-batch
