@@ -6,7 +6,7 @@
 // Flags naming kernels or backends this build always uses are accepted (megatron_compat.h); the
 // ones that change what is computed (batch-size ramp-up and step schedule, decoupled LR, bf16
 // gradient reduction, mock data, --skip-train) go to TrainingArgs and are checked by
-// training::validate_args; --ckpt-format torch is still rejected by name.
+// training::validate_args; --ckpt-format torch saves Megatron-LM's model_optim_rng.pt files.
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -35,10 +35,6 @@ struct PretrainFlags {
   CLI::App* app = nullptr;
 };
 
-[[noreturn]] void not_implemented(const std::string& flag, const std::string& what) {
-  MG_THROW(flag, " is not implemented yet in this build (", what, "); remove it from the command line");
-}
-
 // The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
 // naming each, unless it has Megatron's default value or a meaning the loop already has; a note
 // for --grad-reduce-in-bf16 without --bf16 (no effect, as in Megatron-LM).
@@ -46,12 +42,10 @@ void reject_pending_flags(const training::TrainingArgs& a) {
   if (a.grad_reduce_in_bf16 && !a.bf16)
     log_info("note: --grad-reduce-in-bf16 has no effect without --bf16 (as in Megatron-LM: "
              "gradients of fp32 and fp16 models are reduced in their own dtype here, fp32)");
-  if (a.ckpt_format == "torch")
-    not_implemented("--ckpt-format torch", "Megatron's model_optim_rng.pt files; the default "
-                    "torch_dist writes this build's resharding format");
-  MG_REQUIRE(a.ckpt_format == "torch_dist", "--ckpt-format ", a.ckpt_format,
-             " is not supported: use torch_dist (Megatron's default; here this build's resharding "
-             "checkpoint format, safetensors per rank)");
+  MG_REQUIRE(a.ckpt_format == "torch_dist" || a.ckpt_format == "torch", "--ckpt-format ",
+             a.ckpt_format, " is not supported: use torch_dist (Megatron's default; here this "
+             "build's resharding checkpoint format, safetensors per rank) or torch (Megatron-LM's "
+             "model_optim_rng.pt files)");
 }
 
 // Relative tokenizer file names are made absolute, so the checkpoint's arguments name files that
@@ -76,6 +70,7 @@ void run(PretrainFlags f) {
   if (!std::isnan(f.decoupled_lr)) a.decoupled_lr = f.decoupled_lr;
   if (!std::isnan(f.decoupled_min_lr)) a.decoupled_min_lr = f.decoupled_min_lr;
   reject_pending_flags(a);
+  a.transformer_impl = f.compat.transformer_impl;  // the names --ckpt-format torch writes
   // The architecture from Megatron's model flags (model_flags.h); the run-time fields
   // (recomputation, sequence parallelism, CP exchange) were parsed into a.model directly.
   {
@@ -96,6 +91,9 @@ void run(PretrainFlags f) {
                "both set a sliding window; keep one");
     MG_REQUIRE(a.pre_tockens >= 0 && a.next_tockens >= 0, "--pre-tockens and --next-tockens must "
                "be >= 0 (got ", a.pre_tockens, " and ", a.next_tockens, ")");
+    MG_REQUIRE(!a.model.causal() || a.next_tockens == 0, "--next-tockens ", a.next_tockens,
+               ": a causal model (GPT) sees no key after its query; keep --next-tockens 0 and set "
+               "the window with --pre-tockens");
     a.model.window_left = a.pre_tockens < a.model.seq_length - 1 ? a.pre_tockens : -1;
     a.model.window_right = a.next_tockens;
   }
@@ -158,7 +156,9 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                  "Not a Megatron-LM pretraining flag: refused; use --train-iters or --train-samples");
   sub.add_flag("--skip-train", a.skip_train, "Evaluate only: validation and test splits at the loaded iteration");
   sub.add_flag("--calculate-per-token-loss", a.calculate_per_token_loss,
-               "One token mean over the whole global batch (how this build normalises the loss today)");
+               "Gradient of one token mean over the whole global batch (all micro-batches and "
+               "DP x CP ranks); default, as Megatron-LM: each micro-batch's loss over its own "
+               "loss tokens, averaged over micro-batches and DP x CP ranks");
   sub.add_option("--train-iters", a.train_iters, "Training iterations");
   sub.add_option("--train-samples", a.train_samples, "Training samples");
   sub.add_option("--lr", a.lr, "Peak learning rate");
@@ -291,7 +291,8 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--ckpt-step", a.ckpt_step, "Load this iteration instead of the tracker's");
   sub.add_option("--ckpt-format", a.ckpt_format,
                  "torch_dist (this build's resharding format, safetensors per rank) | torch "
-                 "(not implemented yet)")
+                 "(Megatron-LM's iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt files, which "
+                 "Megatron-LM loads with --ckpt-format torch)")
       ->check(CLI::IsMember({"torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"}))
       ->capture_default_str();
   sub.add_flag("--finetune", a.finetune, "Load the weights only; iteration, samples, optimizer, "

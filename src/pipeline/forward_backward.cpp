@@ -101,6 +101,9 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
            " of ", s.pipeline_size, " (", s.num_chunks, " chunks, ", s.num_microbatches,
            " micro-batches) does not fit this model (rank ", r, " of ", P, ", ",
            model.num_chunks(), " chunks, ", mbs.size(), " micro-batches)");
+  MG_CHECK(opt.microbatch_grad_scale.empty() || opt.microbatch_grad_scale.size() == mbs.size(),
+           "run_schedule: ", opt.microbatch_grad_scale.size(), " micro-batch grad scales for ",
+           mbs.size(), " micro-batches");
   const int64_t b = mbs[0].tokens.size(0), seq = mbs[0].tokens.size(1);
   const Shape act_shape = {model.chunk(0).activation_rows(b, seq), model.config().hidden_size};
   const int prev = (r + P - 1) % P, next = (r + 1) % P;
@@ -153,6 +156,9 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
                "schedule step ", i, " disagrees with chunk ", st.chunk, "'s stage");
       Tensor x = st.recv ? activations.take(i) : Tensor();
       fwd.dropout_offset = opt.dropout_offset + uint64_t(st.microbatch) * opt.dropout_offset_stride;
+      fwd.grad_scale = opt.microbatch_grad_scale.empty()
+                           ? opt.grad_scale
+                           : opt.microbatch_grad_scale[size_t(st.microbatch)];
       model::LossResult loss;
       Tensor y = chunk.forward(st.microbatch, in, x, fwd, &loss);
       if (chunk.post_process()) {

@@ -29,10 +29,14 @@
 namespace megatron::pipeline {
 
 struct ForwardBackwardOptions {
-  // Backward differentiates grad_scale * (sum over micro-batches and tokens of loss * mask), as
-  // GPTModel::forward_backward does per micro-batch: the trainer passes loss-scale / total tokens
-  // of the global batch.
+  // Backward differentiates the sum over micro-batches m of scale_m * (sum over m's tokens of
+  // loss * mask), as GPTModel::forward_backward does per micro-batch, where scale_m is
+  // microbatch_grad_scale[m] when that holds one value per micro-batch, else grad_scale. The
+  // trainer's two loss normalisations (training/trainer.h): --calculate-per-token-loss passes
+  // grad_scale = loss scale / loss tokens of the global batch; Megatron's default passes
+  // microbatch_grad_scale[m] = loss scale / (max(tokens of m, 1) x micro-batches x DP x CP).
   float grad_scale = 1.0f;
+  std::vector<float> microbatch_grad_scale;
   // Micro-batch m uses dropout offset dropout_offset + m * dropout_offset_stride: with data
   // parallelism the trainer numbers the global batch's micro-batches m * DP + dp_rank, so it
   // passes dropout_offset = base + dp_rank and dropout_offset_stride = DP.

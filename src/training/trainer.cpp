@@ -28,6 +28,7 @@
 #include "training/batch_size_schedule.h"
 #include "training/checkpoint.h"
 #include "training/metrics.h"
+#include "training/torch_checkpoint.h"
 
 namespace megatron::training {
 
@@ -595,8 +596,15 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
     st.scheduler_num_steps = scheduler.num_steps();
     if (!a.no_save_rng) st.rng = RngState{rng_seed, dropout_offset};
     st.args = training_args_to_json(a);
-    const auto dir = save_checkpoint(a.save, st, params,
-                                     a.no_save_optim ? OptimizerRef() : opt, crank);
+    const OptimizerRef saved_opt = a.no_save_optim ? OptimizerRef() : opt;
+    std::filesystem::path dir;
+    if (a.ckpt_format == "torch") {
+      TorchSaveOptions to;
+      to.transformer_impl = a.transformer_impl;
+      dir = save_torch_checkpoint(a.save, st, params, saved_opt, crank, to);
+    } else {
+      dir = save_checkpoint(a.save, st, params, saved_opt, crank);
+    }
     say(str("saved checkpoint at iteration ", it, " to ", dir.string()));
     last_saved = it;
   };
@@ -639,12 +647,24 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       plain_opt->zero_grad();
     // This DP rank's micro-batches: global micro-batch m * DP + dp_rank of the iteration.
     std::vector<model::GPTInputs> batches;
+    std::vector<double> microbatch_tokens;  // loss tokens of each micro-batch (this CP slice)
     double local_tokens = 0;
     for (int64_t m = 0; m < iter_micro; ++m) {
       batches.push_back(cp_slice(data::make_batch(*ds.train, consumed + m * mbs * dp, mbs, dp_rank, dp, bopt)));
-      local_tokens += mask_sum(batches.back().loss_mask);
+      microbatch_tokens.push_back(mask_sum(batches.back().loss_mask));
+      local_tokens += microbatch_tokens.back();
     }
     const double tokens = dp_sum({local_tokens})[0];  // loss tokens of the global batch
+    // The loss whose gradient the step takes (trainer.h), times the loss scale:
+    // --calculate-per-token-loss: sum of loss over the global batch / its loss tokens
+    // (Megatron's finalize_model_grads divides by the tokens summed over DP x CP);
+    // default: each micro-batch's loss sum / max(its loss tokens, 1) / micro-batches (Megatron's
+    // forward_step), and 1 / (DP x CP) as Megatron's gradient_scaling_factor before the sum.
+    std::vector<float> microbatch_grad_scale;
+    if (!a.calculate_per_token_loss)
+      for (double t : microbatch_tokens)
+        microbatch_grad_scale.push_back(
+            float(scaler.scale() / (std::max(t, 1.0) * double(iter_micro) * double(dp_cp))));
     const float grad_scale = float(scaler.scale() / std::max(tokens, 1.0));
     double loss_sum = 0;
     int launched = 0;  // buckets launched by the end of the backward passes
@@ -657,6 +677,7 @@ TrainingSummary pretrain_gpt(TrainingArgs a, std::shared_ptr<Communicator> world
       // micro-batch backward (their TP sums done), the tied embedding after the flush.
       pipeline::ForwardBackwardOptions fb;
       fb.grad_scale = grad_scale;
+      fb.microbatch_grad_scale = std::move(microbatch_grad_scale);
       fb.dropout_offset = dropout_offset + uint64_t(dp_rank);
       fb.dropout_offset_stride = uint64_t(dp);
       if (hook_reduction) {

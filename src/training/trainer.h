@@ -1,15 +1,27 @@
 // The pretraining loop behind `megatron pretrain-gpt`: global batch -> micro-batches (gradient
 // accumulation) -> loss-scaled backward -> gradient reduction -> unscale/inf check -> clip ->
-// optimizer -> LR step -> log / evaluate / save / exit. The per-iteration loss is Megatron's
-// per-token average (sum of loss over all micro-batches / number of loss tokens); each
-// micro-batch's backward is scaled by loss_scale / (loss tokens in the global batch), so the
-// accumulated gradient is the gradient of that average. Dropout masks are keyed by a counter that
+// optimizer -> LR step -> log / evaluate / save / exit. Dropout masks are keyed by a counter that
 // advances by one per micro-batch of the global batch.
+// Loss normalisation, as Megatron-LM (pretrain_gpt.py loss_func returns the micro-batch's loss sum
+// and loss-token count; pipeline_parallel/schedules.py forward_step; distributed_data_parallel.py
+// gradient_scaling_factor; finalize_model_grads):
+// - default: the gradient is that of mean over DP x CP ranks of mean over the rank's micro-batches
+//   of (loss sum / max(loss tokens, 1)) of the micro-batch's part on that rank, i.e. each
+//   micro-batch's backward is scaled by loss_scale / (max(its tokens, 1) x micro-batches x DP x
+//   CP) and gradients are summed over DP x CP. Micro-batches with fewer loss tokens
+//   (--eod-mask-loss, padding) weigh each of their tokens more. Under CP each rank divides by the
+//   loss tokens of its own slice (Megatron-LM's loss_func counts the local mask), so a CP run
+//   equals the single-rank one only when the slices hold as many loss tokens.
+// - --calculate-per-token-loss: one token mean over the global batch (loss sum over every
+//   micro-batch and DP x CP rank / their loss tokens): scale loss_scale / global loss tokens.
+// The logged "lm loss" (and TrainingSummary::losses) is the token mean of the global batch in both
+// modes, and the validation / test loss the token mean over the evaluated batches: Megatron's
+// train_step and evaluate() sum the [loss sum, tokens] pairs over micro-batches and DP x CP ranks.
 //
 // Parallelism (mpirun -np N, N = TP x PP x CP x DP; Megatron's rank order, comm/parallel_state.h):
 // - data parallel: DP rank r takes micro-batch m's samples [consumed + (m*DP + r)*mbs, +mbs) (the
-//   single-rank run's global micro-batch m*DP + r, with the same dropout key), the loss-token
-//   count is summed over DP before backward, and gradients are SUMMED over DP in buckets
+//   single-rank run's global micro-batch m*DP + r, with the same dropout key), the loss scales
+//   above are applied in backward, and gradients are SUMMED over DP in buckets
 //   (optim/grad_buffer.h; --overlap-grad-reduce starts a bucket as soon as backward has finished
 //   its parameters), so every rank gets exactly the single-rank gradient up to summation order;
 //   --use-distributed-optimizer shards the optimizer over DP (optim/distributed_optimizer.h);
@@ -31,13 +43,14 @@
 //   Evaluation runs the forward-only schedule.
 // - context parallel (model/context_parallel.h): the CP ranks of a DP rank load the same
 //   micro-batches and each keeps its zig-zag slice of every sequence (chunks r and 2CP-1-r of
-//   2CP); loss sums and token counts are summed over DP x CP, and so are gradients (the buffer
+//   2CP); logged loss sums and token counts are summed over DP x CP, and so are gradients (the buffer
 //   and the distributed optimizer work over the DP x CP group, as Megatron's
 //   data_parallel_group_with_cp). With PP the stages take the CP group and each schedule's
 //   micro-batches are the CP slices.
 // The last rank (last pipeline stage: it has the loss) prints the log lines and writes the JSONL
 // metrics and TensorBoard files (as Megatron's print_rank_last); checkpoints are written per rank
-// (checkpoint.h).
+// (checkpoint.h), or with --ckpt-format torch as Megatron-LM's model_optim_rng.pt files
+// (torch_checkpoint.h).
 // The global batch may change between iterations (--rampup-batch-size, --step-batch-size-schedule;
 // training/batch_size_schedule.h): each iteration takes its batch from the consumed-sample count,
 // the LR schedule steps by it, and a checkpoint is saved (with --save) before the micro-batch
@@ -141,9 +154,10 @@ struct TrainingArgs {
   // it has no effect, as in Megatron-LM.
   bool grad_reduce_in_bf16 = false;
   bool mock_data = false;            // --mock-data: Megatron's synthetic GPT dataset, no files
-  // --calculate-per-token-loss: one token mean over the global batch (every micro-batch and DP
-  // rank), which is how the loop normalises today; off, Megatron divides each micro-batch's loss
-  // by its own token count, then by the number of micro-batches, and averages over DP.
+  // --calculate-per-token-loss: the gradient of one token mean over the global batch (every
+  // micro-batch and DP x CP rank); off (Megatron's default), each micro-batch's loss is divided by
+  // its own loss-token count, then by the number of micro-batches, and averaged over DP x CP.
+  // See the top of this file.
   bool calculate_per_token_loss = false;
   // --skip-train: no training loop; evaluate the validation split (from its first sample) and the
   // test split at the loaded iteration, as Megatron; an error when there is nothing to evaluate.
@@ -154,8 +168,12 @@ struct TrainingArgs {
   // attention as computed now; a narrower window is the sliding window.
   int64_t pre_tockens = 65536, next_tockens = 0;
   // --ckpt-format: torch_dist (Megatron's default) is served by this build's own resharding
-  // format (safetensors per rank); torch is Megatron's model_optim_rng.pt files.
+  // format (safetensors per rank, checkpoint.h); torch saves Megatron-LM's files
+  // (iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt and latest_checkpointed_iteration.txt,
+  // torch_checkpoint.h) with the names of --transformer-impl (transformer_impl below). --load
+  // reads either format whatever --ckpt-format says.
   std::string ckpt_format = "torch_dist";
+  std::string transformer_impl = "transformer_engine";  // --transformer-impl (names in .pt files)
 };
 
 // Checks cross-flag constraints; throws megatron::Error naming the flags.

@@ -107,9 +107,14 @@ TEST(MpiParallelTraining, ContextParallelFollowsTheSingleRankCurve) {
   cp2.name = "cp2_allgather";
   check_layout(f, cp2, allgather);
   // Document resets: per-token attention starts and position ids are sliced with the tokens.
+  // With --eod-mask-loss the CP slices hold unequal loss-token counts, and Megatron's default
+  // normalisation divides each slice's loss by its own count (loss_normalisation_test.cpp checks
+  // that against PyTorch), which is not the single-rank run's gradient; the global token mean of
+  // --calculate-per-token-loss is, so this parity check uses it.
   TrainingArgs resets = f.args();
   resets.data.reset_attention_mask = resets.data.reset_position_ids = true;
   resets.data.eod_mask_loss = true;
+  resets.calculate_per_token_loss = true;
   cp2.name = "cp2_resets";
   check_layout(f, cp2, resets);
   // Dropout masks are indexed by position in the unsplit tensors: the same as one rank's.
