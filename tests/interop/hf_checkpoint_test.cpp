@@ -46,6 +46,9 @@ using hf_test::folder_tensors;
 using hf_test::generate;
 using hf_test::reference;
 using hf_test::Reference;
+using hf_test::tiny_gpt2_config;
+using hf_test::tiny_gpt2_tensors;
+using hf_test::write_folder;
 
 TrainingArgs gpt2_args(const fs::path& dir) {
   TrainingArgs a = tiny_gpt_args(dir, 6);
@@ -408,46 +411,6 @@ TEST(HfCheckpoint, SettingsTransformersCannotExpressAreRefused) {
   refused(llama, [](C& c) { c.rotary_interleaved = true; }, "--rotary-interleaved");
   refused(llama, [](C& c) { c.rotary_percent = 0.5f; }, "--rotary-percent");
   refused(llama, [](C& c) { c.add_qkv_bias = true; }, "--add-qkv-bias");
-}
-
-// A hand-made transformers GPT-2 folder: 1 layer, n_embd 8, 2 heads, 8 positions, 10 tokens.
-json tiny_gpt2_config() {
-  return {{"model_type", "gpt2"}, {"n_embd", 8}, {"n_layer", 1}, {"n_head", 2}, {"n_positions", 8},
-          {"vocab_size", 10}, {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}};
-}
-
-std::vector<std::pair<std::string, Tensor>> tiny_gpt2_tensors() {
-  std::vector<std::pair<std::string, Tensor>> t;
-  auto add = [&](const std::string& n, Shape s) {
-    Tensor x = Tensor::empty(s, DType::F32);
-    float* p = x.data<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) p[i] = float(i % 7) * 0.01f;
-    t.emplace_back(n, x);
-  };
-  add("transformer.wte.weight", {10, 8});
-  add("transformer.wpe.weight", {8, 8});
-  const std::string h = "transformer.h.0.";
-  for (const char* ln : {"ln_1", "ln_2"}) add(h + ln + ".weight", {8}), add(h + ln + ".bias", {8});
-  add(h + "attn.c_attn.weight", {8, 24});
-  add(h + "attn.c_attn.bias", {24});
-  add(h + "attn.c_proj.weight", {8, 8});
-  add(h + "attn.c_proj.bias", {8});
-  add(h + "mlp.c_fc.weight", {8, 32});
-  add(h + "mlp.c_fc.bias", {32});
-  add(h + "mlp.c_proj.weight", {32, 8});
-  add(h + "mlp.c_proj.bias", {8});
-  add(h + "attn.bias", {1, 1, 8, 8});  // the causal-mask buffer older files carry
-  add("transformer.ln_f.weight", {8});
-  add("transformer.ln_f.bias", {8});
-  return t;
-}
-
-fs::path write_folder(const fs::path& dir, const json& config,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors) {
-  fs::create_directories(dir);
-  mt::write_file(dir / "config.json", config.dump());
-  write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
-  return dir;
 }
 
 std::string import_error(const fs::path& folder, const fs::path& save) {

@@ -1,5 +1,6 @@
-// Helpers of the Hugging Face export tests (tests/interop/hf_checkpoint_test.cpp and
-// tests/training/hf_export_training_test.cpp): `megatron generate` on a checkpoint of the tiny
+// Helpers of the Hugging Face tests (tests/interop/hf_checkpoint_test.cpp,
+// non_finite_weights_test.cpp and tests/training/hf_export_training_test.cpp): a hand-made
+// transformers GPT-2 folder, `megatron generate` on a checkpoint of the tiny
 // NullTokenizer GPT (vocabulary 64), the independent PyTorch reader's log-probs of the same
 // sequences from exported folders (tests/interop/hf_reference.py), and their comparison.
 #pragma once
@@ -107,6 +108,46 @@ inline std::map<std::string, Tensor> folder_tensors(const fs::path& folder) {
     if (e.path().extension() == ".safetensors")
       for (auto& [n, t] : read_safetensors(e.path()).tensors) out[n] = t;
   return out;
+}
+
+// A hand-made transformers GPT-2 folder: 1 layer, n_embd 8, 2 heads, 8 positions, 10 tokens.
+inline json tiny_gpt2_config() {
+  return {{"model_type", "gpt2"}, {"n_embd", 8}, {"n_layer", 1}, {"n_head", 2}, {"n_positions", 8},
+          {"vocab_size", 10}, {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}};
+}
+
+inline std::vector<std::pair<std::string, Tensor>> tiny_gpt2_tensors() {
+  std::vector<std::pair<std::string, Tensor>> t;
+  auto add = [&](const std::string& n, Shape s) {
+    Tensor x = Tensor::empty(s, DType::F32);
+    float* p = x.data<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) p[i] = float(i % 7) * 0.01f;
+    t.emplace_back(n, x);
+  };
+  add("transformer.wte.weight", {10, 8});
+  add("transformer.wpe.weight", {8, 8});
+  const std::string h = "transformer.h.0.";
+  for (const char* ln : {"ln_1", "ln_2"}) add(h + ln + ".weight", {8}), add(h + ln + ".bias", {8});
+  add(h + "attn.c_attn.weight", {8, 24});
+  add(h + "attn.c_attn.bias", {24});
+  add(h + "attn.c_proj.weight", {8, 8});
+  add(h + "attn.c_proj.bias", {8});
+  add(h + "mlp.c_fc.weight", {8, 32});
+  add(h + "mlp.c_fc.bias", {32});
+  add(h + "mlp.c_proj.weight", {32, 8});
+  add(h + "mlp.c_proj.bias", {8});
+  add(h + "attn.bias", {1, 1, 8, 8});  // the causal-mask buffer older files carry
+  add("transformer.ln_f.weight", {8});
+  add("transformer.ln_f.bias", {8});
+  return t;
+}
+
+inline fs::path write_folder(const fs::path& dir, const json& config,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  fs::create_directories(dir);
+  megatron::testing::write_file(dir / "config.json", config.dump());
+  write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+  return dir;
 }
 
 }  // namespace megatron::training::hf_test

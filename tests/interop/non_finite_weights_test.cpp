@@ -14,6 +14,7 @@
 
 #include "core/safetensors.h"
 #include "data/indexed_dataset.h"
+#include "interop/hf_reference_util.h"
 #include "test_util.h"
 
 namespace megatron {
@@ -134,38 +135,16 @@ TEST(NonFiniteWeights, MegatronRankFilesAreRefusedNamingTheTensor) {
   EXPECT_FAILS_WITH(convert(dir / "inf_moment", out / "inf"), inf_file, inf_msg);
 }
 
-// A transformers GPT-2 folder: 1 layer, n_embd 8, 2 heads, 8 positions, 10 tokens.
+// The tests' hand-made transformers GPT-2 folder (1 layer, n_embd 8), its weights in `dtype`,
+// element bad_element (if >= 0) of the first attention output projection -inf.
 fs::path write_gpt2_folder(const fs::path& dir, DType dtype, int64_t bad_element) {
-  const nlohmann::json config = {{"model_type", "gpt2"}, {"n_embd", 8}, {"n_layer", 1}, {"n_head", 2},
-                                 {"n_positions", 8}, {"vocab_size", 10}, {"activation_function", "gelu_new"},
-                                 {"layer_norm_epsilon", 1e-5}};
-  std::vector<std::pair<std::string, Tensor>> t;
-  auto add = [&](const std::string& n, Shape s) {
-    Tensor x = Tensor::empty(s, DType::F32);
-    float* p = x.data<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) p[i] = float(i % 7) * 0.01f;
-    if (n == "transformer.h.0.attn.c_proj.weight" && bad_element >= 0)
-      p[bad_element] = -std::numeric_limits<float>::infinity();
-    t.emplace_back(n, x.to(dtype));
-  };
-  add("transformer.wte.weight", {10, 8});
-  add("transformer.wpe.weight", {8, 8});
-  const std::string h = "transformer.h.0.";
-  for (const char* ln : {"ln_1", "ln_2"}) add(h + ln + ".weight", {8}), add(h + ln + ".bias", {8});
-  add(h + "attn.c_attn.weight", {8, 24});
-  add(h + "attn.c_attn.bias", {24});
-  add(h + "attn.c_proj.weight", {8, 8});
-  add(h + "attn.c_proj.bias", {8});
-  add(h + "mlp.c_fc.weight", {8, 32});
-  add(h + "mlp.c_fc.bias", {32});
-  add(h + "mlp.c_proj.weight", {32, 8});
-  add(h + "mlp.c_proj.bias", {8});
-  add("transformer.ln_f.weight", {8});
-  add("transformer.ln_f.bias", {8});
-  fs::create_directories(dir);
-  mt::write_file(dir / "config.json", config.dump());
-  write_safetensors(dir / "model.safetensors", t, {{"format", "pt"}});
-  return dir;
+  auto tensors = training::hf_test::tiny_gpt2_tensors();
+  for (auto& [name, t] : tensors) {
+    if (name == "transformer.h.0.attn.c_proj.weight" && bad_element >= 0)
+      t.data<float>()[bad_element] = -std::numeric_limits<float>::infinity();
+    t = t.to(dtype);
+  }
+  return training::hf_test::write_folder(dir, training::hf_test::tiny_gpt2_config(), tensors);
 }
 
 TEST(NonFiniteWeights, HuggingFaceFoldersAreRefusedNamingTheTensor) {
