@@ -176,7 +176,8 @@ struct TrainingArgs {
   std::string transformer_impl = "transformer_engine";  // --transformer-impl (names in .pt files)
 };
 
-// Checks cross-flag constraints; throws megatron::Error naming the flags.
+// Checks cross-flag constraints; throws megatron::Error naming the flags
+// (training_args_check.cpp, with validate_parallel_args below).
 void validate_args(const TrainingArgs& a);
 
 struct TrainingSummary {
