@@ -3,7 +3,6 @@
 
 #include <arpa/inet.h>
 
-
 #include "core/error.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
