@@ -42,10 +42,6 @@ void reject_pending_flags(const training::TrainingArgs& a) {
   if (a.grad_reduce_in_bf16 && !a.bf16)
     log_info("note: --grad-reduce-in-bf16 has no effect without --bf16 (as in Megatron-LM: "
              "gradients of fp32 and fp16 models are reduced in their own dtype here, fp32)");
-  MG_REQUIRE(a.ckpt_format == "torch_dist" || a.ckpt_format == "torch", "--ckpt-format ",
-             a.ckpt_format, " is not supported: use torch_dist (Megatron's default; here this "
-             "build's resharding checkpoint format, safetensors per rank) or torch (Megatron-LM's "
-             "model_optim_rng.pt files)");
 }
 
 // Relative tokenizer file names are made absolute, so the checkpoint's arguments name files that

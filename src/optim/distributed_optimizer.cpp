@@ -42,6 +42,28 @@ void DistributedOptimizer::copy_main_to_model() {
   buffer_.all_gather_params();
 }
 
+std::vector<StatePiece> DistributedOptimizer::state_pieces() {
+  const bool fp32_model = buffer_.param_data().dtype() == DType::F32;
+  std::vector<StatePiece> out;
+  for (const BufferLayout::Piece& p : pieces_) {
+    StatePiece s;
+    s.param = p.param;
+    s.param_offset = p.param_offset;
+    s.length = p.length;
+    s.shard_offset = p.shard_offset;
+    if (!fp32_model) s.main = main_.narrow(0, p.shard_offset, p.length);
+    s.exp_avg = exp_avg_.narrow(0, p.shard_offset, p.length);
+    if (exp_avg_sq_.defined()) s.exp_avg_sq = exp_avg_sq_.narrow(0, p.shard_offset, p.length);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::optional<ShardBuffers> DistributedOptimizer::shard() const {
+  const bool fp32_model = buffer_.param_data().dtype() == DType::F32;
+  return ShardBuffers{fp32_model ? Tensor() : main_, exp_avg_, exp_avg_sq_};
+}
+
 void DistributedOptimizer::set_decoupled_lr_params(std::vector<bool> flags) {
   MG_CHECK(flags.empty() || flags.size() == buffer_.parameters().size(), "one decoupled-LR flag per parameter");
   decoupled_ = std::move(flags);

@@ -29,36 +29,39 @@
 
 namespace megatron::optim {
 
-class DistributedOptimizer {
+class DistributedOptimizer final : public MegatronOptimizer {
  public:
   // `buffer` was built with pad_for_sharding over the model's parameters; it outlives this.
   // tp_rank: this rank's tensor-parallel rank (the grad-norm duplicate rule).
   DistributedOptimizer(ParamAndGradBuffer& buffer, const OptimizerConfig& cfg,
                        Communicator& grad_stats, int tp_rank);
 
-  void zero_grad() { buffer_.zero_grad(); }
-  // After buffer.finish_grad_sync(). Updates the scaler; ends with the parameter all-gather
-  // (launched only, with the buffer's overlap_param_gather; none when the step is skipped).
-  // Parameters marked by set_decoupled_lr_params() take decoupled_lr (optim/optimizer.h).
+  // MegatronOptimizer (megatron_optimizer.h).
+  void zero_grad() override { buffer_.zero_grad(); }
+  // After buffer.finish_grad_sync(). Ends with the parameter all-gather (launched only, with the
+  // buffer's overlap_param_gather; none when the step is skipped).
   StepResult step(double lr, double weight_decay, GradScaler& scaler,
-                  double decoupled_lr = std::nan(""));
-  void set_decoupled_lr_params(std::vector<bool> flags);  // per parameter, model order
+                  double decoupled_lr = std::nan("")) override;
+  void set_decoupled_lr_params(std::vector<bool> flags) override;
+  void finish_param_sync() override { buffer_.finish_param_sync(); }
+  const OptimizerConfig& config() const override { return cfg_; }
+  const model::ParameterList& parameters() const override { return buffer_.parameters(); }
+  int64_t step_count() const override { return step_count_; }
+  void set_step_count(int64_t n) override { step_count_ = n; }
+  // Main shard <- model parameters (after loading model weights without optimizer state).
+  void reload_main_from_model() override;
+  // Model parameters <- main shard (then all-gathered, blocking), after loading the main shard.
+  void copy_main_to_model() override;
+  // This rank's pieces (BufferLayout::shard_pieces of its DP rank) as views of the shard.
+  std::vector<StatePiece> state_pieces() override;
+  std::optional<ShardBuffers> shard() const override;
 
-  const OptimizerConfig& config() const { return cfg_; }
   ParamAndGradBuffer& buffer() const { return buffer_; }
-  int64_t step_count() const { return step_count_; }
-  void set_step_count(int64_t n) { step_count_ = n; }
-  // This rank's pieces of the parameters (BufferLayout::shard_pieces of its DP rank).
-  const std::vector<BufferLayout::Piece>& pieces() const { return pieces_; }
   // Shard state, [total_shard_size] fp32 each, indexed by Piece::shard_offset (padding included).
   // exp_avg is SGD's momentum buffer; exp_avg_sq is undefined for SGD.
   Tensor main_params() const { return main_; }
   Tensor exp_avg() const { return exp_avg_; }
   Tensor exp_avg_sq() const { return exp_avg_sq_; }
-  // Main shard <- model parameters (after loading model weights without optimizer state).
-  void reload_main_from_model();
-  // Model parameters <- main shard (then all-gathered, blocking), after loading the main shard.
-  void copy_main_to_model();
 
  private:
   ParamAndGradBuffer& buffer_;

@@ -96,6 +96,20 @@ void Optimizer::copy_main_to_model() {
     if (state_[i].main.storage() != params_[i]->value.storage()) params_[i]->value.copy_(state_[i].main);
 }
 
+std::vector<StatePiece> Optimizer::state_pieces() {
+  std::vector<StatePiece> pieces;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    StatePiece p;
+    p.param = i;
+    p.length = params_[i]->value.numel();
+    if (state_[i].main.storage() != params_[i]->value.storage()) p.main = state_[i].main;
+    p.exp_avg = state_[i].exp_avg;
+    p.exp_avg_sq = state_[i].exp_avg_sq;
+    pieces.push_back(std::move(p));
+  }
+  return pieces;
+}
+
 void Optimizer::set_decoupled_lr_params(std::vector<bool> flags) {
   MG_CHECK(flags.empty() || flags.size() == params_.size(), "one decoupled-LR flag per parameter");
   decoupled_ = std::move(flags);

@@ -23,24 +23,9 @@
 #include "core/tensor.h"
 #include "model/parameter.h"
 #include "optim/grad_scaler.h"
+#include "optim/megatron_optimizer.h"
 
 namespace megatron::optim {
-
-enum class OptimizerType { Adam, SGD };
-OptimizerType parse_optimizer_type(const std::string& s);  // "adam" | "sgd"; Error otherwise
-
-struct OptimizerConfig {
-  OptimizerType type = OptimizerType::Adam;
-  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
-  double sgd_momentum = 0.9;
-  double clip_grad = 1.0;  // 0 disables clipping
-};
-
-struct StepResult {
-  bool skipped = false;    // inf/NaN found in the (unscaled) gradients: no update was made
-  double grad_norm = 0.0;  // global L2 norm of the unscaled gradients (before clipping); NaN/inf
-                           // when skipped
-};
 
 // Optimizer state of one parameter. exp_avg is SGD's momentum buffer; exp_avg_sq is undefined
 // for SGD.
@@ -49,27 +34,24 @@ struct ParamState {
   Tensor exp_avg, exp_avg_sq;
 };
 
-class Optimizer {
+class Optimizer final : public MegatronOptimizer {
  public:
   Optimizer(model::ParameterList params, const OptimizerConfig& cfg);
 
-  void zero_grad();  // zeroes every Parameter::grad
-  // Unscale, check, clip and update with this step's LR and weight decay. Updates the scaler.
-  // Parameters marked by set_decoupled_lr_params() take decoupled_lr instead of lr.
+  // MegatronOptimizer (megatron_optimizer.h).
+  void zero_grad() override;  // zeroes every Parameter::grad
   StepResult step(double lr, double weight_decay, GradScaler& scaler,
-                  double decoupled_lr = std::nan(""));
-  // --decoupled-lr: flags[i] puts parameter i (model order) in Megatron's decoupled LR group.
-  void set_decoupled_lr_params(std::vector<bool> flags);
+                  double decoupled_lr = std::nan("")) override;
+  void set_decoupled_lr_params(std::vector<bool> flags) override;
+  const OptimizerConfig& config() const override { return cfg_; }
+  const model::ParameterList& parameters() const override { return params_; }
+  int64_t step_count() const override { return step_count_; }
+  void set_step_count(int64_t n) override { step_count_ = n; }
+  void reload_main_from_model() override;
+  void copy_main_to_model() override;
+  std::vector<StatePiece> state_pieces() override;  // one whole parameter per piece
 
-  const model::ParameterList& parameters() const { return params_; }
   std::vector<ParamState>& state() { return state_; }
-  int64_t step_count() const { return step_count_; }  // successful steps (Adam bias correction)
-  void set_step_count(int64_t n) { step_count_ = n; }
-  // Main params <- model params (after loading model weights without optimizer state).
-  void reload_main_from_model();
-  // Model params <- main params (after loading main params from a checkpoint).
-  void copy_main_to_model();
-  const OptimizerConfig& config() const { return cfg_; }
   // Model parallelism: reduce the inf check and the grad norm over `group` (the model-parallel
   // group; this rank is TP rank `tp_rank`). nullptr: this rank's gradients are the whole model.
   void set_grad_stats_group(Communicator* group, int tp_rank) {

@@ -305,11 +305,6 @@ std::string CheckpointRank::rank_dir() const {
   return name;
 }
 
-const optim::OptimizerConfig& OptimizerRef::config() const {
-  MG_CHECK(!empty(), "OptimizerRef::config on an empty reference");
-  return plain != nullptr ? plain->config() : distributed->config();
-}
-
 std::string CheckpointParallel::describe() const {
   return str("TP=", tensor_model_parallel_size, " x PP=", pipeline_model_parallel_size, " x DP=",
              data_parallel_size, distributed_optimizer ? " (distributed optimizer)" : "");
@@ -320,7 +315,7 @@ json training_args_to_json(const TrainingArgs& args) { return json(args); }
 TrainingArgs training_args_from_json(const json& j) { return j.get<TrainingArgs>(); }
 
 fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
-                         const model::ParameterList& params, OptimizerRef optimizer,
+                         const model::ParameterList& params, optim::MegatronOptimizer* optimizer,
                          const CheckpointRank& rank) {
   const bool multi = rank.multi();
   const bool root = !multi || rank.world->rank() == 0;
@@ -342,7 +337,7 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
   json files = json::object();
   json optimizer_meta = nullptr;
   const bool writes_model = rank.dp_rank == 0;
-  const bool writes_optim = !optimizer.empty() && (writes_model || optimizer.distributed != nullptr);
+  const bool writes_optim = optimizer != nullptr && (writes_model || optimizer->shard().has_value());
   if (writes_model || writes_optim) {
     fs::create_directories(tmp_dir / rank_dir);
     set_mode(tmp_dir / rank_dir, 0750);
@@ -353,7 +348,8 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
       if (!p->shared) model_tensors.emplace_back(p->name, p->value);  // the owner's copy is saved
     detail::write_tensor_file(tmp_dir, model_file(rank), model_tensors, files);
   }
-  if (!optimizer.empty()) optimizer_meta = detail::save_optimizer_files(tmp_dir, optimizer, rank, files);
+  if (optimizer != nullptr)
+    optimizer_meta = detail::save_optimizer_files(tmp_dir, *optimizer, rank, files);
   if (writes_model || writes_optim) fsync_path(tmp_dir / rank_dir, true);
   json partition_dims = json::object();
   for (const model::Parameter* p : params)

@@ -63,10 +63,9 @@
 #include "comm/communicator.h"
 #include "comm/parallel_state.h"
 #include "model/parameter.h"
-#include "optim/distributed_optimizer.h"
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
-#include "optim/optimizer.h"
+#include "optim/megatron_optimizer.h"
 #include "training/trainer.h"
 
 namespace megatron::training {
@@ -108,23 +107,14 @@ struct CheckpointRank {
   std::string rank_dir() const;  // "mp_rank_TT" or, with PP > 1, "mp_rank_TT_PPP"
 };
 
-// The optimizer whose state is saved or loaded: none, the plain one, or the distributed one.
-struct OptimizerRef {
-  optim::Optimizer* plain = nullptr;
-  optim::DistributedOptimizer* distributed = nullptr;
-  OptimizerRef() = default;
-  OptimizerRef(optim::Optimizer* p) : plain(p) {}  // NOLINT: implicit on purpose
-  OptimizerRef(optim::DistributedOptimizer* d) : distributed(d) {}  // NOLINT
-  bool empty() const { return plain == nullptr && distributed == nullptr; }
-  const optim::OptimizerConfig& config() const;
-};
 
-// Saves a checkpoint; returns the iteration folder. An empty `optimizer`: no optimizer files.
+// Saves a checkpoint; returns the iteration folder. A null `optimizer`: no optimizer files.
 // Collective over rank.world: every rank calls it; each writes its own files (see above).
 // `params` are this rank's (shards under TP).
 std::filesystem::path save_checkpoint(const std::filesystem::path& save_dir,
                                       const CheckpointState& state,
-                                      const model::ParameterList& params, OptimizerRef optimizer,
+                                      const model::ParameterList& params,
+                                      optim::MegatronOptimizer* optimizer,
                                       const CheckpointRank& rank = {});
 
 // The parallel layout a checkpoint was saved under.
@@ -217,7 +207,7 @@ bool has_optimizer_state(const CheckpointOnDisk& ckpt);
 // distributed optimizer's shards, whichever the checkpoint has, under any data-parallel size)
 // into the optimizer: fp32 main weights, moments, step count; the model weights stay as
 // load_model_weights set them. Errors suggest --no-load-optim.
-void load_optimizer_state(const CheckpointOnDisk& ckpt, OptimizerRef optimizer,
+void load_optimizer_state(const CheckpointOnDisk& ckpt, optim::MegatronOptimizer& optimizer,
                           const CheckpointRank& rank = {});
 
 // SHA-256 of a file, lowercase hex.

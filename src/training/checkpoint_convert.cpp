@@ -236,13 +236,13 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
       cfg.type = optim::parse_optimizer_type(m.optimizer_type);
       optim::Optimizer o(list, cfg);
       try {
-        load_optimizer_state(ckpt, &o, rank);
+        load_optimizer_state(ckpt, o, rank);
       } catch (const Error&) {
         if (!tied_copy) throw;
         // A checkpoint without state for the tied copy: read the stage's own parameters only.
         list.pop_back();
         optim::Optimizer own(list, cfg);
-        load_optimizer_state(ckpt, &own, rank);
+        load_optimizer_state(ckpt, own, rank);
         o = std::move(own);
       }
       MG_REQUIRE(!step || *step == o.step_count(), ckpt.dir.string(), ": optimizer.step of ",

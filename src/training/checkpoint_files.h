@@ -56,7 +56,8 @@ void clean_leftovers(const std::filesystem::path& save_dir);
 // Optimizer files (checkpoint_optimizer.cpp): writes this rank's optimizer files into `dir` (the
 // temporary iteration folder) and records their checksums in `files`; returns metadata.json's
 // "optimizer" object.
-nlohmann::json save_optimizer_files(const std::filesystem::path& dir, OptimizerRef optimizer,
+nlohmann::json save_optimizer_files(const std::filesystem::path& dir,
+                                    optim::MegatronOptimizer& optimizer,
                                     const CheckpointRank& rank, nlohmann::json& files);
 std::string plain_optimizer_file(const CheckpointRank& rank);  // mp_rank_TT/optimizer.safetensors
 // mp_rank_TT/distrib_optim_dp_RRR.safetensors

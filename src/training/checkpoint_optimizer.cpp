@@ -43,47 +43,44 @@ std::string distributed_optimizer_file(const std::string& rank_dir, int dp_rank)
   return rank_dir + name;
 }
 
-json save_optimizer_files(const fs::path& dir, OptimizerRef optimizer, const CheckpointRank& rank,
-                          json& files) {
+json save_optimizer_files(const fs::path& dir, optim::MegatronOptimizer& optimizer,
+                          const CheckpointRank& rank, json& files) {
   const bool adam = optimizer.config().type == optim::OptimizerType::Adam;
+  const model::ParameterList& ps = optimizer.parameters();
+  const std::vector<optim::StatePiece> pieces = optimizer.state_pieces();
+  const std::optional<optim::ShardBuffers> shard = optimizer.shard();
   std::vector<std::pair<std::string, Tensor>> t;
-  if (optimizer.plain != nullptr) {
-    if (rank.dp_rank == 0) {  // the state is replicated over data-parallel ranks
-      const optim::Optimizer& o = *optimizer.plain;
-      t.emplace_back("optimizer.step", step_tensor(o.step_count()));
-      const auto& ps = o.parameters();
-      auto& st = optimizer.plain->state();
-      for (size_t i = 0; i < ps.size(); ++i) {
-        if (st[i].main.storage() != ps[i]->value.storage())
-          t.emplace_back("optimizer.state.fp32_param." + ps[i]->name, st[i].main);
+  t.emplace_back("optimizer.step", step_tensor(optimizer.step_count()));
+  if (!shard) {  // every data-parallel rank holds the same state: rank 0 saves it per parameter
+    if (rank.dp_rank == 0) {
+      for (const optim::StatePiece& p : pieces) {
+        const std::string& name = ps[p.param]->name;
+        if (p.main.defined()) t.emplace_back("optimizer.state.fp32_param." + name, p.main);
         if (adam) {
-          t.emplace_back("optimizer.state.exp_avg." + ps[i]->name, st[i].exp_avg);
-          t.emplace_back("optimizer.state.exp_avg_sq." + ps[i]->name, st[i].exp_avg_sq);
+          t.emplace_back("optimizer.state.exp_avg." + name, p.exp_avg);
+          t.emplace_back("optimizer.state.exp_avg_sq." + name, p.exp_avg_sq);
         } else {
-          t.emplace_back("optimizer.state.momentum_buffer." + ps[i]->name, st[i].exp_avg);
+          t.emplace_back("optimizer.state.momentum_buffer." + name, p.exp_avg);
         }
       }
       write_tensor_file(dir, plain_optimizer_file(rank), t, files);
     }
     return {{"type", type_name(optimizer.config())}, {"distributed", false}};
   }
-  const optim::DistributedOptimizer& d = *optimizer.distributed;
-  t.emplace_back("optimizer.step", step_tensor(d.step_count()));
-  // An fp32 model's parameters are its main weights (the all-gathered copy is bitwise equal).
-  if (d.buffer().param_data().dtype() != DType::F32)
-    t.emplace_back("optimizer.shard.fp32_param", d.main_params());
+  // Each data-parallel rank saves its shard with the table of the pieces it holds. An fp32
+  // model's parameters are its main weights (the all-gathered copy is bitwise equal).
+  if (shard->main.defined()) t.emplace_back("optimizer.shard.fp32_param", shard->main);
   if (adam) {
-    t.emplace_back("optimizer.shard.exp_avg", d.exp_avg());
-    t.emplace_back("optimizer.shard.exp_avg_sq", d.exp_avg_sq());
+    t.emplace_back("optimizer.shard.exp_avg", shard->exp_avg);
+    t.emplace_back("optimizer.shard.exp_avg_sq", shard->exp_avg_sq);
   } else {
-    t.emplace_back("optimizer.shard.momentum_buffer", d.exp_avg());
+    t.emplace_back("optimizer.shard.momentum_buffer", shard->exp_avg);
   }
-  json pieces = json::array();
-  const model::ParameterList& ps = d.buffer().parameters();
-  for (const optim::BufferLayout::Piece& p : d.pieces())
-    pieces.push_back({ps[p.param]->name, p.param_offset, p.length, p.shard_offset});
+  json table = json::array();
+  for (const optim::StatePiece& p : pieces)
+    table.push_back({ps[p.param]->name, p.param_offset, p.length, p.shard_offset});
   write_tensor_file(dir, distributed_optimizer_file(rank.rank_dir(), rank.dp_rank), t, files,
-                    {{"pieces", pieces.dump()}});
+                    {{"pieces", table.dump()}});
   return {{"type", type_name(optimizer.config())},
           {"distributed", true},
           {"data_parallel_size", rank.dp_size}};
@@ -215,9 +212,8 @@ class StateReader {
 
 }  // namespace
 
-void load_optimizer_state(const CheckpointOnDisk& ckpt, OptimizerRef optimizer,
+void load_optimizer_state(const CheckpointOnDisk& ckpt, optim::MegatronOptimizer& optimizer,
                           const CheckpointRank& rank) {
-  MG_CHECK(!optimizer.empty(), "load_optimizer_state without an optimizer");
   const std::string hint = " (pass --no-load-optim to start the optimizer fresh)";
   MG_REQUIRE(has_optimizer_state(ckpt), "checkpoint ", ckpt.dir.string(),
              " has no optimizer state (saved with --no-save-optim)", hint);
@@ -227,37 +223,18 @@ void load_optimizer_state(const CheckpointOnDisk& ckpt, OptimizerRef optimizer,
              ckpt.state.optimizer_type, " state but this run uses --optimizer ", want, hint);
   check_checkpoint_layout(ckpt, rank);
   StateReader rd(ckpt, rank, hint);
-  const std::vector<std::string> moments =
-      adam ? std::vector<std::string>{"exp_avg", "exp_avg_sq"} : std::vector<std::string>{"momentum_buffer"};
-  if (optimizer.plain != nullptr) {
-    optim::Optimizer& o = *optimizer.plain;
-    const auto& ps = o.parameters();
-    auto& state = o.state();
-    for (size_t i = 0; i < ps.size(); ++i) {
-      const std::string& n = ps[i]->name;
-      const int64_t numel = ps[i]->value.numel();
-      if (state[i].main.storage() != ps[i]->value.storage())
-        rd.read("fp32_param", n, numel, 0, state[i].main);
-      rd.read(moments[0], n, numel, 0, state[i].exp_avg);
-      if (adam) rd.read(moments[1], n, numel, 0, state[i].exp_avg_sq);
-    }
-    rd.finish();
-    o.set_step_count(rd.step());
-    return;
-  }
-  optim::DistributedOptimizer& d = *optimizer.distributed;
-  const model::ParameterList& ps = d.buffer().parameters();
-  const bool fp32_model = d.buffer().param_data().dtype() == DType::F32;
-  for (const optim::BufferLayout::Piece& p : d.pieces()) {
+  const model::ParameterList& ps = optimizer.parameters();
+  // Whichever layout the checkpoint has, each piece this rank holds reads its elements.
+  for (const optim::StatePiece& p : optimizer.state_pieces()) {
     const std::string& n = ps[p.param]->name;
     const int64_t numel = ps[p.param]->value.numel();
-    if (!fp32_model)
-      rd.read("fp32_param", n, numel, p.param_offset, d.main_params().narrow(0, p.shard_offset, p.length));
-    rd.read(moments[0], n, numel, p.param_offset, d.exp_avg().narrow(0, p.shard_offset, p.length));
-    if (adam)
-      rd.read(moments[1], n, numel, p.param_offset, d.exp_avg_sq().narrow(0, p.shard_offset, p.length));
+    if (p.main.defined()) rd.read("fp32_param", n, numel, p.param_offset, p.main);
+    rd.read(adam ? "exp_avg" : "momentum_buffer", n, numel, p.param_offset, p.exp_avg);
+    if (adam) rd.read("exp_avg_sq", n, numel, p.param_offset, p.exp_avg_sq);
   }
-  d.set_step_count(rd.step());
+  // A rank holding all the state read all of a per-parameter file: nothing may be left over.
+  if (!optimizer.shard()) rd.finish();
+  optimizer.set_step_count(rd.step());
 }
 
 }  // namespace megatron::training

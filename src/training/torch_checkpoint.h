@@ -113,7 +113,8 @@ std::filesystem::path write_torch_checkpoint(const MergedCheckpoint& m, const st
 // iteration folder.
 std::filesystem::path save_torch_checkpoint(const std::filesystem::path& save_dir,
                                             const CheckpointState& state,
-                                            const model::ParameterList& params, OptimizerRef optimizer,
+                                            const model::ParameterList& params,
+                                            optim::MegatronOptimizer* optimizer,
                                             const CheckpointRank& rank = {},
                                             const TorchSaveOptions& options = {});
 

@@ -327,7 +327,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
 }
 
 fs::path save_torch_checkpoint(const fs::path& save_dir, const CheckpointState& state,
-                               const model::ParameterList& params, OptimizerRef optimizer,
+                               const model::ParameterList& params, optim::MegatronOptimizer* optimizer,
                                const CheckpointRank& rank, const TorchSaveOptions& options) {
   const bool root = !rank.multi() || rank.world->rank() == 0;
   const fs::path staging = save_dir / ".torch_staging";
@@ -338,7 +338,7 @@ fs::path save_torch_checkpoint(const fs::path& save_dir, const CheckpointState& 
     try {
       const auto ckpt = find_checkpoint(staging, state.iteration);
       MG_CHECK(ckpt.has_value(), "the staged checkpoint is missing");
-      const MergedCheckpoint m = merge_checkpoint(*ckpt, !optimizer.empty());
+      const MergedCheckpoint m = merge_checkpoint(*ckpt, optimizer != nullptr);
       int lpvs = 0;
       if (state.args.contains("parallel") && state.args["parallel"].contains("num_layers_per_virtual_pipeline_stage"))
         lpvs = state.args["parallel"]["num_layers_per_virtual_pipeline_stage"].get<int>();

@@ -87,6 +87,14 @@ void validate_args(const TrainingArgs& a) {
              "mutually exclusive: take the schedule from the command line or from the checkpoint");
   MG_REQUIRE(a.ckpt_step >= -1, "--ckpt-step must be >= 0");
   MG_REQUIRE(a.ckpt_step < 0 || !a.load.empty(), "--ckpt-step needs --load DIR");
+  MG_REQUIRE(a.ckpt_format == "torch_dist" || a.ckpt_format == "torch", "--ckpt-format ",
+             a.ckpt_format, " is not supported: use torch_dist (Megatron's default; here this "
+             "build's resharding checkpoint format, safetensors per rank) or torch (Megatron-LM's "
+             "model_optim_rng.pt files)");
+  MG_REQUIRE(a.weight_decay_incr_style == "constant" ||
+                 (a.start_weight_decay >= 0 && a.end_weight_decay >= 0),
+             "--weight-decay-incr-style ", a.weight_decay_incr_style,
+             " needs --start-weight-decay and --end-weight-decay");
 }
 
 // Context parallelism (model/context_parallel.h): the sequence splits into 2 x CP chunks; under

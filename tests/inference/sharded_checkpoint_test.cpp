@@ -44,7 +44,7 @@ void save_training_checkpoint(const fs::path& dir, const testing::Weights& w, co
     params[i].partition_dim = training::shard_rule(name, std::nullopt, false).dim;
     list.push_back(&params[i++]);
   }
-  training::save_checkpoint(dir, st, list, training::OptimizerRef());
+  training::save_checkpoint(dir, st, list, nullptr);
 }
 
 void convert(const fs::path& from, const fs::path& to, int tp, int pp) {

@@ -188,7 +188,7 @@ TEST(MegatronCheckpoint, TheTrainersReadersLoadARanksWeightsAndOptimizer) {
             << prm.name;
       }
       optim::Optimizer opt(params, optim::OptimizerConfig{});
-      load_optimizer_state(c, &opt, rank);
+      load_optimizer_state(c, opt, rank);
       EXPECT_EQ(opt.step_count(), 7);
       for (size_t i = 0; i < storage.size(); ++i) {
         const std::string src = storage[i].shared ? "embedding.word_embeddings.weight" : storage[i].name;

@@ -365,7 +365,7 @@ void check_sharded_equals_unsharded(const OptCase& c) {
     buf.finish_grad_sync();
     // Replace the reduced shard by the reference's exact sums so the update itself is compared.
     const Tensor shard = buf.main_grad_shard();
-    for (const auto& p : dopt.pieces())
+    for (const auto& p : dopt.state_pieces())
       shard.narrow(0, p.shard_offset, p.length)
           .copy_(ref.list[p.param]->grad.view({-1}).narrow(0, p.param_offset, p.length));
     const StepResult a = ref_opt.step(1e-2, 0.1, s1);

@@ -1,0 +1,65 @@
+// The training loop's metrics (Megatron's training_log): every iteration's scalars to
+// TensorBoard, and every --log-interval iterations (and at the last) the interval's log line
+// (metrics.h format_log_line), one JSON object per interval with --log-metrics-jsonl, and the
+// interval's timing to TensorBoard. Only the last rank writes (print_rank_last); the others keep
+// no files open. Skipped iterations (inf/NaN gradients) count in the interval's time and samples
+// but not in its mean loss; the logged grad norm is the last advanced iteration's.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "comm/timed_communicator.h"
+#include "optim/megatron_optimizer.h"
+#include "training/metrics.h"
+#include "training/tensorboard.h"
+#include "training/trainer.h"
+
+namespace megatron::training {
+
+struct IterationRecord {
+  int64_t iteration = 0;
+  int64_t consumed_samples = 0;   // after the iteration
+  int64_t global_batch_size = 0;  // this iteration's
+  double loss = 0;                // token mean of the global batch
+  optim::StepResult step;
+  double learning_rate = 0;                       // after the scheduler step (Megatron logs it)
+  std::optional<double> decoupled_learning_rate;  // --decoupled-lr
+  double loss_scale = 1;
+};
+
+class MetricsWriter {
+ public:
+  // `comm` accumulates this rank's time in collectives (its share per iteration is logged).
+  MetricsWriter(const TrainingArgs& a, int64_t train_iters, bool log_rank, int world_size,
+                std::shared_ptr<const CommStats> comm);
+  // After each iteration; writes the interval's line when the iteration ends one.
+  void record(const IterationRecord& r);
+  void log_validation(int64_t iteration, int64_t consumed_samples, double loss);
+  // Evaluation time is not training time: the interval's clock restarts after it.
+  void restart_interval_clock() { interval_t0_ = Clock::now(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void write_interval(const IterationRecord& r);
+
+  const TrainingArgs& a_;
+  int64_t train_iters_;
+  bool log_rank_;
+  int world_size_;
+  std::shared_ptr<const CommStats> comm_;
+  FlopsModel flops_;
+  std::ofstream jsonl_;
+  TrainingTensorBoard tensorboard_;
+  // The current interval.
+  int64_t iters_ = 0, advanced_ = 0, skipped_ = 0, nan_ = 0, samples_ = 0;
+  double flops_sum_ = 0;  // the batch size may change between iterations
+  double loss_sum_ = 0, grad_norm_ = std::nan("");
+  double comm0_ = 0;
+  Clock::time_point interval_t0_ = Clock::now();
+};
+
+}  // namespace megatron::training

@@ -1,0 +1,106 @@
+// The pieces of pretrain_gpt (trainer.cpp holds the loop itself), as Megatron's training.py
+// splits pretrain(): setup (training_setup.cpp: parallel layout, tokenizer, checkpoint lookup,
+// data, model and weights, then the optimizer with its state, loss scaler and LR schedule),
+// train_step and evaluate (train_step.cpp), the checkpoint save, and the metrics writer
+// (metrics.h). A TrainingRun holds everything they share; the loop advances its counters.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "comm/parallel_state.h"
+#include "comm/timed_communicator.h"
+#include "data/gpt_batch.h"
+#include "model/gpt_stage.h"
+#include "model/pipeline_layout.h"
+#include "optim/grad_buffer.h"
+#include "optim/grad_scaler.h"
+#include "optim/lr_scheduler.h"
+#include "optim/megatron_optimizer.h"
+#include "training/batch_size_schedule.h"
+#include "training/checkpoint.h"
+#include "training/trainer.h"
+
+namespace megatron::training {
+
+struct TrainingRun {
+  TrainingArgs a;  // completed by setup (padded vocabulary, parameter dtype, data settings)
+  std::shared_ptr<CommStats> comm_stats;  // every collective runs through the timed world
+  ParallelState ps;
+  CheckpointRank crank;
+  model::PipelineLayout pipeline_layout;
+  BatchSizeSchedule batch_schedule;
+  int64_t mbs = 0;        // --micro-batch-size
+  int64_t num_micro = 0;  // micro-batches per DP rank of the final global batch (evaluation's)
+  int dp_cp = 1;          // ranks whose gradients and losses are summed (DP x CP)
+  bool log_rank = false;  // Megatron's print_rank_last: the last rank logs and writes metrics
+
+  std::optional<CheckpointOnDisk> ckpt;  // --load
+  bool resume = false, load_optim = false, load_rng = false;
+  int64_t start_iteration = 0, train_iters = 0;
+  int64_t consumed = 0, consumed_valid = 0;  // samples taken from the train / validation splits
+  uint64_t rng_seed = 0;
+  uint64_t dropout_offset = 0;  // the dropout key of the next micro-batch (global numbering)
+
+  data::GPTDatasets ds;
+  data::GPTBatchOptions bopt;
+  optim::LRSchedulerConfig scheduler_config;  // from the flags (the checkpoint's once loaded)
+
+  std::unique_ptr<model::GPTStageModel> model;  // this rank's pipeline stage(s)
+  model::ParameterList params;
+  // Data x context parallel gradient buckets (null on one DP x CP rank without the distributed
+  // optimizer), the optimizer, the loss scaler and the LR schedule: setup_optimizer.
+  std::unique_ptr<optim::ParamAndGradBuffer> buffer;
+  std::unique_ptr<optim::MegatronOptimizer> optimizer;
+  optim::GradScaler scaler = optim::GradScaler::constant(1.0);
+  std::optional<optim::LRScheduler> scheduler;
+  int64_t last_saved = -1;  // the iteration of the last checkpoint written (-1: none)
+
+  int dp() const { return ps.dp_size(); }
+  // Completes the optimizer's parameter all-gathers in flight (--overlap-param-gather): every
+  // reader of the parameters but the forward of the next step calls it first.
+  void finish_param_sync() const {
+    if (optimizer) optimizer->finish_param_sync();
+  }
+  void say(const std::string& line) const;  // a log line, from the last rank
+  // The micro-batch of `b` this rank computes (its zig-zag slice under context parallelism).
+  model::GPTInputs slice(const data::GPTBatch& b) const;
+  // Sums over the data x context parallel group; the values themselves on one rank.
+  std::vector<double> dp_cp_sum(std::vector<double> v) const;
+};
+
+// Validates the arguments, builds the parallel layout, tokenizer, datasets and model, finds
+// --load's checkpoint and loads its weights. Collective over `world`.
+TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world);
+// The gradient buffer, the optimizer (plain or distributed), the loss scaler and the LR schedule,
+// with their state from the checkpoint when resuming.
+void setup_optimizer(TrainingRun& r);
+
+// One iteration: this DP rank's micro-batches of the global batch at r.consumed, the
+// forward/backward schedule with Megatron's loss normalisation (trainer.h), the gradient
+// reduction and the optimizer step. Advances the dropout counter (not the sample count).
+struct StepOutcome {
+  double loss = 0;  // token mean of the global batch's loss
+  optim::StepResult step;
+  int buckets_launched_in_backward = 0;  // with --overlap-grad-reduce
+};
+StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches);
+
+// Megatron's evaluate(): up to --eval-iters iterations of the final global batch from sample
+// `consumed_eval` of `d` on (advanced), split over DP; {loss sum, loss tokens} over DP x CP.
+std::pair<double, double> evaluate(TrainingRun& r, const data::SampleDataset& d,
+                                   int64_t& consumed_eval);
+// Megatron's boxed evaluation line ("validation loss at ... | lm loss value: ...").
+void print_evaluation(const TrainingRun& r, const std::string& line);
+// After the loop (or instead of it with --skip-train): the validation split from `valid_from`
+// and the test split from its first sample, into `sum`.
+void final_evaluation(TrainingRun& r, int64_t iteration, int64_t valid_from, TrainingSummary& sum);
+
+// Saves iteration `it` with --save (once per iteration), in --ckpt-format.
+void save_checkpoint_at(TrainingRun& r, int64_t it);
+
+}  // namespace megatron::training

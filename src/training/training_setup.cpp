@@ -1,0 +1,300 @@
+// pretrain_gpt's setup (training_run.h): what Megatron's initialize_megatron,
+// setup_model_and_optimizer and build_train_valid_test_data_iterators do, in the order that makes
+// flag and checkpoint mismatches fail before any work.
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "model/layer_spec.h"
+#include "optim/distributed_optimizer.h"
+#include "optim/optimizer.h"
+#include "training/training_run.h"
+
+namespace megatron::training {
+
+void TrainingRun::say(const std::string& line) const {
+  if (log_rank) log_print(line);
+}
+
+model::GPTInputs TrainingRun::slice(const data::GPTBatch& b) const {
+  const model::GPTInputs in{b.tokens, b.position_ids, b.attention_start, b.labels, b.loss_mask, Tensor()};
+  return model::slice_for_context_parallel(in, ps.cp_rank(), ps.cp_size());
+}
+
+std::vector<double> TrainingRun::dp_cp_sum(std::vector<double> v) const {
+  if (dp_cp > 1) {
+    Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
+    ps.dp_cp().all_reduce(t, ReduceOp::Sum);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = t.data<double>()[i];
+  }
+  return v;
+}
+
+namespace {
+
+// The parallel layout line at start-up (a distributed run only).
+std::string layout_line(const TrainingRun& r) {
+  const ParallelState& ps = r.ps;
+  const ParallelArgs& p = r.a.parallel;
+  const int tp = ps.tp_size(), pp = ps.pp_size();
+  return str("parallel layout: world ", ps.world_size(), " = TP ", tp, " x PP ", pp, " x CP ",
+             ps.cp_size(), " x DP ", ps.dp_size(),
+             r.pipeline_layout.num_chunks > 1
+                 ? str(", ", r.pipeline_layout.num_chunks, " virtual stages per pipeline rank (interleaved 1F1B)")
+                 : std::string(pp > 1 ? ", 1F1B pipeline schedule" : ""),
+             r.a.model.sequence_parallel && tp > 1 ? ", sequence parallel" : "",
+             p.use_distributed_optimizer ? ", distributed optimizer" : "",
+             p.overlap_grad_reduce
+                 ? (pp > 1 ? ", gradient reduction overlapped with each model chunk's last "
+                             "micro-batch backward (tied embedding after the pipeline flush)"
+                           : ", gradient reduction overlapped with backward")
+                 : "",
+             p.overlap_param_gather ? ", parameter all-gather overlapped with forward" : "",
+             "; ", r.num_micro, " micro-batches of ", r.mbs, " per rank and iteration");
+}
+
+// --load: the checkpoint and what it restores, checked against the flags before any work.
+void find_load_checkpoint(TrainingRun& r) {
+  const TrainingArgs& a = r.a;
+  if (!a.load.empty()) {
+    r.ckpt = find_checkpoint(a.load, a.ckpt_step >= 0 ? std::optional<int64_t>(a.ckpt_step) : std::nullopt);
+    if (!r.ckpt) {
+      const std::string why = std::filesystem::exists(a.load)
+                                  ? " has no latest_checkpointed_iteration.txt"
+                                  : " does not exist";
+      MG_REQUIRE(!a.exit_on_missing_checkpoint, "--load ", a.load, why,
+                 " and --exit-on-missing-checkpoint is set");
+      r.say(str("WARNING: --load ", a.load, why,
+                "; no checkpoint is loaded and training starts from random initialization"));
+    }
+  }
+  // A resume continues iteration, samples, optimizer, scheduler and RNG; --finetune (and a
+  // "release" checkpoint) loads the weights only.
+  r.resume = r.ckpt && !r.ckpt->release && !a.finetune;
+  r.load_optim = r.resume && !a.no_load_optim;
+  r.load_rng = r.resume && !a.no_load_rng;
+  if (r.ckpt) {
+    r.say(str("loading checkpoint from ", a.load, " at iteration ", r.ckpt->state.iteration));
+    check_checkpoint_layout(*r.ckpt, r.crank);
+    check_checkpoint_args(*r.ckpt, a, !r.resume);
+    MG_REQUIRE(!r.load_rng || r.ckpt->state.rng, "checkpoint ", r.ckpt->dir.string(),
+               " has no RNG state (saved with --no-save-rng); pass --no-load-rng or --finetune");
+  }
+  if (r.resume) {
+    r.start_iteration = r.ckpt->state.iteration;
+    r.consumed = r.ckpt->state.consumed_train_samples;
+    r.consumed_valid = r.ckpt->state.consumed_valid_samples;
+  }
+  r.rng_seed = r.load_rng ? r.ckpt->state.rng->seed : a.seed;
+  r.dropout_offset = r.load_rng ? r.ckpt->state.rng->dropout_offset : 0;
+}
+
+// The training length and the train / validation / test datasets (rank 0 builds and caches the
+// sample indices first; the others then load them).
+void build_datasets(TrainingRun& r) {
+  TrainingArgs& a = r.a;
+  const int64_t gbs = a.global_batch_size;
+  // Sample-based training: Megatron's update_train_iters under a batch-size schedule.
+  r.train_iters = a.train_iters > 0     ? a.train_iters
+                  : a.train_samples <= 0 ? 0  // --skip-train without a training length
+                                         : r.batch_schedule.train_iters_for_samples(a.train_samples);
+  MG_REQUIRE(a.train_samples <= 0 || a.train_iters > 0 || r.train_iters > 0, "--train-samples ",
+             a.train_samples, " is less than one global batch (", gbs, " samples): nothing to train");
+  auto num_samples = data::train_valid_test_num_samples(a.train_samples > 0 ? a.train_samples : -1,
+                                                        a.train_iters, gbs, a.eval_interval,
+                                                        a.eval_iters);
+  // Megatron sizes the validation split by the iteration count (update_train_iters' under a schedule).
+  if (!r.batch_schedule.is_constant())
+    num_samples[1] = (r.train_iters / a.eval_interval + 1) * a.eval_iters * gbs;
+  if (r.train_iters == 0) num_samples[0] = -1;  // --skip-train: the training split is not read
+  if (!r.batch_schedule.is_constant()) {
+    r.batch_schedule.validate_against(r.consumed, r.start_iteration, r.train_iters, r.mbs, r.dp(),
+                                      r.pipeline_layout.num_chunks > 1 ? r.pipeline_layout.pipeline_size : 1);
+    r.say(str("will use ", r.batch_schedule.describe(), "; ", r.train_iters,
+              " iterations for --train-samples ", a.train_samples));
+  }
+  a.data.mock = a.mock_data;
+  const bool distributed = r.ps.world_size() > 1;
+  if (r.ps.world_rank() == 0) r.ds = data::build_gpt_datasets(a.data, num_samples);
+  if (distributed) r.ps.world().barrier();
+  if (r.ps.world_rank() != 0) r.ds = data::build_gpt_datasets(a.data, num_samples);
+  MG_REQUIRE(r.ds.train != nullptr || a.skip_train, "the training split is empty; check --split / --data-path");
+  r.bopt = data::batch_options(a.data);
+}
+
+// The LR and weight-decay schedule in samples (iteration flags x global batch).
+optim::LRSchedulerConfig scheduler_config(const TrainingRun& r) {
+  const TrainingArgs& a = r.a;
+  const int64_t gbs = a.global_batch_size;
+  optim::LRSchedulerConfig sc;
+  sc.max_lr = a.lr;
+  sc.min_lr = a.min_lr;
+  if (a.decoupled_lr) {  // Megatron: decoupled_min_lr defaults to min_lr
+    sc.decoupled_max_lr = *a.decoupled_lr;
+    sc.decoupled_min_lr = a.decoupled_min_lr.value_or(a.min_lr);
+  }
+  sc.lr_warmup_init = a.lr_warmup_init;
+  sc.decay_style = optim::parse_lr_decay_style(a.lr_decay_style);
+  sc.lr_decay_steps = a.train_iters > 0 ? (a.lr_decay_iters > 0 ? a.lr_decay_iters : a.train_iters) * gbs
+                                        : (a.lr_decay_samples > 0 ? a.lr_decay_samples : a.train_samples);
+  sc.lr_warmup_steps = a.lr_warmup_fraction >= 0
+                           ? int64_t(a.lr_warmup_fraction * double(sc.lr_decay_steps))
+                           : (a.train_iters > 0 ? a.lr_warmup_iters * gbs : a.lr_warmup_samples);
+  sc.wsd_decay_style = optim::parse_wsd_decay_style(a.lr_wsd_decay_style);
+  sc.wsd_decay_steps = a.train_iters > 0 ? a.lr_wsd_decay_iters * gbs : a.lr_wsd_decay_samples;
+  sc.wd_incr_style = optim::parse_wd_incr_style(a.weight_decay_incr_style);
+  if (sc.wd_incr_style == optim::WDIncrStyle::Constant) {
+    sc.start_wd = sc.end_wd = a.weight_decay;
+  } else {  // validate_args: both are given
+    sc.start_wd = a.start_weight_decay;
+    sc.end_wd = a.end_weight_decay;
+    sc.wd_incr_steps = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
+  }
+  return sc;
+}
+
+}  // namespace
+
+TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) {
+  validate_args(a);
+  validate_parallel_args(a, world->size());
+  TrainingRun r;
+  r.comm_stats = std::make_shared<CommStats>();
+  ParallelConfig pc;
+  pc.tensor_model_parallel_size = a.parallel.tensor_model_parallel_size;
+  pc.pipeline_model_parallel_size = a.parallel.pipeline_model_parallel_size;
+  pc.context_parallel_size = a.parallel.context_parallel_size;
+  r.ps = ParallelState::create(make_timed_communicator(world, r.comm_stats), pc);
+  r.log_rank = r.ps.world_rank() == r.ps.world_size() - 1;
+  const int dp = r.ps.dp_size(), tp = r.ps.tp_size();
+  r.dp_cp = dp * r.ps.cp_size();
+  r.crank = CheckpointRank::from(r.ps);
+  r.pipeline_layout = model::PipelineLayout::make(int(a.model.num_layers), r.ps.pp_size(),
+                                                  a.parallel.num_layers_per_virtual_pipeline_stage);
+  r.crank.vp_size = r.pipeline_layout.num_chunks;
+  r.mbs = a.micro_batch_size;
+  // The global batch size per iteration: constant, --rampup-batch-size or
+  // --step-batch-size-schedule (batch_size_schedule.h); the final one is evaluation's.
+  r.batch_schedule =
+      !a.rampup_batch_size.empty()
+          ? BatchSizeSchedule::rampup(a.rampup_batch_size[0], a.rampup_batch_size[1],
+                                      a.rampup_batch_size[2], a.global_batch_size)
+      : !a.step_batch_size_schedule.empty()
+          ? BatchSizeSchedule::step(a.step_batch_size_schedule, a.model.seq_length)
+          : BatchSizeSchedule::constant(a.global_batch_size > 0 ? a.global_batch_size : r.mbs * dp);
+  const int64_t gbs = r.batch_schedule.final_global_batch_size();
+  MG_REQUIRE(gbs % (r.mbs * dp) == 0, "the global batch size (", gbs, ") is not divisible by "
+             "--micro-batch-size (", r.mbs, ") times data parallel size (", dp, ")");
+  r.num_micro = gbs / (r.mbs * dp);
+  a.global_batch_size = gbs;
+  if (r.ps.world_size() > 1) {
+    r.a = a;
+    r.say(layout_line(r));
+  }
+
+  auto tokenizer = data::build_tokenizer(a.tokenizer);
+  a.model.padded_vocab_size =
+      data::padded_vocab_size(tokenizer->vocab_size(), a.make_vocab_size_divisible_by, tp);
+  a.model.validate_tensor_parallel(tp);
+  a.model.params_dtype = a.bf16 ? DType::BF16 : (a.fp16 ? DType::F16 : DType::F32);
+  a.data.seq_length = a.model.seq_length;
+  a.data.seed = uint32_t(a.seed);
+  a.data.tokenizer = tokenizer->type();
+  a.data.eod_id = tokenizer->eod_or_throw();
+  a.data.vocab_size = tokenizer->vocab_size();
+  r.a = std::move(a);
+
+  find_load_checkpoint(r);
+  build_datasets(r);
+  r.scheduler_config = scheduler_config(r);
+
+  // The model is built with the (restored) RNG seed: dropout masks continue where they stopped.
+  // Every rank draws the same master weights and keeps its tensor-parallel slice of its pipeline
+  // stage's layers. One path for every layout: at PP = 1 the stage is one chunk, the whole model,
+  // and the schedule is "no pipelining".
+  r.model = std::make_unique<model::GPTStageModel>(r.a.model, r.rng_seed, r.ps,
+                                                   r.a.parallel.num_layers_per_virtual_pipeline_stage);
+  r.params = r.model->parameters();
+  if (r.ckpt) {
+    load_model_weights(*r.ckpt, r.params, /*allow_dtype_conversion=*/!r.resume, r.crank);
+    // The last stage's tied output_layer.weight is not in the checkpoint: the first stage's table.
+    r.model->sync_shared_embedding();
+  }
+  return r;
+}
+
+void setup_optimizer(TrainingRun& r) {
+  TrainingArgs& a = r.a;
+  const ParallelArgs& p = a.parallel;
+  a.optimizer.type = optim::parse_optimizer_type(a.optimizer_name);
+  // Data parallelism: one flat gradient buffer in buckets (Megatron: buckets only when
+  // overlapping, of max(40M, 1M x DP) elements by default; one bucket otherwise). Gradients are
+  // summed over data x context parallel ranks (every CP rank holds the partial gradient of its
+  // tokens; Megatron's data_parallel_group_with_cp); the distributed optimizer shards over them.
+  if (r.dp_cp > 1 || p.use_distributed_optimizer) {
+    optim::GradBufferConfig bc;
+    bc.bucket_size = p.overlap_grad_reduce
+                         ? (p.ddp_bucket_size > 0 ? p.ddp_bucket_size
+                                                  : std::max<int64_t>(40000000, 1000000 * int64_t(r.dp_cp)))
+                         : 0;
+    bc.pad_for_sharding = p.use_distributed_optimizer;
+    bc.overlap_param_gather = p.overlap_param_gather;
+    bc.reduce_in_bf16 = a.bf16 && a.grad_reduce_in_bf16;
+    r.buffer = std::make_unique<optim::ParamAndGradBuffer>(r.params, r.ps.group_ptr(GroupKind::DP_CP), bc);
+  }
+  // --overlap-param-gather: the optimizer step only launches the parameter all-gathers; the
+  // forward waits for each bucket just before the first layer that reads it (and polls the others
+  // so they advance during compute). Every other reader of the parameters (evaluation,
+  // checkpoint save, the end of training) calls optimizer->finish_param_sync() first.
+  if (p.overlap_param_gather)
+    r.model->set_forward_pre_hook(
+        [b = r.buffer.get()](const model::ParameterList& ps) { b->wait_params(ps); });
+  // fp32 main copies of the (loaded) weights: all of them, or this rank's shard.
+  if (p.use_distributed_optimizer) {
+    r.optimizer = std::make_unique<optim::DistributedOptimizer>(*r.buffer, a.optimizer, r.ps.world(),
+                                                                r.ps.tp_rank());
+  } else {
+    auto plain = std::make_unique<optim::Optimizer>(r.params, a.optimizer);
+    if (r.ps.mp().size() > 1) plain->set_grad_stats_group(&r.ps.mp(), r.ps.tp_rank());
+    r.optimizer = std::move(plain);
+  }
+  r.scaler = a.fp16 ? (a.loss_scale > 0 ? optim::GradScaler::constant(a.loss_scale)
+                                        : optim::GradScaler::dynamic(a.initial_loss_scale, a.min_loss_scale,
+                                                                     a.loss_scale_window, a.hysteresis))
+                    : optim::GradScaler::constant(a.loss_scale > 0 && !a.bf16 ? a.loss_scale : 1.0);
+  optim::LRSchedulerConfig& sc = r.scheduler_config;
+  if (r.load_optim) {  // Megatron restores loss scaler and LR schedule together with the optimizer
+    load_optimizer_state(*r.ckpt, *r.optimizer, r.crank);
+    if (r.scaler.is_dynamic() && r.ckpt->state.grad_scaler_dynamic)
+      r.scaler.load_state(r.ckpt->state.grad_scaler);
+    sc = resolve_scheduler_config(sc, *r.ckpt, a.override_opt_param_scheduler,
+                                  a.use_checkpoint_opt_param_scheduler);
+  }
+  MG_REQUIRE(sc.max_lr >= 0, "--lr is required (no LR schedule was loaded from a checkpoint)");
+  r.scheduler.emplace(sc);
+  if (r.load_optim) r.scheduler->set_num_steps(r.ckpt->state.scheduler_num_steps);
+  // --decoupled-lr: Megatron's is_embedding_or_output_parameter (the word embedding on the first
+  // stage, output_layer.weight on the last, the tied copy included; not the position embedding).
+  if (sc.has_decoupled_lr()) {
+    std::vector<bool> flags;
+    for (const model::Parameter* q : r.params)
+      flags.push_back(q->name == "embedding.word_embeddings.weight" || q->name == "output_layer.weight");
+    r.optimizer->set_decoupled_lr_params(flags);
+  }
+  if (r.ckpt) {
+    std::string what;
+    if (!r.resume) {
+      what = str(a.finetune ? "--finetune" : "release checkpoint",
+                 ": weights only; iteration, consumed samples, optimizer and LR schedule start from zero");
+    } else {
+      what = str("consumed samples: ", r.consumed,
+                 r.load_optim ? "; optimizer, loss scaler and LR schedule restored"
+                              : "; --no-load-optim: optimizer, loss scaler and LR schedule start fresh",
+                 r.load_rng ? "; RNG restored" : "; --no-load-rng: RNG from --seed");
+    }
+    r.say(str("successfully loaded checkpoint from ", a.load, " at iteration ",
+              r.ckpt->state.iteration, " (", what, ")"));
+  }
+}
+
+}  // namespace megatron::training
