@@ -1,70 +1,28 @@
 // Llama-family pretraining by parity with the single-rank run: the tiny GPT of
-// parallel_test_util.h built as a Llama (RMSNorm, rotary embeddings, SwiGLU, grouped-query
-// attention with 2 query groups for 4 heads, no biases, untied output layer; 4 layers) trains in
-// every parallel layout and follows the single-rank loss curve within 1e-5 per iteration and ends
-// with its parameters (gathered from the per-rank checkpoint files, SwiGLU's per-rank [gate; up]
-// rows put back in order) within 1e-5 of each tensor's scale.
+// parallel_test_util.h built as a Llama (llama_test_util.h: RMSNorm, rotary embeddings, SwiGLU,
+// grouped-query attention with 2 query groups for 4 heads, no biases, untied output layer;
+// 4 layers) trains in fp32 in every parallel layout and follows the single-rank loss curve within
+// 1e-5 per iteration and ends with its parameters (gathered from the per-rank checkpoint files,
+// SwiGLU's per-rank [gate; up] rows put back in order) within 1e-5 of each tensor's scale.
 //   np 2: TP2 + SP, PP2 (1F1B), PP2 interleaved, CP2 (ring; rotary positions are the tokens'
 //         positions in the whole sequence), CP2 all-gather, DP2 with the distributed optimizer
 //         and overlapped reduction and parameter gather;
 //   np 4: TP2 x PP2 + SP, PP2 interleaved x DP2 (distributed optimizer, overlap), CP2 x PP2
 //         interleaved, TP2 + SP x CP2;
 //   np 8: TP2 x PP2 x DP2 (SP, distributed optimizer, overlap) and TP2 + SP x CP2 x PP2.
-// Also: full and selective recomputation follow the curve (np 2, PP2), bf16 and fp16 train under
-// TP2 (np 2) close to their single-rank curves, save/resume under PP2 interleaved continues the
-// uninterrupted curve bit for bit, and a TP2 x PP2 checkpoint converts to TP1 x PP1 and resumes
-// on one rank on the same curve.
+// Also: full and selective recomputation follow the curve (np 2, PP2), save/resume under PP2
+// interleaved continues the uninterrupted curve bit for bit, and a TP2 x PP2 checkpoint converts
+// to TP1 x PP1 and resumes on one rank on the same curve. bf16 and fp16 (parity in these layouts,
+// exact resume, skipped fp16 steps): llama_half_precision_test.cpp.
 #include <gtest/gtest.h>
 
-#include "model/model_test_util.h"
-#include "parallel_test_util.h"
+#include "llama_test_util.h"
 #include "training/checkpoint_convert.h"
 
 namespace megatron::training {
 namespace {
 
 using namespace parallel_test;
-
-TrainingArgs llama_args(const Fixture& f, int64_t iters = 20) {
-  TrainingArgs a = f.args(iters);
-  model::testing::make_llama_style(a.model);
-  return a;
-}
-
-struct Layout {
-  Layout(std::string name_, int tp_, int pp_ = 1, int vstage = 0, int cp_ = 1, bool sp_ = false,
-         bool dist_opt_ = false, bool overlap_ = false, bool param_gather_ = false,
-         std::string cp_comm_ = "p2p", std::string recompute_ = "")
-      : name(std::move(name_)), tp(tp_), pp(pp_), layers_per_virtual_stage(vstage), cp(cp_),
-        sp(sp_), dist_opt(dist_opt_), overlap(overlap_), param_gather(param_gather_),
-        cp_comm(std::move(cp_comm_)), recompute(std::move(recompute_)) {}
-  std::string name;
-  int tp, pp, layers_per_virtual_stage, cp;
-  bool sp, dist_opt, overlap, param_gather;
-  std::string cp_comm;
-  std::string recompute;  // "", "full", "selective"
-};
-
-TrainingArgs with_layout(TrainingArgs a, const Layout& l) {
-  a.parallel.tensor_model_parallel_size = l.tp;
-  a.parallel.pipeline_model_parallel_size = l.pp;
-  a.parallel.num_layers_per_virtual_pipeline_stage = l.layers_per_virtual_stage;
-  a.parallel.context_parallel_size = l.cp;
-  a.model.sequence_parallel = l.sp;
-  a.model.cp_comm_type = l.cp_comm;
-  a.parallel.use_distributed_optimizer = l.dist_opt;
-  a.parallel.overlap_grad_reduce = l.overlap;
-  a.parallel.overlap_param_gather = l.param_gather;
-  if (l.overlap) a.parallel.ddp_bucket_size = 3000;
-  if (l.recompute == "full") {
-    a.model.recompute_granularity = "full";
-    a.model.recompute_method = "uniform";
-    a.model.recompute_num_layers = 1;
-  } else if (l.recompute == "selective") {
-    a.model.recompute_granularity = "selective";
-  }
-  return a;
-}
 
 void check_layout(const Fixture& f, const Layout& l, const TrainingSummary& ref,
                   const std::string& ref_save, double tol = 1e-5) {
@@ -112,29 +70,6 @@ TEST(MpiLlamaTraining, LayoutsFollowTheSingleRankCurve) {
                {"tp2_sp_cp2_pp2", 2, 2, 0, 2, true}};
   }
   for (const Layout& l : layouts) check_layout(f, l, ref, ref_save);
-}
-
-// bf16 / fp16 (dynamic loss scaling) under TP2 follow their own single-rank curves within the
-// precision of the parameter dtype.
-TEST(MpiLlamaTraining, HalfPrecisionUnderTensorParallelism) {
-  SKIP_ON_ONE_RANK();
-  if (world()->size() != 2) GTEST_SKIP() << "runs at np 2";
-  Fixture f;
-  for (const char* dtype : {"bf16", "fp16"}) {
-    SCOPED_TRACE(dtype);
-    TrainingArgs a = llama_args(f);
-    a.bf16 = std::string(dtype) == "bf16";
-    a.fp16 = !a.bf16;
-    a.initial_loss_scale = 1024;
-    const TrainingSummary ref = reference_curve(a, f.dir / (std::string("llama_ref_") + dtype));
-    Layout l{"tp2_sp", 2, 1, 0, 1, true};
-    const TrainingSummary p = pretrain_gpt(with_layout(a, l));
-    ASSERT_EQ(p.losses.size(), ref.losses.size());
-    for (size_t i = 0; i < ref.losses.size(); ++i)
-      EXPECT_NEAR(p.losses[i], ref.losses[i], 2e-2 * std::abs(ref.losses[i])) << "iteration " << i + 1;
-    EXPECT_LT(p.losses.back(), p.losses.front() - 0.3);
-    world()->barrier();
-  }
 }
 
 // Save at 10 under PP2 interleaved, resume to 20: the losses of 11..20 and the final parameters

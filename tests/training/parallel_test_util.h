@@ -1,6 +1,7 @@
-// Helpers of the multi-rank training parity tests (parallel_test.cpp, pipeline_training_test.cpp):
-// a folder every rank sees, the tiny corpus and GPT they train, the single-rank reference run,
-// and comparisons of loss curves (training, grad norm, validation) and of checkpointed parameters gathered over TP and PP.
+// Helpers of the multi-rank training parity tests (parallel_test.cpp, pipeline_training_test.cpp,
+// llama_*_test.cpp): a folder every rank sees, the tiny corpus and GPT they train, the single-rank
+// reference run, and comparisons of loss curves (training, grad norm, validation), of checkpointed
+// parameters gathered over TP and PP and of checkpointed optimizer state.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -190,6 +191,35 @@ inline void expect_same_params(const std::string& got_save, const std::string& r
     EXPECT_LE(worst_key, 1e-4) << n << " (key bias)";
     if (std::getenv("MG_PRINT_PARAM_DIFF"))  // the numbers behind the tolerances
       std::printf("param diff %-55s %.3g (key bias %.3g)\n", n.c_str(), worst / scale, worst_key);
+  }
+}
+
+// The checkpoint's optimizer state merged into single-rank tensors (merge_checkpoint: any TP x PP
+// layout, plain optimizer or distributed-optimizer shards under any DP size) against the
+// reference's: the step counts equal, and each tensor's largest difference relative to its
+// largest |value| is within main_tol for the fp32 main weights ("fp32_param", kept for bf16/fp16
+// models; the checkpoint's model tensors are those rounded to the parameter dtype, which hides
+// differences below half an ulp of it) and within moment_tol for the Adam moments.
+inline void expect_same_optimizer_state(const std::string& got_save, const std::string& ref_save,
+                                        int64_t it, double main_tol, double moment_tol) {
+  const MergedCheckpoint got = merge_checkpoint(find_checkpoint(got_save, it).value(), true);
+  const MergedCheckpoint ref = merge_checkpoint(find_checkpoint(ref_save, it).value(), true);
+  EXPECT_EQ(got.optimizer_step, ref.optimizer_step);
+  ASSERT_EQ(got.optimizer.size(), ref.optimizer.size());
+  for (const auto& [kind, tensors] : ref.optimizer) {
+    const double tol = kind == "fp32_param" ? main_tol : moment_tol;
+    ASSERT_EQ(got.optimizer.at(kind).size(), tensors.size()) << kind;
+    for (const auto& [n, t] : tensors) {
+      const std::vector<float> r = t.to_float_vector();
+      const std::vector<float> g = got.optimizer.at(kind).at(n).to_float_vector();
+      ASSERT_EQ(g.size(), r.size()) << kind << " " << n;
+      double scale = 1e-30, worst = 0;
+      for (float v : r) scale = std::max(scale, double(std::abs(v)));
+      for (size_t i = 0; i < r.size(); ++i) worst = std::max(worst, std::abs(double(g[i]) - r[i]));
+      EXPECT_LE(worst / scale, tol) << kind << " " << n;
+      if (std::getenv("MG_PRINT_PARAM_DIFF"))
+        std::printf("optimizer diff %-10s %-55s %.3g\n", kind.c_str(), n.c_str(), worst / scale);
+    }
   }
 }
 
