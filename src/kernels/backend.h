@@ -20,8 +20,7 @@
   X(gemm) X(gemm_batched)                                                                        \
   X(embedding_fwd) X(embedding_bwd) X(vocab_parallel_embedding_fwd)                              \
   X(vocab_parallel_embedding_bwd)                                                                \
-  X(layernorm_fwd) X(layernorm_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)                                \
-  X(gelu_fwd) X(gelu_bwd) X(swiglu_fwd) X(swiglu_bwd) X(squared_relu_fwd) X(squared_relu_bwd)    \
+  X(norm_fwd) X(norm_bwd) X(activation_fwd) X(activation_bwd)                                    \
   X(bias_add) X(bias_grad) X(add) X(scale)                                                       \
   X(index_select_rows) X(index_copy_rows) X(copy_to_flat) X(copy_from_flat)                      \
   X(dropout_fwd) X(dropout_bwd) X(bias_dropout_add_fwd) X(bias_dropout_add_bwd)                  \
@@ -60,6 +59,10 @@ namespace detail {
 extern const OpTable* g_backends[kDeviceTypeCount];
 [[noreturn]] void throw_mixed_devices(const char* op, Device a, Device b);
 [[noreturn]] void throw_no_kernel(const char* op, Device device);
+// For a backend whose kind-taking op (norm_*, activation_*) has no kernel for `kind` (or an id
+// outside the kind enum): Error naming the op, the kind and the device.
+[[noreturn]] void throw_no_kind_kernel(const char* op, model::NormId kind, Device device);
+[[noreturn]] void throw_no_kind_kernel(const char* op, model::ActivationId kind, Device device);
 
 // The one device of an op's tensor arguments (undefined tensors are skipped).
 struct CallDevice {
