@@ -188,15 +188,11 @@ void norm_fwd(NormId kind, const Tensor& out, const Tensor& mean, const Tensor& 
   const char* op = "norm_fwd";
   int64_t n = 0, h = 0;
   check_norm(op, kind, x, weight, bias, mean, &n, &h);
-  const NormFwdArgs a{n,
-                      h,
-                      x.data<float>(),
-                      weight.data<float>(),
+  const NormFwdArgs a{n, h, x.data<float>(), weight.data<float>(),
                       f32_of<const float>(op, "bias", bias, h, false),
                       f32_of<float>(op, "out", out, n * h, true),
                       f32_of<float>(op, "mean", mean, n, false),
-                      f32_of<float>(op, "rstd", rstd, n, false),
-                      eps};
+                      f32_of<float>(op, "rstd", rstd, n, false), eps};
   cpu::with_kind<model::kNormKindCount>(op, kind, [&]<NormId K>() { NormKernel<K>::fwd(a); });
 }
 
@@ -208,17 +204,13 @@ void norm_bwd(NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor
   const model::NormKind& k = check_norm(op, kind, x, weight, dbias, mean, &n, &h);
   MG_CHECK(!accumulate_dx || dx.raw_data() != dout.raw_data(), op,
            ": dx may not alias dout when accumulating");
-  const NormBwdArgs a{n,
-                      h,
-                      x.data<float>(),
-                      weight.data<float>(),
+  const NormBwdArgs a{n, h, x.data<float>(), weight.data<float>(),
                       f32_of<const float>(op, "dout", dout, n * h, true),
                       f32_of<const float>(op, "mean", mean, n, k.saves_mean),
                       f32_of<const float>(op, "rstd", rstd, n, true),
                       f32_of<float>(op, "dx", dx, n * h, true),
                       f32_of<float>(op, "dweight", dweight, h, true),
-                      f32_of<float>(op, "dbias", dbias, h, false),
-                      accumulate_dx};
+                      f32_of<float>(op, "dbias", dbias, h, false), accumulate_dx};
   cpu::with_kind<model::kNormKindCount>(op, kind, [&]<NormId K>() { NormKernel<K>::bwd(a); });
 }
 
