@@ -47,15 +47,13 @@ void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Te
 void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,
                                   int64_t vocab_start);
 
-// ---- norms over the last dim (LayerNorm, RMSNorm: model/layer_kinds.h) -------------------------
-// One pair of ops for every NormKind; `kind` picks the kernel (a backend without one for the
+// ---- norms over the last dim (the NormKinds of model/layer_kinds.h) ----------------------------
+// One pair of ops for every NormKind (its row gives its formula); `kind` picks the kernel (a backend without one for the
 // kind throws Error naming the op, the kind and the device). x, out [n, h]; weight [h] (the
 // gamma the norm computes with: with --apply-layernorm-1p the caller passes stored + 1); bias [h]
 // when the kind has_bias, else undefined; mean [n] when the kind saves_mean, else undefined;
 // rstd [n]. mean and rstd are written for backward; either may be undefined when nothing is
 // saved. out may alias x.
-//   LayerNorm: out = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var(x) + eps)
-//   RMSNorm (Megatron-Core's): out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)
 void norm_fwd(model::NormId kind, const Tensor& out, const Tensor& mean, const Tensor& rstd,
               const Tensor& x, const Tensor& weight, const Tensor& bias, float eps);
 // dx [n, h] written (accumulated when accumulate_dx); dweight and dbias (undefined without a
@@ -64,13 +62,11 @@ void norm_bwd(model::NormId kind, const Tensor& dx, const Tensor& dweight, const
               const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
               const Tensor& rstd, bool accumulate_dx = false);
 
-// ---- MLP activations (GeLU tanh/erf, SwiGLU, squared ReLU: model/layer_kinds.h) ----------------
-// One pair of ops for every ActivationKind; `kind` picks the kernel (as the norms). A plain
-// activation maps x to out elementwise (same shapes; out may alias x). A gated one takes rows of
-// x [n, 2f] as [gate | up] (f columns each) and gives out [n, f] = act(gate) * up (SwiGLU:
-// silu(gate) * up, silu(a) = a / (1 + e^-a)).
-//   gelu_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));  gelu: 0.5 x (1 + erf(x / sqrt 2))
-//   squared_relu: max(x, 0)^2
+// ---- MLP activations (the ActivationKinds of model/layer_kinds.h) ------------------------------
+// One pair of ops for every ActivationKind (its row gives its formula); `kind` picks the kernel
+// (as the norms). A plain activation maps x to out elementwise (same shapes; out may alias x). A
+// gated one takes rows of x [n, 2f] as [gate | up] (f columns each) and gives out [n, f]
+// (SwiGLU: silu(gate) * up).
 void activation_fwd(model::ActivationId kind, const Tensor& out, const Tensor& x);
 // dx = dout * act'(x), dx with x's shape (gated: [dgate | dup]); dout with out's shape. A plain
 // activation's dx may alias dout.

@@ -55,14 +55,18 @@ struct ActivationKind {
 };
 
 inline constexpr ActivationKind kActivationKinds[] = {
+    // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     {ActivationId::gelu_tanh, "gelu_tanh", "",
      "GeLU, tanh form (Megatron's default fused bias-GeLU; --openai-gelu)", "GeLU (tanh form)",
      "--openai-gelu", false},
+    // 0.5 x (1 + erf(x / sqrt(2)))
     {ActivationId::gelu, "gelu", "",
      "GeLU, exact erf form (--no-bias-gelu-fusion, or --disable-bias-linear)",
      "GeLU (exact erf form)", "--no-bias-gelu-fusion", false},
+    // gated: silu(gate) * up, silu(a) = a / (1 + e^-a)
     {ActivationId::swiglu, "swiglu", "--swiglu",
      "SwiGLU MLP: silu(gate) * up, fc1 gives [gate | up]", "SwiGLU", "--swiglu", true},
+    // max(x, 0)^2
     {ActivationId::squared_relu, "squared_relu", "--squared-relu", "Squared ReLU activation",
      "squared ReLU", "--squared-relu", false},
 };
