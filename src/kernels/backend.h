@@ -9,6 +9,13 @@
 // CUDA (src/kernels/cuda/, registered by cuda::init with the kernels it has).
 // Adding an op: declare it in ops.h, add its name to MG_FOR_EACH_OP, define its dispatcher in
 // ops.cpp and its CPU kernel in ops::cpu, and add its cases to tests/kernels/backend_op_cases.cpp.
+// Adding a norm or an MLP activation is not adding an op: norm_fwd / norm_bwd and
+// activation_fwd / activation_bwd take the kind (model/layer_kinds.h), so a new kind is three
+// files: its id and row in model/layer_kinds.h, its CPU kernel (a NormKernel<id> in
+// cpu/cpu_norm.cpp or an Activation<id> in cpu/cpu_activation.cpp, found by id at compile time)
+// and its cases in tests/kernels/backend_op_cases.cpp. Another backend's entry for these ops runs
+// the kinds it has kernels for and calls detail::throw_no_kind_kernel for the rest (CUDA:
+// LayerNorm and both GeLU forms, cuda/cuda_ops.cpp).
 #pragma once
 
 #include <cstddef>
@@ -20,8 +27,7 @@
   X(gemm) X(gemm_batched)                                                                        \
   X(embedding_fwd) X(embedding_bwd) X(vocab_parallel_embedding_fwd)                              \
   X(vocab_parallel_embedding_bwd)                                                                \
-  X(layernorm_fwd) X(layernorm_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)                                \
-  X(gelu_fwd) X(gelu_bwd) X(swiglu_fwd) X(swiglu_bwd) X(squared_relu_fwd) X(squared_relu_bwd)    \
+  X(norm_fwd) X(norm_bwd) X(activation_fwd) X(activation_bwd)                                    \
   X(bias_add) X(bias_grad) X(add) X(scale)                                                       \
   X(index_select_rows) X(index_copy_rows) X(copy_to_flat) X(copy_from_flat)                      \
   X(dropout_fwd) X(dropout_bwd) X(bias_dropout_add_fwd) X(bias_dropout_add_bwd)                  \
@@ -60,6 +66,10 @@ namespace detail {
 extern const OpTable* g_backends[kDeviceTypeCount];
 [[noreturn]] void throw_mixed_devices(const char* op, Device a, Device b);
 [[noreturn]] void throw_no_kernel(const char* op, Device device);
+// For a backend whose kind-taking op (norm_*, activation_*) has no kernel for `kind` (or an id
+// outside the kind enum): Error naming the op, the kind and the device.
+[[noreturn]] void throw_no_kind_kernel(const char* op, model::NormId kind, Device device);
+[[noreturn]] void throw_no_kind_kernel(const char* op, model::ActivationId kind, Device device);
 
 // The one device of an op's tensor arguments (undefined tensors are skipped).
 struct CallDevice {

@@ -24,6 +24,26 @@ void throw_no_kernel(const char* op, Device device) {
            "; run it on another device (Tensor::to) or add the kernel to that backend");
 }
 
+namespace {
+template <class Row>
+[[noreturn]] void throw_no_kind_kernel(const char* op, const char* what, const Row* row, int id,
+                                       Device device) {
+  if (row == nullptr)
+    MG_THROW(op, ": ", what, " kind ", id, " is not a kind of model/layer_kinds.h (an "
+             "uninitialised or corrupt id)");
+  MG_THROW(op, ": the ", what, " ", row->name, " has no kernel on ", device.to_string(),
+           " (not implemented on ", device.is_cuda() ? "CUDA" : device.to_string(),
+           "); run it on another device (Tensor::to) or add the kind's kernel to that backend");
+}
+}  // namespace
+
+void throw_no_kind_kernel(const char* op, model::NormId kind, Device device) {
+  throw_no_kind_kernel(op, "norm", model::find_norm_kind(kind), int(kind), device);
+}
+void throw_no_kind_kernel(const char* op, model::ActivationId kind, Device device) {
+  throw_no_kind_kernel(op, "activation", model::find_activation_kind(kind), int(kind), device);
+}
+
 }  // namespace detail
 
 void register_backend(DeviceType type, const OpTable* table) {
@@ -61,39 +81,21 @@ void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, cons
   MG_DISPATCH(vocab_parallel_embedding_bwd, dweight, ids, dout, vocab_start);
 }
 
-void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                   const Tensor& weight, const Tensor& bias, float eps) {
-  MG_DISPATCH(layernorm_fwd, out, mean, rstd, x, weight, bias, eps);
+void norm_fwd(model::NormId kind, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+              const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  MG_DISPATCH(norm_fwd, kind, out, mean, rstd, x, weight, bias, eps);
 }
-void layernorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                   const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                   const Tensor& rstd, bool accumulate_dx) {
-  MG_DISPATCH(layernorm_bwd, dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate_dx);
+void norm_bwd(model::NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+              const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+              const Tensor& rstd, bool accumulate_dx) {
+  MG_DISPATCH(norm_bwd, kind, dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate_dx);
 }
-void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                 float eps) {
-  MG_DISPATCH(rmsnorm_fwd, out, rstd, x, weight, eps);
+void activation_fwd(model::ActivationId kind, const Tensor& out, const Tensor& x) {
+  MG_DISPATCH(activation_fwd, kind, out, x);
 }
-void rmsnorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dout, const Tensor& x,
-                 const Tensor& weight, const Tensor& rstd, bool accumulate_dx) {
-  MG_DISPATCH(rmsnorm_bwd, dx, dweight, dout, x, weight, rstd, accumulate_dx);
-}
-
-void gelu_fwd(const Tensor& out, const Tensor& x, bool tanh_approx) {
-  MG_DISPATCH(gelu_fwd, out, x, tanh_approx);
-}
-void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx) {
-  MG_DISPATCH(gelu_bwd, dx, dout, x, tanh_approx);
-}
-void swiglu_fwd(const Tensor& out, const Tensor& x) { MG_DISPATCH(swiglu_fwd, out, x); }
-void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
-  MG_DISPATCH(swiglu_bwd, dx, dout, x);
-}
-void squared_relu_fwd(const Tensor& out, const Tensor& x) {
-  MG_DISPATCH(squared_relu_fwd, out, x);
-}
-void squared_relu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x) {
-  MG_DISPATCH(squared_relu_bwd, dx, dout, x);
+void activation_bwd(model::ActivationId kind, const Tensor& dx, const Tensor& dout,
+                    const Tensor& x) {
+  MG_DISPATCH(activation_bwd, kind, dx, dout, x);
 }
 
 void bias_add(const Tensor& x, const Tensor& bias) { MG_DISPATCH(bias_add, x, bias); }

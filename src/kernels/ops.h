@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/layer_kinds.h"
 
 namespace megatron::ops {
 
@@ -46,38 +47,31 @@ void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Te
 void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,
                                   int64_t vocab_start);
 
-// ---- LayerNorm and RMSNorm over the last dim ----------------------------------------------------
-// x, out [n, h]; weight, bias [h]; mean, rstd [n] (saved for backward; either may be undefined
-// when nothing is saved). out may alias x.
-void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                   const Tensor& weight, const Tensor& bias, float eps);
-// dx written (accumulated when accumulate_dx); dweight, dbias accumulate.
-void layernorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                   const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                   const Tensor& rstd, bool accumulate_dx = false);
-// RMSNorm (Megatron-Core's RMSNorm): out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
-// x, out [n, h]; weight [h]; rstd [n] (saved for backward) or undefined. out may alias x.
-void rmsnorm_fwd(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                 float eps);
-// dx [n, h] written (accumulated when accumulate_dx); dweight [h] accumulates. rstd from the
-// forward. dx may alias dout unless accumulating.
-void rmsnorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dout, const Tensor& x,
-                 const Tensor& weight, const Tensor& rstd, bool accumulate_dx = false);
+// ---- norms over the last dim (the NormKinds of model/layer_kinds.h) ----------------------------
+// One pair of ops for every NormKind (its row gives its formula); `kind` picks the kernel (a backend without one for the
+// kind throws Error naming the op, the kind and the device). x, out [n, h]; weight [h] (the
+// gamma the norm computes with: with --apply-layernorm-1p the caller passes stored + 1); bias [h]
+// when the kind has_bias, else undefined; mean [n] when the kind saves_mean, else undefined;
+// rstd [n]. mean and rstd are written for backward; either may be undefined when nothing is
+// saved. out may alias x.
+void norm_fwd(model::NormId kind, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+              const Tensor& x, const Tensor& weight, const Tensor& bias, float eps);
+// dx [n, h] written (accumulated when accumulate_dx); dweight and dbias (undefined without a
+// bias) accumulate. mean and rstd from the forward. dx may alias dout unless accumulating.
+void norm_bwd(model::NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+              const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+              const Tensor& rstd, bool accumulate_dx = false);
 
-// ---- GELU (tanh approximation or exact erf) -----------------------------------------------------
-void gelu_fwd(const Tensor& out, const Tensor& x, bool tanh_approx);
-void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx);
-
-// ---- gated and squared activations (MLP) --------------------------------------------------------
-// SwiGLU (Megatron's gated linear unit with SiLU, --swiglu): each row of x [n, 2f] is
-// [gate | up] (f columns each); out [n, f] = silu(gate) * up, silu(a) = a / (1 + e^-a).
-void swiglu_fwd(const Tensor& out, const Tensor& x);
-// dx [n, 2f] written: [dgate | dup].
-void swiglu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x);
-// Squared ReLU (--squared-relu): out = max(x, 0)^2, same shapes; out may alias x.
-void squared_relu_fwd(const Tensor& out, const Tensor& x);
-// dx = dout * 2 max(x, 0); dx may alias dout.
-void squared_relu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x);
+// ---- MLP activations (the ActivationKinds of model/layer_kinds.h) ------------------------------
+// One pair of ops for every ActivationKind (its row gives its formula); `kind` picks the kernel
+// (as the norms). A plain activation maps x to out elementwise (same shapes; out may alias x). A
+// gated one takes rows of x [n, 2f] as [gate | up] (f columns each) and gives out [n, f]
+// (SwiGLU: silu(gate) * up).
+void activation_fwd(model::ActivationId kind, const Tensor& out, const Tensor& x);
+// dx = dout * act'(x), dx with x's shape (gated: [dgate | dup]); dout with out's shape. A plain
+// activation's dx may alias dout.
+void activation_bwd(model::ActivationId kind, const Tensor& dx, const Tensor& dout,
+                    const Tensor& x);
 
 // ---- bias, residual, scale ----------------------------------------------------------------------
 void bias_add(const Tensor& x, const Tensor& bias);         // x [n, m] += bias [m] (in place)

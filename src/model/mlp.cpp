@@ -1,5 +1,8 @@
-// Forward and backward of the MLP (see mlp.h).
+// Forward and backward of the MLP (see mlp.h): ops::activation_fwd / activation_bwd with the
+// kind from the spec; its row says whether it is gated.
 #include "model/mlp.h"
+
+#include "kernels/ops.h"
 
 namespace megatron::model {
 
@@ -31,7 +34,7 @@ Tensor MLP::forward(const LayerContext& ctx, const Tensor& x) {
   Tensor h1 = linear_fc1.forward(ctx, x);
   const int64_t width = activation.gated ? h1.size(1) / 2 : h1.size(1);
   Tensor a1 = Tensor::empty({h1.size(0), width}, DType::F32, h1.device());
-  activation.fwd(a1, h1);
+  ops::activation_fwd(activation.id, a1, h1);
   Tensor y = linear_fc2.forward(ctx, a1);
   if (ctx.save) {
     h1_ = h1;
@@ -44,7 +47,7 @@ Tensor MLP::backward(const LayerContext& ctx, const Tensor& dy) {
   MG_CHECK(h1_.defined(), "MLP::backward without a saved forward");
   Tensor da = linear_fc2.backward(ctx, dy);
   Tensor dh = activation.gated ? Tensor::empty(h1_.get().shape(), DType::F32, da.device()) : da;
-  activation.bwd(dh, da, h1_);
+  ops::activation_bwd(activation.id, dh, da, h1_);
   h1_.reset();
   a1_.reset();
   return linear_fc1.backward(ctx, dh);

@@ -1,5 +1,8 @@
-// Forward and backward of the normalization layer through its kind's ops (see norm.h).
+// Forward and backward of the normalization layer: ops::norm_fwd / norm_bwd with the kind from
+// the spec (see norm.h).
 #include "model/norm.h"
+
+#include "kernels/ops.h"
 
 namespace megatron::model {
 
@@ -23,7 +26,7 @@ Tensor Norm::forward(const LayerContext& ctx, const Tensor& x) {
     if (kind.saves_mean) mean = Tensor::empty({n}, DType::F32, x.device());
     rstd = Tensor::empty({n}, DType::F32, x.device());
   }
-  kind.fwd(out, mean, rstd, x, weight.f32, bias.defined() ? bias.f32 : Tensor(), eps);
+  ops::norm_fwd(kind.id, out, mean, rstd, x, weight.f32, bias.defined() ? bias.f32 : Tensor(), eps);
   if (ctx.save) {
     x_ = x;
     mean_ = mean;
@@ -34,8 +37,8 @@ Tensor Norm::forward(const LayerContext& ctx, const Tensor& x) {
 
 void Norm::run_backward(const Tensor& dx, const Tensor& dout, bool accumulate) {
   MG_CHECK(rstd_.defined(), "Norm::backward without a saved forward");
-  kind.bwd(dx, weight.param.grad, bias.defined() ? bias.param.grad : Tensor(), dout, x_,
-           weight.f32, mean_, rstd_, accumulate);
+  ops::norm_bwd(kind.id, dx, weight.param.grad, bias.defined() ? bias.param.grad : Tensor(), dout,
+                x_, weight.f32, mean_, rstd_, accumulate);
   x_.reset();
   mean_.reset();
   rstd_.reset();

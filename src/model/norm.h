@@ -29,13 +29,13 @@ class Norm : public Module {
   // dx_accum += d(input) (the residual stream's gradient).
   void backward_accumulate(const LayerContext& ctx, const Tensor& dout, const Tensor& dx_accum);
   const NormKind& kind;
-  Weight weight, bias;  // bias undefined for RMSNorm
+  Weight weight, bias;  // bias undefined for kinds without one (RMSNorm)
   float eps;
 
  private:
   void run_backward(const Tensor& dx, const Tensor& dout, bool accumulate);
   SavedTensor x_{this, "x", "[N, h] input (the caller's)"};
-  SavedTensor mean_{this, "mean", "[N] (LayerNorm)"};
+  SavedTensor mean_{this, "mean", "[N] (kinds that save the mean: LayerNorm)"};
   SavedTensor rstd_{this, "rstd", "[N]"};
 };
 

@@ -56,7 +56,13 @@ class Table {
  public:
   void add(std::string op, std::string what, std::function<Outs(Device)> run,
            std::vector<Tolerance> cuda = {Tolerance{}}) {
-    cases_.push_back({std::move(op), std::move(what), std::move(run), std::move(cuda)});
+    cases_.push_back({std::move(op), std::move(what), std::move(run), std::move(cuda), {}});
+  }
+  // A case of a kind-taking op (norm_*, activation_*) for the kind named `kind`.
+  void add_kind(std::string op, std::string kind, std::string what,
+                std::function<Outs(Device)> run, std::vector<Tolerance> cuda = {Tolerance{}}) {
+    add(std::move(op), kind + ": " + std::move(what), std::move(run), std::move(cuda));
+    cases_.back().kind = std::move(kind);
   }
   std::vector<OpCase> take() { return std::move(cases_); }
 
@@ -124,78 +130,88 @@ void embedding_cases(Table& t) {
   });
 }
 
-void norm_activation_cases(Table& t) {
+// The kind-taking ops: cases of every kind of model/layer_kinds.h (add_kind names the kind; a
+// test fails while a kind has no norm_fwd / norm_bwd or activation_fwd / activation_bwd case).
+void norm_cases(Table& t) {
+  using model::NormId;
   for (bool save : {true, false})
-    t.add("layernorm_fwd", str("13 x 40, saving mean/rstd ", save), [=](Device d) {
+    t.add_kind("norm_fwd", "LayerNorm", str("13 x 40, saving mean/rstd ", save), [=](Device d) {
       Tensor out = fill(d, {13, 40}, 0.0), mean = save ? fill(d, {13}, 0.0) : Tensor();
       Tensor rstd = save ? fill(d, {13}, 0.0) : Tensor();
-      layernorm_fwd(out, mean, rstd, rnd(d, {13, 40}, 20, 2.0f), rnd(d, {40}, 21), rnd(d, {40}, 22),
-                    1e-5f);
+      norm_fwd(NormId::layernorm, out, mean, rstd, rnd(d, {13, 40}, 20, 2.0f), rnd(d, {40}, 21),
+               rnd(d, {40}, 22), 1e-5f);
       return save ? Outs{out, mean, rstd} : Outs{out};
     });
-  t.add("layernorm_fwd", "130 x 1000 in place (out aliases x)", [](Device d) {
+  t.add_kind("norm_fwd", "LayerNorm", "130 x 1000 in place (out aliases x)", [](Device d) {
     Tensor x = rnd(d, {130, 1000}, 23);
-    layernorm_fwd(x, Tensor(), Tensor(), x, rnd(d, {1000}, 24), rnd(d, {1000}, 25), 1e-5f);
+    norm_fwd(NormId::layernorm, x, Tensor(), Tensor(), x, rnd(d, {1000}, 24), rnd(d, {1000}, 25),
+             1e-5f);
     return Outs{x};
   });
   for (bool acc : {false, true})
-    t.add("layernorm_bwd", str("13 x 40, accumulate_dx ", acc), [=](Device d) {
+    t.add_kind("norm_bwd", "LayerNorm", str("13 x 40, accumulate_dx ", acc), [=](Device d) {
       Tensor x = rnd(d, {13, 40}, 26), w = rnd(d, {40}, 27), b = rnd(d, {40}, 28);
       Tensor y = fill(d, {13, 40}, 0.0), mean = fill(d, {13}, 0.0), rstd = fill(d, {13}, 0.0);
-      layernorm_fwd(y, mean, rstd, x, w, b, 1e-5f);
+      norm_fwd(NormId::layernorm, y, mean, rstd, x, w, b, 1e-5f);
       Tensor dx = rnd(d, {13, 40}, 29), dw = rnd(d, {40}, 30), db = rnd(d, {40}, 31);
-      layernorm_bwd(dx, dw, db, rnd(d, {13, 40}, 32), x, w, mean, rstd, acc);
+      norm_bwd(NormId::layernorm, dx, dw, db, rnd(d, {13, 40}, 32), x, w, mean, rstd, acc);
       return Outs{dx, dw, db};
     }, {Tolerance{1e-4, 1e-4}, Tolerance{1e-3, 1e-4}});
-  t.add("rmsnorm_fwd", "13 x 40 with rstd", [](Device d) {
+  t.add_kind("norm_fwd", "RMSNorm", "13 x 40 with rstd", [](Device d) {
     Tensor out = fill(d, {13, 40}, 0.0), rstd = fill(d, {13}, 0.0);
-    rmsnorm_fwd(out, rstd, rnd(d, {13, 40}, 33, 3.0f), rnd(d, {40}, 34), 1e-6f);
+    norm_fwd(NormId::rmsnorm, out, Tensor(), rstd, rnd(d, {13, 40}, 33, 3.0f), rnd(d, {40}, 34),
+             Tensor(), 1e-6f);
     return Outs{out, rstd};
   });
-  t.add("rmsnorm_fwd", "in place, no rstd", [](Device d) {
+  t.add_kind("norm_fwd", "RMSNorm", "in place, no rstd", [](Device d) {
     Tensor x = rnd(d, {5, 64}, 35);
-    rmsnorm_fwd(x, Tensor(), x, rnd(d, {64}, 36), 1e-5f);
+    norm_fwd(NormId::rmsnorm, x, Tensor(), Tensor(), x, rnd(d, {64}, 36), Tensor(), 1e-5f);
     return Outs{x};
   });
   for (bool acc : {false, true})
-    t.add("rmsnorm_bwd", str("13 x 40, accumulate_dx ", acc), [=](Device d) {
+    t.add_kind("norm_bwd", "RMSNorm", str("13 x 40, accumulate_dx ", acc), [=](Device d) {
       Tensor x = rnd(d, {13, 40}, 37), w = rnd(d, {40}, 38);
       Tensor y = fill(d, {13, 40}, 0.0), rstd = fill(d, {13}, 0.0);
-      rmsnorm_fwd(y, rstd, x, w, 1e-5f);
+      norm_fwd(NormId::rmsnorm, y, Tensor(), rstd, x, w, Tensor(), 1e-5f);
       Tensor dx = rnd(d, {13, 40}, 39), dw = rnd(d, {40}, 40);
-      rmsnorm_bwd(dx, dw, rnd(d, {13, 40}, 41), x, w, rstd, acc);
+      norm_bwd(NormId::rmsnorm, dx, dw, Tensor(), rnd(d, {13, 40}, 41), x, w, Tensor(), rstd, acc);
       return Outs{dx, dw};
     });
-  for (bool tanh_approx : {true, false}) {
-    t.add("gelu_fwd", str("33 x 130, tanh ", tanh_approx), [=](Device d) {
+}
+
+void activation_cases(Table& t) {
+  using model::ActivationId;
+  for (ActivationId k : {ActivationId::gelu_tanh, ActivationId::gelu}) {
+    const char* name = model::kActivationKinds[size_t(k)].name;
+    t.add_kind("activation_fwd", name, "33 x 130", [=](Device d) {
       Tensor y = fill(d, {33, 130}, 0.0);
-      gelu_fwd(y, rnd(d, {33, 130}, 42, 2.0f), tanh_approx);
+      activation_fwd(k, y, rnd(d, {33, 130}, 42, 2.0f));
       return Outs{y};
     }, {Tolerance{1e-6, 1e-5}});
-    t.add("gelu_bwd", str("33 x 130, tanh ", tanh_approx), [=](Device d) {
+    t.add_kind("activation_bwd", name, "33 x 130", [=](Device d) {
       Tensor dx = fill(d, {33, 130}, 0.0);
-      gelu_bwd(dx, rnd(d, {33, 130}, 43), rnd(d, {33, 130}, 44, 2.0f), tanh_approx);
+      activation_bwd(k, dx, rnd(d, {33, 130}, 43), rnd(d, {33, 130}, 44, 2.0f));
       return Outs{dx};
     });
   }
-  t.add("swiglu_fwd", "9 x (2 x 20)", [](Device d) {
+  t.add_kind("activation_fwd", "swiglu", "9 x (2 x 20)", [](Device d) {
     Tensor out = fill(d, {9, 20}, 0.0);
-    swiglu_fwd(out, rnd(d, {9, 40}, 45, 2.0f));
+    activation_fwd(ActivationId::swiglu, out, rnd(d, {9, 40}, 45, 2.0f));
     return Outs{out};
   });
-  t.add("swiglu_bwd", "9 x (2 x 20)", [](Device d) {
+  t.add_kind("activation_bwd", "swiglu", "9 x (2 x 20)", [](Device d) {
     Tensor dx = fill(d, {9, 40}, 0.0);
-    swiglu_bwd(dx, rnd(d, {9, 20}, 46), rnd(d, {9, 40}, 47, 2.0f));
+    activation_bwd(ActivationId::swiglu, dx, rnd(d, {9, 20}, 46), rnd(d, {9, 40}, 47, 2.0f));
     return Outs{dx};
   });
-  t.add("squared_relu_fwd", "7 x 33 in place", [](Device d) {
+  t.add_kind("activation_fwd", "squared_relu", "7 x 33 in place", [](Device d) {
     Tensor x = rnd(d, {7, 33}, 48);
-    squared_relu_fwd(x, x);
+    activation_fwd(ActivationId::squared_relu, x, x);
     return Outs{x};
   });
-  t.add("squared_relu_bwd", "7 x 33, dx aliases dout", [](Device d) {
+  t.add_kind("activation_bwd", "squared_relu", "7 x 33, dx aliases dout", [](Device d) {
     Tensor g = rnd(d, {7, 33}, 49);
-    squared_relu_bwd(g, g, rnd(d, {7, 33}, 50));
+    activation_bwd(ActivationId::squared_relu, g, g, rnd(d, {7, 33}, 50));
     return Outs{g};
   });
 }
@@ -589,7 +605,8 @@ std::vector<OpCase> backend_op_cases() {
   Table t;
   matmul_cases(t);
   embedding_cases(t);
-  norm_activation_cases(t);
+  norm_cases(t);
+  activation_cases(t);
   elementwise_cases(t);
   rows_cases(t);
   attention_cases(t);

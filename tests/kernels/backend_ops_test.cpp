@@ -44,6 +44,21 @@ TEST(BackendOps, EveryOpHasCasesAndEveryCaseNamesAnOp) {
   for (const std::string& op : ops) EXPECT_TRUE(covered.count(op)) << op << " has no case";
 }
 
+// Every kind of model/layer_kinds.h has forward and backward cases of its ops.
+TEST(BackendOps, EveryNormAndActivationKindHasCases) {
+  std::set<std::string> covered;  // "op kind"
+  for (const OpCase& c : backend_op_cases())
+    if (!c.kind.empty()) covered.insert(c.op + " " + c.kind);
+  for (const model::NormKind& k : model::kNormKinds)
+    for (const char* op : {"norm_fwd", "norm_bwd"})
+      EXPECT_TRUE(covered.count(op + std::string(" ") + k.name)) << op << " has no case for "
+                                                                 << k.name;
+  for (const model::ActivationKind& k : model::kActivationKinds)
+    for (const char* op : {"activation_fwd", "activation_bwd"})
+      EXPECT_TRUE(covered.count(op + std::string(" ") + k.name)) << op << " has no case for "
+                                                                 << k.name;
+}
+
 TEST(BackendOps, CpuCasesRunAndAreDeterministic) {
   for (const OpCase& c : backend_op_cases()) {
     SCOPED_TRACE(describe(c));
@@ -100,7 +115,7 @@ TEST(BackendOps, CudaMatchesCpu) {
       got = run_on(c, Device::cuda(0));
     } catch (const Error& e) {
       if (std::string(e.what()).find("has no kernel on cuda") == std::string::npos) throw;
-      without_kernel.insert(c.op);
+      without_kernel.insert(c.kind.empty() ? c.op : c.op + "(" + c.kind + ")");
       continue;
     }
     const std::vector<Tensor> want = run_on(c, Device::cpu());

@@ -16,6 +16,8 @@ namespace {
 using testing::expect_close;
 using testing::randn;
 using testing::to_double;
+using model::ActivationId;
+using model::NormId;
 
 // d(sum_k f(x)_k * g_k)/dx by central differences of a double function f.
 std::vector<double> numeric_grad(const std::function<std::vector<double>(const std::vector<double>&)>& f,
@@ -56,35 +58,35 @@ void rmsnorm_case(int64_t n, int64_t h) {
   std::vector<double> rstd_ref;
   const std::vector<double> yref = rmsnorm_ref(xd, wd, n, h, eps, &rstd_ref);
   Tensor y = Tensor::empty({n, h}, DType::F32), rstd = Tensor::empty({n}, DType::F32);
-  rmsnorm_fwd(y, rstd, x, w, eps);
+  norm_fwd(NormId::rmsnorm, y, Tensor(), rstd, x, w, Tensor(), eps);
   expect_close("rmsnorm_fwd", y, yref, 1e-5);
   expect_close("rmsnorm rstd", rstd, rstd_ref, 1e-6);
   // Nothing saved: same output.
   Tensor y2 = Tensor::empty({n, h}, DType::F32);
-  rmsnorm_fwd(y2, Tensor(), x, w, eps);
+  norm_fwd(NormId::rmsnorm, y2, Tensor(), Tensor(), x, w, Tensor(), eps);
   EXPECT_EQ(y2.to_float_vector(), y.to_float_vector());
   const std::vector<double> dx_ref = numeric_grad(
       [&](const std::vector<double>& xv) { return rmsnorm_ref(xv, wd, n, h, eps, nullptr); }, xd, gd);
   const std::vector<double> dw_ref = numeric_grad(
       [&](const std::vector<double>& wv) { return rmsnorm_ref(xd, wv, n, h, eps, nullptr); }, wd, gd);
   Tensor dx = Tensor::full({n, h}, 7.0, DType::F32), dw = Tensor::full({h}, 0.5, DType::F32);
-  rmsnorm_bwd(dx, dw, g, x, w, rstd);
+  norm_bwd(NormId::rmsnorm, dx, dw, Tensor(), g, x, w, Tensor(), rstd);
   expect_close("rmsnorm_bwd dx", dx, dx_ref, 2e-5, 1e-4);
   std::vector<double> dw_acc = dw_ref;
   for (double& v : dw_acc) v += 0.5;  // dweight accumulates
   expect_close("rmsnorm_bwd dweight", dw, dw_acc, 2e-5, 1e-4);
   // accumulate_dx adds onto dx.
   Tensor dx_acc = Tensor::full({n, h}, 1.0, DType::F32), dw2 = Tensor::zeros({h}, DType::F32);
-  rmsnorm_bwd(dx_acc, dw2, g, x, w, rstd, true);
+  norm_bwd(NormId::rmsnorm, dx_acc, dw2, Tensor(), g, x, w, Tensor(), rstd, true);
   std::vector<double> dx_plus = dx_ref;
   for (double& v : dx_plus) v += 1.0;
   expect_close("rmsnorm_bwd accumulate", dx_acc, dx_plus, 2e-5, 1e-4);
   // out may alias x; dx may alias dout.
   Tensor xa = x.clone();
-  rmsnorm_fwd(xa, Tensor(), xa, w, eps);
+  norm_fwd(NormId::rmsnorm, xa, Tensor(), Tensor(), xa, w, Tensor(), eps);
   EXPECT_EQ(xa.to_float_vector(), y.to_float_vector());
   Tensor ga = g.clone(), dw3 = Tensor::zeros({h}, DType::F32);
-  rmsnorm_bwd(ga, dw3, ga, x, w, rstd);
+  norm_bwd(NormId::rmsnorm, ga, dw3, Tensor(), ga, x, w, Tensor(), rstd);
   expect_close("rmsnorm_bwd dx aliasing dout", ga, dx_ref, 2e-5, 1e-4);
 }
 
@@ -96,20 +98,26 @@ TEST(NormActivation, RmsNormForwardBackward) {
 
 TEST(NormActivation, RmsNormRejectsBadArguments) {
   Tensor x = randn({4, 6}, 1), w = randn({5}, 2), out = Tensor::empty({4, 6}, DType::F32);
-  EXPECT_THROW(rmsnorm_fwd(out, Tensor(), x, w, 1e-5f), InternalError);  // weight width
-  EXPECT_THROW(rmsnorm_fwd(out, Tensor::empty({3}, DType::F32), x, randn({6}, 3), 1e-5f),
+  EXPECT_THROW(norm_fwd(NormId::rmsnorm, out, Tensor(), Tensor(), x, w, Tensor(), 1e-5f),
+               InternalError);  // weight width
+  EXPECT_THROW(norm_fwd(NormId::rmsnorm, out, Tensor(), Tensor::empty({3}, DType::F32), x,
+                        randn({6}, 3), Tensor(), 1e-5f),
                InternalError);  // rstd rows
-  EXPECT_THROW(rmsnorm_fwd(out, Tensor(), x.to(DType::BF16), randn({6}, 3), 1e-5f), InternalError);
+  EXPECT_THROW(norm_fwd(NormId::rmsnorm, out, Tensor(), Tensor(), x.to(DType::BF16), randn({6}, 3),
+                        Tensor(), 1e-5f),
+               InternalError);
   Tensor r = Tensor::empty({4}, DType::F32), dw = Tensor::zeros({6}, DType::F32);
-  EXPECT_THROW(rmsnorm_bwd(out, dw, out, x, randn({6}, 3), r, true), InternalError);  // alias + acc
+  EXPECT_THROW(
+      norm_bwd(NormId::rmsnorm, out, dw, Tensor(), out, x, randn({6}, 3), Tensor(), r, true),
+      InternalError);  // alias + acc
 }
 
 TEST(NormActivation, LayerNormWithoutSavedStatistics) {
   Tensor x = randn({3, 10}, 4), w = randn({10}, 5), b = randn({10}, 6);
   Tensor y = Tensor::empty({3, 10}, DType::F32), y2 = Tensor::empty({3, 10}, DType::F32);
   Tensor mean = Tensor::empty({3}, DType::F32), rstd = Tensor::empty({3}, DType::F32);
-  layernorm_fwd(y, mean, rstd, x, w, b, 1e-5f);
-  layernorm_fwd(y2, Tensor(), Tensor(), x, w, b, 1e-5f);
+  norm_fwd(NormId::layernorm, y, mean, rstd, x, w, b, 1e-5f);
+  norm_fwd(NormId::layernorm, y2, Tensor(), Tensor(), x, w, b, 1e-5f);
   EXPECT_EQ(y2.to_float_vector(), y.to_float_vector());
 }
 
@@ -129,10 +137,10 @@ TEST(NormActivation, SwiGluForwardBackward) {
     Tensor x = randn({n, 2 * f}, 110, 3.0f), g = randn({n, f}, 111);
     const std::vector<double> xd = to_double(x);
     Tensor y = Tensor::empty({n, f}, DType::F32);
-    swiglu_fwd(y, x);
+    activation_fwd(ActivationId::swiglu, y, x);
     expect_close("swiglu_fwd", y, swiglu_ref(xd, n, f), 1e-6, 1e-5);
     Tensor dx = Tensor::full({n, 2 * f}, 9.0, DType::F32);  // must be fully written
-    swiglu_bwd(dx, g, x);
+    activation_bwd(ActivationId::swiglu, dx, g, x);
     const std::vector<double> dref = numeric_grad(
         [&](const std::vector<double>& xv) { return swiglu_ref(xv, n, f); }, xd, to_double(g));
     expect_close("swiglu_bwd", dx, dref, 1e-5, 1e-4);
@@ -140,13 +148,16 @@ TEST(NormActivation, SwiGluForwardBackward) {
   // Saturated gates stay finite.
   Tensor big = Tensor::from_vector(std::vector<float>{-200.0f, 200.0f, 2.0f, 3.0f}, {1, 4});
   Tensor yb = Tensor::empty({1, 2}, DType::F32), db = Tensor::empty({1, 4}, DType::F32);
-  swiglu_fwd(yb, big);
-  swiglu_bwd(db, Tensor::full({1, 2}, 1.0, DType::F32), big);
+  activation_fwd(ActivationId::swiglu, yb, big);
+  activation_bwd(ActivationId::swiglu, db, Tensor::full({1, 2}, 1.0, DType::F32), big);
   expect_close("swiglu saturated", yb, {0.0, 600.0}, 1e-6, 1e-6);
   expect_close("swiglu saturated grad", db, {0.0, 3.0, 0.0, 200.0}, 1e-6, 1e-6);
-  EXPECT_THROW(swiglu_fwd(Tensor::empty({1, 3}, DType::F32), big), InternalError);
-  EXPECT_THROW(swiglu_fwd(yb, Tensor::empty({1, 5}, DType::F32)), InternalError);
-  EXPECT_THROW(swiglu_bwd(Tensor::empty({1, 2}, DType::F32), yb, big), InternalError);
+  EXPECT_THROW(activation_fwd(ActivationId::swiglu, Tensor::empty({1, 3}, DType::F32), big),
+               InternalError);
+  EXPECT_THROW(activation_fwd(ActivationId::swiglu, yb, Tensor::empty({1, 5}, DType::F32)),
+               InternalError);
+  EXPECT_THROW(activation_bwd(ActivationId::swiglu, Tensor::empty({1, 2}, DType::F32), yb, big),
+               InternalError);
 }
 
 TEST(NormActivation, SquaredReluForwardBackward) {
@@ -160,7 +171,7 @@ TEST(NormActivation, SquaredReluForwardBackward) {
     dref.push_back(g.item_as_double(i) * 2 * r);
   }
   Tensor y = Tensor::empty({n}, DType::F32);
-  squared_relu_fwd(y, x);
+  activation_fwd(ActivationId::squared_relu, y, x);
   expect_close("squared_relu_fwd", y, yref, 1e-6);
   // The derivative by central differences away from the kink.
   for (int64_t i : {int64_t(0), int64_t(17), int64_t(400)}) {
@@ -170,12 +181,13 @@ TEST(NormActivation, SquaredReluForwardBackward) {
     EXPECT_NEAR(dref[size_t(i)], g.item_as_double(i) * (f(v + h) - f(v - h)) / (2 * h), 1e-6);
   }
   Tensor dx = g.clone();  // dx may alias dout
-  squared_relu_bwd(dx, dx, x);
+  activation_bwd(ActivationId::squared_relu, dx, dx, x);
   expect_close("squared_relu_bwd", dx, dref, 1e-6);
   Tensor xa = x.clone();  // out may alias x
-  squared_relu_fwd(xa, xa);
+  activation_fwd(ActivationId::squared_relu, xa, xa);
   expect_close("squared_relu_fwd in place", xa, yref, 1e-6);
-  EXPECT_THROW(squared_relu_fwd(Tensor::empty({n - 1}, DType::F32), x), InternalError);
+  EXPECT_THROW(activation_fwd(ActivationId::squared_relu, Tensor::empty({n - 1}, DType::F32), x),
+               InternalError);
 }
 
 }  // namespace

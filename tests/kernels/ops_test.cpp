@@ -117,7 +117,7 @@ TEST(Ops, LayerNormForwardBackward) {
   Tensor out = Tensor::empty({n, h}, DType::F32), mean = Tensor::empty({n}, DType::F32),
          rstd = Tensor::empty({n}, DType::F32);
   const float eps = 1e-5f;
-  layernorm_fwd(out, mean, rstd, x, w, b, eps);
+  norm_fwd(model::NormId::layernorm, out, mean, rstd, x, w, b, eps);
   std::vector<double> ref, dx_ref(size_t(n * h)), dw_ref(static_cast<size_t>(h)), db_ref(static_cast<size_t>(h));
   for (int64_t i = 0; i < n; ++i) {
     double mu = 0, var = 0;
@@ -145,18 +145,22 @@ TEST(Ops, LayerNormForwardBackward) {
   expect_close("layernorm_fwd", out, ref, 1e-5);
   Tensor dx = Tensor::empty({n, h}, DType::F32), dw = Tensor::zeros({h}, DType::F32),
          db = Tensor::zeros({h}, DType::F32);
-  layernorm_bwd(dx, dw, db, g, x, w, mean, rstd);
+  norm_bwd(model::NormId::layernorm, dx, dw, db, g, x, w, mean, rstd);
   expect_close("layernorm_bwd dx", dx, dx_ref, 1e-5);
   expect_close("layernorm_bwd dw", dw, dw_ref, 1e-5);
   expect_close("layernorm_bwd db", db, db_ref, 1e-5);
+}
+
+model::ActivationId gelu_kind(bool tanh_approx) {
+  return tanh_approx ? model::ActivationId::gelu_tanh : model::ActivationId::gelu;
 }
 
 TEST(Ops, GeluTanhAndExact) {
   Tensor x = randn({1000}, 13, 3.0f), g = randn({1000}, 14);
   for (bool tanh_approx : {true, false}) {
     Tensor y = Tensor::empty({1000}, DType::F32), dx = Tensor::empty({1000}, DType::F32);
-    gelu_fwd(y, x, tanh_approx);
-    gelu_bwd(dx, g, x, tanh_approx);
+    activation_fwd(gelu_kind(tanh_approx), y, x);
+    activation_bwd(gelu_kind(tanh_approx), dx, g, x);
     std::vector<double> yr, dr;
     for (int64_t i = 0; i < 1000; ++i) {
       const double v = x.item_as_double(i);

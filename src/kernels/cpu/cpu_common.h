@@ -7,10 +7,12 @@
 
 #include <bit>
 #include <cstdint>
+#include <utility>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "kernels/backend.h"
 
 namespace megatron::ops {
 // Work (elements) below which a loop runs on the calling thread: an OpenMP region costs more than
@@ -44,6 +46,18 @@ inline void parallel_for_simd(int64_t n, Body&& body) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) body(i);
   }
+}
+
+// The kernel of a kind (model/layer_kinds.h) for the kind-taking ops: calls
+// fn.template operator()<Id(i)>() for the i of [0, Count) equal to `kind`, so each kind's loop is
+// compiled on its own and the kind is compared once per op call, never inside a loop. An id
+// outside [0, Count) throws Error naming the op.
+template <size_t Count, class Id, class Fn>
+void with_kind(const char* op, Id kind, Fn&& fn) {
+  const bool found = [&]<size_t... I>(std::index_sequence<I...>) {
+    return ((size_t(kind) == I && (fn.template operator()<Id(I)>(), true)) || ...);
+  }(std::make_index_sequence<Count>{});
+  if (!found) detail::throw_no_kind_kernel(op, kind, Device::cpu());
 }
 
 // The dispatcher hands these kernels tensors of one device whose memory the host can address (the

@@ -56,6 +56,7 @@ void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
 void allow_tf32(bool on);
 
 // ---- element-wise, as in ops.h -----------------------------------------------------------------
+// GeLU (tanh form or exact erf): ops::activation_fwd / activation_bwd for gelu_tanh and gelu.
 void gelu_fwd(const Tensor& out, const Tensor& x, bool tanh_approx);
 void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx);
 void bias_add(const Tensor& x, const Tensor& bias);
@@ -70,7 +71,7 @@ void bias_dropout_add_bwd(const Tensor& dx, const Tensor& dbias, const Tensor& d
                           const ops::DropoutSpec& d);
 void cast(const Tensor& dst, const Tensor& src);  // fp32/bf16/fp16 <-> any of them (RNE)
 
-// ---- LayerNorm ----------------------------------------------------------------------------------
+// ---- LayerNorm (ops::norm_fwd / norm_bwd for NormId::layernorm; mean and rstd required) ---------
 void layernorm_fwd(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                    const Tensor& weight, const Tensor& bias, float eps);
 void layernorm_bwd(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,

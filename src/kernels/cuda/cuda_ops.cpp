@@ -26,6 +26,34 @@ Tensor as_f32(const Tensor& x) {
   cast(f, x);
   return f;
 }
+// The kind-taking ops: the kinds with a CUDA kernel (LayerNorm; GeLU in both forms); any other
+// kind throws Error naming the op, the kind and the device.
+void norm_fwd(model::NormId kind, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+              const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  if (kind != model::NormId::layernorm)
+    ops::detail::throw_no_kind_kernel("norm_fwd", kind, x.device());
+  layernorm_fwd(out, mean, rstd, x, weight, bias, eps);
+}
+void norm_bwd(model::NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+              const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+              const Tensor& rstd, bool accumulate_dx) {
+  if (kind != model::NormId::layernorm)
+    ops::detail::throw_no_kind_kernel("norm_bwd", kind, x.device());
+  layernorm_bwd(dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate_dx);
+}
+bool is_gelu(model::ActivationId kind) {
+  return kind == model::ActivationId::gelu || kind == model::ActivationId::gelu_tanh;
+}
+void activation_fwd(model::ActivationId kind, const Tensor& out, const Tensor& x) {
+  if (!is_gelu(kind)) ops::detail::throw_no_kind_kernel("activation_fwd", kind, x.device());
+  gelu_fwd(out, x, kind == model::ActivationId::gelu_tanh);
+}
+void activation_bwd(model::ActivationId kind, const Tensor& dx, const Tensor& dout,
+                    const Tensor& x) {
+  if (!is_gelu(kind)) ops::detail::throw_no_kind_kernel("activation_bwd", kind, x.device());
+  gelu_bwd(dx, dout, x, kind == model::ActivationId::gelu_tanh);
+}
+
 double l2_norm_squared_one(const Tensor& x) { return l2_norm_squared({as_f32(x)}); }
 bool all_finite_one(const Tensor& x) { return all_finite({as_f32(x)}); }
 
@@ -35,10 +63,10 @@ constinit const ops::OpTable kOps = {
     .gemm_batched = &cuda::gemm_batched,
     .embedding_fwd = &cuda::embedding_fwd,
     .embedding_bwd = &cuda::embedding_bwd,
-    .layernorm_fwd = &cuda::layernorm_fwd,
-    .layernorm_bwd = &cuda::layernorm_bwd,
-    .gelu_fwd = &cuda::gelu_fwd,
-    .gelu_bwd = &cuda::gelu_bwd,
+    .norm_fwd = &norm_fwd,
+    .norm_bwd = &norm_bwd,
+    .activation_fwd = &activation_fwd,
+    .activation_bwd = &activation_bwd,
     .bias_add = &cuda::bias_add,
     .bias_grad = &cuda::bias_grad,
     .add = &cuda::add,
