@@ -138,7 +138,17 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
                          meta["parallel"].contains("data_parallel_size")
                      ? meta["parallel"]["data_parallel_size"].get<int>() : 1;
 
-  // Megatron's argument names for what the loader and check_checkpoint_args read.
+  // Megatron's argument names for what the loader and check_checkpoint_args read. A layer kind
+  // Megatron-LM has no switch for would be read back as another one: refused by name.
+  const std::string& act = a.model.activation;
+  MG_REQUIRE(act == "gelu" || act == "gelu_tanh" || act == "swiglu" || act == "squared_relu",
+             "the activation '", act, "' has no Megatron-LM argument (its .pt checkpoints know "
+             "GeLU, SwiGLU and squared ReLU): it cannot be saved in the torch format; keep this "
+             "build's checkpoint format");
+  MG_REQUIRE(a.model.normalization == "LayerNorm" || a.model.normalization == "RMSNorm",
+             "the normalization '", a.model.normalization, "' has no Megatron-LM argument (its .pt "
+             "checkpoints know LayerNorm and RMSNorm): it cannot be saved in the torch format; "
+             "keep this build's checkpoint format");
   const int groups = a.model.query_groups();
   json extra = {
       {"num_layers", a.model.num_layers}, {"hidden_size", a.model.hidden_size},
