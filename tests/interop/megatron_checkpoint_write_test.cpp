@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "model/gpt_model.h"
+#include "model/layer_kinds.h"
 #include "optim/optimizer.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
@@ -261,6 +262,49 @@ TEST(MegatronCheckpointWrite, SaveTorchCheckpointWritesTheLiveState) {
     EXPECT_TRUE(bit_equal(m.model.at(params[i]->name), params[i]->value)) << params[i]->name;
     EXPECT_TRUE(bit_equal(m.optimizer.at("exp_avg").at(params[i]->name), opt.state()[i].exp_avg));
   }
+}
+
+// Every norm and activation kind of the layer table, with and without biases (Megatron names the
+// GeLU forms through bias_gelu_fusion / openai_gelu, which depend on the biases): written in the
+// torch format it reads back as the same kind, or the save stops with an error naming the kind.
+// Never another kind: a kind Megatron-LM has no argument for would load there as a different model.
+TEST(MegatronCheckpointWrite, EveryLayerKindReadsBackAsItselfOrIsRefusedByName) {
+  int written = 0;
+  for (const model::NormKind& norm : model::kNormKinds)
+    for (const model::ActivationKind& act : model::kActivationKinds)
+      for (const bool bias : {true, false}) {
+        const std::string what = std::string(norm.name) + " + " + act.name + (bias ? "" : ", no biases");
+        mt::TempDir tmp;
+        TrainingArgs a = tiny_gpt_args(tmp.path(), 1);
+        a.model.padded_vocab_size = 64;
+        a.model.normalization = norm.name;
+        a.model.activation = act.name;
+        a.model.add_bias_linear = bias;
+        model::GPTModel gpt(a.model, 7);
+        model::ParameterList params = gpt.parameters();
+        CheckpointState st;
+        st.iteration = 1;
+        st.scheduler.max_lr = 3e-3;
+        st.scheduler.lr_decay_steps = 10;
+        st.args = training_args_to_json(a);
+        try {
+          save_torch_checkpoint(tmp / "save", st, params, nullptr);
+        } catch (const Error& e) {
+          const std::string msg = e.what();
+          EXPECT_TRUE(msg.find(std::string("'") + act.name + "'") != std::string::npos ||
+                      msg.find(std::string("'") + norm.name + "'") != std::string::npos)
+              << what << ": " << msg;
+          EXPECT_FALSE(fs::exists(tmp / "save" / "latest_checkpointed_iteration.txt")) << what;
+          continue;
+        }
+        ++written;
+        const TrainingArgs back = training_args_from_json(open(tmp / "save").state.args);
+        EXPECT_EQ(back.model.normalization, norm.name) << what;
+        EXPECT_EQ(back.model.activation, act.name) << what;
+        EXPECT_EQ(back.model.add_bias_linear, bias) << what;
+      }
+  // Megatron-LM has an argument for every kind this build has today.
+  EXPECT_EQ(written, int(2 * model::kNormKindCount * model::kActivationKindCount));
 }
 
 TEST(MegatronCheckpointWrite, TheCommandLineConvertsBothWays) {
