@@ -273,7 +273,8 @@ TEST(MegatronCheckpointWrite, EveryLayerKindReadsBackAsItselfOrIsRefusedByName) 
   for (const model::NormKind& norm : model::kNormKinds)
     for (const model::ActivationKind& act : model::kActivationKinds)
       for (const bool bias : {true, false}) {
-        const std::string what = std::string(norm.name) + " + " + act.name + (bias ? "" : ", no biases");
+        const std::string what =
+            std::string(norm.name) + " + " + act.name + (bias ? "" : ", no biases");
         mt::TempDir tmp;
         TrainingArgs a = tiny_gpt_args(tmp.path(), 1);
         a.model.padded_vocab_size = 64;
