@@ -33,6 +33,9 @@ struct PretrainFlags {
   int64_t batch_size = 0, warmup = 0, model_parallel_size = 0;  // Megatron's removed flags
   CompatFlags compat;
   CLI::App* app = nullptr;
+  // pretrain-bert (pretrain_bert.py): the BERT family and its flags.
+  bool bert = false;
+  bool bert_no_binary_head = false, bert_binary_head = false;
 };
 
 // The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
@@ -79,6 +82,13 @@ void run(PretrainFlags f) {
     a.model.cp_comm_type = run_fields.cp_comm_type;
     a.model.apply_query_key_layer_scaling = run_fields.apply_query_key_layer_scaling;
   }
+  if (f.bert) {  // BertModel: the encoder attends in both directions under the padding mask
+    MG_REQUIRE(!(f.bert_no_binary_head && f.bert_binary_head),
+               "--bert-no-binary-head and --bert-binary-head contradict each other");
+    a.model.model_family = "bert";
+    a.model.attention_mask_type = "bidirectional";
+    a.model.bert_binary_head = !f.bert_no_binary_head;
+  }
   // The Ascend scripts' sparse attention: keys --pre-tockens before and --next-tockens after each
   // query, i.e. a sliding window (--pre-tockens >= --seq-length - 1 with --next-tockens 0 is plain
   // causal attention).
@@ -106,19 +116,17 @@ void run(PretrainFlags f) {
   absolute_if_exists(a.tokenizer.vocab_file);
   absolute_if_exists(a.tokenizer.merge_file);
   absolute_if_exists(a.tokenizer.tokenizer_model);
-  training::TrainingSummary s = training::pretrain_gpt(a);
+  training::TrainingSummary s = training::pretrain(a);
   if (world_communicator()->rank() == s.world_size - 1)  // the rank that printed the log lines
     log_print(str("training finished: ", s.iterations, " iterations, ", s.consumed_samples,
                 " samples, last lm loss ", s.last_loss, ", ", s.tokens_per_second, " tokens/s"));
 }
 
-CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretrain_gpt.py flags)", 20,
-                     [](CLI::App& sub) {
-  auto f = std::make_shared<PretrainFlags>();
+// Megatron's shared training flags (both pretrain commands), parsed into f.
+void add_pretrain_flags(CLI::App& sub, const std::shared_ptr<PretrainFlags>& f) {
   f->app = &sub;
   auto& a = f->a;
   auto& m = a.model;
-  a.tokenizer.type = "GPT2BPETokenizer";  // pretrain_gpt.py's default
   m.recompute_num_layers = 1;             // Megatron's default
   // model
   f->model.add(sub, /*training=*/true);
@@ -305,6 +313,32 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint,
                "Fail when --load has no checkpoint instead of starting from scratch");
   sub.callback([f] { run(*f); });
+}
+
+CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretrain_gpt.py flags)", 20,
+                     [](CLI::App& sub) {
+  auto f = std::make_shared<PretrainFlags>();
+  f->a.tokenizer.type = "GPT2BPETokenizer";  // pretrain_gpt.py's default
+  add_pretrain_flags(sub, f);
+});
+
+CommandRegistrar reg_bert("pretrain-bert",
+                          "Pretrain a BERT model (Megatron-LM's pretrain_bert.py flags)", 21,
+                          [](CLI::App& sub) {
+  auto f = std::make_shared<PretrainFlags>();
+  f->bert = true;
+  f->a.tokenizer.type = "BertWordPieceLowerCase";  // pretrain_bert.py's args_defaults
+  add_pretrain_flags(sub, f);
+  sub.add_option("--mask-prob", f->a.mask_prob,
+                 "Probability of masking a token (whole words, n-grams up to 3)")
+      ->capture_default_str();
+  sub.add_option("--short-seq-prob", f->a.short_seq_prob,
+                 "Probability of a sample shorter than --seq-length")
+      ->capture_default_str();
+  sub.add_flag("--bert-no-binary-head", f->bert_no_binary_head,
+               "No pooler and sentence-order (binary) head; no token types");
+  sub.add_flag("--bert-binary-head", f->bert_binary_head,
+               "The pooler and sentence-order head (the default)");
 });
 
 }  // namespace

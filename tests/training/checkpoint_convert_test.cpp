@@ -23,7 +23,7 @@
 #include "data/indexed_dataset.h"
 #include "inference/checkpoint_weights.h"
 #include "model/gpt_model.h"
-#include "model/gpt_stage.h"
+#include "model/stage_model.h"
 #include "model/tensor_parallel.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
@@ -312,7 +312,7 @@ TEST(CheckpointConvert, PipelineStagesLoadTheConvertedFiles) {
   run_single(a);
   convert(tmp / "src", tmp / "pp2", 1, 2);
   const CheckpointOnDisk src = open(tmp / "src"), pp2 = open(tmp / "pp2");
-  const model::GPTConfig cfg = training_args_from_json(src.state.args).model;
+  const model::TransformerConfig cfg = training_args_from_json(src.state.args).model;
   model::GPTModel ref(cfg, 5);
   load_model_weights(src, ref.parameters(), false);
   std::map<std::string, model::Parameter*> by_name;
@@ -320,7 +320,7 @@ TEST(CheckpointConvert, PipelineStagesLoadTheConvertedFiles) {
   const model::PipelineLayout layout = model::PipelineLayout::make(2, 2);
   size_t loaded = 0;
   for (int r = 0; r < 2; ++r) {
-    model::GPTModel chunk(cfg, 99, model::TensorParallel::none(), model::ContextParallel::none(), model::ModelChunk{layout, r, 0});
+    model::GPTModel chunk(cfg, 99, model::TensorParallel::none(), model::ContextParallel::none(), model::ChunkPlace{layout, r, 0});
     model::ParameterList params;
     for (model::Parameter* p : chunk.parameters())
       if (!p->shared) params.push_back(p);  // the tied copy is not in checkpoints
@@ -374,7 +374,7 @@ TEST(CheckpointConvert, VirtualStagesHoldTheirChunksLayers) {
   expect_bit_equal(everything(tmp / "back"), everything(tmp / "src"), "TP1 -> PP2 (v2) -> TP1");
 
   const CheckpointOnDisk src = open(tmp / "src"), vp = open(tmp / "vp");
-  const model::GPTConfig cfg = training_args_from_json(src.state.args).model;
+  const model::TransformerConfig cfg = training_args_from_json(src.state.args).model;
   model::GPTModel ref(cfg, 5);
   load_model_weights(src, ref.parameters(), false);
   std::map<std::string, model::Parameter*> by_name;
@@ -385,7 +385,7 @@ TEST(CheckpointConvert, VirtualStagesHoldTheirChunksLayers) {
     std::vector<std::unique_ptr<model::GPTModel>> chunks;
     model::ParameterList params;
     for (int c = 0; c < 2; ++c) {
-      chunks.push_back(std::make_unique<model::GPTModel>(cfg, 99, model::TensorParallel::none(), model::ContextParallel::none(), model::ModelChunk{layout, r, c}));
+      chunks.push_back(std::make_unique<model::GPTModel>(cfg, 99, model::TensorParallel::none(), model::ContextParallel::none(), model::ChunkPlace{layout, r, c}));
       for (model::Parameter* p : chunks.back()->parameters())
         if (!p->shared) params.push_back(p);
     }
@@ -574,7 +574,7 @@ TEST(MpiCheckpointConvert, ConvertedCheckpointsResumeUnderAnotherTensorParallelS
   TrainingArgs b = base;
   b.parallel.tensor_model_parallel_size = 2;
   b.load = dir / "tp1_as_tp2";
-  const TrainingSummary got1 = pretrain_gpt(b);
+  const TrainingSummary got1 = pretrain(b);
   EXPECT_EQ(got1.start_iteration, 6);
   if (root) expect_close(got1, ref1, "TP1 checkpoint converted to TP2");
 
@@ -584,11 +584,11 @@ TEST(MpiCheckpointConvert, ConvertedCheckpointsResumeUnderAnotherTensorParallelS
   c.parallel.use_distributed_optimizer = world()->size() == 4;
   c.save = dir / "tp2";
   c.exit_interval = 6;
-  pretrain_gpt(c);
+  pretrain(c);
   c.exit_interval = 0;
   c.save = "";
   c.load = dir / "tp2";
-  const TrainingSummary ref2 = pretrain_gpt(c);
+  const TrainingSummary ref2 = pretrain(c);
   if (root) {
     convert(dir / "tp2", dir / "tp2_as_tp1", 1, 1);
     TrainingArgs d = base;
@@ -625,11 +625,11 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   TrainingArgs c = pp;
   c.save = dir / "pp";
   c.exit_interval = 6;
-  pretrain_gpt(c);
+  pretrain(c);
   c.exit_interval = 0;
   c.save = "";
   c.load = dir / "pp";
-  const TrainingSummary ref_pp = pretrain_gpt(c);
+  const TrainingSummary ref_pp = pretrain(c);
   std::vector<double> got_tp1;
   if (root) {
     convert(dir / "pp", dir / "pp_as_tp1", 1, 1);
@@ -658,7 +658,7 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
     TrainingArgs e = pp;
     e.parallel.tensor_model_parallel_size = 1;
     e.load = dir / "pp_as_tp1_pp2";
-    const TrainingSummary s = pretrain_gpt(e);
+    const TrainingSummary s = pretrain(e);
     EXPECT_EQ(s.start_iteration, 6);
     if (last) {
       ASSERT_EQ(s.losses.size(), ref_pp.losses.size());
@@ -683,7 +683,7 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   ref_tp1 = from_rank0(ref_tp1);
   TrainingArgs b = pp;
   b.load = dir / "tp1_as_pp";
-  const TrainingSummary got_pp = pretrain_gpt(b);
+  const TrainingSummary got_pp = pretrain(b);
   EXPECT_EQ(got_pp.start_iteration, 6);
   if (last) {
     ASSERT_EQ(got_pp.losses.size(), ref_tp1.size());
@@ -701,11 +701,11 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   TrainingArgs v = training_args_from_json(vj);
   v.save = dir / "vp";
   v.exit_interval = 6;
-  pretrain_gpt(v);
+  pretrain(v);
   v.exit_interval = 0;
   v.save = "";
   v.load = dir / "vp";
-  const TrainingSummary ref_vp = pretrain_gpt(v);
+  const TrainingSummary ref_vp = pretrain(v);
   std::vector<double> got_vp_tp1, ref_four;
   if (root) {
     convert(dir / "vp", dir / "vp_as_tp1", 1, 1);
@@ -731,7 +731,7 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   got_vp_tp1 = from_rank0(got_vp_tp1);
   ref_four = from_rank0(ref_four);
   v.load = dir / "four_as_vp";
-  const TrainingSummary got_vp = pretrain_gpt(v);
+  const TrainingSummary got_vp = pretrain(v);
   EXPECT_EQ(got_vp.start_iteration, 6);
   if (last) {
     ASSERT_EQ(got_vp_tp1.size(), ref_vp.losses.size());

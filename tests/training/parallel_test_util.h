@@ -104,7 +104,7 @@ struct Fixture {
   }
 };
 
-inline TrainingSummary run_single(TrainingArgs a) { return pretrain_gpt(std::move(a), make_self_communicator("world")); }
+inline TrainingSummary run_single(TrainingArgs a) { return pretrain(std::move(a), make_self_communicator("world")); }
 
 // Rank 0 trains `a` alone (saving to `save`); every rank gets its loss and grad-norm curve.
 inline TrainingSummary reference_curve(TrainingArgs a, const std::string& save) {
