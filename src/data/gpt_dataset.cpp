@@ -71,26 +71,47 @@ std::string md5_hex(const std::string& msg) {
   return out;
 }
 
+nlohmann::ordered_json dataset_description(const std::string& class_name, const std::string& dataset_path,
+                                           std::optional<int64_t> num_samples, Split split, uint32_t seed,
+                                           int64_t sequence_length, const std::string& split_string,
+                                           const SplitMatrix& split_matrix, const std::string& tokenizer) {
+  // Key for key as Megatron's unique_identifiers (json.dumps(indent=4)).
+  nlohmann::ordered_json d;
+  d["class"] = class_name;
+  d["dataset_path"] = dataset_path;
+  d["num_samples"] = num_samples ? nlohmann::ordered_json(*num_samples) : nlohmann::ordered_json(nullptr);
+  d["index_split"] = split_name(split);
+  d["random_seed"] = seed;
+  d["sequence_length"] = sequence_length;
+  d["split"] = split_string;
+  auto sm = nlohmann::ordered_json::array();
+  for (auto& m : split_matrix)
+    sm.push_back(m ? nlohmann::ordered_json({m->first, m->second}) : nlohmann::ordered_json(nullptr));
+  d["split_matrix"] = sm;
+  d["tokenizer"] = tokenizer;
+  return d;
+}
+
+void write_cache_description(const std::string& path, const std::string& description) {
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << description;
+    MG_REQUIRE(f.good(), "cannot write ", tmp);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  MG_REQUIRE(!ec, "cannot rename ", tmp, ": ", ec.message());
+}
+
 GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> data, Split split, std::pair<int64_t, int64_t> range,
                        std::optional<int64_t> num_samples, const GPTDatasetOptions& options)
     : data_(std::move(data)), split_(split), options_(options) {
   MG_CHECK(data_);
   MG_CHECK(range.first >= 0 && range.first <= range.second && range.second <= data_->num_sequences());
-  // The description, key for key as Megatron's unique_identifiers (json.dumps(indent=4)).
-  nlohmann::ordered_json d;
-  d["class"] = "GPTDataset";
-  d["dataset_path"] = data_->prefix();
-  d["num_samples"] = num_samples ? nlohmann::ordered_json(*num_samples) : nlohmann::ordered_json(nullptr);
-  d["index_split"] = split_name(split);
-  d["random_seed"] = options.seed;
-  d["sequence_length"] = options.seq_length;
-  d["split"] = options.split;
-  auto sm = nlohmann::ordered_json::array();
-  for (auto& m : options.split_matrix)
-    sm.push_back(m ? nlohmann::ordered_json({m->first, m->second}) : nlohmann::ordered_json(nullptr));
-  d["split_matrix"] = sm;
-  d["tokenizer"] = options.tokenizer;
-  description_ = d.dump(4);
+  description_ = dataset_description("GPTDataset", data_->prefix(), num_samples, split, options.seed,
+                                     options.seq_length, options.split, options.split_matrix, options.tokenizer)
+                     .dump(4);
   hash_ = md5_hex(description_);
   if (options.use_cache)
     cache_dir_ = options.data_cache_path.empty() ? data_->prefix() + "/cache/GPTDataset_indices" : options.data_cache_path;
@@ -173,15 +194,7 @@ void GPTDataset::write_cache() const {
     write_npy_i64_as(cache_file("sample_index.npy"), i32 ? "<i4" : "<i8", indices_.sample_index, {n + 1, 2});
     write_npy_i64_as(cache_file("shuffle_index.npy"), n >= int64_t(UINT32_MAX) - 1 ? "<i8" : "<u4",
                      indices_.shuffle_index, {n});
-    // The description last: its presence marks a complete cache.
-    std::string tmp = cache_file("description.txt") + ".tmp" + std::to_string(::getpid());
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f << description_;
-      MG_REQUIRE(f.good(), "cannot write ", tmp);
-    }
-    fs::rename(tmp, cache_file("description.txt"), ec);
-    MG_REQUIRE(!ec, "cannot rename ", tmp, ": ", ec.message());
+    write_cache_description(cache_file("description.txt"), description_);
   } catch (const Error& e) {
     log_warn("could not write the index cache in ", cache_dir_, " (", e.what(),
              "); continuing without it (set --data-cache-path to a writable folder)");
@@ -228,14 +241,9 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const SampleDataset>>
 }
 
 void BlendedDataset::check_sizes() const {
-  std::vector<int64_t> need(datasets_.size(), 0);
-  for (size_t t = 0; t < blend_.dataset_index.size(); ++t) {
-    size_t d = size_t(blend_.dataset_index[t]);
-    need[d] = std::max(need[d], blend_.dataset_sample_index[t] + 1);
-  }
-  for (size_t d = 0; d < datasets_.size(); ++d)
-    MG_REQUIRE(need[d] <= datasets_[d]->size(), "blended dataset needs ", need[d], " samples from component ", d,
-               " which has only ", datasets_[d]->size(), "; raise --mid-level-dataset-surplus");
+  std::vector<int64_t> sizes;
+  for (const auto& d : datasets_) sizes.push_back(d->size());
+  check_blending_sizes(blend_, sizes);
 }
 
 std::vector<int32_t> BlendedDataset::sample(int64_t k) const {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -90,5 +91,17 @@ class BlendedDataset : public SampleDataset {
 
 // RFC 1321 MD5 as lowercase hex (names cache files as hashlib.md5(...).hexdigest() does).
 std::string md5_hex(const std::string& bytes);
+
+// The keys every Megatron dataset's description starts with, in order (MegatronDataset's
+// unique_identifiers: class, dataset_path, num_samples, index_split, then the config's
+// random_seed, sequence_length, split, split_matrix, tokenizer); a family appends its own keys,
+// and dump(4) is the description whose MD5 names the cache files.
+nlohmann::ordered_json dataset_description(const std::string& class_name, const std::string& dataset_path,
+                                           std::optional<int64_t> num_samples, Split split, uint32_t seed,
+                                           int64_t sequence_length, const std::string& split_string,
+                                           const SplitMatrix& split_matrix, const std::string& tokenizer);
+// Writes a cache's description file atomically (temporary file, rename); written last, its
+// presence marks a complete cache.
+void write_cache_description(const std::string& path, const std::string& description);
 
 }  // namespace megatron::data

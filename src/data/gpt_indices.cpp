@@ -248,4 +248,16 @@ BlendingIndices build_exhaustive_blending_indices(std::span<const int64_t> sizes
   return b;
 }
 
+void check_blending_sizes(const BlendingIndices& blend, std::span<const int64_t> sizes) {
+  std::vector<int64_t> need(sizes.size(), 0);
+  for (size_t t = 0; t < blend.dataset_index.size(); ++t) {
+    const size_t d = size_t(blend.dataset_index[t]);
+    MG_CHECK(d < sizes.size());
+    need[d] = std::max(need[d], blend.dataset_sample_index[t] + 1);
+  }
+  for (size_t d = 0; d < sizes.size(); ++d)
+    MG_REQUIRE(need[d] <= sizes[d], "blended dataset needs ", need[d], " samples from component ", d,
+               " which has only ", sizes[d], "; raise --mid-level-dataset-surplus");
+}
+
 }  // namespace megatron::data

@@ -65,6 +65,8 @@ struct BlendingIndices {
 BlendingIndices build_blending_indices(std::span<const double> weights, int64_t size);
 // Exhaustive variant: weights len_d/sum, dataset d leaves once it gave len_d samples.
 BlendingIndices build_exhaustive_blending_indices(std::span<const int64_t> sizes);
+// Throws megatron::Error when the blend asks component d for more than component_sizes[d] samples.
+void check_blending_sizes(const BlendingIndices& blend, std::span<const int64_t> component_sizes);
 // w / sum(w); throws on negative weights or a zero sum.
 std::vector<double> normalize_weights(std::span<const double> weights);
 
