@@ -3,9 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -92,14 +90,9 @@ std::string BertMaskedWordPieceDataset::cache_file(const std::string& suffix) co
 }
 
 bool BertMaskedWordPieceDataset::try_load_cache() {
-  for (const char* s : {"description.txt", "sample_index.npy"})
-    if (!fs::exists(cache_file(s))) return false;
-  try {
-    std::ifstream f(cache_file("description.txt"), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    MG_REQUIRE(ss.str() == description_, "description differs");
-    auto a = read_npy(cache_file("sample_index.npy"));
+  const std::vector<std::string> files = {cache_file("description.txt"), cache_file("sample_index.npy")};
+  return load_index_cache(files, files[0], description_, cache_file("*"), [&] {
+    auto a = read_npy(files[1]);
     MG_REQUIRE(a.shape.size() == 2 && a.shape[1] == 3, "the sample index is not [n, 3]");
     MG_REQUIRE(!num_samples_ || a.shape[0] >= *num_samples_, "the sample index is too short");
     const bool wide = data_->num_sequences() > int64_t(UINT32_MAX);
@@ -114,24 +107,13 @@ bool BertMaskedWordPieceDataset::try_load_cache() {
                  "sample ", r / 3, " (", beg, ", ", end, ", ", target, ") is outside the split");
     }
     index_ = MaskedSampleIndex::from_rows(std::move(a.values), wide);
-    return true;
-  } catch (const std::exception& e) {
-    log_warn("ignoring the index cache ", cache_file("*"), " (", e.what(), "); rebuilding it");
-    return false;
-  }
+  });
 }
 
 void BertMaskedWordPieceDataset::write_cache() const {
-  try {
-    std::error_code ec;
-    fs::create_directories(cache_dir_, ec);
-    MG_REQUIRE(!ec, "cannot create ", cache_dir_, ": ", ec.message());
+  write_index_cache(cache_dir_, cache_file("description.txt"), description_, [&] {
     write_npy_i64_as(cache_file("sample_index.npy"), index_.wide() ? "<u8" : "<u4", index_.rows(), {size(), 3});
-    write_cache_description(cache_file("description.txt"), description_);
-  } catch (const Error& e) {
-    log_warn("could not write the index cache in ", cache_dir_, " (", e.what(),
-             "); continuing without it (set --data-cache-path to a writable folder)");
-  }
+  });
 }
 
 BertSample BertMaskedWordPieceDataset::sample(int64_t k) const {
@@ -225,26 +207,14 @@ BertSample BertMaskedWordPieceDataset::sample(int64_t k) const {
 
 BertBlendedDataset::BertBlendedDataset(std::vector<std::shared_ptr<const BertSampleSource>> parts,
                                        std::vector<double> weights, int64_t size)
-    : parts_(std::move(parts)) {
-  MG_CHECK(parts_.size() == weights.size() && !parts_.empty() && parts_.size() <= 32767);
-  blend_ = build_blending_indices(weights, size);
-  std::vector<int64_t> sizes;
-  for (const auto& p : parts_) sizes.push_back(p->size());
-  check_blending_sizes(blend_, sizes);
-}
+    : parts_(std::move(parts)), map_(component_sizes(parts_), weights, size) {}
 
 BertBlendedDataset::BertBlendedDataset(std::vector<std::shared_ptr<const BertSampleSource>> parts)
-    : parts_(std::move(parts)) {
-  MG_CHECK(!parts_.empty() && parts_.size() <= 32767);
-  std::vector<int64_t> sizes;
-  for (const auto& p : parts_) sizes.push_back(p->size());
-  blend_ = build_exhaustive_blending_indices(sizes);
-}
+    : parts_(std::move(parts)), map_(component_sizes(parts_)) {}
 
 BertSample BertBlendedDataset::sample(int64_t k) const {
-  MG_REQUIRE(k >= 0 && k < size(), "sample ", k, " is outside the blended dataset (", size(), " samples)");
-  const int64_t d = blend_.dataset_index[size_t(k)];
-  BertSample s = parts_[size_t(d)]->sample(blend_.dataset_sample_index[size_t(k)]);
+  const auto [d, j] = map_.locate(k);
+  BertSample s = parts_[size_t(d)]->sample(j);
   s.dataset_id = d;
   return s;
 }
@@ -254,14 +224,6 @@ BertDatasets build_bert_datasets(const BertDataConfig& c, std::array<int64_t, 3>
   if (c.vocab->pad != 0)
     log_warn("the tokenizer's [PAD] id is ", c.vocab->pad, ", not 0: as Megatron, BERT samples pad types and "
              "padding_mask with it, so padding_mask does not mark padding as 0");
-  DataSources src;
-  src.data_path = c.data_path;
-  src.train_data_path = c.train_data_path;
-  src.valid_data_path = c.valid_data_path;
-  src.test_data_path = c.test_data_path;
-  src.split = c.split;
-  src.mid_level_dataset_surplus = c.mid_level_dataset_surplus;
-  src.vocab_size = c.vocab->size();
   DatasetFamily<BertSampleSource> family;
   family.unit = SplitUnit::Documents;
   family.make = [&c](const MidLevelRequest& r) -> std::shared_ptr<const BertSampleSource> {
@@ -274,7 +236,7 @@ BertDatasets build_bert_datasets(const BertDataConfig& c, std::array<int64_t, 3>
     if (!weights) return std::make_shared<const BertBlendedDataset>(std::move(parts));
     return std::make_shared<const BertBlendedDataset>(std::move(parts), *weights, size);
   };
-  auto splits = build_blended_datasets(src, num_samples, family);
+  auto splits = build_blended_datasets(data_sources(c, c.vocab->size()), num_samples, family);
   return {splits[0], splits[1], splits[2]};
 }
 

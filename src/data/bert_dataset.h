@@ -120,12 +120,12 @@ class BertBlendedDataset : public BertSampleSource {
   // Every sample of every part (weights = their sizes).
   explicit BertBlendedDataset(std::vector<std::shared_ptr<const BertSampleSource>> parts);
 
-  int64_t size() const override { return int64_t(blend_.dataset_index.size()); }
+  int64_t size() const override { return map_.size(); }
   BertSample sample(int64_t k) const override;
 
  private:
   std::vector<std::shared_ptr<const BertSampleSource>> parts_;
-  BlendingIndices blend_;
+  BlendMap map_;
 };
 
 struct BertDatasets {

@@ -81,6 +81,28 @@ class PrefixCache {
   std::map<std::string, std::shared_ptr<const IndexedDataset>> open_;
 };
 
+// The blend and split flags of a family's config (GPTDataConfig, BertDataConfig).
+template <class Config>
+DataSources data_sources(const Config& c, int64_t vocab_size) {
+  DataSources s;
+  s.data_path = c.data_path;
+  s.train_data_path = c.train_data_path;
+  s.valid_data_path = c.valid_data_path;
+  s.test_data_path = c.test_data_path;
+  s.split = c.split;
+  s.mid_level_dataset_surplus = c.mid_level_dataset_surplus;
+  s.vocab_size = vocab_size;
+  return s;
+}
+
+// The sizes of a blend's components.
+template <class D>
+std::vector<int64_t> component_sizes(const std::vector<std::shared_ptr<const D>>& parts) {
+  std::vector<int64_t> sizes;
+  for (const auto& p : parts) sizes.push_back(p->size());
+  return sizes;
+}
+
 // Builds the train, valid and test datasets (null where a split is not built).
 // num_samples: samples requested per split; negative: one epoch.
 template <class D>

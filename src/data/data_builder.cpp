@@ -69,18 +69,6 @@ std::array<int64_t, 3> train_valid_test_num_samples(int64_t train_samples, int64
   return {train, evals * eval_iters * gbs, eval_iters * gbs};
 }
 
-DataSources data_sources(const GPTDataConfig& c) {
-  DataSources s;
-  s.data_path = c.data_path;
-  s.train_data_path = c.train_data_path;
-  s.valid_data_path = c.valid_data_path;
-  s.test_data_path = c.test_data_path;
-  s.split = c.split;
-  s.mid_level_dataset_surplus = c.mid_level_dataset_surplus;
-  s.vocab_size = c.vocab_size;
-  return s;
-}
-
 namespace {
 
 // The largest token id a dataset dtype can hold.
@@ -166,7 +154,7 @@ GPTDatasets build_gpt_datasets(const GPTDataConfig& c, std::array<int64_t, 3> n)
     if (!weights) return std::make_shared<const BlendedDataset>(std::move(parts));
     return std::make_shared<const BlendedDataset>(std::move(parts), *weights, size);
   };
-  auto splits = build_blended_datasets(data_sources(c), n, family);
+  auto splits = build_blended_datasets(data_sources(c, c.vocab_size), n, family);
   out.train = splits[0];
   out.valid = splits[1];
   out.test = splits[2];

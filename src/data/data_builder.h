@@ -46,8 +46,6 @@ struct GPTDataConfig {
 
 // The batch options the config implies (eod, pad and the three mask/position flags).
 GPTBatchOptions batch_options(const GPTDataConfig& config);
-// The blend and split flags of the config.
-DataSources data_sources(const GPTDataConfig& config);
 
 struct GPTDatasets {
   std::shared_ptr<const SampleDataset> train, valid, test;  // null when the split is empty

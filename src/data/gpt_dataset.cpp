@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/blended_builder.h"
 #include "data/npy.h"
 
 namespace megatron::data {
@@ -92,16 +93,43 @@ nlohmann::ordered_json dataset_description(const std::string& class_name, const 
   return d;
 }
 
-void write_cache_description(const std::string& path, const std::string& description) {
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << description;
-    MG_REQUIRE(f.good(), "cannot write ", tmp);
+bool load_index_cache(const std::vector<std::string>& files, const std::string& description_file,
+                      const std::string& description, const std::string& files_pattern,
+                      const std::function<void()>& load) {
+  for (const auto& f : files)
+    if (!fs::exists(f)) return false;
+  try {
+    std::ifstream f(description_file, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    MG_REQUIRE(ss.str() == description, "description differs");
+    load();
+    return true;
+  } catch (const std::exception& e) {  // megatron::Error from the checks; anything else too
+    log_warn("ignoring the index cache ", files_pattern, " (", e.what(), "); rebuilding it");
+    return false;
   }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  MG_REQUIRE(!ec, "cannot rename ", tmp, ": ", ec.message());
+}
+
+void write_index_cache(const std::string& dir, const std::string& description_file, const std::string& description,
+                       const std::function<void()>& write) {
+  try {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    MG_REQUIRE(!ec, "cannot create ", dir, ": ", ec.message());
+    write();
+    const std::string tmp = description_file + ".tmp" + std::to_string(::getpid());
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f << description;
+      MG_REQUIRE(f.good(), "cannot write ", tmp);
+    }
+    fs::rename(tmp, description_file, ec);
+    MG_REQUIRE(!ec, "cannot rename ", tmp, ": ", ec.message());
+  } catch (const Error& e) {
+    log_warn("could not write the index cache in ", dir, " (", e.what(),
+             "); continuing without it (set --data-cache-path to a writable folder)");
+  }
 }
 
 GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> data, Split split, std::pair<int64_t, int64_t> range,
@@ -144,13 +172,10 @@ std::string GPTDataset::cache_file(const std::string& suffix) const {
 }
 
 bool GPTDataset::try_load_cache() {
+  std::vector<std::string> files;
   for (const char* s : {"description.txt", "document_index.npy", "sample_index.npy", "shuffle_index.npy"})
-    if (!fs::exists(cache_file(s))) return false;
-  try {
-    std::ifstream f(cache_file("description.txt"), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    MG_REQUIRE(ss.str() == description_, "description differs");
+    files.push_back(cache_file(s));
+  return load_index_cache(files, files[0], description_, cache_file("*"), [&] {
     auto doc = read_npy(cache_file("document_index.npy"));
     auto smp = read_npy(cache_file("sample_index.npy"));
     auto shf = read_npy(cache_file("shuffle_index.npy"));
@@ -173,18 +198,11 @@ bool GPTDataset::try_load_cache() {
     indices_.document_index.assign(doc.values.begin(), doc.values.end());
     indices_.sample_index = std::move(smp.values);
     indices_.shuffle_index = std::move(shf.values);
-    return true;
-  } catch (const std::exception& e) {  // megatron::Error from the checks; anything else too
-    log_warn("ignoring the index cache ", cache_file("*"), " (", e.what(), "); rebuilding it");
-    return false;
-  }
+  });
 }
 
 void GPTDataset::write_cache() const {
-  try {
-    std::error_code ec;
-    fs::create_directories(cache_dir_, ec);
-    MG_REQUIRE(!ec, "cannot create ", cache_dir_, ": ", ec.message());
+  write_index_cache(cache_dir_, cache_file("description.txt"), description_, [&] {
     int64_t n = size();
     int64_t max_len = 0;
     for (int32_t l : data_->sequence_lengths()) max_len = std::max<int64_t>(max_len, l);
@@ -194,11 +212,7 @@ void GPTDataset::write_cache() const {
     write_npy_i64_as(cache_file("sample_index.npy"), i32 ? "<i4" : "<i8", indices_.sample_index, {n + 1, 2});
     write_npy_i64_as(cache_file("shuffle_index.npy"), n >= int64_t(UINT32_MAX) - 1 ? "<i8" : "<u4",
                      indices_.shuffle_index, {n});
-    write_cache_description(cache_file("description.txt"), description_);
-  } catch (const Error& e) {
-    log_warn("could not write the index cache in ", cache_dir_, " (", e.what(),
-             "); continuing without it (set --data-cache-path to a writable folder)");
-  }
+  });
 }
 
 std::vector<int32_t> GPTDataset::sample(int64_t k) const {
@@ -226,34 +240,14 @@ std::vector<int32_t> GPTDataset::sample(int64_t k) const {
 
 BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const SampleDataset>> datasets, std::vector<double> weights,
                                int64_t size)
-    : datasets_(std::move(datasets)) {
-  MG_CHECK(datasets_.size() == weights.size() && !datasets_.empty() && datasets_.size() <= 32767);
-  blend_ = build_blending_indices(weights, size);
-  check_sizes();
-}
+    : datasets_(std::move(datasets)), map_(component_sizes(datasets_), weights, size) {}
 
 BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const SampleDataset>> datasets)
-    : datasets_(std::move(datasets)) {
-  MG_CHECK(!datasets_.empty() && datasets_.size() <= 32767);
-  std::vector<int64_t> sizes;
-  for (auto& d : datasets_) sizes.push_back(d->size());
-  blend_ = build_exhaustive_blending_indices(sizes);
-}
-
-void BlendedDataset::check_sizes() const {
-  std::vector<int64_t> sizes;
-  for (const auto& d : datasets_) sizes.push_back(d->size());
-  check_blending_sizes(blend_, sizes);
-}
+    : datasets_(std::move(datasets)), map_(component_sizes(datasets_)) {}
 
 std::vector<int32_t> BlendedDataset::sample(int64_t k) const {
-  MG_REQUIRE(k >= 0 && k < size(), "sample ", k, " is outside the blended dataset (", size(), " samples)");
-  return datasets_[size_t(blend_.dataset_index[size_t(k)])]->sample(blend_.dataset_sample_index[size_t(k)]);
-}
-
-int64_t BlendedDataset::dataset_id(int64_t k) const {
-  MG_REQUIRE(k >= 0 && k < size(), "sample ", k, " is outside the blended dataset");
-  return blend_.dataset_index[size_t(k)];
+  const auto [d, j] = map_.locate(k);
+  return datasets_[size_t(d)]->sample(j);
 }
 
 }  // namespace megatron::data
