@@ -124,7 +124,8 @@ TEST(BertInspectCli, ClearErrors) {
   megatron::testing::write_bert_vocab(dir / "vocab.txt");
   const auto prefix = (dir / "d").string();
   megatron::testing::write_sentence_dataset(prefix, {.documents = 40});
-  const std::string base = " --data-path " + q(prefix) + " --split 80,10,10 --seq-length 32 --train-iters 2 --eval-iters 1";
+  const std::string base =
+      " --data-path " + q(prefix) + " --split 80,10,10 --seq-length 32 --train-iters 2 --eval-iters 1";
   const std::string tok = " --tokenizer-type BertWordPieceLowerCase --vocab-file " + q(dir / "vocab.txt");
   auto r = run_cli("inspect-data --samples 2 --dataset-type bert" + base + tok);
   EXPECT_NE(r.exit_code, 0);
