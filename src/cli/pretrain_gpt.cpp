@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "cli/bert_data_flags.h"
 #include "cli/command.h"
 #include "cli/megatron_compat.h"
 #include "cli/model_flags.h"
@@ -33,9 +34,9 @@ struct PretrainFlags {
   int64_t batch_size = 0, warmup = 0, model_parallel_size = 0;  // Megatron's removed flags
   CompatFlags compat;
   CLI::App* app = nullptr;
-  // pretrain-bert (pretrain_bert.py): the BERT family and its flags.
+  // pretrain-bert (pretrain_bert.py): the BERT family and its data flags.
   bool bert = false;
-  bool bert_no_binary_head = false, bert_binary_head = false;
+  data::BertDataConfig bert_data;
 };
 
 // The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
@@ -83,11 +84,11 @@ void run(PretrainFlags f) {
     a.model.apply_query_key_layer_scaling = run_fields.apply_query_key_layer_scaling;
   }
   if (f.bert) {  // BertModel: the encoder attends in both directions under the padding mask
-    MG_REQUIRE(!(f.bert_no_binary_head && f.bert_binary_head),
-               "--bert-no-binary-head and --bert-binary-head contradict each other");
     a.model.model_family = "bert";
     a.model.attention_mask_type = "bidirectional";
-    a.model.bert_binary_head = !f.bert_no_binary_head;
+    a.model.bert_binary_head = f.bert_data.binary_head;
+    a.mask_prob = f.bert_data.mask_prob;
+    a.short_seq_prob = f.bert_data.short_seq_prob;
   }
   // The Ascend scripts' sparse attention: keys --pre-tockens before and --next-tockens after each
   // query, i.e. a sliding window (--pre-tockens >= --seq-length - 1 with --next-tockens 0 is plain
@@ -329,16 +330,7 @@ CommandRegistrar reg_bert("pretrain-bert",
   f->bert = true;
   f->a.tokenizer.type = "BertWordPieceLowerCase";  // pretrain_bert.py's args_defaults
   add_pretrain_flags(sub, f);
-  sub.add_option("--mask-prob", f->a.mask_prob,
-                 "Probability of masking a token (whole words, n-grams up to 3)")
-      ->capture_default_str();
-  sub.add_option("--short-seq-prob", f->a.short_seq_prob,
-                 "Probability of a sample shorter than --seq-length")
-      ->capture_default_str();
-  sub.add_flag("--bert-no-binary-head", f->bert_no_binary_head,
-               "No pooler and sentence-order (binary) head; no token types");
-  sub.add_flag("--bert-binary-head", f->bert_binary_head,
-               "The pooler and sentence-order head (the default)");
+  add_bert_data_flags(sub, f->bert_data);
 });
 
 }  // namespace

@@ -72,6 +72,10 @@ struct BertModel::Heads {
 };
 
 BertModel::BertModel(const TransformerConfig& cfg, uint64_t seed, const TensorParallel& tp,
+                     const ContextParallel& cp)
+    : BertModel(cfg, seed, tp, cp, ChunkPlace{PipelineLayout{std::max(cfg.num_layers, 1), 1, 1}, 0, 0}) {}
+
+BertModel::BertModel(const TransformerConfig& cfg, uint64_t seed, const TensorParallel& tp,
                      const ContextParallel& cp, const ChunkPlace& place,
                      const ModelOptions& options)
     : LanguageModule(cfg, seed, tp, cp, place, options, "encoder", validated_specs(cfg, tp, cp),

@@ -26,11 +26,13 @@ namespace megatron::model {
 
 class BertModel final : public LanguageModule {
  public:
-  // One chunk of a pipeline (or, with the default ChunkPlace, the whole model). The configuration
-  // must be a BERT one (model_family "bert", bidirectional attention).
+  // The whole model over tensor- and context-parallel groups (each a group of one when unused).
+  // The configuration must be a BERT one (model_family "bert", bidirectional attention).
   BertModel(const TransformerConfig& cfg, uint64_t seed, const TensorParallel& tp,
-            const ContextParallel& cp, const ChunkPlace& place = {},
-            const ModelOptions& options = {});
+            const ContextParallel& cp);
+  // One chunk of a pipeline.
+  BertModel(const TransformerConfig& cfg, uint64_t seed, const TensorParallel& tp,
+            const ContextParallel& cp, const ChunkPlace& place, const ModelOptions& options = {});
   ~BertModel() override;
 
   const std::vector<std::string>& loss_names() const override;

@@ -4,6 +4,7 @@
 #include "kernels/ops.h"
 #include "model/inference_context.h"
 #include "model/layer_spec.h"
+#include "model/model_family.h"
 
 namespace megatron::model {
 
@@ -19,6 +20,9 @@ std::vector<TransformerLayerSpec> validated_specs(const TransformerConfig& cfg,
                                                   const TensorParallel& tp,
                                                   const ContextParallel& cp) {
   cfg.validate();
+  MG_REQUIRE(cfg.model_family == "gpt", "this is a ", cfg.model_family, " model (",
+             model_family_of(cfg).command, " trains it), not a GPT: text generation and "
+             "language-model evaluation need a GPT (decoder-only) model");
   cfg.validate_tensor_parallel(tp.size());
   cfg.validate_context_parallel(cp.size());
   return std::vector<TransformerLayerSpec>(size_t(cfg.num_layers), gpt_layer_spec(cfg));

@@ -62,9 +62,9 @@ class MetricsWriter {
   int64_t iters_ = 0, advanced_ = 0, skipped_ = 0, nan_ = 0, samples_ = 0;
   double flops_sum_ = 0;  // the batch size may change between iterations
   double loss_sum_ = 0, grad_norm_ = std::nan("");
+  double comm0_ = 0;
   std::vector<std::string> loss_names_;
   std::vector<double> more_sums_;  // per further loss, over the interval's advanced iterations
-  double comm0_ = 0;
   Clock::time_point interval_t0_ = Clock::now();
 };
 

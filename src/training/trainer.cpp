@@ -122,6 +122,7 @@ TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world)
     sum.iterations = it;
     sum.consumed_samples = r.consumed;
     sum.losses.push_back(step.loss);
+    sum.more_losses.push_back(step.more_losses);
     sum.grad_norms.push_back(step.step.skipped ? std::nan("") : step.step.grad_norm);
     // Megatron logs the optimizer's learning rate after the scheduler step: the rate of the next
     // iteration (the same one after a skipped step).

@@ -44,7 +44,10 @@ Batch bert_batch(int64_t b, int64_t s, int64_t V, std::vector<int32_t> order) {
       const size_t at = size_t(bi * s + i);
       types[at] = i < split ? 0 : 1;
       mask[at] = rng.uniform(100 + at) < 0.3f ? 1.0f : 0.0f;
-      if (bi == 1 && i >= s - 3) pad[at] = 0, mask[at] = 0.0f;
+      if (bi == 1 && i >= s - 3) {
+        pad[at] = 0;
+        mask[at] = 0.0f;
+      }
     }
     mask[size_t(bi * s + 1)] = 1.0f;  // at least one masked token per sequence
   }
@@ -102,13 +105,16 @@ void check_against_pytorch(const TransformerConfig& cfg, std::vector<int32_t> or
   EXPECT_NEAR(res.loss_sum, ref[0], 1e-5 * std::abs(ref[0]));
   EXPECT_EQ(res.num_tokens, 1.0);
   ASSERT_EQ(res.more.size(), cfg.bert_binary_head ? 1u : 0u);
-  if (cfg.bert_binary_head) EXPECT_NEAR(res.more[0].sum, ref[1], 1e-5 * std::abs(ref[1]));
+  if (cfg.bert_binary_head) {
+    EXPECT_NEAR(res.more[0].sum, ref[1], 1e-5 * std::abs(ref[1]));
+  }
   int64_t off = 2;
   testing::expect_close_to_reference("logits", logits.data<float>(), ref + off, b * s * V, 1e-5);
   off += b * s * V;
-  if (cfg.bert_binary_head)
+  if (cfg.bert_binary_head) {
     testing::expect_close_to_reference("binary logits", binary.data<float>(), ref + off, b * 2,
                                        1e-5);
+  }
   off += b * 2;
   for (Parameter* p : model.parameters()) {
     ASSERT_LE(off + p->grad.numel(), nref);

@@ -118,8 +118,13 @@ TEST(CheckpointConvert, ShardRulesSplitAndMerge) {
     EXPECT_TRUE(bit_equal(merge_shards(shards, r), full)) << dim;
   }
   // SwiGLU fc1: rows [gate 0..3; up 4..7]; TP rank 1 of 2 holds gate rows 2, 3 and up rows 6, 7.
-  ShardRule sw = shard_rule("decoder.layers.0.mlp.linear_fc1.weight", 0, true);
-  EXPECT_TRUE(sw.swiglu);
+  model::TransformerConfig swiglu;
+  swiglu.num_layers = 1;
+  swiglu.activation = "swiglu";
+  const auto specs = config_weight_specs(swiglu);
+  ShardRule sw = shard_rule(specs.at("decoder.layers.0.mlp.linear_fc1.weight"));
+  EXPECT_EQ(sw.dim, 0);
+  EXPECT_EQ(sw.parts, 2);
   const Tensor s1 = split_shard(full, sw, 1, 2);
   ASSERT_EQ(s1.shape(), (Shape{4, 6}));
   EXPECT_EQ(s1.narrow(0, 0, 1).to_float_vector(), full.narrow(0, 2, 1).to_float_vector());
@@ -127,13 +132,17 @@ TEST(CheckpointConvert, ShardRulesSplitAndMerge) {
   EXPECT_TRUE(bit_equal(merge_shards({split_shard(full, sw, 0, 2), s1}, sw), full));
   // Replicated: rank 0's.
   EXPECT_TRUE(bit_equal(merge_shards({full, Tensor::zeros({8, 6}, DType::F32)}, ShardRule{}), full));
-  // Names, when metadata.json lacks the partition dim.
-  EXPECT_EQ(shard_rule("decoder.layers.3.self_attention.linear_qkv.weight", std::nullopt, false).dim, 0);
-  EXPECT_EQ(shard_rule("decoder.layers.3.self_attention.linear_proj.weight", std::nullopt, false).dim, 1);
-  EXPECT_EQ(shard_rule("decoder.layers.3.self_attention.linear_proj.bias", std::nullopt, false).dim, -1);
-  EXPECT_EQ(shard_rule("decoder.layers.3.input_layernorm.weight", std::nullopt, false).dim, -1);
-  EXPECT_TRUE(shard_rule("embedding.word_embeddings.weight", std::nullopt, false).vocab);
-  EXPECT_FALSE(shard_rule("embedding.position_embeddings.weight", std::nullopt, false).vocab);
+  // The model's specs when a checkpoint records none (format 2, Megatron's and HF files).
+  model::TransformerConfig gpt;
+  gpt.num_layers = 4;
+  const auto g = config_weight_specs(gpt);
+  EXPECT_EQ(shard_rule(g.at("decoder.layers.3.self_attention.linear_qkv.weight")).dim, 0);
+  EXPECT_EQ(shard_rule(g.at("decoder.layers.3.self_attention.linear_proj.weight")).dim, 1);
+  EXPECT_EQ(shard_rule(g.at("decoder.layers.3.self_attention.linear_proj.bias")).dim, -1);
+  EXPECT_EQ(shard_rule(g.at("decoder.layers.3.input_layernorm.weight")).dim, -1);
+  EXPECT_TRUE(shard_rule(g.at("embedding.word_embeddings.weight")).vocab);
+  EXPECT_FALSE(shard_rule(g.at("embedding.position_embeddings.weight")).vocab);
+  EXPECT_EQ(shard_rule(g.at("decoder.layers.0.mlp.linear_fc1.weight")).parts, 1);
   // Re-padding: cut, repeat the last row, or zeros.
   const Tensor longer = repad_rows(full, 10, false), zeros = repad_rows(full, 10, true);
   ASSERT_EQ(longer.size(0), 10);
@@ -176,18 +185,18 @@ TEST(CheckpointConvert, RoundTripsAreBitExactOnEveryTensor) {
       expect_bit_equal(file_tensors(tmp / "tp2_tp1" / "iter_0000004", "mp_rank_00/optimizer.safetensors"),
                        file_tensors(src_iter, "mp_rank_00/optimizer.safetensors"), "optimizer file");
     // The TP2 shards are the trainer's layout: chunk r along the parameter's partition dim.
-    const json dims = json::parse(megatron::testing::read_file(src_iter / "metadata.json"))["parallel"]["partition_dims"];
+    const json weights = json::parse(megatron::testing::read_file(src_iter / "metadata.json"))["weights"];
     const auto src_model = file_tensors(src_iter, "mp_rank_00/model.safetensors");
     for (int r = 0; r < 2; ++r) {
       const std::string rd = r == 0 ? "mp_rank_00" : "mp_rank_01";
       const auto shard = file_tensors(tmp / "tp2" / "iter_0000004", rd + "/model.safetensors");
       ASSERT_EQ(shard.size(), src_model.size());
       for (const auto& [n, t] : src_model)
-        EXPECT_TRUE(bit_equal(shard.at(n), model::shard_along(t, dims.at(n).get<int>(), r, 2))) << rd << " " << n;
+        EXPECT_TRUE(bit_equal(shard.at(n), model::shard_along(t, weights.at(n).at("partition_dim").get<int>(), r, 2))) << rd << " " << n;
       const auto opt = file_tensors(tmp / "tp2" / "iter_0000004", rd + "/optimizer.safetensors");
       for (const auto& [n, t] : src_model)
         EXPECT_TRUE(bit_equal(opt.at("optimizer.state.exp_avg." + n),
-                              model::shard_along(ref.at("exp_avg/" + n), dims.at(n).get<int>(), r, 2)))
+                              model::shard_along(ref.at("exp_avg/" + n), weights.at(n).at("partition_dim").get<int>(), r, 2)))
             << rd << " exp_avg " << n;
     }
 

@@ -19,6 +19,7 @@
 #include "comm/communicator.h"
 #include "core/safetensors.h"
 #include "data/indexed_dataset.h"
+#include "model/weight_spec.h"
 #include "test_util.h"
 #include "training/checkpoint_convert.h"
 #include "training/trainer.h"
@@ -147,18 +148,17 @@ inline std::map<std::string, std::vector<float>> gathered_model(const std::strin
         std::snprintf(rd, sizeof rd, "mp_rank_%02d", r);
       shards.push_back(read_safetensors(dir / rd / "model.safetensors"));
     }
-    const json& args = meta["args"];
-    const bool swiglu = args.contains("model") && args["model"].value("activation", "") == "swiglu";
     for (const auto& [n, t0] : shards[0].tensors) {
       EXPECT_FALSE(out.count(n)) << n << " is saved by two pipeline stages";
-      const int pdim = tp > 1 ? meta["parallel"]["partition_dims"][n].get<int>() : -1;
+      const model::WeightSpec spec = model::weight_spec_from_json(n, meta["weights"][n], "metadata");
+      const int pdim = tp > 1 ? spec.partition_dim : -1;
       std::vector<Tensor> parts;
       for (int r = 0; r < tp; ++r) parts.push_back(shards[size_t(r)].tensors.at(n));
       if (pdim < 0) {
         for (int r = 1; r < tp; ++r)  // replicated: every rank saved the same values
           EXPECT_EQ(parts[size_t(r)].to_float_vector(), parts[0].to_float_vector()) << n;
       }
-      out[n] = merge_shards(parts, shard_rule(n, pdim, swiglu)).to_float_vector();
+      out[n] = merge_shards(parts, shard_rule(spec)).to_float_vector();
     }
   }
   return out;
