@@ -115,11 +115,12 @@ inline TrainingSummary reference_curve(TrainingArgs a, const std::string& save) 
     a.save = save;
     a.save_interval = 1000;
     r = run_single(a);
-    text = json({{"losses", r.losses}, {"grad_norms", r.grad_norms},
+    text = json({{"losses", r.losses}, {"more_losses", r.more_losses}, {"grad_norms", r.grad_norms},
                  {"valid_losses", r.valid_losses}, {"consumed", r.consumed_samples}}).dump();
   }
   const json j = json::parse(all_gather_strings(*world(), text)[0]);
   r.losses = j["losses"].get<std::vector<double>>();
+  r.more_losses = j["more_losses"].get<std::vector<std::vector<double>>>();
   r.grad_norms.clear();
   for (const json& g : j["grad_norms"]) r.grad_norms.push_back(g.is_number() ? g.get<double>() : std::nan(""));
   r.valid_losses = j["valid_losses"].get<std::vector<double>>();
