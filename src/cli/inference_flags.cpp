@@ -81,6 +81,9 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
       const std::string want = model::activation_flag(rec.config.activation);
       return str("the default activation (", value, "; pass ", want, " for the checkpoint's)");
     }
+    if (key == "window_size" && !flags.empty() && flags.front() != std::string("--window-size"))
+      return str("--pre-tockens ", model.pre_tockens, " --next-tockens ", model.next_tockens,
+                 " (window ", value, ")");
     if (is_bool_setting(s, cfg)) {
       if (!flags.empty()) return flags.front();
       return s.flags.empty() ? str("the default ", key, " ", value) : str("no ", s.flags.front());

@@ -146,18 +146,17 @@ void add_megatron_flags(CLI::App& sub, MegatronFlags& f, const std::string& comm
       case ArgValues::Many: o = sub.add_option(names, sink, help)->expected(0, -1); break;
     }
     o->group("");  // hidden from --help (README's "Coming from Megatron-LM" describes them)
-    f.added.emplace_back(&a, o);
+    f.added.push_back({&a, o, names});
   }
 }
 
 void check_megatron_flags(const MegatronFlags& f) {
   std::string ignored;
   size_t i = 0;
-  for (const auto& [a, o] : f.added) {
+  for (const auto& [a, o, names] : f.added) {
     const std::vector<std::string>& values = f.values[i++];
     if (o->count() == 0) continue;
-    std::string used = o->get_name(false, true);
-    if (const size_t comma = used.find(','); comma != std::string::npos) used.resize(comma);
+    const std::string used = names.substr(0, names.find(','));
     const bool harmless =
         a->effect == training::ArgEffect::Runtime ||
         (a->effect == training::ArgEffect::Training && f.kind == CommandKind::Inference) ||

@@ -81,7 +81,12 @@ struct MegatronFlags {
   std::string command;
   CommandKind kind = CommandKind::Training;
   std::deque<std::vector<std::string>> values;
-  std::vector<std::pair<const training::MegatronArgument*, const CLI::Option*>> added;
+  struct Added {
+    const training::MegatronArgument* argument;
+    const CLI::Option* option;
+    std::string names;  // the ones this command took from the table ("--a,--b")
+  };
+  std::vector<Added> added;
 };
 void add_megatron_flags(CLI::App& sub, MegatronFlags& f, const std::string& command, CommandKind kind);
 void check_megatron_flags(const MegatronFlags& f);

@@ -17,9 +17,10 @@
 //   _codecs.encode(str, 'latin1'), builtins.bytes / bytearray
 //                                                    -> Bytes (protocol 2's bytes)
 //   builtins.set / frozenset (also __builtin__.*)    -> List
-//   a CamelCase class of a megatron.*, transformer_engine.* or torch.distributed.* module (the
-//   enums and data classes their checkpoints hold: AttnBackend, InferenceCudaGraphScope,
-//   RerunMode, ...), never called:
+//   a CamelCase class of a megatron.*, transformer_engine.* or torch.distributed.* module named
+//   "enums", or of the few others that hold checkpointed enums and data classes
+//   (megatron.core.rerun_state_machine, ...; pickle_globals.cpp lists them): AttnBackend,
+//   InferenceCudaGraphScope, RerunMode, Caller, ...; never called:
 //     Class(value) with a plain value, or builtins.getattr(Class, member name)   -> Enum
 //     Class() / NEWOBJ / copyreg._reconstructor(Class, object, None), + BUILD  -> Namespace
 //                                                                     (text: "module.Class")

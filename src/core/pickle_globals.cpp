@@ -1,5 +1,6 @@
 // The globals the restricted unpickler knows and what each one means (see pickle.h): REDUCE,
 // NEWOBJ, BUILD and persistent ids on them build plain values; nothing is ever called.
+#include <algorithm>
 #include <bit>
 #include <cctype>
 
@@ -52,19 +53,32 @@ constexpr const char* kTorchConstants[] = {
     "jagged", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
 };
 
-// A class of Megatron-LM, Megatron-Core, Transformer Engine or torch.distributed by its
-// CamelCase name (AttnBackend, InferenceCudaGraphScope, RerunMode, ...): the enums and small
-// dataclasses their checkpoints hold. Such a class is never called: an enum member becomes its
-// name or value, an object its attributes. Functions (snake_case) are not matched.
+// A class of the modules where Megatron-LM, Megatron-Core, Transformer Engine and
+// torch.distributed keep the enums and small data classes their checkpoints hold (AttnBackend,
+// InferenceCudaGraphScope, RerunMode, Caller, ...), by its CamelCase name: any class of a module
+// named "enums" (a newer release's too), and of the few others that define such types. Such a
+// class is never called: an enum member becomes its name or value, an object its attributes.
+// Functions (snake_case) and the standard library's process and thread classes are not matched.
 bool is_plain_class(const std::string& module, const std::string& name) {
+  static const char* const kModules[] = {
+      "megatron.core.rerun_state_machine", "megatron.core.dist_checkpointing.validation",
+      "megatron.core.dist_checkpointing.mapping", "megatron.core.transformer.cuda_graphs",
+      "megatron.core.optimizer.optimizer_config", "megatron.core.transformer.transformer_config",
+      "transformer_engine.common.recipe", "torch.distributed.checkpoint.metadata",
+      "torch.distributed._shard.sharded_tensor.metadata"};
+  static const char* const kRunsCode[] = {"Popen", "Process", "Thread", "Timer", "Pool", "Executor"};
   const bool from = module.starts_with("megatron.") || module.starts_with("transformer_engine.") ||
                     module.starts_with("torch.distributed.");
-  if (!from || name.empty() || name.size() > 64 || !std::isupper(static_cast<unsigned char>(name[0])))
+  const bool enums_module = module.ends_with(".enums") || module.find(".enums.") != std::string::npos;
+  const bool listed = std::any_of(std::begin(kModules), std::end(kModules),
+                                  [&](const char* m) { return module == m; });
+  if (!from || !(enums_module || listed) || name.empty() || name.size() > 64 ||
+      !std::isupper(static_cast<unsigned char>(name[0])))
     return false;
+  for (const char* r : kRunsCode)
+    if (name.find(r) != std::string::npos) return false;
   for (const char c : name)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
-  for (const char c : module)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.') return false;
   return true;
 }
 

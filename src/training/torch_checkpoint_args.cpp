@@ -229,6 +229,10 @@ json from_namespace(const Value& ns, const std::string& label) {
         flag("swiglu"), flag("squared_relu"), flag("openai_gelu"),
         fusion == nullptr || flag("bias_gelu_fusion"), bias == nullptr || flag("add_bias_linear"));
   }
+  // The legacy model's PositionEmbeddingType enum (absolute, rotary) as Megatron-Core names them.
+  if (out["model"]["position_embedding_type"] == "absolute")
+    out["model"]["position_embedding_type"] = "learned_absolute";
+  if (out["model"]["position_embedding_type"] == "rotary") out["model"]["position_embedding_type"] = "rope";
   if (flag("use_rotary_position_embeddings")) out["model"]["position_embedding_type"] = "rope";
   if (get("add_position_embedding") != nullptr && !flag("add_position_embedding") &&
       out["model"]["position_embedding_type"] == "learned_absolute")

@@ -139,6 +139,12 @@ void copy_architecture(const Value* ns, json& args) {
     else if (v->kind == Kind::Str) args[k] = v->text;
     else if (v->kind == Kind::Enum && !v->member.empty()) args[k] = v->member;
   }
+  // The legacy model's PositionEmbeddingType enum names Megatron-Core's types differently.
+  if (args.contains("position_embedding_type") && args["position_embedding_type"].is_string()) {
+    const std::string t = args["position_embedding_type"].get<std::string>();
+    if (t == "absolute") args["position_embedding_type"] = "learned_absolute";
+    if (t == "rotary") args["position_embedding_type"] = "rope";
+  }
 }
 
 optim::LRSchedulerConfig scheduler_from(const Value* sd, const TrainingArgs& a, int64_t* num_steps) {

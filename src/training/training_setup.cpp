@@ -149,8 +149,9 @@ optim::LRSchedulerConfig scheduler_config(const TrainingRun& r) {
   } else {  // validate_args: both are given
     sc.start_wd = a.start_weight_decay;
     sc.end_wd = a.end_weight_decay;
-    sc.wd_incr_steps = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
   }
+  // Megatron's get_optimizer_param_scheduler sets it whatever the style (and saves it).
+  sc.wd_incr_steps = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
   return sc;
 }
 

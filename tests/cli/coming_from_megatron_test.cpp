@@ -125,7 +125,8 @@ TEST(ComingFromMegatron, CheckpointsToMegatronAndBack) {
       " --num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 32"
       " --max-position-embeddings 32 --make-vocab-size-divisible-by 16" + tok +
       " --micro-batch-size 2 --global-batch-size 8 --train-iters 8 --lr 3e-3 --min-lr 3e-4"
-      " --lr-decay-style cosine --weight-decay 0.1 --adam-beta2 0.95 --bf16 --hidden-dropout 0"
+      " --lr-decay-style cosine --lr-warmup-iters 2 --lr-decay-iters 20 --weight-decay 0.1"
+      " --adam-beta2 0.95 --bf16 --hidden-dropout 0"
       " --attention-dropout 0 --data-path " + (dir / "numbers_text_document").string() +
       " --split 100,0,0 --eval-iters 0 --log-interval 1 2>&1");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;

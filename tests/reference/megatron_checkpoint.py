@@ -537,14 +537,15 @@ def check(folder, iteration, tp, pp, vp, impl, dtype_name):
                 osd = sd["optimizer"]["optimizer"] if fp16 else sd["optimizer"]
                 params = [[torch.nn.Parameter(q.detach().float().clone()) for q in g["params"]] if fp16
                           else g["params"] for g in groups]
+                # Group sizes and parameter ids as Megatron's (torch's Optimizer.load_state_dict
+                # checks); each state's shapes.
+                assert [len(g["params"]) for g in osd["param_groups"]] == [len(ps) for ps in params]
+                ids = [i for g in osd["param_groups"] for i in g["params"]]
+                for i, q in zip(ids, [q for ps in params for q in ps]):
+                    st = osd["state"][i]
+                    assert st["exp_avg"].shape == q.shape and st["exp_avg_sq"].shape == q.shape
                 if impl == "transformer_engine":
                     te_fused_adam_accepts(osd)
-                opt = torch.optim.Adam([dict(g, params=ps) for g, ps in zip(groups, params)], lr=1.0)
-                opt.load_state_dict(osd)  # group sizes and parameter ids as Megatron's
-                for g, ps in zip(opt.param_groups, params):
-                    for q in ps:
-                        st = opt.state[q]
-                        assert st["exp_avg"].shape == q.shape and st["exp_avg_sq"].shape == q.shape
                 if fp16:
                     mains = sd["optimizer"]["fp32_from_fp16_params"]
                     assert [len(m) for m in mains] == [len(ps) for ps in params]
@@ -556,7 +557,9 @@ def check(folder, iteration, tp, pp, vp, impl, dtype_name):
                                       {float(g["step"]) for g in osd["param_groups"] if "step" in g})
                 res["step_per"] = ("group" if all("step" in g for g in osd["param_groups"]) else "") + \
                                   ("param" if all("step" in s for s in osd["state"].values()) else "")
-                if impl != "transformer_engine":  # torch's AdamW takes a step from this state
+                if impl != "transformer_engine":  # torch's AdamW loads and steps from this state
+                    opt = torch.optim.AdamW([dict(g, params=ps) for g, ps in zip(groups, params)], lr=1.0)
+                    opt.load_state_dict(osd)
                     for g, ps in zip(opt.param_groups, params):
                         for q in ps:
                             q.grad = torch.zeros_like(q)

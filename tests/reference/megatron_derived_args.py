@@ -2,10 +2,11 @@
 arguments.py (the parser's defaults and validate_args) and tokenizer.py (_vocab_size_with_padding),
 as an independent reference for what pretrain-gpt records in a --ckpt-format torch checkpoint.
 
-  megatron_derived_args.py check VOCAB_JSON WORLD_SIZE SAVE_DIR -- FLAGS...
-      derives the arguments FLAGS give under WORLD_SIZE ranks, loads the "args" Namespace of the
-      latest checkpoint in SAVE_DIR (torch.load) and prints one JSON line:
-      {"compared": [names], "mismatches": ["name: megatron X, checkpoint Y", ...]}
+  megatron_derived_args.py check VOCAB_JSON RUNS_JSON
+      RUNS: [{"world_size": N, "save": DIR, "flags": [...]}, ...]. For each run, derives the
+      arguments its flags give under its world size, loads the "args" Namespace of the latest
+      checkpoint in its save folder (torch.load) and prints one JSON line:
+      {"save": DIR, "compared": [names], "mismatches": ["name: megatron X, checkpoint Y", ...]}
 """
 import argparse
 import json
@@ -113,12 +114,8 @@ COMPARED = ["ffn_hidden_size", "kv_channels", "num_query_groups", "group_query_a
             "max_position_embeddings", "micro_batch_size"]
 
 
-def main():
-    assert sys.argv[1] == "check" and sys.argv[5] == "--"
-    with open(sys.argv[2]) as f:
-        vocab = len(json.load(f))  # GPT2BPETokenizer: the encoder's entries
-    world, save = int(sys.argv[3]), sys.argv[4]
-    expect = derive(sys.argv[6:], world, vocab)
+def check(vocab, world, save, flags):
+    expect = derive(flags, world, vocab)
     with open(os.path.join(save, "latest_checkpointed_iteration.txt")) as f:
         it = int(f.read().strip())
     folder = os.path.join(save, "iter_%07d" % it)
@@ -129,7 +126,17 @@ def main():
         x, y = getattr(expect, k), getattr(got, k, "<missing>")
         if x != y or type(x) is not type(y) and not (isinstance(x, (int, float)) and isinstance(y, (int, float))):
             mismatches.append("%s: megatron %r, checkpoint %r" % (k, x, y))
-    print(json.dumps({"compared": COMPARED, "mismatches": mismatches}))
+    print(json.dumps({"save": save, "compared": COMPARED, "mismatches": mismatches}))
+
+
+def main():
+    assert sys.argv[1] == "check"
+    with open(sys.argv[2]) as f:
+        vocab = len(json.load(f))  # GPT2BPETokenizer: the encoder's entries
+    with open(sys.argv[3]) as f:
+        runs = json.load(f)
+    for r in runs:
+        check(vocab, r["world_size"], r["save"], r["flags"])
 
 
 if __name__ == "__main__":

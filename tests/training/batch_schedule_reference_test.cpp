@@ -9,6 +9,7 @@
 #include <regex>
 #include <sstream>
 
+#include "parallel_test_util.h"
 #include "test_util.h"
 #include "training/batch_size_schedule.h"
 
@@ -76,12 +77,14 @@ TEST(BatchScheduleReference, EveryIterationMatchesMegatronsCalculator) {
 // iteration consumes the batch the schedule gives for the samples consumed before it.
 TEST(BatchScheduleReference, AStepScheduleTrainsForTrainItersAsMegatronCounts) {
   mt::TempDir dir;
+  parallel_test::write_corpus((dir / "corpus").string());
   const auto r = mt::run_command(
       mt::cli_path().string() +
       " pretrain-gpt --num-layers 1 --hidden-size 16 --num-attention-heads 2 --seq-length 16"
       " --max-position-embeddings 16 --micro-batch-size 1 --train-iters 9 --lr 1e-3"
-      " --step-batch-size-schedule '0:1 48:2 128:4' --mock-data --tokenizer-type NullTokenizer"
-      " --vocab-size 4096 --log-interval 1 --eval-iters 0 --eval-interval 100 2>&1");
+      " --step-batch-size-schedule '0:1 48:2 128:4' --data-path " + (dir / "corpus").string() +
+      " --split 100,0,0 --tokenizer-type NullTokenizer --vocab-size 64 --log-interval 1"
+      " --eval-iters 0 --eval-interval 100 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const json ref = megatron_reference({{"global_batch_size", nullptr}, {"micro_batch_size", 1},
                                        {"data_parallel_size", 1}, {"seq_length", 16},
