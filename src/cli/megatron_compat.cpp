@@ -115,10 +115,18 @@ void add_compat_flags(CLI::App& sub, CompatFlags& f, CompatScope scope) {
       ->capture_default_str();
 }
 
+static void add_table_flags(CLI::App& sub, MegatronFlags& f);
+
 void add_megatron_flags(CLI::App& sub, MegatronFlags& f, const std::string& command, CommandKind kind) {
-  using training::ArgValues;
   f.command = command;
   f.kind = kind;
+  // Added when the command is the one run (CLI11 calls this before parsing its arguments):
+  // creating some 600 options for every command would double the binary's start-up time.
+  sub.preparse_callback([&sub, &f](size_t) { add_table_flags(sub, f); });
+}
+
+static void add_table_flags(CLI::App& sub, MegatronFlags& f) {
+  using training::ArgValues;
   for (const training::MegatronArgument& a : training::megatron_arguments()) {
     // The names of the entry that the command does not define itself.
     std::string names;

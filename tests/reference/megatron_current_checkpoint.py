@@ -37,6 +37,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import megatron_checkpoint as mc  # noqa: E402  (the module trees of Megatron-Core's specs)
+from torch_files import Call  # noqa: E402  (unpickles to f(*args))
 
 ENUMS = {
     "megatron/core/transformer/enums.py": (
@@ -179,19 +180,6 @@ def make_checkpoint(folder, iteration, num_experts=None):
     torch.save(sd, os.path.join(rank_dir, "model_optim_rng.pt"))
     with open(os.path.join(folder, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(iteration))
-
-
-class Call:
-    """Unpickles to f(*args): what a malicious file does."""
-
-    def __init__(self, f, args):
-        self.f, self.args = f, args
-
-    def __call__(self, *args):  # so that a Call can be the callable of another Call
-        raise RuntimeError("never called")
-
-    def __reduce__(self):
-        return (self.f, self.args)
 
 
 def make_evil(out, marker):
