@@ -40,7 +40,9 @@ struct MegatronArgument {
   const char* dest;     // the Namespace attribute; "" = the first flag's name with '_' for '-'
   // Model arguments this build does not implement: Megatron's default as Python prints it
   // ("None", "False", "1", "'vanilla'"); a checkpoint recording another value is refused.
-  // nullptr: implemented here (or not a Model argument).
+  // nullptr: implemented here, not a Model argument, or one whose recorded value does not stop
+  // the weights from loading here (FP8 / FP4 training keeps high-precision weights; a layer
+  // spec or rope type that differs shows in the tensor names).
   const char* neutral = nullptr;
 };
 
