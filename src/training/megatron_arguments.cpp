@@ -73,7 +73,9 @@ const MegatronArgument kArguments[] = {
     S("--log-world-size-to-tensorboard", R), V("--log-memory-interval", R), V("--wandb-project", R),
     V("--wandb-entity", R), V("--wandb-exp-name", R), V("--wandb-save-dir", R),
     V("--logging-level", R), V("--log-interval", R), V("--tensorboard-dir", R),
-    S("--log-max-attention-logit", R),
+    S("--log-max-attention-logit", R), S("--log-device-memory-used", R),
+    V("--moe-routing-trace-path", R), V("--gpu-sniff-test-interval", R), V("--exit-signal", R),
+    S("--exit-signal-handler-for-dataloader", R), S("--exit-signal-handler-for-training", R),
     // regularization
     V("--attention-dropout", T), V("--hidden-dropout", T), V("--weight-decay", T),
     V("--start-weight-decay", T), V("--end-weight-decay", T), V("--weight-decay-incr-style", T),
@@ -233,6 +235,8 @@ const MegatronArgument kArguments[] = {
     // validation
     S("--full-validation", T), S("--multiple-validation-sets", T), V("--eval-iters", T),
     V("--eval-interval", T), S("--test-mode", R), S("--skip-train", T),
+    V("--start-eval-at-iter", T), V("--eval-global-batch-size", T), V("--eval-micro-batch-size", T),
+    L("--validation-set-names", T),
     // tokenizer
     V("--vocab-size", M), V("--padded-vocab-size", M, "None"), V("--vocab-file", M),
     V("--merge-file", M), V("--vocab-extra-ids", M), V("--tokenizer-type", M),
