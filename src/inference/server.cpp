@@ -2,6 +2,13 @@
 #include "inference/server.h"
 
 #include <arpa/inet.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <condition_variable>
+#include <mutex>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -39,6 +46,68 @@ bool same_secret(const std::string& a, const std::string& b) {
   for (size_t i = 0; i < b.size(); ++i) diff |= unsigned(uint8_t(i < a.size() ? a[i] : 0) ^ uint8_t(b[i]));
   return diff == 0;
 }
+
+// Parsing a request builds its JSON document (up to tens of bytes per body byte) and tokenizes
+// its prompts. Bodies of kLargeBody bytes or more are parsed kSlots at a time, so a burst of large
+// bodies holds at most kSlots documents at once however many workers take them; after each, the
+// memory the allocator keeps in its per-thread free lists is given back to the system (glibc's
+// malloc_trim, a few milliseconds; large blocks live in mappings of their own), so a burst does
+// not leave a document's worth in every thread's heap and the resident size returns near its
+// baseline afterwards instead of staying at its peak.
+class ParseGate {
+ public:
+  static constexpr size_t kLargeBody = 64 << 10;
+  static constexpr int kSlots = 4;
+
+  ParseGate() {
+#if defined(__GLIBC__)
+    // A fixed threshold keeps blocks of 256 KiB and more (request bodies, a document's arrays) in
+    // mappings of their own, returned to the system when freed; glibc's adaptive threshold would
+    // rise to the size of a body and keep such blocks in the heap after a burst.
+    mallopt(M_MMAP_THRESHOLD, 256 << 10);
+#endif
+  }
+
+  class Pass {
+   public:
+    explicit Pass(ParseGate* gate) : gate_(gate) {}
+    Pass(Pass&& o) noexcept : gate_(std::exchange(o.gate_, nullptr)) {}
+    Pass& operator=(Pass&&) = delete;
+    ~Pass() {
+      if (gate_) gate_->leave();
+    }
+
+   private:
+    ParseGate* gate_;
+  };
+
+  // Holds a slot until the Pass is destroyed (no slot for a small body).
+  Pass enter(size_t body_bytes) {
+    if (body_bytes < kLargeBody) return Pass(nullptr);
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return busy_ < kSlots; });
+    ++busy_;
+    return Pass(this);
+  }
+
+ private:
+  void leave() {
+    {
+      std::lock_guard lock(mutex_);
+      --busy_;
+    }
+    cv_.notify_one();
+#if defined(__GLIBC__)
+    // The document was built on this worker's arena; without a trim each arena a burst touches
+    // would keep a document's worth of free memory.
+    malloc_trim(0);
+#endif
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int busy_ = 0;
+};
 
 struct Endpoint {
   const char* path;
@@ -125,6 +194,10 @@ struct TextGenerationServer::Impl {
       fn();
     } catch (const ApiError& e) {
       send_error(res, e.status, e.what());
+    } catch (const std::bad_alloc&) {
+      log_warn("server: out of memory handling a request");
+      send_error(res, 503, "the server has not enough memory for this request now; retry later "
+                           "or send a smaller one");
     } catch (const std::exception& e) {
       log_warn("server: internal error: ", e.what());
       send_error(res, 500, str("internal error: ", e.what()));
@@ -143,7 +216,10 @@ struct TextGenerationServer::Impl {
 
   void handle_api(const HttpRequest& req, HttpResponse& res) {
     guarded(res, [&] {
-      auto request = parse_megatron_request(parse_json_body(req.body), ctx, next_seed());
+      auto request = [&] {
+        const auto pass = parse_gate.enter(req.body.size());
+        return parse_megatron_request(parse_json_body(req.body), ctx, next_seed());
+      }();
       if (!request.no_log)
         log_info("PUT /api from ", req.remote_addr, ": ",
                  request.job->kind == Job::Kind::BeamSearch
@@ -157,7 +233,10 @@ struct TextGenerationServer::Impl {
   void handle_completions(const HttpRequest& req, HttpResponse& res) {
     guarded(res, [&] {
       const std::string id = str("cmpl-", std::hex, next_seed());
-      auto request = parse_completion_request(parse_json_body(req.body), ctx, next_seed(), id);
+      auto request = [&] {
+        const auto pass = parse_gate.enter(req.body.size());
+        return parse_completion_request(parse_json_body(req.body), ctx, next_seed(), id);
+      }();
       if (!request.stream) {
         run(request.job);
         res.body = dump_json(completion_response(request, ctx));
@@ -182,6 +261,7 @@ struct TextGenerationServer::Impl {
   }
 
   ServerOptions options;
+  ParseGate parse_gate;
   ApiContext ctx;
   Scheduler scheduler;
   std::unique_ptr<HttpFront> front;
