@@ -107,6 +107,9 @@ Header parse_header(std::string_view text, uint64_t data_size, const std::string
                  ": tensor '", name, "' has an impossibly large shape");
       e.shape.push_back(int64_t(dim));
     }
+    uint64_t checked = 0;  // also the strides of a shape with a zero size
+    MG_REQUIRE(checked_shape_bytes(e.shape, dtype_size(e.dtype), &checked), label, ": tensor '",
+               name, "' has an impossibly large shape ", shape_str(e.shape));
     const auto& off = info["data_offsets"];
     MG_REQUIRE(off[0].is_number_unsigned() && off[1].is_number_unsigned(), label, ": tensor '",
                name, "' has data_offsets that are not non-negative integers: ", off.dump());

@@ -111,6 +111,20 @@ TEST(ReaderBounds, TensorSizesThatOverflowAreErrors) {
   EXPECT_FALSE(checked_shape_bytes({int64_t(1) << 62}, 4, &bytes));
 }
 
+// A safetensors header whose shape has no elements but whose other sizes multiply past 64 bits
+// (no data to hold, strides that cannot exist): refused naming the file and the tensor.
+TEST(ReaderBounds, SafetensorsShapesWhoseStridesOverflowAreRefused) {
+  const std::string header = R"({"t":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[size_t(i)] = char(header.size() >> (8 * i));
+  file += header;
+  const std::string e = mt::error_of([&] {
+    parse_safetensors(std::span(reinterpret_cast<const uint8_t*>(file.data()), file.size()), "x.safetensors");
+  });
+  EXPECT_NE(e.find("x.safetensors: tensor 't' has an impossibly large shape [0, 4611686018427387904, 4]"),
+            std::string::npos) << e;
+}
+
 std::string import_error(const fs::path& folder) {
   return mt::error_of([&] { training::read_hf_checkpoint(folder, 8, 1, std::nullopt); });
 }
