@@ -162,7 +162,8 @@ const char* safetensors_dtype_code(DType dtype) {
   MG_CHECK(false, "unknown dtype");
 }
 
-SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, const std::string& label) try {
+SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes,
+                                      const std::string& label) try {
   const uint64_t header_len = bytes.size() >= 8 ? read_header_length(bytes.data()) : 0;
   check_header_length(header_len, bytes.size(), label);
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()) + 8, header_len);

@@ -17,7 +17,8 @@ namespace {
 enum Codec { kUncompressed = 0, kSnappy = 1, kGzip = 2, kZstd = 6 };
 
 const char* codec_name(int c) {
-  static const char* names[] = {"UNCOMPRESSED", "SNAPPY", "GZIP", "LZO", "BROTLI", "LZ4", "ZSTD", "LZ4_RAW"};
+  static const char* names[] = {"UNCOMPRESSED", "SNAPPY", "GZIP", "LZO",
+                                "BROTLI",       "LZ4",    "ZSTD", "LZ4_RAW"};
   return c >= 0 && c < 8 ? names[c] : "unknown";
 }
 
@@ -44,7 +45,8 @@ size_t next_capacity(size_t have, size_t in_size, size_t expected) {
 
 }  // namespace
 
-std::string parquet_decompress(int codec, std::string_view in, size_t expected, const std::string& where) {
+std::string parquet_decompress(int codec, std::string_view in, size_t expected,
+                               const std::string& where) {
   std::string out;
   switch (codec) {
     case kUncompressed:

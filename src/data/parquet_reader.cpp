@@ -125,7 +125,7 @@ std::vector<int64_t> read_delta_binary(Cursor& c, size_t expected) {
            std::to_string(miniblocks) + " miniblocks");
   const uint64_t per_mini = block / miniblocks;
   std::vector<int64_t> out;
-  out.reserve(size_t(std::min<uint64_t>(total, uint64_t(1) << 20)));  // the count is the file's word
+  out.reserve(size_t(std::min<uint64_t>(total, uint64_t(1) << 20)));  // the file's word only
   if (total > 0) out.push_back(value);
   while (out.size() < total) {
     const int64_t min_delta = c.zigzag();
@@ -461,7 +461,8 @@ StringColumn ParquetFile::read(size_t g, size_t k) const try {
       std::string_view values = body.substr(size_t(def_len));
       const int64_t values_size = int64_t(uncompressed) - def_len;
       MG_REQUIRE(values_size >= 0, pw, ": uncompressed size smaller than its levels");
-      page_bytes = v2_compressed ? parquet_decompress(ch.codec, values, size_t(values_size), pw) : std::string(values);
+      page_bytes = v2_compressed ? parquet_decompress(ch.codec, values, size_t(values_size), pw)
+                                 : std::string(values);
       c = Cursor{reinterpret_cast<const uint8_t*>(page_bytes.data()),
                  reinterpret_cast<const uint8_t*>(page_bytes.data()) + page_bytes.size(), &pw};
       (void)num_nulls;

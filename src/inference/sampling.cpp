@@ -58,7 +58,8 @@ double max_finite_logit(std::span<const float> logits, int64_t vocab) {
     const float v = logits[size_t(i)];
     if (std::isnan(v) || v == std::numeric_limits<float>::infinity())
       MG_THROW("the model's logits are not finite (", v, " for token ", i, "): its weights or "
-               "activations overflowed; check the checkpoint's weights or run in a wider precision");
+               "activations overflowed; check the checkpoint's weights or run in a wider "
+               "precision");
     mx = std::max(mx, v);
   }
   MG_REQUIRE(std::isfinite(mx), "every logit is -inf: no token can be sampled");

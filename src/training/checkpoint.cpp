@@ -341,8 +341,8 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
     throw;
   } catch (const std::exception& e) {
     // A write that failed (a full disk): nothing of this save may stay behind to fill the disk.
-    MG_THROW(e.what(), "; ", detail::remove_partial_save(save_dir, tmp_dir,
-                                                         detail::rank_save_bytes(params, optimizer, rank)));
+    const uint64_t needed = detail::rank_save_bytes(params, optimizer, rank);
+    MG_THROW(e.what(), "; ", detail::remove_partial_save(save_dir, tmp_dir, needed));
   }
   return final_dir;
 }

@@ -44,7 +44,8 @@ uint64_t rank_save_bytes(const model::ParameterList& params, optim::MegatronOpti
 // After a failed save (a full disk, a write error): removes what it left, its temporary folder
 // and the tracker's temporary file (they are this save's own), and says what was removed, what
 // the save needs and what the disk has.
-std::string remove_partial_save(const fs::path& save_dir, const fs::path& tmp_dir, uint64_t needed) {
+std::string remove_partial_save(const fs::path& save_dir, const fs::path& tmp_dir,
+                                uint64_t needed) {
   std::error_code ec;
   uint64_t partial = 0, files = 0;
   for (auto it = fs::recursive_directory_iterator(tmp_dir, ec); !ec && it != fs::end(it);

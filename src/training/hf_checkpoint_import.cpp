@@ -63,14 +63,15 @@ struct Config {
     if (!v) return fallback;
     MG_REQUIRE(v->is_number() && std::isfinite(v->get<double>()) &&
                    (!positive || v->get<double>() > 0),
-               label, ": \"", key, "\" must be a ", positive ? "positive " : "", "finite number, got ",
-               v->dump());
+               label, ": \"", key, "\" must be a ", positive ? "positive " : "",
+               "finite number, got ", v->dump());
     return v->get<double>();
   }
   // A probability in [0, 1) (dropout rates).
   double fraction(const char* key, double fallback) const {
     const double p = number(key, fallback);
-    MG_REQUIRE(p >= 0 && p < 1, label, ": \"", key, "\" must be in [0, 1), got ", find(key)->dump());
+    MG_REQUIRE(p >= 0 && p < 1, label, ": \"", key, "\" must be in [0, 1), got ",
+               find(key)->dump());
     return p;
   }
   bool boolean(const char* key, bool fallback) const {
