@@ -6,9 +6,13 @@
 // one second and the latency percentiles: the server is usable only if all of them are.
 // --mode big-chunked / big-gzip instead sends one 200 MB body (chunked, or labelled gzip) and
 // prints how much was sent before the server answered and its memory before and after.
+// --mode parse-burst: --slow-clients N clients send a 1 MiB JSON body of small objects at once
+// (each parsed, then refused with a 400 for its unknown field); prints the server's resident
+// memory before, at its peak and after.
 //   build/bench/server_slow_clients_bench [--slow-clients 100 --mode trickle|idle|body
 //       --interval-ms 1000 --seconds 20 --poll-ms 200 --api-key KEY]
 //   build/bench/server_slow_clients_bench --mode big-chunked
+//   build/bench/server_slow_clients_bench --mode parse-burst --slow-clients 64
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -171,6 +175,45 @@ void big_body(int port, bool gzip) {
               answer.substr(0, answer.find("\r\n")).c_str(), before, rss_mb());
 }
 
+// Peak resident memory of this process so far (VmHWM), MB.
+double peak_rss_mb() {
+  double kb = 0;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::strncmp(line, "VmHWM:", 6) == 0) kb = std::atof(line + 6);
+    std::fclose(f);
+  }
+  return kb / 1e3;
+}
+
+// `clients` connections each send one 1 MiB body of small JSON objects at once (all from one
+// shared buffer: the client side holds no copies).
+void parse_burst(int port, int clients) {
+  std::string body = R"({"prompts": ["1"], "padding": [)";
+  while (body.size() < (1u << 20) - 8) body += "{},";
+  body += "{}]}";
+  const std::string request = "PUT /api HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  int status = 0;
+  timed_request(port, request, 60, &status);  // threads and buffers exist before the baseline
+  const double before = rss_mb();
+  std::atomic<int> refused{0};
+  std::vector<std::thread> threads;
+  const auto start = Clock::now();
+  for (int k = 0; k < clients; ++k)
+    threads.emplace_back([&] {
+      int s = 0;
+      timed_request(port, request, 120, &s);
+      refused += s == 400;
+    });
+  for (auto& t : threads) t.join();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("%d concurrent 1 MiB bodies: %d answered 400 in %.2f s; server RSS %.1f MB before, "
+              "peak %.1f MB, %.1f MB after\n",
+              clients, refused.load(), seconds, before, peak_rss_mb(), rss_mb());
+}
+
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -201,6 +244,12 @@ int main(int argc, char** argv) {
   inference::TextGenerationServer server(model, tokenizer, options);
   const int port = server.bind();
   std::thread serving([&] { server.serve(); });
+  if (mode == "parse-burst") {
+    parse_burst(port, slow);
+    server.stop();
+    serving.join();
+    return 0;
+  }
   if (mode == "big-chunked" || mode == "big-gzip") {
     big_body(port, mode == "big-gzip");
     server.stop();

@@ -2,6 +2,7 @@
 // --prompt (repeatable), --prompt-file (one per line) or standard input (one per line). Prints
 // prompt + generation per prompt (Megatron's "text"), or JSON lines with --output-format jsonl.
 // Sampling flags follow Megatron's text generation tools (greedy by default: --top_k 1).
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -74,13 +75,12 @@ void print_result(const GenerateArgs& a, const data::Tokenizer& tok, const std::
 void run_generate(GenerateArgs& a) {
   using namespace inference;
   MG_REQUIRE(a.prompts.empty() || a.prompt_file.empty(), "pass --prompt or --prompt-file, not both");
-  MG_REQUIRE(a.temperature > 0.0f && a.temperature <= 100.0f, "--temperature must be in (0, 100]");
-  MG_REQUIRE(a.top_k >= 0 && a.top_k <= 1000, "--top_k must be in [0, 1000]");
-  MG_REQUIRE(a.top_p >= 0.0f && a.top_p <= 1.0f, "--top_p must be in [0, 1]");
   MG_REQUIRE(!(a.top_p > 0.0f && a.top_k > 1), "--top_k and --top_p cannot be combined; set --top_k 0 to use --top_p");
-  MG_REQUIRE(a.top_p_decay == 0.0f || a.top_p > 0.0f, "--top-p-decay needs --top_p");
-  MG_REQUIRE(a.top_p_bound == 0.0f || (a.top_p > 0.0f && a.top_p_bound <= a.top_p),
-             "--top-p-bound needs --top_p and must not exceed it");
+  const SamplingParams sampling{a.temperature, a.top_k, a.top_p, a.top_p_decay, a.top_p_bound};
+  if (const std::string e = sampling_params_error(sampling, kFlagNames); !e.empty())
+    MG_THROW(e);
+  MG_REQUIRE(std::isfinite(a.length_penalty), "--length-penalty must be a finite number, got ",
+             a.length_penalty);
   MG_REQUIRE(a.tokens_to_generate >= 0, "--num-tokens-to-generate must be >= 0");
   MG_REQUIRE(a.tokens_to_generate > 0 || a.return_log_probs,
              "--num-tokens-to-generate 0 scores the prompts: add --return-log-probs");
@@ -137,7 +137,7 @@ void run_generate(GenerateArgs& a) {
       r.prompt = tokens[i];
       r.tokens_to_generate = a.tokens_to_generate;
       r.return_logprobs = a.return_log_probs;
-      r.sampling = {a.temperature, a.top_k, a.top_p, a.top_p_decay, a.top_p_bound};
+      r.sampling = sampling;
       r.seed = seed;
       r.sequence = i;
       r.stop_on_eol = a.stop_on_eol;

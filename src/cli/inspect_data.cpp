@@ -13,6 +13,7 @@
 #include <cmath>
 #include <iomanip>
 #include <optional>
+#include <unordered_map>
 
 #include "cli/bert_data_flags.h"
 #include "cli/command.h"
@@ -132,12 +133,24 @@ void print_summary(const data::IndexedDataset& ds, bool with_entropy) {
   if (!with_entropy) return;
   // The entropy of the token frequencies: the loss (nats/token) of the best model that ignores
   // context, the baseline a trained language model's loss should fall well below.
+  // Ids below kDense are counted in an array, larger ones in a map: memory follows the distinct
+  // ids present, not the largest id a file holds.
+  constexpr int32_t kDense = int32_t(1) << 22;
   std::vector<int64_t> counts;
+  std::unordered_map<int32_t, int64_t> sparse;
   std::vector<int32_t> ids;
   for (int64_t q = 0; q < ds.num_sequences(); ++q) {
     ids.clear();
     ds.read(q, 0, ds.sequence_length(q), ids);
-    for (int32_t t : ids) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const int32_t t = ids[k];
+      MG_REQUIRE(t >= 0, ds.prefix(), ".bin: sequence ", q, " holds token id ", t, " at position ",
+                 k, "; token ids are never negative (a corrupted file, or one written with "
+                 "another dtype than its .idx says)");
+      if (t >= kDense) {
+        ++sparse[t];
+        continue;
+      }
       if (size_t(t) >= counts.size()) counts.resize(size_t(t) + 1, 0);
       ++counts[size_t(t)];
     }
@@ -145,11 +158,13 @@ void print_summary(const data::IndexedDataset& ds, bool with_entropy) {
   const double total = double(ds.num_tokens());
   double entropy = 0;
   int64_t distinct = 0;
-  for (int64_t c : counts)
-    if (c > 0) {
-      entropy -= double(c) / total * std::log(double(c) / total);
-      ++distinct;
-    }
+  const auto add = [&](int64_t c) {
+    if (c == 0) return;
+    entropy -= double(c) / total * std::log(double(c) / total);
+    ++distinct;
+  };
+  for (int64_t c : counts) add(c);
+  for (const auto& [id, c] : sparse) add(c);
   if (total > 0)
     log_print(str("unigram entropy: ", std::fixed, std::setprecision(4), entropy, " nats/token over ",
                   distinct, " distinct tokens (the loss of a model that ignores context)"));

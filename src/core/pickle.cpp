@@ -73,6 +73,12 @@ Value* Document::make(Kind k) {
   arena_.back().kind = k;
   return &arena_.back();
 }
+std::vector<const Value*> Document::values_of(Kind k) const {
+  std::vector<const Value*> out;
+  for (const Value& v : arena_)
+    if (v.kind == k) out.push_back(&v);
+  return out;
+}
 Value* Document::boolean(bool b) {
   Value* v = make(Kind::Bool);
   v->boolean = b;

@@ -123,6 +123,8 @@ class Document {
   // Appends key -> value to a Dict or Namespace.
   static void set(Value* mapping, Value* key, Value* value);
   void set(Value* mapping, std::string key, Value* value) { set(mapping, str(std::move(key)), value); }
+  // Every value of kind `k` the document holds, in order of creation.
+  std::vector<const Value*> values_of(Kind k) const;
 
  private:
   std::deque<Value> arena_;

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/input_bounds.h"
 
 namespace megatron {
 namespace fs = std::filesystem;
@@ -106,6 +107,9 @@ Header parse_header(std::string_view text, uint64_t data_size, const std::string
                  ": tensor '", name, "' has an impossibly large shape");
       e.shape.push_back(int64_t(dim));
     }
+    uint64_t checked = 0;  // also the strides of a shape with a zero size
+    MG_REQUIRE(checked_shape_bytes(e.shape, dtype_size(e.dtype), &checked), label, ": tensor '",
+               name, "' has an impossibly large shape ", shape_str(e.shape));
     const auto& off = info["data_offsets"];
     MG_REQUIRE(off[0].is_number_unsigned() && off[1].is_number_unsigned(), label, ": tensor '",
                name, "' has data_offsets that are not non-negative integers: ", off.dump());
@@ -158,7 +162,8 @@ const char* safetensors_dtype_code(DType dtype) {
   MG_CHECK(false, "unknown dtype");
 }
 
-SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, const std::string& label) {
+SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes,
+                                      const std::string& label) try {
   const uint64_t header_len = bytes.size() >= 8 ? read_header_length(bytes.data()) : 0;
   check_header_length(header_len, bytes.size(), label);
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()) + 8, header_len);
@@ -172,9 +177,9 @@ SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, const std:
     out.tensors.emplace(e.name, std::move(t));
   }
   return out;
-}
+} MG_CATCH_OUT_OF_MEMORY(label)
 
-SafetensorsContents read_safetensors(const fs::path& file) {
+SafetensorsContents read_safetensors(const fs::path& file) try {
   const std::string label = file.string();
   std::error_code ec;
   const uint64_t file_size = fs::file_size(file, ec);
@@ -199,7 +204,7 @@ SafetensorsContents read_safetensors(const fs::path& file) {
     out.tensors.emplace(e.name, std::move(t));
   }
   return out;
-}
+} MG_CATCH_OUT_OF_MEMORY(file.string())
 
 void write_safetensors(const fs::path& file, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {

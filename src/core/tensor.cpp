@@ -1,6 +1,7 @@
 #include "core/tensor.h"
 
 #include "core/checked_memory.h"
+#include "core/input_bounds.h"
 
 #include <malloc.h>
 
@@ -22,7 +23,7 @@ struct CpuAllocator final : Allocator {
   void* allocate(size_t bytes, Device) override {
     size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
-    if (!p) MG_THROW("out of host memory allocating ", bytes, " bytes");
+    if (!p) throw OutOfMemory(str("out of host memory allocating ", bytes, " bytes"));
     return p;
   }
   void deallocate(void* ptr, size_t, Device) override { std::free(ptr); }
@@ -148,8 +149,12 @@ Shape contiguous_strides(const Shape& shape) {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) MG_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  uint64_t bytes = 0;
+  MG_REQUIRE(checked_shape_bytes(shape, dtype_size(dtype), &bytes), "a ", dtype_name(dtype),
+             " tensor of shape ", shape_str(shape), " cannot exist: its size overflows 64 bits "
+             "(a corrupted file or an impossible setting asked for it)");
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), device);
+  t.storage_ = std::make_shared<Storage>(size_t(bytes), device);
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/input_bounds.h"
 
 namespace megatron {
 
@@ -25,6 +26,46 @@ bool byte_count(int64_t n, size_t elem, uint64_t* out) {
   return true;
 }
 
+// A tensor's element count and the largest storage element it reaches, checked against its
+// storage with overflow-checked arithmetic (sizes, strides and offsets come from the file).
+struct Extent {
+  uint64_t numel = 0, last = 0;
+};
+Extent tensor_extent(const Value& v, const std::string& label) {
+  const int nd = int(v.shape.size());
+  uint64_t numel = 1, last = uint64_t(v.storage_offset);
+  bool fits = v.storage_offset >= 0 && int(v.stride.size()) == nd;
+  for (int d = 0; d < nd && fits; ++d) {
+    const int64_t n = v.shape[size_t(d)], st = v.stride[size_t(d)];
+    uint64_t reach = 0;
+    fits = n >= 0 && st >= 0 && !__builtin_mul_overflow(numel, uint64_t(n), &numel) &&
+           (n == 0 || (!__builtin_mul_overflow(uint64_t(n - 1), uint64_t(st), &reach) &&
+                       !__builtin_add_overflow(last, reach, &last)));
+  }
+  uint64_t bytes = 0;
+  MG_REQUIRE(fits && checked_shape_bytes(v.shape, dtype_size(v.dtype), &bytes), label,
+             ": a tensor has size ", shape_str(v.shape), ", strides ", shape_str(v.stride),
+             " and offset ", v.storage_offset, ", whose element count or extent overflows 64 "
+             "bits (corrupted file)");
+  // A checkpoint's tensor never has more elements than its storage (only broadcast views do): a
+  // tensor read from the file is bounded by the file's size.
+  const uint64_t have = uint64_t(v.storage->storage_numel);
+  MG_REQUIRE(numel <= have, label, ": a tensor of shape ", shape_str(v.shape),
+             " has more elements than its storage '", v.storage->text, "' (", have,
+             "): a broadcast view, or a corrupted file");
+  MG_REQUIRE(numel == 0 || last < have, label, ": a tensor of shape ", shape_str(v.shape),
+             " at offset ", v.storage_offset, " with strides ", shape_str(v.stride),
+             " reaches element ", last, " of storage '", v.storage->text, "', which has ", have,
+             " (corrupted file)");
+  return {numel, last};
+}
+
+// Every tensor of the document checked against its storage, before any is trusted.
+void check_tensor_extents(const pickle::Document& doc, const std::string& label) {
+  for (const Value* t : doc.values_of(Kind::Tensor))
+    if (t->storage != nullptr) (void)tensor_extent(*t, label);
+}
+
 }  // namespace
 
 TorchFile TorchFile::open(const fs::path& file) {
@@ -34,7 +75,7 @@ TorchFile TorchFile::open(const fs::path& file) {
   return f;
 }
 
-TorchFile TorchFile::from_memory(std::span<const uint8_t> bytes, const std::string& label) {
+TorchFile TorchFile::from_memory(std::span<const uint8_t> bytes, const std::string& label) try {
   TorchFile f;
   f.label_ = label;
   f.bytes_ = bytes;
@@ -51,7 +92,7 @@ TorchFile TorchFile::from_memory(std::span<const uint8_t> bytes, const std::stri
                           "pickle format; truncated, corrupted, or another kind of file)");
   }
   return f;
-}
+} MG_CATCH_OUT_OF_MEMORY(label)
 
 void TorchFile::open_zip() {
   zip_ = std::make_shared<ZipReader>(ZipReader::from_memory(bytes_, label_));
@@ -74,6 +115,7 @@ void TorchFile::open_zip() {
   doc_ = pickle::unpickle(zip_->read(*pkl), label_ + " (" + prefix_ + "data.pkl)");
   // Every storage present and sized now; CRC-32 checked when a tensor is read.
   for (const Value* s : doc_.storages) (void)storage_bytes(*s, false);
+  check_tensor_extents(doc_, label_);
 }
 
 void TorchFile::open_legacy() {
@@ -116,6 +158,7 @@ void TorchFile::open_legacy() {
     pos += size_t(n);
   }
   for (const Value* s : doc_.storages) (void)storage_bytes(*s, false);
+  check_tensor_extents(doc_, label_);
 }
 
 std::span<const uint8_t> TorchFile::storage_bytes(const Value& s, bool verify) const {
@@ -153,35 +196,15 @@ std::span<const uint8_t> TorchFile::storage_bytes(const Value& s, bool verify) c
   return data;
 }
 
-Tensor TorchFile::tensor(const Value& v) const {
+Tensor TorchFile::tensor(const Value& v) const try {
   MG_CHECK(v.kind == Kind::Tensor && v.storage != nullptr, "TorchFile::tensor of a ",
            pickle::kind_name(v.kind));
   const std::span<const uint8_t> data = storage_bytes(*v.storage, true);
   const size_t elem = dtype_size(v.dtype);
   const int nd = int(v.shape.size());
-  // numel and the largest element index, overflow-checked.
-  uint64_t numel = 1, last = uint64_t(v.storage_offset);
-  for (int d = 0; d < nd; ++d) {
-    const int64_t n = v.shape[size_t(d)], st = v.stride[size_t(d)];
-    MG_REQUIRE(n >= 0 && st >= 0 && n < (int64_t(1) << 40) && st < (int64_t(1) << 40), label_,
-               ": a tensor has size ", shape_str(v.shape), " and strides ", shape_str(v.stride),
-               " (corrupted file)");
-    numel = n == 0 ? 0 : numel * uint64_t(n);
-    MG_REQUIRE(numel < (uint64_t(1) << 40), label_, ": a tensor of ", shape_str(v.shape),
-               " elements is implausibly large (corrupted file)");
-    if (n > 0) last += uint64_t(n - 1) * uint64_t(st);
-  }
-  // A checkpoint's tensor never has more elements than its storage (only broadcast views do): the
-  // allocation below is bounded by the file's size.
-  MG_REQUIRE(numel <= uint64_t(v.storage->storage_numel), label_, ": a tensor of shape ",
-             shape_str(v.shape), " has more elements than its storage '", v.storage->text, "' (",
-             v.storage->storage_numel, "): a broadcast view, or a corrupted file");
+  const auto [numel, last] = tensor_extent(v, label_);
   Tensor out = Tensor::empty(v.shape, v.dtype);
   if (numel == 0) return out;
-  MG_REQUIRE(last < uint64_t(v.storage->storage_numel), label_, ": a tensor of shape ",
-             shape_str(v.shape), " at offset ", v.storage_offset, " with strides ",
-             shape_str(v.stride), " reaches element ", last, " of storage '", v.storage->text,
-             "', which has ", v.storage->storage_numel, " (corrupted file)");
   const uint8_t* src = data.data();
   uint8_t* dst = static_cast<uint8_t*>(out.raw_data());
   if (Shape(v.stride) == contiguous_strides(v.shape)) {
@@ -203,7 +226,7 @@ Tensor TorchFile::tensor(const Value& v) const {
     }
   }
   return out;
-}
+} MG_CATCH_OUT_OF_MEMORY(label_)
 
 void write_torch_file(const fs::path& file, const Value& root, const std::string& archive_name) {
   std::vector<std::pair<std::string, Tensor>> storages;

@@ -26,4 +26,19 @@ size_t line_at_offset(const std::string& text, size_t offset) {
   return line;
 }
 
+nlohmann::json parse_json_bounded(const std::string& text, const std::string& what,
+                                  int max_depth) {
+  const nlohmann::json::parser_callback_t bound = [&](int depth, nlohmann::json::parse_event_t,
+                                                      nlohmann::json&) {
+    MG_REQUIRE(depth <= max_depth, what, ": JSON nested deeper than ", max_depth,
+               " levels (the limit for this file; such nesting is a corrupted or hostile file)");
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text, bound);
+  } catch (const nlohmann::json::parse_error& e) {
+    MG_THROW(what, " line ", line_at_offset(text, e.byte), ": not valid JSON (", e.what(), ")");
+  }
+}
+
 }  // namespace megatron::data

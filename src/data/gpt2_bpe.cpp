@@ -8,8 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
+#include <unordered_map>
 
 #include "core/error.h"
+#include "core/input_bounds.h"
 #include "data/unicode.h"
 
 namespace megatron::data {
@@ -190,7 +192,7 @@ static std::string printable_token(const std::string& bytes) {
   return out;
 }
 
-GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file)
+GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file) try
     : instance_(g_next_instance.fetch_add(1)) {
   const std::vector<int> inv = unicode_to_byte();
 
@@ -240,6 +242,7 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
   // --- merges: optional "#version" first line, then "left right" per line, rank = order.
   const std::string merge_text = read_whole_file(merge_file, "--merge-file");
   std::vector<std::array<int32_t, 3>> merges;  // left, right, merged
+  std::unordered_map<uint64_t, size_t> line_of_pair;  // (left, right) -> its line
   size_t line_no = 0;
   for (size_t pos = 0; pos < merge_text.size();) {
     size_t end = merge_text.find('\n', pos);
@@ -273,13 +276,20 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::str
                ": the merged token '", parts[0], parts[1], "' is not in --vocab-file '", vocab_file,
                "' (do the two files belong together?)");
     m[2] = it->second;
+    // A repeated line would move the pair to its later rank (GPT-2's dict keeps the last): the
+    // file was damaged or edited by hand.
+    const auto [first, fresh] =
+        line_of_pair.emplace((uint64_t(uint32_t(m[0])) << 32) | uint32_t(m[1]), line_no);
+    MG_REQUIRE(fresh, "--merge-file '", merge_file, "' line ", line_no, ": '", line,
+               "' repeats line ", first->second, "; each merge appears once (a repeated line "
+               "changes the merge ranks): use the model's original merges file");
     merges.push_back(m);
   }
   check_merges_cover_vocabulary(merges, merge_file, vocab_file);
   merges_ = std::make_unique<MergeTable>(merges.size());
   for (size_t r = 0; r < merges.size(); ++r)
     merges_->put(merges[r][0], merges[r][1], uint32_t(r), merges[r][2]);
-}
+} MG_CATCH_OUT_OF_MEMORY("--vocab-file '" + vocab_file + "' / --merge-file '" + merge_file + "'")
 
 // A byte-level BPE vocabulary is the 256 byte tokens, one token per merge, and special tokens:
 // every other token must be made by a merge whose two parts exist by then (bytes or earlier

@@ -4,12 +4,15 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "core/error.h"
+#include "core/input_bounds.h"
 #include "data/byte_bpe.h"
 #include "data/file_text.h"
 #include "data/regex_splitter.h"
@@ -113,19 +116,53 @@ std::optional<std::string> token_string(const json& j) {
   return std::nullopt;
 }
 
+// Limits on what a tokenizer.json may ask for: a real one nests about 6 levels deep and chains a
+// few normalizers and pre-tokenizers, whose output is at most a few times longer than the text.
+constexpr int kMaxJsonDepth = 32;
+constexpr size_t kMaxSteps = 32;            // normalizers, and pre-tokenizers, after flattening
+constexpr size_t kMaxExpansion = 64;        // normalized text <= 64 x the text + 4 KiB
+constexpr size_t kExpansionSlack = 4096;
+
 json parse_json_file(const std::string& path, const char* what) {
   const std::string text = read_file_for_flag(path, "--tokenizer-model");
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    MG_THROW(what, " '", path, "' line ", line_at_offset(text, e.byte), ": not valid JSON (",
-             e.what(), ")");
+  return parse_json_bounded(text, str(what, " '", path, "'"), kMaxJsonDepth);
+}
+
+// The tokens no merge can make, in order: a token counts as made once a merge joins two parts
+// that are single bytes or were made by earlier merges. The tokens of a trained BPE all are (in
+// training order); a merges list cut short, reordered or from another vocabulary leaves tokens no
+// encoding can produce, and text then splits into several times as many tokens. Merges whose
+// parts are made only later are allowed (converters from tiktoken ranks list every split of a
+// token) as long as each token also has one in order. `exempt` ids (added and special tokens)
+// need no merge.
+void check_merges_reach_vocabulary(const BytesToId& vocab,
+                                   const std::vector<std::array<int32_t, 3>>& merges,
+                                   const std::vector<bool>& exempt, const std::string& where) {
+  std::vector<bool> made(exempt.size(), false);
+  for (const auto& [bytes, id] : vocab)
+    if (bytes.size() == 1) made[size_t(id)] = true;
+  for (const auto& m : merges)
+    if (made[size_t(m[0])] && made[size_t(m[1])]) made[size_t(m[2])] = true;
+  std::vector<std::string> missing;
+  size_t count = 0;
+  for (const auto& [bytes, id] : vocab) {
+    if (made[size_t(id)] || exempt[size_t(id)]) continue;
+    if (bytes.size() >= 3 && bytes.front() == '<' && bytes.back() == '>') continue;  // special
+    if (++count <= 5) missing.push_back("'" + bytes + "'");
   }
+  if (count == 0) return;
+  std::sort(missing.begin(), missing.end());
+  std::string examples;
+  for (const auto& m : missing) examples += (examples.empty() ? "" : ", ") + m;
+  MG_THROW(where, "model.merges (", merges.size(), " merges) makes none of ", count,
+           " vocabulary tokens (for example ", examples, ") from parts made before it: the merges "
+           "are cut short, out of order or from another vocabulary (text would split into far "
+           "more tokens); use the tokenizer.json the model was trained with");
 }
 
 }  // namespace
 
-HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
+HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) try {
   MG_REQUIRE(!path.empty(), "--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model "
              "(a tokenizer.json file or the folder holding it)");
   fs::path file = path;
@@ -167,11 +204,24 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
     names.emplace_back(it.key(), id);
     if (auto bytes = byte_level_bytes(it.key())) vocab.emplace(*bytes, id);
   }
+  {
+    std::vector<std::pair<int32_t, std::string>> by_id;
+    by_id.reserve(names.size());
+    for (const auto& [name, id] : names) by_id.emplace_back(id, name);
+    std::sort(by_id.begin(), by_id.end());
+    for (size_t k = 1; k < by_id.size(); ++k)
+      MG_REQUIRE(by_id[k].first != by_id[k - 1].first, where("model.vocab"), " gives id ",
+                 by_id[k].first, " to two tokens, '", by_id[k - 1].second, "' and '",
+                 by_id[k].second, "': every token needs its own id (corrupted file)");
+  }
   for (int b = 0; b < 256; ++b)
     MG_REQUIRE(vocab.count(std::string(1, char(b))), where("model.vocab"),
                " has no token for byte ", b, "; HuggingFaceTokenizer needs a byte-level vocabulary");
   std::vector<std::pair<int32_t, int32_t>> merges;
-  const json merges_json = m.value("merges", json::array());
+  std::vector<std::array<int32_t, 3>> merged_ids;  // left, right, merged
+  std::unordered_map<uint64_t, size_t> merge_row;  // (left, right) -> first row
+  static const json kNoMerges = json::array();
+  const json& merges_json = m.contains("merges") ? m["merges"] : kNoMerges;
   MG_REQUIRE(merges_json.is_array(), where("model.merges must be a list"));
   for (size_t r = 0; r < merges_json.size(); ++r) {
     const json& e = merges_json[r];
@@ -199,11 +249,18 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
       ids[k] = it->second;
       joined += *bytes;
     }
-    MG_REQUIRE(vocab.count(joined), where("model.merges["), r, "]: the merged token '", parts[0],
+    const auto made = vocab.find(joined);
+    MG_REQUIRE(made != vocab.end(), where("model.merges["), r, "]: the merged token '", parts[0],
                parts[1], "' is not in model.vocab");
+    const auto [first, fresh] =
+        merge_row.emplace((uint64_t(uint32_t(ids[0])) << 32) | uint32_t(ids[1]), r);
+    MG_REQUIRE(fresh, where("model.merges["), r, "] '", parts[0], " ", parts[1],
+               "' repeats model.merges[", first->second, "]: a repeated merge changes the ranks "
+               "(corrupted or hand-edited file)");
     merges.emplace_back(ids[0], ids[1]);
+    merged_ids.push_back({ids[0], ids[1], made->second});
   }
-  bpe_ = ByteBPE::from_merges(std::move(vocab), merges, m.value("ignore_merges", false));
+  const bool ignore_merges = m.value("ignore_merges", false);
 
   // ---- added tokens
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
@@ -220,6 +277,12 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
       added_.push_back(std::move(a));
     }
   }
+  {  // the merges checked once the added tokens (which need none) are known
+    std::vector<bool> exempt(size_t(max_id) + 1, false);
+    for (const AddedToken& a : added_) exempt[size_t(a.id)] = true;
+    check_merges_reach_vocabulary(vocab, merged_ids, exempt, where(""));
+  }
+  bpe_ = ByteBPE::from_merges(std::move(vocab), merges, ignore_merges);
   added_by_first_byte_.assign(256, {});
   for (size_t k = 0; k < added_.size(); ++k)
     added_by_first_byte_[uint8_t(added_[k].content[0])].push_back(k);
@@ -232,8 +295,11 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
   auto add_normalizer = [&](const json& n, auto&& self) -> void {
     if (n.is_null()) return;
     const std::string t = n.value("type", "");
+    MG_REQUIRE(normalizers_.size() < kMaxSteps, where("normalizer"), " has more than ", kMaxSteps,
+               " steps (the limit; a real tokenizer has a few)");
     if (t == "Sequence") {
-      for (const json& c : n.value("normalizers", json::array())) self(c, self);
+      if (const auto c = n.find("normalizers"); c != n.end() && c->is_array())
+        for (const json& step : *c) self(step, self);
     } else if (t == "NFC" || t == "NFD" || t == "NFKC" || t == "NFKD" || t == "Lowercase") {
       const Normalizer::Kind k = t == "NFC" ? Normalizer::kNFC : t == "NFD" ? Normalizer::kNFD
                                  : t == "NFKC" ? Normalizer::kNFKC : t == "NFKD" ? Normalizer::kNFKD
@@ -257,8 +323,11 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
   auto add_pre = [&](const json& p, auto&& self) -> void {
     if (p.is_null()) return;
     const std::string t = p.value("type", "");
+    MG_REQUIRE(pre_tokenizers_.size() < kMaxSteps, where("pre_tokenizer"), " has more than ",
+               kMaxSteps, " steps (the limit; a real tokenizer has a few)");
     if (t == "Sequence") {
-      for (const json& c : p.value("pretokenizers", json::array())) self(c, self);
+      if (const auto c = p.find("pretokenizers"); c != p.end() && c->is_array())
+        for (const json& step : *c) self(step, self);
     } else if (t == "ByteLevel") {
       PreTokenizer s;
       s.kind = PreTokenizer::kByteLevel;
@@ -303,7 +372,8 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
     if (p.is_null()) return;
     const std::string t = p.value("type", "");
     if (t == "Sequence") {
-      for (const json& c : p.value("processors", json::array())) self(c, self);
+      if (const auto c = p.find("processors"); c != p.end() && c->is_array())
+        for (const json& step : *c) self(step, self);
     } else if (t == "ByteLevel") {
       // Offsets only.
     } else if (t == "TemplateProcessing") {
@@ -342,7 +412,8 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
     if (d.is_null()) return;
     const std::string t = d.value("type", "");
     if (t == "Sequence") {
-      for (const json& c : d.value("decoders", json::array())) self(c, self);
+      if (const auto c = d.find("decoders"); c != d.end() && c->is_array())
+        for (const json& step : *c) self(step, self);
       return;
     }
     MG_REQUIRE(t == "ByteLevel", where("decoder "), d.dump().substr(0, 200),
@@ -393,7 +464,11 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) {
         if (a.content == name && !eos_) eos_ = a.id;
     }
   }
-}
+} catch (const json::exception& e) {
+  // A field of the wrong JSON type somewhere the checks above do not name.
+  MG_THROW("--tokenizer-model '", path, "': a field has the wrong type or is missing (", e.what(),
+           "); the file is not a valid tokenizer.json");
+} MG_CATCH_OUT_OF_MEMORY("--tokenizer-model '" + path + "'")
 
 HuggingFaceTokenizer::~HuggingFaceTokenizer() = default;
 
@@ -451,6 +526,13 @@ void HuggingFaceTokenizer::encode_segment(std::string_view text, std::vector<int
   std::deque<std::string> arena;
   if (!normalizers_.empty()) {
     std::string s(text);
+    const size_t limit = kMaxExpansion * text.size() + kExpansionSlack;
+    const auto check_size = [&](size_t n) {
+      MG_REQUIRE(n <= limit, "--tokenizer-model '", file_, "': the normalizers expand a text of ",
+                 text.size(), " bytes beyond ", limit, " bytes (the limit is ", kMaxExpansion,
+                 " times the text plus ", kExpansionSlack, " bytes): check its Replace and "
+                 "Prepend normalizers");
+    };
     for (const Normalizer& n : normalizers_) {
       switch (n.kind) {
         case Normalizer::kNFC:
@@ -504,8 +586,10 @@ void HuggingFaceTokenizer::encode_segment(std::string_view text, std::vector<int
         case Normalizer::kReplace: {
           std::string r;
           size_t pos = 0;
-          for (size_t f; (f = s.find(n.from, pos)) != std::string::npos; pos = f + n.from.size())
+          for (size_t f; (f = s.find(n.from, pos)) != std::string::npos; pos = f + n.from.size()) {
             r.append(s, pos, f - pos).append(n.to);
+            check_size(r.size());
+          }
           r.append(s, pos);
           s.swap(r);
           break;
@@ -514,6 +598,7 @@ void HuggingFaceTokenizer::encode_segment(std::string_view text, std::vector<int
           if (!s.empty()) s.insert(0, n.to);
           break;
       }
+      check_size(s.size());
     }
     arena.push_back(std::move(s));
     text = arena.back();

@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/input_bounds.h"
 
 static_assert(std::endian::native == std::endian::little,
               "the indexed dataset format is little-endian; big-endian hosts are not supported");
@@ -116,7 +117,7 @@ std::string index_file_path(const std::string& prefix) { return prefix + ".idx";
 
 // ------------------------------------------------------------------------------------ reader
 
-IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
+IndexedDataset::IndexedDataset(const std::string& prefix) try : prefix_(prefix) {
   const std::string idx_path = index_file_path(prefix);
   const std::string bin_path = data_file_path(prefix);
 
@@ -251,7 +252,7 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
     MG_REQUIRE(p != MAP_FAILED, "cannot memory-map ", bin_path, ": ", errno_text());
     bin_ = static_cast<const uint8_t*>(p);
   }
-}
+} MG_CATCH_OUT_OF_MEMORY(prefix + " (.idx/.bin)")
 
 IndexedDataset::~IndexedDataset() {
   if (bin_) ::munmap(const_cast<uint8_t*>(bin_), bin_size_);

@@ -15,6 +15,7 @@
 #include <charconv>
 
 #include "core/error.h"
+#include "core/input_bounds.h"
 
 namespace megatron::data {
 
@@ -137,7 +138,7 @@ struct Mapping {
 };
 }  // namespace
 
-NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& path) {
+NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& path) try {
   MG_REQUIRE(bytes.size() >= 10 && std::memcmp(bytes.data(), "\x93NUMPY\x01\x00", 8) == 0, path,
              ": not a NumPy .npy v1.0 file (bad magic or truncated)");
   uint16_t hl;
@@ -179,7 +180,7 @@ NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& path) {
     else { int64_t v; std::memcpy(&v, q, 8); a.values[size_t(i)] = v; }
   }
   return a;
-}
+} MG_CATCH_OUT_OF_MEMORY(path)
 
 NpyArray read_npy(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -2,17 +2,19 @@
 #include "data/parquet_reader.h"
 
 #include <fcntl.h>
-#include <snappy.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
-#include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include "core/error.h"
+#include "core/input_bounds.h"
+#include "data/parquet_codec.h"
 #include "data/parquet_thrift.h"
 
 namespace megatron::data {
@@ -23,17 +25,11 @@ using thrift::CompactReader;
 
 enum PhysicalType { kByteArray = 6 };
 enum Repetition { kRequired = 0, kOptional = 1, kRepeated = 2 };
-enum Codec { kUncompressed = 0, kSnappy = 1, kGzip = 2, kLzo = 3, kBrotli = 4, kLz4 = 5, kZstd = 6, kLz4Raw = 7 };
 enum PageType { kDataPage = 0, kIndexPage = 1, kDictionaryPage = 2, kDataPageV2 = 3 };
 enum Encoding {
   kPlain = 0, kPlainDictionary = 2, kRle = 3, kBitPacked = 4, kDeltaBinaryPacked = 5,
   kDeltaLengthByteArray = 6, kDeltaByteArray = 7, kRleDictionary = 8,
 };
-
-const char* codec_name(int c) {
-  static const char* names[] = {"UNCOMPRESSED", "SNAPPY", "GZIP", "LZO", "BROTLI", "LZ4", "ZSTD", "LZ4_RAW"};
-  return c >= 0 && c < 8 ? names[c] : "unknown";
-}
 
 // A bounds-checked cursor over a decoded page.
 struct Cursor {
@@ -83,7 +79,7 @@ struct Cursor {
 void read_hybrid(Cursor& c, int bit_width, size_t count, std::vector<uint32_t>& out) {
   if (bit_width < 0 || bit_width > 32) c.fail("bit width " + std::to_string(bit_width) + " out of range");
   out.clear();
-  out.reserve(count);
+  out.reserve(std::min<size_t>(count, size_t(1) << 20));  // the count is the file's word
   const size_t value_bytes = size_t(bit_width + 7) / 8;
   while (out.size() < count) {
     const uint64_t header = c.varint();
@@ -129,7 +125,7 @@ std::vector<int64_t> read_delta_binary(Cursor& c, size_t expected) {
            std::to_string(miniblocks) + " miniblocks");
   const uint64_t per_mini = block / miniblocks;
   std::vector<int64_t> out;
-  out.reserve(size_t(total));
+  out.reserve(size_t(std::min<uint64_t>(total, uint64_t(1) << 20)));  // the file's word only
   if (total > 0) out.push_back(value);
   while (out.size() < total) {
     const int64_t min_delta = c.zigzag();
@@ -158,50 +154,6 @@ std::vector<int64_t> read_delta_binary(Cursor& c, size_t expected) {
   return out;
 }
 
-std::string decompress(int codec, std::string_view in, size_t expected, const std::string& where) {
-  std::string out;
-  switch (codec) {
-    case kUncompressed:
-      return std::string(in);
-    case kSnappy: {
-      size_t n = 0;
-      MG_REQUIRE(snappy::GetUncompressedLength(in.data(), in.size(), &n) && n == expected &&
-                     snappy::Uncompress(in.data(), in.size(), &out),
-                 where, ": SNAPPY data does not decompress to the page's ", expected,
-                 " bytes; the file is corrupted");
-      return out;
-    }
-    case kZstd: {
-      out.resize(expected);
-      const size_t n = ZSTD_decompress(out.data(), expected, in.data(), in.size());
-      MG_REQUIRE(!ZSTD_isError(n) && n == expected, where, ": ZSTD data does not decompress to the page's ",
-                 expected, " bytes (", ZSTD_isError(n) ? ZSTD_getErrorName(n) : "size differs",
-                 "); the file is corrupted");
-      return out;
-    }
-    case kGzip: {
-      out.resize(expected);
-      z_stream z{};
-      MG_CHECK(inflateInit2(&z, 15 + 32) == Z_OK, "inflateInit2 failed");  // gzip or zlib header
-      z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
-      z.avail_in = uInt(in.size());
-      z.next_out = reinterpret_cast<Bytef*>(out.data());
-      z.avail_out = uInt(expected);
-      const int rc = inflate(&z, Z_FINISH);
-      const size_t n = z.total_out;
-      inflateEnd(&z);
-      MG_REQUIRE(rc == Z_STREAM_END && n == expected, where,
-                 ": GZIP data does not decompress to the page's ", expected,
-                 " bytes; the file is corrupted");
-      return out;
-    }
-    default:
-      MG_THROW(where, ": compression ", codec_name(codec),
-               " is not supported (UNCOMPRESSED, SNAPPY, GZIP, ZSTD); rewrite the file with one of "
-               "these, e.g. pandas df.to_parquet(path, compression='zstd')");
-  }
-}
-
 }  // namespace
 
 struct ParquetFile::Column {
@@ -220,7 +172,7 @@ struct ParquetFile::Chunk {
   bool external = false;  // file_path set: data in another file
 };
 
-ParquetFile::ParquetFile(const std::string& path) : path_(path) {
+ParquetFile::ParquetFile(const std::string& path) try : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   MG_REQUIRE(fd_ >= 0, "cannot open --input ", path, ": ", std::strerror(errno));
   struct stat st {};
@@ -244,7 +196,7 @@ ParquetFile::ParquetFile(const std::string& path) : path_(path) {
     ::close(fd_);
     throw;
   }
-}
+} MG_CATCH_OUT_OF_MEMORY(path)
 
 ParquetFile::~ParquetFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
@@ -389,7 +341,7 @@ size_t ParquetFile::string_column(const std::string& name, const char* flag) con
   MG_THROW(path_, ": no column '", name, "' (", flag, "); the file has: ", all);
 }
 
-StringColumn ParquetFile::read(size_t g, size_t k) const {
+StringColumn ParquetFile::read(size_t g, size_t k) const try {
   MG_CHECK(g < row_groups_.size() && k < columns_.size(), "column chunk out of range");
   const Column& col = columns_[k];
   const Chunk& ch = row_groups_[g][k];
@@ -471,10 +423,12 @@ StringColumn ParquetFile::read(size_t g, size_t k) const {
     if (type == kDictionaryPage) {
       MG_REQUIRE(encoding == kPlain || encoding == kPlainDictionary, pw,
                  ": dictionary page encoding ", encoding, " is not PLAIN");
-      const std::string plain = decompress(ch.codec, body, size_t(uncompressed), pw);
+      const std::string plain = parquet_decompress(ch.codec, body, size_t(uncompressed), pw);
       Cursor c{reinterpret_cast<const uint8_t*>(plain.data()),
                reinterpret_cast<const uint8_t*>(plain.data()) + plain.size(), &pw};
       dictionary.clear();
+      MG_REQUIRE(uint64_t(num_values) <= plain.size() / 4, pw, ": a dictionary page of ",
+                 plain.size(), " bytes cannot hold ", num_values, " values; the file is corrupted");
       for (int i = 0; i < num_values; ++i) dictionary.emplace_back(c.take(c.u32()));
       have_dictionary = true;
       continue;
@@ -485,7 +439,7 @@ StringColumn ParquetFile::read(size_t g, size_t k) const {
     size_t non_null = size_t(num_values);
     levels.clear();
     if (type == kDataPage) {
-      page_bytes = decompress(ch.codec, body, size_t(uncompressed), pw);
+      page_bytes = parquet_decompress(ch.codec, body, size_t(uncompressed), pw);
       c = Cursor{reinterpret_cast<const uint8_t*>(page_bytes.data()),
                  reinterpret_cast<const uint8_t*>(page_bytes.data()) + page_bytes.size(), &pw};
       MG_REQUIRE(col.max_rep == 0, pw, ": repeated columns are not supported");
@@ -507,7 +461,8 @@ StringColumn ParquetFile::read(size_t g, size_t k) const {
       std::string_view values = body.substr(size_t(def_len));
       const int64_t values_size = int64_t(uncompressed) - def_len;
       MG_REQUIRE(values_size >= 0, pw, ": uncompressed size smaller than its levels");
-      page_bytes = v2_compressed ? decompress(ch.codec, values, size_t(values_size), pw) : std::string(values);
+      page_bytes = v2_compressed ? parquet_decompress(ch.codec, values, size_t(values_size), pw)
+                                 : std::string(values);
       c = Cursor{reinterpret_cast<const uint8_t*>(page_bytes.data()),
                  reinterpret_cast<const uint8_t*>(page_bytes.data()) + page_bytes.size(), &pw};
       (void)num_nulls;
@@ -521,7 +476,7 @@ StringColumn ParquetFile::read(size_t g, size_t k) const {
     // Decode the non-null values into `vals` (views into page_bytes or the dictionary).
     std::vector<std::string_view> vals;
     std::vector<std::string> owned;  // DELTA_BYTE_ARRAY rebuilds values
-    vals.reserve(non_null);
+    vals.reserve(std::min<size_t>(non_null, page_bytes.size() / 4 + 1));
     if (encoding == kPlain) {
       for (size_t i = 0; i < non_null; ++i) vals.push_back(c.take(c.u32()));
     } else if (encoding == kPlainDictionary || encoding == kRleDictionary) {
@@ -545,7 +500,7 @@ StringColumn ParquetFile::read(size_t g, size_t k) const {
       const std::vector<int64_t> suffix_len = read_delta_binary(c, non_null);
       MG_REQUIRE(prefix.size() == non_null && suffix_len.size() == non_null, pw,
                  ": DELTA_BYTE_ARRAY counts do not match ", non_null, " values");
-      owned.reserve(non_null);
+      owned.reserve(std::min<size_t>(non_null, page_bytes.size() + 1));
       for (size_t i = 0; i < non_null; ++i) {
         const std::string& prev = i ? owned.back() : std::string();
         MG_REQUIRE(prefix[i] >= 0 && uint64_t(prefix[i]) <= (i ? prev.size() : 0) && suffix_len[i] >= 0,
@@ -566,6 +521,6 @@ StringColumn ParquetFile::read(size_t g, size_t k) const {
     }
   }
   return out;
-}
+} MG_CATCH_OUT_OF_MEMORY(path_ + ": row group " + std::to_string(g))
 
 }  // namespace megatron::data

@@ -50,6 +50,29 @@ void BatchEngine::admit(SequenceRequest request, uint64_t id, int64_t index) {
   running_.push_back(Sequence{id, slot, std::move(decoder)});
 }
 
+void BatchEngine::cancel(uint64_t id) {
+  auto it = std::find_if(running_.begin(), running_.end(),
+                         [&](const Sequence& s) { return s.id == id; });
+  if (it == running_.end()) return;
+  free_.push_back(it->slot);
+  running_.erase(it);
+  std::sort(free_.begin(), free_.end(), std::greater<int64_t>());
+}
+
+namespace {
+
+// Runs one sequence's share of a step; an exception ends that sequence only.
+template <typename Fn>
+void confined(SequenceDecoder& decoder, Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    decoder.fail(e.what());
+  }
+}
+
+}  // namespace
+
 std::vector<BatchEngine::Finished> BatchEngine::step() {
   const int64_t width = model_.vocab_size();
   std::vector<int64_t> slots, counts;
@@ -70,8 +93,10 @@ std::vector<BatchEngine::Finished> BatchEngine::step() {
       Sequence& seq = *rows[k];
       ++seq.fed;
       const float* row = logits.data<float>() + int64_t(k) * width;
-      seq.next = seq.decoder.advance(std::span(row, size_t(width)), seq.fed, vocab_, special_,
-                                     scratch_);
+      confined(seq.decoder, [&] {
+        seq.next = seq.decoder.advance(std::span(row, size_t(width)), seq.fed, vocab_, special_,
+                                       scratch_);
+      });
     }
   }
 
@@ -98,10 +123,12 @@ std::vector<BatchEngine::Finished> BatchEngine::step() {
       seq.fed = counts[k];
       seq.prefilled = true;
       const float* base = logits.data<float>() + int64_t(k) * positions * width;
-      if (any_logprobs) seq.decoder.score_prompt(base, seq.fed, width, vocab_);
       const float* last = base + (any_logprobs ? seq.fed - 1 : 0) * width;
-      seq.next = seq.decoder.advance(std::span(last, size_t(width)), seq.fed, vocab_, special_,
-                                     scratch_);
+      confined(seq.decoder, [&] {
+        if (any_logprobs) seq.decoder.score_prompt(base, seq.fed, width, vocab_);
+        seq.next = seq.decoder.advance(std::span(last, size_t(width)), seq.fed, vocab_, special_,
+                                       scratch_);
+      });
     }
   }
 

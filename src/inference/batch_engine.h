@@ -47,9 +47,14 @@ class BatchEngine {
     SequenceResult result;
   };
   // One decode forward over the running sequences and one prefill forward over the newcomers
-  // (either is skipped when empty). Returns the sequences that finished in this step. After an
-  // exception the engine's state is undefined: call reset().
+  // (either is skipped when empty). Returns the sequences that finished in this step. A failure
+  // of one sequence (its sampling settings, its logits, its callback) ends that sequence alone:
+  // it is returned with result.error set and the others go on. After an exception (a failed
+  // forward, which concerns the whole batch) the engine's state is undefined: call reset().
   std::vector<Finished> step();
+
+  // Drops the running sequence `id` (if any) and frees its slot; it is not returned by step().
+  void cancel(uint64_t id);
 
   // Drops every sequence. The model's cache is started again at the next admit(), so the model
   // may be used otherwise in between (beam search runs this way).

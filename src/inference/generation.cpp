@@ -59,6 +59,8 @@ SequenceDecoder::SequenceDecoder(SequenceRequest request, int64_t index, int64_t
   for (int32_t t : r.prompt)
     MG_REQUIRE(t >= 0 && t < vocab, "prompt ", index, " has token id ", t,
                " outside the vocabulary [0, ", vocab, ")");
+  if (const std::string e = sampling_params_error(r.sampling, kRequestFieldNames); !e.empty())
+    MG_THROW("prompt ", index, ": invalid sampling settings: ", e);
   limit_ = int64_t(r.prompt.size()) + r.tokens_to_generate;
   MG_REQUIRE(limit_ <= max_sequence_length, "prompt ", index, " (", r.prompt.size(),
              " tokens) + tokens_to_generate (", r.tokens_to_generate,
@@ -68,6 +70,11 @@ SequenceDecoder::SequenceDecoder(SequenceRequest request, int64_t index, int64_t
   result_.tokens = r.prompt;
   result_.prompt_length = int64_t(r.prompt.size());
   if (r.return_logprobs) result_.logprobs.reserve(size_t(limit_));
+}
+
+void SequenceDecoder::fail(std::string why) {
+  done_ = true;
+  result_.error = why.empty() ? "unknown error" : std::move(why);
 }
 
 void SequenceDecoder::score_prompt(const float* logits, int64_t fed, int64_t width, int64_t vocab) {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "inference/language_model.h"
@@ -65,6 +66,9 @@ struct SequenceResult {
   // Aligned with logprobs when top_logprobs > 0: (token, log-prob), most likely first.
   std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
   FinishReason finish = FinishReason::Length;
+  // Set when this sequence failed (BatchEngine confines the failure to it): what went wrong. The
+  // other fields hold what was generated before.
+  std::string error;
   int64_t generated() const { return int64_t(tokens.size()) - prompt_length; }
 };
 
@@ -99,6 +103,8 @@ class SequenceDecoder {
   int32_t advance(std::span<const float> logits, int64_t pos, int64_t vocab,
                   const SpecialTokens& special, DecodeScratch& scratch);
   SequenceResult& result() { return result_; }
+  // Ends the sequence with `why` as its error (result().error).
+  void fail(std::string why);
 
  private:
   SequenceRequest request_;

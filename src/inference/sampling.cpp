@@ -49,34 +49,80 @@ float token_logprob(std::span<const float> logits, int32_t token) {
   return float(double(logits[token]) - log_sum_exp(logits));
 }
 
+namespace {
+
+// The largest of the first `vocab` logits; throws when one is NaN or +inf, or all are -inf.
+double max_finite_logit(std::span<const float> logits, int64_t vocab) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float v = logits[size_t(i)];
+    if (std::isnan(v) || v == std::numeric_limits<float>::infinity())
+      MG_THROW("the model's logits are not finite (", v, " for token ", i, "): its weights or "
+               "activations overflowed; check the checkpoint's weights or run in a wider "
+               "precision");
+    mx = std::max(mx, v);
+  }
+  MG_REQUIRE(std::isfinite(mx), "every logit is -inf: no token can be sampled");
+  return double(mx);
+}
+
+}  // namespace
+
+std::string sampling_params_error(const SamplingParams& p, const SamplingNames& n) {
+  const auto out_of = [](const char* name, double v, double lo, double hi) -> std::string {
+    if (std::isfinite(v) && v >= lo && v <= hi) return "";
+    return str(name, " must be a number in [", lo, ", ", hi, "], got ", v);
+  };
+  if (p.top_k < 0 || p.top_k > kMaxTopK)
+    return str(n.top_k, " must be an integer in [0, ", kMaxTopK, "], got ", p.top_k);
+  if (std::string e = out_of(n.temperature, p.temperature, kMinTemperature, kMaxTemperature);
+      !e.empty())
+    return e + (p.temperature > 0.0f && p.temperature < kMinTemperature
+                    ? " (the lower limit is the smallest normal single-precision number; for "
+                      "greedy decoding use top_k=1)"
+                    : "");
+  for (auto [name, v] : {std::pair{n.top_p, p.top_p}, std::pair{n.top_p_decay, p.top_p_decay},
+                         std::pair{n.top_p_bound, p.top_p_bound}})
+    if (std::string e = out_of(name, v, 0.0, 1.0); !e.empty()) return e;
+  if (p.top_k > 1 && p.top_p > 0.0f)
+    return str("cannot set both ", n.top_k, " (", p.top_k, ") and ", n.top_p, " (", p.top_p,
+               "); use one of them");
+  if (p.top_p == 0.0f && (p.top_p_decay > 0.0f || p.top_p_bound > 0.0f))
+    return str(p.top_p_decay > 0.0f ? n.top_p_decay : n.top_p_bound, " needs ", n.top_p);
+  if (p.top_p_bound > p.top_p)
+    return str(n.top_p_bound, " (", p.top_p_bound, ") must not exceed ", n.top_p, " (", p.top_p,
+               ")");
+  return "";
+}
+
 int32_t sample_token(std::span<const float> logits, int64_t vocab, const SamplingParams& params,
                      float top_p, double u, std::vector<float>& probs,
                      std::vector<int32_t>& order) {
   MG_CHECK(vocab > 0 && int64_t(logits.size()) >= vocab, "sample over ", vocab, " of ",
            logits.size());
+  if (const std::string e = sampling_params_error(params, kRequestFieldNames); !e.empty())
+    MG_THROW("invalid sampling settings: ", e);
+  const double mx = max_finite_logit(logits, vocab);
   if (params.greedy()) return argmax(logits, vocab);
-  MG_CHECK(params.temperature > 0.0f, "temperature must be positive");
-  const float inv_t = 1.0f / params.temperature;
-  probs.resize(size_t(vocab));
-  for (int64_t i = 0; i < vocab; ++i) probs[i] = logits[i] * inv_t;
 
-  // Filters mark removed entries with -inf (Megatron sets them to -inf before the softmax).
-  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Top-k keeps the logits >= the k-th largest (Megatron sets the others to -inf before the
+  // softmax; the order of logits / temperature is that of the logits).
+  float threshold = -std::numeric_limits<float>::infinity();
   if (params.top_k > 1 && params.top_k < vocab) {
-    std::vector<float> kth(probs.begin(), probs.end());
+    std::vector<float> kth(logits.begin(), logits.begin() + vocab);
     std::nth_element(kth.begin(), kth.begin() + (params.top_k - 1), kth.end(),
                      std::greater<float>());
-    const float threshold = kth[size_t(params.top_k - 1)];
-    for (auto& v : probs)
-      if (v < threshold) v = neg_inf;
+    threshold = kth[size_t(params.top_k - 1)];
   }
-  float mx = neg_inf;
-  for (float v : probs) mx = std::max(mx, v);
-  MG_CHECK(std::isfinite(mx), "logits are not finite");
+  // softmax(logits / temperature) unnormalised, as exp((logit - max) / temperature): in double,
+  // so that no temperature overflows (the largest logit gets 1, removed entries 0).
+  const double t = double(params.temperature);
+  probs.resize(size_t(vocab));
   double total = 0.0;
-  for (auto& v : probs) {
-    v = std::exp(v - mx);  // exp(-inf) = 0 for removed entries
-    total += v;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float l = logits[size_t(i)];
+    probs[size_t(i)] = l < threshold ? 0.0f : float(std::exp((double(l) - mx) / t));
+    total += probs[size_t(i)];
   }
   if (params.top_k <= 1 && top_p > 0.0f && top_p < 1.0f) {
     // Nucleus: sort descending; drop a token when the mass of the tokens before it already

@@ -9,8 +9,10 @@
 // are never chosen (Megatron clamps them into range instead).
 #pragma once
 
+#include <cfloat>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -25,6 +27,34 @@ struct SamplingParams {
   float top_p_bound = 0.0f;  // decayed top_p never drops below this (when > 0)
   bool greedy() const { return top_k == 1; }
 };
+
+// The accepted range of each setting. Megatron accepts a temperature in (0, 100]; here its lower
+// end is the smallest normal single-precision number, below which the temperature itself is not
+// representable in the float it is kept in (1e-40 would be a denormal, 1e-320 zero). Any accepted
+// temperature samples correctly: a tiny one puts all the mass on the largest logits.
+inline constexpr double kMinTemperature = double(FLT_MIN);  // 1.17549435e-38
+inline constexpr double kMaxTemperature = 100.0;
+inline constexpr int kMaxTopK = 1000;
+
+// What each setting is called where it came from (request fields or command-line flags), for the
+// messages of sampling_params_error.
+struct SamplingNames {
+  const char* temperature;
+  const char* top_k;
+  const char* top_p;
+  const char* top_p_decay;
+  const char* top_p_bound;
+};
+inline constexpr SamplingNames kRequestFieldNames{"temperature", "top_k", "top_p", "top_p_decay",
+                                                  "top_p_bound"};
+inline constexpr SamplingNames kFlagNames{"--temperature", "--top_k", "--top_p", "--top-p-decay",
+                                          "--top-p-bound"};
+
+// "" when the settings are valid; else what is wrong, naming the setting, its accepted range and
+// the value given: temperature finite in [kMinTemperature, kMaxTemperature] (ignored when greedy),
+// top_k in [0, kMaxTopK], top_p in [0, 1], top_p_decay and top_p_bound in [0, 1] and only with
+// top_p, top_p_bound <= top_p, not both top_k > 1 and top_p.
+std::string sampling_params_error(const SamplingParams& params, const SamplingNames& names);
 
 // top_p for the next token after one generated with `current` (Megatron's decay rule).
 float next_top_p(const SamplingParams& params, float current);
@@ -42,6 +72,9 @@ class SamplingStream {
 
 // Samples an id in [0, vocab) from `logits` (at least `vocab` entries) with `top_p` as the
 // current nucleus size. `u` is a uniform draw in [0, 1); `scratch` avoids reallocation.
+// Probabilities are exp((logit - max) / temperature) in double precision, so no valid temperature
+// overflows. Throws megatron::Error when the settings are invalid (sampling_params_error) or the
+// logits are not finite (NaN or +inf: the model's weights or activations are broken).
 int32_t sample_token(std::span<const float> logits, int64_t vocab, const SamplingParams& params,
                      float top_p, double u, std::vector<float>& scratch,
                      std::vector<int32_t>& index_scratch);

@@ -120,10 +120,8 @@ MegatronApiRequest parse_megatron_request(const nlohmann::json& body, const ApiC
   if (to_generate == 0 && !out.logprobs)
     throw ApiError(400, "tokens_to_generate=0 implies logprobs should be true (scoring mode)");
   SamplingParams sp;
-  sp.temperature = float(f.number("temperature", 1.0, 0.0, 100.0));
-  if (sp.temperature <= 0.0f)
-    f.fail("temperature", "must be a positive number less than or equal to 100.0");
-  sp.top_k = int(f.integer("top_k", 0, 0, 1000));
+  sp.temperature = float(f.number("temperature", 1.0, kMinTemperature, kMaxTemperature));
+  sp.top_k = int(f.integer("top_k", 0, 0, kMaxTopK));
   sp.top_p = float(f.number("top_p", 0.0, 0.0, 1.0));
   if (sp.top_p > 0.0f && sp.top_k > 0)
     throw ApiError(400, "cannot set both top_k and top_p samplings; use one of them");
@@ -135,6 +133,8 @@ MegatronApiRequest parse_megatron_request(const nlohmann::json& body, const ApiC
     throw ApiError(400, "top_p_bound cannot be set without top_p");
   if (sp.top_p_bound > sp.top_p)
     throw ApiError(400, "top_p_bound must be greater than 0 and less than or equal to top_p");
+  if (const std::string e = sampling_params_error(sp, kRequestFieldNames); !e.empty())
+    throw ApiError(400, e);
   const bool add_bos = f.boolean("add_BOS", false);
   const bool stop_on_double_eol = f.boolean("stop_on_double_eol", false);
   const bool stop_on_eol = f.boolean("stop_on_eol", false);

@@ -175,12 +175,16 @@ CompletionRequest parse_completion_request(const json& body, const ApiContext& c
   const int64_t max_tokens = f.integer("max_tokens", std::min<int64_t>(16, ctx.max_tokens_to_generate), 0,
                                      ctx.max_tokens_to_generate);
   SamplingParams sp;
-  const double temperature = f.number("temperature", 1.0, 0.0, 100.0);
+  const double temperature = f.number("temperature", 1.0, 0.0, kMaxTemperature);
   if (temperature == 0.0) {
     sp.top_k = 1;  // OpenAI: temperature 0 is greedy decoding
   } else {
+    if (temperature < kMinTemperature)
+      f.fail("temperature", str("must be 0 (greedy decoding) or a number in [", kMinTemperature,
+                                ", ", kMaxTemperature, "] (the smallest normal single-precision "
+                                "number)"));
     sp.temperature = float(temperature);
-    sp.top_k = int(f.integer("top_k", 0, 0, 1000));
+    sp.top_k = int(f.integer("top_k", 0, 0, kMaxTopK));
   }
   const double top_p = f.number("top_p", 1.0, 0.0, 1.0);
   if (top_p < 1.0) {
@@ -188,6 +192,8 @@ CompletionRequest parse_completion_request(const json& body, const ApiContext& c
     if (top_p == 0.0) f.fail("top_p", "must be greater than 0");
     sp.top_p = float(top_p);
   }
+  if (const std::string e = sampling_params_error(sp, kRequestFieldNames); !e.empty())
+    throw ApiError(400, e);
   req.n = int(f.integer("n", 1, 1, ctx.max_choices));
   if (f.has("best_of") && f.integer("best_of", 1, 1, ctx.max_choices) != req.n)
     f.fail("best_of", "is not supported except equal to n");

@@ -143,6 +143,23 @@ void Scheduler::fail_running_locked(const std::string& why,
   stats_.running = 0;
 }
 
+void Scheduler::fail_job_locked(const RowRef& failed_row, const std::string& why,
+                                std::vector<std::shared_ptr<Job>>& failed) {
+  const std::shared_ptr<Job> job = failed_row.job;
+  log_warn("server: generation failed for prompt ", failed_row.row, " of a request: ", why);
+  job->error = str("generation failed for prompt ", failed_row.row, ": ", why);
+  for (auto it = rows_.begin(); it != rows_.end();) {
+    if (it->second.job == job) {
+      engine_.cancel(it->first);
+      it = rows_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (admitting_ == job) admitting_.reset();
+  failed.push_back(job);
+}
+
 void Scheduler::finish(const std::vector<std::shared_ptr<Job>>& jobs) {
   if (jobs.empty()) return;
   {
@@ -169,9 +186,14 @@ void Scheduler::step() {
     std::lock_guard lock(mutex_);
     for (auto& f : done) {
       auto it = rows_.find(f.id);
-      MG_CHECK(it != rows_.end(), "finished sequence ", f.id, " is not a running row");
+      if (it == rows_.end()) continue;  // a row of a job that failed earlier in this step
       RowRef ref = std::move(it->second);
       rows_.erase(it);
+      if (!f.result.error.empty()) {
+        // This row failed alone: its job fails, its other rows stop; the batch goes on.
+        if (unfinished_.erase(ref.job.get()) > 0) fail_job_locked(ref, f.result.error, finished);
+        continue;
+      }
       ref.job->results[ref.row] = std::move(f.result);
       if (--unfinished_[ref.job.get()] == 0) {
         unfinished_.erase(ref.job.get());

@@ -11,8 +11,9 @@
 // batch_window_ms: when a job arrives at an idle engine, wait this long at most for more jobs
 // before the first step (later arrivals join the running batch anyway).
 // The queue is bounded: submit() refuses a job when max_queue_size jobs are waiting, so an
-// overloaded server answers 503 instead of growing. Engine failures are caught and reported on
-// the jobs that were running; nothing here can take the server down.
+// overloaded server answers 503 instead of growing. A failure of one row (its sampling, its
+// logits) fails its job alone, and the batch goes on; a failed forward is reported on the jobs
+// that were running; nothing here can take the server down.
 #pragma once
 
 #include <condition_variable>
@@ -91,6 +92,10 @@ class Scheduler {
   void step();
   // After an engine failure: every job with a running row fails with `why` (mutex_ held).
   void fail_running_locked(const std::string& why, std::vector<std::shared_ptr<Job>>& failed);
+  // One row failed alone: its job fails with `why` and its other rows leave the batch (mutex_
+  // held; the job's entry in unfinished_ is already erased).
+  void fail_job_locked(const RowRef& failed_row, const std::string& why,
+                       std::vector<std::shared_ptr<Job>>& failed);
   void finish(const std::vector<std::shared_ptr<Job>>& jobs);
 
   LanguageModel& model_;

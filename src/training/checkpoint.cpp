@@ -315,6 +315,15 @@ json training_args_to_json(const TrainingArgs& args) { return json(args); }
 
 TrainingArgs training_args_from_json(const json& j) { return j.get<TrainingArgs>(); }
 
+namespace {
+
+// Writes the iteration into tmp_dir and publishes it (below).
+void save_iteration(const fs::path& save_dir, const fs::path& tmp_dir, const CheckpointState& state,
+                    const model::ParameterList& params, optim::MegatronOptimizer* optimizer,
+                    const CheckpointRank& rank);
+
+}  // namespace
+
 fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
                          const model::ParameterList& params, optim::MegatronOptimizer* optimizer,
                          const CheckpointRank& rank) {
@@ -325,7 +334,29 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
   const fs::path tmp_dir = save_dir / (".tmp_" + name);
   if (root) {
     detail::create_private_dirs(save_dir);
-    detail::clean_leftovers(save_dir);  // of saves interrupted by kill -9 or a full disk
+    detail::clean_leftovers(save_dir);  // of saves interrupted by kill -9
+  }
+  try {
+    save_iteration(save_dir, tmp_dir, state, params, optimizer, rank);
+  } catch (const InternalError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // A write that failed (a full disk): nothing of this save may stay behind to fill the disk.
+    const uint64_t needed = detail::rank_save_bytes(params, optimizer, rank);
+    MG_THROW(e.what(), "; ", detail::remove_partial_save(save_dir, tmp_dir, needed));
+  }
+  return final_dir;
+}
+
+namespace {
+
+void save_iteration(const fs::path& save_dir, const fs::path& tmp_dir, const CheckpointState& state,
+                    const model::ParameterList& params, optim::MegatronOptimizer* optimizer,
+                    const CheckpointRank& rank) {
+  const bool multi = rank.multi();
+  const bool root = !multi || rank.world->rank() == 0;
+  const std::string name = iteration_dir_name(state.iteration);
+  if (root) {
     fs::remove_all(tmp_dir);
     fs::create_directories(tmp_dir);
     set_mode(tmp_dir, 0750);
@@ -396,8 +427,9 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
     detail::publish_iteration(save_dir, tmp_dir, name, std::to_string(state.iteration));
   }
   if (multi) rank.world->barrier();  // complete (renamed, tracker written) for everyone
-  return final_dir;
 }
+
+}  // namespace
 
 std::optional<CheckpointLocation> locate_checkpoint(const fs::path& load_dir,
                                                     std::optional<int64_t> ckpt_step) {

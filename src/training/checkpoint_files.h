@@ -45,6 +45,15 @@ void write_metadata(const std::filesystem::path& dir, const std::string& text);
 // warning otherwise (checkpoints of older builds have none).
 std::string read_metadata_text(const std::filesystem::path& dir);
 
+// The bytes of this rank's tensor files in a save (headers aside): what its part needs free.
+uint64_t rank_save_bytes(const model::ParameterList& params, optim::MegatronOptimizer* optimizer,
+                         const CheckpointRank& rank);
+// After a failed save (a full disk, a write error): removes what the save left, its temporary
+// folder `tmp_dir` and the tracker's temporary file (they are its own), and returns a note saying
+// what was removed, what the save needs (`needed` bytes) and what the disk has free.
+std::string remove_partial_save(const std::filesystem::path& save_dir,
+                                const std::filesystem::path& tmp_dir, uint64_t needed);
+
 // mkdir -p, every folder it creates 0750 whatever the umask; an existing folder is left as is.
 void create_private_dirs(const std::filesystem::path& p);
 // .tmp_iter_* / .old_iter_* folders in a save folder: the leftovers of interrupted saves.

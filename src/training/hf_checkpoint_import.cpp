@@ -1,10 +1,12 @@
 // Import of a transformers folder (config.json + safetensors) as single-rank tensors under our
 // names (hf_checkpoint.h has the names and layouts).
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <set>
 
 #include "core/error.h"
+#include "core/input_bounds.h"
 #include "core/safetensors.h"
 #include "training/checkpoint.h"
 #include "training/hf_checkpoint.h"
@@ -39,21 +41,38 @@ struct Config {
   const json* find(const char* key) const {
     return j.contains(key) && !j[key].is_null() ? &j[key] : nullptr;
   }
-  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
+  // A positive integer up to `max` (the model's settings are 32-bit): JSON integers are read as
+  // 64 bits and range-checked, never cut.
+  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt,
+                  int64_t max = INT32_MAX) const {
     const json* v = find(key);
     if (!v) {
       MG_REQUIRE(fallback.has_value(), label, ": missing \"", key, "\"");
       return *fallback;
     }
-    MG_REQUIRE(v->is_number_integer() && v->get<int64_t>() > 0, label, ": \"", key,
-               "\" must be a positive integer, got ", v->dump());
+    // (nlohmann reads a non-negative integer as unsigned, a negative one as signed.)
+    const bool in_range = v->is_number_unsigned() && v->get<uint64_t>() >= 1 &&
+                          v->get<uint64_t>() <= uint64_t(max);
+    MG_REQUIRE(in_range, label, ": \"", key,
+               "\" must be an integer in [1, ", max, "], got ", v->dump());
     return v->get<int64_t>();
   }
-  double number(const char* key, double fallback) const {
+  // A finite number; `positive`: also > 0.
+  double number(const char* key, double fallback, bool positive = false) const {
     const json* v = find(key);
     if (!v) return fallback;
-    MG_REQUIRE(v->is_number(), label, ": \"", key, "\" must be a number, got ", v->dump());
+    MG_REQUIRE(v->is_number() && std::isfinite(v->get<double>()) &&
+                   (!positive || v->get<double>() > 0),
+               label, ": \"", key, "\" must be a ", positive ? "positive " : "",
+               "finite number, got ", v->dump());
     return v->get<double>();
+  }
+  // A probability in [0, 1) (dropout rates).
+  double fraction(const char* key, double fallback) const {
+    const double p = number(key, fallback);
+    MG_REQUIRE(p >= 0 && p < 1, label, ": \"", key, "\" must be in [0, 1), got ",
+               find(key)->dump());
+    return p;
   }
   bool boolean(const char* key, bool fallback) const {
     const json* v = find(key);
@@ -73,6 +92,15 @@ struct Config {
   }
 };
 
+// A positive float setting (a norm's epsilon): one that is positive in double but 0 or infinite as
+// the float the model keeps is refused too.
+float positive_float(const Config& c, const char* key, double fallback) {
+  const double v = c.number(key, fallback, /*positive=*/true);
+  MG_REQUIRE(float(v) > 0 && std::isfinite(float(v)), c.label, ": \"", key, "\" = ", v,
+             " is not representable as a positive single-precision number");
+  return float(v);
+}
+
 model::TransformerConfig gpt2_config(const Config& c) {
   model::TransformerConfig m;
   m.hidden_size = int(c.integer("n_embd"));
@@ -83,7 +111,7 @@ model::TransformerConfig gpt2_config(const Config& c) {
   m.ffn_hidden_size = inner == 4 * m.hidden_size ? 0 : int(inner);
   MG_REQUIRE(m.hidden_size % m.num_attention_heads == 0, c.label, ": n_embd ", m.hidden_size,
              " is not divisible by n_head ", m.num_attention_heads);
-  m.layernorm_epsilon = float(c.number("layer_norm_epsilon", 1e-5));
+  m.layernorm_epsilon = positive_float(c, "layer_norm_epsilon", 1e-5);
   const std::string act = c.string("activation_function", "gelu_new");
   if (act == "gelu_new" || act == "gelu_pytorch_tanh")
     m.activation = "gelu_tanh";
@@ -97,8 +125,8 @@ model::TransformerConfig gpt2_config(const Config& c) {
     c.unsupported("scale_attn_by_inverse_layer_idx", "no per-layer attention scaling here");
   if (c.boolean("add_cross_attention", false))
     c.unsupported("add_cross_attention", "decoder-only GPT models have no cross-attention");
-  m.hidden_dropout = float(c.number("resid_pdrop", 0.1));
-  m.attention_dropout = float(c.number("attn_pdrop", 0.1));
+  m.hidden_dropout = float(c.fraction("resid_pdrop", 0.1));
+  m.attention_dropout = float(c.fraction("attn_pdrop", 0.1));
   m.init_method_std = float(c.number("initializer_range", 0.02));
   m.untie_embeddings_and_output_weights = !c.boolean("tie_word_embeddings", true);
   return m;
@@ -116,14 +144,16 @@ model::TransformerConfig llama_config(const Config& c) {
              " is not a multiple of num_key_value_heads ", kv);
   m.num_query_groups = kv == m.num_attention_heads ? 0 : int(kv);
   const int64_t head_dim = c.integer("head_dim", m.hidden_size / m.num_attention_heads);
+  MG_REQUIRE(head_dim * m.num_attention_heads <= INT32_MAX, c.label, ": head_dim ", head_dim,
+             " x num_attention_heads ", m.num_attention_heads, " does not fit in 32 bits");
   m.kv_channels = head_dim * m.num_attention_heads == m.hidden_size ? 0 : int(head_dim);
   m.normalization = "RMSNorm";
-  m.layernorm_epsilon = float(c.number("rms_norm_eps", 1e-6));
+  m.layernorm_epsilon = positive_float(c, "rms_norm_eps", 1e-6);
   m.activation = "swiglu";
   if (c.string("hidden_act", "silu") != "silu")
     c.unsupported("hidden_act", "Llama models import with silu (SwiGLU)");
   m.position_embedding_type = "rope";
-  m.rotary_base = c.number("rope_theta", 10000.0);
+  m.rotary_base = c.number("rope_theta", 10000.0, /*positive=*/true);
   if (c.find("rope_scaling")) c.unsupported("rope_scaling", "rotary scaling is not implemented");
   if (c.find("partial_rotary_factor") && c.number("partial_rotary_factor", 1.0) != 1.0)
     c.unsupported("partial_rotary_factor", "Llama rotates every head dim");
@@ -133,7 +163,7 @@ model::TransformerConfig llama_config(const Config& c) {
                   "must equal mlp_bias)");
   m.add_bias_linear = attn_bias;
   m.hidden_dropout = 0.0f;
-  m.attention_dropout = float(c.number("attention_dropout", 0.0));
+  m.attention_dropout = float(c.fraction("attention_dropout", 0.0));
   m.init_method_std = float(c.number("initializer_range", 0.02));
   m.untie_embeddings_and_output_weights = !c.boolean("tie_word_embeddings", false);
   return m;
@@ -155,6 +185,11 @@ struct Tensors {
                "safetensors files (config.json says it is there)");
     MG_REQUIRE(it->second.shape() == shape, file_of.at(key), ": tensor '", key, "' has shape ",
                shape_str(it->second.shape()), " but config.json implies ", shape_str(shape));
+    const DType dt = it->second.dtype();
+    MG_REQUIRE(dt == DType::F32 || dt == DType::BF16 || dt == DType::F16 || dt == DType::F64,
+               file_of.at(key), ": tensor '", key, "' has dtype ", safetensors_dtype_code(dt),
+               "; a weight must be floating point (F32, BF16, F16 or F64): the file is corrupted "
+               "or its header relabels the data");
     // (Only the weights taken: a skipped buffer such as a causal mask may hold -inf.)
     check_finite_tensor(it->second, key, file_of.at(key),
                         "the weights are corrupted or the model had diverged when it was saved: "
@@ -309,7 +344,7 @@ std::optional<data::TokenizerOptions> folder_tokenizer(const fs::path& folder, c
 }  // namespace
 
 HfImport read_hf_checkpoint(const fs::path& folder, int64_t divisor, int target_tp,
-                            const std::optional<data::TokenizerOptions>& tokenizer) {
+                            const std::optional<data::TokenizerOptions>& tokenizer) try {
   std::error_code ec;
   MG_REQUIRE(fs::is_directory(folder, ec), "--load ", folder.string(), " is not a directory");
   const fs::path config_path = folder / "config.json";
@@ -383,6 +418,6 @@ HfImport read_hf_checkpoint(const fs::path& folder, int64_t divisor, int target_
                             "of ", V, " ids; pass --tokenizer-type and its files to record another"));
   }
   return out;
-}
+} MG_CATCH_OUT_OF_MEMORY(folder.string())
 
 }  // namespace megatron::training

@@ -3,7 +3,8 @@
 # runs each for a set time, printing the executions and the outcome. Not part of CI: run by hand.
 #   tests/fuzz/run_fuzzers.sh [SECONDS_PER_TARGET] [TARGET ...]     (default 600 s, all targets)
 #   RUNS=1000000 tests/fuzz/run_fuzzers.sh 0 npy     (stop after RUNS inputs; 0 s = no time limit)
-# Targets: http_request npy safetensors indexed_dataset jsonl gpt2_bpe. Findings (crash-*,
+# Targets: http_request npy safetensors indexed_dataset jsonl gpt2_bpe parquet hf_tokenizer
+# sampling hf_import. Findings (crash-*,
 # leak-*, timeout-*) are written to build-fuzz/findings/TARGET/; the corpus grows in
 # build-fuzz/corpus/TARGET (seeded from tests/fuzz/seeds/TARGET). Needs clang and libclang-rt
 # (Debian: clang, libclang-rt-14-dev), pkg-config and the development packages the library
@@ -19,7 +20,8 @@ RUNS=${RUNS:-}
 shift || true
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(http_request npy safetensors indexed_dataset jsonl gpt2_bpe)
+  TARGETS=(http_request npy safetensors indexed_dataset jsonl gpt2_bpe parquet hf_tokenizer sampling
+           hf_import)
 fi
 CXX=${FUZZ_CXX:-clang++}
 FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
@@ -29,7 +31,13 @@ FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 # sanitizers (without main; libFuzzer provides it) into a static archive, so that a target links
 # only the objects it uses.
 mkdir -p "$OUT/obj"
-LIB_SOURCES=("$ROOT"/src/core/*.cpp "$ROOT"/src/data/*.cpp "$ROOT/src/inference/server_http_parser.cpp")
+# sampling: the sampler and the request parsers; hf_import: the Hugging Face importer with the
+# checks it calls (check_finite_tensor). The rest of src/training, model and comm is not built: the
+# importer never calls into it: hf_import links with a trap for each function its objects name
+# from there (a call would crash the target, a finding, not a silent pass).
+LIB_SOURCES=("$ROOT"/src/core/*.cpp "$ROOT"/src/data/*.cpp "$ROOT/src/inference/server_http_parser.cpp"
+             "$ROOT"/src/inference/{sampling,server_api,server_completions,server_fields}.cpp
+             "$ROOT"/src/training/{hf_checkpoint_import,hf_checkpoint,checkpoint_integrity}.cpp)
 OBJECTS=()
 for src in "${LIB_SOURCES[@]}"; do
   obj="$OUT/obj/$(basename "$(dirname "$src")")_$(basename "${src%.cpp}").o"
@@ -54,13 +62,25 @@ for t in "${TARGETS[@]}"; do
   [ -f "$src" ] || { echo "fuzz: no target $t ($src)" >&2; exit 1; }
   if [ ! -f "$bin" ] || [ "$src" -nt "$bin" ] || [ "$LIB" -nt "$bin" ]; then
     echo "fuzz: linking $bin" >&2
-    "$CXX" "${FLAGS[@]}" "$src" "$LIB" -o "$bin" "${LIBS[@]}"
+    extra=()
+    if [ "$t" = hf_import ]; then
+      # The functions of src/training and src/model that the importer's objects name but never
+      # call (the export's, the checkpoint writer's) become traps: a call would be a crash.
+      stubs="$OUT/hf_import_stubs.cpp"
+      { "$CXX" "${FLAGS[@]}" "$src" "$LIB" -o "$bin" "${LIBS[@]}" -lcrypto -Wl,--no-demangle 2>&1 || true; } |
+        grep -o "undefined reference to \`[^']*'" | sed "s/undefined reference to \`\(.*\)'/\1/" |
+        sort -u | awk '{printf "extern \"C\" void trap_%d() __asm__(\"%s\");\n", NR, $0;
+                        printf "extern \"C\" void trap_%d() { __builtin_trap(); }\n", NR}' > "$stubs"
+      extra=("$stubs" -lcrypto)
+    fi
+    "$CXX" "${FLAGS[@]}" "$src" "${extra[@]}" "$LIB" -o "$bin" "${LIBS[@]}"
   fi
   corpus="$OUT/corpus/$t" findings="$OUT/findings/$t"
   mkdir -p "$corpus" "$findings"
   [ -d "$ROOT/tests/fuzz/seeds/$t" ] && cp -n "$ROOT/tests/fuzz/seeds/$t"/* "$corpus"/ 2>/dev/null || true
   max_len=65536
   [ "$t" = gpt2_bpe ] && max_len=8192  # long texts only slow it down: pieces are short
+  [ "$t" = sampling ] && max_len=4096
   log="$OUT/fuzz_$t.log"
   limits=(-max_total_time="$SECONDS_PER_TARGET")
   [ -n "$RUNS" ] && limits+=(-runs="$RUNS")

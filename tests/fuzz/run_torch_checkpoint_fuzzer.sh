@@ -23,7 +23,7 @@ echo "building $OUT/torch_checkpoint_fuzzer"
 "$CXX" -std=c++20 -O2 -g -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I "$ROOT/src" "$ROOT/tests/fuzz/torch_checkpoint_fuzzer.cc" \
-  "$ROOT"/src/core/{zip_archive,pickle,pickle_reader,pickle_globals,pickle_writer,torch_file,tensor,dtype,error,checked_memory}.cpp \
+  "$ROOT"/src/core/{zip_archive,pickle,pickle_reader,pickle_globals,pickle_writer,torch_file,tensor,dtype,error,checked_memory,input_bounds}.cpp \
   -o "$OUT/torch_checkpoint_fuzzer"
 
 echo "writing seeds"

@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 
+#include "core/error.h"
 #include "inference/sampling.h"
+#include "test_util.h"
 
 namespace megatron::inference {
 namespace {
@@ -120,6 +123,94 @@ TEST(Sampling, LogprobIsLogSoftmax) {
   EXPECT_NEAR(token_logprob(l, 1), 2.0 - std::log(z), 1e-6);
   std::vector<float> big = {1000.0f, 1000.0f};
   EXPECT_NEAR(token_logprob(big, 0), std::log(0.5), 1e-6);
+}
+
+// Every setting outside its range is refused with the setting's name, its range and the value
+// given; a denormal temperature (1e-40 as a float) is below the range, not a division by it.
+TEST(Sampling, SettingsOutsideTheirRangesAreNamedWithTheirLimits) {
+  SamplingParams ok;
+  ok.top_p = 0.9f;
+  ok.top_p_decay = 0.5f;
+  ok.top_p_bound = 0.2f;
+  EXPECT_EQ(sampling_params_error(ok, kRequestFieldNames), "");
+  struct Case {
+    SamplingParams p;
+    std::vector<std::string> says;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  auto with = [](auto set) {
+    SamplingParams p;
+    set(p);
+    return p;
+  };
+  const Case cases[] = {
+      {with([](auto& p) { p.temperature = 1e-40f; }),
+       {"temperature must be a number in [1.17549e-38, 100], got 9.99995e-41", "smallest normal",
+        "top_k=1"}},
+      {with([](auto& p) { p.temperature = 0.0f; }), {"temperature must be a number in", "got 0"}},
+      {with([&](auto& p) { p.temperature = nan; }), {"temperature", "got nan"}},
+      {with([&](auto& p) { p.temperature = inf; }), {"temperature", "got inf"}},
+      {with([](auto& p) { p.temperature = 100.5f; }), {"temperature", "100.5"}},
+      {with([](auto& p) { p.top_k = -1; }), {"top_k must be an integer in [0, 1000], got -1"}},
+      {with([](auto& p) { p.top_k = 1001; }), {"top_k", "1001"}},
+      {with([&](auto& p) { p.top_p = nan; }), {"top_p must be a number in [0, 1], got nan"}},
+      {with([](auto& p) { p.top_p = 1.5f; }), {"top_p must be a number in [0, 1], got 1.5"}},
+      {with([](auto& p) { p.top_p = 0.5f, p.top_p_decay = -0.1f; }), {"top_p_decay", "[0, 1]"}},
+      {with([](auto& p) { p.top_p_decay = 0.5f; }), {"top_p_decay needs top_p"}},
+      {with([](auto& p) { p.top_p = 0.5f, p.top_p_bound = 0.6f; }),
+       {"top_p_bound (0.6) must not exceed top_p (0.5)"}},
+      {with([](auto& p) { p.top_k = 5, p.top_p = 0.5f; }), {"cannot set both top_k (5) and top_p"}},
+  };
+  for (const Case& c : cases) {
+    const std::string e = sampling_params_error(c.p, kRequestFieldNames);
+    for (const std::string& s : c.says) EXPECT_NE(e.find(s), std::string::npos) << s << " in: " << e;
+  }
+  // The command line's names.
+  EXPECT_NE(sampling_params_error(cases[0].p, kFlagNames).find("--temperature must be"),
+            std::string::npos);
+  // sample_token checks too: an Error naming the setting, never an internal error.
+  std::vector<float> l = {1.0f, 2.0f};
+  std::vector<float> s1;
+  std::vector<int32_t> s2;
+  const std::string e = testing::error_of([&] { sample_token(l, 2, cases[0].p, 0.0f, 0.5, s1, s2); });
+  EXPECT_NE(e.find("invalid sampling settings: temperature must be"), std::string::npos) << e;
+}
+
+// Any accepted temperature samples: the smallest puts all the mass on the largest logit (ties
+// shared), even for logits whose quotient by the temperature overflows a float or a double.
+TEST(Sampling, TheSmallestTemperaturesSampleTheLargestLogits) {
+  std::vector<float> s1;
+  std::vector<int32_t> s2;
+  for (float t : {float(kMinTemperature), 1e-30f, 1e-6f}) {
+    SamplingParams p;
+    p.temperature = t;
+    const std::vector<float> l = {-3e38f, 1.0f, 1e30f, 0.5f, -1e30f};
+    for (double u : {0.0, 0.3, 0.999999}) EXPECT_EQ(sample_token(l, 5, p, 0.0f, u, s1, s2), 2) << t;
+    const std::vector<float> tie = {5.0f, 7.0f, 7.0f, -1.0f};
+    EXPECT_EQ(sample_token(tie, 4, p, 0.0f, 0.25, s1, s2), 1) << t;
+    EXPECT_EQ(sample_token(tie, 4, p, 0.0f, 0.75, s1, s2), 2) << t;
+  }
+}
+
+// NaN or +inf logits (a broken model) are an Error saying so, for greedy and sampled rows.
+TEST(Sampling, NonFiniteLogitsAreAnErrorNamingThem) {
+  std::vector<float> s1;
+  std::vector<int32_t> s2;
+  for (int top_k : {0, 1, 2}) {
+    SamplingParams p;
+    p.top_k = top_k;
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      const std::vector<float> l = {0.5f, bad, 1.0f};
+      try {
+        sample_token(l, 3, p, 0.0f, 0.5, s1, s2);
+        ADD_FAILURE() << "no error for " << bad;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("logits are not finite"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("for token 1"), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -13,34 +13,15 @@
 #include <chrono>
 #include <thread>
 
-#include "core/log.h"
-#include "data/tokenizer.h"
-#include "fake_model.h"
 #include "inference/server.h"
+#include "running_server.h"
 
 namespace megatron::inference {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Server {
-  explicit Server(ServerOptions o) : model(128, 64), tokenizer(100) {
-    o.port = 0;
-    set_log_level(LogLevel::Warn);
-    server = std::make_unique<TextGenerationServer>(model, tokenizer, o);
-    port = server->bind();
-    thread = std::thread([this] { server->serve(); });
-  }
-  ~Server() {
-    server->stop();
-    thread.join();
-  }
-  testing::FakeModel model;
-  data::NullTokenizer tokenizer;
-  std::unique_ptr<TextGenerationServer> server;
-  int port = 0;
-  std::thread thread;
-};
+using Server = testing::RunningServer;
 
 int connect_to(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

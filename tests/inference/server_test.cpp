@@ -13,6 +13,7 @@
 #include "data/tokenizer.h"
 #include "fake_model.h"
 #include "inference/server.h"
+#include "running_server.h"
 #include "inference/server_api.h"
 
 namespace megatron::inference {
@@ -26,31 +27,7 @@ constexpr int64_t kVocab = 100;   // NullTokenizer: ids 0..99, EOD 99
 constexpr int64_t kWidth = 128;   // padded logits
 constexpr int64_t kContext = 64;
 
-// A server on its own thread; stopped and joined on destruction.
-struct RunningServer {
-  explicit RunningServer(ServerOptions options, LogitsFn fn = testing::hashed_logits)
-      : model(kWidth, kContext, std::move(fn)), tokenizer(kVocab) {
-    options.port = 0;
-    set_log_level(LogLevel::Warn);  // no request log lines in test output
-    server = std::make_unique<TextGenerationServer>(model, tokenizer, options);
-    port = server->bind();
-    thread = std::thread([this] { server->serve(); });
-  }
-  ~RunningServer() {
-    server->stop();
-    thread.join();
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(60, 0);
-    return c;
-  }
-  FakeModel model;
-  data::NullTokenizer tokenizer;
-  std::unique_ptr<TextGenerationServer> server;
-  int port = 0;
-  std::thread thread;
-};
+using testing::RunningServer;
 
 ServerOptions small_options() {
   ServerOptions o;

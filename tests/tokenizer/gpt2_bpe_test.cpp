@@ -192,6 +192,14 @@ TEST(Gpt2Bpe, IncompleteMergesFilesAreRefused) {
   e = refused(full.substr(0, full.rfind('\n', full.size() - 2) + 1), vocab);  // one line short
   EXPECT_NE(e.find("has 49999 merges, but 1 tokens"), std::string::npos) << e;
   EXPECT_NE(refused("", vocab).find("has 0 merges"), std::string::npos);
+  // One line repeated (the later rank would win and GPT-2's tokens change): refused, naming both.
+  e = refused("#version: 0.2\nl l\nh e\nhe ll\n" + byte_char(' ') + " w\nh e\n");
+  EXPECT_NE(e.find("m.txt' line 6: 'h e' repeats line 3"), std::string::npos) << e;
+  const size_t fifth = full.find('\n', full.find('\n', full.find('\n', full.find('\n') + 1) + 1) + 1) + 1;
+  const std::string line5 = full.substr(fifth, full.find('\n', fifth) + 1 - fifth);
+  e = refused(full + line5, vocab);
+  EXPECT_NE(e.find("line 50002: '" + line5.substr(0, line5.size() - 1) + "' repeats line 5"),
+            std::string::npos) << e;
 }
 
 // Known GPT-2 ids (tiktoken gpt2), when scripts/get-corpus.sh has fetched the real files.

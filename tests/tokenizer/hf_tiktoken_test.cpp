@@ -146,6 +146,88 @@ TEST(HuggingFaceTokenizer, UnsupportedFilesAreRefusedWithTheField) {
   EXPECT_NE(error_of([&] { build_tokenizer(o); }).find("needs --tokenizer-model"), std::string::npos);
 }
 
+// What a damaged or hostile tokenizer.json asks for is bounded or refused, never a crash, an
+// internal error or gigabytes: nesting depth, the number of normalizer and pre-tokenizer steps, the
+// normalizers' expansion of a text (errors naming each limit), duplicate ids, repeated merges, and
+// merges cut short or reversed (as --merge-file refuses them).
+TEST(HuggingFaceTokenizer, HostileAndDamagedFilesAreBoundedOrRefused) {
+  TempDir dir;
+  const auto error_for = [&](const json& j) {
+    return error_of([&] { HuggingFaceTokenizer t(save(dir, j)); });
+  };
+  // A Sequence normalizer nested 4000 deep (1.9 MB of JSON; it once took 3.1 GB): refused while
+  // parsing, at the depth limit.
+  std::string deep = tiny_tokenizer().dump();
+  std::string nest;
+  for (int k = 0; k < 4000; ++k) nest += R"({"type": "Sequence", "normalizers": [)";
+  nest += R"({"type": "NFC"})";
+  for (int k = 0; k < 4000; ++k) nest += "]}";
+  deep.replace(deep.find("\"normalizer\":null"), 17, "\"normalizer\":" + nest);
+  write_file(dir / "deep.json", deep);
+  std::string e = error_of([&] { HuggingFaceTokenizer t((dir / "deep.json").string()); });
+  EXPECT_NE(e.find("JSON nested deeper than 32 levels (the limit"), std::string::npos) << e;
+  EXPECT_NE(e.find("deep.json"), std::string::npos) << e;
+  // Within the depth, at most 32 steps.
+  json j = tiny_tokenizer();
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array()}};
+  for (int k = 0; k < 40; ++k) j["normalizer"]["normalizers"].push_back(json{{"type", "NFC"}});
+  EXPECT_NE(error_for(j).find("normalizer has more than 32 steps (the limit"), std::string::npos);
+  j = tiny_tokenizer();
+  j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", json::array()}};
+  for (int k = 0; k < 40; ++k)
+    j["pre_tokenizer"]["pretokenizers"].push_back(json{{"type", "ByteLevel"}, {"use_regex", false}});
+  EXPECT_NE(error_for(j).find("pre_tokenizer has more than 32 steps (the limit"), std::string::npos);
+  // Six chained Replace normalizers, each a -> 100 a's (once 2.4 GB, then bad_alloc): the
+  // expansion limit is reached inside the first, with the text's size and the limit named.
+  j = tiny_tokenizer();
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array()}};
+  for (int k = 0; k < 6; ++k)
+    j["normalizer"]["normalizers"].push_back(
+        json{{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", std::string(100, 'a')}});
+  HuggingFaceTokenizer expanding(save(dir, j));
+  e = error_of([&] { expanding.encode(std::string(1000, 'a')); });
+  EXPECT_NE(e.find("the normalizers expand a text of 1000 bytes beyond 68096 bytes (the limit is 64 "
+                   "times the text plus 4096 bytes)"), std::string::npos) << e;
+  EXPECT_EQ(expanding.encode("b").size(), 1u);  // what stays within the limit encodes
+  // Two tokens with one id: an Error naming both (it was an internal error).
+  j = tiny_tokenizer();
+  j["model"]["vocab"]["zz"] = 257;
+  e = error_for(j);
+  EXPECT_NE(e.find("model.vocab gives id 257 to two tokens, 'abc' and 'zz'"), std::string::npos) << e;
+  // A repeated merge.
+  j = tiny_tokenizer();
+  j["model"]["merges"].push_back("a b");
+  e = error_for(j);
+  EXPECT_NE(e.find("model.merges[3] 'a b' repeats model.merges[0]"), std::string::npos) << e;
+  // Merges cut short: "abc" is made by none.
+  j = tiny_tokenizer();
+  j["model"]["merges"] = json::array({"a b", byte_char(' ') + " a"});
+  e = error_for(j);
+  EXPECT_NE(e.find("makes none of 1 vocabulary tokens (for example 'abc')"), std::string::npos) << e;
+  EXPECT_NE(e.find("cut short, out of order or from another vocabulary"), std::string::npos) << e;
+  j["model"]["merges"] = json::array();
+  EXPECT_NE(error_for(j).find("makes none of 3 vocabulary tokens"), std::string::npos);
+  // Reversed: "ab c" comes before "a b" makes "ab".
+  j = tiny_tokenizer();
+  j["model"]["merges"] = json::array({byte_char(' ') + " a", "ab c", "a b"});
+  EXPECT_NE(error_for(j).find("for example 'abc'"), std::string::npos);
+  // Added and special tokens need no merge; a merge whose part comes later is allowed as long as
+  // the token also has one in order (converters from tiktoken ranks list every split).
+  j = tiny_tokenizer();
+  j["model"]["vocab"]["<pad>"] = 259;
+  j["model"]["vocab"]["xy"] = 260;
+  j["added_tokens"].push_back(json{{"id", 260}, {"content", "xy"}});
+  j["model"]["merges"] = json::array({"a b", "a bc", "ab c", "b c", byte_char(' ') + " a"});
+  j["model"]["vocab"]["bc"] = 261;
+  HuggingFaceTokenizer converted(save(dir, j));
+  EXPECT_EQ(converted.encode("abc"), (std::vector<int32_t>{257}));
+  // A field of the wrong type deep inside is an Error naming the file.
+  j = tiny_tokenizer();
+  j["post_processor"] = {{"type", "RobertaProcessing"}, {"cls", 5}, {"sep", 6}};
+  e = error_for(j);
+  EXPECT_NE(e.find("a field has the wrong type or is missing"), std::string::npos) << e;
+}
+
 TEST(RegexSplitter, WhiteSpaceIsUnicodeWhiteSpaceAndGapsAreKept) {
   EXPECT_EQ(RegexSplitter::translate(R"(a\sb[^\s\p{L}]\S)"),
             std::string("a[") + "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}" +

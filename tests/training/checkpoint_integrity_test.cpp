@@ -3,8 +3,9 @@
 // generate and checkpoint convert; so is a deleted checksum file, unless the checkpoint is older
 // than the checksum file), the SHA-256 of the weights in generate, non-finite weights
 // refused with the tensor's name, the recorded model settings on resume (with
-// --override-checkpoint-model-args for a deliberate change), leftovers of interrupted saves,
-// folders 0750 whatever the umask, and clear errors for tracker problems.
+// --override-checkpoint-model-args for a deliberate change), leftovers of interrupted saves, a
+// failed save removing what it wrote, folders 0750 whatever the umask, and clear errors for
+// tracker problems.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -248,6 +249,31 @@ TEST_F(CheckpointIntegrity, LeftoversOfInterruptedSavesAreNamedAndCleaned) {
   EXPECT_TRUE(fs::exists(ck / "iter_0000004/metadata.json"));
   EXPECT_FALSE(fs::exists(ck / ".tmp_iter_0000006"));
   EXPECT_FALSE(fs::exists(ck / ".old_iter_0000004"));
+}
+
+// A save whose writes fail (the file-size limit of `ulimit -f` fails them as a full disk does,
+// through the same write path; no root or special filesystem needed) removes its partial folder
+// and says what it removed and how much space it needs; later runs find nothing to clean up.
+TEST_F(CheckpointIntegrity, AFailedSaveRemovesItsPartialFolderAndSaysWhatItNeeds) {
+  const fs::path ck = *dir_ / "full";
+  const uint64_t model_bytes = fs::file_size(*dir_ / "good/iter_0000002/mp_rank_00/model.safetensors");
+  ASSERT_GT(model_bytes, 16u << 10);  // the limit below stops the first tensor file
+  const auto r = testing::run_command("bash -c \"trap '' XFSZ; ulimit -f 16; exec '" +
+                                      testing::cli_path().string() + "' " + train_flags(2) +
+                                      " --save " + ck.string() + " --save-interval 2\" 2>&1");
+  EXPECT_FAILS_WITH(r, "write failed: " + (ck / ".tmp_iter_0000002").string(), "File too large",
+                    "removed the partial save " + (ck / ".tmp_iter_0000002").string() + " (",
+                    "this rank's part of the save needs about ", ck.string() + " has ");
+  EXPECT_FALSE(fs::exists(ck / ".tmp_iter_0000002"));
+  EXPECT_FALSE(fs::exists(ck / "iter_0000002"));
+  EXPECT_FALSE(fs::exists(ck / "latest_checkpointed_iteration.txt"));
+  EXPECT_FALSE(fs::exists(ck / "latest_checkpointed_iteration.txt.tmp"));
+  // With room, the same save succeeds and finds no leftovers to warn about or remove.
+  const auto again = testing::run_cli(train_flags(2) + " --save " + ck.string() + " --save-interval 2");
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(again.output.find("interrupted"), std::string::npos) << again.output;
+  EXPECT_EQ(again.output.find("removed"), std::string::npos) << again.output;
+  EXPECT_TRUE(fs::exists(ck / "iter_0000002/metadata.json"));
 }
 
 TEST_F(CheckpointIntegrity, SaveFoldersAre0750WhateverTheUmask) {
