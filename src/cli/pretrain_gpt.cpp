@@ -13,7 +13,7 @@
 
 #include "cli/command.h"
 #include "cli/megatron_compat.h"
-#include "cli/model_flags.h"
+#include "cli/pretrain_flags.h"
 #include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -23,17 +23,6 @@
 namespace megatron::cli {
 namespace {
 
-struct PretrainFlags {
-  training::TrainingArgs a;
-  ModelFlags model;
-  bool recompute_activations = false, checkpoint_activations = false;
-  bool accumulate_allreduce_grads_in_fp32 = false;
-  double decoupled_lr = std::numeric_limits<double>::quiet_NaN();
-  double decoupled_min_lr = std::numeric_limits<double>::quiet_NaN();
-  int64_t batch_size = 0, warmup = 0, model_parallel_size = 0;  // Megatron's removed flags
-  CompatFlags compat;
-  CLI::App* app = nullptr;
-};
 
 // The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
 // naming each, unless it has Megatron's default value or a meaning the loop already has; a note
@@ -52,7 +41,9 @@ void absolute_if_exists(std::string& path) {
     path = std::filesystem::absolute(path, ec).lexically_normal().string();
 }
 
-void run(PretrainFlags f) {
+}  // namespace
+
+training::TrainingArgs resolve_pretrain_flags(PretrainFlags f) {
   auto& a = f.a;
   auto& sub = *f.app;
   MG_REQUIRE(f.batch_size == 0, "--batch-size is no longer valid (Megatron-LM removed it): use "
@@ -106,15 +97,21 @@ void run(PretrainFlags f) {
   absolute_if_exists(a.tokenizer.vocab_file);
   absolute_if_exists(a.tokenizer.merge_file);
   absolute_if_exists(a.tokenizer.tokenizer_model);
-  training::TrainingSummary s = training::pretrain_gpt(a);
+  return a;
+}
+
+namespace {
+
+void run(const PretrainFlags& f) {
+  training::TrainingSummary s = training::pretrain_gpt(resolve_pretrain_flags(f));
   if (world_communicator()->rank() == s.world_size - 1)  // the rank that printed the log lines
     log_print(str("training finished: ", s.iterations, " iterations, ", s.consumed_samples,
                 " samples, last lm loss ", s.last_loss, ", ", s.tokens_per_second, " tokens/s"));
 }
 
-CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretrain_gpt.py flags)", 20,
-                     [](CLI::App& sub) {
-  auto f = std::make_shared<PretrainFlags>();
+}  // namespace
+
+void add_pretrain_flags(CLI::App& sub, PretrainFlags* f) {
   f->app = &sub;
   auto& a = f->a;
   auto& m = a.model;
@@ -304,6 +301,14 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                a.use_checkpoint_opt_param_scheduler, "LR schedule values from the checkpoint");
   sub.add_flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint,
                "Fail when --load has no checkpoint instead of starting from scratch");
+}
+
+namespace {
+
+CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretrain_gpt.py flags)", 20,
+                     [](CLI::App& sub) {
+  auto f = std::make_shared<PretrainFlags>();
+  add_pretrain_flags(sub, f.get());
   sub.callback([f] { run(*f); });
 });
 

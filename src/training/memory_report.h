@@ -1,0 +1,24 @@
+// Megatron's memory report line (megatron/training/utils.py report_memory), which training_log
+// prints after the first logged iterations on every rank of data-parallel rank 0:
+//   [Rank R] (after N iterations) memory (MB) | allocated: A | max allocated: B | reserved: C |
+//   max reserved: D
+// with the CUDA caching allocator's counters in MiB, each printed as Python prints a float. On
+// the host the counters are the host allocator's tensor storage (allocated, max allocated) and
+// the process's resident set (reserved: VmRSS, max reserved: VmHWM) (core/host_memory.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/host_memory.h"
+
+namespace megatron::training {
+
+std::string format_memory_report(int world_rank, int64_t iteration, const HostMemoryStats& tensors,
+                                  const ResidentMemory& resident);
+
+// Python's repr of a float ("123.0", "0.5", "1e-05", "1.5e+16"): the shortest digits that read
+// back exactly, in fixed notation for exponents -4..15 and scientific notation otherwise.
+std::string python_float_repr(double v);
+
+}  // namespace megatron::training
