@@ -98,12 +98,13 @@ double process_resident_baseline(const PlanInput& in, int threads) {
   const int saved = omp_get_max_threads();
   if (threads > 0) omp_set_num_threads(threads);
   const model::TransformerConfig& m = in.args.model;
-  const int64_t h = std::min<int64_t>(m.hidden_size, 4096);
-  const int64_t wide = std::min<int64_t>(std::max<int64_t>(m.padded_vocab_size / in.layout.tp, m.ffn()), 65536);
-  // Few rows, the model's inner and outer widths: the product buffers fill as training's do.
-  for (const int64_t n : {wide, std::min<int64_t>(int64_t(m.ffn()) * 2 / in.layout.tp, 65536)}) {
-    Tensor a = Tensor::zeros({64, h}, DType::F32), b = Tensor::zeros({n, h}, DType::F32);
-    Tensor c = Tensor::zeros({64, n}, DType::F32), d = Tensor::zeros({n, h}, DType::F32);
+  // Few rows, the model's widths (capped: beyond the products' blocking nothing more is touched):
+  // the product buffers fill as training's do, in milliseconds.
+  const int64_t h = std::min<int64_t>(m.hidden_size, 512);
+  const int64_t wide = std::min<int64_t>(std::max<int64_t>(m.padded_vocab_size / in.layout.tp, m.ffn()), 16384);
+  for (const int64_t n : {wide, std::min<int64_t>(int64_t(m.ffn()) * 2 / in.layout.tp, 16384)}) {
+    Tensor a = Tensor::zeros({16, h}, DType::F32), b = Tensor::zeros({n, h}, DType::F32);
+    Tensor c = Tensor::zeros({16, n}, DType::F32), d = Tensor::zeros({n, h}, DType::F32);
     ops::gemm(a, false, b, true, c);   // forward
     ops::gemm(c, false, b, false, a);  // input gradient
     ops::gemm(c, true, a, false, d);   // weight gradient

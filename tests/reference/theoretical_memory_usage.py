@@ -19,6 +19,9 @@ import math
 import sys
 
 MIB = 1024 * 1024
+# Flags of the runs that the formula does not read.
+IGNORED = {"recompute_method", "recompute_num_layers", "bf16", "fp16", "position_embedding_type",
+           "disable_bias_linear", "max_position_embeddings", "qk_layernorm", "use_rotary_position_embeddings"}
 
 
 def megatron_args(flags, world_size, vocab_size):
@@ -33,6 +36,8 @@ def megatron_args(flags, world_size, vocab_size):
         sequence_parallel=False, recompute_granularity=None, recompute_activations=False,
         make_vocab_size_divisible_by=128)
     for k, v in flags.items():
+        if k in IGNORED:
+            continue
         if k not in a:
             raise SystemExit("unknown flag " + k)
         a[k] = v
