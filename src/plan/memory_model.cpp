@@ -16,7 +16,7 @@ namespace megatron::plan {
 namespace {
 
 constexpr int64_t kHeadRows = 256;  // the loss head's logits chunk (model/parallel_layers.cpp)
-constexpr double kResidentBookkeeping = 21.0 * 1024 * 1024;  // data indices, MPI, heap metadata
+constexpr double kResidentBookkeeping = 4.0 * 1024 * 1024;  // heap metadata, MPI, small objects
 
 // The tensor shapes of one micro-batch on one rank, in elements.
 struct Geometry {
@@ -136,6 +136,7 @@ ChunkPlan plan_chunk(const PlanInput& in, const Geometry& g, int pp_rank, int ch
   c.act.embedding = c.pre ? 4.0 * double(g.N * (g.learned_pos ? 2 : 1)) : 0;
   c.act.output_grad = c.post ? 4.0 * double(Rh) : 0;
   c.recompute_live = 4.0 * double(recompute_live);
+  c.act.recompute_live = c.recompute_live;
   // End of the forward: the last layer's attention and MLP outputs, or the loss head (final norm
   // output, gathered input under SP, per-token losses, input gradient, vocabulary-parallel cross
   // entropy's softmax of a logits chunk under TP).
@@ -288,7 +289,8 @@ MemoryPrediction predict_memory(const PlanInput& in) {
     st.workspace = peak_extra;
     const double steady = st.static_bytes() + st.comm_buffers + st.workspace_persistent + st.inputs;
     st.peak = steady + peak_pass;
-    st.resident_overhead = kResidentBookkeeping + 0.5 * peak_pass;
+    st.data_indices = in.dataset_bytes;
+    st.resident_overhead = st.data_indices + kResidentBookkeeping + 0.5 * peak_pass;
     // Set-up: an fp32 model's old parameter storage lives on in its working views until the
     // first forward refreshes them after the distributed optimizer's buffer took the values over;
     // model construction draws each whole (unsharded) weight before keeping its shard.

@@ -41,6 +41,9 @@ struct ChunkActivations {
   double layers = 0;      // all of the chunk's layers (block inputs only where recomputed)
   double embedding = 0;   // first chunk: token and position ids
   double output_grad = 0; // last chunk: the gradient of the decoder output
+  // Full recomputation: the most held while a block's backward runs (the inputs of the blocks
+  // before it and the block's layers' saved tensors), beside the embedding's.
+  double recompute_live = 0;
   double total() const { return layers + embedding + output_grad; }
 };
 
@@ -60,11 +63,11 @@ struct StageMemory {
   double workspace = 0;      // the largest transient beyond them (at the peak pass)
   double workspace_persistent = 0;  // kept between steps (the loss head's logits chunk)
   double peak = 0;           // the allocator's high-water mark
-  // Resident memory beyond the tensors and the program itself (estimated): the data loader's
-  // indices and bookkeeping, and the heap the step's freed temporaries leave behind (glibc keeps
-  // freed blocks for reuse, model/gpt_model.cpp, and they fragment): about half the step's
-  // transient bytes.
+  // Resident memory beyond the tensors and the program itself: the dataset indices, and
+  // (estimated) the heap the step's freed temporaries leave behind (glibc keeps freed blocks for
+  // reuse, model/gpt_model.cpp, and they fragment): about half the step's transient bytes.
   double resident_overhead = 0;
+  double data_indices = 0;   // the dataset indices (in resident_overhead; data_memory.h)
   double static_bytes() const {
     return weights + working_weights + gradients + main_weights + optimizer_moments;
   }

@@ -6,6 +6,7 @@
 #include "data/tokenizer.h"
 #include "model/layer_spec.h"
 #include "model/pipeline_layout.h"
+#include "plan/data_memory.h"
 #include "training/batch_size_schedule.h"
 
 namespace megatron::plan {
@@ -62,7 +63,8 @@ training::TrainingArgs apply_layout(training::TrainingArgs a, const Layout& l) {
   return a;
 }
 
-PlanInput make_plan_input(training::TrainingArgs a, int world_size, int64_t vocab_size) {
+PlanInput make_plan_input(training::TrainingArgs a, int world_size, int64_t vocab_size,
+                          bool size_data) {
   MG_REQUIRE(world_size >= 1, "--world-size must be >= 1 (got ", world_size, ")");
   training::validate_args(a);
   training::validate_parallel_args(a, world_size);
@@ -87,6 +89,9 @@ PlanInput make_plan_input(training::TrainingArgs a, int world_size, int64_t voca
   in.num_microbatches = in.global_batch_size / (mbs * dp);
   in.first_num_microbatches = std::max<int64_t>(1, schedule.global_batch_size(0) / (mbs * dp));
   a.global_batch_size = in.global_batch_size;
+  in.train_iters = a.train_iters > 0       ? a.train_iters
+                   : a.train_samples > 0 ? schedule.train_iters_for_samples(a.train_samples)
+                                         : 0;
   // The data builder's check of Megatron's synthetic documents (data/data_builder.cpp).
   MG_REQUIRE(!a.mock_data || vocab_size >= data::MockGPTLowLevelDataset::kMaxSequenceLength - 1,
              "--mock-data: Megatron's mock documents hold token ids up to ",
@@ -101,6 +106,7 @@ PlanInput make_plan_input(training::TrainingArgs a, int world_size, int64_t voca
     const int64_t megatron_ffn = int64_t((4.0 * double(a.model.hidden_size) * 2.0 / 3.0) / 64.0) * 64;
     if (megatron_ffn != 4 * int64_t(a.model.hidden_size)) in.megatron_ffn_hidden_size = megatron_ffn;
   }
+  if (size_data) in.dataset_bytes = dataset_index_bytes(a, in.global_batch_size, in.train_iters);
   in.args = std::move(a);
   return in;
 }
@@ -110,8 +116,9 @@ PlanInput with_layout(const PlanInput& base, const Layout& layout) {
   a.global_batch_size = base.global_batch_size;
   a.rampup_batch_size.clear();
   a.step_batch_size_schedule.clear();
-  PlanInput in = make_plan_input(std::move(a), layout.world(), base.vocab_size);
+  PlanInput in = make_plan_input(std::move(a), layout.world(), base.vocab_size, false);
   in.first_num_microbatches = in.num_microbatches;
+  in.dataset_bytes = base.dataset_bytes;  // the batch and data are the same
   return in;
 }
 

@@ -37,7 +37,9 @@ struct PlanInput {
   // Megatron's NUM_MICROBATCHES when the memory report is printed (the first logged iteration's;
   // the start of a batch-size ramp-up).
   int64_t first_num_microbatches = 0;
+  int64_t train_iters = 0;        // iterations of the run (from --train-samples when given)
   int64_t vocab_size = 0;         // the tokenizer's, before padding
+  double dataset_bytes = 0;       // the dataset indices every rank keeps (data_memory.h)
   // --swiglu without --ffn-hidden-size: Megatron-LM's width (int(8h/3 / 64) * 64) differs from
   // the 4h this build uses; set to Megatron's then.
   std::optional<int64_t> megatron_ffn_hidden_size;
@@ -46,8 +48,10 @@ struct PlanInput {
 // Checks `a` for `world_size` ranks with the trainer's own checks (validate_args,
 // validate_parallel_args and the model's tensor-parallel rules) and resolves what the trainer
 // would: padded vocabulary (from `vocab_size`, the tokenizer's), global batch, micro-batches,
-// virtual stages. megatron::Error for anything the trainer refuses.
-PlanInput make_plan_input(training::TrainingArgs a, int world_size, int64_t vocab_size);
+// virtual stages. megatron::Error for anything the trainer refuses. size_data: also size the
+// dataset indices (reads the datasets' .idx headers).
+PlanInput make_plan_input(training::TrainingArgs a, int world_size, int64_t vocab_size,
+                          bool size_data = true);
 
 // The same run with another layout (the search's candidates); the global batch is kept.
 // megatron::Error when the layout does not fit the model or the batch.

@@ -74,7 +74,10 @@ std::string prediction_table(const MemoryPrediction& p, double process) {
     return m.workspace + m.workspace_persistent;
   });
   line("peak (host allocator)", [](const StageMemory& m) { return m.peak; });
-  line("heap retention, bookkeeping", [](const StageMemory& m) { return m.resident_overhead; });
+  line("dataset indices", [](const StageMemory& m) { return m.data_indices; });
+  line("heap retention (estimate)", [](const StageMemory& m) {
+    return m.resident_overhead - m.data_indices;
+  });
   line("peak resident (+ program)", [process](const StageMemory& m) {
     return m.peak + m.resident_overhead + process;
   });
@@ -89,7 +92,7 @@ nlohmann::json stage_json(const StageMemory& m) {
           {"activations_per_microbatch", m.activations_per_microbatch},
           {"max_in_flight", m.max_in_flight}, {"activations", m.activations},
           {"workspace", m.workspace + m.workspace_persistent}, {"peak", m.peak},
-          {"resident_overhead", m.resident_overhead}};
+          {"resident_overhead", m.resident_overhead}, {"data_indices", m.data_indices}};
 }
 
 nlohmann::json time_json(const StepTime& t) {
