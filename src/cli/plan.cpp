@@ -2,8 +2,10 @@
 // nothing built: Megatron-LM's theoretical memory report, this build's per-rank prediction beside
 // it, with a device the step time, with --search every layout that fits ranked by step time,
 // with --measure a few real steps of one rank's share on this machine (src/plan/).
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "cli/command.h"
 #include "cli/pretrain_flags.h"
@@ -40,7 +42,9 @@ void run(const PlanFlags& f) {
   r.megatron = plan::megatron_theoretical_memory(plan::megatron_args_for(r.input),
                                                   r.input.first_num_microbatches);
   r.prediction = plan::predict_memory(r.input);
-  r.process_resident = plan::process_resident_baseline(r.input);
+  // A rank of a world on this machine gets its share of the cores (as `megatron launch` sets it).
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  r.process_resident = plan::process_resident_baseline(r.input, world_size > 1 ? std::max(1, cores / world_size) : 0);
   const bool want_device = f.search || !f.device.empty() || f.tflops || f.memory_gib;
   if (want_device) {
     MG_REQUIRE(!f.device.empty() || (f.tflops && f.memory_gib), "--search needs a device: --device "

@@ -17,6 +17,12 @@ namespace {
 
 constexpr int64_t kHeadRows = 256;  // the loss head's logits chunk (model/parallel_layers.cpp)
 constexpr double kResidentBookkeeping = 4.0 * 1024 * 1024;  // heap metadata, MPI, small objects
+// Blocks from this size on get their own mapping, returned when freed (model/gpt_model.cpp sets
+// glibc's M_MMAP_THRESHOLD); smaller freed blocks stay in the heap.
+constexpr double kMmapThreshold = 32.0 * 1024 * 1024;
+// The share of a step's freed heap temporaries that stays resident (fragmentation), measured on
+// this build's CPU runs (0.16 to 0.65).
+constexpr double kHeapRetention = 0.4;
 
 // The tensor shapes of one micro-batch on one rank, in elements.
 struct Geometry {
@@ -102,6 +108,7 @@ struct ChunkPlan {
   double recompute_live = 0;   // bytes a recomputed block adds while its backward runs
   double forward_extra = 0;    // bytes of the forward's transient at its end
   double backward_extra = 0;   // bytes of the backward's largest transient
+  double mapped_saved = 0;     // saved bytes in tensors large enough for their own mapping
 };
 
 ChunkPlan plan_chunk(const PlanInput& in, const Geometry& g, int pp_rank, int chunk) {
@@ -133,6 +140,8 @@ ChunkPlan plan_chunk(const PlanInput& in, const Geometry& g, int pp_rank, int ch
     saved = int64_t(c.layers) * s.total();
   }
   c.act.layers = 4.0 * double(saved);
+  if (4.0 * double(s.probs) >= kMmapThreshold && m.recompute_granularity != "full")
+    c.mapped_saved = 4.0 * double(s.probs) * double(c.layers);
   c.act.embedding = c.pre ? 4.0 * double(g.N * (g.learned_pos ? 2 : 1)) : 0;
   c.act.output_grad = c.post ? 4.0 * double(Rh) : 0;
   c.recompute_live = 4.0 * double(recompute_live);
@@ -149,6 +158,23 @@ ChunkPlan plan_chunk(const PlanInput& in, const Geometry& g, int pp_rank, int ch
   return c;
 }
 
+// Elements whose gradients are partial sums over TP (Parameter::sequence_parallel), which
+// all_reduce_sequence_parallel_grads copies into one flat buffer: under sequence parallelism the
+// norms, the row-parallel biases and the position table; per-head q/k norms under any TP.
+int64_t partial_grad_numel(const PlanInput& in, const std::vector<ChunkPlan>& chunks) {
+  const model::TransformerConfig& m = in.args.model;
+  const bool sp = m.sequence_parallel && in.layout.tp > 1;
+  const int64_t h = m.hidden_size, per_norm = model::norm_kind(m.normalization).has_bias ? 2 : 1;
+  int64_t n = 0;
+  for (const ChunkPlan& c : chunks) {
+    if (sp && c.pre && m.learned_position_embedding()) n += int64_t(m.max_position_embeddings) * h;
+    if (sp) n += int64_t(c.layers) * (2 * per_norm * h + (m.add_bias_linear ? 2 * h : 0));
+    if (m.qk_layernorm && in.layout.tp > 1) n += int64_t(c.layers) * 2 * per_norm * m.head_dim();
+    if (sp && c.post) n += per_norm * h;
+  }
+  return n;
+}
+
 int64_t sum(const std::vector<int64_t>& v) {
   int64_t t = 0;
   for (int64_t x : v) t += x;
@@ -157,7 +183,8 @@ int64_t sum(const std::vector<int64_t>& v) {
 
 }  // namespace
 
-std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, int chunk) {
+std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, int chunk,
+                                            std::vector<bool>* sharded) {
   const model::TransformerConfig& m = in.args.model;
   const model::PipelineLayout L =
       model::PipelineLayout::make(m.num_layers, in.layout.pp, in.args.parallel.num_layers_per_virtual_pipeline_stage);
@@ -165,38 +192,44 @@ std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, in
   const bool norm_bias = model::norm_kind(m.normalization).has_bias;
   const int64_t h = g.h, T = g.T;
   std::vector<int64_t> out;
+  std::vector<bool> split;
+  auto add = [&](int64_t numel, bool is_split) {
+    out.push_back(numel);
+    split.push_back(is_split);
+  };
   auto norm = [&](int64_t width) {
-    out.push_back(width);
-    if (norm_bias) out.push_back(width);
+    add(width, false);
+    if (norm_bias) add(width, false);
   };
   const bool pre = L.has_embedding(pp_rank, chunk), post = L.has_output(pp_rank, chunk);
   if (pre) {
-    out.push_back(g.V / T * h);
-    if (g.learned_pos) out.push_back(int64_t(m.max_position_embeddings) * h);
+    add(g.V / T * h, true);
+    if (g.learned_pos) add(int64_t(m.max_position_embeddings) * h, false);
   }
   const int64_t fc1_rows = g.F * (g.gated ? 2 : 1) / T;
   for (int i = 0; i < L.layers_per_chunk(); ++i) {
     norm(h);
-    out.push_back(g.qkv_width() * h);
-    if (m.qkv_bias()) out.push_back(g.qkv_width());
+    add(g.qkv_width() * h, true);
+    if (m.qkv_bias()) add(g.qkv_width(), true);
     if (g.qk_norm) {
       norm(g.d);
       norm(g.d);
     }
-    out.push_back(h * g.ctx_width());
-    if (m.add_bias_linear) out.push_back(h);
+    add(h * g.ctx_width(), true);
+    if (m.add_bias_linear) add(h, false);
     norm(h);
-    out.push_back(fc1_rows * h);
-    if (m.add_bias_linear) out.push_back(fc1_rows);
-    out.push_back(h * (g.F / T));
-    if (m.add_bias_linear) out.push_back(h);
+    add(fc1_rows * h, true);
+    if (m.add_bias_linear) add(fc1_rows, true);
+    add(h * (g.F / T), true);
+    if (m.add_bias_linear) add(h, false);
   }
   if (post) {
     norm(h);
     // An untied output layer, or the last stage's copy of a tied table (its own chunk only when
     // the embedding is elsewhere).
-    if (m.untie_embeddings_and_output_weights || !pre) out.push_back(g.V / T * h);
+    if (m.untie_embeddings_and_output_weights || !pre) add(g.V / T * h, true);
   }
+  if (sharded) *sharded = split;
   return out;
 }
 
@@ -222,18 +255,21 @@ MemoryPrediction predict_memory(const PlanInput& in) {
     st.pp_rank = r;
     std::vector<int64_t> numels;
     std::vector<ChunkPlan> chunks;
-    int64_t largest_param = 0;
+    // Initialisation draws each whole weight in fp32 and copies a sharded one's slice out of it.
+    int64_t init_transient = 0;
     for (int c = 0; c < l.vp; ++c) {
-      const std::vector<int64_t> n = chunk_parameter_numels(in, r, c);
+      std::vector<bool> split;
+      const std::vector<int64_t> n = chunk_parameter_numels(in, r, c, &split);
       numels.insert(numels.end(), n.begin(), n.end());
-      for (int64_t x : n) largest_param = std::max(largest_param, x);
+      for (size_t i = 0; i < n.size(); ++i)
+        init_transient = std::max(init_transient, split[i] && g.T > 1 ? n[i] * (g.T + 1) : n[i]);
       chunks.push_back(plan_chunk(in, g, r, c));
     }
     st.parameters = sum(numels);
     const double P = double(st.parameters);
     // The flat buffer (optim/grad_buffer.h): with --overlap-grad-reduce in buckets of
     // max(40M, 1M x DP x CP) elements by default, padded for the distributed optimizer.
-    int64_t total = st.parameters, shard = 0;
+    int64_t total = st.parameters, shard = 0, largest_bucket = 0;
     if (buffer) {
       const int64_t bucket =
           a.parallel.overlap_grad_reduce
@@ -244,6 +280,7 @@ MemoryPrediction predict_memory(const PlanInput& in) {
           optim::BufferLayout::build(numels, bucket, dp_cp, l.distributed_optimizer);
       total = layout.total;
       if (l.distributed_optimizer) shard = layout.total_shard_size();
+      for (const auto& b : layout.buckets) largest_bucket = std::max(largest_bucket, b.end - b.begin);
     }
     st.weights = (l.distributed_optimizer ? double(total) : P) * value_bytes;
     st.working_weights = fp32 ? 0 : 4.0 * P;
@@ -290,15 +327,31 @@ MemoryPrediction predict_memory(const PlanInput& in) {
     const double steady = st.static_bytes() + st.comm_buffers + st.workspace_persistent + st.inputs;
     st.peak = steady + peak_pass;
     st.data_indices = in.dataset_bytes;
-    st.resident_overhead = st.data_indices + kResidentBookkeeping + 0.5 * peak_pass;
+    // Collectives after the backward: MPI reduces into a buffer of its own (1/n of the message).
+    const double grad_elem = a.bf16 && a.grad_reduce_in_bf16 ? 2.0 : 4.0;
+    double collective = dp_cp > 1 ? grad_elem * double(largest_bucket) / double(dp_cp) : 0;
+    const int64_t partial = partial_grad_numel(in, chunks);
+    if (g.T > 1 && partial > 0) {
+      const double flat = 4.0 * double(partial);
+      collective = std::max(collective, (flat >= kMmapThreshold ? flat : 0) + flat / double(g.T));
+      st.peak = std::max(st.peak, steady + flat);
+    }
+    if (l.pp > 1 && !a.model.untie_embeddings_and_output_weights && (r == 0 || r == l.pp - 1))
+      collective = std::max(collective, 4.0 * double(g.V / g.T * g.h) / 2.0);
+    st.collective_extra = collective;
+    double mapped = 0;
+    for (const ChunkPlan& c : chunks) mapped += c.mapped_saved;
+    mapped = std::min(peak_pass, mapped * double(st.max_in_flight) / double(chunks.size()));
+    const double step_resident = st.peak + kHeapRetention * (peak_pass - mapped) + st.collective_extra;
     // Set-up: an fp32 model's old parameter storage lives on in its working views until the
     // first forward refreshes them after the distributed optimizer's buffer took the values over;
-    // model construction draws each whole (unsharded) weight before keeping its shard.
+    // model construction holds values and gradients while it draws one whole weight.
     double setup = st.static_bytes() + st.comm_buffers;
     if (l.distributed_optimizer && fp32) setup += 4.0 * P;
-    const double init = 4.0 * P + st.working_weights + P * value_bytes +
-                        4.0 * double(largest_param) * double(std::max<int64_t>(1, g.T)) * 2.0;
+    const double init = 4.0 * P + P * value_bytes + 4.0 * double(init_transient);
     st.peak = std::max({st.peak, setup, init});
+    st.resident_overhead = std::max({step_resident, setup, init}) - st.peak + st.data_indices +
+                           kResidentBookkeeping;
     pred.stages.push_back(st);
   }
   for (size_t i = 0; i < pred.stages.size(); ++i)

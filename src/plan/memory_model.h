@@ -34,7 +34,10 @@ namespace megatron::plan {
 
 // The parameter element counts of chunk `chunk` of pipeline rank `pp_rank`, in the model's
 // parameter order (model::GPTModel::parameters()), this tensor-parallel rank's shards.
-std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, int chunk);
+// With `sharded`, also whether each is split over the tensor-parallel ranks (its initialisation
+// draws the whole tensor and copies this rank's slice out of it).
+std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, int chunk,
+                                            std::vector<bool>* sharded = nullptr);
 
 // Bytes one micro-batch leaves saved in a chunk between its forward and its backward.
 struct ChunkActivations {
@@ -64,10 +67,15 @@ struct StageMemory {
   double workspace_persistent = 0;  // kept between steps (the loss head's logits chunk)
   double peak = 0;           // the allocator's high-water mark
   // Resident memory beyond the tensors and the program itself: the dataset indices, and
-  // (estimated) the heap the step's freed temporaries leave behind (glibc keeps freed blocks for
-  // reuse, model/gpt_model.cpp, and they fragment): about half the step's transient bytes.
+  // (estimated) the heap the step's freed temporaries leave behind (glibc keeps freed blocks below
+  // its mapping threshold for reuse, model/gpt_model.cpp, and they fragment): 40% of them.
   double resident_overhead = 0;
   double data_indices = 0;   // the dataset indices (in resident_overhead; data_memory.h)
+  // Resident memory a collective after the backward adds while it runs (in resident_overhead):
+  // MPI's own reduction buffer (a 1/n share of the message) and our flat copy of the
+  // sequence-parallel gradients when it is large enough for its own mapping.
+  double collective_extra = 0;
+  double peak_resident(double process) const { return peak + resident_overhead + process; }
   double static_bytes() const {
     return weights + working_weights + gradients + main_weights + optimizer_moments;
   }

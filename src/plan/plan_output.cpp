@@ -75,11 +75,12 @@ std::string prediction_table(const MemoryPrediction& p, double process) {
   });
   line("peak (host allocator)", [](const StageMemory& m) { return m.peak; });
   line("dataset indices", [](const StageMemory& m) { return m.data_indices; });
+  line("collective buffers (MPI)", [](const StageMemory& m) { return m.collective_extra; });
   line("heap retention (estimate)", [](const StageMemory& m) {
-    return m.resident_overhead - m.data_indices;
+    return m.resident_overhead - m.data_indices - m.collective_extra;
   });
   line("peak resident (+ program)", [process](const StageMemory& m) {
-    return m.peak + m.resident_overhead + process;
+    return m.peak_resident(process);
   });
   return s;
 }
@@ -92,7 +93,8 @@ nlohmann::json stage_json(const StageMemory& m) {
           {"activations_per_microbatch", m.activations_per_microbatch},
           {"max_in_flight", m.max_in_flight}, {"activations", m.activations},
           {"workspace", m.workspace + m.workspace_persistent}, {"peak", m.peak},
-          {"resident_overhead", m.resident_overhead}, {"data_indices", m.data_indices}};
+          {"resident_overhead", m.resident_overhead}, {"data_indices", m.data_indices},
+          {"collective_extra", m.collective_extra}};
 }
 
 nlohmann::json time_json(const StepTime& t) {
