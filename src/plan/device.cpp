@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -63,6 +64,28 @@ double measure_copy_bandwidth() {
     if (s > 0) best = std::max(best, 2.0 * double(bytes) / s);
   }
   return best;
+}
+
+// Seconds for one hand-off between two threads spinning on a shared word (yielding while they
+// wait): what a shared-memory transport between two ranks pays at least per message. On a busy
+// machine the other thread must first be scheduled, and this shows it.
+double measure_handoff_latency() {
+  std::atomic<int> turn{0};
+  constexpr int kRounds = 500;
+  std::thread other([&] {
+    for (int i = 0; i < kRounds; ++i) {
+      while (turn.load(std::memory_order_acquire) != 1) std::this_thread::yield();
+      turn.store(0, std::memory_order_release);
+    }
+  });
+  const auto t0 = Clock::now();
+  for (int i = 0; i < kRounds; ++i) {
+    turn.store(1, std::memory_order_release);
+    while (turn.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  }
+  const double s = seconds_since(t0);
+  other.join();
+  return s / (2.0 * kRounds);
 }
 
 double host_memory_total() {
@@ -134,7 +157,9 @@ DeviceSpec make_device(const std::string& name, int ranks_here, const DeviceOver
     const double copy = measure_copy_bandwidth();
     d.memory_bandwidth = copy / double(std::min(ranks, cores));
     d.interconnect_bandwidth = copy / 2.0 / double(std::min(ranks, cores));  // shared memory, in and out
-    d.collective_latency = ranks > cores ? 1e-3 : 30e-6;
+    // MPI's own overhead per collective step over the hand-off between two cores.
+    d.collective_latency = std::max(30e-6, 4.0 * measure_handoff_latency()) *
+                           (ranks > cores ? double(ranks) / double(cores) : 1.0);
     d.memory_bytes = host_memory_total() / double(ranks);
     d.reserved_bytes = double(resident_memory().current);
     d.description = str("this machine's CPU, measured: ", cores, " cores, ", threads,
@@ -143,7 +168,7 @@ DeviceSpec make_device(const std::string& name, int ranks_here, const DeviceOver
     MG_REQUIRE(o.tflops && o.memory_gib, "a device is needed: --device h100|h200|cpu, or "
                "--device-tflops and --device-memory-gib for another one");
     d.name = "custom";
-    d.description = "as given by --device-tflops and --device-memory-gib";
+    d.description = "a device as given by --device-tflops and --device-memory-gib";
     d.efficiency = 0.45;
     d.memory_bandwidth = 2e12;
     d.interconnect_bandwidth = 50e9;

@@ -15,7 +15,7 @@
 #include "core/host_memory.h"
 #include "core/log.h"
 #include "core/progress.h"
-#include "training/memory_report.h"
+#include "training/run_log_lines.h"
 #include "training/metrics_writer.h"
 #include "training/training_run.h"
 

@@ -8,6 +8,7 @@
 #include "model/layer_spec.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/optimizer.h"
+#include "training/run_log_lines.h"
 #include "training/training_run.h"
 
 namespace megatron::training {
@@ -159,6 +160,9 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   validate_args(a);
   validate_parallel_args(a, world->size());
   TrainingRun r;
+  // Megatron's arguments block first (the last rank prints the log here).
+  if (world->rank() == world->size() - 1)
+    for (const std::string& line : format_arguments_block(a)) log_print(line);
   r.comm_stats = std::make_shared<CommStats>();
   ParallelConfig pc;
   pc.tensor_model_parallel_size = a.parallel.tensor_model_parallel_size;
