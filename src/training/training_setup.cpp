@@ -160,9 +160,6 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   validate_args(a);
   validate_parallel_args(a, world->size());
   TrainingRun r;
-  // Megatron's arguments block first (the last rank prints the log here).
-  if (world->rank() == world->size() - 1)
-    for (const std::string& line : format_arguments_block(a)) log_print(line);
   r.comm_stats = std::make_shared<CommStats>();
   ParallelConfig pc;
   pc.tensor_model_parallel_size = a.parallel.tensor_model_parallel_size;
@@ -207,6 +204,9 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   a.data.eod_id = tokenizer->eod_or_throw();
   a.data.vocab_size = tokenizer->vocab_size();
   r.a = std::move(a);
+  // Megatron's arguments block, with what the flags resolved to (padded vocabulary, precision).
+  if (r.log_rank)
+    for (const std::string& line : format_arguments_block(r.a)) log_print(line);
 
   find_load_checkpoint(r);
   build_datasets(r);
