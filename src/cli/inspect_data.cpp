@@ -15,6 +15,7 @@
 #include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "data/data_builder.h"
 #include "data/indexed_dataset.h"
 #include "data/tokenizer.h"
@@ -91,7 +92,9 @@ void print_summary(const data::IndexedDataset& ds, bool with_entropy) {
   // context, the baseline a trained language model's loss should fall well below.
   std::vector<int64_t> counts;
   std::vector<int32_t> ids;
+  ProgressLine progress(true, 30);  // reading the whole .bin of a large dataset takes a while
   for (int64_t q = 0; q < ds.num_sequences(); ++q) {
+    if (progress.due()) progress.update("--entropy: " + progress_text(q, ds.num_sequences(), progress.elapsed(), "sequences"));
     ids.clear();
     ds.read(q, 0, ds.sequence_length(q), ids);
     for (int32_t t : ids) {

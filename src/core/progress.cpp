@@ -10,7 +10,7 @@ namespace megatron {
 
 ProgressLine::ProgressLine(bool enabled, double plain_interval_seconds)
     : enabled_(enabled), live_(enabled && stderr_is_terminal()),
-      plain_interval_(plain_interval_seconds), last_(Clock::now()) {}
+      plain_interval_(plain_interval_seconds), start_(Clock::now()), last_(start_) {}
 
 ProgressLine::~ProgressLine() { finish(); }
 
@@ -30,6 +30,10 @@ void ProgressLine::update(const std::string& text, bool force) {
   } else {
     log_info(text);
   }
+}
+
+double ProgressLine::elapsed() const {
+  return std::chrono::duration<double>(Clock::now() - start_).count();
 }
 
 void ProgressLine::finish() {

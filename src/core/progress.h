@@ -29,12 +29,14 @@ class ProgressLine {
   void update(const std::string& text, bool force = false);
   // Erases the live line (also done by the destructor).
   void finish();
+  double elapsed() const;  // seconds since construction
+
 
  private:
   using Clock = std::chrono::steady_clock;
   bool enabled_, live_;
   double plain_interval_;
-  Clock::time_point last_{};
+  Clock::time_point start_, last_;
   bool shown_ = false;
 };
 
