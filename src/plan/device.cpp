@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -29,12 +30,12 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// FLOP/s of this build's CPU matrix product at a transformer-like shape ([1024, 1024] x
-// [1024, 1024]^T, fp32) with `threads` OpenMP threads: the best of a few timed runs.
-double measure_gemm_flops(int threads) {
+// FLOP/s of this build's CPU matrix product of [n, n] x [n, n]^T (fp32) with `threads` OpenMP
+// threads: the best of a few timed runs.
+double measure_gemm_flops(int threads, int64_t n_side = 1024) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(threads);
-  const int64_t m = 1024, k = 1024, n = 1024;
+  const int64_t m = n_side, k = n_side, n = n_side;
   Tensor a = Tensor::zeros({m, k}, DType::F32), b = Tensor::zeros({n, k}, DType::F32);
   Tensor c = Tensor::zeros({m, n}, DType::F32);
   a.fill_(0.5);
@@ -117,6 +118,19 @@ DeviceSpec gpu(const std::string& name, double memory_mib, double bandwidth, boo
 
 }  // namespace
 
+double DeviceSpec::achieved_flops(double flops) const {
+  if (product_rates.empty()) return achieved_flops();
+  if (flops <= product_rates.front().first) return product_rates.front().second;
+  for (size_t i = 1; i < product_rates.size(); ++i)
+    if (flops <= product_rates[i].first) {
+      const auto& [f0, r0] = product_rates[i - 1];
+      const auto& [f1, r1] = product_rates[i];
+      const double t = std::log(flops / f0) / std::log(f1 / f0);
+      return r0 + t * (r1 - r0);
+    }
+  return product_rates.back().second;
+}
+
 double process_resident_baseline(const PlanInput& in, int threads) {
   const int saved = omp_get_max_threads();
   if (threads > 0) omp_set_num_threads(threads);
@@ -151,8 +165,15 @@ DeviceSpec make_device(const std::string& name, int ranks_here, const DeviceOver
     d.name = "cpu";
     d.measured = true;
     // Oversubscribed ranks share the cores: each gets cores / ranks of one thread's rate.
-    const double rate = measure_gemm_flops(threads);
-    d.peak_flops = ranks > cores ? rate * double(cores) / double(ranks) : rate;
+    const double share = ranks > cores ? double(cores) / double(ranks) : 1.0;
+    for (const int64_t side : {128, 256, 512, 1024}) {
+      const double f = 2.0 * double(side * side * side);
+      d.product_rates.push_back({f, measure_gemm_flops(threads, side) * share});
+    }
+    // Larger products never run slower (timing noise on a busy machine aside).
+    for (size_t i = d.product_rates.size() - 1; i-- > 0;)
+      d.product_rates[i].second = std::min(d.product_rates[i].second, d.product_rates[i + 1].second);
+    d.peak_flops = d.product_rates.back().second;
     d.efficiency = 1.0;  // the measured rate is what the products reach
     const double copy = measure_copy_bandwidth();
     d.memory_bandwidth = copy / double(std::min(ranks, cores));

@@ -9,6 +9,8 @@
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "plan/plan_config.h"
 
@@ -25,7 +27,13 @@ struct DeviceSpec {
   double collective_latency = 0;    // seconds per collective call
   double reserved_bytes = 0;        // held outside tensors: runtime, context, process baseline
   bool measured = false;            // the figures were measured on this machine
+  // Measured devices: the rate of a matrix product by its FLOPs (ascending): small products run
+  // well below the large ones' rate.
+  std::vector<std::pair<double, double>> product_rates;
   double achieved_flops() const { return peak_flops * efficiency; }
+  // The rate of products of `flops_per_product` FLOPs each (log-interpolated between the
+  // measured ones; the achieved rate without measurements).
+  double achieved_flops(double flops_per_product) const;
 };
 
 struct DeviceOverrides {

@@ -1,8 +1,11 @@
 // One rank's share of a layout, measured (measure.h).
 #include "plan/measure.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <thread>
 
 #include "core/error.h"
 #include "core/host_memory.h"
@@ -61,9 +64,20 @@ Measurement measure_rank(const PlanInput& in, int world_rank, int iterations) {
   m.pp_rank = world_rank / (in.layout.tp * in.layout.cp * in.layout.dp);
   m.iterations = iterations;
   m.resident_before = double(resident_memory().current);
+  // The rank's share of this machine's cores, as `megatron launch` gives it.
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(std::max(1, cores / std::min(in.world_size, cores)));
   reset_host_memory_peak();
   reset_resident_peak();
-  const training::TrainingSummary s = training::pretrain_gpt(a, make_simulated_world(pc, world_rank));
+  training::TrainingSummary s;
+  try {
+    s = training::pretrain_gpt(a, make_simulated_world(pc, world_rank));
+  } catch (...) {
+    omp_set_num_threads(saved_threads);
+    throw;
+  }
+  omp_set_num_threads(saved_threads);
   m.peak_allocated = double(host_memory_stats().peak);
   m.peak_resident = double(resident_memory().peak);
   std::vector<double> t(s.iteration_seconds.begin() + 1, s.iteration_seconds.end());

@@ -39,7 +39,9 @@ StepTime estimate_step_time(const PlanInput& in, const DeviceSpec& dev) {
   // Model FLOPs per token (forward + backward = 3 x forward), Megatron's terms.
   const double mlp = 6.0 * h * F * (gated ? 3.0 : 2.0);
   const double linear = 6.0 * (h * (q + 2 * kv) + q * h);
-  const double core = 6.0 * q * s * (m.causal() ? 0.5 : 1.0);  // masked half skipped
+  // Megatron's causal attention term (the masked half skipped): 6 q s per token; twice that for
+  // bidirectional attention.
+  const double core = 6.0 * q * s * (m.causal() ? 1.0 : 2.0);
   const double head = 6.0 * h * V;
   double per_layer = mlp + linear + core;
   if (m.recompute_granularity == "full") per_layer += (mlp + linear + core) / 3.0;
@@ -51,8 +53,12 @@ StepTime estimate_step_time(const PlanInput& in, const DeviceSpec& dev) {
   const double h_share = (m.sequence_parallel && T > 1) ? T : 1.0;
   const double elementwise = 3.0 * (48.0 * h / h_share + 12.0 * F * (gated ? 2.0 : 1.0) / T) +
                              6.0 * 4.0 * (n / T) * s * (m.causal() ? 0.5 : 1.0);
-  const double rate = dev.achieved_flops(), bw = dev.memory_bandwidth;
   const double mb_tokens = tokens / C;  // this rank's tokens of one micro-batch
+  // The products' rate at this layout's sizes: the geometric mean of a layer's four products
+  // (QKV, projection, fc1, fc2) of this rank's rows and widths.
+  const double per_product = 2.0 * mb_tokens * h *
+                             std::pow((q + 2 * kv) / T * (q / T) * (F * (gated ? 2 : 1) / T) * (F / T), 0.25);
+  const double rate = dev.achieved_flops(per_product), bw = dev.memory_bandwidth;
   auto stage_time = [&](bool first, bool last) {
     double flops = mb_tokens * layers_per_stage * per_layer / T;
     if (last) flops += mb_tokens * head / T;

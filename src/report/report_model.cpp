@@ -122,8 +122,10 @@ ReportModel build_report_model(const RunRecord& r, const ReportOptions& o) {
       tok.x.push_back(double(iv.iteration));
       tok.y.push_back(*t);
     }
+    // Megatron's formula over the step time when the arguments give the model (the log prints
+    // TFLOP/s with one decimal only), else the log's own figure.
     std::optional<double> f = iv.tflops_per_device;
-    if (!f && iv.ms_per_iteration > 0)
+    if (iv.ms_per_iteration > 0)
       if (auto fl = flops_per_iteration(r, iv.global_batch_size))
         f = *fl / (iv.ms_per_iteration / 1000.0) / double(world) / 1e12;
     if (f) {

@@ -293,15 +293,19 @@ RunRecord read_run(const RunSources& src) {
   }
   std::stable_sort(r.intervals.begin(), r.intervals.end(),
                    [](const Interval& a, const Interval& b) { return a.iteration < b.iteration; });
-  // The folders the arguments name, when they are there and not given already.
+  // The folders the arguments name (relative to the current folder, as the run was likely
+  // started from it), when they are there and not read already.
   std::vector<fs::path> tb = src.tensorboard_dirs, ck = src.checkpoint_dirs;
-  std::error_code ec;
-  if (auto d = r.argument("tensorboard_dir"); d && !d->empty() && fs::is_directory(*d, ec) &&
-                                              std::find(tb.begin(), tb.end(), fs::path(*d)) == tb.end())
-    tb.push_back(*d);
-  if (auto d = r.argument("save"); d && !d->empty() && fs::is_directory(*d, ec) &&
-                                   std::find(ck.begin(), ck.end(), fs::path(*d)) == ck.end())
-    ck.push_back(*d);
+  auto add_named = [&](const char* arg, std::vector<fs::path>& dirs) {
+    std::error_code ec;
+    const auto d = r.argument(arg);
+    if (!d || d->empty() || !fs::is_directory(*d, ec)) return;
+    for (const fs::path& have : dirs)
+      if (fs::equivalent(have, *d, ec)) return;
+    dirs.push_back(*d);
+  };
+  add_named("tensorboard_dir", tb);
+  add_named("save", ck);
   for (const fs::path& d : tb) {
     std::vector<fs::path> files;
     for (auto& [tag, v] : read_event_dir(d, &files)) {
@@ -310,6 +314,8 @@ RunRecord read_run(const RunSources& src) {
     }
     for (const fs::path& f : files) r.sources.push_back(f.string());
   }
+  for (auto& [tag, v] : r.scalars)
+    std::stable_sort(v.begin(), v.end(), [](const Scalar& a, const Scalar& b) { return a.step < b.step; });
   for (const fs::path& d : ck) {
     read_checkpoints(d, r);
     r.sources.push_back(d.string());
