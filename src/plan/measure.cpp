@@ -54,11 +54,7 @@ Measurement measure_rank(const PlanInput& in, int world_rank, int iterations) {
   a.skip_train = false;
   if (a.lr < 0) a.lr = 1e-4;
   if (a.min_lr > a.lr) a.min_lr = 0;
-  ParallelConfig pc;
-  pc.world_size = in.world_size;
-  pc.tensor_model_parallel_size = in.layout.tp;
-  pc.pipeline_model_parallel_size = in.layout.pp;
-  pc.context_parallel_size = in.layout.cp;
+  const ParallelConfig pc = parallel_config(in);
   Measurement m;
   m.world_rank = world_rank;
   m.pp_rank = world_rank / (in.layout.tp * in.layout.cp * in.layout.dp);

@@ -122,6 +122,15 @@ PlanInput with_layout(const PlanInput& base, const Layout& layout) {
   return in;
 }
 
+ParallelConfig parallel_config(const PlanInput& in) {
+  ParallelConfig pc;
+  pc.world_size = in.world_size;
+  pc.tensor_model_parallel_size = in.layout.tp;
+  pc.pipeline_model_parallel_size = in.layout.pp;
+  pc.context_parallel_size = in.layout.cp;
+  return pc;
+}
+
 MegatronMemoryArgs megatron_args_for(const PlanInput& in) {
   const training::TrainingArgs& a = in.args;
   const model::TransformerConfig& m = a.model;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "comm/parallel_state.h"
 #include "plan/megatron_memory.h"
 #include "training/trainer.h"
 
@@ -61,6 +62,9 @@ PlanInput with_layout(const PlanInput& base, const Layout& layout);
 Layout layout_of(const training::TrainingArgs& a, int world_size);
 // The arguments of `a` with `layout` applied (parallel sizes, micro-batch, recompute, SP, ...).
 training::TrainingArgs apply_layout(training::TrainingArgs a, const Layout& layout);
+
+// The parallel groups' configuration of the layout (comm/parallel_state.h).
+ParallelConfig parallel_config(const PlanInput& in);
 
 // Megatron's args for report_theoretical_memory, as Megatron's argument processing derives them
 // from the same command line (kv_channels = h / heads; the SwiGLU FFN width; query groups only

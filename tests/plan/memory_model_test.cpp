@@ -117,15 +117,6 @@ std::vector<Case> cases() {
 
 plan::PlanInput input_of(const Case& c) { return plan::make_plan_input(c.args, c.world, 4100); }
 
-ParallelConfig config_of(const plan::PlanInput& in) {
-  ParallelConfig pc;
-  pc.world_size = in.world_size;
-  pc.tensor_model_parallel_size = in.layout.tp;
-  pc.pipeline_model_parallel_size = in.layout.pp;
-  pc.context_parallel_size = in.layout.cp;
-  return pc;
-}
-
 // The micro-batches of one iteration with random tokens (this rank's CP slice).
 std::vector<model::GPTInputs> batches(const plan::PlanInput& in, const ParallelState& ps) {
   std::mt19937 rng(7);
@@ -153,7 +144,7 @@ TEST(PlanMemoryModel, ParametersActivationsAndInFlightAreTheModels) {
     SCOPED_TRACE(c.name);
     const plan::PlanInput in = input_of(c);
     const plan::MemoryPrediction pred = plan::predict_memory(in);
-    const ParallelConfig pc = config_of(in);
+    const ParallelConfig pc = plan::parallel_config(in);
     // The first rank of every pipeline stage.
     for (int stage = 0; stage < in.layout.pp; ++stage) {
       SCOPED_TRACE("stage " + std::to_string(stage));
