@@ -9,8 +9,11 @@
 namespace megatron {
 
 ProgressLine::ProgressLine(bool enabled, double plain_interval_seconds)
-    : enabled_(enabled), live_(enabled && stderr_is_terminal()),
-      plain_interval_(plain_interval_seconds), start_(Clock::now()), last_(start_) {}
+    : enabled_(enabled),
+      live_(enabled && stderr_is_terminal()),
+      plain_interval_(plain_interval_seconds),
+      start_(Clock::now()),
+      last_(start_) {}
 
 ProgressLine::~ProgressLine() { finish(); }
 

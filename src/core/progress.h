@@ -31,7 +31,6 @@ class ProgressLine {
   void finish();
   double elapsed() const;  // seconds since construction
 
-
  private:
   using Clock = std::chrono::steady_clock;
   bool enabled_, live_;
@@ -43,7 +42,8 @@ class ProgressLine {
 // "1h02m", "3m05s", "12s"; "?" for a negative or absurd estimate.
 std::string format_duration(double seconds);
 // "DONE/TOTAL UNIT (P%), R UNIT/s, ETA T" (TOTAL <= 0: "DONE UNIT, R UNIT/s").
-std::string progress_text(int64_t done, int64_t total, double elapsed_seconds, const std::string& unit);
+std::string progress_text(int64_t done, int64_t total, double elapsed_seconds,
+                          const std::string& unit);
 
 // The live line's hooks inside the logger (core/log.cpp): the text redrawn after each log line;
 // empty erases it.

@@ -38,8 +38,9 @@ Source open(const std::string& prefix) {
 }
 
 // One split over a blend: per component the samples it is asked for, plus the blend's indices.
-double blend_bytes(const data::Blend& blend, const std::optional<std::pair<double, double>>& bookends,
-                   int64_t n, int64_t seq, std::vector<Source>& sources) {
+double blend_bytes(const data::Blend& blend,
+                   const std::optional<std::pair<double, double>>& bookends, int64_t n, int64_t seq,
+                   std::vector<Source>& sources) {
   if (!bookends) return 0;
   double bytes = 0;
   for (size_t d = 0; d < blend.prefixes.size(); ++d) {
@@ -49,7 +50,8 @@ double blend_bytes(const data::Blend& blend, const std::optional<std::pair<doubl
     if (n >= 0 && blend.prefixes.size() == 1 && !blend.weights) samples = n;
     if (n >= 0 && blend.weights)
       samples = int64_t(std::ceil(std::ceil(double(n) * (*blend.weights)[d]) * 1.005));
-    bytes += split_bytes(lengths, data::split_range(*bookends, int64_t(lengths.size())), samples, seq);
+    bytes +=
+        split_bytes(lengths, data::split_range(*bookends, int64_t(lengths.size())), samples, seq);
   }
   if (blend.prefixes.size() > 1 || blend.weights) bytes += double(std::max<int64_t>(n, 0)) * 10.0;
   return bytes;
@@ -67,15 +69,17 @@ double dataset_index_bytes(const training::TrainingArgs& a, int64_t gbs, int64_t
     const data::SplitMatrix m = data::split_matrix(data::parse_split("1,1,1"));
     for (int s = 0; s < 3; ++s)
       if (m[size_t(s)])
-        bytes += split_bytes(mock.sequence_lengths(), data::split_range(*m[size_t(s)], mock.num_sequences()),
-                             n[size_t(s)] >= 0 ? std::optional<int64_t>(n[size_t(s)]) : std::nullopt, seq);
+        bytes += split_bytes(
+            mock.sequence_lengths(), data::split_range(*m[size_t(s)], mock.num_sequences()),
+            n[size_t(s)] >= 0 ? std::optional<int64_t>(n[size_t(s)]) : std::nullopt, seq);
     return bytes + double(mock.num_sequences()) * 4.0;
   }
   if (!a.data.data_path.empty()) {
     const data::Blend blend = data::parse_blend(a.data.data_path, "--data-path");
     const data::SplitMatrix m = data::split_matrix(data::parse_split(a.data.split));
     std::vector<Source> sources;
-    for (int s = 0; s < 3; ++s) bytes += blend_bytes(blend, m[size_t(s)], n[size_t(s)], seq, sources);
+    for (int s = 0; s < 3; ++s)
+      bytes += blend_bytes(blend, m[size_t(s)], n[size_t(s)], seq, sources);
     for (const Source& src : sources) bytes += src.file_index_bytes;
     return bytes;
   }

@@ -138,7 +138,8 @@ double process_resident_baseline(const PlanInput& in, int threads) {
   // Few rows, the model's widths (capped: beyond the products' blocking nothing more is touched):
   // the product buffers fill as training's do, in milliseconds.
   const int64_t h = std::min<int64_t>(m.hidden_size, 512);
-  const int64_t wide = std::min<int64_t>(std::max<int64_t>(m.padded_vocab_size / in.layout.tp, m.ffn()), 16384);
+  const int64_t wide =
+      std::min<int64_t>(std::max<int64_t>(m.padded_vocab_size / in.layout.tp, m.ffn()), 16384);
   for (const int64_t n : {wide, std::min<int64_t>(int64_t(m.ffn()) * 2 / in.layout.tp, 16384)}) {
     Tensor a = Tensor::zeros({16, h}, DType::F32), b = Tensor::zeros({n, h}, DType::F32);
     Tensor c = Tensor::zeros({16, n}, DType::F32), d = Tensor::zeros({n, h}, DType::F32);
@@ -150,7 +151,8 @@ double process_resident_baseline(const PlanInput& in, int threads) {
   return double(resident_memory().current);
 }
 
-DeviceSpec make_device(const std::string& name, int ranks_here, const DeviceOverrides& o, bool bf16) {
+DeviceSpec make_device(const std::string& name, int ranks_here, const DeviceOverrides& o,
+                       bool bf16) {
   DeviceSpec d;
   if (name == "h100") {
     d = gpu("h100", 81559, 3.35e12, bf16);
@@ -172,21 +174,24 @@ DeviceSpec make_device(const std::string& name, int ranks_here, const DeviceOver
     }
     // Larger products never run slower (timing noise on a busy machine aside).
     for (size_t i = d.product_rates.size() - 1; i-- > 0;)
-      d.product_rates[i].second = std::min(d.product_rates[i].second, d.product_rates[i + 1].second);
+      d.product_rates[i].second =
+          std::min(d.product_rates[i].second, d.product_rates[i + 1].second);
     d.peak_flops = d.product_rates.back().second;
     d.efficiency = 1.0;  // the measured rate is what the products reach
     const double copy = measure_copy_bandwidth();
     d.memory_bandwidth = copy / double(std::min(ranks, cores));
-    d.interconnect_bandwidth = copy / 2.0 / double(std::min(ranks, cores));  // shared memory, in and out
+    d.interconnect_bandwidth =
+        copy / 2.0 / double(std::min(ranks, cores));  // shared memory, in and out
     // MPI's own overhead per collective step over the hand-off between two cores.
     d.collective_latency = std::max(30e-6, 4.0 * measure_handoff_latency()) *
                            (ranks > cores ? double(ranks) / double(cores) : 1.0);
     d.memory_bytes = host_memory_total() / double(ranks);
     d.reserved_bytes = double(resident_memory().current);
     d.description = str("this machine's CPU, measured: ", cores, " cores, ", threads,
-                         " thread(s) per rank for ", ranks, " rank(s)");
+                        " thread(s) per rank for ", ranks, " rank(s)");
   } else if (name.empty()) {
-    MG_REQUIRE(o.tflops && o.memory_gib, "a device is needed: --device h100|h200|cpu, or "
+    MG_REQUIRE(o.tflops && o.memory_gib,
+               "a device is needed: --device h100|h200|cpu, or "
                "--device-tflops and --device-memory-gib for another one");
     d.name = "custom";
     d.description = "a device as given by --device-tflops and --device-memory-gib";
@@ -196,7 +201,8 @@ DeviceSpec make_device(const std::string& name, int ranks_here, const DeviceOver
     d.collective_latency = 20e-6;
     d.reserved_bytes = 1.5 * kGiB;
   } else {
-    MG_THROW("--device ", name, " is not known: use h100, h200 or cpu (measured on this machine), "
+    MG_THROW("--device ", name,
+             " is not known: use h100, h200 or cpu (measured on this machine), "
              "or describe it with --device-tflops and --device-memory-gib");
   }
   if (o.memory_gib) {

@@ -17,16 +17,16 @@
 namespace megatron::plan {
 
 struct DeviceSpec {
-  std::string name;                 // "h100", "h200", "cpu", or "custom"
-  std::string description;          // one line for the report
-  double memory_bytes = 0;          // usable by one rank
-  double peak_flops = 0;            // dense, in the training precision, per device
-  double efficiency = 0.5;          // fraction of peak_flops a transformer's products reach
-  double memory_bandwidth = 0;      // bytes/s (element-wise work, the optimizer step)
+  std::string name;                   // "h100", "h200", "cpu", or "custom"
+  std::string description;            // one line for the report
+  double memory_bytes = 0;            // usable by one rank
+  double peak_flops = 0;              // dense, in the training precision, per device
+  double efficiency = 0.5;            // fraction of peak_flops a transformer's products reach
+  double memory_bandwidth = 0;        // bytes/s (element-wise work, the optimizer step)
   double interconnect_bandwidth = 0;  // bytes/s per device and direction
-  double collective_latency = 0;    // seconds per collective call
-  double reserved_bytes = 0;        // held outside tensors: runtime, context, process baseline
-  bool measured = false;            // the figures were measured on this machine
+  double collective_latency = 0;      // seconds per collective call
+  double reserved_bytes = 0;          // held outside tensors: runtime, context, process baseline
+  bool measured = false;              // the figures were measured on this machine
   // Measured devices: the rate of a matrix product by its FLOPs (ascending): small products run
   // well below the large ones' rate.
   std::vector<std::pair<double, double>> product_rates;

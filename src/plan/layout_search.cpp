@@ -20,9 +20,9 @@ std::vector<int> divisors(int n) {
 
 bool same(const Layout& a, const Layout& b) {
   return a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && a.dp == b.dp && a.vp == b.vp &&
-         a.micro_batch_size == b.micro_batch_size && (a.sequence_parallel || a.tp == 1) ==
-         (b.sequence_parallel || b.tp == 1) && a.distributed_optimizer == b.distributed_optimizer &&
-         a.recompute == b.recompute;
+         a.micro_batch_size == b.micro_batch_size &&
+         (a.sequence_parallel || a.tp == 1) == (b.sequence_parallel || b.tp == 1) &&
+         a.distributed_optimizer == b.distributed_optimizer && a.recompute == b.recompute;
 }
 
 }  // namespace
@@ -81,7 +81,8 @@ std::string format_search_table(const std::vector<Candidate>& ranked, const Layo
                                 size_t rows) {
   std::string s;
   char buf[320];
-  std::snprintf(buf, sizeof buf, "%4s  %-4s %-4s %-4s %-4s %-4s %-4s %-3s %-8s %-9s %10s %10s %12s %9s %6s\n",
+  std::snprintf(buf, sizeof buf,
+                "%4s  %-4s %-4s %-4s %-4s %-4s %-4s %-3s %-8s %-9s %10s %10s %12s %9s %6s\n",
                 "rank", "TP", "PP", "VP", "CP", "DP", "mbs", "SP", "dist-opt", "recompute",
                 "memory", "step (s)", "tokens/s", "TFLOP/s", "MFU");
   s += buf;
@@ -91,11 +92,13 @@ std::string format_search_table(const std::vector<Candidate>& ranked, const Layo
     if (!c.fits) break;
     const Layout& l = c.layout;
     std::snprintf(buf, sizeof buf,
-                  "%4zu  %-4d %-4d %-4d %-4d %-4d %-4lld %-3s %-8s %-9s %7.2f GiB %10.4g %12.1f %9.3g %5.1f%%%s\n",
+                  "%4zu  %-4d %-4d %-4d %-4d %-4d %-4lld %-3s %-8s %-9s %7.2f GiB %10.4g %12.1f "
+                  "%9.3g %5.1f%%%s\n",
                   i + 1, l.tp, l.pp, l.vp, l.cp, l.dp, (long long)l.micro_batch_size,
-                  l.sequence_parallel && l.tp > 1 ? "yes" : "no", l.distributed_optimizer ? "yes" : "no",
-                  l.recompute.c_str(), c.peak_bytes / (1024.0 * 1024.0 * 1024.0), c.time.total,
-                  c.time.tokens_per_second, c.time.tflops_per_device, 100.0 * c.time.mfu,
+                  l.sequence_parallel && l.tp > 1 ? "yes" : "no",
+                  l.distributed_optimizer ? "yes" : "no", l.recompute.c_str(),
+                  c.peak_bytes / (1024.0 * 1024.0 * 1024.0), c.time.total, c.time.tokens_per_second,
+                  c.time.tflops_per_device, 100.0 * c.time.mfu,
                   same(l, current) ? "  <- the run's layout" : "");
     s += buf;
     ++shown;
@@ -105,27 +108,30 @@ std::string format_search_table(const std::vector<Candidate>& ranked, const Layo
 
 nlohmann::json candidate_json(const Candidate& c) {
   const Layout& l = c.layout;
-  return nlohmann::json{
-      {"tensor_model_parallel_size", l.tp},
-      {"pipeline_model_parallel_size", l.pp},
-      {"virtual_pipeline_model_parallel_size", l.vp},
-      {"context_parallel_size", l.cp},
-      {"data_parallel_size", l.dp},
-      {"micro_batch_size", l.micro_batch_size},
-      {"sequence_parallel", l.sequence_parallel && l.tp > 1},
-      {"use_distributed_optimizer", l.distributed_optimizer},
-      {"recompute", l.recompute},
-      {"fits", c.fits},
-      {"peak_memory_bytes", c.peak_bytes},
-      {"step_seconds", c.time.total},
-      {"tokens_per_second", c.time.tokens_per_second},
-      {"tflops_per_device", c.time.tflops_per_device},
-      {"mfu", c.time.mfu},
-      {"time_breakdown",
-       {{"compute", c.time.compute}, {"bubble", c.time.bubble}, {"tp_comm", c.time.tp_comm},
-        {"cp_comm", c.time.cp_comm}, {"pp_comm", c.time.pp_comm}, {"dp_comm", c.time.dp_comm},
-        {"optimizer", c.time.optimizer}}},
-      {"flags", l.describe()}};
+  return nlohmann::json{{"tensor_model_parallel_size", l.tp},
+                        {"pipeline_model_parallel_size", l.pp},
+                        {"virtual_pipeline_model_parallel_size", l.vp},
+                        {"context_parallel_size", l.cp},
+                        {"data_parallel_size", l.dp},
+                        {"micro_batch_size", l.micro_batch_size},
+                        {"sequence_parallel", l.sequence_parallel && l.tp > 1},
+                        {"use_distributed_optimizer", l.distributed_optimizer},
+                        {"recompute", l.recompute},
+                        {"fits", c.fits},
+                        {"peak_memory_bytes", c.peak_bytes},
+                        {"step_seconds", c.time.total},
+                        {"tokens_per_second", c.time.tokens_per_second},
+                        {"tflops_per_device", c.time.tflops_per_device},
+                        {"mfu", c.time.mfu},
+                        {"time_breakdown",
+                         {{"compute", c.time.compute},
+                          {"bubble", c.time.bubble},
+                          {"tp_comm", c.time.tp_comm},
+                          {"cp_comm", c.time.cp_comm},
+                          {"pp_comm", c.time.pp_comm},
+                          {"dp_comm", c.time.dp_comm},
+                          {"optimizer", c.time.optimizer}}},
+                        {"flags", l.describe()}};
 }
 
 }  // namespace megatron::plan

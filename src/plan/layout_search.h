@@ -6,10 +6,9 @@
 // memory breaks ties).
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "plan/device.h"
 #include "plan/memory_model.h"

@@ -26,7 +26,8 @@ double weight_and_optimizer_memory(const MegatronMemoryArgs& a, MegatronMemoryRe
   const int64_t query_projection_size = a.kv_channels * a.num_attention_heads;
   const double query_projection_to_hidden_size_ratio =
       double(query_projection_size) / double(a.hidden_size);
-  const int64_t num_query_groups = a.group_query_attention ? a.num_query_groups : a.num_attention_heads;
+  const int64_t num_query_groups =
+      a.group_query_attention ? a.num_query_groups : a.num_attention_heads;
   const int64_t num_dense_layers = a.num_layers;  // no mixture of experts
   const int64_t norm_size = a.normalization == "RMSNorm" ? 1 : 2;
   const double self_attn_term =
@@ -42,13 +43,15 @@ double weight_and_optimizer_memory(const MegatronMemoryArgs& a, MegatronMemoryRe
   const int64_t final_layernorm = norm_size * a.hidden_size;
   const int64_t embedding_layers =
       a.untie_embeddings_and_output_weights ? 2 * embedding_size : embedding_size;
-  const double block = layer_dense * double(num_dense_layers) + layer_moe * 0.0 + double(final_layernorm);
+  const double block =
+      layer_dense * double(num_dense_layers) + layer_moe * 0.0 + double(final_layernorm);
   const double mtp_block = layer_dense * 0.0 + layer_moe * 0.0;
   const double total = block + mtp_block + double(embedding_layers);
   r.transformer_block_parameters = block;
   r.embedding_parameters = double(embedding_layers);
   r.total_parameters = total;
-  r.lines.push_back(format("Number of parameters in transformer block in billions: % .2f", block / 1e9));
+  r.lines.push_back(
+      format("Number of parameters in transformer block in billions: % .2f", block / 1e9));
   r.lines.push_back(format("Number of parameters in embedding layers in billions: %.2f",
                            double(embedding_layers) / 1e9));
   r.lines.push_back(format("Total number of parameters in billions: %.2f", total / 1e9));
@@ -57,11 +60,13 @@ double weight_and_optimizer_memory(const MegatronMemoryArgs& a, MegatronMemoryRe
   if (a.untie_embeddings_and_output_weights && pp == 1)
     most_loaded += double(embedding_size) / double(tp);
   r.most_loaded_shard_parameters = most_loaded;
-  r.lines.push_back(format("Number of parameters in most loaded shard in billions: %.4f", most_loaded / 1e9));
+  r.lines.push_back(
+      format("Number of parameters in most loaded shard in billions: %.4f", most_loaded / 1e9));
   if (pp > 1) {
     const double other = block / double(pp * tp);
     r.other_shard_parameters = other;
-    r.lines.push_back(format("Number of parameters in other shards in billions: %.4f", other / 1e9));
+    r.lines.push_back(
+        format("Number of parameters in other shards in billions: %.4f", other / 1e9));
   }
   r.bytes_per_parameter =
       a.use_distributed_optimizer ? 6.0 + (12.0 / double(a.data_parallel_size)) : 18.0;
@@ -101,8 +106,7 @@ double activation_memory_sp(const MegatronMemoryArgs& a, std::optional<int64_t> 
                             MegatronMemoryReport& r) {
   const int64_t sbh = a.seq_length * a.micro_batch_size * a.hidden_size;
   const int64_t tp = a.tensor_model_parallel_size, pp = a.pipeline_model_parallel_size;
-  double act = double(sbh) *
-               (18.0 + (4.0 * (double(a.ffn_hidden_size) / double(a.hidden_size))));
+  double act = double(sbh) * (18.0 + (4.0 * (double(a.ffn_hidden_size) / double(a.hidden_size))));
   r.lines.push_back(format("Activation memory footprint per transformer layer: %.1f MB",
                            act / kBytesPerMegabyte / double(tp)));
   act *= double(a.num_layers);
@@ -129,7 +133,8 @@ double activation_memory_without_sp(const MegatronMemoryArgs& a,
   act += double(sbh * pp);
   act = pipeline_factor(a, num_microbatches, act, r);
   if (pp == 1) {
-    const double logits = double(a.seq_length * a.micro_batch_size * a.padded_vocab_size) / double(tp);
+    const double logits =
+        double(a.seq_length * a.micro_batch_size * a.padded_vocab_size) / double(tp);
     const int64_t final_ln_output = sbh;
     act += (logits + double(final_ln_output)) * 2.0;
   }

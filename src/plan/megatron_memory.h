@@ -5,8 +5,8 @@
 //  - weights and optimizer: the most loaded shard (pipeline stage 0: 1/PP of the transformer
 //    block, the final norm included, plus the word embedding, plus the output layer when PP = 1
 //    and it is untied), divided by TP, at 18 bytes per parameter (bf16 weight, fp32 gradient,
-//    fp32 main weight and two Adam moments), or 6 + 12 / DP with the distributed optimizer, whatever
-//    the precision and optimizer of the run;
+//    fp32 main weight and two Adam moments), or 6 + 12 / DP with the distributed optimizer,
+//    whatever the precision and optimizer of the run;
 //  - activations of pipeline stage 0 with all L layers (not L / PP) in bf16: with sequence
 //    parallelism and selective recomputation Korthikanti et al.'s s*b*h*(18 + 4 F/h) per layer
 //    over TP; otherwise s*b*h*(10 + 24/TP) per layer and a 5% allowance; both add the embedding's

@@ -104,17 +104,17 @@ int64_t layer_backward_transient(const Geometry& g, const LayerSaved& s) {
 struct ChunkPlan {
   bool pre = false, post = false;
   int layers = 0;
-  ChunkActivations act;        // bytes
-  double recompute_live = 0;   // bytes a recomputed block adds while its backward runs
-  double forward_extra = 0;    // bytes of the forward's transient at its end
-  double backward_extra = 0;   // bytes of the backward's largest transient
-  double mapped_saved = 0;     // saved bytes in tensors large enough for their own mapping
+  ChunkActivations act;       // bytes
+  double recompute_live = 0;  // bytes a recomputed block adds while its backward runs
+  double forward_extra = 0;   // bytes of the forward's transient at its end
+  double backward_extra = 0;  // bytes of the backward's largest transient
+  double mapped_saved = 0;    // saved bytes in tensors large enough for their own mapping
 };
 
 ChunkPlan plan_chunk(const PlanInput& in, const Geometry& g, int pp_rank, int chunk) {
   const model::TransformerConfig& m = in.args.model;
-  const model::PipelineLayout L =
-      model::PipelineLayout::make(m.num_layers, in.layout.pp, in.args.parallel.num_layers_per_virtual_pipeline_stage);
+  const model::PipelineLayout L = model::PipelineLayout::make(
+      m.num_layers, in.layout.pp, in.args.parallel.num_layers_per_virtual_pipeline_stage);
   ChunkPlan c;
   c.pre = L.has_embedding(pp_rank, chunk);
   c.post = L.has_output(pp_rank, chunk);
@@ -186,8 +186,8 @@ int64_t sum(const std::vector<int64_t>& v) {
 std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, int chunk,
                                             std::vector<bool>* sharded) {
   const model::TransformerConfig& m = in.args.model;
-  const model::PipelineLayout L =
-      model::PipelineLayout::make(m.num_layers, in.layout.pp, in.args.parallel.num_layers_per_virtual_pipeline_stage);
+  const model::PipelineLayout L = model::PipelineLayout::make(
+      m.num_layers, in.layout.pp, in.args.parallel.num_layers_per_virtual_pipeline_stage);
   const Geometry g = geometry(in);
   const bool norm_bias = model::norm_kind(m.normalization).has_bias;
   const int64_t h = g.h, T = g.T;
@@ -271,16 +271,17 @@ MemoryPrediction predict_memory(const PlanInput& in) {
     // max(40M, 1M x DP x CP) elements by default, padded for the distributed optimizer.
     int64_t total = st.parameters, shard = 0, largest_bucket = 0;
     if (buffer) {
-      const int64_t bucket =
-          a.parallel.overlap_grad_reduce
-              ? (a.parallel.ddp_bucket_size > 0 ? a.parallel.ddp_bucket_size
-                                                : std::max<int64_t>(40000000, 1000000 * int64_t(dp_cp)))
-              : 0;
+      const int64_t bucket = a.parallel.overlap_grad_reduce
+                                 ? (a.parallel.ddp_bucket_size > 0
+                                        ? a.parallel.ddp_bucket_size
+                                        : std::max<int64_t>(40000000, 1000000 * int64_t(dp_cp)))
+                                 : 0;
       const optim::BufferLayout layout =
           optim::BufferLayout::build(numels, bucket, dp_cp, l.distributed_optimizer);
       total = layout.total;
       if (l.distributed_optimizer) shard = layout.total_shard_size();
-      for (const auto& b : layout.buckets) largest_bucket = std::max(largest_bucket, b.end - b.begin);
+      for (const auto& b : layout.buckets)
+        largest_bucket = std::max(largest_bucket, b.end - b.begin);
     }
     st.weights = (l.distributed_optimizer ? double(total) : P) * value_bytes;
     st.working_weights = fp32 ? 0 : 4.0 * P;
@@ -342,7 +343,8 @@ MemoryPrediction predict_memory(const PlanInput& in) {
     double mapped = 0;
     for (const ChunkPlan& c : chunks) mapped += c.mapped_saved;
     mapped = std::min(peak_pass, mapped * double(st.max_in_flight) / double(chunks.size()));
-    const double step_resident = st.peak + kHeapRetention * (peak_pass - mapped) + st.collective_extra;
+    const double step_resident =
+        st.peak + kHeapRetention * (peak_pass - mapped) + st.collective_extra;
     // Set-up: an fp32 model's old parameter storage lives on in its working views until the
     // first forward refreshes them after the distributed optimizer's buffer took the values over;
     // model construction holds values and gradients while it draws one whole weight.
@@ -350,8 +352,8 @@ MemoryPrediction predict_memory(const PlanInput& in) {
     if (l.distributed_optimizer && fp32) setup += 4.0 * P;
     const double init = 4.0 * P + P * value_bytes + 4.0 * double(init_transient);
     st.peak = std::max({st.peak, setup, init});
-    st.resident_overhead = std::max({step_resident, setup, init}) - st.peak + st.data_indices +
-                           kResidentBookkeeping;
+    st.resident_overhead =
+        std::max({step_resident, setup, init}) - st.peak + st.data_indices + kResidentBookkeeping;
     pred.stages.push_back(st);
   }
   for (size_t i = 0; i < pred.stages.size(); ++i)

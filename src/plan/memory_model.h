@@ -41,9 +41,9 @@ std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, in
 
 // Bytes one micro-batch leaves saved in a chunk between its forward and its backward.
 struct ChunkActivations {
-  double layers = 0;      // all of the chunk's layers (block inputs only where recomputed)
-  double embedding = 0;   // first chunk: token and position ids
-  double output_grad = 0; // last chunk: the gradient of the decoder output
+  double layers = 0;       // all of the chunk's layers (block inputs only where recomputed)
+  double embedding = 0;    // first chunk: token and position ids
+  double output_grad = 0;  // last chunk: the gradient of the decoder output
   // Full recomputation: the most held while a block's backward runs (the inputs of the blocks
   // before it and the block's layers' saved tensors), beside the embedding's.
   double recompute_live = 0;
@@ -52,25 +52,25 @@ struct ChunkActivations {
 
 struct StageMemory {
   int pp_rank = 0;
-  int64_t parameters = 0;    // elements held by this rank (all chunks)
-  double weights = 0;        // parameter values (the flat buffer's, padding included, when sharded)
+  int64_t parameters = 0;  // elements held by this rank (all chunks)
+  double weights = 0;      // parameter values (the flat buffer's, padding included, when sharded)
   double working_weights = 0;  // fp32 copies of bf16/fp16 weights
-  double gradients = 0;      // fp32 main gradients
-  double main_weights = 0;   // the optimizer's fp32 copy (or shard)
+  double gradients = 0;        // fp32 main gradients
+  double main_weights = 0;     // the optimizer's fp32 copy (or shard)
   double optimizer_moments = 0;
-  double comm_buffers = 0;   // gradient shard, bf16 reduction copies, point-to-point buffers
-  double inputs = 0;         // the iteration's micro-batch tensors
+  double comm_buffers = 0;  // gradient shard, bf16 reduction copies, point-to-point buffers
+  double inputs = 0;        // the iteration's micro-batch tensors
   double activations_per_microbatch = 0;  // one micro-batch through every chunk of the rank
-  int max_in_flight = 0;     // micro-batch passes held at once (summed over chunks)
-  double activations = 0;    // the most saved activations held at once
-  double workspace = 0;      // the largest transient beyond them (at the peak pass)
-  double workspace_persistent = 0;  // kept between steps (the loss head's logits chunk)
-  double peak = 0;           // the allocator's high-water mark
+  int max_in_flight = 0;                  // micro-batch passes held at once (summed over chunks)
+  double activations = 0;                 // the most saved activations held at once
+  double workspace = 0;                   // the largest transient beyond them (at the peak pass)
+  double workspace_persistent = 0;        // kept between steps (the loss head's logits chunk)
+  double peak = 0;                        // the allocator's high-water mark
   // Resident memory beyond the tensors and the program itself: the dataset indices, and
   // (estimated) the heap the step's freed temporaries leave behind (glibc keeps freed blocks below
   // its mapping threshold for reuse, model/gpt_model.cpp, and they fragment): 40% of them.
   double resident_overhead = 0;
-  double data_indices = 0;   // the dataset indices (in resident_overhead; data_memory.h)
+  double data_indices = 0;  // the dataset indices (in resident_overhead; data_memory.h)
   // Resident memory a collective after the backward adds while it runs (in resident_overhead):
   // MPI's own reduction buffer (a 1/n share of the message) and our flat copy of the
   // sequence-parallel gradients when it is large enough for its own mapping.

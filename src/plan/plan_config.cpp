@@ -84,12 +84,13 @@ PlanInput make_plan_input(training::TrainingArgs a, int world_size, int64_t voca
           : training::BatchSizeSchedule::constant(a.global_batch_size > 0 ? a.global_batch_size
                                                                           : mbs * dp);
   in.global_batch_size = schedule.final_global_batch_size();
-  MG_REQUIRE(in.global_batch_size % (mbs * dp) == 0, "the global batch size (", in.global_batch_size,
-             ") is not divisible by --micro-batch-size (", mbs, ") times data parallel size (", dp, ")");
+  MG_REQUIRE(in.global_batch_size % (mbs * dp) == 0, "the global batch size (",
+             in.global_batch_size, ") is not divisible by --micro-batch-size (", mbs,
+             ") times data parallel size (", dp, ")");
   in.num_microbatches = in.global_batch_size / (mbs * dp);
   in.first_num_microbatches = std::max<int64_t>(1, schedule.global_batch_size(0) / (mbs * dp));
   a.global_batch_size = in.global_batch_size;
-  in.train_iters = a.train_iters > 0       ? a.train_iters
+  in.train_iters = a.train_iters > 0     ? a.train_iters
                    : a.train_samples > 0 ? schedule.train_iters_for_samples(a.train_samples)
                                          : 0;
   // The data builder's check of Megatron's synthetic documents (data/data_builder.cpp).
@@ -97,14 +98,17 @@ PlanInput make_plan_input(training::TrainingArgs a, int world_size, int64_t voca
              "--mock-data: Megatron's mock documents hold token ids up to ",
              data::MockGPTLowLevelDataset::kMaxSequenceLength - 2, ", but the vocabulary has ",
              vocab_size, " tokens; use a larger --vocab-size (NullTokenizer) or another tokenizer");
-  a.model.padded_vocab_size = data::padded_vocab_size(vocab_size, a.make_vocab_size_divisible_by, tp);
+  a.model.padded_vocab_size =
+      data::padded_vocab_size(vocab_size, a.make_vocab_size_divisible_by, tp);
   a.model.validate();
   a.model.validate_tensor_parallel(tp);
   a.model.validate_context_parallel(in.layout.cp);
   a.model.params_dtype = a.bf16 ? DType::BF16 : (a.fp16 ? DType::F16 : DType::F32);
   if (model::activation_kind(a.model.activation).gated && a.model.ffn_hidden_size == 0) {
-    const int64_t megatron_ffn = int64_t((4.0 * double(a.model.hidden_size) * 2.0 / 3.0) / 64.0) * 64;
-    if (megatron_ffn != 4 * int64_t(a.model.hidden_size)) in.megatron_ffn_hidden_size = megatron_ffn;
+    const int64_t megatron_ffn =
+        int64_t((4.0 * double(a.model.hidden_size) * 2.0 / 3.0) / 64.0) * 64;
+    if (megatron_ffn != 4 * int64_t(a.model.hidden_size))
+      in.megatron_ffn_hidden_size = megatron_ffn;
   }
   if (size_data) in.dataset_bytes = dataset_index_bytes(a, in.global_batch_size, in.train_iters);
   in.args = std::move(a);

@@ -38,9 +38,9 @@ struct PlanInput {
   // Megatron's NUM_MICROBATCHES when the memory report is printed (the first logged iteration's;
   // the start of a batch-size ramp-up).
   int64_t first_num_microbatches = 0;
-  int64_t train_iters = 0;        // iterations of the run (from --train-samples when given)
-  int64_t vocab_size = 0;         // the tokenizer's, before padding
-  double dataset_bytes = 0;       // the dataset indices every rank keeps (data_memory.h)
+  int64_t train_iters = 0;   // iterations of the run (from --train-samples when given)
+  int64_t vocab_size = 0;    // the tokenizer's, before padding
+  double dataset_bytes = 0;  // the dataset indices every rank keeps (data_memory.h)
   // --swiglu without --ffn-hidden-size: Megatron-LM's width (int(8h/3 / 64) * 64) differs from
   // the 4h this build uses; set to Megatron's then.
   std::optional<int64_t> megatron_ffn_hidden_size;

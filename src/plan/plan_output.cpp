@@ -31,14 +31,15 @@ std::string row(const std::string& label, const std::vector<std::string>& cells)
 
 std::string layout_line(const PlanInput& in) {
   const Layout& l = in.layout;
-  return str("world ", in.world_size, " = TP ", l.tp, " x PP ", l.pp, " x CP ", l.cp, " x DP ", l.dp,
-             l.vp > 1 ? str(", ", l.vp, " virtual stages per pipeline rank") : std::string(),
+  return str("world ", in.world_size, " = TP ", l.tp, " x PP ", l.pp, " x CP ", l.cp, " x DP ",
+             l.dp, l.vp > 1 ? str(", ", l.vp, " virtual stages per pipeline rank") : std::string(),
              l.sequence_parallel && l.tp > 1 ? ", sequence parallel" : "",
              l.distributed_optimizer ? ", distributed optimizer" : "",
              l.recompute != "none" ? ", " + l.recompute + " recomputation" : std::string(), "; ",
              in.num_microbatches, " micro-batches of ", in.args.micro_batch_size,
              " per rank and iteration (global batch ", in.global_batch_size, ", sequence ",
-             in.args.model.seq_length, ", padded vocabulary ", in.args.model.padded_vocab_size, ")");
+             in.args.model.seq_length, ", padded vocabulary ", in.args.model.padded_vocab_size,
+             ")");
 }
 
 std::string prediction_table(const MemoryPrediction& p, double process) {
@@ -63,45 +64,59 @@ std::string prediction_table(const MemoryPrediction& p, double process) {
   line("optimizer moments", [](const StageMemory& m) { return m.optimizer_moments; });
   line("communication buffers", [](const StageMemory& m) { return m.comm_buffers; });
   line("micro-batch inputs", [](const StageMemory& m) { return m.inputs; });
-  line("activations, one micro-batch", [](const StageMemory& m) { return m.activations_per_microbatch; });
+  line("activations, one micro-batch",
+       [](const StageMemory& m) { return m.activations_per_microbatch; });
   {
     std::vector<std::string> cells;
     for (const StageMemory& st : p.stages) cells.push_back(str(st.max_in_flight));
     s += row("micro-batches in flight (most)", cells);
   }
   line("activations held at the peak", [](const StageMemory& m) { return m.activations; });
-  line("largest workspace", [](const StageMemory& m) {
-    return m.workspace + m.workspace_persistent;
-  });
+  line("largest workspace",
+       [](const StageMemory& m) { return m.workspace + m.workspace_persistent; });
   line("peak (host allocator)", [](const StageMemory& m) { return m.peak; });
   line("dataset indices", [](const StageMemory& m) { return m.data_indices; });
   line("collective buffers (MPI)", [](const StageMemory& m) { return m.collective_extra; });
   line("heap retention (estimate)", [](const StageMemory& m) {
     return m.resident_overhead - m.data_indices - m.collective_extra;
   });
-  line("peak resident (+ program)", [process](const StageMemory& m) {
-    return m.peak_resident(process);
-  });
+  line("peak resident (+ program)",
+       [process](const StageMemory& m) { return m.peak_resident(process); });
   return s;
 }
 
 nlohmann::json stage_json(const StageMemory& m) {
-  return {{"pp_rank", m.pp_rank}, {"parameters", m.parameters}, {"weights", m.weights},
-          {"working_weights", m.working_weights}, {"gradients", m.gradients},
-          {"main_weights", m.main_weights}, {"optimizer_moments", m.optimizer_moments},
-          {"comm_buffers", m.comm_buffers}, {"inputs", m.inputs},
+  return {{"pp_rank", m.pp_rank},
+          {"parameters", m.parameters},
+          {"weights", m.weights},
+          {"working_weights", m.working_weights},
+          {"gradients", m.gradients},
+          {"main_weights", m.main_weights},
+          {"optimizer_moments", m.optimizer_moments},
+          {"comm_buffers", m.comm_buffers},
+          {"inputs", m.inputs},
           {"activations_per_microbatch", m.activations_per_microbatch},
-          {"max_in_flight", m.max_in_flight}, {"activations", m.activations},
-          {"workspace", m.workspace + m.workspace_persistent}, {"peak", m.peak},
-          {"resident_overhead", m.resident_overhead}, {"data_indices", m.data_indices},
+          {"max_in_flight", m.max_in_flight},
+          {"activations", m.activations},
+          {"workspace", m.workspace + m.workspace_persistent},
+          {"peak", m.peak},
+          {"resident_overhead", m.resident_overhead},
+          {"data_indices", m.data_indices},
           {"collective_extra", m.collective_extra}};
 }
 
 nlohmann::json time_json(const StepTime& t) {
-  return {{"step_seconds", t.total}, {"compute", t.compute}, {"bubble", t.bubble},
-          {"tp_comm", t.tp_comm}, {"cp_comm", t.cp_comm}, {"pp_comm", t.pp_comm},
-          {"dp_comm", t.dp_comm}, {"optimizer", t.optimizer}, {"model_flops", t.model_flops},
-          {"tokens_per_second", t.tokens_per_second}, {"tflops_per_device", t.tflops_per_device},
+  return {{"step_seconds", t.total},
+          {"compute", t.compute},
+          {"bubble", t.bubble},
+          {"tp_comm", t.tp_comm},
+          {"cp_comm", t.cp_comm},
+          {"pp_comm", t.pp_comm},
+          {"dp_comm", t.dp_comm},
+          {"optimizer", t.optimizer},
+          {"model_flops", t.model_flops},
+          {"tokens_per_second", t.tokens_per_second},
+          {"tflops_per_device", t.tflops_per_device},
           {"mfu", t.mfu}};
 }
 
@@ -123,18 +138,20 @@ std::string plan_text(const PlanResult& r, size_t search_rows) {
   std::string s = "plan: " + layout_line(r.input) + "\n";
   if (r.input.megatron_ffn_hidden_size)
     s += str("note: --swiglu without --ffn-hidden-size: Megatron-LM's MLP width is ",
-             *r.input.megatron_ffn_hidden_size, " (int(8h/3 / 64) x 64), used in its report below; "
-             "this build trains with 4 x --hidden-size = ", r.input.args.model.ffn(),
-             " (give --ffn-hidden-size to have both the same)\n");
-  s += "\nMegatron-LM's theoretical memory report (megatron/training/theoretical_memory_usage.py):\n";
+             *r.input.megatron_ffn_hidden_size,
+             " (int(8h/3 / 64) x 64), used in its report below; "
+             "this build trains with 4 x --hidden-size = ",
+             r.input.args.model.ffn(), " (give --ffn-hidden-size to have both the same)\n");
+  s += "\nMegatron-LM's theoretical memory report "
+       "(megatron/training/theoretical_memory_usage.py):\n";
   for (const std::string& line : r.megatron.lines) s += line + "\n";
   s += "\nThis build's prediction (what the trainer allocates on each rank of a pipeline stage):\n";
   s += prediction_table(r.prediction, r.process_resident);
   const StageMemory& w = r.prediction.worst();
   s += str("most loaded: stage ", w.pp_rank, ", peak ", mib(w.peak), " MiB of tensors (",
-           mib(w.peak + w.resident_overhead + r.process_resident), " MiB resident with this program's ",
-           mib(r.process_resident), " MiB); Megatron's formula: ", mib(r.megatron.total_mb * kMiB),
-           " MB\n");
+           mib(w.peak + w.resident_overhead + r.process_resident),
+           " MiB resident with this program's ", mib(r.process_resident),
+           " MiB); Megatron's formula: ", mib(r.megatron.total_mb * kMiB), " MB\n");
   if (r.device && r.time) s += "\n" + time_text(*r.time, *r.device);
   if (r.device && !r.search.empty()) {
     size_t fit = 0;
@@ -150,21 +167,21 @@ std::string plan_text(const PlanResult& r, size_t search_rows) {
     const StageMemory& p = r.measured_prediction->stages.at(size_t(m.pp_rank));
     const StepTime& t = *r.measured_time;
     const double compute = t.compute + t.optimizer;
-    s += str("\nmeasured on this machine: world rank ", m.world_rank, " (pipeline stage ", m.pp_rank,
-             ") of ", r.measured_input->layout.describe(), ", ", m.iterations,
+    s += str("\nmeasured on this machine: world rank ", m.world_rank, " (pipeline stage ",
+             m.pp_rank, ") of ", r.measured_input->layout.describe(), ", ", m.iterations,
              " steps, the others' communication simulated\n");
     char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "  peak host allocator: measured %.1f MiB, predicted %.1f MiB (%+.1f%%)\n"
-                  "  peak resident:       measured %.1f MiB, predicted %.1f MiB (%+.1f%%)\n"
-                  "  step time:           measured %.4g s, predicted %.4g s of compute and optimizer "
-                  "(%+.1f%%); on the real layout add %.4g s of communication and bubble\n",
-                  m.peak_allocated / kMiB, p.peak / kMiB, 100.0 * (p.peak / m.peak_allocated - 1),
-                  m.peak_resident / kMiB, (p.peak + p.resident_overhead + m.resident_before) / kMiB,
-                  100.0 * ((p.peak + p.resident_overhead + m.resident_before) / m.peak_resident - 1),
-                  m.seconds_per_iteration,
-                  compute, 100.0 * (compute / m.seconds_per_iteration - 1),
-                  t.total - compute);
+    std::snprintf(
+        buf, sizeof buf,
+        "  peak host allocator: measured %.1f MiB, predicted %.1f MiB (%+.1f%%)\n"
+        "  peak resident:       measured %.1f MiB, predicted %.1f MiB (%+.1f%%)\n"
+        "  step time:           measured %.4g s, predicted %.4g s of compute and optimizer "
+        "(%+.1f%%); on the real layout add %.4g s of communication and bubble\n",
+        m.peak_allocated / kMiB, p.peak / kMiB, 100.0 * (p.peak / m.peak_allocated - 1),
+        m.peak_resident / kMiB, (p.peak + p.resident_overhead + m.resident_before) / kMiB,
+        100.0 * ((p.peak + p.resident_overhead + m.resident_before) / m.peak_resident - 1),
+        m.seconds_per_iteration, compute, 100.0 * (compute / m.seconds_per_iteration - 1),
+        t.total - compute);
     s += buf;
   }
   return s;
@@ -187,19 +204,23 @@ nlohmann::json plan_json(const PlanResult& r) {
                    {"lines", m.lines}};
   nlohmann::json stages = nlohmann::json::array();
   for (const StageMemory& st : r.prediction.stages) stages.push_back(stage_json(st));
-  j["prediction"] = {{"stages", stages},
-                     {"most_loaded_stage", r.prediction.worst().pp_rank},
-                     {"peak", r.prediction.worst().peak},
-                     {"process_resident", r.process_resident},
-                     {"peak_resident", r.prediction.worst().peak + r.prediction.worst().resident_overhead +
-                                           r.process_resident}};
+  j["prediction"] = {
+      {"stages", stages},
+      {"most_loaded_stage", r.prediction.worst().pp_rank},
+      {"peak", r.prediction.worst().peak},
+      {"process_resident", r.process_resident},
+      {"peak_resident",
+       r.prediction.worst().peak + r.prediction.worst().resident_overhead + r.process_resident}};
   if (r.device)
-    j["device"] = {{"name", r.device->name}, {"description", r.device->description},
-                   {"memory_bytes", r.device->memory_bytes}, {"peak_flops", r.device->peak_flops},
+    j["device"] = {{"name", r.device->name},
+                   {"description", r.device->description},
+                   {"memory_bytes", r.device->memory_bytes},
+                   {"peak_flops", r.device->peak_flops},
                    {"efficiency", r.device->efficiency},
                    {"memory_bandwidth", r.device->memory_bandwidth},
                    {"interconnect_bandwidth", r.device->interconnect_bandwidth},
-                   {"reserved_bytes", r.device->reserved_bytes}, {"measured", r.device->measured}};
+                   {"reserved_bytes", r.device->reserved_bytes},
+                   {"measured", r.device->measured}};
   if (r.time) j["time"] = time_json(*r.time);
   if (!r.search.empty()) {
     nlohmann::json c = nlohmann::json::array();
@@ -209,11 +230,15 @@ nlohmann::json plan_json(const PlanResult& r) {
   if (r.measurement && r.measured_input && r.measured_prediction && r.measured_time) {
     const Measurement& m = *r.measurement;
     const StageMemory& p = r.measured_prediction->stages.at(size_t(m.pp_rank));
-    j["measure"] = {{"world_rank", m.world_rank}, {"pp_rank", m.pp_rank},
-                    {"layout", r.measured_input->layout.describe()}, {"iterations", m.iterations},
+    j["measure"] = {{"world_rank", m.world_rank},
+                    {"pp_rank", m.pp_rank},
+                    {"layout", r.measured_input->layout.describe()},
+                    {"iterations", m.iterations},
                     {"seconds_per_iteration", m.seconds_per_iteration},
-                    {"peak_allocated", m.peak_allocated}, {"peak_resident", m.peak_resident},
-                    {"resident_before", m.resident_before}, {"predicted_peak", p.peak},
+                    {"peak_allocated", m.peak_allocated},
+                    {"peak_resident", m.peak_resident},
+                    {"resident_before", m.resident_before},
+                    {"predicted_peak", p.peak},
                     {"predicted_peak_resident", p.peak + p.resident_overhead + m.resident_before},
                     {"predicted_time", time_json(*r.measured_time)}};
   }

@@ -4,11 +4,10 @@
 // whose numbers are the raw doubles (bytes, seconds) for scripts and tests.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "plan/device.h"
 #include "plan/layout_search.h"
@@ -26,12 +25,12 @@ struct PlanResult {
   MemoryPrediction prediction;
   double process_resident = 0;  // bytes this program holds without tensors (measured here)
   std::optional<DeviceSpec> device;
-  std::optional<StepTime> time;              // with a device
-  std::vector<Candidate> search;             // --search, ranked
-  std::optional<Measurement> measurement;    // --measure
-  std::optional<PlanInput> measured_input;   // the layout --measure ran
+  std::optional<StepTime> time;             // with a device
+  std::vector<Candidate> search;            // --search, ranked
+  std::optional<Measurement> measurement;   // --measure
+  std::optional<PlanInput> measured_input;  // the layout --measure ran
   std::optional<MemoryPrediction> measured_prediction;
-  std::optional<StepTime> measured_time;     // its predicted time on this machine's CPU
+  std::optional<StepTime> measured_time;  // its predicted time on this machine's CPU
 };
 
 std::string plan_text(const PlanResult& r, size_t search_rows);

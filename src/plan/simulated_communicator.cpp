@@ -12,7 +12,9 @@ class SimulatedCommunicator final : public Communicator {
   // Group `members` (world ranks) of the layout, seen from world rank `world_rank`.
   SimulatedCommunicator(std::shared_ptr<const ParallelLayout> layout, int world_rank,
                         std::vector<int> members, std::string name)
-      : layout_(std::move(layout)), world_rank_(world_rank), members_(std::move(members)),
+      : layout_(std::move(layout)),
+        world_rank_(world_rank),
+        members_(std::move(members)),
         name_(std::move(name)) {
     for (size_t i = 0; i < members_.size(); ++i)
       if (members_[i] == world_rank_) rank_ = int(i);

@@ -56,8 +56,9 @@ StepTime estimate_step_time(const PlanInput& in, const DeviceSpec& dev) {
   const double mb_tokens = tokens / C;  // this rank's tokens of one micro-batch
   // The products' rate at this layout's sizes: the geometric mean of a layer's four products
   // (QKV, projection, fc1, fc2) of this rank's rows and widths.
-  const double per_product = 2.0 * mb_tokens * h *
-                             std::pow((q + 2 * kv) / T * (q / T) * (F * (gated ? 2 : 1) / T) * (F / T), 0.25);
+  const double per_product =
+      2.0 * mb_tokens * h *
+      std::pow((q + 2 * kv) / T * (q / T) * (F * (gated ? 2 : 1) / T) * (F / T), 0.25);
   const double rate = dev.achieved_flops(per_product), bw = dev.memory_bandwidth;
   auto stage_time = [&](bool first, bool last) {
     double flops = mb_tokens * layers_per_stage * per_layer / T;
@@ -97,9 +98,11 @@ StepTime estimate_step_time(const PlanInput& in, const DeviceSpec& dev) {
   st.dp_comm = dp;
   const double opt_params = l.distributed_optimizer ? params / double(dp_cp) : params;
   st.optimizer = (36.0 + value_bytes) * opt_params / bw + 12.0 * params / bw;
-  st.total = st.compute + st.bubble + st.tp_comm + st.cp_comm + st.pp_comm + st.dp_comm + st.optimizer;
-  training::FlopsModel fm{m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_channels,
-                          m.num_query_groups, m.ffn(), m.seq_length, m.padded_vocab_size, gated};
+  st.total =
+      st.compute + st.bubble + st.tp_comm + st.cp_comm + st.pp_comm + st.dp_comm + st.optimizer;
+  training::FlopsModel fm{m.num_layers,  m.hidden_size,       m.num_attention_heads,
+                          m.kv_channels, m.num_query_groups,  m.ffn(),
+                          m.seq_length,  m.padded_vocab_size, gated};
   st.model_flops = training::flops_per_iteration(fm, in.global_batch_size);
   st.tokens_per_second = double(in.global_batch_size) * s / st.total;
   st.tflops_per_device = st.model_flops / st.total / double(l.world()) / 1e12;

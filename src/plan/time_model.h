@@ -20,15 +20,15 @@
 namespace megatron::plan {
 
 struct StepTime {
-  double compute = 0;       // the slowest stage's passes (products and element-wise work)
-  double bubble = 0;        // pipeline fill and drain
-  double tp_comm = 0;       // tensor-parallel collectives on the critical path
-  double cp_comm = 0;       // context-parallel key/value exchange
-  double pp_comm = 0;       // point-to-point between stages
-  double dp_comm = 0;       // exposed data-parallel gradient (and parameter) traffic
-  double optimizer = 0;     // the optimizer step
-  double total = 0;         // seconds per iteration
-  double model_flops = 0;   // Megatron's FLOPs of one iteration (the whole model)
+  double compute = 0;      // the slowest stage's passes (products and element-wise work)
+  double bubble = 0;       // pipeline fill and drain
+  double tp_comm = 0;      // tensor-parallel collectives on the critical path
+  double cp_comm = 0;      // context-parallel key/value exchange
+  double pp_comm = 0;      // point-to-point between stages
+  double dp_comm = 0;      // exposed data-parallel gradient (and parameter) traffic
+  double optimizer = 0;    // the optimizer step
+  double total = 0;        // seconds per iteration
+  double model_flops = 0;  // Megatron's FLOPs of one iteration (the whole model)
   double tokens_per_second = 0;
   double tflops_per_device = 0;  // model FLOPs / time / world / 1e12
   double mfu = 0;                // against the device's peak

@@ -38,10 +38,14 @@ int64_t arg_int(const RunRecord& r, const char* name) {
 
 // Megatron's FLOPs of one iteration of `gbs` samples, when the arguments give the model.
 std::optional<double> flops_per_iteration(const RunRecord& r, int64_t gbs) {
-  training::FlopsModel m{arg_int(r, "num_layers"),        arg_int(r, "hidden_size"),
-                         arg_int(r, "num_attention_heads"), arg_int(r, "kv_channels"),
-                         arg_int(r, "num_query_groups"),   arg_int(r, "ffn_hidden_size"),
-                         arg_int(r, "seq_length"),          arg_int(r, "padded_vocab_size"),
+  training::FlopsModel m{arg_int(r, "num_layers"),
+                         arg_int(r, "hidden_size"),
+                         arg_int(r, "num_attention_heads"),
+                         arg_int(r, "kv_channels"),
+                         arg_int(r, "num_query_groups"),
+                         arg_int(r, "ffn_hidden_size"),
+                         arg_int(r, "seq_length"),
+                         arg_int(r, "padded_vocab_size"),
                          r.argument("activation").value_or("") == "swiglu"};
   if (m.seq_length == 0) m.seq_length = arg_int(r, "model.seq_length");
   if (m.num_layers <= 0 || m.hidden_size <= 0 || m.num_attention_heads <= 0 || m.seq_length <= 0 ||
@@ -105,9 +109,9 @@ ReportModel build_report_model(const RunRecord& r, const ReportOptions& o) {
   m.iterations = last ? last->iteration : 0;
   m.train_iters = last ? last->train_iters : arg_int(r, "train_iters");
   m.status = r.finished ? "finished"
-             : last     ? str("in progress or stopped: iteration ", m.iterations, " of ", m.train_iters,
-                              " in the log (re-run megatron report to refresh)")
-                        : "no iteration logged yet";
+             : last ? str("in progress or stopped: iteration ", m.iterations, " of ", m.train_iters,
+                          " in the log (re-run megatron report to refresh)")
+                    : "no iteration logged yet";
   // Per-interval throughput: the log's TFLOP/s, or Megatron's formula over the step time.
   const int64_t world = r.world_size();
   std::vector<double> tokens, tflops;
@@ -136,7 +140,8 @@ ReportModel build_report_model(const RunRecord& r, const ReportOptions& o) {
   }
   if (!tokens.empty()) m.median_tokens_per_second = median(tokens);
   if (!tflops.empty()) m.median_tflops_per_device = median(tflops);
-  if (m.median_tflops_per_device && o.peak_tflops) m.mfu = *m.median_tflops_per_device / *o.peak_tflops;
+  if (m.median_tflops_per_device && o.peak_tflops)
+    m.mfu = *m.median_tflops_per_device / *o.peak_tflops;
   if (last) m.last_loss = last->lm_loss;
   for (const Evaluation& e : r.evaluations)
     if (e.split == "validation" && (!m.best_validation_loss || e.loss < *m.best_validation_loss))
@@ -157,21 +162,28 @@ ReportModel build_report_model(const RunRecord& r, const ReportOptions& o) {
   m.cards.push_back({"iterations", str(m.iterations, " / ", m.train_iters)});
   if (last) m.cards.push_back({"consumed samples", str(last->consumed_samples)});
   if (m.last_loss) m.cards.push_back({"last lm loss", fmt("%.6E", *m.last_loss)});
-  if (m.best_validation_loss) m.cards.push_back({"best validation loss", fmt("%.6E", *m.best_validation_loss)});
+  if (m.best_validation_loss)
+    m.cards.push_back({"best validation loss", fmt("%.6E", *m.best_validation_loss)});
   if (o.unigram_loss) m.cards.push_back({"unigram baseline", fmt("%.4f", *o.unigram_loss)});
-  if (m.median_tokens_per_second) m.cards.push_back({"tokens/s (median)", fmt("%.1f", *m.median_tokens_per_second)});
+  if (m.median_tokens_per_second)
+    m.cards.push_back({"tokens/s (median)", fmt("%.1f", *m.median_tokens_per_second)});
   if (m.median_tflops_per_device)
     m.cards.push_back({"TFLOP/s per device (median)", fmt("%.3g", *m.median_tflops_per_device)});
-  m.cards.push_back({"MFU", m.mfu ? fmt("%.1f%%", 100.0 * *m.mfu) + " of " + fmt("%.4g", *o.peak_tflops) +
-                                        " TFLOP/s (" + o.peak_name + ")"
-                                  : std::string("give --peak-tflops or --device")});
-  m.cards.push_back({"skipped iterations", str(skipped, nan > 0 ? str(" (", nan, " NaN)") : std::string())});
+  m.cards.push_back({"MFU", m.mfu
+                                ? fmt("%.1f%%", 100.0 * *m.mfu) + " of " +
+                                      fmt("%.4g", *o.peak_tflops) + " TFLOP/s (" + o.peak_name + ")"
+                                : std::string("give --peak-tflops or --device")});
+  m.cards.push_back(
+      {"skipped iterations", str(skipped, nan > 0 ? str(" (", nan, " NaN)") : std::string())});
   if (!per_rank.empty())
-    m.cards.push_back({"peak memory (MiB)", fmt("%.1f", max_alloc) + " allocated, " + fmt("%.1f", max_res) + " resident"});
+    m.cards.push_back({"peak memory (MiB)", fmt("%.1f", max_alloc) + " allocated, " +
+                                                fmt("%.1f", max_res) + " resident"});
   // Plots.
-  std::vector<Series> loss{series_of(r, "lm loss", "training", "#1f77b4",
-                                     [](const Interval& i) { return std::optional<double>(i.lm_loss); })};
-  Series valid{"validation", "#d62728", {}, {}, false, true}, test{"test", "#2ca02c", {}, {}, false, true};
+  std::vector<Series> loss{series_of(r, "lm loss", "training", "#1f77b4", [](const Interval& i) {
+    return std::optional<double>(i.lm_loss);
+  })};
+  Series valid{"validation", "#d62728", {}, {}, false, true},
+      test{"test", "#2ca02c", {}, {}, false, true};
   for (const Evaluation& e : r.evaluations) {
     Series& s = e.split == "test" ? test : valid;
     s.x.push_back(double(e.iteration));
@@ -186,14 +198,19 @@ ReportModel build_report_model(const RunRecord& r, const ReportOptions& o) {
   if (!valid.x.empty()) loss.push_back(valid);
   if (!test.x.empty()) loss.push_back(test);
   if (o.unigram_loss && !loss[0].x.empty()) {
-    loss.push_back({"unigram baseline", "#7f7f7f", {loss[0].x.front(), loss[0].x.back()},
-                    {*o.unigram_loss, *o.unigram_loss}, true, false});
+    loss.push_back({"unigram baseline",
+                    "#7f7f7f",
+                    {loss[0].x.front(), loss[0].x.back()},
+                    {*o.unigram_loss, *o.unigram_loss},
+                    true,
+                    false});
   }
   m.plots.push_back(line_plot("loss", "Loss", "lm loss (nats)", loss,
                               o.unigram_loss ? "baseline: " + o.unigram_source : ""));
-  m.plots.push_back(line_plot("lr", "Learning rate", "learning rate",
-                              {series_of(r, "learning-rate", "learning rate", "#ff7f0e",
-                                         [](const Interval& i) { return std::optional<double>(i.learning_rate); })}));
+  m.plots.push_back(line_plot(
+      "lr", "Learning rate", "learning rate",
+      {series_of(r, "learning-rate", "learning rate", "#ff7f0e",
+                 [](const Interval& i) { return std::optional<double>(i.learning_rate); })}));
   m.plots.push_back(line_plot("grad-norm", "Gradient norm", "grad norm",
                               {series_of(r, "grad-norm", "grad norm", "#2ca02c",
                                          [](const Interval& i) { return i.grad_norm; })}));
@@ -202,16 +219,20 @@ ReportModel build_report_model(const RunRecord& r, const ReportOptions& o) {
     skipped_series.x.push_back(double(iv.iteration));
     skipped_series.y.push_back(double(iv.skipped));
   }
-  m.plots.push_back(line_plot("loss-scale", "Loss scale", "loss scale",
-                              {series_of(r, "loss-scale", "loss scale", "#8c564b",
-                                         [](const Interval& i) { return std::optional<double>(i.loss_scale); })},
-                              str(skipped, " skipped iteration(s)")));
-  if (skipped > 0) m.plots.push_back(line_plot("skipped", "Skipped iterations per interval", "skipped", {skipped_series}));
+  m.plots.push_back(
+      line_plot("loss-scale", "Loss scale", "loss scale",
+                {series_of(r, "loss-scale", "loss scale", "#8c564b",
+                           [](const Interval& i) { return std::optional<double>(i.loss_scale); })},
+                str(skipped, " skipped iteration(s)")));
+  if (skipped > 0)
+    m.plots.push_back(
+        line_plot("skipped", "Skipped iterations per interval", "skipped", {skipped_series}));
   m.plots.push_back(line_plot("throughput", "Throughput", "tokens/s", {tok}));
-  m.plots.push_back(line_plot("tflops", "TFLOP/s per device", "TFLOP/s", {tfl},
-                              m.mfu ? "MFU " + fmt("%.1f%%", 100.0 * *m.mfu) + " against " +
-                                          fmt("%.4g", *o.peak_tflops) + " TFLOP/s, " + o.peak_name
-                                    : "MFU: give the device's dense peak (--peak-tflops or --device)"));
+  m.plots.push_back(
+      line_plot("tflops", "TFLOP/s per device", "TFLOP/s", {tfl},
+                m.mfu ? "MFU " + fmt("%.1f%%", 100.0 * *m.mfu) + " against " +
+                            fmt("%.4g", *o.peak_tflops) + " TFLOP/s, " + o.peak_name
+                      : "MFU: give the device's dense peak (--peak-tflops or --device)"));
   Series step{"step", "#1f77b4", {}, {}}, comm{"communication", "#ff7f0e", {}, {}};
   for (const Interval& iv : r.intervals) {
     step.x.push_back(double(iv.iteration));
@@ -238,8 +259,9 @@ ReportModel build_report_model(const RunRecord& r, const ReportOptions& o) {
       a.y.push_back(l.max_allocated);
       res.x.push_back(double(rank));
       res.y.push_back(l.max_reserved);
-      m.memory.push_back({str(rank), str(l.iteration), fmt("%.1f", l.allocated), fmt("%.1f", l.max_allocated),
-                          fmt("%.1f", l.reserved), fmt("%.1f", l.max_reserved)});
+      m.memory.push_back({str(rank), str(l.iteration), fmt("%.1f", l.allocated),
+                          fmt("%.1f", l.max_allocated), fmt("%.1f", l.reserved),
+                          fmt("%.1f", l.max_reserved)});
     }
     p.series = {a, res};
     m.plots.push_back(p);
@@ -262,11 +284,14 @@ ReportModel build_report_model(const RunRecord& r, const ReportOptions& o) {
     for (size_t i = 1; i < r.intervals.size(); ++i)
       between += double(r.intervals[i].iteration - r.intervals[i - 1].iteration) *
                  r.intervals[i].ms_per_iteration / 1000.0;
-    m.phases.push_back({"evaluation, checkpoints and logging", fmt("%.3f", std::max(0.0, wall - between))});
-    m.phases.push_back({"wall time between the first and last logged iteration", fmt("%.3f", wall)});
+    m.phases.push_back(
+        {"evaluation, checkpoints and logging", fmt("%.3f", std::max(0.0, wall - between))});
+    m.phases.push_back(
+        {"wall time between the first and last logged iteration", fmt("%.3f", wall)});
   }
   for (const Checkpoint& c : r.checkpoints)
-    m.checkpoints.push_back({str(c.iteration), c.dir, fmt("%.1f", c.bytes / (1024.0 * 1024.0)), c.saved});
+    m.checkpoints.push_back(
+        {str(c.iteration), c.dir, fmt("%.1f", c.bytes / (1024.0 * 1024.0)), c.saved});
   for (const auto& [k, v] : r.arguments) m.arguments.push_back({k, v});
   return m;
 }

@@ -28,12 +28,12 @@ struct Plot {
 };
 
 struct ReportOptions {
-  std::string title;                  // the run's name
-  std::optional<double> peak_tflops;  // dense peak per device, for MFU
-  std::string peak_name;              // where the peak comes from ("h100 (dense bf16)")
-  std::optional<double> unigram_loss; // the data's unigram entropy in nats
+  std::string title;                   // the run's name
+  std::optional<double> peak_tflops;   // dense peak per device, for MFU
+  std::string peak_name;               // where the peak comes from ("h100 (dense bf16)")
+  std::optional<double> unigram_loss;  // the data's unigram entropy in nats
   std::string unigram_source;
-  int refresh_seconds = 0;            // > 0: the page reloads itself (a running job)
+  int refresh_seconds = 0;  // > 0: the page reloads itself (a running job)
 };
 
 struct ReportModel {

@@ -47,7 +47,8 @@ std::optional<double> number(const std::string& s) {
 std::optional<double> timestamp(const std::string& line) {
   int y, mo, d, h, mi;
   double sec;
-  if (std::sscanf(line.c_str(), "[%d-%d-%d %d:%d:%lf]", &y, &mo, &d, &h, &mi, &sec) != 6) return std::nullopt;
+  if (std::sscanf(line.c_str(), "[%d-%d-%d %d:%d:%lf]", &y, &mo, &d, &h, &mi, &sec) != 6)
+    return std::nullopt;
   std::tm tm{};
   tm.tm_year = y - 1900;
   tm.tm_mon = mo - 1;
@@ -96,13 +97,15 @@ bool parse_evaluation(const std::string& line, Evaluation& e) {
   e.split = line.find(" on test set") != std::string::npos ? "test" : "validation";
   e.loss = number(line.substr(v + 15)).value_or(std::nan(""));
   const size_t p = line.find("lm loss PPL: ");
-  e.ppl = p == std::string::npos ? std::exp(std::min(20.0, e.loss)) : number(line.substr(p + 13)).value_or(0);
+  e.ppl = p == std::string::npos ? std::exp(std::min(20.0, e.loss))
+                                 : number(line.substr(p + 13)).value_or(0);
   return true;
 }
 
 const std::regex& memory_regex() {
-  static const std::regex re(R"(\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: (\S+) \| )"
-                             R"(max allocated: (\S+) \| reserved: (\S+) \| max reserved: (\S+))");
+  static const std::regex re(
+      R"(\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: (\S+) \| )"
+      R"(max allocated: (\S+) \| reserved: (\S+) \| max reserved: (\S+))");
   return re;
 }
 
@@ -131,7 +134,8 @@ void read_checkpoints(const fs::path& dir, RunRecord& r) {
   if (r.arguments.empty()) {
     try {
       if (auto ck = training::find_checkpoint(dir, std::nullopt)) {
-        const auto lines = training::format_arguments_block(training::training_args_from_json(ck->state.args));
+        const auto lines =
+            training::format_arguments_block(training::training_args_from_json(ck->state.args));
         RunRecord tmp;
         std::string text;
         for (const auto& l : lines) text += l + "\n";
@@ -160,7 +164,8 @@ std::optional<std::string> RunRecord::argument(const std::string& name) const {
 int64_t RunRecord::world_size() const {
   long long w = 0;
   const size_t at = layout.find("world ");
-  if (at != std::string::npos && std::sscanf(layout.c_str() + at, "world %lld", &w) == 1 && w > 0) return w;
+  if (at != std::string::npos && std::sscanf(layout.c_str() + at, "world %lld", &w) == 1 && w > 0)
+    return w;
   return 1;
 }
 
@@ -172,7 +177,8 @@ void parse_log(const std::string& text, RunRecord& r) {
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   if (!complete && !lines.empty()) lines.pop_back();  // still being written
   for (const std::string& line : lines) {
-    if (line.find("------------------------ arguments ------------------------") != std::string::npos) {
+    if (line.find("------------------------ arguments ------------------------") !=
+        std::string::npos) {
       in_args = true;
       r.arguments.clear();
       continue;
@@ -186,7 +192,8 @@ void parse_log(const std::string& text, RunRecord& r) {
       const size_t dots = t.find(" .");
       if (dots == std::string::npos) continue;
       const size_t value = t.find_first_not_of('.', dots + 1);
-      r.arguments.push_back({t.substr(0, dots), value == std::string::npos ? "" : trim(t.substr(value))});
+      r.arguments.push_back(
+          {t.substr(0, dots), value == std::string::npos ? "" : trim(t.substr(value))});
       continue;
     }
     Interval iv;
@@ -202,18 +209,21 @@ void parse_log(const std::string& text, RunRecord& r) {
     std::smatch m;
     if (std::regex_search(line, m, memory_regex())) {
       r.memory.push_back({std::stoi(m[1]), std::stoll(m[2]), number(m[3]).value_or(0),
-                          number(m[4]).value_or(0), number(m[5]).value_or(0), number(m[6]).value_or(0)});
+                          number(m[4]).value_or(0), number(m[5]).value_or(0),
+                          number(m[6]).value_or(0)});
       continue;
     }
     if (line.rfind("parallel layout:", 0) == 0) r.layout = line;
-    if (line.rfind("training finished:", 0) == 0 || line.find("after training is done") != std::string::npos)
+    if (line.rfind("training finished:", 0) == 0 ||
+        line.find("after training is done") != std::string::npos)
       r.finished = true;
   }
 }
 
 RunSources find_run_sources(const fs::path& run) {
   std::error_code ec;
-  MG_REQUIRE(fs::exists(run, ec), "report: ", run.string(), " does not exist; give a run's folder "
+  MG_REQUIRE(fs::exists(run, ec), "report: ", run.string(),
+             " does not exist; give a run's folder "
              "or its log file");
   RunSources s;
   if (fs::is_regular_file(run, ec)) {
@@ -248,8 +258,9 @@ RunSources find_run_sources(const fs::path& run) {
         s.logs.push_back(p);
     }
   }
-  MG_REQUIRE(!s.logs.empty() || !s.metrics.empty() || !s.tensorboard_dirs.empty(), "report: ",
-             run.string(), " holds no training log (*.log, *.txt, *.out with Megatron's iteration "
+  MG_REQUIRE(!s.logs.empty() || !s.metrics.empty() || !s.tensorboard_dirs.empty(),
+             "report: ", run.string(),
+             " holds no training log (*.log, *.txt, *.out with Megatron's iteration "
              "lines), metrics (*.jsonl) or TensorBoard events; give the run's folder or log file");
   std::sort(s.logs.begin(), s.logs.end());
   std::sort(s.metrics.begin(), s.metrics.end());
@@ -278,14 +289,17 @@ RunRecord read_run(const RunSources& src) {
         iv.lm_loss = j.value("lm_loss", std::nan(""));
         iv.learning_rate = j.value("learning_rate", 0.0);
         iv.loss_scale = j.value("loss_scale", 1.0);
-        if (j.contains("grad_norm") && j["grad_norm"].is_number()) iv.grad_norm = j["grad_norm"].get<double>();
+        if (j.contains("grad_norm") && j["grad_norm"].is_number())
+          iv.grad_norm = j["grad_norm"].get<double>();
         iv.ms_per_iteration = j.value("ms_per_iteration", 0.0);
-        if (j.contains("tokens_per_second")) iv.tokens_per_second = j["tokens_per_second"].get<double>();
+        if (j.contains("tokens_per_second"))
+          iv.tokens_per_second = j["tokens_per_second"].get<double>();
         iv.skipped = j.value("skipped_iterations", int64_t(0));
         r.intervals.push_back(iv);
         found = r.intervals.end() - 1;
       }
-      if (j.contains("comm_ms_per_iteration")) found->comm_ms_per_iteration = j["comm_ms_per_iteration"].get<double>();
+      if (j.contains("comm_ms_per_iteration"))
+        found->comm_ms_per_iteration = j["comm_ms_per_iteration"].get<double>();
       if (r.layout.empty() && j.value("world_size", 1) > 1)
         r.layout = "world " + std::to_string(j.value("world_size", 1));
     }
@@ -315,7 +329,8 @@ RunRecord read_run(const RunSources& src) {
     for (const fs::path& f : files) r.sources.push_back(f.string());
   }
   for (auto& [tag, v] : r.scalars)
-    std::stable_sort(v.begin(), v.end(), [](const Scalar& a, const Scalar& b) { return a.step < b.step; });
+    std::stable_sort(v.begin(), v.end(),
+                     [](const Scalar& a, const Scalar& b) { return a.step < b.step; });
   for (const fs::path& d : ck) {
     read_checkpoints(d, r);
     r.sources.push_back(d.string());

@@ -54,9 +54,9 @@ struct RunRecord {
   std::vector<Evaluation> evaluations;
   std::vector<MemoryLine> memory;
   std::vector<std::pair<std::string, std::string>> arguments;  // the arguments block, in order
-  std::string layout;      // the "parallel layout:" line
-  bool finished = false;   // the run printed its end
-  std::map<std::string, std::vector<Scalar>> scalars;  // TensorBoard, by tag
+  std::string layout;                                          // the "parallel layout:" line
+  bool finished = false;                                       // the run printed its end
+  std::map<std::string, std::vector<Scalar>> scalars;          // TensorBoard, by tag
   std::vector<Checkpoint> checkpoints;
   std::optional<std::string> argument(const std::string& name) const;
   int64_t world_size() const;  // from the layout line, the JSONL or the arguments; 1 if unknown

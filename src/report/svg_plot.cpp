@@ -22,8 +22,10 @@ std::string num(double v) {
 std::string tick_label(double v) {
   char buf[32];
   if (v == 0) return "0";
-  if (std::fabs(v) >= 1e5 || std::fabs(v) < 1e-3) std::snprintf(buf, sizeof buf, "%.2e", v);
-  else std::snprintf(buf, sizeof buf, "%.4g", v);
+  if (std::fabs(v) >= 1e5 || std::fabs(v) < 1e-3)
+    std::snprintf(buf, sizeof buf, "%.2e", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.4g", v);
   return buf;
 }
 
@@ -52,19 +54,21 @@ std::string legend(const Plot& p) {
   std::string s = "<g class=\"legend\">";
   double x = kL + 8;
   for (const Series& se : p.series) {
-    s += "<rect x=\"" + num(x) + "\" y=\"" + num(kT + 4) + "\" width=\"12\" height=\"4\" fill=\"" + se.color + "\"/>";
-    s += "<text x=\"" + num(x + 16) + "\" y=\"" + num(kT + 10) + "\">" + html_escape(se.name) + "</text>";
+    s += "<rect x=\"" + num(x) + "\" y=\"" + num(kT + 4) + "\" width=\"12\" height=\"4\" fill=\"" +
+         se.color + "\"/>";
+    s += "<text x=\"" + num(x + 16) + "\" y=\"" + num(kT + 10) + "\">" + html_escape(se.name) +
+         "</text>";
     x += 24 + 6.2 * double(se.name.size());
   }
   return s + "</g>";
 }
 
 std::string frame(const Plot& p) {
-  return "<rect class=\"frame\" x=\"" + num(kL) + "\" y=\"" + num(kT) + "\" width=\"" + num(kW - kL - kR) +
-         "\" height=\"" + num(kH - kT - kB) + "\"/>" + "<text class=\"xlabel\" x=\"" + num((kL + kW - kR) / 2) +
-         "\" y=\"" + num(kH - 6) + "\">" + html_escape(p.x_label) + "</text>" +
-         "<text class=\"ylabel\" transform=\"translate(14," + num((kT + kH - kB) / 2) + ") rotate(-90)\">" +
-         html_escape(p.y_label) + "</text>";
+  return "<rect class=\"frame\" x=\"" + num(kL) + "\" y=\"" + num(kT) + "\" width=\"" +
+         num(kW - kL - kR) + "\" height=\"" + num(kH - kT - kB) + "\"/>" +
+         "<text class=\"xlabel\" x=\"" + num((kL + kW - kR) / 2) + "\" y=\"" + num(kH - 6) + "\">" +
+         html_escape(p.x_label) + "</text>" + "<text class=\"ylabel\" transform=\"translate(14," +
+         num((kT + kH - kB) / 2) + ") rotate(-90)\">" + html_escape(p.y_label) + "</text>";
 }
 
 std::string y_ticks(const Axis& y) {
@@ -79,9 +83,9 @@ std::string y_ticks(const Axis& y) {
   }
   for (double t : ticks) {
     const double py = y.map(t, kH - kB, kT);
-    s += "<line class=\"grid\" x1=\"" + num(kL) + "\" x2=\"" + num(kW - kR) + "\" y1=\"" + num(py) + "\" y2=\"" +
-         num(py) + "\"/><text class=\"ytick\" x=\"" + num(kL - 6) + "\" y=\"" + num(py + 4) + "\">" +
-         tick_label(t) + "</text>";
+    s += "<line class=\"grid\" x1=\"" + num(kL) + "\" x2=\"" + num(kW - kR) + "\" y1=\"" + num(py) +
+         "\" y2=\"" + num(py) + "\"/><text class=\"ytick\" x=\"" + num(kL - 6) + "\" y=\"" +
+         num(py + 4) + "\">" + tick_label(t) + "</text>";
   }
   return s;
 }
@@ -98,7 +102,8 @@ std::string line_svg(const Plot& p) {
       }
     }
   std::string s = frame(p);
-  if (!std::isfinite(x0) || !std::isfinite(y0)) return s + "<text class=\"empty\" x=\"320\" y=\"140\">no data yet</text>";
+  if (!std::isfinite(x0) || !std::isfinite(y0))
+    return s + "<text class=\"empty\" x=\"320\" y=\"140\">no data yet</text>";
   if (x1 == x0) {
     x0 -= 1;
     x1 += 1;
@@ -113,21 +118,24 @@ std::string line_svg(const Plot& p) {
   s += y_ticks(y);
   for (double t : nice_ticks(x0, x1, 6)) {
     const double px = x.map(t, kL, kW - kR);
-    s += "<text class=\"xtick\" x=\"" + num(px) + "\" y=\"" + num(kH - kB + 16) + "\">" + tick_label(t) + "</text>";
+    s += "<text class=\"xtick\" x=\"" + num(px) + "\" y=\"" + num(kH - kB + 16) + "\">" +
+         tick_label(t) + "</text>";
   }
   s += "<g class=\"data\">";
   for (const Series& se : p.series) {
     std::string d;
     for (size_t i = 0; i < se.x.size(); ++i)
       if (std::isfinite(se.y[i]))
-        d += (d.empty() ? "M" : "L") + num(x.map(se.x[i], kL, kW - kR)) + "," + num(y.map(se.y[i], kH - kB, kT));
+        d += (d.empty() ? "M" : "L") + num(x.map(se.x[i], kL, kW - kR)) + "," +
+             num(y.map(se.y[i], kH - kB, kT));
     if (!se.markers)
-      s += "<path d=\"" + d + "\" stroke=\"" + se.color + "\"" + (se.dashed ? " stroke-dasharray=\"6 4\"" : "") + "/>";
+      s += "<path d=\"" + d + "\" stroke=\"" + se.color + "\"" +
+           (se.dashed ? " stroke-dasharray=\"6 4\"" : "") + "/>";
     if (se.markers || se.x.size() == 1)
       for (size_t i = 0; i < se.x.size(); ++i)
         if (std::isfinite(se.y[i]))
-          s += "<circle cx=\"" + num(x.map(se.x[i], kL, kW - kR)) + "\" cy=\"" + num(y.map(se.y[i], kH - kB, kT)) +
-               "\" r=\"3\" fill=\"" + se.color + "\"/>";
+          s += "<circle cx=\"" + num(x.map(se.x[i], kL, kW - kR)) + "\" cy=\"" +
+               num(y.map(se.y[i], kH - kB, kT)) + "\" r=\"3\" fill=\"" + se.color + "\"/>";
   }
   return s + "</g>" + legend(p);
 }
@@ -144,13 +152,14 @@ std::string bar_svg(const Plot& p) {
   const double bar = slot * 0.8 / double(std::max<size_t>(1, p.series.size()));
   s += "<g class=\"data\">";
   for (size_t c = 0; c < p.categories.size(); ++c) {
-    s += "<text class=\"xtick\" x=\"" + num(kL + slot * (double(c) + 0.5)) + "\" y=\"" + num(kH - kB + 16) + "\">" +
-         html_escape(p.categories[c]) + "</text>";
+    s += "<text class=\"xtick\" x=\"" + num(kL + slot * (double(c) + 0.5)) + "\" y=\"" +
+         num(kH - kB + 16) + "\">" + html_escape(p.categories[c]) + "</text>";
     for (size_t k = 0; k < p.series.size(); ++k) {
       const double v = c < p.series[k].y.size() ? p.series[k].y[c] : 0, py = y.map(v, kH - kB, kT);
-      s += "<rect x=\"" + num(kL + slot * double(c) + slot * 0.1 + bar * double(k)) + "\" y=\"" + num(py) +
-           "\" width=\"" + num(bar) + "\" height=\"" + num(kH - kB - py) + "\" fill=\"" + p.series[k].color +
-           "\"><title>" + html_escape(p.series[k].name) + ": " + tick_label(v) + "</title></rect>";
+      s += "<rect x=\"" + num(kL + slot * double(c) + slot * 0.1 + bar * double(k)) + "\" y=\"" +
+           num(py) + "\" width=\"" + num(bar) + "\" height=\"" + num(kH - kB - py) + "\" fill=\"" +
+           p.series[k].color + "\"><title>" + html_escape(p.series[k].name) + ": " + tick_label(v) +
+           "</title></rect>";
     }
   }
   return s + "</g>" + legend(p);
@@ -161,18 +170,23 @@ std::string bar_svg(const Plot& p) {
 std::string html_escape(const std::string& in) {
   std::string s;
   for (char c : in) {
-    if (c == '<') s += "&lt;";
-    else if (c == '>') s += "&gt;";
-    else if (c == '&') s += "&amp;";
-    else if (c == '"') s += "&quot;";
-    else s += c;
+    if (c == '<')
+      s += "&lt;";
+    else if (c == '>')
+      s += "&gt;";
+    else if (c == '&')
+      s += "&amp;";
+    else if (c == '"')
+      s += "&quot;";
+    else
+      s += c;
   }
   return s;
 }
 
 std::string render_svg(const Plot& p) {
-  return "<svg class=\"chart\" viewBox=\"0 0 640 280\" role=\"img\" aria-label=\"" + html_escape(p.title) + "\">" +
-         (p.bars ? bar_svg(p) : line_svg(p)) + "</svg>";
+  return "<svg class=\"chart\" viewBox=\"0 0 640 280\" role=\"img\" aria-label=\"" +
+         html_escape(p.title) + "\">" + (p.bars ? bar_svg(p) : line_svg(p)) + "</svg>";
 }
 
 }  // namespace megatron::report

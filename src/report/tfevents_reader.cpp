@@ -58,11 +58,16 @@ struct Reader {
     return s;
   }
   void skip(int wire) {
-    if (wire == 0) varint();
-    else if (wire == 1) fixed<uint64_t>();
-    else if (wire == 2) bytes();
-    else if (wire == 5) fixed<uint32_t>();
-    else ok = false;
+    if (wire == 0)
+      varint();
+    else if (wire == 1)
+      fixed<uint64_t>();
+    else if (wire == 2)
+      bytes();
+    else if (wire == 5)
+      fixed<uint32_t>();
+    else
+      ok = false;
   }
 };
 
@@ -128,18 +133,24 @@ bool event(std::string_view data, EventFile& f) {
   while (r.more()) {
     const uint64_t key = r.varint();
     const int field = int(key >> 3), wire = int(key & 7);
-    if (field == 1 && wire == 1) wall = r.fixed<double>();
-    else if (field == 2 && wire == 0) step = int64_t(r.varint());
-    else if (field == 5 && wire == 2) summaries.push_back(r.bytes());
-    else r.skip(wire);
+    if (field == 1 && wire == 1)
+      wall = r.fixed<double>();
+    else if (field == 2 && wire == 0)
+      step = int64_t(r.varint());
+    else if (field == 5 && wire == 2)
+      summaries.push_back(r.bytes());
+    else
+      r.skip(wire);
   }
   if (!r.ok) return false;
   for (std::string_view s : summaries) {
     Reader v = reader_of(s);
     while (v.more()) {
       const uint64_t key = v.varint();
-      if ((key >> 3) == 1 && (key & 7) == 2) summary_value(v.bytes(), step, wall, f);
-      else v.skip(int(key & 7));
+      if ((key >> 3) == 1 && (key & 7) == 2)
+        summary_value(v.bytes(), step, wall, f);
+      else
+        v.skip(int(key & 7));
     }
     if (!v.ok) return false;
   }
@@ -172,9 +183,10 @@ EventFile read_event_file(const fs::path& path) {
       break;
     }
     const uint64_t n = le64(buf.data() + at);
-    MG_REQUIRE(le32(buf.data() + at + 8) == training::masked_crc32c(std::string_view(buf.data() + at, 8)),
-               path.string(), ": the record at byte ", at,
-               " has a wrong length checksum: not a TensorBoard event file, or damaged");
+    MG_REQUIRE(
+        le32(buf.data() + at + 8) == training::masked_crc32c(std::string_view(buf.data() + at, 8)),
+        path.string(), ": the record at byte ", at,
+        " has a wrong length checksum: not a TensorBoard event file, or damaged");
     if (buf.size() - at - 12 < n + 4) {
       f.truncated = true;
       break;
@@ -195,7 +207,8 @@ std::map<std::string, std::vector<Scalar>> read_event_dir(const fs::path& dir,
   std::vector<fs::path> found;
   std::error_code ec;
   for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->is_regular_file(ec) && it->path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+    if (it->is_regular_file(ec) &&
+        it->path().filename().string().rfind("events.out.tfevents.", 0) == 0)
       found.push_back(it->path());
   std::sort(found.begin(), found.end());
   std::map<std::string, std::vector<Scalar>> out;
@@ -204,7 +217,8 @@ std::map<std::string, std::vector<Scalar>> read_event_dir(const fs::path& dir,
     for (auto& [tag, v] : f.scalars) out[tag].insert(out[tag].end(), v.begin(), v.end());
   }
   for (auto& [tag, v] : out)
-    std::stable_sort(v.begin(), v.end(), [](const Scalar& a, const Scalar& b) { return a.step < b.step; });
+    std::stable_sort(v.begin(), v.end(),
+                     [](const Scalar& a, const Scalar& b) { return a.step < b.step; });
   if (files) *files = found;
   return out;
 }

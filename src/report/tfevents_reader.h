@@ -32,7 +32,7 @@ struct EventFile {
 EventFile read_event_file(const std::filesystem::path& path);
 
 // Every events.out.tfevents.* file under `dir` (recursively), merged by tag, sorted by step.
-std::map<std::string, std::vector<Scalar>> read_event_dir(const std::filesystem::path& dir,
-                                                          std::vector<std::filesystem::path>* files = nullptr);
+std::map<std::string, std::vector<Scalar>> read_event_dir(
+    const std::filesystem::path& dir, std::vector<std::filesystem::path>* files = nullptr);
 
 }  // namespace megatron::report

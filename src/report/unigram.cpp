@@ -65,7 +65,8 @@ std::vector<std::string> as_list(const std::string& v) {
 
 }  // namespace
 
-std::optional<UnigramBaseline> unigram_baseline(const RunRecord& run, const std::vector<std::string>& given,
+std::optional<UnigramBaseline> unigram_baseline(const RunRecord& run,
+                                                const std::vector<std::string>& given,
                                                 int64_t max_tokens) {
   std::vector<std::string> paths = given;
   if (paths.empty()) {
@@ -98,7 +99,8 @@ std::optional<UnigramBaseline> unigram_baseline(const RunRecord& run, const std:
   int64_t per = max_tokens / int64_t(blend.prefixes.size());
   for (size_t i = 0; i < blend.prefixes.size(); ++i) {
     const data::IndexedDataset d(blend.prefixes[i]);
-    parts.push_back({sample_counts(d, per), blend.weights ? (*blend.weights)[i] : 1.0 / double(blend.prefixes.size())});
+    parts.push_back({sample_counts(d, per),
+                     blend.weights ? (*blend.weights)[i] : 1.0 / double(blend.prefixes.size())});
   }
   std::string src = "the training data (";
   for (size_t i = 0; i < blend.prefixes.size(); ++i) src += (i ? ", " : "") + blend.prefixes[i];

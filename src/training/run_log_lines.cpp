@@ -1,8 +1,6 @@
 // Megatron's arguments block and report_memory line (run_log_lines.h).
 #include "training/run_log_lines.h"
 
-#include "training/checkpoint.h"
-
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -11,6 +9,8 @@
 #include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
+
+#include "training/checkpoint.h"
 
 namespace megatron::training {
 
@@ -81,13 +81,17 @@ void flatten(const nlohmann::json& j, const std::string& parent,
       const double d = it.value().get<double>();
       const float f = float(d);
       v = double(f) == d ? python_float_repr(f) : python_float_repr(d);
-    } else if (it.value().is_string()) v = it.value().get<std::string>();
-    else if (it.value().is_boolean()) v = it.value().get<bool>() ? "True" : "False";
-    else if (it.value().is_null()) v = "None";
-    else v = it.value().dump();
+    } else if (it.value().is_string())
+      v = it.value().get<std::string>();
+    else if (it.value().is_boolean())
+      v = it.value().get<bool>() ? "True" : "False";
+    else if (it.value().is_null())
+      v = "None";
+    else
+      v = it.value().dump();
     // TensorBoard's settings by Megatron's names (tensorboard_dir, tensorboard_queue_size, ...).
-    const bool tb = parent == "tensorboard" && (it.key() == "dir" || it.key() == "log_interval" ||
-                                               it.key() == "queue_size");
+    const bool tb = parent == "tensorboard" &&
+                    (it.key() == "dir" || it.key() == "log_interval" || it.key() == "queue_size");
     out.push_back({tb ? "tensorboard_" + it.key() : it.key(), {parent, v}});
   }
 }
@@ -101,13 +105,15 @@ std::vector<std::string> format_arguments_block(const TrainingArgs& args) {
   for (const auto& l : leaves) ++uses[l.first];
   std::vector<std::string> lines;
   for (const auto& [name, where] : leaves) {
-    const std::string arg = uses[name] > 1 && !where.first.empty() ? where.first + "." + name : name;
-    lines.push_back("  " + arg + " " + std::string(arg.size() < 48 ? 48 - arg.size() : 1, '.') + " " +
-                    where.second);
+    const std::string arg =
+        uses[name] > 1 && !where.first.empty() ? where.first + "." + name : name;
+    lines.push_back("  " + arg + " " + std::string(arg.size() < 48 ? 48 - arg.size() : 1, '.') +
+                    " " + where.second);
   }
   std::sort(lines.begin(), lines.end(), [](const std::string& a, const std::string& b) {
     return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
-      return std::tolower(static_cast<unsigned char>(x)) < std::tolower(static_cast<unsigned char>(y));
+      return std::tolower(static_cast<unsigned char>(x)) <
+             std::tolower(static_cast<unsigned char>(y));
     });
   });
   lines.insert(lines.begin(), "------------------------ arguments ------------------------");

@@ -25,7 +25,7 @@
 namespace megatron::training {
 
 std::string format_memory_report(int world_rank, int64_t iteration, const HostMemoryStats& tensors,
-                                  const ResidentMemory& resident);
+                                 const ResidentMemory& resident);
 
 // The arguments block, one string per line.
 std::vector<std::string> format_arguments_block(const TrainingArgs& args);

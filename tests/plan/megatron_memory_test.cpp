@@ -4,12 +4,13 @@
 // Llama with GQA and SwiGLU, MQA, TP/PP/VPP/CP/DP, sequence parallelism, selective and full
 // recomputation, with and without the distributed optimizer) the byte counts are the same doubles
 // and the printed lines the same text.
+#include "plan/megatron_memory.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "plan/megatron_memory.h"
 #include "test_util.h"
 
 namespace megatron::testing {
@@ -28,61 +29,76 @@ const std::vector<PlanRun>& grid() {
   static const std::vector<PlanRun> runs = {
       // GPT-2 small on one rank, and the 345M walkthrough's shape.
       {"--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 "
-       "--micro-batch-size 4 --global-batch-size 32", 1, 50257},
+       "--micro-batch-size 4 --global-batch-size 32",
+       1, 50257},
       {"--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
        "--micro-batch-size 8 --global-batch-size 64 --tensor-model-parallel-size 2 "
-       "--pipeline-model-parallel-size 2 --use-distributed-optimizer", 8, 50257},
+       "--pipeline-model-parallel-size 2 --use-distributed-optimizer",
+       8, 50257},
       // Sequence parallelism with selective recomputation: the SP formula.
       {"--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
        "--micro-batch-size 1 --global-batch-size 16 --tensor-model-parallel-size 4 "
-       "--sequence-parallel --recompute-activations", 8, 50257},
+       "--sequence-parallel --recompute-activations",
+       8, 50257},
       {"--num-layers 16 --hidden-size 1024 --num-attention-heads 16 --seq-length 512 "
        "--micro-batch-size 2 --global-batch-size 48 --tensor-model-parallel-size 2 "
        "--pipeline-model-parallel-size 2 --sequence-parallel --recompute-granularity selective "
-       "--use-distributed-optimizer", 12, 50257},
+       "--use-distributed-optimizer",
+       12, 50257},
       // Llama-style: RMSNorm, SwiGLU, GQA, untied, rotary, no biases, bf16.
       {"--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention "
        "--num-query-groups 8 --ffn-hidden-size 14336 --swiglu --normalization RMSNorm "
        "--untie-embeddings-and-output-weights --position-embedding-type rope "
        "--disable-bias-linear --bf16 --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 "
        "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --sequence-parallel "
-       "--recompute-activations --use-distributed-optimizer", 64, 128256},
+       "--recompute-activations --use-distributed-optimizer",
+       64, 128256},
       // SwiGLU without --ffn-hidden-size: Megatron's own width int(8h/3 / 64) * 64.
       {"--num-layers 8 --hidden-size 1000 --num-attention-heads 8 --swiglu --normalization RMSNorm "
        "--untie-embeddings-and-output-weights --seq-length 256 --micro-batch-size 2 "
-       "--tensor-model-parallel-size 2", 2, 32000},
+       "--tensor-model-parallel-size 2",
+       2, 32000},
       // Multi-query attention; an explicit head width (query projection != hidden size).
       {"--num-layers 6 --hidden-size 512 --num-attention-heads 8 --kv-channels 96 "
        "--group-query-attention --num-query-groups 1 --seq-length 512 --micro-batch-size 3 "
-       "--global-batch-size 9", 3, 50257},
+       "--global-batch-size 9",
+       3, 50257},
       // Interleaved pipeline (VP 2), and VP 1 (Megatron still applies its penalty).
       {"--num-layers 16 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
        "--micro-batch-size 2 --global-batch-size 64 --pipeline-model-parallel-size 4 "
-       "--num-layers-per-virtual-pipeline-stage 2", 8, 50257},
+       "--num-layers-per-virtual-pipeline-stage 2",
+       8, 50257},
       {"--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 512 "
        "--micro-batch-size 1 --global-batch-size 8 --pipeline-model-parallel-size 4 "
-       "--num-layers-per-virtual-pipeline-stage 2", 4, 50257},
+       "--num-layers-per-virtual-pipeline-stage 2",
+       4, 50257},
       // 1F1B with fewer micro-batches than stages.
       {"--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 512 "
-       "--micro-batch-size 2 --global-batch-size 4 --pipeline-model-parallel-size 4", 4, 50257},
+       "--micro-batch-size 2 --global-batch-size 4 --pipeline-model-parallel-size 4",
+       4, 50257},
       // Full recomputation (the formula without SP), with and without SP.
       {"--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 "
        "--micro-batch-size 4 --global-batch-size 16 --recompute-granularity full "
        "--recompute-method uniform --recompute-num-layers 1 --tensor-model-parallel-size 2 "
-       "--sequence-parallel", 4, 50257},
+       "--sequence-parallel",
+       4, 50257},
       {"--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 "
        "--micro-batch-size 4 --global-batch-size 16 --recompute-granularity full "
-       "--recompute-method block --recompute-num-layers 2", 1, 50257},
+       "--recompute-method block --recompute-num-layers 2",
+       1, 50257},
       // Context parallelism (DP = world / (TP x PP x CP)); DP 7: 12 / 7 is inexact.
       {"--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 2048 "
        "--micro-batch-size 1 --global-batch-size 8 --context-parallel-size 2 "
-       "--use-distributed-optimizer", 8, 50257},
+       "--use-distributed-optimizer",
+       8, 50257},
       {"--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 "
-       "--micro-batch-size 1 --global-batch-size 14 --use-distributed-optimizer", 7, 50257},
+       "--micro-batch-size 1 --global-batch-size 14 --use-distributed-optimizer",
+       7, 50257},
       // Untied output layer on one pipeline stage over TP, LayerNorm with biases.
       {"--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 128 "
        "--micro-batch-size 2 --global-batch-size 8 --untie-embeddings-and-output-weights "
-       "--tensor-model-parallel-size 4", 4, 50257},
+       "--tensor-model-parallel-size 4",
+       4, 50257},
   };
   return runs;
 }
@@ -118,23 +134,26 @@ TEST(PlanMegatronMemory, EqualsPythonTranscriptionToTheByte) {
     CommandResult c = run_cli(cmd);
     ASSERT_EQ(c.exit_code, 0) << cmd << "\n" << c.output;
     ours.push_back(nlohmann::json::parse(c.output.substr(c.output.find('{'))));
-    runs.push_back({{"flags", python_flags(r.flags)}, {"world_size", r.world}, {"vocab_size", r.vocab}});
+    runs.push_back(
+        {{"flags", python_flags(r.flags)}, {"world_size", r.world}, {"vocab_size", r.vocab}});
   }
   TempDir dir;
   write_file(dir / "runs.json", runs.dump());
-  CommandResult py = run_command("/usr/bin/python3 " +
-                                 (source_dir() / "tests/reference/theoretical_memory_usage.py").string() +
-                                 " < " + (dir / "runs.json").string());
+  CommandResult py =
+      run_command("/usr/bin/python3 " +
+                  (source_dir() / "tests/reference/theoretical_memory_usage.py").string() + " < " +
+                  (dir / "runs.json").string());
   ASSERT_EQ(py.exit_code, 0) << py.output;
   const nlohmann::json ref = nlohmann::json::parse(py.output);
   ASSERT_EQ(ref.size(), ours.size());
   for (size_t i = 0; i < ours.size(); ++i) {
     SCOPED_TRACE(grid()[i].flags);
     const nlohmann::json& m = ours[i]["megatron"];
-    EXPECT_EQ(ours[i]["padded_vocab_size"].get<int64_t>(), ref[i]["padded_vocab_size"].get<int64_t>());
+    EXPECT_EQ(ours[i]["padded_vocab_size"].get<int64_t>(),
+              ref[i]["padded_vocab_size"].get<int64_t>());
     // Bit-identical doubles (both sides print round-trip representations).
-    for (const char* k : {"weight_and_optimizer_bytes", "activation_bytes", "weight_and_optimizer_mb",
-                          "activation_mb", "total_mb"})
+    for (const char* k : {"weight_and_optimizer_bytes", "activation_bytes",
+                          "weight_and_optimizer_mb", "activation_mb", "total_mb"})
       EXPECT_EQ(m[k].get<double>(), ref[i][k].get<double>()) << k;
     EXPECT_EQ(m["lines"], ref[i]["lines"]);
   }
@@ -143,10 +162,12 @@ TEST(PlanMegatronMemory, EqualsPythonTranscriptionToTheByte) {
 // The text output carries Megatron's own closing line, and the formula's branches show in it.
 TEST(PlanMegatronMemory, PrintsMegatronsLines) {
   const PlanRun& r = grid()[2];  // SP + selective
-  CommandResult c = run_cli("plan " + r.flags + kCommon + " --vocab-size 50257 --world-size 8 2>&1");
+  CommandResult c =
+      run_cli("plan " + r.flags + kCommon + " --vocab-size 50257 --world-size 8 2>&1");
   ASSERT_EQ(c.exit_code, 0) << c.output;
   EXPECT_NE(c.output.find("compute_activation_memory with SP\n"), std::string::npos) << c.output;
-  EXPECT_NE(c.output.find("Theoretical memory footprints: weight and optimizer="), std::string::npos);
+  EXPECT_NE(c.output.find("Theoretical memory footprints: weight and optimizer="),
+            std::string::npos);
   EXPECT_NE(c.output.find("Number of parameters in transformer block in billions:  1.21"),
             std::string::npos)
       << c.output;  // Python's "{: .2f}" keeps a space for the sign
@@ -171,7 +192,8 @@ TEST(PlanMegatronMemory, WorkedExample) {
   EXPECT_EQ(r.weight_and_optimizer_bytes, (84973056.0 + 38633472.0) * 18);
   // Without SP: s b h (10 + 24) per layer, x 12, + 8 s b + s b h, + (s b V + s b h) x 2, x 1.05.
   const double sbh = 1024.0 * 4 * 768;
-  const double expected = ((sbh * 34 * 12 + 8 * 1024 * 4 + sbh) + (1024.0 * 4 * 50304 + sbh) * 2) * 1.05;
+  const double expected =
+      ((sbh * 34 * 12 + 8 * 1024 * 4 + sbh) + (1024.0 * 4 * 50304 + sbh) * 2) * 1.05;
   EXPECT_DOUBLE_EQ(r.activation_bytes, expected);
   EXPECT_FALSE(r.in_flight_microbatches.has_value());
 }

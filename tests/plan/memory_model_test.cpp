@@ -9,6 +9,8 @@
 //  - the micro-batches in flight are what the pipeline schedules keep (1F1B, interleaved);
 //  - the predicted peak of the host allocator is within 10% of the measured one over a few
 //    training steps of single-rank and 4-rank layouts (every pipeline stage).
+#include "plan/memory_model.h"
+
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -18,7 +20,6 @@
 #include "model/gpt_stage.h"
 #include "pipeline/forward_backward.h"
 #include "plan/measure.h"
-#include "plan/memory_model.h"
 #include "plan/simulated_communicator.h"
 #include "test_util.h"
 
@@ -151,22 +152,25 @@ TEST(PlanMemoryModel, ParametersActivationsAndInFlightAreTheModels) {
       const int rank = plan::first_rank_of_stage(in.layout, stage);
       const ParallelState ps = ParallelState::create(plan::make_simulated_world(pc, rank), pc);
       model::GPTConfig cfg = in.args.model;
-      model::GPTStageModel model(cfg, 1234, ps, in.args.parallel.num_layers_per_virtual_pipeline_stage);
+      model::GPTStageModel model(cfg, 1234, ps,
+                                 in.args.parallel.num_layers_per_virtual_pipeline_stage);
       ASSERT_EQ(model.num_chunks(), in.layout.vp);
       for (int ch = 0; ch < model.num_chunks(); ++ch) {
         std::vector<int64_t> real;
-        for (const model::Parameter* p : model.chunk(ch).parameters()) real.push_back(p->value.numel());
+        for (const model::Parameter* p : model.chunk(ch).parameters())
+          real.push_back(p->value.numel());
         EXPECT_EQ(plan::chunk_parameter_numels(in, stage, ch), real) << "chunk " << ch;
       }
       pipeline::ForwardBackwardOptions fb;
-      const pipeline::ForwardBackwardResult res = pipeline::forward_backward(model, batches(in, ps), fb);
+      const pipeline::ForwardBackwardResult res =
+          pipeline::forward_backward(model, batches(in, ps), fb);
       const plan::StageMemory& st = pred.stages.at(size_t(stage));
       EXPECT_EQ(st.max_in_flight, res.max_in_flight);
       const std::vector<plan::ChunkActivations> act = plan::chunk_activations(in, stage);
       for (int ch = 0; ch < model.num_chunks(); ++ch) {
         // The last forward's micro-batch, or more while a recomputed block's backward runs.
-        const double expected = std::max(act[size_t(ch)].total(),
-                                         act[size_t(ch)].embedding + act[size_t(ch)].recompute_live);
+        const double expected = std::max(
+            act[size_t(ch)].total(), act[size_t(ch)].embedding + act[size_t(ch)].recompute_live);
         EXPECT_EQ(double(model.chunk(ch).activation_bytes()), expected) << "chunk " << ch;
       }
     }
@@ -180,7 +184,8 @@ TEST(PlanMemoryModel, PeakOfTheHostAllocatorWithinTenPercentOfSteps) {
     const plan::PlanInput in = input_of(c);
     const plan::MemoryPrediction pred = plan::predict_memory(in);
     for (int stage = 0; stage < in.layout.pp; ++stage) {
-      const plan::Measurement m = plan::measure_rank(in, plan::first_rank_of_stage(in.layout, stage), 2);
+      const plan::Measurement m =
+          plan::measure_rank(in, plan::first_rank_of_stage(in.layout, stage), 2);
       const double predicted = pred.stages.at(size_t(stage)).peak;
       EXPECT_NEAR(predicted / m.peak_allocated, 1.0, 0.10)
           << "stage " << stage << ": predicted " << predicted << " measured " << m.peak_allocated;

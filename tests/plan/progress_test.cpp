@@ -15,8 +15,10 @@ namespace {
 namespace fs = std::filesystem;
 
 const char* kTrain =
-    " --num-layers 1 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32"
-    " --micro-batch-size 2 --global-batch-size 2 --lr 1e-3 --mock-data --tokenizer-type NullTokenizer"
+    " --num-layers 1 --hidden-size 32 --num-attention-heads 4 --seq-length 32 "
+    "--max-position-embeddings 32"
+    " --micro-batch-size 2 --global-batch-size 2 --lr 1e-3 --mock-data --tokenizer-type "
+    "NullTokenizer"
     " --vocab-size 4100 --eval-iters 0 --train-iters 6 --log-interval 2";
 
 // `megatron ARGS` on a pseudo-terminal; everything it wrote there.
@@ -51,25 +53,35 @@ TEST(PlanProgress, PretrainShowsALiveLineOnATerminalOnly) {
 
 TEST(PlanProgress, MeasureInspectAndConvertShowProgressOnATerminal) {
   TempDir d;
-  CommandResult measure = on_terminal(std::string("plan") + kTrain + " --measure --measure-iters 3");
+  CommandResult measure =
+      on_terminal(std::string("plan") + kTrain + " --measure --measure-iters 3");
   ASSERT_EQ(measure.exit_code, 0) << measure.output;
   EXPECT_NE(measure.output.find("\r\x1b[Kiteration 1/3 | "), std::string::npos) << measure.output;
-  EXPECT_NE(measure.output.find("peak host allocator: measured"), std::string::npos) << measure.output;
+  EXPECT_NE(measure.output.find("peak host allocator: measured"), std::string::npos)
+      << measure.output;
   // A small dataset and a checkpoint of it.
   write_file(d / "docs.txt", "1 2 3 4 5 6 7 8 9 10 11 12\n13 14 15 16 17 18 19 20\n");
   const std::string prefix = (d / "docs").string();
-  ASSERT_EQ(run_cli("preprocess-data --input " + (d / "docs.txt").string() + " --input-format text-lines --workers 1 "
-                    "--output-prefix " + prefix + " --tokenizer-type NullTokenizer --vocab-size 4100 "
-                    "--append-eod 2>&1").exit_code, 0);
+  ASSERT_EQ(run_cli("preprocess-data --input " + (d / "docs.txt").string() +
+                    " --input-format text-lines --workers 1 "
+                    "--output-prefix " +
+                    prefix +
+                    " --tokenizer-type NullTokenizer --vocab-size 4100 "
+                    "--append-eod 2>&1")
+                .exit_code,
+            0);
   CommandResult inspect = on_terminal("inspect-data " + prefix + "_text_document --entropy");
   ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
   EXPECT_NE(inspect.output.find("\r\x1b[K--entropy: 0/"), std::string::npos) << inspect.output;
   ASSERT_EQ(run_cli(std::string("pretrain-gpt") + kTrain + " --save " + (d / "ckpt").string() +
-                    " --save-interval 6 2>&1").exit_code, 0);
-  CommandResult convert = on_terminal("checkpoint convert --load " + (d / "ckpt").string() + " --save " +
-                                      (d / "tp1").string());
+                    " --save-interval 6 2>&1")
+                .exit_code,
+            0);
+  CommandResult convert = on_terminal("checkpoint convert --load " + (d / "ckpt").string() +
+                                      " --save " + (d / "tp1").string());
   ASSERT_EQ(convert.exit_code, 0) << convert.output;
-  EXPECT_NE(convert.output.find("\r\x1b[Kreading 0/1 rank files"), std::string::npos) << convert.output;
+  EXPECT_NE(convert.output.find("\r\x1b[Kreading 0/1 rank files"), std::string::npos)
+      << convert.output;
 }
 
 }  // namespace

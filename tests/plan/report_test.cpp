@@ -29,24 +29,30 @@ namespace {
 namespace fs = std::filesystem;
 
 const char* kRunFlags =
-    " --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64"
-    " --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --mock-data --tokenizer-type NullTokenizer"
+    " --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
+    "--max-position-embeddings 64"
+    " --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --mock-data --tokenizer-type "
+    "NullTokenizer"
     " --vocab-size 4100 --eval-iters 2 --eval-interval 10 --train-iters 30 --log-interval 2";
 
-// The run, once per build of the binary (like the CLI fixture): train.log, metrics.jsonl, tb/, ckpt/.
+// The run, once per build of the binary (like the CLI fixture): train.log, metrics.jsonl, tb/,
+// ckpt/.
 const fs::path& run_dir() {
   static const fs::path dir = [] {
     const auto stamp = fs::last_write_time(cli_path()).time_since_epoch().count();
-    const fs::path d = fs::path(MG_BINARY_DIR) / "test_cache" / ("report-run-" + std::to_string(stamp));
+    const fs::path d =
+        fs::path(MG_BINARY_DIR) / "test_cache" / ("report-run-" + std::to_string(stamp));
     if (!fs::exists(d / "train.log")) {
       const fs::path tmp = d.string() + ".tmp" + std::to_string(getpid());
       fs::remove_all(tmp);
       fs::create_directories(tmp);
-      const CommandResult r = run_cli(std::string("pretrain-gpt") + kRunFlags + " --log-metrics-jsonl " +
-                                      (tmp / "metrics.jsonl").string() + " --tensorboard-dir " +
-                                      (tmp / "tb").string() + " --save " + (tmp / "ckpt").string() +
-                                      " --save-interval 15 > " + (tmp / "train.log").string() + " 2>&1");
-      if (r.exit_code != 0) throw std::runtime_error("the report run failed:\n" + read_file(tmp / "train.log"));
+      const CommandResult r =
+          run_cli(std::string("pretrain-gpt") + kRunFlags + " --log-metrics-jsonl " +
+                  (tmp / "metrics.jsonl").string() + " --tensorboard-dir " + (tmp / "tb").string() +
+                  " --save " + (tmp / "ckpt").string() + " --save-interval 15 > " +
+                  (tmp / "train.log").string() + " 2>&1");
+      if (r.exit_code != 0)
+        throw std::runtime_error("the report run failed:\n" + read_file(tmp / "train.log"));
       std::error_code ec;
       fs::rename(tmp, d, ec);
       if (ec) fs::remove_all(tmp);
@@ -98,7 +104,8 @@ std::vector<std::pair<double, double>> series(const nlohmann::json& data, const 
 TEST(PlanReport, NumbersAreTheLogs) {
   TempDir out;
   const fs::path html = out / "r.html";
-  CommandResult r = run_cli("report " + run_dir().string() + " --output " + html.string() + " --peak-tflops 1 2>&1");
+  CommandResult r = run_cli("report " + run_dir().string() + " --output " + html.string() +
+                            " --peak-tflops 1 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("15 logged intervals, 5 evaluations"), std::string::npos) << r.output;
   const nlohmann::json d = run_data(html);
@@ -109,10 +116,13 @@ TEST(PlanReport, NumbersAreTheLogs) {
   const auto train = series(d, "loss", "training");
   ASSERT_EQ(train.size(), 30u);
   for (const auto& [iteration, loss] : lv.loss) {
-    const double mean = (train[size_t(iteration - 2)].second + train[size_t(iteration - 1)].second) / 2;
-    EXPECT_NEAR(mean, loss, 1e-6 * std::fabs(loss) + 2e-6) << "iteration " << iteration;  // float32 events
+    const double mean =
+        (train[size_t(iteration - 2)].second + train[size_t(iteration - 1)].second) / 2;
+    EXPECT_NEAR(mean, loss, 1e-6 * std::fabs(loss) + 2e-6)
+        << "iteration " << iteration;  // float32 events
   }
-  EXPECT_NEAR(d["summary"]["last_loss"].get<double>(), lv.loss.back().second, 5e-7 * lv.loss.back().second);
+  EXPECT_NEAR(d["summary"]["last_loss"].get<double>(), lv.loss.back().second,
+              5e-7 * lv.loss.back().second);
   const auto valid = series(d, "loss", "validation"), test = series(d, "loss", "test");
   ASSERT_EQ(valid.size(), lv.valid.size());
   for (size_t i = 0; i < valid.size(); ++i) {
@@ -139,7 +149,8 @@ TEST(PlanReport, EventReaderAgreesWithThePythonReader) {
   std::vector<fs::path> files;
   const auto scalars = report::read_event_dir(run_dir() / "tb", &files);
   ASSERT_EQ(files.size(), 1u);
-  CommandResult py = run_command("/usr/bin/python3 " + (source_dir() / "tests/reference/tfevents_reader.py").string() +
+  CommandResult py = run_command("/usr/bin/python3 " +
+                                 (source_dir() / "tests/reference/tfevents_reader.py").string() +
                                  " " + files[0].string());
   ASSERT_EQ(py.exit_code, 0) << py.output;
   const nlohmann::json ref = nlohmann::json::parse(py.output);
@@ -161,13 +172,16 @@ TEST(PlanReport, EventReaderAgreesWithThePythonReader) {
 
 TEST(PlanReport, UnigramBaselineOfMockDataMatchesNumpy) {
   CommandResult py = run_command(
-      "/usr/bin/python3 -c \"import numpy as np; L = np.random.default_rng(seed=0).integers(low=1, high=4096, "
-      "size=100000); c = np.array([np.sum(L >= t + 1) for t in range(1, 4095)] + [len(L)], dtype=np.float64); "
+      "/usr/bin/python3 -c \"import numpy as np; L = np.random.default_rng(seed=0).integers(low=1, "
+      "high=4096, "
+      "size=100000); c = np.array([np.sum(L >= t + 1) for t in range(1, 4095)] + [len(L)], "
+      "dtype=np.float64); "
       "p = c[c > 0] / c.sum(); print(repr(float(-(p * np.log(p)).sum())))\"");
   ASSERT_EQ(py.exit_code, 0) << py.output;
   const nlohmann::json d = [&] {
     TempDir out;
-    CommandResult r = run_cli("report " + run_dir().string() + " --output " + (out / "r.html").string() + " 2>&1");
+    CommandResult r = run_cli("report " + run_dir().string() + " --output " +
+                              (out / "r.html").string() + " 2>&1");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return run_data(out / "r.html");
   }();
@@ -202,26 +216,35 @@ TEST(PlanReport, ARunStillBeingWrittenIsReportedUpToItsLastCompleteRecord) {
 TEST(PlanReport, ChromiumRendersThePageAndItsScript) {
   TempDir out;
   const fs::path html = out / "report.html";
-  ASSERT_EQ(run_cli("report " + run_dir().string() + " --output " + html.string() + " 2>&1").exit_code, 0);
+  ASSERT_EQ(
+      run_cli("report " + run_dir().string() + " --output " + html.string() + " 2>&1").exit_code,
+      0);
   const std::string chromium =
       "chromium --headless --no-sandbox --disable-gpu --disable-background-networking "
-      "--disable-component-update --disable-sync --no-first-run --user-data-dir=" + (out / "profile").string();
+      "--disable-component-update --disable-sync --no-first-run --user-data-dir=" +
+      (out / "profile").string();
   const std::string url = "'file://" + html.string() + "#zoom=loss:5:10'";
-  CommandResult dom = run_command("timeout 120 " + chromium + " --dump-dom " + url + " 2>/dev/null");
+  CommandResult dom =
+      run_command("timeout 120 " + chromium + " --dump-dom " + url + " 2>/dev/null");
   ASSERT_EQ(dom.exit_code, 0) << dom.output;
-  EXPECT_NE(dom.output.find("<body data-interactive=\"7\">"), std::string::npos) << dom.output.substr(0, 2000);
-  EXPECT_NE(dom.output.find("<figure data-plot=\"loss\" data-from=\"5\" data-to=\"10\">"), std::string::npos);
+  EXPECT_NE(dom.output.find("<body data-interactive=\"7\">"), std::string::npos)
+      << dom.output.substr(0, 2000);
+  EXPECT_NE(dom.output.find("<figure data-plot=\"loss\" data-from=\"5\" data-to=\"10\">"),
+            std::string::npos);
   const fs::path png = out / "shot.png";
-  CommandResult shot = run_command("timeout 120 " + chromium + " --window-size=1280,1800 --screenshot=" +
-                                   png.string() + " " + url + " 2>&1");
+  CommandResult shot =
+      run_command("timeout 120 " + chromium +
+                  " --window-size=1280,1800 --screenshot=" + png.string() + " " + url + " 2>&1");
   ASSERT_EQ(shot.exit_code, 0) << shot.output;
   // A PNG of the window's size with the plots' colours in it (tests/reference/png_colours.py).
-  CommandResult check = run_command("/usr/bin/python3 " + (source_dir() / "tests/reference/png_colours.py").string() +
-                                    " " + png.string());
+  CommandResult check =
+      run_command("/usr/bin/python3 " + (source_dir() / "tests/reference/png_colours.py").string() +
+                  " " + png.string());
   ASSERT_EQ(check.exit_code, 0) << check.output;
   int w = 0, h = 0, colours = 0;
   double drawn = 0;
-  ASSERT_EQ(std::sscanf(check.output.c_str(), "%d %d %d %lf", &w, &h, &colours, &drawn), 4) << check.output;
+  ASSERT_EQ(std::sscanf(check.output.c_str(), "%d %d %d %lf", &w, &h, &colours, &drawn), 4)
+      << check.output;
   EXPECT_EQ(w, 1280);
   EXPECT_EQ(h, 1800);
   EXPECT_GT(colours, 20) << "a blank page";
@@ -240,7 +263,8 @@ TEST(PlanReport, ErrorsNameTheRun) {
   write_file(d / "tb" / "events.out.tfevents.1.host", std::string(40, 'x'));
   CommandResult damaged = run_cli("report " + d.path().string() + " 2>&1");
   EXPECT_EQ(damaged.exit_code, 1);
-  EXPECT_NE(damaged.output.find("events.out.tfevents.1.host: the record at byte 0"), std::string::npos)
+  EXPECT_NE(damaged.output.find("events.out.tfevents.1.host: the record at byte 0"),
+            std::string::npos)
       << damaged.output;
 }
 

@@ -16,15 +16,19 @@
 namespace megatron::testing {
 namespace {
 
-const char* kModel = " --num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 512 "
-                     "--max-position-embeddings 512 --global-batch-size 4 --lr 1e-4 --mock-data "
-                     "--tokenizer-type NullTokenizer --vocab-size 4096 --eval-iters 0";
+const char* kModel =
+    " --num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 512 "
+    "--max-position-embeddings 512 --global-batch-size 4 --lr 1e-4 --mock-data "
+    "--tokenizer-type NullTokenizer --vocab-size 4096 --eval-iters 0";
 
 std::string flags_of(const nlohmann::json& c) {
   std::string f = " --micro-batch-size " + std::to_string(c["micro_batch_size"].get<int64_t>()) +
-                  " --tensor-model-parallel-size " + std::to_string(c["tensor_model_parallel_size"].get<int>()) +
-                  " --pipeline-model-parallel-size " + std::to_string(c["pipeline_model_parallel_size"].get<int>()) +
-                  " --context-parallel-size " + std::to_string(c["context_parallel_size"].get<int>());
+                  " --tensor-model-parallel-size " +
+                  std::to_string(c["tensor_model_parallel_size"].get<int>()) +
+                  " --pipeline-model-parallel-size " +
+                  std::to_string(c["pipeline_model_parallel_size"].get<int>()) +
+                  " --context-parallel-size " +
+                  std::to_string(c["context_parallel_size"].get<int>());
   const int vp = c["virtual_pipeline_model_parallel_size"].get<int>();
   if (vp > 1)
     f += " --num-layers-per-virtual-pipeline-stage " +
@@ -52,8 +56,9 @@ double step_ms(const std::string& layout) {
 }
 
 TEST(PlanSearch, PickWithinFifteenPercentOfTheBestMeasuredLayout) {
-  CommandResult p = run_cli(std::string("plan") + kModel +
-                            " --micro-batch-size 1 --train-iters 4 --world-size 2 --search --device cpu --json 2>&1");
+  CommandResult p = run_cli(
+      std::string("plan") + kModel +
+      " --micro-batch-size 1 --train-iters 4 --world-size 2 --search --device cpu --json 2>&1");
   ASSERT_EQ(p.exit_code, 0) << p.output;
   const nlohmann::json plan = nlohmann::json::parse(p.output.substr(p.output.find('{')));
   const nlohmann::json& search = plan["search"];
@@ -61,14 +66,14 @@ TEST(PlanSearch, PickWithinFifteenPercentOfTheBestMeasuredLayout) {
   ASSERT_TRUE(search[0]["fits"].get<bool>());
   for (size_t i = 1; i < search.size(); ++i) {  // fitting ones first, by estimated time
     if (search[i]["fits"].get<bool>() && search[i - 1]["fits"].get<bool>()) {
-      EXPECT_LE(search[i - 1]["step_seconds"].get<double>(), search[i]["step_seconds"].get<double>());
+      EXPECT_LE(search[i - 1]["step_seconds"].get<double>(),
+                search[i]["step_seconds"].get<double>());
     }
   }
   const std::string pick = flags_of(search[0]);
   // One of each kind of layout of the world of 2, at the run's micro-batch size (and DP with 2).
   const std::vector<std::string> others = {
-      " --micro-batch-size 1",
-      " --micro-batch-size 2",
+      " --micro-batch-size 1", " --micro-batch-size 2",
       " --micro-batch-size 1 --tensor-model-parallel-size 2 --sequence-parallel",
       " --micro-batch-size 1 --pipeline-model-parallel-size 2",
       " --micro-batch-size 1 --context-parallel-size 2"};
@@ -99,8 +104,10 @@ TEST(PlanSearch, TableListsTheFittingLayoutsAndNamesWhatItNeeds) {
                             " --micro-batch-size 1 --train-iters 5 --world-size 4 --search "
                             "--device-tflops 10 --device-memory-gib 4 --top 5 2>&1");
   ASSERT_EQ(t.exit_code, 0) << t.output;
-  EXPECT_NE(t.output.find("layout search on a device as given by --device-tflops and --device-memory-gib"),
-            std::string::npos) << t.output;
+  EXPECT_NE(t.output.find(
+                "layout search on a device as given by --device-tflops and --device-memory-gib"),
+            std::string::npos)
+      << t.output;
   EXPECT_NE(t.output.find("rank  TP   PP   VP   CP   DP   mbs"), std::string::npos) << t.output;
   EXPECT_NE(t.output.find("\n   5  "), std::string::npos) << t.output;
   EXPECT_EQ(t.output.find("\n   6  "), std::string::npos) << t.output;
@@ -111,7 +118,8 @@ TEST(PlanSearch, TableListsTheFittingLayoutsAndNamesWhatItNeeds) {
   ASSERT_EQ(none.exit_code, 0) << none.output;
   EXPECT_NE(none.output.find("no layout fits"), std::string::npos) << none.output;
   // --search without a device.
-  CommandResult bad = run_cli(std::string("plan") + kModel + " --micro-batch-size 1 --train-iters 5 --search 2>&1");
+  CommandResult bad =
+      run_cli(std::string("plan") + kModel + " --micro-batch-size 1 --train-iters 5 --search 2>&1");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("--search needs a device"), std::string::npos) << bad.output;
 }
