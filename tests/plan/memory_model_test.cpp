@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include <random>
+#include <set>
 
 #include "comm/parallel_state.h"
 #include "model/gpt_stage.h"
@@ -179,7 +180,12 @@ TEST(PlanMemoryModel, ParametersActivationsAndInFlightAreTheModels) {
 
 TEST(PlanMemoryModel, PeakOfTheHostAllocatorWithinTenPercentOfSteps) {
   omp_set_num_threads(1);
+  // One case of each kind of layout and memory saving (the others differ only in shapes, which
+  // the test above holds exactly).
+  const std::set<std::string> kinds = {"llama", "selective", "full_uniform_2", "tp2_sp", "cp2_ring",
+                                       "pp2_vp2_tp2_sp", "dp2_distopt_bf16", "tp2_pp2_distopt_dp"};
   for (const Case& c : cases()) {
+    if (!kinds.count(c.name)) continue;
     SCOPED_TRACE(c.name);
     const plan::PlanInput in = input_of(c);
     const plan::MemoryPrediction pred = plan::predict_memory(in);

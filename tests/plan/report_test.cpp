@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "report/run_record.h"
 #include "report/tfevents_reader.h"
 #include "test_util.h"
 
@@ -249,6 +250,41 @@ TEST(PlanReport, ChromiumRendersThePageAndItsScript) {
   EXPECT_EQ(h, 1800);
   EXPECT_GT(colours, 20) << "a blank page";
   EXPECT_GT(drawn, 0.02) << "a blank page";
+}
+
+// Megatron-LM's own log lines (fields this build does not print, a partial last line).
+TEST(PlanReport, ReadsMegatronLmLogs) {
+  report::RunRecord r;
+  report::parse_log(
+      "------------------------ arguments ------------------------\n"
+      "  hidden_size ..................................... 4096\n"
+      "  tensorboard_dir ................................. None\n"
+      "-------------------- end of arguments ---------------------\n"
+      " [2024-05-01 10:00:00] iteration      100/  500000 | consumed samples:        51200 | "
+      "elapsed time per iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 180.3 | "
+      "learning rate: 1.500000E-04 | global batch size:   512 | lm loss: 7.123456E+00 | "
+      "loss scale: 1.0 | grad norm: 1.234 | num zeros: 0.0 | params norm: 250.1 | "
+      "number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+      "[Rank 0] (after 100 iterations) memory (MB) | allocated: 1.5e+04 | max allocated: 20000.5 | "
+      "reserved: 21000.0 | max reserved: 21000.0\n"
+      " validation loss at iteration 1000 | lm loss value: 6.500000E+00 | lm loss PPL: 6.651416E+02 | \n"
+      " [2024-05-01 10:00:02] iteration      110/  500000 | consumed sam",
+      r);
+  ASSERT_EQ(r.intervals.size(), 1u);
+  const report::Interval& iv = r.intervals[0];
+  EXPECT_EQ(iv.iteration, 100);
+  EXPECT_EQ(iv.train_iters, 500000);
+  EXPECT_EQ(iv.consumed_samples, 51200);
+  EXPECT_EQ(*iv.tflops_per_device, 180.3);
+  EXPECT_EQ(iv.lm_loss, 7.123456);
+  EXPECT_EQ(*iv.grad_norm, 1.234);
+  EXPECT_EQ(iv.global_batch_size, 512);
+  ASSERT_EQ(r.memory.size(), 1u);
+  EXPECT_EQ(r.memory[0].max_allocated, 20000.5);
+  EXPECT_EQ(r.memory[0].allocated, 15000.0);
+  ASSERT_EQ(r.evaluations.size(), 1u);
+  EXPECT_EQ(r.evaluations[0].loss, 6.5);
+  EXPECT_EQ(r.argument("hidden_size").value_or(""), "4096");
 }
 
 TEST(PlanReport, ErrorsNameTheRun) {
