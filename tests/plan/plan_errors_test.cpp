@@ -10,11 +10,14 @@ namespace megatron::testing {
 namespace {
 
 const char* kRun =
-    "plan --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
-    "--max-position-embeddings 64 --micro-batch-size 2 --global-batch-size 8 --train-iters 10 "
-    "--lr 1e-4 --mock-data --tokenizer-type NullTokenizer --vocab-size 4100";
+    "plan --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 "
+    "--micro-batch-size 2 --global-batch-size 8 --train-iters 10 --lr 1e-4 --mock-data "
+    "--tokenizer-type NullTokenizer";
 
-void expect_error(const std::string& flags, const std::string& message) {
+// The run with `flags` (4 layers and a vocabulary of 4100 unless they say otherwise).
+void expect_error(std::string flags, const std::string& message) {
+  if (flags.find("--num-layers") == std::string::npos) flags += " --num-layers 4";
+  if (flags.find("--vocab-size") == std::string::npos) flags += " --vocab-size 4100";
   CommandResult r = run_cli(std::string(kRun) + " " + flags + " 2>&1");
   EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.output;
   EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
