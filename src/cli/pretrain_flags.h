@@ -23,6 +23,7 @@ struct PretrainFlags {
   double decoupled_min_lr = std::numeric_limits<double>::quiet_NaN();
   int64_t batch_size = 0, warmup = 0, model_parallel_size = 0;  // Megatron's removed flags
   CompatFlags compat;
+  MegatronFlags megatron;
   CLI::App* app = nullptr;
 };
 
