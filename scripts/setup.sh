@@ -12,6 +12,7 @@ PACKAGES=(
   libsentencepiece-dev libpcre2-dev libsnappy-dev libzstd-dev zlib1g-dev
   python3 python3-numpy python3-torch python3-sentencepiece
   clang libclang-rt-14-dev  # fuzzing (tests/fuzz: libFuzzer and the sanitizers)
+  chromium  # tests/plan renders `megatron report`'s page headless and screenshots it
 )
 
 missing=()

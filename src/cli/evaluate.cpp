@@ -15,6 +15,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "inference/evaluate.h"
 
 namespace megatron::cli {
@@ -89,7 +90,9 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
   ZeroShotOptions o;
   o.micro_batch_size = a.micro_batch_size;
   o.pad_id = tok.eod_or_throw();
+  ProgressLine live(rank == 0);  // beside Megatron's lines, on a terminal
   o.progress = [&](int64_t iteration, int64_t done, int64_t total) {
+    if (live.due()) live.update(progress_text(done, total, live.elapsed(), "samples"));
     if (iteration % a.log_interval != 0) return;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -107,6 +110,7 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
     const int64_t i = rank + j * ranks;
     return windows ? windows->get(i) : lambada[size_t(i)];
   }, o);
+  live.finish();
   if (ranks > 1) {
     Tensor sums = Tensor::from_vector<double>(
         {t.loss_sum, double(t.correct), double(t.samples), double(t.scored)}, {4});

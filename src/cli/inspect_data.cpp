@@ -20,6 +20,7 @@
 #include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "data/bert_dataset.h"
 #include "data/data_builder.h"
 #include "data/indexed_dataset.h"
@@ -139,7 +140,9 @@ void print_summary(const data::IndexedDataset& ds, bool with_entropy) {
   std::vector<int64_t> counts;
   std::unordered_map<int32_t, int64_t> sparse;
   std::vector<int32_t> ids;
+  ProgressLine progress(true, 30);  // reading the whole .bin of a large dataset takes a while
   for (int64_t q = 0; q < ds.num_sequences(); ++q) {
+    if (progress.due()) progress.update("--entropy: " + progress_text(q, ds.num_sequences(), progress.elapsed(), "sequences"));
     ids.clear();
     ds.read(q, 0, ds.sequence_length(q), ids);
     for (size_t k = 0; k < ids.size(); ++k) {

@@ -1,5 +1,5 @@
 // `megatron pretrain-gpt`: Megatron-LM's pretrain_gpt.py flags (names and defaults) mapped onto
-// training::TrainingArgs; the loop itself is training::pretrain_gpt. Under mpirun every rank runs
+// training::TrainingArgs; the loop itself is training::pretrain. Under mpirun every rank runs
 // this command with the same flags (data, tensor, sequence, pipeline — optionally interleaved —
 // and context parallelism). Defaults as pretrain_gpt.py's: --tokenizer-type GPT2BPETokenizer,
 // --recompute-num-layers 1, the fused bias-GeLU (tanh form) unless --no-bias-gelu-fusion.
@@ -14,7 +14,7 @@
 #include "cli/bert_data_flags.h"
 #include "cli/command.h"
 #include "cli/megatron_compat.h"
-#include "cli/model_flags.h"
+#include "cli/pretrain_flags.h"
 #include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -24,21 +24,6 @@
 namespace megatron::cli {
 namespace {
 
-struct PretrainFlags {
-  training::TrainingArgs a;
-  ModelFlags model;
-  bool recompute_activations = false, checkpoint_activations = false;
-  bool accumulate_allreduce_grads_in_fp32 = false;
-  double decoupled_lr = std::numeric_limits<double>::quiet_NaN();
-  double decoupled_min_lr = std::numeric_limits<double>::quiet_NaN();
-  int64_t batch_size = 0, warmup = 0, model_parallel_size = 0;  // Megatron's removed flags
-  CompatFlags compat;
-  MegatronFlags megatron;
-  CLI::App* app = nullptr;
-  // pretrain-bert (pretrain_bert.py): the BERT family and its data flags.
-  bool bert = false;
-  data::BertDataConfig bert_data;
-};
 
 // The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
 // naming each, unless it has Megatron's default value or a meaning the loop already has; a note
@@ -57,7 +42,9 @@ void absolute_if_exists(std::string& path) {
     path = std::filesystem::absolute(path, ec).lexically_normal().string();
 }
 
-void run(PretrainFlags f) {
+}  // namespace
+
+training::TrainingArgs resolve_pretrain_flags(PretrainFlags f) {
   auto& a = f.a;
   auto& sub = *f.app;
   MG_REQUIRE(f.batch_size == 0, "--batch-size is no longer valid (Megatron-LM removed it): use "
@@ -92,7 +79,7 @@ void run(PretrainFlags f) {
     a.mask_prob = f.bert_data.mask_prob;
     a.short_seq_prob = f.bert_data.short_seq_prob;
   }
-  // The Ascend scripts' band of keys (--pre-tockens / --next-tockens) inside the mask.
+  // The Ascend scripts' band of keys (--pre-tockens / --next-tockens) inside the causal mask.
   f.model.apply_band(a.model);
   if (f.checkpoint_activations) {
     // Megatron-LM's old flag: recompute every layer's input, one layer per chunk.
@@ -107,14 +94,21 @@ void run(PretrainFlags f) {
   absolute_if_exists(a.tokenizer.vocab_file);
   absolute_if_exists(a.tokenizer.merge_file);
   absolute_if_exists(a.tokenizer.tokenizer_model);
-  training::TrainingSummary s = training::pretrain(a);
+  return a;
+}
+
+namespace {
+
+void run(const PretrainFlags& f) {
+  training::TrainingSummary s = training::pretrain(resolve_pretrain_flags(f));
   if (world_communicator()->rank() == s.world_size - 1)  // the rank that printed the log lines
     log_print(str("training finished: ", s.iterations, " iterations, ", s.consumed_samples,
                 " samples, last lm loss ", s.last_loss, ", ", s.tokens_per_second, " tokens/s"));
 }
 
-// Megatron's shared training flags (both pretrain commands), parsed into f.
-void add_pretrain_flags(CLI::App& sub, const std::shared_ptr<PretrainFlags>& f) {
+}  // namespace
+
+void add_pretrain_flags(CLI::App& sub, PretrainFlags* f) {
   f->app = &sub;
   auto& a = f->a;
   auto& m = a.model;
@@ -298,16 +292,17 @@ void add_pretrain_flags(CLI::App& sub, const std::shared_ptr<PretrainFlags>& f) 
                a.use_checkpoint_opt_param_scheduler, "LR schedule values from the checkpoint");
   sub.add_flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint,
                "Fail when --load has no checkpoint instead of starting from scratch");
-  add_megatron_flags(sub, f->megatron, f->bert ? "pretrain-bert" : "pretrain-gpt",
-                     CommandKind::Training);
-  sub.callback([f] { run(*f); });
+  add_megatron_flags(sub, f->megatron, sub.get_name(), CommandKind::Training);
 }
+
+namespace {
 
 CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretrain_gpt.py flags)", 20,
                      [](CLI::App& sub) {
   auto f = std::make_shared<PretrainFlags>();
   f->a.tokenizer.type = "GPT2BPETokenizer";  // pretrain_gpt.py's default
-  add_pretrain_flags(sub, f);
+  add_pretrain_flags(sub, f.get());
+  sub.callback([f] { run(*f); });
 });
 
 CommandRegistrar reg_bert("pretrain-bert",
@@ -316,8 +311,9 @@ CommandRegistrar reg_bert("pretrain-bert",
   auto f = std::make_shared<PretrainFlags>();
   f->bert = true;
   f->a.tokenizer.type = "BertWordPieceLowerCase";  // pretrain_bert.py's args_defaults
-  add_pretrain_flags(sub, f);
+  add_pretrain_flags(sub, f.get());
   add_bert_data_flags(sub, f->bert_data);
+  sub.callback([f] { run(*f); });
 });
 
 }  // namespace

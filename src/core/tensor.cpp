@@ -1,11 +1,13 @@
 #include "core/tensor.h"
 
 #include "core/checked_memory.h"
+#include "core/host_memory.h"
 #include "core/input_bounds.h"
 
 #include <malloc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -19,14 +21,24 @@ void tune_host_allocator() {
 
 namespace {
 
+// Bytes of tensor storage the host allocator holds now and at most (host_memory_stats).
+std::atomic<size_t> g_host_allocated{0}, g_host_peak{0};
+
 struct CpuAllocator final : Allocator {
   void* allocate(size_t bytes, Device) override {
     size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (!p) throw OutOfMemory(str("out of host memory allocating ", bytes, " bytes"));
+    const size_t now = g_host_allocated.fetch_add(bytes) + bytes;
+    size_t peak = g_host_peak.load();
+    while (now > peak && !g_host_peak.compare_exchange_weak(peak, now)) {
+    }
     return p;
   }
-  void deallocate(void* ptr, size_t, Device) override { std::free(ptr); }
+  void deallocate(void* ptr, size_t bytes, Device) override {
+    std::free(ptr);
+    g_host_allocated.fetch_sub(bytes);
+  }
 };
 
 CpuAllocator g_cpu_allocator;
@@ -97,6 +109,9 @@ std::string Device::to_string() const {
   }
   return str("device type ", int(type));
 }
+
+HostMemoryStats host_memory_stats() { return {g_host_allocated.load(), g_host_peak.load()}; }
+void reset_host_memory_peak() { g_host_peak.store(g_host_allocated.load()); }
 
 void register_allocator(DeviceType type, Allocator* allocator) {
   g_allocators[int(type)] = allocator;

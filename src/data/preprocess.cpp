@@ -25,6 +25,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "data/indexed_dataset.h"
 #include "data/preprocess_batch.h"
 #include "data/sentence_splitter.h"
@@ -375,14 +376,6 @@ class Pipeline {
   size_t in_flight_ = 0;
 };
 
-std::string format_duration(double s) {
-  if (s < 0 || s > 1e7) return "?";
-  int64_t t = int64_t(s + 0.5);
-  if (t >= 3600) return str(t / 3600, "h", (t / 60) % 60, "m");
-  if (t >= 60) return str(t / 60, "m", t % 60, "s");
-  return str(t, "s");
-}
-
 std::string fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
@@ -538,8 +531,7 @@ PreprocessStats preprocess_data(const PreprocessOptions& o, const Tokenizer& tok
     builders.push_back(std::make_unique<IndexedDatasetBuilder>(p, dtype));
 
   const auto t0 = Clock::now();
-  auto last_refresh = t0;
-  const bool terminal = o.progress && stderr_is_terminal();
+  ProgressLine live(o.progress);  // on a terminal; plain lines every --log-interval documents
   int64_t next_log = o.log_interval;
   auto progress_line = [&](double elapsed) {
     elapsed = std::max(elapsed, 1e-9);
@@ -579,12 +571,8 @@ PreprocessStats preprocess_data(const PreprocessOptions& o, const Tokenizer& tok
     if (!o.progress) continue;
     const auto now = Clock::now();
     const double elapsed = std::chrono::duration<double>(now - t0).count();
-    if (terminal) {
-      if (now - last_refresh > std::chrono::milliseconds(250)) {
-        std::fprintf(stderr, "\r%s\x1b[K", progress_line(elapsed).c_str());
-        std::fflush(stderr);
-        last_refresh = now;
-      }
+    if (live.live()) {
+      if (live.due()) live.update(progress_line(elapsed));
     } else if (stats.documents >= next_log) {
       log_info(progress_line(elapsed));
       next_log = (stats.documents / o.log_interval + 1) * o.log_interval;
@@ -592,7 +580,7 @@ PreprocessStats preprocess_data(const PreprocessOptions& o, const Tokenizer& tok
   }
   MG_REQUIRE(!(o.stop_requested && o.stop_requested->load()), "interrupted; no output was written");
   pipeline.shutdown();
-  if (terminal) std::fprintf(stderr, "\r\x1b[K");
+  live.finish();
   for (auto& b : builders) b->finalize();
   stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (skip_warnings > 10) log_warn(skip_warnings - 10, " more bad records were skipped");

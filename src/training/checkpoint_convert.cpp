@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "data/tokenizer.h"
 #include "model/stage_model.h"
 #include "model/tensor_parallel.h"
@@ -188,8 +189,11 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
   std::map<std::string, std::map<std::string, std::vector<Tensor>>> shards;
   std::map<std::string, int> stage_of;  // name -> source pipeline rank
   std::optional<int64_t> step;
+  ProgressLine progress(true, 30);  // on a terminal; a plain line every 30 s in logs
   for (int p = 0; p < P; ++p) {
     for (int t = 0; t < T; ++t) {
+      if (progress.due())
+        progress.update("reading " + progress_text(p * T + t, int64_t(P) * T, progress.elapsed(), "rank files"));
       const CheckpointRank rank = rank_of(T, t, P, p, ckpt.parallel);
       const std::string rel = rank.rank_dir() + "/model.safetensors";
       MG_REQUIRE(ckpt.files.contains(rel), meta_label, " lists no ", rel, ": the checkpoint is ",
@@ -394,8 +398,11 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
     if (m.model.count(name)) weights[name] = model::weight_spec_to_json(spec);
   const std::vector<std::string>& moments = optim ? moment_kinds(m.optimizer_type)
                                                   : std::vector<std::string>{};
+  ProgressLine progress(true, 30);
   for (int p = 0; p < P; ++p) {
     for (int t = 0; t < T; ++t) {
+      if (progress.due())
+        progress.update("writing " + progress_text(p * T + t, int64_t(P) * T, progress.elapsed(), "rank files"));
       const CheckpointRank rank = rank_of(T, t, P, p);
       const std::string rd = rank.rank_dir();
       fs::create_directories(tmp / rd);

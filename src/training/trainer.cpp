@@ -7,10 +7,15 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <optional>
 #include <utility>
 
 #include "core/error.h"
+#include "core/host_memory.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "training/run_log_lines.h"
 #include "training/metrics_writer.h"
 #include "training/training_run.h"
 
@@ -41,6 +46,18 @@ std::pair<bool, bool> should_exit(const TrainingRun& r, Clock::time_point t_star
     stop[1] = t.data<float>()[1];
   }
   return {stop[0] > 0, stop[1] > 0};
+}
+
+// The live line beside Megatron's log lines on a terminal (core/progress.h): drawn by the rank
+// that prints the log, or by a process that is the whole job.
+std::string progress_line(int64_t it, int64_t total, int64_t tokens, double seconds, int64_t done,
+                          double loss) {
+  const double rate = seconds > 0 ? double(tokens) / seconds : 0;
+  const double eta = done > 0 ? seconds / double(done) * double(total - it) : -1;
+  char buf[192];
+  std::snprintf(buf, sizeof buf, "iteration %lld/%lld | %.1f tokens/s | ETA %s | lm loss %.4E",
+                (long long)it, (long long)total, rate, format_duration(eta).c_str(), loss);
+  return buf;
 }
 
 }  // namespace
@@ -82,6 +99,10 @@ TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world)
                         r.loss_names());
   const int64_t consumed_at_start = r.consumed;
   const auto loop_t0 = Clock::now();
+  ProgressLine progress(r.log_rank || !launched_under_mpi());
+  // Megatron's report_memory after the logged iterations until the second one has run (so the
+  // optimizer state is in it), on every rank of data-parallel rank 0.
+  bool memory_reported = false;
   // Buckets launched by the end of the backward passes (before finish_grad_sync; under PP before
   // the tied embedding's all-reduce after the flush), the fewest over the iterations: tests check
   // the overlap.
@@ -105,7 +126,9 @@ TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world)
       save_checkpoint_at(r, it - 1);
       prev_num_micro = iter_micro;
     }
+    const auto step_t0 = Clock::now();
     const StepOutcome step = train_step(r, it, iter_micro);
+    sum.iteration_seconds.push_back(seconds_since(step_t0));
     if (r.buffer)
       launched_in_backward = launched_in_backward < 0
                                  ? step.buckets_launched_in_backward
@@ -131,6 +154,14 @@ TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world)
                     sched.config().has_decoupled_lr() ? std::optional<double>(sched.decoupled_lr())
                                                       : std::nullopt,
                     r.scaler.scale()});
+    if (!memory_reported && (it % a.log_interval == 0 || it == r.train_iters)) {
+      if (r.ps.dp_rank() == 0)
+        log_print(format_memory_report(r.ps.world_rank(), it, host_memory_stats(), resident_memory()));
+      memory_reported = it > r.start_iteration + 1;
+    }
+    if (progress.due())
+      progress.update(progress_line(it, r.train_iters, (r.consumed - consumed_at_start) * a.model.seq_length,
+                                    seconds_since(loop_t0), it - r.start_iteration, step.loss));
     if (r.data->has(DataSplit::valid) && a.eval_iters > 0 && it % a.eval_interval == 0) {
       const model::LossResult v = evaluate(r, DataSplit::valid, r.consumed_valid);
       if (v.num_tokens > 0) {
@@ -156,6 +187,7 @@ TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world)
       break;
     }
   }
+  progress.finish();
   r.finish_param_sync();  // no gather outlives the loop: the caller may read the parameters
   const int64_t ran = sum.iterations - r.start_iteration;
   if (ran > 0) save_checkpoint_at(r, sum.iterations);  // also after --exit-interval/-duration and a signal

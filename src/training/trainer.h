@@ -187,6 +187,7 @@ struct TrainingSummary {
   std::vector<double> losses;      // per-token loss of every iteration run (same on all ranks)
   // The family's further losses of every iteration run (BERT: {sop loss}; empty for GPT).
   std::vector<std::vector<double>> more_losses;
+  std::vector<double> iteration_seconds;  // wall time of every iteration's step on this rank
   std::vector<double> grad_norms;  // grad norm of every iteration run (NaN when skipped)
   std::vector<double> valid_losses;  // per-token validation loss of every evaluation (all ranks)
   double test_loss = std::nan("");   // --skip-train: the test split's per-token loss

@@ -8,6 +8,7 @@
 #include "model/layer_spec.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/optimizer.h"
+#include "training/run_log_lines.h"
 #include "training/training_run.h"
 
 namespace megatron::training {
@@ -205,6 +206,9 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   a.data.eod_id = tokenizer->eod_or_throw();
   a.data.vocab_size = tokenizer->vocab_size();
   r.a = std::move(a);
+  // Megatron's arguments block, with what the flags resolved to (padded vocabulary, precision).
+  if (r.log_rank)
+    for (const std::string& line : format_arguments_block(r.a)) log_print(line);
 
   find_load_checkpoint(r);
   build_datasets(r, *tokenizer);

@@ -1,0 +1,41 @@
+// The flags of `megatron pretrain-gpt` (Megatron-LM's pretrain_gpt.py names and defaults) and
+// their resolution into training::TrainingArgs, shared by the commands that take a training run's
+// command line: pretrain-gpt itself and plan (which sizes the run without building it).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <limits>
+#include <memory>
+
+#include "cli/bert_data_flags.h"
+#include "cli/megatron_compat.h"
+#include "cli/model_flags.h"
+#include "training/trainer.h"
+
+namespace megatron::cli {
+
+struct PretrainFlags {
+  training::TrainingArgs a;
+  ModelFlags model;
+  bool recompute_activations = false, checkpoint_activations = false;
+  bool accumulate_allreduce_grads_in_fp32 = false;
+  double decoupled_lr = std::numeric_limits<double>::quiet_NaN();
+  double decoupled_min_lr = std::numeric_limits<double>::quiet_NaN();
+  int64_t batch_size = 0, warmup = 0, model_parallel_size = 0;  // Megatron's removed flags
+  CompatFlags compat;
+  MegatronFlags megatron;
+  CLI::App* app = nullptr;
+  // pretrain-bert (pretrain_bert.py): the BERT family and its data flags.
+  bool bert = false;
+  data::BertDataConfig bert_data;
+};
+
+// Registers the shared training flags of pretrain-gpt and pretrain-bert on `sub`, writing into *f (which must outlive the parse).
+void add_pretrain_flags(CLI::App& sub, PretrainFlags* f);
+// After parsing: the TrainingArgs the flags describe (Megatron's removed flags and contradictory
+// ones refused with megatron::Error naming them; the model's architecture resolved; tokenizer
+// paths made absolute). Prints the notes pretrain-gpt prints.
+training::TrainingArgs resolve_pretrain_flags(PretrainFlags f);
+
+}  // namespace megatron::cli

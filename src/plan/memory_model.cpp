@@ -1,0 +1,364 @@
+// This build's memory prediction (memory_model.h). The sizes mirror the model's constructors and
+// saved-tensor declarations; tests hold them to the real model (parameter shapes, and
+// model::GPTModel::activation_bytes of a real forward) so the two cannot drift apart.
+#include "plan/memory_model.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/layer_spec.h"
+#include "model/pipeline_layout.h"
+#include "optim/grad_buffer.h"
+#include "pipeline/schedules.h"
+
+namespace megatron::plan {
+
+namespace {
+
+constexpr int64_t kHeadRows = 256;  // the loss head's logits chunk (model/parallel_layers.cpp)
+constexpr double kResidentBookkeeping = 4.0 * 1024 * 1024;  // heap metadata, MPI, small objects
+// Blocks from this size on get their own mapping, returned when freed (model/gpt_model.cpp sets
+// glibc's M_MMAP_THRESHOLD); smaller freed blocks stay in the heap.
+constexpr double kMmapThreshold = 32.0 * 1024 * 1024;
+// The share of a step's freed heap temporaries that stays resident (fragmentation), measured on
+// this build's CPU runs (0.16 to 0.65).
+constexpr double kHeapRetention = 0.4;
+
+// The tensor shapes of one micro-batch on one rank, in elements.
+struct Geometry {
+  int64_t b, s, N, R, h, T, C, heads, groups, d, F, V;
+  bool sp, gated, mean, qk_norm, learned_pos, probs;
+  int64_t qkv_width() const { return groups * (heads / groups + 2) * d / T; }  // local columns
+  int64_t ctx_width() const { return heads * d / T; }
+  int64_t norm_stats() const { return R * (mean ? 2 : 1); }  // rstd (and mean) of a norm
+};
+
+Geometry geometry(const PlanInput& in) {
+  const model::TransformerConfig& m = in.args.model;
+  const Layout& l = in.layout;
+  Geometry g{};
+  g.b = in.args.micro_batch_size;
+  g.C = l.cp;
+  g.s = m.seq_length / l.cp;
+  g.N = g.b * g.s;
+  g.T = l.tp;
+  g.sp = m.sequence_parallel && l.tp > 1;
+  g.R = g.sp ? g.N / g.T : g.N;
+  g.h = m.hidden_size;
+  g.heads = m.num_attention_heads;
+  g.groups = m.query_groups();
+  g.d = m.head_dim();
+  g.F = m.ffn();
+  g.V = m.padded_vocab_size;
+  g.gated = model::activation_kind(m.activation).gated;
+  g.mean = model::norm_kind(m.normalization).saves_mean;
+  g.qk_norm = m.qk_layernorm;
+  g.learned_pos = m.learned_position_embedding();
+  const bool ring = l.cp > 1 && m.cp_comm_type == "p2p";
+  g.probs = m.recompute_granularity != "selective" && !ring;
+  return g;
+}
+
+// Elements one layer keeps for backward (transformer_layer.h, attention.h, mlp.h, norm.h).
+struct LayerSaved {
+  int64_t attention = 0;  // input, norm output, norm statistics, QKV, q/k norms, lse, probs, ctx
+  int64_t mlp = 0;        // residual after attention, its norm output and statistics, fc1 out, act
+  int64_t qkv = 0, probs = 0, ctx = 0, lse = 0, h1 = 0, a1 = 0;
+  int64_t total() const { return attention + mlp; }
+};
+
+LayerSaved layer_saved(const Geometry& g) {
+  LayerSaved s;
+  const int64_t local_heads = g.heads / g.T, local_groups = g.groups / g.T;
+  s.qkv = g.N * g.qkv_width();
+  s.lse = g.b * local_heads * g.s;
+  s.probs = g.probs ? g.b * local_heads * g.s * (g.C * g.s) : 0;
+  s.ctx = g.N * g.ctx_width();
+  int64_t qk = 0;
+  if (g.qk_norm) {
+    const int64_t per = g.mean ? 2 : 1;
+    qk = g.N * local_heads * (g.d + per) + g.N * local_groups * (g.d + per);
+  }
+  s.attention = 2 * g.R * g.h + g.norm_stats() + s.qkv + qk + s.lse + s.probs + s.ctx;
+  s.h1 = g.N * g.F * (g.gated ? 2 : 1) / g.T;
+  s.a1 = g.N * g.F / g.T;
+  s.mlp = 2 * g.R * g.h + g.norm_stats() + s.h1 + s.a1;
+  return s;
+}
+
+// The largest transient of one layer's backward beyond its saved tensors, in elements: the
+// phases of TransformerLayer::backward (MLP, then attention) with what each has allocated and
+// already freed.
+int64_t layer_backward_transient(const Geometry& g, const LayerSaved& s) {
+  const int64_t Rh = g.R * g.h, Nh = g.N * g.h, gather = g.sp ? Nh : 0;
+  const int64_t da = g.N * g.F / g.T, dh = g.gated ? s.h1 : 0;
+  const int64_t in_fc2 = Rh /*dy*/ + Rh /*dmo*/ + da + dh + gather;
+  const int64_t in_fc1 = in_fc2 + Nh - (s.h1 + s.a1);
+  const int64_t mlp_freed = s.mlp - Rh;  // x2 stays with the layer until its end
+  const int64_t dc = s.ctx, dqkv = s.qkv;
+  const int64_t in_attention = 4 * Rh /*dy dmo dm dx2*/ + dc + dqkv + gather - mlp_freed;
+  const int64_t in_qkv = in_attention + Nh - (s.qkv + s.lse + s.probs + s.ctx);
+  return std::max({in_fc2, in_fc1, in_attention, in_qkv});
+}
+
+struct ChunkPlan {
+  bool pre = false, post = false;
+  int layers = 0;
+  ChunkActivations act;       // bytes
+  double recompute_live = 0;  // bytes a recomputed block adds while its backward runs
+  double forward_extra = 0;   // bytes of the forward's transient at its end
+  double backward_extra = 0;  // bytes of the backward's largest transient
+  double mapped_saved = 0;    // saved bytes in tensors large enough for their own mapping
+};
+
+ChunkPlan plan_chunk(const PlanInput& in, const Geometry& g, int pp_rank, int chunk) {
+  const model::TransformerConfig& m = in.args.model;
+  const model::PipelineLayout L = model::PipelineLayout::make(
+      m.num_layers, in.layout.pp, in.args.parallel.num_layers_per_virtual_pipeline_stage);
+  ChunkPlan c;
+  c.pre = L.has_embedding(pp_rank, chunk);
+  c.post = L.has_output(pp_rank, chunk);
+  c.layers = L.layers_per_chunk();
+  const LayerSaved s = layer_saved(g);
+  const int64_t Rh = g.R * g.h;
+  // Full recomputation: blocks of k layers (uniform) or the first k layers (block) keep only
+  // their input.
+  int64_t saved = 0, recompute_live = 0;
+  const int k = std::max(1, m.recompute_num_layers);
+  if (m.recompute_granularity == "full" && m.recompute_method == "uniform") {
+    const int blocks = (c.layers + k - 1) / k;
+    saved = int64_t(blocks) * Rh;
+    for (int b = 0; b < blocks; ++b) {  // backward of block b: inputs 0..b-1 and b's layers
+      const int n = std::min(c.layers, (b + 1) * k) - b * k;
+      recompute_live = std::max(recompute_live, int64_t(b) * Rh + n * s.total());
+    }
+  } else if (m.recompute_granularity == "full") {
+    const int nrec = std::min(k, c.layers);
+    saved = int64_t(nrec) * Rh + int64_t(c.layers - nrec) * s.total();
+    if (nrec > 0) recompute_live = int64_t(nrec - 1) * Rh + s.total();
+  } else {
+    saved = int64_t(c.layers) * s.total();
+  }
+  c.act.layers = 4.0 * double(saved);
+  if (4.0 * double(s.probs) >= kMmapThreshold && m.recompute_granularity != "full")
+    c.mapped_saved = 4.0 * double(s.probs) * double(c.layers);
+  c.act.embedding = c.pre ? 4.0 * double(g.N * (g.learned_pos ? 2 : 1)) : 0;
+  c.act.output_grad = c.post ? 4.0 * double(Rh) : 0;
+  c.recompute_live = 4.0 * double(recompute_live);
+  c.act.recompute_live = c.recompute_live;
+  // End of the forward: the last layer's attention and MLP outputs, or the loss head (final norm
+  // output, gathered input under SP, per-token losses, input gradient, vocabulary-parallel cross
+  // entropy's softmax of a logits chunk under TP).
+  const int64_t head_rows = std::min(g.N, kHeadRows);
+  const int64_t head = Rh + (g.sp ? g.N * g.h : 0) + g.N + g.N * g.h + Rh +
+                       (g.T > 1 ? 2 * head_rows * (g.V / g.T) : 0);
+  c.forward_extra = 4.0 * double(c.post ? head : 2 * Rh);
+  const int64_t bwd = layer_backward_transient(g, s);
+  c.backward_extra = 4.0 * double(bwd) + (recompute_live > 0 ? c.recompute_live : 0);
+  return c;
+}
+
+// Elements whose gradients are partial sums over TP (Parameter::sequence_parallel), which
+// all_reduce_sequence_parallel_grads copies into one flat buffer: under sequence parallelism the
+// norms, the row-parallel biases and the position table; per-head q/k norms under any TP.
+int64_t partial_grad_numel(const PlanInput& in, const std::vector<ChunkPlan>& chunks) {
+  const model::TransformerConfig& m = in.args.model;
+  const bool sp = m.sequence_parallel && in.layout.tp > 1;
+  const int64_t h = m.hidden_size, per_norm = model::norm_kind(m.normalization).has_bias ? 2 : 1;
+  int64_t n = 0;
+  for (const ChunkPlan& c : chunks) {
+    if (sp && c.pre && m.learned_position_embedding()) n += int64_t(m.max_position_embeddings) * h;
+    if (sp) n += int64_t(c.layers) * (2 * per_norm * h + (m.add_bias_linear ? 2 * h : 0));
+    if (m.qk_layernorm && in.layout.tp > 1) n += int64_t(c.layers) * 2 * per_norm * m.head_dim();
+    if (sp && c.post) n += per_norm * h;
+  }
+  return n;
+}
+
+int64_t sum(const std::vector<int64_t>& v) {
+  int64_t t = 0;
+  for (int64_t x : v) t += x;
+  return t;
+}
+
+}  // namespace
+
+std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, int chunk,
+                                            std::vector<bool>* sharded) {
+  const model::TransformerConfig& m = in.args.model;
+  const model::PipelineLayout L = model::PipelineLayout::make(
+      m.num_layers, in.layout.pp, in.args.parallel.num_layers_per_virtual_pipeline_stage);
+  const Geometry g = geometry(in);
+  const bool norm_bias = model::norm_kind(m.normalization).has_bias;
+  const int64_t h = g.h, T = g.T;
+  std::vector<int64_t> out;
+  std::vector<bool> split;
+  auto add = [&](int64_t numel, bool is_split) {
+    out.push_back(numel);
+    split.push_back(is_split);
+  };
+  auto norm = [&](int64_t width) {
+    add(width, false);
+    if (norm_bias) add(width, false);
+  };
+  const bool pre = L.has_embedding(pp_rank, chunk), post = L.has_output(pp_rank, chunk);
+  if (pre) {
+    add(g.V / T * h, true);
+    if (g.learned_pos) add(int64_t(m.max_position_embeddings) * h, false);
+  }
+  const int64_t fc1_rows = g.F * (g.gated ? 2 : 1) / T;
+  for (int i = 0; i < L.layers_per_chunk(); ++i) {
+    norm(h);
+    add(g.qkv_width() * h, true);
+    if (m.qkv_bias()) add(g.qkv_width(), true);
+    if (g.qk_norm) {
+      norm(g.d);
+      norm(g.d);
+    }
+    add(h * g.ctx_width(), true);
+    if (m.add_bias_linear) add(h, false);
+    norm(h);
+    add(fc1_rows * h, true);
+    if (m.add_bias_linear) add(fc1_rows, true);
+    add(h * (g.F / T), true);
+    if (m.add_bias_linear) add(h, false);
+  }
+  if (post) {
+    norm(h);
+    // An untied output layer, or the last stage's copy of a tied table (its own chunk only when
+    // the embedding is elsewhere).
+    if (m.untie_embeddings_and_output_weights || !pre) add(g.V / T * h, true);
+  }
+  if (sharded) *sharded = split;
+  return out;
+}
+
+std::vector<ChunkActivations> chunk_activations(const PlanInput& in, int pp_rank) {
+  const Geometry g = geometry(in);
+  std::vector<ChunkActivations> out;
+  for (int c = 0; c < in.layout.vp; ++c) out.push_back(plan_chunk(in, g, pp_rank, c).act);
+  return out;
+}
+
+MemoryPrediction predict_memory(const PlanInput& in) {
+  const training::TrainingArgs& a = in.args;
+  const Layout& l = in.layout;
+  const Geometry g = geometry(in);
+  const double value_bytes = double(dtype_size(a.model.params_dtype));
+  const bool fp32 = a.model.params_dtype == DType::F32;
+  const int dp_cp = l.dp * l.cp;
+  const bool buffer = dp_cp > 1 || l.distributed_optimizer;
+  const int moments = a.optimizer_name == "sgd" ? 1 : 2;
+  MemoryPrediction pred;
+  for (int r = 0; r < l.pp; ++r) {
+    StageMemory st;
+    st.pp_rank = r;
+    std::vector<int64_t> numels;
+    std::vector<ChunkPlan> chunks;
+    // Initialisation draws each whole weight in fp32 and copies a sharded one's slice out of it.
+    int64_t init_transient = 0;
+    for (int c = 0; c < l.vp; ++c) {
+      std::vector<bool> split;
+      const std::vector<int64_t> n = chunk_parameter_numels(in, r, c, &split);
+      numels.insert(numels.end(), n.begin(), n.end());
+      for (size_t i = 0; i < n.size(); ++i)
+        init_transient = std::max(init_transient, split[i] && g.T > 1 ? n[i] * (g.T + 1) : n[i]);
+      chunks.push_back(plan_chunk(in, g, r, c));
+    }
+    st.parameters = sum(numels);
+    const double P = double(st.parameters);
+    // The flat buffer (optim/grad_buffer.h): with --overlap-grad-reduce in buckets of
+    // max(40M, 1M x DP x CP) elements by default, padded for the distributed optimizer.
+    int64_t total = st.parameters, shard = 0, largest_bucket = 0;
+    if (buffer) {
+      const int64_t bucket = a.parallel.overlap_grad_reduce
+                                 ? (a.parallel.ddp_bucket_size > 0
+                                        ? a.parallel.ddp_bucket_size
+                                        : std::max<int64_t>(40000000, 1000000 * int64_t(dp_cp)))
+                                 : 0;
+      const optim::BufferLayout layout =
+          optim::BufferLayout::build(numels, bucket, dp_cp, l.distributed_optimizer);
+      total = layout.total;
+      if (l.distributed_optimizer) shard = layout.total_shard_size();
+      for (const auto& b : layout.buckets)
+        largest_bucket = std::max(largest_bucket, b.end - b.begin);
+    }
+    st.weights = (l.distributed_optimizer ? double(total) : P) * value_bytes;
+    st.working_weights = fp32 ? 0 : 4.0 * P;
+    st.gradients = 4.0 * double(total);
+    if (l.distributed_optimizer) {
+      st.main_weights = 4.0 * double(shard);
+      st.optimizer_moments = 4.0 * double(moments) * double(shard);
+      st.comm_buffers += 4.0 * double(shard);  // the reduce-scattered gradient shard
+    } else {
+      st.main_weights = fp32 ? 0 : 4.0 * P;
+      st.optimizer_moments = 4.0 * double(moments) * P;
+    }
+    if (a.bf16 && a.grad_reduce_in_bf16 && buffer)
+      st.comm_buffers += 2.0 * double(total) + (l.distributed_optimizer ? 2.0 * double(shard) : 0);
+    const int64_t Rh = g.R * g.h;
+    if (l.pp > 1) st.comm_buffers += 4.0 * 4.0 * double(Rh);  // receives ahead, sends in flight
+    for (const ChunkPlan& c : chunks)
+      if (c.post) st.workspace_persistent = 4.0 * double(std::min(g.N, kHeadRows) * (g.V / g.T));
+    st.inputs = double(in.num_microbatches) * double(g.N) * 16.0;
+    // Walk the schedule: held activations before each pass plus the pass's own transient.
+    const pipeline::Schedule sched =
+        pipeline::make_schedule(l.pp, r, int(in.num_microbatches), l.vp, false);
+    double held = 0, peak_pass = 0, peak_held = 0, peak_extra = 0;
+    int in_flight = 0;
+    for (const pipeline::Step& s : sched.steps) {
+      const ChunkPlan& c = chunks[size_t(s.chunk)];
+      const double act = c.act.total() - c.act.embedding;  // ids are the inputs' tensors
+      const bool forward = s.pass == pipeline::Pass::Forward;
+      const double before = held, extra = forward ? act + c.forward_extra : c.backward_extra;
+      if (before + extra > peak_pass) {
+        peak_pass = before + extra;
+        peak_held = before;
+        peak_extra = extra;
+      }
+      held += forward ? act : -act;
+      in_flight += forward ? 1 : -1;
+      st.max_in_flight = std::max(st.max_in_flight, in_flight);
+    }
+    double per_mb = 0;
+    for (const ChunkPlan& c : chunks) per_mb += c.act.total() - c.act.embedding;
+    st.activations_per_microbatch = per_mb;
+    st.activations = peak_held;
+    st.workspace = peak_extra;
+    const double steady = st.static_bytes() + st.comm_buffers + st.workspace_persistent + st.inputs;
+    st.peak = steady + peak_pass;
+    st.data_indices = in.dataset_bytes;
+    // Collectives after the backward: MPI reduces into a buffer of its own (1/n of the message).
+    const double grad_elem = a.bf16 && a.grad_reduce_in_bf16 ? 2.0 : 4.0;
+    double collective = dp_cp > 1 ? grad_elem * double(largest_bucket) / double(dp_cp) : 0;
+    const int64_t partial = partial_grad_numel(in, chunks);
+    if (g.T > 1 && partial > 0) {
+      const double flat = 4.0 * double(partial);
+      collective = std::max(collective, (flat >= kMmapThreshold ? flat : 0) + flat / double(g.T));
+      st.peak = std::max(st.peak, steady + flat);
+    }
+    if (l.pp > 1 && !a.model.untie_embeddings_and_output_weights && (r == 0 || r == l.pp - 1))
+      collective = std::max(collective, 4.0 * double(g.V / g.T * g.h) / 2.0);
+    st.collective_extra = collective;
+    double mapped = 0;
+    for (const ChunkPlan& c : chunks) mapped += c.mapped_saved;
+    mapped = std::min(peak_pass, mapped * double(st.max_in_flight) / double(chunks.size()));
+    const double step_resident =
+        st.peak + kHeapRetention * (peak_pass - mapped) + st.collective_extra;
+    // Set-up: an fp32 model's old parameter storage lives on in its working views until the
+    // first forward refreshes them after the distributed optimizer's buffer took the values over;
+    // model construction holds values and gradients while it draws one whole weight.
+    double setup = st.static_bytes() + st.comm_buffers;
+    if (l.distributed_optimizer && fp32) setup += 4.0 * P;
+    const double init = 4.0 * P + P * value_bytes + 4.0 * double(init_transient);
+    st.peak = std::max({st.peak, setup, init});
+    st.resident_overhead =
+        std::max({step_resident, setup, init}) - st.peak + st.data_indices + kResidentBookkeeping;
+    pred.stages.push_back(st);
+  }
+  for (size_t i = 0; i < pred.stages.size(); ++i)
+    if (pred.stages[i].peak > pred.stages[size_t(pred.most_loaded)].peak) pred.most_loaded = int(i);
+  return pred;
+}
+
+}  // namespace megatron::plan
