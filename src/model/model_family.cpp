@@ -24,8 +24,8 @@ std::unique_ptr<ModelChunk> make_bert(const TransformerConfig& cfg, uint64_t see
 }
 
 constexpr ModelFamily kFamilies[] = {
-    {"gpt", "pretrain-gpt", validate_gpt, make_gpt},
-    {"bert", "pretrain-bert", BertModel::validate, make_bert},
+    {"gpt", "pretrain-gpt", "decoder", validate_gpt, make_gpt},
+    {"bert", "pretrain-bert", "encoder", BertModel::validate, make_bert},
 };
 
 }  // namespace

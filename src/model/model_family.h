@@ -22,6 +22,7 @@ namespace megatron::model {
 struct ModelFamily {
   const char* name;     // TransformerConfig::model_family
   const char* command;  // the megatron subcommand that trains it
+  const char* block;    // its layer stack's name prefix ("decoder" in GPT, "encoder" in BERT)
   // The family's checks of a configuration (after TransformerConfig's own); megatron::Error
   // naming the flag.
   void (*validate)(const TransformerConfig& cfg);

@@ -1,6 +1,6 @@
 // This build's memory prediction (memory_model.h). The sizes mirror the model's constructors and
 // saved-tensor declarations; tests hold them to the real model (parameter shapes, and
-// model::GPTModel::activation_bytes of a real forward) so the two cannot drift apart.
+// model::LanguageModule::activation_bytes of a real forward) so the two cannot drift apart.
 #include "plan/memory_model.h"
 
 #include <algorithm>
@@ -17,7 +17,7 @@ namespace {
 
 constexpr int64_t kHeadRows = 256;  // the loss head's logits chunk (model/parallel_layers.cpp)
 constexpr double kResidentBookkeeping = 4.0 * 1024 * 1024;  // heap metadata, MPI, small objects
-// Blocks from this size on get their own mapping, returned when freed (model/gpt_model.cpp sets
+// Blocks from this size on get their own mapping, returned when freed (core/tensor.cpp tune_host_allocator sets
 // glibc's M_MMAP_THRESHOLD); smaller freed blocks stay in the heap.
 constexpr double kMmapThreshold = 32.0 * 1024 * 1024;
 // The share of a step's freed heap temporaries that stays resident (fragmentation), measured on

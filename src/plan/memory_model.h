@@ -33,7 +33,7 @@
 namespace megatron::plan {
 
 // The parameter element counts of chunk `chunk` of pipeline rank `pp_rank`, in the model's
-// parameter order (model::GPTModel::parameters()), this tensor-parallel rank's shards.
+// parameter order (model::LanguageModule::parameters()), this tensor-parallel rank's shards.
 // With `sharded`, also whether each is split over the tensor-parallel ranks (its initialisation
 // draws the whole tensor and copies this rank's slice out of it).
 std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, int chunk,
@@ -68,7 +68,7 @@ struct StageMemory {
   double peak = 0;                        // the allocator's high-water mark
   // Resident memory beyond the tensors and the program itself: the dataset indices, and
   // (estimated) the heap the step's freed temporaries leave behind (glibc keeps freed blocks below
-  // its mapping threshold for reuse, model/gpt_model.cpp, and they fragment): 40% of them.
+  // its mapping threshold for reuse, tune_host_allocator in core/tensor.cpp, and they fragment): 40% of them.
   double resident_overhead = 0;
   double data_indices = 0;  // the dataset indices (in resident_overhead; data_memory.h)
   // Resident memory a collective after the backward adds while it runs (in resident_overhead):
@@ -90,7 +90,7 @@ struct MemoryPrediction {
 MemoryPrediction predict_memory(const PlanInput& in);
 
 // One micro-batch's saved activations in each chunk of pipeline rank `pp_rank` (tests compare
-// them with model::GPTModel::activation_bytes of a real forward).
+// them with model::LanguageModule::activation_bytes of a real forward).
 std::vector<ChunkActivations> chunk_activations(const PlanInput& in, int pp_rank);
 
 }  // namespace megatron::plan

@@ -43,7 +43,40 @@ int64_t parse_shard_size(const std::string& text) {
   return bytes;
 }
 
+namespace {
+
+// transformers' MegatronBertForPreTraining / ForMaskedLM: Megatron's pre-LayerNorm BERT with
+// learned positions, biases everywhere, multi-head attention and one GeLU (hidden_act) for the
+// encoder's MLP and the LM head's transform.
+std::string megatron_bert_type(const model::TransformerConfig& c) {
+  auto refuse = [](const std::string& setting, const std::string& why) {
+    MG_THROW("cannot export this BERT to Hugging Face transformers: ", setting, ": ", why,
+             "; transformers' MegatronBert classes cannot express it, and an export would compute "
+             "another function");
+  };
+  if (!c.learned_position_embedding())
+    refuse("--position-embedding-type " + c.position_embedding_type, "learned absolute positions only");
+  if (c.normalization != "LayerNorm") refuse("--normalization " + c.normalization, "LayerNorm only");
+  if (c.activation != "gelu")
+    refuse(model::activation_flag(c.activation) + " (" + c.activation + ")",
+           "one hidden_act serves the encoder's MLP and the masked-LM head, whose GeLU is the exact "
+           "(erf) one; an encoder trained with Megatron's fused bias-GeLU (the tanh form, on by "
+           "default) differs: train with --no-bias-gelu-fusion to export");
+  if (!c.add_bias_linear) refuse("--disable-bias-linear", "biases on every linear layer");
+  if (c.query_groups() != c.num_attention_heads)
+    refuse("--num-query-groups " + std::to_string(c.query_groups()), "multi-head attention only");
+  if (int64_t(c.head_dim()) * c.num_attention_heads != c.hidden_size)
+    refuse("--kv-channels " + std::to_string(c.head_dim()),
+           "heads of hidden-size / num-attention-heads channels only");
+  if (c.qk_layernorm) refuse("--qk-layernorm", "a norm over each query and key head");
+  if (c.window_left >= 0) refuse("--window-size", "sliding-window attention");
+  return "megatron-bert";
+}
+
+}  // namespace
+
 std::string hf_model_type(const model::TransformerConfig& c) {
+  if (c.model_family == "bert") return megatron_bert_type(c);
   auto refuse = [](const std::string& setting, const std::string& why) {
     MG_THROW("cannot export to Hugging Face transformers: ", setting, ": ", why,
              "; transformers' GPT2LMHeadModel and LlamaForCausalLM cannot express it, and an "

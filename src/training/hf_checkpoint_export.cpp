@@ -122,6 +122,64 @@ void llama_tensors(ExportTensors& x, const model::TransformerConfig& c, int64_t 
   x.check_all_used("LlamaForCausalLM");
 }
 
+// MegatronBertForPreTraining (with the binary head) or MegatronBertForMaskedLM.
+void megatron_bert_tensors(ExportTensors& x, const model::TransformerConfig& c, int64_t vocab) {
+  const bool one_p = c.apply_layernorm_1p;
+  x.add("bert.embeddings.word_embeddings.weight",
+        x.take("embedding.word_embeddings.weight").narrow(0, 0, vocab));
+  x.add("bert.embeddings.position_embeddings.weight", x.take("embedding.position_embeddings.weight"));
+  if (c.bert_binary_head) {
+    x.add("bert.embeddings.token_type_embeddings.weight",
+          x.take("embedding.tokentype_embeddings.weight"));
+  } else {  // transformers always adds a token-type row; one of zeros adds nothing
+    const Tensor& w = x.take("embedding.word_embeddings.weight");
+    x.add("bert.embeddings.token_type_embeddings.weight", Tensor::zeros({1, w.size(1)}, w.dtype()));
+  }
+  const int n = c.num_attention_heads, d = c.head_dim();
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string o = "encoder.layers." + std::to_string(i) + ".";
+    const std::string h = "bert.encoder.layer." + std::to_string(i) + ".";
+    x.add(h + "attention.ln.weight", norm_weight(x.take(o + "input_layernorm.weight"), one_p));
+    x.add(h + "attention.ln.bias", x.take(o + "input_layernorm.bias"));
+    for (const char* kind : {"weight", "bias"}) {
+      const std::string k = kind;
+      const QkvParts p = split_qkv(x.take(o + "self_attention.linear_qkv." + k), n, n, d);
+      x.add(h + "attention.self.query." + k, p.q);
+      x.add(h + "attention.self.key." + k, p.k);
+      x.add(h + "attention.self.value." + k, p.v);
+    }
+    for (const char* kind : {"weight", "bias"}) {
+      const std::string k = kind;
+      x.add(h + "attention.output.dense." + k, x.take(o + "self_attention.linear_proj." + k));
+    }
+    x.add(h + "ln.weight", norm_weight(x.take(o + "pre_mlp_layernorm.weight"), one_p));
+    x.add(h + "ln.bias", x.take(o + "pre_mlp_layernorm.bias"));
+    for (const char* kind : {"weight", "bias"}) {
+      const std::string k = kind;
+      x.add(h + "intermediate.dense." + k, x.take(o + "mlp.linear_fc1." + k));
+      x.add(h + "output.dense." + k, x.take(o + "mlp.linear_fc2." + k));
+    }
+  }
+  x.add("bert.encoder.ln.weight", norm_weight(x.take("encoder.final_layernorm.weight"), one_p));
+  x.add("bert.encoder.ln.bias", x.take("encoder.final_layernorm.bias"));
+  if (c.bert_binary_head) {
+    x.add("bert.pooler.dense.weight", x.take("pooler.dense.weight"));
+    x.add("bert.pooler.dense.bias", x.take("pooler.dense.bias"));
+  }
+  x.add("cls.predictions.bias", x.take("output_layer.bias").narrow(0, 0, vocab));
+  x.add("cls.predictions.transform.dense.weight", x.take("lm_head.dense.weight"));
+  x.add("cls.predictions.transform.dense.bias", x.take("lm_head.dense.bias"));
+  x.add("cls.predictions.transform.LayerNorm.weight", x.take("lm_head.layer_norm.weight"));
+  x.add("cls.predictions.transform.LayerNorm.bias", x.take("lm_head.layer_norm.bias"));
+  if (c.untie_embeddings_and_output_weights)
+    x.add("cls.predictions.decoder.weight", x.take("output_layer.weight").narrow(0, 0, vocab));
+  if (c.bert_binary_head) {
+    x.add("cls.seq_relationship.weight", x.take("binary_head.weight"));
+    x.add("cls.seq_relationship.bias", x.take("binary_head.bias"));
+  }
+  x.check_all_used(c.bert_binary_head ? "MegatronBertForPreTraining" : "MegatronBertForMaskedLM");
+}
+
 std::optional<int64_t> id_or_null(std::optional<int32_t> a, std::optional<int32_t> b) {
   if (a) return *a;
   if (b) return *b;
@@ -132,7 +190,23 @@ ojson config_json(const std::string& type, const model::TransformerConfig& c, in
                   DType dtype, std::optional<int64_t> bos, std::optional<int64_t> eos) {
   ojson j;
   auto id = [](std::optional<int64_t> v) { return v ? ojson(*v) : ojson(nullptr); };
-  if (type == "gpt2") {
+  if (type == "megatron-bert") {
+    j["architectures"] = {c.bert_binary_head ? "MegatronBertForPreTraining" : "MegatronBertForMaskedLM"};
+    j["model_type"] = "megatron-bert";
+    j["attention_probs_dropout_prob"] = short_float(c.attention_dropout);
+    j["hidden_act"] = "gelu";
+    j["hidden_dropout_prob"] = short_float(c.hidden_dropout);
+    j["hidden_size"] = c.hidden_size;
+    j["initializer_range"] = short_float(c.init_method_std);
+    j["intermediate_size"] = c.ffn();
+    j["layer_norm_eps"] = short_float(c.layernorm_epsilon);
+    j["max_position_embeddings"] = c.max_position_embeddings;
+    j["num_attention_heads"] = c.num_attention_heads;
+    j["num_hidden_layers"] = c.num_layers;
+    j["pad_token_id"] = 0;
+    j["position_embedding_type"] = "absolute";
+    j["type_vocab_size"] = c.bert_binary_head ? 2 : 1;
+  } else if (type == "gpt2") {
     j["architectures"] = {"GPT2LMHeadModel"};
     j["model_type"] = "gpt2";
     j["activation_function"] = c.activation == "gelu_tanh" ? "gelu_new" : "gelu";
@@ -200,7 +274,11 @@ void copy_tokenizer(const data::TokenizerOptions& t, int max_positions, const fs
     return true;
   };
   ojson cfg;
-  if (t.type == "GPT2BPETokenizer") {
+  if (t.type == "BertWordPieceLowerCase" || t.type == "BertWordPieceCase") {
+    copy(t.vocab_file, "vocab.txt", "--vocab-file");
+    cfg["tokenizer_class"] = "BertTokenizer";
+    cfg["do_lower_case"] = t.type == "BertWordPieceLowerCase";
+  } else if (t.type == "GPT2BPETokenizer") {
     copy(t.vocab_file, "vocab.json", "--vocab-file");
     copy(t.merge_file, "merges.txt", "--merge-file");
     cfg["tokenizer_class"] = "GPT2Tokenizer";
@@ -237,6 +315,8 @@ HfExportResult export_hf_checkpoint(const MergedCheckpoint& m, const TrainingArg
   ExportTensors x(m, label);
   if (res.model_type == "gpt2")
     gpt2_tensors(x, c, vocab);
+  else if (res.model_type == "megatron-bert")
+    megatron_bert_tensors(x, c, vocab);
   else
     llama_tensors(x, c, vocab);
   const DType dtype = o.params_dtype ? *o.params_dtype : m.model.at("embedding.word_embeddings.weight").dtype();

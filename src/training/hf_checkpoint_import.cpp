@@ -169,6 +169,35 @@ model::TransformerConfig llama_config(const Config& c) {
   return m;
 }
 
+// transformers' MegatronBert (MegatronBertForPreTraining or ForMaskedLM): the BERT family;
+// whether it has the binary head is decided by the tensors (cls.seq_relationship).
+model::TransformerConfig megatron_bert_config(const Config& c) {
+  model::TransformerConfig m;
+  m.model_family = "bert";
+  m.attention_mask_type = "bidirectional";
+  m.hidden_size = int(c.integer("hidden_size"));
+  m.num_layers = int(c.integer("num_hidden_layers"));
+  m.num_attention_heads = int(c.integer("num_attention_heads"));
+  m.ffn_hidden_size = int(c.integer("intermediate_size"));
+  m.max_position_embeddings = int(c.integer("max_position_embeddings", 512));
+  MG_REQUIRE(m.hidden_size % m.num_attention_heads == 0, c.label, ": hidden_size ", m.hidden_size,
+             " is not divisible by num_attention_heads ", m.num_attention_heads);
+  m.layernorm_epsilon = positive_float(c, "layer_norm_eps", 1e-12);
+  if (c.string("hidden_act", "gelu") != "gelu")
+    c.unsupported("hidden_act", "Megatron's BERT has the exact (erf) GeLU in its masked-LM head, so "
+                  "MegatronBert models import with \"gelu\"");
+  m.activation = "gelu";
+  if (c.string("position_embedding_type", "absolute") != "absolute")
+    c.unsupported("position_embedding_type", "BERT imports with absolute (learned) positions");
+  if (c.boolean("is_decoder", false) || c.boolean("add_cross_attention", false))
+    c.unsupported("is_decoder", "BERT is an encoder (no causal mask, no cross-attention)");
+  m.hidden_dropout = float(c.fraction("hidden_dropout_prob", 0.1));
+  m.attention_dropout = float(c.fraction("attention_probs_dropout_prob", 0.1));
+  m.init_method_std = float(c.number("initializer_range", 0.02));
+  m.untie_embeddings_and_output_weights = !c.boolean("tie_word_embeddings", true);
+  return m;
+}
+
 // The folder's tensors, every file's header checked against the index.
 struct Tensors {
   std::map<std::string, Tensor> t;
@@ -251,7 +280,7 @@ Tensors read_tensors(const fs::path& folder, const std::string& prefix) {
 // Buffers some files carry that are not parameters.
 bool skipped_buffer(const std::string& name) {
   return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
-         name.ends_with("rotary_emb.inv_freq");
+         name.ends_with("rotary_emb.inv_freq") || name.ends_with("embeddings.position_ids");
 }
 
 std::string ours(int i, const std::string& rest) { return "decoder.layers." + std::to_string(i) + "." + rest; }
@@ -314,13 +343,88 @@ void llama_tensors(Tensors& x, const model::TransformerConfig& c, int64_t V, con
   m["decoder.final_layernorm.weight"] = x.take("norm.weight", {h}, folder);
 }
 
+void megatron_bert_tensors(Tensors& x, model::TransformerConfig& c, int64_t V, int64_t types,
+                           const std::string& folder, std::map<std::string, Tensor>& m) {
+  const int64_t h = c.hidden_size, f = c.ffn();
+  const int n = c.num_attention_heads, d = c.head_dim();
+  c.bert_binary_head = x.has("cls.seq_relationship.weight");
+  m["embedding.word_embeddings.weight"] = x.take("embeddings.word_embeddings.weight", {V, h}, folder);
+  m["embedding.position_embeddings.weight"] =
+      x.take("embeddings.position_embeddings.weight", {c.max_position_embeddings, h}, folder);
+  const Tensor tt = x.take("embeddings.token_type_embeddings.weight", {types, h}, folder);
+  if (c.bert_binary_head) {
+    MG_REQUIRE(types == 2, folder, ": type_vocab_size is ", types, "; Megatron's BERT with the "
+               "sentence-order head has 2 token types");
+    m["embedding.tokentype_embeddings.weight"] = tt;
+  } else {  // without the binary head Megatron's BERT has no token types: the table must add nothing
+    const Tensor z = tt.to(DType::F32);
+    for (int64_t i = 0; i < z.numel(); ++i)
+      MG_REQUIRE(z.data<float>()[i] == 0.0f, x.file_of.at(x.has("bert.embeddings.token_type_embeddings.weight")
+                                                               ? "bert.embeddings.token_type_embeddings.weight"
+                                                               : "embeddings.token_type_embeddings.weight"),
+                 ": the token-type embeddings are not zero, but the model has no sentence-order head "
+                 "(cls.seq_relationship), and Megatron's BERT has token types only with it");
+  }
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string l = "encoder.layer." + std::to_string(i) + ".";
+    const std::string o = "encoder.layers." + std::to_string(i) + ".";
+    m[o + "input_layernorm.weight"] = x.take(l + "attention.ln.weight", {h}, folder);
+    m[o + "input_layernorm.bias"] = x.take(l + "attention.ln.bias", {h}, folder);
+    for (const char* kind : {"weight", "bias"}) {
+      const std::string k = kind;
+      const Shape sq = k == "bias" ? Shape{h} : Shape{h, h};
+      QkvParts p{x.take(l + "attention.self.query." + k, sq, folder),
+                 x.take(l + "attention.self.key." + k, sq, folder),
+                 x.take(l + "attention.self.value." + k, sq, folder)};
+      m[o + "self_attention.linear_qkv." + k] = fuse_qkv(p, n, n, d);
+      m[o + "self_attention.linear_proj." + k] = x.take(l + "attention.output.dense." + k, sq, folder);
+      m[o + "mlp.linear_fc1." + k] =
+          x.take(l + "intermediate.dense." + k, k == "bias" ? Shape{f} : Shape{f, h}, folder);
+      m[o + "mlp.linear_fc2." + k] =
+          x.take(l + "output.dense." + k, k == "bias" ? Shape{h} : Shape{h, f}, folder);
+    }
+    m[o + "pre_mlp_layernorm.weight"] = x.take(l + "ln.weight", {h}, folder);
+    m[o + "pre_mlp_layernorm.bias"] = x.take(l + "ln.bias", {h}, folder);
+  }
+  m["encoder.final_layernorm.weight"] = x.take("encoder.ln.weight", {h}, folder);
+  m["encoder.final_layernorm.bias"] = x.take("encoder.ln.bias", {h}, folder);
+  if (c.bert_binary_head) {
+    m["pooler.dense.weight"] = x.take("pooler.dense.weight", {h, h}, folder);
+    m["pooler.dense.bias"] = x.take("pooler.dense.bias", {h}, folder);
+    m["binary_head.weight"] = x.take("cls.seq_relationship.weight", {2, h}, folder);
+    m["binary_head.bias"] = x.take("cls.seq_relationship.bias", {2}, folder);
+  }
+  m["lm_head.dense.weight"] = x.take("cls.predictions.transform.dense.weight", {h, h}, folder);
+  m["lm_head.dense.bias"] = x.take("cls.predictions.transform.dense.bias", {h}, folder);
+  m["lm_head.layer_norm.weight"] = x.take("cls.predictions.transform.LayerNorm.weight", {h}, folder);
+  m["lm_head.layer_norm.bias"] = x.take("cls.predictions.transform.LayerNorm.bias", {h}, folder);
+  m["output_layer.bias"] = x.take("cls.predictions.bias", {V}, folder);
+  if (x.has("cls.predictions.decoder.bias")) {  // transformers ties it to cls.predictions.bias
+    const Tensor b = x.take("cls.predictions.decoder.bias", {V}, folder);
+    MG_REQUIRE(std::memcmp(b.contiguous().raw_data(), m["output_layer.bias"].contiguous().raw_data(),
+                           b.nbytes()) == 0 && b.dtype() == m["output_layer.bias"].dtype(),
+               x.file_of.at("cls.predictions.decoder.bias"), ": cls.predictions.decoder.bias differs "
+               "from cls.predictions.bias, which transformers ties it to");
+  }
+}
+
 // The tokenizer files of the folder, as our tokenizer options.
 std::optional<data::TokenizerOptions> folder_tokenizer(const fs::path& folder, const std::string& type,
                                                        std::vector<std::string>& files) {
   std::error_code ec;
   auto has = [&](const char* f) { return fs::is_regular_file(folder / f, ec); };
   data::TokenizerOptions t;
-  if (has("vocab.json") && has("merges.txt") && (type == "gpt2" || !has("tokenizer.json"))) {
+  if (type == "megatron-bert" && has("vocab.txt")) {  // BertTokenizer's WordPiece vocabulary
+    bool lower = true;
+    if (has("tokenizer_config.json")) {
+      const json j = read_json(folder / "tokenizer_config.json");
+      if (j.is_object() && j.contains("do_lower_case") && j["do_lower_case"].is_boolean())
+        lower = j["do_lower_case"].get<bool>();
+    }
+    t.type = lower ? "BertWordPieceLowerCase" : "BertWordPieceCase";
+    t.vocab_file = "vocab.txt";
+    files = {"vocab.txt"};
+  } else if (has("vocab.json") && has("merges.txt") && (type == "gpt2" || !has("tokenizer.json"))) {
     t.type = "GPT2BPETokenizer";
     t.vocab_file = "vocab.json";
     t.merge_file = "merges.txt";
@@ -360,27 +464,34 @@ HfImport read_hf_checkpoint(const fs::path& folder, int64_t divisor, int target_
     c = gpt2_config(cfg);
   else if (out.model_type == "llama")
     c = llama_config(cfg);
+  else if (out.model_type == "megatron-bert")
+    c = megatron_bert_config(cfg);
   else
-    cfg.unsupported("model_type", "this build imports gpt2 (GPT2LMHeadModel) and llama "
-                    "(LlamaForCausalLM) models");
+    cfg.unsupported("model_type", "this build imports gpt2 (GPT2LMHeadModel), llama "
+                    "(LlamaForCausalLM) and megatron-bert (MegatronBertForPreTraining, "
+                    "MegatronBertForMaskedLM) models");
   const int64_t V = cfg.integer("vocab_size");
 
-  Tensors x = read_tensors(folder, out.model_type == "gpt2" ? "transformer." : "model.");
+  const bool bert = out.model_type == "megatron-bert";
+  Tensors x = read_tensors(folder, out.model_type == "gpt2" ? "transformer." : bert ? "bert." : "model.");
   std::map<std::string, Tensor>& m = out.model;
   if (out.model_type == "gpt2")
     gpt2_tensors(x, c, V, folder.string(), m);
+  else if (bert)
+    megatron_bert_tensors(x, c, V, cfg.integer("type_vocab_size", 2), folder.string(), m);
   else
     llama_tensors(x, c, V, folder.string(), m);
   const Tensor& emb = m.at("embedding.word_embeddings.weight");
+  const std::string head_name = bert ? "cls.predictions.decoder.weight" : "lm_head.weight";
   if (c.untie_embeddings_and_output_weights) {
-    m["output_layer.weight"] = x.take("lm_head.weight", {V, c.hidden_size}, folder.string());
-  } else if (x.t.count("lm_head.weight")) {  // a tied copy saved anyway: it must be the embedding
-    const Tensor& head = x.t.at("lm_head.weight");
+    m["output_layer.weight"] = x.take(head_name, {V, c.hidden_size}, folder.string());
+  } else if (x.t.count(head_name)) {  // a tied copy saved anyway: it must be the embedding
+    const Tensor& head = x.t.at(head_name);
     MG_REQUIRE(head.shape() == emb.shape() && head.dtype() == emb.dtype() &&
                    std::memcmp(head.raw_data(), emb.raw_data(), head.nbytes()) == 0,
-               x.file_of.at("lm_head.weight"), ": lm_head.weight differs from the word embedding but "
+               x.file_of.at(head_name), ": ", head_name, " differs from the word embedding but "
                "config.json ties them (tie_word_embeddings): set \"tie_word_embeddings\": false");
-    x.used.insert("lm_head.weight");
+    x.used.insert(head_name);
   }
   for (const auto& [name, t] : x.t)
     MG_REQUIRE(x.used.count(name) || skipped_buffer(name), x.file_of.at(name), ": unexpected tensor '",

@@ -124,19 +124,27 @@ std::filesystem::path save_torch_checkpoint(const std::filesystem::path& save_di
 
 // Megatron's names <-> ours (torch_checkpoint_names.cpp).
 namespace torch_names {
+// The model family a checkpoint's parameter names show: "bert" for Megatron-Core's encoder layers
+// or BERT's heads (lm_head, binary_head, pooler; the legacy BERT shares GPT's layer names),
+// else "gpt"; an Error for encoder and decoder layers together (T5).
+std::string family_of(const std::vector<std::string>& megatron_names);
 // Our name for a Megatron parameter name of chunk-local layer numbering, with the layer offset of
 // its stage added; "" to skip (_extra_state, rotary inv_freq buffers). `tied_copy` is set for the
 // last stage's copy of a tied word embedding (legacy word_embeddings_for_head.weight, or
-// output_layer.weight when `tied`). An Error names a tensor that has no place in a GPT model.
+// output_layer.weight when `tied`). `block` is the family's layer stack ("decoder" for GPT,
+// "encoder" for BERT, whose legacy heads map as lm_head.bias -> output_layer.bias,
+// lm_head.layernorm -> lm_head.layer_norm, language_model.pooler -> pooler). An Error names a
+// tensor that has no place in the model.
 std::string to_ours(const std::string& megatron_name, int layer_offset, bool tied, bool* tied_copy,
-                    bool* legacy_qkv);
+                    bool* legacy_qkv, const std::string& block = "decoder");
 // Megatron-Core's name for ours, with the chunk-local layer number (layer - layer_offset).
 std::string to_megatron(const std::string& our_name, int layer_offset, bool transformer_engine);
 // The _extra_state entries of one layer's modules that Megatron-Core's state_dict holds: with
 // Transformer Engine's layer spec its TELayerNormColumnParallelLinear, TEDotProductAttention and
 // TERowParallelLinear modules; with the local spec the ColumnParallelLinear / RowParallelLinear
 // ones (their get_extra_state returns None).
-std::vector<std::string> extra_state_names(int local_layer, bool transformer_engine);
+std::vector<std::string> extra_state_names(int local_layer, bool transformer_engine,
+                                           const std::string& block = "decoder");
 // checkpoint_version 0 / 1.0 QKV of one TP shard (heads_per_shard heads of head_dim) to ours.
 Tensor fix_qkv_ordering(const Tensor& t, double checkpoint_version, int heads_per_shard,
                         int head_dim, const std::string& label);

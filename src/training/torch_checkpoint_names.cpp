@@ -1,5 +1,6 @@
 // Megatron-LM's parameter names (legacy and Megatron-Core, local and Transformer Engine layer
 // specs) and ours, and the QKV orderings of old checkpoint versions; see torch_checkpoint.h.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 
@@ -27,17 +28,46 @@ bool replace_prefix(std::string& s, const std::string& from, const std::string& 
   return true;
 }
 
-[[noreturn]] void no_place(const std::string& name) {
-  MG_THROW("tensor '", name, "' has no place in a GPT model (a BERT, T5 or other model's "
-           "checkpoint? only GPT checkpoints are read)");
+[[noreturn]] void no_place(const std::string& name, const std::string& block) {
+  MG_THROW("tensor '", name, "' has no place in a ", block == "encoder" ? "BERT" : "GPT",
+           " model (a T5 or other model's checkpoint? GPT and BERT checkpoints are read)");
+}
+
+// A layer's module names in Megatron-Core's form: Transformer Engine's fused norms unfused.
+std::string core_layer_rest(std::string m) {
+  if (m == "self_attention.linear_qkv.layer_norm_weight") return "input_layernorm.weight";
+  if (m == "self_attention.linear_qkv.layer_norm_bias") return "input_layernorm.bias";
+  if (m == "mlp.linear_fc1.layer_norm_weight") return "pre_mlp_layernorm.weight";
+  if (m == "mlp.linear_fc1.layer_norm_bias") return "pre_mlp_layernorm.bias";
+  return m;
 }
 
 }  // namespace
 
+std::string family_of(const std::vector<std::string>& names) {
+  bool encoder = false, decoder = false, bert_heads = false;
+  for (const std::string& n : names) {
+    const std::string s = n.starts_with("language_model.") ? n.substr(15) : n;
+    encoder = encoder || s.starts_with("encoder.");
+    decoder = decoder || s.starts_with("decoder.");
+    bert_heads = bert_heads || s.starts_with("lm_head.") || s.starts_with("binary_head.") ||
+                 s.starts_with("pooler.") || s.starts_with("embedding.tokentype_embeddings.");
+  }
+  MG_REQUIRE(!(encoder && decoder), "the checkpoint has both encoder and decoder layers (a T5 "
+             "model): GPT and BERT checkpoints are read");
+  // Megatron-Core's BERT has "encoder." layers; the legacy one shares GPT's "language_model.encoder."
+  // and is told apart by its heads.
+  const bool core_encoder = std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return n.starts_with("encoder.");
+  });
+  return core_encoder || bert_heads ? "bert" : "gpt";
+}
+
 std::string to_ours(const std::string& name, int layer_offset, bool tied, bool* tied_copy,
-                    bool* legacy_qkv) {
+                    bool* legacy_qkv, const std::string& block) {
   *tied_copy = false;
   *legacy_qkv = false;
+  const std::string b = block + ".";
   if (name.ends_with("_extra_state") || name.ends_with("inv_freq")) return "";
   if (name == "word_embeddings_for_head.weight") {
     *tied_copy = true;
@@ -48,14 +78,16 @@ std::string to_ours(const std::string& name, int layer_offset, bool tied, bool* 
   if (name.starts_with("language_model.")) {  // legacy (megatron/model)
     const std::string r = name.substr(15);
     if (r == "embedding.word_embeddings.weight" || r == "embedding.position_embeddings.weight" ||
-        r == "output_layer.weight")
+        r == "output_layer.weight" ||
+        (block == "encoder" && (r == "embedding.tokentype_embeddings.weight" ||
+                                r.starts_with("pooler.dense."))))
       return r;
     for (const char* stack : {"encoder.", "transformer."}) {
       if (!r.starts_with(stack)) continue;
       const std::string t = r.substr(std::string(stack).size());
       if (t.starts_with("final_layernorm.") || t.starts_with("final_norm."))
-        return "decoder.final_layernorm." + t.substr(t.find('.') + 1);
-      if (!split_layer(t, "layers.", &n, &rest)) no_place(name);
+        return b + "final_layernorm." + t.substr(t.find('.') + 1);
+      if (!split_layer(t, "layers.", &n, &rest)) no_place(name, block);
       std::string m = rest;
       if (replace_prefix(m, "self_attention.query_key_value.", "self_attention.linear_qkv.") ||
           replace_prefix(m, "attention.query_key_value.", "self_attention.linear_qkv.")) {
@@ -66,45 +98,52 @@ std::string to_ours(const std::string& name, int layer_offset, bool tied, bool* 
                    replace_prefix(m, "mlp.dense_h_to_4h.", "mlp.linear_fc1.") ||
                    replace_prefix(m, "mlp.dense_4h_to_h.", "mlp.linear_fc2.") ||
                    m.starts_with("input_layernorm."))) {
-        no_place(name);
+        no_place(name, block);
       }
-      return "decoder.layers." + std::to_string(n + layer_offset) + "." + m;
+      return b + "layers." + std::to_string(n + layer_offset) + "." + m;
     }
-    no_place(name);
+    no_place(name, block);
+  }
+  if (block == "encoder") {  // BERT's heads: Megatron-Core's names, and the legacy model's
+    if (name == "lm_head.bias") return "output_layer.bias";
+    std::string m = name;
+    if (replace_prefix(m, "lm_head.layernorm.", "lm_head.layer_norm.")) return m;
+    if (name.starts_with("lm_head.dense.") || name.starts_with("lm_head.layer_norm.") ||
+        name.starts_with("pooler.dense.") || name.starts_with("binary_head.") ||
+        name == "output_layer.bias")
+      return name;
   }
   if (name.starts_with("embedding.")) return name;  // Megatron-Core
-  if (split_layer(name, "decoder.layers.", &n, &rest)) {
-    std::string m = rest;
-    if (m == "self_attention.linear_qkv.layer_norm_weight") m = "input_layernorm.weight";
-    else if (m == "self_attention.linear_qkv.layer_norm_bias") m = "input_layernorm.bias";
-    else if (m == "mlp.linear_fc1.layer_norm_weight") m = "pre_mlp_layernorm.weight";
-    else if (m == "mlp.linear_fc1.layer_norm_bias") m = "pre_mlp_layernorm.bias";
-    return "decoder.layers." + std::to_string(n + layer_offset) + "." + m;
-  }
-  if (name.starts_with("decoder.final_layernorm.") || name.starts_with("decoder.final_norm."))
-    return "decoder.final_layernorm." + name.substr(name.find('.', 8) + 1);
+  if (split_layer(name, b + "layers.", &n, &rest))
+    return b + "layers." + std::to_string(n + layer_offset) + "." + core_layer_rest(rest);
+  if (name.starts_with(b + "final_layernorm.") || name.starts_with(b + "final_norm."))
+    return b + "final_layernorm." + name.substr(name.find('.', b.size()) + 1);
   if (name == "output_layer.weight") {
     *tied_copy = tied;
     return name;
   }
-  no_place(name);
+  no_place(name, block);
 }
 
 std::string to_megatron(const std::string& ours, int layer_offset, bool transformer_engine) {
   int n = 0;
   std::string rest;
-  if (!split_layer(ours, "decoder.layers.", &n, &rest)) return ours;
-  if (transformer_engine) {
-    if (rest == "input_layernorm.weight") rest = "self_attention.linear_qkv.layer_norm_weight";
-    else if (rest == "input_layernorm.bias") rest = "self_attention.linear_qkv.layer_norm_bias";
-    else if (rest == "pre_mlp_layernorm.weight") rest = "mlp.linear_fc1.layer_norm_weight";
-    else if (rest == "pre_mlp_layernorm.bias") rest = "mlp.linear_fc1.layer_norm_bias";
+  for (const std::string b : {"decoder.", "encoder."}) {
+    if (!split_layer(ours, b + "layers.", &n, &rest)) continue;
+    if (transformer_engine) {
+      if (rest == "input_layernorm.weight") rest = "self_attention.linear_qkv.layer_norm_weight";
+      else if (rest == "input_layernorm.bias") rest = "self_attention.linear_qkv.layer_norm_bias";
+      else if (rest == "pre_mlp_layernorm.weight") rest = "mlp.linear_fc1.layer_norm_weight";
+      else if (rest == "pre_mlp_layernorm.bias") rest = "mlp.linear_fc1.layer_norm_bias";
+    }
+    return b + "layers." + std::to_string(n - layer_offset) + "." + rest;
   }
-  return "decoder.layers." + std::to_string(n - layer_offset) + "." + rest;
+  return ours;
 }
 
-std::vector<std::string> extra_state_names(int local_layer, bool transformer_engine) {
-  const std::string p = "decoder.layers." + std::to_string(local_layer) + ".";
+std::vector<std::string> extra_state_names(int local_layer, bool transformer_engine,
+                                           const std::string& block) {
+  const std::string p = block + ".layers." + std::to_string(local_layer) + ".";
   std::vector<std::string> names;
   if (transformer_engine) names.push_back(p + "self_attention.core_attention._extra_state");
   for (const char* m : {"self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1",

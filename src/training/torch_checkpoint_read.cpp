@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/torch_file.h"
+#include "model/model_family.h"
 #include "training/torch_checkpoint.h"
 
 namespace megatron::training {
@@ -290,6 +291,32 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
     for (const Value* chunk : chunks) flatten(*chunk, "", 0, label, tensors);
     std::set<std::string> layers;
     json& model = args["model"];
+    {  // The family from the parameter names of the first and last stages (Megatron's args do
+       // not record the script): BERT's heads are on the last one.
+      std::vector<std::string> names;
+      for (const auto& [name, t] : tensors) names.push_back(name);
+      if (layout.pp > 1) {
+        const fs::path last_file = rank_file(c, 0, layout.pp - 1);
+        const TorchFile last = TorchFile::open(last_file);
+        MG_REQUIRE(last.root().kind == Kind::Dict, last_file.string(), " holds a ",
+                   last.root().describe(), ", not a Megatron-LM checkpoint dict");
+        std::vector<std::pair<std::string, const Value*>> last_tensors;
+        for (const Value* chunk : model_chunks(last.root(), last_file.string()))
+          flatten(*chunk, "", 0, last_file.string(), last_tensors);
+        for (const auto& [name, t] : last_tensors) names.push_back(name);
+      }
+      try {
+        model["model_family"] = torch_names::family_of(names);
+      } catch (const Error& e) {
+        MG_THROW(label, ": ", e.what());
+      }
+      if (model["model_family"] == "bert") {  // BertModel (pretrain_bert.py)
+        model["attention_mask_type"] = "bidirectional";
+        model["bert_binary_head"] = std::any_of(names.begin(), names.end(), [](const std::string& n) {
+          return n.starts_with("binary_head.");
+        });
+      }
+    }
     for (const auto& [name, t] : tensors) {
       if (t->kind != Kind::Tensor || t->shape.empty()) continue;
       if (name.ends_with("word_embeddings.weight")) {
@@ -392,6 +419,7 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
              P, " pipeline stages x ", V, " model chunks");
   const bool tied = !flag(ns, "untie_embeddings_and_output_weights");
   const int heads = a.model.num_attention_heads;
+  const std::string block = model::model_family_of(a.model).block;
   TorchRankContents out;
 
   // The parameters in Megatron's order (model chunks, then each state dict's order): the
@@ -409,11 +437,17 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
     const int offset = (c * P + p) * (L / (P * V));
     std::vector<std::pair<std::string, const Value*>> entries;
     flatten(*chunks[size_t(c)], "", 0, label, entries);
+    // The legacy BertModel saves language_model, lm_head, binary_head, then the last stage's
+    // word_embeddings_for_head, but registers the word embeddings' copy before its heads, and
+    // its optimizer numbers parameters in registration order.
+    std::stable_partition(entries.begin(), entries.end(), [](const auto& e) {
+      return e.first.starts_with("language_model.") || e.first.starts_with("word_embeddings_for_head.");
+    });
     for (const auto& [name, v] : entries) {
       bool tied_copy = false, legacy_qkv = false;
       std::string ours;
       try {
-        ours = torch_names::to_ours(name, offset, tied, &tied_copy, &legacy_qkv);
+        ours = torch_names::to_ours(name, offset, tied, &tied_copy, &legacy_qkv, block);
       } catch (const Error& e) {
         MG_THROW(label, ": ", e.what());
       }

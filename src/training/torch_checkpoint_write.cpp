@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/torch_file.h"
+#include "model/model_family.h"
 #include "model/stage_model.h"
 #include "optim/lr_scheduler.h"
 #include "training/checkpoint_files.h"
@@ -46,8 +47,20 @@ std::vector<std::string> layer_order(bool te) {
           "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"};
 }
 
+// What follows the layer stack on the last stage, in Megatron-Core's module order: GPTModel's
+// output_layer; BertModel's lm_head (dense, layer_norm), output_layer (weight, bias), binary_head
+// and pooler.
+std::vector<std::string> head_order(const std::string& family) {
+  if (family == "bert")
+    return {"lm_head.dense.weight", "lm_head.dense.bias", "lm_head.layer_norm.weight",
+            "lm_head.layer_norm.bias", kOutputLayer, "output_layer.bias", "binary_head.weight",
+            "binary_head.bias", "pooler.dense.weight", "pooler.dense.bias"};
+  return {kOutputLayer};
+}
+
 std::vector<ChunkParam> chunk_params(const MergedCheckpoint& m, const model::PipelineLayout& layout,
-                                     int p, int c, bool te, std::set<std::string>& placed) {
+                                     const std::string& family, const std::string& block, int p,
+                                     int c, bool te, std::set<std::string>& placed) {
   std::vector<ChunkParam> out;
   const int offset = layout.first_layer(p, c);
   auto add = [&](const std::string& ours, bool tied_copy = false) {
@@ -58,21 +71,26 @@ std::vector<ChunkParam> chunk_params(const MergedCheckpoint& m, const model::Pip
   if (layout.has_embedding(p, c)) {
     add(kWordEmbedding);
     add("embedding.position_embeddings.weight");
+    add("embedding.tokentype_embeddings.weight");
   }
   for (int l = offset; l < offset + layout.layers_per_chunk(); ++l) {
-    const std::string prefix = "decoder.layers." + std::to_string(l) + ".";
+    const std::string prefix = block + ".layers." + std::to_string(l) + ".";
     for (const std::string& n : layer_order(te)) add(prefix + n);
     // Parameters of this layer the lists above do not name keep their own (sorted) order.
     for (auto it = m.model.lower_bound(prefix); it != m.model.end() && it->first.starts_with(prefix); ++it)
       if (!placed.count(it->first)) add(it->first);
   }
   if (layout.has_output(p, c)) {
-    add("decoder.final_layernorm.weight");
-    add("decoder.final_layernorm.bias");
-    if (m.model.count(kOutputLayer))
-      add(kOutputLayer);
-    else if (!layout.has_embedding(p, c))
-      add(kOutputLayer, /*tied_copy=*/true);  // the last stage's copy of the tied embedding
+    add(block + ".final_layernorm.weight");
+    add(block + ".final_layernorm.bias");
+    for (const std::string& n : head_order(family)) {
+      if (n != kOutputLayer)
+        add(n);
+      else if (m.model.count(kOutputLayer))
+        add(kOutputLayer);
+      else if (!layout.has_embedding(p, c))
+        add(kOutputLayer, /*tied_copy=*/true);  // the last stage's copy of the tied embedding
+    }
   }
   return out;
 }
@@ -190,6 +208,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
     extra["window_size"] = json::array({a.model.window_left, a.model.window_right});
   // What Megatron's validate_args derives from the other arguments, as it leaves them.
   extra["encoder_num_layers"] = a.model.num_layers;
+  if (a.model.model_family == "bert") extra["bert_binary_head"] = a.model.bert_binary_head;
   extra["encoder_seq_length"] = a.model.seq_length;
   extra["sequence_parallel"] = a.model.sequence_parallel && T > 1;
   if (a.weight_decay_incr_style == "constant") {
@@ -204,9 +223,11 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   fs::create_directories(tmp);
   detail::set_mode(tmp, 0750);
   std::set<std::string> placed;
+  const std::string block = model::model_family_of(a.model).block;
   for (int p = 0; p < P; ++p) {
     std::vector<std::vector<ChunkParam>> chunks;
-    for (int c = 0; c < V; ++c) chunks.push_back(chunk_params(m, layout, p, c, te, placed));
+    for (int c = 0; c < V; ++c)
+      chunks.push_back(chunk_params(m, layout, a.model.model_family, block, p, c, te, placed));
     for (int t = 0; t < T; ++t) {
       Document doc;
       Value* root = doc.dict();
@@ -222,10 +243,11 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
           doc.set(sd, cp.megatron, doc.tensor(shard_of(m, cp, "param", t, T)));
           // Every module whose class defines get_extra_state has an _extra_state entry: Transformer
           // Engine's (None: no FP8 metadata) and Megatron-Core's column/row-parallel linears (None).
-          const int layer = cp.ours.starts_with("decoder.layers.")
-                                ? std::stoi(cp.ours.substr(15, cp.ours.find('.', 15) - 15)) : -1;
+          const size_t at = block.size() + 8;  // after "<block>.layers."
+          const int layer = cp.ours.starts_with(block + ".layers.")
+                                ? std::stoi(cp.ours.substr(at, cp.ours.find('.', at) - at)) : -1;
           if (layer != last_layer && layer >= 0) {
-            for (const std::string& e : torch_names::extra_state_names(layer - offset, te))
+            for (const std::string& e : torch_names::extra_state_names(layer - offset, te, block))
               doc.set(sd, e, doc.none());
             last_layer = layer;
           }
@@ -344,8 +366,9 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
     }
   }
   for (const auto& [name, t] : m.model)
-    MG_REQUIRE(placed.count(name), "tensor '", name, "' has no place in Megatron-Core's GPT model "
-               "(it would be lost in the torch checkpoint)");
+    MG_REQUIRE(placed.count(name), "tensor '", name, "' has no place in Megatron-Core's ",
+               a.model.model_family == "bert" ? "BertModel" : "GPTModel",
+               " (it would be lost in the torch checkpoint)");
   detail::fsync_path(tmp, true);
   detail::publish_iteration(save_dir, tmp, dir_name,
                             release ? std::string("release") : std::to_string(iteration));

@@ -16,6 +16,15 @@ Usage (one process for several folders: importing torch is the slow part):
       is its FP32_FOLDER twin rounded to that type (round to nearest even, as torch's .to does)
   hf_reference.py structure FOLDER
       prints {"name": [shape, dtype], ...}
+  hf_reference.py megatron-bert INPUT.json FOLDER
+      INPUT.json: {"tokens": [[id, ...], ...], "types": [[0|1, ...], ...], "attention_mask":
+      [[1|0, ...], ...]}; prints {"prediction_logits": [b][s][V], "seq_relationship_logits":
+      [b][2] (MegatronBertForPreTraining) or null (MegatronBertForMaskedLM)}, transformers'
+      MegatronBert forward: pre-LayerNorm layers (attention.ln, then ln before the MLP), the
+      encoder's final ln, no embedding LayerNorm, the key-padding attention mask, the prediction
+      head (dense, hidden_act, LayerNorm, decoder tied to the word embeddings unless
+      tie_word_embeddings is false, plus cls.predictions.bias) and the pooler's tanh on the first
+      token
 """
 import json
 import math
@@ -180,6 +189,41 @@ def rounding(fp32_folder, low_folder):
     return len(w32)
 
 
+def megatron_bert(folder, tokens, types, attention_mask):
+    cfg, W = load_folder(folder)
+    W = {k[5:] if k.startswith("bert.") else k: v.double() for k, v in W.items()}
+    h, n, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["layer_norm_eps"]
+    d = h // n
+    act = {"gelu": F.gelu, "gelu_new": gelu_new}[cfg["hidden_act"]]
+    ids, tt = torch.tensor(tokens), torch.tensor(types)
+    b, s = ids.shape
+    x = (W["embeddings.word_embeddings.weight"][ids] + W["embeddings.position_embeddings.weight"][torch.arange(s)]
+         + W["embeddings.token_type_embeddings.weight"][tt])
+    # get_extended_attention_mask: (1 - mask) * the dtype's minimum, added to every query's scores.
+    bias = (1.0 - torch.tensor(attention_mask, dtype=torch.float64))[:, None, None, :] * torch.finfo(torch.float64).min
+    lin = lambda t, name: t @ W[name + ".weight"].T + W[name + ".bias"]  # noqa: E731
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"encoder.layer.{i}."
+        a = F.layer_norm(x, (h,), W[p + "attention.ln.weight"], W[p + "attention.ln.bias"], eps)
+        q, k, v = (lin(a, p + "attention.self." + m).view(b, s, n, d).transpose(1, 2) for m in ("query", "key", "value"))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d) + bias
+        ctx = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, s, h)
+        x = x + lin(ctx, p + "attention.output.dense")
+        m = F.layer_norm(x, (h,), W[p + "ln.weight"], W[p + "ln.bias"], eps)
+        x = x + lin(act(lin(m, p + "intermediate.dense")), p + "output.dense")
+    x = F.layer_norm(x, (h,), W["encoder.ln.weight"], W["encoder.ln.bias"], eps)
+    t = act(lin(x, "cls.predictions.transform.dense"))
+    t = F.layer_norm(t, (h,), W["cls.predictions.transform.LayerNorm.weight"],
+                     W["cls.predictions.transform.LayerNorm.bias"], eps)
+    dec = W["embeddings.word_embeddings.weight"] if cfg.get("tie_word_embeddings", True) \
+        else W["cls.predictions.decoder.weight"]
+    out = {"prediction_logits": (t @ dec.T + W["cls.predictions.bias"]).tolist(), "seq_relationship_logits": None}
+    if "cls.seq_relationship.weight" in W:
+        pooled = torch.tanh(lin(x[:, 0], "pooler.dense"))
+        out["seq_relationship_logits"] = lin(pooled, "cls.seq_relationship").tolist()
+    return out
+
+
 def structure(folder):
     _, W = load_folder(folder)
     print(json.dumps({k: [list(v.shape), str(v.dtype).replace("torch.", "")] for k, v in W.items()}))
@@ -198,6 +242,10 @@ if __name__ == "__main__":
             seqs = json.load(f)
         result["logprobs"] = {folder: logprobs(folder, seqs) for folder in args}
         print(json.dumps(result))
+    elif cmd == "megatron-bert":
+        with open(sys.argv[2]) as f:
+            inp = json.load(f)
+        print(json.dumps(megatron_bert(sys.argv[3], inp["tokens"], inp["types"], inp["attention_mask"])))
     elif cmd == "structure":
         structure(sys.argv[2])
     else:

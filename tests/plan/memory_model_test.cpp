@@ -1,9 +1,9 @@
 // This build's memory prediction (plan/memory_model.h) held to the real model, in process: one
 // rank of each layout is built over a simulated world (plan/simulated_communicator.h), so TP, PP,
 // CP and DP ranks run here with their real shapes.
-//  - every chunk's parameter shapes are the model's (model::GPTModel::parameters());
+//  - every chunk's parameter shapes are the model's (model::LanguageModule::parameters());
 //  - one micro-batch's saved activations are exactly what the layers' SavedTensor declarations
-//    hold after a real forward (model::GPTModel::activation_bytes), for LayerNorm/GeLU and
+//    hold after a real forward (model::LanguageModule::activation_bytes), for LayerNorm/GeLU and
 //    RMSNorm/SwiGLU/GQA models, q/k norms, TP with and without sequence parallelism, CP over the
 //    ring and the all-gather, selective and full (uniform and block) recomputation;
 //  - the micro-batches in flight are what the pipeline schedules keep (1F1B, interleaved);
@@ -18,7 +18,8 @@
 #include <set>
 
 #include "comm/parallel_state.h"
-#include "model/gpt_stage.h"
+#include "model/language_module.h"
+#include "model/stage_model.h"
 #include "pipeline/forward_backward.h"
 #include "plan/measure.h"
 #include "plan/simulated_communicator.h"
@@ -120,17 +121,17 @@ std::vector<Case> cases() {
 plan::PlanInput input_of(const Case& c) { return plan::make_plan_input(c.args, c.world, 4100); }
 
 // The micro-batches of one iteration with random tokens (this rank's CP slice).
-std::vector<model::GPTInputs> batches(const plan::PlanInput& in, const ParallelState& ps) {
+std::vector<model::Batch> batches(const plan::PlanInput& in, const ParallelState& ps) {
   std::mt19937 rng(7);
   const int64_t b = in.args.micro_batch_size, s = in.args.model.seq_length;
-  std::vector<model::GPTInputs> out;
+  std::vector<model::Batch> out;
   for (int64_t m = 0; m < in.num_microbatches; ++m) {
     std::vector<int32_t> tok(size_t(b * s)), pos(size_t(b * s));
     for (int64_t i = 0; i < b * s; ++i) {
       tok[size_t(i)] = int32_t(rng() % 4000);
       pos[size_t(i)] = int32_t(i % s);
     }
-    model::GPTInputs g;
+    model::Batch g;
     g.tokens = Tensor::from_vector(tok, {b, s});
     g.position_ids = Tensor::from_vector(pos, {b, s});
     g.labels = Tensor::from_vector(tok, {b, s});
@@ -152,8 +153,8 @@ TEST(PlanMemoryModel, ParametersActivationsAndInFlightAreTheModels) {
       SCOPED_TRACE("stage " + std::to_string(stage));
       const int rank = plan::first_rank_of_stage(in.layout, stage);
       const ParallelState ps = ParallelState::create(plan::make_simulated_world(pc, rank), pc);
-      model::GPTConfig cfg = in.args.model;
-      model::GPTStageModel model(cfg, 1234, ps,
+      model::TransformerConfig cfg = in.args.model;
+      model::StageModel model(cfg, 1234, ps,
                                  in.args.parallel.num_layers_per_virtual_pipeline_stage);
       ASSERT_EQ(model.num_chunks(), in.layout.vp);
       for (int ch = 0; ch < model.num_chunks(); ++ch) {
@@ -172,7 +173,8 @@ TEST(PlanMemoryModel, ParametersActivationsAndInFlightAreTheModels) {
         // The last forward's micro-batch, or more while a recomputed block's backward runs.
         const double expected = std::max(
             act[size_t(ch)].total(), act[size_t(ch)].embedding + act[size_t(ch)].recompute_live);
-        EXPECT_EQ(double(model.chunk(ch).activation_bytes()), expected) << "chunk " << ch;
+        const auto& chunk = dynamic_cast<const model::LanguageModule&>(model.chunk(ch));
+        EXPECT_EQ(double(chunk.activation_bytes()), expected) << "chunk " << ch;
       }
     }
   }

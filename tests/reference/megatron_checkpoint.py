@@ -7,6 +7,11 @@ and named_parameters order, and Megatron's state_dict_for_save_checkpoint nestin
            "transformer" with "attention." names), word_embeddings (last stage copy)
   core     megatron/core GPTModel, local layer spec
   core-te  megatron/core GPTModel, Transformer Engine spec (fused norms, _extra_state)
+and the same for BERT (family "bert", or "bert-nohead" for --bert-no-binary-head): legacy
+megatron/model BertModel (language_model with tokentype embeddings and the pooler, lm_head with
+its bias, dense and layernorm, binary_head) and Megatron-Core's BertModel (embedding with
+tokentype_embeddings, encoder, lm_head (dense, layer_norm), output_layer with its bias,
+binary_head, pooler),
 and the optimizer is torch.optim.Adam over Megatron's parameter groups, wrapped as Megatron's
 FP32Optimizer or Float16OptimizerWithFloat16Params state_dict.
 
@@ -15,6 +20,7 @@ FP32Optimizer or Float16OptimizerWithFloat16Params state_dict.
       reference.safetensors (single-rank tensors "model/<name>", "<kind>/<name>", "step") with
       reference.json (iteration, samples, schedule)
   megatron_checkpoint.py check DIR ITER T P V IMPL DTYPE [DIR ITER ...]
+  megatron_checkpoint.py check-family DIR ITER T P V IMPL DTYPE FAMILY [DIR ...]
       loads every rank file of a checkpoint we wrote with torch.load into these modules
       (load_state_dict strict=True), its optimizer into torch.optim.Adam over Megatron's groups,
       its RNG state into random / numpy / torch; prints one JSON line per rank (or the problem)
@@ -101,7 +107,7 @@ def qkv_shard_stored(qkv, t, tp, version):
     return v.contiguous().reshape(s.shape)
 
 
-def full_weights(dtype, seed, untied=False, vocab_rows=None):
+def full_weights(dtype, seed, untied=False, vocab_rows=None, family="gpt"):
     vocab_rows = vocab_rows or padded_vocab(2)
     g = torch.Generator().manual_seed(seed)
 
@@ -111,8 +117,11 @@ def full_weights(dtype, seed, untied=False, vocab_rows=None):
     w = collections.OrderedDict()
     w["embedding.word_embeddings.weight"] = r(vocab_rows, H)
     w["embedding.position_embeddings.weight"] = r(SEQ, H)
+    block = "encoder" if family.startswith("bert") else "decoder"
+    if family == "bert":
+        w["embedding.tokentype_embeddings.weight"] = r(2, H)
     for i in range(L):
-        p = "decoder.layers.%d." % i
+        p = block + ".layers.%d." % i
         w[p + "input_layernorm.weight"] = (1 + r(H).float() * 0.1).to(dtype)
         w[p + "input_layernorm.bias"] = r(H)
         w[p + "self_attention.linear_qkv.weight"] = r(3 * H, H)
@@ -125,16 +134,28 @@ def full_weights(dtype, seed, untied=False, vocab_rows=None):
         w[p + "mlp.linear_fc1.bias"] = r(FFN)
         w[p + "mlp.linear_fc2.weight"] = r(H, FFN)
         w[p + "mlp.linear_fc2.bias"] = r(H)
-    w["decoder.final_layernorm.weight"] = (1 + r(H).float() * 0.1).to(dtype)
-    w["decoder.final_layernorm.bias"] = r(H)
+    w[block + ".final_layernorm.weight"] = (1 + r(H).float() * 0.1).to(dtype)
+    w[block + ".final_layernorm.bias"] = r(H)
+    if block == "encoder":
+        w["lm_head.dense.weight"] = r(H, H)
+        w["lm_head.dense.bias"] = r(H)
+        w["lm_head.layer_norm.weight"] = (1 + r(H).float() * 0.1).to(dtype)
+        w["lm_head.layer_norm.bias"] = r(H)
     if untied:
         w["output_layer.weight"] = r(vocab_rows, H)
+    if block == "encoder":
+        w["output_layer.bias"] = r(vocab_rows)
+        if family == "bert":
+            w["binary_head.weight"] = r(2, H)
+            w["binary_head.bias"] = r(2)
+            w["pooler.dense.weight"] = r(H, H)
+            w["pooler.dense.bias"] = r(H)
     return w
 
 
 SPLIT = {"linear_qkv.weight": 0, "linear_qkv.bias": 0, "linear_fc1.weight": 0, "linear_fc1.bias": 0,
          "linear_proj.weight": 1, "linear_fc2.weight": 1, "word_embeddings.weight": 0,
-         "output_layer.weight": 0}
+         "output_layer.weight": 0, "output_layer.bias": 0}
 
 
 def split_dim(name):
@@ -147,7 +168,7 @@ def split_dim(name):
 class Stage:
     """One TP x PP rank's model chunk: the Megatron module tree and our names of its params."""
 
-    def __init__(self, scheme, w, t, tp, p, pp, c, vp, version, untied):
+    def __init__(self, scheme, w, t, tp, p, pp, c, vp, version, untied, family="gpt"):
         per_chunk = L // (pp * vp)
         first = (c * pp + p) * per_chunk
         pre = p == 0 and c == 0
@@ -164,9 +185,10 @@ class Stage:
         def reg(holder_params):
             return [(local_name, tensor, ours) for local_name, (tensor, ours) in holder_params]
 
+        block = "encoder" if family.startswith("bert") else "decoder"
         layers = []
         for i in range(first, first + per_chunk):
-            p_ = "decoder.layers.%d." % i
+            p_ = block + ".layers.%d." % i
             qkv_w = param(p_ + "self_attention.linear_qkv.weight",
                           qkv_shard_stored(w[p_ + "self_attention.linear_qkv.weight"], t, tp, version)
                           if scheme == "legacy" else None)
@@ -235,16 +257,18 @@ class Stage:
             emb = torch.nn.Module()
             emb.word_embeddings = Holder(reg([("weight", param("embedding.word_embeddings.weight"))]))
             emb.position_embeddings = Holder(reg([("weight", param("embedding.position_embeddings.weight"))]))
+            if family == "bert":
+                emb.tokentype_embeddings = Holder(reg([("weight", param("embedding.tokentype_embeddings.weight"))]))
         final = None
         if post:
-            final = Holder(reg([("weight", param("decoder.final_layernorm.weight")),
-                                ("bias", param("decoder.final_layernorm.bias"))]))
+            final = Holder(reg([("weight", param(block + ".final_layernorm.weight")),
+                                ("bias", param(block + ".final_layernorm.bias"))]))
         head = None
         if post and (untied or not pre):
             name = "output_layer.weight" if untied else "embedding.word_embeddings.weight"
             cls = Holder if scheme == "legacy" else ParallelLinear
             head = cls([("weight", get(name), "output_layer.weight" if untied else "")])
-        elif post and scheme != "legacy":
+        elif post and scheme != "legacy" and block == "decoder":
             # Megatron-Core's GPTModel builds the output layer on the last stage even when it
             # shares the word embedding's weight there (skip_weight_param_allocation).
             head = ParallelLinear()
@@ -272,11 +296,47 @@ class Stage:
             dec.layers = torch.nn.ModuleList(layers)
             if final is not None:
                 dec.final_layernorm = final
-            self.module.decoder = dec
-            if head is not None:
+            setattr(self.module, block, dec)
+            if head is not None and block == "decoder":
                 self.module.output_layer = head
         self.emb, self.enc_final, self.head, self.untied = emb, final, head, untied
         self.lm = self.module.language_model if scheme == "legacy" else None
+        self.family = family
+        if post and block == "encoder":  # BertModel's heads, in its registration order
+            self.bert_heads(scheme, param, reg, head)
+
+    def bert_heads(self, scheme, param, reg, head):
+        """Megatron-Core BertModel: lm_head (dense, layer_norm), output_layer (a
+        ColumnParallelLinear with a bias: its weight only when untied or on a later stage than the
+        embedding), binary_head and pooler (plain linears). The legacy BertModel: the pooler inside
+        language_model, lm_head with its own bias first, then dense and layernorm."""
+        lm_head = torch.nn.Module()
+        bias = param("output_layer.bias")
+        if scheme == "legacy":
+            lm_head.register_parameter("bias", torch.nn.Parameter(bias[0]))
+            lm_head.bias._ours = bias[1]
+        lm_head.dense = Holder(reg([("weight", param("lm_head.dense.weight")),
+                                    ("bias", param("lm_head.dense.bias"))]))
+        setattr(lm_head, "layernorm" if scheme == "legacy" else "layer_norm",
+                Holder(reg([("weight", param("lm_head.layer_norm.weight")),
+                            ("bias", param("lm_head.layer_norm.bias"))])))
+        self.module.lm_head = lm_head
+        if scheme != "legacy":
+            out = []
+            if head is not None:
+                hw = next(head.parameters())
+                out.append(("weight", hw.detach().clone(), hw._ours))
+            self.module.output_layer = ParallelLinear(out + [("bias", bias[0], bias[1])])
+        if self.family == "bert":
+            pooler = torch.nn.Module()
+            pooler.dense = Holder(reg([("weight", param("pooler.dense.weight")),
+                                       ("bias", param("pooler.dense.bias"))]))
+            if scheme == "legacy":
+                self.lm.pooler = pooler
+            self.module.binary_head = Holder(reg([("weight", param("binary_head.weight")),
+                                                  ("bias", param("binary_head.bias"))]))
+            if scheme != "legacy":
+                self.module.pooler = pooler
 
     def state_dict_for_save_checkpoint(self):
         if self.scheme != "legacy":
@@ -284,12 +344,18 @@ class Stage:
         lm = self.lm
         d = {}
         if hasattr(lm, "embedding"):
-            d["embedding"] = {"word_embeddings": lm.embedding.word_embeddings.state_dict(),
-                              "position_embeddings": lm.embedding.position_embeddings.state_dict()}
+            d["embedding"] = {k: getattr(lm.embedding, k).state_dict()
+                              for k in ("word_embeddings", "position_embeddings", "tokentype_embeddings")
+                              if hasattr(lm.embedding, k)}
         d[self.stack_key] = getattr(lm, self.stack_key).state_dict()
+        if hasattr(lm, "pooler"):
+            d["pooler"] = lm.pooler.state_dict()
         if hasattr(lm, "output_layer"):
             d["output_layer"] = lm.output_layer.state_dict()
         out = {"language_model": d}
+        for k in ("lm_head", "binary_head"):
+            if hasattr(self.module, k):
+                out[k] = getattr(self.module, k).state_dict()
         if hasattr(self.module, "word_embeddings"):
             out["word_embeddings_for_head"] = self.module.word_embeddings.state_dict()
         return out
@@ -308,9 +374,9 @@ def param_groups(chunks, sort):
 
 
 def make_variant(out, name, scheme, version, tp, pp, vp, dtype_name, optimizer="adam",
-                 distributed=False, untied=False, iteration=7):
+                 distributed=False, untied=False, family="gpt", iteration=7):
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
-    w = full_weights(dtype, seed=sum(name.encode()), untied=untied)
+    w = full_weights(dtype, seed=sum(name.encode()), untied=untied, family=family)
     root = os.path.join(out, name)
     folder = os.path.join(root, "megatron", "iter_%07d" % iteration)
     ref = collections.OrderedDict(("model/" + k, v) for k, v in w.items())
@@ -340,7 +406,7 @@ def make_variant(out, name, scheme, version, tp, pp, vp, dtype_name, optimizer="
         enums = AttnBackend.auto
     for p in range(pp):
         for t in range(tp):
-            stages = [Stage(scheme, w, t, tp, p, pp, c, vp, version, untied) for c in range(vp)]
+            stages = [Stage(scheme, w, t, tp, p, pp, c, vp, version, untied, family) for c in range(vp)]
             args = argparse.Namespace(
                 num_layers=L, hidden_size=H, ffn_hidden_size=FFN, num_attention_heads=HEADS,
                 kv_channels=HEAD_DIM, seq_length=SEQ, max_position_embeddings=SEQ,
@@ -358,6 +424,9 @@ def make_variant(out, name, scheme, version, tp, pp, vp, dtype_name, optimizer="
                 use_distributed_optimizer=distributed, data_path=["corpus"], split="90,10,0",
                 loss_scale=None, initial_loss_scale=2.0 ** 16, group_query_attention=False,
                 num_query_groups=1, iteration=iteration, data_parallel_size=1)
+            if family.startswith("bert"):  # pretrain_bert.py's arguments
+                args.bert_binary_head = family == "bert"
+                args.tokenizer_type = "BertWordPieceLowerCase"
             if version >= 3:
                 args.tensor_model_parallel_size = tp
             else:
@@ -484,6 +553,9 @@ VARIANTS = [
     ("core_pp2_vp2_fp16", "core", 3, 1, 2, 2, "fp16", "adam", False, False),
     ("core_distributed_tp2", "core", 3, 2, 1, 1, "bf16", "adam", True, False),
     ("core_no_optimizer_untied", "core", 3, 2, 2, 1, "fp32", None, False, True),
+    ("bert_core_te_tp2pp2_fp32", "core-te", 3, 2, 2, 1, "fp32", "adam", False, False, "bert"),
+    ("bert_core_pp2_bf16_nohead_untied", "core", 3, 1, 2, 1, "bf16", "adam", False, True, "bert-nohead"),
+    ("bert_legacy_v3_tp2pp2_fp16", "legacy", 3, 2, 2, 1, "fp16", "adam", False, False, "bert"),
 ]
 
 
@@ -500,7 +572,7 @@ def make(out):
 # Checking what we write
 
 
-def check(folder, iteration, tp, pp, vp, impl, dtype_name):
+def check(folder, iteration, tp, pp, vp, impl, dtype_name, family="gpt"):
     tp, pp, vp, iteration = int(tp), int(pp), int(vp), int(iteration)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     scheme = "core-te" if impl == "transformer_engine" else "core"
@@ -514,9 +586,10 @@ def check(folder, iteration, tp, pp, vp, impl, dtype_name):
             global L, H, HEADS, SEQ, FFN, HEAD_DIM
             L, H, HEADS, SEQ = a.num_layers, a.hidden_size, a.num_attention_heads, a.max_position_embeddings
             FFN, HEAD_DIM = a.ffn_hidden_size, a.kv_channels
-            zero = full_weights(dtype, seed=0, vocab_rows=a.padded_vocab_size)
+            untied = bool(getattr(a, "untie_embeddings_and_output_weights", False))
+            zero = full_weights(dtype, seed=0, vocab_rows=a.padded_vocab_size, untied=untied, family=family)
             res = {"folder": folder, "rank": rank_dir, "keys": sorted(k for k in sd.keys())}
-            stages = [Stage(scheme, zero, t, tp, p, pp, c, vp, 3, False) for c in range(vp)]
+            stages = [Stage(scheme, zero, t, tp, p, pp, c, vp, 3, untied, family) for c in range(vp)]
             for c, s in enumerate(stages):
                 key = "model" if vp == 1 else "model%d" % c
                 s.module.load_state_dict(sd[key], strict=True)  # Megatron's names and shapes
@@ -528,6 +601,8 @@ def check(folder, iteration, tp, pp, vp, impl, dtype_name):
                 "consumed_train_samples", "add_position_embedding", "swiglu", "add_bias_linear",
                 "untie_embeddings_and_output_weights", "tokenizer_type", "transformer_impl"]}
             res["params_dtype"] = str(a.params_dtype)
+            res["bert_binary_head"] = getattr(a, "bert_binary_head", None)
+            res["param_names_%d" % 0] = [n for n, _ in stages[0].module.named_parameters()]
             res["checkpoint_version"] = sd["checkpoint_version"]
             res["iteration"] = sd["iteration"]
             if "optimizer" in sd:
@@ -611,6 +686,10 @@ def main():
         rest = sys.argv[2:]
         for i in range(0, len(rest), 7):
             check(*rest[i:i + 7])
+    elif sys.argv[1] == "check-family":  # groups of DIR ITER T P V IMPL DTYPE FAMILY
+        rest = sys.argv[2:]
+        for i in range(0, len(rest), 8):
+            check(*rest[i:i + 8])
     else:
         raise SystemExit("unknown command " + sys.argv[1])
 

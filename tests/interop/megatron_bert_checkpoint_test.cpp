@@ -1,0 +1,175 @@
+// Megatron-LM's BERT checkpoints (--ckpt-format torch): folders written by Debian's torch in the
+// exact structure of Megatron-Core's BertModel (encoder, lm_head, output_layer with its bias,
+// binary_head, pooler; local and Transformer Engine layer specs) and of the legacy megatron/model
+// BertModel (language_model with the pooler and tokentype embeddings, lm_head with its own bias,
+// binary_head, word_embeddings_for_head) by tests/reference/megatron_checkpoint.py, read bit for
+// bit with their optimizer state; BERT checkpoints written as .pt at other layouts load into that
+// script's Megatron-Core module trees (strict state dicts, the optimizer's parameter groups) and
+// come back bit for bit.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "test_util.h"
+#include "training/checkpoint.h"
+#include "training/checkpoint_convert.h"
+#include "training/torch_checkpoint.h"
+
+namespace megatron::training {
+namespace {
+
+namespace fs = std::filesystem;
+namespace mt = megatron::testing;
+using json = nlohmann::json;
+
+const char* const kVariants[] = {"bert_core_te_tp2pp2_fp32", "bert_core_pp2_bf16_nohead_untied",
+                                 "bert_legacy_v3_tp2pp2_fp16"};
+
+std::string reference(const std::string& args) {
+  const auto r = mt::run_command("/usr/bin/python3 " +
+                                 (mt::source_dir() / "tests/reference/megatron_checkpoint.py").string() +
+                                 " " + args + " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return r.output;
+}
+
+const fs::path& variants() {
+  static mt::TempDir dir;
+  static bool made = false;
+  if (!made) {
+    std::string names;
+    for (const char* v : kVariants) names += std::string(" ") + v;
+    reference("make " + dir.path().string() + names);
+    made = true;
+  }
+  return dir.path();
+}
+
+bool bit_equal(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
+}
+
+// "model/<name>", "<kind>/<name>", "step", as reference.safetensors holds them.
+std::map<std::string, Tensor> everything(const MergedCheckpoint& m) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [n, t] : m.model) out["model/" + n] = t;
+  for (const auto& [kind, ts] : m.optimizer)
+    for (const auto& [n, t] : ts) out[kind + "/" + n] = t;
+  Tensor step = Tensor::empty({}, DType::I64);
+  *step.data<int64_t>() = m.optimizer_step;
+  out["step"] = step;
+  return out;
+}
+
+void expect_reference(const fs::path& folder, const fs::path& variant, const std::string& what) {
+  const CheckpointOnDisk c = find_checkpoint(folder, std::nullopt).value();
+  const std::map<std::string, Tensor> got = everything(merge_checkpoint(c, true));
+  const auto ref = read_safetensors(variant / "reference.safetensors").tensors;
+  EXPECT_EQ(got.size(), ref.size()) << what;
+  for (const auto& [n, t] : ref) {
+    auto it = got.find(n);
+    ASSERT_NE(it, got.end()) << what << ": " << n;
+    EXPECT_TRUE(bit_equal(it->second, t)) << what << ": " << n;
+  }
+}
+
+TEST(MegatronBertCheckpoint, CoreAndLegacyFoldersReadBitForBit) {
+  for (const std::string name : kVariants) {
+    SCOPED_TRACE(name);
+    const fs::path dir = variants() / name;
+    const CheckpointOnDisk c = find_checkpoint(dir / "megatron", std::nullopt).value();
+    EXPECT_EQ(c.format, "torch");
+    const TrainingArgs a = training_args_from_json(c.state.args);
+    EXPECT_EQ(a.model.model_family, "bert");
+    EXPECT_EQ(a.model.attention_mask_type, "bidirectional");
+    EXPECT_EQ(a.model.bert_binary_head, name.find("nohead") == std::string::npos);
+    EXPECT_EQ(c.state.optimizer_type, "adam");
+    expect_reference(dir / "megatron", dir, name);
+  }
+}
+
+ConvertResult convert(const fs::path& from, const fs::path& to, int tp, int pp,
+                      const std::string& format, const std::string& impl = "transformer_engine") {
+  ConvertOptions o;
+  o.load = from;
+  o.save = to;
+  o.target_tp = tp;
+  o.target_pp = pp;
+  o.save_format = format;
+  o.transformer_impl = impl;
+  o.true_vocab_size = 60;
+  return convert_checkpoint(o);
+}
+
+TEST(MegatronBertCheckpoint, WrittenFoldersLoadIntoMegatronCoresBertModelAndComeBack) {
+  struct Case {
+    const char* variant;
+    int tp, pp;
+    const char* impl;
+    const char* dtype;
+    const char* family;
+  };
+  const Case cases[] = {
+      {"bert_core_te_tp2pp2_fp32", 2, 2, "local", "fp32", "bert"},
+      {"bert_core_te_tp2pp2_fp32", 1, 2, "transformer_engine", "fp32", "bert"},
+      {"bert_core_pp2_bf16_nohead_untied", 2, 1, "transformer_engine", "bf16", "bert-nohead"},
+      {"bert_legacy_v3_tp2pp2_fp16", 2, 2, "transformer_engine", "fp16", "bert"},
+  };
+  for (const Case& k : cases) {
+    const std::string what = str(k.variant, " -> TP", k.tp, " PP", k.pp, " ", k.impl);
+    SCOPED_TRACE(what);
+    mt::TempDir tmp;
+    const fs::path dir = variants() / k.variant;
+    // Through our format (the weights record) and back out as Megatron-Core's files.
+    convert(dir / "megatron", tmp / "ours", 1, 1, "safetensors");
+    const json record = read_checkpoint_metadata(find_checkpoint(tmp / "ours", std::nullopt)->dir)
+                            .at("weights");
+    EXPECT_EQ(record.at("lm_head.dense.weight").at("partition_dim"), -1);
+    EXPECT_EQ(record.at("output_layer.bias").at("partition_dim"), 0);
+    const ConvertResult r = convert(tmp / "ours", tmp / "pt", k.tp, k.pp, "torch", k.impl);
+    EXPECT_EQ(r.num_files, size_t(k.tp * k.pp));
+    const std::string out = reference(str("check-family ", (tmp / "pt").string(), " 7 ", k.tp, " ",
+                                          k.pp, " 1 ", k.impl, " ", k.dtype, " ", k.family));
+    std::istringstream lines(out);
+    std::string line;
+    int ranks = 0;
+    while (std::getline(lines, line)) {
+      const json j = json::parse(line, nullptr, false);
+      ASSERT_FALSE(j.is_discarded()) << line;
+      ++ranks;
+      EXPECT_EQ(j["bert_binary_head"], std::string(k.family) == "bert") << line;
+      EXPECT_EQ(j["groups"].size(), 2u) << line;
+    }
+    EXPECT_EQ(ranks, k.tp * k.pp) << out;
+    expect_reference(tmp / "pt", dir, what + " (read back)");
+  }
+}
+
+TEST(MegatronBertCheckpoint, AT5CheckpointIsRefusedByName) {
+  std::vector<std::string> names = {"encoder.layers.0.input_layernorm.weight",
+                                    "decoder.layers.0.input_layernorm.weight"};
+  try {
+    torch_names::family_of(names);
+    ADD_FAILURE() << "encoder and decoder layers together were read as one family";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("T5"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(torch_names::family_of({"language_model.encoder.layers.0.input_layernorm.weight"}), "gpt");
+  EXPECT_EQ(torch_names::family_of({"language_model.encoder.layers.0.input_layernorm.weight",
+                                    "lm_head.dense.weight"}),
+            "bert");
+  bool tied_copy = false, legacy_qkv = false;
+  EXPECT_EQ(torch_names::to_ours("lm_head.layernorm.weight", 0, true, &tied_copy, &legacy_qkv, "encoder"),
+            "lm_head.layer_norm.weight");
+  EXPECT_EQ(torch_names::to_ours("lm_head.bias", 0, true, &tied_copy, &legacy_qkv, "encoder"),
+            "output_layer.bias");
+}
+
+}  // namespace
+}  // namespace megatron::training
