@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/blended_builder.h"
@@ -118,14 +119,7 @@ void write_index_cache(const std::string& dir, const std::string& description_fi
     fs::create_directories(dir, ec);
     MG_REQUIRE(!ec, "cannot create ", dir, ": ", ec.message());
     write();
-    const std::string tmp = description_file + ".tmp" + std::to_string(::getpid());
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f << description;
-      MG_REQUIRE(f.good(), "cannot write ", tmp);
-    }
-    fs::rename(tmp, description_file, ec);
-    MG_REQUIRE(!ec, "cannot rename ", tmp, ": ", ec.message());
+    write_file_atomically(description_file, description);
   } catch (const Error& e) {
     log_warn("could not write the index cache in ", dir, " (", e.what(),
              "); continuing without it (set --data-cache-path to a writable folder)");

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <charconv>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/input_bounds.h"
 
@@ -41,24 +42,13 @@ void write_npy(const std::string& path, const std::string& descr, const void* da
   size_t total = 10 + header.size() + 1;
   size_t pad = (64 - total % 64) % 64;
   header += std::string(pad, ' ') + "\n";
-  std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    MG_REQUIRE(f.good(), "cannot write ", tmp, ": ", std::strerror(errno));
+  write_file_atomically(path, [&](std::ostream& f) {
     f.write("\x93NUMPY\x01\x00", 8);
     uint16_t hl = uint16_t(header.size());
     f.write(reinterpret_cast<const char*>(&hl), 2);
     f.write(header.data(), std::streamsize(header.size()));
     f.write(static_cast<const char*>(data), std::streamsize(size_t(n) * elem));
-    f.flush();
-    MG_REQUIRE(f.good(), "writing ", tmp, " failed (disk full?)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    MG_THROW("cannot rename ", tmp, " to ", path, ": ", ec.message());
-  }
+  });
 }
 
 void write_npy_i64_as(const std::string& path, const std::string& descr, const std::vector<int64_t>& values,

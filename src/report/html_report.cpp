@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "report/svg_plot.h"
 
@@ -112,18 +113,7 @@ std::string render_report_html(const ReportModel& m) {
 }
 
 void write_report(const ReportModel& m, const std::filesystem::path& path) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    MG_REQUIRE(out.good(), "report: cannot write ", tmp.string(),
-               " (check --output and its folder)");
-    out << render_report_html(m);
-    MG_REQUIRE(out.good(), "report: writing ", tmp.string(), " failed (disk full?)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  MG_REQUIRE(!ec, "report: cannot rename ", tmp.string(), " to ", path.string(), ": ",
-             ec.message());
+  write_file_atomically(path, render_report_html(m), {.hint = "check --output and its folder"});
 }
 
 }  // namespace megatron::report

@@ -229,31 +229,8 @@ std::string iteration_dir_name(int64_t iteration) {
 
 namespace detail {
 
-void set_mode(const fs::path& p, unsigned mode) {
-  MG_REQUIRE(::chmod(p.c_str(), mode_t(mode)) == 0, "cannot set permissions of ", p.string(), ": ",
-             std::strerror(errno));
-}
-
-void fsync_path(const fs::path& p, bool directory) {
-  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  MG_REQUIRE(fd >= 0, "cannot open ", p.string(), ": ", std::strerror(errno));
-  const bool ok = ::fsync(fd) == 0;
-  ::close(fd);
-  MG_REQUIRE(ok || directory, "fsync failed: ", p.string(), " (disk full?)");
-}
-
 void write_text_file(const fs::path& p, const std::string& text) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    MG_REQUIRE(out.good(), "cannot write ", tmp.string(), "; check that the folder is writable");
-    out << text;
-    out.flush();
-    MG_REQUIRE(out.good(), "write failed: ", tmp.string(), " (disk full?)");
-  }
-  fsync_path(tmp, false);
-  set_mode(tmp, 0640);
-  fs::rename(tmp, p);
+  write_file_atomically(p, text, {.durable = true, .mode = 0640, .per_process_tmp = false});
 }
 
 void publish_iteration(const fs::path& save_dir, const fs::path& tmp, const std::string& name,

@@ -9,16 +9,15 @@
 #include <utility>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/safetensors.h"
 #include "training/checkpoint.h"
 
 namespace megatron::training::detail {
 
-// chmod, or an error naming the path.
-void set_mode(const std::filesystem::path& p, unsigned mode);
-// fsync of a file or a folder (a folder's fsync failing is tolerated: not every filesystem can).
-void fsync_path(const std::filesystem::path& p, bool directory);
-// Writes `text` to p.tmp (0640, fsynced) and renames it over p.
+using megatron::fsync_path;  // core/atomic_file.h
+using megatron::set_mode;
+// Writes `text` to p.tmp (0640, fsynced) and renames it over p (write_file_atomically).
 void write_text_file(const std::filesystem::path& p, const std::string& text);
 
 // Publishes a complete, fsynced temporary folder as save_dir/name, then writes the tracker file

@@ -58,6 +58,15 @@ TEST(PretrainBertCli, TrainsAndLogsMegatronsLosses) {
   EXPECT_EQ(meta["args"]["model"]["model_family"], "bert");
   EXPECT_EQ(meta["args"]["model"]["attention_mask_type"], "bidirectional");
   EXPECT_EQ(meta["weights"]["lm_head.layer_norm.weight"]["init"], "ones");
+  // Evaluating the checkpoint on the validation split (--skip-train, as pretrain_bert.py):
+  // both losses, at the loaded iteration.
+  r = run_command(c.m + " pretrain-bert" + c.common + " --train-iters 4 --load '" +
+                  (c.dir / "ckpt").string() + "' --skip-train 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("skipping training (--skip-train is on) ..."), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("iteration 4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("lm loss value: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sop loss value: "), std::string::npos) << r.output;
   // Generation needs a GPT: a clear error, not a model built wrong.
   r = run_command(c.m + " generate --use-checkpoint-args --load '" + (c.dir / "ckpt").string() +
                   "' --tokenizer-type BertWordPieceLowerCase --vocab-file '" +

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# BERT demo: set up, build, get the demo corpus, make a WordPiece vocabulary from it, split it
+# into sentences and preprocess it with BertWordPieceLowerCase, train a small BERT on the CPU
+# with `megatron pretrain-bert` (Megatron's masked samples, the masked-LM and sentence-order
+# losses), then compare its validation masked-LM loss with the corpus's unigram entropy (the loss
+# of a model that ignores context).
+# Environment: DEMO_ITERS (training iterations, default 300), DEMO_MINUTES (training stops and
+# saves after this many minutes, default 10), DEMO_THREADS (default 2), BUILD_DIR (default
+# build), SKIP_SETUP=1 to skip scripts/setup.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${BUILD_DIR:-build}"
+ITERS="${DEMO_ITERS:-300}"
+MINUTES="${DEMO_MINUTES:-10}"
+export OMP_NUM_THREADS="${DEMO_THREADS:-2}" OPENBLAS_NUM_THREADS=1
+[ "${SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
+BUILD_DIR="$BUILD_DIR" scripts/build.sh
+scripts/get-corpus.sh
+MEGATRON="$BUILD_DIR/megatron"
+OUT=.cache/demo-bert
+mkdir -p "$OUT"
+
+# --- vocabulary and preprocessing (documents split into sentences, as BERT's samples need) ---
+if [ ! -s "$OUT/vocab.txt" ]; then
+  python3 tests/reference/bert_wordpiece_reference.py make-vocab "$OUT/vocab.txt" .cache/corpus/demo.jsonl
+fi
+TOK=(--tokenizer-type BertWordPieceLowerCase --vocab-file "$OUT/vocab.txt")
+if [ ! -s "$OUT/demo_text_sentence.idx" ]; then
+  "$MEGATRON" preprocess-data --input .cache/corpus/demo.jsonl --output-prefix "$OUT/demo" \
+    "${TOK[@]}" --split-sentences --workers "$OMP_NUM_THREADS"
+fi
+"$MEGATRON" inspect-data "$OUT/demo_text_sentence" --entropy | tee "$OUT/data_summary.txt"
+BASELINE="$(sed -n 's/^unigram entropy: \([0-9.]*\) .*/\1/p' "$OUT/data_summary.txt")"
+
+# --- training ---
+rm -rf "$OUT/ckpt"
+"$MEGATRON" pretrain-bert --num-layers 4 --hidden-size 128 --num-attention-heads 4 \
+  --seq-length 128 --max-position-embeddings 128 "${TOK[@]}" \
+  --micro-batch-size 16 --global-batch-size 16 --train-iters "$ITERS" \
+  --lr 2e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 20 --adam-beta2 0.98 \
+  --weight-decay 0.01 --clip-grad 1.0 --hidden-dropout 0 --attention-dropout 0 \
+  --data-path "$OUT/demo_text_sentence" --split 98,2,0 --data-cache-path "$OUT/cache" \
+  --log-interval 25 --eval-interval 100 --eval-iters 10 \
+  --save "$OUT/ckpt" --save-interval "$ITERS" --exit-duration-in-mins "$MINUTES" 2>&1 |
+  tee "$OUT/train.log"
+VALID="$(sed -n 's/.*validation loss at iteration *\([0-9]*\) | lm loss value: \([0-9.E+-]*\).*/\1 \2/p' \
+  "$OUT/train.log" | tail -n 1)"
+if [ -n "$VALID" ] && [ -n "$BASELINE" ]; then
+  python3 -c 'import sys; it, v, b = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]); print(
+    f"validation masked-LM loss at iteration {it}: {v:.3f} nats/token; unigram baseline: {b:.3f} "
+    f"({b - v:.3f} below it)")' $VALID "$BASELINE"
+fi
