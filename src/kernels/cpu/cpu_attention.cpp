@@ -373,18 +373,21 @@ void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& probs,
                   Philox(dropout.seed, dropout.stream), ctx_width};
   const std::vector<Run> runs = make_runs(P);
   const int64_t tasks = int64_t(runs.size()) * P.n;
-  const int64_t block = probs.defined() ? std::max<int64_t>(P.skv, 1) : std::min(kKeyBlock, std::max<int64_t>(P.skv, 1));
+  const int64_t keys = std::max<int64_t>(P.skv, 1);
+  const int64_t block = probs.defined() ? keys : std::min(kKeyBlock, keys);
   blas_single_threaded();
   if (P.b * P.sq * P.skv * ctx_width <= kMinParallelWork) {  // on this thread, no OpenMP region
     Scratch w(block);
-    for (int64_t task = 0; task < tasks; ++task) f.run_task(runs[size_t(task / P.n)], int(task % P.n), w);
+    for (int64_t task = 0; task < tasks; ++task)
+      f.run_task(runs[size_t(task / P.n)], int(task % P.n), w);
     return;
   }
 #pragma omp parallel
   {
     Scratch w(block);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) f.run_task(runs[size_t(task / P.n)], int(task % P.n), w);
+    for (int64_t task = 0; task < tasks; ++task)
+      f.run_task(runs[size_t(task / P.n)], int(task % P.n), w);
   }
 }
 
