@@ -151,8 +151,8 @@ AttentionPlan make_plan(const char* op, const AttentionInputs& in, const Attenti
   return P;
 }
 
-float finish_scores(const AttentionPlan& P, float* row, int64_t b0, int64_t v0, int64_t v1,
-                    const int32_t* pad, const float* bias, float slope, int64_t p) {
+void add_score_terms(const AttentionPlan& P, float* row, int64_t b0, int64_t v0, int64_t v1,
+                     const float* bias, float slope, int64_t p) {
   float* r = row - b0;  // r[j] is key row j's score
   if (bias) {
     if (P.kpos) {
@@ -163,6 +163,11 @@ float finish_scores(const AttentionPlan& P, float* row, int64_t b0, int64_t v0, 
   }
   if (!P.slopes.empty())
     for (int64_t j = v0; j < v1; ++j) r[j] += slope * float(P.k_position(j) - p);
+}
+
+float visible_max(const AttentionPlan& P, const float* row, int64_t b0, int64_t v0, int64_t v1,
+                  const int32_t* pad) {
+  const float* r = row - b0;
   float mx = kNegInf;
   if (pad) {
     for (int64_t j = v0; j < v1; ++j)
@@ -214,10 +219,13 @@ std::vector<Run> make_runs(const AttentionPlan& P) {
 
 // Per-thread work space of the forward.
 struct Scratch {
-  std::vector<float> s, pd, keep, m, l;
+  WorkBuffer s, pd, keep;
+  std::vector<float> m, l;
   std::vector<int64_t> lo, hi;
-  Scratch(int64_t block) : s(size_t(kTileRows * block)), pd(s.size()), keep(size_t(block)),
-                           m(kTileRows), l(kTileRows), lo(kTileRows), hi(kTileRows) {}
+  // Tiles of up to `rows` query rows against key blocks of up to `block` keys.
+  Scratch(int64_t rows, int64_t block)
+      : s(rows * block), pd(rows * block), keep(block), m(size_t(rows)), l(size_t(rows)),
+        lo(size_t(rows)), hi(size_t(rows)) {}
 };
 
 struct Forward {
@@ -280,9 +288,11 @@ struct Forward {
           float& m = w.m[size_t(t)];
           const int64_t p = P.q_position(bi, i);
           const int32_t* pad = P.pad_row(bi);
-          const float mx = v1 > v0 ? finish_scores(P, row, b0, v0, v1, pad, P.bias_row(bi, h, p),
-                                                   slope, p)
-                                   : kNegInf;
+          float mx = kNegInf;
+          if (v1 > v0) {
+            add_score_terms(P, row, b0, v0, v1, P.bias_row(bi, h, p), slope, p);
+            mx = visible_max(P, row, b0, v0, v1, pad);
+          }
           if (mx == kNegInf) {  // nothing visible in this block
             std::fill_n(row, bw, 0.0f);
             continue;
@@ -325,7 +335,7 @@ struct Forward {
             if (v1 <= v0) continue;
             dropout_keep(P, w.keep.data(), v0, v1,
                          P.dropout_first(bi, h, P.q_position(bi, i), dropout), rng, dropout.p);
-            for (int64_t j = v0; j < v1; ++j) dst[j - b0] = row[j - b0] * w.keep[size_t(j - v0)];
+            for (int64_t j = v0; j < v1; ++j) dst[j - b0] = row[j - b0] * w.keep.data()[j - v0];
           }
           A = w.pd.data();
           lda = bw;
@@ -373,18 +383,20 @@ void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& probs,
                   Philox(dropout.seed, dropout.stream), ctx_width};
   const std::vector<Run> runs = make_runs(P);
   const int64_t tasks = int64_t(runs.size()) * P.n;
+  int64_t rows = 1;  // the largest tile
+  for (const Run& r : runs) rows = std::max(rows, std::min(kTileRows, r.rows));
   const int64_t keys = std::max<int64_t>(P.skv, 1);
   const int64_t block = probs.defined() ? keys : std::min(kKeyBlock, keys);
   blas_single_threaded();
   if (P.b * P.sq * P.skv * ctx_width <= kMinParallelWork) {  // on this thread, no OpenMP region
-    Scratch w(block);
+    Scratch w(rows, block);
     for (int64_t task = 0; task < tasks; ++task)
       f.run_task(runs[size_t(task / P.n)], int(task % P.n), w);
     return;
   }
 #pragma omp parallel
   {
-    Scratch w(block);
+    Scratch w(rows, block);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task)
       f.run_task(runs[size_t(task / P.n)], int(task % P.n), w);

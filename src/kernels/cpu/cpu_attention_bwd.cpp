@@ -19,11 +19,12 @@ namespace {
 constexpr int64_t kTileRows = 64, kKeyBlock = 512;
 
 struct Scratch {
-  std::vector<float> p, pd, dp, keep, delta;
+  WorkBuffer p, pd, dp, keep, delta;
   std::vector<int64_t> lo, hi;
-  Scratch(int64_t block, int64_t sq)
-      : p(size_t(kTileRows * block)), pd(p.size()), dp(p.size()), keep(size_t(block)),
-        delta(size_t(sq)), lo(kTileRows), hi(kTileRows) {}
+  // Tiles of up to `rows` query rows against key blocks of up to `block` keys; sq rows of D.
+  Scratch(int64_t rows, int64_t block, int64_t sq)
+      : p(rows * block), pd(rows * block), dp(rows * block), keep(block), delta(sq),
+        lo(size_t(rows)), hi(size_t(rows)) {}
 };
 
 struct Backward {
@@ -59,9 +60,12 @@ struct Backward {
       const float* dO_b = dout + bi * sq * ctx_width + int64_t(h) * d;
       const float* O_b = out + bi * sq * ctx_width + int64_t(h) * d;
       for (int64_t i = 0; i < sq; ++i) {
+        const float* go = dO_b + i * ctx_width;
+        const float* o = O_b + i * ctx_width;
         float s = 0;
-        for (int64_t e = 0; e < d; ++e) s += dO_b[i * ctx_width + e] * O_b[i * ctx_width + e];
-        w.delta[size_t(i)] = s;
+#pragma omp simd reduction(+ : s)
+        for (int64_t e = 0; e < d; ++e) s += go[e] * o[e];
+        w.delta.data()[i] = s;
       }
       const float* lrow = lse + (bi * P.n + h) * sq;
       for (int64_t t0 = 0; t0 < sq; t0 += kTileRows) {
@@ -107,7 +111,7 @@ struct Backward {
                 continue;
               }
               const int64_t p = P.q_position(bi, t0 + t);
-              finish_scores(P, row, b0, v0, v1, pad, P.bias_row(bi, h, p), slope, p);
+              add_score_terms(P, row, b0, v0, v1, P.bias_row(bi, h, p), slope, p);
               const float m = lrow[t0 + t];
               float* r = row - b0;
               std::fill(row, r + v0, 0.0f);
@@ -152,7 +156,7 @@ struct Backward {
               }
               std::fill(pd + v1, pd + b1, 0.0f);
             }
-            const float D = w.delta[size_t(t0 + t)];
+            const float D = w.delta.data()[t0 + t];
             std::fill(ds + b0, ds + v0, 0.0f);
 #pragma omp simd
             for (int64_t j = v0; j < v1; ++j) ds[j] = pr[j] * (ds[j] - D);
@@ -209,10 +213,11 @@ void attention_bwd(const AttentionGrads& grads, const Tensor& dout, const Tensor
                     probs.defined() ? probs.data<float>() : nullptr, dbias, per_row, dropout,
                     Philox(dropout.seed, dropout.stream), ctx_width, accumulate};
   const int64_t block = std::min(kKeyBlock, std::max<int64_t>(P.skv, 1));
+  const int64_t rows = std::max<int64_t>(P.sq, 1);
   blas_single_threaded();
 #pragma omp parallel
   {
-    Scratch w(block, P.sq);
+    Scratch w(std::min(kTileRows, rows), block, rows);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < P.b * P.g; ++task) bw.run_task(task / P.g, int(task % P.g), w);
   }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -27,6 +28,13 @@ inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
+
+// A per-thread work buffer, left uninitialised (every use writes before it reads).
+struct WorkBuffer {
+  std::unique_ptr<float[]> p;
+  explicit WorkBuffer(int64_t n) : p(std::make_unique_for_overwrite<float[]>(size_t(n))) {}
+  float* data() const { return p.get(); }
+};
 
 // One operand read (or written) through its HeadLayout.
 struct HeadOperand {
@@ -103,10 +111,13 @@ HeadOperand grad_operand(const char* op, const char* name, const Tensor& t, cons
                          int64_t seqs, int64_t rows, int heads, int64_t d);
 
 // Scores of one query row over key rows [b0, b1) (row[j - b0]) -> what softmax sees: the bias and
-// ALiBi added on the visible keys [v0, v1). Returns the maximum over the visible, unpadded keys
-// (-inf when there is none).
-float finish_scores(const AttentionPlan& P, float* row, int64_t b0, int64_t v0, int64_t v1,
-                    const int32_t* pad, const float* bias, float slope, int64_t p);
+// ALiBi added on the visible keys [v0, v1) (bias: the row's bias row or null).
+void add_score_terms(const AttentionPlan& P, float* row, int64_t b0, int64_t v0, int64_t v1,
+                     const float* bias, float slope, int64_t p);
+// The maximum of row[j - b0] over the visible keys [v0, v1) that are not padding (pad: the key
+// padding row or null); -inf when there is none.
+float visible_max(const AttentionPlan& P, const float* row, int64_t b0, int64_t v0, int64_t v1,
+                  const int32_t* pad);
 // The dropout keep factors (0 or 1/(1-p)) of key rows [v0, v1) for the dropout row starting at
 // Philox element `first`: keep[j - v0], drawn run by run of consecutive key positions.
 void dropout_keep(const AttentionPlan& P, float* keep, int64_t v0, int64_t v1, uint64_t first,
