@@ -30,17 +30,23 @@ AttentionShape shape_of(int64_t b, int64_t sq, int64_t skv, int n, int g, int d)
   return sh;
 }
 
+// Self-attention over random fused QKV rows [b * s, width].
+AttentionCall fused_qkv(Device d, int64_t b, int64_t s, int n, int g, int hd, uint64_t stream) {
+  AttentionCall c;
+  c.shape = shape_of(b, s, s, n, g, hd);
+  c.in.q = c.in.k = c.in.v = rnd(d, {b * s, qkv_width(n, g, hd)}, stream);
+  c.in.q_layout = HeadLayout::qkv(QkvPart::Query, n, g, hd, s);
+  c.in.k_layout = HeadLayout::qkv(QkvPart::Key, n, g, hd, s);
+  c.in.v_layout = HeadLayout::qkv(QkvPart::Value, n, g, hd, s);
+  return c;
+}
+
 std::vector<Variant> variants() {
   std::vector<Variant> v;
   for (bool save : {true, false})
     v.push_back({str("fused QKV, causal, GQA, starts, dropout .3, probs saved ", save), save,
                  [](Device d) {
-                   AttentionCall c;
-                   c.shape = shape_of(2, 9, 9, 4, 2, 3);
-                   c.in.q = c.in.k = c.in.v = rnd(d, {18, qkv_width(4, 2, 3)}, 90);
-                   c.in.q_layout = HeadLayout::qkv(QkvPart::Query, 4, 2, 3, 9);
-                   c.in.k_layout = HeadLayout::qkv(QkvPart::Key, 4, 2, 3, 9);
-                   c.in.v_layout = HeadLayout::qkv(QkvPart::Value, 4, 2, 3, 9);
+                   AttentionCall c = fused_qkv(d, 2, 9, 4, 2, 3, 90);
                    std::vector<int32_t> st(18);
                    for (int i = 0; i < 18; ++i) st[size_t(i)] = i % 9 >= 3 ? 3 : 0;
                    c.mask.attention_start = ints(d, st, {2, 9});
@@ -48,12 +54,7 @@ std::vector<Variant> variants() {
                    return c;
                  }});
   v.push_back({"fused QKV, bidirectional, key padding, window (2, 1), ALiBi", true, [](Device d) {
-                 AttentionCall c;
-                 c.shape = shape_of(2, 7, 7, 4, 2, 3);
-                 c.in.q = c.in.k = c.in.v = rnd(d, {14, qkv_width(4, 2, 3)}, 91);
-                 c.in.q_layout = HeadLayout::qkv(QkvPart::Query, 4, 2, 3, 7);
-                 c.in.k_layout = HeadLayout::qkv(QkvPart::Key, 4, 2, 3, 7);
-                 c.in.v_layout = HeadLayout::qkv(QkvPart::Value, 4, 2, 3, 7);
+                 AttentionCall c = fused_qkv(d, 2, 7, 4, 2, 3, 91);
                  c.mask.causal = false;
                  c.mask.window_left = 2;
                  c.mask.window_right = 1;
