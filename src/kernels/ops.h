@@ -140,7 +140,8 @@ void bias_dropout_add_bwd(const Tensor& dx, const Tensor& dbias, const Tensor& d
 // a [q_span, kv_span] attention (default [seq, kv_seq]), so a rank computing some of its rows, or
 // its queries against one block of keys, uses the same masks as one run over everything. Dropout
 // masks are indexed by the global head as well (tensor parallelism): element
-//   ((b * total_heads + head_offset + h) * q_span + p) * kv_span + k of the dropout stream.
+//   element_offset + ((b * total_heads + head_offset + h) * q_span + p) * kv_span + k
+// of the dropout stream.
 struct AttentionShape {
   int64_t batch = 0, seq = 0;
   int heads = 0, groups = 0, head_dim = 0;
