@@ -65,9 +65,13 @@ void check_inference_compat_flags(const CLI::App& sub, const InferenceFlags& f,
              " differs from the checkpoint's (", saved_pp, ", ", where.folder.string(),
              "): pass 1 (the stages are merged in memory) or ", saved_pp);
   const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
-  MG_REQUIRE(world == nullptr || std::atoi(world) <= 1,
-             "inference runs on one process here (a TP/PP checkpoint's shards are merged in "
-             "memory): run it without launch/mpirun");
+  if (world != nullptr && std::atoi(world) > 1) {
+    MG_REQUIRE(tp == saved_tp && pp == saved_pp, "--tensor-model-parallel-size ", tp,
+               " --pipeline-model-parallel-size ", pp, " on ", world, " ranks: the checkpoint (",
+               where.folder.string(), ") is ", saved_tp, " x ", saved_pp, "; pass its sizes to run "
+               "it across ranks, or run on one process (the shards are merged in memory)");
+    return;
+  }
   log_info("note: --tensor-model-parallel-size ", tp, " --pipeline-model-parallel-size ", pp,
            ": the checkpoint's shards are merged in memory and run on this one process");
 }
