@@ -49,10 +49,13 @@ ForwardCall unpack_forward(const std::vector<int64_t>& p, int64_t calls) {
 }  // namespace
 
 DistributedEngine::DistributedEngine(std::unique_ptr<GPTEngine> local,
-                                     std::shared_ptr<Communicator> group)
-    : local_(std::move(local)), group_(std::move(group)) {
+                                     std::shared_ptr<Communicator> group, int64_t vocab_width)
+    : local_(std::move(local)), group_(std::move(group)), vocab_width_(vocab_width) {
   MG_CHECK(local_ && group_ && group_->rank() == 0,
            "DistributedEngine: the leader is rank 0 of its model-parallel group");
+  MG_CHECK(vocab_width_ >= 1 && vocab_width_ <= local_->vocab_size(),
+           "DistributedEngine: logits width ", vocab_width_, " beyond the model's ",
+           local_->vocab_size());
 }
 
 DistributedEngine::~DistributedEngine() {
@@ -131,14 +134,16 @@ Tensor DistributedEngine::forward_slots(std::span<const int64_t> slots,
   args.insert(args.end(), counts.begin(), counts.end());
   args.insert(args.end(), tokens.begin(), tokens.end());
   send(kForward, args);
-  return local_->forward_slots(slots, tokens, counts, all_positions);
+  const Tensor logits = local_->forward_slots(slots, tokens, counts, all_positions);
+  if (logits.size(2) == vocab_width_) return logits;
+  return logits.narrow(2, 0, vocab_width_).contiguous();
 }
 
 Tensor DistributedEngine::forward(std::span<const int32_t> tokens, int64_t n, bool all_positions) {
   const int64_t batch = local_->slots();
   MG_CHECK(n >= 1 && int64_t(tokens.size()) == batch * n, "forward: ", tokens.size(),
            " tokens for ", batch, "x", n);
-  std::vector<int64_t> slots(size_t(batch)), counts(size_t(batch), n);
+  std::vector<int64_t> slots(static_cast<size_t>(batch)), counts(static_cast<size_t>(batch), n);
   for (int64_t b = 0; b < batch; ++b) slots[size_t(b)] = b;
   return forward_slots(slots, tokens, counts, all_positions);
 }

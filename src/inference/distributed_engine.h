@@ -29,11 +29,14 @@ namespace megatron::inference {
 class DistributedEngine final : public LanguageModel {
  public:
   // `local`: the leader's own stage; `group`: the model-parallel group, of which the leader is
-  // rank 0.
-  DistributedEngine(std::unique_ptr<GPTEngine> local, std::shared_ptr<Communicator> group);
+  // rank 0. `vocab_width`: the logits' width (the vocabulary padded as for one rank, the width
+  // the single-process path gives; the extra rows of a wider tensor-parallel padding are
+  // dropped, so both paths normalise over the same vocabulary).
+  DistributedEngine(std::unique_ptr<GPTEngine> local, std::shared_ptr<Communicator> group,
+                    int64_t vocab_width);
   ~DistributedEngine() override;
 
-  int64_t vocab_size() const override { return local_->vocab_size(); }
+  int64_t vocab_size() const override { return vocab_width_; }
   int64_t max_sequence_length() const override { return local_->max_sequence_length(); }
   void start(int64_t batch, int64_t max_len) override;
   Tensor forward(std::span<const int32_t> tokens, int64_t n, bool all_positions) override;
@@ -57,6 +60,7 @@ class DistributedEngine final : public LanguageModel {
 
   std::unique_ptr<GPTEngine> local_;
   std::shared_ptr<Communicator> group_;
+  int64_t vocab_width_ = 0;
   bool finished_ = false;
 };
 

@@ -91,7 +91,9 @@ InferenceModel load_model_parallel(const InferenceModelOptions& options,
            ": ", cfg.num_layers, " layers, hidden ", cfg.hidden_size, ", vocab ",
            cfg.padded_vocab_size, "; weights in ", dtype_name(cfg.params_dtype), ", ", bytes,
            " bytes on this rank");
-  out.model = std::make_unique<DistributedEngine>(std::move(engine), out.group);
+  out.model = std::make_unique<DistributedEngine>(
+      std::move(engine), out.group,
+      data::padded_vocab_size(out.tokenizer->vocab_size(), options.make_vocab_size_divisible_by, 1));
   return out;
 }
 
