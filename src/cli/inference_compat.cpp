@@ -36,11 +36,13 @@ std::pair<int, int> saved_layout(const std::filesystem::path& folder) {
 
 void add_inference_compat_flags(CLI::App& sub, InferenceFlags& f) {
   sub.add_option("--tensor-model-parallel-size", f.tensor_model_parallel_size,
-                 "1 (a sharded checkpoint is merged in memory) or the checkpoint's own size")
+                 "1 (a sharded checkpoint is merged in memory) or the checkpoint's own size "
+                 "(under launch/mpirun: each rank loads its shard)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub.add_option("--pipeline-model-parallel-size", f.pipeline_model_parallel_size,
-                 "1 (a sharded checkpoint is merged in memory) or the checkpoint's own size")
+                 "1 (a sharded checkpoint is merged in memory) or the checkpoint's own size "
+                 "(under launch/mpirun: each rank loads its shard)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub.add_flag("--fp16", f.fp16, "Keep the weights in fp16 in memory (half the fp32 bytes)");

@@ -88,7 +88,10 @@ void run_serve(ServeArgs& a) {
   const char none = 0;
   [[maybe_unused]] auto w = ::write(g_stop_pipe[1], &none, 1);
   waiter.join();
-  loaded.finish();
+  if (loaded.group) {
+    loaded.finish();
+    log_info("stopped: all ", loaded.group->size(), " ranks have finished");
+  }
 }
 
 CommandRegistrar reg("serve", "Text generation server (Megatron PUT /api, OpenAI /v1/completions)",

@@ -69,6 +69,7 @@ void DistributedEngine::finish() {
   if (finished_) return;
   finished_ = true;
   send(kStop, {});
+  group_->barrier();  // every follower has received the end
 }
 
 void DistributedEngine::send(int64_t op, std::vector<int64_t> args) {
@@ -177,6 +178,7 @@ void follow_leader(GPTEngine& local, Communicator& group) {
     }
     switch (op) {
       case kStop:
+        group.barrier();
         return;
       case kStart:
         local.start(a, b);

@@ -51,7 +51,8 @@ class DistributedEngine final : public LanguageModel {
   Tensor forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
                        std::span<const int64_t> counts, bool all_positions) override;
 
-  // Tells the followers that generation is over (they return from follow_leader). Idempotent.
+  // Tells the followers that generation is over and waits until each has received it (they
+  // return from follow_leader). Idempotent.
   void finish();
   GPTEngine& local() { return *local_; }
 

@@ -11,8 +11,6 @@
 #include <thread>
 
 #include "cli_test_util.h"
-#include "inference/generation.h"
-#include "inference/model_loader.h"
 #include "serve_process.h"
 #include "sharded_checkpoint_util.h"
 
@@ -113,19 +111,18 @@ TEST(ModelParallelGenerate, BeamSearchAndMistakesAcrossRanks) {
       << too_long.output;
 }
 
-// What the single-process engine generates greedily for `prompt` (the reference for the server).
-std::vector<int32_t> reference_tokens(const Checkpoints& ck, std::vector<int32_t> prompt, int n) {
-  InferenceModelOptions o;
-  o.load = ck.path(1, 1).string();
-  o.model = testing::gpt2_config();
-  o.make_vocab_size_divisible_by = 16;
-  o.tokenizer.type = "NullTokenizer";
-  o.tokenizer.vocab_size = 64;
-  auto m = load_inference_model(o);
-  SequenceRequest r;
-  r.prompt = std::move(prompt);
-  r.tokens_to_generate = n;
-  return generate(*m.model, {r}, 64, SpecialTokens::from_tokenizer(*m.tokenizer)).at(0).tokens;
+// What the single-process `generate` gives greedily for each prompt (the server's reference).
+std::vector<std::vector<int32_t>> reference_tokens(const Checkpoints& ck,
+                                                   const std::vector<std::string>& prompts, int n) {
+  std::string flags = str("--num-tokens-to-generate ", n);
+  for (const auto& p : prompts) flags += " --prompt '" + p + "'";
+  const auto r = mt::run_command(str("'", mt::cli_path().string(), "' generate --load ",
+                                     ck.path(1, 1).string(), kTokenizer,
+                                     " --output-format jsonl ", flags));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& j : json_lines(r.output)) out.push_back(j["tokens"].get<std::vector<int32_t>>());
+  return out;
 }
 
 TEST(ModelParallelServe, ConcurrentClientsAndABadRequestOnFourRanks) {
@@ -135,13 +132,13 @@ TEST(ModelParallelServe, ConcurrentClientsAndABadRequestOnFourRanks) {
           " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"),
       ck.dir.path() / "serve.log", "launch --nproc-per-node 4 --");
   ASSERT_GT(server.port(), 0) << server.log();
-  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {9, 8}, {5, 17, 33, 2}, {7}};
+  const std::vector<std::string> prompts = {"1 2 3", "9 8", "5 17 33 2", "7"};
+  const auto want = reference_tokens(ck, prompts, 6);
+  ASSERT_EQ(want.size(), prompts.size());
   auto ask = [&](size_t i) {
     httplib::Client c("127.0.0.1", server.port());
     c.set_read_timeout(120, 0);
-    std::string text;
-    for (int32_t t : prompts[i]) text += (text.empty() ? "" : " ") + std::to_string(t);
-    const auto r = c.Put("/api", str(R"({"prompts": [")", text,
+    const auto r = c.Put("/api", str(R"({"prompts": [")", prompts[i],
                                       R"("], "tokens_to_generate": 6, "top_k": 1})"),
                          "application/json");
     if (!r || r->status != 200) return std::vector<int32_t>{-1};
@@ -157,9 +154,14 @@ TEST(ModelParallelServe, ConcurrentClientsAndABadRequestOnFourRanks) {
   ASSERT_TRUE(too_long);
   EXPECT_EQ(too_long->status, 400) << too_long->body;
   for (size_t i = 0; i < 3; ++i)
-    EXPECT_EQ(answers[i].get(), reference_tokens(ck, prompts[i], 6)) << "prompt " << i;
-  EXPECT_EQ(ask(3), reference_tokens(ck, prompts[3], 6)) << server.log();
-  EXPECT_TRUE(server.stop()) << server.log();  // SIGTERM to the launcher: every rank exits 0
+    EXPECT_EQ(answers[i].get(), want[i]) << "prompt " << i;
+  EXPECT_EQ(ask(3), want[3]) << server.log();
+  // SIGTERM to the launcher: rank 0 stops the server and ends the other ranks, which wait for
+  // its word (mpirun, which forwards the signal, reports a signalled job with status 1).
+  server.stop();
+  EXPECT_TRUE(WIFEXITED(server.status())) << server.status() << "\n" << server.log();
+  EXPECT_NE(server.log().find("stopped: all 4 ranks have finished"), std::string::npos)
+      << server.log();  // SIGTERM to the launcher: every rank exits 0
 }
 
 }  // namespace

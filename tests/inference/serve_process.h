@@ -63,7 +63,8 @@ class ServeProcess {
   ServeProcess(const ServeProcess&) = delete;
   ServeProcess& operator=(const ServeProcess&) = delete;
 
-  int port() const { return port_; }  // 0: it did not come up (see log())
+  int port() const { return port_; }
+  int status() const { return status_; }  // waitpid's status after stop()  // 0: it did not come up (see log())
   std::string log() const {
     return std::filesystem::exists(log_) ? megatron::testing::read_file(log_) : std::string();
   }
