@@ -198,15 +198,22 @@ TEST(ZeroShot, WikitextPerplexityEqualsPyTorch) {
   }
 }
 
+// The fixture's checkpoint resharded to TP2 in the test's folder ("" when the conversion fails).
+std::string tp2_checkpoint(const EvalFiles& files) {
+  const std::string tp2 = (files.dir / "tp2").string();
+  const auto c = mt::run_cli("checkpoint convert --load " + mt::cli_fixture().checkpoint +
+                             " --save " + tp2 + " --target-tensor-parallel-size 2");
+  EXPECT_EQ(c.exit_code, 0) << c.output;
+  return c.exit_code == 0 ? tp2 : "";
+}
+
 // A tensor-parallel checkpoint evaluates the same (its shards merged in memory), with
 // --tensor-model-parallel-size 1 or its own size; another size is refused.
 TEST(ZeroShot, ShardedCheckpointsGiveTheSameResult) {
   EvalFiles files;
   const auto& f = mt::cli_fixture();
-  const std::string tp2 = (files.dir / "tp2").string();
-  const auto c = mt::run_cli("checkpoint convert --load " + f.checkpoint + " --save " + tp2 +
-                             " --target-tensor-parallel-size 2");
-  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const std::string tp2 = tp2_checkpoint(files);
+  ASSERT_FALSE(tp2.empty());
   const std::string task = "--task WIKITEXT103 --valid-data " + (files.dir / "wiki.test.tokens").string();
   const Result one = evaluate(f.checkpoint, task);
   const Result two = evaluate(tp2, task + " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1");
@@ -226,10 +233,8 @@ TEST(ZeroShot, ShardedCheckpointsGiveTheSameResult) {
 TEST(ZeroShot, ModelParallelRanksGiveTheSameResult) {
   EvalFiles files;
   const auto& f = mt::cli_fixture();
-  const std::string tp2 = (files.dir / "tp2").string();
-  const auto c = mt::run_cli("checkpoint convert --load " + f.checkpoint + " --save " + tp2 +
-                             " --target-tensor-parallel-size 2");
-  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const std::string tp2 = tp2_checkpoint(files);
+  ASSERT_FALSE(tp2.empty());
   const std::string task = "--task LAMBADA --valid-data " +
                            (files.dir / "lambada_test.jsonl").string() + " --micro-batch-size 2";
   const Result one = evaluate(f.checkpoint, task);
