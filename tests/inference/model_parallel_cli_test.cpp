@@ -4,11 +4,13 @@
 // tokens and log-probs must equal the single-process run of the single-rank checkpoint, greedy
 // and sampled with a seed. The server on four ranks answers concurrent clients, refuses a
 // malformed request mid-stream with 400 and answers the next ones right, and stops on SIGTERM
-// with every rank exiting 0.
+// with every rank finishing; `evaluate` on TP2 x PP2 and PP2 x DP2 ranks scores as one process.
 #include <gtest/gtest.h>
 
 #include <future>
+#include <regex>
 #include <thread>
+#include <tuple>
 
 #include "cli_test_util.h"
 #include "serve_process.h"
@@ -162,6 +164,35 @@ TEST(ModelParallelServe, ConcurrentClientsAndABadRequestOnFourRanks) {
   EXPECT_TRUE(WIFEXITED(server.status())) << server.status() << "\n" << server.log();
   EXPECT_NE(server.log().find("stopped: all 4 ranks have finished"), std::string::npos)
       << server.log();  // SIGTERM to the launcher: every rank exits 0
+}
+
+// `evaluate` (tasks/main.py --task WIKITEXT103) on TP2 x PP2 ranks and on PP2 x DP2 ranks (two
+// replicas splitting the windows) scores what one process scores.
+TEST(ModelParallelEvaluate, TensorPipelineAndDataParallelRanksScoreAsOneProcess) {
+  const Checkpoints ck(testing::gpt2_config());
+  std::string text;
+  for (int i = 0; i < 150; ++i) text += std::to_string((i * 37 + 11) % 60) + " ";
+  const fs::path data = ck.dir.path() / "wiki.test.tokens";
+  mt::write_file(data, text + "\n");
+  auto run = [&](int tp, int pp, int ranks) {
+    const std::string launch = ranks == 1 ? "" : str("launch --nproc-per-node ", ranks, " -- ");
+    const auto r = mt::run_command(str(
+        "OMP_NUM_THREADS=1 '", mt::cli_path().string(), "' ", launch, "evaluate --load ",
+        ck.path(tp, pp).string(), kTokenizer, " --tensor-model-parallel-size ", tp,
+        " --pipeline-model-parallel-size ", pp, " --task WIKITEXT103 --valid-data ",
+        data.string(), " --overlapping-eval 16 --micro-batch-size 2 2>&1"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(r.output, m, std::regex(R"(loss sum (\S+) nats)"))) << r.output;
+    return std::pair{m.empty() ? -1.0 : std::stod(m[1].str()), r.output};
+  };
+  const auto [one, one_out] = run(1, 1, 1);
+  ASSERT_GT(one, 0.0) << one_out;
+  for (const auto& [tp, pp, ranks] : {std::tuple{2, 2, 4}, {1, 2, 4}}) {
+    const auto [many, out] = run(tp, pp, ranks);
+    EXPECT_NEAR(many, one, 1e-5 * one) << "TP" << tp << " PP" << pp << " on " << ranks << "\n" << out;
+    EXPECT_NE(out.find("validation results on WIKITEXT103"), std::string::npos) << out;
+  }
 }
 
 }  // namespace
