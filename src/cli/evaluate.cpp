@@ -55,13 +55,23 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
   check_compat_flags(a.runtime, sub, CompatScope::Training);
   const InferenceModelOptions options = a.model.finish();
   const auto world = world_communicator();
-  const int ranks = world->size(), rank = world->rank();
+  const int64_t seq_length = options.model.seq_length > 0 ? options.model.seq_length
+                                                          : options.model.max_position_embeddings;
+  // Several ranks: each data-parallel replica (the whole model, or T x P ranks of it under
+  // tensor/pipeline parallelism) scores its share of the samples; its leader runs the loop.
+  InferenceModel loaded = load_inference_model(options, world);
+  const bool model_parallel = loaded.group != nullptr;
+  if (!loaded.leader()) {
+    loaded.follow();
+    Tensor none = Tensor::zeros({4}, DType::F64);  // this rank's part of the totals
+    world->all_reduce(none);
+    return;
+  }
+  const int ranks = model_parallel ? loaded.data_parallel_size : world->size();
+  const int rank = model_parallel ? loaded.data_parallel_rank : world->rank();
   auto print = [rank](const std::string& line) {
     if (rank == 0) log_print(line);
   };
-  const int64_t seq_length = options.model.seq_length > 0 ? options.model.seq_length
-                                                          : options.model.max_position_embeddings;
-  InferenceModel loaded = load_inference_model(options);
   const data::Tokenizer& tok = *loaded.tokenizer;
   LanguageModel& model = *loaded.model;
   const std::string& path = a.valid_data.front();
@@ -111,7 +121,8 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
     return windows ? windows->get(i) : lambada[size_t(i)];
   }, o);
   live.finish();
-  if (ranks > 1) {
+  loaded.finish();
+  if (world->size() > 1) {
     Tensor sums = Tensor::from_vector<double>(
         {t.loss_sum, double(t.correct), double(t.samples), double(t.scored)}, {4});
     world->all_reduce(sums);

@@ -85,6 +85,16 @@ void run_generate(GenerateArgs& a) {
   MG_REQUIRE(a.tokens_to_generate > 0 || a.return_log_probs,
              "--num-tokens-to-generate 0 scores the prompts: add --return-log-probs");
   MG_REQUIRE(a.micro_batch_size >= 1, "--micro-batch-size must be >= 1");
+  // Under launch/mpirun with tensor or pipeline parallelism every rank loads its shard; rank 0
+  // reads the prompts, generates and prints, the others run their part of each forward.
+  auto loaded = load_inference_model(a.model.finish());
+  if (!loaded.leader()) {
+    loaded.follow();
+    return;
+  }
+  MG_REQUIRE(loaded.data_parallel_size == 1, "generate runs one model: launch --tensor-model-"
+             "parallel-size x --pipeline-model-parallel-size ranks (", loaded.group->size(),
+             "), not ", loaded.group->size() * loaded.data_parallel_size);
   std::vector<std::string> prompts = a.prompts;
   if (!a.prompt_file.empty()) {
     std::ifstream in(a.prompt_file);
@@ -95,7 +105,6 @@ void run_generate(GenerateArgs& a) {
     prompts = read_lines(std::cin);
     MG_REQUIRE(!prompts.empty(), "no prompts: pass --prompt, --prompt-file or lines on standard input");
   }
-  auto loaded = load_inference_model(a.model.finish());
   const auto& tok = *loaded.tokenizer;
   auto& model = *loaded.model;
   const auto special = SpecialTokens::from_tokenizer(tok);
@@ -128,6 +137,7 @@ void run_generate(GenerateArgs& a) {
       for (const auto& h : beam_search(model, req, vocab))
         print_result(a, tok, prompts[i], h.tokens, nullptr, &h.score);
     }
+    loaded.finish();
     return;
   }
   for (size_t begin = 0; begin < tokens.size(); begin += size_t(a.micro_batch_size)) {
@@ -150,6 +160,7 @@ void run_generate(GenerateArgs& a) {
       print_result(a, tok, prompts[begin + k], results[k].tokens,
                    a.return_log_probs ? &results[k].logprobs : nullptr, nullptr);
   }
+  loaded.finish();
 }
 
 CommandRegistrar reg("generate", "Generate text from a checkpoint (sampling or beam search)", 60,

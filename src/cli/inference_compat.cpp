@@ -36,11 +36,13 @@ std::pair<int, int> saved_layout(const std::filesystem::path& folder) {
 
 void add_inference_compat_flags(CLI::App& sub, InferenceFlags& f) {
   sub.add_option("--tensor-model-parallel-size", f.tensor_model_parallel_size,
-                 "1 (a sharded checkpoint is merged in memory) or the checkpoint's own size")
+                 "1 (a sharded checkpoint is merged in memory) or the checkpoint's own size "
+                 "(under launch/mpirun: each rank loads its shard)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub.add_option("--pipeline-model-parallel-size", f.pipeline_model_parallel_size,
-                 "1 (a sharded checkpoint is merged in memory) or the checkpoint's own size")
+                 "1 (a sharded checkpoint is merged in memory) or the checkpoint's own size "
+                 "(under launch/mpirun: each rank loads its shard)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub.add_flag("--fp16", f.fp16, "Keep the weights in fp16 in memory (half the fp32 bytes)");
@@ -65,9 +67,13 @@ void check_inference_compat_flags(const CLI::App& sub, const InferenceFlags& f,
              " differs from the checkpoint's (", saved_pp, ", ", where.folder.string(),
              "): pass 1 (the stages are merged in memory) or ", saved_pp);
   const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
-  MG_REQUIRE(world == nullptr || std::atoi(world) <= 1,
-             "inference runs on one process here (a TP/PP checkpoint's shards are merged in "
-             "memory): run it without launch/mpirun");
+  if (world != nullptr && std::atoi(world) > 1) {
+    MG_REQUIRE(tp == saved_tp && pp == saved_pp, "--tensor-model-parallel-size ", tp,
+               " --pipeline-model-parallel-size ", pp, " on ", world, " ranks: the checkpoint (",
+               where.folder.string(), ") is ", saved_tp, " x ", saved_pp, "; pass its sizes to run "
+               "it across ranks, or run on one process (the shards are merged in memory)");
+    return;
+  }
   log_info("note: --tensor-model-parallel-size ", tp, " --pipeline-model-parallel-size ", pp,
            ": the checkpoint's shards are merged in memory and run on this one process");
 }

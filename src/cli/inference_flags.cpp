@@ -174,6 +174,8 @@ inference::InferenceModelOptions InferenceFlags::finish() {
   // --fp16 / --bf16: the weights are kept in that precision (Megatron's Float16Module).
   cfg.params_dtype = fp16 ? DType::F16 : bf16 ? DType::BF16 : DType::F32;
   o.model = cfg;
+  o.tensor_model_parallel_size = tensor_model_parallel_size;
+  o.pipeline_model_parallel_size = pipeline_model_parallel_size;
   return o;
 }
 

@@ -1,6 +1,7 @@
 // `megatron serve`: the text generation server (Megatron's tools/run_text_generation_server.py)
 // for a checkpoint: PUT /api, POST /v1/completions, GET /health. Binds 127.0.0.1 by default;
-// any other host needs --api-key. SIGINT/SIGTERM stop it cleanly.
+// any other host needs --api-key. SIGINT/SIGTERM stop it cleanly. Under launch/mpirun with
+// tensor or pipeline parallelism rank 0 serves and every rank runs its shard of each forward.
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +49,17 @@ void run_serve(ServeArgs& a) {
   MG_REQUIRE(a.seed > 0, "--seed ", a.seed, " must be a positive integer (Megatron's rule)");
   a.server.seed = uint64_t(a.seed);
   auto loaded = inference::load_inference_model(a.model.finish());
+  if (!loaded.leader()) {
+    // A follower runs its part of each forward until rank 0 stops the server. The launcher
+    // forwards SIGINT/SIGTERM to every rank: rank 0 stops the server and then ends the others.
+    std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGTERM, SIG_IGN);
+    loaded.follow();
+    return;
+  }
+  MG_REQUIRE(loaded.data_parallel_size == 1, "serve runs one model: launch --tensor-model-"
+             "parallel-size x --pipeline-model-parallel-size ranks (", loaded.group->size(),
+             "), not ", loaded.group->size() * loaded.data_parallel_size);
 
   // SIGINT/SIGTERM may land on any thread (BLAS and OpenMP threads exist before main): the
   // handler only writes to a pipe, and a waiter thread turns that into server.stop().
@@ -76,6 +88,10 @@ void run_serve(ServeArgs& a) {
   const char none = 0;
   [[maybe_unused]] auto w = ::write(g_stop_pipe[1], &none, 1);
   waiter.join();
+  if (loaded.group) {
+    loaded.finish();
+    log_info("stopped: all ", loaded.group->size(), " ranks have finished");
+  }
 }
 
 CommandRegistrar reg("serve", "Text generation server (Megatron PUT /api, OpenAI /v1/completions)",

@@ -8,9 +8,7 @@
 
 namespace megatron::inference {
 
-namespace {
-
-model::TransformerConfig for_inference(model::TransformerConfig c) {
+model::TransformerConfig inference_config(model::TransformerConfig c) {
   c.hidden_dropout = c.attention_dropout = 0.0f;
   c.recompute_granularity.clear();
   c.recompute_method.clear();
@@ -21,11 +19,9 @@ model::TransformerConfig for_inference(model::TransformerConfig c) {
   return c;
 }
 
-}  // namespace
-
 GPTEngine::GPTEngine(const model::TransformerConfig& config,
                      const std::map<std::string, Tensor>& weights, Device device)
-    : cfg_(for_inference(config)) {
+    : cfg_(inference_config(config)) {
   model::ModelOptions opt;
   opt.grad = false;
   opt.init_weights = false;
@@ -72,10 +68,52 @@ GPTEngine::GPTEngine(const model::TransformerConfig& config,
                "--bf16, or without --fp16");
 }
 
-void GPTEngine::start(int64_t batch, int64_t max_len) {
+GPTEngine::GPTEngine(const model::TransformerConfig& config,
+                     std::unique_ptr<model::GPTModel> model, std::shared_ptr<Communicator> pp_group)
+    : cfg_(inference_config(config)), model_(std::move(model)), pp_(std::move(pp_group)) {
+  MG_CHECK(model_ && pp_, "GPTEngine: a stage needs its model and pipeline group");
+  MG_CHECK(model_->pre_process() == (pp_->rank() == 0) &&
+               model_->post_process() == (pp_->rank() == pp_->size() - 1),
+           "GPTEngine: the model chunk is not pipeline stage ", pp_->rank(), " of ", pp_->size());
+}
+
+GPTEngine::~GPTEngine() = default;
+
+void GPTEngine::check_start(int64_t batch, int64_t max_len) const {
   MG_REQUIRE(batch >= 1, "generation needs at least one sequence");
   MG_REQUIRE(max_len >= 1 && max_len <= cfg_.max_position_embeddings, "sequence length ", max_len,
              " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
+}
+
+void GPTEngine::check_grow(int64_t max_len) const {
+  MG_CHECK(batch_ > 0, "grow_slots before start_slots");
+  MG_REQUIRE(max_len <= cfg_.max_position_embeddings, "sequence length ", max_len,
+             " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
+}
+
+void GPTEngine::check_run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+                          std::span<const int64_t> counts) const {
+  MG_CHECK(batch_ > 0 && counts.size() == slots.size() && !slots.empty(),
+           "forward before start or bad batch");
+  const int64_t V = cfg_.padded_vocab_size;
+  int64_t rows = 0;
+  std::vector<bool> seen(size_t(batch_), false);
+  for (size_t b = 0; b < slots.size(); ++b) {
+    const int64_t s = slots[b];
+    MG_CHECK(s >= 0 && s < batch_ && !seen[size_t(s)], "forward: bad or repeated slot ", s);
+    seen[size_t(s)] = true;
+    MG_CHECK(counts[b] >= 1, "forward: no tokens for slot ", s);
+    MG_REQUIRE(row_pos_[size_t(s)] + counts[b] <= cache_.max_len, "sequence position ",
+               row_pos_[size_t(s)] + counts[b], " exceeds the cache length ", cache_.max_len);
+    rows += counts[b];
+  }
+  MG_CHECK(int64_t(tokens.size()) == rows, "forward: ", tokens.size(), " tokens for ", rows);
+  for (int32_t t : tokens)
+    MG_REQUIRE(t >= 0 && t < V, "token id ", t, " outside the vocabulary [0, ", V, ")");
+}
+
+void GPTEngine::start(int64_t batch, int64_t max_len) {
+  check_start(batch, max_len);
   batch_ = batch;
   row_pos_.assign(size_t(batch), 0);
   model_->allocate_inference(cache_, batch, max_len);
@@ -102,22 +140,13 @@ void GPTEngine::clear_slot(int64_t slot) {
 }
 
 void GPTEngine::grow_slots(int64_t max_len) {
-  MG_CHECK(batch_ > 0, "grow_slots before start_slots");
+  check_grow(max_len);
   if (max_len <= cache_.max_len) return;
-  MG_REQUIRE(max_len <= cfg_.max_position_embeddings, "sequence length ", max_len,
-             " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
   cache_.grow(max_len);
 }
 
 Tensor GPTEngine::forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
                                 std::span<const int64_t> counts, bool all_positions) {
-  MG_CHECK(!slots.empty() && slots.size() == counts.size(), "forward_slots: ", slots.size(),
-           " slots, ", counts.size(), " counts");
-  std::vector<bool> seen(size_t(batch_), false);
-  for (int64_t s : slots) {
-    MG_CHECK(s >= 0 && s < batch_ && !seen[size_t(s)], "forward_slots: bad or repeated slot ", s);
-    seen[size_t(s)] = true;
-  }
   return run(slots, tokens, counts, all_positions);
 }
 
@@ -136,20 +165,13 @@ Tensor GPTEngine::prefill_ragged(std::span<const std::vector<int32_t>> prompts,
 
 Tensor GPTEngine::run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
                       std::span<const int64_t> counts, bool all_positions) {
-  MG_CHECK(batch_ > 0 && counts.size() == slots.size(), "forward before start or bad batch");
+  check_run(slots, tokens, counts);
   const int64_t V = cfg_.padded_vocab_size, calls = int64_t(slots.size());
   int64_t rows = 0, max_count = 0;
-  for (int64_t b = 0; b < calls; ++b) {
-    const int64_t n = counts[size_t(b)], pos = row_pos_[size_t(slots[size_t(b)])];
-    MG_REQUIRE(pos + n <= cache_.max_len, "sequence position ", pos + n,
-               " exceeds the cache length ", cache_.max_len);
+  for (int64_t n : counts) {
     rows += n;
     max_count = std::max(max_count, n);
   }
-  MG_CHECK(int64_t(tokens.size()) == rows, "forward: ", tokens.size(), " tokens for ", rows);
-  for (int64_t r = 0; r < rows; ++r)
-    MG_REQUIRE(tokens[size_t(r)] >= 0 && tokens[size_t(r)] < V, "token id ", tokens[size_t(r)],
-               " outside the vocabulary [0, ", V, ")");
   // Slot and position of every new token; the rows whose logits are asked for and where they go
   // in the [calls, out_n, V] result (every new position of each row, or its last one).
   const int64_t out_n = all_positions ? max_count : 1;
@@ -170,13 +192,47 @@ Tensor GPTEngine::run(std::span<const int64_t> slots, std::span<const int32_t> t
   cache_.row_pos = Tensor::from_vector(pos, {rows}, dev);
   const Tensor ids =
       Tensor::from_vector(std::vector<int32_t>(tokens.begin(), tokens.end()), {rows}, dev);
-  const Tensor picked = model_->forward_inference(
-      ids, cache_, Tensor::from_vector(pick, {int64_t(pick.size())}, dev));
-  Tensor logits = Tensor::zeros({calls, out_n, V}, DType::F32, dev);
-  ops::index_copy_rows(logits.view({calls * out_n, V}), picked,
-                       Tensor::from_vector(dest, {int64_t(dest.size())}, dev));
+  const Tensor picked =
+      run_stage(ids, Tensor::from_vector(pick, {int64_t(pick.size())}, dev), rows);
   for (int64_t b = 0; b < calls; ++b) row_pos_[size_t(slots[size_t(b)])] += counts[size_t(b)];
+  Tensor logits;
+  if (picked.defined()) {
+    logits = Tensor::zeros({calls, out_n, V}, DType::F32, dev);
+    ops::index_copy_rows(logits.view({calls * out_n, V}), picked,
+                         Tensor::from_vector(dest, {int64_t(dest.size())}, dev));
+  }
+  logits = logits_to_first_stage(logits, calls, out_n);
+  if (!logits.defined()) return logits;
   return dev.is_cpu() ? logits : logits.to(Device::cpu());  // sampling reads them on the host
+}
+
+Tensor GPTEngine::run_stage(const Tensor& ids, const Tensor& pick, int64_t rows) {
+  if (!pp_ || pp_->size() == 1) return model_->forward_inference(ids, cache_, pick);
+  Tensor hidden;
+  if (!model_->pre_process()) {
+    hidden = Tensor::empty({rows, cfg_.hidden_size}, DType::F32, model_->device());
+    pp_->recv(hidden, pp_->rank() - 1);
+  }
+  Tensor out = model_->forward_inference(ids, cache_, pick, hidden);
+  if (model_->post_process()) return out;
+  pp_->send(out.contiguous(), pp_->rank() + 1);
+  return Tensor();
+}
+
+Tensor GPTEngine::logits_to_first_stage(Tensor logits, int64_t calls, int64_t out_n) {
+  if (!pp_) return logits;
+  // Every tensor-parallel rank of the last stage holds the gathered logits; the first stage's
+  // rank 0 (the leader) needs them.
+  if (model_->tensor_parallel_rank() != 0) return Tensor();
+  if (pp_->size() == 1) return logits;
+  if (model_->post_process()) {
+    pp_->send(logits, 0);
+    return Tensor();
+  }
+  if (!model_->pre_process()) return Tensor();
+  logits = Tensor::empty({calls, out_n, cfg_.padded_vocab_size}, DType::F32, model_->device());
+  pp_->recv(logits, pp_->size() - 1);
+  return logits;
 }
 
 void GPTEngine::reorder(std::span<const int64_t> src) {

@@ -9,6 +9,12 @@
 // positions. Prefill runs each row's new tokens as matrix products; decoding appends one position
 // per row. Attention reads only cached positions up to the current one, so results equal a full
 // causal forward pass over the same prefix.
+//
+// Under tensor and pipeline parallelism each rank holds an engine over its own stage and shard
+// (the stage constructor); every model-parallel rank then makes the same calls with the same
+// arguments (distributed_engine.h arranges that): the tensor-parallel layers reduce inside,
+// each stage passes its output [rows, h] to the next over the pipeline group, and the last
+// stage's logits (gathered over tensor parallelism) come back to the first stage.
 #pragma once
 
 #include <cstdint>
@@ -18,12 +24,17 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/tensor.h"
 #include "inference/language_model.h"
 #include "model/gpt_model.h"
 #include "model/inference_context.h"
 
 namespace megatron::inference {
+
+// The configuration a model runs generation with: no dropout, recomputation or sequence
+// parallelism; seq_length within max_position_embeddings.
+model::TransformerConfig inference_config(model::TransformerConfig config);
 
 class GPTEngine final : public LanguageModel {
  public:
@@ -34,6 +45,22 @@ class GPTEngine final : public LanguageModel {
   // The model runs on `device` (weights are copied there; logits come back to the host).
   GPTEngine(const model::TransformerConfig& config, const std::map<std::string, Tensor>& weights,
             Device device = Device::cpu());
+  // This rank's part of a model-parallel model: `model` is its pipeline stage (one chunk, its
+  // tensor-parallel shard, weights loaded, built from inference_config), `pp_group` links the
+  // stages (its rank is the stage). Every call is collective over the model-parallel ranks. The
+  // logits come back on the first stage's tensor-parallel rank 0 (world rank 0 in Megatron's
+  // order); every other rank gets an undefined tensor.
+  GPTEngine(const model::TransformerConfig& config, std::unique_ptr<model::GPTModel> model,
+            std::shared_ptr<Communicator> pp_group);
+  ~GPTEngine() override;
+
+  // The checks of start / forward_slots / grow_slots without their effects (a rank leading others
+  // runs them before telling the others, so that a bad call fails on it alone).
+  void check_start(int64_t batch, int64_t max_len) const;
+  void check_run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+                 std::span<const int64_t> counts) const;
+  void check_grow(int64_t max_len) const;
+  int64_t slots() const { return batch_; }
 
   int64_t vocab_size() const override { return cfg_.padded_vocab_size; }
   int64_t max_sequence_length() const override { return cfg_.max_position_embeddings; }
@@ -58,12 +85,17 @@ class GPTEngine final : public LanguageModel {
   Tensor run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
              std::span<const int64_t> counts, bool all_positions);
   std::vector<int64_t> all_rows() const;
+  // Pipeline: the previous stage's output in, this stage's output on, the logits back to the
+  // first stage's tensor-parallel rank 0.
+  Tensor run_stage(const Tensor& ids, const Tensor& pick, int64_t rows);
+  Tensor logits_to_first_stage(Tensor logits, int64_t calls, int64_t out_n);
 
   model::TransformerConfig cfg_;
   std::unique_ptr<model::GPTModel> model_;
   model::InferenceContext cache_;
   int64_t batch_ = 0;
   std::vector<int64_t> row_pos_;  // positions fed per slot
+  std::shared_ptr<Communicator> pp_;  // null on one rank
 };
 
 }  // namespace megatron::inference

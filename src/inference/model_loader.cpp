@@ -1,9 +1,13 @@
 // Tokenizer + checkpoint weights -> the generation engine over the model's own layers.
 #include "inference/model_loader.h"
 
+#include "comm/parallel_state.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "inference/checkpoint_weights.h"
+#include "inference/distributed_engine.h"
+#include "model/gpt_model.h"
+#include "training/checkpoint.h"
 
 namespace megatron::inference {
 
@@ -24,9 +28,85 @@ std::map<std::string, Tensor> with_local_norm_names(std::map<std::string, Tensor
   return out;
 }
 
-InferenceModel load_inference_model(const InferenceModelOptions& options) {
+void InferenceModel::follow() {
+  MG_CHECK(follower && group, "InferenceModel::follow on a leader");
+  follow_leader(*follower, *group);
+}
+
+void InferenceModel::finish() {
+  if (auto* d = dynamic_cast<DistributedEngine*>(model.get())) d->finish();
+}
+
+namespace {
+
+// Every rank builds its own stage (its tensor-parallel shard of its pipeline stage's layers)
+// and reads only its own files of the checkpoint.
+InferenceModel load_model_parallel(const InferenceModelOptions& options,
+                                   const std::shared_ptr<Communicator>& world) {
+  const int tp = options.tensor_model_parallel_size, pp = options.pipeline_model_parallel_size;
+  MG_REQUIRE(world->size() % (tp * pp) == 0, "--tensor-model-parallel-size ", tp,
+             " x --pipeline-model-parallel-size ", pp, " does not divide the ", world->size(),
+             " ranks launched: launch a multiple of ", tp * pp, " ranks");
+  ParallelConfig pc;
+  pc.world_size = world->size();
+  pc.tensor_model_parallel_size = tp;
+  pc.pipeline_model_parallel_size = pp;
+  const ParallelState ps = ParallelState::create(world, pc);
+  InferenceModel out;
+  out.tokenizer = data::build_tokenizer(options.tokenizer);
+  model::TransformerConfig cfg = inference_config(options.model);
+  // Megatron pads the vocabulary to a multiple of the divisor times the tensor-parallel size.
+  cfg.padded_vocab_size =
+      data::padded_vocab_size(out.tokenizer->vocab_size(), options.make_vocab_size_divisible_by, tp);
+  const auto ckpt = training::find_checkpoint(options.load, options.ckpt_step);
+  MG_REQUIRE(ckpt.has_value(), "--load ", options.load, " holds no checkpoint to generate with");
+  const training::CheckpointRank crank = training::CheckpointRank::from(ps);
+  training::check_checkpoint_layout(*ckpt, crank);
+  model::ModelOptions mo;
+  mo.grad = false;
+  mo.init_weights = false;
+  const model::PipelineLayout layout = model::PipelineLayout::make(cfg.num_layers, pp, 0);
+  auto stage = std::make_unique<model::GPTModel>(
+      cfg, 0, model::TensorParallel::make(ps.group_ptr(GroupKind::TP), false),
+      model::ContextParallel::none(), model::ChunkPlace{layout, ps.pp_rank(), 0}, mo);
+  training::load_model_weights(*ckpt, stage->parameters(), /*allow_dtype_conversion=*/true, crank);
+  // Tied embeddings: the last stage's output layer is the first stage's table (not saved).
+  if (pp > 1 && (ps.pp_rank() == 0 || ps.pp_rank() == pp - 1))
+    if (model::Parameter* p = stage->word_embedding())
+      ps.group(GroupKind::EMBEDDING).broadcast(p->value, 0);
+  const size_t bytes = stage->weight_bytes();
+  auto engine = std::make_unique<GPTEngine>(cfg, std::move(stage), ps.group_ptr(GroupKind::PP));
+  out.iteration = ckpt->state.iteration;
+  out.group = ps.group_ptr(GroupKind::MP);
+  out.data_parallel_rank = ps.dp_rank();
+  out.data_parallel_size = ps.dp_size();
+  const bool leads = ps.tp_rank() == 0 && ps.pp_rank() == 0;
+  MG_CHECK(leads == (out.group->rank() == 0), "model-parallel group rank 0 is not TP 0, PP 0");
+  if (!leads) {
+    out.follower = std::move(engine);
+    return out;
+  }
+  log_info("loaded checkpoint ", ckpt->dir.string(), " (iteration ", out.iteration, ") on ", tp,
+           " x ", pp, " model-parallel ranks", ps.dp_size() > 1 ? str(" x ", ps.dp_size(), " replicas") : "",
+           ": ", cfg.num_layers, " layers, hidden ", cfg.hidden_size, ", vocab ",
+           cfg.padded_vocab_size, "; weights in ", dtype_name(cfg.params_dtype), ", ", bytes,
+           " bytes on this rank");
+  out.model = std::make_unique<DistributedEngine>(
+      std::move(engine), out.group,
+      data::padded_vocab_size(out.tokenizer->vocab_size(), options.make_vocab_size_divisible_by, 1));
+  return out;
+}
+
+}  // namespace
+
+InferenceModel load_inference_model(const InferenceModelOptions& options,
+                                    std::shared_ptr<Communicator> world) {
   MG_REQUIRE(!options.load.empty(), "--load is required: the checkpoint folder to generate with");
   MG_REQUIRE(!options.tokenizer.type.empty(), "--tokenizer-type is required");
+  if (options.tensor_model_parallel_size * options.pipeline_model_parallel_size > 1) {
+    if (!world) world = world_communicator();
+    if (world->size() > 1) return load_model_parallel(options, world);
+  }
   InferenceModel out;
   out.tokenizer = data::build_tokenizer(options.tokenizer);
   model::TransformerConfig cfg = options.model;

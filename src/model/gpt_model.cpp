@@ -79,26 +79,35 @@ Tensor GPTModel::head_logits(const LayerContext&, const Tensor& xf) {
 void GPTModel::allocate_inference(InferenceContext& ic, int64_t slots, int64_t max_len) const {
   MG_REQUIRE(max_len >= 1 && max_len <= cfg_.max_position_embeddings, "sequence length ",
              max_len, " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
-  ic.allocate(cfg_.num_layers, slots, cfg_.query_groups(), max_len, cfg_.head_dim(), device_);
+  ic.allocate(cfg_.num_layers, slots, cfg_.query_groups() / tp_.size(), max_len, cfg_.head_dim(),
+              device_, block_->first_layer());
 }
 
 Tensor GPTModel::forward_inference(const Tensor& tokens, InferenceContext& ic,
-                                   const Tensor& logit_rows) {
-  MG_CHECK(pre_process() && post_process() && tp_.size() == 1 && cp_.size() == 1,
-           "GPTModel::forward_inference needs the whole model on one rank");
+                                   const Tensor& logit_rows, const Tensor& hidden) {
+  MG_CHECK(cp_.size() == 1 && !tp_.sequence_parallel,
+           "GPTModel::forward_inference runs without context or sequence parallelism");
   const int64_t n = tokens.numel();
   MG_CHECK(tokens.dtype() == DType::I32 && ic.row_slot.numel() == n && ic.row_pos.numel() == n,
            "forward_inference: ", n, " tokens need as many slots and positions");
+  MG_CHECK(pre_process() || (hidden.defined() && hidden.size(0) == n),
+           "forward_inference: a stage without the embedding needs the previous stage's output");
   LayerContext ctx;
   ctx.batch = 1;
   ctx.seq = n;
   ctx.seed = seed_;
   ctx.inference = &ic;
   if (cfg_.rope()) ctx.rope_positions = ic.row_pos;
-  Batch in;
-  in.tokens = tokens.view({1, n});
-  in.position_ids = ic.row_pos.view({1, n});
-  Tensor x = block_->forward(ctx, embed(ctx, in), nullptr);
+  Tensor x;
+  if (pre_process()) {
+    Batch in;
+    in.tokens = tokens.view({1, n});
+    in.position_ids = ic.row_pos.view({1, n});
+    x = block_->forward(ctx, embed(ctx, in), nullptr);
+  } else {
+    x = block_->forward(ctx, hidden, nullptr);
+  }
+  if (!post_process()) return x;
   Tensor picked = Tensor::empty({logit_rows.numel(), x.size(1)}, DType::F32, x.device());
   ops::index_select_rows(picked, x, logit_rows);
   return head_logits(ctx, block_->final_norm_forward(ctx, picked));

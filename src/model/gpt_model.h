@@ -43,11 +43,14 @@ class GPTModel final : public LanguageModule {
 
   // Generation: tokens int32 [n] are appended to the KV cache at inference.row_slot /
   // inference.row_pos (int32 [n] each, set by the caller); returns the logits [k, V] of the rows
-  // listed in logit_rows (int32 [k]). All of them on device(). The whole model without tensor or
-  // context parallelism.
+  // listed in logit_rows (int32 [k]), gathered over the tensor-parallel group. All of them on
+  // device(). On a pipeline stage without the embedding, `hidden` [n, h] fp32 (the previous
+  // stage's output) replaces the tokens' embedding; a stage without the output layer returns its
+  // layers' output [n, h] instead of logits. Collective over the tensor-parallel group.
   Tensor forward_inference(const Tensor& tokens, InferenceContext& inference,
-                           const Tensor& logit_rows);
-  // Sizes `inference`'s caches for this model: `slots` sequences of up to `max_len` positions.
+                           const Tensor& logit_rows, const Tensor& hidden = Tensor());
+  // Sizes `inference`'s caches for this chunk's layers (this rank's query groups): `slots`
+  // sequences of up to `max_len` positions.
   void allocate_inference(InferenceContext& inference, int64_t slots, int64_t max_len) const;
 
  protected:

@@ -7,7 +7,7 @@
 namespace megatron::model {
 
 void InferenceContext::allocate(int num_layers, int64_t s, int64_t groups, int64_t len,
-                                int64_t head_dim, Device device) {
+                                int64_t head_dim, Device device, int first_layer) {
   MG_CHECK(num_layers >= 1 && s >= 1 && groups >= 1 && len >= 1 && head_dim >= 1,
            "InferenceContext::allocate: bad sizes");
   slots = s;
@@ -16,7 +16,7 @@ void InferenceContext::allocate(int num_layers, int64_t s, int64_t groups, int64
   value_cache.assign(size_t(num_layers), Tensor());
   // Zero-filled: the pages are touched here, at the start of a request, rather than by the first
   // token written at each position (a page fault inside every decode step).
-  for (int l = 0; l < num_layers; ++l) {
+  for (int l = first_layer; l < num_layers; ++l) {
     key_cache[size_t(l)] = Tensor::zeros({s, groups, len, head_dim}, DType::F32, device);
     value_cache[size_t(l)] = Tensor::zeros({s, groups, len, head_dim}, DType::F32, device);
   }
@@ -26,6 +26,7 @@ void InferenceContext::grow(int64_t len) {
   if (len <= max_len) return;
   for (auto* caches : {&key_cache, &value_cache})
     for (Tensor& c : *caches) {
+      if (!c.defined()) continue;  // another pipeline stage's layer
       const int64_t blocks = c.size(0) * c.size(1), d = c.size(3);
       Tensor grown = Tensor::empty({c.size(0), c.size(1), len, d}, DType::F32, c.device());
       // Each (slot, group) block keeps its positions at the longer stride.
@@ -40,6 +41,7 @@ void InferenceContext::reorder(const Tensor& src) {
   MG_CHECK(k >= 1 && src.dtype() == DType::I32, "InferenceContext::reorder: int32 slot list");
   for (auto* caches : {&key_cache, &value_cache})
     for (Tensor& c : *caches) {
+      if (!c.defined()) continue;
       const int64_t row = c.numel() / c.size(0);
       Tensor out = Tensor::empty({k, c.size(1), c.size(2), c.size(3)}, DType::F32, c.device());
       ops::index_select_rows(out.view({k, row}), c.view({slots, row}), src);

@@ -15,14 +15,16 @@ namespace megatron::model {
 
 struct InferenceContext {
   int64_t slots = 0, max_len = 0;
-  // Per decoder layer (index = global layer number): [slots, groups, max_len, head_dim] fp32.
+  // Per decoder layer (index = global layer number): [slots, groups, max_len, head_dim] fp32
+  // (this rank's query groups under tensor parallelism; undefined for other stages' layers).
   std::vector<Tensor> key_cache, value_cache;
   // The current forward: int32 [n], slot and position of each of its n tokens.
   Tensor row_slot, row_pos;
 
   // Sizes the caches for `slots` sequences of up to `max_len` positions (contents undefined).
+  // Layers below `first_layer` (held by earlier pipeline stages) get no cache.
   void allocate(int num_layers, int64_t slots, int64_t groups, int64_t max_len, int64_t head_dim,
-                Device device = Device::cpu());
+                Device device = Device::cpu(), int first_layer = 0);
   // Lengthens every slot to `max_len` positions, keeping what is cached.
   void grow(int64_t max_len);
   // Slot i becomes a copy of old slot src[i] (int32 [k]); the cache then has k slots (beam

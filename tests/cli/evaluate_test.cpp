@@ -198,15 +198,22 @@ TEST(ZeroShot, WikitextPerplexityEqualsPyTorch) {
   }
 }
 
+// The fixture's checkpoint resharded to TP2 in the test's folder ("" when the conversion fails).
+std::string tp2_checkpoint(const EvalFiles& files) {
+  const std::string tp2 = (files.dir / "tp2").string();
+  const auto c = mt::run_cli("checkpoint convert --load " + mt::cli_fixture().checkpoint +
+                             " --save " + tp2 + " --target-tensor-parallel-size 2");
+  EXPECT_EQ(c.exit_code, 0) << c.output;
+  return c.exit_code == 0 ? tp2 : "";
+}
+
 // A tensor-parallel checkpoint evaluates the same (its shards merged in memory), with
 // --tensor-model-parallel-size 1 or its own size; another size is refused.
 TEST(ZeroShot, ShardedCheckpointsGiveTheSameResult) {
   EvalFiles files;
   const auto& f = mt::cli_fixture();
-  const std::string tp2 = (files.dir / "tp2").string();
-  const auto c = mt::run_cli("checkpoint convert --load " + f.checkpoint + " --save " + tp2 +
-                             " --target-tensor-parallel-size 2");
-  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const std::string tp2 = tp2_checkpoint(files);
+  ASSERT_FALSE(tp2.empty());
   const std::string task = "--task WIKITEXT103 --valid-data " + (files.dir / "wiki.test.tokens").string();
   const Result one = evaluate(f.checkpoint, task);
   const Result two = evaluate(tp2, task + " --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1");
@@ -218,6 +225,37 @@ TEST(ZeroShot, ShardedCheckpointsGiveTheSameResult) {
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_NE(bad.output.find("--tensor-model-parallel-size 4 differs from the checkpoint's (2"),
             std::string::npos) << bad.output;
+}
+
+// Across ranks (Megatron's tasks/main.py under torchrun): every rank loads its TP2 shard, and with
+// four ranks two data-parallel replicas split the samples; the result line and the loss equal the
+// single-process run's, and rank 0 alone prints them.
+TEST(ZeroShot, ModelParallelRanksGiveTheSameResult) {
+  EvalFiles files;
+  const auto& f = mt::cli_fixture();
+  const std::string tp2 = tp2_checkpoint(files);
+  ASSERT_FALSE(tp2.empty());
+  const std::string task = "--task LAMBADA --valid-data " +
+                           (files.dir / "lambada_test.jsonl").string() + " --micro-batch-size 2";
+  const Result one = evaluate(f.checkpoint, task);
+  ASSERT_FALSE(one.line.empty()) << one.output;
+  for (const int ranks : {2, 4}) {
+    const auto r = mt::run_command("OMP_NUM_THREADS=1 '" + mt::cli_path().string() +
+                                   "' launch --nproc-per-node " + std::to_string(ranks) +
+                                   " -- evaluate --load " + tp2 + " --use-checkpoint-args" +
+                                   f.tokenizer_flags + " " + task +
+                                   " --tensor-model-parallel-size 2 2>&1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(loss sum (\S+) nats)"))) << r.output;
+    EXPECT_NEAR(std::stod(m[1].str()), one.loss_sum, 1e-5 * one.loss_sum) << r.output;
+    EXPECT_NE(r.output.find("\n" + one.line + "\n"), std::string::npos) << r.output;
+    size_t lines = 0;
+    for (size_t at = r.output.find(one.line); at != std::string::npos;
+         at = r.output.find(one.line, at + 1))
+      ++lines;
+    EXPECT_EQ(lines, 1u) << r.output;  // rank 0 alone prints
+  }
 }
 
 // examples/evaluate_zeroshot_gpt.sh (its removed --batch-size spelled --micro-batch-size), with

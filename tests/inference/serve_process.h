@@ -21,9 +21,15 @@ namespace megatron::inference::testing {
 
 class ServeProcess {
  public:
-  // `args`: everything after "serve" but --port. Waits up to 60 s for the log line.
-  ServeProcess(const std::string& args, std::filesystem::path log_file) : log_(std::move(log_file)) {
-    const std::string cmd = "exec '" + megatron::testing::cli_path().string() + "' serve " + args +
+  // `args`: everything after "serve" but --port; `launcher`: what goes before "serve" (e.g.
+  // "launch --nproc-per-node 4 --"). Waits up to 60 s for the log line.
+  ServeProcess(const std::string& args, std::filesystem::path log_file,
+               const std::string& launcher = "")
+      : log_(std::move(log_file)) {
+    // Ranks of a launch share the cores: one OpenMP thread each.
+    const std::string cmd = std::string(launcher.empty() ? "" : "OMP_NUM_THREADS=1 ") + "exec '" +
+                            megatron::testing::cli_path().string() +
+                            "' " + launcher + " serve " + args +
                             " --port 0 > '" + log_.string() + "' 2>&1";
     std::filesystem::remove(log_);  // an old server's port line must not be read
     pid_ = fork();
@@ -57,7 +63,8 @@ class ServeProcess {
   ServeProcess(const ServeProcess&) = delete;
   ServeProcess& operator=(const ServeProcess&) = delete;
 
-  int port() const { return port_; }  // 0: it did not come up (see log())
+  int port() const { return port_; }
+  int status() const { return status_; }  // waitpid's status after stop()  // 0: it did not come up (see log())
   std::string log() const {
     return std::filesystem::exists(log_) ? megatron::testing::read_file(log_) : std::string();
   }
