@@ -24,6 +24,16 @@ int64_t local_size(int64_t full, int parts, const std::string& what) {
 
 constexpr int64_t kHeadRows = 256;  // rows of logits per loss-head chunk
 
+// t as the other operand of a product with a weight of dtype `dt`: itself for fp32, else rounded
+// to dt (the bf16 activations a bf16 GEMM multiplies, as in Megatron's bf16 training).
+Tensor product_operand(const Tensor& t, DType dt) {
+  if (t.dtype() == dt) return t;
+  const Tensor src = t.contiguous();
+  Tensor out = Tensor::empty(src.shape(), dt, src.device());
+  ops::cast(out, src);
+  return out;
+}
+
 // Error unless every id of the int32 tensor is in [0, limit): the range comes from an op; the
 // first id outside it is looked up on a host copy (error path only).
 void check_ids(const Tensor& ids, int64_t limit, const char* what, const char* outside,
@@ -57,6 +67,8 @@ LinearBase::LinearBase(const std::string& prefix, int64_t in, int64_t out, bool 
               row && tp.sequence_parallel, opt.grad);
     bias.param.partition_parts = row ? 1 : opt.parts;
   }
+  weight.products_only = true;  // multiplied only: no fp32 copy where gemm takes its dtype
+  weight.refresh();
   register_weight(weight);
   register_weight(bias);
 }
@@ -70,8 +82,9 @@ Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
              : CopyToTensorParallelRegion::forward(g, x);
   MG_CHECK(xin.dim() == 2 && xin.size(1) == in_features, "Linear ", weight.param.name,
            ": input ", shape_str(xin.shape()), " does not have ", in_features, " columns");
+  const Tensor& W = weight.for_products();
   Tensor y = Tensor::empty({xin.size(0), out_features}, DType::F32, xin.device());
-  ops::gemm(xin, false, weight.f32, true, y);
+  ops::gemm(product_operand(xin, W.dtype()), false, W, true, y);
   if (row_parallel_)
     y = sp ? ReduceScatterToSequenceParallelRegion::forward(g, y)
            : ReduceFromTensorParallelRegion::forward(g, y);
@@ -91,9 +104,11 @@ Tensor LinearBase::backward(const LayerContext&, const Tensor& dy) {
               : ReduceFromTensorParallelRegion::backward(g, dy);
   else if (sp)
     xin = GatherFromSequenceParallelRegion::forward(g, x_);  // gathered again, not kept
+  const Tensor& W = weight.for_products();
+  const Tensor dyc = product_operand(dyin, W.dtype());
   Tensor dx = Tensor::empty({dyin.size(0), in_features}, DType::F32, dyin.device());
-  ops::gemm(dyin, false, weight.f32, false, dx);
-  ops::gemm(dyin, true, xin, false, weight.param.grad, 1.0f, 1.0f);
+  ops::gemm(dyc, false, W, false, dx);
+  ops::gemm(dyc, true, product_operand(xin, W.dtype()), false, weight.param.grad, 1.0f, 1.0f);
   if (!row_parallel_)
     dx = sp ? GatherFromSequenceParallelRegion::backward(g, dx)
             : CopyToTensorParallelRegion::backward(g, dx);
@@ -155,11 +170,14 @@ void Embedding::backward(const LayerContext& ctx, const Tensor& dout) {
   const Tensor& tokens = tokens_;
   const int64_t n = tokens.numel(), rows = dout.size(0), h = dout.size(1);
   const int64_t row0 = tp_.sequence_parallel ? tp_.rank() * rows : 0;
-  Tensor d = Tensor::empty(dout.shape(), DType::F32, dout.device());
-  ctx.for_each_sequence_run(row0, rows, h, [&](int64_t f, int64_t k, uint64_t off) {
-    ops::dropout_bwd(d.narrow(0, f, k), dout.narrow(0, f, k),
-                     ctx.dropout(dropout, -1, kSiteEmbedding, off));
-  });
+  Tensor d = dout;  // read only below; without dropout no pass over it
+  if (ctx.dropout(dropout, -1, kSiteEmbedding).active()) {
+    d = Tensor::empty(dout.shape(), DType::F32, dout.device());
+    ctx.for_each_sequence_run(row0, rows, h, [&](int64_t f, int64_t k, uint64_t off) {
+      ops::dropout_bwd(d.narrow(0, f, k), dout.narrow(0, f, k),
+                       ctx.dropout(dropout, -1, kSiteEmbedding, off));
+    });
+  }
   if (position.defined()) {
     const Tensor& pos = position_ids_;
     ops::embedding_bwd(position.param.grad, pos.view({n}).narrow(0, row0, rows), d);
@@ -182,6 +200,8 @@ OutputLayer::OutputLayer(int64_t vocab_size, int64_t h, DType dtype, const Tenso
   own_.init("output_layer.weight", {local_size(vocab_size, tp.size(), "padded vocabulary"), h},
             dtype, true, 0, false, grad);
   own_.param.shared = shared;
+  own_.products_only = true;
+  own_.refresh();
   register_weight(own_);
 }
 
@@ -194,7 +214,8 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
                                  float grad_scale, Tensor* dx) {
   Communicator& g = tp_.comm();
   const Tensor xin = input_region(x);
-  const Tensor& W = weight_->f32;
+  const Tensor& W = weight_->for_products();
+  const Tensor xc = product_operand(xin, W.dtype());
   const int64_t N = xin.size(0), vl = W.size(0);
   MG_CHECK(vl * tp_.size() == vocab_size_, "output layer: vocabulary shard ", vl, " x ",
            tp_.size(), " != ", vocab_size_);
@@ -211,7 +232,7 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t r = std::min(R, N - r0);
     Tensor z = logits_buf_.narrow(0, 0, r);
-    const Tensor xr = xin.narrow(0, r0, r);
+    const Tensor xr = xc.narrow(0, r0, r);
     ops::gemm(xr, false, W, true, z);
     Tensor dz = z;
     if (tp_.size() == 1) {  // fused single-rank softmax cross entropy, dlogits in place
@@ -228,8 +249,9 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
       xent_ = {};
     }
     if (dx) {
-      ops::gemm(dz, false, W, false, dxin.narrow(0, r0, r));  // partial over vocabulary shards
-      ops::gemm(dz, true, xr, false, weight_->param.grad, 1.0f, 1.0f);
+      const Tensor dzc = product_operand(dz, W.dtype());
+      ops::gemm(dzc, false, W, false, dxin.narrow(0, r0, r));  // partial over vocabulary shards
+      ops::gemm(dzc, true, xr, false, weight_->param.grad, 1.0f, 1.0f);
     }
   }
   if (dx)
@@ -240,8 +262,9 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
 
 Tensor OutputLayer::logits(const Tensor& x) {
   const Tensor xin = input_region(x);
-  Tensor z = Tensor::empty({xin.size(0), weight_->f32.size(0)}, DType::F32, xin.device());
-  ops::gemm(xin, false, weight_->f32, true, z);
+  const Tensor& W = weight_->for_products();
+  Tensor z = Tensor::empty({xin.size(0), W.size(0)}, DType::F32, xin.device());
+  ops::gemm(product_operand(xin, W.dtype()), false, W, true, z);
   return tp::gather_from_tensor_model_parallel_region(tp_.comm(), z);
 }
 

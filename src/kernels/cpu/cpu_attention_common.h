@@ -1,22 +1,15 @@
-// Helpers shared by the CPU attention files: a row-major sgemm on raw pointers (OpenBLAS,
-// single-threaded inside the callers' OpenMP tasks), the check of AttentionShape's mask fields,
-// and the per-local-head ALiBi slopes.
+// Helpers shared by the CPU attention files: a row-major sgemm on raw pointers (cpu_matmul.h:
+// oneDNN's, single-threaded inside the callers' OpenMP tasks), the check of AttentionShape's mask
+// fields, and the per-local-head ALiBi slopes.
 #pragma once
-
-#include <cblas.h>
 
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_matmul.h"
 
 namespace megatron::ops::cpu {
-
-inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
-}
 
 // True when the shape asks for anything beyond causal attention.
 inline bool has_extra_mask(const AttentionShape& sh) {

@@ -144,30 +144,59 @@ void scale(const Tensor& x, float s) {
 
 namespace {
 // Applies out[i] = (x[i] + bias[i % m]) * keep[i] (+ residual[i]) in chunks of the Philox stream.
+// Without dropout (p = 0) no mask is drawn: in place without bias and residual nothing is done,
+// else one vectorised pass (x + bias) + residual, in the order of the masked loop below.
+void add_bias_residual(float* out, const float* x, const float* bias, int64_t m,
+                       const float* res, int64_t n) {
+  if (bias == nullptr && res == nullptr) {
+    if (out != x) cpu::parallel_for_simd(n, [&](int64_t i) { out[i] = x[i]; });
+    return;
+  }
+  if (bias == nullptr) {
+    cpu::parallel_for_simd(n, [&](int64_t i) { out[i] = x[i] + res[i]; });
+    return;
+  }
+  cpu::parallel_for(n / m, n, [&](int64_t r) {
+    float* o = out + r * m;
+    const float* xr = x + r * m;
+    const float* rr = res ? res + r * m : nullptr;
+    if (rr) {
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) o[j] = (xr[j] + bias[j]) + rr[j];
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) o[j] = xr[j] + bias[j];
+    }
+  });
+}
+
 void dropout_apply(float* out, const float* x, const float* bias, int64_t m, const float* res,
                    int64_t n, const DropoutSpec& d) {
+  if (!d.active()) {
+    add_bias_residual(out, x, bias, m, res, n);
+    return;
+  }
   const Philox rng(d.seed, d.stream);
   constexpr int64_t kChunk = 4096;
   auto chunk = [&](int64_t c, std::vector<float>& keep) {
     const int64_t len = std::min(kChunk, n - c);
-    if (d.active()) cpu::dropout_row(keep.data(), len, d.element_offset + uint64_t(c), rng, d.p);
+    cpu::dropout_row(keep.data(), len, d.element_offset + uint64_t(c), rng, d.p);
     for (int64_t i = 0; i < len; ++i) {
       float v = x[c + i];
       if (bias) v += bias[(c + i) % m];
-      if (d.active()) v *= keep[size_t(i)];
+      v *= keep[size_t(i)];
       if (res) v += res[c + i];
       out[c + i] = v;
     }
   };
-  const size_t mask = d.active() ? size_t(kChunk) : 0;  // no mask without dropout
   if (n <= kMinParallelWork) {  // on this thread, outside any OpenMP region
-    std::vector<float> keep(mask);
+    std::vector<float> keep(kChunk);
     for (int64_t c = 0; c < n; c += kChunk) chunk(c, keep);
     return;
   }
 #pragma omp parallel
   {
-    std::vector<float> keep(mask);
+    std::vector<float> keep(kChunk);
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < n; c += kChunk) chunk(c, keep);
   }

@@ -2,7 +2,7 @@
 // cache slots, and attention of those rows against their slots' cached sequences (continuous
 // batching: any mix of prefill chunks and single decode rows in one call). Rows of one slot at
 // consecutive positions form a run; each (run, head) is one OpenMP task: a prefill run computes
-// in 64-row tiles with sgemm, a single row with sgemv. Causal, with an optional sliding window
+// in 64-row tiles with sgemm, a single row with matrix-vector products. Causal, with an optional sliding window
 // and ALiBi, as attention_fwd.
 #include <omp.h>
 
@@ -126,7 +126,6 @@ void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& 
   const float scale = shape.softmax_scale;
   constexpr int64_t kTileRows = 64;
   const int64_t tasks = int64_t(runs.size()) * L.heads;
-  cpu::blas_single_threaded();
   const size_t scratch = size_t(std::min<int64_t>(kTileRows, L.n) * L.max_len);
   auto run_task = [&](int64_t task, std::vector<float>& P) {
     const auto [first, len] = runs[size_t(task / L.heads)];
@@ -142,9 +141,8 @@ void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& 
       const float* Q = x + r0 * L.width + L.q(head);
       float* O = out + r0 * L.ctx_width + int64_t(head) * L.d;
       if (nt == 1) {
-        std::fill_n(P.data(), kw, 0.0f);
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, int(kw), L.d, scale, K + k0 * L.d, L.d, Q, 1,
-                    0.0f, P.data(), 1);
+        cpu::matvec(false, {K + k0 * L.d, DType::F32, kw, L.d, L.d}, Q, 1, scale, 0.0f, P.data(),
+                    1);
       } else {
         cpu::sgemm(false, true, nt, kw, L.d, scale, Q, L.width, K + k0 * L.d, L.d, 0.0f,
                    P.data(), kw);
@@ -167,9 +165,8 @@ void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& 
         for (int64_t j = p + 1; j < k1; ++j) row[j - k0] = 0;
       }
       if (nt == 1) {
-        std::fill_n(O, L.d, 0.0f);
-        cblas_sgemv(CblasRowMajor, CblasTrans, int(kw), L.d, 1.0f, V + k0 * L.d, L.d, P.data(),
-                    1, 0.0f, O, 1);
+        cpu::matvec(true, {V + k0 * L.d, DType::F32, kw, L.d, L.d}, P.data(), 1, 1.0f, 0.0f, O,
+                    1);
       } else {
         cpu::sgemm(false, false, nt, L.d, kw, 1.0f, P.data(), kw, V + k0 * L.d, L.d, 0.0f, O,
                    L.ctx_width);

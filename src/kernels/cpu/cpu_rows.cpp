@@ -1,6 +1,7 @@
 // Row gather / scatter, flat-buffer packing and double-precision sums on the CPU. Gathers and
-// copies move bytes (any dtype); sums read any float dtype. Sums run in fixed blocks whose
-// partial sums are added in order, so they do not depend on the thread count. int_range gives the
+// copies move bytes (any dtype); sums (sum, dot, l2_norm_squared) read any float dtype. Sums run
+// in fixed blocks whose partial sums are added in order, so they do not depend on the thread
+// count. int_range gives the
 // extremes of int32 ids.
 #include <omp.h>
 
@@ -170,7 +171,8 @@ auto with_reader(const char* op, const Tensor& x, F&& f) {
   return f([](int64_t) { return 0.0; });  // not reached
 }
 
-// Sum over i < n of term(i), in blocks of kSumBlock summed in order.
+// Sum over i < n of term(i), in blocks of kSumBlock summed in order (within a block in the vector
+// order of the simd loop: fixed for a build, whatever the thread count).
 template <class T>
 double blocked_sum(int64_t n, const T& term) {
   const int64_t nb = (n + kSumBlock - 1) / kSumBlock;
@@ -179,6 +181,7 @@ double blocked_sum(int64_t n, const T& term) {
   for (int64_t b = 0; b < nb; ++b) {
     double s = 0;
     const int64_t e = std::min(n, (b + 1) * kSumBlock);
+#pragma omp simd reduction(+ : s)
     for (int64_t i = b * kSumBlock; i < e; ++i) s += term(i);
     part[size_t(b)] = s;
   }
@@ -190,6 +193,15 @@ double blocked_sum(int64_t n, const T& term) {
 
 double sum(const Tensor& x) {
   return with_reader("sum", x, [&](auto rd) { return blocked_sum(x.numel(), rd); });
+}
+
+double l2_norm_squared(const Tensor& x) {
+  return with_reader("l2_norm_squared", x, [&](auto rd) {
+    return blocked_sum(x.numel(), [&](int64_t i) {
+      const double v = rd(i);
+      return v * v;
+    });
+  });
 }
 
 double dot(const Tensor& a, const Tensor& b) {
