@@ -2,7 +2,9 @@
 // into the KV cache) and decode tokens/s (one token per sequence per step) at batch 1 and 16.
 // Compare with bench/reference/generate_bench.py (PyTorch with a KV cache, same shapes):
 //   build/bench/generate_bench [--layers 6 --hidden 512 --heads 8 --vocab 50304 --prompt 128 --gen 32]
-//                              [--arch gpt|llama]
+//                              [--arch gpt|llama] [--bf16 1]
+// --bf16 1 keeps the weights in bf16 (as `megatron generate --bf16`; with --bf16 1 on the PyTorch
+// side, its model and KV cache in bf16).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,11 +21,13 @@ int main(int argc, char** argv) {
                 heads = f.get("--heads", 8), vocab = f.get("--vocab", 50304),
                 prompt = f.get("--prompt", 128), gen = f.get("--gen", 32), reps = f.get("--reps", 3);
   const std::string arch = f.text("--arch", "gpt");
-  const auto cfg = bench::bench_config(layers, hidden, heads, vocab, prompt + gen, arch);
+  auto cfg = bench::bench_config(layers, hidden, heads, vocab, prompt + gen, arch);
+  if (f.get("--bf16", 0) != 0) cfg.params_dtype = DType::BF16;
   inference::GPTEngine model(cfg, bench::random_weights(cfg));
-  std::printf("model: %s, %lld layers, hidden %lld, heads %lld, vocab %lld; prompt %lld, generate %lld\n",
+  std::printf("model: %s, %lld layers, hidden %lld, heads %lld, vocab %lld, %s weights; prompt %lld, "
+              "generate %lld\n",
               arch.c_str(), (long long)layers, (long long)hidden, (long long)heads, (long long)vocab,
-              (long long)prompt, (long long)gen);
+              dtype_name(cfg.params_dtype), (long long)prompt, (long long)gen);
   std::printf("| batch | prefill tokens/s | decode tokens/s | decode ms/step |\n|---|---|---|---|\n");
   for (int64_t batch : {int64_t(1), int64_t(16)}) {
     std::vector<int32_t> tokens(size_t(batch * prompt));

@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """PyTorch counterpart of bench/generate_bench.cpp: the same GPT shape (LayerNorm, GeLU,
-learned positions, tied output), fp32 on the CPU, with a preallocated KV cache; prefill
-tokens/s and decode tokens/s at batch 1 and 16, best of --reps after one warm-up round.
+learned positions, tied output), fp32 on the CPU (--bf16 1: the model and its KV cache in bf16),
+with a preallocated KV cache; prefill tokens/s and decode tokens/s at batch 1 and 16, best of
+--reps after one warm-up round.
 
 Usage: /usr/bin/python3 bench/reference/generate_bench.py [--layers 6 --hidden 512 --heads 8
-       --vocab 50304 --prompt 128 --gen 32 --threads 2]
+       --vocab 50304 --prompt 128 --gen 32 --threads 2 --bf16 0]
 """
 import argparse
 import math
@@ -49,7 +50,8 @@ class GPT(torch.nn.Module):
 
     def start(self, batch):
         shape = (batch, self.heads, self.max_len, self.d)
-        self.cache = [(torch.zeros(shape), torch.zeros(shape)) for _ in self.layers]
+        dt = self.emb.weight.dtype
+        self.cache = [(torch.zeros(shape, dtype=dt), torch.zeros(shape, dtype=dt)) for _ in self.layers]
         self.position = 0
 
     def forward(self, tokens):  # logits of the last position
@@ -64,15 +66,17 @@ class GPT(torch.nn.Module):
 def main():
     p = argparse.ArgumentParser()
     for name, default in [("layers", 6), ("hidden", 512), ("heads", 8), ("vocab", 50304),
-                          ("prompt", 128), ("gen", 32), ("reps", 3), ("threads", 2)]:
+                          ("prompt", 128), ("gen", 32), ("reps", 3), ("threads", 2), ("bf16", 0)]:
         p.add_argument("--" + name, type=int, default=default)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = GPT(a.layers, a.hidden, a.heads, a.vocab, a.prompt + a.gen).eval()
-    print("torch %s, %d threads; model: %d layers, hidden %d, heads %d, vocab %d; prompt %d, "
+    if a.bf16:
+        model = model.to(torch.bfloat16)
+    print("torch %s, %d threads; model: %d layers, hidden %d, heads %d, vocab %d, %s; prompt %d, "
           "generate %d" % (torch.__version__, a.threads, a.layers, a.hidden, a.heads, a.vocab,
-                           a.prompt, a.gen))
+                           "bf16" if a.bf16 else "fp32", a.prompt, a.gen))
     print("| batch | prefill tokens/s | decode tokens/s | decode ms/step |\n|---|---|---|---|")
     with torch.inference_mode():
         for batch in (1, 16):

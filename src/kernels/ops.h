@@ -50,6 +50,7 @@ void embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout)
 // Vocab-parallel lookup (Megatron's VocabParallelEmbedding): weight holds vocabulary rows
 // [vocab_start, vocab_start + V) of the full table; ids outside that range give zero rows in
 // forward and nothing in backward (another tensor-parallel rank owns them). Any id is accepted.
+// The forward's weight may be bf16 or fp16 (its rows widened to the fp32 out; CPU only).
 void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight,
                                   int64_t vocab_start);
 void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,

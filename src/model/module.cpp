@@ -40,7 +40,7 @@ bool multiplied_as_stored(const Weight& w) {
 }
 }  // namespace
 
-const Tensor& Weight::for_products() const {
+const Tensor& Weight::operand() const {
   if (multiplied_as_stored(*this)) return param.value;
   MG_CHECK(f32.defined(), "weight ", param.name, " has no fp32 working copy (refresh it first)");
   return f32;
@@ -51,7 +51,7 @@ void Weight::refresh() {
     f32 = param.value;
     return;
   }
-  if (products_only && multiplied_as_stored(*this)) {
+  if (read_as_stored && multiplied_as_stored(*this)) {
     f32 = Tensor();
     return;
   }

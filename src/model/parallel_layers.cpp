@@ -67,7 +67,7 @@ LinearBase::LinearBase(const std::string& prefix, int64_t in, int64_t out, bool 
               row && tp.sequence_parallel, opt.grad);
     bias.param.partition_parts = row ? 1 : opt.parts;
   }
-  weight.products_only = true;  // multiplied only: no fp32 copy where gemm takes its dtype
+  weight.read_as_stored = true;  // only multiplied: no fp32 copy where gemm takes its dtype
   weight.refresh();
   register_weight(weight);
   register_weight(bias);
@@ -82,7 +82,7 @@ Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
              : CopyToTensorParallelRegion::forward(g, x);
   MG_CHECK(xin.dim() == 2 && xin.size(1) == in_features, "Linear ", weight.param.name,
            ": input ", shape_str(xin.shape()), " does not have ", in_features, " columns");
-  const Tensor& W = weight.for_products();
+  const Tensor& W = weight.operand();
   Tensor y = Tensor::empty({xin.size(0), out_features}, DType::F32, xin.device());
   ops::gemm(product_operand(xin, W.dtype()), false, W, true, y);
   if (row_parallel_)
@@ -104,7 +104,7 @@ Tensor LinearBase::backward(const LayerContext&, const Tensor& dy) {
               : ReduceFromTensorParallelRegion::backward(g, dy);
   else if (sp)
     xin = GatherFromSequenceParallelRegion::forward(g, x_);  // gathered again, not kept
-  const Tensor& W = weight.for_products();
+  const Tensor& W = weight.operand();
   const Tensor dyc = product_operand(dyin, W.dtype());
   Tensor dx = Tensor::empty({dyin.size(0), in_features}, DType::F32, dyin.device());
   ops::gemm(dyc, false, W, false, dx);
@@ -127,12 +127,15 @@ Embedding::Embedding(int64_t vocab, int64_t max_positions, int64_t h, float drop
   if (max_positions > 0)
     position.init("embedding.position_embeddings.weight", {max_positions, h}, dtype, true, -1,
                   tp.sequence_parallel, grad);
+  word.read_as_stored = true;  // looked up and multiplied (tied output layer) as stored
+  word.refresh();
   register_weight(word);
   register_weight(position);
 }
 
 Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& pos) {
-  const int64_t n = tokens.numel(), h = word.f32.size(1);
+  const Tensor& table = word.operand();
+  const int64_t n = tokens.numel(), h = table.size(1);
   const bool learned = position.defined();
   check_ids(tokens, vocab_size, "token id", "is outside the padded vocabulary [0, ",
             "); the data was tokenized with a different tokenizer or vocab size");
@@ -143,8 +146,8 @@ Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const T
     check_ids(pos, P, "position id", "is outside [0, --max-position-embeddings=", ")");
   }
   Communicator& g = tp_.comm();
-  Tensor out = Tensor::empty({n, h}, DType::F32, word.f32.device());
-  ops::vocab_parallel_embedding_fwd(out, tokens, word.f32, vocab_start);
+  Tensor out = Tensor::empty({n, h}, DType::F32, table.device());
+  ops::vocab_parallel_embedding_fwd(out, tokens, table, vocab_start);
   out = tp_.sequence_parallel ? ReduceScatterToSequenceParallelRegion::forward(g, out)
                               : ReduceFromTensorParallelRegion::forward(g, out);
   const int64_t rows = out.size(0), row0 = tp_.sequence_parallel ? tp_.rank() * rows : 0;
@@ -200,7 +203,7 @@ OutputLayer::OutputLayer(int64_t vocab_size, int64_t h, DType dtype, const Tenso
   own_.init("output_layer.weight", {local_size(vocab_size, tp.size(), "padded vocabulary"), h},
             dtype, true, 0, false, grad);
   own_.param.shared = shared;
-  own_.products_only = true;
+  own_.read_as_stored = true;
   own_.refresh();
   register_weight(own_);
 }
@@ -214,7 +217,7 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
                                  float grad_scale, Tensor* dx) {
   Communicator& g = tp_.comm();
   const Tensor xin = input_region(x);
-  const Tensor& W = weight_->for_products();
+  const Tensor& W = weight_->operand();
   const Tensor xc = product_operand(xin, W.dtype());
   const int64_t N = xin.size(0), vl = W.size(0);
   MG_CHECK(vl * tp_.size() == vocab_size_, "output layer: vocabulary shard ", vl, " x ",
@@ -262,7 +265,7 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
 
 Tensor OutputLayer::logits(const Tensor& x) {
   const Tensor xin = input_region(x);
-  const Tensor& W = weight_->for_products();
+  const Tensor& W = weight_->operand();
   Tensor z = Tensor::empty({xin.size(0), W.size(0)}, DType::F32, xin.device());
   ops::gemm(product_operand(xin, W.dtype()), false, W, true, z);
   return tp::gather_from_tensor_model_parallel_region(tp_.comm(), z);

@@ -157,6 +157,13 @@ void embedding_cases(Table& t) {
     vocab_parallel_embedding_fwd(out, ids(d, 40, 0, 90, 3), rnd(d, {30, 8}, 15), 30);
     return Outs{out};
   }, {exact});
+  for (DType dt : {DType::BF16, DType::F16})
+    t.add("vocab_parallel_embedding_fwd", str(dtype_name(dt), " table rows [30, 60) of 90"),
+          [dt](Device d) {
+            Tensor out = fill(d, {40, 8}, 7.0);
+            vocab_parallel_embedding_fwd(out, ids(d, 40, 0, 90, 3), rnd(d, {30, 8}, 15, 1.0f, dt), 30);
+            return Outs{out};
+          }, {exact});
   t.add("vocab_parallel_embedding_bwd", "rows [30, 60) of 90, accumulating", [](Device d) {
     Tensor dw = rnd(d, {30, 8}, 16);
     vocab_parallel_embedding_bwd(dw, ids(d, 200, 0, 90, 4), rnd(d, {200, 8}, 17), 30);

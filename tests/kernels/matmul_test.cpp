@@ -7,13 +7,15 @@
 // accumulated in fp32, and against the fp32 product of the unrounded values at bf16 tolerance.
 // CpuMatmulIsa reruns all of it in child processes with oneDNN capped at each ISA
 // (DNNL_MAX_CPU_ISA: AMX, AVX512-BF16, AVX-512, AVX2), so every kernel oneDNN has for this CPU,
-// and the widening where it has none, is checked wherever the suite runs.
+// and the widening where it has none, is checked wherever the suite runs. CpuThreads: everything
+// runs on the one OpenMP pool that OMP_NUM_THREADS sizes.
 #include <gtest/gtest.h>
 #include <omp.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <oneapi/dnnl/dnnl.h>
@@ -220,6 +222,45 @@ TEST(CpuMatmul, ReportNamesTheKernelsOfTheIsaInUse) {
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_NE(lines[1].find(k.onednn_isa), std::string::npos) << lines[1];
   EXPECT_NE(lines[2].find(cpu::cpu_kernel_report().openblas_core), std::string::npos) << lines[2];
+}
+
+// The threads of this process (Linux).
+int64_t thread_count() {
+  int64_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// oneDNN's products (fp32, bf16), the matrix-vector loops and the element-wise kernels run on one
+// pool of OpenMP threads of OMP_NUM_THREADS: the process gains at most that many threads minus
+// the caller, whatever it runs.
+TEST(CpuThreads, ProductsAndLoopsShareOneOpenMpPool) {
+  const int threads = omp_get_max_threads();
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    EXPECT_EQ(threads, std::atoi(env));
+  }
+  const int64_t before = thread_count();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor a = randn({512, 384}, 1).to(dt), b = randn({384, 640}, 2).to(dt);
+    Tensor c = Tensor::zeros({512, 640}, DType::F32);
+    gemm(a, false, b, false, c);
+    Tensor y = Tensor::zeros({1, 640}, DType::F32);
+    gemm(a.narrow(0, 0, 1), false, b, false, y);
+  }
+  Tensor x = randn({1 << 20}, 3);
+  scale(x, 0.5f);
+  EXPECT_TRUE(all_finite(x));
+  EXPECT_LE(thread_count() - before, int64_t(threads - 1)) << threads << " OpenMP threads";
+}
+
+// The test above in child processes with 1 and 3 threads.
+TEST(CpuThreadsEnv, OmpNumThreadsIsHonoured) {
+  for (int threads : {1, 3}) {
+    const megatron::testing::CommandResult r = megatron::testing::run_command(
+        str("OMP_NUM_THREADS=", threads, " /proc/", getpid(),
+            "/exe --gtest_filter='CpuThreads.*'"));
+    EXPECT_EQ(r.exit_code, 0) << "with OMP_NUM_THREADS=" << threads << ":\n" << r.output;
+  }
 }
 
 // Every test above, in a child process per ISA cap (a cap above the CPU's own ISA changes

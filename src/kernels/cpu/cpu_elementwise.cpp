@@ -52,24 +52,36 @@ void embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout)
 
 void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight,
                                   int64_t vocab_start) {
-  require_f32("vocab_parallel_embedding_fwd", "out", out);
-  require_f32("vocab_parallel_embedding_fwd", "weight", weight);
-  cpu::require_host("vocab_parallel_embedding_fwd", ids);
-  MG_CHECK(ids.dtype() == DType::I32 && ids.is_contiguous(),
-           "vocab_parallel_embedding_fwd: ids must be contiguous int32");
+  const char* op = "vocab_parallel_embedding_fwd";
+  require_f32(op, "out", out);
+  cpu::require_host(op, weight);
+  MG_CHECK(weight.defined() && weight.is_contiguous() && weight.dim() == 2, op,
+           ": weight must be a contiguous [V, h] table");
+  cpu::require_host(op, ids);
+  MG_CHECK(ids.dtype() == DType::I32 && ids.is_contiguous(), op, ": ids must be contiguous int32");
   const int64_t n = ids.numel(), h = weight.size(1), V = weight.size(0);
-  MG_CHECK(out.numel() == n * h, "vocab_parallel_embedding_fwd: out has ", out.numel(),
-           " elements, want ", n * h);
+  MG_CHECK(out.numel() == n * h, op, ": out has ", out.numel(), " elements, want ", n * h);
   const int32_t* id = ids.data<int32_t>();
-  const float* w = weight.data<float>();
   float* o = out.data<float>();
-  cpu::parallel_for(n, n * h, [&](int64_t i) {
-    const int64_t v = int64_t(id[i]) - vocab_start;
-    if (v >= 0 && v < V)
-      std::copy(w + v * h, w + (v + 1) * h, o + i * h);
-    else
-      std::fill(o + i * h, o + (i + 1) * h, 0.0f);
-  });
+  auto lookup = [&](const auto* w) {
+    cpu::parallel_for(n, n * h, [&](int64_t i) {
+      const int64_t v = int64_t(id[i]) - vocab_start;
+      float* row = o + i * h;
+      if (v >= 0 && v < V) {
+#pragma omp simd
+        for (int64_t j = 0; j < h; ++j) row[j] = to_f32(w[v * h + j]);
+      } else {
+        std::fill(row, row + h, 0.0f);
+      }
+    });
+  };
+  switch (weight.dtype()) {
+    case DType::F32: return lookup(weight.data<float>());
+    case DType::BF16: return lookup(weight.data<bf16>());
+    case DType::F16: return lookup(weight.data<fp16>());
+    default: MG_THROW(op, ": weight must be float32, bfloat16 or float16, got ",
+                      dtype_name(weight.dtype()));
+  }
 }
 
 void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,

@@ -157,13 +157,12 @@ namespace {
 template <class Bits>
 bool any_nonfinite(const Bits* p, int64_t n, Bits exponent) {
   int bad = 0;
-  auto body = [&](int64_t i) { return (p[i] & exponent) == exponent ? 1 : 0; };
   if (n > kMinParallelWork) {
 #pragma omp parallel for simd reduction(| : bad) schedule(static)
-    for (int64_t i = 0; i < n; ++i) bad |= body(i);
+    for (int64_t i = 0; i < n; ++i) bad |= (p[i] & exponent) == exponent ? 1 : 0;
   } else {
 #pragma omp simd reduction(| : bad)
-    for (int64_t i = 0; i < n; ++i) bad |= body(i);
+    for (int64_t i = 0; i < n; ++i) bad |= (p[i] & exponent) == exponent ? 1 : 0;
   }
   return bad != 0;
 }

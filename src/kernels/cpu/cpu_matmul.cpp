@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "kernels/cpu/cpu_common.h"
 
 namespace megatron::ops::cpu {
 namespace {
@@ -153,16 +154,14 @@ void run(const Primitive& p, const void* a, const void* b, float* c) {
 // The half-precision operand `m` widened to a dense fp32 matrix in `buf`.
 MatRef widen(const MatRef& m, std::vector<float>& buf) {
   buf.resize(size_t(m.rows * m.cols));
-  for (int64_t i = 0; i < m.rows; ++i) {
-    float* out = buf.data() + i * m.cols;
-    if (m.dtype == DType::BF16) {
-      const bf16* in = static_cast<const bf16*>(m.p) + i * m.ld;
-      for (int64_t j = 0; j < m.cols; ++j) out[j] = bf16_to_float(in[j]);
-    } else {
-      const fp16* in = static_cast<const fp16*>(m.p) + i * m.ld;
-      for (int64_t j = 0; j < m.cols; ++j) out[j] = fp16_to_float(in[j]);
-    }
-  }
+  auto rows = [&](const auto* in) {
+    for (int64_t i = 0; i < m.rows; ++i)
+      for (int64_t j = 0; j < m.cols; ++j) buf[size_t(i * m.cols + j)] = to_f32(in[i * m.ld + j]);
+  };
+  if (m.dtype == DType::BF16)
+    rows(static_cast<const bf16*>(m.p));
+  else
+    rows(static_cast<const fp16*>(m.p));
   return {buf.data(), DType::F32, m.rows, m.cols, m.cols};
 }
 

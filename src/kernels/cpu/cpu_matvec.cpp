@@ -16,10 +16,6 @@
 namespace megatron::ops::cpu {
 namespace {
 
-inline float widen(float v) { return v; }
-inline float widen(bf16 v) { return bf16_to_float(v); }
-inline float widen(fp16 v) { return fp16_to_float(v); }
-
 // Output entries [j0, j1) of each of the `parts` blocks (multiples of 16 entries) on the OpenMP
 // threads when the matrix is large enough to pay for a parallel region.
 template <class Fn>
@@ -42,7 +38,7 @@ void split(int64_t outputs, double elements, Fn&& fn) {
 template <class T>
 const float* gather(const T* x, int64_t n, int64_t inc, std::vector<float>& buf) {
   buf.resize(size_t(n));
-  for (int64_t i = 0; i < n; ++i) buf[size_t(i)] = widen(x[i * inc]);
+  for (int64_t i = 0; i < n; ++i) buf[size_t(i)] = to_f32(x[i * inc]);
   return buf.data();
 }
 
@@ -59,7 +55,7 @@ void dots(const T* M, int64_t rows, int64_t cols, int64_t ld, const float* x, fl
       const T* row = M + j * ld;
       float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-      for (int64_t i = 0; i < cols; ++i) acc += widen(row[i]) * x[i];
+      for (int64_t i = 0; i < cols; ++i) acc += to_f32(row[i]) * x[i];
       store(y + j * incy, acc, alpha, beta);
     }
   });
@@ -79,7 +75,7 @@ void axpys(const T* M, int64_t rows, int64_t cols, int64_t ld, const float* x, f
         const T* row = M + i * ld + b0;
         const float xi = x[i];
 #pragma omp simd
-        for (int64_t j = 0; j < nb; ++j) acc[j] += xi * widen(row[j]);
+        for (int64_t j = 0; j < nb; ++j) acc[j] += xi * to_f32(row[j]);
       }
       for (int64_t j = 0; j < nb; ++j) store(y + (b0 + j) * incy, acc[j], alpha, beta);
     }
