@@ -3,7 +3,7 @@
 // statistics, softmax, the loss and the gradients stay fp32, and the optimizer keeps fp32 main
 // weights. Trained on one rank for 20 iterations (the Llama model of llama_test_util.h and the
 // GPT of parallel_test_util.h), the bf16 run follows the fp32 curve within bf16 tolerance, and the
-// bf16 model holds no fp32 copies of the weights it only multiplies.
+// bf16 model holds no fp32 copies of the weights it reads as stored.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,8 +18,10 @@ namespace {
 using namespace parallel_test;
 
 // Relative difference of the bf16 curve from the fp32 one (losses and validation losses), and of
-// the grad norms, allowed: a few times the largest measured over both models (see the test).
-constexpr double kLossTolerance = 2e-2, kGradNormTolerance = 1e-1;
+// the grad norms, allowed: a few times the largest measured over both models on x86-64 (loss
+// 6.7e-5 Llama, 8.6e-5 GPT; grad norm 1.5e-3, 2.5e-3). The half-precision parity tests compare
+// layouts at one precision; here the products themselves differ (bf16-rounded inputs).
+constexpr double kLossTolerance = 5e-4, kGradNormTolerance = 2e-2;
 
 void expect_follows(const TrainingSummary& bf16, const TrainingSummary& fp32, const char* what) {
   ASSERT_EQ(bf16.losses.size(), fp32.losses.size()) << what;
@@ -65,17 +67,17 @@ TEST(Bf16Training, LinearWeightsHaveNoFp32Copies) {
   c.params_dtype = DType::BF16;
   model::GPTModel m(c, 7);
   // The bf16 values, plus fp32 working copies of all but the linear layers' weights (QKV,
-  // projection, fc1 and fc2 of both layers): the embeddings, norms and biases keep theirs.
+  // projection, fc1 and fc2 of both layers) and the word table (looked up and, tied, multiplied
+  // as stored): the position table, norms and biases keep theirs.
   size_t want = 0;
   int linear = 0;
   for (model::Parameter* p : m.parameters()) {
     ASSERT_EQ(p->value.dtype(), DType::BF16) << p->name;
     want += p->value.nbytes();
-    const bool multiplied_only = p->name.find(".linear_") != std::string::npos &&
-                                 p->name.ends_with(".weight");
-    if (multiplied_only)
-      ++linear;
-    else
+    const bool linear_weight = p->name.find(".linear_") != std::string::npos &&
+                               p->name.ends_with(".weight");
+    linear += linear_weight;
+    if (!linear_weight && p->name != "embedding.word_embeddings.weight")
       want += size_t(p->value.numel()) * sizeof(float);
   }
   EXPECT_EQ(linear, 2 * 4);

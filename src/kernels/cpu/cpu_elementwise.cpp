@@ -79,7 +79,7 @@ void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Te
     case DType::F32: return lookup(weight.data<float>());
     case DType::BF16: return lookup(weight.data<bf16>());
     case DType::F16: return lookup(weight.data<fp16>());
-    default: MG_THROW(op, ": weight must be float32, bfloat16 or float16, got ",
+    default: MG_CHECK(false, op, ": weight must be float32, bfloat16 or float16, got ",
                       dtype_name(weight.dtype()));
   }
 }

@@ -179,8 +179,9 @@ bool all_finite(const Tensor& x) {
       return !any_nonfinite(static_cast<const uint64_t*>(p), n, uint64_t(0x7ff0000000000000ull));
     case DType::BF16: return !any_nonfinite(static_cast<const uint16_t*>(p), n, uint16_t(0x7f80));
     case DType::F16: return !any_nonfinite(static_cast<const uint16_t*>(p), n, uint16_t(0x7c00));
-    default: MG_THROW("all_finite: not a float dtype: ", dtype_name(x.dtype()));
+    default: MG_CHECK(false, "all_finite: not a float dtype: ", dtype_name(x.dtype()));
   }
+  return false;  // not reached
 }
 
 void cast(const Tensor& dst, const Tensor& src) {

@@ -33,8 +33,10 @@ memory::data_type dnnl_type(DType t) {
     case DType::F32: return memory::data_type::f32;
     case DType::BF16: return memory::data_type::bf16;
     case DType::F16: return memory::data_type::f16;
-    default: MG_THROW("matmul: operands must be float32, bfloat16 or float16, got ", dtype_name(t));
+    default: MG_CHECK(false, "matmul: operands must be float32, bfloat16 or float16, got ",
+                      dtype_name(t));
   }
+  return memory::data_type::undef;  // not reached
 }
 
 // One product shape; alpha and beta are part of it (oneDNN bakes them into the primitive), and so
@@ -97,8 +99,8 @@ std::shared_ptr<const Primitive> create(const Key& key) {
     p->prim = dnnl::matmul(pd);
     p->usable = true;
   } catch (const dnnl::error& e) {
-    if (e.status != dnnl_unimplemented) MG_THROW("oneDNN matmul for ", key.m, "x", key.k, "x", key.n,
-                                                 ": ", e.what());
+    MG_CHECK(e.status == dnnl_unimplemented, "oneDNN matmul for ", key.m, "x", key.k, "x", key.n,
+             ": ", e.what());
   }
   return p;
 }
@@ -147,7 +149,7 @@ void run(const Primitive& p, const void* a, const void* b, float* c) {
     p.prim.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& err) {
-    MG_THROW("oneDNN matmul (", p.impl, ") failed: ", err.what());
+    MG_CHECK(false, "oneDNN matmul (", p.impl, ") failed: ", err.what());
   }
 }
 

@@ -106,7 +106,7 @@ void matvec(bool trans, const MatRef& m, const void* x, int64_t incx, float alph
       return matvec_typed(trans, m, static_cast<const bf16*>(x), incx, alpha, beta, y, incy);
     case DType::F16:
       return matvec_typed(trans, m, static_cast<const fp16*>(x), incx, alpha, beta, y, incy);
-    default: MG_THROW("matvec: matrix must be float32, bfloat16 or float16, got ",
+    default: MG_CHECK(false, "matvec: matrix must be float32, bfloat16 or float16, got ",
                       dtype_name(m.dtype));
   }
 }
