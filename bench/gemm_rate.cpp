@@ -3,12 +3,16 @@
 // layer in its 256-row chunks), each
 // forward (x W^T), input gradient (dy W) and weight gradient (dy^T x, accumulated), run alone
 // through ops::gemm (oneDNN) in fp32 and with bf16 operands, plus a 1024^3 product. Prints one
-// JSON object: GFLOP/s per precision over the step's products and for the square product, and the
-// kernels that ran. bench/train_cpu.sh divides a step's achieved rate by these.
+// JSON object: GFLOP per CPU second (the process's user + system time, all threads: on a shared
+// machine the time a run waits for a core does not count) per precision over the step's products
+// and for the square product, and the kernels that ran. bench/train_cpu.sh divides a step's
+// achieved rate per CPU second by these.
 //   build/bench/gemm_rate [--layers 12 --hidden 768 --qkv 2304 --fc1 3072 --ffn 3072
 //                          --vocab 50304 --rows 256 --seconds 1]
 // (qkv, fc1: the output widths of those layers, 3 hidden and ffn by default; rows: the tokens of
 // a micro-batch)
+#include <time.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -42,8 +46,8 @@ struct Linear {
   int64_t rows, in, out, count = 1;
 };
 
-// GFLOP/s of the products of `layers` (each three times: forward, input and weight gradients),
-// repeated for about `seconds`.
+// GFLOP per CPU second of the products of `layers` (each three times: forward, input and weight
+// gradients), repeated for about `seconds` of wall time.
 double rate(const std::vector<Linear>& layers, DType dt, double seconds) {
   struct Operands {
     Tensor x, w, y, dy, dx, dw;
@@ -67,15 +71,19 @@ double rate(const std::vector<Linear>& layers, DType dt, double seconds) {
       }
   };
   round();  // primitives created, memory touched
+  auto cpu_seconds = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  };
   int64_t n = 0;
   const auto t0 = Clock::now();
-  double elapsed = 0;
+  const double c0 = cpu_seconds();
   do {
     round();
     ++n;
-    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-  } while (elapsed < seconds);
-  return flops * double(n) / elapsed / 1e9;
+  } while (std::chrono::duration<double>(Clock::now() - t0).count() < seconds);
+  return flops * double(n) / (cpu_seconds() - c0) / 1e9;
 }
 
 }  // namespace

@@ -18,8 +18,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "comm/communicator.h"
-#include "kernels/cpu/cpu_kernels.h"
-#include "kernels/ops.h"
 #include "training/trainer.h"
 
 namespace megatron::cli {
@@ -39,15 +37,8 @@ struct PretrainFlags {
 
 // The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
 // naming each, unless it has Megatron's default value or a meaning the loop already has; a note
-// for --grad-reduce-in-bf16 without --bf16 (no effect, as in Megatron-LM). First the CPU kernels
-// line and, for --fp16 on a CPU without fp16 products, a note that it computes in fp32.
+// for --grad-reduce-in-bf16 without --bf16 (no effect, as in Megatron-LM).
 void reject_pending_flags(const training::TrainingArgs& a) {
-  if (world_communicator()->rank() == 0) {  // what the CPU runs (picked from its flags)
-    log_info(ops::cpu::cpu_kernel_summary());
-    if (a.fp16 && !ops::gemm_computes_in(DType::F16, Device::cpu()))
-      log_info("note: --fp16 computes in fp32 on this CPU (no AVX512-FP16 products): weights are "
-               "stored in fp16 and multiplied as fp32 copies");
-  }
   if (a.grad_reduce_in_bf16 && !a.bf16)
     log_info("note: --grad-reduce-in-bf16 has no effect without --bf16 (as in Megatron-LM: "
              "gradients of fp32 and fp16 models are reduced in their own dtype here, fp32)");
