@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <map>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -72,8 +71,6 @@ std::array<int64_t, 3> train_valid_test_num_samples(int64_t train_samples, int64
 
 namespace {
 
-using DatasetCache = std::map<std::string, std::shared_ptr<const IndexedDataset>>;
-
 // The largest token id a dataset dtype can hold.
 double dtype_max_id(IndexDType d) {
   switch (d) {
@@ -83,24 +80,6 @@ double dtype_max_id(IndexDType d) {
     case IndexDType::U16: return 65535;
     default: return 9.0e15;
   }
-}
-
-std::shared_ptr<const IndexedDataset> open_prefix(const std::string& prefix, const std::string& flag,
-                                                  int64_t vocab_size, DatasetCache& cache) {
-  auto it = cache.find(prefix);
-  if (it != cache.end()) return it->second;
-  for (const auto& f : {index_file_path(prefix), data_file_path(prefix)})
-    MG_REQUIRE(std::filesystem::exists(f), flag, ": dataset prefix '", prefix, "' has no ", f,
-               " (give the path without .bin/.idx, as written by preprocess-data)");
-  auto d = std::make_shared<const IndexedDataset>(prefix);
-  // Megatron writes uint16 below 65500 ids and int32 above: a narrower dtype cannot hold this
-  // vocabulary's ids (another tokenizer's dataset, or a changed dtype byte).
-  MG_REQUIRE(vocab_size <= 0 || double(vocab_size - 1) <= dtype_max_id(d->dtype()), flag, ": dataset ",
-             prefix, " stores tokens as ", index_dtype_name(d->dtype()), ", which cannot hold the ids of "
-             "this run's vocabulary (", vocab_size, " tokens): it was made with another tokenizer, "
-             "or its .idx dtype byte was changed; preprocess it again with this tokenizer");
-  cache[prefix] = d;
-  return d;
 }
 
 GPTDatasetOptions options_for(const GPTDataConfig& c, const std::string& split, const SplitMatrix& m) {
@@ -116,64 +95,28 @@ GPTDatasetOptions options_for(const GPTDataConfig& c, const std::string& split, 
   return o;
 }
 
-std::optional<int64_t> count(int64_t n) { return n >= 0 ? std::optional<int64_t>(n) : std::nullopt; }
-
-// One split of a blend (Megatron's _build_megatron_dataset_splits + BlendedDataset).
-std::shared_ptr<const SampleDataset> build_split(const GPTDataConfig& c, const Blend& blend, Split split,
-                                                 const std::string& split_string, const SplitMatrix& m,
-                                                 int64_t n, const std::string& flag, DatasetCache& cache) {
-  const auto& bookends = m[size_t(split)];
-  if (!bookends) return nullptr;
-  auto opts = options_for(c, split_string, m);
-  auto make = [&](const std::string& prefix, std::optional<int64_t> samples) -> std::shared_ptr<const SampleDataset> {
-    auto data = open_prefix(prefix, flag, c.vocab_size, cache);
-    auto range = split_range(*bookends, data->num_sequences());
-    if (range.first == range.second) {
-      MG_REQUIRE(!samples || *samples == 0, flag, ": the ", split_name(split), " split of ", prefix, " (",
-                 data->num_sequences(), " sequences, --split '", split_string,
-                 "') is empty but samples were requested; give it a larger share or use more data");
-      return nullptr;
-    }
-    return std::make_shared<const GPTDataset>(data, split, range, samples, opts);
-  };
-  if (blend.prefixes.size() == 1 && !blend.weights) return make(blend.prefixes[0], count(n));
-  std::vector<std::shared_ptr<const SampleDataset>> parts;
-  if (blend.weights) {
-    const auto& w = *blend.weights;
-    int64_t total = 0;
-    for (size_t d = 0; d < w.size(); ++d) {
-      std::optional<int64_t> need;
-      if (n >= 0) {
-        int64_t target = int64_t(std::ceil(double(n) * w[d]));
-        total += target;
-        need = int64_t(std::ceil(double(target) * (1.0 + c.mid_level_dataset_surplus)));
-      }
-      auto p = make(blend.prefixes[d], need);
-      MG_REQUIRE(p, flag, ": the ", split_name(split), " split of ", blend.prefixes[d], " is empty");
-      parts.push_back(p);
-    }
-    if (n < 0) return std::make_shared<const BlendedDataset>(parts);
-    return std::make_shared<const BlendedDataset>(parts, w, total);
-  }
-  std::vector<double> sizes;
-  int64_t sum = 0;
-  for (const auto& prefix : blend.prefixes) {
-    auto p = make(prefix, std::nullopt);
-    MG_REQUIRE(p, flag, ": the ", split_name(split), " split of ", prefix, " is empty");
-    parts.push_back(p);
-    sizes.push_back(double(p->size()));
-    sum += p->size();
-  }
-  if (n < 0) return std::make_shared<const BlendedDataset>(parts);
-  return std::make_shared<const BlendedDataset>(parts, normalize_weights(sizes), std::min(n, sum));
-}
-
 }  // namespace
+
+std::shared_ptr<const IndexedDataset> PrefixCache::open(const std::string& prefix, const std::string& flag,
+                                                        int64_t vocab_size) {
+  auto it = open_.find(prefix);
+  if (it != open_.end()) return it->second;
+  for (const auto& f : {index_file_path(prefix), data_file_path(prefix)})
+    MG_REQUIRE(std::filesystem::exists(f), flag, ": dataset prefix '", prefix, "' has no ", f,
+               " (give the path without .bin/.idx, as written by preprocess-data)");
+  auto d = std::make_shared<const IndexedDataset>(prefix);
+  // Megatron writes uint16 below 65500 ids and int32 above: a narrower dtype cannot hold this
+  // vocabulary's ids (another tokenizer's dataset, or a changed dtype byte).
+  MG_REQUIRE(vocab_size <= 0 || double(vocab_size - 1) <= dtype_max_id(d->dtype()), flag, ": dataset ",
+             prefix, " stores tokens as ", index_dtype_name(d->dtype()), ", which cannot hold the ids of "
+             "this run's vocabulary (", vocab_size, " tokens): it was made with another tokenizer, "
+             "or its .idx dtype byte was changed; preprocess it again with this tokenizer");
+  open_[prefix] = d;
+  return d;
+}
 
 GPTDatasets build_gpt_datasets(const GPTDataConfig& c, std::array<int64_t, 3> n) {
   MG_REQUIRE(c.seq_length > 0, "--seq-length must be positive (got ", c.seq_length, ")");
-  MG_REQUIRE(c.mid_level_dataset_surplus >= 0, "--mid-level-dataset-surplus must be >= 0");
-  DatasetCache cache;
   GPTDatasets out;
   std::shared_ptr<const SampleDataset>* slots[3] = {&out.train, &out.valid, &out.test};
   if (c.mock) {
@@ -194,30 +137,27 @@ GPTDatasets build_gpt_datasets(const GPTDataConfig& c, std::array<int64_t, 3> n)
       GPTDatasetOptions o = options_for(c, split, m);
       o.use_cache = c.use_cache && !c.data_cache_path.empty();
       const auto range = split_range(*m[size_t(s)], data->num_sequences());
-      *slots[s] = std::make_shared<const GPTDataset>(data, Split(s), range, count(n[size_t(s)]), o);
+      *slots[s] = std::make_shared<const GPTDataset>(data, Split(s), range,
+                                                     blended_builder_detail::count(n[size_t(s)]), o);
     }
     return out;
   }
-  if (!c.data_path.empty()) {
-    MG_REQUIRE(c.train_data_path.empty() && c.valid_data_path.empty() && c.test_data_path.empty(),
-               "--data-path cannot be combined with --train-data-path/--valid-data-path/--test-data-path");
-    Blend blend = parse_blend(c.data_path, "--data-path");
-    SplitMatrix m = split_matrix(parse_split(c.split, "--split"));
-    for (int s = 0; s < 3; ++s)
-      *slots[s] = build_split(c, blend, Split(s), c.split, m, n[size_t(s)], "--data-path", cache);
-    return out;
-  }
-  const std::vector<std::string>* paths[3] = {&c.train_data_path, &c.valid_data_path, &c.test_data_path};
-  const char* flags[3] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
-  bool any = false;
-  for (int s = 0; s < 3; ++s) {
-    if (paths[s]->empty()) continue;
-    any = true;
-    SplitMatrix m;
-    m[size_t(s)] = std::make_pair(0.0, 1.0);
-    *slots[s] = build_split(c, parse_blend(*paths[s], flags[s]), Split(s), "", m, n[size_t(s)], flags[s], cache);
-  }
-  MG_REQUIRE(any, "no training data: give --data-path or --train-data-path/--valid-data-path/--test-data-path");
+  DatasetFamily<SampleDataset> family;
+  family.unit = SplitUnit::Sequences;
+  family.make = [&c](const MidLevelRequest& r) -> std::shared_ptr<const SampleDataset> {
+    return std::make_shared<const GPTDataset>(r.data, r.split, r.range, r.num_samples,
+                                              options_for(c, r.split_string, r.split_matrix));
+  };
+  family.blend = [](std::vector<std::shared_ptr<const SampleDataset>> parts,
+                    const std::optional<std::vector<double>>& weights,
+                    int64_t size) -> std::shared_ptr<const SampleDataset> {
+    if (!weights) return std::make_shared<const BlendedDataset>(std::move(parts));
+    return std::make_shared<const BlendedDataset>(std::move(parts), *weights, size);
+  };
+  auto splits = build_blended_datasets(data_sources(c, c.vocab_size), n, family);
+  out.train = splits[0];
+  out.valid = splits[1];
+  out.test = splits[2];
   return out;
 }
 

@@ -1,7 +1,8 @@
 // Builds the train/valid/test GPT datasets from Megatron's data flags
 // (blended_megatron_dataset_builder.py, training.py get_train_valid_test_num_samples):
 // --data-path as "w1 p1 w2 p2 ..." or "p1 p2 ...", --split over sequences, or separate
-// --train-data-path/--valid-data-path/--test-data-path blends that use whole datasets.
+// --train-data-path/--valid-data-path/--test-data-path blends that use whole datasets
+// (blended_builder.h holds the rules every dataset family shares).
 #pragma once
 
 #include <array>
@@ -10,17 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "data/blended_builder.h"
 #include "data/gpt_batch.h"
 #include "data/gpt_dataset.h"
 
 namespace megatron::data {
-
-struct Blend {
-  std::vector<std::string> prefixes;
-  std::optional<std::vector<double>> weights;  // normalised; nullopt: unweighted
-};
-// Megatron's get_blend_from_list. Throws megatron::Error naming `flag` for bad weights.
-Blend parse_blend(const std::vector<std::string>& args, const std::string& flag);
 
 struct GPTDataConfig {
   std::vector<std::string> data_path;  // --data-path

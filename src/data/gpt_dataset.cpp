@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/blended_builder.h"
 #include "data/npy.h"
 
 namespace megatron::data {
@@ -71,26 +72,74 @@ std::string md5_hex(const std::string& msg) {
   return out;
 }
 
+nlohmann::ordered_json dataset_description(const std::string& class_name, const std::string& dataset_path,
+                                           std::optional<int64_t> num_samples, Split split, uint32_t seed,
+                                           int64_t sequence_length, const std::string& split_string,
+                                           const SplitMatrix& split_matrix, const std::string& tokenizer) {
+  // Key for key as Megatron's unique_identifiers (json.dumps(indent=4)).
+  nlohmann::ordered_json d;
+  d["class"] = class_name;
+  d["dataset_path"] = dataset_path;
+  d["num_samples"] = num_samples ? nlohmann::ordered_json(*num_samples) : nlohmann::ordered_json(nullptr);
+  d["index_split"] = split_name(split);
+  d["random_seed"] = seed;
+  d["sequence_length"] = sequence_length;
+  d["split"] = split_string;
+  auto sm = nlohmann::ordered_json::array();
+  for (auto& m : split_matrix)
+    sm.push_back(m ? nlohmann::ordered_json({m->first, m->second}) : nlohmann::ordered_json(nullptr));
+  d["split_matrix"] = sm;
+  d["tokenizer"] = tokenizer;
+  return d;
+}
+
+bool load_index_cache(const std::vector<std::string>& files, const std::string& description_file,
+                      const std::string& description, const std::string& files_pattern,
+                      const std::function<void()>& load) {
+  for (const auto& f : files)
+    if (!fs::exists(f)) return false;
+  try {
+    std::ifstream f(description_file, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    MG_REQUIRE(ss.str() == description, "description differs");
+    load();
+    return true;
+  } catch (const std::exception& e) {  // megatron::Error from the checks; anything else too
+    log_warn("ignoring the index cache ", files_pattern, " (", e.what(), "); rebuilding it");
+    return false;
+  }
+}
+
+void write_index_cache(const std::string& dir, const std::string& description_file, const std::string& description,
+                       const std::function<void()>& write) {
+  try {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    MG_REQUIRE(!ec, "cannot create ", dir, ": ", ec.message());
+    write();
+    const std::string tmp = description_file + ".tmp" + std::to_string(::getpid());
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f << description;
+      MG_REQUIRE(f.good(), "cannot write ", tmp);
+    }
+    fs::rename(tmp, description_file, ec);
+    MG_REQUIRE(!ec, "cannot rename ", tmp, ": ", ec.message());
+  } catch (const Error& e) {
+    log_warn("could not write the index cache in ", dir, " (", e.what(),
+             "); continuing without it (set --data-cache-path to a writable folder)");
+  }
+}
+
 GPTDataset::GPTDataset(std::shared_ptr<const LowLevelDataset> data, Split split, std::pair<int64_t, int64_t> range,
                        std::optional<int64_t> num_samples, const GPTDatasetOptions& options)
     : data_(std::move(data)), split_(split), options_(options) {
   MG_CHECK(data_);
   MG_CHECK(range.first >= 0 && range.first <= range.second && range.second <= data_->num_sequences());
-  // The description, key for key as Megatron's unique_identifiers (json.dumps(indent=4)).
-  nlohmann::ordered_json d;
-  d["class"] = "GPTDataset";
-  d["dataset_path"] = data_->prefix();
-  d["num_samples"] = num_samples ? nlohmann::ordered_json(*num_samples) : nlohmann::ordered_json(nullptr);
-  d["index_split"] = split_name(split);
-  d["random_seed"] = options.seed;
-  d["sequence_length"] = options.seq_length;
-  d["split"] = options.split;
-  auto sm = nlohmann::ordered_json::array();
-  for (auto& m : options.split_matrix)
-    sm.push_back(m ? nlohmann::ordered_json({m->first, m->second}) : nlohmann::ordered_json(nullptr));
-  d["split_matrix"] = sm;
-  d["tokenizer"] = options.tokenizer;
-  description_ = d.dump(4);
+  description_ = dataset_description("GPTDataset", data_->prefix(), num_samples, split, options.seed,
+                                     options.seq_length, options.split, options.split_matrix, options.tokenizer)
+                     .dump(4);
   hash_ = md5_hex(description_);
   if (options.use_cache)
     cache_dir_ = options.data_cache_path.empty() ? data_->prefix() + "/cache/GPTDataset_indices" : options.data_cache_path;
@@ -123,13 +172,10 @@ std::string GPTDataset::cache_file(const std::string& suffix) const {
 }
 
 bool GPTDataset::try_load_cache() {
+  std::vector<std::string> files;
   for (const char* s : {"description.txt", "document_index.npy", "sample_index.npy", "shuffle_index.npy"})
-    if (!fs::exists(cache_file(s))) return false;
-  try {
-    std::ifstream f(cache_file("description.txt"), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    MG_REQUIRE(ss.str() == description_, "description differs");
+    files.push_back(cache_file(s));
+  return load_index_cache(files, files[0], description_, cache_file("*"), [&] {
     auto doc = read_npy(cache_file("document_index.npy"));
     auto smp = read_npy(cache_file("sample_index.npy"));
     auto shf = read_npy(cache_file("shuffle_index.npy"));
@@ -152,18 +198,11 @@ bool GPTDataset::try_load_cache() {
     indices_.document_index.assign(doc.values.begin(), doc.values.end());
     indices_.sample_index = std::move(smp.values);
     indices_.shuffle_index = std::move(shf.values);
-    return true;
-  } catch (const std::exception& e) {  // megatron::Error from the checks; anything else too
-    log_warn("ignoring the index cache ", cache_file("*"), " (", e.what(), "); rebuilding it");
-    return false;
-  }
+  });
 }
 
 void GPTDataset::write_cache() const {
-  try {
-    std::error_code ec;
-    fs::create_directories(cache_dir_, ec);
-    MG_REQUIRE(!ec, "cannot create ", cache_dir_, ": ", ec.message());
+  write_index_cache(cache_dir_, cache_file("description.txt"), description_, [&] {
     int64_t n = size();
     int64_t max_len = 0;
     for (int32_t l : data_->sequence_lengths()) max_len = std::max<int64_t>(max_len, l);
@@ -173,19 +212,7 @@ void GPTDataset::write_cache() const {
     write_npy_i64_as(cache_file("sample_index.npy"), i32 ? "<i4" : "<i8", indices_.sample_index, {n + 1, 2});
     write_npy_i64_as(cache_file("shuffle_index.npy"), n >= int64_t(UINT32_MAX) - 1 ? "<i8" : "<u4",
                      indices_.shuffle_index, {n});
-    // The description last: its presence marks a complete cache.
-    std::string tmp = cache_file("description.txt") + ".tmp" + std::to_string(::getpid());
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f << description_;
-      MG_REQUIRE(f.good(), "cannot write ", tmp);
-    }
-    fs::rename(tmp, cache_file("description.txt"), ec);
-    MG_REQUIRE(!ec, "cannot rename ", tmp, ": ", ec.message());
-  } catch (const Error& e) {
-    log_warn("could not write the index cache in ", cache_dir_, " (", e.what(),
-             "); continuing without it (set --data-cache-path to a writable folder)");
-  }
+  });
 }
 
 std::vector<int32_t> GPTDataset::sample(int64_t k) const {
@@ -213,39 +240,14 @@ std::vector<int32_t> GPTDataset::sample(int64_t k) const {
 
 BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const SampleDataset>> datasets, std::vector<double> weights,
                                int64_t size)
-    : datasets_(std::move(datasets)) {
-  MG_CHECK(datasets_.size() == weights.size() && !datasets_.empty() && datasets_.size() <= 32767);
-  blend_ = build_blending_indices(weights, size);
-  check_sizes();
-}
+    : datasets_(std::move(datasets)), map_(component_sizes(datasets_), weights, size) {}
 
 BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const SampleDataset>> datasets)
-    : datasets_(std::move(datasets)) {
-  MG_CHECK(!datasets_.empty() && datasets_.size() <= 32767);
-  std::vector<int64_t> sizes;
-  for (auto& d : datasets_) sizes.push_back(d->size());
-  blend_ = build_exhaustive_blending_indices(sizes);
-}
-
-void BlendedDataset::check_sizes() const {
-  std::vector<int64_t> need(datasets_.size(), 0);
-  for (size_t t = 0; t < blend_.dataset_index.size(); ++t) {
-    size_t d = size_t(blend_.dataset_index[t]);
-    need[d] = std::max(need[d], blend_.dataset_sample_index[t] + 1);
-  }
-  for (size_t d = 0; d < datasets_.size(); ++d)
-    MG_REQUIRE(need[d] <= datasets_[d]->size(), "blended dataset needs ", need[d], " samples from component ", d,
-               " which has only ", datasets_[d]->size(), "; raise --mid-level-dataset-surplus");
-}
+    : datasets_(std::move(datasets)), map_(component_sizes(datasets_)) {}
 
 std::vector<int32_t> BlendedDataset::sample(int64_t k) const {
-  MG_REQUIRE(k >= 0 && k < size(), "sample ", k, " is outside the blended dataset (", size(), " samples)");
-  return datasets_[size_t(blend_.dataset_index[size_t(k)])]->sample(blend_.dataset_sample_index[size_t(k)]);
-}
-
-int64_t BlendedDataset::dataset_id(int64_t k) const {
-  MG_REQUIRE(k >= 0 && k < size(), "sample ", k, " is outside the blended dataset");
-  return blend_.dataset_index[size_t(k)];
+  const auto [d, j] = map_.locate(k);
+  return datasets_[size_t(d)]->sample(j);
 }
 
 }  // namespace megatron::data

@@ -6,7 +6,9 @@
 // with the pad id when the last sample is short. A BlendedDataset interleaves several by weight.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,18 +79,37 @@ class BlendedDataset : public SampleDataset {
   // Exhaustive blend over whole components (weights = their lengths).
   explicit BlendedDataset(std::vector<std::shared_ptr<const SampleDataset>> datasets);
 
-  int64_t size() const override { return int64_t(blend_.dataset_index.size()); }
+  int64_t size() const override { return map_.size(); }
   std::vector<int32_t> sample(int64_t k) const override;
-  int64_t dataset_id(int64_t k) const override;
-  const BlendingIndices& blending_indices() const { return blend_; }
+  int64_t dataset_id(int64_t k) const override { return map_.locate(k).first; }
+  const BlendingIndices& blending_indices() const { return map_.indices(); }
 
  private:
-  void check_sizes() const;
   std::vector<std::shared_ptr<const SampleDataset>> datasets_;
-  BlendingIndices blend_;
+  BlendMap map_;
 };
 
 // RFC 1321 MD5 as lowercase hex (names cache files as hashlib.md5(...).hexdigest() does).
 std::string md5_hex(const std::string& bytes);
+
+// The keys every Megatron dataset's description starts with, in order (MegatronDataset's
+// unique_identifiers: class, dataset_path, num_samples, index_split, then the config's
+// random_seed, sequence_length, split, split_matrix, tokenizer); a family appends its own keys,
+// and dump(4) is the description whose MD5 names the cache files.
+nlohmann::ordered_json dataset_description(const std::string& class_name, const std::string& dataset_path,
+                                           std::optional<int64_t> num_samples, Split split, uint32_t seed,
+                                           int64_t sequence_length, const std::string& split_string,
+                                           const SplitMatrix& split_matrix, const std::string& tokenizer);
+// Index caches as Megatron keeps them (one folder, files `<md5>-<class>-...`), the steps every
+// dataset family shares. load_index_cache: false when a file is missing; otherwise checks that
+// the description file holds `description` and runs `load` (which reads the arrays and throws on
+// anything amiss); a failure is a warning naming `files_pattern`, and the caller rebuilds.
+bool load_index_cache(const std::vector<std::string>& files, const std::string& description_file,
+                      const std::string& description, const std::string& files_pattern,
+                      const std::function<void()>& load);
+// Creates `dir`, runs `write` (the arrays), then writes the description file atomically: its
+// presence marks a complete cache. A failure is a warning; the run goes on without a cache.
+void write_index_cache(const std::string& dir, const std::string& description_file, const std::string& description,
+                       const std::function<void()>& write);
 
 }  // namespace megatron::data

@@ -248,4 +248,27 @@ BlendingIndices build_exhaustive_blending_indices(std::span<const int64_t> sizes
   return b;
 }
 
+BlendMap::BlendMap(std::span<const int64_t> sizes, std::span<const double> weights, int64_t size) {
+  MG_CHECK(!sizes.empty() && sizes.size() == weights.size() && sizes.size() <= 32767);
+  indices_ = build_blending_indices(weights, size);
+  std::vector<int64_t> need(sizes.size(), 0);
+  for (size_t t = 0; t < indices_.dataset_index.size(); ++t) {
+    const size_t d = size_t(indices_.dataset_index[t]);
+    need[d] = std::max(need[d], indices_.dataset_sample_index[t] + 1);
+  }
+  for (size_t d = 0; d < sizes.size(); ++d)
+    MG_REQUIRE(need[d] <= sizes[d], "blended dataset needs ", need[d], " samples from component ", d,
+               " which has only ", sizes[d], "; raise --mid-level-dataset-surplus");
+}
+
+BlendMap::BlendMap(std::span<const int64_t> sizes) {
+  MG_CHECK(!sizes.empty() && sizes.size() <= 32767);
+  indices_ = build_exhaustive_blending_indices(sizes);
+}
+
+std::pair<int64_t, int64_t> BlendMap::locate(int64_t k) const {
+  MG_REQUIRE(k >= 0 && k < size(), "sample ", k, " is outside the blended dataset (", size(), " samples)");
+  return {indices_.dataset_index[size_t(k)], indices_.dataset_sample_index[size_t(k)]};
+}
+
 }  // namespace megatron::data

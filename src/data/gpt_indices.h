@@ -65,6 +65,24 @@ struct BlendingIndices {
 BlendingIndices build_blending_indices(std::span<const double> weights, int64_t size);
 // Exhaustive variant: weights len_d/sum, dataset d leaves once it gave len_d samples.
 BlendingIndices build_exhaustive_blending_indices(std::span<const int64_t> sizes);
+
+// Which component, and which of its samples, each sample of a blend is (Megatron's
+// BlendedDataset indices), for any kind of component.
+class BlendMap {
+ public:
+  // `size` samples by the normalised weights; throws megatron::Error when component d would be
+  // asked for more than component_sizes[d] samples.
+  BlendMap(std::span<const int64_t> component_sizes, std::span<const double> weights, int64_t size);
+  // Every sample of every component (exhaustive).
+  explicit BlendMap(std::span<const int64_t> component_sizes);
+  int64_t size() const { return int64_t(indices_.dataset_index.size()); }
+  // (component, its sample) of sample k; throws megatron::Error outside the blend.
+  std::pair<int64_t, int64_t> locate(int64_t k) const;
+  const BlendingIndices& indices() const { return indices_; }
+
+ private:
+  BlendingIndices indices_;
+};
 // w / sum(w); throws on negative weights or a zero sum.
 std::vector<double> normalize_weights(std::span<const double> weights);
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,7 +21,7 @@ namespace megatron::data {
 static size_t descr_size(const std::string& d) {
   if (d == "<i2") return 2;
   if (d == "<i4" || d == "<u4") return 4;
-  if (d == "<i8") return 8;
+  if (d == "<i8" || d == "<u8") return 8;
   return 0;
 }
 
@@ -61,7 +62,7 @@ void write_npy(const std::string& path, const std::string& descr, const void* da
 
 void write_npy_i64_as(const std::string& path, const std::string& descr, const std::vector<int64_t>& values,
                       const std::vector<int64_t>& shape) {
-  if (descr == "<i8") return write_npy(path, descr, values.data(), shape);
+  if (descr == "<i8" || descr == "<u8") return write_npy(path, descr, values.data(), shape);
   if (descr == "<i4") {
     std::vector<int32_t> v(values.begin(), values.end());
     return write_npy(path, descr, v.data(), shape);
@@ -147,7 +148,7 @@ NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& path) {
   NpyArray a;
   a.descr = h.descr;
   const size_t elem = descr_size(a.descr);
-  MG_REQUIRE(elem > 0, path, ": unsupported dtype ", a.descr, " (expected <i2, <i4, <u4 or <i8)");
+  MG_REQUIRE(elem > 0, path, ": unsupported dtype ", a.descr, " (expected <i2, <i4, <u4, <i8 or <u8)");
   MG_REQUIRE(!h.fortran_order, path, ": Fortran-order arrays are not supported");
   a.shape = h.shape;
   // The element count, checked against the bytes present before anything is allocated: a
@@ -169,6 +170,12 @@ NpyArray parse_npy(std::span<const uint8_t> bytes, const std::string& path) {
     if (a.descr == "<i2") { int16_t v; std::memcpy(&v, q, 2); a.values[size_t(i)] = v; }
     else if (a.descr == "<i4") { int32_t v; std::memcpy(&v, q, 4); a.values[size_t(i)] = v; }
     else if (a.descr == "<u4") { uint32_t v; std::memcpy(&v, q, 4); a.values[size_t(i)] = v; }
+    else if (a.descr == "<u8") {
+      uint64_t v;
+      std::memcpy(&v, q, 8);
+      MG_REQUIRE(v <= uint64_t(INT64_MAX), path, ": value ", v, " at element ", i, " is out of range");
+      a.values[size_t(i)] = int64_t(v);
+    }
     else { int64_t v; std::memcpy(&v, q, 8); a.values[size_t(i)] = v; }
   }
   return a;

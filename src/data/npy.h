@@ -1,8 +1,9 @@
 // NumPy .npy (format version 1.0) for the dataset index caches: 1-D or 2-D little-endian int32,
-// uint32, int64 or int16 arrays, C order. Writes go to a temporary file renamed into place, so a
-// reader never sees a half-written cache; reads memory-map the file and validate the header and the
-// size, throwing megatron::Error (naming the file) on anything malformed: a shape whose element
-// count overflows or disagrees with the file's size is refused before anything is allocated.
+// uint32, int64, uint64 or int16 arrays, C order. Writes go to a temporary file renamed into
+// place, so a reader never sees a half-written cache; reads memory-map the file and validate the
+// header and the size, throwing megatron::Error (naming the file) on anything malformed: a shape
+// whose element count overflows or disagrees with the file's size is refused before anything is
+// allocated.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +14,7 @@
 
 namespace megatron::data {
 
-// descr: "<i2", "<i4", "<u4", "<i8".
+// descr: "<i2", "<i4", "<u4", "<i8", "<u8" (uint64 values above INT64_MAX are refused on read).
 void write_npy(const std::string& path, const std::string& descr, const void* data,
                const std::vector<int64_t>& shape);
 void write_npy_i64_as(const std::string& path, const std::string& descr, const std::vector<int64_t>& values,

@@ -1,6 +1,8 @@
 // NumPy legacy bounded integers (numpy/random/src/distributions: random_interval).
 #include "data/numpy_random.h"
 
+#include "core/error.h"
+
 namespace megatron::data {
 
 uint64_t NumpyRandomState::random_interval(uint64_t max) {
@@ -21,6 +23,11 @@ uint64_t NumpyRandomState::random_interval(uint64_t max) {
     }
   }
   return value;
+}
+
+int64_t NumpyRandomState::randint(int64_t low, int64_t high) {
+  MG_CHECK(low < high);
+  return low + int64_t(random_interval(uint64_t(high) - uint64_t(low) - 1));
 }
 
 }  // namespace megatron::data

@@ -1,5 +1,6 @@
 // NumPy's legacy RandomState (MT19937) as far as Megatron's dataset code uses it: seeding with a
-// 32-bit integer (init_genrand), shuffle of a 1-D array and permutation(n). Megatron builds its
+// 32-bit integer (init_genrand), shuffle of a 1-D array or list, permutation(n), random() and
+// randint(low, high). Megatron builds its
 // document and shuffle indices with np.random.RandomState(seed).shuffle, so reproducing the same
 // sample order needs the same generator and the same bounded-integer algorithm: Fisher-Yates
 // from the end, j drawn in [0, i] by masked rejection on 32-bit outputs (64-bit outputs, high word
@@ -25,6 +26,14 @@ class NumpyRandomState {
   }
   // Uniform integer in [0, max] (NumPy's random_interval).
   uint64_t random_interval(uint64_t max);
+  // RandomState.random() (random_sample): 53 random bits from two 32-bit outputs, in [0, 1).
+  double random() {
+    const uint32_t a = next_uint32() >> 5, b = next_uint32() >> 6;
+    return (double(a) * 67108864.0 + double(b)) / 9007199254740992.0;
+  }
+  // RandomState.randint(low, high) for the default int64 dtype: the masked bounded method, so
+  // low + random_interval(high - 1 - low); no draw when high - low == 1. Requires low < high.
+  int64_t randint(int64_t low, int64_t high);
 
   // In place, identical to RandomState.shuffle on a 1-D array.
   template <typename T>
