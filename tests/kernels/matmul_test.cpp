@@ -224,6 +224,17 @@ TEST(CpuMatmul, ReportNamesTheKernelsOfTheIsaInUse) {
   EXPECT_NE(lines[2].find(cpu::cpu_kernel_report().openblas_core), std::string::npos) << lines[2];
 }
 
+// `megatron version` names the kernels this machine runs.
+TEST(CpuMatmul, VersionNamesTheKernels) {
+  const megatron::testing::CommandResult r = megatron::testing::run_cli("version");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const std::string& line : cpu::cpu_kernel_lines())
+    EXPECT_NE(r.output.find(line.substr(0, line.find(','))), std::string::npos)
+        << line << "\nnot in:\n" << r.output;
+  EXPECT_NE(r.output.find("cpu products: oneDNN " + cpu::matmul_kernels().onednn_version),
+            std::string::npos) << r.output;
+}
+
 // The threads of this process (Linux).
 int64_t thread_count() {
   int64_t n = 0;
