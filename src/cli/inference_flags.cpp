@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "inference/checkpoint_args.h"
+#include "model/model_family.h"
 #include "model/model_settings.h"
 
 namespace megatron::cli {
@@ -52,10 +53,16 @@ void InferenceFlags::add(CLI::App& sub) {
 
 void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
                                            const inference::CheckpointArgs& ck, bool check_only) {
+  const model::RecordedConfig rec = model::config_from_checkpoint_args(ck.args());
+  // Generation, serving and zero-shot evaluation run a decoder-only language model; another
+  // family's weights would not load into one (or would load into the wrong model).
+  MG_REQUIRE(rec.config.model_family == "gpt", ck.file().string(), " is a checkpoint of a ",
+             rec.config.model_family, " model (", model::model_family_of(rec.config).command,
+             " trains it): text generation, serving and zero-shot evaluation need a GPT "
+             "checkpoint (pretrain-gpt)");
   // Without the shape flags finish() asks for them (or --use-checkpoint-args) first.
   if (check_only && (cfg.num_layers <= 0 || cfg.hidden_size <= 0 || cfg.num_attention_heads <= 0))
     return;
-  const model::RecordedConfig rec = model::config_from_checkpoint_args(ck.args());
   std::vector<std::string> taken;
   if (!check_only)
     for (const auto& [key, flag] : {std::pair<const char*, const char*>{"num_layers", "--num-layers"},
@@ -81,6 +88,9 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
       const std::string want = model::activation_flag(rec.config.activation);
       return str("the default activation (", value, "; pass ", want, " for the checkpoint's)");
     }
+    if (key == "window_size" && !flags.empty() && flags.front() != std::string("--window-size"))
+      return str("--pre-tockens ", model.pre_tockens, " --next-tockens ", model.next_tockens,
+                 " (window ", value, ")");
     if (is_bool_setting(s, cfg)) {
       if (!flags.empty()) return flags.front();
       return s.flags.empty() ? str("the default ", key, " ", value) : str("no ", s.flags.front());
@@ -131,8 +141,12 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
 
 inference::InferenceModelOptions InferenceFlags::finish() {
   const std::optional<int64_t> step = ckpt_step >= 0 ? std::optional<int64_t>(ckpt_step) : std::nullopt;
+  check_megatron_flags(megatron);
   check_inference_compat_flags(*app_, *this, step);
   model::TransformerConfig cfg = model.resolve();
+  // The Ascend band needs the sequence length: from the flags, or else the checkpoint's.
+  const bool band_now = !use_checkpoint_args || cfg.seq_length > 0 || cfg.max_position_embeddings > 0;
+  if (band_now) model.apply_band(cfg);
   if (use_checkpoint_args) {
     apply_checkpoint_args(cfg, inference::CheckpointArgs::read(options.load, step), false);
   } else if (auto ck = inference::CheckpointArgs::read_if_present(options.load, step)) {
@@ -141,6 +155,7 @@ inference::InferenceModelOptions InferenceFlags::finish() {
     // the text would be silently wrong.
     apply_checkpoint_args(cfg, *ck, true);
   }
+  if (!band_now) model.apply_band(cfg);
   auto o = options;
   if (ckpt_step >= 0) o.ckpt_step = ckpt_step;
   for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--num-layers", cfg.num_layers},

@@ -45,6 +45,9 @@ struct InferenceFlags {
   bool fp16 = false, bf16 = false;
   bool no_load_optim = false, no_load_rng = false;
   CompatFlags compat;
+  // The rest of Megatron's shared flags; the command adds them after its own
+  // (add_megatron_flags), finish() checks them.
+  MegatronFlags megatron;
 
   void add(CLI::App& sub);
   // Resolves the flags (and, with --use-checkpoint-args, the checkpoint's arguments) into the

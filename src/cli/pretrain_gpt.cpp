@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "cli/bert_data_flags.h"
 #include "cli/command.h"
 #include "cli/megatron_compat.h"
 #include "cli/model_flags.h"
@@ -32,7 +33,11 @@ struct PretrainFlags {
   double decoupled_min_lr = std::numeric_limits<double>::quiet_NaN();
   int64_t batch_size = 0, warmup = 0, model_parallel_size = 0;  // Megatron's removed flags
   CompatFlags compat;
+  MegatronFlags megatron;
   CLI::App* app = nullptr;
+  // pretrain-bert (pretrain_bert.py): the BERT family and its data flags.
+  bool bert = false;
+  data::BertDataConfig bert_data;
 };
 
 // The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
@@ -61,6 +66,7 @@ void run(PretrainFlags f) {
              "--lr-warmup-fraction or --lr-warmup-iters");
   MG_REQUIRE(f.model_parallel_size == 0, "--model-parallel-size is no longer valid (Megatron-LM "
              "removed it): use --tensor-model-parallel-size");
+  check_megatron_flags(f.megatron);
   check_compat_flags(f.compat, sub, CompatScope::Model);
   check_compat_flags(f.compat, sub, CompatScope::Training);
   if (!std::isnan(f.decoupled_lr)) a.decoupled_lr = f.decoupled_lr;
@@ -79,20 +85,15 @@ void run(PretrainFlags f) {
     a.model.cp_comm_type = run_fields.cp_comm_type;
     a.model.apply_query_key_layer_scaling = run_fields.apply_query_key_layer_scaling;
   }
-  // The Ascend scripts' sparse attention: keys --pre-tockens before and --next-tockens after each
-  // query, i.e. a sliding window (--pre-tockens >= --seq-length - 1 with --next-tockens 0 is plain
-  // causal attention).
-  if (a.next_tockens != 0 || a.pre_tockens < a.model.seq_length - 1) {
-    MG_REQUIRE(!f.model.given("--window-size"), "--pre-tockens / --next-tockens and --window-size "
-               "both set a sliding window; keep one");
-    MG_REQUIRE(a.pre_tockens >= 0 && a.next_tockens >= 0, "--pre-tockens and --next-tockens must "
-               "be >= 0 (got ", a.pre_tockens, " and ", a.next_tockens, ")");
-    MG_REQUIRE(!a.model.causal() || a.next_tockens == 0, "--next-tockens ", a.next_tockens,
-               ": a causal model (GPT) sees no key after its query; keep --next-tockens 0 and set "
-               "the window with --pre-tockens");
-    a.model.window_left = a.pre_tockens < a.model.seq_length - 1 ? a.pre_tockens : -1;
-    a.model.window_right = a.next_tockens;
+  if (f.bert) {  // BertModel: the encoder attends in both directions under the padding mask
+    a.model.model_family = "bert";
+    a.model.attention_mask_type = "bidirectional";
+    a.model.bert_binary_head = f.bert_data.binary_head;
+    a.mask_prob = f.bert_data.mask_prob;
+    a.short_seq_prob = f.bert_data.short_seq_prob;
   }
+  // The Ascend scripts' band of keys (--pre-tockens / --next-tockens) inside the mask.
+  f.model.apply_band(a.model);
   if (f.checkpoint_activations) {
     // Megatron-LM's old flag: recompute every layer's input, one layer per chunk.
     MG_REQUIRE(a.model.recompute_granularity.empty(), "--checkpoint-activations and "
@@ -106,19 +107,17 @@ void run(PretrainFlags f) {
   absolute_if_exists(a.tokenizer.vocab_file);
   absolute_if_exists(a.tokenizer.merge_file);
   absolute_if_exists(a.tokenizer.tokenizer_model);
-  training::TrainingSummary s = training::pretrain_gpt(a);
+  training::TrainingSummary s = training::pretrain(a);
   if (world_communicator()->rank() == s.world_size - 1)  // the rank that printed the log lines
     log_print(str("training finished: ", s.iterations, " iterations, ", s.consumed_samples,
                 " samples, last lm loss ", s.last_loss, ", ", s.tokens_per_second, " tokens/s"));
 }
 
-CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretrain_gpt.py flags)", 20,
-                     [](CLI::App& sub) {
-  auto f = std::make_shared<PretrainFlags>();
+// Megatron's shared training flags (both pretrain commands), parsed into f.
+void add_pretrain_flags(CLI::App& sub, const std::shared_ptr<PretrainFlags>& f) {
   f->app = &sub;
   auto& a = f->a;
   auto& m = a.model;
-  a.tokenizer.type = "GPT2BPETokenizer";  // pretrain_gpt.py's default
   m.recompute_num_layers = 1;             // Megatron's default
   // model
   f->model.add(sub, /*training=*/true);
@@ -234,11 +233,6 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                  "A collective waiting longer aborts the job")->capture_default_str();
   sub.add_option("--model-parallel-size", f->model_parallel_size,
                  "Removed from Megatron-LM: use --tensor-model-parallel-size");
-  sub.add_option("--pre-tockens", a.pre_tockens,
-                 "Keys before each query (Ascend's sliding window); >= --seq-length - 1: no limit")
-      ->capture_default_str();
-  sub.add_option("--next-tockens", a.next_tockens, "Keys after each query (Ascend); 0 is causal")
-      ->capture_default_str();
   add_compat_flags(sub, f->compat, CompatScope::Model);
   add_compat_flags(sub, f->compat, CompatScope::Training);
   // data and tokenizer
@@ -304,7 +298,26 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                a.use_checkpoint_opt_param_scheduler, "LR schedule values from the checkpoint");
   sub.add_flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint,
                "Fail when --load has no checkpoint instead of starting from scratch");
+  add_megatron_flags(sub, f->megatron, f->bert ? "pretrain-bert" : "pretrain-gpt",
+                     CommandKind::Training);
   sub.callback([f] { run(*f); });
+}
+
+CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretrain_gpt.py flags)", 20,
+                     [](CLI::App& sub) {
+  auto f = std::make_shared<PretrainFlags>();
+  f->a.tokenizer.type = "GPT2BPETokenizer";  // pretrain_gpt.py's default
+  add_pretrain_flags(sub, f);
+});
+
+CommandRegistrar reg_bert("pretrain-bert",
+                          "Pretrain a BERT model (Megatron-LM's pretrain_bert.py flags)", 21,
+                          [](CLI::App& sub) {
+  auto f = std::make_shared<PretrainFlags>();
+  f->bert = true;
+  f->a.tokenizer.type = "BertWordPieceLowerCase";  // pretrain_bert.py's args_defaults
+  add_pretrain_flags(sub, f);
+  add_bert_data_flags(sub, f->bert_data);
 });
 
 }  // namespace

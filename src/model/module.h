@@ -88,11 +88,10 @@ struct Weight {
   // Added to the stored value in the working copy: 1 for a zero-centred norm weight
   // (--apply-layernorm-1p stores gamma - 1), else 0.
   float offset = 0.0f;
-  // shape is this rank's shard; pdim the TP partition dim (-1: replicated); sp marks a replicated
-  // parameter whose gradient is a partial sum over the tensor-parallel group
-  // (Parameter::sequence_parallel). Without `grad` (inference) no gradient is allocated.
-  void init(const std::string& name, const Shape& shape, DType dtype, bool decay, int pdim,
-            bool sp = false, bool grad = true);
+  // Creates the parameter from its spec: `shape` is this rank's shard (WeightSpec::partition_dim
+  // tells how it is cut from the single-rank tensor). Without `grad` (inference) no gradient is
+  // allocated.
+  void init(WeightSpec spec, const Shape& shape, DType dtype, bool grad = true);
   // Set by the layers whose ops all read the weight in its own dtype (the linear layers'
   // products, the word table's lookups and products): where ops::gemm computes in that dtype on
   // the weight's device (bf16 on the CPU) they read param.value and refresh() makes no fp32 copy.
@@ -153,10 +152,6 @@ class Module {
   void for_each_saved(const std::function<void(const SavedTensor&)>& fn) const;
   ActivationStash take_saved();           // moves them out; the modules are left empty
   void restore_saved(ActivationStash&& s);  // puts a stash taken from this module back
-  void drop_saved();
-  // Storage bytes held by the saved activations (shared storage counted once; tensors that
-  // are views of a caller's input count too).
-  size_t saved_bytes() const;
 
  protected:
   Weight& register_weight(Weight& w);  // after w.init; undefined weights are skipped

@@ -18,9 +18,9 @@ void TrainingRun::say(const std::string& line) const {
   if (log_rank) log_print(line);
 }
 
-model::GPTInputs TrainingRun::slice(const data::GPTBatch& b) const {
-  const model::GPTInputs in{b.tokens, b.position_ids, b.attention_start, b.labels, b.loss_mask, Tensor()};
-  return model::slice_for_context_parallel(in, ps.cp_rank(), ps.cp_size());
+model::Batch TrainingRun::micro_batch(DataSplit split, int64_t first) const {
+  return model::slice_for_context_parallel(data->micro_batch(split, first, mbs, ps.dp_rank(), dp()),
+                                           ps.cp_rank(), ps.cp_size());
 }
 
 std::vector<double> TrainingRun::dp_cp_sum(std::vector<double> v) const {
@@ -93,7 +93,7 @@ void find_load_checkpoint(TrainingRun& r) {
 
 // The training length and the train / validation / test datasets (rank 0 builds and caches the
 // sample indices first; the others then load them).
-void build_datasets(TrainingRun& r) {
+void build_datasets(TrainingRun& r, const data::Tokenizer& tokenizer) {
   TrainingArgs& a = r.a;
   const int64_t gbs = a.global_batch_size;
   // Sample-based training: Megatron's update_train_iters under a batch-size schedule.
@@ -112,16 +112,17 @@ void build_datasets(TrainingRun& r) {
   if (!r.batch_schedule.is_constant()) {
     r.batch_schedule.validate_against(r.consumed, r.start_iteration, r.train_iters, r.mbs, r.dp(),
                                       r.pipeline_layout.num_chunks > 1 ? r.pipeline_layout.pipeline_size : 1);
-    r.say(str("will use ", r.batch_schedule.describe(), "; ", r.train_iters,
-              " iterations for --train-samples ", a.train_samples));
+    r.say(str("will use ", r.batch_schedule.describe(), "; ", r.train_iters, " iterations",
+              a.train_iters > 0 ? std::string(" (--train-iters)")
+                                : str(" for --train-samples ", a.train_samples)));
   }
   a.data.mock = a.mock_data;
   const bool distributed = r.ps.world_size() > 1;
-  if (r.ps.world_rank() == 0) r.ds = data::build_gpt_datasets(a.data, num_samples);
+  if (r.ps.world_rank() == 0) r.data = build_training_data(a, tokenizer, num_samples);
   if (distributed) r.ps.world().barrier();
-  if (r.ps.world_rank() != 0) r.ds = data::build_gpt_datasets(a.data, num_samples);
-  MG_REQUIRE(r.ds.train != nullptr || a.skip_train, "the training split is empty; check --split / --data-path");
-  r.bopt = data::batch_options(a.data);
+  if (r.ps.world_rank() != 0) r.data = build_training_data(a, tokenizer, num_samples);
+  MG_REQUIRE(r.data->has(DataSplit::train) || a.skip_train,
+             "the training split is empty; check --split / --data-path");
 }
 
 // The LR and weight-decay schedule in samples (iteration flags x global batch).
@@ -150,8 +151,9 @@ optim::LRSchedulerConfig scheduler_config(const TrainingRun& r) {
   } else {  // validate_args: both are given
     sc.start_wd = a.start_weight_decay;
     sc.end_wd = a.end_weight_decay;
-    sc.wd_incr_steps = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
   }
+  // Megatron's get_optimizer_param_scheduler sets it whatever the style (and saves it).
+  sc.wd_incr_steps = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
   return sc;
 }
 
@@ -213,14 +215,14 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   r.a = std::move(a);
 
   find_load_checkpoint(r);
-  build_datasets(r);
+  build_datasets(r, *tokenizer);
   r.scheduler_config = scheduler_config(r);
 
   // The model is built with the (restored) RNG seed: dropout masks continue where they stopped.
   // Every rank draws the same master weights and keeps its tensor-parallel slice of its pipeline
   // stage's layers. One path for every layout: at PP = 1 the stage is one chunk, the whole model,
   // and the schedule is "no pipelining".
-  r.model = std::make_unique<model::GPTStageModel>(r.a.model, r.rng_seed, r.ps,
+  r.model = std::make_unique<model::StageModel>(r.a.model, r.rng_seed, r.ps,
                                                    r.a.parallel.num_layers_per_virtual_pipeline_stage);
   r.params = r.model->parameters();
   if (r.ckpt) {
