@@ -3,14 +3,18 @@
 // statistics, softmax, the loss and the gradients stay fp32, and the optimizer keeps fp32 main
 // weights. Trained on one rank for 20 iterations (the Llama model of llama_test_util.h and the
 // GPT of parallel_test_util.h), the bf16 run follows the fp32 curve within bf16 tolerance, and the
-// bf16 model holds no fp32 copies of the weights it reads as stored.
+// bf16 model holds no fp32 copies of the weights it reads as stored. The training log names the
+// CPU kernels, and says when --fp16 computes in fp32.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "data/indexed_dataset.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/ops.h"
 #include "llama_test_util.h"
 #include "model/gpt_model.h"
+#include "test_util.h"
 
 namespace megatron::training {
 namespace {
@@ -82,6 +86,36 @@ TEST(Bf16Training, LinearWeightsHaveNoFp32Copies) {
   }
   EXPECT_EQ(linear, 2 * 4);
   EXPECT_EQ(m.weight_bytes(), want);
+}
+
+// The training log names the CPU kernels picked at start-up, and --fp16 on a CPU without fp16
+// products says in one line that it computes in fp32 (--bf16 and fp32 say nothing of it).
+TEST(Bf16Training, StartUpLogNamesTheKernelsAndTheFp16Note) {
+  const megatron::testing::TempDir dir;
+  const std::string prefix = (dir / "corpus").string();
+  data::IndexedDatasetBuilder b(prefix, data::IndexDType::U16);
+  for (int d = 0; d < 20; ++d) {
+    std::vector<int32_t> doc;
+    for (int i = 0; i < 30; ++i) doc.push_back((d + i * 3) % 63);
+    b.add_item(doc);
+    b.end_document();
+  }
+  b.finalize();
+  const std::string note = "note: --fp16 computes in fp32 on this CPU";
+  const bool fp16_products = ops::gemm_computes_in(DType::F16, Device::cpu());
+  for (const char* precision : {"", "--bf16", "--fp16"}) {
+    const megatron::testing::CommandResult r = megatron::testing::run_cli(
+        std::string("pretrain-gpt --num-layers 1 --hidden-size 16 --num-attention-heads 2 "
+                    "--seq-length 16 --max-position-embeddings 16 --tokenizer-type NullTokenizer "
+                    "--vocab-size 64 --micro-batch-size 2 --global-batch-size 2 --lr 1e-3 "
+                    "--train-iters 1 --split 1 --eval-iters 0 --data-path ") +
+        prefix + " " + precision);
+    ASSERT_EQ(r.exit_code, 0) << precision << "\n" << r.output;
+    EXPECT_NE(r.output.find(ops::cpu::cpu_kernel_summary()), std::string::npos)
+        << precision << "\n" << r.output;
+    const bool want_note = std::string(precision) == "--fp16" && !fp16_products;
+    EXPECT_EQ(r.output.find(note) != std::string::npos, want_note) << precision << "\n" << r.output;
+  }
 }
 
 }  // namespace
