@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """PyTorch counterpart of bench/generate_bench.cpp: the same GPT shape (LayerNorm, GeLU,
-learned positions, tied output), fp32 on the CPU, with a preallocated KV cache; prefill
-tokens/s and decode tokens/s at batch 1 and 16, best of --reps after one warm-up round.
+learned positions, tied output), fp32 on the CPU (--bf16 1: the model and its KV cache in bf16),
+with a preallocated KV cache; prefill tokens/s and decode tokens/s at batch 1 and 16, per wall
+second and per CPU second of the process, best of --reps after one warm-up round.
 
 Usage: /usr/bin/python3 bench/reference/generate_bench.py [--layers 6 --hidden 512 --heads 8
-       --vocab 50304 --prompt 128 --gen 32 --threads 2]
+       --vocab 50304 --prompt 128 --gen 32 --threads 2 --bf16 0]
 """
 import argparse
 import math
@@ -49,7 +50,8 @@ class GPT(torch.nn.Module):
 
     def start(self, batch):
         shape = (batch, self.heads, self.max_len, self.d)
-        self.cache = [(torch.zeros(shape), torch.zeros(shape)) for _ in self.layers]
+        dt = self.emb.weight.dtype
+        self.cache = [(torch.zeros(shape, dtype=dt), torch.zeros(shape, dtype=dt)) for _ in self.layers]
         self.position = 0
 
     def forward(self, tokens):  # logits of the last position
@@ -64,35 +66,38 @@ class GPT(torch.nn.Module):
 def main():
     p = argparse.ArgumentParser()
     for name, default in [("layers", 6), ("hidden", 512), ("heads", 8), ("vocab", 50304),
-                          ("prompt", 128), ("gen", 32), ("reps", 3), ("threads", 2)]:
+                          ("prompt", 128), ("gen", 32), ("reps", 3), ("threads", 2), ("bf16", 0)]:
         p.add_argument("--" + name, type=int, default=default)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = GPT(a.layers, a.hidden, a.heads, a.vocab, a.prompt + a.gen).eval()
-    print("torch %s, %d threads; model: %d layers, hidden %d, heads %d, vocab %d; prompt %d, "
+    if a.bf16:
+        model = model.to(torch.bfloat16)
+    print("torch %s, %d threads; model: %d layers, hidden %d, heads %d, vocab %d, %s; prompt %d, "
           "generate %d" % (torch.__version__, a.threads, a.layers, a.hidden, a.heads, a.vocab,
-                           a.prompt, a.gen))
-    print("| batch | prefill tokens/s | decode tokens/s | decode ms/step |\n|---|---|---|---|")
+                           "bf16" if a.bf16 else "fp32", a.prompt, a.gen))
+    print("| batch | prefill tokens/s | decode tokens/s | decode ms/step | prefill tokens per CPU s "
+          "| decode tokens per CPU s |\n|---|---|---|---|---|---|")
     with torch.inference_mode():
         for batch in (1, 16):
             tokens = torch.randint(0, a.vocab, (batch, a.prompt))
             step = torch.full((batch, 1), 42)
-            best_prefill = best_decode = float("inf")
+            best_prefill = best_decode = cpu_prefill = cpu_decode = float("inf")
             for r in range(a.reps + 1):
                 model.start(batch)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 model(tokens)
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), time.process_time()
                 for _ in range(a.gen):
                     model(step)
-                t2 = time.perf_counter()
+                t2, c2 = time.perf_counter(), time.process_time()
                 if r:
                     best_prefill, best_decode = min(best_prefill, t1 - t0), min(best_decode, t2 - t1)
-            print("| %d | %.0f | %.1f | %.2f |" % (batch, batch * a.prompt / best_prefill,
-                                                  batch * a.gen / best_decode,
-                                                  1e3 * best_decode / a.gen))
-
+                    cpu_prefill, cpu_decode = min(cpu_prefill, c1 - c0), min(cpu_decode, c2 - c1)
+            print("| %d | %.0f | %.1f | %.2f | %.0f | %.1f |" % (
+                batch, batch * a.prompt / best_prefill, batch * a.gen / best_decode,
+                1e3 * best_decode / a.gen, batch * a.prompt / cpu_prefill, batch * a.gen / cpu_decode))
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,9 @@
 # (learned positions, pre-LayerNorm, GeLU MLP, tied embeddings, no dropout), or with --arch llama
 # a Llama-style one (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention, no biases,
 # untied output layer), AdamW with clipping, trained on consecutive windows of the same uint16
-# token file. Prints JSON with step time, tokens/s, peak RSS and the final loss.
+# token file. --precision: fp32; autocast (fp32 weights, products in bf16 under
+# torch.autocast('cpu', torch.bfloat16)); bf16 (the model and its optimizer state in bf16, the loss
+# in fp32). Prints JSON with step time, tokens/s, peak RSS and the final loss.
 import argparse, json, resource, time
 import numpy as np
 import torch
@@ -23,6 +25,7 @@ p.add_argument("--gbs", type=int, default=8)
 p.add_argument("--arch", default="gpt", choices=["gpt", "llama"])
 p.add_argument("--groups", type=int, default=2)
 p.add_argument("--ffn", type=int, default=0)
+p.add_argument("--precision", default="fp32", choices=["fp32", "autocast", "bf16"])
 a = p.parse_args()
 llama = a.arch == "llama"
 ffn = a.ffn or (4 * a.hidden if not llama else a.hidden * 8 // 3 // 64 * 64)
@@ -91,6 +94,9 @@ model = GPT()
 for n, prm in model.named_parameters():
     if prm.dim() > 1:
         nn.init.normal_(prm, std=0.02)
+if a.precision == "bf16":
+    model = model.to(torch.bfloat16)
+    model.cos, model.sin = model.cos.to(torch.bfloat16), model.sin.to(torch.bfloat16)
 decay = [q for q in model.parameters() if q.dim() > 1]
 no_decay = [q for q in model.parameters() if q.dim() == 1]
 opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
@@ -105,7 +111,9 @@ for step in range(a.steps):
         xs = np.stack([data[pos + i * (a.seq + 1): pos + i * (a.seq + 1) + a.seq + 1] for i in range(a.mbs)])
         pos += a.mbs * (a.seq + 1)
         x = torch.from_numpy(xs)
-        loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, a.vocab), x[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "autocast"):
+            logits = model(x[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), x[:, 1:].reshape(-1))
         (loss / (a.gbs // a.mbs)).backward()
         total += loss.item() / (a.gbs // a.mbs)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

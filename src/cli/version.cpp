@@ -1,7 +1,9 @@
-// `megatron version`: prints the version and the build's capabilities.
+// `megatron version`: prints the version, the build's capabilities and the CPU kernels this
+// machine runs (picked at run time from the CPU's flags: kernels/cpu/cpu_kernels.h).
 #include <cstdio>
 
 #include "cli/command.h"
+#include "kernels/cpu/cpu_kernels.h"
 #ifdef MEGATRON_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -21,6 +23,7 @@ CommandRegistrar reg("version", "Print the version and build features", 1000, []
 #ifdef MEGATRON_HAVE_MPI
     std::printf("mpi: compiled in\n");
 #endif
+    for (const std::string& line : ops::cpu::cpu_kernel_lines()) std::printf("%s\n", line.c_str());
   });
 });
 }  // namespace

@@ -1,6 +1,7 @@
 // The ops:: functions: each finds its tensors' device and calls that device's backend
 // (backend.h). The kernels themselves live in cpu/, cuda/ and checked/.
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 #define MG_DISPATCH(op, ...) return detail::dispatch<&OpTable::op>(#op, __VA_ARGS__)
 
@@ -64,6 +65,11 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
 void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                   float alpha, float beta) {
   MG_DISPATCH(gemm_batched, a, trans_a, b, trans_b, c, alpha, beta);
+}
+
+bool gemm_computes_in(DType dtype, Device device) {
+  if (dtype == DType::F32) return true;
+  return device.is_host_memory() && cpu::computes_in(dtype);
 }
 
 void embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight) {

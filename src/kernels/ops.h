@@ -1,8 +1,8 @@
 // The op interface: one function per operation, taking Tensors (never raw pointers). Each op
 // finds its tensors' device (all on one device, else Error naming the op and the devices) and
 // calls that device's backend through a table of function pointers (backend.h, as ggml's backend
-// interface): the CPU (src/kernels/cpu/: OpenMP over rows, OpenBLAS sgemm for matrix products;
-// the reference, every op), CUDA (src/kernels/cuda/, the ops it has kernels for; any other op
+// interface): the CPU (src/kernels/cpu/: OpenMP over rows, oneDNN for matrix products; the
+// reference, every op), CUDA (src/kernels/cuda/, the ops it has kernels for; any other op
 // throws Error naming the op and the device) and the checking device for tests
 // (src/kernels/checked/: the CPU kernels over memory host code cannot read outside ops).
 // tests/kernels/backend_ops_test.cpp runs every op on every backend against the CPU.
@@ -21,14 +21,22 @@
 namespace megatron::ops {
 
 // ---- matrix products ----------------------------------------------------------------------------
-// c = alpha * op(a) @ op(b) + beta * c. a, b, c: 2-D fp32 with unit inner stride (row stride is
-// the leading dimension, so column blocks of a wider matrix are valid operands). A product with a
-// single output row or column (decoding one token) runs as a matrix-vector product split across
-// the threads.
+// c = alpha * op(a) @ op(b) + beta * c. a, b, c: 2-D with unit inner stride (row stride is the
+// leading dimension, so column blocks of a wider matrix are valid operands). c is fp32; a and b
+// are both fp32 (an fp32 product) or both bf16 (or both fp16): the products of those values
+// accumulated in fp32, as a GPU's bf16 GEMM with fp32 output does (on the CPU: bf16 tiles or
+// AVX512-BF16 where the CPU has them, the same products widened to fp32 elsewhere). A product
+// with a single output row or column (decoding one token) runs as a matrix-vector product split
+// across the threads.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           float alpha = 1.0f, float beta = 0.0f);
+// Whether gemm on `device` multiplies operands of `dtype` as they are: fp32 everywhere, bf16 on
+// the CPU (fp16 where the CPU has AVX512-FP16 kernels). A layer whose weights have such a dtype
+// passes them (and its inputs cast to that dtype) to gemm; otherwise it multiplies fp32 working
+// copies. A host helper (not dispatched).
+bool gemm_computes_in(DType dtype, Device device);
 // Batched over dim 0 of 3-D operands ([batch, rows, cols], unit inner stride; a zero batch stride
-// broadcasts an operand).
+// broadcasts an operand), dtypes as gemm.
 void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                   float alpha = 1.0f, float beta = 0.0f);
 
@@ -42,6 +50,7 @@ void embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout)
 // Vocab-parallel lookup (Megatron's VocabParallelEmbedding): weight holds vocabulary rows
 // [vocab_start, vocab_start + V) of the full table; ids outside that range give zero rows in
 // forward and nothing in backward (another tensor-parallel rank owns them). Any id is accepted.
+// The forward's weight may be bf16 or fp16 (its rows widened to the fp32 out; CPU only).
 void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight,
                                   int64_t vocab_start);
 void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,
@@ -330,10 +339,11 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
               float weight_decay, float momentum, bool first_step);
 
 // ---- reductions and casts -----------------------------------------------------------------------
-double l2_norm_squared(const Tensor& x);  // sum of squares in double (any float dtype)
 // Sums in double over any float dtype (fp32, fp64, bf16, fp16; contiguous), in fixed blocks
 // summed in order, so the result does not depend on the thread count. dot: same numel, the two
-// dtypes may differ (masked loss sums, token counts).
+// dtypes may differ (masked loss sums, token counts). l2_norm_squared: the sum of squares (finite
+// exactly when every element is: a float's square is far inside double's range).
+double l2_norm_squared(const Tensor& x);
 double sum(const Tensor& x);
 double dot(const Tensor& a, const Tensor& b);
 bool all_finite(const Tensor& x);          // false if any NaN/Inf (any float dtype)

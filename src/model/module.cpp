@@ -28,9 +28,27 @@ void Weight::init(WeightSpec spec, const Shape& shape, DType dtype, bool grad) {
                                               : Tensor();
 }
 
+namespace {
+// A half-precision weight gemm multiplies as stored (ops::gemm_computes_in).
+bool multiplied_as_stored(const Weight& w) {
+  const Tensor& v = w.param.value;
+  return w.offset == 0.0f && v.dtype() != DType::F32 && ops::gemm_computes_in(v.dtype(), v.device());
+}
+}  // namespace
+
+const Tensor& Weight::operand() const {
+  if (multiplied_as_stored(*this)) return param.value;
+  MG_CHECK(f32.defined(), "weight ", param.name, " has no fp32 working copy (refresh it first)");
+  return f32;
+}
+
 void Weight::refresh() {
   if (param.value.dtype() == DType::F32 && offset == 0.0f) {
     f32 = param.value;
+    return;
+  }
+  if (read_as_stored && multiplied_as_stored(*this)) {
+    f32 = Tensor();
     return;
   }
   if (!f32.defined() || f32.shape() != param.value.shape() ||

@@ -1,7 +1,8 @@
 // What every layer shares:
 //  - LayerContext: the per-call state (training, saving, dropout streams, batch geometry, masks,
 //    rotary positions, the inference context with the KV cache);
-//  - Weight: a Parameter with the fp32 working copy compute reads;
+//  - Weight: a Parameter with the fp32 working copy compute reads (linear layers multiply bf16
+//    weights as they are: Weight::read_as_stored);
 //  - Module: the base of every layer. A module owns its weights and its child modules (both
 //    registered in construction order, which is the parameter order of checkpoints and of the
 //    initialisation streams), and declares each activation it keeps from forward for backward
@@ -91,9 +92,16 @@ struct Weight {
   // tells how it is cut from the single-rank tensor). Without `grad` (inference) no gradient is
   // allocated.
   void init(WeightSpec spec, const Shape& shape, DType dtype, bool grad = true);
+  // Set by the layers whose ops all read the weight in its own dtype (the linear layers'
+  // products, the word table's lookups and products): where ops::gemm computes in that dtype on
+  // the weight's device (bf16 on the CPU) they read param.value and refresh() makes no fp32 copy.
+  bool read_as_stored = false;
   bool defined() const { return param.value.defined(); }
   void refresh();  // param.value (+ offset) -> f32 (no copy for fp32 params without offset)
   void release();  // drops an f32 copy (an fp32 value stays its own view); refresh() makes it again
+  // What the weight's products (and, with read_as_stored, its other ops) read: param.value where
+  // gemm computes in its dtype, else the fp32 working copy.
+  const Tensor& operand() const;
 };
 
 class Module;

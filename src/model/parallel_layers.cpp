@@ -24,6 +24,16 @@ int64_t local_size(int64_t full, int parts, const std::string& what) {
 
 constexpr int64_t kHeadRows = 256;  // rows of logits per loss-head chunk
 
+// t as the other operand of a product with a weight of dtype `dt`: itself for fp32, else rounded
+// to dt (the bf16 activations a bf16 GEMM multiplies, as in Megatron's bf16 training).
+Tensor product_operand(const Tensor& t, DType dt) {
+  if (t.dtype() == dt) return t;
+  const Tensor src = t.contiguous();
+  Tensor out = Tensor::empty(src.shape(), dt, src.device());
+  ops::cast(out, src);
+  return out;
+}
+
 // Error unless every id of the int32 tensor is in [0, limit): the range comes from an op; the
 // first id outside it is looked up on a host copy (error path only).
 void check_ids(const Tensor& ids, int64_t limit, const char* what, const char* outside,
@@ -65,6 +75,8 @@ LinearBase::LinearBase(const std::string& prefix, int64_t in, int64_t out, bool 
     b.sequence_parallel = row && tp.sequence_parallel;
     bias.init(b, {out_features}, dtype, opt.grad);
   }
+  weight.read_as_stored = true;  // only multiplied: no fp32 copy where gemm takes its dtype
+  weight.refresh();
   register_weight(weight);
   register_weight(bias);
 }
@@ -78,8 +90,9 @@ Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
              : CopyToTensorParallelRegion::forward(g, x);
   MG_CHECK(xin.dim() == 2 && xin.size(1) == in_features, "Linear ", weight.param.name,
            ": input ", shape_str(xin.shape()), " does not have ", in_features, " columns");
+  const Tensor& W = weight.operand();
   Tensor y = Tensor::empty({xin.size(0), out_features}, DType::F32, xin.device());
-  ops::gemm(xin, false, weight.f32, true, y);
+  ops::gemm(product_operand(xin, W.dtype()), false, W, true, y);
   if (row_parallel_)
     y = sp ? ReduceScatterToSequenceParallelRegion::forward(g, y)
            : ReduceFromTensorParallelRegion::forward(g, y);
@@ -99,9 +112,11 @@ Tensor LinearBase::backward(const LayerContext&, const Tensor& dy) {
               : ReduceFromTensorParallelRegion::backward(g, dy);
   else if (sp)
     xin = GatherFromSequenceParallelRegion::forward(g, x_);  // gathered again, not kept
+  const Tensor& W = weight.operand();
+  const Tensor dyc = product_operand(dyin, W.dtype());
   Tensor dx = Tensor::empty({dyin.size(0), in_features}, DType::F32, dyin.device());
-  ops::gemm(dyin, false, weight.f32, false, dx);
-  ops::gemm(dyin, true, xin, false, weight.param.grad, 1.0f, 1.0f);
+  ops::gemm(dyc, false, W, false, dx);
+  ops::gemm(dyc, true, product_operand(xin, W.dtype()), false, weight.param.grad, 1.0f, 1.0f);
   if (!row_parallel_)
     dx = sp ? GatherFromSequenceParallelRegion::backward(g, dx)
             : CopyToTensorParallelRegion::backward(g, dx);
@@ -121,15 +136,18 @@ Linear::Linear(const std::string& prefix, int64_t in, int64_t out, DType dtype, 
   b.init = InitMethod::zeros;
   b.weight_decay = false;
   bias.init(b, {out}, dtype, grad);
+  weight.read_as_stored = true;  // only multiplied: no fp32 copy where gemm takes its dtype
+  weight.refresh();
   register_weight(weight);
   register_weight(bias);
 }
 
 Tensor Linear::forward(const LayerContext& ctx, const Tensor& x) {
-  MG_CHECK(x.dim() == 2 && x.size(1) == weight.f32.size(1), "Linear ", weight.param.name,
-           ": input ", shape_str(x.shape()), " does not have ", weight.f32.size(1), " columns");
-  Tensor y = Tensor::empty({x.size(0), weight.f32.size(0)}, DType::F32, x.device());
-  ops::gemm(x, false, weight.f32, true, y);
+  const Tensor& W = weight.operand();
+  MG_CHECK(x.dim() == 2 && x.size(1) == W.size(1), "Linear ", weight.param.name, ": input ",
+           shape_str(x.shape()), " does not have ", W.size(1), " columns");
+  Tensor y = Tensor::empty({x.size(0), W.size(0)}, DType::F32, x.device());
+  ops::gemm(product_operand(x, W.dtype()), false, W, true, y);
   ops::bias_add(y, bias.f32);
   if (ctx.save) x_ = x;
   return y;
@@ -138,9 +156,11 @@ Tensor Linear::forward(const LayerContext& ctx, const Tensor& x) {
 Tensor Linear::backward(const LayerContext&, const Tensor& dy) {
   MG_CHECK(x_.defined(), "Linear::backward without a saved forward");
   ops::bias_grad(bias.param.grad, dy);
-  Tensor dx = Tensor::empty({dy.size(0), weight.f32.size(1)}, DType::F32, dy.device());
-  ops::gemm(dy, false, weight.f32, false, dx);
-  ops::gemm(dy, true, x_, false, weight.param.grad, 1.0f, 1.0f);
+  const Tensor& W = weight.operand();
+  const Tensor dyc = product_operand(dy, W.dtype());
+  Tensor dx = Tensor::empty({dy.size(0), W.size(1)}, DType::F32, dy.device());
+  ops::gemm(dyc, false, W, false, dx);
+  ops::gemm(dyc, true, product_operand(x_, W.dtype()), false, weight.param.grad, 1.0f, 1.0f);
   x_.reset();
   return dx;
 }
@@ -169,6 +189,8 @@ Embedding::Embedding(int64_t vocab, int64_t max_positions, int64_t h, float drop
     t.sequence_parallel = tp.sequence_parallel;
     tokentype.init(t, {num_tokentypes, h}, dtype, grad);
   }
+  word.read_as_stored = true;  // looked up and multiplied (tied output layer) as stored
+  word.refresh();
   register_weight(word);
   register_weight(position);
   register_weight(tokentype);
@@ -176,7 +198,8 @@ Embedding::Embedding(int64_t vocab, int64_t max_positions, int64_t h, float drop
 
 Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& pos,
                           const Tensor& types) {
-  const int64_t n = tokens.numel(), h = word.f32.size(1);
+  const Tensor& table = word.operand();
+  const int64_t n = tokens.numel(), h = table.size(1);
   const bool learned = position.defined();
   check_ids(tokens, vocab_size, "token id", "is outside the padded vocabulary [0, ",
             "); the data was tokenized with a different tokenizer or vocab size");
@@ -192,8 +215,8 @@ Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const T
     check_ids(types, tokentype.f32.size(0), "token-type id", "is outside [0, ", ")");
   }
   Communicator& g = tp_.comm();
-  Tensor out = Tensor::empty({n, h}, DType::F32, word.f32.device());
-  ops::vocab_parallel_embedding_fwd(out, tokens, word.f32, vocab_start);
+  Tensor out = Tensor::empty({n, h}, DType::F32, table.device());
+  ops::vocab_parallel_embedding_fwd(out, tokens, table, vocab_start);
   out = tp_.sequence_parallel ? ReduceScatterToSequenceParallelRegion::forward(g, out)
                               : ReduceFromTensorParallelRegion::forward(g, out);
   const int64_t rows = out.size(0), row0 = tp_.sequence_parallel ? tp_.rank() * rows : 0;
@@ -225,11 +248,14 @@ void Embedding::backward(const LayerContext& ctx, const Tensor& dout) {
   const Tensor& tokens = tokens_;
   const int64_t n = tokens.numel(), rows = dout.size(0), h = dout.size(1);
   const int64_t row0 = tp_.sequence_parallel ? tp_.rank() * rows : 0;
-  Tensor d = Tensor::empty(dout.shape(), DType::F32, dout.device());
-  ctx.for_each_sequence_run(row0, rows, h, [&](int64_t f, int64_t k, uint64_t off) {
-    ops::dropout_bwd(d.narrow(0, f, k), dout.narrow(0, f, k),
-                     ctx.dropout(dropout, -1, kSiteEmbedding, off));
-  });
+  Tensor d = dout;  // read only below; without dropout no pass over it
+  if (ctx.dropout(dropout, -1, kSiteEmbedding).active()) {
+    d = Tensor::empty(dout.shape(), DType::F32, dout.device());
+    ctx.for_each_sequence_run(row0, rows, h, [&](int64_t f, int64_t k, uint64_t off) {
+      ops::dropout_bwd(d.narrow(0, f, k), dout.narrow(0, f, k),
+                       ctx.dropout(dropout, -1, kSiteEmbedding, off));
+    });
+  }
   if (position.defined()) {
     const Tensor& pos = position_ids_;
     ops::embedding_bwd(position.param.grad, pos.view({n}).narrow(0, row0, rows), d);
@@ -263,6 +289,8 @@ OutputLayer::OutputLayer(int64_t vocab_size, int64_t h, DType dtype, const Tenso
   w.padded_vocab = true;
   w.shared = shared;
   own_.init(w, {local_size(vocab_size, tp.size(), "padded vocabulary"), h}, dtype, grad);
+  own_.read_as_stored = true;
+  own_.refresh();
   register_weight(own_);
   if (bias_) init_bias(dtype, grad);
 }
@@ -287,7 +315,8 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
                                  float grad_scale, Tensor* dx) {
   Communicator& g = tp_.comm();
   const Tensor xin = input_region(x);
-  const Tensor& W = weight_->f32;
+  const Tensor& W = weight_->operand();
+  const Tensor xc = product_operand(xin, W.dtype());
   const int64_t N = xin.size(0), vl = W.size(0);
   MG_CHECK(vl * tp_.size() == vocab_size_, "output layer: vocabulary shard ", vl, " x ",
            tp_.size(), " != ", vocab_size_);
@@ -304,7 +333,7 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t r = std::min(R, N - r0);
     Tensor z = logits_buf_.narrow(0, 0, r);
-    const Tensor xr = xin.narrow(0, r0, r);
+    const Tensor xr = xc.narrow(0, r0, r);
     ops::gemm(xr, false, W, true, z);
     if (bias.defined()) ops::bias_add(z, bias.f32);
     Tensor dz = z;
@@ -323,8 +352,9 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
     }
     if (dx) {
       if (bias.defined()) ops::bias_grad(bias.param.grad, dz);
-      ops::gemm(dz, false, W, false, dxin.narrow(0, r0, r));  // partial over vocabulary shards
-      ops::gemm(dz, true, xr, false, weight_->param.grad, 1.0f, 1.0f);
+      const Tensor dzc = product_operand(dz, W.dtype());
+      ops::gemm(dzc, false, W, false, dxin.narrow(0, r0, r));  // partial over vocabulary shards
+      ops::gemm(dzc, true, xr, false, weight_->param.grad, 1.0f, 1.0f);
     }
   }
   if (dx)
@@ -335,8 +365,9 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
 
 Tensor OutputLayer::logits(const Tensor& x) {
   const Tensor xin = input_region(x);
-  Tensor z = Tensor::empty({xin.size(0), weight_->f32.size(0)}, DType::F32, xin.device());
-  ops::gemm(xin, false, weight_->f32, true, z);
+  const Tensor& W = weight_->operand();
+  Tensor z = Tensor::empty({xin.size(0), W.size(0)}, DType::F32, xin.device());
+  ops::gemm(product_operand(xin, W.dtype()), false, W, true, z);
   if (bias.defined()) ops::bias_add(z, bias.f32);
   return tp::gather_from_tensor_model_parallel_region(tp_.comm(), z);
 }

@@ -54,12 +54,6 @@ std::pair<bool, double> reduce_grad_stats(Communicator* group, bool local_nonfin
   return {ops::sum(t.narrow(0, 0, 1)) > 0.0, ops::sum(t.narrow(0, 1, 1))};
 }
 
-double global_l2_norm(const std::vector<Tensor>& tensors) {
-  double sq = 0.0;
-  for (const Tensor& t : tensors) sq += ops::l2_norm_squared(t);
-  return std::sqrt(sq);
-}
-
 Optimizer::Optimizer(model::ParameterList params, const OptimizerConfig& cfg)
     : params_(std::move(params)), cfg_(cfg) {
   MG_REQUIRE(cfg.clip_grad >= 0.0, "--clip-grad must be >= 0 (got ", cfg.clip_grad, ")");
@@ -123,13 +117,22 @@ StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler, d
   const double inv = scaler.inv_scale();
   if (inv != 1.0)
     for (const Tensor& g : grads) scale_inplace(g, float(inv));
+  // One pass over the gradients for the finite check and the norm: a gradient's sum of squares
+  // (in double) is finite exactly when all its elements are (ops::l2_norm_squared). Summed in
+  // parameter order over those this rank counts (all of them without a model-parallel group).
   bool finite = true;
-  for (const Tensor& g : grads) finite = finite && ops::all_finite(g);
+  double sum_sq = 0.0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const double sq = ops::l2_norm_squared(grads[i]);
+    finite = finite && std::isfinite(sq);
+    if (stats_group_ == nullptr || model::param_counts_in_grad_norm(*params_[i], tp_rank_))
+      sum_sq += sq;
+  }
+  r.grad_norm = std::sqrt(sum_sq);
   if (stats_group_ != nullptr) {  // every rank of the model-parallel group decides the same
-    const auto [nonfinite, sum_sq] = reduce_grad_stats(
-        stats_group_, !finite, finite ? model::local_grad_sum_of_squares(params_, tp_rank_) : 0.0);
+    const auto [nonfinite, total] = reduce_grad_stats(stats_group_, !finite, finite ? sum_sq : 0.0);
     finite = !nonfinite;
-    r.grad_norm = std::sqrt(sum_sq);
+    r.grad_norm = std::sqrt(total);
   }
   scaler.update(!finite);
   if (!finite) {
@@ -137,7 +140,6 @@ StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler, d
     r.grad_norm = std::nan("");
     return r;
   }
-  if (stats_group_ == nullptr) r.grad_norm = global_l2_norm(grads);
   if (cfg_.clip_grad > 0.0) {
     const double coeff = cfg_.clip_grad / (r.grad_norm + 1e-6);
     if (coeff < 1.0)

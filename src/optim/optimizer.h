@@ -69,9 +69,6 @@ class Optimizer final : public MegatronOptimizer {
   int64_t step_count_ = 0;
 };
 
-// Global L2 norm (double accumulation) of the given fp32 tensors.
-double global_l2_norm(const std::vector<Tensor>& tensors);
-
 // The update rules both optimizers share (fp32 contiguous tensors of one size).
 // SGD (torch.optim.SGD, coupled weight decay): g += wd * p; buf = first ? g : momentum * buf + g;
 // p -= lr * buf.

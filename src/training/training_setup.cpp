@@ -5,6 +5,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ops.h"
 #include "model/layer_spec.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/optimizer.h"
@@ -193,6 +195,12 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   if (r.ps.world_size() > 1) {
     r.a = a;
     r.say(layout_line(r));
+  }
+  if (r.log_rank) {  // what the CPU runs, picked from its flags (kernels/cpu/cpu_kernels.h)
+    log_info(ops::cpu::cpu_kernel_summary());
+    if (a.fp16 && !ops::gemm_computes_in(DType::F16, Device::cpu()))
+      log_info("note: --fp16 computes in fp32 on this CPU (no AVX512-FP16 products): the weights "
+               "are stored in fp16 and multiplied as fp32 copies");
   }
 
   auto tokenizer = data::build_tokenizer(a.tokenizer);

@@ -52,6 +52,40 @@ void matmul_cases(Table& t) {
     gemm(a, false, b, false, c);
     return Outs{c};
   }, {gemm_tol});
+  // Half-precision operands: the products of the bf16 (fp16) values accumulated in fp32; other
+  // backends within bf16 tolerance of the CPU.
+  const Tolerance half_tol{1e-2, 1e-2};
+  for (DType dt : {DType::BF16, DType::F16})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        t.add("gemm", str(dtype_name(dt), " 67x129 @ 129x45, trans_a ", ta, ", trans_b ", tb,
+                          ", alpha .5, beta .25"),
+              [=](Device d) {
+                const int64_t M = 67, K = 129, N = 45;
+                Tensor a = rnd(d, ta ? Shape{K, M} : Shape{M, K}, 1, 1.0f, dt);
+                Tensor b = rnd(d, tb ? Shape{N, K} : Shape{K, N}, 2, 1.0f, dt);
+                Tensor c = rnd(d, {M, N}, 3);
+                gemm(a, ta, b, tb, c, 0.5f, 0.25f);
+                return Outs{c};
+              }, {half_tol});
+  t.add("gemm", "bfloat16 one output row (matrix-vector), trans_b", [=](Device d) {
+    Tensor a = rnd(d, {1, 300}, 6, 1.0f, DType::BF16), b = rnd(d, {77, 300}, 7, 1.0f, DType::BF16);
+    Tensor c = fill(d, {1, 77}, 0.0);
+    gemm(a, false, b, true, c);
+    return Outs{c};
+  }, {half_tol});
+  t.add("gemm", "bfloat16 one output column, beta 1", [=](Device d) {
+    Tensor a = rnd(d, {77, 300}, 8, 1.0f, DType::BF16), b = rnd(d, {300, 1}, 9, 1.0f, DType::BF16);
+    Tensor c = rnd(d, {77, 1}, 10);
+    gemm(a, false, b, false, c, 1.0f, 1.0f);
+    return Outs{c};
+  }, {half_tol});
+  t.add("gemm_batched", "bfloat16 3 x (16x32 @ 24x32^T)", [=](Device d) {
+    Tensor a = rnd(d, {3, 16, 32}, 10, 1.0f, DType::BF16), b = rnd(d, {3, 24, 32}, 11, 1.0f, DType::BF16);
+    Tensor c = rnd(d, {3, 16, 24}, 12);
+    gemm_batched(a, false, b, true, c, 1.0f, 0.5f);
+    return Outs{c};
+  }, {half_tol});
   for (bool ta : {false, true})
     t.add("gemm_batched", str("3 x (16x32 @ 32x24), trans_a ", ta, ", beta .5"), [=](Device d) {
       Tensor a = rnd(d, ta ? Shape{3, 32, 16} : Shape{3, 16, 32}, 10), b = rnd(d, {3, 32, 24}, 11);
@@ -78,6 +112,13 @@ void embedding_cases(Table& t) {
     vocab_parallel_embedding_fwd(out, ids(d, 40, 0, 90, 3), rnd(d, {30, 8}, 15), 30);
     return Outs{out};
   }, {exact});
+  for (DType dt : {DType::BF16, DType::F16})
+    t.add("vocab_parallel_embedding_fwd", str(dtype_name(dt), " table rows [30, 60) of 90"),
+          [dt](Device d) {
+            Tensor out = fill(d, {40, 8}, 7.0);
+            vocab_parallel_embedding_fwd(out, ids(d, 40, 0, 90, 3), rnd(d, {30, 8}, 15, 1.0f, dt), 30);
+            return Outs{out};
+          }, {exact});
   t.add("vocab_parallel_embedding_bwd", "rows [30, 60) of 90, accumulating", [](Device d) {
     Tensor dw = rnd(d, {30, 8}, 16);
     vocab_parallel_embedding_bwd(dw, ids(d, 200, 0, 90, 4), rnd(d, {200, 8}, 17), 30);

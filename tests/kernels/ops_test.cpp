@@ -109,6 +109,15 @@ TEST(Ops, VocabParallelEmbeddingMasksOtherShards) {
   vocab_parallel_embedding_bwd(dw, ids, g, start);
   expect_close("vocab_parallel_embedding_bwd", dw,
                to_double(full_dw.narrow(0, start, Vl).contiguous()), 0, 0);
+  // A bf16 or fp16 shard gives its stored values exactly, widened to fp32.
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const Tensor half = shard.to(dt);
+    Tensor got = Tensor::full({n, h}, 9.0, DType::F32), want = Tensor::full({n, h}, 9.0, DType::F32);
+    vocab_parallel_embedding_fwd(got, ids, half, start);
+    vocab_parallel_embedding_fwd(want, ids, half.to(DType::F32), start);
+    expect_close(std::string("vocab_parallel_embedding_fwd ") + dtype_name(dt), got,
+                 to_double(want), 0, 0);
+  }
 }
 
 TEST(Ops, LayerNormForwardBackward) {

@@ -274,9 +274,7 @@ struct Forward {
         const float* K = P.k.at(kvs, b0, grp);
         const float* V = P.v.at(kvs, b0, grp);
         if (nt == 1) {
-          std::fill_n(S, bw, 0.0f);
-          cblas_sgemv(CblasRowMajor, CblasNoTrans, int(bw), P.d, P.scale, K,
-                      int(P.k.L.row_stride), Q, 1, 0.0f, S, 1);
+          matvec(false, {K, DType::F32, bw, P.d, P.k.L.row_stride}, Q, 1, P.scale, 0.0f, S, 1);
         } else {
           sgemm(false, true, nt, bw, P.d, P.scale, Q, q_ld, K, P.k.L.row_stride, 0.0f, S,
                 ld);
@@ -342,9 +340,7 @@ struct Forward {
         }
         const float beta = b0 > k0 ? 1.0f : 0.0f;
         if (nt == 1) {
-          if (beta == 0.0f) std::fill_n(O, P.d, 0.0f);
-          cblas_sgemv(CblasRowMajor, CblasTrans, int(bw), P.d, 1.0f, V, int(P.v.L.row_stride), A,
-                      1, beta, O, 1);
+          matvec(true, {V, DType::F32, bw, P.d, P.v.L.row_stride}, A, 1, 1.0f, beta, O, 1);
         } else {
           sgemm(false, false, nt, P.d, bw, 1.0f, A, lda, V, P.v.L.row_stride, beta, O, ctx_width);
         }

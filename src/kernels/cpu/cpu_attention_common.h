@@ -5,8 +5,6 @@
 // the keys a query row may see (before key padding) are one range [lo, hi) of key rows.
 #pragma once
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -17,17 +15,11 @@
 #include "core/rng.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/cpu_matmul.h"  // cpu::sgemm: oneDNN, single-threaded inside the callers' OpenMP tasks
 
 namespace megatron::ops::cpu {
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Row-major sgemm on raw pointers (OpenBLAS, single-threaded inside the callers' OpenMP tasks).
-inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
-}
 
 // A per-thread work buffer, left uninitialised (every use writes before it reads).
 struct WorkBuffer {

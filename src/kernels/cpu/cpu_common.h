@@ -90,6 +90,11 @@ inline void blas_single_threaded() {
   (void)once;
 }
 
+// A stored value as fp32 (exact for each storage type).
+inline float to_f32(float v) { return v; }
+inline float to_f32(bf16 v) { return bf16_to_float(v); }
+inline float to_f32(fp16 v) { return fp16_to_float(v); }
+
 // exp(x) in float, vectorisable (no calls, no branches): Cody-Waite range reduction x = n ln2 + r
 // and the Cephes degree-6 polynomial for exp(r), |r| <= ln2/2; relative error ~2 ulp. Inputs are
 // clamped to [-87.3, 88.7], so results underflow to ~1e-38 rather than to denormals or zero.

@@ -52,24 +52,36 @@ void embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout)
 
 void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Tensor& weight,
                                   int64_t vocab_start) {
-  require_f32("vocab_parallel_embedding_fwd", "out", out);
-  require_f32("vocab_parallel_embedding_fwd", "weight", weight);
-  cpu::require_host("vocab_parallel_embedding_fwd", ids);
-  MG_CHECK(ids.dtype() == DType::I32 && ids.is_contiguous(),
-           "vocab_parallel_embedding_fwd: ids must be contiguous int32");
+  const char* op = "vocab_parallel_embedding_fwd";
+  require_f32(op, "out", out);
+  cpu::require_host(op, weight);
+  MG_CHECK(weight.defined() && weight.is_contiguous() && weight.dim() == 2, op,
+           ": weight must be a contiguous [V, h] table");
+  cpu::require_host(op, ids);
+  MG_CHECK(ids.dtype() == DType::I32 && ids.is_contiguous(), op, ": ids must be contiguous int32");
   const int64_t n = ids.numel(), h = weight.size(1), V = weight.size(0);
-  MG_CHECK(out.numel() == n * h, "vocab_parallel_embedding_fwd: out has ", out.numel(),
-           " elements, want ", n * h);
+  MG_CHECK(out.numel() == n * h, op, ": out has ", out.numel(), " elements, want ", n * h);
   const int32_t* id = ids.data<int32_t>();
-  const float* w = weight.data<float>();
   float* o = out.data<float>();
-  cpu::parallel_for(n, n * h, [&](int64_t i) {
-    const int64_t v = int64_t(id[i]) - vocab_start;
-    if (v >= 0 && v < V)
-      std::copy(w + v * h, w + (v + 1) * h, o + i * h);
-    else
-      std::fill(o + i * h, o + (i + 1) * h, 0.0f);
-  });
+  auto lookup = [&](const auto* w) {
+    cpu::parallel_for(n, n * h, [&](int64_t i) {
+      const int64_t v = int64_t(id[i]) - vocab_start;
+      float* row = o + i * h;
+      if (v >= 0 && v < V) {
+#pragma omp simd
+        for (int64_t j = 0; j < h; ++j) row[j] = to_f32(w[v * h + j]);
+      } else {
+        std::fill(row, row + h, 0.0f);
+      }
+    });
+  };
+  switch (weight.dtype()) {
+    case DType::F32: return lookup(weight.data<float>());
+    case DType::BF16: return lookup(weight.data<bf16>());
+    case DType::F16: return lookup(weight.data<fp16>());
+    default: MG_CHECK(false, op, ": weight must be float32, bfloat16 or float16, got ",
+                      dtype_name(weight.dtype()));
+  }
 }
 
 void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,
@@ -164,30 +176,59 @@ void tanh_bwd(const Tensor& dx, const Tensor& dout, const Tensor& out) {
 
 namespace {
 // Applies out[i] = (x[i] + bias[i % m]) * keep[i] (+ residual[i]) in chunks of the Philox stream.
+// Without dropout (p = 0) no mask is drawn: in place without bias and residual nothing is done,
+// else one vectorised pass (x + bias) + residual, in the order of the masked loop below.
+void add_bias_residual(float* out, const float* x, const float* bias, int64_t m,
+                       const float* res, int64_t n) {
+  if (bias == nullptr && res == nullptr) {
+    if (out != x) cpu::parallel_for_simd(n, [&](int64_t i) { out[i] = x[i]; });
+    return;
+  }
+  if (bias == nullptr) {
+    cpu::parallel_for_simd(n, [&](int64_t i) { out[i] = x[i] + res[i]; });
+    return;
+  }
+  cpu::parallel_for(n / m, n, [&](int64_t r) {
+    float* o = out + r * m;
+    const float* xr = x + r * m;
+    const float* rr = res ? res + r * m : nullptr;
+    if (rr) {
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) o[j] = (xr[j] + bias[j]) + rr[j];
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < m; ++j) o[j] = xr[j] + bias[j];
+    }
+  });
+}
+
 void dropout_apply(float* out, const float* x, const float* bias, int64_t m, const float* res,
                    int64_t n, const DropoutSpec& d) {
+  if (!d.active()) {
+    add_bias_residual(out, x, bias, m, res, n);
+    return;
+  }
   const Philox rng(d.seed, d.stream);
   constexpr int64_t kChunk = 4096;
   auto chunk = [&](int64_t c, std::vector<float>& keep) {
     const int64_t len = std::min(kChunk, n - c);
-    if (d.active()) cpu::dropout_row(keep.data(), len, d.element_offset + uint64_t(c), rng, d.p);
+    cpu::dropout_row(keep.data(), len, d.element_offset + uint64_t(c), rng, d.p);
     for (int64_t i = 0; i < len; ++i) {
       float v = x[c + i];
       if (bias) v += bias[(c + i) % m];
-      if (d.active()) v *= keep[size_t(i)];
+      v *= keep[size_t(i)];
       if (res) v += res[c + i];
       out[c + i] = v;
     }
   };
-  const size_t mask = d.active() ? size_t(kChunk) : 0;  // no mask without dropout
   if (n <= kMinParallelWork) {  // on this thread, outside any OpenMP region
-    std::vector<float> keep(mask);
+    std::vector<float> keep(kChunk);
     for (int64_t c = 0; c < n; c += kChunk) chunk(c, keep);
     return;
   }
 #pragma omp parallel
   {
-    std::vector<float> keep(mask);
+    std::vector<float> keep(kChunk);
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < n; c += kChunk) chunk(c, keep);
   }

@@ -1,125 +1,68 @@
-// Matrix products through OpenBLAS cblas_sgemm (row-major). Operands may be row-strided views
-// (the row stride is the BLAS leading dimension), so column blocks of a fused matrix (e.g. one
-// head of the QKV output) are multiplied without copies. OpenBLAS runs single-threaded; large
-// products are split into column (or row) blocks of C across the OpenMP threads, so there is one
-// thread pool and OpenMP's spinning workers never compete with OpenBLAS's own threads. A product
-// with a single output row or column (decoding one token) is a matrix-vector product: it runs
-// through cblas_sgemv (OpenBLAS's sgemm with one row is several times slower), split into blocks
-// of output entries across the threads.
-#include <cblas.h>
-#include <omp.h>
-
-#include "kernels/cpu/cpu_common.h"
+// ops::gemm and ops::gemm_batched on the CPU: operand checks, then cpu::matmul (cpu_matmul.h:
+// oneDNN for products, the matrix-vector loops for one output row or column). Operands may be
+// row-strided views (the row stride is the leading dimension), so column blocks of a fused matrix
+// (one head of the QKV output) are multiplied without copies. fp32 operands give an fp32 product;
+// bf16 (or fp16) operands give the product of those values accumulated in fp32.
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/cpu_matmul.h"
 
 namespace megatron::ops::cpu {
 namespace {
 
-struct Mat {
-  const float* p;
-  int64_t rows, cols, ld;
-};
+bool is_matmul_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
-Mat as_mat(const char* what, const Tensor& t, int d0) {
-  cpu::require_host("gemm", t);
-  MG_CHECK(t.defined() && t.dtype() == DType::F32, "gemm: ", what, " must be float32");
-  MG_CHECK(t.stride(-1) == 1 || t.size(-1) == 1, "gemm: ", what, " needs unit inner stride");
-  int64_t ld = t.size(-1) == 1 && t.size(d0) > 1 ? t.stride(d0) : t.stride(d0);
+// The last two dims of t as a row-major matrix (d0: the row dim).
+MatRef as_mat(const char* op, const char* what, const Tensor& t, int d0) {
+  cpu::require_host(op, t);
+  MG_CHECK(t.defined(), op, ": ", what, " is undefined");
+  MG_CHECK(is_matmul_dtype(t.dtype()), op, ": ", what, " must be float32, bfloat16 or float16, got ",
+           dtype_name(t.dtype()));
+  MG_CHECK(t.stride(-1) == 1 || t.size(-1) == 1, op, ": ", what, " needs unit inner stride");
+  int64_t ld = t.stride(d0);
   if (ld < t.size(-1)) ld = t.size(-1);
-  return {t.data<float>(), t.size(d0), t.size(-1), ld};
+  return {t.raw_data(), t.dtype(), t.size(d0), t.size(-1), ld};
 }
 
-// y = alpha * op(M) x + beta * y with M [rows, cols] (leading dimension ld): y has cols entries
-// when trans, else rows. Blocks of output entries (multiples of 16) go to the OpenMP threads.
-void sgemv(bool trans, int64_t rows, int64_t cols, float alpha, const float* M, int64_t ld,
-           const float* x, int64_t incx, float beta, float* y, int64_t incy) {
-  const int64_t ny = trans ? cols : rows;
-  if (beta == 0.0f)  // BLAS's scaling by beta = 0 may keep NaNs of an unwritten output
-    for (int64_t j = 0; j < ny; ++j) y[j * incy] = 0.0f;
-  auto call = [&](int64_t j0, int64_t j1) {
-    if (trans)
-      cblas_sgemv(CblasRowMajor, CblasTrans, int(rows), int(j1 - j0), alpha, M + j0, int(ld), x,
-                  int(incx), beta, y + j0 * incy, int(incy));
-    else
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(j1 - j0), int(cols), alpha, M + j0 * ld,
-                  int(ld), x, int(incx), beta, y + j0 * incy, int(incy));
-  };
-  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (nt == 1 || double(rows) * double(cols) < 1.0e5 || ny < 32) {
-    call(0, ny);
-    return;
-  }
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t j0 = (ny * t / T) & ~int64_t(15);
-    const int64_t j1 = t + 1 == T ? ny : (ny * (t + 1) / T) & ~int64_t(15);
-    if (j1 > j0) call(j0, j1);
-  }
-}
-
-void sgemm(const Mat& a, bool ta, const Mat& b, bool tb, const Mat& c, float alpha, float beta) {
-  int64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols;
-  int64_t kb = tb ? b.cols : b.rows, n = tb ? b.rows : b.cols;
-  MG_CHECK(k == kb && c.rows == m && c.cols == n, "gemm: shapes do not match (m=", m, " k=", k,
+void check(const char* op, const MatRef& a, bool ta, const MatRef& b, bool tb, const MatRef& c) {
+  MG_CHECK(a.dtype == b.dtype, op, ": a is ", dtype_name(a.dtype), " and b ", dtype_name(b.dtype),
+           "; cast one so both have the same dtype (bf16 operands give a bf16 product)");
+  MG_CHECK(c.dtype == DType::F32, op, ": c must be float32 (products accumulate in fp32), got ",
+           dtype_name(c.dtype));
+  const int64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols;
+  const int64_t kb = tb ? b.cols : b.rows, n = tb ? b.rows : b.cols;
+  MG_CHECK(k == kb && c.rows == m && c.cols == n, op, ": shapes do not match (m=", m, " k=", k,
            " kb=", kb, " n=", n, " c=", c.rows, "x", c.cols, ")");
-  if (m == 0 || n == 0) return;
-  cpu::blas_single_threaded();
-  float* cp = const_cast<float*>(c.p);
-  if (k > 0 && m == 1) {  // c row = op(b)^T op(a) row
-    sgemv(!tb, b.rows, b.cols, alpha, b.p, b.ld, a.p, ta ? a.ld : 1, beta, cp, 1);
-    return;
-  }
-  if (k > 0 && n == 1) {  // c column = op(a) op(b) column
-    sgemv(ta, a.rows, a.cols, alpha, a.p, a.ld, b.p, tb ? 1 : b.ld, beta, cp, c.ld);
-    return;
-  }
-  auto call = [&](int64_t mm, int64_t nn, const float* ap, const float* bp, float* cc) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                int(mm), int(nn), int(k), alpha, ap, int(a.ld), bp, int(b.ld), beta, cc,
-                int(c.ld));
-  };
-  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (nt == 1 || double(m) * double(n) * double(k) < 2.0e6) {
-    call(m, n, a.p, b.p, cp);
-    return;
-  }
-  if (n >= m) {  // column blocks of C (multiples of 16 columns)
-#pragma omp parallel num_threads(nt)
-    {
-      const int t = omp_get_thread_num(), T = omp_get_num_threads();
-      const int64_t j0 = (n * t / T) & ~int64_t(15), j1 = t + 1 == T ? n : (n * (t + 1) / T) & ~int64_t(15);
-      if (j1 > j0) call(m, j1 - j0, a.p, tb ? b.p + j0 * b.ld : b.p + j0, cp + j0);
-    }
-  } else {  // row blocks of C
-#pragma omp parallel num_threads(nt)
-    {
-      const int t = omp_get_thread_num(), T = omp_get_num_threads();
-      const int64_t i0 = m * t / T, i1 = m * (t + 1) / T;
-      if (i1 > i0) call(i1 - i0, n, ta ? a.p + i0 : a.p + i0 * a.ld, b.p, cp + i0 * c.ld);
-    }
-  }
 }
+
+float* out(const MatRef& c) { return static_cast<float*>(const_cast<void*>(c.p)); }
 
 }  // namespace
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           float alpha, float beta) {
   MG_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm: operands must be 2-D");
-  sgemm(as_mat("a", a, 0), trans_a, as_mat("b", b, 0), trans_b, as_mat("c", c, 0), alpha, beta);
+  const MatRef ma = as_mat("gemm", "a", a, 0), mb = as_mat("gemm", "b", b, 0),
+               mc = as_mat("gemm", "c", c, 0);
+  check("gemm", ma, trans_a, mb, trans_b, mc);
+  matmul(ma, trans_a, mb, trans_b, out(mc), mc.ld, alpha, beta);
 }
 
 void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                   float alpha, float beta) {
   MG_CHECK(a.dim() == 3 && b.dim() == 3 && c.dim() == 3, "gemm_batched: operands must be 3-D");
-  int64_t batch = c.size(0);
+  const int64_t batch = c.size(0);
   MG_CHECK(a.size(0) == batch && b.size(0) == batch, "gemm_batched: batch sizes differ");
+  MatRef ma = as_mat("gemm_batched", "a", a, 1), mb = as_mat("gemm_batched", "b", b, 1),
+         mc = as_mat("gemm_batched", "c", c, 1);
+  check("gemm_batched", ma, trans_a, mb, trans_b, mc);
+  const size_t ea = dtype_size(a.dtype()), eb = dtype_size(b.dtype());
+  const char* pa = static_cast<const char*>(ma.p);
+  const char* pb = static_cast<const char*>(mb.p);
   for (int64_t i = 0; i < batch; ++i) {
-    Mat ma = as_mat("a", a, 1), mb = as_mat("b", b, 1), mc = as_mat("c", c, 1);
-    ma.p += i * a.stride(0);
-    mb.p += i * b.stride(0);
-    mc.p += i * c.stride(0);
-    sgemm(ma, trans_a, mb, trans_b, mc, alpha, beta);
+    ma.p = pa + size_t(i * a.stride(0)) * ea;
+    mb.p = pb + size_t(i * b.stride(0)) * eb;
+    matmul(ma, trans_a, mb, trans_b, out(mc) + i * c.stride(0), mc.ld, alpha, beta);
   }
 }
 

@@ -1,9 +1,11 @@
 // Fused softmax cross-entropy (per-token loss, dlogits written in place), AdamW with decoupled
-// weight decay, SGD with momentum, and reductions / casts over any float dtype.
+// weight decay (one vectorised, threaded pass that also writes the bf16/fp16 model weights), SGD
+// with momentum, the finite check and casts over any float dtype.
 #include <omp.h>
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -60,6 +62,27 @@ void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor
   }
 }
 
+namespace {
+// The AdamW update of elements [0, n) (the formula of ops.h, in its order of operations), writing
+// the updated value to `copy` too when it is given (bf16/fp16 model weights in the same pass).
+template <class Copy>
+void adamw_update(float* p, float* m, float* v, const float* g, Copy* copy, int64_t n,
+                  const AdamWConfig& c, float bc1, float bc2) {
+  const float b1 = c.beta1, b2 = c.beta2, eps = c.eps, wd = c.weight_decay, lr = c.lr;
+  cpu::parallel_for_simd(n, [&](int64_t i) {
+    const float gi = g[i];
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float pi = p[i] - lr * ((mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * p[i]);
+    p[i] = pi;
+    if constexpr (std::is_same_v<Copy, bf16>) copy[i] = float_to_bf16(pi);
+    if constexpr (std::is_same_v<Copy, fp16>) copy[i] = float_to_fp16(pi);
+  });
+}
+}  // namespace
+
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const Tensor& model_copy, const AdamWConfig& c) {
   cpu::require_f32("adamw_step", "master", master);
@@ -75,14 +98,20 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
   const float* g = grad.data<float>();
   const float bc1 = 1.0f - float(std::pow(double(c.beta1), double(c.step)));
   const float bc2 = 1.0f - float(std::pow(double(c.beta2), double(c.step)));
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * g[i];
-    v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * g[i] * g[i];
-    const float upd = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + c.eps) + c.weight_decay * p[i];
-    p[i] -= c.lr * upd;
+  const bool copy = model_copy.defined() && model_copy.raw_data() != master.raw_data();
+  if (copy) {
+    cpu::require_host("adamw_step", model_copy);
+    cpu::require_numel("adamw_step", master, model_copy);
+    MG_CHECK(model_copy.is_contiguous(), "adamw_step: model_copy must be contiguous");
   }
-  if (model_copy.defined() && model_copy.raw_data() != master.raw_data()) cast(model_copy, master);
+  const DType dt = copy ? model_copy.dtype() : DType::F32;
+  if (copy && dt == DType::BF16)
+    adamw_update(p, m, v, g, model_copy.data<bf16>(), n, c, bc1, bc2);
+  else if (copy && dt == DType::F16)
+    adamw_update(p, m, v, g, model_copy.data<fp16>(), n, c, bc1, bc2);
+  else
+    adamw_update(p, m, v, g, static_cast<float*>(nullptr), n, c, bc1, bc2);
+  if (copy && dt != DType::BF16 && dt != DType::F16) cast(model_copy, master);
 }
 
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, float lr,
@@ -122,35 +151,37 @@ void for_each_float(const char* op, const Tensor& x, F&& f) {
 }
 }  // namespace
 
-double l2_norm_squared(const Tensor& x) {
-  double total = 0;
-  if (x.dtype() == DType::F64) {
-    cpu::require_host("l2_norm_squared", x);
-    const double* p = x.data<double>();
-    for (int64_t i = 0; i < x.numel(); ++i) total += p[i] * p[i];
-    return total;
+namespace {
+// True if any of the n values has an all-ones exponent (Inf or NaN): a test of the bits, so
+// every dtype's loop is a vectorised OR.
+template <class Bits>
+bool any_nonfinite(const Bits* p, int64_t n, Bits exponent) {
+  int bad = 0;
+  if (n > kMinParallelWork) {
+#pragma omp parallel for simd reduction(| : bad) schedule(static)
+    for (int64_t i = 0; i < n; ++i) bad |= (p[i] & exponent) == exponent ? 1 : 0;
+  } else {
+#pragma omp simd reduction(| : bad)
+    for (int64_t i = 0; i < n; ++i) bad |= (p[i] & exponent) == exponent ? 1 : 0;
   }
-  for_each_float("l2_norm_squared", x, [&](auto* p, int64_t n, auto conv) {
-    double acc = 0;
-#pragma omp parallel for reduction(+ : acc) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = double(conv(p[i]));
-      acc += v * v;
-    }
-    total = acc;
-  });
-  return total;
+  return bad != 0;
 }
+}  // namespace
 
 bool all_finite(const Tensor& x) {
-  bool ok = true;
-  for_each_float("all_finite", x, [&](auto* p, int64_t n, auto conv) {
-    int bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static)
-    for (int64_t i = 0; i < n; ++i) bad |= std::isfinite(conv(p[i])) ? 0 : 1;
-    ok = bad == 0;
-  });
-  return ok;
+  cpu::require_host("all_finite", x);
+  MG_CHECK(x.is_contiguous(), "all_finite: tensor must be contiguous");
+  const int64_t n = x.numel();
+  const void* p = x.raw_data();
+  switch (x.dtype()) {
+    case DType::F32: return !any_nonfinite(static_cast<const uint32_t*>(p), n, 0x7f800000u);
+    case DType::F64:
+      return !any_nonfinite(static_cast<const uint64_t*>(p), n, uint64_t(0x7ff0000000000000ull));
+    case DType::BF16: return !any_nonfinite(static_cast<const uint16_t*>(p), n, uint16_t(0x7f80));
+    case DType::F16: return !any_nonfinite(static_cast<const uint16_t*>(p), n, uint16_t(0x7c00));
+    default: MG_CHECK(false, "all_finite: not a float dtype: ", dtype_name(x.dtype()));
+  }
+  return false;  // not reached
 }
 
 void cast(const Tensor& dst, const Tensor& src) {

@@ -39,24 +39,34 @@ LtState& lt() {
 
 struct Operand {
   int64_t rows, cols, ld, batch_stride;
+  cudaDataType_t type;
 };
 
 // rows x cols row-major view of a 2-D or 3-D tensor (the last two dims), unit inner stride.
 Operand operand(const char* op, const char* name, const Tensor& t, int expected_dim) {
-  MG_CHECK(t.defined() && t.device().is_cuda() && t.dtype() == DType::F32, op, ": ", name,
-           " must be an fp32 CUDA tensor");
+  MG_CHECK(t.defined() && t.device().is_cuda(), op, ": ", name, " must be a CUDA tensor");
+  const DType dt = t.dtype();
+  MG_CHECK(dt == DType::F32 || dt == DType::BF16 || dt == DType::F16, op, ": ", name,
+           " must be float32, bfloat16 or float16, got ", dtype_name(dt));
   MG_CHECK(t.dim() == expected_dim, op, ": ", name, " must be ", expected_dim, "-D");
   MG_CHECK(t.stride(-1) == 1, op, ": ", name, " needs unit inner stride");
   const int64_t rows = t.size(-2), cols = t.size(-1);
   const int64_t ld = rows > 1 ? t.stride(-2) : cols;
   MG_CHECK(ld >= cols, op, ": ", name, " row stride smaller than its width");
-  return {rows, cols, ld, expected_dim == 3 ? t.stride(0) : 0};
+  const cudaDataType_t type =
+      dt == DType::F32 ? CUDA_R_32F : (dt == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F);
+  return {rows, cols, ld, expected_dim == 3 ? t.stride(0) : 0, type};
 }
 
 void matmul(const char* op, const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c,
             float alpha, float beta, int dim) {
   const Operand A = operand(op, "a", a, dim), B = operand(op, "b", b, dim),
                 C = operand(op, "c", c, dim);
+  // As the CPU: both operands of one dtype, fp32 output; half-precision products accumulate in
+  // fp32 (CUBLAS_COMPUTE_32F).
+  MG_CHECK(a.dtype() == b.dtype(), op, ": a is ", dtype_name(a.dtype()), " and b ",
+           dtype_name(b.dtype()), "; cast one so both have the same dtype");
+  MG_CHECK(c.dtype() == DType::F32, op, ": c must be float32, got ", dtype_name(c.dtype()));
   const int64_t M = ta ? A.cols : A.rows, K = ta ? A.rows : A.cols;
   const int64_t Kb = tb ? B.cols : B.rows, N = tb ? B.rows : B.cols;
   MG_CHECK(K == Kb && C.rows == M && C.cols == N, op, ": shapes do not match (", M, "x", K, " @ ",
@@ -72,7 +82,8 @@ void matmul(const char* op, const Tensor& a, bool ta, const Tensor& b, bool tb, 
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
-  const cublasComputeType_t compute = s.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute =
+      s.tf32 && A.type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   MG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
   // Column-major: first operand = B's buffer (N x K after op), second = A's buffer.
   const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -80,8 +91,8 @@ void matmul(const char* op, const Tensor& a, bool ta, const Tensor& b, bool tb, 
   MG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
   MG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
   // Column-major shapes of the stored buffers: B stored row-major rows x cols = col-major cols x rows.
-  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, uint64_t(B.cols), uint64_t(B.rows), B.ld));
-  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, uint64_t(A.cols), uint64_t(A.rows), A.ld));
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, B.type, uint64_t(B.cols), uint64_t(B.rows), B.ld));
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, A.type, uint64_t(A.cols), uint64_t(A.rows), A.ld));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, uint64_t(C.cols), uint64_t(C.rows), C.ld));
   if (batch > 1) {
     const int32_t bc = int32_t(batch);
