@@ -44,6 +44,7 @@ struct InferenceFlags {
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
   bool fp16 = false, bf16 = false;
   bool no_load_optim = false, no_load_rng = false;
+  std::string device;  // --device: cuda | cpu | "" (a GPU when one is present)
   CompatFlags compat;
 
   void add(CLI::App& sub);

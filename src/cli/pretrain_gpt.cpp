@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "cli/command.h"
+#include "cli/device_flag.h"
 #include "cli/megatron_compat.h"
 #include "cli/model_flags.h"
 #include "cli/tokenizer_options.h"
@@ -188,6 +189,7 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
   sub.add_option("--optimizer", a.optimizer_name, "adam | sgd")->capture_default_str();
   sub.add_option("--sgd-momentum", a.optimizer.sgd_momentum, "SGD momentum")->capture_default_str();
   sub.add_option("--seed", a.seed, "Random seed")->capture_default_str();
+  add_device_option(sub, a.device);
   // precision
   sub.add_flag("--fp16", a.fp16, "fp16 parameters with loss scaling");
   sub.add_flag("--bf16", a.bf16, "bf16 parameters");

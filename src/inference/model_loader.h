@@ -23,6 +23,7 @@ struct InferenceModelOptions {
   model::TransformerConfig model;     // from the model flags; padded_vocab_size filled by load
   int64_t make_vocab_size_divisible_by = 128;
   data::TokenizerOptions tokenizer;
+  Device device = Device::cpu();      // where the model and its KV cache live (--device)
 };
 
 struct InferenceModel {

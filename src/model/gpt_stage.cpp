@@ -8,11 +8,11 @@ namespace megatron::model {
 
 // ---- GPTStageModel -------------------------------------------------------------------------
 GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const ParallelState& ps,
-                             int layers_per_virtual_stage)
+                             int layers_per_virtual_stage, Device device)
     : GPTStageModel(cfg, seed,
                     PipelineLayout::make(cfg.num_layers, ps.pp_size(), layers_per_virtual_stage),
                     ps.pp_rank(), ps.group_ptr(GroupKind::TP), ps.group_ptr(GroupKind::PP),
-                    ps.group_ptr(GroupKind::EMBEDDING), ps.group_ptr(GroupKind::CP)) {}
+                    ps.group_ptr(GroupKind::EMBEDDING), ps.group_ptr(GroupKind::CP), device) {}
 
 GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const PipelineLayout& layout,
                              int pp_rank, std::shared_ptr<Communicator> tp_group,

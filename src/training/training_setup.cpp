@@ -3,8 +3,10 @@
 // flag and checkpoint mismatches fail before any work.
 #include <filesystem>
 
+#include "comm/nccl_communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/cuda/device_select.h"
 #include "model/layer_spec.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/optimizer.h"
@@ -18,7 +20,12 @@ void TrainingRun::say(const std::string& line) const {
 
 model::GPTInputs TrainingRun::slice(const data::GPTBatch& b) const {
   const model::GPTInputs in{b.tokens, b.position_ids, b.attention_start, b.labels, b.loss_mask, Tensor()};
-  return model::slice_for_context_parallel(in, ps.cp_rank(), ps.cp_size());
+  model::GPTInputs out = model::slice_for_context_parallel(in, ps.cp_rank(), ps.cp_size());
+  if (!device.is_cpu())  // the batch is made on the host: one copy of each tensor to the model
+    for (Tensor* t : {&out.tokens, &out.position_ids, &out.attention_start, &out.labels,
+                      &out.loss_mask, &out.padding_mask})
+      if (t->defined()) *t = t->contiguous().to(device);
+  return out;
 }
 
 std::vector<double> TrainingRun::dp_cp_sum(std::vector<double> v) const {
@@ -159,6 +166,10 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   validate_args(a);
   validate_parallel_args(a, world->size());
   TrainingRun r;
+  // The device first (one GPU per rank, by local rank): device tensors' collectives then run
+  // over NCCL, bootstrapped over the host world.
+  r.device = cuda::select_device(a.device, world->rank());
+  if (r.device.is_cuda() && world->size() > 1) world = make_nccl_communicator(world, r.device);
   r.comm_stats = std::make_shared<CommStats>();
   ParallelConfig pc;
   pc.tensor_model_parallel_size = a.parallel.tensor_model_parallel_size;
@@ -212,8 +223,10 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   // Every rank draws the same master weights and keeps its tensor-parallel slice of its pipeline
   // stage's layers. One path for every layout: at PP = 1 the stage is one chunk, the whole model,
   // and the schedule is "no pipelining".
+  if (!r.device.is_cpu()) r.say(str("device: ", cuda::describe_device(r.device)));
   r.model = std::make_unique<model::GPTStageModel>(r.a.model, r.rng_seed, r.ps,
-                                                   r.a.parallel.num_layers_per_virtual_pipeline_stage);
+                                                   r.a.parallel.num_layers_per_virtual_pipeline_stage,
+                                                   r.device);
   r.params = r.model->parameters();
   if (r.ckpt) {
     load_model_weights(*r.ckpt, r.params, /*allow_dtype_conversion=*/!r.resume, r.crank);

@@ -37,6 +37,9 @@ bool available();               // device_count() > 0
 std::string device_name(int device);
 void init(int device = 0);      // idempotent per device; throws Error if the device is unusable
 void synchronize();             // waits for the backend stream; throws on an asynchronous error
+// The backend's stream as an opaque handle (a cudaStream_t), for code that orders its own device
+// work with the kernels' (the NCCL communicator).
+void* stream_handle();
 
 struct AllocatorStats {
   size_t allocated_bytes = 0;   // in live tensors

@@ -173,6 +173,8 @@ void init(int device) {
 
 void synchronize() { MG_CUDA_CHECK(cudaStreamSynchronize(detail::stream())); }
 
+void* stream_handle() { return detail::stream(); }
+
 AllocatorStats allocator_stats() { return caching_allocator().stats(); }
 
 void empty_cache() { caching_allocator().empty_cache(); }
