@@ -16,7 +16,7 @@
 #   5. decode: batch-1 and batch-16 decode tokens/s (bench/generate_bench --device cuda) beside
 #      PyTorch with a KV cache;
 # and writes OUT/summary.md (a table of every phase: pass/fail, seconds, figures), OUT/results.jsonl
-# and one log per phase (OUT: $OUT when set, as on the device machine, else gpu-check-out/).
+# and one log per phase (OUT: $OUT when set, as on the device machine, else build-gpu/gpu-check-out).
 #
 # Usage: scripts/gpu-check.sh [--dry-run] [--bundle FILE]
 #   --dry-run   on a machine without a GPU: the same phases with --device cpu on both sides and a
@@ -36,7 +36,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-OUT_DIR="${OUT:-gpu-check-out}"
+OUT_DIR="${OUT:-build-gpu/gpu-check-out}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 RESULTS="$OUT_DIR/results.jsonl"
 : >"$RESULTS"

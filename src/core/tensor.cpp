@@ -24,6 +24,7 @@ struct CpuAllocator final : Allocator {
 CpuAllocator g_cpu_allocator;
 Allocator* g_allocators[3] = {&g_cpu_allocator, nullptr, nullptr};  // by DeviceType
 DeviceCopyFn g_device_copies[3] = {nullptr, nullptr, nullptr};
+DeviceZeroFn g_device_zeros[3] = {nullptr, nullptr, nullptr};
 
 template <typename T>
 double load_as_double(const void* p) {
@@ -95,6 +96,7 @@ void register_allocator(DeviceType type, Allocator* allocator) {
 }
 
 void register_device_copy(DeviceType type, DeviceCopyFn fn) { g_device_copies[int(type)] = fn; }
+void register_device_zero(DeviceType type, DeviceZeroFn fn) { g_device_zeros[int(type)] = fn; }
 
 Allocator* allocator_for(DeviceType type) {
   Allocator* a = g_allocators[int(type)];
@@ -342,6 +344,10 @@ void Tensor::copy_(const Tensor& src) {
 }
 
 void Tensor::zero_() {
+  if (!device().is_host_memory() && is_contiguous() && g_device_zeros[int(device().type)]) {
+    if (nbytes() > 0) g_device_zeros[int(device().type)](raw_data(), nbytes());
+    return;
+  }
   if (!device().is_host_memory() || !is_contiguous()) {
     fill_(0.0);
     return;

@@ -47,6 +47,10 @@ Allocator* allocator_for(DeviceType type);
 using DeviceCopyFn = void (*)(void* dst, Device dst_device, const void* src, Device src_device,
                               size_t bytes);
 void register_device_copy(DeviceType type, DeviceCopyFn fn);
+// Zeroes `bytes` of a device's own memory (Tensor::zero_ of a contiguous tensor there, without a
+// staging copy through the host); optional per device type.
+using DeviceZeroFn = void (*)(void* dst, size_t bytes);
+void register_device_zero(DeviceType type, DeviceZeroFn fn);
 
 class Tensor;
 class HostAccess;

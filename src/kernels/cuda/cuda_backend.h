@@ -41,13 +41,19 @@ void synchronize();             // waits for the backend stream; throws on an as
 // work with the kernels' (the NCCL communicator).
 void* stream_handle();
 
+// The caching allocator's counters, as PyTorch's torch.cuda.memory_allocated / max_memory_allocated
+// / memory_reserved / max_memory_reserved that Megatron's report_memory line prints (bytes of
+// blocks as handed out, rounded to the allocator's sizes).
 struct AllocatorStats {
   size_t allocated_bytes = 0;   // in live tensors
   size_t reserved_bytes = 0;    // obtained from cudaMalloc (live + cached)
   size_t peak_allocated_bytes = 0;
+  size_t peak_reserved_bytes = 0;
+  int64_t live_allocations = 0;  // blocks handed out and not yet freed
   int64_t device_mallocs = 0;   // cudaMalloc calls so far (a training step should add none)
 };
 AllocatorStats allocator_stats();
+void reset_peak_stats();        // the peaks restart from the current values
 void empty_cache();             // returns cached, unused blocks to the driver
 
 // ---- matrix products (cuBLASLt) -------------------------------------------------------------
