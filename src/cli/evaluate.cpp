@@ -146,6 +146,7 @@ CommandRegistrar reg("evaluate", "Zero-shot LAMBADA accuracy or WikiText-103 per
       ->capture_default_str();
   sub.add_option("--seed", a->seed, "Accepted (evaluation is deterministic)")->capture_default_str();
   add_compat_flags(sub, a->runtime, CompatScope::Training);
+  add_megatron_flags(sub, a->model.megatron, "evaluate", CommandKind::Inference);
   sub.callback([a, &sub] { run_evaluate(*a, sub); });
 });
 

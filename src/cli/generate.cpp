@@ -179,6 +179,7 @@ CommandRegistrar reg("generate", "Generate text from a checkpoint (sampling or b
   sub.add_option("--output-format", a->output_format, "text or jsonl")
       ->check(CLI::IsMember({"text", "jsonl"}))
       ->capture_default_str();
+  add_megatron_flags(sub, a->model.megatron, "generate", CommandKind::Inference);
   sub.callback([a] { run_generate(*a); });
 });
 

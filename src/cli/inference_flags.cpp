@@ -84,6 +84,9 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
       const std::string want = model::activation_flag(rec.config.activation);
       return str("the default activation (", value, "; pass ", want, " for the checkpoint's)");
     }
+    if (key == "window_size" && !flags.empty() && flags.front() != std::string("--window-size"))
+      return str("--pre-tockens ", model.pre_tockens, " --next-tockens ", model.next_tockens,
+                 " (window ", value, ")");
     if (is_bool_setting(s, cfg)) {
       if (!flags.empty()) return flags.front();
       return s.flags.empty() ? str("the default ", key, " ", value) : str("no ", s.flags.front());
@@ -134,8 +137,12 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
 
 inference::InferenceModelOptions InferenceFlags::finish() {
   const std::optional<int64_t> step = ckpt_step >= 0 ? std::optional<int64_t>(ckpt_step) : std::nullopt;
+  check_megatron_flags(megatron);
   check_inference_compat_flags(*app_, *this, step);
   model::TransformerConfig cfg = model.resolve();
+  // The Ascend band needs the sequence length: from the flags, or else the checkpoint's.
+  const bool band_now = !use_checkpoint_args || cfg.seq_length > 0 || cfg.max_position_embeddings > 0;
+  if (band_now) model.apply_band(cfg);
   if (use_checkpoint_args) {
     apply_checkpoint_args(cfg, inference::CheckpointArgs::read(options.load, step), false);
   } else if (auto ck = inference::CheckpointArgs::read_if_present(options.load, step)) {
@@ -144,6 +151,7 @@ inference::InferenceModelOptions InferenceFlags::finish() {
     // the text would be silently wrong.
     apply_checkpoint_args(cfg, *ck, true);
   }
+  if (!band_now) model.apply_band(cfg);
   auto o = options;
   if (ckpt_step >= 0) o.ckpt_step = ckpt_step;
   o.device = cuda::select_device(device, 0);

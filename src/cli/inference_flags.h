@@ -46,6 +46,9 @@ struct InferenceFlags {
   bool no_load_optim = false, no_load_rng = false;
   std::string device;  // --device: cuda | cpu | "" (a GPU when one is present)
   CompatFlags compat;
+  // The rest of Megatron's shared flags; the command adds them after its own
+  // (add_megatron_flags), finish() checks them.
+  MegatronFlags megatron;
 
   void add(CLI::App& sub);
   // Resolves the flags (and, with --use-checkpoint-args, the checkpoint's arguments) into the

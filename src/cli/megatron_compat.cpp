@@ -1,6 +1,7 @@
 // Megatron-LM flags accepted for script compatibility; see megatron_compat.h.
 #include "cli/megatron_compat.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -112,6 +113,75 @@ void add_compat_flags(CLI::App& sub, CompatFlags& f, CompatScope scope) {
                  "SBH | BSH | BSND | BNSD: tensor layout of Ascend's fused attention; no effect here")
       ->check(CLI::IsMember({"SBH", "BSH", "BSND", "BNSD"}))
       ->capture_default_str();
+}
+
+static void add_table_flags(CLI::App& sub, MegatronFlags& f);
+
+void add_megatron_flags(CLI::App& sub, MegatronFlags& f, const std::string& command, CommandKind kind) {
+  f.command = command;
+  f.kind = kind;
+  // Added when the command is the one run (CLI11 calls this before parsing its arguments):
+  // creating some 600 options for every command would double the binary's start-up time.
+  sub.preparse_callback([&sub, &f](size_t) { add_table_flags(sub, f); });
+}
+
+static void add_table_flags(CLI::App& sub, MegatronFlags& f) {
+  using training::ArgValues;
+  for (const training::MegatronArgument& a : training::megatron_arguments()) {
+    // The names of the entry that the command does not define itself.
+    std::string names;
+    std::string all = a.flag;
+    if (a.values == ArgValues::Toggle) all += ",--no-" + all.substr(2);
+    for (size_t start = 0; start < all.size();) {
+      const size_t comma = std::min(all.find(',', start), all.size());
+      const std::string name = all.substr(start, comma - start);
+      if (sub.get_option_no_throw(name) == nullptr) names += (names.empty() ? "" : ",") + name;
+      start = comma + 1;
+    }
+    if (names.empty()) continue;
+    const std::string help = "Megatron-LM flag (" +
+                             std::string(a.effect == training::ArgEffect::Runtime ? "no effect here"
+                                         : a.effect == training::ArgEffect::Training
+                                             ? "training only"
+                                             : "changes the model") +
+                             ")";
+    std::vector<std::string>& sink = f.values.emplace_back();
+    CLI::Option* o = nullptr;
+    switch (a.values) {
+      case ArgValues::None:
+      case ArgValues::Toggle: o = sub.add_flag(names, help); break;
+      case ArgValues::One: o = sub.add_option(names, sink, help)->expected(1); break;
+      case ArgValues::Many: o = sub.add_option(names, sink, help)->expected(0, -1); break;
+    }
+    o->group("");  // hidden from --help (README's "Coming from Megatron-LM" describes them)
+    f.added.push_back({&a, o, names});
+  }
+}
+
+void check_megatron_flags(const MegatronFlags& f) {
+  std::string ignored;
+  size_t i = 0;
+  for (const auto& [a, o, names] : f.added) {
+    const std::vector<std::string>& values = f.values[i++];
+    if (o->count() == 0) continue;
+    const std::string used = names.substr(0, names.find(','));
+    const bool harmless =
+        a->effect == training::ArgEffect::Runtime ||
+        (a->effect == training::ArgEffect::Training && f.kind == CommandKind::Inference) ||
+        (std::string(a->flag) == "--spec" && values == std::vector<std::string>{"local"});
+    if (harmless) {
+      ignored += (ignored.empty() ? "" : ", ") + used;
+      continue;
+    }
+    MG_THROW(used, " (a Megatron-LM flag) ",
+             a->effect == training::ArgEffect::Model ? "changes what the model computes"
+                                                     : "changes the training run",
+             " in a way this build does not implement, so ", f.command,
+             " cannot honour it; remove it (README: Coming from Megatron-LM lists what is "
+             "supported)");
+  }
+  if (!ignored.empty() && launcher_rank() == 0)
+    log_warn("ignoring Megatron-LM flags that have no effect on ", f.command, " here: ", ignored);
 }
 
 void check_compat_flags(const CompatFlags& f, const CLI::App& sub, CompatScope scope) {

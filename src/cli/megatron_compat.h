@@ -21,8 +21,12 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <deque>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "training/megatron_arguments.h"
 
 namespace megatron::cli {
 
@@ -65,5 +69,26 @@ void check_compat_flags(const CompatFlags& f, const CLI::App& sub, CompatScope s
 
 // True when `flag` (e.g. "--fp16") was given on the command line of `sub`.
 bool flag_given(const CLI::App& sub, const std::string& flag);
+
+// The rest of Megatron-LM's shared parser (training/megatron_arguments.h): every flag of it that
+// a command does not define itself is accepted with Megatron's number of values. After parsing,
+// check_megatron_flags ignores the ones that cannot matter for the command (Runtime ones, and
+// Training ones for commands that do not train) with one warning line naming them, and stops with
+// an error naming the first one that would change the result (a feature this build does not
+// have). Add them last, after the command's own flags.
+enum class CommandKind { Training, Inference };
+struct MegatronFlags {
+  std::string command;
+  CommandKind kind = CommandKind::Training;
+  std::deque<std::vector<std::string>> values;
+  struct Added {
+    const training::MegatronArgument* argument;
+    const CLI::Option* option;
+    std::string names;  // the ones this command took from the table ("--a,--b")
+  };
+  std::vector<Added> added;
+};
+void add_megatron_flags(CLI::App& sub, MegatronFlags& f, const std::string& command, CommandKind kind);
+void check_megatron_flags(const MegatronFlags& f);
 
 }  // namespace megatron::cli

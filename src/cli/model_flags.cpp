@@ -1,8 +1,12 @@
 // Megatron's model flags and their resolution into a TransformerConfig (see model_flags.h).
 #include "cli/model_flags.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "core/error.h"
 #include "core/log.h"
+#include "model/ascend_band.h"
 #include "model/layer_spec.h"
 
 namespace megatron::cli {
@@ -56,8 +60,15 @@ void ModelFlags::add(CLI::App& sub, bool training) {
                "Rotate interleaved pairs (2i, 2i+1) instead of the two halves");
   sub.add_option("--window-size", window_size,
                  "Sliding-window attention: keys at most LEFT before and RIGHT after each query "
-                 "(-1: no limit; causal models: RIGHT 0)")
-      ->expected(2);
+                 "(-1: no limit; causal models: RIGHT 0), as LEFT RIGHT or Megatron's LEFT,RIGHT")
+      ->expected(1, 2);
+  sub.add_option("--pre-tockens", pre_tockens,
+                 "Keys before each query (Ascend's fused attention; with the mask still applied): "
+                 ">= the longest sequence - 1 is no bound")
+      ->capture_default_str();
+  sub.add_option("--next-tockens", next_tockens,
+                 "Keys after each query (Ascend); a causal model sees none whatever this says")
+      ->capture_default_str();
   sub.add_flag("--qk-layernorm", m.qk_layernorm, "Normalise each query and key head");
   sub.add_flag("--disable-bias-linear", disable_bias_linear, "No biases in the linear layers");
   sub.add_flag("--add-qkv-bias", m.add_qkv_bias, "QKV bias even with --disable-bias-linear");
@@ -78,6 +89,24 @@ bool ModelFlags::given(const std::string& flag) const {
   } catch (const CLI::OptionNotFound&) {
     return false;
   }
+}
+
+void ModelFlags::apply_band(model::TransformerConfig& c) const {
+  if (!given("--pre-tockens") && !given("--next-tockens")) return;
+  MG_REQUIRE(!given("--window-size"), "--pre-tockens / --next-tockens and --window-size both set a "
+             "sliding window; keep one");
+  model::TransformerConfig banded = c;
+  model::apply_ascend_band(banded, pre_tockens, next_tockens);
+  const bool had_window = c.window_left >= 0 || c.window_right >= 0;
+  MG_REQUIRE(!had_window || (banded.window_left == c.window_left && banded.window_right == c.window_right),
+             "--pre-tockens ", pre_tockens, " --next-tockens ", next_tockens, " give the window (",
+             banded.window_left, ", ", banded.window_right, "), but the checkpoint's is (",
+             c.window_left, ", ", c.window_right, "); pass the checkpoint's band or leave the flags out");
+  if (c.causal() && next_tockens > 0)
+    log_info("note: --next-tockens ", next_tockens, ": the causal mask hides every key after its "
+             "query, so the band's right side changes nothing for this model");
+  c.window_left = banded.window_left;
+  c.window_right = banded.window_right;
 }
 
 model::TransformerConfig ModelFlags::resolve() const {
@@ -108,6 +137,10 @@ model::TransformerConfig ModelFlags::resolve() const {
                      ? selected
                      : model::activation_from_flags(false, false, openai_gelu,
                                                     !no_bias_gelu_fusion, c.add_bias_linear);
+  // Megatron's validate_args: without --ffn-hidden-size, --swiglu keeps the parameter count near
+  // the 4h MLP's with int((4h * 2 / 3) / 64) * 64 (Python's float division, then truncation).
+  if (c.ffn_hidden_size == 0 && c.hidden_size > 0 && c.activation == "swiglu")
+    c.ffn_hidden_size = int(double(4 * c.hidden_size * 2) / 3.0 / 64.0) * 64;
   if (use_rotary_position_embeddings) {
     MG_REQUIRE(!given("--position-embedding-type") || c.position_embedding_type == "rope",
                "--use-rotary-position-embeddings contradicts --position-embedding-type ",
@@ -117,9 +150,25 @@ model::TransformerConfig ModelFlags::resolve() const {
   if (no_position_embedding && c.position_embedding_type == "learned_absolute")
     c.position_embedding_type = "none";
   if (!window_size.empty()) {
-    MG_REQUIRE(window_size.size() == 2, "--window-size takes two numbers: LEFT RIGHT");
-    c.window_left = window_size[0];
-    c.window_right = window_size[1];
+    // Megatron's tuple_type: "(L,R)" or "L,R" as one value; here also two values.
+    std::vector<int64_t> lr;
+    for (const std::string& v : window_size) {
+      std::string t = v;
+      t.erase(std::remove_if(t.begin(), t.end(), [](char ch) { return ch == '(' || ch == ')'; }), t.end());
+      for (size_t start = 0; start <= t.size();) {
+        const size_t comma = std::min(t.find(',', start), t.size());
+        const std::string part = t.substr(start, comma - start);
+        char* end = nullptr;
+        const long long x = std::strtoll(part.c_str(), &end, 10);
+        MG_REQUIRE(!part.empty() && end != nullptr && *end == '\0', "--window-size '", v,
+                   "': expected two integers, LEFT RIGHT or LEFT,RIGHT (e.g. 4096,0)");
+        lr.push_back(x);
+        start = comma + 1;
+      }
+    }
+    MG_REQUIRE(lr.size() == 2, "--window-size takes two numbers: LEFT RIGHT (or LEFT,RIGHT)");
+    c.window_left = lr[0];
+    c.window_right = lr[1];
   }
   return c;
 }

@@ -33,6 +33,7 @@ struct PretrainFlags {
   double decoupled_min_lr = std::numeric_limits<double>::quiet_NaN();
   int64_t batch_size = 0, warmup = 0, model_parallel_size = 0;  // Megatron's removed flags
   CompatFlags compat;
+  MegatronFlags megatron;
   CLI::App* app = nullptr;
 };
 
@@ -62,6 +63,7 @@ void run(PretrainFlags f) {
              "--lr-warmup-fraction or --lr-warmup-iters");
   MG_REQUIRE(f.model_parallel_size == 0, "--model-parallel-size is no longer valid (Megatron-LM "
              "removed it): use --tensor-model-parallel-size");
+  check_megatron_flags(f.megatron);
   check_compat_flags(f.compat, sub, CompatScope::Model);
   check_compat_flags(f.compat, sub, CompatScope::Training);
   if (!std::isnan(f.decoupled_lr)) a.decoupled_lr = f.decoupled_lr;
@@ -80,20 +82,8 @@ void run(PretrainFlags f) {
     a.model.cp_comm_type = run_fields.cp_comm_type;
     a.model.apply_query_key_layer_scaling = run_fields.apply_query_key_layer_scaling;
   }
-  // The Ascend scripts' sparse attention: keys --pre-tockens before and --next-tockens after each
-  // query, i.e. a sliding window (--pre-tockens >= --seq-length - 1 with --next-tockens 0 is plain
-  // causal attention).
-  if (a.next_tockens != 0 || a.pre_tockens < a.model.seq_length - 1) {
-    MG_REQUIRE(!f.model.given("--window-size"), "--pre-tockens / --next-tockens and --window-size "
-               "both set a sliding window; keep one");
-    MG_REQUIRE(a.pre_tockens >= 0 && a.next_tockens >= 0, "--pre-tockens and --next-tockens must "
-               "be >= 0 (got ", a.pre_tockens, " and ", a.next_tockens, ")");
-    MG_REQUIRE(!a.model.causal() || a.next_tockens == 0, "--next-tockens ", a.next_tockens,
-               ": a causal model (GPT) sees no key after its query; keep --next-tockens 0 and set "
-               "the window with --pre-tockens");
-    a.model.window_left = a.pre_tockens < a.model.seq_length - 1 ? a.pre_tockens : -1;
-    a.model.window_right = a.next_tockens;
-  }
+  // The Ascend scripts' band of keys (--pre-tockens / --next-tockens) inside the causal mask.
+  f.model.apply_band(a.model);
   if (f.checkpoint_activations) {
     // Megatron-LM's old flag: recompute every layer's input, one layer per chunk.
     MG_REQUIRE(a.model.recompute_granularity.empty(), "--checkpoint-activations and "
@@ -236,11 +226,6 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                  "A collective waiting longer aborts the job")->capture_default_str();
   sub.add_option("--model-parallel-size", f->model_parallel_size,
                  "Removed from Megatron-LM: use --tensor-model-parallel-size");
-  sub.add_option("--pre-tockens", a.pre_tockens,
-                 "Keys before each query (Ascend's sliding window); >= --seq-length - 1: no limit")
-      ->capture_default_str();
-  sub.add_option("--next-tockens", a.next_tockens, "Keys after each query (Ascend); 0 is causal")
-      ->capture_default_str();
   add_compat_flags(sub, f->compat, CompatScope::Model);
   add_compat_flags(sub, f->compat, CompatScope::Training);
   // data and tokenizer
@@ -306,6 +291,7 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                a.use_checkpoint_opt_param_scheduler, "LR schedule values from the checkpoint");
   sub.add_flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint,
                "Fail when --load has no checkpoint instead of starting from scratch");
+  add_megatron_flags(sub, f->megatron, "pretrain-gpt", CommandKind::Training);
   sub.callback([f] { run(*f); });
 });
 

@@ -110,6 +110,7 @@ CommandRegistrar reg("serve", "Text generation server (Megatron PUT /api, OpenAI
   sub.add_option("--top_k,--top-k", a->top_k, "Top-k sampling" + per_request);
   sub.add_option("--top_p,--top-p", a->top_p, "Nucleus sampling" + per_request);
   sub.add_flag("--return-log-probs", a->return_log_probs, "Log-probs" + per_request);
+  add_megatron_flags(sub, a->model.megatron, "serve", CommandKind::Inference);
   sub.callback([a] { run_serve(*a); });
 });
 

@@ -17,9 +17,18 @@
 //   _codecs.encode(str, 'latin1'), builtins.bytes / bytearray
 //                                                    -> Bytes (protocol 2's bytes)
 //   builtins.set / frozenset (also __builtin__.*)    -> List
-//   the enums Megatron keeps in its arguments (megatron.*.enums: AttnBackend, AttnMaskType,
-//   ModelType, PositionEmbeddingType, ...) called with their value, or
-//   builtins.getattr(enum class, member name)        -> Enum
+//   a CamelCase class of a megatron.*, transformer_engine.* or torch.distributed.* module named
+//   "enums", or of the few others that hold checkpointed enums and data classes
+//   (megatron.core.rerun_state_machine, ...; pickle_globals.cpp lists them): AttnBackend,
+//   InferenceCudaGraphScope, RerunMode, Caller, ...; never called:
+//     Class(value) with a plain value, or builtins.getattr(Class, member name)   -> Enum
+//     Class() / NEWOBJ / copyreg._reconstructor(Class, object, None), + BUILD  -> Namespace
+//                                                                     (text: "module.Class")
+//     Class(a, b, ...) / NEWOBJ with plain values (a named tuple)          -> Tuple
+//   types.SimpleNamespace() + BUILD (nested argument groups)  -> Namespace ("types.SimpleNamespace")
+//   collections.defaultdict(builtins.int or another builtin type) -> Dict
+//   torch.float8_e4m3fn and the other dtypes without an element type here, torch.strided,
+//   torch.contiguous_format, ...                     -> Enum (text "torch", member: the name)
 //   torch.Size(tuple)                                -> Tuple
 //   io.BytesIO(bytes) + BUILD (older Transformer Engine _extra_state) -> Bytes
 //
@@ -60,7 +69,8 @@ struct Value {
   int64_t integer = 0;
   double real = 0;
   // Str: UTF-8 text; Bytes: raw bytes; BigInt: little-endian two's complement; Global and Enum:
-  // "module.name" of the class; Storage: the storage key; NdArray: the raw elements (C order).
+  // "module.name" of the class; Namespace: "" for argparse.Namespace, else the object's class;
+  // Storage: the storage key; NdArray: the raw elements (C order).
   std::string text;
   // Enum: the member name (getattr form) or empty (value form: items[0]); NumpyDType and
   // NdArray: the NumPy type string with its byte order ("<u4", "|u1").
@@ -127,8 +137,8 @@ Document unpickle(std::span<const uint8_t> bytes, const std::string& label,
 bool is_allowed_global(const std::string& module, const std::string& name);
 
 // A protocol-2 pickle of `root` as torch.save writes it: dicts, OrderedDicts, lists, tuples,
-// None, bools, ints, floats, strings, argparse.Namespace, torch dtypes, 1-D NumPy arrays and
-// tensors. Each tensor gets a storage of its own, keyed "0", "1", ... in order of appearance:
+// None, bools, ints, floats, strings, argparse.Namespace and the objects above (by their class),
+// enums (by value or by name), torch dtypes, 1-D NumPy arrays and tensors. Each tensor gets a storage of its own, keyed "0", "1", ... in order of appearance:
 // `storages` receives (key, contiguous tensor) for the archive's data/<key> records.
 std::vector<uint8_t> pickle(const Value& root, std::vector<std::pair<std::string, Tensor>>& storages);
 

@@ -1,6 +1,8 @@
 // The globals the restricted unpickler knows and what each one means (see pickle.h): REDUCE,
 // NEWOBJ, BUILD and persistent ids on them build plain values; nothing is ever called.
+#include <algorithm>
 #include <bit>
+#include <cctype>
 
 #include "core/error.h"
 #include "core/pickle_internal.h"
@@ -13,7 +15,8 @@ namespace {
 enum class Known {
   OrderedDict, Namespace, RebuildTensorV2, RebuildTensor, RebuildParameter, TorchSize, Storage,
   TorchDType, NumpyReconstruct, NumpyNdarray, NumpyDType, NumpyScalar, CodecsEncode, Bytes, Set,
-  Getattr, MegatronEnum, BytesIO,
+  Getattr, PlainClass, BytesIO, SimpleNamespace, Reconstructor, Object, TorchConstant,
+  DefaultDict, BuiltinType,
 };
 
 struct StorageType {
@@ -36,12 +39,48 @@ constexpr StorageType kTorchDTypes[] = {
     {"short", DType::I16, false},   {"int8", DType::I8, false},     {"uint8", DType::U8, false},
     {"bool", DType::U8, true},
 };
-// Enums Megatron-LM keeps in its argument namespace (megatron.core.transformer.enums,
-// megatron.model.enums, megatron.core.enums, ...).
-constexpr const char* kMegatronEnums[] = {
-    "AttnBackend", "AttnMaskType", "AttnType", "ModelType", "PositionEmbeddingType", "LayerType",
-    "Fp8Recipe", "Fp4Recipe", "CudaGraphScope", "ActivationType", "RouterType",
+// torch dtypes without an element type here (float8, complex, wider unsigned, ...): accepted as
+// plain values (an enum "torch.dtype" of that name) in arguments, refused as tensor storages.
+constexpr const char* kOtherTorchDTypes[] = {
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float4_e2m1fn_x2", "complex32", "complex64", "complex128", "cfloat", "cdouble", "chalf",
+    "uint16", "uint32", "uint64", "quint8", "qint8", "qint32", "quint4x2", "bits8", "bits16",
 };
+// torch's layouts and memory formats (torch.strided, torch.contiguous_format, ...): pickled as
+// the module attribute itself, kept as their names.
+constexpr const char* kTorchConstants[] = {
+    "strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn",
+    "jagged", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
+};
+
+// A class of the modules where Megatron-LM, Megatron-Core, Transformer Engine and
+// torch.distributed keep the enums and small data classes their checkpoints hold (AttnBackend,
+// InferenceCudaGraphScope, RerunMode, Caller, ...), by its CamelCase name: any class of a module
+// named "enums" (a newer release's too), and of the few others that define such types. Such a
+// class is never called: an enum member becomes its name or value, an object its attributes.
+// Functions (snake_case) and the standard library's process and thread classes are not matched.
+bool is_plain_class(const std::string& module, const std::string& name) {
+  static const char* const kModules[] = {
+      "megatron.core.rerun_state_machine", "megatron.core.dist_checkpointing.validation",
+      "megatron.core.dist_checkpointing.mapping", "megatron.core.transformer.cuda_graphs",
+      "megatron.core.optimizer.optimizer_config", "megatron.core.transformer.transformer_config",
+      "transformer_engine.common.recipe", "torch.distributed.checkpoint.metadata",
+      "torch.distributed._shard.sharded_tensor.metadata"};
+  static const char* const kRunsCode[] = {"Popen", "Process", "Thread", "Timer", "Pool", "Executor"};
+  const bool from = module.starts_with("megatron.") || module.starts_with("transformer_engine.") ||
+                    module.starts_with("torch.distributed.");
+  const bool enums_module = module.ends_with(".enums") || module.find(".enums.") != std::string::npos;
+  const bool listed = std::any_of(std::begin(kModules), std::end(kModules),
+                                  [&](const char* m) { return module == m; });
+  if (!from || !(enums_module || listed) || name.empty() || name.size() > 64 ||
+      !std::isupper(static_cast<unsigned char>(name[0])))
+    return false;
+  for (const char* r : kRunsCode)
+    if (name.find(r) != std::string::npos) return false;
+  for (const char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  return true;
+}
 
 struct GlobalInfo {
   Known known;
@@ -88,9 +127,23 @@ bool classify(const std::string& module, const std::string& name, GlobalInfo* ou
   if (builtins && name == "getattr") return set(Known::Getattr);
   // Transformer Engine's _extra_state of older versions: io.BytesIO(bytes), kept as bytes.
   if ((module == "_io" || module == "io") && name == "BytesIO") return set(Known::BytesIO);
-  if (module.starts_with("megatron.") && module.find("enums") != std::string::npos)
-    for (const char* e : kMegatronEnums)
-      if (name == e) return set(Known::MegatronEnum);
+  if (module == "torch") {
+    for (const char* d : kOtherTorchDTypes)
+      if (name == d) return set(Known::TorchConstant);
+    for (const char* d : kTorchConstants)
+      if (name == d) return set(Known::TorchConstant);
+  }
+  if (module == "types" && name == "SimpleNamespace") return set(Known::SimpleNamespace);
+  if (module == "copyreg" && name == "_reconstructor") return set(Known::Reconstructor);
+  if (builtins && name == "object") return set(Known::Object);
+  // collections.defaultdict(int) (Megatron's rerun state machine counts), with its factory
+  // (protocol 2 spells int __builtin__.long)
+  if (module == "collections" && name == "defaultdict") return set(Known::DefaultDict);
+  if (builtins && (name == "int" || name == "long" || name == "float" || name == "str" ||
+                   name == "unicode" || name == "list" || name == "dict" || name == "tuple" ||
+                   name == "bool"))
+    return set(Known::BuiltinType);
+  if (is_plain_class(module, name)) return set(Known::PlainClass);
   return false;
 }
 
@@ -141,6 +194,29 @@ bool latin1_bytes(const std::string& utf8, std::string* out) {
   return true;
 }
 
+// A value an enum member may have: None, numbers, text, bytes and tuples of them.
+bool is_plain_value(const Value* v, int depth) {
+  switch (v->kind) {
+    case Kind::None: case Kind::Bool: case Kind::Int: case Kind::BigInt: case Kind::Float:
+    case Kind::Str: case Kind::Bytes:
+      return true;
+    case Kind::Tuple:
+      if (depth > 4) return false;
+      for (const Value* x : v->items)
+        if (!is_plain_value(x, depth + 1)) return false;
+      return true;
+    default: return false;
+  }
+}
+
+// An object of a data class (or types.SimpleNamespace): a Namespace named by its class, whose
+// attributes BUILD fills in.
+Value* object_of(Document& doc, const std::string& cls) {
+  Value* o = doc.namespace_();
+  o->text = cls;
+  return o;
+}
+
 }  // namespace
 
 Value* make_global(Document& doc, const std::string& module, const std::string& name,
@@ -149,7 +225,14 @@ Value* make_global(Document& doc, const std::string& module, const std::string& 
   MG_REQUIRE(classify(module, name, &info), where, "refers to the global '", module, ".", name,
              "', which a Megatron-LM checkpoint never uses; refusing to load this file (nothing "
              "was executed). Only tensors, storages, containers, argparse.Namespace, OrderedDict, "
-             "NumPy RNG state and Megatron's argument enums are accepted");
+             "NumPy RNG state and the enums and data classes of Megatron, Transformer Engine and "
+             "torch.distributed (as names and values) are accepted");
+  if (info.known == Known::TorchConstant) {  // torch.float8_e4m3fn, torch.strided, ...
+    Value* v = doc.make(Kind::Enum);
+    v->text = "torch";
+    v->member = name;
+    return v;
+  }
   if (info.known == Known::TorchDType) {
     Value* v = doc.torch_dtype(info.dtype);
     v->is_bool = info.is_bool;
@@ -274,20 +357,42 @@ Value* call_global(Document& doc, Value* f, Value* args, const std::string& wher
       return doc.integer(int64_t(u));
     }
     case Known::Getattr: {  // getattr(EnumClass, 'member'): how Python 3.11+ pickles enums
-      if (a.size() != 2 || a[0]->kind != Kind::Global || known_of(a[0]) != Known::MegatronEnum ||
-          a[1]->kind != Kind::Str)
+      if (a.size() != 2 || a[0]->kind != Kind::Global || known_of(a[0]) != Known::PlainClass ||
+          a[1]->kind != Kind::Str || a[1]->text.starts_with("__"))
         return bad();
       Value* e = doc.make(Kind::Enum);
       e->text = a[0]->text;
       e->member = a[1]->text;
       return e;
     }
-    case Known::MegatronEnum: {  // EnumClass(value)
-      if (a.size() != 1 || (a[0]->kind != Kind::Int && a[0]->kind != Kind::Str)) return bad();
+    case Known::PlainClass: {
+      // EnumClass(value); a data class rebuilt from its state; a named tuple's fields.
+      if (a.empty()) return object_of(doc, f->text);
+      for (const Value* x : a)
+        if (!is_plain_value(x, 0)) return bad();
+      if (a.size() > 1) return doc.tuple(a);
       Value* e = doc.make(Kind::Enum);
       e->text = f->text;
       e->items = {a[0]};
       return e;
+    }
+    case Known::DefaultDict:  // defaultdict(factory): a dict (SETITEMS fills it)
+      if (a.size() > 1 || (a.size() == 1 && a[0]->kind != Kind::None &&
+                           (a[0]->kind != Kind::Global || known_of(a[0]) != Known::BuiltinType)))
+        return bad();
+      return doc.dict();
+    case Known::SimpleNamespace:  // types.SimpleNamespace(), then BUILD with its attributes
+      if (!a.empty()) return bad();
+      return object_of(doc, "types.SimpleNamespace");
+    case Known::Reconstructor: {  // copyreg._reconstructor(cls, object, None): protocols 0 and 1
+      if (a.size() != 3 || a[0]->kind != Kind::Global || a[1]->kind != Kind::Global ||
+          known_of(a[1]) != Known::Object || a[2]->kind != Kind::None)
+        return bad();
+      const Known k = known_of(a[0]);
+      if (k == Known::Namespace) return doc.namespace_();
+      if (k == Known::SimpleNamespace) return object_of(doc, "types.SimpleNamespace");
+      if (k == Known::PlainClass) return object_of(doc, a[0]->text);
+      return bad();
     }
     default: break;
   }
@@ -295,9 +400,13 @@ Value* call_global(Document& doc, Value* f, Value* args, const std::string& wher
 }
 
 Value* new_object(Document& doc, Value* cls, Value* args, const std::string& where) {
-  MG_REQUIRE(cls->kind == Kind::Global && args->kind == Kind::Tuple && args->items.empty(),
+  MG_REQUIRE(cls->kind == Kind::Global && args->kind == Kind::Tuple &&
+                 (args->items.empty() || known_of(cls) == Known::PlainClass),
              where, "NEWOBJ of ", cls->describe(), " with ", args->describe(),
-             " (only argparse.Namespace, OrderedDict and io.BytesIO are built this way in checkpoints)");
+             " (only argparse.Namespace, OrderedDict, io.BytesIO and plain data classes are built "
+             "this way in checkpoints)");
+  if (known_of(cls) == Known::PlainClass) return call_global(doc, cls, args, where);
+  if (known_of(cls) == Known::SimpleNamespace) return object_of(doc, "types.SimpleNamespace");
   if (known_of(cls) == Known::Namespace) return doc.namespace_();
   if (known_of(cls) == Known::OrderedDict) return doc.dict(true);
   if (known_of(cls) == Known::BytesIO) {
@@ -311,9 +420,12 @@ Value* new_object(Document& doc, Value* cls, Value* args, const std::string& whe
 void build_object(Value* obj, Value* state, const std::string& where) {
   switch (obj->kind) {
     case Kind::Namespace: {
-      // state: the instance __dict__, or (dict, slot state)
-      if (state->kind == Kind::Tuple && state->items.size() == 2) state = state->items[0];
-      MG_REQUIRE(state->kind == Kind::Dict, where, "argparse.Namespace state is a ",
+      // state: the instance __dict__, or (dict or None, slot state)
+      if (state->kind == Kind::Tuple && state->items.size() == 2)
+        state = state->items[0]->kind == Kind::None ? state->items[1] : state->items[0];
+      if (state->kind == Kind::None) return;
+      MG_REQUIRE(state->kind == Kind::Dict, where,
+                 obj->text.empty() ? std::string("argparse.Namespace") : obj->text, " state is a ",
                  state->describe());
       obj->entries.insert(obj->entries.end(), state->entries.begin(), state->entries.end());
       return;

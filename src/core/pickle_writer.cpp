@@ -240,13 +240,41 @@ class Pickler {
         entries(v, depth);
         return;
       case Kind::Namespace:
-        global("argparse", "Namespace");
+        if (v.text.empty()) {
+          global("argparse", "Namespace");
+        } else {  // types.SimpleNamespace or a data class: module.Class
+          const size_t dot = v.text.rfind('.');
+          MG_CHECK(dot != std::string::npos, "pickle: object of class '", v.text, "'");
+          global(v.text.substr(0, dot).c_str(), v.text.substr(dot + 1).c_str());
+        }
         op(')');
         op(0x81);  // NEWOBJ
         op('}');
         entries(v, depth);
         op('b');
         return;
+      case Kind::Enum: {
+        // A member by value (Class(value), as Python 3.12 pickles enums) or by name
+        // (getattr(Class, 'NAME')); torch's own constants (torch.strided) by their name.
+        if (v.text == "torch") {
+          global("torch", v.member.c_str());
+          return;
+        }
+        const size_t dot = v.text.rfind('.');
+        MG_CHECK(dot != std::string::npos, "pickle: enum of class '", v.text, "'");
+        if (!v.member.empty()) global("builtins", "getattr");
+        global(v.text.substr(0, dot).c_str(), v.text.substr(dot + 1).c_str());
+        if (!v.member.empty()) {
+          text(v.member);
+          op(0x86);  // TUPLE2
+        } else {
+          MG_CHECK(v.items.size() == 1, "pickle: enum value");
+          value(*v.items[0], depth + 1);
+          op(0x85);  // TUPLE1
+        }
+        op('R');
+        return;
+      }
       case Kind::TorchDType: global("torch", torch_dtype_name(v.dtype)); return;
       case Kind::Tensor: tensor(v); return;
       case Kind::NdArray: ndarray(v); return;

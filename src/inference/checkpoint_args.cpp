@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "inference/checkpoint_weights.h"
 #include "training/checkpoint.h"
+#include "training/torch_checkpoint.h"
 
 namespace megatron::inference {
 
@@ -20,8 +21,9 @@ CheckpointArgs::CheckpointArgs(nlohmann::json args, fs::path file)
 }
 
 CheckpointArgs CheckpointArgs::read(const fs::path& load_dir, std::optional<int64_t> step) {
-  const fs::path file = find_checkpoint_iteration(load_dir, step).folder / "metadata.json";
-  MG_REQUIRE(fs::exists(file), "--use-checkpoint-args: ", file.string(),
+  const fs::path folder = find_checkpoint_iteration(load_dir, step).folder;
+  const fs::path file = folder / "metadata.json";
+  MG_REQUIRE(fs::exists(file) || training::is_torch_checkpoint(folder), "--use-checkpoint-args: ", file.string(),
              " does not exist, so the checkpoint's arguments are unknown; drop "
              "--use-checkpoint-args and pass the model flags (--num-layers, --hidden-size, ...)");
   std::optional<CheckpointArgs> args = read_if_present(load_dir, step);
@@ -32,7 +34,18 @@ CheckpointArgs CheckpointArgs::read(const fs::path& load_dir, std::optional<int6
 
 std::optional<CheckpointArgs> CheckpointArgs::read_if_present(const fs::path& load_dir,
                                                              std::optional<int64_t> step) {
-  const fs::path file = find_checkpoint_iteration(load_dir, step).folder / "metadata.json";
+  const fs::path folder = find_checkpoint_iteration(load_dir, step).folder;
+  if (training::is_torch_checkpoint(folder)) {
+    // Megatron-LM's files: the "args" Namespace of the first rank's model_optim_rng.pt, in our
+    // argument set's shape (torch_checkpoint.h), which has a "model" object as ours does.
+    training::CheckpointOnDisk ck =
+        training::open_torch_checkpoint(folder, folder.filename() == "release", std::nullopt);
+    const fs::path first = fs::exists(folder / "mp_rank_00" / training::kTorchCheckpointFile)
+                               ? folder / "mp_rank_00" / training::kTorchCheckpointFile
+                               : folder / "mp_rank_00_000" / training::kTorchCheckpointFile;
+    return CheckpointArgs(ck.state.args, first);
+  }
+  const fs::path file = folder / "metadata.json";
   if (!fs::exists(file)) return std::nullopt;
   // Checked against metadata.json.sha256, as every reader of the checkpoint does.
   nlohmann::json meta = training::read_checkpoint_metadata(file.parent_path());

@@ -1,6 +1,8 @@
 // The arguments a checkpoint was trained with, for --use-checkpoint-args: the "args" object of
 // DIR/iter_NNNNNNN/metadata.json (or DIR/release/metadata.json), for the iteration that
-// latest_checkpointed_iteration.txt or --ckpt-step names. Keys are looked up at the top level of
+// latest_checkpointed_iteration.txt or --ckpt-step names; for Megatron-LM's own files
+// (mp_rank_*/model_optim_rng.pt) the "args" Namespace of the first rank's file, mapped onto our
+// argument set (training/torch_checkpoint.h). Keys are looked up at the top level of
 // "args" and then in its "model" object, so both a flat {"num_layers": 2, ...} and a nested
 // {"model": {"num_layers": 2, ...}, ...} argument set are understood; a dotted key
 // ("tokenizer.type") names a field of a nested object. A JSON null counts as absent.

@@ -90,7 +90,7 @@ const std::vector<ModelSetting>& model_settings() {
       field("rotary_base", {"--rotary-base"}, &TransformerConfig::rotary_base),
       field("rotary_interleaved", {"--rotary-interleaved"}, &TransformerConfig::rotary_interleaved),
       field("attention_mask_type", {}, &TransformerConfig::attention_mask_type),
-      {"window_size", {"--window-size"},
+      {"window_size", {"--window-size", "--pre-tockens", "--next-tockens"},
        [](const TransformerConfig& c) { return text(c.window_left) + " " + text(c.window_right); },
        [](TransformerConfig& d, const TransformerConfig& s) {
          d.window_left = s.window_left;

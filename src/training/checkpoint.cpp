@@ -608,8 +608,12 @@ optim::LRSchedulerConfig resolve_scheduler_config(const optim::LRSchedulerConfig
   pick("--lr-wsd-decay-style", out.wsd_decay_style, saved.wsd_decay_style, wsd_style);
   pick("--weight-decay/--start-weight-decay", out.start_wd, saved.start_wd, num);
   pick("--weight-decay/--end-weight-decay", out.end_wd, saved.end_wd, num);
-  pick("--train-iters/--train-samples (weight-decay increment steps)", out.wd_incr_steps,
-       saved.wd_incr_steps, num);
+  if (out.wd_incr_style == optim::WDIncrStyle::Constant &&
+      saved.wd_incr_style == optim::WDIncrStyle::Constant)
+    out.wd_incr_steps = saved.wd_incr_steps;  // no effect on a constant weight decay
+  else
+    pick("--train-iters/--train-samples (weight-decay increment steps)", out.wd_incr_steps,
+         saved.wd_incr_steps, num);
   pick("--weight-decay-incr-style", out.wd_incr_style, saved.wd_incr_style, wd_style);
   auto dec = [](double v) { return v < 0 ? std::string("none") : str(v); };
   pick("--decoupled-lr", out.decoupled_max_lr, saved.decoupled_max_lr, dec);

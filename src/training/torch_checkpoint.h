@@ -41,9 +41,13 @@
 // Writing (checkpoint convert --save-format torch, and save_torch_checkpoint for pretrain-gpt
 // --ckpt-format torch) produces Megatron-Core names in Megatron's structure, checkpoint_version
 // 3.0: with --transformer-impl local the local layer spec's names, with transformer_engine (the
-// default, as Megatron's) the fused norm names and an _extra_state entry (None) per Transformer
-// Engine module; the optimizer as Megatron's wrapper for the parameter dtype (two parameter groups,
-// weight-decayed first), the scheduler as OptimizerParamScheduler.state_dict, args as an
+// default, as Megatron's) the fused norm names; an _extra_state entry (None) for every module
+// that has one (extra_state_names, and output_layer on the last stage, tied or not); the optimizer
+// as Megatron's wrapper for the parameter dtype (two parameter groups, weight-decayed first) in the
+// form the optimizer Megatron-LM then builds loads: with transformer_engine Transformer Engine's
+// FusedAdam (the step per parameter group, none per parameter: its load_state_dict refuses one),
+// with local torch's AdamW (Megatron's fallback without Transformer Engine or Apex: a step tensor
+// per parameter), the scheduler as OptimizerParamScheduler.state_dict, args as an
 // argparse.Namespace with Megatron's argument names, rng_state as Megatron's
 // [{random_rng_state, np_rng_state, torch_rng_state, cuda_rng_state, rng_tracker_states}] for
 // the seed (this build's counter-based dropout state goes along as "dropout_rng_state").
@@ -128,8 +132,11 @@ std::string to_ours(const std::string& megatron_name, int layer_offset, bool tie
                     bool* legacy_qkv);
 // Megatron-Core's name for ours, with the chunk-local layer number (layer - layer_offset).
 std::string to_megatron(const std::string& our_name, int layer_offset, bool transformer_engine);
-// The Transformer Engine modules of one layer whose _extra_state entries Megatron-Core expects.
-std::vector<std::string> te_extra_state_names(int local_layer);
+// The _extra_state entries of one layer's modules that Megatron-Core's state_dict holds: with
+// Transformer Engine's layer spec its TELayerNormColumnParallelLinear, TEDotProductAttention and
+// TERowParallelLinear modules; with the local spec the ColumnParallelLinear / RowParallelLinear
+// ones (their get_extra_state returns None).
+std::vector<std::string> extra_state_names(int local_layer, bool transformer_engine);
 // checkpoint_version 0 / 1.0 QKV of one TP shard (heads_per_shard heads of head_dim) to ours.
 Tensor fix_qkv_ordering(const Tensor& t, double checkpoint_version, int heads_per_shard,
                         int head_dim, const std::string& label);
@@ -141,6 +148,11 @@ namespace torch_args {
 pickle::Value* to_namespace(pickle::Document& doc, const nlohmann::json& ours,
                             const nlohmann::json& extra);
 nlohmann::json from_namespace(const pickle::Value& ns, const std::string& label);
+// Checks a Megatron argument Namespace against what this build implements
+// (megatron_arguments.h): a model argument it does not implement, recorded with another value
+// than Megatron's default (num_experts 8, qk_l2_norm True, ...), is an Error naming it; names it
+// does not know (a newer Megatron's) are returned, for one warning line.
+std::vector<std::string> check_namespace(const pickle::Value& ns, const std::string& label);
 }  // namespace torch_args
 
 // Megatron's rng_state for a seed (torch_rng_state.cpp).

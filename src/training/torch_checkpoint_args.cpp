@@ -2,10 +2,13 @@
 // torch_checkpoint.h. Every leaf of our nested JSON has a Megatron argument name (its own name
 // unless listed below), so the mapping is derived from the argument set itself and follows it as
 // it grows. Our "unset" sentinels (0, -1, "") are Megatron's None.
+#include <cmath>
+#include <cstdlib>
 #include <set>
 
 #include "core/error.h"
 #include "model/transformer_config.h"
+#include "training/megatron_arguments.h"
 #include "training/torch_checkpoint.h"
 
 namespace megatron::training::torch_args {
@@ -116,7 +119,58 @@ std::optional<json> from_value(const Value& v, const json& like) {
   }
 }
 
+// A value as Python prints it, for the comparison with MegatronArgument::neutral.
+std::string python_text(const Value& v) {
+  switch (v.kind) {
+    case Kind::None: return "None";
+    case Kind::Bool: return v.boolean ? "True" : "False";
+    case Kind::Int: return std::to_string(v.integer);
+    case Kind::Str: return "'" + v.text + "'";
+    case Kind::Enum:
+      if (!v.member.empty()) return v.member;
+      return v.items.empty() ? v.text : python_text(*v.items[0]);
+    case Kind::List:
+    case Kind::Tuple: return v.items.empty() ? "None" : "[" + python_text(*v.items[0]) + ", ...]";
+    default: return v.describe();
+  }
+}
+
+bool is_neutral(const Value& v, const std::string& neutral) {
+  if (v.kind == Kind::Float || (v.kind == Kind::Int && neutral.find('.') != std::string::npos)) {
+    char* end = nullptr;
+    const double n = std::strtod(neutral.c_str(), &end);
+    return end != neutral.c_str() && *end == '\0' &&
+           (v.kind == Kind::Float ? v.real : double(v.integer)) == n;
+  }
+  return python_text(v) == neutral;
+}
+
 }  // namespace
+
+std::vector<std::string> check_namespace(const Value& ns, const std::string& label) {
+  // The names our argument set reads (from_namespace below) besides the table's.
+  static const TrainingArgs kDefaultArgs;  // (named: GCC 12 misreads the temporary)
+  static const json kOurs = training_args_to_json(kDefaultArgs);
+  std::set<std::string> ours;
+  std::vector<std::string> path;
+  for_each_leaf(kOurs, path,
+                [&](const std::vector<std::string>& p, const json&) { ours.insert(megatron_name(p)); });
+  std::vector<std::string> unknown;
+  for (const auto& [k, v] : ns.entries) {
+    if (k->kind != Kind::Str) continue;
+    const std::string& name = k->text;
+    if (is_derived_argument(name)) continue;  // validate_args' own (padded_vocab_size, ...)
+    if (const MegatronArgument* a = find_argument_by_dest(name)) {
+      MG_REQUIRE(a->neutral == nullptr || is_neutral(*v, a->neutral), label, ": the checkpoint's "
+                 "arguments say ", name, " = ", python_text(*v), " (", a->flag, "), a model "
+                 "feature this build does not implement (Megatron's default is ", a->neutral,
+                 "); this model cannot be loaded here");
+      continue;
+    }
+    if (!ours.count(name)) unknown.push_back(name);
+  }
+  return unknown;
+}
 
 Value* to_namespace(pickle::Document& doc, const json& ours, const json& extra) {
   Value* ns = doc.namespace_();
@@ -175,6 +229,10 @@ json from_namespace(const Value& ns, const std::string& label) {
         flag("swiglu"), flag("squared_relu"), flag("openai_gelu"),
         fusion == nullptr || flag("bias_gelu_fusion"), bias == nullptr || flag("add_bias_linear"));
   }
+  // The legacy model's PositionEmbeddingType enum (absolute, rotary) as Megatron-Core names them.
+  if (out["model"]["position_embedding_type"] == "absolute")
+    out["model"]["position_embedding_type"] = "learned_absolute";
+  if (out["model"]["position_embedding_type"] == "rotary") out["model"]["position_embedding_type"] = "rope";
   if (flag("use_rotary_position_embeddings")) out["model"]["position_embedding_type"] = "rope";
   if (get("add_position_embedding") != nullptr && !flag("add_position_embedding") &&
       out["model"]["position_embedding_type"] == "learned_absolute")

@@ -103,11 +103,14 @@ std::string to_megatron(const std::string& ours, int layer_offset, bool transfor
   return "decoder.layers." + std::to_string(n - layer_offset) + "." + rest;
 }
 
-std::vector<std::string> te_extra_state_names(int local_layer) {
+std::vector<std::string> extra_state_names(int local_layer, bool transformer_engine) {
   const std::string p = "decoder.layers." + std::to_string(local_layer) + ".";
-  return {p + "self_attention.core_attention._extra_state", p + "self_attention.linear_proj._extra_state",
-          p + "self_attention.linear_qkv._extra_state", p + "mlp.linear_fc1._extra_state",
-          p + "mlp.linear_fc2._extra_state"};
+  std::vector<std::string> names;
+  if (transformer_engine) names.push_back(p + "self_attention.core_attention._extra_state");
+  for (const char* m : {"self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1",
+                        "mlp.linear_fc2"})
+    names.push_back(p + m + "._extra_state");
+  return names;
 }
 
 Tensor fix_qkv_ordering(const Tensor& t, double version, int heads, int head_dim,

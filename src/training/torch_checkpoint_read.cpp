@@ -1,6 +1,7 @@
 // Reading Megatron-LM's model_optim_rng.pt checkpoints; see torch_checkpoint.h.
 #include <algorithm>
 #include <cctype>
+#include <mutex>
 #include <set>
 
 #include "core/error.h"
@@ -138,6 +139,12 @@ void copy_architecture(const Value* ns, json& args) {
     else if (v->kind == Kind::Str) args[k] = v->text;
     else if (v->kind == Kind::Enum && !v->member.empty()) args[k] = v->member;
   }
+  // The legacy model's PositionEmbeddingType enum names Megatron-Core's types differently.
+  if (args.contains("position_embedding_type") && args["position_embedding_type"].is_string()) {
+    const std::string t = args["position_embedding_type"].get<std::string>();
+    if (t == "absolute") args["position_embedding_type"] = "learned_absolute";
+    if (t == "rotary") args["position_embedding_type"] = "rope";
+  }
 }
 
 optim::LRSchedulerConfig scheduler_from(const Value* sd, const TrainingArgs& a, int64_t* num_steps) {
@@ -223,6 +230,14 @@ OptimizerLayout optimizer_layout(const Value* opt, const Value* ns) {
   return l;
 }
 
+// True the first time a file is named (its warnings are printed once per process).
+bool warned_once(const std::string& label) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  return seen.insert(label).second;
+}
+
 }  // namespace
 
 bool is_torch_checkpoint(const fs::path& dir) {
@@ -251,6 +266,14 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
   if (ns != nullptr && ns->kind != Kind::Namespace) ns = nullptr;
   json args = ns != nullptr ? torch_args::from_namespace(*ns, label) : training_args_to_json(TrainingArgs{});
   if (ns == nullptr) c.notes.push_back("the checkpoint has no \"args\": give the model flags");
+  if (ns != nullptr)
+    if (const std::vector<std::string> unknown = torch_args::check_namespace(*ns, label);
+        !unknown.empty() && warned_once(label)) {
+      std::string names;
+      for (const std::string& n : unknown) names += (names.empty() ? "" : ", ") + n;
+      log_warn(label, ": the checkpoint's arguments include ", unknown.size(), " this build does "
+               "not know (a newer Megatron-LM's; ignored): ", names);
+    }
   copy_architecture(ns, args);
   // The folders are the truth about the layout.
   args["parallel"]["tensor_model_parallel_size"] = layout.tp;

@@ -153,8 +153,8 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   json extra = {
       {"num_layers", a.model.num_layers}, {"hidden_size", a.model.hidden_size},
       {"num_attention_heads", a.model.num_attention_heads}, {"ffn_hidden_size", a.model.ffn()},
-      {"kv_channels", a.model.head_dim()}, {"group_query_attention", groups != a.model.num_attention_heads},
-      {"num_query_groups", groups != a.model.num_attention_heads ? groups : 1},
+      {"kv_channels", a.model.head_dim()}, {"group_query_attention", a.model.num_query_groups > 0},
+      {"num_query_groups", a.model.num_query_groups > 0 ? groups : 1},
       {"padded_vocab_size", m.padded_vocab_size},
       {"tensor_model_parallel_size", T}, {"pipeline_model_parallel_size", P},
       {"virtual_pipeline_model_parallel_size", V > 1 ? json(V) : json(nullptr)},
@@ -168,7 +168,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
       {"use_rotary_position_embeddings", a.model.position_embedding_type == "rope"},
       {"rotary_percent", a.model.rotary_percent}, {"rotary_base", a.model.rotary_base},
       {"rotary_interleaved", a.model.rotary_interleaved},
-      {"add_bias_linear", a.model.add_bias_linear}, {"add_qkv_bias", a.model.add_qkv_bias},
+      {"add_bias_linear", a.model.add_bias_linear}, {"add_qkv_bias", a.model.qkv_bias()},
       {"swiglu", a.model.activation == "swiglu"},
       {"squared_relu", a.model.activation == "squared_relu"},
       {"untie_embeddings_and_output_weights", m.model.count(kOutputLayer) > 0},
@@ -178,7 +178,9 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
       // Megatron's GeLU: the fused bias-GeLU (on by default) computes the tanh form, so does
       // --openai-gelu; the exact erf form is the unfused F.gelu (or any GeLU without biases).
       {"openai_gelu", a.model.activation == "gelu_tanh" && !a.model.add_bias_linear},
-      {"bias_gelu_fusion", a.model.activation == "gelu_tanh" && a.model.add_bias_linear},
+      // (on unless --no-bias-gelu-fusion or --disable-bias-linear turned it off, whatever the
+      // activation: validate_args only clears it without biases)
+      {"bias_gelu_fusion", a.model.activation != "gelu" && a.model.add_bias_linear},
       {"fp16", a.fp16}, {"bf16", a.bf16}, {"params_dtype", dtype_name(dtype)},
       {"use_distributed_optimizer", false}, {"ckpt_format", "torch"},
       {"transformer_impl", options.transformer_impl}, {"use_legacy_models", false},
@@ -186,6 +188,14 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   };
   if (a.model.window_left >= 0 || a.model.window_right >= 0)
     extra["window_size"] = json::array({a.model.window_left, a.model.window_right});
+  // What Megatron's validate_args derives from the other arguments, as it leaves them.
+  extra["encoder_num_layers"] = a.model.num_layers;
+  extra["encoder_seq_length"] = a.model.seq_length;
+  extra["sequence_parallel"] = a.model.sequence_parallel && T > 1;
+  if (a.weight_decay_incr_style == "constant") {
+    extra["start_weight_decay"] = a.weight_decay;
+    extra["end_weight_decay"] = a.weight_decay;
+  }
 
   fs::create_directories(save_dir);
   detail::set_mode(save_dir, 0750);
@@ -210,15 +220,19 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
         int last_layer = -1;
         for (const ChunkParam& cp : chunks[size_t(c)]) {
           doc.set(sd, cp.megatron, doc.tensor(shard_of(m, cp, "param", t, T)));
-          // Transformer Engine modules carry an _extra_state entry (None: no FP8 metadata).
+          // Every module whose class defines get_extra_state has an _extra_state entry: Transformer
+          // Engine's (None: no FP8 metadata) and Megatron-Core's column/row-parallel linears (None).
           const int layer = cp.ours.starts_with("decoder.layers.")
                                 ? std::stoi(cp.ours.substr(15, cp.ours.find('.', 15) - 15)) : -1;
-          if (te && layer != last_layer && layer >= 0) {
-            for (const std::string& e : torch_names::te_extra_state_names(layer - offset))
+          if (layer != last_layer && layer >= 0) {
+            for (const std::string& e : torch_names::extra_state_names(layer - offset, te))
               doc.set(sd, e, doc.none());
             last_layer = layer;
           }
         }
+        // The last stage's output layer (a ColumnParallelLinear) has one too, even when tied to
+        // the word embedding (its weight is then not in the state dict on a single stage).
+        if (p == P - 1 && c == V - 1) doc.set(sd, "output_layer._extra_state", doc.none());
         doc.set(root, V == 1 ? std::string("model") : "model" + std::to_string(c), sd);
       }
       if (optim) {
@@ -241,7 +255,9 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
           for (const ChunkParam* cp : members) {
             Value* s = doc.dict();
             if (adam) {
-              doc.set(s, "step", doc.tensor(Tensor::full({}, double(m.optimizer_step), DType::F32)));
+              // torch's AdamW keeps the step per parameter (a float32 scalar tensor); Transformer
+              // Engine's FusedAdam per group, and its load_state_dict refuses any other state.
+              if (!te) doc.set(s, "step", doc.tensor(Tensor::full({}, double(m.optimizer_step), DType::F32)));
               doc.set(s, "exp_avg", doc.tensor(shard_of(m, *cp, "exp_avg", t, T)));
               doc.set(s, "exp_avg_sq", doc.tensor(shard_of(m, *cp, "exp_avg_sq", t, T)));
             } else {
@@ -269,7 +285,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
             doc.set(pg, "eps", doc.real(a.optimizer.adam_eps));
             doc.set(pg, "bias_correction", doc.boolean(true));
             doc.set(pg, "amsgrad", doc.boolean(false));
-            doc.set(pg, "step", doc.integer(m.optimizer_step));
+            if (te) doc.set(pg, "step", doc.integer(m.optimizer_step));
           } else {
             doc.set(pg, "momentum", doc.real(a.optimizer.sgd_momentum));
             doc.set(pg, "dampening", doc.integer(0));

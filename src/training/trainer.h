@@ -165,10 +165,6 @@ struct TrainingArgs {
   // test split at the loaded iteration, as Megatron; an error when there is nothing to evaluate.
   bool skip_train = false;
   int64_t train_epochs = 0;          // --train-epochs: not Megatron's; refused (validate_args)
-  // --pre-tockens / --next-tockens (Ascend's fused attention): query i attends keys
-  // [i - pre, i + next]. The defaults, or any pre >= seq-length - 1 with next 0, are causal
-  // attention as computed now; a narrower window is the sliding window.
-  int64_t pre_tockens = 65536, next_tockens = 0;
   // --ckpt-format: torch_dist (Megatron's default) is served by this build's own resharding
   // format (safetensors per rank, checkpoint.h); torch saves Megatron-LM's files
   // (iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt and latest_checkpointed_iteration.txt,

@@ -44,8 +44,8 @@ void validate_args(const TrainingArgs& a) {
   if (!a.step_batch_size_schedule.empty()) {
     MG_REQUIRE(a.global_batch_size == 0, "Cannot specify both --step-batch-size-schedule and "
                "--global-batch-size (the schedule's last batch size is the global batch size)");
-    MG_REQUIRE(a.train_iters == 0, "--step-batch-size-schedule needs sample-based training: "
-               "replace --train-iters with --train-samples (and -iters LR flags with -samples ones)");
+    // Iteration-based training takes a step schedule as current Megatron-LM does: each iteration
+    // consumes the batch the schedule gives for the samples consumed so far.
   }
   MG_REQUIRE(!a.decoupled_min_lr || a.decoupled_lr, "--decoupled-min-lr needs --decoupled-lr (the "
              "decoupled group exists only with it; Megatron-LM ignores --decoupled-min-lr alone)");

@@ -117,8 +117,9 @@ void build_datasets(TrainingRun& r) {
   if (!r.batch_schedule.is_constant()) {
     r.batch_schedule.validate_against(r.consumed, r.start_iteration, r.train_iters, r.mbs, r.dp(),
                                       r.pipeline_layout.num_chunks > 1 ? r.pipeline_layout.pipeline_size : 1);
-    r.say(str("will use ", r.batch_schedule.describe(), "; ", r.train_iters,
-              " iterations for --train-samples ", a.train_samples));
+    r.say(str("will use ", r.batch_schedule.describe(), "; ", r.train_iters, " iterations",
+              a.train_iters > 0 ? std::string(" (--train-iters)")
+                                : str(" for --train-samples ", a.train_samples)));
   }
   a.data.mock = a.mock_data;
   const bool distributed = r.ps.world_size() > 1;
@@ -155,8 +156,9 @@ optim::LRSchedulerConfig scheduler_config(const TrainingRun& r) {
   } else {  // validate_args: both are given
     sc.start_wd = a.start_weight_decay;
     sc.end_wd = a.end_weight_decay;
-    sc.wd_incr_steps = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
   }
+  // Megatron's get_optimizer_param_scheduler sets it whatever the style (and saves it).
+  sc.wd_incr_steps = a.train_samples > 0 ? a.train_samples : a.train_iters * gbs;
   return sc;
 }
 

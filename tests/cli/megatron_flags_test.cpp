@@ -119,7 +119,7 @@ TEST(MegatronFlags, FlagsGivenInconsistentlyAreRefusedByName) {
       {"--mock-data", "--mock-data cannot be combined with --data-path"},
       {"--train-epochs 3", "--train-epochs is not a Megatron-LM pretraining flag"},
       {"--skip-train", "--skip-train: nothing to evaluate: --eval-iters is 0"},
-      {"--next-tockens 2", "--next-tockens 2: a causal model (GPT) sees no key after its query"},
+      {"--pre-tockens -1", "--pre-tockens and --next-tockens must be >= 0"},
       {"--pre-tockens 4 --window-size 4 0", "--pre-tockens / --next-tockens and --window-size"},
       {"--ckpt-format zarr", "--ckpt-format zarr is not supported"},
       {"--batch-size 8", "use --micro-batch-size"},

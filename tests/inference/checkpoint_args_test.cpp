@@ -230,8 +230,12 @@ TEST(UseCheckpointArgs, FlagsAndDefaultsAreCheckedAgainstTheMetadata) {
   expect_error(generate_cli(ckpt, " --num-layers 2 --hidden-size 32 --num-attention-heads 4"
                                   " --seq-length 16 --no-bias-gelu-fusion --norm-epsilon 1e-6" + kTokenizer),
                {"--seq-length (no --max-position-embeddings) 16", "max_position_embeddings is 32"});
-  expect_error(generate_cli(ckpt, shape + " --no-bias-gelu-fusion --norm-epsilon 1e-6 --swiglu"),
+  // (--ffn-hidden-size given: without it --swiglu derives Megatron's narrower width, named first)
+  expect_error(generate_cli(ckpt, shape + " --no-bias-gelu-fusion --norm-epsilon 1e-6 --swiglu"
+                                          " --ffn-hidden-size 128"),
                {"--swiglu", "activation is GeLU (exact erf form)"});
+  expect_error(generate_cli(ckpt, shape + " --no-bias-gelu-fusion --norm-epsilon 1e-6 --swiglu"),
+               {"--ffn-hidden-size 64", "ffn_hidden_size is 128"});
   // Matching flags generate exactly what the model computes; so does --use-checkpoint-args.
   const auto want = greedy(config, ckpt.weights, {1, 2, 3}, 6);
   EXPECT_EQ(tokens_of(generate_cli(ckpt, shape + " --no-bias-gelu-fusion --norm-epsilon 1e-6")), want);

@@ -1,8 +1,10 @@
 // Writing Megatron-LM's torch checkpoints (checkpoint convert --save-format torch and
 // save_torch_checkpoint): a trained tiny GPT's checkpoint (fp32, bf16, fp16) written for TP x PP
 // layouts (virtual stages too, both layer specs) loads with torch.load into Megatron's module trees
-// with strict names and shapes, its optimizer into torch.optim.Adam over Megatron's parameter
-// groups, its RNG state into random / NumPy / torch equal to Megatron's seeding; read back (directly
+// with strict names and shapes (every _extra_state Megatron-Core's specs have, the output layer's
+// included), its optimizer into torch.optim.Adam over Megatron's parameter groups in the form the
+// optimizer Megatron then builds takes (Transformer Engine's FusedAdam: the step per group; torch's
+// AdamW: per parameter, and it steps), its RNG state into random / NumPy / torch equal to Megatron's seeding; read back (directly
 // or converted to our format) every tensor, moment, main weight and the step are bit for bit the
 // original's, and training resumed from it follows the original's loss curve exactly.
 #include <gtest/gtest.h>
@@ -176,6 +178,10 @@ void write_and_check(const std::string& dtype, const std::vector<Layout>& layout
       EXPECT_GT(j["groups"][0].get<int>(), 0);
       EXPECT_GT(j["groups"][1].get<int>(), 0);
       EXPECT_EQ(j["steps"], json::array({3.0}));
+      // Transformer Engine's FusedAdam keeps the step per group (and refuses one per parameter:
+      // the reference checks its load_state_dict's rule); torch's AdamW per parameter, and it
+      // took a step from this state.
+      EXPECT_EQ(j["step_per"], l.impl == "transformer_engine" ? "group" : "param");
       EXPECT_EQ(j["scheduler"]["num_steps"], 24);
       EXPECT_EQ(j["rng_equal"], json::array({true, true, true}));
       EXPECT_FALSE(j["weights_only"].is_boolean() && !j["weights_only"].get<bool>());

@@ -71,6 +71,17 @@ class TE(Holder):
         pass
 
 
+class ParallelLinear(Holder):
+    """Megatron-Core's ColumnParallelLinear / RowParallelLinear (local spec, and the output layer
+    of every spec): get_extra_state returns None, so the state dict has an _extra_state of None."""
+
+    def get_extra_state(self):
+        return None
+
+    def set_extra_state(self, state):
+        pass
+
+
 def shard(full, dim, t, tp):
     if dim is None or tp == 1:
         return full.clone()
@@ -185,17 +196,17 @@ class Stage:
                                                     ("bias", param(p_ + "input_layernorm.bias"))]))
                 attn = torch.nn.Module()
                 attn.core_attention = Holder()
-                attn.linear_proj = Holder(reg([("weight", param(p_ + "self_attention.linear_proj.weight")),
-                                               ("bias", param(p_ + "self_attention.linear_proj.bias"))]))
-                attn.linear_qkv = Holder(reg([("weight", qkv_w), ("bias", qkv_b)]))
+                attn.linear_proj = ParallelLinear(reg([("weight", param(p_ + "self_attention.linear_proj.weight")),
+                                                       ("bias", param(p_ + "self_attention.linear_proj.bias"))]))
+                attn.linear_qkv = ParallelLinear(reg([("weight", qkv_w), ("bias", qkv_b)]))
                 layer.self_attention = attn
                 layer.pre_mlp_layernorm = Holder(reg([("weight", param(p_ + "pre_mlp_layernorm.weight")),
                                                       ("bias", param(p_ + "pre_mlp_layernorm.bias"))]))
                 mlp = torch.nn.Module()
-                mlp.linear_fc1 = Holder(reg([("weight", param(p_ + "mlp.linear_fc1.weight")),
-                                             ("bias", param(p_ + "mlp.linear_fc1.bias"))]))
-                mlp.linear_fc2 = Holder(reg([("weight", param(p_ + "mlp.linear_fc2.weight")),
-                                             ("bias", param(p_ + "mlp.linear_fc2.bias"))]))
+                mlp.linear_fc1 = ParallelLinear(reg([("weight", param(p_ + "mlp.linear_fc1.weight")),
+                                                     ("bias", param(p_ + "mlp.linear_fc1.bias"))]))
+                mlp.linear_fc2 = ParallelLinear(reg([("weight", param(p_ + "mlp.linear_fc2.weight")),
+                                                     ("bias", param(p_ + "mlp.linear_fc2.bias"))]))
                 layer.mlp = mlp
             else:  # core-te
                 layer = torch.nn.Module()
@@ -231,7 +242,12 @@ class Stage:
         head = None
         if post and (untied or not pre):
             name = "output_layer.weight" if untied else "embedding.word_embeddings.weight"
-            head = Holder([("weight", get(name), "output_layer.weight" if untied else "")])
+            cls = Holder if scheme == "legacy" else ParallelLinear
+            head = cls([("weight", get(name), "output_layer.weight" if untied else "")])
+        elif post and scheme != "legacy":
+            # Megatron-Core's GPTModel builds the output layer on the last stage even when it
+            # shares the word embedding's weight there (skip_weight_param_allocation).
+            head = ParallelLinear()
 
         self.module = torch.nn.Module()
         if scheme == "legacy":
@@ -521,12 +537,15 @@ def check(folder, iteration, tp, pp, vp, impl, dtype_name):
                 osd = sd["optimizer"]["optimizer"] if fp16 else sd["optimizer"]
                 params = [[torch.nn.Parameter(q.detach().float().clone()) for q in g["params"]] if fp16
                           else g["params"] for g in groups]
-                opt = torch.optim.Adam([dict(g, params=ps) for g, ps in zip(groups, params)], lr=1.0)
-                opt.load_state_dict(osd)  # group sizes and parameter ids as Megatron's
-                for g, ps in zip(opt.param_groups, params):
-                    for q in ps:
-                        st = opt.state[q]
-                        assert st["exp_avg"].shape == q.shape and st["exp_avg_sq"].shape == q.shape
+                # Group sizes and parameter ids as Megatron's (torch's Optimizer.load_state_dict
+                # checks); each state's shapes.
+                assert [len(g["params"]) for g in osd["param_groups"]] == [len(ps) for ps in params]
+                ids = [i for g in osd["param_groups"] for i in g["params"]]
+                for i, q in zip(ids, [q for ps in params for q in ps]):
+                    st = osd["state"][i]
+                    assert st["exp_avg"].shape == q.shape and st["exp_avg_sq"].shape == q.shape
+                if impl == "transformer_engine":
+                    te_fused_adam_accepts(osd)
                 if fp16:
                     mains = sd["optimizer"]["fp32_from_fp16_params"]
                     assert [len(m) for m in mains] == [len(ps) for ps in params]
@@ -534,7 +553,17 @@ def check(folder, iteration, tp, pp, vp, impl, dtype_name):
                         for x, q in zip(m, ps):
                             assert x.shape == q.shape and x.dtype == torch.float32
                 res["groups"] = [len(g["params"]) for g in osd["param_groups"]]
-                res["steps"] = sorted({float(s["step"]) for s in osd["state"].values()})
+                res["steps"] = sorted({float(s["step"]) for s in osd["state"].values() if "step" in s} |
+                                      {float(g["step"]) for g in osd["param_groups"] if "step" in g})
+                res["step_per"] = ("group" if all("step" in g for g in osd["param_groups"]) else "") + \
+                                  ("param" if all("step" in s for s in osd["state"].values()) else "")
+                if impl != "transformer_engine":  # torch's AdamW loads and steps from this state
+                    opt = torch.optim.AdamW([dict(g, params=ps) for g, ps in zip(groups, params)], lr=1.0)
+                    opt.load_state_dict(osd)
+                    for g, ps in zip(opt.param_groups, params):
+                        for q in ps:
+                            q.grad = torch.zeros_like(q)
+                    opt.step()
                 res["scheduler"] = sd["opt_param_scheduler"]
             rs = sd["rng_state"][0]
             random.setstate(rs["random_rng_state"])
@@ -557,6 +586,22 @@ def check(folder, iteration, tp, pp, vp, impl, dtype_name):
             results.append(res)
     for r in results:
         print(json.dumps(r, sort_keys=True, default=str))
+
+
+def te_fused_adam_accepts(osd):
+    """What Transformer Engine's FusedAdam.load_state_dict and step() need of a state dict
+    (transformer_engine/pytorch/optimizers/fused_adam.py): every per-parameter entry is one of
+    the states it scales (set_scaled_state looks each name up in name_to_dtype_map, a KeyError for
+    any other, 'step' included), float32; the step is an int in each parameter group."""
+    for k, v in osd["state"].items():
+        for name, x in v.items():
+            if x is None:
+                continue
+            assert name in ("exp_avg", "exp_avg_sq", "master_param"), \
+                "FusedAdam.load_state_dict: KeyError %r (parameter %s)" % (name, k)
+            assert x.float().dtype == torch.float32
+    for g in osd["param_groups"]:
+        assert isinstance(g.get("step"), int), "FusedAdam keeps an int step per group: %r" % g.get("step")
 
 
 def main():
