@@ -2,8 +2,8 @@
 // cache) and decode tokens/s (one token per sequence per step) at batch 1 and 16, on the CPU or
 // (--device cuda) a GPU. Compare with bench/reference/generate_bench.py (PyTorch with a KV cache,
 // same shapes, CPU) or bench/reference/gpt2_gpu_torch.py --mode decode (GPU; scripts/gpu-check.sh):
-//   build/bench/generate_bench [--layers 6 --hidden 512 --heads 8 --vocab 50304 --prompt 128 --gen 32]
-//                              [--arch gpt|llama] [--device cpu|cuda]
+//   build/bench/generate_bench [--layers 6 --hidden 512 --heads 8 --vocab 50304 --prompt 128
+//                               --gen 32] [--arch gpt|llama] [--device cpu|cuda]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,8 +24,10 @@ int main(int argc, char** argv) {
   const auto cfg = bench::bench_config(layers, hidden, heads, vocab, prompt + gen, arch);
   const Device device = cuda::select_device(f.text("--device", "cpu"), 0);
   inference::GPTEngine model(cfg, bench::random_weights(cfg), device);
-  std::printf("model: %s on %s, %lld layers, hidden %lld, heads %lld, vocab %lld; prompt %lld, generate %lld\n",
-              arch.c_str(), cuda::describe_device(device).c_str(), (long long)layers, (long long)hidden, (long long)heads, (long long)vocab,
+  std::printf("model: %s on %s, %lld layers, hidden %lld, heads %lld, vocab %lld; prompt %lld, "
+              "generate %lld\n",
+              arch.c_str(), cuda::describe_device(device).c_str(), (long long)layers,
+              (long long)hidden, (long long)heads, (long long)vocab,
               (long long)prompt, (long long)gen);
   std::printf("| batch | prefill tokens/s | decode tokens/s | decode ms/step |\n|---|---|---|---|\n");
   for (int64_t batch : {int64_t(1), int64_t(16)}) {

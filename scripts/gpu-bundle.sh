@@ -38,7 +38,8 @@ strip --strip-unneeded "$STAGE"/bin/*
 # Libraries the GPU machine provides itself (or must: the driver, cuBLAS, NCCL are far too large
 # to carry; gpu-check.sh finds them there and says which are missing). libcudart is carried: the
 # runtime this build compiled against is small (the driver must support it).
-keep_out='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so|libcublas|libcublasLt|libnccl)'
+keep_out='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|'
+keep_out+='libresolv\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so|libcublas|libnccl)'
 for bin in "$STAGE"/bin/*; do
   ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'
 done | sort -u | while read -r name path; do
@@ -46,10 +47,13 @@ done | sort -u | while read -r name path; do
 done
 {
   echo "megatron.cpp GPU bundle"
-  echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD -- src CMakeLists.txt || echo ' (with uncommitted changes)')"
-  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(. /etc/os-release && echo "$PRETTY_NAME")"
+  changes=$(git diff --quiet HEAD -- src CMakeLists.txt || echo ' (with uncommitted changes)')
+  echo "commit: $(git rev-parse HEAD)$changes"
+  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m)," \
+       "$(. /etc/os-release && echo "$PRETTY_NAME")"
   echo "host code: -march=$ARCH; device code: sm_90 + PTX; $(nvcc --version | tail -1)"
-  echo "needs from the machine: glibc >= $(ldd --version | head -1 | awk '{print $NF}'), libstdc++, libcublasLt.so.13, (multi-GPU) libnccl.so.2"
+  echo "needs from the machine: glibc >= $(ldd --version | head -1 | awk '{print $NF}')," \
+       "libstdc++, libcublasLt.so.13, (multi-GPU) libnccl.so.2"
   echo "binaries:"; (cd "$STAGE/bin" && ls -l | awk 'NR > 1 {print "  " $9, $5}')
   echo "libraries:"; (cd "$STAGE/lib" && ls -l | awk 'NR > 1 {print "  " $9, $5}')
 } >"$STAGE/MANIFEST"
@@ -61,7 +65,8 @@ mv "$OUT_FILE.tmp" "$OUT_FILE"
 size=$(stat -c %s "$OUT_FILE")
 unpacked=$(du -sb "$STAGE" | awk '{print $1}')
 awk -v f="$OUT_FILE" -v s="$size" -v u="$unpacked" -v n="$(ls "$STAGE/lib" | wc -l)" \
-  'BEGIN {printf "bundle: %s: %.1f MiB (%.1f MiB unpacked, %d libraries)\n", f, s / 1048576, u / 1048576, n}'
+  'BEGIN {printf "bundle: %s: %.1f MiB (%.1f MiB unpacked, %d libraries)\n", f, s / 1048576,
+          u / 1048576, n}'
 if [ "$size" -ge "$LIMIT" ]; then
   echo "error: the bundle is over 64 MiB: a device call carries at most 64 MiB with the tree" >&2
   exit 1

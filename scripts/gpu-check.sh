@@ -16,7 +16,8 @@
 #   5. decode: batch-1 and batch-16 decode tokens/s (bench/generate_bench --device cuda) beside
 #      PyTorch with a KV cache;
 # and writes OUT/summary.md (a table of every phase: pass/fail, seconds, figures), OUT/results.jsonl
-# and one log per phase (OUT: $OUT when set, as on the device machine, else build-gpu/gpu-check-out).
+# and one log per phase (OUT: $OUT when set, as on the device machine, else
+# build-gpu/gpu-check-out).
 #
 # Usage: scripts/gpu-check.sh [--dry-run] [--bundle FILE]
 #   --dry-run   on a machine without a GPU: the same phases with --device cpu on both sides and a
@@ -70,6 +71,12 @@ run() {
   cat "$WORK/last.log" >>"$OUT_DIR/$phase.log"
   return $rc
 }
+# torch_result PHASE T0: records the JSON line(s) bench/reference/gpt2_gpu_torch.py printed.
+torch_result() {
+  local lines
+  lines=$(grep '^{' "$WORK/last.log" | paste -sd, -)
+  record "$1" $(($(date +%s) - $2)) "{\"status\": \"pass\", \"results\": [$lines]}"
+}
 # check PHASE T0 CMD...: runs a gpu_check_tools.py check and records its JSON line.
 check() {
   local phase="$1" t0="$2"; shift 2
@@ -80,19 +87,21 @@ check() {
 finish() {
   "$PY" "$TOOLS" summary --results "$RESULTS" --out "$OUT_DIR/summary.md" || cat "$RESULTS"
   rm -rf "$WORK"
-  say "done in $(elapsed) s: $([ $FAILED = 0 ] && echo 'every phase passed' || echo 'FAILURES above')"
+  if [ $FAILED = 0 ]; then say "done in $(elapsed) s: every phase passed"
+  else say "done in $(elapsed) s: FAILURES above"; fi
   exit $FAILED
 }
 
 # ---- 0. the bundle ------------------------------------------------------------------------------
 t=$(date +%s)
 if [ ! -f "$BUNDLE" ]; then
-  echo "error: no bundle at $BUNDLE: build it on a CPU machine with scripts/gpu-bundle.sh and carry" \
-       "its folder (build-gpu/bundle) with the call" >&2
+  echo "error: no bundle at $BUNDLE: build it on a CPU machine with scripts/gpu-bundle.sh" \
+       "and carry its folder (build-gpu/bundle) with the call" >&2
   exit 2
 fi
 if ! tar -C "$WORK" -xJf "$BUNDLE" 2>/dev/null; then  # no xz binary: Python's lzma
-  "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$BUNDLE" "$WORK" ||
+  "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "$BUNDLE" "$WORK" ||
     { echo "error: cannot unpack $BUNDLE" >&2; exit 2; }
 fi
 B="$WORK/megatron-gpu"
@@ -110,8 +119,10 @@ for p in site.getsitepackages():
         print(d)
 EOF
 )
-export LD_LIBRARY_PATH="$B/lib:$(echo "$LIBDIRS" | paste -sd: -)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-missing=$(for bin in "$B"/bin/*; do ldd "$bin" | awk '/not found/ {print $1}'; done | sort -u | paste -sd' ' -)
+LD_LIBRARY_PATH="$B/lib:$(echo "$LIBDIRS" | paste -sd: -)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
+missing=$(for bin in "$B"/bin/*; do ldd "$bin" | awk '/not found/ {print $1}'; done | sort -u |
+          paste -sd' ' -)
 GPU_NAME=none
 if [ "$DRY" = 0 ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -127,17 +138,23 @@ nccl_dir=$(for d in $LIBDIRS; do [ -e "$d/libnccl.so.2" ] && echo "$d" && break;
 env_status=pass
 if [ -n "$missing" ]; then
   # A dry run on a CPU machine may lack only what the GPU machine provides.
-  if [ "$DRY" = 1 ] && ! grep -qv -E '^(libcublas|libcublasLt|libcuda)' <<<"$(tr ' ' '\n' <<<"$missing")"; then
+  if [ "$DRY" = 1 ] && ! tr ' ' '\n' <<<"$missing" | grep -qv -E '^(libcublas|libcuda)'; then
     env_status=pass
   else
     env_status=fail
   fi
 fi
-record environment $(($(date +%s) - t)) "$(printf '{"status": "%s", "gpu": "%s", "peak_bf16_tflops": %s, "missing_libraries": "%s", "nccl": "%s", "driver": "%s", "torch": "%s", "dry_run": %s, "bundle": "%s"}' \
-  "$env_status" "$GPU_NAME" "$PEAK" "${missing:-none}" "${nccl_dir:-not found (multi-GPU runs need it)}" \
-  "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)" \
-  "$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)" \
-  "$([ $DRY = 1 ] && echo true || echo false)" "$(sed -n 2p "$B/MANIFEST")")"
+env_json=$(STATUS="$env_status" GPU="$GPU_NAME" PEAK="$PEAK" MISSING="${missing:-none}" \
+  NCCL="${nccl_dir:-not found (multi-GPU runs need it)}" DRY="$DRY" \
+  BUNDLE="$(sed -n 2p "$B/MANIFEST")" \
+  DRIVER="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)" \
+  TORCH="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)" "$PY" -c '
+import json, os
+e = os.environ
+print(json.dumps({"status": e["STATUS"], "gpu": e["GPU"], "peak_bf16_tflops": float(e["PEAK"]),
+                  "missing_libraries": e["MISSING"], "nccl": e["NCCL"], "driver": e["DRIVER"],
+                  "torch": e["TORCH"], "dry_run": e["DRY"] == "1", "bundle": e["BUNDLE"]}))')
+record environment $(($(date +%s) - t)) "$env_json"
 [ "$env_status" = pass ] || finish
 
 if [ "$DRY" = 1 ]; then
@@ -172,13 +189,12 @@ grep -h "ops without a CUDA kernel" "$OUT_DIR/ops.log" | head -1
 # ---- 3. one training step on both devices -----------------------------------------------------
 step=(pretrain-gpt "${MODEL[@]}" "${DATA[@]}" --micro-batch-size 1 --global-batch-size 1
       --train-iters 1 --optimizer sgd --clip-grad 0 --weight-decay 0 --lr-decay-style constant
-      --log-interval 1 --eval-iters 0)
+      --log-interval 1 --eval-iters 0 --save-interval 1)
 t=$(date +%s)
-run parity 300 "$MEGATRON" "${step[@]}" --device "$DEVICE" --lr 0 --save "$WORK/w0" --save-interval 1 &&
-  run parity 300 "$MEGATRON" "${step[@]}" --device "$DEVICE" --lr 100 --save "$WORK/w1_dev" \
-      --save-interval 1 &&
+run parity 300 "$MEGATRON" "${step[@]}" --device "$DEVICE" --lr 0 --save "$WORK/w0" &&
+  run parity 300 "$MEGATRON" "${step[@]}" --device "$DEVICE" --lr 100 --save "$WORK/w1_dev" &&
   cp "$WORK/last.log" "$WORK/dev.log" &&
-  run parity 300 "$MEGATRON" "${step[@]}" --device cpu --lr 100 --save "$WORK/w1_cpu" --save-interval 1 &&
+  run parity 300 "$MEGATRON" "${step[@]}" --device cpu --lr 100 --save "$WORK/w1_cpu" &&
   cp "$WORK/last.log" "$WORK/cpu.log"
 if [ $? = 0 ]; then
   check parity "$t" parity --w0 "$WORK/w0" --a "$WORK/w1_cpu" --b "$WORK/w1_dev" --lr 100 \
@@ -206,23 +222,26 @@ run train 240 "$MEGATRON" pretrain-gpt "${MODEL[@]}" "${DATA[@]}" "${TRAIN_BATCH
   --log-throughput --eval-iters 0
 check train "$t" train --log "$OUT_DIR/train.log" --peak "$PEAK"
 t=$(date +%s)
-if run train_torch 180 "$PY" "$ROOT/bench/reference/gpt2_gpu_torch.py" --mode train "${TORCH_MODEL[@]}"; then
-  record train_torch $(($(date +%s) - t)) "$(grep '^{' "$OUT_DIR/train_torch.log" | tail -1 | sed 's/^{/{"status": "pass", /')"
+TORCH_REF="$ROOT/bench/reference/gpt2_gpu_torch.py"
+if run train_torch 180 "$PY" "$TORCH_REF" --mode train "${TORCH_MODEL[@]}"; then
+  torch_result train_torch "$t"
 else
   record train_torch $(($(date +%s) - t)) '{"status": "fail", "why": "see the log"}'
 fi
 if [ "$DRY" = 1 ]; then
-  record train_torch_compiled 0 '{"status": "skipped", "why": "dry run: torch.compile runs on the GPU machine only"}'
+  record train_torch_compiled 0 '{"status": "skipped", "why": "dry run: on the GPU only"}'
 elif [ "$(left)" -gt 150 ]; then
   t=$(date +%s)
-  if run train_torch_compiled 150 "$PY" "$ROOT/bench/reference/gpt2_gpu_torch.py" --mode train \
-       --compile "${TORCH_MODEL[@]}"; then
-    record train_torch_compiled $(($(date +%s) - t)) "$(grep '^{' "$OUT_DIR/train_torch_compiled.log" | tail -1 | sed 's/^{/{"status": "pass", /')"
+  if run train_torch_compiled 150 "$PY" "$TORCH_REF" --mode train --compile "${TORCH_MODEL[@]}"
+  then
+    torch_result train_torch_compiled "$t"
   else
-    record train_torch_compiled $(($(date +%s) - t)) '{"status": "fail", "why": "see the log (torch.compile needs a working Triton)"}'
+    record train_torch_compiled $(($(date +%s) - t)) \
+      '{"status": "fail", "why": "see the log (torch.compile needs a working Triton)"}'
   fi
 else
-  record train_torch_compiled 0 "{\"status\": \"skipped\", \"why\": \"$(left) s left of the ${BUDGET} s budget\"}"
+  record train_torch_compiled 0 \
+    "{\"status\": \"skipped\", \"why\": \"$(left) s left of the ${BUDGET} s budget\"}"
 fi
 
 # ---- 5. decode throughput ---------------------------------------------------------------------
@@ -231,9 +250,9 @@ run decode 120 "$B/bin/generate_bench" "${BENCH[@]}" --device "$DEVICE"
 check decode "$t" decode --log "$OUT_DIR/decode.log"
 for dtype in fp32 bf16; do
   t=$(date +%s)
-  if run "decode_torch_$dtype" 120 "$PY" "$ROOT/bench/reference/gpt2_gpu_torch.py" --mode decode \
-       --dtype "$dtype" "${TORCH_MODEL[@]}"; then
-    record "decode_torch_$dtype" $(($(date +%s) - t)) "$(grep '^{' "$OUT_DIR/decode_torch_$dtype.log" | paste -sd, - | sed 's/^/{"status": "pass", "results": [/; s/$/]}/')"
+  if run "decode_torch_$dtype" 120 "$PY" "$TORCH_REF" --mode decode --dtype "$dtype" \
+       "${TORCH_MODEL[@]}"; then
+    torch_result "decode_torch_$dtype" "$t"
   else
     record "decode_torch_$dtype" $(($(date +%s) - t)) '{"status": "fail", "why": "see the log"}'
   fi

@@ -128,7 +128,8 @@ def cmd_train(a):
     lines = iteration_lines(a.log)
     timed = lines[1:] if len(lines) > 1 else lines
     if not timed:
-        report({"check": "training throughput", "status": "fail", "why": f"no iteration line in {a.log}"})
+        report({"check": "training throughput", "status": "fail",
+                "why": f"no iteration line in {a.log}"})
     tok = float(np.mean([field(l, "tokens per second") for l in timed]))
     tf = float(np.mean([field(l, "throughput per GPU (TFLOP/s/GPU)") for l in timed]))
     ms = float(np.mean([field(l, "elapsed time per iteration (ms)") for l in timed]))
@@ -169,7 +170,8 @@ def cmd_summary(a):
             continue
         figures = ", ".join(f"{k} {fmt(v)}" for k, v in r.items()
                             if k not in ("phase", "status", "seconds", "check"))
-        out.append(f"| {r.get('phase')} | {r.get('status')} | {fmt(r.get('seconds'))} | {figures} |")
+        out.append(f"| {r.get('phase')} | {r.get('status')} | {fmt(r.get('seconds'))} "
+                   f"| {figures} |")
     text = "\n".join(out) + "\n"
     with open(a.out, "w") as f:
         f.write(text)

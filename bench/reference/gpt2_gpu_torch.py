@@ -177,7 +177,8 @@ def train():
     print(json.dumps({
         "what": "pytorch train" + (" compiled" if a.compile else " eager"),
         "device": torch.cuda.get_device_name(dev) if on_gpu else "cpu", "torch": torch.__version__,
-        "sdpa": sdpa is not manual_attention, "dtype": a.dtype, "mbs": a.mbs, "gbs": a.gbs, "seq": a.seq, "steps": len(times),
+        "sdpa": sdpa is not manual_attention, "dtype": a.dtype, "mbs": a.mbs, "gbs": a.gbs,
+        "seq": a.seq, "steps": len(times),
         "ms_per_iteration": 1e3 * sec, "tokens_per_second": a.gbs * a.seq / sec,
         "tflops": tflops, "mfu": tflops / peak if peak else None, "last_loss": loss}), flush=True)
 
@@ -205,7 +206,8 @@ def decode():
             if rep > 0:
                 best = min(best, time.perf_counter() - t0)
         print(json.dumps({
-            "what": "pytorch decode", "device": torch.cuda.get_device_name(dev) if on_gpu else "cpu",
+            "what": "pytorch decode",
+            "device": torch.cuda.get_device_name(dev) if on_gpu else "cpu",
             "torch": torch.__version__, "dtype": a.dtype, "batch": batch, "prompt": a.prompt,
             "gen": a.gen, "decode_tokens_per_second": batch * a.gen / best,
             "ms_per_step": 1e3 * best / a.gen}), flush=True)
