@@ -137,6 +137,17 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
   if (kind != cudaMemcpyDeviceToDevice) MG_CUDA_CHECK(cudaStreamSynchronize(g_stream));
 }
 
+void device_copy_2d(void* dst, Device dst_device, size_t dst_pitch, const void* src,
+                    Device src_device, size_t src_pitch, size_t row_bytes, size_t rows) {
+  if (rows == 0 || row_bytes == 0) return;
+  cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
+  if (dst_device.is_cpu() && src_device.is_cuda()) kind = cudaMemcpyDeviceToHost;
+  if (dst_device.is_cuda() && src_device.is_cpu()) kind = cudaMemcpyHostToDevice;
+  MG_CHECK(!(dst_device.is_cpu() && src_device.is_cpu()), "device_copy_2d between host buffers");
+  MG_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind, g_stream));
+  if (kind != cudaMemcpyDeviceToDevice) MG_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+}
+
 void device_zero(void* dst, size_t bytes) {
   MG_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, g_stream));
 }
@@ -182,6 +193,7 @@ void init(int device) {
   register_allocator(DeviceType::CUDA, &caching_allocator());
   register_device_copy(DeviceType::CUDA, &device_copy);
   register_device_zero(DeviceType::CUDA, &device_zero);
+  register_device_copy_2d(DeviceType::CUDA, &device_copy_2d);
   ops::register_backend(DeviceType::CUDA, &op_table());
 }
 
