@@ -84,6 +84,8 @@ void bias_add(const Tensor& x, const Tensor& bias);
 void bias_grad(const Tensor& dbias, const Tensor& dout);
 void add(const Tensor& out, const Tensor& a, const Tensor& b);
 void scale(const Tensor& x, float s);
+void tanh_fwd(const Tensor& out, const Tensor& x);
+void tanh_bwd(const Tensor& dx, const Tensor& dout, const Tensor& out);
 void index_select_rows(const Tensor& out, const Tensor& in, const Tensor& index);
 void index_copy_rows(const Tensor& out, const Tensor& in, const Tensor& index, bool accumulate);
 void copy_to_flat(const Tensor& flat, const std::vector<Tensor>& parts);

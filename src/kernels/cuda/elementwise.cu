@@ -1,4 +1,4 @@
-// Element-wise CUDA kernels: bias, add/scale, dropout (the CPU's Philox masks), casts. (The norms
+// Element-wise CUDA kernels: bias, add/scale, tanh, dropout (the CPU's Philox masks), casts. (The norms
 // are in norm.cu, the activations in activation.cu.)
 #include <type_traits>
 
@@ -38,6 +38,15 @@ __global__ void add_kernel(float* out, const float* a, const float* b, int64_t n
 
 __global__ void scale_kernel(float* x, float s, int64_t n) {
   MG_GRID_STRIDE(i, n) x[i] *= s;
+}
+
+__global__ void tanh_fwd_kernel(float* out, const float* x, int64_t n) {
+  MG_GRID_STRIDE(i, n) out[i] = tanhf(x[i]);
+}
+
+// From the forward's output y: dx = dout (1 - y^2) (dx may alias dout).
+__global__ void tanh_bwd_kernel(float* dx, const float* dout, const float* y, int64_t n) {
+  MG_GRID_STRIDE(i, n) dx[i] = dout[i] * (1.0f - y[i] * y[i]);
 }
 
 // out = residual + dropout(x + bias); the keep decision for element i is the CPU's:
@@ -135,6 +144,28 @@ void scale(const Tensor& x, float s) {
   require_f32("cuda::scale", "x", x);
   const int64_t n = x.numel();
   scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(x.data<float>(), s, n);
+  MG_CUDA_LAUNCH_CHECK();
+}
+
+void tanh_fwd(const Tensor& out, const Tensor& x) {
+  require_f32("tanh_fwd", "x", x);
+  require_f32("tanh_fwd", "out", out);
+  require_same_numel("tanh_fwd", out, x);
+  const int64_t n = x.numel();
+  tanh_fwd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out.data<float>(),
+                                                                    x.data<float>(), n);
+  MG_CUDA_LAUNCH_CHECK();
+}
+
+void tanh_bwd(const Tensor& dx, const Tensor& dout, const Tensor& out) {
+  require_f32("tanh_bwd", "dout", dout);
+  require_f32("tanh_bwd", "out", out);
+  require_f32("tanh_bwd", "dx", dx);
+  require_same_numel("tanh_bwd", dout, out);
+  require_same_numel("tanh_bwd", dx, out);
+  const int64_t n = out.numel();
+  tanh_bwd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+      dx.data<float>(), dout.data<float>(), out.data<float>(), n);
   MG_CUDA_LAUNCH_CHECK();
 }
 
