@@ -16,6 +16,7 @@ using namespace megatron;
 using Clock = std::chrono::steady_clock;
 
 int main(int argc, char** argv) {
+  megatron::tune_host_allocator();
   const bench::Flags f(argc, argv);
   const int64_t layers = f.get("--layers", 6), hidden = f.get("--hidden", 512),
                 heads = f.get("--heads", 8), vocab = f.get("--vocab", 50304),

@@ -24,6 +24,7 @@ using namespace megatron;
 using Clock = std::chrono::steady_clock;
 
 int main(int argc, char** argv) {
+  megatron::tune_host_allocator();
   const bench::Flags f(argc, argv);
   const int64_t clients = f.get("--clients", 16), requests = f.get("--requests", 8),
                 layers = f.get("--layers", 4), hidden = f.get("--hidden", 256),

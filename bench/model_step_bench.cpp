@@ -20,7 +20,8 @@
 using namespace megatron;
 
 int main(int argc, char** argv) {
-  model::GPTConfig c;
+  megatron::tune_host_allocator();
+  model::TransformerConfig c;
   c.num_layers = 6;
   c.hidden_size = 384;
   c.num_attention_heads = 6;
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
     lab[size_t(i)] = int32_t(rng.u32(uint64_t(2 * i + 1)) % uint32_t(c.padded_vocab_size));
     pos[size_t(i)] = int32_t(i % s);
   }
-  model::GPTInputs in;
+  model::Batch in;
   in.tokens = Tensor::from_vector(tok, {mbs, s});
   in.labels = Tensor::from_vector(lab, {mbs, s});
   in.position_ids = Tensor::from_vector(pos, {mbs, s});

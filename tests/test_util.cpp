@@ -16,6 +16,11 @@
 
 namespace megatron::testing {
 
+namespace {
+// Every test binary allocates host memory as the megatron binary does (its main tunes it too).
+[[maybe_unused]] const bool kHostAllocatorTuned = (tune_host_allocator(), true);
+}  // namespace
+
 std::filesystem::path source_dir() { return MG_SOURCE_DIR; }
 std::filesystem::path cli_path() { return MG_CLI_PATH; }
 

@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "kernels/cuda/device_select.h"
 #include "inference/checkpoint_args.h"
+#include "model/model_family.h"
 #include "model/model_settings.h"
 
 namespace megatron::cli {
@@ -55,10 +56,16 @@ void InferenceFlags::add(CLI::App& sub) {
 
 void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
                                            const inference::CheckpointArgs& ck, bool check_only) {
+  const model::RecordedConfig rec = model::config_from_checkpoint_args(ck.args());
+  // Generation, serving and zero-shot evaluation run a decoder-only language model; another
+  // family's weights would not load into one (or would load into the wrong model).
+  MG_REQUIRE(rec.config.model_family == "gpt", ck.file().string(), " is a checkpoint of a ",
+             rec.config.model_family, " model (", model::model_family_of(rec.config).command,
+             " trains it): text generation, serving and zero-shot evaluation need a GPT "
+             "checkpoint (pretrain-gpt)");
   // Without the shape flags finish() asks for them (or --use-checkpoint-args) first.
   if (check_only && (cfg.num_layers <= 0 || cfg.hidden_size <= 0 || cfg.num_attention_heads <= 0))
     return;
-  const model::RecordedConfig rec = model::config_from_checkpoint_args(ck.args());
   std::vector<std::string> taken;
   if (!check_only)
     for (const auto& [key, flag] : {std::pair<const char*, const char*>{"num_layers", "--num-layers"},

@@ -9,6 +9,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/tensor.h"
 
 namespace megatron::cli {
 
@@ -33,6 +34,7 @@ CommandRegistrar::CommandRegistrar(std::string name, std::string description, in
 
 int main(int argc, char** argv) {
   using namespace megatron;
+  tune_host_allocator();
   CLI::App app{"megatron.cpp: train, evaluate and serve transformer language models", "megatron"};
   app.set_version_flag("--version", std::string("megatron.cpp ") + MEGATRON_VERSION);
   app.require_subcommand(1);

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "cli/bert_data_flags.h"
 #include "cli/command.h"
 #include "cli/device_flag.h"
 #include "cli/megatron_compat.h"
@@ -35,6 +36,9 @@ struct PretrainFlags {
   CompatFlags compat;
   MegatronFlags megatron;
   CLI::App* app = nullptr;
+  // pretrain-bert (pretrain_bert.py): the BERT family and its data flags.
+  bool bert = false;
+  data::BertDataConfig bert_data;
 };
 
 // The flags of training::TrainingArgs the loop does not act on yet (see trainer.h): an error
@@ -82,7 +86,14 @@ void run(PretrainFlags f) {
     a.model.cp_comm_type = run_fields.cp_comm_type;
     a.model.apply_query_key_layer_scaling = run_fields.apply_query_key_layer_scaling;
   }
-  // The Ascend scripts' band of keys (--pre-tockens / --next-tockens) inside the causal mask.
+  if (f.bert) {  // BertModel: the encoder attends in both directions under the padding mask
+    a.model.model_family = "bert";
+    a.model.attention_mask_type = "bidirectional";
+    a.model.bert_binary_head = f.bert_data.binary_head;
+    a.mask_prob = f.bert_data.mask_prob;
+    a.short_seq_prob = f.bert_data.short_seq_prob;
+  }
+  // The Ascend scripts' band of keys (--pre-tockens / --next-tockens) inside the mask.
   f.model.apply_band(a.model);
   if (f.checkpoint_activations) {
     // Megatron-LM's old flag: recompute every layer's input, one layer per chunk.
@@ -97,19 +108,17 @@ void run(PretrainFlags f) {
   absolute_if_exists(a.tokenizer.vocab_file);
   absolute_if_exists(a.tokenizer.merge_file);
   absolute_if_exists(a.tokenizer.tokenizer_model);
-  training::TrainingSummary s = training::pretrain_gpt(a);
+  training::TrainingSummary s = training::pretrain(a);
   if (world_communicator()->rank() == s.world_size - 1)  // the rank that printed the log lines
     log_print(str("training finished: ", s.iterations, " iterations, ", s.consumed_samples,
                 " samples, last lm loss ", s.last_loss, ", ", s.tokens_per_second, " tokens/s"));
 }
 
-CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretrain_gpt.py flags)", 20,
-                     [](CLI::App& sub) {
-  auto f = std::make_shared<PretrainFlags>();
+// Megatron's shared training flags (both pretrain commands), parsed into f.
+void add_pretrain_flags(CLI::App& sub, const std::shared_ptr<PretrainFlags>& f) {
   f->app = &sub;
   auto& a = f->a;
   auto& m = a.model;
-  a.tokenizer.type = "GPT2BPETokenizer";  // pretrain_gpt.py's default
   m.recompute_num_layers = 1;             // Megatron's default
   // model
   f->model.add(sub, /*training=*/true);
@@ -291,8 +300,26 @@ CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretra
                a.use_checkpoint_opt_param_scheduler, "LR schedule values from the checkpoint");
   sub.add_flag("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint,
                "Fail when --load has no checkpoint instead of starting from scratch");
-  add_megatron_flags(sub, f->megatron, "pretrain-gpt", CommandKind::Training);
+  add_megatron_flags(sub, f->megatron, f->bert ? "pretrain-bert" : "pretrain-gpt",
+                     CommandKind::Training);
   sub.callback([f] { run(*f); });
+}
+
+CommandRegistrar reg("pretrain-gpt", "Pretrain a GPT model (Megatron-LM's pretrain_gpt.py flags)", 20,
+                     [](CLI::App& sub) {
+  auto f = std::make_shared<PretrainFlags>();
+  f->a.tokenizer.type = "GPT2BPETokenizer";  // pretrain_gpt.py's default
+  add_pretrain_flags(sub, f);
+});
+
+CommandRegistrar reg_bert("pretrain-bert",
+                          "Pretrain a BERT model (Megatron-LM's pretrain_bert.py flags)", 21,
+                          [](CLI::App& sub) {
+  auto f = std::make_shared<PretrainFlags>();
+  f->bert = true;
+  f->a.tokenizer.type = "BertWordPieceLowerCase";  // pretrain_bert.py's args_defaults
+  add_pretrain_flags(sub, f);
+  add_bert_data_flags(sub, f->bert_data);
 });
 
 }  // namespace

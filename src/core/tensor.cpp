@@ -2,12 +2,19 @@
 
 #include "core/checked_memory.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
 namespace megatron {
+
+void tune_host_allocator() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
 
 namespace {
 

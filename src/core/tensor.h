@@ -40,6 +40,11 @@ struct Allocator {
   virtual void deallocate(void* ptr, size_t bytes, Device device) = 0;
 };
 void register_allocator(DeviceType type, Allocator* allocator);
+// Host allocation tuned for training and generation, once per process (the CLI's main and the
+// benchmarks call it): activations are allocated per step, so freed blocks up to glibc's 32 MiB
+// mmap limit stay in the heap and every step reuses already-mapped pages instead of page-faulting
+// fresh mmaps.
+void tune_host_allocator();
 Allocator* allocator_for(DeviceType type);
 // Byte copies between a device with its own memory and the host, or within that device,
 // registered by its backend with its allocator (CUDA); Tensor::copy_, to(Device) and clone use it.

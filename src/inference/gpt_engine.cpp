@@ -31,7 +31,7 @@ GPTEngine::GPTEngine(const model::TransformerConfig& config,
   opt.init_weights = false;
   opt.device = device;
   model_ = std::make_unique<model::GPTModel>(cfg_, 0, model::TensorParallel::none(),
-                                             model::ContextParallel::none(), model::ModelChunk{
+                                             model::ContextParallel::none(), model::ChunkPlace{
                                                  model::PipelineLayout{cfg_.num_layers, 1, 1}, 0, 0},
                                              opt);
   size_t used = 0;

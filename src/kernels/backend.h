@@ -29,7 +29,7 @@
   X(embedding_fwd) X(embedding_bwd) X(vocab_parallel_embedding_fwd)                              \
   X(vocab_parallel_embedding_bwd)                                                                \
   X(norm_fwd) X(norm_bwd) X(activation_fwd) X(activation_bwd)                                    \
-  X(bias_add) X(bias_grad) X(add) X(scale)                                                       \
+  X(bias_add) X(bias_grad) X(add) X(scale) X(tanh_fwd) X(tanh_bwd)                              \
   X(index_select_rows) X(index_copy_rows) X(copy_to_flat) X(copy_from_flat)                      \
   X(dropout_fwd) X(dropout_bwd) X(bias_dropout_add_fwd) X(bias_dropout_add_bwd)                  \
   X(attention_fwd) X(attention_bwd) X(attention_subset_fwd) X(attention_subset_bwd)              \

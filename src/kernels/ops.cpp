@@ -102,6 +102,10 @@ void bias_add(const Tensor& x, const Tensor& bias) { MG_DISPATCH(bias_add, x, bi
 void bias_grad(const Tensor& dbias, const Tensor& dout) { MG_DISPATCH(bias_grad, dbias, dout); }
 void add(const Tensor& out, const Tensor& a, const Tensor& b) { MG_DISPATCH(add, out, a, b); }
 void scale(const Tensor& x, float s) { MG_DISPATCH(scale, x, s); }
+void tanh_fwd(const Tensor& out, const Tensor& x) { MG_DISPATCH(tanh_fwd, out, x); }
+void tanh_bwd(const Tensor& dx, const Tensor& dout, const Tensor& out) {
+  MG_DISPATCH(tanh_bwd, dx, dout, out);
+}
 
 void index_select_rows(const Tensor& out, const Tensor& in, const Tensor& index) {
   MG_DISPATCH(index_select_rows, out, in, index);

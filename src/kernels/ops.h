@@ -78,6 +78,10 @@ void bias_add(const Tensor& x, const Tensor& bias);         // x [n, m] += bias 
 void bias_grad(const Tensor& dbias, const Tensor& dout);    // dbias [m] += sum_rows dout [n, m]
 void add(const Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias)
 void scale(const Tensor& x, float s);                         // x *= s (in place)
+// out = tanh(x) (BERT's pooler; same numel, out may alias x); dx = dout * (1 - out^2) from the
+// forward's output (dx may alias dout).
+void tanh_fwd(const Tensor& out, const Tensor& x);
+void tanh_bwd(const Tensor& dx, const Tensor& dout, const Tensor& out);
 
 // ---- rows and flat buffers ----------------------------------------------------------------------
 // Row gather / scatter for any dtype (KV-cache reorder in beam search, context-parallel packing,

@@ -15,10 +15,11 @@ int local_count(int full, const TensorParallel& tp, const char* what) {
   return full / tp.size();
 }
 
-LinearOptions linear_options(bool bias, bool grad) {
+LinearOptions linear_options(bool bias, bool grad, InitMethod init = InitMethod::normal) {
   LinearOptions o;
   o.bias = bias;
   o.grad = grad;
+  o.init = init;
   return o;
 }
 
@@ -35,7 +36,8 @@ SelfAttention::SelfAttention(const std::string& prefix, const TransformerConfig&
                      cfg.head_dim(),
                  cfg.params_dtype, tp, linear_options(cfg.qkv_bias(), grad)),
       linear_proj(prefix + ".linear_proj", int64_t(cfg.num_attention_heads) * cfg.head_dim(),
-                  cfg.hidden_size, cfg.params_dtype, tp, linear_options(cfg.add_bias_linear, grad)),
+                  cfg.hidden_size, cfg.params_dtype, tp,
+                  linear_options(cfg.add_bias_linear, grad, InitMethod::scaled_normal)),
       heads(local_count(cfg.num_attention_heads, tp, "heads")),
       groups(local_count(cfg.query_groups(), tp, "query groups")),
       head_dim(cfg.head_dim()),

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "kernels/ops.h"
-#include "model/gpt_model.h"
 
 namespace megatron::model {
 
@@ -211,34 +210,6 @@ Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dctx, const T
   acc_send.wait();
   unpack_kv(own, dq, sh);  // dq's key / value columns are still zero
   return dq;
-}
-
-GPTInputs slice_for_context_parallel(const GPTInputs& in, int rank, int size) {
-  if (size == 1) return in;
-  MG_REQUIRE(in.tokens.defined() && in.tokens.dim() == 2, "context parallelism: tokens must be "
-             "a [batch, seq] tensor");
-  const int64_t b = in.tokens.size(0), s = in.tokens.size(1);
-  MG_REQUIRE(s % (2 * size) == 0, "sequence length ", s, " is not divisible by 2 x "
-             "--context-parallel-size = ", 2 * size, " (the sequence is cut into 2 x CP chunks "
-             "for causal load balancing)");
-  const int64_t local = s / size;
-  // Element (bi, i) of a slice is element (bi, position i of this rank) of the batch tensor.
-  std::vector<int32_t> source(static_cast<size_t>(b * local));
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t i = 0; i < local; ++i)
-      source[size_t(bi * local + i)] = int32_t(bi * s + context_parallel_position(i, local, rank, size));
-  const Tensor index = Tensor::from_vector(source, {b * local}, in.tokens.device());
-  auto slice = [&](const Tensor& t) -> Tensor {
-    if (!t.defined()) return t;
-    MG_REQUIRE(t.shape() == in.tokens.shape(), "context parallelism: a batch tensor has shape ",
-               shape_str(t.shape()), ", not the tokens' ", shape_str(in.tokens.shape()));
-    const Tensor src = t.contiguous();
-    Tensor out = Tensor::empty({b, local}, src.dtype(), src.device());
-    ops::index_select_rows(out.view({b * local, 1}), src.view({b * s, 1}), index);
-    return out;
-  };
-  return GPTInputs{slice(in.tokens), slice(in.position_ids), slice(in.attention_start),
-                   slice(in.labels), slice(in.loss_mask), slice(in.padding_mask)};
 }
 
 }  // namespace megatron::model

@@ -8,11 +8,12 @@ namespace megatron::model {
 
 namespace {
 
-LinearOptions fc_options(bool bias, int parts, bool grad) {
+LinearOptions fc_options(bool bias, int parts, bool grad, InitMethod init = InitMethod::normal) {
   LinearOptions o;
   o.bias = bias;
   o.parts = parts;
   o.grad = grad;
+  o.init = init;
   return o;
 }
 
@@ -25,7 +26,7 @@ MLP::MLP(const std::string& prefix, const TransformerConfig& cfg, const MlpSpec&
                  int64_t(cfg.ffn()) * (spec.activation->gated ? 2 : 1), cfg.params_dtype, tp,
                  fc_options(cfg.add_bias_linear, spec.activation->gated ? 2 : 1, grad)),
       linear_fc2(prefix + ".linear_fc2", cfg.ffn(), cfg.hidden_size, cfg.params_dtype, tp,
-                 fc_options(cfg.add_bias_linear, 1, grad)) {
+                 fc_options(cfg.add_bias_linear, 1, grad, InitMethod::scaled_normal)) {
   register_child(linear_fc1);
   register_child(linear_fc2);
 }

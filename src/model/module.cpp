@@ -17,14 +17,10 @@ ops::DropoutSpec LayerContext::dropout(float p, int layer, int site,
 
 size_t bytes_of(const Tensor& t) { return t.defined() ? t.nbytes() : 0; }
 
-void Weight::init(const std::string& name, const Shape& shape, DType dtype, bool decay, int pdim,
-                  bool sp, bool grad) {
-  param.name = name;
+void Weight::init(WeightSpec spec, const Shape& shape, DType dtype, bool grad) {
+  static_cast<WeightSpec&>(param) = std::move(spec);
   param.value = Tensor::zeros(shape, dtype);
   param.grad = grad ? Tensor::zeros(shape, DType::F32) : Tensor();
-  param.weight_decay = decay;
-  param.partition_dim = pdim;
-  param.sequence_parallel = sp;
   // Without gradients (inference) the fp32 copy of a half-precision weight is made by refresh()
   // when a module runs (see release()).
   f32 = dtype == DType::F32 && offset == 0.0f ? param.value
@@ -121,8 +117,6 @@ void Module::restore_saved(ActivationStash&& stash) {
   stash.clear();
 }
 
-void Module::drop_saved() { (void)take_saved(); }
-
 size_t held_bytes(const std::vector<const Module*>& modules, const std::vector<Tensor>& tensors) {
   std::unordered_set<const void*> seen;
   size_t total = 0;
@@ -133,7 +127,5 @@ size_t held_bytes(const std::vector<const Module*>& modules, const std::vector<T
   for (const Module* m : modules) m->for_each_saved([&](const SavedTensor& s) { add(s.value); });
   return total;
 }
-
-size_t Module::saved_bytes() const { return held_bytes({this}, {}); }
 
 }  // namespace megatron::model

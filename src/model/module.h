@@ -87,11 +87,10 @@ struct Weight {
   // Added to the stored value in the working copy: 1 for a zero-centred norm weight
   // (--apply-layernorm-1p stores gamma - 1), else 0.
   float offset = 0.0f;
-  // shape is this rank's shard; pdim the TP partition dim (-1: replicated); sp marks a replicated
-  // parameter whose gradient is a partial sum over the tensor-parallel group
-  // (Parameter::sequence_parallel). Without `grad` (inference) no gradient is allocated.
-  void init(const std::string& name, const Shape& shape, DType dtype, bool decay, int pdim,
-            bool sp = false, bool grad = true);
+  // Creates the parameter from its spec: `shape` is this rank's shard (WeightSpec::partition_dim
+  // tells how it is cut from the single-rank tensor). Without `grad` (inference) no gradient is
+  // allocated.
+  void init(WeightSpec spec, const Shape& shape, DType dtype, bool grad = true);
   bool defined() const { return param.value.defined(); }
   void refresh();  // param.value (+ offset) -> f32 (no copy for fp32 params without offset)
   void release();  // drops an f32 copy (an fp32 value stays its own view); refresh() makes it again
@@ -145,10 +144,6 @@ class Module {
   void for_each_saved(const std::function<void(const SavedTensor&)>& fn) const;
   ActivationStash take_saved();           // moves them out; the modules are left empty
   void restore_saved(ActivationStash&& s);  // puts a stash taken from this module back
-  void drop_saved();
-  // Storage bytes held by the saved activations (shared storage counted once; tensors that
-  // are views of a caller's input count too).
-  size_t saved_bytes() const;
 
  protected:
   Weight& register_weight(Weight& w);  // after w.init; undefined weights are skipped

@@ -10,9 +10,19 @@ Norm::Norm(const std::string& prefix, int64_t h, const NormKind& k, DType dtype,
            const NormOptions& opt)
     : kind(k), eps(opt.eps) {
   weight.offset = opt.zero_centered_gamma ? 1.0f : 0.0f;
-  weight.init(prefix + ".weight", {h}, dtype, false, -1, opt.partial_grad, opt.grad);
+  WeightSpec w;
+  w.name = prefix + ".weight";
+  w.init = opt.zero_centered_gamma ? InitMethod::zeros : InitMethod::ones;
+  w.weight_decay = false;
+  w.sequence_parallel = opt.partial_grad;
+  weight.init(w, {h}, dtype, opt.grad);
   if (!opt.zero_centered_gamma) weight.param.value.fill_(1.0);
-  if (kind.has_bias) bias.init(prefix + ".bias", {h}, dtype, false, -1, opt.partial_grad, opt.grad);
+  if (kind.has_bias) {
+    WeightSpec b = w;
+    b.name = prefix + ".bias";
+    b.init = InitMethod::zeros;
+    bias.init(b, {h}, dtype, opt.grad);
+  }
   register_weight(weight);
   register_weight(bias);
   weight.refresh();

@@ -47,15 +47,23 @@ LinearBase::LinearBase(const std::string& prefix, int64_t in, int64_t out, bool 
       skip_bias_add(opt.skip_bias_add),
       row_parallel_(row),
       tp_(tp) {
-  weight.init(prefix + ".weight", {out_features, in_features}, dtype, true, row ? 1 : 0, false,
-              opt.grad);
-  weight.param.partition_parts = row ? 1 : opt.parts;
+  WeightSpec w;
+  w.name = prefix + ".weight";
+  w.init = opt.init;
+  w.partition_dim = row ? 1 : 0;
+  w.partition_parts = row ? 1 : opt.parts;
+  weight.init(w, {out_features, in_features}, dtype, opt.grad);
   // Column: bias sharded with the output. Row: replicated, added on the reduced output, which is
   // the sequence shard under sequence parallelism (partial gradient).
   if (opt.bias) {
-    bias.init(prefix + ".bias", {out_features}, dtype, false, row ? -1 : 0,
-              row && tp.sequence_parallel, opt.grad);
-    bias.param.partition_parts = row ? 1 : opt.parts;
+    WeightSpec b;
+    b.name = prefix + ".bias";
+    b.init = InitMethod::zeros;
+    b.weight_decay = false;
+    b.partition_dim = row ? -1 : 0;
+    b.partition_parts = row ? 1 : opt.parts;
+    b.sequence_parallel = row && tp.sequence_parallel;
+    bias.init(b, {out_features}, dtype, opt.grad);
   }
   register_weight(weight);
   register_weight(bias);
@@ -101,22 +109,73 @@ Tensor LinearBase::backward(const LayerContext&, const Tensor& dy) {
   return dx;
 }
 
+// ---- Replicated linear -------------------------------------------------------------------------
+Linear::Linear(const std::string& prefix, int64_t in, int64_t out, DType dtype, bool partial_grad,
+               bool grad) {
+  WeightSpec w;
+  w.name = prefix + ".weight";
+  w.sequence_parallel = partial_grad;
+  weight.init(w, {out, in}, dtype, grad);
+  WeightSpec b = w;
+  b.name = prefix + ".bias";
+  b.init = InitMethod::zeros;
+  b.weight_decay = false;
+  bias.init(b, {out}, dtype, grad);
+  register_weight(weight);
+  register_weight(bias);
+}
+
+Tensor Linear::forward(const LayerContext& ctx, const Tensor& x) {
+  MG_CHECK(x.dim() == 2 && x.size(1) == weight.f32.size(1), "Linear ", weight.param.name,
+           ": input ", shape_str(x.shape()), " does not have ", weight.f32.size(1), " columns");
+  Tensor y = Tensor::empty({x.size(0), weight.f32.size(0)}, DType::F32, x.device());
+  ops::gemm(x, false, weight.f32, true, y);
+  ops::bias_add(y, bias.f32);
+  if (ctx.save) x_ = x;
+  return y;
+}
+
+Tensor Linear::backward(const LayerContext&, const Tensor& dy) {
+  MG_CHECK(x_.defined(), "Linear::backward without a saved forward");
+  ops::bias_grad(bias.param.grad, dy);
+  Tensor dx = Tensor::empty({dy.size(0), weight.f32.size(1)}, DType::F32, dy.device());
+  ops::gemm(dy, false, weight.f32, false, dx);
+  ops::gemm(dy, true, x_, false, weight.param.grad, 1.0f, 1.0f);
+  x_.reset();
+  return dx;
+}
+
 // ---- Embedding (vocab-parallel word table + optional position table) ------------------------
 Embedding::Embedding(int64_t vocab, int64_t max_positions, int64_t h, float drop, DType dtype,
-                     const TensorParallel& tp, bool grad)
+                     const TensorParallel& tp, bool grad, int64_t num_tokentypes)
     : vocab_size(vocab),
       vocab_start(local_size(vocab, tp.size(), "padded vocabulary") * tp.rank()),
       dropout(drop),
       tp_(tp) {
-  word.init("embedding.word_embeddings.weight", {vocab / tp.size(), h}, dtype, true, 0, false, grad);
-  if (max_positions > 0)
-    position.init("embedding.position_embeddings.weight", {max_positions, h}, dtype, true, -1,
-                  tp.sequence_parallel, grad);
+  WeightSpec w;
+  w.name = "embedding.word_embeddings.weight";
+  w.partition_dim = 0;
+  w.padded_vocab = true;
+  word.init(w, {vocab / tp.size(), h}, dtype, grad);
+  if (max_positions > 0) {
+    WeightSpec p;
+    p.name = "embedding.position_embeddings.weight";
+    p.sequence_parallel = tp.sequence_parallel;
+    position.init(p, {max_positions, h}, dtype, grad);
+  }
+  if (num_tokentypes > 0) {
+    WeightSpec t;
+    t.name = "embedding.tokentype_embeddings.weight";
+    t.sequence_parallel = tp.sequence_parallel;
+    tokentype.init(t, {num_tokentypes, h}, dtype, grad);
+  }
   register_weight(word);
   register_weight(position);
+  register_weight(tokentype);
 }
 
-Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& pos) {
+Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& pos,
+                          const Tensor& types) {
   const int64_t n = tokens.numel(), h = word.f32.size(1);
   const bool learned = position.defined();
   check_ids(tokens, vocab_size, "token id", "is outside the padded vocabulary [0, ",
@@ -126,6 +185,11 @@ Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const T
                "position_ids must be int32 with the tokens' ", n, " elements");
     const int64_t P = position.f32.size(0);
     check_ids(pos, P, "position id", "is outside [0, --max-position-embeddings=", ")");
+  }
+  if (tokentype.defined()) {
+    MG_REQUIRE(types.defined() && types.dtype() == DType::I32 && types.numel() == n,
+               "token-type ids must be int32 with the tokens' ", n, " elements");
+    check_ids(types, tokentype.f32.size(0), "token-type id", "is outside [0, ", ")");
   }
   Communicator& g = tp_.comm();
   Tensor out = Tensor::empty({n, h}, DType::F32, word.f32.device());
@@ -138,6 +202,11 @@ Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const T
     ops::embedding_fwd(p, pos.view({n}).narrow(0, row0, rows), position.f32);
     ops::add(out, out, p);
   }
+  if (tokentype.defined()) {
+    Tensor t = Tensor::empty({rows, h}, DType::F32, out.device());
+    ops::embedding_fwd(t, types.view({n}).narrow(0, row0, rows), tokentype.f32);
+    ops::add(out, out, t);
+  }
   if (ctx.training)
     ctx.for_each_sequence_run(row0, rows, h, [&](int64_t f, int64_t k, uint64_t off) {
       const Tensor o = out.narrow(0, f, k);
@@ -146,6 +215,7 @@ Tensor Embedding::forward(const LayerContext& ctx, const Tensor& tokens, const T
   if (ctx.save) {
     tokens_ = tokens;
     if (learned) position_ids_ = pos;
+    if (tokentype.defined()) tokentype_ids_ = types;
   }
   return out;
 }
@@ -164,25 +234,48 @@ void Embedding::backward(const LayerContext& ctx, const Tensor& dout) {
     const Tensor& pos = position_ids_;
     ops::embedding_bwd(position.param.grad, pos.view({n}).narrow(0, row0, rows), d);
   }
+  if (tokentype.defined()) {
+    const Tensor& types = tokentype_ids_;
+    ops::embedding_bwd(tokentype.param.grad, types.view({n}).narrow(0, row0, rows), d);
+  }
   Communicator& g = tp_.comm();
   d = tp_.sequence_parallel ? ReduceScatterToSequenceParallelRegion::backward(g, d)
                             : ReduceFromTensorParallelRegion::backward(g, d);
   ops::vocab_parallel_embedding_bwd(word.param.grad, tokens, d, vocab_start);
   tokens_.reset();
   position_ids_.reset();
+  tokentype_ids_.reset();
 }
 
 // ---- Output layer and loss --------------------------------------------------------------------
-OutputLayer::OutputLayer(Weight& word, int64_t vocab_size, const TensorParallel& tp)
-    : weight_(&word), vocab_size_(vocab_size), tp_(tp) {}
+OutputLayer::OutputLayer(Weight& word, int64_t vocab_size, const TensorParallel& tp, bool bias_,
+                         DType dtype, bool grad)
+    : weight_(&word), vocab_size_(vocab_size), tp_(tp) {
+  if (bias_) init_bias(dtype, grad);
+}
 
 OutputLayer::OutputLayer(int64_t vocab_size, int64_t h, DType dtype, const TensorParallel& tp,
-                         bool shared, bool grad)
+                         bool shared, bool grad, bool bias_)
     : weight_(&own_), vocab_size_(vocab_size), tp_(tp) {
-  own_.init("output_layer.weight", {local_size(vocab_size, tp.size(), "padded vocabulary"), h},
-            dtype, true, 0, false, grad);
-  own_.param.shared = shared;
+  WeightSpec w;
+  w.name = "output_layer.weight";
+  w.partition_dim = 0;
+  w.padded_vocab = true;
+  w.shared = shared;
+  own_.init(w, {local_size(vocab_size, tp.size(), "padded vocabulary"), h}, dtype, grad);
   register_weight(own_);
+  if (bias_) init_bias(dtype, grad);
+}
+
+void OutputLayer::init_bias(DType dtype, bool grad) {
+  WeightSpec b;
+  b.name = "output_layer.bias";
+  b.init = InitMethod::zeros;
+  b.weight_decay = false;
+  b.partition_dim = 0;
+  b.padded_vocab = true;
+  bias.init(b, {local_size(vocab_size_, tp_.size(), "padded vocabulary")}, dtype, grad);
+  register_weight(bias);
 }
 
 Tensor OutputLayer::input_region(const Tensor& x) const {
@@ -213,6 +306,7 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
     Tensor z = logits_buf_.narrow(0, 0, r);
     const Tensor xr = xin.narrow(0, r0, r);
     ops::gemm(xr, false, W, true, z);
+    if (bias.defined()) ops::bias_add(z, bias.f32);
     Tensor dz = z;
     if (tp_.size() == 1) {  // fused single-rank softmax cross entropy, dlogits in place
       ops::softmax_xent_fwd_bwd(z, loss.narrow(0, r0, r), labels.narrow(0, r0, r),
@@ -228,6 +322,7 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
       xent_ = {};
     }
     if (dx) {
+      if (bias.defined()) ops::bias_grad(bias.param.grad, dz);
       ops::gemm(dz, false, W, false, dxin.narrow(0, r0, r));  // partial over vocabulary shards
       ops::gemm(dz, true, xr, false, weight_->param.grad, 1.0f, 1.0f);
     }
@@ -242,6 +337,7 @@ Tensor OutputLayer::logits(const Tensor& x) {
   const Tensor xin = input_region(x);
   Tensor z = Tensor::empty({xin.size(0), weight_->f32.size(0)}, DType::F32, xin.device());
   ops::gemm(xin, false, weight_->f32, true, z);
+  if (bias.defined()) ops::bias_add(z, bias.f32);
   return tp::gather_from_tensor_model_parallel_region(tp_.comm(), z);
 }
 

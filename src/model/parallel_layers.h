@@ -38,6 +38,9 @@ struct LinearOptions {
   // fc1 is [gate; up]: every rank holds its rows of both, Parameter::partition_parts).
   int parts = 1;
   bool grad = true;  // allocate gradients (training); false for inference
+  // The weight's initial distribution (the bias is zeros): N(0, std), or the scaled one of
+  // Megatron's output projections (linear_proj, linear_fc2).
+  InitMethod init = InitMethod::normal;
 };
 
 class LinearBase : public Module {
@@ -88,54 +91,83 @@ class RowParallelLinear : public LinearBase {
   }
 };
 
-// Word embeddings, plus learned absolute position embeddings when the model has them, then hidden
-// dropout (Megatron's LanguageModelEmbedding). The word table is vocab-parallel: TP rank r holds
-// rows [r*V/T, (r+1)*V/T) of the padded vocabulary; ids of other ranks give zero rows and the
-// partial sums are all-reduced, or reduce-scattered to the sequence shard under sequence
-// parallelism, where the position embedding is then added to the local rows only (its gradient is
-// a partial sum, marked sequence_parallel). The word table is also a tied output layer's weight.
+// y = x W^T + b with the whole weight [out, in] on every rank (torch.nn.Linear, Megatron's
+// get_linear_layer): the heads outside the tensor-parallel blocks (BERT's lm_head.dense, pooler,
+// binary head). Weight N(0, --init-method-std), bias zeros. With partial_grad the rows are this
+// rank's sequence shard, so the gradients are partial sums over the tensor-parallel group
+// (WeightSpec::sequence_parallel).
+class Linear : public Module {
+ public:
+  Linear(const std::string& prefix, int64_t in, int64_t out, DType dtype, bool partial_grad,
+         bool grad = true);
+  Tensor forward(const LayerContext& ctx, const Tensor& x);    // [N, in] -> [N, out]
+  Tensor backward(const LayerContext& ctx, const Tensor& dy);  // -> dx; grads +=
+  Weight weight, bias;
+
+ private:
+  SavedTensor x_{this, "x", "[N, in] input (the caller's)"};
+};
+
+// Word embeddings, plus learned absolute position embeddings when the model has them, plus
+// token-type (segment) embeddings when it has them (BERT), then hidden dropout (Megatron's
+// LanguageModelEmbedding). The word table is vocab-parallel: TP rank r holds rows
+// [r*V/T, (r+1)*V/T) of the padded vocabulary; ids of other ranks give zero rows and the partial
+// sums are all-reduced, or reduce-scattered to the sequence shard under sequence parallelism,
+// where the position and token-type embeddings are then added to the local rows only (their
+// gradients are partial sums, marked sequence_parallel). The word table is also a tied output
+// layer's weight.
 class Embedding : public Module {
  public:
-  // max_positions 0: no position table (rotary, ALiBi or no position embedding).
+  // max_positions 0: no position table (rotary, ALiBi or no position embedding); num_tokentypes
+  // 0: no token-type table.
   Embedding(int64_t vocab, int64_t max_positions, int64_t h, float dropout, DType dtype,
-            const TensorParallel& tp = TensorParallel::none(), bool grad = true);
+            const TensorParallel& tp = TensorParallel::none(), bool grad = true,
+            int64_t num_tokentypes = 0);
   // -> [N, h], or [N/T, h] (this rank's sequence shard) under sequence parallelism. position_ids
-  // is read only with a position table.
-  Tensor forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& position_ids);
+  // is read only with a position table, tokentype_ids only with a token-type table (required
+  // then).
+  Tensor forward(const LayerContext& ctx, const Tensor& tokens, const Tensor& position_ids,
+                 const Tensor& tokentype_ids = Tensor());
   void backward(const LayerContext& ctx, const Tensor& dout);  // grads +=
   int64_t vocab_size, vocab_start;  // padded global vocabulary; first row held here
-  Weight word, position;            // position undefined without a table
+  Weight word, position, tokentype;  // position / tokentype undefined without a table
   float dropout;
 
  private:
   TensorParallel tp_;
   SavedTensor tokens_{this, "tokens", "[b, s] int32 (the caller's)"};
   SavedTensor position_ids_{this, "position_ids", "[b, s] int32 (the caller's)"};
+  SavedTensor tokentype_ids_{this, "tokentype_ids", "[b, s] int32 (the caller's)"};
 };
 
-// The output layer (column-parallel over the vocabulary, weight [V/T, h]) and the loss: logits
-// stay vocab-sharded and go through vocab-parallel cross entropy, in row chunks so at most
-// [chunk, V/T] logits exist at a time. Its weight is the word embedding's (tied) or its own
-// "output_layer.weight": untied (--untie-embeddings-and-output-weights), or, tied on the last
-// pipeline stage, a copy of the first stage's table (Parameter::shared).
+// The output layer (column-parallel over the vocabulary, weight [V/T, h], optionally a bias [V/T])
+// and the loss: logits stay vocab-sharded and go through vocab-parallel cross entropy, in row
+// chunks so at most [chunk, V/T] logits exist at a time. Its weight is the word embedding's
+// (tied) or its own "output_layer.weight": untied (--untie-embeddings-and-output-weights), or,
+// tied on the last pipeline stage, a copy of the first stage's table (WeightSpec::shared). BERT's
+// output layer has a bias ("output_layer.bias", sharded with the vocabulary).
 class OutputLayer : public Module {
  public:
   // Tied to `word` (an Embedding's table in the same model chunk).
-  OutputLayer(Weight& word, int64_t vocab_size, const TensorParallel& tp);
+  OutputLayer(Weight& word, int64_t vocab_size, const TensorParallel& tp, bool bias = false,
+              DType dtype = DType::F32, bool grad = true);
   // Its own weight [V/T, h]: `shared` marks the last stage's copy of a tied table.
   OutputLayer(int64_t vocab_size, int64_t h, DType dtype, const TensorParallel& tp, bool shared,
-              bool grad = true);
+              bool grad = true, bool bias = false);
   // Per-token losses [N] of final hidden states x ([N, h], or the [N/T, h] shard under sequence
   // parallelism) against labels [N] int32 (loss_mask [N] fp32). When dx is non-null it receives
-  // d(grad_scale * sum(loss * mask))/dx (x's shape) and the weight's grad is accumulated (+=).
+  // d(grad_scale * sum(loss * mask))/dx (x's shape) and the weight's (and bias') grad is
+  // accumulated (+=).
   Tensor loss(const Tensor& x, const Tensor& labels, const Tensor& loss_mask, float grad_scale,
               Tensor* dx);
   // Full logits [N, V] (gathered over the vocabulary shards: generation and tests, not training).
   Tensor logits(const Tensor& x);
   Weight& weight() { return *weight_; }
   bool owns_weight() const { return own_.defined(); }
+  Weight bias;  // undefined without one
 
  private:
+  void init_bias(DType dtype, bool grad);
   Tensor input_region(const Tensor& x) const;  // all-gather of the sequence shard under SP
   Weight own_;
   Weight* weight_;

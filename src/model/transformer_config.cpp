@@ -6,11 +6,13 @@
 #include "core/error.h"
 #include "model/context_parallel.h"
 #include "model/layer_spec.h"
+#include "model/model_family.h"
 
 namespace megatron::model {
 
 // Every serialised field, in the order metadata.json lists them.
 #define MG_TRANSFORMER_CONFIG_FIELDS(X)                                                       \
+  X(model_family) X(bert_binary_head)                                                         \
   X(num_layers) X(hidden_size) X(num_attention_heads) X(ffn_hidden_size) X(kv_channels)       \
   X(num_query_groups) X(seq_length) X(max_position_embeddings) X(padded_vocab_size)           \
   X(normalization) X(layernorm_epsilon) X(apply_layernorm_1p) X(activation)                   \
@@ -58,6 +60,7 @@ std::string activation_from_flags(bool swiglu, bool squared_relu, bool openai_ge
 }
 
 void TransformerConfig::validate() const {
+  model_family_of(*this).validate(*this);  // an unknown family is an error listing the known ones
   MG_REQUIRE(num_layers > 0, "--num-layers must be > 0 (got ", num_layers, ")");
   MG_REQUIRE(hidden_size > 0, "--hidden-size must be > 0 (got ", hidden_size, ")");
   MG_REQUIRE(num_attention_heads > 0, "--num-attention-heads must be > 0");

@@ -20,6 +20,12 @@
 namespace megatron::model {
 
 struct TransformerConfig {
+  // ---- the model family (model_family.h): "gpt" (decoder-only language model) or "bert"
+  // (bidirectional encoder with the masked-LM head, and the pooler and sentence-order head
+  // unless bert_binary_head is false: --bert-no-binary-head).
+  std::string model_family = "gpt";
+  bool bert_binary_head = true;
+
   // ---- sizes
   int num_layers = 0, hidden_size = 0, num_attention_heads = 0;
   int ffn_hidden_size = 0;  // 0 -> 4h

@@ -5,7 +5,9 @@ namespace megatron::model {
 
 namespace {
 
-std::string layer_prefix(int i) { return "decoder.layers." + std::to_string(i); }
+std::string layer_prefix(const std::string& block, int i) {
+  return block + ".layers." + std::to_string(i);
+}
 
 NormOptions norm_options(const TransformerConfig& cfg, const TensorParallel& tp, bool grad) {
   NormOptions o;
@@ -49,21 +51,33 @@ const Tensor& bias_grad_of(const Weight& w) {
 
 TransformerLayer::TransformerLayer(int idx, const TransformerConfig& cfg,
                                    const TransformerLayerSpec& spec, const TensorParallel& tp_,
-                                   const ContextParallel& cp, bool grad)
+                                   const ContextParallel& cp, bool grad,
+                                   const std::string& block)
     : index(idx),
       hidden_dropout(cfg.hidden_dropout),
       tp(tp_),
-      input_layernorm(layer_prefix(idx) + ".input_layernorm", cfg.hidden_size,
+      input_layernorm(layer_prefix(block, idx) + ".input_layernorm", cfg.hidden_size,
                       *spec.input_layernorm, cfg.params_dtype, norm_options(cfg, tp_, grad)),
-      self_attention(layer_prefix(idx) + ".self_attention", cfg, spec.self_attention, idx, tp_, cp,
+      self_attention(layer_prefix(block, idx) + ".self_attention", cfg, spec.self_attention, idx, tp_, cp,
                      grad),
-      pre_mlp_layernorm(layer_prefix(idx) + ".pre_mlp_layernorm", cfg.hidden_size,
+      pre_mlp_layernorm(layer_prefix(block, idx) + ".pre_mlp_layernorm", cfg.hidden_size,
                         *spec.pre_mlp_layernorm, cfg.params_dtype, norm_options(cfg, tp_, grad)),
-      mlp(layer_prefix(idx) + ".mlp", cfg, spec.mlp, tp_, grad) {
+      mlp(layer_prefix(block, idx) + ".mlp", cfg, spec.mlp, tp_, grad) {
   register_child(input_layernorm);
   register_child(self_attention);
   register_child(pre_mlp_layernorm);
   register_child(mlp);
+  MG_CHECK(parameters().size() == count_parameters(cfg, spec), "TransformerLayer::count_parameters "
+           "disagrees with the layer built from the same spec");
+}
+
+size_t TransformerLayer::count_parameters(const TransformerConfig& cfg,
+                                          const TransformerLayerSpec& spec) {
+  auto norm = [](const NormKind* k) { return size_t(k->has_bias ? 2 : 1); };
+  const size_t linear = cfg.add_bias_linear ? 2 : 1;
+  return norm(spec.input_layernorm) + (cfg.qkv_bias() ? 2 : 1) +
+         (spec.self_attention.qk_norm ? 2 * norm(spec.self_attention.qk_norm) : 0) + linear +
+         norm(spec.pre_mlp_layernorm) + 2 * linear;
 }
 
 Tensor TransformerLayer::forward(const LayerContext& ctx, const Tensor& x) {

@@ -18,10 +18,15 @@ namespace megatron::model {
 
 class TransformerLayer : public Module {
  public:
-  // index: the global layer number (parameter names decoder.layers.<index>., dropout streams).
+  // index: the global layer number (parameter names <block>.layers.<index>., dropout streams);
+  // block: the name of the transformer block holding it ("decoder", "encoder").
   TransformerLayer(int index, const TransformerConfig& cfg, const TransformerLayerSpec& spec,
                    const TensorParallel& tp = TensorParallel::none(),
-                   const ContextParallel& cp = ContextParallel::none(), bool grad = true);
+                   const ContextParallel& cp = ContextParallel::none(), bool grad = true,
+                   const std::string& block = "decoder");
+  // The number of parameters a layer of `spec` has (its parameters().size()), without building
+  // it: the initialisation streams of a model count the parameters of the layers before a chunk.
+  static size_t count_parameters(const TransformerConfig& cfg, const TransformerLayerSpec& spec);
   // Rows R = N, or N/T (this rank's sequence shard) under sequence parallelism.
   Tensor forward(const LayerContext& ctx, const Tensor& x);    // -> [R, h]
   Tensor backward(const LayerContext& ctx, const Tensor& dy);  // -> dx [R, h]

@@ -13,7 +13,7 @@
 //   4. all-gather of the parameter buffer, so every rank holds every updated parameter
 //      (ParamAndGradBuffer::start_param_sync). With --overlap-param-gather the gathers are only
 //      launched here and overlap the next forward pass, which waits for each bucket just before
-//      the first layer that uses it (GPTModel / GPTStageModel forward pre-hook ->
+//      the first layer that uses it (GPTModel / StageModel forward pre-hook ->
 //      ParamAndGradBuffer::wait_params); other readers call finish_param_sync() first, and so
 //      does step() itself before it touches the shard.
 // The update is elementwise, so with the same reduced gradients it equals the unsharded

@@ -1,4 +1,4 @@
-// Executes a pipeline schedule on a GPTStageModel with non-blocking point-to-point transfers
+// Executes a pipeline schedule on a StageModel with non-blocking point-to-point transfers
 // (see forward_backward.h).
 #include "pipeline/forward_backward.h"
 
@@ -8,8 +8,8 @@
 
 namespace megatron::pipeline {
 
-using model::GPTInputs;
-using model::GPTStageModel;
+using model::Batch;
+using model::StageModel;
 using model::Parameter;
 using model::ParameterList;
 
@@ -63,7 +63,7 @@ struct PendingSend {
 // Sets a chunk's grad-ready hook for one backward pass (cleared on exit, errors included).
 class HookScope {
  public:
-  HookScope(model::GPTModel& chunk, model::GradReadyHook hook) : chunk_(chunk) {
+  HookScope(model::ModelChunk& chunk, model::GradReadyHook hook) : chunk_(chunk) {
     chunk_.set_grad_ready_hook(std::move(hook));
   }
   ~HookScope() { chunk_.set_grad_ready_hook({}); }
@@ -71,10 +71,10 @@ class HookScope {
   HookScope& operator=(const HookScope&) = delete;
 
  private:
-  model::GPTModel& chunk_;
+  model::ModelChunk& chunk_;
 };
 
-void check_microbatches(const std::vector<GPTInputs>& mbs) {
+void check_microbatches(const std::vector<Batch>& mbs) {
   MG_REQUIRE(!mbs.empty(), "forward_backward: no micro-batches");
   const Tensor& t0 = mbs.front().tokens;
   MG_REQUIRE(t0.defined() && t0.dim() == 2, "forward_backward: micro-batch 0 has no [batch, seq] "
@@ -90,7 +90,7 @@ void check_microbatches(const std::vector<GPTInputs>& mbs) {
 
 }  // namespace
 
-ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTInputs>& mbs,
+ForwardBackwardResult run_schedule(StageModel& model, const std::vector<Batch>& mbs,
                                    const Schedule& s, const ForwardBackwardOptions& opt) {
   check_microbatches(mbs);
   Communicator& pp = model.pipeline_group();
@@ -149,8 +149,8 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
   fwd.grad_scale = opt.grad_scale;
   for (size_t i = 0; i < s.steps.size(); ++i) {
     const Step& st = s.steps[i];
-    model::GPTModel& chunk = model.chunk(st.chunk);
-    const GPTInputs& in = mbs[size_t(st.microbatch)];
+    model::ModelChunk& chunk = model.chunk(st.chunk);
+    const Batch& in = mbs[size_t(st.microbatch)];
     if (st.pass == Pass::Forward) {
       MG_CHECK(st.recv != chunk.pre_process() && st.send != chunk.post_process(),
                "schedule step ", i, " disagrees with chunk ", st.chunk, "'s stage");
@@ -164,6 +164,11 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
       if (chunk.post_process()) {
         res.loss_sum += loss.loss_sum;
         res.num_tokens += loss.num_tokens;
+        res.more.resize(std::max(res.more.size(), loss.more.size()));
+        for (size_t k = 0; k < loss.more.size(); ++k) {
+          res.more[k].sum += loss.more[k].sum;
+          res.more[k].count += loss.more[k].count;
+        }
       }
       if (st.send) sends.push_back({y, pp.send_async(y, next, kActivationTag)});
     } else {
@@ -190,14 +195,23 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
     MG_CHECK(model.chunk(c).in_flight() == 0, "chunk ", c, " still holds ",
              model.chunk(c).in_flight(), " micro-batches after the schedule");
 
-  // The loss lives on the last stage; every rank of the pipeline group gets it.
+  // The losses live on the last stage; every rank of the pipeline group gets them (every stage
+  // knows how many the family has).
   if (P > 1) {
-    Tensor loss = Tensor::empty({2}, DType::F64);
-    loss.data<double>()[0] = res.loss_sum;
-    loss.data<double>()[1] = res.num_tokens;
+    const size_t terms = model.chunk(0).loss_names().size();
+    res.more.resize(terms - 1);
+    Tensor loss = Tensor::empty({int64_t(2 * terms)}, DType::F64);
+    double* v = loss.data<double>();
+    v[0] = res.loss_sum;
+    v[1] = res.num_tokens;
+    for (size_t k = 1; k < terms; ++k) {
+      v[2 * k] = res.more[k - 1].sum;
+      v[2 * k + 1] = res.more[k - 1].count;
+    }
     pp.broadcast(loss, P - 1);
-    res.loss_sum = loss.data<double>()[0];
-    res.num_tokens = loss.data<double>()[1];
+    res.loss_sum = v[0];
+    res.num_tokens = v[1];
+    for (size_t k = 1; k < terms; ++k) res.more[k - 1] = {v[2 * k], v[2 * k + 1]};
   }
 
   if (hooked) {
@@ -210,15 +224,15 @@ ForwardBackwardResult run_schedule(GPTStageModel& model, const std::vector<GPTIn
   return res;
 }
 
-ForwardBackwardResult forward_backward(GPTStageModel& model, const std::vector<GPTInputs>& mbs,
+ForwardBackwardResult forward_backward(StageModel& model, const std::vector<Batch>& mbs,
                                        const ForwardBackwardOptions& opt) {
   const Schedule s = make_schedule(model.pipeline_size(), model.pipeline_rank(), int(mbs.size()),
                                    model.num_chunks(), opt.forward_only);
   return run_schedule(model, mbs, s, opt);
 }
 
-ForwardBackwardResult forward_backward_no_pipelining(GPTStageModel& model,
-                                                     const std::vector<GPTInputs>& mbs,
+ForwardBackwardResult forward_backward_no_pipelining(StageModel& model,
+                                                     const std::vector<Batch>& mbs,
                                                      const ForwardBackwardOptions& opt) {
   MG_REQUIRE(model.pipeline_size() == 1 && model.num_chunks() == 1,
              "forward_backward_no_pipelining needs --pipeline-model-parallel-size 1 (got ",
@@ -227,7 +241,7 @@ ForwardBackwardResult forward_backward_no_pipelining(GPTStageModel& model,
 }
 
 ForwardBackwardResult forward_backward_pipelining_without_interleaving(
-    GPTStageModel& model, const std::vector<GPTInputs>& mbs, const ForwardBackwardOptions& opt) {
+    StageModel& model, const std::vector<Batch>& mbs, const ForwardBackwardOptions& opt) {
   MG_REQUIRE(model.num_chunks() == 1, "the non-interleaved 1F1B schedule needs one model chunk "
              "per rank (got ", model.num_chunks(), "); use the interleaved schedule");
   return run_schedule(model, mbs,
@@ -237,7 +251,7 @@ ForwardBackwardResult forward_backward_pipelining_without_interleaving(
 }
 
 ForwardBackwardResult forward_backward_pipelining_with_interleaving(
-    GPTStageModel& model, const std::vector<GPTInputs>& mbs, const ForwardBackwardOptions& opt) {
+    StageModel& model, const std::vector<Batch>& mbs, const ForwardBackwardOptions& opt) {
   return run_schedule(model, mbs,
                       interleaved_schedule(model.pipeline_size(), model.pipeline_rank(),
                                            int(mbs.size()), model.num_chunks(), opt.forward_only),

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/safetensors.h"
+#include "model/weight_spec.h"
 #include "training/checkpoint_files.h"
 #include "training/torch_checkpoint.h"
 
@@ -351,16 +352,16 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
   if (optimizer != nullptr)
     optimizer_meta = detail::save_optimizer_files(tmp_dir, *optimizer, rank, files);
   if (writes_model || writes_optim) fsync_path(tmp_dir / rank_dir, true);
-  json partition_dims = json::object();
+  json weights = json::object();  // every saved parameter's spec (model/parameter.h)
   for (const model::Parameter* p : params)
-    if (!p->shared) partition_dims[p->name] = p->partition_dim;
+    if (!p->shared) weights[p->name] = model::weight_spec_to_json(*p);
   if (multi) {  // rank 0 lists every rank's files (and every pipeline stage's parameters)
-    const json mine = {{"files", files}, {"partition_dims", partition_dims}};
+    const json mine = {{"files", files}, {"weights", weights}};
     const std::vector<std::string> all = all_gather_strings(*rank.world, mine.dump());
     for (const std::string& f : all) {
       const json j = json::parse(f);
       files.update(j["files"]);
-      partition_dims.update(j["partition_dims"]);
+      weights.update(j["weights"]);
     }
   }
 
@@ -385,8 +386,8 @@ fs::path save_checkpoint(const fs::path& save_dir, const CheckpointState& state,
     meta["parallel"] = {{"tensor_model_parallel_size", rank.tp_size},
                         {"pipeline_model_parallel_size", rank.pp_size},
                         {"virtual_pipeline_model_parallel_size", rank.vp_size},
-                        {"data_parallel_size", rank.dp_size},
-                        {"partition_dims", partition_dims}};
+                        {"data_parallel_size", rank.dp_size}};
+    meta["weights"] = weights;
     meta["args"] = state.args;
     meta["files"] = files;
     detail::write_metadata(tmp_dir, meta.dump(2) + "\n");
@@ -475,8 +476,9 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
   MG_REQUIRE(j.contains("format_version") && j["format_version"].is_number_integer(), label,
              ": no format_version (not a megatron.cpp training checkpoint?)");
   const int64_t version = j["format_version"].get<int64_t>();
-  MG_REQUIRE(version == kCheckpointFormatVersion, label, ": format_version ", version,
-             " is not supported (this build reads version ", kCheckpointFormatVersion, ")");
+  MG_REQUIRE(version == kCheckpointFormatVersion || version == 2, label, ": format_version ",
+             version, " is not supported (this build reads versions 2 and ",
+             kCheckpointFormatVersion, ")");
   c.state = state_from_json(j, label);
   MG_REQUIRE(j.contains("files") && j["files"].is_object(), label, ": missing \"files\" checksums");
   c.files = j["files"];

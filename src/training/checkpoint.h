@@ -30,7 +30,7 @@
 // metadata.json and the tracker by world rank 0 once every rank's files are complete.
 //
 // metadata.json, abridged:
-//   {"format_version": 2, "iteration": 500, "consumed_train_samples": 4000,
+//   {"format_version": 3, "iteration": 500, "consumed_train_samples": 4000,
 //    "consumed_valid_samples": 640,
 //    "grad_scaler": {"scale": 65536.0, "growth_tracker": 12, "hysteresis_tracker": 2},
 //    "opt_param_scheduler": {"max_lr": 3e-4, "min_lr": 3e-5, "lr_warmup_steps": 800,
@@ -40,8 +40,11 @@
 //    "optimizer": {"type": "adam", "distributed": false},   (null with --no-save-optim)
 //    "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
 //                 "virtual_pipeline_model_parallel_size": 1,
-//                 "data_parallel_size": 2, "partition_dims": {"<param>": 0, ...}},
-//                                                      (absent in single-rank checkpoints of old)
+//                 "data_parallel_size": 2},          (absent in single-rank checkpoints of old)
+//    "weights": {"<param>": {"init": "normal", "weight_decay": true, "partition_dim": 0,
+//                "partition_parts": 1, "padded_vocab": true, "sequence_parallel": false,
+//                "shared": false, "grad_reduction": "data_parallel"}, ...},
+//                                                      (model/parameter.h WeightSpec; format 3)
 //    "args": {...every TrainingArgs field...},
 //    "files": {"mp_rank_00/model.safetensors": {"bytes": 123, "sha256": "..."}, ...}}
 //
@@ -70,7 +73,9 @@
 
 namespace megatron::training {
 
-inline constexpr int kCheckpointFormatVersion = 2;
+// 3: metadata.json records every weight's spec ("weights"); 2 (read too) recorded only the
+// partition dims (the rest follows from the model the args describe).
+inline constexpr int kCheckpointFormatVersion = 3;
 
 // Counter-based dropout RNG: masks are a pure function of (seed, offset); the trainer advances
 // the offset by one per micro-batch.
@@ -171,7 +176,7 @@ void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank&
 // Reads this rank's model.safetensors (size and SHA-256 verified) into the parameters: every
 // parameter must be present with its shape; the dtype must match unless allow_dtype_conversion.
 // Parameter::shared replicas (the last pipeline stage's tied output_layer.weight) are neither
-// saved nor loaded: the caller copies them from their owner (GPTStageModel::sync_shared_embedding).
+// saved nor loaded: the caller copies them from their owner (StageModel::sync_shared_embedding).
 void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
                         bool allow_dtype_conversion, const CheckpointRank& rank = {});
 

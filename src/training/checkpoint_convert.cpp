@@ -7,8 +7,10 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
-#include "model/gpt_stage.h"
+#include "model/stage_model.h"
 #include "model/tensor_parallel.h"
+#include "model/model_settings.h"
+#include "model/weight_spec.h"
 #include "optim/optimizer.h"
 #include "training/checkpoint_files.h"
 #include "training/hf_checkpoint_internal.h"
@@ -24,13 +26,12 @@ namespace {
 const char* const kWordEmbedding = "embedding.word_embeddings.weight";
 const char* const kOutputLayer = "output_layer.weight";
 
-bool ends_with(const std::string& s, const char* suffix) { return s.ends_with(suffix); }
-
-// The global layer number of a "decoder.layers.<i>." name, or -1.
+// The global layer number of a "<block>.layers.<i>." name, or -1.
 int layer_of(const std::string& name) {
-  const std::string prefix = "decoder.layers.";
-  if (!name.starts_with(prefix)) return -1;
-  size_t i = prefix.size(), end = i;
+  const std::string infix = ".layers.";
+  const size_t at = name.find(infix);
+  if (at == std::string::npos || at == 0) return -1;
+  size_t i = at + infix.size(), end = i;
   while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
   if (end == i || end >= name.size() || name[end] != '.') return -1;
   return std::stoi(name.substr(i, end - i));
@@ -57,14 +58,6 @@ const json* model_arg(const json& args, const char* key) {
   return nullptr;
 }
 
-// The MLP is gated (SwiGLU): every linear_fc1 shard is [gate_r; up_r].
-bool uses_swiglu(const json& args) {
-  const json* s = model_arg(args, "swiglu");
-  if (s && s->is_boolean() && s->get<bool>()) return true;
-  const json* a = model_arg(args, "activation");
-  return a && a->is_string() && a->get<std::string>() == "swiglu";
-}
-
 // output_layer.weight is a parameter of its own, not the last stage's copy of the word embedding.
 bool untied_output(const json& args) {
   const json* u = model_arg(args, "untie_embeddings_and_output_weights");
@@ -89,21 +82,42 @@ const std::vector<std::string>& moment_kinds(const std::string& type) {
 
 }  // namespace
 
-ShardRule shard_rule(const std::string& name, std::optional<int> partition_dim, bool swiglu) {
-  ShardRule r;
-  if (partition_dim) {
-    r.dim = *partition_dim;
-  } else if (name == kWordEmbedding || name == kOutputLayer ||
-             ends_with(name, "linear_qkv.weight") || ends_with(name, "linear_qkv.bias") ||
-             ends_with(name, "linear_fc1.weight") || ends_with(name, "linear_fc1.bias")) {
-    r.dim = 0;
-  } else if (ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight")) {
-    r.dim = 1;
+ShardRule shard_rule(const model::WeightSpec& spec) {
+  return {spec.partition_dim, spec.partition_dim >= 0 ? spec.partition_parts : 1,
+          spec.partition_dim == 0 && spec.padded_vocab};
+}
+
+std::map<std::string, model::WeightSpec> config_weight_specs(const model::TransformerConfig& cfg) {
+  return model::model_weight_specs(cfg);
+}
+
+std::map<std::string, model::WeightSpec> checkpoint_weight_specs(const CheckpointOnDisk& ckpt,
+                                                                 const json& metadata) {
+  const std::string label = (ckpt.dir / "metadata.json").string();
+  if (metadata.is_object() && metadata.contains("weights")) {
+    const json& rec = metadata["weights"];
+    MG_REQUIRE(rec.is_object(), label, ": \"weights\" is not an object");
+    std::map<std::string, model::WeightSpec> out;
+    for (const auto& [name, r] : rec.items())
+      out.emplace(name, model::weight_spec_from_json(name, r, label));
+    return out;
   }
-  r.vocab = r.dim == 0 && (name == kWordEmbedding || name == kOutputLayer);
-  r.swiglu = swiglu && r.dim == 0 &&
-             (ends_with(name, "linear_fc1.weight") || ends_with(name, "linear_fc1.bias"));
-  return r;
+  // No record: the model the arguments describe (ours or Megatron-LM's), which must agree with
+  // any partition dims the checkpoint recorded (format 2).
+  std::map<std::string, model::WeightSpec> out =
+      config_weight_specs(model::config_from_checkpoint_args(ckpt.state.args).config);
+  if (metadata.is_object() && metadata.contains("parallel") && metadata["parallel"].is_object() &&
+      metadata["parallel"].contains("partition_dims") &&
+      metadata["parallel"]["partition_dims"].is_object())
+    for (const auto& [name, d] : metadata["parallel"]["partition_dims"].items()) {
+      auto it = out.find(name);
+      MG_REQUIRE(it != out.end(), label, ": tensor '", name, "' is not a parameter of the model "
+                 "its args describe");
+      MG_REQUIRE(d.is_number_integer() && d.get<int>() == it->second.partition_dim, label,
+                 ": partition dim ", d.dump(), " of '", name, "' disagrees with the model's ",
+                 it->second.partition_dim);
+    }
+  return out;
 }
 
 Tensor merge_shards(const std::vector<Tensor>& shards, const ShardRule& rule) {
@@ -119,13 +133,14 @@ Tensor merge_shards(const std::vector<Tensor>& shards, const ShardRule& rule) {
   Shape full = s0.shape();
   full[size_t(d)] = n * T;
   Tensor out = Tensor::empty(full, s0.dtype());
-  if (rule.swiglu) {  // shard r = [gate_r; up_r]: gate rows first, then up rows
-    MG_REQUIRE(n % 2 == 0, "SwiGLU linear_fc1 shard of ", n, " rows is not [gate; up]");
-    const int64_t h = n / 2;
-    for (int64_t r = 0; r < T; ++r) {
-      out.narrow(0, r * h, h).copy_(shards[size_t(r)].narrow(0, 0, h));
-      out.narrow(0, T * h + r * h, h).copy_(shards[size_t(r)].narrow(0, h, h));
-    }
+  if (rule.parts > 1) {  // shard r = [block_0 piece r; block_1 piece r; ...]
+    MG_REQUIRE(n % rule.parts == 0, "a shard of ", n, " rows along dimension ", d,
+               " is not ", rule.parts, " equal blocks");
+    const int64_t piece = n / rule.parts;
+    for (int64_t r = 0; r < T; ++r)
+      for (int b = 0; b < rule.parts; ++b)
+        out.narrow(d, b * T * piece + r * piece, piece)
+            .copy_(shards[size_t(r)].narrow(d, b * piece, piece));
     return out;
   }
   for (int64_t r = 0; r < T; ++r) out.narrow(d, r * n, n).copy_(shards[size_t(r)]);
@@ -134,19 +149,7 @@ Tensor merge_shards(const std::vector<Tensor>& shards, const ShardRule& rule) {
 
 Tensor split_shard(const Tensor& full, const ShardRule& rule, int rank, int size) {
   if (rule.dim < 0 || size == 1) return full;
-  if (rule.swiglu) {
-    const int64_t rows = full.size(0);
-    MG_REQUIRE(rows % (2 * size) == 0, "SwiGLU linear_fc1 of ", rows,
-               " rows cannot be split into [gate; up] for ", size, " tensor-parallel ranks");
-    const int64_t h = rows / 2 / size;
-    Shape s = full.shape();
-    s[0] = 2 * h;
-    Tensor out = Tensor::empty(s, full.dtype());
-    out.narrow(0, 0, h).copy_(full.narrow(0, rank * h, h));
-    out.narrow(0, h, h).copy_(full.narrow(0, rows / 2 + rank * h, h));
-    return out;
-  }
-  return model::shard_along(full, rule.dim, rank, size);
+  return model::shard_along(full, rule.dim, rank, size, rule.parts);
 }
 
 Tensor repad_rows(const Tensor& table, int64_t rows, bool zero_fill) {
@@ -174,13 +177,8 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
   m.metadata = read_metadata(ckpt);
   const std::string meta_label = (ckpt.dir / "metadata.json").string();
   const int T = ckpt.parallel.tensor_model_parallel_size, P = ckpt.parallel.pipeline_model_parallel_size;
-  const bool swiglu = uses_swiglu(ckpt.state.args);
   const bool untied = untied_output(ckpt.state.args);
-  json dims = json::object();
-  if (m.metadata.contains("parallel") && m.metadata["parallel"].is_object() &&
-      m.metadata["parallel"].contains("partition_dims") &&
-      m.metadata["parallel"]["partition_dims"].is_object())
-    dims = m.metadata["parallel"]["partition_dims"];
+  m.specs = checkpoint_weight_specs(ckpt, m.metadata);
   const bool optim = with_optimizer && has_optimizer_state(ckpt);
   if (optim) m.optimizer_type = ckpt.state.optimizer_type;
   MG_REQUIRE(!optim || m.optimizer_type == "adam" || m.optimizer_type == "sgd", meta_label,
@@ -257,12 +255,11 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
     }
   }
   if (step) m.optimizer_step = *step;
-  bool inferred = false;
   for (auto& [name, kinds] : shards) {
-    std::optional<int> d;
-    if (dims.contains(name) && dims[name].is_number_integer()) d = dims[name].get<int>();
-    inferred = inferred || (!d && T > 1);
-    const ShardRule rule = shard_rule(name, d, swiglu);
+    auto spec = m.specs.find(name);
+    MG_REQUIRE(spec != m.specs.end(), meta_label, ": tensor '", name, "' has no weight record (",
+               "not a parameter of the model the checkpoint's args describe)");
+    const ShardRule rule = shard_rule(spec->second);
     const Tensor& first = kinds["param"][0];
     MG_REQUIRE(rule.dim < first.dim(), meta_label, ": partition dim ", rule.dim, " of '", name,
                "' but the tensor is ", shape_str(first.shape()));
@@ -277,9 +274,6 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
         m.optimizer[kind][name] = full;
     }
   }
-  if (inferred)
-    m.notes.push_back("some parameters had no partition dim in metadata.json; their split was "
-                      "taken from the Megatron-Core parameter name");
   auto emb = m.model.find(kWordEmbedding);
   MG_REQUIRE(emb != m.model.end(), ckpt.dir.string(), " has no ", kWordEmbedding,
              " in any stage (not a GPT checkpoint, or the first stage's files are missing)");
@@ -362,10 +356,8 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
       stage[name] = (layer / layout.layers_per_chunk()) % P;  // virtual stage c * P + r
     } else if (name.starts_with("embedding.")) {
       stage[name] = 0;
-    } else if (name.starts_with("decoder.final_layernorm.") || name == kOutputLayer) {
+    } else {  // after the layers: the final norm, the output layer, the family's heads
       stage[name] = P - 1;
-    } else {
-      MG_THROW(ckpt.dir.string(), ": cannot tell which pipeline stage holds tensor '", name, "'");
     }
   }
   MG_REQUIRE(int(layers_seen.size()) == L, ckpt.dir.string(), " holds tensors of ",
@@ -397,8 +389,9 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
   fs::create_directories(tmp);
   set_mode(tmp, 0750);
   json files = json::object();
-  json partition_dims = json::object();
-  for (const auto& [name, rule] : m.rules) partition_dims[name] = rule.dim;
+  json weights = json::object();
+  for (const auto& [name, spec] : m.specs)
+    if (m.model.count(name)) weights[name] = model::weight_spec_to_json(spec);
   const std::vector<std::string>& moments = optim ? moment_kinds(m.optimizer_type)
                                                   : std::vector<std::string>{};
   for (int p = 0; p < P; ++p) {
@@ -453,8 +446,9 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
   meta["parallel"] = {{"tensor_model_parallel_size", T},
                       {"pipeline_model_parallel_size", P},
                       {"virtual_pipeline_model_parallel_size", layout.num_chunks},
-                      {"data_parallel_size", ckpt.parallel.data_parallel_size},
-                      {"partition_dims", partition_dims}};
+                      {"data_parallel_size", ckpt.parallel.data_parallel_size}};
+  meta["format_version"] = kCheckpointFormatVersion;
+  meta["weights"] = weights;
   if (optim)
     meta["optimizer"] = {{"type", m.optimizer_type}, {"distributed", false}};
   else
@@ -541,7 +535,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
                "be built (", why_not, "); pass --true-vocab-size N");
   }
   {
-    model::GPTConfig c = args.model;
+    model::TransformerConfig c = args.model;
     c.padded_vocab_size = target_vocab;
     c.validate_tensor_parallel(T);  // heads, query groups, FFN, vocabulary divisible by T
   }

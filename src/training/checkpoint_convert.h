@@ -2,21 +2,21 @@
 // single-rank (TP = PP = 1) tensors and split again for another layout (`megatron checkpoint
 // convert`), or merged in memory only (generation and serving read sharded checkpoints with it).
 //
-// Shard rules (model/tensor_parallel.h): a parameter with partition_dim d >= 0 (metadata.json's
-// "parallel.partition_dims", or the Megatron-Core name when a name is missing there) is cut into
-// T equal chunks along d, chunk r on TP rank r; linear_qkv's interleaved per-query-group layout
-// makes that a split by whole query groups. Replicated parameters (LayerNorms, row-parallel
-// biases, position embedding) are taken from TP rank 0. Two exceptions:
-//   - the vocabulary tables (embedding.word_embeddings.weight, an untied output_layer.weight) are
-//     re-padded to the target's padded vocabulary, Megatron's rule: ceil(V / (divisor * T)) *
-//     divisor * T rows for the true vocabulary size V; extra rows are cut off, missing rows repeat
-//     the last row (as Megatron's tools/checkpoint saver does; the Adam moments of new rows are 0);
-//   - with SwiGLU (args "swiglu": true) every linear_fc1 shard is [gate_r; up_r], so gate and up
-//     are chunked separately (Megatron's layout).
-// Pipeline stages: "decoder.layers.<i>." parameters carry global layer numbers; the target stage
+// Shard rules come from the weights' recorded specs (model/parameter.h WeightSpec; metadata.json
+// "weights", checkpoint_weight_specs): a parameter with partition_dim d >= 0 is cut into T equal
+// chunks along d, chunk r on TP rank r, each of its partition_parts blocks separately (SwiGLU's
+// fc1 [gate; up]: every shard is [gate_r; up_r], as Megatron lays it out); linear_qkv's
+// interleaved per-query-group layout makes its split one by whole query groups. Replicated
+// parameters (norms, row-parallel biases, position embedding, BERT's heads) are taken from TP rank
+// 0. Weights spanning the padded vocabulary (padded_vocab: the word table, the output layer's
+// weight and bias) are re-padded to the target's padded vocabulary, Megatron's rule:
+// ceil(V / (divisor * T)) * divisor * T rows for the true vocabulary size V; extra rows are cut
+// off, missing rows repeat the last row (as Megatron's tools/checkpoint saver does; the Adam
+// moments of new rows are 0).
+// Pipeline stages: "<block>.layers.<i>." parameters carry global layer numbers; the target stage
 // of layer i is i / (L / P), or with v virtual stages of L / (P v) layers, (i / (L / (P v))) % P;
-// the embedding goes to the first stage, the final LayerNorm (and an untied output layer) to the
-// last. The last stage's tied copy of the word embedding (output_layer.weight when the model ties
+// the embedding ("embedding.*") goes to the first stage, everything after the layers (the final
+// norm, the output layer, a family's heads) to the last. The last stage's tied copy of the word embedding (output_layer.weight when the model ties
 // them) is not in model files; its optimizer state is (equal to the embedding's): it is read and
 // dropped, and written again for a PP > 1 target.
 //
@@ -42,19 +42,28 @@
 
 #include "core/tensor.h"
 #include "data/tokenizer.h"
+#include "model/parameter.h"
 #include "training/checkpoint.h"
 
 namespace megatron::training {
 
-// How a parameter's single-rank tensor is cut into tensor-parallel shards.
+// How a parameter's single-rank tensor is cut into tensor-parallel shards (from its spec).
 struct ShardRule {
-  int dim = -1;         // partition dimension, -1 replicated
-  bool swiglu = false;  // dim 0, [gate; up] chunked separately
-  bool vocab = false;   // dim 0 over the padded vocabulary (re-padded when T changes)
+  int dim = -1;        // partition dimension, -1 replicated
+  int parts = 1;       // blocks along dim, each chunked separately (SwiGLU's fc1: 2)
+  bool vocab = false;  // dim 0 over the padded vocabulary (re-padded when T changes)
 };
+ShardRule shard_rule(const model::WeightSpec& spec);
 
-// The rule for `name` given its partition_dim (nullopt: unknown, inferred from the name).
-ShardRule shard_rule(const std::string& name, std::optional<int> partition_dim, bool swiglu);
+// The specs of a checkpoint's weights: the "weights" record of metadata.json (format 3), or, for
+// checkpoints that have none (format 2, Megatron-LM's .pt files, Hugging Face folders), the specs
+// of the model its arguments describe (model::model_weight_specs), checked against the partition
+// dims a format-2 checkpoint recorded. `metadata` is its metadata.json (null for other formats).
+std::map<std::string, model::WeightSpec> checkpoint_weight_specs(const CheckpointOnDisk& ckpt,
+                                                                 const nlohmann::json& metadata);
+// The same from a model configuration alone (imported weights).
+std::map<std::string, model::WeightSpec> config_weight_specs(const model::TransformerConfig& cfg);
+
 // The single-rank tensor from the shards of TP ranks 0..T-1 (rank 0's for a replicated one).
 Tensor merge_shards(const std::vector<Tensor>& shards, const ShardRule& rule);
 // Shard `rank` of `size` of the single-rank tensor (contiguous).
@@ -66,7 +75,8 @@ Tensor repad_rows(const Tensor& table, int64_t rows, bool zero_fill);
 struct MergedCheckpoint {
   CheckpointOnDisk source;
   nlohmann::json metadata;                 // the source's metadata.json
-  std::map<std::string, ShardRule> rules;  // every model tensor's rule
+  std::map<std::string, model::WeightSpec> specs;  // every model tensor's spec (record)
+  std::map<std::string, ShardRule> rules;          // and the shard rule it implies
   std::map<std::string, Tensor> model;     // name -> single-rank tensor (parameter dtype)
   // Optimizer state in parameter space: kind ("fp32_param", "exp_avg", "exp_avg_sq",
   // "momentum_buffer") -> name -> single-rank F32 tensor. Empty without optimizer state.
@@ -89,7 +99,7 @@ struct ConvertOptions {
   std::optional<int64_t> ckpt_step;  // default: the tracker's iteration
   int target_tp = 1, target_pp = 1;
   // --target-num-layers-per-virtual-pipeline-stage (0: none): rank r's file then holds the layers
-  // of its model chunks, virtual stages c * P + r (model/gpt_stage.h).
+  // of its model chunks, virtual stages c * P + r (model/stage_model.h).
   int target_layers_per_virtual_stage = 0;
   // The unpadded vocabulary size, needed when the padded size changes with T; by default the
   // tokenizer of the checkpoint's args is built (its vocabulary files must exist).

@@ -96,8 +96,13 @@ ConvertResult import_hf(const ConvertOptions& o) {
   m.source.release = true;
   m.source.format = "hf";
   m.notes = im.notes;
-  const bool swiglu = args.model.activation == "swiglu";
-  for (const auto& [name, t] : im.model) m.rules[name] = shard_rule(name, std::nullopt, swiglu);
+  m.specs = config_weight_specs(args.model);
+  for (const auto& [name, t] : im.model) {
+    auto spec = m.specs.find(name);
+    MG_REQUIRE(spec != m.specs.end(), o.load.string(), ": imported tensor '", name,
+               "' is not a parameter of the model its config describes");
+    m.rules[name] = shard_rule(spec->second);
+  }
   m.model = std::move(im.model);
   m.padded_vocab_size = im.true_vocab_size;
   ConvertResult res;

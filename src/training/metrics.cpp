@@ -60,7 +60,13 @@ std::string format_log_line(const IntervalStats& s) {
   }
   std::snprintf(buf, sizeof buf, "global batch size: %5lld | ", (long long)s.global_batch_size);
   out += buf;
-  std::snprintf(buf, sizeof buf, "lm loss: %.6E | loss scale: %.1f | ", s.lm_loss, s.loss_scale);
+  std::snprintf(buf, sizeof buf, "lm loss: %.6E | ", s.lm_loss);
+  out += buf;
+  for (const auto& [name, value] : s.more_losses) {
+    std::snprintf(buf, sizeof buf, "%s: %.6E | ", name.c_str(), value);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "loss scale: %.1f | ", s.loss_scale);
   out += buf;
   if (!std::isnan(s.grad_norm)) {
     std::snprintf(buf, sizeof buf, "grad norm: %.3f | ", s.grad_norm);
@@ -72,15 +78,36 @@ std::string format_log_line(const IntervalStats& s) {
   return out;
 }
 
-std::string format_validation_line(int64_t iteration, double loss) {
-  return format_evaluation_line(str("iteration ", iteration), loss);
+NamedLosses named_losses(const std::vector<std::string>& names, const model::LossResult& sums) {
+  MG_CHECK(!names.empty() && sums.more.size() + 1 >= names.size(), "named_losses: ", names.size(),
+           " names for ", sums.more.size() + 1, " losses");
+  NamedLosses out = {{names[0], sums.loss_sum / std::max(sums.num_tokens, 1.0)}};
+  for (size_t k = 1; k < names.size(); ++k)
+    out.emplace_back(names[k], sums.more[k - 1].sum / std::max(sums.more[k - 1].count, 1.0));
+  return out;
+}
+
+std::string format_evaluation_line(const std::string& prefix, const NamedLosses& losses) {
+  std::string out = " validation loss at " + prefix + " | ";
+  char buf[512];
+  for (const auto& [name, value] : losses) {
+    std::snprintf(buf, sizeof buf, "%s value: %.6E | %s PPL: %.6E | ", name.c_str(), value,
+                  name.c_str(), std::exp(std::min(20.0, value)));
+    out += buf;
+  }
+  return out;
+}
+
+std::string format_validation_line(int64_t iteration, const NamedLosses& losses) {
+  return format_evaluation_line(str("iteration ", iteration), losses);
 }
 
 std::string format_evaluation_line(const std::string& prefix, double loss) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "lm loss value: %.6E | lm loss PPL: %.6E | ", loss,
-                std::exp(std::min(20.0, loss)));
-  return " validation loss at " + prefix + " | " + buf;
+  return format_evaluation_line(prefix, NamedLosses{{"lm loss", loss}});
+}
+
+std::string format_validation_line(int64_t iteration, double loss) {
+  return format_validation_line(iteration, NamedLosses{{"lm loss", loss}});
 }
 
 }  // namespace megatron::training

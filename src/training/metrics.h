@@ -5,6 +5,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "model/model_chunk.h"
 
 namespace megatron::training {
 
@@ -24,15 +28,24 @@ struct IntervalStats {
   std::optional<double> decoupled_learning_rate;  // --decoupled-lr: the embedding/output layer's
   int64_t global_batch_size = 0;                   // this iteration's (it ramps up with a schedule)
   double lm_loss = 0;
+  // The family's further losses after "lm loss" ("sop loss" for BERT), printed in this order.
+  std::vector<std::pair<std::string, double>> more_losses;
   double loss_scale = 1.0;
   double grad_norm = 0;  // NaN when no advanced iteration in the interval
   int64_t skipped_iterations = 0, nan_iterations = 0;
   double tokens_per_second = 0;
 };
 std::string format_log_line(const IntervalStats& s);  // with the [timestamp] prefix
-std::string format_validation_line(int64_t iteration, double loss);  // in-loop: "iteration N"
-// Megatron's evaluate_and_print_results line: " validation loss at PREFIX | lm loss value: ... |"
-// (PREFIX "iteration N on validation set" / "... on test set" after training or --skip-train).
+// A family's named losses with their values (sum / max(count, 1) of each loss's sums).
+using NamedLosses = std::vector<std::pair<std::string, double>>;
+NamedLosses named_losses(const std::vector<std::string>& names, const model::LossResult& sums);
+// Megatron's evaluate_and_print_results line: " validation loss at PREFIX | lm loss value: ... |
+// lm loss PPL: ... |" and the same for every further loss (PREFIX "iteration N" in the loop,
+// "iteration N on validation set" / "... on test set" after training or --skip-train).
+std::string format_evaluation_line(const std::string& prefix, const NamedLosses& losses);
+std::string format_validation_line(int64_t iteration, const NamedLosses& losses);
+// The same for the language-model loss alone.
 std::string format_evaluation_line(const std::string& prefix, double loss);
+std::string format_validation_line(int64_t iteration, double loss);
 
 }  // namespace megatron::training

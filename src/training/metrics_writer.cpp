@@ -1,6 +1,7 @@
 // The training loop's log lines, JSONL metrics and TensorBoard scalars (metrics_writer.h).
 #include "training/metrics_writer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 
@@ -21,7 +22,8 @@ TensorBoardOptions tensorboard_options(const TrainingArgs& a, bool log_rank) {
 }  // namespace
 
 MetricsWriter::MetricsWriter(const TrainingArgs& a, int64_t train_iters, bool log_rank,
-                             int world_size, std::shared_ptr<const CommStats> comm)
+                             int world_size, std::shared_ptr<const CommStats> comm,
+                             std::vector<std::string> loss_names)
     : a_(a),
       train_iters_(train_iters),
       log_rank_(log_rank),
@@ -31,7 +33,9 @@ MetricsWriter::MetricsWriter(const TrainingArgs& a, int64_t train_iters, bool lo
              a.model.kv_channels, a.model.num_query_groups, a.model.ffn(), a.model.seq_length,
              a.model.padded_vocab_size, model::activation_kind(a.model.activation).gated},
       tensorboard_(tensorboard_options(a, log_rank)),
-      comm0_(comm_->seconds) {
+      comm0_(comm_->seconds),
+      loss_names_(std::move(loss_names)),
+      more_sums_(loss_names_.empty() ? 0 : loss_names_.size() - 1, 0.0) {
   if (!a.metrics_jsonl.empty() && log_rank) {
     jsonl_.open(a.metrics_jsonl, std::ios::app);
     MG_REQUIRE(jsonl_.good(), "--log-metrics-jsonl: cannot open ", a.metrics_jsonl, " for writing");
@@ -50,10 +54,16 @@ void MetricsWriter::record(const IterationRecord& r) {
   } else {
     ++advanced_;
     loss_sum_ += r.loss;
+    for (size_t k = 0; k < more_sums_.size() && k < r.more_losses.size(); ++k)
+      more_sums_[k] += r.more_losses[k];
     grad_norm_ = r.step.grad_norm;
   }
+  NamedLosses more;
+  for (size_t k = 0; k < more_sums_.size() && k < r.more_losses.size(); ++k)
+    more.emplace_back(loss_names_[k + 1], r.more_losses[k]);
   tensorboard_.log_iteration({r.iteration, r.consumed_samples, r.learning_rate, r.global_batch_size,
-                              skipped ? std::nullopt : std::optional<double>(r.loss), r.loss_scale,
+                              skipped ? std::nullopt : std::optional<double>(r.loss), more,
+                              r.loss_scale,
                               skipped ? std::nullopt : std::optional<double>(r.step.grad_norm),
                               world_size_});
   if (r.iteration % a_.log_interval == 0 || r.iteration == train_iters_) write_interval(r);
@@ -72,6 +82,10 @@ void MetricsWriter::write_interval(const IterationRecord& r) {
   s.decoupled_learning_rate = r.decoupled_learning_rate;
   s.global_batch_size = r.global_batch_size;
   s.lm_loss = advanced_ > 0 ? loss_sum_ / double(advanced_) : r.loss;
+  for (size_t k = 0; k < more_sums_.size(); ++k)
+    s.more_losses.emplace_back(loss_names_[k + 1],
+                               advanced_ > 0 ? more_sums_[k] / double(advanced_)
+                               : k < r.more_losses.size() ? r.more_losses[k] : std::nan(""));
   s.loss_scale = r.loss_scale;
   s.grad_norm = grad_norm_;
   s.skipped_iterations = skipped_;
@@ -81,7 +95,13 @@ void MetricsWriter::write_interval(const IterationRecord& r) {
   if (log_rank_) log_print(format_log_line(s));
   if (jsonl_.is_open()) {
     jsonl_ << "{\"iteration\": " << r.iteration << ", \"consumed_samples\": " << r.consumed_samples
-           << ", \"lm_loss\": " << s.lm_loss << ", \"learning_rate\": " << r.learning_rate
+           << ", \"lm_loss\": " << s.lm_loss;
+    for (const auto& [name, value] : s.more_losses) {
+      std::string key = name;
+      std::replace(key.begin(), key.end(), ' ', '_');
+      jsonl_ << ", \"" << key << "\": " << value;
+    }
+    jsonl_ << ", \"learning_rate\": " << r.learning_rate
            << ", \"loss_scale\": " << s.loss_scale << ", \"grad_norm\": "
            << (std::isnan(grad_norm_) ? std::string("null") : str(std::setprecision(17), grad_norm_))
            << ", \"ms_per_iteration\": " << s.elapsed_ms_per_iter
@@ -95,13 +115,15 @@ void MetricsWriter::write_interval(const IterationRecord& r) {
   iters_ = advanced_ = skipped_ = nan_ = samples_ = 0;
   flops_sum_ = 0;
   loss_sum_ = 0;
+  std::fill(more_sums_.begin(), more_sums_.end(), 0.0);
   grad_norm_ = std::nan("");
   interval_t0_ = Clock::now();
   comm0_ = comm_->seconds;
 }
 
-void MetricsWriter::log_validation(int64_t iteration, int64_t consumed_samples, double loss) {
-  tensorboard_.log_validation(iteration, consumed_samples, loss);
+void MetricsWriter::log_validation(int64_t iteration, int64_t consumed_samples,
+                                   const NamedLosses& losses) {
+  tensorboard_.log_validation(iteration, consumed_samples, losses);
 }
 
 }  // namespace megatron::training

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "comm/timed_communicator.h"
 #include "optim/megatron_optimizer.h"
@@ -24,7 +26,8 @@ struct IterationRecord {
   int64_t iteration = 0;
   int64_t consumed_samples = 0;   // after the iteration
   int64_t global_batch_size = 0;  // this iteration's
-  double loss = 0;                // token mean of the global batch
+  double loss = 0;                // "lm loss": token mean of the global batch (or micro-batch mean)
+  std::vector<double> more_losses;  // the family's further losses (loss_names() from the second)
   optim::StepResult step;
   double learning_rate = 0;                       // after the scheduler step (Megatron logs it)
   std::optional<double> decoupled_learning_rate;  // --decoupled-lr
@@ -34,11 +37,12 @@ struct IterationRecord {
 class MetricsWriter {
  public:
   // `comm` accumulates this rank's time in collectives (its share per iteration is logged).
+  // `loss_names`: the family's named losses ("lm loss" first).
   MetricsWriter(const TrainingArgs& a, int64_t train_iters, bool log_rank, int world_size,
-                std::shared_ptr<const CommStats> comm);
+                std::shared_ptr<const CommStats> comm, std::vector<std::string> loss_names);
   // After each iteration; writes the interval's line when the iteration ends one.
   void record(const IterationRecord& r);
-  void log_validation(int64_t iteration, int64_t consumed_samples, double loss);
+  void log_validation(int64_t iteration, int64_t consumed_samples, const NamedLosses& losses);
   // Evaluation time is not training time: the interval's clock restarts after it.
   void restart_interval_clock() { interval_t0_ = Clock::now(); }
 
@@ -59,6 +63,8 @@ class MetricsWriter {
   double flops_sum_ = 0;  // the batch size may change between iterations
   double loss_sum_ = 0, grad_norm_ = std::nan("");
   double comm0_ = 0;
+  std::vector<std::string> loss_names_;
+  std::vector<double> more_sums_;  // per further loss, over the interval's advanced iterations
   Clock::time_point interval_t0_ = Clock::now();
 };
 

@@ -166,7 +166,10 @@ void TrainingTensorBoard::log_iteration(const IterationScalars& s) {
   const int64_t it = s.iteration, n = s.consumed_samples;
   if (options_.log_learning_rate) both("learning-rate", s.learning_rate, it, n);
   if (options_.log_batch_size) both("batch-size", double(s.batch_size), it, n);
-  if (s.lm_loss) both("lm loss", *s.lm_loss, it, n);
+  if (s.lm_loss) {
+    both("lm loss", *s.lm_loss, it, n);
+    for (const auto& [name, value] : s.more_losses) both(name, value, it, n);
+  }
   if (options_.log_loss_scale) both("loss-scale", s.loss_scale, it, n);
   if (options_.log_world_size) both("world-size", double(s.world_size), it, n);
   if (s.grad_norm) both("grad-norm", *s.grad_norm, it, n);
@@ -180,12 +183,15 @@ void TrainingTensorBoard::log_interval(int64_t iteration, double seconds_per_ite
   writer_->flush();
 }
 
-void TrainingTensorBoard::log_validation(int64_t iteration, int64_t consumed_samples,
-                                         double lm_loss) {
+void TrainingTensorBoard::log_validation(
+    int64_t iteration, int64_t consumed_samples,
+    const std::vector<std::pair<std::string, double>>& losses) {
   if (!writer_) return;
-  both("lm loss validation", lm_loss, iteration, consumed_samples);
-  if (options_.log_validation_ppl)
-    both("lm loss validation ppl", std::exp(std::min(20.0, lm_loss)), iteration, consumed_samples);
+  for (const auto& [name, loss] : losses) {
+    both(name + " validation", loss, iteration, consumed_samples);
+    if (options_.log_validation_ppl)
+      both(name + " validation ppl", std::exp(std::min(20.0, loss)), iteration, consumed_samples);
+  }
   writer_->flush();
 }
 

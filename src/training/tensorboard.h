@@ -25,6 +25,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 #include <string_view>
 
 namespace megatron::training {
@@ -80,6 +82,8 @@ struct IterationScalars {
   double learning_rate = 0;
   int64_t batch_size = 0;
   std::optional<double> lm_loss;    // none for a skipped (inf/NaN) iteration
+  // The family's further losses ("sop loss"), logged under their names after "lm loss".
+  std::vector<std::pair<std::string, double>> more_losses;
   double loss_scale = 1.0;
   std::optional<double> grad_norm;  // none for a skipped iteration
   int64_t world_size = 1;
@@ -91,8 +95,9 @@ struct IterationScalars {
 //    loss-scale, world-size (opt-in), grad-norm (the last two skipped on skipped iterations);
 //  every --log-interval: iteration-time in seconds (--log-timers-to-tensorboard), throughput in
 //    TFLOP/s per device (--log-throughput), then a flush;
-//  every evaluation: "lm loss validation" and, with --log-validation-ppl-to-tensorboard,
-//    "lm loss validation ppl" (exp of min(20, loss)), then a flush.
+//  every evaluation: "<loss> validation" for each named loss ("lm loss", then e.g. "sop loss")
+//    and, with --log-validation-ppl-to-tensorboard, "<loss> validation ppl" (exp of min(20,
+//    loss)), then a flush.
 // Disabled (every call a no-op) when options.dir is empty.
 class TrainingTensorBoard {
  public:
@@ -101,7 +106,8 @@ class TrainingTensorBoard {
   void log_iteration(const IterationScalars& s);
   void log_interval(int64_t iteration, double seconds_per_iteration,
                     std::optional<double> tflops_per_device);
-  void log_validation(int64_t iteration, int64_t consumed_samples, double lm_loss);
+  void log_validation(int64_t iteration, int64_t consumed_samples,
+                      const std::vector<std::pair<std::string, double>>& losses);
   void flush();
   const EventFileWriter* writer() const { return writer_.get(); }
 

@@ -52,10 +52,6 @@ json metadata_of(const CheckpointOnDisk& c, const std::string& optimizer_type) {
   return m;
 }
 
-bool swiglu_of(const json& args) {
-  return args.contains("swiglu") && args["swiglu"].is_boolean() && args["swiglu"].get<bool>();
-}
-
 }  // namespace
 
 MergedCheckpoint merge_torch_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer) {
@@ -63,7 +59,7 @@ MergedCheckpoint merge_torch_checkpoint(const CheckpointOnDisk& ckpt, bool with_
   m.source = ckpt;
   const int T = ckpt.parallel.tensor_model_parallel_size, P = ckpt.parallel.pipeline_model_parallel_size;
   const bool optim = with_optimizer && !ckpt.state.optimizer_type.empty();
-  const bool swiglu = swiglu_of(ckpt.state.args);
+  m.specs = checkpoint_weight_specs(ckpt, json());
   std::map<std::string, std::map<std::string, std::vector<Tensor>>> shards;  // name -> kind -> [t]
   std::map<std::string, int> stage_of;
   std::set<std::string> notes(ckpt.notes.begin(), ckpt.notes.end());
@@ -108,7 +104,10 @@ MergedCheckpoint merge_torch_checkpoint(const CheckpointOnDisk& ckpt, bool with_
     // Optimizer state without a model tensor: the last stage's tied copy of the word embedding
     // (its state equals the embedding's; written again for a PP > 1 target).
     if (!kinds.count("param")) continue;
-    const ShardRule rule = shard_rule(name, std::nullopt, swiglu);
+    auto spec = m.specs.find(name);
+    MG_REQUIRE(spec != m.specs.end(), ckpt.dir.string(), ": tensor '", name, "' is not a "
+               "parameter of the model the checkpoint's args describe");
+    const ShardRule rule = shard_rule(spec->second);
     m.rules[name] = rule;
     for (auto& [kind, v] : kinds) {
       if (kind != "param" && !optimizer_complete) continue;

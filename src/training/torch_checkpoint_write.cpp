@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/torch_file.h"
-#include "model/gpt_stage.h"
+#include "model/stage_model.h"
 #include "optim/lr_scheduler.h"
 #include "training/checkpoint_files.h"
 #include "training/torch_checkpoint.h"

@@ -44,28 +44,33 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
   const int dp = r.dp(), dp_rank = r.ps.dp_rank();
   r.optimizer->zero_grad();
   // This DP rank's micro-batches: global micro-batch m * DP + dp_rank of the iteration.
-  std::vector<model::GPTInputs> batches;
+  std::vector<model::Batch> batches;
   std::vector<double> microbatch_tokens;  // loss tokens of each micro-batch (this CP slice)
   double local_tokens = 0;
   for (int64_t m = 0; m < micro_batches; ++m) {
-    batches.push_back(r.slice(data::make_batch(*r.ds.train, r.consumed + m * r.mbs * dp, r.mbs,
-                                               dp_rank, dp, r.bopt)));
+    batches.push_back(r.micro_batch(DataSplit::train, r.consumed + m * r.mbs * dp));
     microbatch_tokens.push_back(mask_sum(batches.back().loss_mask));
     local_tokens += microbatch_tokens.back();
   }
-  const double tokens = r.dp_cp_sum({local_tokens})[0];  // loss tokens of the global batch
   // The loss whose gradient the step takes (trainer.h), times the loss scale:
   // --calculate-per-token-loss: sum of loss over the global batch / its loss tokens (Megatron's
   // finalize_model_grads divides by the tokens summed over DP x CP); default: each micro-batch's
   // loss sum / max(its loss tokens, 1) / micro-batches (Megatron's forward_step), and
-  // 1 / (DP x CP) as Megatron's gradient_scaling_factor before the sum.
+  // 1 / (DP x CP) as Megatron's gradient_scaling_factor before the sum. A family whose loss is
+  // already a mean per micro-batch (LossReduction::microbatch_mean, BERT's) is divided by the
+  // micro-batches and DP x CP only, as Megatron's forward_step does with a scalar loss.
   const double scale = r.scaler.scale();
   pipeline::ForwardBackwardOptions fb;
-  if (!a.calculate_per_token_loss)
-    for (double t : microbatch_tokens)
-      fb.microbatch_grad_scale.push_back(
-          float(scale / (std::max(t, 1.0) * double(micro_batches) * double(r.dp_cp))));
-  fb.grad_scale = float(scale / std::max(tokens, 1.0));
+  if (r.loss_reduction() == model::LossReduction::microbatch_mean) {
+    fb.grad_scale = float(scale / (double(micro_batches) * double(r.dp_cp)));
+  } else {
+    const double tokens = r.dp_cp_sum({local_tokens})[0];  // loss tokens of the global batch
+    if (!a.calculate_per_token_loss)
+      for (double t : microbatch_tokens)
+        fb.microbatch_grad_scale.push_back(
+            float(scale / (std::max(t, 1.0) * double(micro_batches) * double(r.dp_cp))));
+    fb.grad_scale = float(scale / std::max(tokens, 1.0));
+  }
   // Megatron's forward_backward_func: the schedule over this DP rank's micro-batches, whose
   // dropout keys are m * DP + dp_rank; it finalises the model-parallel grads (partial sums over
   // TP, tied embedding over the embedding group) and gives every stage the loss. With overlap it
@@ -83,7 +88,7 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
     };
   }
   maybe_inject_fault(r.ps.world_rank(), iteration);
-  double loss_sum = pipeline::forward_backward(*r.model, batches, fb).loss_sum;
+  const pipeline::ForwardBackwardResult res = pipeline::forward_backward(*r.model, batches, fb);
   r.dropout_offset += uint64_t(micro_batches * dp);
   if (buffer != nullptr) {
     buffer->finish_grad_sync();
@@ -95,40 +100,50 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
       ops::cast(p->grad, h);
     }
   }
-  loss_sum = r.dp_cp_sum({loss_sum})[0];
-  out.loss = loss_sum / std::max(tokens, 1.0);
+  // The logged losses: each name's sum over micro-batches and DP x CP over its count.
+  std::vector<double> sums = {res.loss_sum, res.num_tokens};
+  for (const model::LossTerm& t : res.more) sums.insert(sums.end(), {t.sum, t.count});
+  sums = r.dp_cp_sum(std::move(sums));
+  out.loss = sums[0] / std::max(sums[1], 1.0);
+  for (size_t k = 2; k + 1 < sums.size(); k += 2)
+    out.more_losses.push_back(sums[k] / std::max(sums[k + 1], 1.0));
   const optim::LRScheduler& s = *r.scheduler;
   out.step = r.optimizer->step(s.lr(), s.weight_decay(), r.scaler,
                                s.config().has_decoupled_lr() ? s.decoupled_lr() : std::nan(""));
   return out;
 }
 
-std::pair<double, double> evaluate(TrainingRun& r, const data::SampleDataset& d,
-                                   int64_t& consumed_eval) {
+model::LossResult evaluate(TrainingRun& r, DataSplit split, int64_t& consumed_eval) {
   // Under PP the forward-only schedule per evaluation iteration (the loss comes from the last
   // stage to every stage); interleaved, only whole iterations (M stays a multiple of PP).
   r.finish_param_sync();
   const int dp = r.dp();
-  double vloss = 0, vtokens = 0;
+  const int64_t size = r.data->size(split);
+  model::LossResult total;
   for (int64_t e = 0; e < r.a.eval_iters; ++e) {
-    if (r.pipeline_layout.num_chunks > 1 && consumed_eval + r.num_micro * r.mbs * dp > d.size()) break;
-    std::vector<model::GPTInputs> group;
+    if (r.pipeline_layout.num_chunks > 1 && consumed_eval + r.num_micro * r.mbs * dp > size) break;
+    std::vector<model::Batch> group;
     for (int64_t m = 0; m < r.num_micro; ++m) {
-      if (consumed_eval + r.mbs * dp > d.size()) break;
-      group.push_back(r.slice(data::make_batch(d, consumed_eval, r.mbs, r.ps.dp_rank(), dp, r.bopt)));
+      if (consumed_eval + r.mbs * dp > size) break;
+      group.push_back(r.micro_batch(split, consumed_eval));
       consumed_eval += r.mbs * dp;
     }
     if (!group.empty()) {
       pipeline::ForwardBackwardOptions fb;
       fb.forward_only = true;
       const pipeline::ForwardBackwardResult res = pipeline::forward_backward(*r.model, group, fb);
-      vloss += res.loss_sum;
-      vtokens += res.num_tokens;
+      total += model::LossResult{res.loss_sum, res.num_tokens, res.more};
     }
     if (int64_t(group.size()) < r.num_micro) break;  // the split ran out
   }
-  const std::vector<double> v = r.dp_cp_sum({vloss, vtokens});
-  return {v[0], v[1]};
+  total.more.resize(r.loss_names().size() - 1);
+  std::vector<double> v = {total.loss_sum, total.num_tokens};
+  for (const model::LossTerm& t : total.more) v.insert(v.end(), {t.sum, t.count});
+  v = r.dp_cp_sum(std::move(v));
+  total.loss_sum = v[0];
+  total.num_tokens = v[1];
+  for (size_t k = 0; k < total.more.size(); ++k) total.more[k] = {v[2 + 2 * k], v[3 + 2 * k]};
+  return total;
 }
 
 void print_evaluation(const TrainingRun& r, const std::string& line) {
@@ -140,19 +155,21 @@ void print_evaluation(const TrainingRun& r, const std::string& line) {
 
 void final_evaluation(TrainingRun& r, int64_t iteration, int64_t valid_from, TrainingSummary& sum) {
   if (r.a.eval_iters <= 0) return;
-  if (r.ds.valid) {
-    const auto [l, t] = evaluate(r, *r.ds.valid, valid_from);
-    if (t > 0) {
-      print_evaluation(r, format_evaluation_line(str("iteration ", iteration, " on validation set"), l / t));
-      sum.valid_losses.push_back(l / t);
+  if (r.data->has(DataSplit::valid)) {
+    const model::LossResult l = evaluate(r, DataSplit::valid, valid_from);
+    if (l.num_tokens > 0) {
+      print_evaluation(r, format_evaluation_line(str("iteration ", iteration, " on validation set"),
+                                                 named_losses(r.loss_names(), l)));
+      sum.valid_losses.push_back(l.loss_sum / l.num_tokens);
     }
   }
-  if (r.ds.test) {
+  if (r.data->has(DataSplit::test)) {
     int64_t from = 0;
-    const auto [l, t] = evaluate(r, *r.ds.test, from);
-    if (t > 0) {
-      print_evaluation(r, format_evaluation_line(str("iteration ", iteration, " on test set"), l / t));
-      sum.test_loss = l / t;
+    const model::LossResult l = evaluate(r, DataSplit::test, from);
+    if (l.num_tokens > 0) {
+      print_evaluation(r, format_evaluation_line(str("iteration ", iteration, " on test set"),
+                                                 named_losses(r.loss_names(), l)));
+      sum.test_loss = l.loss_sum / l.num_tokens;
     }
   }
 }

@@ -45,13 +45,13 @@ std::pair<bool, bool> should_exit(const TrainingRun& r, Clock::time_point t_star
 
 }  // namespace
 
-TrainingSummary pretrain_gpt(TrainingArgs a) {
+TrainingSummary pretrain(TrainingArgs a) {
   auto world = world_communicator(
       CommOptions::from_timeout_minutes(a.parallel.distributed_timeout_minutes));
-  return pretrain_gpt(std::move(a), world);
+  return pretrain(std::move(a), world);
 }
 
-TrainingSummary pretrain_gpt(TrainingArgs args, std::shared_ptr<Communicator> world) {
+TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world) {
   const auto t_start = Clock::now();
   TrainingRun r = setup_training(std::move(args), std::move(world));
   const TrainingArgs& a = r.a;
@@ -64,7 +64,8 @@ TrainingSummary pretrain_gpt(TrainingArgs args, std::shared_ptr<Communicator> wo
     // Megatron's pretrain() with --skip-train: no training loop; the validation split from its
     // first sample and the test split, at the loaded iteration (0 without a checkpoint).
     r.say("skipping training (--skip-train is on) ...");
-    MG_REQUIRE((r.ds.valid || r.ds.test) && a.eval_iters > 0, "--skip-train: nothing to evaluate: ",
+    MG_REQUIRE((r.data->has(DataSplit::valid) || r.data->has(DataSplit::test)) && a.eval_iters > 0,
+               "--skip-train: nothing to evaluate: ",
                a.eval_iters == 0 ? "--eval-iters is 0"
                                  : "the validation and test splits are empty (check --split, "
                                    "--valid-data-path, --test-data-path)");
@@ -77,7 +78,8 @@ TrainingSummary pretrain_gpt(TrainingArgs args, std::shared_ptr<Communicator> wo
     std::signal(SIGTERM, on_exit_signal);
     std::signal(SIGINT, on_exit_signal);
   }
-  MetricsWriter metrics(a, r.train_iters, r.log_rank, r.ps.world_size(), r.comm_stats);
+  MetricsWriter metrics(a, r.train_iters, r.log_rank, r.ps.world_size(), r.comm_stats,
+                        r.loss_names());
   const int64_t consumed_at_start = r.consumed;
   const auto loop_t0 = Clock::now();
   // Buckets launched by the end of the backward passes (before finish_grad_sync; under PP before
@@ -120,20 +122,22 @@ TrainingSummary pretrain_gpt(TrainingArgs args, std::shared_ptr<Communicator> wo
     sum.iterations = it;
     sum.consumed_samples = r.consumed;
     sum.losses.push_back(step.loss);
+    sum.more_losses.push_back(step.more_losses);
     sum.grad_norms.push_back(step.step.skipped ? std::nan("") : step.step.grad_norm);
     // Megatron logs the optimizer's learning rate after the scheduler step: the rate of the next
     // iteration (the same one after a skipped step).
     const optim::LRScheduler& sched = *r.scheduler;
-    metrics.record({it, r.consumed, iter_gbs, step.loss, step.step, sched.lr(),
+    metrics.record({it, r.consumed, iter_gbs, step.loss, step.more_losses, step.step, sched.lr(),
                     sched.config().has_decoupled_lr() ? std::optional<double>(sched.decoupled_lr())
                                                       : std::nullopt,
                     r.scaler.scale()});
-    if (r.ds.valid && a.eval_iters > 0 && it % a.eval_interval == 0) {
-      const auto [vloss, vtokens] = evaluate(r, *r.ds.valid, r.consumed_valid);
-      if (vtokens > 0) {
-        print_evaluation(r, format_validation_line(it, vloss / vtokens));
-        metrics.log_validation(it, r.consumed, vloss / vtokens);
-        sum.valid_losses.push_back(vloss / vtokens);
+    if (r.data->has(DataSplit::valid) && a.eval_iters > 0 && it % a.eval_interval == 0) {
+      const model::LossResult v = evaluate(r, DataSplit::valid, r.consumed_valid);
+      if (v.num_tokens > 0) {
+        const NamedLosses losses = named_losses(r.loss_names(), v);
+        print_evaluation(r, format_validation_line(it, losses));
+        metrics.log_validation(it, r.consumed, losses);
+        sum.valid_losses.push_back(losses[0].second);
       }
       metrics.restart_interval_clock();
     }

@@ -30,7 +30,7 @@
 //   norm and the inf check are reduced over the model-parallel group (the world with the
 //   distributed optimizer) with Megatron's TP-duplicate rule, so every rank skips together;
 // - pipeline parallel (--pipeline-model-parallel-size, optionally interleaved with
-//   --num-layers-per-virtual-pipeline-stage): each rank builds its stage (model/gpt_stage.h) and
+//   --num-layers-per-virtual-pipeline-stage): each rank builds its stage (model/stage_model.h) and
 //   every iteration runs Megatron's schedule over the DP rank's micro-batches
 //   (pipeline/forward_backward.h: 1F1B or interleaved 1F1B, tied-embedding and sequence-parallel
 //   grads finalised there), then the DP reduction as above. The last stage computes the loss and
@@ -79,7 +79,7 @@
 namespace megatron::training {
 
 // Parallel layout and data-parallel knobs (Megatron's flags). The model-side switch
-// --sequence-parallel is model::GPTConfig::sequence_parallel.
+// --sequence-parallel is model::TransformerConfig::sequence_parallel.
 struct ParallelArgs {
   int tensor_model_parallel_size = 1;      // --tensor-model-parallel-size
   int pipeline_model_parallel_size = 1;    // --pipeline-model-parallel-size
@@ -93,7 +93,7 @@ struct ParallelArgs {
 };
 
 struct TrainingArgs {
-  model::GPTConfig model;
+  model::TransformerConfig model;
   ParallelArgs parallel;
   int64_t make_vocab_size_divisible_by = 128;
   data::TokenizerOptions tokenizer;
@@ -156,6 +156,8 @@ struct TrainingArgs {
   // it has no effect, as in Megatron-LM.
   bool grad_reduce_in_bf16 = false;
   bool mock_data = false;            // --mock-data: Megatron's synthetic GPT dataset, no files
+  // pretrain-bert's masked dataset (data/bert_dataset.h): --mask-prob, --short-seq-prob.
+  double mask_prob = 0.15, short_seq_prob = 0.1;
   // --calculate-per-token-loss: the gradient of one token mean over the global batch (every
   // micro-batch and DP x CP rank); off (Megatron's default), each micro-batch's loss is divided by
   // its own loss-token count, then by the number of micro-batches, and averaged over DP x CP.
@@ -185,6 +187,8 @@ struct TrainingSummary {
   double tokens_per_second = 0;   // over the whole run
   double seconds_per_iteration = 0;
   std::vector<double> losses;      // per-token loss of every iteration run (same on all ranks)
+  // The family's further losses of every iteration run (BERT: {sop loss}; empty for GPT).
+  std::vector<std::vector<double>> more_losses;
   std::vector<double> grad_norms;  // grad norm of every iteration run (NaN when skipped)
   std::vector<double> valid_losses;  // per-token validation loss of every evaluation (all ranks)
   double test_loss = std::nan("");   // --skip-train: the test split's per-token loss
@@ -204,11 +208,12 @@ struct TrainingSummary {
 // under sequence parallelism, seq-length / CP by TP). Throws megatron::Error naming the flags.
 void validate_parallel_args(const TrainingArgs& a, int world_size);
 
-// Runs the whole training (builds tokenizer, data, model, optimizer) over the MPI world (a world
-// of one without a launcher). Log lines go to stdout (last rank only).
-TrainingSummary pretrain_gpt(TrainingArgs args);
+// Runs the whole training of the model family args.model.model_family says (builds tokenizer,
+// data, model, optimizer) over the MPI world (a world of one without a launcher): pretrain-gpt
+// and pretrain-bert. Log lines go to stdout (last rank only).
+TrainingSummary pretrain(TrainingArgs args);
 // The same over `world` (tests run a single-rank reference inside an MPI job with a self
 // communicator). Collective: every rank of `world` calls it with the same arguments.
-TrainingSummary pretrain_gpt(TrainingArgs args, std::shared_ptr<Communicator> world);
+TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world);
 
 }  // namespace megatron::training

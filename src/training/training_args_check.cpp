@@ -24,6 +24,21 @@ void validate_args(const TrainingArgs& a) {
   MG_REQUIRE(a.model.max_position_embeddings >= a.model.seq_length, "--max-position-embeddings (",
              a.model.max_position_embeddings, ") must be >= --seq-length (", a.model.seq_length, ")");
   MG_REQUIRE(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
+  if (a.model.model_family == "bert") {  // pretrain_bert.py
+    MG_REQUIRE(!a.calculate_per_token_loss, "--calculate-per-token-loss: BERT's loss is the mean "
+               "over each micro-batch's masked tokens plus the sentence-order loss "
+               "(pretrain_bert.py returns no token count), so there is no per-token form; drop "
+               "the flag");
+    MG_REQUIRE(!a.mock_data, "--mock-data is Megatron's synthetic GPT dataset; pretrain-bert "
+               "needs --data-path with sentence-split data");
+    MG_REQUIRE(!a.data.reset_position_ids && !a.data.reset_attention_mask && !a.data.eod_mask_loss,
+               "--reset-position-ids, --reset-attention-mask and --eod-mask-loss belong to GPT's "
+               "documents; BERT's samples are sentence pairs with their own padding");
+    MG_REQUIRE(a.mask_prob > 0 && a.mask_prob < 1, "--mask-prob must be in (0, 1) (got ",
+               a.mask_prob, ")");
+    MG_REQUIRE(a.short_seq_prob >= 0 && a.short_seq_prob <= 1,
+               "--short-seq-prob must be in [0, 1] (got ", a.short_seq_prob, ")");
+  }
   MG_REQUIRE(a.train_epochs == 0, "--train-epochs is not a Megatron-LM pretraining flag (only its "
              "finetuning tasks take --epochs); give the length as --train-iters N or --train-samples N");
   MG_REQUIRE(!(a.train_iters > 0 && a.train_samples > 0),

@@ -14,8 +14,7 @@
 
 #include "comm/parallel_state.h"
 #include "comm/timed_communicator.h"
-#include "data/gpt_batch.h"
-#include "model/gpt_stage.h"
+#include "model/stage_model.h"
 #include "model/pipeline_layout.h"
 #include "optim/grad_buffer.h"
 #include "optim/grad_scaler.h"
@@ -23,6 +22,7 @@
 #include "optim/megatron_optimizer.h"
 #include "training/batch_size_schedule.h"
 #include "training/checkpoint.h"
+#include "training/training_data.h"
 #include "training/trainer.h"
 
 namespace megatron::training {
@@ -47,11 +47,10 @@ struct TrainingRun {
   uint64_t rng_seed = 0;
   uint64_t dropout_offset = 0;  // the dropout key of the next micro-batch (global numbering)
 
-  data::GPTDatasets ds;
-  data::GPTBatchOptions bopt;
+  std::unique_ptr<TrainingData> data;  // the family's splits and micro-batches
   optim::LRSchedulerConfig scheduler_config;  // from the flags (the checkpoint's once loaded)
 
-  std::unique_ptr<model::GPTStageModel> model;  // this rank's pipeline stage(s)
+  std::unique_ptr<model::StageModel> model;  // this rank's pipeline stage(s)
   model::ParameterList params;
   // Data x context parallel gradient buckets (null on one DP x CP rank without the distributed
   // optimizer), the optimizer, the loss scaler and the LR schedule: setup_optimizer.
@@ -62,14 +61,18 @@ struct TrainingRun {
   int64_t last_saved = -1;  // the iteration of the last checkpoint written (-1: none)
 
   int dp() const { return ps.dp_size(); }
+  // The model family's named losses ("lm loss", ...) and how a micro-batch's loss is formed.
+  const std::vector<std::string>& loss_names() const { return model->chunk(0).loss_names(); }
+  model::LossReduction loss_reduction() const { return model->chunk(0).loss_reduction(); }
   // Completes the optimizer's parameter all-gathers in flight (--overlap-param-gather): every
   // reader of the parameters but the forward of the next step calls it first.
   void finish_param_sync() const {
     if (optimizer) optimizer->finish_param_sync();
   }
   void say(const std::string& line) const;  // a log line, from the last rank
-  // The micro-batch of `b` this rank computes (its zig-zag slice under context parallelism).
-  model::GPTInputs slice(const data::GPTBatch& b) const;
+  // This rank's micro-batch of `split` at sample `first` of the block: data-parallel rank
+  // dp_rank's samples, then its zig-zag slice under context parallelism.
+  model::Batch micro_batch(DataSplit split, int64_t first) const;
   // Sums over the data x context parallel group; the values themselves on one rank.
   std::vector<double> dp_cp_sum(std::vector<double> v) const;
 };
@@ -85,16 +88,17 @@ void setup_optimizer(TrainingRun& r);
 // forward/backward schedule with Megatron's loss normalisation (trainer.h), the gradient
 // reduction and the optimizer step. Advances the dropout counter (not the sample count).
 struct StepOutcome {
-  double loss = 0;  // token mean of the global batch's loss
+  double loss = 0;  // "lm loss": token mean of the global batch's loss (or micro-batch mean)
+  std::vector<double> more_losses;  // the family's further named losses, in loss_names() order
   optim::StepResult step;
   int buckets_launched_in_backward = 0;  // with --overlap-grad-reduce
 };
 StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches);
 
 // Megatron's evaluate(): up to --eval-iters iterations of the final global batch from sample
-// `consumed_eval` of `d` on (advanced), split over DP; {loss sum, loss tokens} over DP x CP.
-std::pair<double, double> evaluate(TrainingRun& r, const data::SampleDataset& d,
-                                   int64_t& consumed_eval);
+// `consumed_eval` of the split on (advanced), split over DP; the losses' sums and counts over
+// DP x CP (each named loss's value is sum / count).
+model::LossResult evaluate(TrainingRun& r, DataSplit split, int64_t& consumed_eval);
 // Megatron's boxed evaluation line ("validation loss at ... | lm loss value: ...").
 void print_evaluation(const TrainingRun& r, const std::string& line);
 // After the loop (or instead of it with --skip-train): the validation split from `valid_from`

@@ -18,12 +18,12 @@ void TrainingRun::say(const std::string& line) const {
   if (log_rank) log_print(line);
 }
 
-model::GPTInputs TrainingRun::slice(const data::GPTBatch& b) const {
-  const model::GPTInputs in{b.tokens, b.position_ids, b.attention_start, b.labels, b.loss_mask, Tensor()};
-  model::GPTInputs out = model::slice_for_context_parallel(in, ps.cp_rank(), ps.cp_size());
+model::Batch TrainingRun::micro_batch(DataSplit split, int64_t first) const {
+  model::Batch out = model::slice_for_context_parallel(
+      data->micro_batch(split, first, mbs, ps.dp_rank(), dp()), ps.cp_rank(), ps.cp_size());
   if (!device.is_cpu())  // the batch is made on the host: one copy of each tensor to the model
     for (Tensor* t : {&out.tokens, &out.position_ids, &out.attention_start, &out.labels,
-                      &out.loss_mask, &out.padding_mask})
+                      &out.loss_mask, &out.padding_mask, &out.token_types, &out.sequence_labels})
       if (t->defined()) *t = t->contiguous().to(device);
   return out;
 }
@@ -98,7 +98,7 @@ void find_load_checkpoint(TrainingRun& r) {
 
 // The training length and the train / validation / test datasets (rank 0 builds and caches the
 // sample indices first; the others then load them).
-void build_datasets(TrainingRun& r) {
+void build_datasets(TrainingRun& r, const data::Tokenizer& tokenizer) {
   TrainingArgs& a = r.a;
   const int64_t gbs = a.global_batch_size;
   // Sample-based training: Megatron's update_train_iters under a batch-size schedule.
@@ -123,11 +123,11 @@ void build_datasets(TrainingRun& r) {
   }
   a.data.mock = a.mock_data;
   const bool distributed = r.ps.world_size() > 1;
-  if (r.ps.world_rank() == 0) r.ds = data::build_gpt_datasets(a.data, num_samples);
+  if (r.ps.world_rank() == 0) r.data = build_training_data(a, tokenizer, num_samples);
   if (distributed) r.ps.world().barrier();
-  if (r.ps.world_rank() != 0) r.ds = data::build_gpt_datasets(a.data, num_samples);
-  MG_REQUIRE(r.ds.train != nullptr || a.skip_train, "the training split is empty; check --split / --data-path");
-  r.bopt = data::batch_options(a.data);
+  if (r.ps.world_rank() != 0) r.data = build_training_data(a, tokenizer, num_samples);
+  MG_REQUIRE(r.data->has(DataSplit::train) || a.skip_train,
+             "the training split is empty; check --split / --data-path");
 }
 
 // The LR and weight-decay schedule in samples (iteration flags x global batch).
@@ -218,7 +218,7 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   r.a = std::move(a);
 
   find_load_checkpoint(r);
-  build_datasets(r);
+  build_datasets(r, *tokenizer);
   r.scheduler_config = scheduler_config(r);
 
   // The model is built with the (restored) RNG seed: dropout masks continue where they stopped.
@@ -226,9 +226,9 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   // stage's layers. One path for every layout: at PP = 1 the stage is one chunk, the whole model,
   // and the schedule is "no pipelining".
   if (!r.device.is_cpu()) r.say(str("device: ", cuda::describe_device(r.device)));
-  r.model = std::make_unique<model::GPTStageModel>(r.a.model, r.rng_seed, r.ps,
-                                                   r.a.parallel.num_layers_per_virtual_pipeline_stage,
-                                                   r.device);
+  r.model = std::make_unique<model::StageModel>(r.a.model, r.rng_seed, r.ps,
+                                                r.a.parallel.num_layers_per_virtual_pipeline_stage,
+                                                r.device);
   r.params = r.model->parameters();
   if (r.ckpt) {
     load_model_weights(*r.ckpt, r.params, /*allow_dtype_conversion=*/!r.resume, r.crank);

@@ -16,8 +16,8 @@
 namespace megatron::inference {
 namespace {
 
-model::GPTConfig tiny_model_config() {
-  model::GPTConfig c;
+model::TransformerConfig tiny_model_config() {
+  model::TransformerConfig c;
   c.num_layers = 2;
   c.hidden_size = 32;
   c.num_attention_heads = 4;
@@ -41,8 +41,8 @@ std::vector<float> model_logits(model::GPTModel& m, const std::vector<int32_t>& 
 }
 
 // The configuration named by the test parameter.
-model::GPTConfig config_for(const std::string& name) {
-  model::GPTConfig c = tiny_model_config();
+model::TransformerConfig config_for(const std::string& name) {
+  model::TransformerConfig c = tiny_model_config();
   if (name == "ErfGelu") c.activation = "gelu";
   if (name == "Llama" || name == "LlamaQkNormInterleaved") {
     c.normalization = "RMSNorm";
@@ -77,7 +77,7 @@ std::map<std::string, Tensor> weights_of(model::GPTModel& m) {
 class GPTModelParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GPTModelParity, CachedDecodingEqualsForwardLogits) {
-  model::GPTConfig mc = config_for(GetParam());
+  model::TransformerConfig mc = config_for(GetParam());
   model::GPTModel m(mc, 1234);
   GPTEngine engine(mc, weights_of(m));
   const std::vector<int32_t> tokens = {3, 17, 42, 5, 9, 60, 1, 33, 8, 2, 50, 11};
@@ -98,7 +98,7 @@ TEST_P(GPTModelParity, CachedDecodingEqualsForwardLogits) {
 }
 
 TEST_P(GPTModelParity, GreedyGenerationAndLogprobsEqualRecomputation) {
-  model::GPTConfig mc = config_for(GetParam());
+  model::TransformerConfig mc = config_for(GetParam());
   model::GPTModel m(mc, 99);
   GPTEngine engine(mc, weights_of(m));
   std::vector<SequenceRequest> rows(1);

@@ -37,11 +37,11 @@ void save_training_checkpoint(const fs::path& dir, const testing::Weights& w, co
   st.args = training::training_args_to_json(a);
   std::vector<model::Parameter> params(w.size());
   model::ParameterList list;
+  const auto specs = training::config_weight_specs(a.model);
   size_t i = 0;
   for (const auto& [name, t] : w) {
-    params[i].name = name;
+    static_cast<model::WeightSpec&>(params[i]) = specs.at(name);
     params[i].value = t;
-    params[i].partition_dim = training::shard_rule(name, std::nullopt, false).dim;
     list.push_back(&params[i++]);
   }
   training::save_checkpoint(dir, st, list, nullptr);

@@ -151,6 +151,7 @@ TEST(MegatronCheckpoint, TheTrainersReadersLoadARanksWeightsAndOptimizer) {
   const fs::path dir = variants() / "legacy_v3_tp2pp2_fp16";
   const CheckpointOnDisk c = open(dir / "megatron");
   const auto ref = read_safetensors(dir / "reference.safetensors").tensors;
+  const std::map<std::string, model::WeightSpec> specs = checkpoint_weight_specs(c, nullptr);
   for (int p = 0; p < 2; ++p) {
     for (int t = 0; t < 2; ++t) {
       SCOPED_TRACE(str("tp ", t, " pp ", p));
@@ -171,7 +172,7 @@ TEST(MegatronCheckpoint, TheTrainersReadersLoadARanksWeightsAndOptimizer) {
       model::ParameterList params;
       for (size_t i = 0; i < names.size(); ++i) {
         const std::string src = names[i] == "output_layer.weight" ? "embedding.word_embeddings.weight" : names[i];
-        const ShardRule rule = shard_rule(src, std::nullopt, false);
+        const ShardRule rule = shard_rule(specs.at(src));
         const Tensor shard = split_shard(ref.at("model/" + src), rule, t, 2);
         storage[i].name = names[i];
         storage[i].value = Tensor::zeros(shard.shape(), shard.dtype());
@@ -184,7 +185,7 @@ TEST(MegatronCheckpoint, TheTrainersReadersLoadARanksWeightsAndOptimizer) {
       for (const model::Parameter& prm : storage) {
         if (prm.shared) continue;
         EXPECT_TRUE(bit_equal(prm.value, split_shard(ref.at("model/" + prm.name),
-                                                     shard_rule(prm.name, std::nullopt, false), t, 2)))
+                                                     shard_rule(specs.at(prm.name)), t, 2)))
             << prm.name;
       }
       optim::Optimizer opt(params, optim::OptimizerConfig{});
@@ -192,7 +193,7 @@ TEST(MegatronCheckpoint, TheTrainersReadersLoadARanksWeightsAndOptimizer) {
       EXPECT_EQ(opt.step_count(), 7);
       for (size_t i = 0; i < storage.size(); ++i) {
         const std::string src = storage[i].shared ? "embedding.word_embeddings.weight" : storage[i].name;
-        const ShardRule rule = shard_rule(src, std::nullopt, false);
+        const ShardRule rule = shard_rule(specs.at(src));
         EXPECT_TRUE(bit_equal(opt.state()[i].exp_avg, split_shard(ref.at("exp_avg/" + src), rule, t, 2))) << src;
         EXPECT_TRUE(bit_equal(opt.state()[i].exp_avg_sq, split_shard(ref.at("exp_avg_sq/" + src), rule, t, 2))) << src;
         EXPECT_TRUE(bit_equal(opt.state()[i].main, split_shard(ref.at("fp32_param/" + src), rule, t, 2))) << src;

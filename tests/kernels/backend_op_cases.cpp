@@ -243,6 +243,18 @@ void elementwise_cases(Table& t) {
     scale(x, 0.3f);
     return Outs{x};
   }, {tight});
+  t.add("tanh_fwd", "9 x 130, in place", [](Device d) {
+    Tensor x = rnd(d, {9, 130}, 69, 3.0f);
+    tanh_fwd(x, x);
+    return Outs{x};
+  });
+  t.add("tanh_bwd", "9 x 130", [](Device d) {
+    Tensor y = fill(d, {9, 130}, 0.0);
+    tanh_fwd(y, rnd(d, {9, 130}, 70, 3.0f));
+    Tensor dx = fill(d, {9, 130}, 0.0);
+    tanh_bwd(dx, rnd(d, {9, 130}, 71), y);
+    return Outs{dx};
+  });
   const DropoutSpec drop{0.3f, 1234, 99, 1000};
   t.add("dropout_fwd", "17 x 300, p .3, element offset 1000", [=](Device d) {
     Tensor out = fill(d, {17, 300}, 0.0);

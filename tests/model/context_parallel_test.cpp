@@ -66,8 +66,8 @@ struct Result {
   std::vector<Tensor> grads;  // whole gradients: summed over CP, gathered over TP
 };
 
-Result run(GPTModel& m, const Groups& g, const GPTInputs& whole, uint64_t offset) {
-  const GPTInputs in = slice_for_context_parallel(whole, g.cp->rank(), g.cp->size());
+Result run(GPTModel& m, const Groups& g, const Batch& whole, uint64_t offset) {
+  const Batch in = slice_for_context_parallel(whole, g.cp->rank(), g.cp->size());
   testing::zero_grads(m);
   Result r;
   const LossResult l = m.forward_backward(in, 0.5f, offset);
@@ -83,11 +83,11 @@ Result run(GPTModel& m, const Groups& g, const GPTInputs& whole, uint64_t offset
   return r;
 }
 
-void check_parity_with(const GPTConfig& cfg, const Groups& g, bool resets, const std::string& what,
+void check_parity_with(const TransformerConfig& cfg, const Groups& g, bool resets, const std::string& what,
                        double tol) {
   SCOPED_TRACE(what + " " + g.name + (resets ? " with document resets" : "") + " --cp-comm-type " +
                cfg.cp_comm_type);
-  GPTConfig ref_cfg = cfg;
+  TransformerConfig ref_cfg = cfg;
   ref_cfg.recompute_granularity.clear();
   ref_cfg.recompute_method.clear();
   ref_cfg.recompute_num_layers = 0;
@@ -101,7 +101,7 @@ void check_parity_with(const GPTConfig& cfg, const Groups& g, bool resets, const
     a[i]->value.copy_(shard_along(b[i]->value, a[i]->partition_dim, g.tp->rank(), g.tp->size()));
   // Uneven content: random tokens, ~20% of the loss mask off, one document boundary per sequence
   // (with resets), and the last quarter of sequence 1 masked out entirely.
-  GPTInputs in = testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 11, resets);
+  Batch in = testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 11, resets);
   float* mask = in.loss_mask.data<float>();
   for (int64_t i = cfg.seq_length * 7 / 4; i < 2 * cfg.seq_length; ++i) mask[i] = 0.0f;
   Groups single{TensorParallel::none().group, ContextParallel::none().group, "single"};
@@ -117,7 +117,7 @@ void check_parity_with(const GPTConfig& cfg, const Groups& g, bool resets, const
 }
 
 // Both exchanges (--cp-comm-type p2p, the ring, and allgather) against the single-rank model.
-void check_parity(GPTConfig cfg, const Groups& g, bool resets, const std::string& what,
+void check_parity(TransformerConfig cfg, const Groups& g, bool resets, const std::string& what,
                   double tol = 1e-5) {
   for (const char* type : {"p2p", "allgather"}) {
     cfg.cp_comm_type = type;
@@ -125,8 +125,8 @@ void check_parity(GPTConfig cfg, const Groups& g, bool resets, const std::string
   }
 }
 
-GPTConfig cp_config() {
-  GPTConfig c = testing::tiny_config();  // h 32, 4 heads, seq 16, vocab 96, 2 layers
+TransformerConfig cp_config() {
+  TransformerConfig c = testing::tiny_config();  // h 32, 4 heads, seq 16, vocab 96, 2 layers
   return c;
 }
 
@@ -135,7 +135,7 @@ TEST(MpiContextParallelGPT, LossAndGradientsMatchSingleRank) {
     for (bool resets : {false, true}) {
       check_parity(cp_config(), g, resets, "plain");
       if (g.tp->size() > 1) {
-        GPTConfig c = cp_config();
+        TransformerConfig c = cp_config();
         c.sequence_parallel = true;
         check_parity(c, g, resets, "sequence parallel");
       }
@@ -144,7 +144,7 @@ TEST(MpiContextParallelGPT, LossAndGradientsMatchSingleRank) {
 
 TEST(MpiContextParallelGPT, GroupedQueryAttentionRecomputeAndDropout) {
   for (const Groups& g : cp_layouts()) {
-    GPTConfig c = cp_config();
+    TransformerConfig c = cp_config();
     c.num_attention_heads = 8;
     c.num_query_groups = 2;
     c.recompute_granularity = "selective";
@@ -170,7 +170,7 @@ TEST(MpiContextParallelGPT, GroupedQueryAttentionRecomputeAndDropout) {
 TEST(MpiContextParallelGPT, SequenceNotDivisibleByTwiceCpIsAnError) {
   const int C = world()->size();
   if (C == 1) GTEST_SKIP() << "needs context parallelism (mpirun -np 2 or 4)";
-  const GPTInputs in = testing::random_inputs(1, 2 * C + 2, 96, 1, false);
+  const Batch in = testing::random_inputs(1, 2 * C + 2, 96, 1, false);
   try {
     slice_for_context_parallel(in, 0, C);
     ADD_FAILURE() << "no error";
@@ -183,11 +183,11 @@ TEST(MpiContextParallelGPT, SequenceNotDivisibleByTwiceCpIsAnError) {
 
 // Megatron's load-balanced layout, with known answers: 2C chunks, rank r holds r and 2C-1-r.
 TEST(ContextParallelLayout, ZigZagChunks) {
-  GPTInputs in = testing::random_inputs(2, 16, 96, 3, true);
+  Batch in = testing::random_inputs(2, 16, 96, 3, true);
   std::vector<int32_t> pos(32);
   for (int i = 0; i < 32; ++i) pos[size_t(i)] = i % 16 + 100 * (i / 16);
   in.position_ids = Tensor::from_vector(pos, {2, 16});
-  auto positions = [](const GPTInputs& x) {
+  auto positions = [](const Batch& x) {
     const std::vector<float> v = x.position_ids.to_float_vector();
     return std::vector<int>(v.begin(), v.end());
   };
@@ -197,7 +197,7 @@ TEST(ContextParallelLayout, ZigZagChunks) {
             (std::vector<int>{4, 5, 6, 7, 8, 9, 10, 11, 104, 105, 106, 107, 108, 109, 110, 111}));
   EXPECT_EQ(positions(slice_for_context_parallel(in, 3, 4)),
             (std::vector<int>{6, 7, 8, 9, 106, 107, 108, 109}));
-  const GPTInputs s = slice_for_context_parallel(in, 1, 4);
+  const Batch s = slice_for_context_parallel(in, 1, 4);
   for (const Tensor* t : {&s.tokens, &s.labels, &s.loss_mask, &s.attention_start})
     EXPECT_EQ(t->shape(), (Shape{2, 4}));
   EXPECT_EQ(s.tokens.to_float_vector()[2], in.tokens.to_float_vector()[12]);  // chunk 6 of 8

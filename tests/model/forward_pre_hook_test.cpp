@@ -47,14 +47,14 @@ void check_order(const Delivery& d, const GPTModel& m, size_t nparams) {
   EXPECT_EQ(d.calls, 2 + m.config().num_layers);  // embedding, each layer, final LayerNorm
 }
 
-void check(GPTConfig cfg) {
+void check(TransformerConfig cfg) {
   SCOPED_TRACE(std::string(dtype_name(cfg.params_dtype)) + " recompute '" +
                cfg.recompute_granularity + "'");
   GPTModel ref(cfg, 3), m(cfg, 3);
   testing::randomise(ref, 4);
   testing::randomise(m, 4);
   const size_t nparams = m.parameters().size();
-  const GPTInputs in = testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 5, true);
+  const Batch in = testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 5, true);
   Delivery d;
 
   arm(m, d);
@@ -85,10 +85,10 @@ void check(GPTConfig cfg) {
 
 TEST(ForwardPreHook, EveryParameterArrivesBeforeItsModuleReadsIt) {
   check(testing::tiny_config());
-  GPTConfig bf16 = testing::tiny_config();
+  TransformerConfig bf16 = testing::tiny_config();
   bf16.params_dtype = DType::BF16;
   check(bf16);
-  GPTConfig full = testing::tiny_config();
+  TransformerConfig full = testing::tiny_config();
   full.num_layers = 3;
   full.recompute_granularity = "full";
   full.recompute_method = "uniform";

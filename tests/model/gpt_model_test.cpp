@@ -19,7 +19,7 @@ struct RunResult {
   size_t activation_bytes;
 };
 
-RunResult run(const GPTConfig& cfg, const GPTInputs& in, uint64_t offset) {
+RunResult run(const TransformerConfig& cfg, const Batch& in, uint64_t offset) {
   GPTModel m(cfg, 42);
   testing::randomise(m, 3);
   testing::zero_grads(m);
@@ -41,8 +41,8 @@ double max_rel_diff(const RunResult& a, const RunResult& b) {
   return worst;
 }
 
-GPTConfig dropout_config() {
-  GPTConfig c = testing::tiny_config();
+TransformerConfig dropout_config() {
+  TransformerConfig c = testing::tiny_config();
   c.num_layers = 4;
   c.hidden_dropout = 0.1f;
   c.attention_dropout = 0.1f;
@@ -50,8 +50,8 @@ GPTConfig dropout_config() {
 }
 
 TEST(GPTModel, RecomputeGivesSameGradientsAndSavesMemory) {
-  const GPTConfig base = dropout_config();
-  GPTInputs in = testing::random_inputs(2, base.seq_length, base.padded_vocab_size, 11, true);
+  const TransformerConfig base = dropout_config();
+  Batch in = testing::random_inputs(2, base.seq_length, base.padded_vocab_size, 11, true);
   const RunResult ref = run(base, in, 7);
   struct Case {
     const char* granularity;
@@ -62,7 +62,7 @@ TEST(GPTModel, RecomputeGivesSameGradientsAndSavesMemory) {
   for (const Case& c : {Case{"selective", "", 0, false}, Case{"full", "uniform", 1, true},
                         Case{"full", "uniform", 2, true}, Case{"full", "uniform", 3, true},
                         Case{"full", "block", 2, true}, Case{"full", "block", 4, true}}) {
-    GPTConfig cfg = base;
+    TransformerConfig cfg = base;
     cfg.recompute_granularity = c.granularity;
     cfg.recompute_method = c.method;
     cfg.recompute_num_layers = c.k;
@@ -78,8 +78,8 @@ TEST(GPTModel, RecomputeGivesSameGradientsAndSavesMemory) {
 }
 
 TEST(GPTModel, DropoutMasksArePureFunctionsOfOffset) {
-  const GPTConfig cfg = dropout_config();
-  GPTInputs in = testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 12, false);
+  const TransformerConfig cfg = dropout_config();
+  Batch in = testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 12, false);
   const RunResult a = run(cfg, in, 5), b = run(cfg, in, 5), c = run(cfg, in, 6);
   EXPECT_EQ(a.loss.loss_sum, b.loss.loss_sum);
   EXPECT_EQ(max_rel_diff(a, b), 0.0);
@@ -87,8 +87,8 @@ TEST(GPTModel, DropoutMasksArePureFunctionsOfOffset) {
 }
 
 TEST(GPTModel, EvalLossMatchesTrainingLossWithoutDropout) {
-  const GPTConfig cfg = testing::tiny_config();
-  GPTInputs in = testing::random_inputs(3, cfg.seq_length, cfg.padded_vocab_size, 13, true);
+  const TransformerConfig cfg = testing::tiny_config();
+  Batch in = testing::random_inputs(3, cfg.seq_length, cfg.padded_vocab_size, 13, true);
   GPTModel m(cfg, 1);
   testing::randomise(m, 4);
   LossResult eval = m.forward_loss(in);
@@ -112,10 +112,10 @@ TEST(GPTModel, EvalLossMatchesTrainingLossWithoutDropout) {
 TEST(GPTModel, HalfParamsComputeLikeFp32WithSameValues) {
   for (DType dt : {DType::BF16, DType::F16}) {
     SCOPED_TRACE(dtype_name(dt));
-    GPTConfig c16 = dropout_config();
+    TransformerConfig c16 = dropout_config();
     c16.params_dtype = dt;
-    GPTConfig c32 = dropout_config();
-    GPTInputs in = testing::random_inputs(2, c32.seq_length, c32.padded_vocab_size, 14, true);
+    TransformerConfig c32 = dropout_config();
+    Batch in = testing::random_inputs(2, c32.seq_length, c32.padded_vocab_size, 14, true);
     GPTModel m16(c16, 42), m32(c32, 42);
     testing::randomise(m16, 3);
     ParameterList p16 = m16.parameters(), p32 = m32.parameters();
@@ -135,7 +135,7 @@ TEST(GPTModel, HalfParamsComputeLikeFp32WithSameValues) {
 }
 
 TEST(GPTModel, ParameterNamesShapesAndInit) {
-  GPTConfig c = testing::tiny_config();
+  TransformerConfig c = testing::tiny_config();
   c.init_method_std = 0.05f;
   GPTModel m(c, 9);
   ParameterList ps = m.parameters();
@@ -175,7 +175,7 @@ TEST(GPTModel, ParameterNamesShapesAndInit) {
 }
 
 TEST(GPTModel, RejectsBadConfigsAndInputs) {
-  GPTConfig c = testing::tiny_config();
+  TransformerConfig c = testing::tiny_config();
   c.recompute_granularity = "full";
   EXPECT_THROW(GPTModel(c, 1), Error);  // no method
   c.recompute_method = "uniform";
@@ -188,7 +188,7 @@ TEST(GPTModel, RejectsBadConfigsAndInputs) {
   c.recompute_granularity = "partial";
   EXPECT_THROW(GPTModel(c, 1), Error);
   GPTModel m(testing::tiny_config(), 1);
-  GPTInputs in = testing::random_inputs(1, 16, 96, 1, false);
+  Batch in = testing::random_inputs(1, 16, 96, 1, false);
   in.tokens.data<int32_t>()[3] = 96;
   EXPECT_THROW(m.forward_loss(in), Error);
   in = testing::random_inputs(1, 16, 96, 1, false);

@@ -21,28 +21,11 @@ void append(std::ofstream& f, const T* p, int64_t n) {
   f.write(reinterpret_cast<const char*>(p), std::streamsize(n * int64_t(sizeof(T))));
 }
 
-// |got - ref| <= atol + rtol * |ref| with atol relative to the tensor's scale.
-void expect_close(const std::string& what, const float* got, const double* ref, int64_t n,
-                  double rtol) {
-  double scale = 0;
-  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(ref[i]));
-  const double atol = rtol * scale + 1e-12;
-  int64_t bad = 0;
-  double worst = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double err = std::abs(double(got[i]) - ref[i]);
-    worst = std::max(worst, err / (atol + rtol * std::abs(ref[i])));
-    if (err > atol + rtol * std::abs(ref[i])) ++bad;
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << n << " elements off; worst err/tol "
-                    << worst << " (scale " << scale << ")";
-}
-
-void check_against_pytorch(const GPTConfig& cfg, bool resets, bool padding = false) {
+void check_against_pytorch(const TransformerConfig& cfg, bool resets, bool padding = false) {
   const int64_t b = 2, s = cfg.seq_length, V = cfg.padded_vocab_size;
   GPTModel model(cfg, 1234);
   testing::randomise(model, 99);
-  GPTInputs in = testing::random_inputs(b, s, V, 5, resets);
+  Batch in = testing::random_inputs(b, s, V, 5, resets);
   Tensor pad = Tensor::full({b, s}, 1.0, DType::I32);
   if (padding) {  // the last 3 positions of sequence 1 are padding keys
     for (int64_t i = s - 3; i < s; ++i) pad.data<int32_t>()[s + i] = 0;
@@ -90,11 +73,12 @@ void check_against_pytorch(const GPTConfig& cfg, bool resets, bool padding = fal
   EXPECT_NEAR(res.loss_sum, ref[0], 1e-5 * std::abs(ref[0]));
   EXPECT_EQ(res.num_tokens, ref[1]);
   int64_t off = 2;
-  expect_close("logits", logits.data<float>(), ref + off, b * s * V, 1e-5);
+  testing::expect_close_to_reference("logits", logits.data<float>(), ref + off, b * s * V, 1e-5);
   off += b * s * V;
   for (Parameter* p : model.parameters()) {
     ASSERT_LE(off + p->grad.numel(), nref);
-    expect_close(p->name + " grad", p->grad.data<float>(), ref + off, p->grad.numel(), 1e-5);
+    testing::expect_close_to_reference(p->name + " grad", p->grad.data<float>(), ref + off,
+                                       p->grad.numel(), 1e-5);
     off += p->grad.numel();
   }
   EXPECT_EQ(off, nref);
@@ -105,7 +89,7 @@ TEST(GPTReference, MatchesPyTorchTanhGeluWithDocumentResets) {
 }
 
 TEST(GPTReference, MatchesPyTorchExactGeluPlainCausal) {
-  GPTConfig c = testing::tiny_config();
+  TransformerConfig c = testing::tiny_config();
   c.activation = "gelu";
   c.num_layers = 1;
   c.ffn_hidden_size = 48;
@@ -113,7 +97,7 @@ TEST(GPTReference, MatchesPyTorchExactGeluPlainCausal) {
 }
 
 TEST(GPTReference, MatchesPyTorchGroupedQueryAttention) {
-  GPTConfig c = testing::tiny_config();
+  TransformerConfig c = testing::tiny_config();
   c.num_layers = 1;
   c.num_query_groups = 2;  // 4 query heads share 2 key/value heads
   check_against_pytorch(c, true);
@@ -127,8 +111,8 @@ namespace {
 
 // Llama-style: RMSNorm, rotary (halves), SwiGLU, grouped-query attention, no biases, untied
 // output layer; with document resets.
-GPTConfig llama_config() {
-  GPTConfig c = testing::tiny_config();
+TransformerConfig llama_config() {
+  TransformerConfig c = testing::tiny_config();
   c.normalization = "RMSNorm";
   c.activation = "swiglu";
   c.position_embedding_type = "rope";
@@ -142,7 +126,7 @@ GPTConfig llama_config() {
 TEST(GPTReference, MatchesPyTorchLlamaStyle) { check_against_pytorch(llama_config(), true); }
 
 TEST(GPTReference, MatchesPyTorchLlamaQkNormInterleavedPartialRotaryAndZeroCentredNorms) {
-  GPTConfig c = llama_config();
+  TransformerConfig c = llama_config();
   c.qk_layernorm = true;
   c.rotary_interleaved = true;
   c.rotary_percent = 0.5f;
@@ -153,7 +137,7 @@ TEST(GPTReference, MatchesPyTorchLlamaQkNormInterleavedPartialRotaryAndZeroCentr
 }
 
 TEST(GPTReference, MatchesPyTorchAlibiSlidingWindowSquaredRelu) {
-  GPTConfig c = testing::tiny_config();
+  TransformerConfig c = testing::tiny_config();
   c.hidden_size = 48;
   c.num_attention_heads = 6;  // not a power of two: the interleaved extension of the slopes
   c.position_embedding_type = "alibi";
@@ -163,7 +147,7 @@ TEST(GPTReference, MatchesPyTorchAlibiSlidingWindowSquaredRelu) {
 }
 
 TEST(GPTReference, MatchesPyTorchBidirectionalWithPaddingAndWindow) {
-  GPTConfig c = testing::tiny_config();
+  TransformerConfig c = testing::tiny_config();
   c.attention_mask_type = "bidirectional";
   c.window_left = 6;
   c.window_right = 3;

@@ -12,10 +12,10 @@
 namespace megatron::model {
 namespace {
 
-void check_hook(GPTConfig cfg) {
+void check_hook(TransformerConfig cfg) {
   GPTModel m(cfg, 3);
   testing::randomise(m, 4);
-  const GPTInputs in = testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 5, true);
+  const Batch in = testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 5, true);
   // Accumulate onto a non-zero gradient, as the last micro-batch of a step does.
   m.forward_backward(in, 0.5f, 1);
   std::map<const Parameter*, std::vector<float>> at_report;
@@ -44,7 +44,7 @@ void check_hook(GPTConfig cfg) {
 
 TEST(GradReadyHook, ReportsEveryParameterOnceWithItsFinalGradient) {
   check_hook(testing::tiny_config());
-  GPTConfig full = testing::tiny_config();
+  TransformerConfig full = testing::tiny_config();
   full.num_layers = 3;
   full.recompute_granularity = "full";
   full.recompute_method = "uniform";

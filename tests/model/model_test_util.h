@@ -2,7 +2,11 @@
 // attention_start) and randomised weights, so biases and norm parameters are not trivial.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -11,8 +15,8 @@
 
 namespace megatron::model::testing {
 
-inline GPTConfig tiny_config() {
-  GPTConfig c;
+inline TransformerConfig tiny_config() {
+  TransformerConfig c;
   c.num_layers = 2;
   c.hidden_size = 32;
   c.num_attention_heads = 4;
@@ -26,7 +30,7 @@ inline GPTConfig tiny_config() {
 
 // The Llama-shaped test model on top of `c`'s sizes: 4 layers, RMSNorm, SwiGLU (ffn 48), rotary,
 // 2 query groups, no biases, an untied output layer.
-inline void make_llama_style(GPTConfig& c) {
+inline void make_llama_style(TransformerConfig& c) {
   c.num_layers = 4;
   c.normalization = "RMSNorm";
   c.activation = "swiglu";
@@ -39,7 +43,7 @@ inline void make_llama_style(GPTConfig& c) {
 
 // tokens/labels uniform in [0, vocab); every third sequence gets a document boundary so
 // attention_start and position_ids reset there (Megatron's --reset-* flags).
-inline GPTInputs random_inputs(int64_t b, int64_t s, int64_t vocab, uint64_t seed,
+inline Batch random_inputs(int64_t b, int64_t s, int64_t vocab, uint64_t seed,
                                bool with_resets) {
   Philox rng(seed, 7);
   std::vector<int32_t> tok(size_t(b * s)), lab(size_t(b * s)), pos(size_t(b * s)),
@@ -58,7 +62,7 @@ inline GPTInputs random_inputs(int64_t b, int64_t s, int64_t vocab, uint64_t see
       mask[at] = rng.uniform(k++) < 0.8f ? 1.0f : 0.0f;
     }
   }
-  GPTInputs in;
+  Batch in;
   in.tokens = Tensor::from_vector(tok, {b, s});
   in.labels = Tensor::from_vector(lab, {b, s});
   in.position_ids = Tensor::from_vector(pos, {b, s});
@@ -67,13 +71,13 @@ inline GPTInputs random_inputs(int64_t b, int64_t s, int64_t vocab, uint64_t see
   return in;
 }
 
-// Replaces every parameter by N(0, 0.1) (norm weights 1 + N(0, 0.1)).
-inline void randomise(GPTModel& m, uint64_t seed) {
+// Replaces every parameter by N(0, 0.1) (weights initialised to ones, the norms', 1 + N(0, 0.1)).
+inline void randomise(LanguageModule& m, uint64_t seed) {
   ParameterList ps = m.parameters();
   for (size_t i = 0; i < ps.size(); ++i) {
     Tensor v = Tensor::empty(ps[i]->value.shape(), DType::F32);
     Philox(seed, 100 + i).fill_normal(v.data<float>(), v.numel(), 0.0f, 0.1f);
-    if (ps[i]->name.find("layernorm.weight") != std::string::npos) {
+    if (ps[i]->init == InitMethod::ones) {
       float* p = v.data<float>();
       for (int64_t j = 0; j < v.numel(); ++j) p[j] += 1.0f;
     }
@@ -81,8 +85,26 @@ inline void randomise(GPTModel& m, uint64_t seed) {
   }
 }
 
-inline void zero_grads(GPTModel& m) {
+inline void zero_grads(LanguageModule& m) {
   for (Parameter* p : m.parameters()) p->grad.zero_();
+}
+
+// Every element within |got - ref| <= atol + rtol * |ref|, atol = rtol * the tensor's scale
+// (its largest |ref|); the count of elements off and the worst ratio otherwise.
+inline void expect_close_to_reference(const std::string& what, const float* got, const double* ref,
+                                      int64_t n, double rtol) {
+  double scale = 0;
+  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(ref[i]));
+  const double atol = rtol * scale + 1e-12;
+  int64_t bad = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double err = std::abs(double(got[i]) - ref[i]);
+    worst = std::max(worst, err / (atol + rtol * std::abs(ref[i])));
+    if (err > atol + rtol * std::abs(ref[i])) ++bad;
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << n << " elements off; worst err/tol "
+                    << worst << " (scale " << scale << ")";
 }
 
 }  // namespace megatron::model::testing

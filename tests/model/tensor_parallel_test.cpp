@@ -35,8 +35,8 @@ std::vector<std::shared_ptr<Communicator>> tp_groups() {
   return out;
 }
 
-GPTConfig tp_config() {
-  GPTConfig c = testing::tiny_config();  // h 32, 4 heads, seq 16, vocab 96, 2 layers
+TransformerConfig tp_config() {
+  TransformerConfig c = testing::tiny_config();  // h 32, 4 heads, seq 16, vocab 96, 2 layers
   c.num_layers = 3;
   return c;
 }
@@ -68,7 +68,7 @@ struct StepResult {
   size_t activation_bytes = 0;
 };
 
-StepResult train_step(GPTModel& m, Communicator& tp, const GPTInputs& in, uint64_t offset) {
+StepResult train_step(GPTModel& m, Communicator& tp, const Batch& in, uint64_t offset) {
   testing::zero_grads(m);
   StepResult r;
   r.loss = m.forward_backward(in, 0.5f, offset);
@@ -104,10 +104,10 @@ void expect_same(const StepResult& got, const StepResult& ref, const ParameterLi
 }
 
 // Parity of one configuration on one TP group.
-void check_parity(const GPTConfig& cfg, const std::shared_ptr<Communicator>& group,
+void check_parity(const TransformerConfig& cfg, const std::shared_ptr<Communicator>& group,
                   const std::string& what, double tol = 1e-5) {
   SCOPED_TRACE(what + " T=" + std::to_string(group->size()));
-  GPTConfig ref_cfg = cfg;
+  TransformerConfig ref_cfg = cfg;
   ref_cfg.recompute_granularity.clear();  // the reference stores everything
   ref_cfg.recompute_method.clear();
   ref_cfg.recompute_num_layers = 0;
@@ -115,7 +115,7 @@ void check_parity(const GPTConfig& cfg, const std::shared_ptr<Communicator>& gro
   testing::randomise(ref, 3);
   GPTModel tpm(cfg, 42, group);
   load_shards(tpm, ref);
-  const GPTInputs in = testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 11, true);
+  const Batch in = testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 11, true);
   const StepResult r = train_step(ref, *make_self_communicator(), in, 7);
   const StepResult t = train_step(tpm, *group, in, 7);
   expect_same(t, r, ref.parameters(), tol);
@@ -131,7 +131,7 @@ void check_parity(const GPTConfig& cfg, const std::shared_ptr<Communicator>& gro
 TEST(MpiTensorParallelGPT, InitialWeightsEqualSingleRankSlices) {
   for (const auto& g : tp_groups()) {
     for (bool sp : {false, true}) {
-      GPTConfig cfg = tp_config();
+      TransformerConfig cfg = tp_config();
       cfg.num_query_groups = g->size() <= 2 ? 2 : 0;  // 4 heads in 2 groups where T allows
       cfg.sequence_parallel = sp;
       GPTModel ref(cfg, 5), tpm(cfg, 5, g);
@@ -161,7 +161,7 @@ TEST(MpiTensorParallelGPT, InitialWeightsEqualSingleRankSlices) {
 TEST(MpiTensorParallelGPT, LossLogitsAndGradientsMatchSingleRank) {
   for (const auto& g : tp_groups())
     for (bool sp : {false, true}) {
-      GPTConfig cfg = tp_config();
+      TransformerConfig cfg = tp_config();
       cfg.sequence_parallel = sp;
       check_parity(cfg, g, sp ? "sequence parallel" : "tensor parallel");
     }
@@ -170,7 +170,7 @@ TEST(MpiTensorParallelGPT, LossLogitsAndGradientsMatchSingleRank) {
 TEST(MpiTensorParallelGPT, GroupedQueryAttentionAndExactGelu) {
   for (const auto& g : tp_groups())
     for (bool sp : {false, true}) {
-      GPTConfig cfg = tp_config();
+      TransformerConfig cfg = tp_config();
       cfg.num_attention_heads = 8;
       cfg.num_query_groups = 4;
       cfg.ffn_hidden_size = 48;
@@ -190,7 +190,7 @@ TEST(MpiTensorParallelGPT, RecomputeOptionsUnderTensorParallelism) {
     for (bool sp : {false, true})
       for (const Case& c : {Case{"selective", "", 0}, Case{"full", "uniform", 1},
                             Case{"full", "uniform", 2}, Case{"full", "block", 2}}) {
-        GPTConfig cfg = tp_config();
+        TransformerConfig cfg = tp_config();
         cfg.sequence_parallel = sp;
         cfg.recompute_granularity = c.granularity;
         cfg.recompute_method = c.method;
@@ -204,7 +204,7 @@ TEST(MpiTensorParallelGPT, RecomputeOptionsUnderTensorParallelism) {
 TEST(MpiTensorParallelGPT, DropoutMasksDoNotDependOnTensorParallelism) {
   for (const auto& g : tp_groups())
     for (bool sp : {false, true}) {
-      GPTConfig cfg = tp_config();
+      TransformerConfig cfg = tp_config();
       cfg.hidden_dropout = 0.1f;
       cfg.attention_dropout = 0.1f;
       cfg.sequence_parallel = sp;
@@ -212,7 +212,7 @@ TEST(MpiTensorParallelGPT, DropoutMasksDoNotDependOnTensorParallelism) {
       testing::randomise(ref, 3);
       GPTModel tpm(cfg, 42, g);
       load_shards(tpm, ref);
-      const GPTInputs in =
+      const Batch in =
           testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 5, true);
       const StepResult r = train_step(ref, *make_self_communicator(), in, 9);
       const StepResult t = train_step(tpm, *g, in, 9);
@@ -225,10 +225,10 @@ TEST(MpiTensorParallelGPT, DropoutMasksDoNotDependOnTensorParallelism) {
 TEST(MpiTensorParallelGPT, SequenceParallelSavesActivationMemory) {
   auto g = world();
   if (g->size() == 1) GTEST_SKIP() << "needs tensor parallelism (mpirun -np 2 or 4)";
-  const GPTInputs in = testing::random_inputs(2, 16, 96, 5, false);
+  const Batch in = testing::random_inputs(2, 16, 96, 5, false);
   size_t bytes[2];
   for (bool sp : {false, true}) {
-    GPTConfig cfg = tp_config();
+    TransformerConfig cfg = tp_config();
     cfg.sequence_parallel = sp;
     GPTModel m(cfg, 1, g);
     m.forward_backward(in, 1.0f, 0);
@@ -241,7 +241,7 @@ TEST(MpiTensorParallelGPT, BadConfigurationsGiveClearErrors) {
   auto g = world();
   const int T = g->size();
   if (T == 1) GTEST_SKIP() << "needs tensor parallelism (mpirun -np 2 or 4)";
-  auto expect_error = [&](const GPTConfig& cfg, const std::string& needle) {
+  auto expect_error = [&](const TransformerConfig& cfg, const std::string& needle) {
     try {
       GPTModel m(cfg, 1, g);
       ADD_FAILURE() << "no error for " << needle;
@@ -249,7 +249,7 @@ TEST(MpiTensorParallelGPT, BadConfigurationsGiveClearErrors) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  GPTConfig c = tp_config();
+  TransformerConfig c = tp_config();
   c.num_attention_heads = 2 * T + 1;  // kv_channels set, so only T rejects the head count
   c.kv_channels = 8;
   expect_error(c, "--num-attention-heads");
@@ -275,7 +275,7 @@ TEST(MpiTensorParallelGPT, BadConfigurationsGiveClearErrors) {
   c = tp_config();
   c.sequence_parallel = true;
   GPTModel m(c, 1, g);
-  const GPTInputs odd = testing::random_inputs(1, 4 * T + 1, 96, 1, false);
+  const Batch odd = testing::random_inputs(1, 4 * T + 1, 96, 1, false);
   EXPECT_THROW(m.forward_loss(odd), Error);
   // Megatron's padding (make_vocab_size_divisible_by * T) always gives a valid vocabulary.
   c = tp_config();
@@ -286,7 +286,7 @@ TEST(MpiTensorParallelGPT, BadConfigurationsGiveClearErrors) {
 
 // The size checks themselves need no communication: every T against one configuration.
 TEST(TensorParallelConfig, ValidateNamesTheIndivisibleFlag) {
-  auto message = [](const GPTConfig& c, int T) -> std::string {
+  auto message = [](const TransformerConfig& c, int T) -> std::string {
     try {
       c.validate_tensor_parallel(T);
     } catch (const Error& e) {
@@ -294,7 +294,7 @@ TEST(TensorParallelConfig, ValidateNamesTheIndivisibleFlag) {
     }
     return "";
   };
-  GPTConfig c = tp_config();  // h 32, 4 heads, ffn 128, vocab 96, seq 16
+  TransformerConfig c = tp_config();  // h 32, 4 heads, ffn 128, vocab 96, seq 16
   EXPECT_EQ(message(c, 1), "");
   EXPECT_EQ(message(c, 2), "");
   EXPECT_EQ(message(c, 4), "");

@@ -16,7 +16,7 @@
 
 #include "comm/communicator.h"
 #include "comm/parallel_state.h"
-#include "model/gpt_stage.h"
+#include "model/stage_model.h"
 #include "model/model_test_util.h"
 #include "optim/optimizer.h"
 #include "pipeline_test_util.h"
@@ -27,9 +27,9 @@ namespace megatron::pipeline {
 namespace {
 
 using megatron::testing::checked_device;
-using model::GPTConfig;
-using model::GPTInputs;
-using model::GPTStageModel;
+using model::TransformerConfig;
+using model::Batch;
+using model::StageModel;
 using model::Parameter;
 
 struct Layout {
@@ -43,8 +43,8 @@ struct Layout {
   std::string recompute;  // "", "full" (uniform, 1 layer) or "selective"
 };
 
-GPTConfig config_of(const Layout& l) {
-  GPTConfig c = model::testing::tiny_config();
+TransformerConfig config_of(const Layout& l) {
+  TransformerConfig c = model::testing::tiny_config();
   c.num_layers = 4;
   c.hidden_dropout = 0.1f;
   c.attention_dropout = 0.1f;
@@ -72,9 +72,9 @@ GPTConfig config_of(const Layout& l) {
 }
 
 // Every tensor of the micro-batch moved to `d` (an explicit copy).
-GPTInputs on(const GPTInputs& in, Device d) {
+Batch on(const Batch& in, Device d) {
   auto mv = [&](const Tensor& t) { return t.defined() ? t.to(d) : t; };
-  return GPTInputs{mv(in.tokens),    mv(in.position_ids), mv(in.attention_start),
+  return Batch{mv(in.tokens),    mv(in.position_ids), mv(in.attention_start),
                    mv(in.labels),    mv(in.loss_mask),    mv(in.padding_mask)};
 }
 
@@ -96,11 +96,11 @@ void check_layout(const Layout& l) {
   if (w->size() != l.tp * l.pp * l.cp) return;
   SCOPED_TRACE(l.name);
   const ParallelState ps = model::testing::parallel_state(w, l.tp, l.pp, l.cp);
-  const GPTConfig cfg = config_of(l);
+  const TransformerConfig cfg = config_of(l);
   const model::PipelineLayout layout =
       model::PipelineLayout::make(cfg.num_layers, l.pp, l.layers_per_virtual_stage);
   auto make = [&](Device d) {
-    return std::make_unique<GPTStageModel>(
+    return std::make_unique<StageModel>(
         cfg, 42, layout, ps.pp_rank(), ps.group_ptr(GroupKind::TP), ps.group_ptr(GroupKind::PP),
         ps.group_ptr(GroupKind::EMBEDDING), ps.group_ptr(GroupKind::CP), d);
   };
@@ -121,9 +121,9 @@ void check_layout(const Layout& l) {
   const int M = 4;
   for (int it = 0; it < 2; ++it) {
     SCOPED_TRACE("iteration " + std::to_string(it));
-    std::vector<GPTInputs> mb_cpu, mb_dev;
+    std::vector<Batch> mb_cpu, mb_dev;
     for (int m = 0; m < M; ++m) {
-      const GPTInputs in = model::testing::random_inputs(
+      const Batch in = model::testing::random_inputs(
           2, cfg.seq_length, cfg.padded_vocab_size, 500 + uint64_t(it * M + m), !l.llama);
       mb_cpu.push_back(model::slice_for_context_parallel(in, ps.cp_rank(), ps.cp_size()));
       mb_dev.push_back(on(mb_cpu.back(), checked_device()));
@@ -133,7 +133,7 @@ void check_layout(const Layout& l) {
     o.dropout_offset = 10 + uint64_t(it * M);
     ForwardBackwardResult r[2];
     int k = 0;
-    for (GPTStageModel* st : {cpu.get(), dev.get()}) {
+    for (StageModel* st : {cpu.get(), dev.get()}) {
       for (Parameter* p : st->parameters()) p->grad.zero_();
       r[k] = forward_backward(*st, k == 0 ? mb_cpu : mb_dev, o);
       if (l.cp > 1)  // partial sums over the CP group (the trainer reduces over DP x CP)
@@ -203,12 +203,12 @@ TEST(MpiCheckedStep, FourRanks) {
 // Inputs left on the host for a model on the device are a clear error, not a host access.
 TEST(MpiCheckedStep, InputsOnAnotherDeviceAreAClearError) {
   if (world_communicator()->size() != 1) GTEST_SKIP() << "runs on one rank";
-  const GPTConfig cfg = config_of(Layout{});
+  const TransformerConfig cfg = config_of(Layout{});
   model::ModelOptions opt;
   opt.device = checked_device();
   model::GPTModel m(cfg, 1, model::TensorParallel::none(), model::ContextParallel::none(),
-                    model::ModelChunk{model::PipelineLayout{cfg.num_layers, 1, 1}, 0, 0}, opt);
-  const GPTInputs in = model::testing::random_inputs(1, 8, cfg.padded_vocab_size, 3, false);
+                    model::ChunkPlace{model::PipelineLayout{cfg.num_layers, 1, 1}, 0, 0}, opt);
+  const Batch in = model::testing::random_inputs(1, 8, cfg.padded_vocab_size, 3, false);
   try {
     m.forward_backward(in, 1.0f, 0);
     ADD_FAILURE() << "no error";
@@ -216,7 +216,7 @@ TEST(MpiCheckedStep, InputsOnAnotherDeviceAreAClearError) {
     EXPECT_NE(std::string(e.what()).find("must be on its device"), std::string::npos) << e.what();
   }
   // A token outside the vocabulary is found through an op and reported with its position.
-  GPTInputs bad = in;
+  Batch bad = in;
   Tensor t = in.tokens.clone();
   t.data<int32_t>()[5] = int32_t(cfg.padded_vocab_size) + 3;
   bad.tokens = t;

@@ -19,9 +19,9 @@
 namespace megatron::pipeline {
 namespace {
 
-using model::GPTConfig;
+using model::TransformerConfig;
 using model::GPTModel;
-using model::GPTStageModel;
+using model::StageModel;
 using model::Parameter;
 using model::testing::rel_diff;
 
@@ -48,8 +48,8 @@ struct Case {
 
 std::shared_ptr<Communicator> world() { return world_communicator(); }
 
-GPTConfig config_of(const Case& c) {
-  GPTConfig cfg = model::testing::tiny_config();  // h 32, 4 heads, seq 16, vocab 96
+TransformerConfig config_of(const Case& c) {
+  TransformerConfig cfg = model::testing::tiny_config();  // h 32, 4 heads, seq 16, vocab 96
   cfg.num_layers = c.layers;
   cfg.sequence_parallel = c.sequence_parallel;
   cfg.hidden_dropout = cfg.attention_dropout = c.dropout;
@@ -76,14 +76,14 @@ void check_case(const Case& c, int iterations = 2) {
   if (w->size() % (c.tp * c.pp * c.cp) != 0) return;
   SCOPED_TRACE(c.name);
   const ParallelState ps = model::testing::parallel_state(w, c.tp, c.pp, c.cp);
-  const GPTConfig cfg = config_of(c);
-  GPTConfig ref_cfg = cfg;
+  const TransformerConfig cfg = config_of(c);
+  TransformerConfig ref_cfg = cfg;
   ref_cfg.recompute_granularity.clear();
   ref_cfg.recompute_method.clear();
   ref_cfg.recompute_num_layers = 0;
   GPTModel ref(ref_cfg, 42);
   model::testing::randomise(ref, 3);
-  GPTStageModel st(cfg, 42, ps, c.layers_per_virtual_stage);
+  StageModel st(cfg, 42, ps, c.layers_per_virtual_stage);
   const int T = c.tp, tp_rank = ps.tp_rank();
   model::testing::load_from(st.parameters(), ref, tp_rank, T);
   ASSERT_EQ(st.pipeline_rank(), ps.pp_rank());
@@ -128,7 +128,7 @@ void check_case(const Case& c, int iterations = 2) {
       };
       o.progress = [&] { ++passes; };
     }
-    std::vector<model::GPTInputs> local;
+    std::vector<model::Batch> local;
     for (const auto& in : mbs)
       local.push_back(model::slice_for_context_parallel(in, ps.cp_rank(), ps.cp_size()));
     ForwardBackwardResult res = forward_backward(st, local, o);
@@ -257,11 +257,11 @@ TEST(MpiPipelineParallel, ForwardOnly) {
     ParallelConfig pc;
     pc.pipeline_model_parallel_size = pp;
     const ParallelState ps = ParallelState::create(w, pc);
-    const GPTConfig cfg = config_of(Case("").L(8));
+    const TransformerConfig cfg = config_of(Case("").L(8));
     GPTModel ref(cfg, 8);
     for (int lpvs : {0, 2}) {
       if (lpvs && pp == 1) continue;
-      GPTStageModel st(cfg, 8, ps, lpvs);
+      StageModel st(cfg, 8, ps, lpvs);
       const auto mbs = model::testing::microbatches(4, cfg, 5);
       double want = 0;
       for (const auto& in : mbs) want += ref.forward_loss(in).loss_sum;
@@ -291,16 +291,16 @@ TEST(MpiPipelineParallel, BadConfigurationsGiveClearErrors) {
     ParallelConfig pc;
     pc.pipeline_model_parallel_size = pp;
     const ParallelState ps = ParallelState::create(w, pc);
-    GPTConfig cfg = config_of(Case("").L(2 * pp + 1));
-    EXPECT_NE(message([&] { GPTStageModel st(cfg, 1, ps); })
+    TransformerConfig cfg = config_of(Case("").L(2 * pp + 1));
+    EXPECT_NE(message([&] { StageModel st(cfg, 1, ps); })
                   .find("is not divisible by --pipeline-model-parallel-size " + std::to_string(pp)),
               std::string::npos);
     cfg = config_of(Case("").L(4 * pp));
-    EXPECT_NE(message([&] { GPTStageModel st(cfg, 1, ps, 3); })
+    EXPECT_NE(message([&] { StageModel st(cfg, 1, ps, 3); })
                   .find("not divisible by --num-layers-per-virtual-pipeline-stage 3"),
               std::string::npos);
     // Interleaving needs a multiple of P micro-batches; the error comes before any transfer.
-    GPTStageModel st(cfg, 1, ps, 2);
+    StageModel st(cfg, 1, ps, 2);
     const auto mbs = model::testing::microbatches(pp + 1, cfg, 1);
     EXPECT_NE(message([&] { forward_backward(st, mbs); })
                   .find("is not divisible by --pipeline-model-parallel-size"),

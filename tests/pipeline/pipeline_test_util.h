@@ -13,7 +13,7 @@
 
 #include "comm/parallel_state.h"
 #include "model/gpt_model.h"
-#include "model/gpt_stage.h"
+#include "model/stage_model.h"
 #include "model/model_test_util.h"
 #include "model/tensor_parallel.h"
 
@@ -54,18 +54,18 @@ inline void zero_grads(const ParameterList& ps) {
 }
 
 // M micro-batches of b x s tokens (document resets, random loss mask), distinct per index.
-inline std::vector<GPTInputs> microbatches(int M, const GPTConfig& cfg, uint64_t seed,
+inline std::vector<Batch> microbatches(int M, const TransformerConfig& cfg, uint64_t seed,
                                            int64_t b = 2) {
-  std::vector<GPTInputs> out;
+  std::vector<Batch> out;
   for (int m = 0; m < M; ++m)
     out.push_back(random_inputs(b, cfg.seq_length, cfg.padded_vocab_size, seed + uint64_t(m) * 7,
                                 true));
   return out;
 }
 
-inline double total_tokens(const std::vector<GPTInputs>& mbs) {
+inline double total_tokens(const std::vector<Batch>& mbs) {
   double t = 0;
-  for (const GPTInputs& in : mbs)
+  for (const Batch& in : mbs)
     for (float v : in.loss_mask.to_float_vector()) t += v;
   return t;
 }
@@ -77,7 +77,7 @@ struct Reference {
 };
 
 // Micro-batch m uses dropout offset offset + m * stride.
-inline Reference reference_step(GPTModel& ref, const std::vector<GPTInputs>& mbs, float scale,
+inline Reference reference_step(GPTModel& ref, const std::vector<Batch>& mbs, float scale,
                                 uint64_t offset, uint64_t stride = 1) {
   zero_grads(ref.parameters());
   Reference r;

@@ -11,7 +11,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "model/gpt_stage.h"
+#include "model/stage_model.h"
 #include "pipeline/schedules.h"
 
 namespace megatron::pipeline {

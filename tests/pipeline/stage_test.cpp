@@ -18,20 +18,20 @@ namespace {
 
 using testing::rel_diff;
 
-GPTConfig config(int layers) {
-  GPTConfig c = testing::tiny_config();  // h 32, 4 heads, seq 16, vocab 96
+TransformerConfig config(int layers) {
+  TransformerConfig c = testing::tiny_config();  // h 32, 4 heads, seq 16, vocab 96
   c.num_layers = layers;
   return c;
 }
 
 // Every chunk of every rank of `layout`, in virtual-stage order.
-std::vector<std::unique_ptr<GPTModel>> all_chunks(const GPTConfig& cfg, uint64_t seed,
+std::vector<std::unique_ptr<GPTModel>> all_chunks(const TransformerConfig& cfg, uint64_t seed,
                                                   const PipelineLayout& layout) {
   std::vector<std::unique_ptr<GPTModel>> out(size_t(layout.num_virtual_stages()));
   for (int r = 0; r < layout.pipeline_size; ++r)
     for (int c = 0; c < layout.num_chunks; ++c)
       out[size_t(layout.virtual_stage(r, c))] =
-          std::make_unique<GPTModel>(cfg, seed, TensorParallel::none(), ContextParallel::none(), ModelChunk{layout, r, c});
+          std::make_unique<GPTModel>(cfg, seed, TensorParallel::none(), ContextParallel::none(), ChunkPlace{layout, r, c});
   return out;
 }
 
@@ -40,7 +40,7 @@ TEST(ModelChunkTest, InitialWeightsAndNamesEqualTheSingleRankModel) {
                             std::tuple{8, 2, 1}, std::tuple{6, 3, 0}}) {
     SCOPED_TRACE("L=" + std::to_string(L) + " P=" + std::to_string(P) +
                  " layers/virtual stage=" + std::to_string(lpvs));
-    const GPTConfig cfg = config(L);
+    const TransformerConfig cfg = config(L);
     GPTModel ref(cfg, 17);
     const PipelineLayout layout = PipelineLayout::make(L, P, lpvs);
     auto chunks = all_chunks(cfg, 17, layout);
@@ -71,9 +71,9 @@ TEST(ModelChunkTest, InitialWeightsAndNamesEqualTheSingleRankModel) {
 
 // One chunk holding everything (P = 1) has exactly GPTModel's parameter list.
 TEST(ModelChunkTest, SingleStageHasNoTiedCopy) {
-  const GPTConfig cfg = config(2);
+  const TransformerConfig cfg = config(2);
   GPTModel ref(cfg, 3);
-  GPTModel ch(cfg, 3, TensorParallel::none(), ContextParallel::none(), ModelChunk{PipelineLayout::make(2, 1), 0, 0});
+  GPTModel ch(cfg, 3, TensorParallel::none(), ContextParallel::none(), ChunkPlace{PipelineLayout::make(2, 1), 0, 0});
   ParameterList a = ch.parameters(), b = ref.parameters();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
@@ -84,7 +84,7 @@ TEST(ModelChunkTest, SingleStageHasNoTiedCopy) {
 
 // Chains micro-batches through all virtual stages: every forward first (micro-batch order), then
 // the backwards in `backward_order`; the tied gradients are summed as the embedding group would.
-void check_chained(const GPTConfig& cfg, const PipelineLayout& layout,
+void check_chained(const TransformerConfig& cfg, const PipelineLayout& layout,
                    const std::vector<int>& backward_order, const std::string& what) {
   SCOPED_TRACE(what);
   const int M = int(backward_order.size());
@@ -144,7 +144,7 @@ TEST(ModelChunkTest, ChainedChunksMatchSingleRankWithMicrobatchesInFlight) {
 }
 
 TEST(ModelChunkTest, ChainedChunksWithRecomputeAndDropout) {
-  GPTConfig c = config(4);
+  TransformerConfig c = config(4);
   c.hidden_dropout = 0.1f;
   c.attention_dropout = 0.1f;
   check_chained(c, PipelineLayout::make(4, 2), {1, 0, 2}, "dropout");
@@ -163,10 +163,10 @@ TEST(ModelChunkTest, ChainedChunksWithRecomputeAndDropout) {
 
 // Evaluation: nothing stays in flight; the chained loss equals GPTModel::forward_loss.
 TEST(ModelChunkTest, ForwardOnlyKeepsNothing) {
-  const GPTConfig cfg = config(4);
+  const TransformerConfig cfg = config(4);
   GPTModel ref(cfg, 9);
   auto chunks = all_chunks(cfg, 9, PipelineLayout::make(4, 2, 1));
-  const GPTInputs in = testing::random_inputs(2, 16, 96, 3, true);
+  const Batch in = testing::random_inputs(2, 16, 96, 3, true);
   ChunkForward f;
   f.training = false;
   Tensor x;
@@ -177,9 +177,9 @@ TEST(ModelChunkTest, ForwardOnlyKeepsNothing) {
 }
 
 TEST(ModelChunkTest, MisuseIsCaught) {
-  const GPTConfig cfg = config(4);
-  GPTModel mid(cfg, 1, TensorParallel::none(), ContextParallel::none(), ModelChunk{PipelineLayout::make(4, 4), 1, 0});
-  const GPTInputs in = testing::random_inputs(2, 16, 96, 3, false);
+  const TransformerConfig cfg = config(4);
+  GPTModel mid(cfg, 1, TensorParallel::none(), ContextParallel::none(), ChunkPlace{PipelineLayout::make(4, 4), 1, 0});
+  const Batch in = testing::random_inputs(2, 16, 96, 3, false);
   ChunkForward f;
   EXPECT_THROW(mid.forward(0, in, Tensor::zeros({31, 32}, DType::F32), f), InternalError);
   EXPECT_THROW(mid.backward(5, Tensor::zeros({32, 32}, DType::F32)), InternalError);
@@ -190,7 +190,7 @@ TEST(ModelChunkTest, MisuseIsCaught) {
 
 // The last stage's tied copy is counted once in the grad norm (on its owner, the first stage).
 TEST(ModelChunkTest, TiedCopyIsLeftOutOfTheGradNorm) {
-  GPTModel last(config(4), 1, TensorParallel::none(), ContextParallel::none(), ModelChunk{PipelineLayout::make(4, 2), 1, 0});
+  GPTModel last(config(4), 1, TensorParallel::none(), ContextParallel::none(), ChunkPlace{PipelineLayout::make(4, 2), 1, 0});
   Parameter* copy = last.word_embedding();
   ASSERT_NE(copy, nullptr);
   EXPECT_TRUE(copy->shared);
@@ -201,15 +201,15 @@ TEST(ModelChunkTest, TiedCopyIsLeftOutOfTheGradNorm) {
   EXPECT_EQ(local_grad_sum_of_squares(last.parameters(), 0), want);
 }
 
-// P = 1: GPTStageModel + forward_backward (no pipelining) equals GPTModel's loop.
-TEST(GPTStageModelTest, NoPipeliningEqualsSingleRankLoop) {
-  const GPTConfig cfg = config(3);
+// P = 1: StageModel + forward_backward (no pipelining) equals GPTModel's loop.
+TEST(StageModelTest, NoPipeliningEqualsSingleRankLoop) {
+  const TransformerConfig cfg = config(3);
   GPTModel ref(cfg, 42);
   testing::randomise(ref, 5);
   const auto mbs = testing::microbatches(3, cfg, 40);
   const float scale = float(1.0 / testing::total_tokens(mbs));
   const testing::Reference want = testing::reference_step(ref, mbs, scale, 7);
-  GPTStageModel st(cfg, 42, PipelineLayout::make(3, 1), 0, make_self_communicator("tp"), nullptr,
+  StageModel st(cfg, 42, PipelineLayout::make(3, 1), 0, make_self_communicator("tp"), nullptr,
                    nullptr);
   testing::load_from(st.parameters(), ref, 0, 1);
   testing::zero_grads(st.parameters());

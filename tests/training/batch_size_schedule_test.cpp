@@ -118,7 +118,7 @@ TEST(BatchSizeRampup, TrainsWithMegatronsBatchesAndResumesMidRampBitForBit) {
   TrainingArgs a = tiny(dir);
   a.micro_batch_size = 2;  // 2 4 6 8 all split into micro-batches of 2
   a.metrics_jsonl = (dir / "full.jsonl").string();
-  const TrainingSummary full = pretrain_gpt(a);
+  const TrainingSummary full = pretrain(a);
   EXPECT_EQ(full.iterations, 8);
   EXPECT_EQ(full.consumed_samples, 2 + 2 + 2 + 4 + 4 + 6 + 8 + 8);
   const auto lines = jsonl_lines(dir / "full.jsonl");
@@ -141,14 +141,14 @@ TEST(BatchSizeRampup, TrainsWithMegatronsBatchesAndResumesMidRampBitForBit) {
   b.save = (dir2 / "ckpt").string();
   b.save_interval = 100;
   b.exit_interval = 4;
-  const TrainingSummary first = pretrain_gpt(b);
+  const TrainingSummary first = pretrain(b);
   EXPECT_EQ(first.iterations, 4);
   EXPECT_EQ(first.consumed_samples, 10);
   // Megatron saves before the number of micro-batches changes: after iteration 3 (2 -> 4).
   EXPECT_TRUE(std::filesystem::exists(dir2 / "ckpt" / "iter_0000003"));
   b.exit_interval = 0;
   b.load = b.save;
-  const TrainingSummary second = pretrain_gpt(b);
+  const TrainingSummary second = pretrain(b);
   EXPECT_EQ(second.start_iteration, 4);
   EXPECT_EQ(second.iterations, 8);
   EXPECT_EQ(second.consumed_samples, full.consumed_samples);
@@ -169,11 +169,11 @@ TEST(BatchSizeRampup, ConstantBatchTrainSamplesDropThePartialLastBatch) {
   a.rampup_batch_size.clear();
   a.global_batch_size = 4;
   a.train_samples = 10;
-  const TrainingSummary s = pretrain_gpt(a);
+  const TrainingSummary s = pretrain(a);
   EXPECT_EQ(s.iterations, 2);
   EXPECT_EQ(s.consumed_samples, 8);
   a.train_samples = 3;
-  expect_error([&] { pretrain_gpt(a); }, "--train-samples 3 is less than one global batch (4 samples)");
+  expect_error([&] { pretrain(a); }, "--train-samples 3 is less than one global batch (4 samples)");
 }
 
 TEST(BatchSizeRampup, StepScheduleTrainsItsBatches) {
@@ -184,7 +184,7 @@ TEST(BatchSizeRampup, StepScheduleTrainsItsBatches) {
   a.step_batch_size_schedule = "0:2 96:4 160:8";  // tokens: 6 and 10 samples of 16 tokens
   a.train_samples = 30;
   a.metrics_jsonl = (dir / "m.jsonl").string();
-  const TrainingSummary s = pretrain_gpt(a);
+  const TrainingSummary s = pretrain(a);
   // 2 2 2 (6) 4 (10) 8 8 (26): a third 8 would pass 30.
   EXPECT_EQ(s.iterations, 6);
   EXPECT_EQ(s.consumed_samples, 26);
@@ -224,7 +224,7 @@ TEST(DecoupledLR, EmbeddingAndOutputLayerTakeTheirOwnSchedule) {
     b.save = (dir / name).string();
     b.decoupled_lr = dec;
     b.decoupled_min_lr = dec_min;
-    return pretrain_gpt(b);
+    return pretrain(b);
   };
   const TrainingSummary plain = run("plain", std::nullopt, std::nullopt);
   // The decoupled group with the main LR's values is the plain run, bit for bit.
@@ -240,7 +240,7 @@ TEST(DecoupledLR, EmbeddingAndOutputLayerTakeTheirOwnSchedule) {
     b.lr_warmup_iters = 0;
     b.save = (dir / "init").string();
     b.save_interval = 1;
-    pretrain_gpt(b);
+    pretrain(b);
   }
   auto init = [&](const std::string& n) { return saved(dir / "init", "iter_0000001", n); };
   for (const char* n : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
@@ -256,15 +256,15 @@ TEST(DecoupledLR, ResumeKeepsTheDecoupledSchedule) {
   TrainingArgs a = tiny(dir);
   a.decoupled_lr = 1e-2;
   a.decoupled_min_lr = 1e-3;
-  const TrainingSummary full = pretrain_gpt(a);
+  const TrainingSummary full = pretrain(a);
   TrainingArgs b = a;
   b.save = (dir / "ckpt").string();
   b.save_interval = 100;
   b.exit_interval = 5;
-  const TrainingSummary first = pretrain_gpt(b);
+  const TrainingSummary first = pretrain(b);
   b.exit_interval = 0;
   b.load = b.save;
-  const TrainingSummary second = pretrain_gpt(b);
+  const TrainingSummary second = pretrain(b);
   std::vector<double> joined = first.losses;
   joined.insert(joined.end(), second.losses.begin(), second.losses.end());
   EXPECT_EQ(joined, full.losses);
@@ -272,7 +272,7 @@ TEST(DecoupledLR, ResumeKeepsTheDecoupledSchedule) {
   EXPECT_NE(meta.find("\"decoupled_lr\": 0.01"), std::string::npos) << meta;
   // A resume with another decoupled LR is refused unless the schedule is overridden.
   b.decoupled_lr = 2e-2;
-  expect_error([&] { pretrain_gpt(b); }, "--decoupled-lr: the checkpoint's LR schedule has 0.01");
+  expect_error([&] { pretrain(b); }, "--decoupled-lr: the checkpoint's LR schedule has 0.01");
 }
 
 TEST(SkipTrain, EvaluatesValidationAndTestAtTheLoadedIteration) {
@@ -286,25 +286,25 @@ TEST(SkipTrain, EvaluatesValidationAndTestAtTheLoadedIteration) {
   a.global_batch_size = 4;
   a.save = (dir / "ckpt").string();
   a.save_interval = 4;
-  pretrain_gpt(a);
+  pretrain(a);
   TrainingArgs e = a;
   e.load = a.save;
   e.save.clear();
   e.skip_train = true;
   e.train_iters = 0;
   e.eval_iters = 2;
-  const TrainingSummary s = pretrain_gpt(e);
+  const TrainingSummary s = pretrain(e);
   EXPECT_EQ(s.iterations, 4);
   EXPECT_EQ(s.start_iteration, 4);
   ASSERT_EQ(s.valid_losses.size(), 1u);
   EXPECT_TRUE(std::isfinite(s.test_loss));
   EXPECT_NE(s.valid_losses[0], s.test_loss);
   // Evaluating twice gives the same numbers (the validation split from its first sample).
-  const TrainingSummary again = pretrain_gpt(e);
+  const TrainingSummary again = pretrain(e);
   EXPECT_EQ(again.valid_losses, s.valid_losses);
   EXPECT_EQ(again.test_loss, s.test_loss);
   e.eval_iters = 0;
-  expect_error([&] { pretrain_gpt(e); }, "--skip-train: nothing to evaluate: --eval-iters is 0");
+  expect_error([&] { pretrain(e); }, "--skip-train: nothing to evaluate: --eval-iters is 0");
 }
 
 TEST(MockData, TrainsWithoutDataFiles) {
@@ -324,7 +324,7 @@ TEST(MockData, TrainsWithoutDataFiles) {
   a.eval_interval = 3;
   a.eval_iters = 1;
   a.log_interval = 3;
-  const TrainingSummary s = pretrain_gpt(a);
+  const TrainingSummary s = pretrain(a);
   EXPECT_EQ(s.iterations, 6);
   EXPECT_EQ(s.valid_losses.size(), 3u);  // iterations 3 and 6, then the end of training
   // The mock documents count up 1, 2, 3, ...: the next token is easy to predict.

@@ -23,7 +23,7 @@
 #include "data/indexed_dataset.h"
 #include "inference/checkpoint_weights.h"
 #include "model/gpt_model.h"
-#include "model/gpt_stage.h"
+#include "model/stage_model.h"
 #include "model/tensor_parallel.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
@@ -118,8 +118,13 @@ TEST(CheckpointConvert, ShardRulesSplitAndMerge) {
     EXPECT_TRUE(bit_equal(merge_shards(shards, r), full)) << dim;
   }
   // SwiGLU fc1: rows [gate 0..3; up 4..7]; TP rank 1 of 2 holds gate rows 2, 3 and up rows 6, 7.
-  ShardRule sw = shard_rule("decoder.layers.0.mlp.linear_fc1.weight", 0, true);
-  EXPECT_TRUE(sw.swiglu);
+  model::TransformerConfig swiglu;
+  swiglu.num_layers = 1;
+  swiglu.activation = "swiglu";
+  const auto specs = config_weight_specs(swiglu);
+  ShardRule sw = shard_rule(specs.at("decoder.layers.0.mlp.linear_fc1.weight"));
+  EXPECT_EQ(sw.dim, 0);
+  EXPECT_EQ(sw.parts, 2);
   const Tensor s1 = split_shard(full, sw, 1, 2);
   ASSERT_EQ(s1.shape(), (Shape{4, 6}));
   EXPECT_EQ(s1.narrow(0, 0, 1).to_float_vector(), full.narrow(0, 2, 1).to_float_vector());
@@ -127,13 +132,17 @@ TEST(CheckpointConvert, ShardRulesSplitAndMerge) {
   EXPECT_TRUE(bit_equal(merge_shards({split_shard(full, sw, 0, 2), s1}, sw), full));
   // Replicated: rank 0's.
   EXPECT_TRUE(bit_equal(merge_shards({full, Tensor::zeros({8, 6}, DType::F32)}, ShardRule{}), full));
-  // Names, when metadata.json lacks the partition dim.
-  EXPECT_EQ(shard_rule("decoder.layers.3.self_attention.linear_qkv.weight", std::nullopt, false).dim, 0);
-  EXPECT_EQ(shard_rule("decoder.layers.3.self_attention.linear_proj.weight", std::nullopt, false).dim, 1);
-  EXPECT_EQ(shard_rule("decoder.layers.3.self_attention.linear_proj.bias", std::nullopt, false).dim, -1);
-  EXPECT_EQ(shard_rule("decoder.layers.3.input_layernorm.weight", std::nullopt, false).dim, -1);
-  EXPECT_TRUE(shard_rule("embedding.word_embeddings.weight", std::nullopt, false).vocab);
-  EXPECT_FALSE(shard_rule("embedding.position_embeddings.weight", std::nullopt, false).vocab);
+  // The model's specs when a checkpoint records none (format 2, Megatron's and HF files).
+  model::TransformerConfig gpt;
+  gpt.num_layers = 4;
+  const auto g = config_weight_specs(gpt);
+  EXPECT_EQ(shard_rule(g.at("decoder.layers.3.self_attention.linear_qkv.weight")).dim, 0);
+  EXPECT_EQ(shard_rule(g.at("decoder.layers.3.self_attention.linear_proj.weight")).dim, 1);
+  EXPECT_EQ(shard_rule(g.at("decoder.layers.3.self_attention.linear_proj.bias")).dim, -1);
+  EXPECT_EQ(shard_rule(g.at("decoder.layers.3.input_layernorm.weight")).dim, -1);
+  EXPECT_TRUE(shard_rule(g.at("embedding.word_embeddings.weight")).vocab);
+  EXPECT_FALSE(shard_rule(g.at("embedding.position_embeddings.weight")).vocab);
+  EXPECT_EQ(shard_rule(g.at("decoder.layers.0.mlp.linear_fc1.weight")).parts, 1);
   // Re-padding: cut, repeat the last row, or zeros.
   const Tensor longer = repad_rows(full, 10, false), zeros = repad_rows(full, 10, true);
   ASSERT_EQ(longer.size(0), 10);
@@ -176,18 +185,18 @@ TEST(CheckpointConvert, RoundTripsAreBitExactOnEveryTensor) {
       expect_bit_equal(file_tensors(tmp / "tp2_tp1" / "iter_0000004", "mp_rank_00/optimizer.safetensors"),
                        file_tensors(src_iter, "mp_rank_00/optimizer.safetensors"), "optimizer file");
     // The TP2 shards are the trainer's layout: chunk r along the parameter's partition dim.
-    const json dims = json::parse(megatron::testing::read_file(src_iter / "metadata.json"))["parallel"]["partition_dims"];
+    const json weights = json::parse(megatron::testing::read_file(src_iter / "metadata.json"))["weights"];
     const auto src_model = file_tensors(src_iter, "mp_rank_00/model.safetensors");
     for (int r = 0; r < 2; ++r) {
       const std::string rd = r == 0 ? "mp_rank_00" : "mp_rank_01";
       const auto shard = file_tensors(tmp / "tp2" / "iter_0000004", rd + "/model.safetensors");
       ASSERT_EQ(shard.size(), src_model.size());
       for (const auto& [n, t] : src_model)
-        EXPECT_TRUE(bit_equal(shard.at(n), model::shard_along(t, dims.at(n).get<int>(), r, 2))) << rd << " " << n;
+        EXPECT_TRUE(bit_equal(shard.at(n), model::shard_along(t, weights.at(n).at("partition_dim").get<int>(), r, 2))) << rd << " " << n;
       const auto opt = file_tensors(tmp / "tp2" / "iter_0000004", rd + "/optimizer.safetensors");
       for (const auto& [n, t] : src_model)
         EXPECT_TRUE(bit_equal(opt.at("optimizer.state.exp_avg." + n),
-                              model::shard_along(ref.at("exp_avg/" + n), dims.at(n).get<int>(), r, 2)))
+                              model::shard_along(ref.at("exp_avg/" + n), weights.at(n).at("partition_dim").get<int>(), r, 2)))
             << rd << " exp_avg " << n;
     }
 
@@ -312,7 +321,7 @@ TEST(CheckpointConvert, PipelineStagesLoadTheConvertedFiles) {
   run_single(a);
   convert(tmp / "src", tmp / "pp2", 1, 2);
   const CheckpointOnDisk src = open(tmp / "src"), pp2 = open(tmp / "pp2");
-  const model::GPTConfig cfg = training_args_from_json(src.state.args).model;
+  const model::TransformerConfig cfg = training_args_from_json(src.state.args).model;
   model::GPTModel ref(cfg, 5);
   load_model_weights(src, ref.parameters(), false);
   std::map<std::string, model::Parameter*> by_name;
@@ -320,7 +329,7 @@ TEST(CheckpointConvert, PipelineStagesLoadTheConvertedFiles) {
   const model::PipelineLayout layout = model::PipelineLayout::make(2, 2);
   size_t loaded = 0;
   for (int r = 0; r < 2; ++r) {
-    model::GPTModel chunk(cfg, 99, model::TensorParallel::none(), model::ContextParallel::none(), model::ModelChunk{layout, r, 0});
+    model::GPTModel chunk(cfg, 99, model::TensorParallel::none(), model::ContextParallel::none(), model::ChunkPlace{layout, r, 0});
     model::ParameterList params;
     for (model::Parameter* p : chunk.parameters())
       if (!p->shared) params.push_back(p);  // the tied copy is not in checkpoints
@@ -374,7 +383,7 @@ TEST(CheckpointConvert, VirtualStagesHoldTheirChunksLayers) {
   expect_bit_equal(everything(tmp / "back"), everything(tmp / "src"), "TP1 -> PP2 (v2) -> TP1");
 
   const CheckpointOnDisk src = open(tmp / "src"), vp = open(tmp / "vp");
-  const model::GPTConfig cfg = training_args_from_json(src.state.args).model;
+  const model::TransformerConfig cfg = training_args_from_json(src.state.args).model;
   model::GPTModel ref(cfg, 5);
   load_model_weights(src, ref.parameters(), false);
   std::map<std::string, model::Parameter*> by_name;
@@ -385,7 +394,7 @@ TEST(CheckpointConvert, VirtualStagesHoldTheirChunksLayers) {
     std::vector<std::unique_ptr<model::GPTModel>> chunks;
     model::ParameterList params;
     for (int c = 0; c < 2; ++c) {
-      chunks.push_back(std::make_unique<model::GPTModel>(cfg, 99, model::TensorParallel::none(), model::ContextParallel::none(), model::ModelChunk{layout, r, c}));
+      chunks.push_back(std::make_unique<model::GPTModel>(cfg, 99, model::TensorParallel::none(), model::ContextParallel::none(), model::ChunkPlace{layout, r, c}));
       for (model::Parameter* p : chunks.back()->parameters())
         if (!p->shared) params.push_back(p);
     }
@@ -574,7 +583,7 @@ TEST(MpiCheckpointConvert, ConvertedCheckpointsResumeUnderAnotherTensorParallelS
   TrainingArgs b = base;
   b.parallel.tensor_model_parallel_size = 2;
   b.load = dir / "tp1_as_tp2";
-  const TrainingSummary got1 = pretrain_gpt(b);
+  const TrainingSummary got1 = pretrain(b);
   EXPECT_EQ(got1.start_iteration, 6);
   if (root) expect_close(got1, ref1, "TP1 checkpoint converted to TP2");
 
@@ -584,11 +593,11 @@ TEST(MpiCheckpointConvert, ConvertedCheckpointsResumeUnderAnotherTensorParallelS
   c.parallel.use_distributed_optimizer = world()->size() == 4;
   c.save = dir / "tp2";
   c.exit_interval = 6;
-  pretrain_gpt(c);
+  pretrain(c);
   c.exit_interval = 0;
   c.save = "";
   c.load = dir / "tp2";
-  const TrainingSummary ref2 = pretrain_gpt(c);
+  const TrainingSummary ref2 = pretrain(c);
   if (root) {
     convert(dir / "tp2", dir / "tp2_as_tp1", 1, 1);
     TrainingArgs d = base;
@@ -625,11 +634,11 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   TrainingArgs c = pp;
   c.save = dir / "pp";
   c.exit_interval = 6;
-  pretrain_gpt(c);
+  pretrain(c);
   c.exit_interval = 0;
   c.save = "";
   c.load = dir / "pp";
-  const TrainingSummary ref_pp = pretrain_gpt(c);
+  const TrainingSummary ref_pp = pretrain(c);
   std::vector<double> got_tp1;
   if (root) {
     convert(dir / "pp", dir / "pp_as_tp1", 1, 1);
@@ -658,7 +667,7 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
     TrainingArgs e = pp;
     e.parallel.tensor_model_parallel_size = 1;
     e.load = dir / "pp_as_tp1_pp2";
-    const TrainingSummary s = pretrain_gpt(e);
+    const TrainingSummary s = pretrain(e);
     EXPECT_EQ(s.start_iteration, 6);
     if (last) {
       ASSERT_EQ(s.losses.size(), ref_pp.losses.size());
@@ -683,7 +692,7 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   ref_tp1 = from_rank0(ref_tp1);
   TrainingArgs b = pp;
   b.load = dir / "tp1_as_pp";
-  const TrainingSummary got_pp = pretrain_gpt(b);
+  const TrainingSummary got_pp = pretrain(b);
   EXPECT_EQ(got_pp.start_iteration, 6);
   if (last) {
     ASSERT_EQ(got_pp.losses.size(), ref_tp1.size());
@@ -701,11 +710,11 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   TrainingArgs v = training_args_from_json(vj);
   v.save = dir / "vp";
   v.exit_interval = 6;
-  pretrain_gpt(v);
+  pretrain(v);
   v.exit_interval = 0;
   v.save = "";
   v.load = dir / "vp";
-  const TrainingSummary ref_vp = pretrain_gpt(v);
+  const TrainingSummary ref_vp = pretrain(v);
   std::vector<double> got_vp_tp1, ref_four;
   if (root) {
     convert(dir / "vp", dir / "vp_as_tp1", 1, 1);
@@ -731,7 +740,7 @@ TEST(MpiCheckpointConvert, PipelineCheckpointsConvertBothWays) {
   got_vp_tp1 = from_rank0(got_vp_tp1);
   ref_four = from_rank0(ref_four);
   v.load = dir / "four_as_vp";
-  const TrainingSummary got_vp = pretrain_gpt(v);
+  const TrainingSummary got_vp = pretrain(v);
   EXPECT_EQ(got_vp.start_iteration, 6);
   if (last) {
     ASSERT_EQ(got_vp_tp1.size(), ref_vp.losses.size());

@@ -36,7 +36,7 @@ TEST(MpiHfExport, ModelsTrainedUnderTp2Pp2ExportToTheReference) {
     a.parallel.pipeline_model_parallel_size = pp;
     a.save = f.dir / type;
     a.save_interval = 1000;
-    const TrainingSummary s = pretrain_gpt(a);
+    const TrainingSummary s = pretrain(a);
     ASSERT_EQ(s.losses.size(), 4u);
   }
   if (world()->rank() == 0) {

@@ -64,7 +64,7 @@ TEST(MpiHfImport, TrainingFromAnImportFollowsTheSingleRankCurve) {
   par.parallel.pipeline_model_parallel_size = pp;
   par.save = f.dir / "parallel_trained";
   par.save_interval = 1000;
-  const TrainingSummary p = pretrain_gpt(par);
+  const TrainingSummary p = pretrain(par);
   ASSERT_EQ(ref.losses.size(), 10u);
   // The imported weights are the trained ones: the same first batch has a lower loss.
   if (world()->rank() == 0) {

@@ -163,7 +163,7 @@ TEST(MpiLlamaHalfPrecision, LayoutsFollowTheSingleRankRun) {
       TrainingArgs par = with_layout(a, l);
       par.save = f.dir / (prec.name + "_" + l.name);
       par.save_interval = 1000;
-      const TrainingSummary p = pretrain_gpt(par);
+      const TrainingSummary p = pretrain(par);
       EXPECT_EQ(p.iterations, 20);
       print_curve_diff(what, p, ref);
       if (order == Order::Same) {
@@ -217,7 +217,7 @@ TEST(MpiLlamaHalfPrecision, SaveAndResumeAreExact) {
       TrainingArgs full = a;
       full.save = f.dir / ("full_" + prec.name + "_" + l.name);
       full.save_interval = 1000;
-      const TrainingSummary whole = pretrain_gpt(full);
+      const TrainingSummary whole = pretrain(full);
       ASSERT_EQ(whole.losses.size(), 20u);
       EXPECT_EQ(whole.skipped_iterations, count_skipped(whole.grad_norms));
       // The first run stops at 10 (at 12 with overflows, saving at 10 and 12).
@@ -225,7 +225,7 @@ TEST(MpiLlamaHalfPrecision, SaveAndResumeAreExact) {
       first.save = f.dir / ("first_" + prec.name + "_" + l.name);
       first.save_interval = overflow ? 2 : 10;
       first.exit_interval = overflow ? 12 : 10;
-      const TrainingSummary head = pretrain_gpt(first);
+      const TrainingSummary head = pretrain(first);
       for (int64_t from : overflow ? std::vector<int64_t>{10, 12} : std::vector<int64_t>{10}) {
         SCOPED_TRACE("resumed from " + std::to_string(from));
         const optim::GradScalerState saved =
@@ -245,7 +245,7 @@ TEST(MpiLlamaHalfPrecision, SaveAndResumeAreExact) {
         second.ckpt_step = from;
         second.save = f.dir / ("resumed" + std::to_string(from) + "_" + prec.name + "_" + l.name);
         second.save_interval = 1000;
-        const TrainingSummary rest = pretrain_gpt(second);
+        const TrainingSummary rest = pretrain(second);
         ASSERT_EQ(rest.losses.size(), size_t(20 - from));
         EXPECT_EQ(rest.start_iteration, from);
         for (size_t i = 0; i < rest.losses.size(); ++i) {

@@ -30,7 +30,7 @@ void check_layout(const Fixture& f, const Layout& l, const TrainingSummary& ref,
   TrainingArgs par = with_layout(llama_args(f), l);
   par.save = f.dir / ("llama_" + l.name);
   par.save_interval = 1000;
-  const TrainingSummary p = pretrain_gpt(par);
+  const TrainingSummary p = pretrain(par);
   EXPECT_EQ(p.world_size, world()->size());
   EXPECT_EQ(p.iterations, 20);
   expect_same_curve(p, ref, tol, l.name);
@@ -82,17 +82,17 @@ TEST(MpiLlamaTraining, SaveAndResumeAreExact) {
   TrainingArgs full = with_layout(llama_args(f), l);
   full.save = f.dir / "llama_full";
   full.save_interval = 1000;
-  const TrainingSummary whole = pretrain_gpt(full);
+  const TrainingSummary whole = pretrain(full);
   TrainingArgs first = with_layout(llama_args(f), l);
   first.save = f.dir / "llama_resume";
   first.save_interval = 10;
   first.exit_interval = 10;
-  pretrain_gpt(first);
+  pretrain(first);
   TrainingArgs second = first;
   second.load = first.save;
   second.exit_interval = 0;
   second.save_interval = 1000;
-  const TrainingSummary rest = pretrain_gpt(second);
+  const TrainingSummary rest = pretrain(second);
   ASSERT_EQ(rest.losses.size(), 10u);
   for (size_t i = 0; i < 10; ++i) EXPECT_EQ(rest.losses[i], whole.losses[10 + i]) << i;
   if (world()->rank() == 0) expect_same_params(second.save, full.save, 20, 0.0);
@@ -109,7 +109,7 @@ TEST(MpiLlamaTraining, ConvertedCheckpointResumesOnOneRank) {
   TrainingArgs first = with_layout(llama_args(f), l);
   first.save = f.dir / "llama_tp2pp2";
   first.save_interval = 10;
-  const TrainingSummary whole = pretrain_gpt(first);
+  const TrainingSummary whole = pretrain(first);
   if (world()->rank() == 0) {
     ConvertOptions c;
     c.load = first.save;

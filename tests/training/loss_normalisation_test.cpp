@@ -209,7 +209,7 @@ void check_layouts(const std::vector<Layout>& layouts) {
         if (world()->rank() == 0) run_single(a);
       } else {
         ASSERT_EQ(size, world()->size()) << l.name;
-        pretrain_gpt(a);
+        pretrain(a);
       }
     }
   }

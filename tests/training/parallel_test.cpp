@@ -59,7 +59,7 @@ void check_layout(const Fixture& f, const Layout& l, const TrainingArgs& base, d
   par.parallel.context_parallel_size = l.cp;
   par.parallel.overlap_param_gather = l.param_gather;
   const TrainingSummary r = run_single(ref);
-  const TrainingSummary p = pretrain_gpt(par);
+  const TrainingSummary p = pretrain(par);
   EXPECT_EQ(p.world_size, world()->size());
   EXPECT_EQ(p.iterations, 20);
   EXPECT_EQ(p.consumed_samples, r.consumed_samples);
@@ -143,14 +143,14 @@ TEST(MpiParallelTraining, ContextParallelSaveAndResume) {
   a.parallel.use_distributed_optimizer = true;
   a.save = f.dir / "cp_full";
   a.save_interval = 1000;
-  const TrainingSummary full = pretrain_gpt(a);
+  const TrainingSummary full = pretrain(a);
   TrainingArgs b = a;
   b.save = f.dir / "cp_split";
   b.exit_interval = 10;
-  EXPECT_EQ(pretrain_gpt(b).iterations, 10);
+  EXPECT_EQ(pretrain(b).iterations, 10);
   b.exit_interval = 0;
   b.load = b.save;
-  const TrainingSummary second = pretrain_gpt(b);
+  const TrainingSummary second = pretrain(b);
   ASSERT_EQ(second.losses.size(), 10u);
   for (size_t i = 0; i < 10; ++i)
     EXPECT_EQ(second.losses[i], full.losses[10 + i]) << "iteration " << i + 11;
@@ -176,7 +176,7 @@ TEST(MpiParallelTraining, Bf16DataParallelTrains) {
   for (bool dist : {false, true}) {
     TrainingArgs p = a;
     p.parallel.use_distributed_optimizer = dist;
-    const TrainingSummary r = run_single(a), s = pretrain_gpt(p);
+    const TrainingSummary r = run_single(a), s = pretrain(p);
     ASSERT_EQ(s.losses.size(), 20u);
     for (size_t i = 0; i < 20; ++i) EXPECT_NEAR(s.losses[i], r.losses[i], 2e-2 * r.losses[i]) << i;
     EXPECT_LT(s.losses.back(), s.losses.front() - 0.3);
@@ -196,9 +196,9 @@ TEST(MpiParallelTraining, Bf16GradReduceRoundsTheDataParallelSum) {
   for (bool dist : {false, true}) {
     TrainingArgs p = a;
     p.parallel.use_distributed_optimizer = dist;
-    const TrainingSummary fp32_reduce = pretrain_gpt(p);
+    const TrainingSummary fp32_reduce = pretrain(p);
     p.grad_reduce_in_bf16 = true;
-    const TrainingSummary bf16_reduce = pretrain_gpt(p);
+    const TrainingSummary bf16_reduce = pretrain(p);
     ASSERT_EQ(bf16_reduce.losses.size(), 20u);
     EXPECT_EQ(bf16_reduce.losses[0], fp32_reduce.losses[0]);
     EXPECT_NE(bf16_reduce.grad_norms[0], fp32_reduce.grad_norms[0]);
@@ -232,7 +232,7 @@ TEST(MpiParallelTraining, BatchSizeRampUpFollowsTheSingleRankCurve) {
     TrainingArgs p = a;
     p.parallel.use_distributed_optimizer = layout == 1;
     p.parallel.pipeline_model_parallel_size = layout == 2 ? 2 : 1;  // 1F1B over 2 stages x DP/2
-    const TrainingSummary s = pretrain_gpt(p);
+    const TrainingSummary s = pretrain(p);
     EXPECT_EQ(s.consumed_samples, r.consumed_samples);
     expect_same_curve(s, r, 1e-5, layout == 0 ? "rampup" : layout == 1 ? "rampup, distributed optimizer"
                                                                         : "rampup, PP2");
@@ -254,15 +254,15 @@ TEST(MpiParallelTraining, SaveAndResumeContinueTheSameCurve) {
   }
   a.save = f.dir / "full";
   a.save_interval = 1000;
-  const TrainingSummary full = pretrain_gpt(a);
+  const TrainingSummary full = pretrain(a);
   TrainingArgs b = a;
   b.save = f.dir / "split";
   b.exit_interval = 10;  // saves at 10 and stops
-  const TrainingSummary first = pretrain_gpt(b);
+  const TrainingSummary first = pretrain(b);
   EXPECT_EQ(first.iterations, 10);
   b.exit_interval = 0;
   b.load = b.save;
-  const TrainingSummary second = pretrain_gpt(b);
+  const TrainingSummary second = pretrain(b);
   EXPECT_EQ(second.start_iteration, 10);
   ASSERT_EQ(second.losses.size(), 10u);
   for (size_t i = 0; i < 10; ++i) {
@@ -295,7 +295,7 @@ TEST(MpiParallelTraining, ALayoutMismatchIsAClearError) {
   a.parallel.tensor_model_parallel_size = 2;
   a.save = f.dir / "tp2";
   a.save_interval = 1000;
-  pretrain_gpt(a);
+  pretrain(a);
   if (world()->rank() == 0) {
     TrainingArgs b = f.args(8);
     b.load = a.save;

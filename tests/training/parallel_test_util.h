@@ -19,6 +19,7 @@
 #include "comm/communicator.h"
 #include "core/safetensors.h"
 #include "data/indexed_dataset.h"
+#include "model/weight_spec.h"
 #include "test_util.h"
 #include "training/checkpoint_convert.h"
 #include "training/trainer.h"
@@ -104,7 +105,7 @@ struct Fixture {
   }
 };
 
-inline TrainingSummary run_single(TrainingArgs a) { return pretrain_gpt(std::move(a), make_self_communicator("world")); }
+inline TrainingSummary run_single(TrainingArgs a) { return pretrain(std::move(a), make_self_communicator("world")); }
 
 // Rank 0 trains `a` alone (saving to `save`); every rank gets its loss and grad-norm curve.
 inline TrainingSummary reference_curve(TrainingArgs a, const std::string& save) {
@@ -114,11 +115,12 @@ inline TrainingSummary reference_curve(TrainingArgs a, const std::string& save) 
     a.save = save;
     a.save_interval = 1000;
     r = run_single(a);
-    text = json({{"losses", r.losses}, {"grad_norms", r.grad_norms},
+    text = json({{"losses", r.losses}, {"more_losses", r.more_losses}, {"grad_norms", r.grad_norms},
                  {"valid_losses", r.valid_losses}, {"consumed", r.consumed_samples}}).dump();
   }
   const json j = json::parse(all_gather_strings(*world(), text)[0]);
   r.losses = j["losses"].get<std::vector<double>>();
+  r.more_losses = j["more_losses"].get<std::vector<std::vector<double>>>();
   r.grad_norms.clear();
   for (const json& g : j["grad_norms"]) r.grad_norms.push_back(g.is_number() ? g.get<double>() : std::nan(""));
   r.valid_losses = j["valid_losses"].get<std::vector<double>>();
@@ -147,18 +149,17 @@ inline std::map<std::string, std::vector<float>> gathered_model(const std::strin
         std::snprintf(rd, sizeof rd, "mp_rank_%02d", r);
       shards.push_back(read_safetensors(dir / rd / "model.safetensors"));
     }
-    const json& args = meta["args"];
-    const bool swiglu = args.contains("model") && args["model"].value("activation", "") == "swiglu";
     for (const auto& [n, t0] : shards[0].tensors) {
       EXPECT_FALSE(out.count(n)) << n << " is saved by two pipeline stages";
-      const int pdim = tp > 1 ? meta["parallel"]["partition_dims"][n].get<int>() : -1;
+      const model::WeightSpec spec = model::weight_spec_from_json(n, meta["weights"][n], "metadata");
+      const int pdim = tp > 1 ? spec.partition_dim : -1;
       std::vector<Tensor> parts;
       for (int r = 0; r < tp; ++r) parts.push_back(shards[size_t(r)].tensors.at(n));
       if (pdim < 0) {
         for (int r = 1; r < tp; ++r)  // replicated: every rank saved the same values
           EXPECT_EQ(parts[size_t(r)].to_float_vector(), parts[0].to_float_vector()) << n;
       }
-      out[n] = merge_shards(parts, shard_rule(n, pdim, swiglu)).to_float_vector();
+      out[n] = merge_shards(parts, shard_rule(spec)).to_float_vector();
     }
   }
   return out;

@@ -68,7 +68,7 @@ void check_pipeline_layout(const Fixture& f, const PipeLayout& l, const Training
   TrainingArgs par = with_layout(pipeline_args(f), l);
   par.save = f.dir / ("par_" + l.name);
   par.save_interval = 1000;
-  const TrainingSummary p = pretrain_gpt(par);
+  const TrainingSummary p = pretrain(par);
   EXPECT_EQ(p.world_size, world()->size());
   EXPECT_EQ(p.iterations, 20);
   EXPECT_EQ(p.consumed_samples, ref.consumed_samples);
@@ -127,15 +127,15 @@ TEST(MpiPipelineTraining, SaveAndResumeContinueTheSameCurve) {
   TrainingArgs a = with_layout(pipeline_args(f, 12), l);
   a.save = f.dir / "full";
   a.save_interval = 1000;
-  const TrainingSummary full = pretrain_gpt(a);
+  const TrainingSummary full = pretrain(a);
   TrainingArgs b = a;
   b.save = f.dir / "split";
   b.exit_interval = 6;  // saves at 6 and stops
-  const TrainingSummary first = pretrain_gpt(b);
+  const TrainingSummary first = pretrain(b);
   EXPECT_EQ(first.iterations, 6);
   b.exit_interval = 0;
   b.load = b.save;
-  const TrainingSummary second = pretrain_gpt(b);
+  const TrainingSummary second = pretrain(b);
   EXPECT_EQ(second.start_iteration, 6);
   ASSERT_EQ(second.losses.size(), 6u);
   for (size_t i = 0; i < 6; ++i) {
@@ -181,7 +181,7 @@ TEST(MpiPipelineTraining, SaveAndResumeContinueTheSameCurve) {
     TrainingArgs d = with_layout(pipeline_args(f, 12), PipeLayout{"pp2", l.tp, 2});
     d.load = b.save;
     {
-      const std::string m = megatron::testing::error_of([&] { pretrain_gpt(d); });
+      const std::string m = megatron::testing::error_of([&] { pretrain(d); });
       EXPECT_NE(m.find("2 virtual stages per pipeline rank); this run has TP=1 PP=2."),
                 std::string::npos) << m;
       EXPECT_NE(m.find("run with --num-layers-per-virtual-pipeline-stage 1"), std::string::npos) << m;
@@ -202,17 +202,17 @@ TEST(MpiPipelineTraining, Bf16PipelineTrainsAndResumes) {
   TrainingArgs single = pipeline_args(f, 8);
   single.bf16 = true;
   const TrainingSummary ref = reference_curve(single, f.dir / "ref");
-  const TrainingSummary full = pretrain_gpt(a);
+  const TrainingSummary full = pretrain(a);
   ASSERT_EQ(full.losses.size(), 8u);
   for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(full.losses[i], ref.losses[i], 2e-2 * ref.losses[i]) << i;
   TrainingArgs b = a;
   b.save = f.dir / "bf16";
   b.save_interval = 1000;
   b.exit_interval = 4;
-  pretrain_gpt(b);
+  pretrain(b);
   b.exit_interval = 0;
   b.load = b.save;
-  const TrainingSummary second = pretrain_gpt(b);
+  const TrainingSummary second = pretrain(b);
   ASSERT_EQ(second.losses.size(), 4u);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(second.losses[i], full.losses[4 + i]) << "iteration " << i + 5;
   world()->barrier();

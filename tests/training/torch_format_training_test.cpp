@@ -39,14 +39,14 @@ std::vector<json> torch_check(const std::string& folder, int64_t iteration, int 
 std::string save_and_resume(const Fixture& f, TrainingArgs a, const std::string& name) {
   a.save = f.dir / (name + "_full");
   a.save_interval = 2;
-  const TrainingSummary full = pretrain_gpt(a);
+  const TrainingSummary full = pretrain(a);
   EXPECT_EQ(full.losses.size(), 4u);
   TrainingArgs b = a;
   b.ckpt_format = "torch";
   b.save = f.dir / (name + "_torch");
   b.save_interval = 1000;
   b.exit_interval = 2;
-  EXPECT_EQ(pretrain_gpt(b).iterations, 2);
+  EXPECT_EQ(pretrain(b).iterations, 2);
   const fs::path it = fs::path(b.save) / "iter_0000002";
   const int tp = a.parallel.tensor_model_parallel_size, pp = a.parallel.pipeline_model_parallel_size;
   if (world()->rank() == 0) {
@@ -65,7 +65,7 @@ std::string save_and_resume(const Fixture& f, TrainingArgs a, const std::string&
   }
   b.exit_interval = 0;
   b.load = b.save;
-  const TrainingSummary second = pretrain_gpt(b);
+  const TrainingSummary second = pretrain(b);
   EXPECT_EQ(second.start_iteration, 2);
   EXPECT_EQ(second.consumed_samples, full.consumed_samples);
   EXPECT_EQ(second.losses.size(), 2u);

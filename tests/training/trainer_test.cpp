@@ -91,14 +91,14 @@ TEST(Trainer, TinyGPTLearnsAndIsDeterministic) {
   testing::TempDir dir;
   const std::string prefix = write_corpus(dir);
   TrainingArgs a = tiny_args(prefix, (dir / "cache").string());
-  TrainingSummary s1 = pretrain_gpt(a);
+  TrainingSummary s1 = pretrain(a);
   EXPECT_EQ(s1.iterations, 120);
   EXPECT_EQ(s1.consumed_samples, 480);
   EXPECT_LT(s1.last_loss, std::log(64.0) - 0.5);  // well below uniform over the vocabulary
-  TrainingSummary s2 = pretrain_gpt(a);
+  TrainingSummary s2 = pretrain(a);
   EXPECT_EQ(s1.last_loss, s2.last_loss);  // bitwise: same data order, dropout keys, init
   a.exit_interval = 7;
-  EXPECT_EQ(pretrain_gpt(a).iterations, 7);
+  EXPECT_EQ(pretrain(a).iterations, 7);
 }
 
 TEST(Trainer, ArgumentErrors) {

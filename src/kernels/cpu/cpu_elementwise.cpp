@@ -142,6 +142,26 @@ void scale(const Tensor& x, float s) {
   cpu::parallel_for_simd(n, [&](int64_t i) { p[i] *= s; });
 }
 
+void tanh_fwd(const Tensor& out, const Tensor& x) {
+  require_f32("tanh_fwd", "x", x);
+  require_f32("tanh_fwd", "out", out);
+  cpu::require_numel("tanh_fwd", out, x);
+  float* o = out.data<float>();
+  const float* p = x.data<float>();
+  cpu::parallel_for(x.numel(), x.numel(), [&](int64_t i) { o[i] = std::tanh(p[i]); });
+}
+
+void tanh_bwd(const Tensor& dx, const Tensor& dout, const Tensor& out) {
+  require_f32("tanh_bwd", "dout", dout);
+  require_f32("tanh_bwd", "out", out);
+  require_f32("tanh_bwd", "dx", dx);
+  cpu::require_numel("tanh_bwd", dout, out);
+  cpu::require_numel("tanh_bwd", dx, out);
+  float* d = dx.data<float>();
+  const float *g = dout.data<float>(), *y = out.data<float>();
+  cpu::parallel_for_simd(out.numel(), [&](int64_t i) { d[i] = g[i] * (1.0f - y[i] * y[i]); });
+}
+
 namespace {
 // Applies out[i] = (x[i] + bias[i % m]) * keep[i] (+ residual[i]) in chunks of the Philox stream.
 void dropout_apply(float* out, const float* x, const float* bias, int64_t m, const float* res,

@@ -1,5 +1,5 @@
 // Everything one pipeline rank holds (Megatron's list of model chunks): its v model chunks
-// (GPTModel instances, pipeline_layout.h) plus the groups the gradient finalisation needs (tensor
+// (ModelChunk instances of the configuration's family, model_family.h; pipeline_layout.h) plus the groups the gradient finalisation needs (tensor
 // parallel for the partial-sum grads, the embedding group for tied embeddings). At pipeline size
 // 1 it holds one chunk, the whole model; the trainer has this one path (the schedule with P = 1 is
 // "no pipelining", pipeline/schedules.h).
@@ -16,41 +16,42 @@
 #include <vector>
 
 #include "comm/parallel_state.h"
-#include "model/gpt_model.h"
+#include "model/model_chunk.h"
+#include "model/transformer_config.h"
 #include "model/pipeline_layout.h"
 #include "model/tensor_parallel.h"
 
 namespace megatron::model {
 
-class GPTStageModel {
+class StageModel {
  public:
   // The chunks of this rank's pipeline stage (pp rank of `parallel`) over its tensor- and
   // context-parallel groups (with CP > 1 every micro-batch passed to the schedules must be this
   // rank's slice_for_context_parallel; losses and gradients are then partial sums over the CP
   // group). layers_per_virtual_stage: --num-layers-per-virtual-pipeline-stage (0: none).
-  // Validates the configuration (GPTConfig::validate, the TP and the pipeline rules). The chunks
-  // live on `device` (ModelOptions::device).
-  GPTStageModel(const GPTConfig& cfg, uint64_t seed, const ParallelState& parallel,
-                int layers_per_virtual_stage = 0, Device device = Device::cpu());
+  // Validates the configuration (TransformerConfig::validate, the TP and the pipeline rules, the
+  // family's). The chunks live on `device` (ModelOptions::device).
+  StageModel(const TransformerConfig& cfg, uint64_t seed, const ParallelState& parallel,
+             int layers_per_virtual_stage = 0, Device device = Device::cpu());
   // Without a ParallelState (tests, tools): pipeline rank `pp_rank` of `layout`, with explicit
   // groups; pp_group / embedding_group may be null when layout.pipeline_size == 1. The chunks
   // live on `device` (ModelOptions::device).
-  GPTStageModel(const GPTConfig& cfg, uint64_t seed, const PipelineLayout& layout, int pp_rank,
+  StageModel(const TransformerConfig& cfg, uint64_t seed, const PipelineLayout& layout, int pp_rank,
                 std::shared_ptr<Communicator> tp_group, std::shared_ptr<Communicator> pp_group,
                 std::shared_ptr<Communicator> embedding_group,
                 std::shared_ptr<Communicator> cp_group = nullptr, Device device = Device::cpu());
-  ~GPTStageModel();
-  GPTStageModel(const GPTStageModel&) = delete;
-  GPTStageModel& operator=(const GPTStageModel&) = delete;
+  ~StageModel();
+  StageModel(const StageModel&) = delete;
+  StageModel& operator=(const StageModel&) = delete;
 
-  const GPTConfig& config() const { return cfg_; }
+  const TransformerConfig& config() const { return cfg_; }
   const PipelineLayout& layout() const { return layout_; }
   int pipeline_rank() const { return pp_rank_; }
   int pipeline_size() const { return layout_.pipeline_size; }
   bool is_first_stage() const { return pp_rank_ == 0; }
   bool is_last_stage() const { return pp_rank_ == layout_.pipeline_size - 1; }
   int num_chunks() const { return int(chunks_.size()); }
-  GPTModel& chunk(int c) { return *chunks_.at(size_t(c)); }
+  ModelChunk& chunk(int c) { return *chunks_.at(size_t(c)); }
   // The pipeline group (a group of one at P = 1) and this rank's TP group.
   Communicator& pipeline_group() const { return *pp_group_; }
   Communicator& tensor_group() const { return *tp_.group; }
@@ -82,13 +83,13 @@ class GPTStageModel {
   void sync_shared_embedding();
 
  private:
-  GPTConfig cfg_;
+  TransformerConfig cfg_;
   PipelineLayout layout_;
   int pp_rank_ = 0;
   TensorParallel tp_;
   std::shared_ptr<Communicator> pp_group_, embedding_group_;
   bool partial_tp_grads_ = false;
-  std::vector<std::unique_ptr<GPTModel>> chunks_;
+  std::vector<std::unique_ptr<ModelChunk>> chunks_;
 };
 
 }  // namespace megatron::model

@@ -1,47 +1,48 @@
 // The model chunks of one pipeline rank and the gradient finalisation across them (see
-// gpt_stage.h).
-#include "model/gpt_stage.h"
+// stage_model.h).
+#include "model/stage_model.h"
+
+#include "model/model_family.h"
 
 #include <utility>
 
 namespace megatron::model {
 
-// ---- GPTStageModel -------------------------------------------------------------------------
-GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const ParallelState& ps,
-                             int layers_per_virtual_stage, Device device)
-    : GPTStageModel(cfg, seed,
+StageModel::StageModel(const TransformerConfig& cfg, uint64_t seed, const ParallelState& ps,
+                       int layers_per_virtual_stage, Device device)
+    : StageModel(cfg, seed,
                     PipelineLayout::make(cfg.num_layers, ps.pp_size(), layers_per_virtual_stage),
                     ps.pp_rank(), ps.group_ptr(GroupKind::TP), ps.group_ptr(GroupKind::PP),
                     ps.group_ptr(GroupKind::EMBEDDING), ps.group_ptr(GroupKind::CP), device) {}
 
-GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const PipelineLayout& layout,
+StageModel::StageModel(const TransformerConfig& cfg, uint64_t seed, const PipelineLayout& layout,
                              int pp_rank, std::shared_ptr<Communicator> tp_group,
                              std::shared_ptr<Communicator> pp_group,
                              std::shared_ptr<Communicator> embedding_group,
                              std::shared_ptr<Communicator> cp_group, Device device)
     : cfg_(cfg), layout_(layout), pp_rank_(pp_rank) {
   cfg.validate();
-  MG_CHECK(tp_group != nullptr, "GPTStageModel: null tensor-parallel group");
+  MG_CHECK(tp_group != nullptr, "StageModel: null tensor-parallel group");
   cfg.validate_context_parallel(cp_group ? cp_group->size() : 1);
   cfg.validate_tensor_parallel(tp_group->size());
-  MG_REQUIRE(cfg.num_layers == layout.num_layers, "GPTStageModel: --num-layers ", cfg.num_layers,
+  MG_REQUIRE(cfg.num_layers == layout.num_layers, "StageModel: --num-layers ", cfg.num_layers,
              " does not match the pipeline layout's ", layout.num_layers);
   layout.validate();
   MG_CHECK(pp_rank >= 0 && pp_rank < layout.pipeline_size, "pipeline rank ", pp_rank,
            " outside [0, ", layout.pipeline_size, ")");
   if (!pp_group) {
-    MG_CHECK(layout.pipeline_size == 1, "GPTStageModel: no pipeline group for ",
+    MG_CHECK(layout.pipeline_size == 1, "StageModel: no pipeline group for ",
              layout.pipeline_size, " stages");
     pp_group = make_self_communicator("pp");
   }
   MG_CHECK(pp_group->size() == layout.pipeline_size && pp_group->rank() == pp_rank,
-           "GPTStageModel: pipeline group of ", pp_group->size(), " (rank ", pp_group->rank(),
+           "StageModel: pipeline group of ", pp_group->size(), " (rank ", pp_group->rank(),
            ") does not match the layout's ", layout.pipeline_size, " stages (rank ", pp_rank, ")");
   pp_group_ = std::move(pp_group);
   embedding_group_ = std::move(embedding_group);
   if (layout.pipeline_size > 1 && (is_first_stage() || is_last_stage()))
     MG_CHECK(embedding_group_ && embedding_group_->size() == 2,
-             "GPTStageModel: the first and last pipeline stages need the embedding group");
+             "StageModel: the first and last pipeline stages need the embedding group");
   tp_ = TensorParallel::make(std::move(tp_group), cfg.sequence_parallel);
   ContextParallel cp = cp_group ? ContextParallel{std::move(cp_group)} : ContextParallel::none();
   cp.comm = parse_cp_comm_type(cfg.cp_comm_type);
@@ -49,17 +50,17 @@ GPTStageModel::GPTStageModel(const GPTConfig& cfg, uint64_t seed, const Pipeline
   options.device = device;
   for (int c = 0; c < layout.num_chunks; ++c)
     chunks_.push_back(
-        std::make_unique<GPTModel>(cfg, seed, tp_, cp, ModelChunk{layout, pp_rank, c}, options));
+        make_model_chunk(cfg, seed, tp_, cp, ChunkPlace{layout, pp_rank, c}, options));
   if (tp_.size() > 1)
     for (const Parameter* p : parameters()) partial_tp_grads_ = partial_tp_grads_ || p->sequence_parallel;
 }
-GPTStageModel::~GPTStageModel() = default;
+StageModel::~StageModel() = default;
 
-void GPTStageModel::set_forward_pre_hook(const ForwardPreHook& hook) {
+void StageModel::set_forward_pre_hook(const ForwardPreHook& hook) {
   for (auto& c : chunks_) c->set_forward_pre_hook(hook);
 }
 
-ParameterList GPTStageModel::parameters() {
+ParameterList StageModel::parameters() {
   ParameterList out;
   for (auto& c : chunks_) {
     ParameterList p = c->parameters();
@@ -68,30 +69,30 @@ ParameterList GPTStageModel::parameters() {
   return out;
 }
 
-void GPTStageModel::all_reduce_sequence_parallel_grads() {
+void StageModel::all_reduce_sequence_parallel_grads() {
   if (partial_tp_grads_) model::all_reduce_sequence_parallel_grads(parameters(), tp_.comm());
 }
 
-Parameter* GPTStageModel::shared_embedding() {
+Parameter* StageModel::shared_embedding() {
   if (layout_.pipeline_size == 1) return nullptr;
   if (is_first_stage()) return chunks_.front()->word_embedding();
   if (is_last_stage()) return chunks_.back()->word_embedding();
   return nullptr;
 }
 
-void GPTStageModel::all_reduce_embedding_grads() {
+void StageModel::all_reduce_embedding_grads() {
   Parameter* p = shared_embedding();
   if (!p) return;
   embedding_group_->all_reduce(p->grad, ReduceOp::Sum);
 }
 
-void GPTStageModel::sync_shared_embedding() {
+void StageModel::sync_shared_embedding() {
   Parameter* p = shared_embedding();
   if (!p) return;
   embedding_group_->broadcast(p->value, 0);  // group rank 0 is the first stage
 }
 
-void GPTStageModel::finalize_model_parallel_grads() {
+void StageModel::finalize_model_parallel_grads() {
   all_reduce_sequence_parallel_grads();
   all_reduce_embedding_grads();
 }
