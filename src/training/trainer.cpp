@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "kernels/cuda/device_select.h"
 #include "training/metrics_writer.h"
 #include "training/training_run.h"
 
@@ -93,6 +95,7 @@ TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world)
   // Megatron's get_num_microbatches() of the previous iteration (the schedule's at the start).
   int64_t prev_num_micro = r.batch_schedule.global_batch_size(r.consumed) / per_micro;
   bool exited_early = false;  // --exit-interval, --exit-duration-in-mins or a signal
+  bool memory_reported = false;
   for (int64_t it = r.start_iteration + 1; it <= r.train_iters; ++it) {
     // This iteration's global batch (batch_size_schedule.h; checked up front by validate_against).
     const int64_t iter_gbs = r.batch_schedule.global_batch_size(r.consumed);
@@ -131,6 +134,13 @@ TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world)
                     sched.config().has_decoupled_lr() ? std::optional<double>(sched.decoupled_lr())
                                                       : std::nullopt,
                     r.scaler.scale()});
+    // Megatron's report_memory, once, with the first logged interval (on a GPU; DP rank 0).
+    if (!memory_reported && !r.device.is_cpu() && it % a.log_interval == 0) {
+      memory_reported = true;
+      if (r.ps.dp_rank() == 0)
+        log_print(cuda::memory_report(str("(after ", it, " iterations)"), r.ps.world_rank(),
+                                      r.device));
+    }
     if (r.data->has(DataSplit::valid) && a.eval_iters > 0 && it % a.eval_interval == 0) {
       const model::LossResult v = evaluate(r, DataSplit::valid, r.consumed_valid);
       if (v.num_tokens > 0) {

@@ -100,5 +100,23 @@ TEST(DeviceSelect, CommandsRefuseCudaWithoutAGpu) {
   EXPECT_NE(bad.output.find("--device: tpu not in {cuda,cpu}"), std::string::npos) << bad.output;
 }
 
+// Megatron's report_memory line; the numbers as Python's '{}'.format(bytes / 2**20) prints them
+// (python3 -c "print('{}'.format(512 / 1048576))" -> 0.00048828125).
+TEST(DeviceSelect, MemoryReportIsMegatronsLine) {
+  EXPECT_EQ(cuda::python_float(0.0), "0.0");
+  EXPECT_EQ(cuda::python_float(3072.0), "3072.0");
+  EXPECT_EQ(cuda::python_float(1536.5), "1536.5");
+  EXPECT_EQ(cuda::python_float(512.0 / 1048576.0), "0.00048828125");
+  EXPECT_EQ(cuda::python_float(1234567.0 / 1048576.0), "1.1773748397827148");
+  const cuda::MemoryCounters c{size_t(1536) * 1048576 + 524288, size_t(3) << 30, size_t(4) << 30,
+                               (size_t(4) << 30) + 2097152};
+  EXPECT_EQ(cuda::memory_report_line("(after 10 iterations)", 3, c),
+            "[Rank 3] (after 10 iterations) memory (MB) | allocated: 1536.5 | max allocated: "
+            "3072.0 | reserved: 4096.0 | max reserved: 4098.0");
+  EXPECT_EQ(cuda::memory_report("(after 1 iterations)", 0, Device::cpu()),
+            "[Rank 0] (after 1 iterations) memory (MB) | allocated: 0.0 | max allocated: 0.0 | "
+            "reserved: 0.0 | max reserved: 0.0");
+}
+
 }  // namespace
 }  // namespace megatron

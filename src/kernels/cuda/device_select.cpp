@@ -1,6 +1,7 @@
 // --device resolution (device_select.h).
 #include "kernels/cuda/device_select.h"
 
+#include <charconv>
 #include <cstdlib>
 #include <string>
 
@@ -67,6 +68,36 @@ std::string describe_device(Device device) {
   if (device.is_cuda()) return str(device.to_string(), " (", device_name(device.index), ")");
 #endif
   return device.to_string();
+}
+
+std::string python_float(double x) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);  // shortest round trip
+  std::string s(buf, ec == std::errc() ? end : buf);
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";  // Python prints 3.0, not 3
+  return s;
+}
+
+std::string memory_report_line(const std::string& name, int world_rank, const MemoryCounters& c) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  return str("[Rank ", world_rank, "] ", name, " memory (MB) | allocated: ",
+             python_float(double(c.allocated) / kMiB), " | max allocated: ",
+             python_float(double(c.max_allocated) / kMiB), " | reserved: ",
+             python_float(double(c.reserved) / kMiB), " | max reserved: ",
+             python_float(double(c.max_reserved) / kMiB));
+}
+
+std::string memory_report(const std::string& name, int world_rank, Device device) {
+  MemoryCounters c;
+#ifdef MEGATRON_HAVE_CUDA
+  if (device.is_cuda()) {
+    const AllocatorStats s = allocator_stats();
+    c = {s.allocated_bytes, s.peak_allocated_bytes, s.reserved_bytes, s.peak_reserved_bytes};
+  }
+#else
+  (void)device;
+#endif
+  return memory_report_line(name, world_rank, c);
 }
 
 }  // namespace megatron::cuda

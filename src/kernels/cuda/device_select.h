@@ -9,6 +9,7 @@
 // the CPU.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "core/tensor.h"
@@ -23,6 +24,18 @@ Device select_device(const std::string& flag, int world_rank);
 
 // "cuda:0 (NVIDIA H100 80GB HBM3)", or "cpu": for the start-up log.
 std::string describe_device(Device device);
+
+// Megatron's report_memory line, "[Rank R] NAME memory (MB) | allocated: A | max allocated: MA |
+// reserved: R | max reserved: MR", MiB printed as Python prints a float (the shortest
+// round-trip form, "0.0", "1536.5"), from the caching allocator's counters of `device` (zeros for
+// the CPU). The trainer prints it once, after the first logged interval, on the ranks whose
+// data-parallel rank is 0, as Megatron's training_log does.
+struct MemoryCounters {
+  size_t allocated = 0, max_allocated = 0, reserved = 0, max_reserved = 0;  // bytes
+};
+std::string memory_report_line(const std::string& name, int world_rank, const MemoryCounters& c);
+std::string memory_report(const std::string& name, int world_rank, Device device);
+std::string python_float(double x);
 
 // This process's local rank from the launcher's environment, or -1 when none is set.
 int local_rank_from_env();
