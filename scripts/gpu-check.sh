@@ -6,9 +6,11 @@
 #      PyTorch's wheels), nothing missing;
 #   2. ops: the CUDA op-case table (every op against the CPU, tests/kernels/backend_ops_test.cpp)
 #      and the CUDA backend's own tests (tests/cuda);
-#   3. parity: one training step of GPT-2 124M (seq 1024, dropout on) from the same weights and
-#      batch on the GPU and on the CPU: fp32 gradients of every tensor (SGD, lr 100: g = (w0 -
-#      w1) / 100) and the loss; then bf16 loss and gradient norm;
+#   3. parity: one training step of GPT-2 124M (seq 1024, dropout on, attention dropout included)
+#      from the same weights and batch on the GPU and on the CPU: fp32 gradients of every tensor
+#      (SGD, lr 100: g = (w0 - w1) / 100) and the loss; then bf16 loss and gradient norm; then
+#      the fp32 step again for a smaller model with the other attention paths (grouped-query
+#      attention, RoPE, a sliding window; RMSNorm, SwiGLU);
 #   4. train: GPT-2 124M, seq 1024, bf16, 30 iterations of 64 x 1024 tokens: tokens/s, TFLOP/s
 #      (Megatron's formula) and MFU against the GPU's dense bf16 peak, beside the same model in
 #      PyTorch (bench/reference/gpt2_gpu_torch.py: SDPA flash attention, fused AdamW; eager, then
@@ -165,6 +167,8 @@ if [ "$DRY" = 1 ]; then
                --warmup 1 --prompt 16 --gen 8)
   TRAIN_BATCH=(--micro-batch-size 2 --global-batch-size 4 --train-iters 6 --log-interval 2)
   BENCH=(--layers 2 --hidden 64 --heads 4 --vocab 50304 --prompt 16 --gen 8 --reps 1)
+  GQA_MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128
+             --max-position-embeddings 128 --window-size 48 0)
 else
   DEVICE=cuda
   MODEL=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024
@@ -172,6 +176,8 @@ else
   TORCH_MODEL=(--device cuda)
   TRAIN_BATCH=(--micro-batch-size 8 --global-batch-size 64 --train-iters 30 --log-interval 5)
   BENCH=(--layers 12 --hidden 768 --heads 12 --vocab 50304 --prompt 128 --gen 64 --reps 2)
+  GQA_MODEL=(--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024
+             --max-position-embeddings 1024 --window-size 256 0)
 fi
 MEGATRON="$B/bin/megatron"
 DATA=(--mock-data --tokenizer-type NullTokenizer --vocab-size 50257 --seed 1234)
@@ -213,6 +219,27 @@ if [ $? = 0 ]; then
 else
   record parity_bf16 $(($(date +%s) - t)) '{"status": "fail", "why": "a run failed"}'
 fi
+
+# The attention variants GPT-2 does not use, on the same fp32 step: grouped-query attention with
+# RoPE and a sliding window (Llama/Mistral-style layers: RMSNorm, SwiGLU, no biases).
+t=$(date +%s)
+step_gqa=(pretrain-gpt "${GQA_MODEL[@]}" --group-query-attention --num-query-groups 2
+          --position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
+          --untie-embeddings-and-output-weights "${DATA[@]}" --micro-batch-size 1
+          --global-batch-size 1 --train-iters 1 --optimizer sgd --clip-grad 0 --weight-decay 0
+          --lr-decay-style constant --log-interval 1 --eval-iters 0 --save-interval 1)
+run parity_gqa 300 "$MEGATRON" "${step_gqa[@]}" --device "$DEVICE" --lr 0 --save "$WORK/w0" &&
+  run parity_gqa 300 "$MEGATRON" "${step_gqa[@]}" --device "$DEVICE" --lr 100 \
+    --save "$WORK/w1_dev" && cp "$WORK/last.log" "$WORK/dev.log" &&
+  run parity_gqa 300 "$MEGATRON" "${step_gqa[@]}" --device cpu --lr 100 --save "$WORK/w1_cpu" &&
+  cp "$WORK/last.log" "$WORK/cpu.log"
+if [ $? = 0 ]; then
+  check parity_gqa "$t" parity --w0 "$WORK/w0" --a "$WORK/w1_cpu" --b "$WORK/w1_dev" --lr 100 \
+    --log-a "$WORK/cpu.log" --log-b "$WORK/dev.log"
+else
+  record parity_gqa $(($(date +%s) - t)) '{"status": "fail", "why": "a run failed"}'
+fi
+rm -rf "$WORK"/w0 "$WORK"/w1_*
 
 # ---- 4. training throughput, ours and PyTorch's -----------------------------------------------
 t=$(date +%s)
