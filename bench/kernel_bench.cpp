@@ -1,6 +1,7 @@
 // Kernel micro-benchmarks (Google Benchmark) for decoding on the CPU:
-//  - ops::attention_kv_cache_fwd for one decode step of one layer (hidden 512, 8 heads of 64,
-//    128 cached positions), batch 1 and 16 (one cache slot per sequence);
+//  - one decode step of one layer's attention (hidden 512, 8 heads of 64, 128 cached positions):
+//    ops::kv_cache_append and the core ops::attention_fwd over the KV cache (HeadLayout::cache,
+//    kv_index = each row's slot), as the model runs it, batch 1 and 16 (a slot per sequence);
 //  - ops::gemm with one output row (decoding one token: x [1, k] @ W^T) beside the plain
 //    single-threaded cblas_sgemv and cblas_sgemm calls on the same operands, for the QKV
 //    (512 -> 1536), MLP (512 -> 2048) and output-layer (512 -> 50304) shapes.
@@ -38,6 +39,10 @@ void BM_KvCacheDecode(benchmark::State& state) {
   sh.groups = kHeads;
   sh.head_dim = kHeadDim;
   sh.softmax_scale = 1.0f / std::sqrt(float(kHeadDim));
+  ops::AttentionShape rows = sh;  // one query batch row per sequence, reading its slot
+  rows.batch = batch;
+  rows.seq = 1;
+  rows.kv_seq = rows.q_span = max_len;
   Tensor kc = randn({batch, kHeads, max_len, kHeadDim}, 1);
   Tensor vc = randn({batch, kHeads, max_len, kHeadDim}, 2);
   Tensor qkv = randn({batch, width}, 3);
@@ -45,9 +50,17 @@ void BM_KvCacheDecode(benchmark::State& state) {
   for (int64_t b = 0; b < batch; ++b) slot[size_t(b)] = int32_t(b);
   Tensor ts = Tensor::from_vector(slot, {batch}), tp = Tensor::from_vector(pos, {batch});
   Tensor ctx = Tensor::empty({batch, int64_t(kHeads) * kHeadDim}, DType::F32);
+  ops::AttentionInputs in;
+  in.q = qkv;
+  in.q_layout = ops::HeadLayout::qkv(ops::QkvPart::Query, kHeads, kHeads, kHeadDim, 1);
+  in.k = kc;
+  in.v = vc;
+  in.k_layout = in.v_layout = ops::HeadLayout::cache(kHeads, max_len, kHeadDim);
+  in.q_positions = tp;
+  in.kv_index = ts;
   for (auto _ : state) {
     ops::kv_cache_append(kc, vc, qkv, ts, tp, sh);
-    ops::attention_kv_cache_fwd(ctx, qkv, kc, vc, ts, tp, sh);
+    ops::attention_fwd(ctx, Tensor(), Tensor(), in, ops::AttentionMask{}, rows, ops::DropoutSpec{});
     benchmark::DoNotOptimize(ctx.data<float>());
   }
   state.counters["tokens/s"] = benchmark::Counter(double(batch), benchmark::Counter::kIsRate);

@@ -32,9 +32,8 @@
   X(bias_add) X(bias_grad) X(add) X(scale) X(tanh_fwd) X(tanh_bwd)                              \
   X(index_select_rows) X(index_copy_rows) X(copy_to_flat) X(copy_from_flat)                      \
   X(dropout_fwd) X(dropout_bwd) X(bias_dropout_add_fwd) X(bias_dropout_add_bwd)                  \
-  X(attention_fwd) X(attention_bwd) X(attention_subset_fwd) X(attention_subset_bwd)              \
-  X(attention_block_fwd) X(attention_merge) X(attention_delta) X(attention_block_bwd)            \
-  X(rope_fwd) X(rope_bwd) X(kv_cache_append) X(attention_kv_cache_fwd)                          \
+  X(attention_fwd) X(attention_bwd) X(attention_merge)                                          \
+  X(rope_fwd) X(rope_bwd) X(kv_cache_append)                                                     \
   X(softmax_xent_fwd_bwd)                                                                        \
   X(vocab_parallel_xent_max) X(vocab_parallel_xent_partials) X(vocab_parallel_xent_loss)         \
   X(vocab_parallel_xent_bwd)                                                                     \
@@ -89,6 +88,12 @@ struct CallDevice {
   }
   void add(const std::vector<Tensor>& ts) {
     for (const Tensor& t : ts) add(t);
+  }
+  // An argument struct holding tensors (AttentionInputs, ...) shows them by for_each_tensor.
+  template <typename T>
+    requires requires(const T& t) { t.for_each_tensor([](const Tensor&) {}); }
+  void add(const T& t) {
+    t.for_each_tensor([this](const Tensor& x) { add(x); });
   }
   template <typename T>
   void add(const T&) {}  // not a tensor

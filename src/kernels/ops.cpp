@@ -135,54 +135,41 @@ void bias_dropout_add_bwd(const Tensor& dx, const Tensor& dbias, const Tensor& d
   MG_DISPATCH(bias_dropout_add_bwd, dx, dbias, dout, d);
 }
 
-void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
-                   const Tensor& attention_start, const AttentionShape& shape,
-                   const DropoutSpec& dropout, const Tensor& key_padding) {
-  MG_DISPATCH(attention_fwd, ctx, lse, probs, qkv, attention_start, shape, dropout, key_padding);
+HeadLayout HeadLayout::qkv(QkvPart part, int heads, int groups, int64_t head_dim, int64_t seq) {
+  MG_CHECK(heads > 0 && groups > 0 && heads % groups == 0, "HeadLayout::qkv: heads ", heads,
+           " not a multiple of groups ", groups);
+  const int hpg = heads / groups;
+  const int64_t group_width = int64_t(hpg + 2) * head_dim, width = groups * group_width;
+  const int64_t offset = part == QkvPart::Query ? 0 : (hpg + (part == QkvPart::Value)) * head_dim;
+  return {offset, seq * width, width, group_width, part == QkvPart::Query ? hpg : 1};
 }
-void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& lse,
-                   const Tensor& probs, const Tensor& attention_start,
-                   const AttentionShape& shape, const DropoutSpec& dropout,
-                   const Tensor& key_padding) {
-  MG_DISPATCH(attention_bwd, dqkv, dctx, qkv, lse, probs, attention_start, shape, dropout,
-              key_padding);
+HeadLayout HeadLayout::kv(QkvPart part, int groups, int64_t head_dim, int64_t seq) {
+  MG_CHECK(part != QkvPart::Query, "HeadLayout::kv holds keys and values only");
+  const int64_t width = int64_t(groups) * 2 * head_dim;
+  return {part == QkvPart::Value ? head_dim : 0, seq * width, width, 2 * head_dim, 1};
 }
-void attention_subset_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs,
-                          const Tensor& qkv, const Tensor& query_positions,
-                          const Tensor& attention_start, const AttentionShape& shape,
-                          const DropoutSpec& dropout) {
-  MG_DISPATCH(attention_subset_fwd, ctx, lse, probs, qkv, query_positions, attention_start, shape,
-              dropout);
+HeadLayout HeadLayout::heads(int heads, int64_t head_dim, int64_t seq) {
+  const int64_t width = int64_t(heads) * head_dim;
+  return {0, seq * width, width, width, heads};
 }
-void attention_subset_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
-                          const Tensor& query_positions, const Tensor& lse, const Tensor& probs,
-                          const Tensor& attention_start, const AttentionShape& shape,
-                          const DropoutSpec& dropout) {
-  MG_DISPATCH(attention_subset_bwd, dqkv, dctx, qkv, query_positions, lse, probs, attention_start,
-              shape, dropout);
+HeadLayout HeadLayout::cache(int groups, int64_t max_len, int64_t head_dim) {
+  return {0, int64_t(groups) * max_len * head_dim, head_dim, max_len * head_dim, 1};
 }
-void attention_block_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& q_qkv,
-                         const Tensor& q_positions, const Tensor& kv, const Tensor& kv_positions,
-                         const Tensor& attention_start, const AttentionShape& shape,
-                         const DropoutSpec& dropout) {
-  MG_DISPATCH(attention_block_fwd, ctx, lse, q_qkv, q_positions, kv, kv_positions,
-              attention_start, shape, dropout);
+
+void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& probs,
+                   const AttentionInputs& in, const AttentionMask& mask,
+                   const AttentionShape& shape, const DropoutSpec& dropout) {
+  MG_DISPATCH(attention_fwd, out, lse, probs, in, mask, shape, dropout);
 }
-void attention_merge(const Tensor& ctx, const Tensor& lse, const Tensor& ctx_b, const Tensor& lse_b,
-                     const AttentionShape& shape) {
-  MG_DISPATCH(attention_merge, ctx, lse, ctx_b, lse_b, shape);
+void attention_bwd(const AttentionGrads& grads, const Tensor& dout, const Tensor& out,
+                   const Tensor& lse, const Tensor& probs, const AttentionInputs& in,
+                   const AttentionMask& mask, const AttentionShape& shape,
+                   const DropoutSpec& dropout, bool accumulate) {
+  MG_DISPATCH(attention_bwd, grads, dout, out, lse, probs, in, mask, shape, dropout, accumulate);
 }
-void attention_delta(const Tensor& delta, const Tensor& dctx, const Tensor& ctx,
-                     const AttentionShape& shape) {
-  MG_DISPATCH(attention_delta, delta, dctx, ctx, shape);
-}
-void attention_block_bwd(const Tensor& dq, const Tensor& dkv, const Tensor& dctx,
-                         const Tensor& q_qkv, const Tensor& q_positions, const Tensor& kv,
-                         const Tensor& kv_positions, const Tensor& lse, const Tensor& delta,
-                         const Tensor& attention_start, const AttentionShape& shape,
-                         const DropoutSpec& dropout) {
-  MG_DISPATCH(attention_block_bwd, dq, dkv, dctx, q_qkv, q_positions, kv, kv_positions, lse,
-              delta, attention_start, shape, dropout);
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                     const Tensor& lse_b, const AttentionShape& shape) {
+  MG_DISPATCH(attention_merge, out, lse, out_b, lse_b, shape);
 }
 
 void rope_fwd(const Tensor& qkv, const Tensor& positions, const AttentionShape& shape,
@@ -198,12 +185,6 @@ void kv_cache_append(const Tensor& k_cache, const Tensor& v_cache, const Tensor&
                      const Tensor& row_slot, const Tensor& row_pos, const AttentionShape& shape) {
   MG_DISPATCH(kv_cache_append, k_cache, v_cache, qkv, row_slot, row_pos, shape);
 }
-void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& k_cache,
-                            const Tensor& v_cache, const Tensor& row_slot, const Tensor& row_pos,
-                            const AttentionShape& shape) {
-  MG_DISPATCH(attention_kv_cache_fwd, ctx, qkv, k_cache, v_cache, row_slot, row_pos, shape);
-}
-
 void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor& labels,
                           const Tensor& loss_mask, float grad_scale, bool write_grad) {
   MG_DISPATCH(softmax_xent_fwd_bwd, logits, loss, labels, loss_mask, grad_scale, write_grad);

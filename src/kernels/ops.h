@@ -121,110 +121,136 @@ void bias_dropout_add_fwd(const Tensor& out, const Tensor& x, const Tensor& bias
 void bias_dropout_add_bwd(const Tensor& dx, const Tensor& dbias, const Tensor& dout,
                           const DropoutSpec& d);
 
-// ---- self-attention, fused per (batch, head) ----------------------------------------------------
-// qkv [b, s, g*(n/g+2)*d] in Megatron-Core layout: per query group, n/g query heads of d, then one
-// key head, then one value head. ctx [b, s, n*d] (head-major columns).
-// Query i attends key j iff all of these hold (the defaults give plain causal attention):
-//   start[i] <= j                    attention_start [b, s] int32 or undefined (all 0)
-//   j <= i                           when shape.causal (else bidirectional)
-//   j >= i - window_left             when window_left >= 0 (sliding window)
-//   j <= i + window_right            when !causal and window_right >= 0
-//   key_padding[b, j] != 0           key_padding [b, s] int32 or undefined (encoder padding)
-// With shape.alibi, slope(head_offset + h) * (j - i) (alibi_slopes(total_heads)) is added to the
-// scaled score. lse [b, n, s] is always written (row log-sum-exp of the scaled, masked scores; a
-// row that sees no key gets lse = -inf, zeros in ctx and zero gradients). probs [b, n, s, s] is
-// written when defined (pre-dropout softmax, saved for backward); leave it undefined to recompute
-// the scores in backward (selective recompute).
+// ---- core attention -----------------------------------------------------------------------------
+// One op pair for every attention: queries (with their positions) against keys and values (with
+// theirs), under a mask description, with an optional additive bias. Self-attention, cross-
+// attention, context parallelism (a rank's queries against gathered keys, or against one ring
+// block at a time), and the KV cache at inference are ways of preparing its operands.
+//
+// Geometry (AttentionShape): `batch` query sequences of `seq` rows each, every one against a
+// key/value sequence of `kv_seq` rows (the batch row's own, or the one kv_index names); `heads`
+// query heads in `groups` query groups (GQA; groups == heads is multi-head, 1 multi-query), query
+// head h reading key/value head h / (heads / groups); head_dim d for queries, keys and values.
+// Query row i of batch row b has position qpos(b, i), key row j position kpos(j) (defaults: i and
+// j). Query (b, i) at position p attends key j at position k iff all of these hold:
+//   start(b, i) <= k                      mask.attention_start [batch, seq] (--reset-attention-mask)
+//   k <= p                                mask.causal
+//   k >= p - window_left                  mask.window_left >= 0 (sliding window)
+//   k <= p + window_right                 !mask.causal and mask.window_right >= 0
+//   key_padding(kv sequence, k) != 0      mask.key_padding [kv sequences, kv_span]
+// The score is softmax_scale * q.k + bias(b, h, p, k) + ALiBi slope(global h) * (k - p) (with
+// mask.alibi). A query row that sees no key gets zeros, lse = -inf and no gradient.
+// Positions index the whole attention: the dropout mask, the bias and the key padding are those of
+// a [q_span, kv_span] attention (default [seq, kv_seq]), so a rank computing some of its rows, or
+// its queries against one block of keys, uses the same masks as one run over everything. Dropout
+// masks are indexed by the global head as well (tensor parallelism): element
+//   element_offset + ((b * total_heads + head_offset + h) * q_span + p) * kv_span + k
+// of the dropout stream.
 struct AttentionShape {
   int64_t batch = 0, seq = 0;
   int heads = 0, groups = 0, head_dim = 0;
   float softmax_scale = 0.0f;  // usually 1/sqrt(head_dim)
-  // Tensor parallelism: these `heads` are heads [head_offset, head_offset + heads) of a layer
-  // with total_heads heads (0 = heads). Dropout masks are indexed by the global head, so they
-  // do not depend on how heads are split across ranks.
+  // Tensor parallelism: these `heads` are heads [head_offset, head_offset + heads) of a layer with
+  // total_heads heads (0 = heads): dropout masks and ALiBi slopes follow the global head.
   int head_offset = 0, total_heads = 0;
-  // Query-subset ops: key positions of the whole sequence (seq = number of query rows).
-  // Block ops: key rows of the block.
-  int64_t kv_seq = 0;
-  // Block ops only: length of the whole sequence the positions index.
-  int64_t full_seq = 0;
-  // Masks (attention_fwd / attention_bwd and the KV-cache op; the context-parallel subset and
-  // block ops are causal only and reject anything else).
-  bool causal = true;  // false: bidirectional attention (encoders)
-  // Sliding window: a query at position i sees keys at positions >= i - window_left (-1: no limit).
-  int64_t window_left = -1;
-  // Bidirectional only: keys at positions <= i + window_right (-1: no limit); causal means 0.
-  int64_t window_right = -1;
-  // ALiBi: add slope(h) * (j - i) to the scaled score of query i, key j, h the GLOBAL head
-  // (head_offset + local head) of total_heads.
-  bool alibi = false;
+  int64_t kv_seq = 0;  // key/value rows per sequence; 0 = seq
+  // The extents the positions index (0: seq and kv_seq); see above.
+  int64_t q_span = 0, kv_span = 0;
 };
+
+// Where the heads of one operand lie in its buffer, so that fused activations are read and written
+// in place: element e of head h (0 <= h < the operand's heads) of row i of sequence s is at
+//   offset + s * seq_stride + i * row_stride + (h / heads_per_group) * group_stride
+//          + (h % heads_per_group) * head_dim + e
+// elements from the start of the (contiguous fp32) tensor.
+enum class QkvPart { Query, Key, Value };
+struct HeadLayout {
+  int64_t offset = 0, seq_stride = 0, row_stride = 0, group_stride = 0;
+  int heads_per_group = 1;
+  // Megatron-Core's fused QKV (linear_qkv's output) [sequences * seq, groups * (heads/groups + 2)
+  // * head_dim]: per query group its heads/groups query heads, then its key head, then its value.
+  static HeadLayout qkv(QkvPart part, int heads, int groups, int64_t head_dim, int64_t seq);
+  // Fused keys and values [sequences * seq, groups * 2 * head_dim], per group its key head then its
+  // value head (Megatron-Core's linear_kv output of cross-attention; context parallelism's blocks).
+  static HeadLayout kv(QkvPart part, int groups, int64_t head_dim, int64_t seq);
+  // Plain heads [sequences * seq, heads * head_dim] (a separate query projection; the output).
+  static HeadLayout heads(int heads, int64_t head_dim, int64_t seq);
+  // A KV cache [slots, groups, max_len, head_dim]: sequence = slot, row = position.
+  static HeadLayout cache(int groups, int64_t max_len, int64_t head_dim);
+};
+
+// The mask description (see the section comment). The tensors are int32 and contiguous.
+struct AttentionMask {
+  bool causal = true;  // false: bidirectional (encoders, cross-attention)
+  int64_t window_left = -1;   // -1: no limit
+  int64_t window_right = -1;  // bidirectional only (-1: no limit); 0 is what causal means
+  bool alibi = false;
+  Tensor attention_start = {};  // [batch, seq]: first key position each query row sees, or undefined
+  Tensor key_padding = {};      // [kv sequences, kv_span]: 0 marks a padding key, or undefined
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    f(attention_start);
+    f(key_padding);
+  }
+};
+
+// The operands: q, k, v fp32 contiguous buffers read through their layouts (they may be one
+// tensor, e.g. fused QKV), and the optional positions, key/value sequence map and bias.
+struct AttentionInputs {
+  Tensor q = {}, k = {}, v = {};
+  HeadLayout q_layout = {}, k_layout = {}, v_layout = {};
+  Tensor q_positions = {};   // int32 [seq] (every batch row) or [batch, seq], >= 0; undefined: i
+  Tensor kv_positions = {};  // int32 [kv_seq], strictly ascending, >= 0; undefined: j
+  // int32 [batch]: the key/value sequence each batch row attends (KV-cache slots); undefined: its
+  // own (b). Forward only.
+  Tensor kv_index = {};
+  Tensor bias = {};  // fp32 [1 or batch, heads, q_span, kv_span] added to the scores, or undefined
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    for (const Tensor* t : {&q, &k, &v, &q_positions, &kv_positions, &kv_index, &bias}) f(*t);
+  }
+};
+
+// Gradients of the inputs: dq, dk, dv in the layouts of q, k, v (they may be one tensor), dbias
+// with the bias's shape (undefined: not wanted).
+struct AttentionGrads {
+  Tensor dq = {}, dk = {}, dv = {}, dbias = {};
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    for (const Tensor* t : {&dq, &dk, &dv, &dbias}) f(*t);
+  }
+};
+
 // ALiBi slopes of a layer with total_heads heads (Press et al., as BLOOM and Megatron-DeepSpeed
 // build them): for a power of two n, 2^(-8 (h + 1) / n); otherwise those of the largest power of
 // two p < n followed by every other slope of 2p (the first n - p of its even positions).
 std::vector<float> alibi_slopes(int total_heads);  // a host helper (not dispatched)
-void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
-                   const Tensor& attention_start, const AttentionShape& shape,
-                   const DropoutSpec& dropout, const Tensor& key_padding = Tensor());
-// dqkv [b, s, qkv width] is written. probs may be undefined (then recomputed from qkv and lse).
-void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& lse,
-                   const Tensor& probs, const Tensor& attention_start,
-                   const AttentionShape& shape, const DropoutSpec& dropout,
-                   const Tensor& key_padding = Tensor());
-// The same for a subset of the query positions (context parallelism: this rank's tokens of a
-// sequence split over ranks): qkv [b, kv_seq, width] holds the whole sequence in order;
-// query_positions int32 [seq] the position of each of the seq query rows (the same for every
-// sequence of the batch); ctx [b, seq, n*d], lse [b, n, seq], probs [b, n, seq, kv_seq] and
-// attention_start [b, seq] (values in [0, position]) are per query row. Query row i equals row
-// query_positions[i] of attention_fwd on the whole sequence, dropout masks included.
-void attention_subset_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs,
-                          const Tensor& qkv, const Tensor& query_positions,
-                          const Tensor& attention_start, const AttentionShape& shape,
-                          const DropoutSpec& dropout);
-// dqkv [b, kv_seq, width] is written: dK and dV of every position (from these queries only), dQ
-// at the query rows, zeros in the query columns of the other rows.
-void attention_subset_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
-                          const Tensor& query_positions, const Tensor& lse, const Tensor& probs,
-                          const Tensor& attention_start, const AttentionShape& shape,
-                          const DropoutSpec& dropout);
 
-// ---- blockwise attention (context parallelism's ring exchange, --cp-comm-type p2p) --------------
-// This rank's query rows against one block of key/value rows of the same sequences (its own or
-// another rank's tokens); the blocks of all ranks, merged with attention_merge, give exactly
-// attention_subset_fwd over the whole sequence. shape.seq = sq query rows, shape.kv_seq = skv
-// key rows, shape.full_seq = S, the whole sequence (positions lie in [0, S); dropout masks are
-// those of the whole S x S attention). q_qkv [b, sq, qkv width]: the queries' fused QKV rows (only
-// the query columns are read). kv [b, skv, g*2*d]: per query group its key head then its value
-// head (the key and value columns of fused QKV rows, packed). q_positions int32 [sq] and
-// kv_positions int32 [skv]: the rows' positions in the sequence, both ascending. Query i attends
-// key j iff start[i] <= kv_positions[j] <= q_positions[i] (attention_start [b, sq] or undefined).
-// Writes ctx [b, sq, n*d], normalised over this block's keys, and lse [b, n, sq]; a row that
-// sees no key of the block gets lse = -inf and zeros. Rows and keys that cannot meet (all keys
-// after the last query, queries before the first key) are skipped, so a zig-zag block costs
-// half of its square.
-void attention_block_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& q_qkv,
-                         const Tensor& q_positions, const Tensor& kv, const Tensor& kv_positions,
-                         const Tensor& attention_start, const AttentionShape& shape,
-                         const DropoutSpec& dropout);
-// Online-softmax merge of a block's (ctx_b [b, sq, n*d], lse_b [b, n, sq]) into the running
-// (ctx, lse): lse <- log(e^lse + e^lse_b), ctx <- ctx e^(lse_old - lse) + ctx_b e^(lse_b - lse).
-void attention_merge(const Tensor& ctx, const Tensor& lse, const Tensor& ctx_b, const Tensor& lse_b,
-                     const AttentionShape& shape);
-// delta [b, n, sq] = per head, the row sums of dctx * ctx (the final attention output): the
-// softmax-backward term the blocks share.
-void attention_delta(const Tensor& delta, const Tensor& dctx, const Tensor& ctx,
-                     const AttentionShape& shape);
-// Backward of one block, given the final lse and delta: ADDS dQ into the query columns of dq
-// [b, sq, qkv width] and dK, dV into dkv [b, skv, g*2*d] (the caller zeroes them first).
-void attention_block_bwd(const Tensor& dq, const Tensor& dkv, const Tensor& dctx,
-                         const Tensor& q_qkv, const Tensor& q_positions, const Tensor& kv,
-                         const Tensor& kv_positions, const Tensor& lse, const Tensor& delta,
-                         const Tensor& attention_start, const AttentionShape& shape,
-                         const DropoutSpec& dropout);
+// out [batch * seq, heads * d] (head-major columns) = softmax(scores) V with dropout on the
+// probabilities. lse [batch, heads, seq] (row log-sum-exp of the scores) is written when defined
+// (backward and the merge of partial results need it). probs [batch, heads, seq, kv_seq] receives
+// the pre-dropout probabilities (exact zeros where masked) when defined, for backward; leave it
+// undefined to recompute them there (selective recompute).
+void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& probs,
+                   const AttentionInputs& in, const AttentionMask& mask,
+                   const AttentionShape& shape, const DropoutSpec& dropout);
+// Gradients from dout and the forward's out, lse and probs (probs undefined: recomputed). Without
+// `accumulate`, dq is written at every query row and dk, dv at every key row of every sequence
+// (zeros where nothing flows) and dbias everywhere; with it, all of them are added to (a ring of
+// key/value blocks, whose out and lse are the final merged ones). in.kv_index must be undefined.
+void attention_bwd(const AttentionGrads& grads, const Tensor& dout, const Tensor& out,
+                   const Tensor& lse, const Tensor& probs, const AttentionInputs& in,
+                   const AttentionMask& mask, const AttentionShape& shape,
+                   const DropoutSpec& dropout, bool accumulate = false);
+// Online-softmax merge of a partial result (out_b [batch * seq, heads * d], lse_b [batch, heads,
+// seq]: the same queries against other keys) into the running (out, lse): lse <- log(e^lse +
+// e^lse_b), out <- out e^(lse_old - lse) + out_b e^(lse_b - lse).
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                     const Tensor& lse_b, const AttentionShape& shape);
 
 // ---- rotary position embedding (RoPE) -----------------------------------------------------------
-// Megatron-Core's RotaryEmbedding + apply_rotary_pos_emb on the fused QKV activation (layout of
-// attention_fwd): every query and key head is rotated in place, value heads are untouched, dims
+// Megatron-Core's RotaryEmbedding + apply_rotary_pos_emb on the fused QKV activation
+// (HeadLayout::qkv): every query and key head is rotated in place, value heads are untouched, dims
 // >= rotary_dim of a head pass through. For frequency i < rotary_dim/2 (inv_freq_i =
 // base^(-2i/rotary_dim), angle = position * inv_freq_i, computed in double and rounded) the pair
 // (a, b) = (x[i], x[i + rotary_dim/2]) (interleaved: (x[2i], x[2i+1])) becomes
@@ -244,23 +270,15 @@ void rope_fwd(const Tensor& qkv, const Tensor& positions, const AttentionShape& 
 void rope_bwd(const Tensor& dqkv, const Tensor& positions, const AttentionShape& shape,
               const RotaryConfig& rope);
 
-// ---- KV-cache attention (inference: prefill and decode, continuous batching over cache slots) ---
-// k_cache, v_cache [slots, groups, max_len, d] fp32 (groups, d: shape.groups, shape.head_dim).
-// Rows r of qkv [n, width] (fused QKV as attention_fwd, rotary already applied) belong to cache
-// slot row_slot[r] at sequence position row_pos[r] (int32 [n] each, slot in [0, slots), position
-// in [0, max_len)). kv_cache_append writes each row's key and value heads into its slot at its
-// position.
+// ---- KV cache (inference) -----------------------------------------------------------------------
+// k_cache, v_cache [slots, groups, max_len, d] fp32 (HeadLayout::cache; groups, d: shape.groups,
+// shape.head_dim). Row r of qkv [n, width] (fused QKV as HeadLayout::qkv, rotary already applied)
+// belongs to cache slot row_slot[r] at sequence position row_pos[r] (int32 [n] each, slot in
+// [0, slots), position in [0, max_len)): its key and value heads are written there. Attention of
+// the rows against their slots is attention_fwd with the cache as keys and values and row_slot as
+// kv_index (model/attention.cpp).
 void kv_cache_append(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
                      const Tensor& row_slot, const Tensor& row_pos, const AttentionShape& shape);
-// ctx [n, heads*d]: each row's query heads against its slot's cached keys and values at positions
-// lo..row_pos[r] (causal; lo = max(0, row_pos[r] - window_left) with a window), scaled by
-// shape.softmax_scale, plus ALiBi (shape.alibi, global heads as attention_fwd). The rows' own keys
-// and values must be in the cache already (kv_cache_append first). Rows of one slot at
-// consecutive positions (a prefill chunk) run together as matrix products per head; a lone row
-// (decode) as matrix-vector products. shape.causal must be true; batch, seq, kv_seq unused.
-void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& k_cache,
-                            const Tensor& v_cache, const Tensor& row_slot, const Tensor& row_pos,
-                            const AttentionShape& shape);
 
 // ---- softmax cross-entropy over the vocab -------------------------------------------------------
 // logits [n, V] fp32 (row-strided allowed), labels int32 [n], loss_mask fp32 [n] or undefined

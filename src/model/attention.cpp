@@ -81,11 +81,18 @@ ops::AttentionShape SelfAttention::shape(const LayerContext& ctx) const {
   s.softmax_scale = 1.0f / std::sqrt(float(head_dim));
   s.head_offset = head_offset;
   s.total_heads = total_heads;
-  s.causal = spec_.causal;
-  s.window_left = window_left_;
-  s.window_right = window_right_;
-  s.alibi = spec_.alibi;
   return s;
+}
+
+ops::AttentionMask SelfAttention::mask(const LayerContext& ctx) const {
+  ops::AttentionMask m;
+  m.causal = spec_.causal;
+  m.window_left = window_left_;
+  m.window_right = window_right_;
+  m.alibi = spec_.alibi;
+  m.attention_start = ctx.attention_start;
+  m.key_padding = ctx.key_padding;
+  return m;
 }
 
 const Tensor& SelfAttention::head_rows(int64_t n, bool keys, Device device) {
@@ -134,6 +141,49 @@ void SelfAttention::qk_norm_backward(const LayerContext& ctx, const Tensor& dqkv
   }
 }
 
+namespace {
+
+// Self-attention over this rank's tokens: queries, keys and values are the fused QKV itself.
+ops::AttentionInputs self_inputs(const Tensor& qkv, const ops::AttentionShape& sh) {
+  ops::AttentionInputs in;
+  in.q = in.k = in.v = qkv;
+  in.q_layout = ops::HeadLayout::qkv(ops::QkvPart::Query, sh.heads, sh.groups, sh.head_dim, sh.seq);
+  in.k_layout = ops::HeadLayout::qkv(ops::QkvPart::Key, sh.heads, sh.groups, sh.head_dim, sh.seq);
+  in.v_layout = ops::HeadLayout::qkv(ops::QkvPart::Value, sh.heads, sh.groups, sh.head_dim, sh.seq);
+  return in;
+}
+
+}  // namespace
+
+// Generation: each row's key and value go into its slot of the layer's cache at its position;
+// the rows (one query batch row each) then attend their slots' cached positions: the cache is the
+// key/value operand, row_slot the key/value sequence of each row, row_pos its query position.
+void SelfAttention::cached_attention(const LayerContext& ctx, const Tensor& qkv,
+                                     const Tensor& out) const {
+  InferenceContext& ic = *ctx.inference;
+  MG_CHECK(size_t(layer) < ic.key_cache.size(), "SelfAttention: no KV cache for layer ", layer);
+  const Tensor& kc = ic.key_cache[size_t(layer)];
+  const Tensor& vc = ic.value_cache[size_t(layer)];
+  ops::AttentionShape sh = shape(ctx);
+  ops::kv_cache_append(kc, vc, qkv, ic.row_slot, ic.row_pos, sh);
+  const int64_t max_len = kc.size(2);
+  sh.batch = qkv.size(0);
+  sh.seq = 1;
+  sh.kv_seq = max_len;
+  sh.q_span = sh.kv_span = max_len;
+  ops::AttentionInputs in;
+  in.q = qkv;
+  in.q_layout = ops::HeadLayout::qkv(ops::QkvPart::Query, heads, groups, head_dim, 1);
+  in.k = kc;
+  in.v = vc;
+  in.k_layout = in.v_layout = ops::HeadLayout::cache(groups, max_len, head_dim);
+  in.q_positions = ic.row_pos;
+  in.kv_index = ic.row_slot;
+  ops::AttentionMask m = mask(ctx);
+  m.attention_start = m.key_padding = Tensor();  // the cache holds one sequence per slot
+  ops::attention_fwd(out, Tensor(), Tensor(), in, m, sh, ops::DropoutSpec{});
+}
+
 Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
   Tensor qkv = linear_qkv.forward(ctx, x);
   if (q_layernorm) qk_norm_forward(ctx, qkv);
@@ -146,13 +196,8 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
   const Device dev = qkv.device();
   const int64_t rows = qkv.size(0);
   Tensor c = Tensor::empty({rows, int64_t(heads) * head_dim}, DType::F32, dev);
-  if (ctx.inference) {  // generation: append to the KV cache, attend the cached positions
-    InferenceContext& ic = *ctx.inference;
-    MG_CHECK(size_t(layer) < ic.key_cache.size(), "SelfAttention: no KV cache for layer ", layer);
-    ops::kv_cache_append(ic.key_cache[size_t(layer)], ic.value_cache[size_t(layer)], qkv,
-                         ic.row_slot, ic.row_pos, sh);
-    ops::attention_kv_cache_fwd(c, qkv, ic.key_cache[size_t(layer)],
-                                ic.value_cache[size_t(layer)], ic.row_slot, ic.row_pos, sh);
+  if (ctx.inference) {
+    cached_attention(ctx, qkv, c);
     return linear_proj.forward(ctx, c);
   }
   Tensor lse = Tensor::empty({ctx.batch, heads, ctx.seq}, DType::F32, dev);
@@ -164,16 +209,11 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
     probs = Tensor::empty({ctx.batch, heads, ctx.seq, C * ctx.seq}, DType::F32, dev);
   const ops::DropoutSpec drop = ctx.dropout(attention_dropout, layer, kSiteAttentionProbs);
   if (ring) {
-    ring_attention_fwd(cp_, c, lse, qkv, ctx.attention_start, sh, drop);
-  } else if (C > 1) {  // this rank's queries against the whole sequence's keys and values
-    ops::AttentionShape csh = sh;
-    csh.kv_seq = C * ctx.seq;
-    const Tensor full = GatherFromContextParallelRegion::forward(cp_, qkv, ctx.batch);
-    ops::attention_subset_fwd(c, lse, probs, full,
-                              context_parallel_positions(ctx.seq, cp_.rank(), C, qkv.device()),
-                              ctx.attention_start, csh, drop);
+    ring_attention_fwd(cp_, c, lse, qkv, mask(ctx), sh, drop);
+  } else if (C > 1) {
+    allgather_attention_fwd(cp_, c, lse, probs, qkv, mask(ctx), sh, drop);
   } else {
-    ops::attention_fwd(c, lse, probs, qkv, ctx.attention_start, sh, drop, ctx.key_padding);
+    ops::attention_fwd(c, lse, probs, self_inputs(qkv, sh), mask(ctx), sh, drop);
   }
   Tensor y = linear_proj.forward(ctx, c);
   if (ctx.save) {
@@ -193,20 +233,13 @@ Tensor SelfAttention::backward(const LayerContext& ctx, const Tensor& dy) {
   Tensor dqkv;
   const int C = cp_.size();
   if (C > 1 && cp_.comm == CpCommType::P2P) {
-    dqkv = ring_attention_bwd(cp_, dc, qkv_, ctx_, lse_, ctx.attention_start, sh, drop);
-  } else if (C > 1) {  // gathered again (not kept); dK / dV go back to the ranks owning the positions
-    ops::AttentionShape csh = sh;
-    csh.kv_seq = C * ctx.seq;
-    const Tensor full = GatherFromContextParallelRegion::forward(cp_, qkv_, ctx.batch);
-    Tensor dfull = Tensor::empty(full.shape(), DType::F32, full.device());
-    ops::attention_subset_bwd(dfull, dc, full,
-                              context_parallel_positions(ctx.seq, cp_.rank(), C, full.device()),
-                              lse_, probs_, ctx.attention_start, csh, drop);
-    dqkv = GatherFromContextParallelRegion::backward(cp_, dfull, ctx.batch);
+    dqkv = ring_attention_bwd(cp_, dc, qkv_, ctx_, lse_, mask(ctx), sh, drop);
+  } else if (C > 1) {
+    dqkv = allgather_attention_bwd(cp_, dc, qkv_, ctx_, lse_, probs_, mask(ctx), sh, drop);
   } else {
     dqkv = Tensor::empty(qkv_.get().shape(), DType::F32, dc.device());
-    ops::attention_bwd(dqkv, dc, qkv_, lse_, probs_, ctx.attention_start, sh, drop,
-                       ctx.key_padding);
+    ops::attention_bwd({dqkv, dqkv, dqkv, Tensor()}, dc, ctx_, lse_, probs_,
+                       self_inputs(qkv_, sh), mask(ctx), sh, drop);
   }
   qkv_.reset();
   lse_.reset();

@@ -2,15 +2,16 @@
 //   qkv = linear_qkv(x)                      fused [N, g*(n/g+2)*d], Megatron-Core's layout
 //   q, k <- q_layernorm(q), k_layernorm(k)   per head, with --qk-layernorm
 //   q, k <- rotary(q, k; position)           with rotary position embeddings
-//   ctx = softmax(scale * q k^T + mask [+ ALiBi]) v   causal or bidirectional, optional window
+//   ctx = softmax(scale * q k^T + mask [+ ALiBi]) v   ops::attention_fwd: causal or bidirectional,
+//                                            optional window, key padding, document resets
 //   y = linear_proj(ctx)                     returned without its bias (bias-dropout-add adds it)
 // Tensor parallelism: this rank holds g/T query groups with their n/T heads (linear_qkv is
 // column-parallel: its dim-0 shard is whole query groups), linear_proj is row-parallel.
 // Context parallelism (context_parallel.h): queries are this rank's tokens, keys and values the
 // whole sequence, passed round a ring (p2p) or gathered over the group.
 // Inference (ctx.inference set): each token's key and value are appended to the layer's KV cache
-// at its slot and position, and its query attends the cached keys of its slot (no dropout,
-// nothing saved).
+// at its slot and position, and its query attends the cached keys of its slot (the same op with
+// the cache as keys and values; no dropout, nothing saved).
 #pragma once
 
 #include <memory>
@@ -44,6 +45,9 @@ class SelfAttention : public Module {
 
  private:
   ops::AttentionShape shape(const LayerContext& ctx) const;
+  ops::AttentionMask mask(const LayerContext& ctx) const;
+  // Inference: attention of qkv's rows against the layer's KV cache, into out.
+  void cached_attention(const LayerContext& ctx, const Tensor& qkv, const Tensor& out) const;
   // Rows of the [N * g * (n/g+2), d] view of fused QKV that hold query (or key) heads.
   const Tensor& head_rows(int64_t n, bool keys, Device device);
   void qk_norm_forward(const LayerContext& ctx, const Tensor& qkv);
@@ -58,6 +62,7 @@ class SelfAttention : public Module {
   SavedTensor lse_{this, "lse", "[b, n, s] softmax log-sum-exp"};
   // [b, n, s, s] softmax probabilities ([b, n, s, C*s] under context parallelism with the
   // all-gather); empty under selective recompute and with the CP ring (recomputed by blocks).
+  // The backward reads ctx_ as well (the softmax gradient's rowsum(dctx * ctx)).
   SavedTensor probs_{this, "probs", "[b, n, s, s] (not kept under selective recompute)"};
   SavedTensor ctx_{this, "ctx", "[N, n*d] input of linear_proj"};
 };

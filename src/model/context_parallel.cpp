@@ -72,9 +72,9 @@ Tensor GatherFromContextParallelRegion::forward(const ContextParallel& cp, const
   MG_CHECK(local.dim() == 2 && local.size(0) % batch == 0, "context-parallel gather: ",
            shape_str(local.shape()), " is not [batch * local_seq, width]");
   const Tensor in = local.contiguous();
-  Tensor gathered = Tensor::empty({C * in.size(0), in.size(1)}, DType::F32, in.device());
+  Tensor gathered = Tensor::empty({C * in.size(0), in.size(1)}, in.dtype(), in.device());
   cp.group->all_gather(in, gathered);
-  Tensor full = Tensor::empty(gathered.shape(), DType::F32, in.device());
+  Tensor full = Tensor::empty(gathered.shape(), in.dtype(), in.device());
   permute_rows(gathered, full, batch, C, true);
   return full;
 }
@@ -98,9 +98,9 @@ namespace {
 constexpr int kTagKV = 7101, kTagDKV = 7102;
 
 // The key and value columns of fused QKV rows [rows, g*(n/g+2)*d], packed per group -> [rows,
-// g*2*d] (a group's key head and value head are adjacent in the QKV row).
-// Seen as [rows * groups, (n/g + 2) * d], the key and value heads of every group are the column
-// block [n/g * d, (n/g + 2) * d): a row-strided view the row ops copy.
+// g*2*d] (a group's key head and value head are adjacent in the QKV row, so the packed block is
+// HeadLayout::kv). Seen as [rows * groups, (n/g + 2) * d], the key and value heads of every group
+// are the column block [n/g * d, (n/g + 2) * d): a row-strided view the row ops copy.
 Tensor kv_columns(const Tensor& qkv, const ops::AttentionShape& sh) {
   const int hpg = sh.heads / sh.groups;
   const int64_t d = sh.head_dim, GW = int64_t(hpg + 2) * d;
@@ -123,25 +123,50 @@ void unpack_kv(const Tensor& dkv, const Tensor& dqkv, const ops::AttentionShape&
                        iota_index(cols.size(0), dkv.device()));
 }
 
-ops::AttentionShape block_shape(const ContextParallel& cp, const ops::AttentionShape& local) {
-  ops::AttentionShape b = local;
-  b.kv_seq = local.seq;
-  b.full_seq = int64_t(cp.size()) * local.seq;
-  return b;
-}
+// This rank's queries (the query heads of its fused QKV, at their positions in the whole
+// sequence) against a packed key/value block of kv_rows rows per sequence at kv_positions
+// (undefined: the whole sequence in order). Shape, masks and dropout are those of the whole
+// [S, S] attention.
+struct CpAttention {
+  ops::AttentionInputs in;
+  ops::AttentionShape shape;
+  ops::AttentionMask mask;
+  CpAttention(const ContextParallel& cp, const Tensor& qkv, const ops::AttentionMask& local_mask,
+              const ops::AttentionShape& local, int64_t kv_rows)
+      : shape(local), mask(local_mask) {
+    const int C = cp.size();
+    const int64_t S = int64_t(C) * local.seq;
+    shape.kv_seq = kv_rows;
+    shape.q_span = shape.kv_span = S;
+    in.q = qkv;
+    in.q_layout = ops::HeadLayout::qkv(ops::QkvPart::Query, local.heads, local.groups,
+                                       local.head_dim, local.seq);
+    in.k_layout = ops::HeadLayout::kv(ops::QkvPart::Key, local.groups, local.head_dim, kv_rows);
+    in.v_layout = ops::HeadLayout::kv(ops::QkvPart::Value, local.groups, local.head_dim, kv_rows);
+    in.q_positions = context_parallel_positions(local.seq, cp.rank(), C, qkv.device());
+    // The padding of every key, by position: [b, S] in sequence order.
+    if (mask.key_padding.defined())
+      mask.key_padding = GatherFromContextParallelRegion::forward(
+                             cp, mask.key_padding.contiguous().view({-1, 1}), local.batch)
+                             .view({local.batch, S});
+  }
+  void set_block(const Tensor& kv, const Tensor& kv_positions) {
+    in.k = in.v = kv;
+    in.kv_positions = kv_positions;
+  }
+};
 
 }  // namespace
 
-void ring_attention_fwd(const ContextParallel& cp, const Tensor& ctx, const Tensor& lse,
-                        const Tensor& qkv, const Tensor& attention_start,
+void ring_attention_fwd(const ContextParallel& cp, const Tensor& out, const Tensor& lse,
+                        const Tensor& qkv, const ops::AttentionMask& mask,
                         const ops::AttentionShape& shape, const ops::DropoutSpec& dropout) {
   const int C = cp.size(), r = cp.rank(), next = (r + 1) % C, prev = (r + C - 1) % C;
-  const ops::AttentionShape sh = block_shape(cp, shape);
   const Tensor q = qkv.contiguous();
   const Device dev = q.device();
-  const Tensor qpos = context_parallel_positions(sh.seq, r, C, dev);
-  Tensor kv = pack_kv(q, sh), incoming = Tensor::empty(kv.shape(), DType::F32, dev);
-  Tensor cb = Tensor::empty(ctx.shape(), DType::F32, dev);
+  CpAttention att(cp, q, mask, shape, shape.seq);
+  Tensor kv = pack_kv(q, shape), incoming = Tensor::empty(kv.shape(), DType::F32, dev);
+  Tensor ob = Tensor::empty(out.shape(), DType::F32, dev);
   Tensor lb = Tensor::empty(lse.shape(), DType::F32, dev);
   for (int i = 0; i < C; ++i) {
     const int src = (r + C - i) % C;  // whose keys and values this step holds
@@ -150,12 +175,12 @@ void ring_attention_fwd(const ContextParallel& cp, const Tensor& ctx, const Tens
       recv = cp.group->recv_async(incoming, prev, kTagKV);
       send = cp.group->send_async(kv, next, kTagKV);
     }
-    const Tensor kpos = context_parallel_positions(sh.seq, src, C, dev);
+    att.set_block(kv, context_parallel_positions(shape.seq, src, C, dev));
     if (i == 0) {
-      ops::attention_block_fwd(ctx, lse, q, qpos, kv, kpos, attention_start, sh, dropout);
+      ops::attention_fwd(out, lse, Tensor(), att.in, att.mask, att.shape, dropout);
     } else {
-      ops::attention_block_fwd(cb, lb, q, qpos, kv, kpos, attention_start, sh, dropout);
-      ops::attention_merge(ctx, lse, cb, lb, sh);
+      ops::attention_fwd(ob, lb, Tensor(), att.in, att.mask, att.shape, dropout);
+      ops::attention_merge(out, lse, ob, lb, att.shape);
     }
     if (i + 1 < C) {
       send.wait();
@@ -165,17 +190,14 @@ void ring_attention_fwd(const ContextParallel& cp, const Tensor& ctx, const Tens
   }
 }
 
-Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dctx, const Tensor& qkv,
-                          const Tensor& ctx, const Tensor& lse, const Tensor& attention_start,
+Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& out, const Tensor& lse, const ops::AttentionMask& mask,
                           const ops::AttentionShape& shape, const ops::DropoutSpec& dropout) {
   const int C = cp.size(), r = cp.rank(), next = (r + 1) % C, prev = (r + C - 1) % C;
-  const ops::AttentionShape sh = block_shape(cp, shape);
-  const Tensor q = qkv.contiguous(), dc = dctx.contiguous();
+  const Tensor q = qkv.contiguous(), dc = dout.contiguous();
   const Device dev = q.device();
-  const Tensor qpos = context_parallel_positions(sh.seq, r, C, dev);
-  Tensor delta = Tensor::empty(lse.shape(), DType::F32, dev);
-  ops::attention_delta(delta, dc, ctx, sh);
-  Tensor kv = pack_kv(q, sh), incoming = Tensor::empty(kv.shape(), DType::F32, dev);
+  CpAttention att(cp, q, mask, shape, shape.seq);
+  Tensor kv = pack_kv(q, shape), incoming = Tensor::empty(kv.shape(), DType::F32, dev);
   Tensor dq = Tensor::zeros(q.shape(), DType::F32, dev);
   // The dK / dV accumulator of a block travels one step behind it: at step i this rank adds its
   // queries' part to the accumulator of block r-i, which ranks r-i .. r-1 have filled so far.
@@ -190,8 +212,9 @@ Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dctx, const T
     }
     if (i > 0) acc_recv = cp.group->recv_async(acc_in, prev, kTagDKV);
     Tensor mine = Tensor::zeros(kv.shape(), DType::F32, dev);
-    ops::attention_block_bwd(dq, mine, dc, q, qpos, kv, context_parallel_positions(sh.seq, src, C, dev),
-                             lse, delta, attention_start, sh, dropout);
+    att.set_block(kv, context_parallel_positions(shape.seq, src, C, dev));
+    ops::attention_bwd({dq, mine, mine, Tensor()}, dc, out, lse, Tensor(), att.in, att.mask,
+                       att.shape, dropout, /*accumulate=*/true);
     if (i > 0) {
       acc_recv.wait();
       ops::add(mine, mine, acc_in);
@@ -208,8 +231,36 @@ Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dctx, const T
   Tensor own = Tensor::empty(kv.shape(), DType::F32, dev);
   cp.group->recv_async(own, prev, kTagDKV).wait();
   acc_send.wait();
-  unpack_kv(own, dq, sh);  // dq's key / value columns are still zero
+  unpack_kv(own, dq, shape);  // dq's key / value columns are still zero
   return dq;
+}
+
+void allgather_attention_fwd(const ContextParallel& cp, const Tensor& out, const Tensor& lse,
+                             const Tensor& probs, const Tensor& qkv,
+                             const ops::AttentionMask& mask, const ops::AttentionShape& shape,
+                             const ops::DropoutSpec& dropout) {
+  const Tensor q = qkv.contiguous();
+  CpAttention att(cp, q, mask, shape, int64_t(cp.size()) * shape.seq);
+  att.set_block(GatherFromContextParallelRegion::forward(cp, pack_kv(q, shape), shape.batch),
+                Tensor());
+  ops::attention_fwd(out, lse, probs, att.in, att.mask, att.shape, dropout);
+}
+
+Tensor allgather_attention_bwd(const ContextParallel& cp, const Tensor& dout, const Tensor& qkv,
+                               const Tensor& out, const Tensor& lse, const Tensor& probs,
+                               const ops::AttentionMask& mask, const ops::AttentionShape& shape,
+                               const ops::DropoutSpec& dropout) {
+  const Tensor q = qkv.contiguous();
+  CpAttention att(cp, q, mask, shape, int64_t(cp.size()) * shape.seq);
+  const Tensor kv = GatherFromContextParallelRegion::forward(cp, pack_kv(q, shape), shape.batch);
+  att.set_block(kv, Tensor());
+  Tensor dqkv = Tensor::empty(q.shape(), DType::F32, q.device());
+  Tensor dkv = Tensor::empty(kv.shape(), DType::F32, q.device());
+  ops::attention_bwd({dqkv, dkv, dkv, Tensor()}, dout.contiguous(), out, lse, probs, att.in,
+                     att.mask, att.shape, dropout);
+  // dK / dV of every position from this rank's queries, summed over the group at their owners.
+  unpack_kv(GatherFromContextParallelRegion::backward(cp, dkv, shape.batch), dqkv, shape);
+  return dqkv;
 }
 
 }  // namespace megatron::model

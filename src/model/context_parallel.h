@@ -6,21 +6,25 @@
 // local S/C tokens, with dropout masks taken by each token's position in the unsplit tensors
 // (LayerContext::for_each_sequence_run), so training matches the unsplit run, dropout included.
 //
-// Attention needs every earlier key; two exchanges give the same result (--cp-comm-type):
+// Attention needs the keys of the whole sequence; both exchanges prepare them for the one core
+// attention op (ops::attention_fwd / attention_bwd), with this rank's queries at their positions in
+// the whole sequence, so every mask (causal, document resets, sliding windows, ALiBi,
+// bidirectional with key padding) and every dropout mask is that of the unsplit attention
+// (--cp-comm-type):
 // - "p2p" (the default, as in Megatron): a ring. Each rank keeps its queries and passes the
 //   packed key/value block of its tokens to the next rank C-1 times; at every step it computes
-//   its queries against the block it holds (ops::attention_block_fwd: only the part of the block
-//   the causal mask lets through, half of it for every block but its own) while the next block
-//   is in flight, and merges the partial softmaxes (online softmax, ops::attention_merge). The
-//   backward runs the ring again: dQ stays, and each block's dK / dV accumulator travels with it
-//   and arrives at its owner after the last step. Score memory per rank: one [S/C, S/C] block.
-// - "allgather": the forward all-gathers the QKV activation of the CP group and puts it back in
-//   sequence order, and each rank computes its own query rows against the whole sequence
-//   (ops::attention_subset_fwd: causal mask and --reset-attention-mask starts by global
-//   position, dropout masks those of the unsplit attention). The backward gathers QKV again (only
-//   the local [b*S/C, width] is kept between forward and backward), computes dQ for its rows and
-//   its queries' contributions to dK / dV of every position, and reduce-scatters them back to the
-//   ranks that own those positions. Score memory per rank is [S/C, S].
+//   its queries against the block it holds (with the block's key positions: for causal attention
+//   only the part the mask lets through, half of it for every block but its own) while the next
+//   block is in flight, and merges the partial softmaxes (online softmax, ops::attention_merge).
+//   The backward runs the ring again: dQ stays, and each block's dK / dV accumulator travels with
+//   it and arrives at its owner after the last step. Score memory per rank: one tile per thread.
+// - "allgather": the forward all-gathers the packed key/value columns of the group's QKV and puts
+//   them in sequence order, and each rank computes its own query rows against the whole sequence.
+//   The backward gathers them again (only the local QKV is kept between forward and backward),
+//   computes dQ for its rows and its queries' contributions to dK / dV of every position, and
+//   reduce-scatters those back to the ranks that own the positions. Probabilities kept for
+//   backward (no selective recompute) are [S/C, S] per head.
+// A key padding mask is all-gathered in sequence order ([b, S], small) for either exchange.
 //
 // Gradients of the parameters are partial sums over this rank's tokens: the trainer sums them
 // over the data x context parallel group (Megatron's data_parallel_group_with_cp), and the loss
@@ -62,7 +66,7 @@ Tensor context_parallel_positions(int64_t local_seq, int rank, int size,
                                  Device device = Device::cpu());
 
 // The attention exchange as a conjugate pair (see tp_mappings.h), over rows of batch-first
-// [b*s, w] activations:
+// [b*s, w] activations (any dtype; the backward sums, so fp32 there):
 //   forward: all-gather of every rank's [b*S/C, w] into the whole sequence [b*S, w] in order;
 //   backward: the [b*S, w] gradient summed over the group, each rank keeping its own rows.
 struct GatherFromContextParallelRegion {
@@ -70,17 +74,26 @@ struct GatherFromContextParallelRegion {
   static Tensor backward(const ContextParallel& cp, const Tensor& dfull, int64_t batch);
 };
 
-// --cp-comm-type p2p: this rank's queries against the whole sequence by the ring exchange.
-// qkv [b*S/C, width] is this rank's fused QKV activation (chunks rank and 2C-1-rank),
-// attention_start [b, S/C] or undefined; shape is the local one (seq = S/C, kv_seq unused).
-// Writes ctx [b*S/C, n*d] and lse [b, n, S/C].
-void ring_attention_fwd(const ContextParallel& cp, const Tensor& ctx, const Tensor& lse,
-                        const Tensor& qkv, const Tensor& attention_start,
+// The attention of this rank's queries against the whole sequence, in both exchanges. qkv
+// [b*S/C, width] is this rank's fused QKV activation (chunks rank and 2C-1-rank), mask the local
+// one (attention_start [b, S/C], key_padding [b, S/C] or undefined), shape the local one (seq =
+// S/C). Forward writes out [b*S/C, n*d] and lse [b, n, S/C] (and probs [b, n, S/C, S] when
+// defined, all-gather only); backward takes the forward's out and lse and returns dqkv
+// [b*S/C, width]: dQ of this rank's queries, dK / dV of its keys and values from every rank's
+// queries.
+void ring_attention_fwd(const ContextParallel& cp, const Tensor& out, const Tensor& lse,
+                        const Tensor& qkv, const ops::AttentionMask& mask,
                         const ops::AttentionShape& shape, const ops::DropoutSpec& dropout);
-// The backward from the forward's qkv, ctx and lse: returns dqkv [b*S/C, width] (dQ of this
-// rank's queries, dK / dV of its keys and values from every rank's queries).
-Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dctx, const Tensor& qkv,
-                          const Tensor& ctx, const Tensor& lse, const Tensor& attention_start,
+Tensor ring_attention_bwd(const ContextParallel& cp, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& out, const Tensor& lse, const ops::AttentionMask& mask,
                           const ops::AttentionShape& shape, const ops::DropoutSpec& dropout);
+void allgather_attention_fwd(const ContextParallel& cp, const Tensor& out, const Tensor& lse,
+                             const Tensor& probs, const Tensor& qkv,
+                             const ops::AttentionMask& mask, const ops::AttentionShape& shape,
+                             const ops::DropoutSpec& dropout);
+Tensor allgather_attention_bwd(const ContextParallel& cp, const Tensor& dout, const Tensor& qkv,
+                               const Tensor& out, const Tensor& lse, const Tensor& probs,
+                               const ops::AttentionMask& mask, const ops::AttentionShape& shape,
+                               const ops::DropoutSpec& dropout);
 
 }  // namespace megatron::model

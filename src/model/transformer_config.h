@@ -95,8 +95,8 @@ struct TransformerConfig {
   // size, heads, query groups, FFN size and padded vocabulary divisible by T; under sequence
   // parallelism the sequence length too. Throws megatron::Error naming the flags.
   void validate_tensor_parallel(int tp_size) const;
-  // The features context parallelism supports (causal attention without windows or ALiBi);
-  // throws megatron::Error naming the flag otherwise.
+  // The checks that depend on the context-parallel size (every attention mask splits over
+  // context-parallel ranks); throws megatron::Error naming the flag.
   void validate_context_parallel(int cp_size) const;
 };
 

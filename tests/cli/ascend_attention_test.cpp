@@ -69,13 +69,18 @@ TEST(AscendAttention, TheBandInsideTheMaskMatchesAFloat64Reference) {
     c.max_position_embeddings = int(S);
     c.attention_mask_type = b.causal ? "causal" : "bidirectional";
     model::apply_ascend_band(c, b.pre, b.next);
-    ops::AttentionShape sh{1, S, 1, 1, D, 1.0f / std::sqrt(float(D))};
-    sh.causal = c.causal();
-    sh.window_left = c.window_left;
-    sh.window_right = c.window_right;
-    Tensor ctx = Tensor::empty({1, S, D}, DType::F32), lse = Tensor::empty({1, 1, S}, DType::F32);
-    ops::attention_fwd(ctx, lse, Tensor(), Tensor::from_vector(qkv_f, {1, S, 3 * D}), Tensor(), sh,
-                       ops::DropoutSpec{});
+    const ops::AttentionShape sh{1, S, 1, 1, D, 1.0f / std::sqrt(float(D))};
+    ops::AttentionMask mask;
+    mask.causal = c.causal();
+    mask.window_left = c.window_left;
+    mask.window_right = c.window_right;
+    ops::AttentionInputs in;
+    in.q = in.k = in.v = Tensor::from_vector(qkv_f, {S, 3 * D});
+    in.q_layout = ops::HeadLayout::qkv(ops::QkvPart::Query, 1, 1, D, S);
+    in.k_layout = ops::HeadLayout::qkv(ops::QkvPart::Key, 1, 1, D, S);
+    in.v_layout = ops::HeadLayout::qkv(ops::QkvPart::Value, 1, 1, D, S);
+    Tensor ctx = Tensor::empty({S, D}, DType::F32), lse = Tensor::empty({1, 1, S}, DType::F32);
+    ops::attention_fwd(ctx, lse, Tensor(), in, mask, sh, ops::DropoutSpec{});
     const std::vector<double> ref = npu_reference(b, qkv, S, D);
     for (int64_t i = 0; i < S * D; ++i)
       EXPECT_NEAR(double(ctx.data<float>()[i]), ref[size_t(i)], 1e-5 + 1e-5 * std::abs(ref[size_t(i)]))

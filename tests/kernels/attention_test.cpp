@@ -1,343 +1,416 @@
-// Fused causal attention against a double-precision reference: forward output and log-sum-exp,
-// and the QKV gradient by central differences of the double forward (so the check does not
-// share the kernel's backward formulas). Covers grouped query heads, per-query attention starts
-// (--reset-attention-mask), Philox dropout, and saved vs recomputed probabilities.
+// The core attention op against the float64 reference of attention_reference.h: output,
+// log-sum-exp and saved probabilities, and dq, dk, dv, dbias, both against the analytic reference
+// and (in the small cases) against central differences of the reference forward. Every mask kind
+// (causal, bidirectional, sliding windows on either side, key padding with a fully padded
+// sequence, --reset-attention-mask starts, ALiBi), with and without a bias (per batch row and
+// broadcast), queries and keys of different lengths through each operand layout (fused QKV, a
+// separate Q with a fused KV, fused-QKV queries with a packed KV block), GQA and MQA, positions
+// (a subset of the query rows, a block of key rows, the spans of a larger attention), a
+// tensor-parallel head range, dropout, the KV-cache form (kv_index), long sequences across the
+// 64-row tiles and 512-key blocks, and the argument checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
 
-#include "kernels/ops.h"
+#include "attention_reference.h"
+#include "core/error.h"
 #include "kernel_test_util.h"
 
 namespace megatron::ops {
 namespace {
-using testing::expect_close;
-using testing::randn;
+using testing::RefAttention;
+using testing::RefValues;
+
+enum class Operands { FusedQkv, SeparateQFusedKv, QkvQueriesPackedKv };
 
 struct Case {
-  int64_t b, s;
-  int n, g, d;
-  float p;
-  bool starts;
+  int64_t b = 1, sq = 4, skv = 0;  // skv 0: sq
+  int n = 2, g = 1, d = 3;
+  Operands operands = Operands::FusedQkv;
+  bool causal = true, alibi = false;
+  int64_t wl = -1, wr = -1;
+  bool starts = false, padding = false;
+  int bias = 0;  // 0 none, 1 broadcast over the batch, 2 per batch row
+  float p = 0.0f;
+  std::vector<int32_t> qpos = {}, kpos = {}, kv_index = {};  // empty: defaults
+  int64_t q_span = 0, kv_span = 0;
+  int head_offset = 0, total_heads = 0;
+  bool finite_differences = true;
 };
 
-// ctx (double) for qkv (double); lse optional.
-std::vector<double> reference(const Case& c, const std::vector<double>& qkv,
-                              const std::vector<int32_t>& start, const DropoutSpec& d,
-                              std::vector<double>* lse) {
-  const int hpg = c.n / c.g;
-  const int64_t W = int64_t(c.g) * (hpg + 2) * c.d, CW = int64_t(c.n) * c.d;
-  std::vector<double> out(size_t(c.b * c.s * CW), 0.0);
-  if (lse) lse->assign(size_t(c.b * c.n * c.s), 0.0);
-  const Philox rng(d.seed, d.stream);
-  const double scale = 1.0 / std::sqrt(double(c.d));
-  for (int64_t bi = 0; bi < c.b; ++bi)
-    for (int h = 0; h < c.n; ++h) {
-      const int grp = h / hpg;
-      const int64_t qo = int64_t(grp) * (hpg + 2) * c.d + int64_t(h % hpg) * c.d;
-      const int64_t ko = int64_t(grp) * (hpg + 2) * c.d + int64_t(hpg) * c.d, vo = ko + c.d;
-      for (int64_t i = 0; i < c.s; ++i) {
-        const int64_t j0 = c.starts ? start[size_t(bi * c.s + i)] : 0;
-        std::vector<double> sc(size_t(c.s), 0.0);
-        double mx = -1e300;
-        for (int64_t j = j0; j <= i; ++j) {
-          double v = 0;
-          for (int e = 0; e < c.d; ++e)
-            v += qkv[size_t((bi * c.s + i) * W + qo + e)] * qkv[size_t((bi * c.s + j) * W + ko + e)];
-          sc[size_t(j)] = v * scale;
-          mx = std::max(mx, sc[size_t(j)]);
-        }
-        double se = 0;
-        for (int64_t j = j0; j <= i; ++j) se += std::exp(sc[size_t(j)] - mx);
-        if (lse) (*lse)[size_t((bi * c.n + h) * c.s + i)] = mx + std::log(se);
-        for (int64_t j = j0; j <= i; ++j) {
-          double pr = std::exp(sc[size_t(j)] - mx) / se;
-          if (d.active()) {
-            const uint64_t k = uint64_t(((bi * c.n + h) * c.s + i) * c.s + j);
-            pr = rng.uniform(k) >= d.p ? pr / (1.0 - d.p) : 0.0;
-          }
-          for (int e = 0; e < c.d; ++e)
-            out[size_t((bi * c.s + i) * CW + h * c.d + e)] +=
-                pr * qkv[size_t((bi * c.s + j) * W + vo + e)];
-        }
+std::vector<double> random_values(size_t n, uint64_t stream) {
+  Tensor t = testing::randn({int64_t(n)}, stream);
+  return testing::to_double(t);
+}
+
+// The reference description and operand values of a case.
+struct Built {
+  RefAttention a;
+  RefValues x;
+  int64_t kv_seqs = 0;
+};
+
+Built build(const Case& c) {
+  Built r;
+  RefAttention& a = r.a;
+  a.b = c.b;
+  a.sq = c.sq;
+  a.skv = c.skv > 0 ? c.skv : c.sq;
+  a.n = c.n;
+  a.g = c.g;
+  a.d = c.d;
+  a.scale = double(1.0f / std::sqrt(float(c.d)));
+  a.q_span = c.q_span > 0 ? c.q_span : a.sq;
+  a.kv_span = c.kv_span > 0 ? c.kv_span : a.skv;
+  a.head_offset = c.head_offset;
+  a.total_heads = c.total_heads;
+  a.causal = c.causal;
+  a.alibi = c.alibi;
+  a.window_left = c.wl;
+  a.window_right = c.wr;
+  for (int64_t bi = 0; bi < c.b; ++bi) {
+    a.kv_index.push_back(c.kv_index.empty() ? int32_t(bi) : c.kv_index[size_t(bi)]);
+    for (int64_t i = 0; i < c.sq; ++i) a.qpos.push_back(c.qpos.empty() ? int32_t(i) : c.qpos[size_t(i)]);
+  }
+  for (int64_t j = 0; j < a.skv; ++j) a.kpos.push_back(c.kpos.empty() ? int32_t(j) : c.kpos[size_t(j)]);
+  r.kv_seqs = c.kv_index.empty() ? c.b : *std::max_element(c.kv_index.begin(), c.kv_index.end()) + 1;
+  if (c.starts)  // a document boundary at position 3 + b: later queries see keys from there on
+    for (int64_t bi = 0; bi < c.b; ++bi)
+      for (int64_t i = 0; i < c.sq; ++i) {
+        const int32_t p = a.qpos[size_t(bi * c.sq + i)], s = int32_t(3 + bi);
+        a.start.push_back(p >= s ? s : 0);
       }
+  if (c.padding)  // sequence 0: its last two positions are padding; sequence 1: all of them
+    for (int64_t s = 0; s < r.kv_seqs; ++s)
+      for (int64_t k = 0; k < a.kv_span; ++k)
+        a.pad.push_back(s == 0 ? (k < a.kv_span - 2 ? 1 : 0) : (s == 1 ? 0 : 1));
+  a.bias_batch = c.bias == 0 ? 0 : (c.bias == 1 ? 1 : c.b);
+  a.dropout = DropoutSpec{c.p, 5, 9, 17};
+  r.x.q = random_values(size_t(c.b * c.sq * c.n * c.d), 31);
+  r.x.k = random_values(size_t(r.kv_seqs * a.skv * c.g * c.d), 32);
+  r.x.v = random_values(size_t(r.kv_seqs * a.skv * c.g * c.d), 33);
+  r.x.bias = random_values(size_t(a.bias_batch * c.n * a.q_span * a.kv_span), 34);
+  return r;
+}
+
+// Columns of query head h, key and value head grp in the operand tensors of a layout.
+struct Columns {
+  int n, g, d;
+  Operands operands;
+  int hpg() const { return n / g; }
+  int64_t q_width() const {
+    return operands == Operands::SeparateQFusedKv ? int64_t(n) * d : int64_t(g) * (hpg() + 2) * d;
+  }
+  int64_t kv_width() const {
+    return operands == Operands::FusedQkv ? q_width() : int64_t(g) * 2 * d;
+  }
+  int64_t q(int h) const {
+    return operands == Operands::SeparateQFusedKv
+               ? int64_t(h) * d
+               : int64_t(h / hpg()) * (hpg() + 2) * d + int64_t(h % hpg()) * d;
+  }
+  int64_t k(int grp) const {
+    return operands == Operands::FusedQkv ? int64_t(grp) * (hpg() + 2) * d + int64_t(hpg()) * d
+                                          : int64_t(grp) * 2 * d;
+  }
+  int64_t v(int grp) const { return k(grp) + d; }
+};
+
+// The kernel's view of a built case: operand tensors (filled from the reference values) and
+// the op's arguments.
+struct KernelCall {
+  Columns cols;
+  Tensor qt, kvt;  // kvt == qt for fused QKV
+  AttentionInputs in;
+  AttentionMask mask;
+  AttentionShape shape;
+};
+
+KernelCall kernel_call(const Case& c, const Built& r) {
+  const RefAttention& a = r.a;
+  KernelCall k{Columns{c.n, c.g, c.d, c.operands}, {}, {}, {}, {}, {}};
+  const Columns& cl = k.cols;
+  std::vector<float> qbuf(size_t(c.b * c.sq * cl.q_width()), 7.0f);
+  std::vector<float> kvbuf(size_t(r.kv_seqs * a.skv * cl.kv_width()), 7.0f);
+  std::vector<float>& kvdst = c.operands == Operands::FusedQkv ? qbuf : kvbuf;
+  for (int64_t row = 0; row < c.b * c.sq; ++row)
+    for (int h = 0; h < c.n; ++h)
+      for (int e = 0; e < c.d; ++e)
+        qbuf[size_t(row * cl.q_width() + cl.q(h) + e)] = float(r.x.q[size_t((row * c.n + h) * c.d + e)]);
+  for (int64_t row = 0; row < r.kv_seqs * a.skv; ++row)
+    for (int grp = 0; grp < c.g; ++grp)
+      for (int e = 0; e < c.d; ++e) {
+        const size_t at = size_t((row * c.g + grp) * c.d + e);
+        kvdst[size_t(row * cl.kv_width() + cl.k(grp) + e)] = float(r.x.k[at]);
+        kvdst[size_t(row * cl.kv_width() + cl.v(grp) + e)] = float(r.x.v[at]);
+      }
+  k.qt = Tensor::from_vector(qbuf, {c.b * c.sq, cl.q_width()});
+  k.kvt = c.operands == Operands::FusedQkv ? k.qt : Tensor::from_vector(kvbuf, {r.kv_seqs * a.skv, cl.kv_width()});
+  AttentionInputs& in = k.in;
+  in.q = k.qt;
+  in.k = in.v = k.kvt;
+  switch (c.operands) {
+    case Operands::FusedQkv:
+      in.q_layout = HeadLayout::qkv(QkvPart::Query, c.n, c.g, c.d, c.sq);
+      in.k_layout = HeadLayout::qkv(QkvPart::Key, c.n, c.g, c.d, a.skv);
+      in.v_layout = HeadLayout::qkv(QkvPart::Value, c.n, c.g, c.d, a.skv);
+      break;
+    case Operands::SeparateQFusedKv:
+    case Operands::QkvQueriesPackedKv:
+      in.q_layout = c.operands == Operands::SeparateQFusedKv
+                        ? HeadLayout::heads(c.n, c.d, c.sq)
+                        : HeadLayout::qkv(QkvPart::Query, c.n, c.g, c.d, c.sq);
+      in.k_layout = HeadLayout::kv(QkvPart::Key, c.g, c.d, a.skv);
+      in.v_layout = HeadLayout::kv(QkvPart::Value, c.g, c.d, a.skv);
+      break;
+  }
+  if (!c.qpos.empty()) in.q_positions = Tensor::from_vector(c.qpos, {c.sq});
+  if (!c.kpos.empty()) in.kv_positions = Tensor::from_vector(c.kpos, {a.skv});
+  if (!c.kv_index.empty()) in.kv_index = Tensor::from_vector(c.kv_index, {c.b});
+  if (c.bias) {
+    const std::vector<float> bias(r.x.bias.begin(), r.x.bias.end());
+    in.bias = Tensor::from_vector(bias, {a.bias_batch, c.n, a.q_span, a.kv_span});
+  }
+  k.mask.causal = c.causal;
+  k.mask.window_left = c.wl;
+  k.mask.window_right = c.wr;
+  k.mask.alibi = c.alibi;
+  if (c.starts) k.mask.attention_start = Tensor::from_vector(a.start, {c.b, c.sq});
+  if (c.padding) k.mask.key_padding = Tensor::from_vector(a.pad, {r.kv_seqs, a.kv_span});
+  k.shape = AttentionShape{.batch = c.b, .seq = c.sq, .heads = c.n, .groups = c.g, .head_dim = c.d,
+                           .softmax_scale = float(a.scale), .head_offset = c.head_offset,
+                           .total_heads = c.total_heads, .kv_seq = a.skv, .q_span = c.q_span,
+                           .kv_span = c.kv_span};
+  return k;
+}
+
+// A gradient tensor with the operand's layout -> plain [rows, heads, d] values.
+std::vector<double> unpack(const Tensor& t, int64_t rows, int heads, int d,
+                           const std::function<int64_t(int)>& col) {
+  const std::vector<float> v = t.to_float_vector();
+  const int64_t w = t.size(-1);
+  std::vector<double> out;
+  for (int64_t row = 0; row < rows; ++row)
+    for (int h = 0; h < heads; ++h)
+      for (int e = 0; e < d; ++e) out.push_back(v[size_t(row * w + col(h) + e)]);
+  return out;
+}
+
+void expect_near(const std::string& what, const std::vector<double>& got,
+                 const std::vector<double>& want, double atol, double eps) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= atol + std::abs(want[i]) * eps)) {
+      if (first < 0) first = int64_t(i);
+      ++bad;
     }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " off; first at " << first
+                    << ": got " << (first >= 0 ? got[size_t(first)] : 0.0) << " want "
+                    << (first >= 0 ? want[size_t(first)] : 0.0);
+}
+
+std::vector<double> scaled(const std::vector<double>& v, double s) {
+  std::vector<double> out(v);
+  for (double& x : out) x *= s;
   return out;
 }
 
 void run_case(const Case& c) {
-  const int hpg = c.n / c.g;
-  const int64_t W = int64_t(c.g) * (hpg + 2) * c.d, CW = int64_t(c.n) * c.d;
-  Tensor qkv = randn({c.b, c.s, W}, 31);
-  Tensor dctx = randn({c.b, c.s, CW}, 32);
-  std::vector<int32_t> start(size_t(c.b * c.s), 0);
-  if (c.starts)
-    for (int64_t bi = 0; bi < c.b; ++bi)
-      for (int64_t i = 0; i < c.s; ++i) start[size_t(bi * c.s + i)] = int32_t(i >= 3 + bi ? 3 + bi : 0);
-  Tensor st = c.starts ? Tensor::from_vector(start, {c.b, c.s}) : Tensor();
-  AttentionShape sh{c.b, c.s, c.n, c.g, c.d, 1.0f / std::sqrt(float(c.d))};
-  DropoutSpec drop{c.p, 5, 9};
-  std::vector<double> q = testing::to_double(qkv), lse_ref;
-  std::vector<double> ref = reference(c, q, start, drop, &lse_ref);
-
-  // d(sum ctx * dctx)/dqkv by central differences in double.
-  std::vector<double> gref(q.size()), dc = testing::to_double(dctx);
-  for (size_t k = 0; k < q.size(); ++k) {
-    const double h = 1e-6, orig = q[k];
-    q[k] = orig + h;
-    std::vector<double> up = reference(c, q, start, drop, nullptr);
-    q[k] = orig - h;
-    std::vector<double> dn = reference(c, q, start, drop, nullptr);
-    q[k] = orig;
-    double s = 0;
-    for (size_t e = 0; e < up.size(); ++e) s += (up[e] - dn[e]) * dc[e];
-    gref[k] = s / (2 * h);
+  const Built r = build(c);
+  const RefAttention& a = r.a;
+  const testing::RefForward ref = testing::reference_forward(a, r.x);
+  const std::vector<double> dout = random_values(size_t(c.b * c.sq * c.n * c.d), 35);
+  const bool backward = c.kv_index.empty();
+  RefValues gref, fd;
+  if (backward) {
+    gref = testing::reference_backward(a, r.x, dout);
+    if (c.finite_differences) {  // the analytic reference against central differences
+      fd = testing::reference_finite_differences(a, r.x, dout);
+      expect_near("reference dq vs finite differences", gref.q, fd.q, 1e-6, 1e-6);
+      expect_near("reference dk vs finite differences", gref.k, fd.k, 1e-6, 1e-6);
+      expect_near("reference dv vs finite differences", gref.v, fd.v, 1e-6, 1e-6);
+      expect_near("reference dbias vs finite differences", gref.bias, fd.bias, 1e-6, 1e-6);
+    }
   }
   for (bool save_probs : {true, false}) {
-    SCOPED_TRACE(save_probs ? "saved probs" : "recomputed probs");
-    Tensor ctx = Tensor::empty({c.b, c.s, CW}, DType::F32);
-    Tensor lse = Tensor::empty({c.b, c.n, c.s}, DType::F32);
-    Tensor probs = save_probs ? Tensor::empty({c.b, c.n, c.s, c.s}, DType::F32) : Tensor();
-    attention_fwd(ctx, lse, probs, qkv, st, sh, drop);
-    expect_close("attention ctx", ctx, ref, 1e-5);
-    expect_close("attention lse", lse, lse_ref, 1e-5);
-    Tensor dqkv = Tensor::full(qkv.shape(), 123.0, DType::F32);  // must be fully overwritten
-    attention_bwd(dqkv, dctx, qkv, lse, probs, st, sh, drop);
-    expect_close("attention dqkv", dqkv, gref, 2e-5, 1e-4);
-  }
-}
-
-// Tensor parallelism: the heads of query groups [g0, g0 + gl) run alone (their QKV columns, with
-// head_offset / total_heads set) give exactly the full run's output columns and gradients,
-// dropout included, because masks are indexed by the global head.
-TEST(Attention, HeadSubsetMatchesFullRunWithDropout) {
-  const int64_t b = 2, s = 7;
-  const int n = 4, g = 2, d = 3, hpg = n / g, gl = 1;
-  const int64_t gw = int64_t(hpg + 2) * d, W = g * gw;
-  Tensor qkv = randn({b, s, W}, 51), dctx = randn({b, s, int64_t(n) * d}, 52);
-  const DropoutSpec drop{0.3f, 5, 9};
-  AttentionShape full{b, s, n, g, d, 1.0f / std::sqrt(float(d))};
-  Tensor ctx = Tensor::empty({b, s, int64_t(n) * d}, DType::F32);
-  Tensor lse = Tensor::empty({b, n, s}, DType::F32), dqkv = Tensor::empty(qkv.shape(), DType::F32);
-  attention_fwd(ctx, lse, Tensor(), qkv, Tensor(), full, drop);
-  attention_bwd(dqkv, dctx, qkv, lse, Tensor(), Tensor(), full, drop);
-  for (int g0 = 0; g0 < g; g0 += gl) {
-    AttentionShape part = full;
-    part.heads = gl * hpg;
-    part.groups = gl;
-    part.head_offset = g0 * hpg;
-    part.total_heads = n;
-    auto cols = [&](const Tensor& t, int64_t first, int64_t width) {
-      return t.view({b * s, -1}).narrow(1, first, width).contiguous();
-    };
-    const int64_t c0 = int64_t(g0) * hpg * d, cw = int64_t(gl) * hpg * d;
-    Tensor q = cols(qkv, g0 * gw, gl * gw), dc = cols(dctx, c0, cw);
-    Tensor c = Tensor::empty(dc.shape(), DType::F32);
-    Tensor l = Tensor::empty({b, gl * hpg, s}, DType::F32);
-    Tensor dq = Tensor::empty(q.shape(), DType::F32);
-    attention_fwd(c, l, Tensor(), q, Tensor(), part, drop);
-    attention_bwd(dq, dc, q, l, Tensor(), Tensor(), part, drop);
-    EXPECT_EQ(c.to_float_vector(), cols(ctx, c0, cw).to_float_vector());
-    EXPECT_EQ(dq.to_float_vector(), cols(dqkv, g0 * gw, gl * gw).to_float_vector());
-  }
-}
-
-// Context parallelism: disjoint query subsets of a sequence (the zig-zag halves of 2 ranks: chunks
-// {0, 3} and {1, 2} of 4) against the whole sequence give the full run's rows of ctx and lse, and
-// their dqkv summed give the full dqkv; with GQA, per-query starts and dropout, saved or
-// recomputed probabilities.
-TEST(Attention, QuerySubsetsMatchTheFullRun) {
-  const int64_t b = 2, s = 8, cs = 2;
-  const int n = 4, g = 2, d = 3, hpg = n / g;
-  const int64_t W = int64_t(g) * (hpg + 2) * d, CW = int64_t(n) * d;
-  Tensor qkv = randn({b, s, W}, 61), dctx = randn({b, s, CW}, 62);
-  std::vector<int32_t> start(size_t(b * s));
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t i = 0; i < s; ++i) start[size_t(bi * s + i)] = int32_t(i >= 3 + bi ? 3 + bi : 0);
-  Tensor st = Tensor::from_vector(start, {b, s});
-  const DropoutSpec drop{0.3f, 5, 9};
-  AttentionShape full{b, s, n, g, d, 1.0f / std::sqrt(float(d))};
-  Tensor ctx = Tensor::empty({b, s, CW}, DType::F32), lse = Tensor::empty({b, n, s}, DType::F32);
-  Tensor dqkv = Tensor::empty(qkv.shape(), DType::F32);
-  attention_fwd(ctx, lse, Tensor(), qkv, st, full, drop);
-  attention_bwd(dqkv, dctx, qkv, lse, Tensor(), st, full, drop);
-  for (bool save_probs : {true, false}) {
-    SCOPED_TRACE(save_probs ? "saved probs" : "recomputed probs");
-    std::vector<float> dsum(size_t(dqkv.numel()), 0.0f);
-    for (const std::vector<int32_t>& chunks : {std::vector<int32_t>{0, 3}, {1, 2}}) {
-      std::vector<int32_t> pos;
-      for (int32_t c : chunks)
-        for (int64_t i = 0; i < cs; ++i) pos.push_back(int32_t(c * cs + i));
-      const int64_t sq = int64_t(pos.size());
-      std::vector<int32_t> sst;
-      std::vector<float> dcs;
-      const std::vector<float> dcf = dctx.to_float_vector();
-      for (int64_t bi = 0; bi < b; ++bi)
-        for (int32_t p : pos) {
-          sst.push_back(start[size_t(bi * s + p)]);
-          dcs.insert(dcs.end(), dcf.begin() + (bi * s + p) * CW, dcf.begin() + (bi * s + p + 1) * CW);
-        }
-      AttentionShape part = full;
-      part.seq = sq;
-      part.kv_seq = s;
-      Tensor qp = Tensor::from_vector(pos, {sq});
-      Tensor c = Tensor::empty({b, sq, CW}, DType::F32), l = Tensor::empty({b, n, sq}, DType::F32);
-      Tensor probs = save_probs ? Tensor::empty({b, n, sq, s}, DType::F32) : Tensor();
-      Tensor sub_st = Tensor::from_vector(sst, {b, sq}), dc = Tensor::from_vector(dcs, {b, sq, CW});
-      attention_subset_fwd(c, l, probs, qkv, qp, sub_st, part, drop);
-      Tensor dq = Tensor::full(qkv.shape(), 123.0, DType::F32);  // must be fully overwritten
-      attention_subset_bwd(dq, dc, qkv, qp, l, probs, sub_st, part, drop);
-      const std::vector<float> cv = c.to_float_vector(), lv = l.to_float_vector();
-      const std::vector<float> cf = ctx.to_float_vector(), lf = lse.to_float_vector();
-      for (int64_t bi = 0; bi < b; ++bi)
-        for (int64_t i = 0; i < sq; ++i) {
-          const int64_t p = pos[size_t(i)];
-          for (int64_t e = 0; e < CW; ++e)
-            EXPECT_NEAR(cv[size_t((bi * sq + i) * CW + e)], cf[size_t((bi * s + p) * CW + e)], 1e-6);
-          for (int h = 0; h < n; ++h)
-            EXPECT_NEAR(lv[size_t((bi * n + h) * sq + i)], lf[size_t((bi * n + h) * s + p)], 1e-6);
-        }
-      const std::vector<float> dv = dq.to_float_vector();
-      for (size_t k = 0; k < dv.size(); ++k) dsum[k] += dv[k];
-    }
-    const std::vector<float> want = dqkv.to_float_vector();
-    for (size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(dsum[k], want[k], 1e-5) << k;
-  }
-}
-
-// The ring variant of context parallelism: each of C = 3 zig-zag ranks (chunks r and 5-r of 6)
-// runs its queries against every rank's packed key/value block and merges the partial softmaxes;
-// ctx and lse equal the full run's rows, and the blocks' dQ / dK / dV, put back at their
-// positions and summed, equal the full dqkv. With GQA, per-query starts and dropout.
-void ring_case(int64_t s) {
-  SCOPED_TRACE("sequence " + std::to_string(s));
-  const int64_t b = 2, C = 3, cs = s / (2 * C), sl = s / C;
-  const int n = 4, g = 2, d = 3, hpg = n / g;
-  const int64_t W = int64_t(g) * (hpg + 2) * d, CW = int64_t(n) * d, KW = int64_t(g) * 2 * d;
-  Tensor qkv = randn({b, s, W}, 71), dctx = randn({b, s, CW}, 72);
-  std::vector<int32_t> start(size_t(b * s));
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t i = 0; i < s; ++i) start[size_t(bi * s + i)] = int32_t(i >= 5 + bi ? 5 + bi : 0);
-  const DropoutSpec drop{0.3f, 5, 9};
-  AttentionShape full{b, s, n, g, d, 1.0f / std::sqrt(float(d))};
-  Tensor ctx = Tensor::empty({b, s, CW}, DType::F32), lse = Tensor::empty({b, n, s}, DType::F32);
-  Tensor dqkv = Tensor::empty(qkv.shape(), DType::F32);
-  Tensor st = Tensor::from_vector(start, {b, s});
-  attention_fwd(ctx, lse, Tensor(), qkv, st, full, drop);
-  attention_bwd(dqkv, dctx, qkv, lse, Tensor(), st, full, drop);
-  const std::vector<float> x = qkv.to_float_vector(), dcf = dctx.to_float_vector();
-  auto positions = [&](int64_t r) {
-    std::vector<int32_t> pos;
-    for (int64_t c : {r, 2 * C - 1 - r})
-      for (int64_t i = 0; i < cs; ++i) pos.push_back(int32_t(c * cs + i));
-    return pos;
-  };
-  // Rows of a [b, s, w] tensor at the given positions -> [b, sl, w]; kv packs columns per group.
-  auto rows = [&](const std::vector<float>& src, int64_t w, const std::vector<int32_t>& pos) {
-    std::vector<float> out;
-    for (int64_t bi = 0; bi < b; ++bi)
-      for (int32_t p : pos) out.insert(out.end(), src.begin() + (bi * s + p) * w, src.begin() + (bi * s + p + 1) * w);
-    return out;
-  };
-  auto packed_kv = [&](const std::vector<int32_t>& pos) {
-    std::vector<float> out;
-    for (int64_t bi = 0; bi < b; ++bi)
-      for (int32_t p : pos)
-        for (int grp = 0; grp < g; ++grp) {
-          const float* k = x.data() + (bi * s + p) * W + int64_t(grp) * (hpg + 2) * d + hpg * d;
-          out.insert(out.end(), k, k + 2 * d);
-        }
-    return out;
-  };
-  std::vector<float> dsum(size_t(dqkv.numel()), 0.0f);
-  const std::vector<float> cf = ctx.to_float_vector(), lf = lse.to_float_vector();
-  for (int64_t r = 0; r < C; ++r) {
-    const std::vector<int32_t> qp = positions(r);
-    std::vector<int32_t> sst;
-    for (int64_t bi = 0; bi < b; ++bi)
-      for (int32_t p : qp) sst.push_back(start[size_t(bi * s + p)]);
-    AttentionShape part = full;
-    part.seq = sl;
-    part.kv_seq = sl;
-    part.full_seq = s;
-    Tensor q = Tensor::from_vector(rows(x, W, qp), {b, sl, W});
-    Tensor qpos = Tensor::from_vector(qp, {sl}), sub_st = Tensor::from_vector(sst, {b, sl});
-    Tensor c = Tensor::zeros({b, sl, CW}, DType::F32);
-    Tensor l = Tensor::full({b, n, sl}, -INFINITY, DType::F32);
-    for (int64_t src = 0; src < C; ++src) {
-      Tensor kv = Tensor::from_vector(packed_kv(positions(src)), {b, sl, KW});
-      Tensor kpos = Tensor::from_vector(positions(src), {sl});
-      Tensor cb = Tensor::empty({b, sl, CW}, DType::F32), lb = Tensor::empty({b, n, sl}, DType::F32);
-      attention_block_fwd(cb, lb, q, qpos, kv, kpos, sub_st, part, drop);
-      attention_merge(c, l, cb, lb, part);
-    }
-    const std::vector<float> cv = c.to_float_vector(), lv = l.to_float_vector();
-    for (int64_t bi = 0; bi < b; ++bi)
-      for (int64_t i = 0; i < sl; ++i) {
-        const int64_t p = qp[size_t(i)];
-        for (int64_t e = 0; e < CW; ++e)
-          EXPECT_NEAR(cv[size_t((bi * sl + i) * CW + e)], cf[size_t((bi * s + p) * CW + e)], 1e-5);
-        for (int h = 0; h < n; ++h)
-          EXPECT_NEAR(lv[size_t((bi * n + h) * sl + i)], lf[size_t((bi * n + h) * s + p)], 1e-5);
+    SCOPED_TRACE(save_probs ? "probabilities saved" : "probabilities recomputed");
+    const KernelCall k = kernel_call(c, r);
+    const int64_t rows = c.b * c.sq, width = int64_t(c.n) * c.d;
+    Tensor out = Tensor::full({rows, width}, 5.0, DType::F32);  // must be fully written
+    Tensor lse = Tensor::full({c.b, c.n, c.sq}, 5.0, DType::F32);
+    Tensor probs = save_probs ? Tensor::full({c.b, c.n, c.sq, a.skv}, 3.0, DType::F32) : Tensor();
+    attention_fwd(out, lse, probs, k.in, k.mask, k.shape, a.dropout);
+    testing::expect_close("out", out, ref.out, 1e-5);
+    testing::expect_close("lse", lse, ref.lse, 1e-5);
+    if (save_probs) testing::expect_close("probs", probs, ref.probs, 1e-6);
+    if (!backward) continue;
+    std::vector<float> df(dout.begin(), dout.end());
+    const Tensor dout_t = Tensor::from_vector(df, {rows, width});
+    const bool fused = c.operands == Operands::FusedQkv;
+    Tensor dq = Tensor::full(k.qt.shape(), 123.0, DType::F32);  // written columns checked below
+    Tensor dkv = fused ? dq : Tensor::full(k.kvt.shape(), 123.0, DType::F32);
+    Tensor dbias = c.bias ? Tensor::full(k.in.bias.shape(), 123.0, DType::F32) : Tensor();
+    const AttentionGrads grads{dq, dkv, dkv, dbias};
+    const Columns& cl = k.cols;
+    for (int pass = 1; pass <= 2; ++pass) {  // pass 2 accumulates: twice the gradients
+      SCOPED_TRACE(pass == 1 ? "written" : "accumulated");
+      attention_bwd(grads, dout_t, out, lse, probs, k.in, k.mask, k.shape, a.dropout, pass == 2);
+      const int64_t kv_rows = r.kv_seqs * a.skv;
+      const std::vector<double> gq = unpack(dq, rows, c.n, c.d, [&](int h) { return cl.q(h); });
+      const std::vector<double> gk = unpack(dkv, kv_rows, c.g, c.d, [&](int g) { return cl.k(g); });
+      const std::vector<double> gv = unpack(dkv, kv_rows, c.g, c.d, [&](int g) { return cl.v(g); });
+      expect_near("dq", gq, scaled(gref.q, pass), 2e-5, 1e-4);
+      expect_near("dk", gk, scaled(gref.k, pass), 2e-5, 1e-4);
+      expect_near("dv", gv, scaled(gref.v, pass), 2e-5, 1e-4);
+      if (c.bias) expect_near("dbias", testing::to_double(dbias), scaled(gref.bias, pass), 2e-5, 1e-4);
+      if (pass == 1 && c.finite_differences) {
+        expect_near("dq vs finite differences", gq, fd.q, 2e-5, 1e-4);
+        expect_near("dk vs finite differences", gk, fd.k, 2e-5, 1e-4);
+        expect_near("dv vs finite differences", gv, fd.v, 2e-5, 1e-4);
+        if (c.bias) expect_near("dbias vs finite differences", testing::to_double(dbias), fd.bias, 2e-5, 1e-4);
       }
-    Tensor dc = Tensor::from_vector(rows(dcf, CW, qp), {b, sl, CW});
-    Tensor delta = Tensor::empty({b, n, sl}, DType::F32);
-    attention_delta(delta, dc, c, part);
-    Tensor dq = Tensor::zeros({b, sl, W}, DType::F32);
-    for (int64_t src = 0; src < C; ++src) {
-      const std::vector<int32_t> kp = positions(src);
-      Tensor kv = Tensor::from_vector(packed_kv(kp), {b, sl, KW});
-      Tensor dkv = Tensor::zeros({b, sl, KW}, DType::F32);
-      attention_block_bwd(dq, dkv, dc, q, qpos, kv, Tensor::from_vector(kp, {sl}), l, delta,
-                          sub_st, part, drop);
-      const std::vector<float> dk = dkv.to_float_vector();
-      for (int64_t bi = 0; bi < b; ++bi)
-        for (int64_t j = 0; j < sl; ++j)
-          for (int grp = 0; grp < g; ++grp)
-            for (int64_t e = 0; e < 2 * d; ++e)
-              dsum[size_t((bi * s + kp[size_t(j)]) * W + int64_t(grp) * (hpg + 2) * d + hpg * d + e)] +=
-                  dk[size_t((bi * sl + j) * KW + grp * 2 * d + e)];
     }
-    const std::vector<float> dqv = dq.to_float_vector();
-    for (int64_t bi = 0; bi < b; ++bi)
-      for (int64_t i = 0; i < sl; ++i)
-        for (int h = 0; h < n; ++h)
-          for (int64_t e = 0; e < d; ++e) {
-            const int64_t col = int64_t(h / hpg) * (hpg + 2) * d + int64_t(h % hpg) * d + e;
-            dsum[size_t((bi * s + qp[size_t(i)]) * W + col)] += dqv[size_t((bi * sl + i) * W + col)];
-          }
   }
-  const std::vector<float> want = dqkv.to_float_vector();
-  for (size_t k = 0; k < want.size(); ++k) EXPECT_NEAR(dsum[k], want[k], 1e-5) << k;
 }
 
-// 132 tokens: the full run crosses the causal kernel's 64-row tiles.
-TEST(Attention, RingBlocksMergedMatchTheFullRun) {
-  ring_case(12);
-  ring_case(132);
+// ---- every mask kind on self-attention (fused QKV) ---------------------------------------------
+
+TEST(CoreAttention, CausalGroupedQueryWithDocumentStarts) {
+  run_case({.b = 2, .sq = 9, .n = 4, .g = 2, .d = 3, .starts = true});
+}
+TEST(CoreAttention, MultiQueryCausal) { run_case({.b = 1, .sq = 6, .n = 3, .g = 1, .d = 4}); }
+TEST(CoreAttention, BidirectionalKeyPaddingWithAFullyPaddedSequence) {
+  run_case({.b = 2, .sq = 6, .n = 2, .g = 1, .d = 3, .causal = false, .padding = true});
+  run_case({.b = 2, .sq = 6, .n = 2, .g = 2, .d = 3, .causal = true, .padding = true});
+}
+TEST(CoreAttention, SlidingWindows) {
+  run_case({.b = 2, .sq = 10, .n = 2, .g = 1, .d = 3, .wl = 2, .starts = true});  // causal
+  run_case({.b = 1, .sq = 5, .n = 1, .g = 1, .d = 3, .wl = 0});  // sees itself only
+  run_case({.b = 1, .sq = 9, .n = 2, .g = 1, .d = 3, .causal = false, .wl = 2, .wr = 1});
+  run_case({.b = 1, .sq = 8, .n = 2, .g = 2, .d = 3, .causal = false, .wl = 3});
+  run_case({.b = 1, .sq = 8, .n = 2, .g = 2, .d = 3, .causal = false, .wr = 0});
+}
+// 6 heads: the interleaved slopes of a non-power-of-two count; heads 2..5 of 8 (a tensor-parallel
+// rank's) take their global slopes and dropout masks.
+TEST(CoreAttention, AlibiOnGlobalHeads) {
+  run_case({.b = 1, .sq = 8, .n = 6, .g = 3, .d = 2, .alibi = true});
+  run_case({.b = 1, .sq = 8, .n = 6, .g = 3, .d = 2, .causal = false, .alibi = true});
+  run_case({.b = 2, .sq = 7, .n = 4, .g = 2, .d = 2, .causal = false, .alibi = true, .p = 0.25f,
+            .head_offset = 2, .total_heads = 8});
+}
+TEST(CoreAttention, DropoutWithEveryMaskAndABias) {
+  run_case({.b = 2, .sq = 7, .n = 2, .g = 2, .d = 2, .alibi = true, .wl = 3, .starts = true,
+            .bias = 2, .p = 0.3f});
+  run_case({.b = 2, .sq = 7, .n = 2, .g = 1, .d = 2, .causal = false, .alibi = true, .wl = 2,
+            .wr = 3, .padding = true, .bias = 1, .p = 0.3f});
 }
 
-TEST(Attention, BlockOpsRejectBadPositions) {
-  AttentionShape sh{1, 2, 1, 1, 2, 1.0f};
-  sh.kv_seq = 2;
-  sh.full_seq = 4;
-  Tensor q = Tensor::zeros({1, 2, 6}, DType::F32), kv = Tensor::zeros({1, 2, 4}, DType::F32);
-  Tensor c = Tensor::empty({1, 2, 2}, DType::F32), l = Tensor::empty({1, 1, 2}, DType::F32);
-  const Tensor ok = Tensor::from_vector(std::vector<int32_t>{0, 3}, {2});
-  const Tensor descending = Tensor::from_vector(std::vector<int32_t>{3, 0}, {2});
-  const Tensor outside = Tensor::from_vector(std::vector<int32_t>{0, 4}, {2});
-  EXPECT_NO_THROW(attention_block_fwd(c, l, q, ok, kv, ok, Tensor(), sh, DropoutSpec{}));
-  EXPECT_THROW(attention_block_fwd(c, l, q, descending, kv, ok, Tensor(), sh, DropoutSpec{}), InternalError);
-  EXPECT_THROW(attention_block_fwd(c, l, q, ok, kv, outside, Tensor(), sh, DropoutSpec{}), InternalError);
-  EXPECT_THROW(attention_block_fwd(c, l, q, ok, Tensor::zeros({1, 2, 6}, DType::F32), ok, Tensor(),
-                                   sh, DropoutSpec{}), InternalError);
+// ---- bias, cross-attention, positions -----------------------------------------------------------
+
+TEST(CoreAttention, BiasPerBatchRowAndBroadcast) {
+  run_case({.b = 2, .sq = 6, .n = 2, .g = 1, .d = 3, .bias = 2});
+  run_case({.b = 3, .sq = 5, .n = 2, .g = 2, .d = 3, .causal = false, .bias = 1});  // summed dbias
+}
+// Queries and keys of different lengths: a separate query projection against a fused KV
+// (Megatron-Core's cross-attention), bidirectional with key padding and a relative-position bias.
+TEST(CoreAttention, CrossAttentionSeparateQueriesAndFusedKeyValues) {
+  run_case({.b = 2, .sq = 5, .skv = 8, .n = 4, .g = 4, .d = 3,
+            .operands = Operands::SeparateQFusedKv, .causal = false, .padding = true, .bias = 2});
+  run_case({.b = 1, .sq = 9, .skv = 4, .n = 4, .g = 2, .d = 3,
+            .operands = Operands::SeparateQFusedKv, .causal = false, .bias = 1, .p = 0.2f});
+}
+// Context parallelism's all-gather: fused-QKV queries at positions {0, 1, 6, 7} of 8 against the
+// whole sequence's packed keys and values; the masks and dropout are those of the whole.
+TEST(CoreAttention, QuerySubsetAgainstTheWholeSequence) {
+  run_case({.b = 2, .sq = 4, .skv = 8, .n = 4, .g = 2, .d = 3,
+            .operands = Operands::QkvQueriesPackedKv, .starts = true, .p = 0.3f,
+            .qpos = {0, 1, 6, 7}, .q_span = 8, .kv_span = 8});
+}
+// The ring's blocks: queries at {0, 1, 10, 11} against the key block at {2, 3, 8, 9} of 12, causal
+// with starts and dropout, and bidirectional with a window, padding (by key position) and a bias.
+TEST(CoreAttention, QueriesAgainstAKeyBlockAtPositions) {
+  const std::vector<int32_t> q{0, 1, 10, 11}, k{2, 3, 8, 9};
+  run_case({.b = 2, .sq = 4, .skv = 4, .n = 4, .g = 2, .d = 3,
+            .operands = Operands::QkvQueriesPackedKv, .starts = true, .p = 0.3f, .qpos = q,
+            .kpos = k, .q_span = 12, .kv_span = 12});
+  run_case({.b = 2, .sq = 4, .skv = 4, .n = 2, .g = 1, .d = 3,
+            .operands = Operands::QkvQueriesPackedKv, .causal = false, .alibi = true, .wl = 8,
+            .padding = true, .bias = 1, .qpos = q, .kpos = k, .q_span = 12, .kv_span = 12});
+}
+// The KV-cache form: one query row per batch row, reading the key/value sequence kv_index names
+// at its own position (forward only).
+TEST(CoreAttention, RowsReadTheKeyValueSequenceKvIndexNames) {
+  run_case({.b = 5, .sq = 1, .skv = 7, .n = 4, .g = 2, .d = 3,
+            .operands = Operands::SeparateQFusedKv, .alibi = true, .wl = 4,
+            .qpos = {6}, .kv_index = {2, 0, 2, 1, 0}, .q_span = 7});
 }
 
-TEST(Attention, PlainCausal) { run_case({2, 9, 2, 2, 4, 0.0f, false}); }
-TEST(Attention, GroupedQueryWithStarts) { run_case({2, 8, 4, 2, 3, 0.0f, true}); }
-TEST(Attention, DropoutWithStartsSingleGroup) { run_case({1, 10, 3, 1, 4, 0.3f, true}); }
-// Longer than the 64-row tiles the kernel splits the causal square into (3 tiles, the last short).
-TEST(Attention, LongSequenceAcrossRowTiles) { run_case({1, 150, 2, 1, 2, 0.2f, true}); }
+// ---- long sequences: several 64-row tiles and 512-key blocks (online softmax) --------------------
+
+TEST(CoreAttention, LongSequencesAcrossTilesAndKeyBlocks) {
+  run_case({.b = 1, .sq = 600, .n = 2, .g = 1, .d = 4, .wl = 530, .starts = true, .p = 0.1f,
+            .finite_differences = false});
+  run_case({.b = 2, .sq = 70, .skv = 1100, .n = 2, .g = 2, .d = 4,
+            .operands = Operands::SeparateQFusedKv, .causal = false, .padding = true, .bias = 1,
+            .finite_differences = false});
+  Case alibi{.b = 1, .sq = 130, .skv = 700, .n = 2, .g = 1, .d = 2,
+             .operands = Operands::QkvQueriesPackedKv, .alibi = true, .finite_differences = false};
+  for (int32_t i = 0; i < 130; ++i) alibi.qpos.push_back(570 + i);  // the last rows of 700 keys
+  alibi.q_span = 700;
+  run_case(alibi);
+}
+
+// ---- argument checks ------------------------------------------------------------------------------
+
+TEST(CoreAttention, RejectsInconsistentArguments) {
+  const Case c{.b = 1, .sq = 4, .n = 1, .g = 1, .d = 2};
+  const Built r = build(c);
+  const KernelCall k = kernel_call(c, r);
+  Tensor out = Tensor::empty({4, 2}, DType::F32), lse = Tensor::empty({1, 1, 4}, DType::F32);
+  const DropoutSpec none;
+  EXPECT_NO_THROW(attention_fwd(out, lse, Tensor(), k.in, k.mask, k.shape, none));
+  AttentionMask m = k.mask;
+  m.window_right = 2;  // needs bidirectional attention
+  EXPECT_THROW(attention_fwd(out, lse, Tensor(), k.in, m, k.shape, none), InternalError);
+  m = k.mask;
+  m.window_left = -3;
+  EXPECT_THROW(attention_fwd(out, lse, Tensor(), k.in, m, k.shape, none), InternalError);
+  m = k.mask;
+  m.key_padding = Tensor::from_vector(std::vector<int32_t>{1, 1, 1}, {1, 3});  // [kv seqs, 4]
+  EXPECT_THROW(attention_fwd(out, lse, Tensor(), k.in, m, k.shape, none), InternalError);
+  m = k.mask;
+  m.window_right = 0;  // what causal means: accepted
+  EXPECT_NO_THROW(attention_fwd(out, lse, Tensor(), k.in, m, k.shape, none));
+  AttentionShape longer = k.shape;
+  longer.seq = longer.kv_seq = 5;  // more rows than the operand holds
+  EXPECT_THROW(attention_fwd(Tensor::empty({5, 2}, DType::F32), Tensor(), Tensor(), k.in, k.mask,
+                             longer, none),
+               InternalError);
+  AttentionInputs in = k.in;
+  in.kv_positions = Tensor::from_vector(std::vector<int32_t>{0, 2, 1, 3}, {4});  // not ascending
+  EXPECT_THROW(attention_fwd(out, lse, Tensor(), in, k.mask, k.shape, none), InternalError);
+  in = k.in;
+  in.q_positions = Tensor::from_vector(std::vector<int32_t>{0, 1, 2, 4}, {4});  // beyond q_span
+  EXPECT_THROW(attention_fwd(out, lse, Tensor(), in, k.mask, k.shape, DropoutSpec{0.5f, 1, 2}),
+               InternalError);
+  in = k.in;
+  in.bias = Tensor::zeros({1, 1, 4, 3}, DType::F32);  // [1 or b, n, q_span, kv_span]
+  EXPECT_THROW(attention_fwd(out, lse, Tensor(), in, k.mask, k.shape, none), InternalError);
+  const Tensor dqkv = Tensor::empty(k.qt.shape(), DType::F32);
+  const AttentionGrads grads{dqkv, dqkv, dqkv, Tensor()};
+  attention_fwd(out, lse, Tensor(), k.in, k.mask, k.shape, none);
+  EXPECT_NO_THROW(attention_bwd(grads, out, out, lse, Tensor(), k.in, k.mask, k.shape, none));
+  in = k.in;
+  in.kv_index = Tensor::from_vector(std::vector<int32_t>{0}, {1});  // forward only
+  EXPECT_THROW(attention_bwd(grads, out, out, lse, Tensor(), in, k.mask, k.shape, none),
+               InternalError);
+  EXPECT_THROW(attention_bwd({dqkv, dqkv, dqkv, Tensor::zeros({1, 1, 4, 4}, DType::F32)}, out,
+                             out, lse, Tensor(), k.in, k.mask, k.shape, none),
+               InternalError);  // dbias without a bias
+}
 
 }  // namespace
 }  // namespace megatron::ops

@@ -3,36 +3,15 @@
 // tolerances are those the CUDA kernels were written against (fp32 ~1e-5 relative).
 #include <cmath>
 
-#include "backend_ops.h"
-#include "core/rng.h"
-#include "kernels/ops.h"
+#include "op_case_util.h"
 
 namespace megatron::ops::testing {
 namespace {
-
-using Outs = std::vector<Tensor>;
-
-Tensor on(Device d, const Tensor& host) { return d.is_cpu() ? host : host.to(d); }
-
-Tensor rnd(Device d, const Shape& s, uint64_t stream, float stddev = 1.0f,
-           DType dtype = DType::F32) {
-  Tensor t = Tensor::empty(s, DType::F32);
-  Philox(4242, stream).fill_normal(t.data<float>(), t.numel(), 0.0f, stddev);
-  return on(d, dtype == DType::F32 ? t : t.to(dtype));
-}
 
 // |N(0, stddev)|^2: second moments for AdamW.
 Tensor squares(Device d, const Shape& s, uint64_t stream, float stddev) {
   std::vector<float> v = rnd(Device::cpu(), s, stream, stddev).to_float_vector();
   for (float& x : v) x *= x;
-  return Tensor::from_vector(v, s, d);
-}
-
-Tensor fill(Device d, const Shape& s, double value, DType dtype = DType::F32) {
-  return Tensor::full(s, value, dtype, d);
-}
-
-Tensor ints(Device d, const std::vector<int32_t>& v, const Shape& s) {
   return Tensor::from_vector(v, s, d);
 }
 
@@ -45,30 +24,6 @@ Tensor ids(Device d, int64_t n, int64_t lo, int64_t hi, uint64_t stream) {
 }
 
 Tensor scalar(double v) { return Tensor::from_vector<double>({v}, {1}); }
-
-int64_t qkv_width(int n, int g, int d) { return int64_t(g) * (n / g + 2) * d; }
-
-AttentionShape attention_shape(int64_t b, int64_t s, int n, int g, int d) {
-  return AttentionShape{b, s, n, g, d, 1.0f / std::sqrt(float(d))};
-}
-
-class Table {
- public:
-  void add(std::string op, std::string what, std::function<Outs(Device)> run,
-           std::vector<Tolerance> cuda = {Tolerance{}}) {
-    cases_.push_back({std::move(op), std::move(what), std::move(run), std::move(cuda), {}});
-  }
-  // A case of a kind-taking op (norm_*, activation_*) for the kind named `kind`.
-  void add_kind(std::string op, std::string kind, std::string what,
-                std::function<Outs(Device)> run, std::vector<Tolerance> cuda = {Tolerance{}}) {
-    add(std::move(op), kind + ": " + std::move(what), std::move(run), std::move(cuda));
-    cases_.back().kind = std::move(kind);
-  }
-  std::vector<OpCase> take() { return std::move(cases_); }
-
- private:
-  std::vector<OpCase> cases_;
-};
 
 void matmul_cases(Table& t) {
   const Tolerance gemm_tol{1e-4, 1e-4};
@@ -322,139 +277,7 @@ void rows_cases(Table& t) {
   });
 }
 
-void attention_cases(Table& t) {
-  // Full-sequence attention: (b, s, n, g, d), dropout, per-query starts, masks.
-  struct Variant {
-    std::string what;
-    int64_t b, s;
-    int n, g, d;
-    float p;
-    bool starts, save_probs, bidirectional;
-  };
-  const std::vector<Variant> variants = {
-      {"causal, probs saved", 2, 9, 2, 2, 4, 0.0f, false, true, false},
-      {"GQA, starts, dropout .3, probs recomputed", 2, 8, 4, 2, 3, 0.3f, true, false, false},
-      {"bidirectional, key padding, window (2, 1), ALiBi", 2, 7, 4, 2, 3, 0.0f, false, true, true},
-  };
-  for (const Variant& v : variants) {
-    // Runs the forward; returns ctx, lse (and probs when saved) with the inputs for the backward.
-    auto forward = [v](Device d, Outs& inputs) {
-      const int64_t W = qkv_width(v.n, v.g, v.d), CW = int64_t(v.n) * v.d;
-      AttentionShape sh = attention_shape(v.b, v.s, v.n, v.g, v.d);
-      Tensor start, padding;
-      if (v.starts) {
-        std::vector<int32_t> st(size_t(v.b * v.s));
-        for (int64_t i = 0; i < v.b * v.s; ++i) st[size_t(i)] = int32_t(i % v.s >= 3 ? 3 : 0);
-        start = ints(d, st, {v.b, v.s});
-      }
-      if (v.bidirectional) {
-        sh.causal = false;
-        sh.window_left = 2;
-        sh.window_right = 1;
-        sh.alibi = true;
-        padding = ints(d, {1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 1}, {v.b, v.s});
-      }
-      Tensor qkv = rnd(d, {v.b, v.s, W}, 90);
-      Tensor ctx = fill(d, {v.b, v.s, CW}, 0.0), lse = fill(d, {v.b, v.n, v.s}, 0.0);
-      Tensor probs = v.save_probs ? fill(d, {v.b, v.n, v.s, v.s}, 0.0) : Tensor();
-      const DropoutSpec drop{v.p, 5, 9};
-      attention_fwd(ctx, lse, probs, qkv, start, sh, drop, padding);
-      inputs = {qkv, start, padding};
-      return std::make_tuple(ctx, lse, probs, sh, drop);
-    };
-    t.add("attention_fwd", v.what, [forward](Device d) {
-      Outs in;
-      auto [ctx, lse, probs, sh, drop] = forward(d, in);
-      return probs.defined() ? Outs{ctx, lse, probs} : Outs{ctx, lse};
-    });
-    t.add("attention_bwd", v.what, [forward, v](Device d) {
-      Outs in;
-      auto [ctx, lse, probs, sh, drop] = forward(d, in);
-      Tensor dqkv = fill(d, in[0].shape(), 0.0);
-      attention_bwd(dqkv, rnd(d, ctx.shape(), 91), in[0], lse, probs, in[1], sh, drop, in[2]);
-      return Outs{dqkv};
-    });
-  }
-  // Context parallelism: query rows at positions {0, 1, 2, 9, 10, 11} of 12.
-  for (bool save : {true, false}) {
-    auto subset = [save](Device d, Outs& in) {
-      const int64_t b = 2, s = 12, sq = 6;
-      const int n = 4, g = 2, hd = 3;
-      AttentionShape sh = attention_shape(b, sq, n, g, hd);
-      sh.kv_seq = s;
-      Tensor qkv = rnd(d, {b, s, qkv_width(n, g, hd)}, 92);
-      Tensor qpos = ints(d, {0, 1, 2, 9, 10, 11}, {sq});
-      Tensor start = ints(d, {0, 0, 0, 4, 4, 4, 0, 1, 1, 1, 1, 1}, {b, sq});
-      Tensor ctx = fill(d, {b, sq, int64_t(n) * hd}, 0.0), lse = fill(d, {b, n, sq}, 0.0);
-      Tensor probs = save ? fill(d, {b, n, sq, s}, 0.0) : Tensor();
-      const DropoutSpec drop{0.3f, 5, 9};
-      attention_subset_fwd(ctx, lse, probs, qkv, qpos, start, sh, drop);
-      in = {qkv, qpos, start, ctx, lse, probs};
-      return std::make_pair(sh, drop);
-    };
-    const std::string what = str("6 of 12 query rows, GQA, starts, dropout .3, probs saved ", save);
-    t.add("attention_subset_fwd", what, [subset](Device d) {
-      Outs in;
-      subset(d, in);
-      return in[5].defined() ? Outs{in[3], in[4], in[5]} : Outs{in[3], in[4]};
-    });
-    t.add("attention_subset_bwd", what, [subset](Device d) {
-      Outs in;
-      auto [sh, drop] = subset(d, in);
-      Tensor dqkv = fill(d, in[0].shape(), 123.0);
-      attention_subset_bwd(dqkv, rnd(d, in[3].shape(), 93), in[0], in[1], in[4], in[5], in[2], sh,
-                           drop);
-      return Outs{dqkv};
-    });
-  }
-  // Ring attention: queries at {0, 1, 10, 11} against the key block at {2, 3, 8, 9} of 12.
-  auto block = [](Device d, Outs& in) {
-    const int64_t b = 2, S = 12, sq = 4, skv = 4;
-    const int n = 4, g = 2, hd = 3;
-    AttentionShape sh = attention_shape(b, sq, n, g, hd);
-    sh.kv_seq = skv;
-    sh.full_seq = S;
-    Tensor q = rnd(d, {b, sq, qkv_width(n, g, hd)}, 94), kv = rnd(d, {b, skv, int64_t(g) * 2 * hd}, 95);
-    Tensor qpos = ints(d, {0, 1, 10, 11}, {sq}), kpos = ints(d, {2, 3, 8, 9}, {skv});
-    Tensor start = ints(d, {0, 0, 0, 3, 0, 0, 1, 1}, {b, sq});
-    Tensor ctx = fill(d, {b, sq, int64_t(n) * hd}, 0.0), lse = fill(d, {b, n, sq}, 0.0);
-    const DropoutSpec drop{0.3f, 5, 9};
-    attention_block_fwd(ctx, lse, q, qpos, kv, kpos, start, sh, drop);
-    in = {q, qpos, kv, kpos, start, ctx, lse};
-    return std::make_pair(sh, drop);
-  };
-  const std::string ring = "4 query rows vs a 4-row key block of 12, GQA, starts, dropout .3";
-  t.add("attention_block_fwd", ring, [block](Device d) {
-    Outs in;
-    block(d, in);
-    return Outs{in[5], in[6]};
-  });
-  t.add("attention_merge", "into a running block result", [block](Device d) {
-    Outs in;
-    auto [sh, drop] = block(d, in);
-    Tensor ctx = rnd(d, in[5].shape(), 96), lse = rnd(d, in[6].shape(), 97);
-    attention_merge(ctx, lse, in[5], in[6], sh);
-    return Outs{ctx, lse};
-  });
-  t.add("attention_delta", "[2, 4, 4] from random dctx, ctx", [block](Device d) {
-    Outs in;
-    auto [sh, drop] = block(d, in);
-    Tensor delta = fill(d, in[6].shape(), 0.0);
-    attention_delta(delta, rnd(d, in[5].shape(), 98), rnd(d, in[5].shape(), 99), sh);
-    return Outs{delta};
-  });
-  t.add("attention_block_bwd", ring, [block](Device d) {
-    Outs in;
-    auto [sh, drop] = block(d, in);
-    Tensor dctx = rnd(d, in[5].shape(), 100), delta = fill(d, in[6].shape(), 0.0);
-    attention_delta(delta, dctx, in[5], sh);
-    Tensor dq = fill(d, in[0].shape(), 0.0), dkv = fill(d, in[2].shape(), 0.0);
-    attention_block_bwd(dq, dkv, dctx, in[0], in[1], in[2], in[3], in[6], delta, in[4], sh, drop);
-    return Outs{dq, dkv};
-  });
-}
-
-void rope_cache_cases(Table& t) {
+void rope_cases(Table& t) {
   const int n = 4, g = 2, hd = 6;
   for (const RotaryConfig& rc : {RotaryConfig{6, 1e4, false}, RotaryConfig{4, 500.0, true}}) {
     const std::string what = str("7 rows, rotary_dim ", rc.rotary_dim, ", interleaved ",
@@ -470,35 +293,6 @@ void rope_cache_cases(Table& t) {
       return Outs{dqkv};
     });
   }
-  // KV cache: 2 slots of 8 positions; slot 0 prefills positions 0..4, slot 1 positions 0..2.
-  auto cache = [](Device d, Outs& in) {
-    const int heads = 4, groups = 2, hd = 5;
-    AttentionShape sh = attention_shape(0, 0, heads, groups, hd);
-    Tensor kc = fill(d, {2, groups, 8, hd}, 0.0), vc = fill(d, {2, groups, 8, hd}, 0.0);
-    Tensor qkv = rnd(d, {8, qkv_width(heads, groups, hd)}, 112);
-    Tensor slot = ints(d, {0, 0, 0, 0, 0, 1, 1, 1}, {8}), pos = ints(d, {0, 1, 2, 3, 4, 0, 1, 2}, {8});
-    kv_cache_append(kc, vc, qkv, slot, pos, sh);
-    in = {kc, vc, qkv, slot, pos};
-    return sh;
-  };
-  t.add("kv_cache_append", "8 rows into 2 slots", [cache](Device d) {
-    Outs in;
-    cache(d, in);
-    return Outs{in[0], in[1]};
-  });
-  for (bool masks : {false, true})
-    t.add("attention_kv_cache_fwd", str("prefill of 2 slots, window 2 + ALiBi ", masks),
-          [cache, masks](Device d) {
-            Outs in;
-            AttentionShape sh = cache(d, in);
-            if (masks) {
-              sh.window_left = 2;
-              sh.alibi = true;
-            }
-            Tensor ctx = fill(d, {8, 20}, 0.0);
-            attention_kv_cache_fwd(ctx, in[2], in[0], in[1], in[3], in[4], sh);
-            return Outs{ctx};
-          });
 }
 
 void loss_cases(Table& t) {
@@ -625,7 +419,7 @@ std::vector<OpCase> backend_op_cases() {
   elementwise_cases(t);
   rows_cases(t);
   attention_cases(t);
-  rope_cache_cases(t);
+  rope_cases(t);
   loss_cases(t);
   optimizer_reduction_cases(t);
   return t.take();

@@ -1,7 +1,8 @@
 // The table of op cases run on every backend (as ggml's test-backend-ops): each case makes its
 // inputs on the host from fixed seeds, moves them to a device, runs one op there and returns the
 // outputs; backend_ops_test.cpp compares every backend's outputs with the CPU's. Adding an op =
-// adding its cases to backend_op_cases.cpp (a test fails while an op of MG_FOR_EACH_OP has none);
+// adding its cases to backend_op_cases.cpp (the attention ops': backend_op_cases_attention.cpp;
+// helpers in op_case_util.h; a test fails while an op of MG_FOR_EACH_OP has none);
 // adding a norm or activation kind = adding its cases there too (a test fails while a kind of
 // model/layer_kinds.h has no forward or no backward case).
 #pragma once

@@ -1,7 +1,9 @@
 // KV-cache attention (inference) against a double reference of full causal attention over each
-// slot's whole sequence: ragged prompts prefilled together (one over the 64-row tiles), then
-// calls that mix a late prompt with decode steps of other slots at different positions, with
-// GQA, a sliding window and ALiBi; and the argument checks.
+// slot's whole sequence: kv_cache_append, then the core attention op with the cache as keys and
+// values (HeadLayout::cache), each row a query batch row at its position reading its slot
+// (kv_index), as the model's attention runs it. Ragged prompts prefilled together (one over the
+// 64-row tiles), then calls that mix a late prompt with decode steps of other slots at different
+// positions, with GQA, a sliding window and ALiBi; and the argument checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,6 +54,26 @@ struct Row {
   int32_t slot, pos;
 };
 
+// Attention of qkv's rows against their slots' cached keys and values.
+void cached_attention(const Tensor& ctx, const Tensor& qkv, const Tensor& kc, const Tensor& vc,
+                      const Tensor& slot, const Tensor& pos, int64_t window, bool alibi) {
+  const int64_t n = qkv.size(0), max_len = kc.size(2);
+  AttentionInputs in;
+  in.q = qkv;
+  in.q_layout = HeadLayout::qkv(QkvPart::Query, kHeads, kGroups, kDim, 1);
+  in.k = kc;
+  in.v = vc;
+  in.k_layout = in.v_layout = HeadLayout::cache(kGroups, max_len, kDim);
+  in.q_positions = pos;
+  in.kv_index = slot;
+  AttentionMask mask;
+  mask.window_left = window;
+  mask.alibi = alibi;
+  AttentionShape sh{n, 1, kHeads, kGroups, kDim, 1.0f / std::sqrt(float(kDim))};
+  sh.kv_seq = sh.q_span = max_len;
+  attention_fwd(ctx, Tensor(), Tensor(), in, mask, sh, DropoutSpec{});
+}
+
 void run_schedule(int64_t window, bool alibi) {
   SCOPED_TRACE("window " + std::to_string(window) + (alibi ? " alibi" : ""));
   const int64_t slots = 3, max_len = 80;
@@ -63,9 +85,6 @@ void run_schedule(int64_t window, bool alibi) {
   sh.heads = kHeads;
   sh.groups = kGroups;
   sh.head_dim = kDim;
-  sh.softmax_scale = 1.0f / std::sqrt(float(kDim));
-  sh.window_left = window;
-  sh.alibi = alibi;
   Tensor kc = Tensor::full({slots, kGroups, max_len, kDim}, NAN, DType::F32);
   Tensor vc = Tensor::full({slots, kGroups, max_len, kDim}, NAN, DType::F32);
   // Call 1: prompts of slots 0 (70 tokens, over a tile boundary) and 1 (5 tokens).
@@ -101,7 +120,7 @@ void run_schedule(int64_t window, bool alibi) {
     Tensor ts = Tensor::from_vector(slot, {n}), tp = Tensor::from_vector(pos, {n});
     kv_cache_append(kc, vc, qkv, ts, tp, sh);
     Tensor ctx = Tensor::full({n, kCtx}, 7.0, DType::F32);
-    attention_kv_cache_fwd(ctx, qkv, kc, vc, ts, tp, sh);
+    cached_attention(ctx, qkv, kc, vc, ts, tp, window, alibi);
     expect_close("kv-cache ctx", ctx, ref, 1e-5);
   }
 }
@@ -136,11 +155,10 @@ TEST(KvCache, RejectsBadArguments) {
   sh.heads = kHeads;
   sh.groups = kGroups;
   sh.head_dim = kDim;
-  sh.softmax_scale = 1.0f;
   Tensor kc = Tensor::zeros({2, kGroups, 4, kDim}, DType::F32), vc = kc.clone();
   Tensor qkv = randn({2, kWidth}, 420), ctx = Tensor::empty({2, kCtx}, DType::F32);
   auto ints = [](std::vector<int32_t> v) { return Tensor::from_vector(v, {int64_t(v.size())}); };
-  EXPECT_NO_THROW(attention_kv_cache_fwd(ctx, qkv, kc, vc, ints({0, 1}), ints({0, 3}), sh));
+  EXPECT_NO_THROW(cached_attention(ctx, qkv, kc, vc, ints({0, 1}), ints({0, 3}), -1, false));
   EXPECT_THROW(kv_cache_append(kc, vc, qkv, ints({0, 2}), ints({0, 1}), sh), InternalError);
   EXPECT_THROW(kv_cache_append(kc, vc, qkv, ints({0, 1}), ints({0, 4}), sh), InternalError);
   EXPECT_THROW(kv_cache_append(kc, vc, qkv, ints({0}), ints({0}), sh), InternalError);
@@ -151,12 +169,13 @@ TEST(KvCache, RejectsBadArguments) {
                                Tensor::zeros({2, 1, 4, kDim}, DType::F32), qkv, ints({0, 1}),
                                ints({0, 1}), sh),
                InternalError);
-  AttentionShape bidir = sh;
-  bidir.causal = false;
-  EXPECT_THROW(attention_kv_cache_fwd(ctx, qkv, kc, vc, ints({0, 1}), ints({0, 1}), bidir),
+  // A slot beyond the cache, a position beyond the key span, an output of the wrong size.
+  EXPECT_THROW(cached_attention(ctx, qkv, kc, vc, ints({0, 2}), ints({0, 1}), -1, false),
                InternalError);
-  EXPECT_THROW(attention_kv_cache_fwd(Tensor::empty({2, kCtx - 1}, DType::F32), qkv, kc, vc,
-                                      ints({0, 1}), ints({0, 1}), sh),
+  EXPECT_THROW(cached_attention(ctx, qkv, kc, vc, ints({0, 1}), ints({0, 4}), -1, false),
+               InternalError);
+  EXPECT_THROW(cached_attention(Tensor::empty({2, kCtx - 1}, DType::F32), qkv, kc, vc,
+                                ints({0, 1}), ints({0, 1}), -1, false),
                InternalError);
 }
 

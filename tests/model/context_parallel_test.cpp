@@ -7,9 +7,9 @@
 // all-gather). Loss sums and token counts summed over the CP group, and every parameter
 // gradient summed over the CP group (and gathered from the TP shards) agree with the single-rank
 // ones within 1e-5 of the tensor's scale: plain causal and with document resets
-// (--reset-attention-mask / --reset-position-ids), an uneven loss mask, recomputation, and
-// dropout (masks are indexed by position in the unsplit tensors, so they equal the single-rank
-// model's).
+// (--reset-attention-mask / --reset-position-ids), an uneven loss mask, recomputation, dropout
+// (masks are indexed by position in the unsplit tensors, so they equal the single-rank model's),
+// sliding windows, ALiBi, and bidirectional attention with a key padding mask.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -83,8 +83,8 @@ Result run(GPTModel& m, const Groups& g, const Batch& whole, uint64_t offset) {
   return r;
 }
 
-void check_parity_with(const TransformerConfig& cfg, const Groups& g, bool resets, const std::string& what,
-                       double tol) {
+void check_parity_with(const TransformerConfig& cfg, const Groups& g, bool resets,
+                       const std::string& what, double tol, bool padding) {
   SCOPED_TRACE(what + " " + g.name + (resets ? " with document resets" : "") + " --cp-comm-type " +
                cfg.cp_comm_type);
   TransformerConfig ref_cfg = cfg;
@@ -104,6 +104,12 @@ void check_parity_with(const TransformerConfig& cfg, const Groups& g, bool reset
   Batch in = testing::random_inputs(2, cfg.seq_length, cfg.padded_vocab_size, 11, resets);
   float* mask = in.loss_mask.data<float>();
   for (int64_t i = cfg.seq_length * 7 / 4; i < 2 * cfg.seq_length; ++i) mask[i] = 0.0f;
+  if (padding) {  // keys 1 and 2 of sequence 0 and the last 3 of sequence 1 are padding
+    std::vector<int32_t> pad(size_t(2 * cfg.seq_length), 1);
+    pad[1] = pad[2] = 0;
+    for (int64_t i = 2 * cfg.seq_length - 3; i < 2 * cfg.seq_length; ++i) pad[size_t(i)] = 0;
+    in.padding_mask = Tensor::from_vector(pad, {2, cfg.seq_length});
+  }
   Groups single{TensorParallel::none().group, ContextParallel::none().group, "single"};
   const Result r = run(ref, single, in, 7);
   const Result c = run(cpm, g, in, 7);
@@ -118,10 +124,10 @@ void check_parity_with(const TransformerConfig& cfg, const Groups& g, bool reset
 
 // Both exchanges (--cp-comm-type p2p, the ring, and allgather) against the single-rank model.
 void check_parity(TransformerConfig cfg, const Groups& g, bool resets, const std::string& what,
-                  double tol = 1e-5) {
+                  double tol = 1e-5, bool padding = false) {
   for (const char* type : {"p2p", "allgather"}) {
     cfg.cp_comm_type = type;
-    check_parity_with(cfg, g, resets, what, tol);
+    check_parity_with(cfg, g, resets, what, tol, padding);
   }
 }
 
@@ -164,6 +170,29 @@ TEST(MpiContextParallelGPT, GroupedQueryAttentionRecomputeAndDropout) {
       c.sequence_parallel = true;
       check_parity(c, g, false, "dropout sequence parallel");
     }
+  }
+}
+
+// Every mask of the core attention op splits: the ranks' queries at their positions in the whole
+// sequence see the keys the single-rank model's would (sliding windows, ALiBi, bidirectional
+// attention with a key padding mask gathered over the group), dropout included.
+TEST(MpiContextParallelGPT, WindowsAlibiAndBidirectionalPaddingMatchSingleRank) {
+  for (const Groups& g : cp_layouts()) {
+    TransformerConfig c = cp_config();
+    c.position_embedding_type = "alibi";
+    c.window_left = 5;
+    check_parity(c, g, true, "causal ALiBi window 5");
+    c = cp_config();
+    c.attention_mask_type = "bidirectional";
+    c.window_left = 6;
+    c.window_right = 3;
+    c.attention_dropout = 0.2f;
+    check_parity(c, g, false, "bidirectional window (6, 3) padding dropout", 1e-5, true);
+    c.window_left = c.window_right = -1;
+    c.num_attention_heads = 8;
+    c.num_query_groups = 2;
+    c.recompute_granularity = "selective";
+    check_parity(c, g, false, "bidirectional GQA padding selective recompute", 1e-5, true);
   }
 }
 

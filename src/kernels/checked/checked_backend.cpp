@@ -11,6 +11,11 @@ namespace {
 void open_argument(HostAccess& access, const Tensor& t) { access.open(t); }
 void open_argument(HostAccess& access, const std::vector<Tensor>& ts) { access.open(ts); }
 template <typename T>
+  requires requires(const T& t) { t.for_each_tensor([](const Tensor&) {}); }
+void open_argument(HostAccess& access, const T& t) {  // an argument struct holding tensors
+  t.for_each_tensor([&](const Tensor& x) { access.open(x); });
+}
+template <typename T>
 void open_argument(HostAccess&, const T&) {}  // not a tensor
 
 // CheckedOp<&OpTable::name>::call has the op's signature.

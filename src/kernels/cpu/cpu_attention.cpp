@@ -1,456 +1,438 @@
-// Self-attention fused per (batch, head) on the CPU: S = scale * Q K^T (sgemm on strided views of
-// the fused QKV activation), the mask (causal or bidirectional, per-query starts, sliding
-// windows, key padding) and ALiBi bias, softmax (row log-sum-exp saved), Philox dropout,
-// ctx = P V (sgemm). Only the softmax probabilities [s, s] per head are kept for backward, and
-// only when the caller asks (probs defined); otherwise backward recomputes S from Q, K and the
-// saved log-sum-exp (selective recompute). OpenMP over (batch, head) tasks; OpenBLAS
-// single-threaded. Query rows run in tiles of 64 against the key range the tile can see (for
-// causal attention keys [0, the tile's last position]; with windows or bidirectional attention
-// [the tile's first visible key, its last]), in per-thread tile buffers.
-// The query-subset ops (context parallelism, causal only) run the same code for sq query rows at
-// given positions of the sequence against all kv_seq keys. The ring's block ops are in
-// cpu_attention_block.cpp.
+// The core attention op on the CPU, forward (the backward is in cpu_attention_bwd.cpp), flash
+// style: query rows run in tiles of 64 against blocks of up to 512 keys of the range the tile can
+// see, with an online softmax (running row maximum and sum, the partial output rescaled when the
+// maximum grows), so no score matrix larger than a tile x block is formed. With saved
+// probabilities the tile's whole key range is one block written straight into the probs tensor.
+// Q K^T and P V are OpenBLAS sgemm calls on strided views of the operands (sgemv for a lone query
+// row, as in decoding); one OpenMP task per (run of query rows, head), where a run is a batch row,
+// or consecutive single-row batch rows that read the same key/value sequence (a prefill chunk of
+// one KV-cache slot). Tiny calls run on the calling thread.
 #include <omp.h>
 
-#include <algorithm>
 #include <cmath>
-#include <limits>
-#include <vector>
 
 #include "kernels/cpu/cpu_attention_common.h"
-#include "kernels/cpu/cpu_common.h"
-#include "kernels/cpu/cpu_backend.h"
 
 namespace megatron::ops::cpu {
+
 namespace {
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// sq query rows against skv key positions. Without query positions (plain self-attention) query
-// row i is position i and sq == skv; with them (context parallelism) row i is position qpos[i].
-struct Layout {
-  int64_t b = 0, sq = 0, skv = 0, width = 0, ctx_width = 0;
-  int n = 0, g = 0, hpg = 0, d = 0;
-  int head_offset = 0, total_heads = 0;  // dropout indexes heads globally (tensor parallelism)
-  const int32_t* qpos = nullptr;
-  const int32_t* start = nullptr;  // [b, sq] or null
-  const int32_t* pad = nullptr;    // key padding [b, skv] or null
-  bool causal = true;
-  int64_t window_left = -1, window_right = -1;
-  std::vector<float> slopes;  // ALiBi slope of each local head, or empty
-  int64_t pos(int64_t i) const { return qpos ? qpos[i] : i; }
-  // Tiles span [first visible key, last) instead of [0, last) (windows, bidirectional).
-  bool ranged() const { return !causal || window_left >= 0; }
-  // Keys [lo, hi) that query row i of batch bi may see, before key padding.
-  void key_range(int64_t bi, int64_t i, int64_t& lo, int64_t& hi) const {
-    const int64_t p = pos(i);
-    lo = start ? start[bi * sq + i] : 0;
-    if (window_left >= 0) lo = std::max(lo, p - window_left);
-    hi = causal ? p + 1 : (window_right >= 0 ? std::min(skv, p + window_right + 1) : skv);
-    if (hi < lo) hi = lo;
-  }
-  const int32_t* pad_row(int64_t bi) const { return pad ? pad + bi * skv : nullptr; }
-  // First Philox element of the dropout-mask row of the query at position p (head `head`): the
-  // masks of the whole skv x skv attention, whatever subset of its rows is computed here.
-  uint64_t dropout_first(int64_t bi, int head, int64_t p, const DropoutSpec& d) const {
-    return d.element_offset + uint64_t(((bi * total_heads + head_offset + head) * skv + p) * skv);
-  }
-  // Column offsets inside one token's QKV row.
-  int64_t q(int head) const { return int64_t(head / hpg) * (hpg + 2) * d + int64_t(head % hpg) * d; }
-  int64_t k(int group) const { return int64_t(group) * (hpg + 2) * d + int64_t(hpg) * d; }
-  int64_t v(int group) const { return k(group) + d; }
-};
-
-Layout check(const char* op, const Tensor& qkv, const Tensor& ctx, const Tensor& start,
-             const Tensor& query_positions, const Tensor& key_padding, const AttentionShape& sh) {
-  cpu::require_f32(op, "qkv", qkv);
-  cpu::require_f32(op, "ctx", ctx);
-  MG_CHECK(sh.heads > 0 && sh.groups > 0 && sh.heads % sh.groups == 0, op, ": heads ", sh.heads,
-           " not a multiple of groups ", sh.groups);
-  const int total = sh.total_heads > 0 ? sh.total_heads : sh.heads;
-  MG_CHECK(sh.head_offset >= 0 && sh.head_offset + sh.heads <= total, op, ": heads [",
-           sh.head_offset, ", ", sh.head_offset + sh.heads, ") outside the layer's ", total);
-  cpu::check_mask_fields(op, sh);
-  if (query_positions.defined()) cpu::require_causal_only(op, sh);
-  Layout L;
-  L.b = sh.batch;
-  L.sq = sh.seq;
-  L.skv = query_positions.defined() ? sh.kv_seq : sh.seq;
-  L.n = sh.heads;
-  L.g = sh.groups;
-  L.hpg = sh.heads / sh.groups;
-  L.d = sh.head_dim;
-  L.head_offset = sh.head_offset;
-  L.total_heads = total;
-  L.width = int64_t(L.g) * (L.hpg + 2) * L.d;
-  L.ctx_width = int64_t(L.n) * L.d;
-  L.causal = sh.causal;
-  L.window_left = sh.window_left;
-  L.window_right = sh.causal ? -1 : sh.window_right;
-  L.slopes = cpu::local_alibi_slopes(sh);
-  if (query_positions.defined()) {
-    cpu::require_host(op, query_positions);
-    MG_CHECK(query_positions.dtype() == DType::I32 && query_positions.numel() == L.sq &&
-                 query_positions.is_contiguous(),
-             op, ": query_positions must be contiguous int32 [seq]");
-    MG_CHECK(L.skv >= L.sq, op, ": kv_seq ", L.skv, " < seq ", L.sq);
-    L.qpos = query_positions.data<int32_t>();
-    for (int64_t i = 0; i < L.sq; ++i)
-      MG_CHECK(L.qpos[i] >= 0 && L.qpos[i] < L.skv, op, ": query position ", L.qpos[i],
-               " outside [0, ", L.skv, ")");
-  } else {
-    MG_CHECK(sh.kv_seq == 0 || sh.kv_seq == sh.seq, op, ": kv_seq needs query_positions");
-  }
-  MG_CHECK(qkv.numel() == L.b * L.skv * L.width, op, ": qkv ", shape_str(qkv.shape()),
-           " does not match b=", L.b, " s=", L.skv, " width=", L.width);
-  MG_CHECK(ctx.numel() == L.b * L.sq * L.ctx_width, op, ": ctx size mismatch");
-  if (start.defined()) {
-    cpu::require_host(op, start);
-    MG_CHECK(start.dtype() == DType::I32 && start.numel() == L.b * L.sq && start.is_contiguous(),
-             op, ": attention_start must be contiguous int32 [b, s]");
-    L.start = start.data<int32_t>();
-    for (int64_t i = 0; i < L.b * L.sq; ++i)
-      MG_CHECK(L.start[i] >= 0 && L.start[i] <= L.pos(i % L.sq), op, ": attention_start[", i,
-               "] = ", L.start[i], " must lie in [0, position]");
-  }
-  if (key_padding.defined()) {
-    cpu::require_host(op, key_padding);
-    MG_CHECK(key_padding.dtype() == DType::I32 && key_padding.numel() == L.b * L.skv &&
-                 key_padding.is_contiguous(),
-             op, ": key_padding must be contiguous int32 [b, s], got ",
-             shape_str(key_padding.shape()));
-    L.pad = key_padding.data<int32_t>();
-  }
-  return L;
+void check_int_tensor(const char* op, const char* name, const Tensor& t, int64_t numel,
+                      const char* shape) {
+  require_host(op, t);
+  MG_CHECK(t.dtype() == DType::I32 && t.is_contiguous() && t.numel() == numel, op, ": ", name,
+           " must be contiguous int32 ", shape, " (", numel, " elements), got ",
+           dtype_name(t.dtype()), " ", shape_str(t.shape()));
 }
 
-// One query row of a score tile: the entry of key j (c0 <= j < c1) is row[j - c0]. ALiBi adds
-// slope * (j - p) over the visible range [lo, hi).
-inline void add_alibi(float* row, int64_t c0, int64_t lo, int64_t hi, int64_t p, float slope) {
-  for (int64_t j = lo; j < hi; ++j) row[j - c0] += slope * float(j - p);
+// The operand's largest element offset + 1 for `seqs` sequences of `rows` rows and `heads` heads.
+int64_t extent(const HeadLayout& L, int64_t seqs, int64_t rows, int heads, int64_t d) {
+  const int hg = std::max(L.heads_per_group, 1);
+  return L.offset + (seqs - 1) * L.seq_stride + (rows - 1) * L.row_stride +
+         int64_t((heads - 1) / hg) * L.group_stride + int64_t((heads - 1) % hg) * d + d;
 }
 
-// Scaled scores -> probabilities over the visible keys [lo, hi) minus padded ones (pad row or
-// null), zeros over the rest of [c0, c1). Returns the row's log-sum-exp (-inf if it sees no key).
-float softmax_row(float* row, int64_t c0, int64_t c1, int64_t lo, int64_t hi, const int32_t* pad) {
-  float mx = kNegInf;
-  bool any = hi > lo;
-  if (pad) {
-    any = false;
-    for (int64_t j = lo; j < hi; ++j)
-      if (pad[j]) {
-        mx = std::max(mx, row[j - c0]);
-        any = true;
-      }
-  } else {
-    for (int64_t j = lo; j < hi; ++j) mx = std::max(mx, row[j - c0]);
-  }
-  if (!any) {
-    std::fill(row, row + (c1 - c0), 0.0f);
-    return kNegInf;
-  }
-  float sum = 0;
-  if (pad) {
-    for (int64_t j = lo; j < hi; ++j) {
-      const float e = pad[j] ? cpu::fast_exp(row[j - c0] - mx) : 0.0f;
-      row[j - c0] = e;
-      sum += e;
-    }
-  } else {
-    for (int64_t j = lo; j < hi; ++j) {
-      row[j - c0] = cpu::fast_exp(row[j - c0] - mx);
-      sum += row[j - c0];
-    }
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t j = c0; j < lo; ++j) row[j - c0] = 0;
-  for (int64_t j = lo; j < hi; ++j) row[j - c0] *= inv;
-  for (int64_t j = hi; j < c1; ++j) row[j - c0] = 0;
-  return mx + std::log(sum);
-}
-
-// Probabilities from the scaled scores and the saved lse (backward recompute), as softmax_row.
-void softmax_row_from_lse(float* row, int64_t c0, int64_t c1, int64_t lo, int64_t hi,
-                          const int32_t* pad, float lse) {
-  if (lse == kNegInf) {
-    std::fill(row, row + (c1 - c0), 0.0f);
-    return;
-  }
-  for (int64_t j = c0; j < lo; ++j) row[j - c0] = 0;
-  if (pad) {
-    for (int64_t j = lo; j < hi; ++j) row[j - c0] = pad[j] ? cpu::fast_exp(row[j - c0] - lse) : 0.0f;
-  } else {
-    for (int64_t j = lo; j < hi; ++j) row[j - c0] = cpu::fast_exp(row[j - c0] - lse);
-  }
-  for (int64_t j = hi; j < c1; ++j) row[j - c0] = 0;
-}
-
-// Pd = P * keep for rows [i0, i1) of head (bi, head) over tile keys [k0, k1) (P row i at
-// P + (i - i0) * ldp, key k0 first; Pd compact, width k1 - k0); returns Pd, or P when dropout is
-// off. The mask row of each query is drawn from its first tile key.
-const float* apply_dropout(float* Pd, const float* P, int64_t ldp, int64_t k0, int64_t k1,
-                           int64_t i0, int64_t i1, const Layout& L, int64_t bi, int head,
-                           const DropoutSpec& d, const Philox& rng, std::vector<float>& keep) {
-  if (!d.active()) return P;
-  const int64_t w = k1 - k0;
-  for (int64_t i = i0; i < i1; ++i) {
-    int64_t lo = 0, hi = 0;
-    L.key_range(bi, i, lo, hi);
-    const int64_t he = std::clamp(hi, k0, k1);  // keys >= hi have P = 0
-    const float* pr = P + (i - i0) * ldp;
-    float* out = Pd + (i - i0) * w;
-    cpu::dropout_row(keep.data(), he - k0, L.dropout_first(bi, head, L.pos(i), d) + uint64_t(k0),
-                     rng, d.p);
-    for (int64_t j = 0; j < he - k0; ++j) out[j] = pr[j] * keep[size_t(j)];
-    for (int64_t j = he - k0; j < w; ++j) out[j] = 0;
-  }
-  return Pd;
-}
-
-// Head `head`'s query rows: a strided view of qkv, or (query subset) copied into buf [sq, d].
-const float* query_rows(const Layout& L, const float* base, int head, float* buf, int64_t& ld) {
-  if (!L.qpos) {
-    ld = L.width;
-    return base + L.q(head);
-  }
-  for (int64_t i = 0; i < L.sq; ++i) {
-    const float* src = base + L.qpos[i] * L.width + L.q(head);
-    std::copy(src, src + L.d, buf + i * L.d);
-  }
-  ld = L.d;
-  return buf;
-}
-
-// Query rows run in tiles of kTileRows, each against the keys [k0, k1) its rows can see: for
-// causal attention k0 = 0 and k1 past the tile's last position (about half of the square); with
-// windows or bidirectional attention k0 is the tile's first visible key. Per-thread buffers of
-// kTileRows x kv_seq (small enough for the caches, never an s x s matrix unless probabilities
-// are saved). A tile whose rows see no key gets k0 = k1.
-constexpr int64_t kTileRows = 64;
-template <class F>
-void for_row_tiles(const Layout& L, int64_t bi, F&& f) {
-  for (int64_t i0 = 0; i0 < L.sq; i0 += kTileRows) {
-    const int64_t i1 = std::min(L.sq, i0 + kTileRows);
-    int64_t k0 = L.ranged() ? L.skv : 0, k1 = 0;
-    for (int64_t i = i0; i < i1; ++i) {
-      int64_t lo = 0, hi = 0;
-      L.key_range(bi, i, lo, hi);
-      if (hi <= lo) continue;
-      if (L.ranged()) k0 = std::min(k0, lo);
-      k1 = std::max(k1, hi);
-    }
-    if (k1 <= k0) k0 = k1 = 0;
-    f(i0, i1 - i0, k0, k1);
-  }
-}
-
-void forward(const Layout& L, const Tensor& ctx, const Tensor& lse, const Tensor& probs,
-             const Tensor& qkv, float scale, const DropoutSpec& dropout) {
-  cpu::require_f32("attention_fwd", "lse", lse);
-  MG_CHECK(lse.numel() == L.b * L.n * L.sq, "attention_fwd: lse must be [b, n, s]");
-  const int64_t sq = L.sq, skv = L.skv;
-  if (probs.defined()) {
-    cpu::require_f32("attention_fwd", "probs", probs);
-    MG_CHECK(probs.numel() == L.b * L.n * sq * skv, "attention_fwd: probs must be [b, n, s, kv_s]");
-  }
-  const float* x = qkv.data<float>();
-  float* out = ctx.data<float>();
-  float* lp = lse.data<float>();
-  float* pp = probs.defined() ? probs.data<float>() : nullptr;
-  const Philox rng(dropout.seed, dropout.stream);
-  cpu::blas_single_threaded();
-#pragma omp parallel
-  {
-    std::vector<float> work(size_t(kTileRows * skv) * 2), keep(static_cast<size_t>(skv));
-    std::vector<float> qbuf(L.qpos ? size_t(sq * L.d) : 0);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < L.b * L.n; ++task) {
-      const int64_t bi = task / L.n;
-      const int head = int(task % L.n);
-      const int32_t* pad = L.pad_row(bi);
-      const float* base = x + bi * skv * L.width;
-      int64_t ldq = 0;
-      const float* Q = query_rows(L, base, head, qbuf.data(), ldq);
-      float* O = out + bi * sq * L.ctx_width + int64_t(head) * L.d;
-      float* lrow = lp + task * sq;
-      for_row_tiles(L, bi, [&](int64_t i0, int64_t nt, int64_t k0, int64_t k1) {
-        // Saved probabilities are whole rows of [sq, skv]; otherwise a compact nt x (k1-k0) tile.
-        float* P = pp ? pp + (task * sq + i0) * skv : work.data();
-        const int64_t ldp = pp ? skv : k1 - k0, c0 = pp ? 0 : k0, c1 = pp ? skv : k1;
-        if (k1 == k0) {  // no row of the tile sees a key
-          for (int64_t i = i0; i < i0 + nt; ++i) {
-            lrow[i] = kNegInf;
-            std::fill_n(O + i * L.ctx_width, L.d, 0.0f);
-            if (pp) std::fill_n(P + (i - i0) * skv, skv, 0.0f);
-          }
-          return;
-        }
-        float* S = P + (k0 - c0);  // the tile's first key
-        sgemm(false, true, nt, k1 - k0, L.d, scale, Q + i0 * ldq, ldq,
-              base + k0 * L.width + L.k(head / L.hpg), L.width, 0.0f, S, ldp);
-        for (int64_t i = i0; i < i0 + nt; ++i) {
-          int64_t lo = 0, hi = 0;
-          L.key_range(bi, i, lo, hi);
-          float* row = P + (i - i0) * ldp;
-          if (!L.slopes.empty()) add_alibi(row, c0, lo, hi, L.pos(i), L.slopes[size_t(head)]);
-          lrow[i] = softmax_row(row, c0, c1, lo, hi, pad);
-        }
-        float* Pd = work.data() + kTileRows * skv;
-        const float* A = apply_dropout(Pd, S, ldp, k0, k1, i0, i0 + nt, L, bi, head, dropout,
-                                       rng, keep);
-        const int64_t lda = A == S ? ldp : k1 - k0;
-        sgemm(false, false, nt, L.d, k1 - k0, 1.0f, A, lda, base + k0 * L.width + L.v(head / L.hpg),
-              L.width, 0.0f, O + i0 * L.ctx_width, L.ctx_width);
-      });
-    }
-  }
-}
-
-void backward(const Layout& L, const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
-              const Tensor& lse, const Tensor& probs, float sc, const DropoutSpec& dropout) {
-  cpu::require_f32("attention_bwd", "dqkv", dqkv);
-  cpu::require_f32("attention_bwd", "lse", lse);
-  cpu::require_numel("attention_bwd", dqkv, qkv);
-  MG_CHECK(lse.numel() == L.b * L.n * L.sq, "attention_bwd: lse must be [b, n, s]");
-  const int64_t sq = L.sq, skv = L.skv;
-  if (probs.defined()) {
-    cpu::require_f32("attention_bwd", "probs", probs);
-    MG_CHECK(probs.numel() == L.b * L.n * sq * skv, "attention_bwd: probs must be [b, n, s, kv_s]");
-  }
-  const float* x = qkv.data<float>();
-  const float* dout = dctx.data<float>();
-  float* dx = dqkv.data<float>();
-  const float* lp = lse.data<float>();
-  const float* pp = probs.defined() ? probs.data<float>() : nullptr;
-  const Philox rng(dropout.seed, dropout.stream);
-  // A query subset writes dQ only at its rows: the query columns of the other rows are zero.
-  if (L.qpos) std::fill(dx, dx + dqkv.numel(), 0.0f);
-  cpu::blas_single_threaded();
-  // One task per (batch, query group): heads of a group share dK, dV, so they run in order.
-#pragma omp parallel
-  {
-    std::vector<float> work(size_t(kTileRows * skv) * 3), keep(static_cast<size_t>(skv));
-    std::vector<float> qbuf(L.qpos ? size_t(sq * L.d) : 0), dqbuf(qbuf.size());
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < L.b * L.g; ++task) {
-      const int64_t bi = task / L.g;
-      const int group = int(task % L.g);
-      const int32_t* pad = L.pad_row(bi);
-      const float* base = x + bi * skv * L.width;
-      float* dbase = dx + bi * skv * L.width;
-      const float* dO_b = dout + bi * sq * L.ctx_width;
-      // The group's dK, dV (adjacent columns) accumulate over its heads and tiles.
-      for (int64_t j = 0; j < skv; ++j) std::fill_n(dbase + j * L.width + L.k(group), 2 * L.d, 0.0f);
-      for (int hh = 0; hh < L.hpg; ++hh) {
-        const int head = group * L.hpg + hh;
-        const int64_t hidx = bi * L.n + head;
-        int64_t ldq = 0;
-        const float* Q = query_rows(L, base, head, qbuf.data(), ldq);
-        const float* dO = dO_b + int64_t(head) * L.d;
-        float* dQ = L.qpos ? dqbuf.data() : dbase + L.q(head);
-        const int64_t ldd = L.qpos ? L.d : L.width;
-        const float* K = base + L.k(group);
-        const float* V = base + L.v(group);
-        for_row_tiles(L, bi, [&](int64_t i0, int64_t nt, int64_t k0, int64_t k1) {
-          const int64_t kw = k1 - k0;
-          if (kw == 0) {  // rows that see no key: no gradient
-            for (int64_t i = i0; i < i0 + nt; ++i) std::fill_n(dQ + i * ldd, L.d, 0.0f);
-            return;
-          }
-          float* P = work.data();
-          float* Pd = work.data() + kTileRows * skv;
-          float* dP = work.data() + 2 * kTileRows * skv;
-          const float* Pr = P;
-          int64_t ldp = kw;
-          if (pp) {  // the saved probabilities, rows of [sq, skv] from key k0
-            Pr = pp + (hidx * sq + i0) * skv + k0;
-            ldp = skv;
-          } else {
-            sgemm(false, true, nt, kw, L.d, sc, Q + i0 * ldq, ldq, K + k0 * L.width, L.width,
-                  0.0f, P, kw);
-            for (int64_t i = i0; i < i0 + nt; ++i) {
-              int64_t lo = 0, hi = 0;
-              L.key_range(bi, i, lo, hi);
-              float* row = P + (i - i0) * kw;
-              if (!L.slopes.empty()) add_alibi(row, k0, lo, hi, L.pos(i), L.slopes[size_t(head)]);
-              softmax_row_from_lse(row, k0, k1, lo, hi, pad, lp[hidx * sq + i]);
-            }
-          }
-          const float* A = apply_dropout(Pd, Pr, ldp, k0, k1, i0, i0 + nt, L, bi, head, dropout,
-                                         rng, keep);
-          const int64_t lda = A == Pr ? ldp : kw;
-          const float* dOt = dO + i0 * L.ctx_width;
-          // dV += Pd^T dO; dPd = dO V^T
-          sgemm(true, false, kw, L.d, nt, 1.0f, A, lda, dOt, L.ctx_width, 1.0f,
-                dbase + k0 * L.width + L.v(group), L.width);
-          sgemm(false, true, nt, kw, L.d, 1.0f, dOt, L.ctx_width, V + k0 * L.width, L.width,
-                0.0f, dP, kw);
-          for (int64_t i = i0; i < i0 + nt; ++i) {
-            int64_t lo = 0, hi = 0;
-            L.key_range(bi, i, lo, hi);
-            const int64_t he = std::clamp(hi, k0, k1) - k0;  // keys >= hi have P = 0
-            float* dpr = dP + (i - i0) * kw;
-            const float* pr = Pr + (i - i0) * ldp;
-            if (dropout.active()) {
-              cpu::dropout_row(keep.data(), he,
-                               L.dropout_first(bi, head, L.pos(i), dropout) + uint64_t(k0), rng,
-                               dropout.p);
-              for (int64_t j = 0; j < he; ++j) dpr[j] *= keep[size_t(j)];
-            }
-            float D = 0;
-            for (int64_t j = 0; j < he; ++j) D += pr[j] * dpr[j];
-            for (int64_t j = 0; j < he; ++j) dpr[j] = pr[j] * (dpr[j] - D);
-            for (int64_t j = he; j < kw; ++j) dpr[j] = 0;
-          }
-          // dQ = sc * dS K ; dK += sc * dS^T Q
-          sgemm(false, false, nt, L.d, kw, sc, dP, kw, K + k0 * L.width, L.width, 0.0f,
-                dQ + i0 * ldd, ldd);
-          sgemm(true, false, kw, L.d, nt, sc, dP, kw, Q + i0 * ldq, ldq, 1.0f,
-                dbase + k0 * L.width + L.k(group), L.width);
-        });
-        if (L.qpos)
-          for (int64_t i = 0; i < sq; ++i)
-            std::copy(dqbuf.data() + i * L.d, dqbuf.data() + (i + 1) * L.d,
-                      dbase + L.qpos[i] * L.width + L.q(head));
-      }
-    }
-  }
+HeadOperand operand(const char* op, const char* name, const Tensor& t, const HeadLayout& L,
+                    int64_t seqs, int64_t rows, int heads, int64_t d) {
+  require_f32(op, name, t);
+  MG_CHECK(L.heads_per_group >= 1 && L.offset >= 0 && L.seq_stride >= 0 && L.row_stride >= 0 &&
+               L.group_stride >= 0,
+           op, ": ", name, "'s head layout has a negative stride or offset");
+  MG_CHECK(seqs <= 0 || rows <= 0 || extent(L, seqs, rows, heads, d) <= t.numel(), op, ": ",
+           name, " ", shape_str(t.shape()), " is too small for ", seqs, " sequences of ", rows,
+           " rows of ", heads, " heads of ", d, " through its layout (needs ",
+           extent(L, seqs, rows, heads, d), " elements)");
+  return HeadOperand{t.data<float>(), L, d};
 }
 
 }  // namespace
 
-void attention_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs, const Tensor& qkv,
-                   const Tensor& attention_start, const AttentionShape& shape,
-                   const DropoutSpec& dropout, const Tensor& key_padding) {
-  const Layout L = check("attention_fwd", qkv, ctx, attention_start, Tensor(), key_padding, shape);
-  forward(L, ctx, lse, probs, qkv, shape.softmax_scale, dropout);
+HeadOperand grad_operand(const char* op, const char* name, const Tensor& t, const HeadLayout& L,
+                         int64_t seqs, int64_t rows, int heads, int64_t d) {
+  return operand(op, name, t, L, seqs, rows, heads, d);
 }
 
-void attention_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& lse,
-                   const Tensor& probs, const Tensor& attention_start,
-                   const AttentionShape& shape, const DropoutSpec& dropout,
-                   const Tensor& key_padding) {
-  const Layout L = check("attention_bwd", qkv, dctx, attention_start, Tensor(), key_padding, shape);
-  backward(L, dqkv, dctx, qkv, lse, probs, shape.softmax_scale, dropout);
+void require_shape(const char* op, const char* name, const Tensor& t, int64_t numel) {
+  require_f32(op, name, t);
+  MG_CHECK(t.numel() == numel, op, ": ", name, " ", shape_str(t.shape()), " must have ", numel,
+           " elements");
 }
 
-void attention_subset_fwd(const Tensor& ctx, const Tensor& lse, const Tensor& probs,
-                          const Tensor& qkv, const Tensor& query_positions,
-                          const Tensor& attention_start, const AttentionShape& shape,
-                          const DropoutSpec& dropout) {
-  MG_CHECK(query_positions.defined(), "attention_subset_fwd: query_positions is undefined");
-  const Layout L =
-      check("attention_subset_fwd", qkv, ctx, attention_start, query_positions, Tensor(), shape);
-  forward(L, ctx, lse, probs, qkv, shape.softmax_scale, dropout);
+AttentionPlan make_plan(const char* op, const AttentionInputs& in, const AttentionMask& mask,
+                        const AttentionShape& sh) {
+  AttentionPlan P;
+  MG_CHECK(sh.heads > 0 && sh.groups > 0 && sh.heads % sh.groups == 0 && sh.head_dim > 0, op,
+           ": heads ", sh.heads, " must be a positive multiple of groups ", sh.groups,
+           " (head_dim ", sh.head_dim, ")");
+  MG_CHECK(sh.batch >= 0 && sh.seq >= 0 && sh.kv_seq >= 0, op, ": negative sizes");
+  P.b = sh.batch;
+  P.sq = sh.seq;
+  P.skv = sh.kv_seq > 0 ? sh.kv_seq : sh.seq;
+  P.q_span = sh.q_span > 0 ? sh.q_span : P.sq;
+  P.kv_span = sh.kv_span > 0 ? sh.kv_span : P.skv;
+  P.n = sh.heads;
+  P.g = sh.groups;
+  P.hpg = sh.heads / sh.groups;
+  P.d = sh.head_dim;
+  P.scale = sh.softmax_scale;
+  P.total_heads = sh.total_heads > 0 ? sh.total_heads : sh.heads;
+  P.head_offset = sh.head_offset;
+  MG_CHECK(P.head_offset >= 0 && P.head_offset + P.n <= P.total_heads, op, ": heads [",
+           P.head_offset, ", ", P.head_offset + P.n, ") outside the layer's ", P.total_heads);
+  MG_CHECK(mask.window_left >= -1 && mask.window_right >= -1, op, ": windows must be -1 or >= 0 (",
+           mask.window_left, ", ", mask.window_right, ")");
+  MG_CHECK(!mask.causal || mask.window_right <= 0, op, ": window_right ", mask.window_right,
+           " needs bidirectional attention (causal = false)");
+  P.causal = mask.causal;
+  P.window_left = mask.window_left;
+  P.window_right = mask.causal ? -1 : mask.window_right;
+  if (mask.alibi) {
+    const std::vector<float> all = alibi_slopes(P.total_heads);
+    P.slopes.assign(all.begin() + P.head_offset, all.begin() + P.head_offset + P.n);
+  }
+  // Key/value sequences: the batch rows' own, or those kv_index names.
+  int64_t kv_seqs = P.b;
+  if (in.kv_index.defined()) {
+    check_int_tensor(op, "kv_index", in.kv_index, P.b, "[batch]");
+    P.kv_index = in.kv_index.data<int32_t>();
+    kv_seqs = 0;
+    for (int64_t i = 0; i < P.b; ++i) {
+      MG_CHECK(P.kv_index[i] >= 0, op, ": kv_index[", i, "] = ", P.kv_index[i], " is negative");
+      kv_seqs = std::max<int64_t>(kv_seqs, P.kv_index[i] + 1);
+    }
+  }
+  P.q = operand(op, "q", in.q, in.q_layout, P.b, P.sq, P.n, P.d);
+  P.k = operand(op, "k", in.k, in.k_layout, kv_seqs, P.skv, P.g, P.d);
+  P.v = operand(op, "v", in.v, in.v_layout, kv_seqs, P.skv, P.g, P.d);
+  if (in.q_positions.defined()) {
+    P.qpos_per_row = in.q_positions.numel() != P.sq || P.b == 1;
+    check_int_tensor(op, "q_positions", in.q_positions, P.qpos_per_row ? P.b * P.sq : P.sq,
+                     "[seq] or [batch, seq]");
+    P.qpos = in.q_positions.data<int32_t>();
+    for (int64_t i = 0; i < in.q_positions.numel(); ++i)
+      MG_CHECK(P.qpos[i] >= 0 && P.qpos[i] < P.q_span, op, ": q_positions[",
+               i, "] = ", P.qpos[i], " outside [0, ", P.q_span, ")");
+  } else {
+    MG_CHECK(P.sq <= P.q_span, op, ": ", P.sq, " query rows exceed q_span ", P.q_span);
+  }
+  if (in.kv_positions.defined()) {
+    check_int_tensor(op, "kv_positions", in.kv_positions, P.skv, "[kv_seq]");
+    P.kpos = in.kv_positions.data<int32_t>();
+    for (int64_t j = 0; j < P.skv; ++j) {
+      MG_CHECK(P.kpos[j] >= 0 && P.kpos[j] < P.kv_span, op, ": kv_positions[", j, "] = ",
+               P.kpos[j], " outside [0, ", P.kv_span, ")");
+      MG_CHECK(j == 0 || P.kpos[j] > P.kpos[j - 1], op, ": kv_positions must be ascending");
+    }
+  } else {
+    MG_CHECK(P.skv <= P.kv_span, op, ": ", P.skv, " key rows exceed kv_span ", P.kv_span);
+  }
+  if (mask.attention_start.defined()) {
+    check_int_tensor(op, "attention_start", mask.attention_start, P.b * P.sq, "[batch, seq]");
+    P.start = mask.attention_start.data<int32_t>();
+  }
+  if (mask.key_padding.defined()) {
+    require_host(op, mask.key_padding);
+    MG_CHECK(mask.key_padding.dtype() == DType::I32 && mask.key_padding.is_contiguous() &&
+                 mask.key_padding.numel() % P.kv_span == 0 &&
+                 mask.key_padding.numel() / P.kv_span >= kv_seqs,
+             op, ": key_padding must be contiguous int32 [kv sequences (", kv_seqs, "), kv_span (",
+             P.kv_span, ")], got ", shape_str(mask.key_padding.shape()));
+    P.pad = mask.key_padding.data<int32_t>();
+  }
+  if (in.bias.defined()) {
+    require_f32(op, "bias", in.bias);
+    const int64_t per = int64_t(P.n) * P.q_span * P.kv_span;
+    MG_CHECK(in.bias.numel() == per || in.bias.numel() == P.b * per, op, ": bias ",
+             shape_str(in.bias.shape()), " must be [1 or batch ", P.b, ", heads ", P.n,
+             ", q_span ", P.q_span, ", kv_span ", P.kv_span, "]");
+    P.bias = in.bias.data<float>();
+    P.bias_batch = in.bias.numel() / per;
+  }
+  return P;
 }
 
-void attention_subset_bwd(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
-                          const Tensor& query_positions, const Tensor& lse, const Tensor& probs,
-                          const Tensor& attention_start, const AttentionShape& shape,
-                          const DropoutSpec& dropout) {
-  MG_CHECK(query_positions.defined(), "attention_subset_bwd: query_positions is undefined");
-  const Layout L =
-      check("attention_subset_bwd", qkv, dctx, attention_start, query_positions, Tensor(), shape);
-  backward(L, dqkv, dctx, qkv, lse, probs, shape.softmax_scale, dropout);
+void add_score_terms(const AttentionPlan& P, float* row, int64_t b0, int64_t v0, int64_t v1,
+                     const float* bias, float slope, int64_t p) {
+  float* r = row - b0;  // r[j] is key row j's score
+  if (bias) {
+    if (P.kpos) {
+      for (int64_t j = v0; j < v1; ++j) r[j] += bias[P.kpos[j]];
+    } else {
+      for (int64_t j = v0; j < v1; ++j) r[j] += bias[j];
+    }
+  }
+  if (!P.slopes.empty())
+    for (int64_t j = v0; j < v1; ++j) r[j] += slope * float(P.k_position(j) - p);
+}
+
+float visible_max(const AttentionPlan& P, const float* row, int64_t b0, int64_t v0, int64_t v1,
+                  const int32_t* pad) {
+  const float* r = row - b0;
+  float mx = kNegInf;
+  if (pad) {
+    for (int64_t j = v0; j < v1; ++j)
+      if (pad[P.k_position(j)] != 0) mx = std::max(mx, r[j]);
+  } else {
+    for (int64_t j = v0; j < v1; ++j) mx = std::max(mx, r[j]);
+  }
+  return mx;
+}
+
+void dropout_keep(const AttentionPlan& P, float* keep, int64_t v0, int64_t v1, uint64_t first,
+                  const Philox& rng, float prob) {
+  for (int64_t j = v0; j < v1;) {
+    int64_t e = j + 1;
+    if (P.kpos) {
+      while (e < v1 && P.kpos[e] == P.kpos[e - 1] + 1) ++e;
+    } else {
+      e = v1;
+    }
+    dropout_row(keep + (j - v0), e - j, first + uint64_t(P.k_position(j)), rng, prob);
+    j = e;
+  }
+}
+
+namespace {
+
+constexpr int64_t kTileRows = 64, kKeyBlock = 512;
+
+// Consecutive query rows that read one key/value sequence through one row stride.
+struct Run {
+  int64_t bi, i0, rows;
+};
+
+std::vector<Run> make_runs(const AttentionPlan& P) {
+  std::vector<Run> runs;
+  for (int64_t bi = 0; bi < P.b; ++bi) {
+    if (P.sq == 1 && !runs.empty()) {
+      Run& last = runs.back();
+      const int64_t prev = last.bi + last.rows - 1;
+      if (P.kv_seq_of(prev) == P.kv_seq_of(bi)) {
+        ++last.rows;
+        continue;
+      }
+    }
+    if (P.sq > 0) runs.push_back({bi, 0, P.sq});
+  }
+  return runs;
+}
+
+// Per-thread work space of the forward.
+struct Scratch {
+  WorkBuffer s, pd, keep;
+  std::vector<float> m, l;
+  std::vector<int64_t> lo, hi;
+  // Tiles of up to `rows` query rows against key blocks of up to `block` keys.
+  Scratch(int64_t rows, int64_t block)
+      : s(rows * block), pd(rows * block), keep(block), m(size_t(rows)), l(size_t(rows)),
+        lo(size_t(rows)), hi(size_t(rows)) {}
+};
+
+struct Forward {
+  const AttentionPlan& P;
+  float* out;
+  float* lse;
+  float* probs;
+  const DropoutSpec& dropout;
+  Philox rng;
+  int64_t ctx_width;
+
+  // Query row t of a run: its batch row and row within it.
+  static int64_t row_bi(const Run& r, int64_t t, int64_t sq) { return sq == 1 ? r.bi + t : r.bi; }
+  static int64_t row_i(const Run& r, int64_t t, int64_t sq) { return sq == 1 ? 0 : r.i0 + t; }
+
+  void run_task(const Run& run, int h, Scratch& w) const {
+    const int64_t sq = P.sq, kvs = P.kv_seq_of(run.bi);
+    const int grp = h / P.hpg;
+    const int64_t q_ld = sq == 1 ? P.q.L.seq_stride : P.q.L.row_stride;
+    const int64_t p_ld = sq == 1 ? int64_t(P.n) * P.skv : P.skv;  // probs rows
+    const float slope = P.slopes.empty() ? 0.0f : P.slopes[size_t(h)];
+    for (int64_t t0 = 0; t0 < run.rows; t0 += kTileRows) {
+      const int64_t nt = std::min(kTileRows, run.rows - t0);
+      int64_t k0 = P.skv, k1 = 0;
+      for (int64_t t = 0; t < nt; ++t) {
+        int64_t& lo = w.lo[size_t(t)];
+        int64_t& hi = w.hi[size_t(t)];
+        P.key_range(row_bi(run, t0 + t, sq), row_i(run, t0 + t, sq), lo, hi);
+        if (hi > lo) {
+          k0 = std::min(k0, lo);
+          k1 = std::max(k1, hi);
+        }
+        w.m[size_t(t)] = kNegInf;
+        w.l[size_t(t)] = 0.0f;
+      }
+      const int64_t bi0 = row_bi(run, t0, sq), i0 = row_i(run, t0, sq);
+      float* O = out + (bi0 * sq + i0) * ctx_width + int64_t(h) * P.d;
+      float* Pp = probs ? probs + ((bi0 * P.n + h) * sq + i0) * P.skv : nullptr;
+      if (k1 <= k0) k0 = k1 = 0;
+      const float* Q = P.q.at(bi0, i0, h);
+      const int64_t block = Pp ? std::max<int64_t>(k1 - k0, 1) : kKeyBlock;
+      for (int64_t b0 = k0; b0 < k1; b0 += block) {
+        const int64_t b1 = std::min(k1, b0 + block), bw = b1 - b0;
+        float* S = Pp ? Pp + b0 : w.s.data();
+        const int64_t ld = Pp ? p_ld : bw;
+        const float* K = P.k.at(kvs, b0, grp);
+        const float* V = P.v.at(kvs, b0, grp);
+        if (nt == 1) {
+          std::fill_n(S, bw, 0.0f);
+          cblas_sgemv(CblasRowMajor, CblasNoTrans, int(bw), P.d, P.scale, K,
+                      int(P.k.L.row_stride), Q, 1, 0.0f, S, 1);
+        } else {
+          sgemm(false, true, nt, bw, P.d, P.scale, Q, q_ld, K, P.k.L.row_stride, 0.0f, S,
+                ld);
+        }
+        for (int64_t t = 0; t < nt; ++t) {
+          const int64_t bi = row_bi(run, t0 + t, sq), i = row_i(run, t0 + t, sq);
+          float* row = S + t * ld;
+          const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
+          float& m = w.m[size_t(t)];
+          const int64_t p = P.q_position(bi, i);
+          const int32_t* pad = P.pad_row(bi);
+          float mx = kNegInf;
+          if (v1 > v0) {
+            add_score_terms(P, row, b0, v0, v1, P.bias_row(bi, h, p), slope, p);
+            mx = visible_max(P, row, b0, v0, v1, pad);
+          }
+          if (mx == kNegInf) {  // nothing visible in this block
+            std::fill_n(row, bw, 0.0f);
+            continue;
+          }
+          const float m_new = std::max(m, mx);
+          const float alpha = m == kNegInf ? 0.0f : fast_exp(m - m_new);
+          float sum = 0;
+          float* r = row - b0;
+          std::fill(row, r + v0, 0.0f);
+          if (pad) {
+            for (int64_t j = v0; j < v1; ++j) {
+              const float e = pad[P.k_position(j)] != 0 ? fast_exp(r[j] - m_new) : 0.0f;
+              r[j] = e;
+              sum += e;
+            }
+          } else {
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = v0; j < v1; ++j) {
+              r[j] = fast_exp(r[j] - m_new);
+              sum += r[j];
+            }
+          }
+          std::fill(r + v1, row + bw, 0.0f);
+          w.l[size_t(t)] = w.l[size_t(t)] * alpha + sum;
+          if (b0 > k0 && alpha != 1.0f) {  // earlier blocks' output, under the old maximum
+            float* o = O + t * ctx_width;
+            for (int64_t e = 0; e < P.d; ++e) o[e] *= alpha;
+          }
+          m = m_new;
+        }
+        const float* A = S;
+        int64_t lda = ld;
+        if (dropout.active()) {
+          for (int64_t t = 0; t < nt; ++t) {
+            const int64_t bi = row_bi(run, t0 + t, sq), i = row_i(run, t0 + t, sq);
+            const float* row = S + t * ld;
+            float* dst = w.pd.data() + t * bw;
+            const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
+            std::fill_n(dst, bw, 0.0f);
+            if (v1 <= v0) continue;
+            dropout_keep(P, w.keep.data(), v0, v1,
+                         P.dropout_first(bi, h, P.q_position(bi, i), dropout), rng, dropout.p);
+            for (int64_t j = v0; j < v1; ++j) dst[j - b0] = row[j - b0] * w.keep.data()[j - v0];
+          }
+          A = w.pd.data();
+          lda = bw;
+        }
+        const float beta = b0 > k0 ? 1.0f : 0.0f;
+        if (nt == 1) {
+          if (beta == 0.0f) std::fill_n(O, P.d, 0.0f);
+          cblas_sgemv(CblasRowMajor, CblasTrans, int(bw), P.d, 1.0f, V, int(P.v.L.row_stride), A,
+                      1, beta, O, 1);
+        } else {
+          sgemm(false, false, nt, P.d, bw, 1.0f, A, lda, V, P.v.L.row_stride, beta, O, ctx_width);
+        }
+      }
+      for (int64_t t = 0; t < nt; ++t) {  // normalise; rows that saw nothing get zeros
+        const int64_t bi = row_bi(run, t0 + t, sq), i = row_i(run, t0 + t, sq);
+        float* o = O + t * ctx_width;
+        const float l = w.l[size_t(t)];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int64_t e = 0; e < P.d; ++e) o[e] = l > 0.0f ? o[e] * inv : 0.0f;
+        if (lse) lse[(bi * P.n + h) * sq + i] = l > 0.0f ? w.m[size_t(t)] + std::log(l) : kNegInf;
+        if (Pp) {
+          float* row = Pp + t * p_ld;
+          std::fill(row, row + k0, 0.0f);
+          for (int64_t j = k0; j < k1; ++j) row[j] *= inv;
+          std::fill(row + k1, row + P.skv, 0.0f);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& probs,
+                   const AttentionInputs& in, const AttentionMask& mask,
+                   const AttentionShape& shape, const DropoutSpec& dropout) {
+  const char* op = "attention_fwd";
+  const AttentionPlan P = make_plan(op, in, mask, shape);
+  const int64_t ctx_width = int64_t(P.n) * P.d;
+  require_shape(op, "out", out, P.b * P.sq * ctx_width);
+  if (lse.defined()) require_shape(op, "lse", lse, P.b * P.n * P.sq);
+  if (probs.defined()) require_shape(op, "probs", probs, P.b * P.n * P.sq * P.skv);
+  const Forward f{P, out.data<float>(), lse.defined() ? lse.data<float>() : nullptr,
+                  probs.defined() ? probs.data<float>() : nullptr, dropout,
+                  Philox(dropout.seed, dropout.stream), ctx_width};
+  const std::vector<Run> runs = make_runs(P);
+  const int64_t tasks = int64_t(runs.size()) * P.n;
+  int64_t rows = 1;  // the largest tile
+  for (const Run& r : runs) rows = std::max(rows, std::min(kTileRows, r.rows));
+  const int64_t keys = std::max<int64_t>(P.skv, 1);
+  const int64_t block = probs.defined() ? keys : std::min(kKeyBlock, keys);
+  blas_single_threaded();
+  if (P.b * P.sq * P.skv * ctx_width <= kMinParallelWork) {  // on this thread, no OpenMP region
+    Scratch w(rows, block);
+    for (int64_t task = 0; task < tasks; ++task)
+      f.run_task(runs[size_t(task / P.n)], int(task % P.n), w);
+    return;
+  }
+#pragma omp parallel
+  {
+    Scratch w(rows, block);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task)
+      f.run_task(runs[size_t(task / P.n)], int(task % P.n), w);
+  }
+}
+
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                     const Tensor& lse_b, const AttentionShape& sh) {
+  const char* op = "attention_merge";
+  const int64_t b = sh.batch, sq = sh.seq, n = sh.heads, d = sh.head_dim, w = n * d;
+  require_shape(op, "out", out, b * sq * w);
+  require_shape(op, "out_b", out_b, b * sq * w);
+  require_shape(op, "lse", lse, b * n * sq);
+  require_shape(op, "lse_b", lse_b, b * n * sq);
+  float* o = out.data<float>();
+  float* l = lse.data<float>();
+  const float* ob = out_b.data<float>();
+  const float* lb = lse_b.data<float>();
+  parallel_for(b * n, b * sq * w, [&](int64_t task) {
+    const int64_t bi = task / n, head = task % n;
+    for (int64_t i = 0; i < sq; ++i) {
+      const float a = l[task * sq + i], c = lb[task * sq + i];
+      if (c == kNegInf) continue;  // the partial result adds nothing
+      float wa = 0, wb = 1, m = c;
+      if (a != kNegInf) {
+        const float mx = std::max(a, c);
+        m = mx + std::log(std::exp(a - mx) + std::exp(c - mx));
+        wa = std::exp(a - m);
+        wb = std::exp(c - m);
+      }
+      l[task * sq + i] = m;
+      float* orow = o + (bi * sq + i) * w + head * d;
+      const float* brow = ob + (bi * sq + i) * w + head * d;
+      for (int64_t k = 0; k < d; ++k) orow[k] = wa * orow[k] + wb * brow[k];
+    }
+  });
 }
 
 }  // namespace megatron::ops::cpu

@@ -1,50 +1,126 @@
-// Helpers shared by the CPU attention files: a row-major sgemm on raw pointers (OpenBLAS,
-// single-threaded inside the callers' OpenMP tasks), the check of AttentionShape's mask fields,
-// and the per-local-head ALiBi slopes.
+// The CPU core attention's plan, shared by its forward (cpu_attention.cpp) and backward
+// (cpu_attention_bwd.cpp): the call's arguments checked once and turned into raw pointers and
+// strides, each query row's position and visible key range, and the per-row helpers for the mask
+// (key padding), the additive bias, ALiBi and the dropout stream. Key positions are ascending, so
+// the keys a query row may see (before key padding) are one range [lo, hi) of key rows.
 #pragma once
 
 #include <cblas.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
 
 namespace megatron::ops::cpu {
 
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Row-major sgemm on raw pointers (OpenBLAS, single-threaded inside the callers' OpenMP tasks).
 inline void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
-// True when the shape asks for anything beyond causal attention.
-inline bool has_extra_mask(const AttentionShape& sh) {
-  return !sh.causal || sh.window_left != -1 || sh.window_right != -1 || sh.alibi;
-}
+// A per-thread work buffer, left uninitialised (every use writes before it reads).
+struct WorkBuffer {
+  std::unique_ptr<float[]> p;
+  explicit WorkBuffer(int64_t n) : p(std::make_unique_for_overwrite<float[]>(size_t(n))) {}
+  float* data() const { return p.get(); }
+};
 
-// The mask fields are consistent: windows -1 (no limit) or >= 0, window_right only without
-// causal (0 is what causal means and is accepted).
-inline void check_mask_fields(const char* op, const AttentionShape& sh) {
-  MG_CHECK(sh.window_left >= -1, op, ": window_left ", sh.window_left, " must be -1 or >= 0");
-  MG_CHECK(sh.window_right >= -1, op, ": window_right ", sh.window_right, " must be -1 or >= 0");
-  MG_CHECK(!sh.causal || sh.window_right <= 0, op, ": window_right ", sh.window_right,
-           " needs bidirectional attention (causal = false)");
-}
+// One operand read (or written) through its HeadLayout.
+struct HeadOperand {
+  float* base = nullptr;
+  HeadLayout L;
+  int64_t d = 0;
+  float* at(int64_t seq, int64_t row, int head) const {
+    return base + L.offset + seq * L.seq_stride + row * L.row_stride +
+           int64_t(head / L.heads_per_group) * L.group_stride +
+           int64_t(head % L.heads_per_group) * d;
+  }
+};
 
-// The context-parallel ops implement the causal mask only.
-inline void require_causal_only(const char* op, const AttentionShape& sh) {
-  MG_REQUIRE(!has_extra_mask(sh), op, ": context parallelism supports causal attention only "
-             "(bidirectional, sliding-window and ALiBi masks are not implemented for it); run "
-             "this model with --context-parallel-size 1");
-}
+struct AttentionPlan {
+  int64_t b = 0, sq = 0, skv = 0, q_span = 0, kv_span = 0;
+  int n = 0, g = 0, hpg = 0, d = 0, head_offset = 0, total_heads = 0;
+  float scale = 0;
+  bool causal = true;
+  int64_t window_left = -1, window_right = -1;
+  std::vector<float> slopes;  // ALiBi slope of each local head, or empty
+  HeadOperand q, k, v;
+  const int32_t* qpos = nullptr;  // [sq] or [b, sq] (qpos_per_row), or null: i
+  bool qpos_per_row = false;
+  const int32_t* kpos = nullptr;      // [skv] ascending, or null: j
+  const int32_t* kv_index = nullptr;  // [b], or null: b
+  const int32_t* start = nullptr;     // [b, sq]
+  const int32_t* pad = nullptr;       // [kv sequences, kv_span]
+  const float* bias = nullptr;        // [bias_batch, n, q_span, kv_span]
+  int64_t bias_batch = 0;
 
-// ALiBi slopes of the shape's local heads (global heads head_offset..), or empty without ALiBi.
-inline std::vector<float> local_alibi_slopes(const AttentionShape& sh) {
-  if (!sh.alibi) return {};
-  const int total = sh.total_heads > 0 ? sh.total_heads : sh.heads;
-  const std::vector<float> all = alibi_slopes(total);
-  return std::vector<float>(all.begin() + sh.head_offset, all.begin() + sh.head_offset + sh.heads);
-}
+  int64_t q_position(int64_t bi, int64_t i) const {
+    return qpos ? qpos[qpos_per_row ? bi * sq + i : i] : i;
+  }
+  int64_t k_position(int64_t j) const { return kpos ? kpos[j] : j; }
+  int64_t kv_seq_of(int64_t bi) const { return kv_index ? kv_index[bi] : bi; }
+  // Key rows [lo, hi) that query row i of batch row bi may see, before key padding.
+  void key_range(int64_t bi, int64_t i, int64_t& lo, int64_t& hi) const {
+    const int64_t p = q_position(bi, i);
+    int64_t first = start ? start[bi * sq + i] : 0;
+    if (window_left >= 0) first = std::max(first, p - window_left);
+    const bool bounded = causal || window_right >= 0;
+    const int64_t last = causal ? p : p + window_right;  // inclusive, when bounded
+    if (kpos) {
+      lo = std::lower_bound(kpos, kpos + skv, first) - kpos;
+      hi = bounded ? std::upper_bound(kpos, kpos + skv, last) - kpos : skv;
+    } else {
+      lo = std::clamp<int64_t>(first, 0, skv);
+      hi = bounded ? std::clamp<int64_t>(last + 1, 0, skv) : skv;
+    }
+    if (hi < lo) hi = lo;
+  }
+  // Key padding of the kv sequence of batch row bi, indexed by key position; null without.
+  const int32_t* pad_row(int64_t bi) const { return pad ? pad + kv_seq_of(bi) * kv_span : nullptr; }
+  // Bias row of (bi, local head h, query position p), indexed by key position; null without.
+  const float* bias_row(int64_t bi, int h, int64_t p) const {
+    if (!bias) return nullptr;
+    return bias + ((int64_t(bias_batch == 1 ? 0 : bi) * n + h) * q_span + p) * kv_span;
+  }
+  // First Philox element of the dropout row of (bi, local head h, query position p).
+  uint64_t dropout_first(int64_t bi, int h, int64_t p, const DropoutSpec& dr) const {
+    return dr.element_offset +
+           uint64_t(((bi * total_heads + head_offset + h) * q_span + p) * kv_span);
+  }
+};
+
+// Checks the call (fp32 operands, layouts inside their tensors, positions, masks) and builds the
+// plan; `op` names the caller in messages.
+AttentionPlan make_plan(const char* op, const AttentionInputs& in, const AttentionMask& mask,
+                        const AttentionShape& shape);
+// Checks a [rows, heads * d] or per-head tensor of the plan's size.
+void require_shape(const char* op, const char* name, const Tensor& t, int64_t numel);
+// A gradient operand with an input's layout, bounds checked like it.
+HeadOperand grad_operand(const char* op, const char* name, const Tensor& t, const HeadLayout& L,
+                         int64_t seqs, int64_t rows, int heads, int64_t d);
+
+// Scores of one query row over key rows [b0, b1) (row[j - b0]) -> what softmax sees: the bias and
+// ALiBi added on the visible keys [v0, v1) (bias: the row's bias row or null).
+void add_score_terms(const AttentionPlan& P, float* row, int64_t b0, int64_t v0, int64_t v1,
+                     const float* bias, float slope, int64_t p);
+// The maximum of row[j - b0] over the visible keys [v0, v1) that are not padding (pad: the key
+// padding row or null); -inf when there is none.
+float visible_max(const AttentionPlan& P, const float* row, int64_t b0, int64_t v0, int64_t v1,
+                  const int32_t* pad);
+// The dropout keep factors (0 or 1/(1-p)) of key rows [v0, v1) for the dropout row starting at
+// Philox element `first`: keep[j - v0], drawn run by run of consecutive key positions.
+void dropout_keep(const AttentionPlan& P, float* keep, int64_t v0, int64_t v1, uint64_t first,
+                  const Philox& rng, float prob);
 
 }  // namespace megatron::ops::cpu

@@ -1,17 +1,7 @@
-// KV-cache attention for inference on the CPU: appending the new rows' keys and values to their
-// cache slots, and attention of those rows against their slots' cached sequences (continuous
-// batching: any mix of prefill chunks and single decode rows in one call). Rows of one slot at
-// consecutive positions form a run; each (run, head) is one OpenMP task: a prefill run computes
-// in 64-row tiles with sgemm, a single row with sgemv. Causal, with an optional sliding window
-// and ALiBi, as attention_fwd.
-#include <omp.h>
-
+// The KV cache on the CPU: each new row's key and value heads written into its slot at its
+// position. Attention against the cache is the core attention op (cpu_attention.cpp).
 #include <algorithm>
-#include <cmath>
-#include <limits>
-#include <vector>
 
-#include "kernels/cpu/cpu_attention_common.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_backend.h"
 
@@ -89,104 +79,6 @@ void kv_cache_append(const Tensor& k_cache, const Tensor& v_cache, const Tensor&
       std::copy_n(row + L.v(g), L.d, vc + at);
     }
   });
-}
-
-void attention_kv_cache_fwd(const Tensor& ctx, const Tensor& qkv, const Tensor& k_cache,
-                            const Tensor& v_cache, const Tensor& row_slot, const Tensor& row_pos,
-                            const AttentionShape& shape) {
-  const char* op = "attention_kv_cache_fwd";
-  const CacheLayout L = check_cache(op, k_cache, v_cache, qkv, row_slot, row_pos, shape);
-  cpu::require_f32(op, "ctx", ctx);
-  MG_CHECK(ctx.numel() == L.n * L.ctx_width, op, ": ctx ", shape_str(ctx.shape()), " must be [",
-           L.n, ", heads * head_dim = ", L.ctx_width, "]");
-  cpu::check_mask_fields(op, shape);
-  MG_CHECK(shape.causal, op, ": a KV cache holds earlier positions only; causal must be true");
-  const int total = shape.total_heads > 0 ? shape.total_heads : shape.heads;
-  MG_CHECK(shape.head_offset >= 0 && shape.head_offset + shape.heads <= total, op, ": heads [",
-           shape.head_offset, ", ", shape.head_offset + shape.heads, ") outside the layer's ", total);
-  const std::vector<float> slopes = cpu::local_alibi_slopes(shape);
-  const int64_t window = shape.window_left;
-  // Runs of rows [first, first + len) of one slot at consecutive positions.
-  std::vector<std::pair<int64_t, int64_t>> runs;
-  for (int64_t r = 0; r < L.n; ++r) {
-    if (!runs.empty()) {
-      auto& [first, len] = runs.back();
-      const int64_t last = first + len - 1;
-      if (L.slot[r] == L.slot[last] && L.pos[r] == L.pos[last] + 1) {
-        ++len;
-        continue;
-      }
-    }
-    runs.emplace_back(r, 1);
-  }
-  const float* x = qkv.data<float>();
-  const float* kc = k_cache.data<float>();
-  const float* vc = v_cache.data<float>();
-  float* out = ctx.data<float>();
-  const float scale = shape.softmax_scale;
-  constexpr int64_t kTileRows = 64;
-  const int64_t tasks = int64_t(runs.size()) * L.heads;
-  cpu::blas_single_threaded();
-  const size_t scratch = size_t(std::min<int64_t>(kTileRows, L.n) * L.max_len);
-  auto run_task = [&](int64_t task, std::vector<float>& P) {
-    const auto [first, len] = runs[size_t(task / L.heads)];
-    const int head = int(task % L.heads), group = head / L.hpg;
-    const float* K = kc + L.cache(L.slot[first], group);
-    const float* V = vc + L.cache(L.slot[first], group);
-    for (int64_t t0 = 0; t0 < len; t0 += kTileRows) {
-      const int64_t nt = std::min(kTileRows, len - t0), r0 = first + t0;
-      const int64_t p0 = L.pos[r0], p1 = L.pos[r0 + nt - 1];
-      // Keys [k0, k1) cover the tile: the first row's window start to the last row's position.
-      const int64_t k0 = window >= 0 ? std::max<int64_t>(0, p0 - window) : 0, k1 = p1 + 1;
-      const int64_t kw = k1 - k0;
-      const float* Q = x + r0 * L.width + L.q(head);
-      float* O = out + r0 * L.ctx_width + int64_t(head) * L.d;
-      if (nt == 1) {
-        std::fill_n(P.data(), kw, 0.0f);
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, int(kw), L.d, scale, K + k0 * L.d, L.d, Q, 1,
-                    0.0f, P.data(), 1);
-      } else {
-        cpu::sgemm(false, true, nt, kw, L.d, scale, Q, L.width, K + k0 * L.d, L.d, 0.0f,
-                   P.data(), kw);
-      }
-      for (int64_t i = 0; i < nt; ++i) {
-        float* row = P.data() + i * kw;
-        const int64_t p = p0 + i, lo = window >= 0 ? std::max<int64_t>(0, p - window) : 0;
-        if (!slopes.empty())
-          for (int64_t j = lo; j <= p; ++j) row[j - k0] += slopes[size_t(head)] * float(j - p);
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = lo; j <= p; ++j) mx = std::max(mx, row[j - k0]);
-        float sum = 0;
-        for (int64_t j = lo; j <= p; ++j) {
-          row[j - k0] = cpu::fast_exp(row[j - k0] - mx);
-          sum += row[j - k0];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t j = k0; j < lo; ++j) row[j - k0] = 0;
-        for (int64_t j = lo; j <= p; ++j) row[j - k0] *= inv;
-        for (int64_t j = p + 1; j < k1; ++j) row[j - k0] = 0;
-      }
-      if (nt == 1) {
-        std::fill_n(O, L.d, 0.0f);
-        cblas_sgemv(CblasRowMajor, CblasTrans, int(kw), L.d, 1.0f, V + k0 * L.d, L.d, P.data(),
-                    1, 0.0f, O, 1);
-      } else {
-        cpu::sgemm(false, false, nt, L.d, kw, 1.0f, P.data(), kw, V + k0 * L.d, L.d, 0.0f, O,
-                   L.ctx_width);
-      }
-    }
-  };
-  if (tasks * L.max_len * L.d <= kMinParallelWork) {  // on this thread, outside any OpenMP region
-    std::vector<float> P(scratch);
-    for (int64_t task = 0; task < tasks; ++task) run_task(task, P);
-    return;
-  }
-#pragma omp parallel
-  {
-    std::vector<float> P(scratch);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) run_task(task, P);
-  }
 }
 
 }  // namespace megatron::ops::cpu
