@@ -100,6 +100,15 @@ void rope_fwd(const Tensor& qkv, const Tensor& positions, const ops::AttentionSh
               const ops::RotaryConfig& rope);
 void rope_bwd(const Tensor& dqkv, const Tensor& positions, const ops::AttentionShape& shape,
               const ops::RotaryConfig& rope);
+void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& probs,
+                   const ops::AttentionInputs& in, const ops::AttentionMask& mask,
+                   const ops::AttentionShape& shape, const ops::DropoutSpec& dropout);
+void attention_bwd(const ops::AttentionGrads& grads, const Tensor& dout, const Tensor& out,
+                   const Tensor& lse, const Tensor& probs, const ops::AttentionInputs& in,
+                   const ops::AttentionMask& mask, const ops::AttentionShape& shape,
+                   const ops::DropoutSpec& dropout, bool accumulate);
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                     const Tensor& lse_b, const ops::AttentionShape& shape);
 void kv_cache_append(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
                      const Tensor& row_slot, const Tensor& row_pos, const ops::AttentionShape& shape);
 void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor& labels,
