@@ -41,6 +41,7 @@ while [ $# -gt 0 ]; do
 done
 OUT_DIR="${OUT:-build-gpu/gpu-check-out}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
+rm -f "$OUT_DIR"/*.log  # each phase appends to its log: start from none
 RESULTS="$OUT_DIR/results.jsonl"
 : >"$RESULTS"
 T_START=$(date +%s)
@@ -193,53 +194,44 @@ record ops $(($(date +%s) - t)) "$(printf '{"status": "%s", "gtest": "%s", "skip
 grep -h "ops without a CUDA kernel" "$OUT_DIR/ops.log" | head -1
 
 # ---- 3. one training step on both devices -----------------------------------------------------
-step=(pretrain-gpt "${MODEL[@]}" "${DATA[@]}" --micro-batch-size 1 --global-batch-size 1
-      --train-iters 1 --optimizer sgd --clip-grad 0 --weight-decay 0 --lr-decay-style constant
-      --log-interval 1 --eval-iters 0 --save-interval 1)
+# step_parity PHASE ARGS...: the fp32 SGD step of `megatron ARGS` with lr 0 (the start weights) and
+# lr 100 on the device, lr 100 on the CPU; every tensor's gradient and the loss compared.
+step_parity() {
+  local phase="$1" t0
+  shift
+  t0=$(date +%s)
+  run "$phase" 300 "$MEGATRON" "$@" --device "$DEVICE" --lr 0 --save "$WORK/w0" &&
+    run "$phase" 300 "$MEGATRON" "$@" --device "$DEVICE" --lr 100 --save "$WORK/w1_dev" &&
+    cp "$WORK/last.log" "$WORK/dev.log" &&
+    run "$phase" 300 "$MEGATRON" "$@" --device cpu --lr 100 --save "$WORK/w1_cpu" &&
+    cp "$WORK/last.log" "$WORK/cpu.log"
+  if [ $? = 0 ]; then
+    check "$phase" "$t0" parity --w0 "$WORK/w0" --a "$WORK/w1_cpu" --b "$WORK/w1_dev" --lr 100 \
+      --log-a "$WORK/cpu.log" --log-b "$WORK/dev.log"
+  else
+    record "$phase" $(($(date +%s) - t0)) '{"status": "fail", "why": "a run failed"}'
+  fi
+  rm -rf "$WORK"/w0 "$WORK"/w1_*
+}
+step=("${DATA[@]}" --micro-batch-size 1 --global-batch-size 1 --train-iters 1 --optimizer sgd
+      --clip-grad 0 --weight-decay 0 --lr-decay-style constant --log-interval 1 --eval-iters 0
+      --save-interval 1)
+step_parity parity pretrain-gpt "${MODEL[@]}" "${step[@]}"
 t=$(date +%s)
-run parity 300 "$MEGATRON" "${step[@]}" --device "$DEVICE" --lr 0 --save "$WORK/w0" &&
-  run parity 300 "$MEGATRON" "${step[@]}" --device "$DEVICE" --lr 100 --save "$WORK/w1_dev" &&
-  cp "$WORK/last.log" "$WORK/dev.log" &&
-  run parity 300 "$MEGATRON" "${step[@]}" --device cpu --lr 100 --save "$WORK/w1_cpu" &&
-  cp "$WORK/last.log" "$WORK/cpu.log"
-if [ $? = 0 ]; then
-  check parity "$t" parity --w0 "$WORK/w0" --a "$WORK/w1_cpu" --b "$WORK/w1_dev" --lr 100 \
-    --log-a "$WORK/cpu.log" --log-b "$WORK/dev.log"
-else
-  record parity $(($(date +%s) - t)) '{"status": "fail", "why": "a run failed"}'
-fi
-rm -rf "$WORK"/w0 "$WORK"/w1_*
-t=$(date +%s)
-run parity_bf16 300 "$MEGATRON" "${step[@]}" --bf16 --device "$DEVICE" --lr 0 &&
-  cp "$WORK/last.log" "$WORK/dev16.log" &&
-  run parity_bf16 300 "$MEGATRON" "${step[@]}" --bf16 --device cpu --lr 0 &&
-  cp "$WORK/last.log" "$WORK/cpu16.log"
+run parity_bf16 300 "$MEGATRON" pretrain-gpt "${MODEL[@]}" "${step[@]}" --bf16 --device "$DEVICE" \
+  --lr 0 && cp "$WORK/last.log" "$WORK/dev16.log" &&
+  run parity_bf16 300 "$MEGATRON" pretrain-gpt "${MODEL[@]}" "${step[@]}" --bf16 --device cpu \
+    --lr 0 && cp "$WORK/last.log" "$WORK/cpu16.log"
 if [ $? = 0 ]; then
   check parity_bf16 "$t" loss --log-a "$WORK/cpu16.log" --log-b "$WORK/dev16.log"
 else
   record parity_bf16 $(($(date +%s) - t)) '{"status": "fail", "why": "a run failed"}'
 fi
-
-# The attention variants GPT-2 does not use, on the same fp32 step: grouped-query attention with
+# The attention paths GPT-2 does not take, on the same fp32 step: grouped-query attention with
 # RoPE and a sliding window (Llama/Mistral-style layers: RMSNorm, SwiGLU, no biases).
-t=$(date +%s)
-step_gqa=(pretrain-gpt "${GQA_MODEL[@]}" --group-query-attention --num-query-groups 2
-          --position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
-          --untie-embeddings-and-output-weights "${DATA[@]}" --micro-batch-size 1
-          --global-batch-size 1 --train-iters 1 --optimizer sgd --clip-grad 0 --weight-decay 0
-          --lr-decay-style constant --log-interval 1 --eval-iters 0 --save-interval 1)
-run parity_gqa 300 "$MEGATRON" "${step_gqa[@]}" --device "$DEVICE" --lr 0 --save "$WORK/w0" &&
-  run parity_gqa 300 "$MEGATRON" "${step_gqa[@]}" --device "$DEVICE" --lr 100 \
-    --save "$WORK/w1_dev" && cp "$WORK/last.log" "$WORK/dev.log" &&
-  run parity_gqa 300 "$MEGATRON" "${step_gqa[@]}" --device cpu --lr 100 --save "$WORK/w1_cpu" &&
-  cp "$WORK/last.log" "$WORK/cpu.log"
-if [ $? = 0 ]; then
-  check parity_gqa "$t" parity --w0 "$WORK/w0" --a "$WORK/w1_cpu" --b "$WORK/w1_dev" --lr 100 \
-    --log-a "$WORK/cpu.log" --log-b "$WORK/dev.log"
-else
-  record parity_gqa $(($(date +%s) - t)) '{"status": "fail", "why": "a run failed"}'
-fi
-rm -rf "$WORK"/w0 "$WORK"/w1_*
+step_parity parity_gqa pretrain-gpt "${GQA_MODEL[@]}" --group-query-attention \
+  --num-query-groups 2 --position-embedding-type rope --normalization RMSNorm --swiglu \
+  --disable-bias-linear --untie-embeddings-and-output-weights "${step[@]}"
 
 # ---- 4. training throughput, ours and PyTorch's -----------------------------------------------
 t=$(date +%s)
