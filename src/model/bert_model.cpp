@@ -39,6 +39,9 @@ std::vector<TransformerLayerSpec> validated_specs(const TransformerConfig& cfg,
              cfg.model_family, "')");
   cfg.validate_tensor_parallel(tp.size());
   cfg.validate_context_parallel(cp.size());
+  MG_REQUIRE(cp.size() == 1, "--context-parallel-size ", cp.size(), ": BERT is not implemented "
+             "with context parallelism (its pooler reads each sequence's first token, which one "
+             "context-parallel rank holds); use --context-parallel-size 1");
   return std::vector<TransformerLayerSpec>(size_t(cfg.num_layers), bert_layer_spec(cfg));
 }
 

@@ -2,7 +2,7 @@
 // every sample's sequence of S tokens is cut into 2C chunks of S/(2C) and CP rank r holds chunks
 // r and 2C-1-r (in that order), so every rank gets the same share of the causal attention work.
 // Tokens, labels, loss mask, position ids and attention starts are sliced that way
-// (slice_for_context_parallel in gpt_model.h); all non-attention layers run unchanged on the
+// (slice_for_context_parallel in model_chunk.h); all non-attention layers run unchanged on the
 // local S/C tokens, with dropout masks taken by each token's position in the unsplit tensors
 // (LayerContext::for_each_sequence_run), so training matches the unsplit run, dropout included.
 //

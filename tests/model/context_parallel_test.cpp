@@ -16,6 +16,7 @@
 
 #include "comm/parallel_state.h"
 #include "core/error.h"
+#include "model/bert_model.h"
 #include "model/context_parallel.h"
 #include "model/gpt_model.h"
 #include "model/tensor_parallel.h"
@@ -205,6 +206,25 @@ TEST(MpiContextParallelGPT, SequenceNotDivisibleByTwiceCpIsAnError) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("not divisible by 2 x --context-parallel-size"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The attention splits in both directions, but BERT's heads do not: a BERT model over a
+// context-parallel group is refused by name when it is built.
+TEST(MpiContextParallelGPT, BertIsRefusedByName) {
+  const int C = world()->size();
+  if (C == 1) GTEST_SKIP() << "needs context parallelism (mpirun -np 2 or 4)";
+  TransformerConfig c = cp_config();
+  c.model_family = "bert";
+  c.attention_mask_type = "bidirectional";
+  c.normalization = "LayerNorm";
+  try {
+    BertModel m(c, 42, TensorParallel::none(), ContextParallel{world()});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("BERT is not implemented with context parallelism"),
               std::string::npos)
         << e.what();
   }
