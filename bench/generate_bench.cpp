@@ -1,9 +1,10 @@
-// Generation speed of the GPT engine on the CPU: prefill tokens/s (the prompt through the model
-// into the KV cache) and decode tokens/s (one token per sequence per step) at batch 1 and 16, per
-// wall second and per CPU second of the process.
-// Compare with bench/reference/generate_bench.py (PyTorch with a KV cache, same shapes):
-//   build/bench/generate_bench [--layers 6 --hidden 512 --heads 8 --vocab 50304 --prompt 128 --gen 32]
-//                              [--arch gpt|llama] [--bf16 1]
+// Generation speed of the GPT engine: prefill tokens/s (the prompt through the model into the KV
+// cache) and decode tokens/s (one token per sequence per step) at batch 1 and 16, per wall second
+// and (on the CPU) per CPU second of the process, on the CPU or (--device cuda) a GPU. Compare
+// with bench/reference/generate_bench.py (PyTorch with a KV cache, same shapes, CPU) or
+// bench/reference/gpt2_gpu_torch.py --mode decode (GPU; scripts/gpu-check.sh):
+//   build/bench/generate_bench [--layers 6 --hidden 512 --heads 8 --vocab 50304 --prompt 128
+//                               --gen 32] [--arch gpt|llama] [--bf16 1] [--device cpu|cuda]
 // --bf16 1 keeps the weights in bf16 (as `megatron generate --bf16`; with --bf16 1 on the PyTorch
 // side, its model and KV cache in bf16).
 #include <time.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "generate_common.h"
+#include "kernels/cuda/device_select.h"
 
 using namespace megatron;
 using Clock = std::chrono::steady_clock;
@@ -35,11 +37,13 @@ int main(int argc, char** argv) {
   const std::string arch = f.text("--arch", "gpt");
   auto cfg = bench::bench_config(layers, hidden, heads, vocab, prompt + gen, arch);
   if (f.get("--bf16", 0) != 0) cfg.params_dtype = DType::BF16;
-  inference::GPTEngine model(cfg, bench::random_weights(cfg));
-  std::printf("model: %s, %lld layers, hidden %lld, heads %lld, vocab %lld, %s weights; prompt %lld, "
-              "generate %lld\n",
-              arch.c_str(), (long long)layers, (long long)hidden, (long long)heads, (long long)vocab,
-              dtype_name(cfg.params_dtype), (long long)prompt, (long long)gen);
+  const Device device = cuda::select_device(f.text("--device", "cpu"), 0);
+  inference::GPTEngine model(cfg, bench::random_weights(cfg), device);
+  std::printf("model: %s on %s, %lld layers, hidden %lld, heads %lld, vocab %lld, %s weights; "
+              "prompt %lld, generate %lld\n",
+              arch.c_str(), cuda::describe_device(device).c_str(), (long long)layers,
+              (long long)hidden, (long long)heads, (long long)vocab, dtype_name(cfg.params_dtype),
+              (long long)prompt, (long long)gen);
   std::printf("| batch | prefill tokens/s | decode tokens/s | decode ms/step | prefill tokens per "
               "CPU s | decode tokens per CPU s |\n|---|---|---|---|---|---|\n");
   for (int64_t batch : {int64_t(1), int64_t(16)}) {

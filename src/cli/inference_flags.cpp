@@ -5,8 +5,10 @@
 #include <optional>
 #include <vector>
 
+#include "cli/device_flag.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/cuda/device_select.h"
 #include "inference/checkpoint_args.h"
 #include "model/model_family.h"
 #include "model/model_settings.h"
@@ -49,6 +51,7 @@ void InferenceFlags::add(CLI::App& sub) {
       ->capture_default_str();
   add_tokenizer_options(sub, o.tokenizer)->required();
   add_inference_compat_flags(sub, *this);
+  add_device_option(sub, device);
 }
 
 void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
@@ -158,6 +161,8 @@ inference::InferenceModelOptions InferenceFlags::finish() {
   if (!band_now) model.apply_band(cfg);
   auto o = options;
   if (ckpt_step >= 0) o.ckpt_step = ckpt_step;
+  o.device = cuda::select_device(device, 0);
+  if (o.device.is_cuda()) log_info("device: ", cuda::describe_device(o.device));
   for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--num-layers", cfg.num_layers},
                                     {"--hidden-size", cfg.hidden_size},
                                     {"--num-attention-heads", cfg.num_attention_heads}})

@@ -44,6 +44,7 @@ struct InferenceFlags {
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
   bool fp16 = false, bf16 = false;
   bool no_load_optim = false, no_load_rng = false;
+  std::string device;  // --device: cuda | cpu | "" (a GPU when one is present)
   CompatFlags compat;
   // The rest of Megatron's shared flags; the command adds them after its own
   // (add_megatron_flags), finish() checks them.

@@ -44,6 +44,8 @@ struct CpuAllocator final : Allocator {
 CpuAllocator g_cpu_allocator;
 Allocator* g_allocators[3] = {&g_cpu_allocator, nullptr, nullptr};  // by DeviceType
 DeviceCopyFn g_device_copies[3] = {nullptr, nullptr, nullptr};
+DeviceZeroFn g_device_zeros[3] = {nullptr, nullptr, nullptr};
+DeviceCopy2dFn g_device_copies_2d[3] = {nullptr, nullptr, nullptr};
 
 template <typename T>
 double load_as_double(const void* p) {
@@ -118,6 +120,10 @@ void register_allocator(DeviceType type, Allocator* allocator) {
 }
 
 void register_device_copy(DeviceType type, DeviceCopyFn fn) { g_device_copies[int(type)] = fn; }
+void register_device_zero(DeviceType type, DeviceZeroFn fn) { g_device_zeros[int(type)] = fn; }
+void register_device_copy_2d(DeviceType type, DeviceCopy2dFn fn) {
+  g_device_copies_2d[int(type)] = fn;
+}
 
 Allocator* allocator_for(DeviceType type) {
   Allocator* a = g_allocators[int(type)];
@@ -322,13 +328,31 @@ void host_copy(const Tensor& dst, const Tensor& src) {
   });
 }
 
+// A 2-D tensor with unit inner stride: rows at a byte pitch.
+bool row_strided(const Tensor& t) {
+  return t.dim() == 2 && (t.stride(1) == 1 || t.size(1) <= 1) && t.stride(0) >= t.size(1);
+}
+
 // dst <- src where at least one side is on a device with its own memory: one registered byte
-// copy for contiguous tensors of one dtype; conversions, strides and copies between two such
-// devices go through host memory.
+// copy for contiguous tensors of one dtype, one registered 2-D copy for row-strided matrices of
+// one dtype; conversions, other strides and copies between two such devices go through host
+// memory.
 void device_copy(Tensor& dst, const Tensor& src) {
   const Device dd = dst.device(), sd = src.device();
   const bool plain = src.dtype() == dst.dtype() && dst.is_contiguous() && src.is_contiguous();
   const bool two_devices = !dd.is_host_memory() && !sd.is_host_memory() && dd.type != sd.type;
+  const DeviceType owner = dd.is_host_memory() ? sd.type : dd.type;
+  if (!plain && !two_devices && src.dtype() == dst.dtype() && row_strided(dst) &&
+      row_strided(src) && g_device_copies_2d[int(owner)] != nullptr) {
+    const size_t el = dtype_size(dst.dtype());
+    const size_t row = size_t(dst.size(1)) * el;
+    g_device_copies_2d[int(owner)](dst.raw_data(), dd.is_host_memory() ? Device::cpu() : dd,
+                                   dst.size(0) > 1 ? size_t(dst.stride(0)) * el : row,
+                                   src.raw_data(), sd.is_host_memory() ? Device::cpu() : sd,
+                                   src.size(0) > 1 ? size_t(src.stride(0)) * el : row, row,
+                                   size_t(dst.size(0)));
+    return;
+  }
   if (!plain || two_devices) {
     const Tensor& device_side = sd.is_host_memory() ? dst : src;
     MG_CHECK(device_side.is_contiguous(), "copy_ of a non-contiguous tensor on ",
@@ -339,7 +363,6 @@ void device_copy(Tensor& dst, const Tensor& src) {
     dst.copy_(staged);
     return;
   }
-  const DeviceType owner = dd.is_host_memory() ? sd.type : dd.type;
   const DeviceCopyFn fn = g_device_copies[int(owner)];
   MG_REQUIRE(fn != nullptr, "copy between ", sd.to_string(), " and ", dd.to_string(),
              " needs the ", Device{owner, 0}.to_string(), " backend, which this build lacks or "
@@ -369,6 +392,10 @@ void Tensor::copy_(const Tensor& src) {
 }
 
 void Tensor::zero_() {
+  if (!device().is_host_memory() && is_contiguous() && g_device_zeros[int(device().type)]) {
+    if (nbytes() > 0) g_device_zeros[int(device().type)](raw_data(), nbytes());
+    return;
+  }
   if (!device().is_host_memory() || !is_contiguous()) {
     fill_(0.0);
     return;

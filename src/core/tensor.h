@@ -52,6 +52,15 @@ Allocator* allocator_for(DeviceType type);
 using DeviceCopyFn = void (*)(void* dst, Device dst_device, const void* src, Device src_device,
                               size_t bytes);
 void register_device_copy(DeviceType type, DeviceCopyFn fn);
+// The same for `rows` rows of `row_bytes` bytes, `*_pitch` bytes apart on each side (row-strided
+// 2-D tensors: column blocks of wider matrices); optional per device type.
+using DeviceCopy2dFn = void (*)(void* dst, Device dst_device, size_t dst_pitch, const void* src,
+                                Device src_device, size_t src_pitch, size_t row_bytes, size_t rows);
+void register_device_copy_2d(DeviceType type, DeviceCopy2dFn fn);
+// Zeroes `bytes` of a device's own memory (Tensor::zero_ of a contiguous tensor there, without a
+// staging copy through the host); optional per device type.
+using DeviceZeroFn = void (*)(void* dst, size_t bytes);
+void register_device_zero(DeviceType type, DeviceZeroFn fn);
 
 class Tensor;
 class HostAccess;

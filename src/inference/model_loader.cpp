@@ -124,7 +124,8 @@ InferenceModel load_inference_model(const InferenceModelOptions& options,
              ") pads to ", padded, "; use the tokenizer flags the model was trained with");
   std::map<std::string, Tensor> tensors;
   for (const std::string& n : weights.names()) tensors.emplace(n, weights.get(n));
-  auto engine = std::make_unique<GPTEngine>(cfg, with_local_norm_names(std::move(tensors)));
+  auto engine = std::make_unique<GPTEngine>(cfg, with_local_norm_names(std::move(tensors)),
+                                            options.device);
   log_info("loaded checkpoint ", weights.directory().string(), " (iteration ", out.iteration,
            "): ", cfg.num_layers, " layers, hidden ", cfg.hidden_size, ", vocab ", padded,
            "; weights in ", dtype_name(cfg.params_dtype), ", ", engine->model().weight_bytes(),

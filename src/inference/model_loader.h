@@ -33,6 +33,7 @@ struct InferenceModelOptions {
   data::TokenizerOptions tokenizer;
   // The model-parallel layout to run (the checkpoint's); used only when several ranks run.
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
+  Device device = Device::cpu();      // where the model and its KV cache live (--device)
 };
 
 struct InferenceModel {

@@ -6,16 +6,17 @@
 //
 // Backends: the CPU (src/kernels/cpu/, always registered), the checking device
 // (src/kernels/checked/: the CPU kernels over guarded host memory, registered by tests) and
-// CUDA (src/kernels/cuda/, registered by cuda::init with the kernels it has).
+// CUDA (src/kernels/cuda/, registered by cuda::init; every op, tests/cuda/cuda_op_table_test.cpp).
 // Adding an op: declare it in ops.h, add its name to MG_FOR_EACH_OP, define its dispatcher in
 // ops.cpp and its CPU kernel in ops::cpu, and add its cases to tests/kernels/backend_op_cases.cpp.
 // Adding a norm or an MLP activation is not adding an op: norm_fwd / norm_bwd and
 // activation_fwd / activation_bwd take the kind (model/layer_kinds.h), so a new kind is three
 // files: its id and row in model/layer_kinds.h, its CPU kernel (a NormKernel<id> in
 // cpu/cpu_norm.cpp or an Activation<id> in cpu/cpu_activation.cpp, found by id at compile time)
-// and its cases in tests/kernels/backend_op_cases.cpp. Another backend's entry for these ops runs
-// the kinds it has kernels for and calls detail::throw_no_kind_kernel for the rest (CUDA:
-// LayerNorm and both GeLU forms, cuda/cuda_ops.cpp).
+// and its cases in tests/kernels/backend_op_cases.cpp (and, in a CUDA build, its CUDA kernel in
+// cuda/norm.cu or cuda/activation.cu, which instantiate every kind). Another backend's entry for
+// these ops may run only the kinds it has kernels for and call detail::throw_no_kind_kernel for
+// the rest.
 #pragma once
 
 #include <cstddef>

@@ -11,9 +11,9 @@
 //   2. its CPU kernel: a specialisation of Activation<id> in src/kernels/cpu/cpu_activation.cpp
 //      (per-element functions; gated ones take (gate, up)), or of NormKernel<id> in
 //      src/kernels/cpu/cpu_norm.cpp (forward and backward over rows);
-//   3. its cases in tests/kernels/backend_op_cases.cpp (a test fails while a kind has none).
-// Other backends (CUDA) run the kinds they have kernels for and throw Error naming the op, the
-// kind and the device for the rest.
+//   3. its cases in tests/kernels/backend_op_cases.cpp (a test fails while a kind has none);
+// and, for the CUDA build, its CUDA kernel (NormKernel<id> in src/kernels/cuda/norm.cu or
+// Activation<id> in src/kernels/cuda/activation.cu): that build does not compile without it.
 #pragma once
 
 #include <cstddef>

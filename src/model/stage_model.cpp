@@ -9,11 +9,11 @@
 namespace megatron::model {
 
 StageModel::StageModel(const TransformerConfig& cfg, uint64_t seed, const ParallelState& ps,
-                             int layers_per_virtual_stage)
+                       int layers_per_virtual_stage, Device device)
     : StageModel(cfg, seed,
                     PipelineLayout::make(cfg.num_layers, ps.pp_size(), layers_per_virtual_stage),
                     ps.pp_rank(), ps.group_ptr(GroupKind::TP), ps.group_ptr(GroupKind::PP),
-                    ps.group_ptr(GroupKind::EMBEDDING), ps.group_ptr(GroupKind::CP)) {}
+                    ps.group_ptr(GroupKind::EMBEDDING), ps.group_ptr(GroupKind::CP), device) {}
 
 StageModel::StageModel(const TransformerConfig& cfg, uint64_t seed, const PipelineLayout& layout,
                              int pp_rank, std::shared_ptr<Communicator> tp_group,

@@ -29,9 +29,10 @@ class StageModel {
   // context-parallel groups (with CP > 1 every micro-batch passed to the schedules must be this
   // rank's slice_for_context_parallel; losses and gradients are then partial sums over the CP
   // group). layers_per_virtual_stage: --num-layers-per-virtual-pipeline-stage (0: none).
-  // Validates the configuration (TransformerConfig::validate, the TP and the pipeline rules, the family's).
+  // Validates the configuration (TransformerConfig::validate, the TP and the pipeline rules, the
+  // family's). The chunks live on `device` (ModelOptions::device).
   StageModel(const TransformerConfig& cfg, uint64_t seed, const ParallelState& parallel,
-                int layers_per_virtual_stage = 0);
+             int layers_per_virtual_stage = 0, Device device = Device::cpu());
   // Without a ParallelState (tests, tools): pipeline rank `pp_rank` of `layout`, with explicit
   // groups; pp_group / embedding_group may be null when layout.pipeline_size == 1. The chunks
   // live on `device` (ModelOptions::device).

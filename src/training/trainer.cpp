@@ -15,6 +15,7 @@
 #include "core/host_memory.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "kernels/cuda/device_select.h"
 #include "training/run_log_lines.h"
 #include "training/metrics_writer.h"
 #include "training/training_run.h"
@@ -154,9 +155,14 @@ TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world)
                     sched.config().has_decoupled_lr() ? std::optional<double>(sched.decoupled_lr())
                                                       : std::nullopt,
                     r.scaler.scale()});
+    // On the CPU the host allocator and the resident set, on a GPU the caching allocator.
     if (!memory_reported && (it % a.log_interval == 0 || it == r.train_iters)) {
       if (r.ps.dp_rank() == 0)
-        log_print(format_memory_report(r.ps.world_rank(), it, host_memory_stats(), resident_memory()));
+        log_print(r.device.is_cpu()
+                      ? format_memory_report(r.ps.world_rank(), it, host_memory_stats(),
+                                             resident_memory())
+                      : cuda::memory_report(str("(after ", it, " iterations)"),
+                                            r.ps.world_rank(), r.device));
       memory_reported = it > r.start_iteration + 1;
     }
     if (progress.due())

@@ -111,6 +111,8 @@ struct TrainingArgs {
   optim::OptimizerConfig optimizer;
   std::string optimizer_name = "adam";
   uint64_t seed = 1234;
+  // --device: cuda | cpu | "" (a GPU when one is present; kernels/cuda/device_select.h)
+  std::string device;
   // precision
   bool fp16 = false, bf16 = false;
   double loss_scale = 0;  // 0: dynamic for fp16

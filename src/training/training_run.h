@@ -31,6 +31,7 @@ struct TrainingRun {
   TrainingArgs a;  // completed by setup (padded vocabulary, parameter dtype, data settings)
   std::shared_ptr<CommStats> comm_stats;  // every collective runs through the timed world
   ParallelState ps;
+  Device device;  // where the model, its optimizer state and the micro-batches live (--device)
   CheckpointRank crank;
   model::PipelineLayout pipeline_layout;
   BatchSizeSchedule batch_schedule;

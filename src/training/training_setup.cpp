@@ -3,9 +3,11 @@
 // flag and checkpoint mismatches fail before any work.
 #include <filesystem>
 
+#include "comm/nccl_communicator.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/device_select.h"
 #include "kernels/ops.h"
 #include "model/layer_spec.h"
 #include "optim/distributed_optimizer.h"
@@ -20,8 +22,13 @@ void TrainingRun::say(const std::string& line) const {
 }
 
 model::Batch TrainingRun::micro_batch(DataSplit split, int64_t first) const {
-  return model::slice_for_context_parallel(data->micro_batch(split, first, mbs, ps.dp_rank(), dp()),
-                                           ps.cp_rank(), ps.cp_size());
+  model::Batch out = model::slice_for_context_parallel(
+      data->micro_batch(split, first, mbs, ps.dp_rank(), dp()), ps.cp_rank(), ps.cp_size());
+  if (!device.is_cpu())  // the batch is made on the host: one copy of each tensor to the model
+    for (Tensor* t : {&out.tokens, &out.position_ids, &out.attention_start, &out.labels,
+                      &out.loss_mask, &out.padding_mask, &out.token_types, &out.sequence_labels})
+      if (t->defined()) *t = t->contiguous().to(device);
+  return out;
 }
 
 std::vector<double> TrainingRun::dp_cp_sum(std::vector<double> v) const {
@@ -164,6 +171,10 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   validate_args(a);
   validate_parallel_args(a, world->size());
   TrainingRun r;
+  // The device first (one GPU per rank, by local rank): device tensors' collectives then run
+  // over NCCL, bootstrapped over the host world.
+  r.device = cuda::select_device(a.device, world->rank());
+  if (r.device.is_cuda() && world->size() > 1) world = make_nccl_communicator(world, r.device);
   r.comm_stats = std::make_shared<CommStats>();
   ParallelConfig pc;
   pc.tensor_model_parallel_size = a.parallel.tensor_model_parallel_size;
@@ -226,8 +237,10 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   // Every rank draws the same master weights and keeps its tensor-parallel slice of its pipeline
   // stage's layers. One path for every layout: at PP = 1 the stage is one chunk, the whole model,
   // and the schedule is "no pipelining".
+  if (!r.device.is_cpu()) r.say(str("device: ", cuda::describe_device(r.device)));
   r.model = std::make_unique<model::StageModel>(r.a.model, r.rng_seed, r.ps,
-                                                   r.a.parallel.num_layers_per_virtual_pipeline_stage);
+                                                r.a.parallel.num_layers_per_virtual_pipeline_stage,
+                                                r.device);
   r.params = r.model->parameters();
   if (r.ckpt) {
     load_model_weights(*r.ckpt, r.params, /*allow_dtype_conversion=*/!r.resume, r.crank);

@@ -70,6 +70,26 @@ TEST_F(CudaOps, CopiesRoundTripAndAllocatorReusesBlocks) {
       << "repeated allocations of one size must come from the cache";
 }
 
+// Column blocks of wider matrices copy in one 2-D copy each way (Tensor::copy_ of row-strided
+// tensors, as the tensor-parallel scatter does), and zero_ clears device memory in place.
+TEST_F(CudaOps, RowStridedCopiesAndZero) {
+  Tensor a = randn({9, 12}, 2);
+  Tensor want = a.narrow(1, 3, 5).contiguous();
+  Tensor dev = gpu(a);
+  Tensor block = Tensor::empty({9, 5}, DType::F32, kGpu);
+  block.copy_(dev.narrow(1, 3, 5));  // device -> device, strided source
+  EXPECT_EQ(0, std::memcmp(host(block).raw_data(), want.raw_data(), want.nbytes()));
+  Tensor back = Tensor::zeros({9, 12}, DType::F32);
+  back.narrow(1, 3, 5).copy_(block);  // device -> host, strided destination
+  EXPECT_EQ(back.narrow(1, 3, 5).contiguous().to_float_vector(), want.to_float_vector());
+  EXPECT_EQ(back.narrow(1, 0, 3).contiguous().to_float_vector(), std::vector<float>(27, 0.0f));
+  Tensor wide = Tensor::zeros({9, 12}, DType::F32, kGpu);
+  wide.narrow(1, 7, 5).copy_(a.narrow(1, 3, 5));  // host -> device, both strided
+  EXPECT_EQ(host(wide).narrow(1, 7, 5).contiguous().to_float_vector(), want.to_float_vector());
+  dev.zero_();
+  EXPECT_EQ(host(dev).to_float_vector(), std::vector<float>(108, 0.0f));
+}
+
 TEST_F(CudaOps, AdamWMultiTensorNormsAndFiniteCheck) {
   std::vector<Tensor> master, grad, m, v, copy;
   std::vector<cuda::AdamWTensors> dev;

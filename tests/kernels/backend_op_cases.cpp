@@ -389,14 +389,16 @@ void loss_cases(Table& t) {
 }
 
 void optimizer_reduction_cases(Table& t) {
-  for (bool copy : {true, false})
-    t.add("adamw_step", str("70001 params, step 7, wd .1, bf16 model copy ", copy), [copy](Device d) {
+  // The fp32 main weights alone (fp32 training), or with an fp32, bf16 or fp16 model copy.
+  for (const char* copy : {"bfloat16", "float16", "float32", "none"})
+    t.add("adamw_step", str("70001 params, step 7, wd .1, model copy ", copy), [copy](Device d) {
       const Shape s{70001};
       Tensor master = rnd(d, s, 130), m = rnd(d, s, 131, 0.001f), v = squares(d, s, 132, 0.001f);
-      Tensor model_copy = copy ? fill(d, s, 0.0, DType::BF16) : Tensor();
+      const bool with_copy = std::string(copy) != "none";
+      Tensor model_copy = with_copy ? fill(d, s, 0.0, dtype_from_name(copy)) : Tensor();
       adamw_step(master, rnd(d, s, 133, 0.01f), m, v, model_copy,
                  AdamWConfig{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 7});
-      return copy ? Outs{master, m, v, model_copy} : Outs{master, m, v};
+      return with_copy ? Outs{master, m, v, model_copy} : Outs{master, m, v};
     }, {Tolerance{1e-7, 1e-6}, Tolerance{1e-9, 1e-6}, Tolerance{1e-12, 1e-6}, Tolerance{0.0, 1e-2}});
   for (float momentum : {0.0f, 0.9f})
     for (bool first : {true, false})
@@ -436,7 +438,8 @@ void optimizer_reduction_cases(Table& t) {
     }, {Tolerance{0.0, 0.0}});
   const std::vector<std::pair<DType, DType>> casts = {
       {DType::F32, DType::BF16}, {DType::F32, DType::F16}, {DType::BF16, DType::F32},
-      {DType::F16, DType::F32},  {DType::F32, DType::F64}, {DType::BF16, DType::F16}};
+      {DType::F16, DType::F32},  {DType::F32, DType::F64}, {DType::BF16, DType::F16},
+      {DType::F64, DType::F32},  {DType::F64, DType::BF16}};
   for (auto [from, to] : casts)
     t.add("cast", str(dtype_name(from), " -> ", dtype_name(to), ", 4097 values of scale 100"),
           [from, to](Device d) {

@@ -1,6 +1,6 @@
-// Element-wise CUDA kernels: GELU, bias, add/scale, dropout (the CPU's Philox masks), casts.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+// Element-wise CUDA kernels: bias, add/scale, tanh, dropout (the CPU's Philox masks), casts. (The norms
+// are in norm.cu, the activations in activation.cu.)
+#include <type_traits>
 
 #include "core/rng.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -9,45 +9,15 @@
 namespace megatron::cuda {
 
 using detail::grid_for;
+using detail::load_f;
 using detail::require_f32;
 using detail::require_same_numel;
+using detail::store_f;
 using detail::stream;
 
 namespace {
 
 constexpr int kThreads = 256;
-
-#define MG_GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
-
-__device__ inline float gelu_f(float x, bool tanh_approx) {
-  if (tanh_approx) {
-    const float k = 0.7978845608028654f;  // sqrt(2/pi)
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-  }
-  return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
-}
-
-__device__ inline float gelu_grad_f(float x, bool tanh_approx) {
-  if (tanh_approx) {
-    const float k = 0.7978845608028654f;
-    const float u = k * (x + 0.044715f * x * x * x);
-    const float t = tanhf(u);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
-  }
-  const float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
-  const float pdf = 0.3989422804014327f * expf(-0.5f * x * x);
-  return cdf + x * pdf;
-}
-
-__global__ void gelu_fwd_kernel(float* out, const float* x, int64_t n, bool tanh_approx) {
-  MG_GRID_STRIDE(i, n) out[i] = gelu_f(x[i], tanh_approx);
-}
-
-__global__ void gelu_bwd_kernel(float* dx, const float* dout, const float* x, int64_t n,
-                                bool tanh_approx) {
-  MG_GRID_STRIDE(i, n) dx[i] = dout[i] * gelu_grad_f(x[i], tanh_approx);
-}
 
 __global__ void bias_add_kernel(float* x, const float* bias, int64_t n, int64_t m) {
   MG_GRID_STRIDE(i, n) x[i] += bias[i % m];
@@ -70,6 +40,15 @@ __global__ void scale_kernel(float* x, float s, int64_t n) {
   MG_GRID_STRIDE(i, n) x[i] *= s;
 }
 
+__global__ void tanh_fwd_kernel(float* out, const float* x, int64_t n) {
+  MG_GRID_STRIDE(i, n) out[i] = tanhf(x[i]);
+}
+
+// From the forward's output y: dx = dout (1 - y^2) (dx may alias dout).
+__global__ void tanh_bwd_kernel(float* dx, const float* dout, const float* y, int64_t n) {
+  MG_GRID_STRIDE(i, n) dx[i] = dout[i] * (1.0f - y[i] * y[i]);
+}
+
 // out = residual + dropout(x + bias); the keep decision for element i is the CPU's:
 // uniform(element_offset + i) of Philox(seed, stream) >= p, kept values scaled by 1/(1-p).
 __global__ void dropout_kernel(float* out, const float* x, const float* bias, int64_t m,
@@ -88,28 +67,6 @@ __global__ void dropout_kernel(float* out, const float* x, const float* bias, in
   }
 }
 
-template <typename T>
-__device__ inline float load_f(const T* p, int64_t i);
-template <>
-__device__ inline float load_f<float>(const float* p, int64_t i) { return p[i]; }
-template <>
-__device__ inline float load_f<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-template <>
-__device__ inline float load_f<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
-
-template <typename T>
-__device__ inline void store_f(T* p, int64_t i, float v);
-template <>
-__device__ inline void store_f<float>(float* p, int64_t i, float v) { p[i] = v; }
-template <>
-__device__ inline void store_f<__nv_bfloat16>(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
-}
-template <>
-__device__ inline void store_f<__half>(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
-
 template <typename D, typename S>
 __global__ void cast_kernel(D* dst, const S* src, int64_t n) {
   MG_GRID_STRIDE(i, n) store_f<D>(dst, i, load_f<S>(src, i));
@@ -120,16 +77,6 @@ void launch_cast(const Tensor& dst, const Tensor& src) {
   const int64_t n = src.numel();
   cast_kernel<D, S><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
       static_cast<D*>(dst.raw_data()), static_cast<const S*>(src.raw_data()), n);
-}
-
-template <typename D>
-void cast_from(const Tensor& dst, const Tensor& src) {
-  switch (src.dtype()) {
-    case DType::F32: return launch_cast<D, float>(dst, src);
-    case DType::BF16: return launch_cast<D, __nv_bfloat16>(dst, src);
-    case DType::F16: return launch_cast<D, __half>(dst, src);
-    default: MG_THROW("cuda::cast: unsupported source dtype ", dtype_name(src.dtype()));
-  }
 }
 
 void launch_dropout(const char* op, const Tensor& out, const Tensor& x, const Tensor& bias,
@@ -159,28 +106,6 @@ void launch_dropout(const char* op, const Tensor& out, const Tensor& x, const Te
 }
 
 }  // namespace
-
-void gelu_fwd(const Tensor& out, const Tensor& x, bool tanh_approx) {
-  require_f32("cuda::gelu_fwd", "out", out);
-  require_f32("cuda::gelu_fwd", "x", x);
-  require_same_numel("cuda::gelu_fwd", out, x);
-  const int64_t n = x.numel();
-  gelu_fwd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out.data<float>(),
-                                                                    x.data<float>(), n, tanh_approx);
-  MG_CUDA_LAUNCH_CHECK();
-}
-
-void gelu_bwd(const Tensor& dx, const Tensor& dout, const Tensor& x, bool tanh_approx) {
-  require_f32("cuda::gelu_bwd", "dx", dx);
-  require_f32("cuda::gelu_bwd", "dout", dout);
-  require_f32("cuda::gelu_bwd", "x", x);
-  require_same_numel("cuda::gelu_bwd", dx, x);
-  require_same_numel("cuda::gelu_bwd", dout, x);
-  const int64_t n = x.numel();
-  gelu_bwd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
-      dx.data<float>(), dout.data<float>(), x.data<float>(), n, tanh_approx);
-  MG_CUDA_LAUNCH_CHECK();
-}
 
 void bias_add(const Tensor& x, const Tensor& bias) {
   require_f32("cuda::bias_add", "x", x);
@@ -222,6 +147,28 @@ void scale(const Tensor& x, float s) {
   MG_CUDA_LAUNCH_CHECK();
 }
 
+void tanh_fwd(const Tensor& out, const Tensor& x) {
+  require_f32("tanh_fwd", "x", x);
+  require_f32("tanh_fwd", "out", out);
+  require_same_numel("tanh_fwd", out, x);
+  const int64_t n = x.numel();
+  tanh_fwd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(out.data<float>(),
+                                                                    x.data<float>(), n);
+  MG_CUDA_LAUNCH_CHECK();
+}
+
+void tanh_bwd(const Tensor& dx, const Tensor& dout, const Tensor& out) {
+  require_f32("tanh_bwd", "dout", dout);
+  require_f32("tanh_bwd", "out", out);
+  require_f32("tanh_bwd", "dx", dx);
+  require_same_numel("tanh_bwd", dout, out);
+  require_same_numel("tanh_bwd", dx, out);
+  const int64_t n = out.numel();
+  tanh_bwd_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+      dx.data<float>(), dout.data<float>(), out.data<float>(), n);
+  MG_CUDA_LAUNCH_CHECK();
+}
+
 void dropout_fwd(const Tensor& out, const Tensor& x, const ops::DropoutSpec& d) {
   launch_dropout("cuda::dropout_fwd", out, x, Tensor(), Tensor(), d);
 }
@@ -242,15 +189,22 @@ void bias_dropout_add_bwd(const Tensor& dx, const Tensor& dbias, const Tensor& d
 }
 
 void cast(const Tensor& dst, const Tensor& src) {
-  detail::require_cuda("cuda::cast", "dst", dst);
-  detail::require_cuda("cuda::cast", "src", src);
-  require_same_numel("cuda::cast", dst, src);
-  switch (dst.dtype()) {
-    case DType::F32: cast_from<float>(dst, src); break;
-    case DType::BF16: cast_from<__nv_bfloat16>(dst, src); break;
-    case DType::F16: cast_from<__half>(dst, src); break;
-    default: MG_THROW("cuda::cast: unsupported destination dtype ", dtype_name(dst.dtype()));
-  }
+  const char* op = "cuda::cast";
+  detail::require_cuda(op, "dst", dst);
+  detail::require_cuda(op, "src", src);
+  require_same_numel(op, dst, src);
+  if (src.numel() == 0) return;
+  detail::with_float_type(op, src.dtype(), [&](auto src_tag) {
+    using S = std::remove_cv_t<std::remove_pointer_t<decltype(src_tag)>>;
+    detail::with_float_type(op, dst.dtype(), [&](auto dst_tag) {
+      using D = std::remove_cv_t<std::remove_pointer_t<decltype(dst_tag)>>;
+      if constexpr (std::is_same_v<S, double> && std::is_same_v<D, double>)
+        MG_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), src.nbytes(),
+                                      cudaMemcpyDeviceToDevice, stream()));
+      else
+        launch_cast<D, S>(dst, src);
+    }, true);
+  }, true);
   MG_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,5 +1,6 @@
-// Multi-tensor optimizer kernels: AdamW over every parameter in one launch (a chunk table maps
-// blocks to (tensor, offset)), the global squared L2 norm (per-chunk partial sums in double, then
+// Optimizer kernels: SGD with momentum (ops::sgd_step); multi-tensor AdamW over every parameter in
+// one launch (a chunk table maps blocks to (tensor, offset); ops::adamw_step is its one-tensor
+// case), writing the fp32, bf16 or fp16 model copy; the global squared L2 norm (per-chunk partial sums in double, then
 // summed in chunk order: deterministic), the inf/NaN check and scaling for loss-scale unscaling.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -39,25 +40,43 @@ struct AdamScalars {
   float lr, beta1, beta2, eps, wd, bc1, bc2;
 };
 
+__device__ inline void adamw_element(const TensorEntry& e, int64_t i, const AdamScalars& c) {
+  const float g = e.grad[i];
+  const float m = c.beta1 * e.exp_avg[i] + (1.0f - c.beta1) * g;
+  const float v = c.beta2 * e.exp_avg_sq[i] + (1.0f - c.beta2) * g * g;
+  e.exp_avg[i] = m;
+  e.exp_avg_sq[i] = v;
+  float p = e.master[i];
+  p -= c.lr * ((m / c.bc1) / (sqrtf(v / c.bc2) + c.eps) + c.wd * p);
+  e.master[i] = p;
+  switch (e.model_dtype) {
+    case kF32: static_cast<float*>(e.model)[i] = p; break;
+    case kBF16: static_cast<__nv_bfloat16*>(e.model)[i] = __float2bfloat16_rn(p); break;
+    case kF16: static_cast<__half*>(e.model)[i] = __float2half_rn(p); break;
+    default: break;
+  }
+}
+
 __global__ void adamw_kernel(const TensorEntry* entries, const ChunkRef* chunks, AdamScalars c) {
   const ChunkRef ref = chunks[blockIdx.x];
   const TensorEntry e = entries[ref.tensor];
   const int64_t end = min(e.n, ref.start + kChunk);
-  for (int64_t i = ref.start + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = e.grad[i];
-    const float m = c.beta1 * e.exp_avg[i] + (1.0f - c.beta1) * g;
-    const float v = c.beta2 * e.exp_avg_sq[i] + (1.0f - c.beta2) * g * g;
-    e.exp_avg[i] = m;
-    e.exp_avg_sq[i] = v;
-    float p = e.master[i];
-    p -= c.lr * ((m / c.bc1) / (sqrtf(v / c.bc2) + c.eps) + c.wd * p);
-    e.master[i] = p;
-    switch (e.model_dtype) {
-      case kF32: static_cast<float*>(e.model)[i] = p; break;
-      case kBF16: static_cast<__nv_bfloat16*>(e.model)[i] = __float2bfloat16_rn(p); break;
-      case kF16: static_cast<__half*>(e.model)[i] = __float2half_rn(p); break;
-      default: break;
-    }
+  for (int64_t i = ref.start + threadIdx.x; i < end; i += blockDim.x) adamw_element(e, i, c);
+}
+
+// One tensor: the entry passed by value (no table to copy to the device).
+__global__ void adamw_one_kernel(TensorEntry e, AdamScalars c) {
+  MG_GRID_STRIDE(i, e.n) adamw_element(e, i, c);
+}
+
+// torch.optim.SGD: g' = g + wd p; buf = g' (fresh) or momentum buf + g'; p -= lr buf.
+__global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, float lr, float wd,
+                           float momentum, bool fresh) {
+  MG_GRID_STRIDE(i, n) {
+    const float gi = g[i] + wd * p[i];
+    const float bi = fresh ? gi : momentum * buf[i] + gi;
+    buf[i] = bi;
+    p[i] -= lr * bi;
   }
 }
 
@@ -144,47 +163,81 @@ PlainTable plain_table(const char* op, const std::vector<Tensor>& tensors) {
   return t;
 }
 
+TensorEntry adamw_entry(const char* op, const AdamWTensors& p) {
+  detail::require_f32(op, "master", p.master);
+  detail::require_f32(op, "grad", p.grad);
+  detail::require_f32(op, "exp_avg", p.exp_avg);
+  detail::require_f32(op, "exp_avg_sq", p.exp_avg_sq);
+  const int64_t n = p.master.numel();
+  MG_CHECK(p.grad.numel() == n && p.exp_avg.numel() == n && p.exp_avg_sq.numel() == n, op,
+           ": sizes differ");
+  int32_t md = kNone;
+  void* model = nullptr;
+  if (p.model_copy.defined() && p.model_copy.raw_data() != p.master.raw_data()) {
+    detail::require_cuda(op, "model_copy", p.model_copy);
+    MG_CHECK(p.model_copy.numel() == n, op, ": model_copy size");
+    switch (p.model_copy.dtype()) {
+      case DType::F32: md = kF32; break;
+      case DType::BF16: md = kBF16; break;
+      case DType::F16: md = kF16; break;
+      default: MG_THROW(op, ": unsupported model dtype ", dtype_name(p.model_copy.dtype()));
+    }
+    model = p.model_copy.raw_data();
+  }
+  return {p.master.data<float>(), p.grad.data<float>(), p.exp_avg.data<float>(),
+          p.exp_avg_sq.data<float>(), model, md, n};
+}
+
+AdamScalars adam_scalars(const ops::AdamWConfig& cfg) {
+  MG_CHECK(cfg.step >= 1, "adamw_step: step must be >= 1");
+  return {cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay,
+          1.0f - float(std::pow(double(cfg.beta1), double(cfg.step))),
+          1.0f - float(std::pow(double(cfg.beta2), double(cfg.step)))};
+}
+
 }  // namespace
+
+void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const Tensor& model_copy, const ops::AdamWConfig& cfg) {
+  const TensorEntry e =
+      adamw_entry("adamw_step", AdamWTensors{master, grad, exp_avg, exp_avg_sq, model_copy});
+  const AdamScalars c = adam_scalars(cfg);
+  if (e.n == 0) return;
+  adamw_one_kernel<<<detail::grid_for(e.n, kThreads), kThreads, 0, stream()>>>(e, c);
+  MG_CUDA_LAUNCH_CHECK();
+}
 
 void adamw_multi_tensor(const std::vector<AdamWTensors>& params, const ops::AdamWConfig& cfg) {
   const char* op = "cuda::adamw_multi_tensor";
-  MG_CHECK(cfg.step >= 1, op, ": step must be >= 1");
   std::vector<TensorEntry> entries;
   std::vector<ChunkRef> chunks;
   Device dev;
   for (const AdamWTensors& p : params) {
-    detail::require_f32(op, "master", p.master);
-    detail::require_f32(op, "grad", p.grad);
-    detail::require_f32(op, "exp_avg", p.exp_avg);
-    detail::require_f32(op, "exp_avg_sq", p.exp_avg_sq);
-    const int64_t n = p.master.numel();
-    MG_CHECK(p.grad.numel() == n && p.exp_avg.numel() == n && p.exp_avg_sq.numel() == n,
-             op, ": sizes differ");
-    int32_t md = kNone;
-    void* model = nullptr;
-    if (p.model_copy.defined() && p.model_copy.raw_data() != p.master.raw_data()) {
-      detail::require_cuda(op, "model_copy", p.model_copy);
-      MG_CHECK(p.model_copy.numel() == n, op, ": model_copy size");
-      switch (p.model_copy.dtype()) {
-        case DType::F32: md = kF32; break;
-        case DType::BF16: md = kBF16; break;
-        case DType::F16: md = kF16; break;
-        default: MG_THROW(op, ": unsupported model dtype ", dtype_name(p.model_copy.dtype()));
-      }
-      model = p.model_copy.raw_data();
-    }
     dev = p.master.device();
-    entries.push_back({p.master.data<float>(), p.grad.data<float>(), p.exp_avg.data<float>(),
-                       p.exp_avg_sq.data<float>(), model, md, n});
+    entries.push_back(adamw_entry(op, p));
     add_chunks(chunks, int32_t(entries.size() - 1), entries.back());
   }
   if (chunks.empty()) return;
-  const AdamScalars c{cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay,
-                      1.0f - float(std::pow(double(cfg.beta1), double(cfg.step))),
-                      1.0f - float(std::pow(double(cfg.beta2), double(cfg.step)))};
+  const AdamScalars c = adam_scalars(cfg);
   Tensor e = to_device(entries, dev), ch = to_device(chunks, dev);
   adamw_kernel<<<unsigned(chunks.size()), kThreads, 0, stream()>>>(
       static_cast<const TensorEntry*>(e.raw_data()), static_cast<const ChunkRef*>(ch.raw_data()), c);
+  MG_CUDA_LAUNCH_CHECK();
+}
+
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, float lr,
+              float weight_decay, float momentum, bool first_step) {
+  const char* op = "sgd_step";
+  detail::require_f32(op, "param", param);
+  detail::require_f32(op, "grad", grad);
+  detail::require_f32(op, "momentum_buf", momentum_buf);
+  detail::require_same_numel(op, param, grad);
+  detail::require_same_numel(op, param, momentum_buf);
+  const int64_t n = param.numel();
+  if (n == 0) return;
+  sgd_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream()>>>(
+      param.data<float>(), grad.data<float>(), momentum_buf.data<float>(), n, lr, weight_decay,
+      momentum, momentum == 0.0f || first_step);
   MG_CUDA_LAUNCH_CHECK();
 }
 

@@ -2,6 +2,7 @@
 // host<->device copies. See cuda_backend.h.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -42,8 +43,8 @@ class CachingAllocator final : public Allocator {
     }
     live_[p] = got;
     stats_.allocated_bytes += got;
-    if (stats_.allocated_bytes > stats_.peak_allocated_bytes)
-      stats_.peak_allocated_bytes = stats_.allocated_bytes;
+    ++stats_.live_allocations;
+    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
     return p;
   }
 
@@ -52,6 +53,7 @@ class CachingAllocator final : public Allocator {
     auto it = live_.find(ptr);
     MG_CHECK(it != live_.end(), "CUDA free of a pointer this allocator did not hand out");
     stats_.allocated_bytes -= it->second;
+    --stats_.live_allocations;
     free_.emplace(it->second, ptr);
     live_.erase(it);
   }
@@ -64,6 +66,12 @@ class CachingAllocator final : public Allocator {
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
     release_cached();
+  }
+
+  void reset_peaks() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+    stats_.peak_reserved_bytes = stats_.reserved_bytes;
   }
 
  private:
@@ -102,6 +110,7 @@ class CachingAllocator final : public Allocator {
                "--recompute-granularity");
     }
     stats_.reserved_bytes += size;
+    stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
     ++stats_.device_mallocs;
     return p;
   }
@@ -126,6 +135,21 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
   MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, g_stream));
   // Host buffers are pageable: the copy must be complete before the caller touches them.
   if (kind != cudaMemcpyDeviceToDevice) MG_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+}
+
+void device_copy_2d(void* dst, Device dst_device, size_t dst_pitch, const void* src,
+                    Device src_device, size_t src_pitch, size_t row_bytes, size_t rows) {
+  if (rows == 0 || row_bytes == 0) return;
+  cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
+  if (dst_device.is_cpu() && src_device.is_cuda()) kind = cudaMemcpyDeviceToHost;
+  if (dst_device.is_cuda() && src_device.is_cpu()) kind = cudaMemcpyHostToDevice;
+  MG_CHECK(!(dst_device.is_cpu() && src_device.is_cpu()), "device_copy_2d between host buffers");
+  MG_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind, g_stream));
+  if (kind != cudaMemcpyDeviceToDevice) MG_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+}
+
+void device_zero(void* dst, size_t bytes) {
+  MG_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, g_stream));
 }
 
 }  // namespace
@@ -168,13 +192,19 @@ void init(int device) {
   g_device = device;
   register_allocator(DeviceType::CUDA, &caching_allocator());
   register_device_copy(DeviceType::CUDA, &device_copy);
+  register_device_zero(DeviceType::CUDA, &device_zero);
+  register_device_copy_2d(DeviceType::CUDA, &device_copy_2d);
   ops::register_backend(DeviceType::CUDA, &op_table());
 }
 
 void synchronize() { MG_CUDA_CHECK(cudaStreamSynchronize(detail::stream())); }
 
+void* stream_handle() { return detail::stream(); }
+
 AllocatorStats allocator_stats() { return caching_allocator().stats(); }
 
 void empty_cache() { caching_allocator().empty_cache(); }
+
+void reset_peak_stats() { caching_allocator().reset_peaks(); }
 
 }  // namespace megatron::cuda

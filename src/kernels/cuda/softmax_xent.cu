@@ -1,8 +1,7 @@
 // Fused softmax + cross-entropy over the vocabulary, forward and backward in one kernel: one
 // block per token row reads the logits once for the (online) max and sum of exponentials, then
 // once more to overwrite them with the gradient. The probabilities are never stored separately.
-// A label outside [0, V) yields a NaN loss for that row (the trainer's inf/NaN check reports it;
-// ids are validated against the vocabulary when the data is loaded).
+// A label outside [0, V) is an Error naming it, as on the CPU (one small copy back).
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -27,14 +26,14 @@ __global__ void softmax_xent_kernel(float* logits, int64_t row_stride, int64_t V
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
     const float v = lr[j];
     if (v > m) {
-      s = s * __expf(m - v) + 1.0f;
+      s = s * expf(m - v) + 1.0f;
       m = v;
     } else {
-      s += __expf(v - m);
+      s += expf(v - m);
     }
   }
   const float bm = detail::block_max(m, shared);
-  const float scaled = m == -INFINITY ? 0.0f : s * __expf(m - bm);
+  const float scaled = m == -INFINITY ? 0.0f : s * expf(m - bm);
   const float bs = detail::block_sum(scaled, shared);
   if (threadIdx.x == 0) {
     s_max = bm;
@@ -50,7 +49,7 @@ __global__ void softmax_xent_kernel(float* logits, int64_t row_stride, int64_t V
   const float g = grad_scale * (mask ? mask[row] : 1.0f);
   const float inv = 1.0f / s_sum;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    const float p = __expf(lr[j] - s_max) * inv;
+    const float p = expf(lr[j] - s_max) * inv;
     lr[j] = g * (p - (j == label ? 1.0f : 0.0f));
   }
 }
@@ -59,7 +58,7 @@ __global__ void softmax_xent_kernel(float* logits, int64_t row_stride, int64_t V
 
 void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor& labels,
                           const Tensor& loss_mask, float grad_scale, bool write_grad) {
-  const char* op = "cuda::softmax_xent_fwd_bwd";
+  const char* op = "softmax_xent_fwd_bwd";
   MG_CHECK(logits.defined() && logits.device().is_cuda() && logits.dtype() == DType::F32 &&
                logits.dim() == 2 && logits.stride(1) == 1,
            op, ": logits must be a 2-D fp32 CUDA tensor with unit inner stride");
@@ -74,6 +73,9 @@ void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor
     MG_CHECK(loss_mask.numel() == n, op, ": loss_mask size");
     mask = loss_mask.data<float>();
   }
+  const detail::BadId bad = detail::first_id_outside(labels, 0, V);
+  MG_REQUIRE(bad.position < 0, "label ", bad.value, " at position ", bad.position,
+             " is outside the vocabulary [0, ", V, ")");
   if (n == 0) return;
   softmax_xent_kernel<<<unsigned(n), kThreads, 0, stream()>>>(
       logits.data<float>(), logits.stride(0), V, loss.data<float>(), labels.data<int32_t>(), mask,

@@ -1,0 +1,288 @@
+// The core attention op on the GPU, forward and merge (attention_common.cuh describes the plan and
+// the kernels; the backward is in attention_bwd.cu). One warp per query row: the row's query in
+// shared memory, its output in registers (DT chunks of 32 elements per lane), keys of its visible
+// range in chunks of 32 (lane t scores key c0 + t), an online softmax (running maximum and sum,
+// the output rescaled when the maximum grows), dropout on the probabilities before P V.
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace megatron::cuda {
+
+namespace attn {
+
+namespace {
+
+void check_ints(const char* op, const char* name, const Tensor& t, int64_t numel,
+                const char* shape) {
+  detail::require_cuda(op, name, t);
+  MG_CHECK(t.dtype() == DType::I32 && t.numel() == numel, op, ": ", name,
+           " must be contiguous int32 ", shape, " (", numel, " elements), got ",
+           dtype_name(t.dtype()), " ", shape_str(t.shape()));
+}
+
+int64_t extent(const ops::HeadLayout& L, int64_t seqs, int64_t rows, int heads, int64_t d) {
+  const int hg = std::max(L.heads_per_group, 1);
+  return L.offset + (seqs - 1) * L.seq_stride + (rows - 1) * L.row_stride +
+         int64_t((heads - 1) / hg) * L.group_stride + int64_t((heads - 1) % hg) * d + d;
+}
+
+Layout operand(const char* op, const char* name, const Tensor& t, const ops::HeadLayout& L,
+               int64_t seqs, int64_t rows, int heads, int64_t d) {
+  detail::require_f32(op, name, t);
+  MG_CHECK(L.heads_per_group >= 1 && L.offset >= 0 && L.seq_stride >= 0 && L.row_stride >= 0 &&
+               L.group_stride >= 0,
+           op, ": ", name, "'s head layout has a negative stride or offset");
+  MG_CHECK(seqs <= 0 || rows <= 0 || extent(L, seqs, rows, heads, d) <= t.numel(), op, ": ",
+           name, " ", shape_str(t.shape()), " is too small for ", seqs, " sequences of ", rows,
+           " rows of ", heads, " heads of ", d, " through its layout (needs ",
+           extent(L, seqs, rows, heads, d), " elements)");
+  return Layout{L.offset, L.seq_stride, L.row_stride, L.group_stride, L.heads_per_group};
+}
+
+}  // namespace
+
+void require_numel(const char* op, const char* name, const Tensor& t, int64_t numel) {
+  detail::require_f32(op, name, t);
+  MG_CHECK(t.numel() == numel, op, ": ", name, " ", shape_str(t.shape()), " must have ", numel,
+           " elements");
+}
+
+float* grad_operand(const char* op, const char* name, const Tensor& t, const ops::HeadLayout& L,
+                    int64_t seqs, int64_t rows, int heads, int64_t d) {
+  operand(op, name, t, L, seqs, rows, heads, d);
+  return t.data<float>();
+}
+
+Plan make_plan(const char* op, const ops::AttentionInputs& in, const ops::AttentionMask& mask,
+               const ops::AttentionShape& sh, const ops::DropoutSpec& dropout, Tensor& slopes) {
+  Plan P;
+  MG_CHECK(sh.heads > 0 && sh.groups > 0 && sh.heads % sh.groups == 0 && sh.head_dim > 0, op,
+           ": heads ", sh.heads, " must be a positive multiple of groups ", sh.groups,
+           " (head_dim ", sh.head_dim, ")");
+  MG_CHECK(sh.batch >= 0 && sh.seq >= 0 && sh.kv_seq >= 0, op, ": negative sizes");
+  P.b = sh.batch;
+  P.sq = sh.seq;
+  P.skv = sh.kv_seq > 0 ? sh.kv_seq : sh.seq;
+  P.q_span = sh.q_span > 0 ? sh.q_span : P.sq;
+  P.kv_span = sh.kv_span > 0 ? sh.kv_span : P.skv;
+  P.n = sh.heads;
+  P.g = sh.groups;
+  P.hpg = sh.heads / sh.groups;
+  P.d = sh.head_dim;
+  P.scale = sh.softmax_scale;
+  P.total_heads = sh.total_heads > 0 ? sh.total_heads : sh.heads;
+  P.head_offset = sh.head_offset;
+  MG_CHECK(P.head_offset >= 0 && P.head_offset + P.n <= P.total_heads, op, ": heads [",
+           P.head_offset, ", ", P.head_offset + P.n, ") outside the layer's ", P.total_heads);
+  MG_CHECK(mask.window_left >= -1 && mask.window_right >= -1, op, ": windows must be -1 or >= 0 (",
+           mask.window_left, ", ", mask.window_right, ")");
+  MG_CHECK(!mask.causal || mask.window_right <= 0, op, ": window_right ", mask.window_right,
+           " needs bidirectional attention (causal = false)");
+  MG_CHECK(dropout.p >= 0.0f && dropout.p < 1.0f, op, ": dropout probability ", dropout.p,
+           " outside [0, 1)");
+  P.causal = mask.causal;
+  P.window_left = mask.window_left;
+  P.window_right = mask.causal ? -1 : mask.window_right;
+  P.drop_p = dropout.p;
+  P.seed = dropout.seed;
+  P.stream = dropout.stream;
+  P.element_offset = dropout.element_offset;
+  detail::require_f32(op, "q", in.q);
+  const Device dev = in.q.device();
+  if (mask.alibi) {
+    const std::vector<float> all = ops::alibi_slopes(P.total_heads);
+    slopes = Tensor::empty({P.n}, DType::F32, dev);
+    // A pageable source: the call returns once the bytes are staged, so `all` may go.
+    MG_CUDA_CHECK(cudaMemcpyAsync(slopes.data<float>(), all.data() + P.head_offset,
+                                  size_t(P.n) * sizeof(float), cudaMemcpyHostToDevice,
+                                  detail::stream()));
+    P.slopes = slopes.data<float>();
+  }
+  P.kv_seqs = P.b;
+  if (in.kv_index.defined()) {
+    check_ints(op, "kv_index", in.kv_index, P.b, "[batch]");
+    P.kv_index = in.kv_index.data<int32_t>();
+    // The sequences the cache holds: as many as its layout's tensor has room for.
+    const ops::HeadLayout& L = in.k_layout;
+    const int64_t one = extent(L, 1, P.skv, P.g, P.d);
+    MG_CHECK(L.seq_stride > 0 || P.b <= 1, op, ": a KV cache read through kv_index needs a "
+             "sequence stride in k's layout");
+    P.kv_seqs = L.seq_stride > 0 && in.k.numel() >= one
+                    ? (in.k.numel() - one) / L.seq_stride + 1
+                    : 1;
+  }
+  P.ql = operand(op, "q", in.q, in.q_layout, P.b, P.sq, P.n, P.d);
+  P.kl = operand(op, "k", in.k, in.k_layout, P.kv_seqs, P.skv, P.g, P.d);
+  P.vl = operand(op, "v", in.v, in.v_layout, P.kv_seqs, P.skv, P.g, P.d);
+  P.q = in.q.data<float>();
+  P.k = in.k.data<float>();
+  P.v = in.v.data<float>();
+  if (in.q_positions.defined()) {
+    P.qpos_per_row = in.q_positions.numel() != P.sq || P.b == 1;
+    check_ints(op, "q_positions", in.q_positions, P.qpos_per_row ? P.b * P.sq : P.sq,
+               "[seq] or [batch, seq]");
+    P.qpos = in.q_positions.data<int32_t>();
+  } else {
+    MG_CHECK(P.sq <= P.q_span, op, ": ", P.sq, " query rows exceed q_span ", P.q_span);
+  }
+  if (in.kv_positions.defined()) {
+    check_ints(op, "kv_positions", in.kv_positions, P.skv, "[kv_seq]");
+    P.kpos = in.kv_positions.data<int32_t>();
+  } else {
+    MG_CHECK(P.skv <= P.kv_span, op, ": ", P.skv, " key rows exceed kv_span ", P.kv_span);
+  }
+  if (mask.attention_start.defined()) {
+    check_ints(op, "attention_start", mask.attention_start, P.b * P.sq, "[batch, seq]");
+    P.start = mask.attention_start.data<int32_t>();
+  }
+  if (mask.key_padding.defined()) {
+    const Tensor& kp = mask.key_padding;
+    detail::require_cuda(op, "key_padding", kp);
+    MG_CHECK(kp.dtype() == DType::I32 && kp.numel() % P.kv_span == 0 &&
+                 (in.kv_index.defined() || kp.numel() / P.kv_span >= P.b),
+             op, ": key_padding must be contiguous int32 [kv sequences, kv_span (", P.kv_span,
+             ")], got ", shape_str(kp.shape()));
+    P.pad = kp.data<int32_t>();
+    P.pad_seqs = kp.numel() / P.kv_span;
+  }
+  if (in.bias.defined()) {
+    detail::require_f32(op, "bias", in.bias);
+    const int64_t per = int64_t(P.n) * P.q_span * P.kv_span;
+    MG_CHECK(in.bias.numel() == per || in.bias.numel() == P.b * per, op, ": bias ",
+             shape_str(in.bias.shape()), " must be [1 or batch ", P.b, ", heads ", P.n,
+             ", q_span ", P.q_span, ", kv_span ", P.kv_span, "]");
+    P.bias = in.bias.data<float>();
+    P.bias_batch = in.bias.numel() / per;
+  }
+  return P;
+}
+
+namespace {
+
+// One warp per query row (bi, h, i), rows ordered (bi, h, i).
+template <int DT>
+__global__ void __launch_bounds__(kWarps * 32)
+    fwd_kernel(Plan P, float* out, float* lse, float* probs) {
+  __shared__ float q_shared[kWarps][kMaxHeadDim];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(kWarps) + warp;
+  if (row >= P.b * P.n * P.sq) return;  // the whole warp leaves; only warp syncs follow
+  const int64_t i = row % P.sq, bi = row / (P.sq * P.n);
+  const int h = int((row / P.sq) % P.n), grp = h / P.hpg, d = P.d;
+  float* qs = q_shared[warp];
+  const float* qr = P.q + P.ql.at(bi, i, h, d);
+  for (int e = lane; e < d; e += 32) qs[e] = qr[e];
+  __syncwarp();
+  int64_t lo, hi;
+  P.key_range(bi, i, lo, hi);
+  const int64_t p = P.q_position(bi, i), kvs = P.kv_seq_of(bi);
+  float m = -INFINITY, l = 0.0f, acc[DT];
+#pragma unroll
+  for (int t = 0; t < DT; ++t) acc[t] = 0.0f;
+  for (int64_t c0 = lo; c0 < hi; c0 += 32) {
+    const int64_t j = c0 + lane;
+    float s = -INFINITY;
+    if (j < hi && P.key_usable(kvs, j))
+      s = P.score(row_dot(qs, P.k + P.kl.at(kvs, j, grp, d), d), bi, h, p, j);
+    const float cmax = warp_max(s);
+    if (cmax == -INFINITY) continue;  // nothing visible in this chunk
+    const float m_new = fmaxf(m, cmax);
+    const float alpha = m == -INFINITY ? 0.0f : expf(m - m_new);
+    const float e = s == -INFINITY ? 0.0f : expf(s - m_new);
+    l = l * alpha + warp_sum(e);
+#pragma unroll
+    for (int t = 0; t < DT; ++t) acc[t] *= alpha;
+    m = m_new;
+    const float pe = e != 0.0f ? e * P.keep(bi, h, p, j) : 0.0f;
+    const int count = int(min(int64_t(32), hi - c0));
+    for (int jj = 0; jj < count; ++jj) {
+      const float pj = __shfl_sync(kFull, pe, jj);
+      if (pj == 0.0f) continue;  // the same for every lane
+      const float* vr = P.v + P.vl.at(kvs, c0 + jj, grp, d);
+#pragma unroll
+      for (int t = 0; t < DT; ++t)
+        if (lane + 32 * t < d) acc[t] += pj * vr[lane + 32 * t];
+    }
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  float* o = out + (bi * P.sq + i) * (int64_t(P.n) * d) + int64_t(h) * d;
+#pragma unroll
+  for (int t = 0; t < DT; ++t)
+    if (lane + 32 * t < d) o[lane + 32 * t] = acc[t] * inv;
+  if (lse && lane == 0) lse[row] = l > 0.0f ? m + logf(l) : -INFINITY;
+  if (probs) {  // the pre-dropout probabilities, exact zeros where masked
+    float* pr = probs + row * P.skv;
+    for (int64_t j = lane; j < P.skv; j += 32) {
+      float v = 0.0f;
+      if (l > 0.0f && j >= lo && j < hi && P.key_usable(kvs, j)) {
+        const float s = P.score(row_dot(qs, P.k + P.kl.at(kvs, j, grp, d), d), bi, h, p, j);
+        v = expf(s - m) * inv;
+      }
+      pr[j] = v;
+    }
+  }
+}
+
+// One thread per (bi, h, i) row: the CPU's merge formula.
+__global__ void merge_kernel(float* o, float* l, const float* ob, const float* lb, int64_t rows,
+                             int64_t sq, int n, int64_t d) {
+  MG_GRID_STRIDE(r, rows) {
+    const float a = l[r], c = lb[r];
+    if (c == -INFINITY) continue;  // the partial result adds nothing
+    float wa = 0.0f, wb = 1.0f, mm = c;
+    if (a != -INFINITY) {
+      const float mx = fmaxf(a, c);
+      mm = mx + logf(expf(a - mx) + expf(c - mx));
+      wa = expf(a - mm);
+      wb = expf(c - mm);
+    }
+    l[r] = mm;
+    const int64_t bi = r / (sq * n), h = (r / sq) % n, i = r % sq;
+    const int64_t at = (bi * sq + i) * (n * d) + h * d;
+    for (int64_t k = 0; k < d; ++k) o[at + k] = wa * o[at + k] + wb * ob[at + k];
+  }
+}
+
+}  // namespace
+
+}  // namespace attn
+
+void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& probs,
+                   const ops::AttentionInputs& in, const ops::AttentionMask& mask,
+                   const ops::AttentionShape& shape, const ops::DropoutSpec& dropout) {
+  const char* op = "attention_fwd";
+  Tensor slopes;
+  const attn::Plan P = attn::make_plan(op, in, mask, shape, dropout, slopes);
+  attn::require_numel(op, "out", out, P.b * P.sq * int64_t(P.n) * P.d);
+  if (lse.defined()) attn::require_numel(op, "lse", lse, P.b * P.n * P.sq);
+  if (probs.defined()) attn::require_numel(op, "probs", probs, P.b * P.n * P.sq * P.skv);
+  const int64_t rows = P.b * P.n * P.sq;
+  if (rows == 0) return;
+  attn::with_head_chunks(op, P.d, [&]<int DT>(std::integral_constant<int, DT>) {
+    attn::fwd_kernel<DT><<<detail::grid_for(rows, attn::kWarps, INT32_MAX), attn::kWarps * 32, 0,
+                           detail::stream()>>>(P, out.data<float>(),
+                                               lse.defined() ? lse.data<float>() : nullptr,
+                                               probs.defined() ? probs.data<float>() : nullptr);
+  });
+  MG_CUDA_LAUNCH_CHECK();
+}
+
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                     const Tensor& lse_b, const ops::AttentionShape& sh) {
+  const char* op = "attention_merge";
+  const int64_t rows = sh.batch * sh.heads * sh.seq, w = int64_t(sh.heads) * sh.head_dim;
+  attn::require_numel(op, "out", out, sh.batch * sh.seq * w);
+  attn::require_numel(op, "out_b", out_b, sh.batch * sh.seq * w);
+  attn::require_numel(op, "lse", lse, rows);
+  attn::require_numel(op, "lse_b", lse_b, rows);
+  if (rows == 0) return;
+  attn::merge_kernel<<<detail::grid_for(rows, 256), 256, 0, detail::stream()>>>(
+      out.data<float>(), lse.data<float>(), out_b.data<float>(), lse_b.data<float>(), rows,
+      sh.seq, sh.heads, sh.head_dim);
+  MG_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace megatron::cuda
