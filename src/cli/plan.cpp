@@ -90,6 +90,7 @@ CommandRegistrar reg(
     21, [](CLI::App& sub) {
       auto f = std::make_shared<PlanFlags>();
       f->run.a.tokenizer.type = "GPT2BPETokenizer";  // pretrain_gpt.py's default
+      f->run.device_flag = false;                     // plan's --device names hardware (below)
       add_pretrain_flags(sub, &f->run);
       sub.add_option("--world-size", f->world_size,
                      "Ranks (devices) of the run (default: the launcher's world, or 1)")

@@ -26,6 +26,9 @@ struct PretrainFlags {
   CompatFlags compat;
   MegatronFlags megatron;
   CLI::App* app = nullptr;
+  // --device cuda|cpu (where the run computes); plan has a --device of its own (the hardware
+  // its search sizes the run for) and turns this one off.
+  bool device_flag = true;
   // pretrain-bert (pretrain_bert.py): the BERT family and its data flags.
   bool bert = false;
   data::BertDataConfig bert_data;

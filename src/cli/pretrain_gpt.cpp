@@ -182,7 +182,7 @@ void add_pretrain_flags(CLI::App& sub, PretrainFlags* f) {
   sub.add_option("--optimizer", a.optimizer_name, "adam | sgd")->capture_default_str();
   sub.add_option("--sgd-momentum", a.optimizer.sgd_momentum, "SGD momentum")->capture_default_str();
   sub.add_option("--seed", a.seed, "Random seed")->capture_default_str();
-  add_device_option(sub, a.device);
+  if (f->device_flag) add_device_option(sub, a.device);
   // precision
   sub.add_flag("--fp16", a.fp16, "fp16 parameters with loss scaling");
   sub.add_flag("--bf16", a.bf16, "bf16 parameters");

@@ -12,6 +12,7 @@
 #include "core/safetensors.h"
 #include "model/bert_model.h"
 #include "model/model_test_util.h"
+#include "interop/checkpoint_test_util.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
 #include "training/checkpoint_convert.h"
@@ -62,11 +63,7 @@ ConvertResult convert(const fs::path& from, const fs::path& to, const std::strin
   return convert_checkpoint(o);
 }
 
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-}
+using interop_testing::bit_equal;
 
 void export_and_compare(bool binary_head, bool untied) {
   SCOPED_TRACE(str("binary head ", binary_head, ", untied ", untied));

@@ -26,6 +26,7 @@
 #include "core/safetensors.h"
 #include "interop/hf_reference_util.h"
 #include "model/model_test_util.h"
+#include "interop/checkpoint_test_util.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
 #include "training/checkpoint_convert.h"
@@ -84,11 +85,7 @@ fs::path trained_tp2pp2(const fs::path& dir, TrainingArgs a, int vstage) {
   return dir / "tp2pp2";
 }
 
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-}
+using interop_testing::bit_equal;
 
 void expect_same_folder(const fs::path& a, const fs::path& b) {
   const auto ta = folder_tensors(a), tb = folder_tensors(b);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
+#include "interop/checkpoint_test_util.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
 #include "training/checkpoint_convert.h"
@@ -29,13 +30,10 @@ using json = nlohmann::json;
 const char* const kVariants[] = {"bert_core_te_tp2pp2_fp32", "bert_core_pp2_bf16_nohead_untied",
                                  "bert_legacy_v3_tp2pp2_fp16"};
 
-std::string reference(const std::string& args) {
-  const auto r = mt::run_command("/usr/bin/python3 " +
-                                 (mt::source_dir() / "tests/reference/megatron_checkpoint.py").string() +
-                                 " " + args + " 2>&1");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return r.output;
-}
+using interop_testing::everything;
+using interop_testing::expect_bit_equal;
+
+std::string reference(const std::string& args) { return interop_testing::megatron_reference(args); }
 
 const fs::path& variants() {
   static mt::TempDir dir;
@@ -49,34 +47,10 @@ const fs::path& variants() {
   return dir.path();
 }
 
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-}
-
-// "model/<name>", "<kind>/<name>", "step", as reference.safetensors holds them.
-std::map<std::string, Tensor> everything(const MergedCheckpoint& m) {
-  std::map<std::string, Tensor> out;
-  for (const auto& [n, t] : m.model) out["model/" + n] = t;
-  for (const auto& [kind, ts] : m.optimizer)
-    for (const auto& [n, t] : ts) out[kind + "/" + n] = t;
-  Tensor step = Tensor::empty({}, DType::I64);
-  *step.data<int64_t>() = m.optimizer_step;
-  out["step"] = step;
-  return out;
-}
-
 void expect_reference(const fs::path& folder, const fs::path& variant, const std::string& what) {
   const CheckpointOnDisk c = find_checkpoint(folder, std::nullopt).value();
-  const std::map<std::string, Tensor> got = everything(merge_checkpoint(c, true));
-  const auto ref = read_safetensors(variant / "reference.safetensors").tensors;
-  EXPECT_EQ(got.size(), ref.size()) << what;
-  for (const auto& [n, t] : ref) {
-    auto it = got.find(n);
-    ASSERT_NE(it, got.end()) << what << ": " << n;
-    EXPECT_TRUE(bit_equal(it->second, t)) << what << ": " << n;
-  }
+  expect_bit_equal(everything(merge_checkpoint(c, true)),
+                   read_safetensors(variant / "reference.safetensors").tensors, what);
 }
 
 TEST(MegatronBertCheckpoint, CoreAndLegacyFoldersReadBitForBit) {

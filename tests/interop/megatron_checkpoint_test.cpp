@@ -19,6 +19,7 @@
 #include "core/safetensors.h"
 #include "model/tensor_parallel.h"
 #include "optim/optimizer.h"
+#include "interop/checkpoint_test_util.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
 #include "training/checkpoint_convert.h"
@@ -32,13 +33,11 @@ namespace fs = std::filesystem;
 namespace mt = megatron::testing;
 using json = nlohmann::json;
 
-std::string python(const std::string& args) {
-  const auto r = mt::run_command("/usr/bin/python3 " +
-                                 (mt::source_dir() / "tests/reference/megatron_checkpoint.py").string() +
-                                 " " + args + " 2>&1");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return r.output;
-}
+using interop_testing::bit_equal;
+using interop_testing::everything;
+using interop_testing::expect_bit_equal;
+
+std::string python(const std::string& args) { return interop_testing::megatron_reference(args); }
 
 // Every variant of the reference script, written once per test process.
 const fs::path& variants() {
@@ -51,40 +50,10 @@ const fs::path& variants() {
   return dir.path();
 }
 
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-}
-
 CheckpointOnDisk open(const fs::path& dir) {
   auto c = find_checkpoint(dir, std::nullopt);
   EXPECT_TRUE(c.has_value()) << dir;
   return *c;
-}
-
-// "model/<name>", "<kind>/<name>", "step" as the reference file holds them.
-std::map<std::string, Tensor> everything(const MergedCheckpoint& m) {
-  std::map<std::string, Tensor> out;
-  for (const auto& [n, t] : m.model) out["model/" + n] = t;
-  for (const auto& [kind, ts] : m.optimizer)
-    for (const auto& [n, t] : ts) out[kind + "/" + n] = t;
-  if (!m.optimizer_type.empty()) {
-    Tensor step = Tensor::empty({}, DType::I64);
-    *step.data<int64_t>() = m.optimizer_step;
-    out["step"] = step;
-  }
-  return out;
-}
-
-void expect_bit_equal(const std::map<std::string, Tensor>& got, const std::map<std::string, Tensor>& ref,
-                      const std::string& what) {
-  EXPECT_EQ(got.size(), ref.size()) << what;
-  for (const auto& [n, t] : ref) {
-    auto it = got.find(n);
-    ASSERT_NE(it, got.end()) << what << ": " << n;
-    EXPECT_TRUE(bit_equal(it->second, t)) << what << ": " << n;
-  }
 }
 
 TEST(MegatronCheckpoint, EveryVariantReadsBitForBit) {

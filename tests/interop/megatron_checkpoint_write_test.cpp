@@ -18,6 +18,7 @@
 #include "model/gpt_model.h"
 #include "model/layer_kinds.h"
 #include "optim/optimizer.h"
+#include "interop/checkpoint_test_util.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
 #include "training/checkpoint_convert.h"
@@ -34,11 +35,7 @@ using parallel_test::run_single;
 using parallel_test::tiny_gpt_args;
 using parallel_test::write_corpus;
 
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-}
+using interop_testing::bit_equal;
 
 CheckpointOnDisk open(const fs::path& dir) {
   auto c = find_checkpoint(dir, std::nullopt);

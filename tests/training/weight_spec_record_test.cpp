@@ -15,6 +15,7 @@
 #include "model/gpt_model.h"
 #include "model/model_test_util.h"
 #include "model/weight_spec.h"
+#include "interop/checkpoint_test_util.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
 #include "training/checkpoint_convert.h"
@@ -25,11 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-}
+using interop_testing::bit_equal;
 
 // A whole model of `cfg`'s family, saved at iteration 1 in `dir` with its initial weights.
 std::map<std::string, Tensor> save_model(const model::TransformerConfig& cfg, const fs::path& dir) {
