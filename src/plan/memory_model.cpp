@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 #include "model/layer_spec.h"
 #include "model/pipeline_layout.h"
 #include "optim/grad_buffer.h"
@@ -184,7 +185,8 @@ int64_t sum(const std::vector<int64_t>& v) {
 }  // namespace
 
 std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, int chunk,
-                                            std::vector<bool>* sharded) {
+                                            std::vector<bool>* sharded,
+                                            std::vector<bool>* products_only) {
   const model::TransformerConfig& m = in.args.model;
   const model::PipelineLayout L = model::PipelineLayout::make(
       m.num_layers, in.layout.pp, in.args.parallel.num_layers_per_virtual_pipeline_stage);
@@ -192,10 +194,13 @@ std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, in
   const bool norm_bias = model::norm_kind(m.normalization).has_bias;
   const int64_t h = g.h, T = g.T;
   std::vector<int64_t> out;
-  std::vector<bool> split;
-  auto add = [&](int64_t numel, bool is_split) {
+  std::vector<bool> split, product;
+  // product: a weight only multiplied or looked up (Weight::read_as_stored: the linear layers'
+  // weights and the word table), which a half-precision gemm reads without an fp32 copy.
+  auto add = [&](int64_t numel, bool is_split, bool is_product = false) {
     out.push_back(numel);
     split.push_back(is_split);
+    product.push_back(is_product);
   };
   auto norm = [&](int64_t width) {
     add(width, false);
@@ -203,33 +208,34 @@ std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, in
   };
   const bool pre = L.has_embedding(pp_rank, chunk), post = L.has_output(pp_rank, chunk);
   if (pre) {
-    add(g.V / T * h, true);
+    add(g.V / T * h, true, true);
     if (g.learned_pos) add(int64_t(m.max_position_embeddings) * h, false);
   }
   const int64_t fc1_rows = g.F * (g.gated ? 2 : 1) / T;
   for (int i = 0; i < L.layers_per_chunk(); ++i) {
     norm(h);
-    add(g.qkv_width() * h, true);
+    add(g.qkv_width() * h, true, true);
     if (m.qkv_bias()) add(g.qkv_width(), true);
     if (g.qk_norm) {
       norm(g.d);
       norm(g.d);
     }
-    add(h * g.ctx_width(), true);
+    add(h * g.ctx_width(), true, true);
     if (m.add_bias_linear) add(h, false);
     norm(h);
-    add(fc1_rows * h, true);
+    add(fc1_rows * h, true, true);
     if (m.add_bias_linear) add(fc1_rows, true);
-    add(h * (g.F / T), true);
+    add(h * (g.F / T), true, true);
     if (m.add_bias_linear) add(h, false);
   }
   if (post) {
     norm(h);
     // An untied output layer, or the last stage's copy of a tied table (its own chunk only when
     // the embedding is elsewhere).
-    if (m.untie_embeddings_and_output_weights || !pre) add(g.V / T * h, true);
+    if (m.untie_embeddings_and_output_weights || !pre) add(g.V / T * h, true, true);
   }
   if (sharded) *sharded = split;
+  if (products_only) *products_only = product;
   return out;
 }
 
@@ -257,10 +263,17 @@ MemoryPrediction predict_memory(const PlanInput& in) {
     std::vector<ChunkPlan> chunks;
     // Initialisation draws each whole weight in fp32 and copies a sharded one's slice out of it.
     int64_t init_transient = 0;
+    // Weights with an fp32 working copy: every one of a half-precision model, except those only
+    // multiplied where the CPU's gemm computes in their dtype (bf16 with AVX-512: Weight::operand).
+    const bool copies_skip_products =
+        !fp32 && ops::gemm_computes_in(a.model.params_dtype, Device::cpu());
+    int64_t copied = 0;
     for (int c = 0; c < l.vp; ++c) {
-      std::vector<bool> split;
-      const std::vector<int64_t> n = chunk_parameter_numels(in, r, c, &split);
+      std::vector<bool> split, product;
+      const std::vector<int64_t> n = chunk_parameter_numels(in, r, c, &split, &product);
       numels.insert(numels.end(), n.begin(), n.end());
+      for (size_t i = 0; i < n.size(); ++i)
+        if (!(copies_skip_products && product[i])) copied += n[i];
       for (size_t i = 0; i < n.size(); ++i)
         init_transient = std::max(init_transient, split[i] && g.T > 1 ? n[i] * (g.T + 1) : n[i]);
       chunks.push_back(plan_chunk(in, g, r, c));
@@ -284,7 +297,7 @@ MemoryPrediction predict_memory(const PlanInput& in) {
         largest_bucket = std::max(largest_bucket, b.end - b.begin);
     }
     st.weights = (l.distributed_optimizer ? double(total) : P) * value_bytes;
-    st.working_weights = fp32 ? 0 : 4.0 * P;
+    st.working_weights = fp32 ? 0 : 4.0 * double(copied);
     st.gradients = 4.0 * double(total);
     if (l.distributed_optimizer) {
       st.main_weights = 4.0 * double(shard);

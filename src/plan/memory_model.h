@@ -36,8 +36,11 @@ namespace megatron::plan {
 // parameter order (model::LanguageModule::parameters()), this tensor-parallel rank's shards.
 // With `sharded`, also whether each is split over the tensor-parallel ranks (its initialisation
 // draws the whole tensor and copies this rank's slice out of it).
+// `products_only` (optional): per parameter, whether it is only multiplied or looked up
+// (Weight::read_as_stored).
 std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, int chunk,
-                                            std::vector<bool>* sharded = nullptr);
+                                            std::vector<bool>* sharded = nullptr,
+                                            std::vector<bool>* products_only = nullptr);
 
 // Bytes one micro-batch leaves saved in a chunk between its forward and its backward.
 struct ChunkActivations {
