@@ -4,13 +4,13 @@
 # with `megatron pretrain-bert` (Megatron's masked samples, the masked-LM and sentence-order
 # losses), then compare its validation masked-LM loss with the corpus's unigram entropy (the loss
 # of a model that ignores context).
-# Environment: DEMO_ITERS (training iterations, default 300), DEMO_MINUTES (training stops and
+# Environment: DEMO_ITERS (training iterations, default 2000), DEMO_MINUTES (training stops and
 # saves after this many minutes, default 10), DEMO_THREADS (default 2), BUILD_DIR (default
 # build), SKIP_SETUP=1 to skip scripts/setup.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${BUILD_DIR:-build}"
-ITERS="${DEMO_ITERS:-300}"
+ITERS="${DEMO_ITERS:-2000}"
 MINUTES="${DEMO_MINUTES:-10}"
 export OMP_NUM_THREADS="${DEMO_THREADS:-2}" OPENBLAS_NUM_THREADS=1
 [ "${SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
@@ -46,7 +46,8 @@ rm -rf "$OUT/ckpt"
 VALID="$(sed -n 's/.*validation loss at iteration *\([0-9]*\) | lm loss value: \([0-9.E+-]*\).*/\1 \2/p' \
   "$OUT/train.log" | tail -n 1)"
 if [ -n "$VALID" ] && [ -n "$BASELINE" ]; then
-  python3 -c 'import sys; it, v, b = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]); print(
+  python3 -c 'import sys; it, v, b = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]);
+w = "below" if v < b else "above"; print(
     f"validation masked-LM loss at iteration {it}: {v:.3f} nats/token; unigram baseline: {b:.3f} "
-    f"({b - v:.3f} below it)")' $VALID "$BASELINE"
+    f"({abs(b - v):.3f} {w} it)")' $VALID "$BASELINE"
 fi
