@@ -17,10 +17,7 @@ namespace {
 
 using megatron::testing::TempDir;
 
-template <typename T>
-void append(std::ofstream& f, const T* p, int64_t n) {
-  f.write(reinterpret_cast<const char*>(p), std::streamsize(n * int64_t(sizeof(T))));
-}
+using testing::append;
 
 TransformerConfig bert_config(bool binary_head) {
   TransformerConfig c = testing::tiny_config();
@@ -92,14 +89,10 @@ void check_against_pytorch(const TransformerConfig& cfg, std::vector<int32_t> or
     append(bf, t->data<int32_t>(), t->numel());
   append(bf, in.loss_mask.data<float>(), in.loss_mask.numel());
   bf.close();
-  auto r = megatron::testing::run_command(
-      "/usr/bin/python3 " +
-      (megatron::testing::source_dir() / "tests/reference/bert_reference.py").string() + " " +
-      dir.path().string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::string raw = megatron::testing::read_file(dir / "out.bin");
-  const double* ref = reinterpret_cast<const double*>(raw.data());
-  const int64_t nref = int64_t(raw.size() / sizeof(double));
+  const std::vector<double> out = testing::run_reference_script("bert_reference.py", dir.path());
+  ASSERT_FALSE(out.empty());
+  const double* ref = out.data();
+  const int64_t nref = int64_t(out.size());
 
   // pretrain_bert.py's losses: the masked-LM mean and the sentence-order mean, count 1 each.
   EXPECT_NEAR(res.loss_sum, ref[0], 1e-5 * std::abs(ref[0]));

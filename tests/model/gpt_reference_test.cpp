@@ -16,10 +16,7 @@ namespace {
 
 using megatron::testing::TempDir;
 
-template <typename T>
-void append(std::ofstream& f, const T* p, int64_t n) {
-  f.write(reinterpret_cast<const char*>(p), std::streamsize(n * int64_t(sizeof(T))));
-}
+using testing::append;
 
 void check_against_pytorch(const TransformerConfig& cfg, bool resets, bool padding = false) {
   const int64_t b = 2, s = cfg.seq_length, V = cfg.padded_vocab_size;
@@ -61,14 +58,10 @@ void check_against_pytorch(const TransformerConfig& cfg, bool resets, bool paddi
   append(bf, in.loss_mask.data<float>(), in.loss_mask.numel());
   bf.close();
 
-  auto r = megatron::testing::run_command(
-      "/usr/bin/python3 " +
-      (megatron::testing::source_dir() / "tests/reference/gpt_reference.py").string() + " " +
-      dir.path().string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::string raw = megatron::testing::read_file(dir / "out.bin");
-  const double* ref = reinterpret_cast<const double*>(raw.data());
-  const int64_t nref = int64_t(raw.size() / sizeof(double));
+  const std::vector<double> out = testing::run_reference_script("gpt_reference.py", dir.path());
+  ASSERT_FALSE(out.empty());
+  const double* ref = out.data();
+  const int64_t nref = int64_t(out.size());
 
   EXPECT_NEAR(res.loss_sum, ref[0], 1e-5 * std::abs(ref[0]));
   EXPECT_EQ(res.num_tokens, ref[1]);

@@ -6,14 +6,37 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "core/rng.h"
 #include "kernels/ops.h"
 #include "model/gpt_model.h"
+#include "test_util.h"
 
 namespace megatron::model::testing {
+
+// Appends n values to a reference script's binary input file.
+template <typename T>
+void append(std::ofstream& f, const T* p, int64_t n) {
+  f.write(reinterpret_cast<const char*>(p), std::streamsize(n * int64_t(sizeof(T))));
+}
+
+// Runs tests/reference/<script> on `dir` (its inputs written there) and returns the doubles it
+// writes to dir/out.bin; a failing script is a test failure with its output.
+inline std::vector<double> run_reference_script(const std::string& script,
+                                                const std::filesystem::path& dir) {
+  const auto r = megatron::testing::run_command(
+      "/usr/bin/python3 " + (megatron::testing::source_dir() / "tests/reference" / script).string() +
+      " " + dir.string() + " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const std::string raw = megatron::testing::read_file(dir / "out.bin");
+  std::vector<double> out(raw.size() / sizeof(double));
+  std::copy_n(raw.data(), out.size() * sizeof(double), reinterpret_cast<char*>(out.data()));
+  return out;
+}
 
 inline TransformerConfig tiny_config() {
   TransformerConfig c;
