@@ -2,17 +2,13 @@
 #include "data/bert_dataset.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "data/gpt_dataset.h"
-#include "data/npy.h"
 
 namespace megatron::data {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -30,29 +26,20 @@ void check_config(const BertDataConfig& c) {
              c.seed, "): Megatron's sample mapping takes it as a positive C int");
 }
 
-MaskedSampleIndexParams index_params(const BertDataConfig& c, std::optional<int64_t> num_samples) {
+MaskedSampleIndexParams index_params(const BertDataConfig& c) {
   MaskedSampleIndexParams p;
   p.max_length = int32_t(c.seq_length - kSpecialTokens);
   p.short_seq_prob = c.short_seq_prob;
   p.seed = int32_t(c.seed);
   p.min_sentences = c.binary_head ? 2 : 1;
-  p.num_samples = num_samples;
   return p;
 }
 
-}  // namespace
-
-BertMaskedWordPieceDataset::BertMaskedWordPieceDataset(std::shared_ptr<const IndexedDataset> data, Split split,
-                                                       std::pair<int64_t, int64_t> documents,
-                                                       std::optional<int64_t> num_samples,
-                                                       const BertDataConfig& config, const std::string& split_string,
-                                                       const SplitMatrix& split_matrix)
-    : data_(std::move(data)), split_(split), documents_(documents), num_samples_(num_samples), config_(config) {
-  MG_CHECK(data_);
-  check_config(config_);
-  MG_CHECK(documents.first >= 0 && documents.first < documents.second &&
-           documents.second <= data_->num_documents());
-  auto d = dataset_description(kClassName, data_->prefix(), num_samples, split, config.seed, config.seq_length,
+nlohmann::ordered_json bert_description(const IndexedDataset& data, Split split, std::optional<int64_t> num_samples,
+                                        const BertDataConfig& config, const std::string& split_string,
+                                        const SplitMatrix& split_matrix) {
+  check_config(config);
+  auto d = dataset_description(kClassName, data.prefix(), num_samples, split, config.seed, config.seq_length,
                                split_string, split_matrix, config.tokenizer);
   d["masking_probability"] = config.mask_prob;
   d["short_sequence_probability"] = config.short_seq_prob;
@@ -62,76 +49,28 @@ BertMaskedWordPieceDataset::BertMaskedWordPieceDataset(std::shared_ptr<const Ind
   d["masking_use_longer_ngrams"] = false;
   d["masking_use_geometric_distribution"] = false;
   d["classification_head"] = config.binary_head;
-  description_ = d.dump(4);
-  hash_ = md5_hex(description_);
-  if (config.use_cache)
-    cache_dir_ = config.data_cache_path.empty()
-                     ? (fs::path(data_->prefix()) / "cache" / (std::string(kClassName) + "_indices")).string()
-                     : config.data_cache_path;
-  if (!cache_dir_.empty() && try_load_cache()) {
-    from_cache_ = true;
-  } else {
-    const auto docs = data_->document_indices().subspan(size_t(documents.first),
-                                                        size_t(documents.second - documents.first + 1));
-    try {
-      index_ = build_masked_sample_index(docs, data_->sequence_lengths(), index_params(config_, num_samples));
-    } catch (const Error& e) {
-      MG_THROW(data_->prefix(), " (", split_name(split), " split, documents [", documents.first, ", ",
-               documents.second, ")): ", e.what());
-    }
-    if (!cache_dir_.empty()) write_cache();
-  }
-  MG_CHECK(!num_samples || size() >= *num_samples);
+  return d;
 }
 
-std::string BertMaskedWordPieceDataset::cache_file(const std::string& suffix) const {
-  if (cache_dir_.empty()) return "";
-  return (fs::path(cache_dir_) / (hash_ + "-" + kClassName + "-" + suffix)).string();
-}
+}  // namespace
 
-bool BertMaskedWordPieceDataset::try_load_cache() {
-  const std::vector<std::string> files = {cache_file("description.txt"), cache_file("sample_index.npy")};
-  return load_index_cache(files, files[0], description_, cache_file("*"), [&] {
-    auto a = read_npy(files[1]);
-    MG_REQUIRE(a.shape.size() == 2 && a.shape[1] == 3, "the sample index is not [n, 3]");
-    MG_REQUIRE(!num_samples_ || a.shape[0] >= *num_samples_, "the sample index is too short");
-    const bool wide = data_->num_sequences() > int64_t(UINT32_MAX);
-    MG_REQUIRE(a.descr == (wide ? "<u8" : "<u4"), "the sample index dtype is ", a.descr);
-    const auto docs = data_->document_indices();
-    const int64_t first = docs[size_t(documents_.first)], last = docs[size_t(documents_.second)];
-    const auto p = index_params(config_, std::nullopt);
-    for (size_t r = 0; r < a.values.size(); r += 3) {
-      const int64_t beg = a.values[r], end = a.values[r + 1], target = a.values[r + 2];
-      MG_REQUIRE(beg >= first && end <= last && end - beg >= p.min_sentences && target >= 2 &&
-                     target <= p.max_length,
-                 "sample ", r / 3, " (", beg, ", ", end, ", ", target, ") is outside the split");
-    }
-    index_ = MaskedSampleIndex::from_rows(std::move(a.values), wide);
-  });
-}
-
-void BertMaskedWordPieceDataset::write_cache() const {
-  write_index_cache(cache_dir_, cache_file("description.txt"), description_, [&] {
-    write_npy_i64_as(cache_file("sample_index.npy"), index_.wide() ? "<u8" : "<u4", index_.rows(), {size(), 3});
-  });
-}
+BertMaskedWordPieceDataset::BertMaskedWordPieceDataset(std::shared_ptr<const IndexedDataset> data, Split split,
+                                                       std::pair<int64_t, int64_t> documents,
+                                                       std::optional<int64_t> num_samples,
+                                                       const BertDataConfig& config, const std::string& split_string,
+                                                       const SplitMatrix& split_matrix)
+    : MaskedDatasetIndex(*data, split, documents, num_samples, kClassName,
+                         bert_description(*data, split, num_samples, config, split_string, split_matrix),
+                         index_params(config),
+                         config.use_cache ? std::optional<std::string>(config.data_cache_path) : std::nullopt),
+      data_(std::move(data)),
+      config_(config) {}
 
 BertSample BertMaskedWordPieceDataset::sample(int64_t k) const {
   MG_REQUIRE(k >= 0 && k < size(), "sample ", k, " is outside the dataset (", size(), " samples)");
-  const auto [beg, end, target] = index_.row(k);
+  const auto [beg, end, target] = sample_index().row(k);
   const WordPieceVocab& vocab = *config_.vocab;
-  // The sentences, checked against the vocabulary (Megatron would fail on inv_vocab[id]).
-  std::vector<std::vector<int64_t>> sentences;
-  std::vector<int32_t> ids;
-  for (int64_t s = beg; s < end; ++s) {
-    ids.clear();
-    data_->read(s, 0, data_->sequence_length(s), ids);
-    for (int32_t id : ids)
-      MG_REQUIRE(id >= 0 && id < vocab.size(), data_->prefix(), ": sentence ", s, " holds token id ", id,
-                 ", outside the tokenizer's vocabulary of ", vocab.size(),
-                 " ids: the dataset was made with another tokenizer; preprocess it with this one");
-    sentences.emplace_back(ids.begin(), ids.end());
-  }
+  const auto sentences = read_sentences(*data_, beg, end, vocab.size());
   NumpyRandomState rng(uint32_t((uint64_t(config_.seed) + uint64_t(k)) % (uint64_t(1) << 32)));
 
   // Segments A and B, and the sentence-order swap.
@@ -203,20 +142,6 @@ BertSample BertMaskedWordPieceDataset::sample(int64_t k) const {
   out.is_random = is_random;
   out.truncated = truncated;
   return out;
-}
-
-BertBlendedDataset::BertBlendedDataset(std::vector<std::shared_ptr<const BertSampleSource>> parts,
-                                       std::vector<double> weights, int64_t size)
-    : parts_(std::move(parts)), map_(component_sizes(parts_), weights, size) {}
-
-BertBlendedDataset::BertBlendedDataset(std::vector<std::shared_ptr<const BertSampleSource>> parts)
-    : parts_(std::move(parts)), map_(component_sizes(parts_)) {}
-
-BertSample BertBlendedDataset::sample(int64_t k) const {
-  const auto [d, j] = map_.locate(k);
-  BertSample s = parts_[size_t(d)]->sample(j);
-  s.dataset_id = d;
-  return s;
 }
 
 BertDatasets build_bert_datasets(const BertDataConfig& c, std::array<int64_t, 3> num_samples) {

@@ -37,6 +37,7 @@
 #include "core/tensor.h"
 #include "data/blended_builder.h"
 #include "data/gpt_indices.h"
+#include "data/masked_dataset.h"
 #include "data/masked_lm.h"
 #include "data/masked_sample_index.h"
 
@@ -77,7 +78,7 @@ class BertSampleSource {
   virtual BertSample sample(int64_t k) const = 0;
 };
 
-class BertMaskedWordPieceDataset : public BertSampleSource {
+class BertMaskedWordPieceDataset : public BertSampleSource, public MaskedDatasetIndex {
  public:
   // `document_range`: the split's documents [lo, hi), not empty. num_samples nullopt: one epoch.
   // split_string/matrix: as given and parsed (part of the cache description).
@@ -86,47 +87,16 @@ class BertMaskedWordPieceDataset : public BertSampleSource {
                              const BertDataConfig& config, const std::string& split_string,
                              const SplitMatrix& split_matrix);
 
-  int64_t size() const override { return index_.size(); }
+  int64_t size() const override { return sample_index().size(); }
   BertSample sample(int64_t k) const override;
 
-  const MaskedSampleIndex& sample_index() const { return index_; }
-  const std::string& description() const { return description_; }
-  const std::string& description_hash() const { return hash_; }
-  // Where the cache file with this suffix is (or would be); "" when caching is off.
-  std::string cache_file(const std::string& suffix) const;
-  bool loaded_from_cache() const { return from_cache_; }
-
  private:
-  bool try_load_cache();
-  void write_cache() const;
-
   std::shared_ptr<const IndexedDataset> data_;
-  Split split_;
-  std::pair<int64_t, int64_t> documents_;
-  std::optional<int64_t> num_samples_;
   BertDataConfig config_;
-  MaskedSampleIndex index_;
-  std::string description_, hash_, cache_dir_;
-  bool from_cache_ = false;
 };
 
-// Megatron's BlendedDataset over BERT datasets (see BlendedDataset in gpt_dataset.h).
-class BertBlendedDataset : public BertSampleSource {
- public:
-  // `size` samples interleaved by the normalised weights; throws megatron::Error when a component
-  // would be asked for more samples than it has.
-  BertBlendedDataset(std::vector<std::shared_ptr<const BertSampleSource>> parts, std::vector<double> weights,
-                     int64_t size);
-  // Every sample of every part (weights = their sizes).
-  explicit BertBlendedDataset(std::vector<std::shared_ptr<const BertSampleSource>> parts);
-
-  int64_t size() const override { return map_.size(); }
-  BertSample sample(int64_t k) const override;
-
- private:
-  std::vector<std::shared_ptr<const BertSampleSource>> parts_;
-  BlendMap map_;
-};
+// Megatron's BlendedDataset over BERT datasets.
+using BertBlendedDataset = BlendedSamples<BertSampleSource, BertSample>;
 
 struct BertDatasets {
   std::shared_ptr<const BertSampleSource> train, valid, test;  // null when the split is empty

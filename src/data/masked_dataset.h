@@ -1,0 +1,87 @@
+// What Megatron's masked datasets (MaskedWordPieceDataset in megatron/core/datasets/
+// masked_dataset.py: BERT, T5) share: the sample index of a split's documents with its cache, the
+// sentences of a sample read and checked against the vocabulary, and blends of samples.
+//
+// Cache: <cache>/<md5>-<class>-description.txt and <cache>/<md5>-<class>-sample_index.npy (uint32
+// [n, 3]; uint64 with more than 2^32-1 sentences), where <cache> is --data-cache-path or
+// PREFIX/cache/<class>_indices and <md5> hashes the JSON description. A cache that is corrupt or
+// describes something else is rebuilt.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data/blended_builder.h"
+#include "data/gpt_indices.h"
+#include "data/indexed_dataset.h"
+#include "data/masked_sample_index.h"
+
+namespace megatron::data {
+
+class MaskedDatasetIndex {
+ public:
+  // `documents`: the split's documents [lo, hi), not empty. num_samples nullopt: one epoch.
+  // `description`: the dataset's unique description (dataset_description plus the family's keys).
+  // `cache_root`: --data-cache-path, "" for PREFIX/cache/<class>_indices; nullopt: no cache.
+  MaskedDatasetIndex(const IndexedDataset& data, Split split, std::pair<int64_t, int64_t> documents,
+                     std::optional<int64_t> num_samples, const std::string& class_name,
+                     const nlohmann::ordered_json& description, const MaskedSampleIndexParams& params,
+                     const std::optional<std::string>& cache_root);
+
+  const MaskedSampleIndex& sample_index() const { return index_; }
+  const std::string& description() const { return description_; }
+  const std::string& description_hash() const { return hash_; }
+  // Where the cache file with this suffix is (or would be); "" when caching is off.
+  std::string cache_file(const std::string& suffix) const;
+  bool loaded_from_cache() const { return from_cache_; }
+
+ private:
+  bool try_load_cache(const IndexedDataset& data, const MaskedSampleIndexParams& params);
+  void write_cache() const;
+
+  std::string class_name_;
+  std::pair<int64_t, int64_t> documents_;
+  std::optional<int64_t> num_samples_;
+  MaskedSampleIndex index_;
+  std::string description_, hash_, cache_dir_;
+  bool from_cache_ = false;
+};
+
+// The sentences [beg, end) of `data` as int64 ids; throws megatron::Error for an id outside
+// [0, vocab_size) (Megatron would fail on inv_vocab[id]): data made with another tokenizer.
+std::vector<std::vector<int64_t>> read_sentences(const IndexedDataset& data, int64_t beg, int64_t end,
+                                                 int64_t vocab_size);
+
+// Megatron's BlendedDataset over one family's sample sources (see BlendedDataset in
+// gpt_dataset.h): Source has size() and sample(k) returning Sample, which has an optional
+// dataset_id that the blend sets (Megatron adds "dataset_id" to the sample dict).
+template <class Source, class Sample>
+class BlendedSamples : public Source {
+ public:
+  // `size` samples interleaved by the normalised weights; throws megatron::Error when a component
+  // would be asked for more samples than it has.
+  BlendedSamples(std::vector<std::shared_ptr<const Source>> parts, const std::vector<double>& weights, int64_t size)
+      : parts_(std::move(parts)), map_(component_sizes(parts_), weights, size) {}
+  // Every sample of every part (weights = their sizes).
+  explicit BlendedSamples(std::vector<std::shared_ptr<const Source>> parts)
+      : parts_(std::move(parts)), map_(component_sizes(parts_)) {}
+
+  int64_t size() const override { return map_.size(); }
+  Sample sample(int64_t k) const override {
+    const auto [d, j] = map_.locate(k);
+    Sample s = parts_[size_t(d)]->sample(j);
+    s.dataset_id = d;
+    return s;
+  }
+
+ private:
+  std::vector<std::shared_ptr<const Source>> parts_;
+  BlendMap map_;
+};
+
+}  // namespace megatron::data
