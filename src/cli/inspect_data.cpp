@@ -6,7 +6,8 @@
 //              --split, --seq-length, --seed, batch/iteration flags) exactly as training sees them;
 //              with --dataset-type bert --format json, the first K samples of --split-name's
 //              split as pretrain-bert builds them, one JSON object a line, key for key the dict
-//              Megatron's BERTMaskedWordPieceDataset returns
+//              Megatron's BERTMaskedWordPieceDataset returns; with --dataset-type t5 likewise
+//              pretrain-t5's samples (T5MaskedWordPieceDataset)
 // Each mode is one function over the opened dataset; a new mode adds its flags in setup() and
 // one branch in run().
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "data/bert_dataset.h"
 #include "data/data_builder.h"
 #include "data/indexed_dataset.h"
+#include "data/t5_dataset.h"
 #include "data/tokenizer.h"
 
 namespace megatron::cli {
@@ -37,50 +39,76 @@ struct InspectFlags {
   // --samples K mode
   std::optional<int64_t> samples;
   std::string format = "text";
-  std::string dataset_type = "gpt";  // gpt | bert
-  std::string split_name = "train";  // bert: which split's samples
+  std::string dataset_type = "gpt";  // gpt | bert | t5
+  std::string split_name = "train";  // bert, t5: which split's samples
   data::GPTDataConfig data;
-  data::BertDataConfig bert;  // the masking flags; the data flags are read from `data`
+  data::BertDataConfig bert;  // the masking flags (BERT and T5); the data flags are read from `data`
+  data::T5DataConfig t5;      // the T5 lengths
   int64_t micro_batch_size = 1, global_batch_size = -1, train_iters = 0, train_samples = -1;
   int64_t eval_interval = 1000, eval_iters = 100;
 };
 
-// --dataset-type bert: samples of one split as JSON lines.
-void show_bert_samples(InspectFlags f) {
-  MG_REQUIRE(f.format == "json", "--dataset-type bert prints each sample as one JSON object: add --format json");
+// --dataset-type bert|t5: samples of one split as JSON lines.
+void show_masked_samples(InspectFlags f) {
+  const std::string& type = f.dataset_type;
+  MG_REQUIRE(f.format == "json", "--dataset-type ", type, " prints each sample as one JSON object: add --format json");
   MG_REQUIRE(!f.data.data_path.empty() || !f.data.train_data_path.empty() || !f.data.valid_data_path.empty() ||
                  !f.data.test_data_path.empty(),
              "--samples needs the data: --data-path (or --train-data-path/--valid-data-path/--test-data-path)");
-  MG_REQUIRE(f.data.seq_length > 0, "--samples needs --seq-length");
+  if (type == "t5") {
+    MG_REQUIRE(f.data.seq_length == 0 || f.t5.encoder_seq_length == 0,
+               "give --encoder-seq-length or its alias --seq-length, not both");
+    if (f.t5.encoder_seq_length == 0) f.t5.encoder_seq_length = f.data.seq_length;
+    MG_REQUIRE(f.t5.encoder_seq_length > 0, "--dataset-type t5 needs --encoder-seq-length");
+    MG_REQUIRE(f.t5.decoder_seq_length > 0, "--dataset-type t5 needs --decoder-seq-length");
+  } else {
+    MG_REQUIRE(f.data.seq_length > 0, "--samples needs --seq-length");
+  }
   MG_REQUIRE(f.train_iters > 0 || f.train_samples >= 0, "--samples needs --train-iters or --train-samples");
-  MG_REQUIRE(!f.tokenizer.type.empty(), "--dataset-type bert needs the tokenizer flags "
-             "(--tokenizer-type BertWordPieceLowerCase --vocab-file vocab.txt)");
+  MG_REQUIRE(!f.tokenizer.type.empty(), "--dataset-type ", type, " needs the tokenizer flags "
+             "(--tokenizer-type BertWordPieceLowerCase --vocab-file vocab.txt",
+             type == "t5" ? " --vocab-extra-ids 100)" : ")");
   auto tok = data::build_tokenizer(f.tokenizer);
-  data::BertDataConfig c = f.bert;
-  c.data_path = f.data.data_path;
-  c.train_data_path = f.data.train_data_path;
-  c.valid_data_path = f.data.valid_data_path;
-  c.test_data_path = f.data.test_data_path;
-  c.split = f.data.split;
-  c.seq_length = f.data.seq_length;
-  c.seed = f.data.seed;
-  c.data_cache_path = f.data.data_cache_path;
-  c.tokenizer = tok->type();
-  c.vocab = std::make_shared<const data::WordPieceVocab>(data::wordpiece_vocab(*tok));
+  const auto vocab = std::make_shared<const data::WordPieceVocab>(data::wordpiece_vocab(*tok));
   const int64_t gbs = f.global_batch_size > 0 ? f.global_batch_size : f.micro_batch_size;
-  auto ds = data::build_bert_datasets(
-      c, data::train_valid_test_num_samples(f.train_samples, f.train_iters, gbs, f.eval_interval, f.eval_iters));
-  const auto& split = f.split_name == "train" ? ds.train : f.split_name == "valid" ? ds.valid : ds.test;
-  MG_REQUIRE(split, "the ", f.split_name, " split is empty (check --split or --", f.split_name, "-data-path)");
-  MG_REQUIRE(*f.samples >= 0 && *f.samples <= split->size(), "asked for ", *f.samples, " samples but the ",
-             f.split_name, " split has ", split->size());
-  for (int64_t k = 0; k < *f.samples; ++k) log_print(data::bert_sample_json(split->sample(k)));
+  const auto n =
+      data::train_valid_test_num_samples(f.train_samples, f.train_iters, gbs, f.eval_interval, f.eval_iters);
+  auto fill = [&](auto& c) {
+    c.data_path = f.data.data_path;
+    c.train_data_path = f.data.train_data_path;
+    c.valid_data_path = f.data.valid_data_path;
+    c.test_data_path = f.data.test_data_path;
+    c.split = f.data.split;
+    c.seed = f.data.seed;
+    c.data_cache_path = f.data.data_cache_path;
+    c.tokenizer = tok->type();
+    c.vocab = vocab;
+    c.mask_prob = f.bert.mask_prob;
+    c.short_seq_prob = f.bert.short_seq_prob;
+  };
+  auto show = [&](const auto& ds, const auto& to_json) {
+    const auto& split = f.split_name == "train" ? ds.train : f.split_name == "valid" ? ds.valid : ds.test;
+    MG_REQUIRE(split, "the ", f.split_name, " split is empty (check --split or --", f.split_name, "-data-path)");
+    MG_REQUIRE(*f.samples >= 0 && *f.samples <= split->size(), "asked for ", *f.samples, " samples but the ",
+               f.split_name, " split has ", split->size());
+    for (int64_t k = 0; k < *f.samples; ++k) log_print(to_json(split->sample(k)));
+  };
+  if (type == "t5") {
+    data::T5DataConfig c = f.t5;
+    fill(c);
+    show(data::build_t5_datasets(c, n), data::t5_sample_json);
+  } else {
+    data::BertDataConfig c = f.bert;
+    fill(c);
+    c.seq_length = f.data.seq_length;
+    show(data::build_bert_datasets(c, n), data::bert_sample_json);
+  }
 }
 
 void show_samples(InspectFlags f) {
-  MG_REQUIRE(f.format != "json", "--format json prints BERT samples: add --dataset-type bert");
+  MG_REQUIRE(f.format != "json", "--format json prints BERT or T5 samples: add --dataset-type bert or t5");
   MG_REQUIRE(f.split_name == "train", "--split-name ", f.split_name,
-             " is for --dataset-type bert; GPT samples are shown from the training split");
+             " is for --dataset-type bert or t5; GPT samples are shown from the training split");
   MG_REQUIRE(!f.data.data_path.empty() || !f.data.train_data_path.empty(),
              "--samples needs the training data: --data-path (or --train-data-path)");
   MG_REQUIRE(f.data.seq_length > 0, "--samples needs --seq-length");
@@ -191,8 +219,8 @@ void show_document(const data::IndexedDataset& ds, int64_t doc, const InspectFla
 
 void run(const InspectFlags& f) {
   if (f.samples) {
-    if (f.dataset_type == "bert")
-      show_bert_samples(f);
+    if (f.dataset_type == "bert" || f.dataset_type == "t5")
+      show_masked_samples(f);
     else
       show_samples(f);
     return;
@@ -217,14 +245,15 @@ CommandRegistrar reg("inspect-data", "Show what an indexed dataset (.bin/.idx) h
                        add_tokenizer_options(sub, f->tokenizer);
                        sub.add_option("--samples", f->samples, "Print the first K training samples");
                        sub.add_option("--format", f->format, "--samples output: text or ids (one JSON list a "
-                                                             "line); json (one sample dict a line, BERT)")
+                                                             "line); json (one sample dict a line, BERT, T5)")
                            ->check(CLI::IsMember({"text", "ids", "json"}));
-                       sub.add_option("--dataset-type", f->dataset_type, "--samples: gpt or bert (pretrain-bert's "
-                                                                         "masked samples)")
-                           ->check(CLI::IsMember({"gpt", "bert"}))->capture_default_str();
-                       sub.add_option("--split-name", f->split_name, "--samples: the split shown (bert)")
+                       sub.add_option("--dataset-type", f->dataset_type, "--samples: gpt, bert (pretrain-bert's "
+                                                                         "masked samples) or t5 (pretrain-t5's)")
+                           ->check(CLI::IsMember({"gpt", "bert", "t5"}))->capture_default_str();
+                       sub.add_option("--split-name", f->split_name, "--samples: the split shown (bert, t5)")
                            ->check(CLI::IsMember({"train", "valid", "test"}))->capture_default_str();
                        add_bert_data_flags(sub, f->bert);
+                       add_t5_length_flags(sub, f->t5);
                        sub.add_option("--data-path", f->data.data_path, "[WEIGHT] PREFIX ... blend");
                        sub.add_option("--train-data-path", f->data.train_data_path, "[WEIGHT] PREFIX ...");
                        sub.add_option("--valid-data-path", f->data.valid_data_path, "[WEIGHT] PREFIX ...");

@@ -19,11 +19,7 @@ void check_config(const BertDataConfig& c) {
   MG_REQUIRE(c.vocab, "the BERT dataset needs the tokenizer's vocabulary (wordpiece_vocab)");
   MG_REQUIRE(c.seq_length >= 5, "--seq-length ", c.seq_length, " is too short for BERT: a sample holds [CLS], "
              "two [SEP] and at least two tokens of text, so it must be at least 5");
-  MG_REQUIRE(c.mask_prob > 0.0 && c.mask_prob < 1.0, "--mask-prob must be in (0, 1) (got ", c.mask_prob, ")");
-  MG_REQUIRE(c.short_seq_prob >= 0.0 && c.short_seq_prob <= 1.0, "--short-seq-prob must be in [0, 1] (got ",
-             c.short_seq_prob, ")");
-  MG_REQUIRE(c.seed >= 1 && c.seed <= 2147483646u, "--seed must be in [1, 2147483646] for BERT data (got ",
-             c.seed, "): Megatron's sample mapping takes it as a positive C int");
+  check_masking_flags(c.mask_prob, c.short_seq_prob, c.seed, "BERT");
 }
 
 MaskedSampleIndexParams index_params(const BertDataConfig& c) {

@@ -168,7 +168,7 @@ BertWordPieceTokenizer::BertWordPieceTokenizer(const std::string& path, bool low
   mask_ = id_of(path, "[MASK]");
   bos_ = add_token("[BOS]");
   eos_ = add_token("[EOS]");
-  for (int i = 0; i < vocab_extra_ids; ++i) add_token("<extra_id_" + std::to_string(i) + ">");
+  for (int i = 0; i < vocab_extra_ids; ++i) extra_ids_.push_back(add_token("<extra_id_" + std::to_string(i) + ">"));
 }
 
 int32_t BertWordPieceTokenizer::id_of(const std::string& path, const char* token) const {

@@ -45,6 +45,9 @@ class BertWordPieceTokenizer final : public Tokenizer {
   std::string type() const override {
     return lower_case_ ? "BertWordPieceLowerCase" : "BertWordPieceCase";
   }
+  // The ids of <extra_id_0> .. <extra_id_{N-1}> in that order (Megatron's
+  // additional_special_tokens_ids: T5's sentinels); a token the file already holds keeps its id.
+  const std::vector<int32_t>& extra_ids() const { return extra_ids_; }
   // The token string of an id (throws for ids outside the vocabulary).
   const std::string& token(int32_t id) const;
 
@@ -63,6 +66,7 @@ class BertWordPieceTokenizer final : public Tokenizer {
   bool lower_case_;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;
   std::vector<std::string> id_to_token_;
+  std::vector<int32_t> extra_ids_;
   int32_t unk_ = 0, cls_ = 0, sep_ = 0, pad_ = 0, mask_ = 0, bos_ = 0, eos_ = 0;
 };
 

@@ -89,4 +89,12 @@ std::vector<std::vector<int64_t>> read_sentences(const IndexedDataset& data, int
   return sentences;
 }
 
+void check_masking_flags(double mask_prob, double short_seq_prob, uint32_t seed, const char* family) {
+  MG_REQUIRE(mask_prob > 0.0 && mask_prob < 1.0, "--mask-prob must be in (0, 1) (got ", mask_prob, ")");
+  MG_REQUIRE(short_seq_prob >= 0.0 && short_seq_prob <= 1.0, "--short-seq-prob must be in [0, 1] (got ",
+             short_seq_prob, ")");
+  MG_REQUIRE(seed >= 1 && seed <= 2147483646u, "--seed must be in [1, 2147483646] for ", family, " data (got ",
+             seed, "): Megatron's sample mapping takes it as a positive C int");
+}
+
 }  // namespace megatron::data

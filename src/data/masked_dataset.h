@@ -57,6 +57,11 @@ class MaskedDatasetIndex {
 std::vector<std::vector<int64_t>> read_sentences(const IndexedDataset& data, int64_t beg, int64_t end,
                                                  int64_t vocab_size);
 
+// The checks MaskedWordPieceDatasetConfig makes (and the sample mapping's C int seed), for
+// `family` ("BERT", "T5"): --mask-prob in (0, 1), --short-seq-prob in [0, 1], --seed in
+// [1, 2^31-2]. Throws megatron::Error naming the flag.
+void check_masking_flags(double mask_prob, double short_seq_prob, uint32_t seed, const char* family);
+
 // Megatron's BlendedDataset over one family's sample sources (see BlendedDataset in
 // gpt_dataset.h): Source has size() and sample(k) returning Sample, which has an optional
 // dataset_id that the blend sets (Megatron adds "dataset_id" to the sample dict).

@@ -12,13 +12,16 @@ namespace megatron::data {
 
 WordPieceVocab wordpiece_vocab(const Tokenizer& tokenizer) {
   const auto* wp = dynamic_cast<const BertWordPieceTokenizer*>(&tokenizer);
-  MG_REQUIRE(wp, "the BERT dataset needs a WordPiece tokenizer (--tokenizer-type BertWordPieceLowerCase "
+  MG_REQUIRE(wp, "the BERT and T5 datasets need a WordPiece tokenizer (--tokenizer-type BertWordPieceLowerCase "
                  "or BertWordPieceCase with BERT's vocab.txt), not ", tokenizer.type());
   WordPieceVocab v;
   v.cls = *wp->cls();
   v.sep = *wp->sep();
   v.pad = *wp->pad();
   v.mask = *wp->mask();
+  v.bos = *wp->bos();
+  v.eos = *wp->eos();
+  v.sentinels = wp->extra_ids();
   v.continuation.resize(size_t(wp->vocab_size()));
   for (int64_t id = 0; id < wp->vocab_size(); ++id)
     v.continuation[size_t(id)] = wp->token(int32_t(id)).starts_with("##");
@@ -69,7 +72,9 @@ MaskedPredictions create_masked_lm_predictions(std::span<const int64_t> tokens, 
 
   // Every candidate has max_ngram n-grams (slices, cut off at the end), so the choice is always
   // over all sizes.
-  const std::vector<double> cdf = ngram_cdf(config.max_ngram, config.max_ngram, config.use_longer_ngrams);
+  const std::vector<double> cdf = config.use_geometric_distribution
+                                      ? std::vector<double>{}
+                                      : ngram_cdf(config.max_ngram, config.max_ngram, config.use_longer_ngrams);
   const int64_t num_candidates = int64_t(candidates.size());
   std::vector<int64_t> order(static_cast<size_t>(num_candidates));
   std::iota(order.begin(), order.end(), 0);
@@ -82,12 +87,20 @@ MaskedPredictions create_masked_lm_predictions(std::span<const int64_t> tokens, 
   std::vector<int64_t> ngram;
   for (int64_t c : order) {
     if (double(masked.size()) >= n_maskings) break;
-    const double u = rng.random();
-    int64_t n = int64_t(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin()) + 1;
+    int64_t n;
+    if (config.use_geometric_distribution) {
+      n = std::min(rng.geometric(0.2), config.max_ngram);
+    } else {
+      const double u = rng.random();
+      n = int64_t(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin()) + 1;
+    }
     bool skip = false;
     while (true) {
+      // candidate_ngrams[c][n - 1] with Python's indexing (a geometric draw of 0 reads from the end).
+      int64_t size = n >= 1 ? n : n + config.max_ngram;
+      MG_CHECK(size >= 1 && size <= config.max_ngram, "n-gram index ", n - 1, " out of range");
       ngram.clear();
-      for (int64_t w = c; w < std::min(c + n, num_candidates); ++w)
+      for (int64_t w = c; w < std::min(c + size, num_candidates); ++w)
         ngram.insert(ngram.end(), candidates[size_t(w)].begin(), candidates[size_t(w)].end());
       n -= 1;
       if (n_maskings >= double(masked.size() + ngram.size())) break;
@@ -104,7 +117,10 @@ MaskedPredictions create_masked_lm_predictions(std::span<const int64_t> tokens, 
       out.tokens[size_t(i)] = replacement ? *replacement : tokens[size_t(i)];
       masked.emplace_back(i, tokens[size_t(i)]);
     }
+    out.spans.push_back(ngram);
   }
+  std::sort(out.spans.begin(), out.spans.end(),
+            [](const std::vector<int64_t>& a, const std::vector<int64_t>& b) { return a[0] < b[0]; });
   std::sort(masked.begin(), masked.end());
   for (const auto& [position, label] : masked) {
     out.positions.push_back(position);

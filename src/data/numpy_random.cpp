@@ -1,5 +1,7 @@
-// NumPy legacy bounded integers (numpy/random/src/distributions: random_interval).
+// NumPy legacy bounded integers (numpy/random/src/distributions: random_interval) and geometric draws.
 #include "data/numpy_random.h"
+
+#include <cmath>
 
 #include "core/error.h"
 
@@ -28,6 +30,23 @@ uint64_t NumpyRandomState::random_interval(uint64_t max) {
 int64_t NumpyRandomState::randint(int64_t low, int64_t high) {
   MG_CHECK(low < high);
   return low + int64_t(random_interval(uint64_t(high) - uint64_t(low) - 1));
+}
+
+int64_t NumpyRandomState::geometric(double p) {
+  MG_CHECK(p > 0.0 && p <= 1.0);
+  const double u = random();
+  if (p >= 0.333333333333333333333333) {
+    int64_t x = 1;
+    double sum = p, prod = p;
+    const double q = 1.0 - p;
+    while (u > sum) {
+      prod *= q;
+      sum += prod;
+      ++x;
+    }
+    return x;
+  }
+  return int64_t(std::ceil(std::log1p(-u) / std::log(1.0 - p)));
 }
 
 }  // namespace megatron::data

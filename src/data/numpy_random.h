@@ -1,6 +1,6 @@
 // NumPy's legacy RandomState (MT19937) as far as Megatron's dataset code uses it: seeding with a
 // 32-bit integer (init_genrand), shuffle of a 1-D array or list, permutation(n), random() and
-// randint(low, high). Megatron builds its
+// randint(low, high), geometric(p). Megatron builds its
 // document and shuffle indices with np.random.RandomState(seed).shuffle, so reproducing the same
 // sample order needs the same generator and the same bounded-integer algorithm: Fisher-Yates
 // from the end, j drawn in [0, i] by masked rejection on 32-bit outputs (64-bit outputs, high word
@@ -34,6 +34,10 @@ class NumpyRandomState {
   // RandomState.randint(low, high) for the default int64 dtype: the masked bounded method, so
   // low + random_interval(high - 1 - low); no draw when high - low == 1. Requires low < high.
   int64_t randint(int64_t low, int64_t high);
+  // RandomState.geometric(p) for 0 < p <= 1 (NumPy's legacy_random_geometric): one random()
+  // draw u; for p >= 1/3 the smallest X with u <= sum_{k<=X} p (1-p)^(k-1), else
+  // ceil(log1p(-u) / log(1 - p)).
+  int64_t geometric(double p);
 
   // In place, identical to RandomState.shuffle on a 1-D array.
   template <typename T>
