@@ -18,6 +18,7 @@
 using namespace megatron::data;
 using megatron::testing::ask_bert_reference;
 using megatron::testing::error_of;
+using megatron::testing::expect_same_samples;
 using megatron::testing::TempDir;
 using nlohmann::json;
 
@@ -61,15 +62,6 @@ json samples_json(const BertSampleSource& d, int64_t count) {
   json out = json::array();
   for (int64_t k = 0; k < count; ++k) out.push_back(json::parse(bert_sample_json(d.sample(k))));
   return out;
-}
-
-// Compares sample by sample so that a failure names the first sample and key that differ.
-void expect_same_samples(const json& got, const json& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t k = 0; k < got.size(); ++k)
-    for (auto it = want[k].begin(); it != want[k].end(); ++it)
-      ASSERT_EQ(got[k][it.key()], it.value()) << what << ": sample " << k << " key " << it.key();
-  EXPECT_EQ(got, want) << what;
 }
 
 }  // namespace

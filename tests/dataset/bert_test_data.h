@@ -1,4 +1,4 @@
-// Small WordPiece vocabularies and sentence-split indexed datasets for the BERT dataset tests:
+// Small WordPiece vocabularies and sentence-split indexed datasets for the BERT and T5 dataset tests:
 // documents of 0..9 sentences, words with "##" pieces (some at a sentence's start, some after a
 // [SEP] boundary), [UNK]/[MASK] inside the text, and a few sentences over 512 tokens, so every
 // rule of Megatron's sample mapping and masking is exercised.
@@ -62,13 +62,15 @@ inline void write_sentence_dataset(const std::string& prefix, const SentenceData
   b.finalize();
 }
 
-// Runs every request through tests/reference/megatron_bert_dataset.py in one process.
-inline std::vector<nlohmann::json> ask_bert_reference(const std::vector<nlohmann::json>& requests) {
+// Runs every request through tests/reference/<script> (megatron_bert_dataset.py, or
+// megatron_t5_dataset.py) in one process.
+inline std::vector<nlohmann::json> ask_bert_reference(const std::vector<nlohmann::json>& requests,
+                                                      const std::string& script_name = "megatron_bert_dataset.py") {
   TempDir dir;
   std::string in;
   for (auto& r : requests) in += r.dump() + "\n";
   write_file(dir / "req.jsonl", in);
-  const auto script = (source_dir() / "tests/reference/megatron_bert_dataset.py").string();
+  const auto script = (source_dir() / "tests/reference" / script_name).string();
   const auto res = run_command("/usr/bin/python3 '" + script + "' < '" + (dir / "req.jsonl").string() + "'");
   EXPECT_EQ(res.exit_code, 0) << res.output;
   std::vector<nlohmann::json> out;
@@ -76,6 +78,15 @@ inline std::vector<nlohmann::json> ask_bert_reference(const std::vector<nlohmann
   for (std::string line; std::getline(is, line);) out.push_back(nlohmann::json::parse(line));
   EXPECT_EQ(out.size(), requests.size()) << res.output;
   return out;
+}
+
+// Compares sample dicts one by one so that a failure names the first sample and key that differ.
+inline void expect_same_samples(const nlohmann::json& got, const nlohmann::json& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t k = 0; k < got.size(); ++k)
+    for (auto it = want[k].begin(); it != want[k].end(); ++it)
+      ASSERT_EQ(got[k][it.key()], it.value()) << what << ": sample " << k << " key " << it.key();
+  EXPECT_EQ(got, want) << what;
 }
 
 }  // namespace megatron::testing
