@@ -1,8 +1,8 @@
-// `megatron inspect-data --samples N --dataset-type bert --format json --split-name S ...`: the
-// samples pretrain-bert trains on, from data written by `preprocess-data --split-sentences` with
-// BertWordPieceLowerCase, against Megatron's algorithm in Python
-// (tests/reference/megatron_bert_dataset.py), split sizes computed from the iteration flags as
-// Megatron's training loop does; and the errors of the sample-printing mode.
+// `megatron inspect-data --samples N --dataset-type bert|t5 --format json --split-name S ...`: the
+// samples pretrain-bert and pretrain-t5 train on, from data written by `preprocess-data
+// --split-sentences` with BertWordPieceLowerCase, against Megatron's algorithm in Python
+// (tests/reference/megatron_bert_dataset.py, megatron_t5_dataset.py), split sizes computed from
+// the iteration flags as Megatron's training loop does; and the errors of the sample-printing mode.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -153,4 +153,72 @@ TEST(BertInspectCli, ClearErrors) {
   r = run_cli("inspect-data --samples 2 --dataset-type bert --format json --mask-prob 1.5" + base + tok);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--mask-prob"), std::string::npos) << r.output;
+}
+
+TEST(T5InspectCli, PrintsMegatronsSamplesOfSentenceSplitData) {
+  TempDir dir;
+  megatron::testing::write_bert_vocab(dir / "vocab.txt");
+  write_corpus(dir / "corpus.jsonl", 300);
+  const std::string tok = " --tokenizer-type BertWordPieceLowerCase --vocab-file " + q(dir / "vocab.txt");
+  auto r = run_cli("preprocess-data --input " + q(dir / "corpus.jsonl") + " --output-prefix " + q(dir / "wiki") +
+                   tok + " --split-sentences --workers 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto prefix = (dir / "wiki_text_sentence").string();
+  // Train 40, valid 24, test 8 samples (see above).
+  const std::string flags = " --data-path " + q(prefix) + tok + " --vocab-extra-ids 100" +
+                            " --split 80,15,5 --decoder-seq-length 20 --seed 321 --mask-prob 0.2"
+                            " --short-seq-prob 0.15 --micro-batch-size 2 --global-batch-size 4 --train-iters 10"
+                            " --eval-interval 5 --eval-iters 2 --data-cache-path " + q(dir / "cache");
+  std::vector<json> reqs;
+  for (std::string split : {"train", "valid", "test"})
+    reqs.push_back({{"op", "samples"},         {"vocab_file", (dir / "vocab.txt").string()},
+                    {"vocab_extra_ids", 100},  {"encoder_seq_length", 48},
+                    {"decoder_seq_length", 20}, {"seed", 321},
+                    {"mask_prob", 0.2},        {"short_seq_prob", 0.15},
+                    {"num_samples", {40, 24, 8}}, {"data_path", {prefix}},
+                    {"split", "80,15,5"},      {"split_name", split},
+                    {"count", 8}});
+  auto want = megatron::testing::ask_bert_reference(reqs, "megatron_t5_dataset.py");
+  ASSERT_EQ(want.size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const std::string split = reqs[i]["split_name"];
+    // --seq-length is Megatron's alias of --encoder-seq-length.
+    const std::string length = i == 1 ? " --seq-length 48" : " --encoder-seq-length 48";
+    r = run_cli("inspect-data --samples 8 --dataset-type t5 --format json --split-name " + split + length + flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto got = json_lines(r.output);
+    ASSERT_EQ(got.size(), 8u) << r.output;
+    for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[i]["samples"][k]) << split << " sample " << k;
+    const size_t first = r.output.find('{');
+    const auto ordered = nlohmann::ordered_json::parse(r.output.substr(first, r.output.find('\n', first) - first));
+    std::vector<std::string> keys;
+    for (auto it = ordered.begin(); it != ordered.end(); ++it) keys.push_back(it.key());
+    EXPECT_EQ(keys, (std::vector<std::string>{"text_enc", "text_dec", "labels", "loss_mask", "truncated", "enc_mask",
+                                              "dec_mask"}));
+  }
+}
+
+TEST(T5InspectCli, ClearErrors) {
+  TempDir dir;
+  megatron::testing::write_bert_vocab(dir / "vocab.txt");
+  const auto prefix = (dir / "d").string();
+  megatron::testing::write_sentence_dataset(prefix, {.documents = 40});
+  const std::string base = " --samples 2 --dataset-type t5 --format json --data-path " + q(prefix) +
+                           " --split 80,10,10 --train-iters 2 --eval-iters 1 --tokenizer-type BertWordPieceLowerCase"
+                           " --vocab-file " + q(dir / "vocab.txt");
+  struct Case {
+    std::string flags, needle;
+  };
+  const std::vector<Case> cases = {
+      {" --encoder-seq-length 64 --vocab-extra-ids 100", "--decoder-seq-length"},
+      {" --decoder-seq-length 24 --vocab-extra-ids 100", "needs --encoder-seq-length"},
+      {" --seq-length 64 --encoder-seq-length 64 --decoder-seq-length 24 --vocab-extra-ids 100", "not both"},
+      {" --encoder-seq-length 64 --decoder-seq-length 24", "--vocab-extra-ids"},
+      {" --encoder-seq-length 2 --decoder-seq-length 24 --vocab-extra-ids 100", "too short"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_cli("inspect-data" + base + c.flags);
+    EXPECT_NE(r.exit_code, 0) << c.flags;
+    EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.flags << "\n" << r.output;
+  }
 }
