@@ -68,7 +68,18 @@ T5MaskedWordPieceDataset::T5MaskedWordPieceDataset(std::shared_ptr<const Indexed
                          index_params(config),
                          config.use_cache ? std::optional<std::string>(config.data_cache_path) : std::nullopt),
       data_(std::move(data)),
-      config_(config) {}
+      config_(config) {
+  // Megatron takes documents of one sentence too (each a sample cut to the target length), so data
+  // preprocessed without --split-sentences is not an error; but most of each document is lost.
+  const auto docs = data_->document_indices();
+  bool split_sentences = false;
+  for (int64_t d = documents.first; d < documents.second && !split_sentences; ++d)
+    split_sentences = docs[size_t(d) + 1] - docs[size_t(d)] > 1;
+  if (!split_sentences)
+    log_warn(data_->prefix(), ": no document of the ", split_name(split), " split has more than one sentence: "
+             "was it preprocessed without --split-sentences? Each document then gives one sample cut to "
+             "--encoder-seq-length - 2 tokens");
+}
 
 T5Sample T5MaskedWordPieceDataset::sample(int64_t k) const {
   MG_REQUIRE(k >= 0 && k < size(), "sample ", k, " is outside the dataset (", size(), " samples)");

@@ -28,6 +28,8 @@
 // A sample needs one sentinel per span and 1 + spans + masked tokens decoder positions (at most
 // 1 + 2 * floor(mask_prob * (encoder length - 2))); Megatron fails on a sample that needs more
 // (IndexError, AssertionError), this raises megatron::Error naming the sample and the fix.
+// Data of one sentence per document (preprocessed without --split-sentences) is used as Megatron
+// uses it, each document cut to the target length, with a warning.
 // Megatron returns int64 arrays and a Python int for truncated; a blend adds dataset_id.
 #pragma once
 

@@ -222,3 +222,19 @@ TEST(T5InspectCli, ClearErrors) {
     EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.flags << "\n" << r.output;
   }
 }
+
+TEST(T5InspectCli, DataWithoutSentenceSplittingWarns) {
+  // As Megatron, T5 takes documents of one sentence (each a sample cut to the target length), but
+  // says that the data look preprocessed without --split-sentences.
+  TempDir dir;
+  megatron::testing::write_bert_vocab(dir / "vocab.txt");
+  const auto prefix = (dir / "d").string();
+  megatron::testing::write_sentence_dataset(prefix, {.documents = 60, .max_sentences = 1, .max_sentence_length = 90});
+  auto r = run_cli("inspect-data --samples 2 --dataset-type t5 --format json --data-path " + q(prefix) +
+                   " --split 80,10,10 --train-iters 2 --eval-iters 1 --encoder-seq-length 32"
+                   " --decoder-seq-length 16 --vocab-extra-ids 100 --tokenizer-type BertWordPieceLowerCase"
+                   " --vocab-file " + q(dir / "vocab.txt"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("without --split-sentences"), std::string::npos) << r.output;
+  EXPECT_EQ(json_lines(r.output).size(), 2u) << r.output;
+}
