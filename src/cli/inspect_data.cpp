@@ -73,7 +73,7 @@ void show_masked_samples(InspectFlags f) {
   const int64_t gbs = f.global_batch_size > 0 ? f.global_batch_size : f.micro_batch_size;
   const auto n =
       data::train_valid_test_num_samples(f.train_samples, f.train_iters, gbs, f.eval_interval, f.eval_iters);
-  auto fill = [&](auto& c) {
+  auto fill = [&](data::MaskedDataConfig& c) {
     c.data_path = f.data.data_path;
     c.train_data_path = f.data.train_data_path;
     c.valid_data_path = f.data.valid_data_path;

@@ -145,19 +145,7 @@ BertDatasets build_bert_datasets(const BertDataConfig& c, std::array<int64_t, 3>
   if (c.vocab->pad != 0)
     log_warn("the tokenizer's [PAD] id is ", c.vocab->pad, ", not 0: as Megatron, BERT samples pad types and "
              "padding_mask with it, so padding_mask does not mark padding as 0");
-  DatasetFamily<BertSampleSource> family;
-  family.unit = SplitUnit::Documents;
-  family.make = [&c](const MidLevelRequest& r) -> std::shared_ptr<const BertSampleSource> {
-    return std::make_shared<const BertMaskedWordPieceDataset>(r.data, r.split, r.range, r.num_samples, c,
-                                                              r.split_string, r.split_matrix);
-  };
-  family.blend = [](std::vector<std::shared_ptr<const BertSampleSource>> parts,
-                    const std::optional<std::vector<double>>& weights,
-                    int64_t size) -> std::shared_ptr<const BertSampleSource> {
-    if (!weights) return std::make_shared<const BertBlendedDataset>(std::move(parts));
-    return std::make_shared<const BertBlendedDataset>(std::move(parts), *weights, size);
-  };
-  auto splits = build_blended_datasets(data_sources(c, c.vocab->size()), num_samples, family);
+  auto splits = build_masked_datasets<BertMaskedWordPieceDataset, BertSample>(c, num_samples);
   return {splits[0], splits[1], splits[2]};
 }
 

@@ -43,23 +43,11 @@
 
 namespace megatron::data {
 
-// pretrain_bert.py's BERTMaskedWordPieceDatasetConfig from Megatron's flags.
-struct BertDataConfig {
-  std::vector<std::string> data_path;  // --data-path
-  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
-  std::string split = "969, 30, 1";    // --split (Megatron's legacy default)
-  int64_t seq_length = 0;              // --seq-length: the whole sample, [CLS] and [SEP]s included
-  uint32_t seed = 1234;                // --seed
-  std::string data_cache_path;         // --data-cache-path
-  std::string tokenizer;               // identifier recorded in the cache description
-  double mid_level_dataset_surplus = 0.005;
-  bool use_cache = true;
-  double mask_prob = 0.15;             // --mask-prob
-  double short_seq_prob = 0.1;         // --short-seq-prob
-  bool binary_head = true;             // --bert-binary-head (default) / --bert-no-binary-head
-  // From the tokenizer (wordpiece_vocab): special ids, "##" pieces, and the vocabulary size that
-  // random replacements draw from and that dataset dtypes must hold.
-  std::shared_ptr<const WordPieceVocab> vocab;
+// pretrain_bert.py's BERTMaskedWordPieceDatasetConfig from Megatron's flags (the shared ones in
+// MaskedDataConfig).
+struct BertDataConfig : MaskedDataConfig {
+  int64_t seq_length = 0;    // --seq-length: the whole sample, [CLS] and [SEP]s included
+  bool binary_head = true;   // --bert-binary-head (default) / --bert-no-binary-head
 };
 
 // One sample, key for key the dict Megatron's __getitem__ returns.
@@ -70,13 +58,7 @@ struct BertSample {
 };
 
 // A train, valid or test split: one BERT dataset or a blend of several.
-class BertSampleSource {
- public:
-  virtual ~BertSampleSource() = default;
-  virtual int64_t size() const = 0;
-  // Sample k (0 <= k < size()); throws megatron::Error outside, or for ids outside the vocabulary.
-  virtual BertSample sample(int64_t k) const = 0;
-};
+using BertSampleSource = SampleSource<BertSample>;
 
 class BertMaskedWordPieceDataset : public BertSampleSource, public MaskedDatasetIndex {
  public:
@@ -96,7 +78,7 @@ class BertMaskedWordPieceDataset : public BertSampleSource, public MaskedDataset
 };
 
 // Megatron's BlendedDataset over BERT datasets.
-using BertBlendedDataset = BlendedSamples<BertSampleSource, BertSample>;
+using BertBlendedDataset = BlendedSamples<BertSample>;
 
 struct BertDatasets {
   std::shared_ptr<const BertSampleSource> train, valid, test;  // null when the split is empty

@@ -156,19 +156,7 @@ T5Datasets build_t5_datasets(const T5DataConfig& c, std::array<int64_t, 3> num_s
     log_warn("--vocab-extra-ids gives ", c.vocab->sentinels.size(), " sentinels but a sample of --encoder-seq-length ",
              c.encoder_seq_length, " can mask up to ", max_spans, " spans: as in Megatron, a sample that needs more "
              "fails when it is read");
-  DatasetFamily<T5SampleSource> family;
-  family.unit = SplitUnit::Documents;
-  family.make = [&c](const MidLevelRequest& r) -> std::shared_ptr<const T5SampleSource> {
-    return std::make_shared<const T5MaskedWordPieceDataset>(r.data, r.split, r.range, r.num_samples, c,
-                                                            r.split_string, r.split_matrix);
-  };
-  family.blend = [](std::vector<std::shared_ptr<const T5SampleSource>> parts,
-                    const std::optional<std::vector<double>>& weights,
-                    int64_t size) -> std::shared_ptr<const T5SampleSource> {
-    if (!weights) return std::make_shared<const T5BlendedDataset>(std::move(parts));
-    return std::make_shared<const T5BlendedDataset>(std::move(parts), *weights, size);
-  };
-  auto splits = build_blended_datasets(data_sources(c, c.vocab->size()), num_samples, family);
+  auto splits = build_masked_datasets<T5MaskedWordPieceDataset, T5Sample>(c, num_samples);
   return {splits[0], splits[1], splits[2]};
 }
 

@@ -48,22 +48,11 @@
 
 namespace megatron::data {
 
-// pretrain_t5.py's T5MaskedWordPieceDatasetConfig from Megatron's flags.
-struct T5DataConfig {
-  std::vector<std::string> data_path;  // --data-path
-  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
-  std::string split = "969, 30, 1";    // --split (Megatron's legacy default)
-  int64_t encoder_seq_length = 0;      // --encoder-seq-length (or --seq-length)
-  int64_t decoder_seq_length = 0;      // --decoder-seq-length
-  uint32_t seed = 1234;                // --seed
-  std::string data_cache_path;         // --data-cache-path
-  std::string tokenizer;               // identifier recorded in the cache description
-  double mid_level_dataset_surplus = 0.005;
-  bool use_cache = true;
-  double mask_prob = 0.15;             // --mask-prob
-  double short_seq_prob = 0.1;         // --short-seq-prob
-  // From the tokenizer (wordpiece_vocab): special ids, sentinels, "##" pieces, vocabulary size.
-  std::shared_ptr<const WordPieceVocab> vocab;
+// pretrain_t5.py's T5MaskedWordPieceDatasetConfig from Megatron's flags (the shared ones in
+// MaskedDataConfig).
+struct T5DataConfig : MaskedDataConfig {
+  int64_t encoder_seq_length = 0;  // --encoder-seq-length (or --seq-length)
+  int64_t decoder_seq_length = 0;  // --decoder-seq-length
 };
 
 // One sample, key for key the dict Megatron's __getitem__ returns.
@@ -76,15 +65,9 @@ struct T5Sample {
   std::optional<int64_t> dataset_id;                // set by a blend
 };
 
-// A train, valid or test split: one T5 dataset or a blend of several.
-class T5SampleSource {
- public:
-  virtual ~T5SampleSource() = default;
-  virtual int64_t size() const = 0;
-  // Sample k (0 <= k < size()); throws megatron::Error outside, for ids outside the vocabulary,
-  // and for a sample that needs more sentinels or decoder positions than there are.
-  virtual T5Sample sample(int64_t k) const = 0;
-};
+// A train, valid or test split: one T5 dataset or a blend of several. sample(k) also throws for
+// a sample that needs more sentinels or decoder positions than there are.
+using T5SampleSource = SampleSource<T5Sample>;
 
 class T5MaskedWordPieceDataset : public T5SampleSource, public MaskedDatasetIndex {
  public:
@@ -103,7 +86,7 @@ class T5MaskedWordPieceDataset : public T5SampleSource, public MaskedDatasetInde
   T5DataConfig config_;
 };
 
-using T5BlendedDataset = BlendedSamples<T5SampleSource, T5Sample>;
+using T5BlendedDataset = BlendedSamples<T5Sample>;
 
 struct T5Datasets {
   std::shared_ptr<const T5SampleSource> train, valid, test;  // null when the split is empty

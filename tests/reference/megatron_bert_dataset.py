@@ -221,13 +221,17 @@ class BertDataset:
                 candidates.append([i])
         n_maskings = min(self.config["mask_prob"] * target_sequence_length,
                          max(1, int(round(len(token_ids) * self.config["mask_prob"]))))
-        ngram_nvals = numpy.arange(3, dtype=numpy.int64) + 1
+        # BERT: masking_max_ngram 3, p ∝ 1/n; T5: masking_max_ngram 10, geometric lengths.
+        max_ngram = self.config.get("masking_max_ngram", 3)
+        geometric = self.config.get("masking_use_geometric_distribution", False)
+        ngram_nvals = numpy.arange(max_ngram, dtype=numpy.int64) + 1
         nprobs = 1.0 / ngram_nvals
         nprobs = nprobs / nprobs.sum(keepdims=True)
         candidate_ngrams = [[candidates[idx:idx + n] for n in ngram_nvals] for idx in range(len(candidates))]
         rs.shuffle(candidate_ngrams)
         masked_token_ids = list(token_ids)
         masked = []
+        masked_spans = []
         masked_indices = set()
         for candidate_idx in range(len(candidate_ngrams)):
             n_ngrams = len(candidate_ngrams[candidate_idx])
@@ -235,8 +239,11 @@ class BertDataset:
                 break
             if not candidate_ngrams[candidate_idx]:
                 continue
-            p = nprobs[:n_ngrams] / nprobs[:n_ngrams].sum(keepdims=True)
-            n = rs.choice(ngram_nvals[:n_ngrams], p=p)
+            if geometric:
+                n = min(rs.geometric(0.2), max_ngram)
+            else:
+                p = nprobs[:n_ngrams] / nprobs[:n_ngrams].sum(keepdims=True)
+                n = rs.choice(ngram_nvals[:n_ngrams], p=p)
             while True:
                 ngram_indices = sum(candidate_ngrams[candidate_idx][n - 1], [])
                 n = n - 1
@@ -255,8 +262,12 @@ class BertDataset:
                 mask = self._get_token_mask(rs)
                 masked_token_ids[index] = token_ids[index] if mask is None else mask
                 masked.append((index, token_ids[index]))
+            masked_spans.append((ngram_indices, [token_ids[index] for index in ngram_indices]))
+        assert len(masked) <= n_maskings
+        rs.shuffle(candidate_ngrams)
         masked = sorted(masked, key=lambda x: x[0])
-        return masked_token_ids, [m[0] for m in masked], [m[1] for m in masked]
+        masked_spans = sorted(masked_spans, key=lambda x: x[0][0])
+        return masked_token_ids, [m[0] for m in masked], [m[1] for m in masked], masked_spans
 
     def __getitem__(self, idx):
         idx_beg, idx_end, target_sequence_length = self.sample_index[idx]
@@ -293,7 +304,7 @@ class BertDataset:
         if split_b:
             tokens += [*[int(t) for t in split_b], self.tokenizer.sep]
             assignments += [1 for _ in range(len(split_b) + 1)]
-        tokens, positions, labels = self._create_masked_lm_predictions(tokens, target_sequence_length, rs)
+        tokens, positions, labels, _ = self._create_masked_lm_predictions(tokens, target_sequence_length, rs)
         seq_length = self.config["seq_length"]
         length_toks = len(tokens)
         length_pads = seq_length - length_toks
@@ -368,13 +379,13 @@ class Blended:
         return {"dataset_id": d, **self.parts[d][self.sample_index[k]]}
 
 
-def build_split(req, tokenizer, prefixes, weights, bookends, n):
+def build_split(req, tokenizer, prefixes, weights, bookends, n, dataset_class=None):
     def make(prefix, num_samples):
         ds = IndexedDataset(prefix)
         num_docs = ds.index.document_indices.shape[0] - 1
         lo = int(round(bookends[0] * float(num_docs)))
         hi = int(round(bookends[1] * float(num_docs)))
-        return BertDataset(ds, (lo, hi), num_samples, req, tokenizer)
+        return (dataset_class or BertDataset)(ds, (lo, hi), num_samples, req, tokenizer)
 
     if weights is None:
         assert len(prefixes) == 1, "unweighted blends are not part of the reference"
@@ -384,8 +395,9 @@ def build_split(req, tokenizer, prefixes, weights, bookends, n):
     return Blended(parts, weights, sum(targets))
 
 
-def samples(req):
-    tokenizer = BertTokenizerVocab(req["vocab_file"], req.get("vocab_extra_ids", 0))
+def samples(req, tokenizer=None, dataset_class=None):
+    """The first samples of a split; the T5 reference passes its tokenizer and dataset class."""
+    tokenizer = tokenizer or BertTokenizerVocab(req["vocab_file"], req.get("vocab_extra_ids", 0))
     k = ["train", "valid", "test"].index(req["split_name"])
     n = req["num_samples"][k]
     if req.get("data_path"):
@@ -394,7 +406,7 @@ def samples(req):
     else:
         prefixes, weights = blend_from_list(req[req["split_name"] + "_data_path"])
         bookends = (0.0, 1.0)
-    ds = build_split(req, tokenizer, prefixes, weights, bookends, n)
+    ds = build_split(req, tokenizer, prefixes, weights, bookends, n, dataset_class)
     return {"size": len(ds), "samples": [ds[i] for i in range(req["count"])]}
 
 

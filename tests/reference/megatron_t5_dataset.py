@@ -7,7 +7,8 @@ masking_use_geometric_distribution), pretrain_t5.py (target length sequence_leng
 sentence at least per sample, masking_max_ngram 10, whole words, no permutation, no longer
 n-grams, geometric n-gram lengths) and megatron/training/tokenizer/tokenizer.py
 (_BertWordPieceTokenizer: [BOS], [EOS], <extra_id_k> appended; additional_special_tokens_ids).
-The sample mapping, the blend and the split rules are those of megatron_bert_dataset.py, imported.
+The sample mapping, the masking loop (with T5's settings), the blend and the split rules are those
+of megatron_bert_dataset.py, imported.
 Per-sample randomness is numpy.random.RandomState, as Megatron uses it.
 
 Reads one JSON request per line on stdin, writes one JSON answer per line:
@@ -23,7 +24,6 @@ Reads one JSON request per line on stdin, writes one JSON answer per line:
       -> {"enc_mask": .., "dec_mask": .., "enc_dec_mask": ..}   [b, 1, q, kv] lists, 1 = masked
 """
 import json
-import math
 import os
 import sys
 from collections import deque
@@ -31,9 +31,8 @@ from collections import deque
 import numpy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from megatron_bert_dataset import (  # noqa: E402
-    BertTokenizerVocab, Blended, blend_from_list, mapping_for, parse_split, split_matrix)
-from megatron_indexed import IndexedDataset  # noqa: E402
+from megatron_bert_dataset import BertDataset, BertTokenizerVocab, mapping_for  # noqa: E402
+from megatron_bert_dataset import samples as bert_samples  # noqa: E402
 
 MAX_NGRAM = 10
 
@@ -47,66 +46,19 @@ class T5TokenizerVocab(BertTokenizerVocab):
                                               for i in range(vocab_extra_ids)]
 
 
-class T5Dataset:
+class T5Dataset(BertDataset):
+    """BertDataset's masking (masked_dataset.py's _create_masked_lm_predictions) with T5's settings."""
+
     def __init__(self, dataset, documents, num_samples, config, tokenizer):
         assert len(tokenizer.additional_special_tokens_ids) > 0
         self.dataset = dataset
-        self.config = config
+        self.config = dict(config, masking_max_ngram=MAX_NGRAM, masking_use_geometric_distribution=True)
         self.tokenizer = tokenizer
         self.sample_index = mapping_for(dataset, documents, num_samples, config["encoder_seq_length"] - 2,
                                         config["short_seq_prob"], config["seed"], 1)
 
-    def __len__(self):
-        return self.sample_index.shape[0]
-
-    def _create_masked_lm_predictions(self, token_ids, target_sequence_length, rs):
-        candidates = []
-        for i, token_id in enumerate(token_ids):
-            if token_id == self.tokenizer.cls or token_id == self.tokenizer.sep:
-                continue
-            if not self.tokenizer.inv_vocab[token_id].startswith("##"):
-                candidates.append([i])
-            elif len(candidates) > 0:  # masking_do_full_word
-                candidates[-1].append(i)
-            else:
-                candidates.append([i])
-        n_maskings = min(self.config["mask_prob"] * target_sequence_length,
-                         max(1, int(round(len(token_ids) * self.config["mask_prob"]))))
-        ngram_nvals = numpy.arange(MAX_NGRAM, dtype=numpy.int64) + 1
-        candidate_ngrams = [[candidates[idx:idx + n] for n in ngram_nvals] for idx in range(len(candidates))]
-        rs.shuffle(candidate_ngrams)
-        masked_token_ids = list(token_ids)
-        masked = []
-        masked_spans = []
-        masked_indices = set()
-        for candidate_idx in range(len(candidate_ngrams)):
-            if len(masked) >= n_maskings:
-                break
-            if not candidate_ngrams[candidate_idx]:
-                continue
-            n = min(rs.geometric(0.2), MAX_NGRAM)  # masking_use_geometric_distribution
-            while True:
-                ngram_indices = sum(candidate_ngrams[candidate_idx][n - 1], [])
-                n = n - 1
-                if n_maskings >= len(masked) + len(ngram_indices):
-                    skip = False
-                    break
-                if n == 0:
-                    skip = True
-                    break
-            if skip:
-                continue
-            if any(idx in masked_indices for idx in ngram_indices):
-                continue
-            for index in ngram_indices:
-                masked_indices.add(index)
-                masked_token_ids[index] = self.tokenizer.mask  # T5's _get_token_mask
-                masked.append((index, token_ids[index]))
-            masked_spans.append((ngram_indices, [token_ids[index] for index in ngram_indices]))
-        assert len(masked) <= n_maskings
-        rs.shuffle(candidate_ngrams)
-        masked_spans = sorted(masked_spans, key=lambda x: x[0][0])
-        return masked_token_ids, masked_spans
+    def _get_token_mask(self, rs):
+        return self.tokenizer.mask
 
     def __getitem__(self, idx):
         idx_beg, idx_end, target_sequence_length = self.sample_index[idx]
@@ -116,7 +68,7 @@ class T5Dataset:
         tokens = [int(token) for sentence in sample for token in sentence]
         truncated = len(tokens) > target_sequence_length
         tokens = tokens[:target_sequence_length]
-        tokens, masked_spans = self._create_masked_lm_predictions(tokens, target_sequence_length, rs)
+        tokens, _, _, masked_spans = self._create_masked_lm_predictions(tokens, target_sequence_length, rs)
         sentinels = deque(self.tokenizer.additional_special_tokens_ids)
         encoder_input = []
         decoder_input = [self.tokenizer.bos]
@@ -168,34 +120,9 @@ def build_b1ss_attention_mask(source_block, target_block, make_history_mask=Fals
     return numpy.stack(out)[:, None].astype(numpy.int64)
 
 
-def build_split(req, tokenizer, prefixes, weights, bookends, n):
-    def make(prefix, num_samples):
-        ds = IndexedDataset(prefix)
-        num_docs = ds.index.document_indices.shape[0] - 1
-        lo = int(round(bookends[0] * float(num_docs)))
-        hi = int(round(bookends[1] * float(num_docs)))
-        return T5Dataset(ds, (lo, hi), num_samples, req, tokenizer)
-
-    if weights is None:
-        assert len(prefixes) == 1, "unweighted blends are not part of the reference"
-        return make(prefixes[0], n)
-    targets = [int(math.ceil(n * w)) for w in weights]
-    parts = [make(p, int(math.ceil(t * (1 + req.get("surplus", 0.005))))) for p, t in zip(prefixes, targets)]
-    return Blended(parts, weights, sum(targets))
-
-
 def samples(req):
     tokenizer = T5TokenizerVocab(req["vocab_file"], req.get("vocab_extra_ids", 100))
-    k = ["train", "valid", "test"].index(req["split_name"])
-    n = req["num_samples"][k]
-    if req.get("data_path"):
-        prefixes, weights = blend_from_list(req["data_path"])
-        bookends = split_matrix(parse_split(req["split"]))[k]
-    else:
-        prefixes, weights = blend_from_list(req[req["split_name"] + "_data_path"])
-        bookends = (0.0, 1.0)
-    ds = build_split(req, tokenizer, prefixes, weights, bookends, n)
-    return {"size": len(ds), "samples": [ds[i] for i in range(req["count"])]}
+    return bert_samples(req, tokenizer, T5Dataset)
 
 
 def main():
