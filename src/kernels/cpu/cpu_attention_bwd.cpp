@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "kernels/cpu/cpu_attention_bf16.h"
 #include "kernels/cpu/cpu_attention_common.h"
 
 namespace megatron::ops::cpu {
@@ -209,17 +210,23 @@ void attention_bwd(const AttentionGrads& grads, const Tensor& dout, const Tensor
       dbias = grads.dbias.data<float>();
     }
   }
-  const Backward bw{P, dq, dk, dv, dout.data<float>(), out.data<float>(), lse.data<float>(),
-                    probs.defined() ? probs.data<float>() : nullptr, dbias, per_row, dropout,
-                    Philox(dropout.seed, dropout.stream), ctx_width, accumulate};
-  const int64_t block = std::min(kKeyBlock, std::max<int64_t>(P.skv, 1));
-  const int64_t rows = std::max<int64_t>(P.sq, 1);
-  blas_single_threaded();
+  const float* probs_p = probs.defined() ? probs.data<float>() : nullptr;
+  if (P.q.base16) {
+    attention_bwd_bf16(P, {dq, dk, dv, dout.data<float>(), out.data<float>(), lse.data<float>(),
+                           probs_p, dbias, per_row, accumulate}, dropout);
+  } else {
+    const Backward bw{P, dq, dk, dv, dout.data<float>(), out.data<float>(), lse.data<float>(),
+                      probs_p, dbias, per_row, dropout, Philox(dropout.seed, dropout.stream),
+                      ctx_width, accumulate};
+    const int64_t block = std::min(kKeyBlock, std::max<int64_t>(P.skv, 1));
+    const int64_t rows = std::max<int64_t>(P.sq, 1);
+    blas_single_threaded();
 #pragma omp parallel
-  {
-    Scratch w(std::min(kTileRows, rows), block, rows);
+    {
+      Scratch w(std::min(kTileRows, rows), block, rows);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < P.b * P.g; ++task) bw.run_task(task / P.g, int(task % P.g), w);
+      for (int64_t task = 0; task < P.b * P.g; ++task) bw.run_task(task / P.g, int(task % P.g), w);
+    }
   }
   if (per_row) {  // sum the parts in batch order
     float* db = grads.dbias.data<float>();

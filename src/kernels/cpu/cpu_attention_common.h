@@ -28,15 +28,21 @@ struct WorkBuffer {
   float* data() const { return p.get(); }
 };
 
-// One operand read (or written) through its HeadLayout.
+// One operand read (or written) through its HeadLayout: fp32 (base), or a bf16 input (base16,
+// base null: the bf16 kernel of cpu_attention_bf16.cpp reads it).
 struct HeadOperand {
   float* base = nullptr;
   HeadLayout L;
   int64_t d = 0;
-  float* at(int64_t seq, int64_t row, int head) const {
-    return base + L.offset + seq * L.seq_stride + row * L.row_stride +
+  bf16* base16 = nullptr;
+  int64_t index(int64_t seq, int64_t row, int head) const {
+    return L.offset + seq * L.seq_stride + row * L.row_stride +
            int64_t(head / L.heads_per_group) * L.group_stride +
            int64_t(head % L.heads_per_group) * d;
+  }
+  float* at(int64_t seq, int64_t row, int head) const { return base + index(seq, row, head); }
+  const bf16* at16(int64_t seq, int64_t row, int head) const {
+    return base16 + index(seq, row, head);
   }
 };
 
@@ -92,7 +98,15 @@ struct AttentionPlan {
   }
 };
 
-// Checks the call (fp32 operands, layouts inside their tensors, positions, masks) and builds the
+// Consecutive query rows that read one key/value sequence through one row stride: a batch row,
+// or consecutive single-row batch rows of one key/value sequence (a prefill chunk of one KV-cache
+// slot). The forward runs one task per (run, head).
+struct Run {
+  int64_t bi, i0, rows;
+};
+std::vector<Run> make_runs(const AttentionPlan& P);
+
+// Checks the call (fp32 operands, or q, k and v all bf16, layouts inside their tensors, positions, masks) and builds the
 // plan; `op` names the caller in messages.
 AttentionPlan make_plan(const char* op, const AttentionInputs& in, const AttentionMask& mask,
                         const AttentionShape& shape);

@@ -1,0 +1,212 @@
+// The core attention op's bf16 kernel, backward (see cpu_attention_bf16.h): the loop of
+// cpu_attention_bwd.cpp (one OpenMP task per (batch row, query group), its heads in order, query
+// tiles of 64 rows against key blocks of up to 512 keys) with its five products on the bf16 unit:
+//   S = scale Q K^T (when the probabilities are recomputed), dP = dO V^T,
+//   dV += Pd^T dO,  dQ += scale dS K,  dK += scale dS^T Q
+// dO, Pd and dS are rounded to bf16 for their products (q, k, v are bf16 already); the softmax
+// gradient dS = P (keep dP - D), the bias gradient and every result stay fp32. D = rowsum(dO * O)
+// takes dO rounded as dP does, so that dP - D cancels where it should (a row that sees one key).
+#include <omp.h>
+
+#include <cmath>
+
+#include "kernels/cpu/cpu_attention_bf16.h"
+
+namespace megatron::ops::cpu {
+
+namespace {
+
+constexpr int64_t kTileRows = 64, kKeyBlock = 512;
+
+struct Scratch {
+  WorkBuffer p, pd, dp, keep, delta;
+  // A operands [tile rows, d] (q, dO), B operands along the tile rows [rows, d] (dO, q), along
+  // the block's keys (K^T, V^T [d, block]; K [block, d]), transposed tiles [block, rows].
+  Bf16Buffer qa, doa, don, qn, kb, vb, kn, pt, dsa, dst;
+  std::vector<int64_t> lo, hi;
+  Scratch(int64_t rows, int64_t block, int64_t sq, int64_t d)
+      : p(rows * block), pd(rows * block), dp(rows * block), keep(block), delta(sq),
+        qa(rows * even_up(d)), doa(rows * even_up(d)), don(even_up(rows) * d),
+        qn(even_up(rows) * d), kb(even_up(d) * block), vb(even_up(d) * block),
+        kn(even_up(block) * d), pt(block * even_up(rows)), dsa(rows * even_up(block)),
+        dst(block * even_up(rows)), lo(size_t(rows)), hi(size_t(rows)) {}
+};
+
+struct Backward {
+  const AttentionPlan& P;
+  const Bf16BackwardArgs& a;
+  const DropoutSpec& dropout;
+  Philox rng;
+  int64_t ctx_width;
+
+  float* dbias_row(int64_t bi, int h, int64_t p) const {
+    const int64_t bb = a.dbias_per_row || P.bias_batch != 1 ? bi : 0;
+    return a.dbias + ((bb * P.n + h) * P.q_span + p) * P.kv_span;
+  }
+
+  // Probabilities of the tile's rows over key block [b0, b1) recomputed from S (in place) and
+  // the saved log-sum-exp.
+  void recompute_probs(float* S, int64_t bi, int h, int64_t t0, int64_t nt, int64_t b0,
+                       int64_t b1, float slope, const float* lrow, const Scratch& w) const {
+    const int64_t bw = b1 - b0;
+    const int32_t* pad = P.pad_row(bi);
+    for (int64_t t = 0; t < nt; ++t) {
+      float* row = S + t * bw;
+      const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
+      if (v1 <= v0) {
+        std::fill_n(row, bw, 0.0f);
+        continue;
+      }
+      const int64_t p = P.q_position(bi, t0 + t);
+      add_score_terms(P, row, b0, v0, v1, P.bias_row(bi, h, p), slope, p);
+      const float m = lrow[t0 + t];
+      float* r = row - b0;
+      std::fill(row, r + v0, 0.0f);
+      if (pad) {
+        for (int64_t j = v0; j < v1; ++j)
+          r[j] = pad[P.k_position(j)] != 0 ? fast_exp(r[j] - m) : 0.0f;
+      } else {
+#pragma omp simd
+        for (int64_t j = v0; j < v1; ++j) r[j] = fast_exp(r[j] - m);
+      }
+      std::fill(r + v1, row + bw, 0.0f);
+    }
+  }
+
+  void run_task(int64_t bi, int grp, Scratch& w) const {
+    const int64_t sq = P.sq, skv = P.skv, d = P.d, dp = even_up(d);
+    const int64_t q_ld = P.q.L.row_stride, k_ld = P.k.L.row_stride, v_ld = P.v.L.row_stride;
+    if (!a.accumulate)
+      for (int64_t j = 0; j < skv; ++j) {
+        std::fill_n(a.dk.at(bi, j, grp), d, 0.0f);
+        std::fill_n(a.dv.at(bi, j, grp), d, 0.0f);
+      }
+    for (int hh = 0; hh < P.hpg; ++hh) {
+      const int h = grp * P.hpg + hh;
+      const float slope = P.slopes.empty() ? 0.0f : P.slopes[size_t(h)];
+      const float* dO_b = a.dout + bi * sq * ctx_width + int64_t(h) * d;
+      const float* O_b = a.out + bi * sq * ctx_width + int64_t(h) * d;
+      for (int64_t i = 0; i < sq; ++i) {
+        const float* go = dO_b + i * ctx_width;
+        const float* o = O_b + i * ctx_width;
+        float s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t e = 0; e < d; ++e) s += bf16_to_float(float_to_bf16(go[e])) * o[e];
+        w.delta.data()[i] = s;
+      }
+      const float* lrow = a.lse + (bi * P.n + h) * sq;
+      for (int64_t t0 = 0; t0 < sq; t0 += kTileRows) {
+        const int64_t nt = std::min(kTileRows, sq - t0), ntp = even_up(nt);
+        int64_t k0 = skv, k1 = 0;
+        for (int64_t t = 0; t < nt; ++t) {
+          int64_t& lo = w.lo[size_t(t)];
+          int64_t& hi = w.hi[size_t(t)];
+          P.key_range(bi, t0 + t, lo, hi);
+          if (lrow[t0 + t] == kNegInf) hi = lo;  // the row saw no key: no gradient
+          if (hi > lo) {
+            k0 = std::min(k0, lo);
+            k1 = std::max(k1, hi);
+          }
+        }
+        float* dQ = a.dq.at(bi, t0, h);
+        const int64_t ldq = a.dq.L.row_stride;
+        if (k1 <= k0) {
+          if (!a.accumulate)
+            for (int64_t t = 0; t < nt; ++t) std::fill_n(dQ + t * ldq, d, 0.0f);
+          continue;
+        }
+        const bf16* Q = P.q.at16(bi, t0, h);
+        const float* dO = dO_b + t0 * ctx_width;
+        pack_a(w.qa.data(), Q, q_ld, nt, d);
+        pack_a(w.doa.data(), dO, ctx_width, nt, d);
+        pack_b(w.don.data(), dO, ctx_width, nt, d);
+        pack_b(w.qn.data(), Q, q_ld, nt, d);
+        for (int64_t b0 = k0; b0 < k1; b0 += kKeyBlock) {
+          const int64_t b1 = std::min(k1, b0 + kKeyBlock), bw = b1 - b0, bp = even_up(bw);
+          const bf16* K = P.k.at16(bi, b0, grp);
+          const bf16* V = P.v.at16(bi, b0, grp);
+          const float* Pr = w.p.data();
+          int64_t ldp = bw;
+          if (a.probs) {
+            Pr = a.probs + ((bi * P.n + h) * sq + t0) * skv + b0;
+            ldp = skv;
+          } else {
+            pack_b_t(w.kb.data(), K, k_ld, bw, d);
+            gemm_bf16_packed(nt, bw, dp, P.scale, w.qa.data(), w.kb.data(), 0.0f, w.p.data(), bw);
+            recompute_probs(w.p.data(), bi, h, t0, nt, b0, b1, slope, lrow, w);
+          }
+          // dP = dO V^T, then dS in place of dP; Pd (dropout) for dV.
+          float* dP = w.dp.data();
+          pack_b_t(w.vb.data(), V, v_ld, bw, d);
+          gemm_bf16_packed(nt, bw, dp, 1.0f, w.doa.data(), w.vb.data(), 0.0f, dP, bw);
+          const float* A = Pr;
+          int64_t lda = ldp;
+          if (dropout.active()) {
+            A = w.pd.data();
+            lda = bw;
+          }
+          for (int64_t t = 0; t < nt; ++t) {
+            const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
+            float* ds = dP + t * bw - b0;  // ds[j]: key row j
+            const float* pr = Pr + t * ldp - b0;
+            float* pd = dropout.active() ? w.pd.data() + t * bw - b0 : nullptr;
+            if (v1 <= v0) {
+              std::fill_n(dP + t * bw, bw, 0.0f);
+              if (pd) std::fill_n(w.pd.data() + t * bw, bw, 0.0f);
+              continue;
+            }
+            const int64_t p = P.q_position(bi, t0 + t);
+            if (pd) {
+              dropout_keep(P, w.keep.data(), v0, v1, P.dropout_first(bi, h, p, dropout), rng,
+                           dropout.p);
+              const float* keep = w.keep.data() - v0;
+              std::fill(pd + b0, pd + v0, 0.0f);
+              for (int64_t j = v0; j < v1; ++j) {
+                pd[j] = pr[j] * keep[j];
+                ds[j] *= keep[j];
+              }
+              std::fill(pd + v1, pd + b1, 0.0f);
+            }
+            const float D = w.delta.data()[t0 + t];
+            std::fill(ds + b0, ds + v0, 0.0f);
+#pragma omp simd
+            for (int64_t j = v0; j < v1; ++j) ds[j] = pr[j] * (ds[j] - D);
+            std::fill(ds + v1, ds + b1, 0.0f);
+            if (a.dbias) {
+              float* db = dbias_row(bi, h, p);
+              for (int64_t j = v0; j < v1; ++j) db[P.k_position(j)] += ds[j];
+            }
+          }
+          const float beta = b0 == k0 && !a.accumulate ? 0.0f : 1.0f;
+          pack_a_t(w.pt.data(), A, lda, nt, bw);
+          gemm_bf16_packed(bw, d, ntp, 1.0f, w.pt.data(), w.don.data(), 1.0f,
+                           a.dv.at(bi, b0, grp), a.dv.L.row_stride);
+          pack_a(w.dsa.data(), dP, bw, nt, bw);
+          pack_b(w.kn.data(), K, k_ld, bw, d);
+          gemm_bf16_packed(nt, d, bp, P.scale, w.dsa.data(), w.kn.data(), beta, dQ, ldq);
+          pack_a_t(w.dst.data(), dP, bw, nt, bw);
+          gemm_bf16_packed(bw, d, ntp, P.scale, w.dst.data(), w.qn.data(), 1.0f,
+                           a.dk.at(bi, b0, grp), a.dk.L.row_stride);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void attention_bwd_bf16(const AttentionPlan& P, const Bf16BackwardArgs& args,
+                        const DropoutSpec& dropout) {
+  const Backward bw{P, args, dropout, Philox(dropout.seed, dropout.stream),
+                    int64_t(P.n) * P.d};
+  const int64_t block = std::min(kKeyBlock, std::max<int64_t>(P.skv, 1));
+  const int64_t rows = std::max<int64_t>(P.sq, 1);
+#pragma omp parallel
+  {
+    Scratch w(std::min(kTileRows, rows), block, rows, P.d);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < P.b * P.g; ++task) bw.run_task(task / P.g, int(task % P.g), w);
+  }
+}
+
+}  // namespace megatron::ops::cpu
