@@ -286,30 +286,36 @@ TEST(CoreAttentionBf16, LongSequencesAcrossTilesAndKeyBlocks) {
 
 // ---- the tile products alone ---------------------------------------------------------------------
 
-// C = alpha A B + beta C through pack_a / pack_a_t / pack_b / pack_b_t at odd sizes (row and
-// column tails of the 8 x 32 register blocks, odd reduction lengths), against float64 products of
-// the bf16-rounded operands.
+// C = alpha A B + beta C on packed pairs at odd sizes (row and column tails of the 8 x 32
+// register blocks, odd reduction lengths): A packed along its rows (row-major pairs, also with
+// the leading zero of a block starting at an odd key) and along its columns (interleaved), B
+// along its rows and transposed, against float64 products of the bf16-rounded operands.
 TEST(CoreAttentionBf16, TileProductsAtOddSizes) {
   for (const cpu::Bf16Unit unit : units()) {
     cpu::set_bf16_tile_unit(unit);
     SCOPED_TRACE(cpu::bf16_unit_name(unit));
     for (const auto& [m, n, k] : {std::tuple{13, 37, 19}, {1, 5, 1}, {8, 32, 64}, {70, 3, 2}}) {
+      SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k));
       const std::vector<double> av = bf16_values(size_t(m * k), 50), bv = bf16_values(size_t(k * n), 51);
-      std::vector<float> af(av.begin(), av.end()), bf(bv.begin(), bv.end());
-      std::vector<bf16> b16(bf.size());
-      for (size_t i = 0; i < bf.size(); ++i) b16[i] = float_to_bf16(bf[i]);
+      const std::vector<float> af(av.begin(), av.end());
+      std::vector<bf16> b16(size_t(k * n)), bz(size_t((k + 1) * n)), bt(size_t(n * k));
       std::vector<float> at(size_t(k * m));  // A^T [k, m]
-      for (int i = 0; i < m; ++i)
-        for (int e = 0; e < k; ++e) at[size_t(e * m + i)] = af[size_t(i * k + e)];
-      std::vector<bf16> bt(size_t(n * k));  // B^T [n, k]
-      for (int e = 0; e < k; ++e)
-        for (int j = 0; j < n; ++j) bt[size_t(j * k + e)] = b16[size_t(e * n + j)];
-      const int64_t kp = cpu::even_up(k);
-      std::vector<bf16> pa(size_t(m * kp)), pat(size_t(m * kp)), pb(size_t(kp * n)), pbt(size_t(kp * n));
-      cpu::pack_a(pa.data(), af.data(), k, m, k);
-      cpu::pack_a_t(pat.data(), at.data(), m, k, m);
-      cpu::pack_b(pb.data(), b16.data(), n, k, n);
-      cpu::pack_b_t(pbt.data(), bt.data(), k, n, k);
+      for (int e = 0; e < k; ++e) {
+        for (int j = 0; j < n; ++j) {
+          b16[size_t(e * n + j)] = bz[size_t((e + 1) * n + j)] = bt[size_t(j * k + e)] =
+              float_to_bf16(float(bv[size_t(e * n + j)]));
+        }
+        for (int i = 0; i < m; ++i) at[size_t(e * m + i)] = af[size_t(i * k + e)];
+      }
+      const int64_t kp = cpu::pairs_of(k), kz = cpu::pairs_of(k + 1);
+      std::vector<uint32_t> a_cols(size_t(m * kp)), a_lead(size_t(m * kz)), a_rows(size_t(kp * m));
+      std::vector<uint32_t> b_rows(size_t(kp * n)), b_lead(size_t(kz * n)), b_t(size_t(kp * n));
+      cpu::pack_pairs_cols(a_cols.data(), kp, af.data(), k, m, k);
+      cpu::pack_pairs_cols(a_lead.data(), kz, af.data(), k, m, k, 1);
+      cpu::pack_pairs_rows(a_rows.data(), m, at.data(), m, k, m);
+      cpu::pack_pairs_rows(b_rows.data(), n, b16.data(), n, k, n);
+      cpu::pack_pairs_rows(b_lead.data(), n, bz.data(), n, k + 1, n);
+      cpu::pack_pairs_cols_t(b_t.data(), n, bt.data(), k, n, k);
       std::vector<double> want(size_t(m * n));
       for (int i = 0; i < m; ++i)
         for (int j = 0; j < n; ++j) {
@@ -317,20 +323,28 @@ TEST(CoreAttentionBf16, TileProductsAtOddSizes) {
           for (int e = 0; e < k; ++e) s += av[size_t(i * k + e)] * bv[size_t(e * n + j)];
           want[size_t(i * n + j)] = 0.5 * s + 2.0 * (i - j);  // alpha 0.5, beta 2, C = i - j
         }
-      for (const auto& [A, B] : {std::pair{&pa, &pb}, {&pat, &pbt}}) {
-        Tensor c = Tensor::empty({m, n + 3}, DType::F32);  // ldc n + 3
-        float* cp = c.data<float>();
+      struct Form {
+        const char* name;
+        cpu::PairsA a;
+        const uint32_t* b;
+        int64_t pairs;
+      };
+      for (const Form& f : {Form{"A by rows, B by rows", {a_cols.data(), kp, 1}, b_rows.data(), kp},
+                            Form{"A with a leading zero", {a_lead.data(), kz, 1}, b_lead.data(), kz},
+                            Form{"A by columns, B transposed", {a_rows.data(), 1, m}, b_t.data(), kp}}) {
+        SCOPED_TRACE(f.name);
+        const int64_t ldc = n + 3;
+        std::vector<float> c(size_t(m * ldc));
         for (int i = 0; i < m; ++i)
-          for (int j = 0; j < n + 3; ++j) cp[i * (n + 3) + j] = float(i - j);
-        cpu::gemm_bf16_packed(m, n, kp, 0.5f, A->data(), B->data(), 2.0f, cp, n + 3);
-        std::vector<double> got, pad;
+          for (int j = 0; j < ldc; ++j) c[size_t(i * ldc + j)] = float(i - j);
+        cpu::gemm_bf16_pairs(m, n, f.pairs, 0.5f, f.a, f.b, n, 2.0f, c.data(), ldc);
+        std::vector<float> got;
         for (int i = 0; i < m; ++i)
-          for (int j = 0; j < n + 3; ++j) (j < n ? got : pad).push_back(cp[i * (n + 3) + j]);
-        std::vector<double> pad_want;
-        for (int i = 0; i < m; ++i)
-          for (int j = n; j < n + 3; ++j) pad_want.push_back(double(i - j));  // untouched
-        testing::expect_close("C", Tensor::from_vector(std::vector<float>(got.begin(), got.end()), {m, n}), want, 1e-4, 1e-5);
-        EXPECT_EQ(pad, pad_want);
+          for (int j = 0; j < ldc; ++j) {
+            if (j < n) got.push_back(c[size_t(i * ldc + j)]);
+            else EXPECT_EQ(c[size_t(i * ldc + j)], float(i - j)) << "written outside C";
+          }
+        testing::expect_close("C", Tensor::from_vector(got, {m, n}), want, 1e-4, 1e-5);
       }
     }
   }

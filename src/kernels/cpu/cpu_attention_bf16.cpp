@@ -1,10 +1,12 @@
 // The core attention op's bf16 kernel, forward (see cpu_attention_bf16.h; the backward is in
 // cpu_attention_bf16_bwd.cpp). The loop is that of cpu_attention.cpp: query tiles of 64 rows
 // against key blocks of up to 512 keys (the whole visible range when probabilities are saved),
-// online softmax in fp32, one OpenMP task per (run of query rows, head). Per tile the queries are
-// packed once into bf16 rows; per block the keys (as K^T) and values are packed into bf16 pairs,
-// S = scale Q K^T and O += P V run on the bf16 unit, P rounded to bf16 after dropout. A single
-// query row (decoding) reads the bf16 keys and values in place through the matrix-vector loops.
+// online softmax in fp32, one OpenMP task per (run of query rows, head). Per task the keys (as
+// K^T) and values of the sequence are packed once into bf16 pairs, per tile the queries; S = scale
+// Q K^T and O += P V run on the bf16 unit, P rounded to bf16 after dropout (a block starting at an
+// odd key is read from the even key before it, with a zero probability there). Runs of fewer than
+// kMinPackRows query rows (decoding) read the bf16 keys and values in place, row by row, through
+// the matrix-vector loops.
 #include <omp.h>
 
 #include <cmath>
@@ -16,17 +18,18 @@ namespace megatron::ops::cpu {
 
 namespace {
 
-constexpr int64_t kTileRows = 64, kKeyBlock = 512;
+constexpr int64_t kTileRows = 64, kKeyBlock = 512, kMinPackRows = 4;
 
 struct Scratch {
-  WorkBuffer s, keep;
-  Bf16Buffer qa, kb, pa, vb;
+  WorkBuffer s, pd, keep;
+  PairBuffer kt, vp, qa, pa;  // K^T [d/2, skv], V [skv/2, d], Q tile [rows, d/2], P [rows, *]
+  std::vector<bf16> p16;  // one row's probabilities (decoding)
   std::vector<float> m, l;
   std::vector<int64_t> lo, hi;
-  Scratch(int64_t rows, int64_t block, int64_t d)
-      : s(rows * block), keep(block), qa(rows * even_up(d)), kb(even_up(d) * block),
-        pa(rows * even_up(block)), vb(even_up(block) * d), m(size_t(rows)), l(size_t(rows)),
-        lo(size_t(rows)), hi(size_t(rows)) {}
+  Scratch(int64_t rows, int64_t block, int64_t skv, int64_t d, bool pack)
+      : s(rows * block), pd(rows * block), keep(block), kt(pack ? pairs_of(d) * skv : 0),
+        vp(pack ? pairs_of(skv) * d : 0), qa(rows * pairs_of(d)), pa(rows * (block / 2 + 1)),
+        p16(size_t(block)), m(size_t(rows)), l(size_t(rows)), lo(size_t(rows)), hi(size_t(rows)) {}
 };
 
 struct Forward {
@@ -84,14 +87,20 @@ struct Forward {
   }
 
   void run_task(const Run& run, int h, Scratch& w) const {
-    const int64_t sq = P.sq, kvs = P.kv_seq_of(run.bi), d = P.d, dp = even_up(d);
+    const int64_t sq = P.sq, kvs = P.kv_seq_of(run.bi), d = P.d, dpairs = pairs_of(d);
     const int grp = h / P.hpg;
     const int64_t q_ld = sq == 1 ? P.q.L.seq_stride : P.q.L.row_stride;
     const int64_t k_ld = P.k.L.row_stride, v_ld = P.v.L.row_stride;
     const int64_t p_ld = sq == 1 ? int64_t(P.n) * P.skv : P.skv;  // probs rows
     const float slope = P.slopes.empty() ? 0.0f : P.slopes[size_t(h)];
-    for (int64_t t0 = 0; t0 < run.rows; t0 += kTileRows) {
-      const int64_t nt = std::min(kTileRows, run.rows - t0);
+    const bool packed = run.rows >= kMinPackRows;
+    if (packed) {  // the sequence's keys and values, once per task
+      pack_pairs_cols_t(w.kt.data(), P.skv, P.k.at16(kvs, 0, grp), k_ld, P.skv, d);
+      pack_pairs_rows(w.vp.data(), d, P.v.at16(kvs, 0, grp), v_ld, P.skv, d);
+    }
+    const int64_t tile = packed ? kTileRows : 1;
+    for (int64_t t0 = 0; t0 < run.rows; t0 += tile) {
+      const int64_t nt = std::min(tile, run.rows - t0);
       int64_t k0 = P.skv, k1 = 0;
       for (int64_t t = 0; t < nt; ++t) {
         int64_t& lo = w.lo[size_t(t)];
@@ -109,19 +118,18 @@ struct Forward {
       float* Pp = probs ? probs + ((bi0 * P.n + h) * sq + i0) * P.skv : nullptr;
       if (k1 <= k0) k0 = k1 = 0;
       const bf16* Q = P.q.at16(bi0, i0, h);
-      if (nt > 1 && k1 > k0) pack_a(w.qa.data(), Q, q_ld, nt, d);
+      if (packed && k1 > k0) pack_pairs_cols(w.qa.data(), dpairs, Q, q_ld, nt, d);
       const int64_t block = Pp ? std::max<int64_t>(k1 - k0, 1) : kKeyBlock;
       for (int64_t b0 = k0; b0 < k1; b0 += block) {
-        const int64_t b1 = std::min(k1, b0 + block), bw = b1 - b0, bp = even_up(bw);
+        const int64_t b1 = std::min(k1, b0 + block), bw = b1 - b0;
         float* S = Pp ? Pp + b0 : w.s.data();
         const int64_t ld = Pp ? p_ld : bw;
-        const bf16* K = P.k.at16(kvs, b0, grp);
-        const bf16* V = P.v.at16(kvs, b0, grp);
-        if (nt == 1) {
-          matvec(false, {K, DType::BF16, bw, d, k_ld}, Q, 1, P.scale, 0.0f, S, 1);
+        if (packed) {
+          gemm_bf16_pairs(nt, bw, dpairs, P.scale, {w.qa.data(), dpairs, 1}, w.kt.data() + b0,
+                          P.skv, 0.0f, S, ld);
         } else {
-          pack_b_t(w.kb.data(), K, k_ld, bw, d);
-          gemm_bf16_packed(nt, bw, dp, P.scale, w.qa.data(), w.kb.data(), 0.0f, S, ld);
+          matvec(false, {P.k.at16(kvs, b0, grp), DType::BF16, bw, d, k_ld}, Q, 1, P.scale, 0.0f,
+                 S, 1);
         }
         for (int64_t t = 0; t < nt; ++t) {
           const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
@@ -129,30 +137,34 @@ struct Forward {
                       h, row_i(run, t0 + t, sq), slope, w.m[size_t(t)], w.l[size_t(t)],
                       O + t * ctx_width, b0 > k0);
         }
-        // P (times the dropout keep factors) as bf16 rows of bp columns.
-        for (int64_t t = 0; t < nt; ++t) {
-          const float* row = S + t * ld;
-          bf16* dst = w.pa.data() + t * bp;
-          if (bp > bw) dst[bw] = bf16{};
-          if (!dropout.active()) {
-            for (int64_t j = 0; j < bw; ++j) dst[j] = float_to_bf16(row[j]);
-            continue;
+        const float* A = S;  // P, times the dropout keep factors
+        int64_t lda = ld;
+        if (dropout.active()) {
+          for (int64_t t = 0; t < nt; ++t) {
+            const int64_t bi = row_bi(run, t0 + t, sq), i = row_i(run, t0 + t, sq);
+            const float* row = S + t * ld;
+            float* dst = w.pd.data() + t * bw;
+            const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
+            std::fill_n(dst, bw, 0.0f);
+            if (v1 <= v0) continue;
+            dropout_keep(P, w.keep.data(), v0, v1,
+                         P.dropout_first(bi, h, P.q_position(bi, i), dropout), rng, dropout.p);
+            for (int64_t j = v0; j < v1; ++j) dst[j - b0] = row[j - b0] * w.keep.data()[j - v0];
           }
-          const int64_t bi = row_bi(run, t0 + t, sq), i = row_i(run, t0 + t, sq);
-          const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
-          std::fill_n(dst, bw, bf16{});
-          if (v1 <= v0) continue;
-          dropout_keep(P, w.keep.data(), v0, v1,
-                       P.dropout_first(bi, h, P.q_position(bi, i), dropout), rng, dropout.p);
-          for (int64_t j = v0; j < v1; ++j)
-            dst[j - b0] = float_to_bf16(row[j - b0] * w.keep.data()[j - v0]);
+          A = w.pd.data();
+          lda = bw;
         }
         const float beta = b0 > k0 ? 1.0f : 0.0f;
-        if (nt == 1) {
-          matvec(true, {V, DType::BF16, bw, d, v_ld}, w.pa.data(), 1, 1.0f, beta, O, 1);
-        } else {
-          pack_b(w.vb.data(), V, v_ld, bw, d);
-          gemm_bf16_packed(nt, d, bp, 1.0f, w.pa.data(), w.vb.data(), beta, O, ctx_width);
+        if (packed) {
+          const int lead = int(b0 & 1);  // the pairs of V start at an even key
+          const int64_t ppairs = pairs_of(bw + lead);
+          pack_pairs_cols(w.pa.data(), ppairs, A, lda, nt, bw, lead);
+          gemm_bf16_pairs(nt, d, ppairs, 1.0f, {w.pa.data(), ppairs, 1},
+                          w.vp.data() + (b0 - lead) / 2 * d, d, beta, O, ctx_width);
+        } else {  // one row: its bf16 probabilities against V as stored
+          for (int64_t j = 0; j < bw; ++j) w.p16[size_t(j)] = float_to_bf16(A[j]);
+          matvec(true, {P.v.at16(kvs, b0, grp), DType::BF16, bw, d, v_ld}, w.p16.data(), 1, 1.0f,
+                 beta, O, 1);
         }
       }
       for (int64_t t = 0; t < nt; ++t) {  // normalise; rows that saw nothing get zeros
@@ -187,15 +199,17 @@ void attention_fwd_bf16(const AttentionPlan& P, const Tensor& out, const Tensor&
   for (const Run& r : runs) rows = std::max(rows, std::min(kTileRows, r.rows));
   const int64_t keys = std::max<int64_t>(P.skv, 1);
   const int64_t block = probs.defined() ? keys : std::min(kKeyBlock, keys);
+  bool pack = false;  // some run has enough rows to pack its keys and values
+  for (const Run& r : runs) pack = pack || r.rows >= kMinPackRows;
   if (P.b * P.sq * P.skv * ctx_width <= kMinParallelWork) {  // on this thread, no OpenMP region
-    Scratch w(rows, block, P.d);
+    Scratch w(rows, block, P.skv, P.d, pack);
     for (int64_t task = 0; task < tasks; ++task)
       f.run_task(runs[size_t(task / P.n)], int(task % P.n), w);
     return;
   }
 #pragma omp parallel
   {
-    Scratch w(rows, block, P.d);
+    Scratch w(rows, block, P.skv, P.d, pack);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task)
       f.run_task(runs[size_t(task / P.n)], int(task % P.n), w);

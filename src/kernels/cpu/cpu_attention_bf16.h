@@ -17,40 +17,54 @@
 namespace megatron::ops::cpu {
 
 // ---- bf16 products on packed operands ---------------------------------------------------------
-// A is row-major bf16 [m, kp] (kp even: the reduction length rounded up, zero padded); B is bf16
-// in pairs along the reduction ("VNNI" layout) [kp / 2, n, 2]: element (k, j) at (k / 2) * 2n +
-// 2j + k % 2. C [m, n] fp32 (leading dimension ldc) = alpha A B + beta C, fp32 accumulation; beta
-// 0 ignores C's old values.
+// Operands are packed as bf16 pairs along the reduction dimension, one uint32_t per pair (the
+// even element in the low half, as `vdpbf16ps` reads them; a missing odd element is zero):
+//   A [m, k]: pair (i, kk) = (A[i][2kk], A[i][2kk+1]) at a.p[i * a.row + kk * a.pair]
+//   B [k, n]: pair (kk, j) = (B[2kk][j], B[2kk+1][j]) at b[kk * ldb + j]
+// C [m, n] fp32 (leading dimension ldc) = alpha A B + beta C, summed in fp32; beta 0 ignores C's
+// old values.
 enum class Bf16Unit { Fp32, Avx512Bf16 };
 const char* bf16_unit_name(Bf16Unit u);  // "avx512_bf16 (vdpbf16ps)", "fp32 (no bf16 unit)"
 // The unit the CPU offers (avx512_bf16 in its flags), unless forced with set_bf16_tile_unit.
 Bf16Unit bf16_tile_unit();
-// Forces a unit (tests: the fallback on any CPU); forcing one the CPU lacks is an error.
+// Forces a unit (tests and benchmarks: the fallback on any CPU); forcing one the CPU lacks is
+// an error.
 void set_bf16_tile_unit(Bf16Unit u);
 void reset_bf16_tile_unit();  // back to the CPU's own
 
-void gemm_bf16_packed(int64_t m, int64_t n, int64_t kp, float alpha, const bf16* a,
-                      const bf16* bv, float beta, float* c, int64_t ldc);
-
-// Packing into those layouts, from fp32 (rounded to nearest even) or bf16 sources; rows of the
-// source at src + r * ld. Reduction lengths are padded with zeros to kp = round_up(k, 2).
-inline int64_t even_up(int64_t k) { return (k + 1) & ~int64_t(1); }
-// A per-thread bf16 work buffer (packed operands).
-struct Bf16Buffer {
-  std::unique_ptr<bf16[]> p;
-  explicit Bf16Buffer(int64_t n) : p(std::make_unique<bf16[]>(size_t(std::max<int64_t>(n, 1)))) {}
-  bf16* data() const { return p.get(); }
+struct PairsA {
+  const uint32_t* p;
+  int64_t row, pair;
 };
-// A = src [m, k]
-void pack_a(bf16* dst, const float* src, int64_t ld, int64_t m, int64_t k);
-void pack_a(bf16* dst, const bf16* src, int64_t ld, int64_t m, int64_t k);
-// A = src^T, src [k, m]
-void pack_a_t(bf16* dst, const float* src, int64_t ld, int64_t k, int64_t m);
-// B = src [k, n]
-void pack_b(bf16* dst, const float* src, int64_t ld, int64_t k, int64_t n);
-void pack_b(bf16* dst, const bf16* src, int64_t ld, int64_t k, int64_t n);
-// B = src^T, src [n, k]
-void pack_b_t(bf16* dst, const bf16* src, int64_t ld, int64_t n, int64_t k);
+void gemm_bf16_pairs(int64_t m, int64_t n, int64_t pairs, float alpha, PairsA a,
+                     const uint32_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Packing from a row-major source [rows, cols] (row r at src + r * ld), fp32 sources rounded to
+// nearest even. dst's pair rows are ldd apart.
+inline int64_t pairs_of(int64_t k) { return (k + 1) / 2; }
+// Pairs along the columns: dst[i * ldd + kk] = (src[i][2kk - lead], src[i][2kk + 1 - lead]), where
+// lead (0 or 1) shifts the row right by one zero (a reduction that starts one element early, at an
+// even key), for kk < pairs_of(cols + lead).
+void pack_pairs_cols(uint32_t* dst, int64_t ldd, const float* src, int64_t ld, int64_t rows,
+                     int64_t cols, int lead = 0);
+void pack_pairs_cols(uint32_t* dst, int64_t ldd, const bf16* src, int64_t ld, int64_t rows,
+                     int64_t cols);
+// The same pairs transposed: dst[kk * ldd + i] (B = src^T).
+void pack_pairs_cols_t(uint32_t* dst, int64_t ldd, const bf16* src, int64_t ld, int64_t rows,
+                       int64_t cols);
+// Pairs along the rows: dst[kk * ldd + j] = (src[2kk][j], src[2kk + 1][j]), kk < pairs_of(rows).
+void pack_pairs_rows(uint32_t* dst, int64_t ldd, const float* src, int64_t ld, int64_t rows,
+                     int64_t cols);
+void pack_pairs_rows(uint32_t* dst, int64_t ldd, const bf16* src, int64_t ld, int64_t rows,
+                     int64_t cols);
+
+// A per-thread buffer of packed pairs, left uninitialised (every use writes before it reads).
+struct PairBuffer {
+  std::unique_ptr<uint32_t[]> p;
+  explicit PairBuffer(int64_t n)
+      : p(std::make_unique_for_overwrite<uint32_t[]>(size_t(std::max<int64_t>(n, 1)))) {}
+  uint32_t* data() const { return p.get(); }
+};
 
 // ---- the kernel -------------------------------------------------------------------------------
 // Called by attention_fwd / attention_bwd once the plan is checked and q, k, v are bf16.

@@ -3,7 +3,8 @@
 // tiles of 64 rows against key blocks of up to 512 keys) with its five products on the bf16 unit:
 //   S = scale Q K^T (when the probabilities are recomputed), dP = dO V^T,
 //   dV += Pd^T dO,  dQ += scale dS K,  dK += scale dS^T Q
-// dO, Pd and dS are rounded to bf16 for their products (q, k, v are bf16 already); the softmax
+// The task packs its keys and values once (K^T and V^T for the scores and dP, K for dQ), each
+// tile its queries and dO. dO, Pd and dS are rounded to bf16 for their products (q, k, v are bf16 already); the softmax
 // gradient dS = P (keep dP - D), the bias gradient and every result stay fp32. D = rowsum(dO * O)
 // takes dO rounded as dP does, so that dP - D cancels where it should (a row that sees one key).
 #include <omp.h>
@@ -20,16 +21,17 @@ constexpr int64_t kTileRows = 64, kKeyBlock = 512;
 
 struct Scratch {
   WorkBuffer p, pd, dp, keep, delta;
-  // A operands [tile rows, d] (q, dO), B operands along the tile rows [rows, d] (dO, q), along
-  // the block's keys (K^T, V^T [d, block]; K [block, d]), transposed tiles [block, rows].
-  Bf16Buffer qa, doa, don, qn, kb, vb, kn, pt, dsa, dst;
+  // The sequence's K^T, V^T [d/2, skv] and K [skv/2, d]; the tile's Q and dO along d [rows, d/2]
+  // and along the rows [rows/2, d]; P (or Pd) and dS along the rows [rows/2, block] and dS along
+  // the keys [rows, block/2 + 1].
+  PairBuffer kt, vt, kr, qa, doa, qr, dor, pr, dsr, dsa;
   std::vector<int64_t> lo, hi;
-  Scratch(int64_t rows, int64_t block, int64_t sq, int64_t d)
+  Scratch(int64_t rows, int64_t block, int64_t sq, int64_t skv, int64_t d)
       : p(rows * block), pd(rows * block), dp(rows * block), keep(block), delta(sq),
-        qa(rows * even_up(d)), doa(rows * even_up(d)), don(even_up(rows) * d),
-        qn(even_up(rows) * d), kb(even_up(d) * block), vb(even_up(d) * block),
-        kn(even_up(block) * d), pt(block * even_up(rows)), dsa(rows * even_up(block)),
-        dst(block * even_up(rows)), lo(size_t(rows)), hi(size_t(rows)) {}
+        kt(pairs_of(d) * skv), vt(pairs_of(d) * skv), kr(pairs_of(skv) * d),
+        qa(rows * pairs_of(d)), doa(rows * pairs_of(d)), qr(pairs_of(rows) * d),
+        dor(pairs_of(rows) * d), pr(pairs_of(rows) * block), dsr(pairs_of(rows) * block),
+        dsa(rows * (block / 2 + 1)), lo(size_t(rows)), hi(size_t(rows)) {}
 };
 
 struct Backward {
@@ -74,8 +76,11 @@ struct Backward {
   }
 
   void run_task(int64_t bi, int grp, Scratch& w) const {
-    const int64_t sq = P.sq, skv = P.skv, d = P.d, dp = even_up(d);
+    const int64_t sq = P.sq, skv = P.skv, d = P.d, dpairs = pairs_of(d);
     const int64_t q_ld = P.q.L.row_stride, k_ld = P.k.L.row_stride, v_ld = P.v.L.row_stride;
+    pack_pairs_cols_t(w.kt.data(), skv, P.k.at16(bi, 0, grp), k_ld, skv, d);
+    pack_pairs_cols_t(w.vt.data(), skv, P.v.at16(bi, 0, grp), v_ld, skv, d);
+    pack_pairs_rows(w.kr.data(), d, P.k.at16(bi, 0, grp), k_ld, skv, d);
     if (!a.accumulate)
       for (int64_t j = 0; j < skv; ++j) {
         std::fill_n(a.dk.at(bi, j, grp), d, 0.0f);
@@ -96,7 +101,7 @@ struct Backward {
       }
       const float* lrow = a.lse + (bi * P.n + h) * sq;
       for (int64_t t0 = 0; t0 < sq; t0 += kTileRows) {
-        const int64_t nt = std::min(kTileRows, sq - t0), ntp = even_up(nt);
+        const int64_t nt = std::min(kTileRows, sq - t0), ntpairs = pairs_of(nt);
         int64_t k0 = skv, k1 = 0;
         for (int64_t t = 0; t < nt; ++t) {
           int64_t& lo = w.lo[size_t(t)];
@@ -117,28 +122,26 @@ struct Backward {
         }
         const bf16* Q = P.q.at16(bi, t0, h);
         const float* dO = dO_b + t0 * ctx_width;
-        pack_a(w.qa.data(), Q, q_ld, nt, d);
-        pack_a(w.doa.data(), dO, ctx_width, nt, d);
-        pack_b(w.don.data(), dO, ctx_width, nt, d);
-        pack_b(w.qn.data(), Q, q_ld, nt, d);
+        pack_pairs_cols(w.qa.data(), dpairs, Q, q_ld, nt, d);
+        pack_pairs_cols(w.doa.data(), dpairs, dO, ctx_width, nt, d);
+        pack_pairs_rows(w.qr.data(), d, Q, q_ld, nt, d);
+        pack_pairs_rows(w.dor.data(), d, dO, ctx_width, nt, d);
         for (int64_t b0 = k0; b0 < k1; b0 += kKeyBlock) {
-          const int64_t b1 = std::min(k1, b0 + kKeyBlock), bw = b1 - b0, bp = even_up(bw);
-          const bf16* K = P.k.at16(bi, b0, grp);
-          const bf16* V = P.v.at16(bi, b0, grp);
+          const int64_t b1 = std::min(k1, b0 + kKeyBlock), bw = b1 - b0;
           const float* Pr = w.p.data();
           int64_t ldp = bw;
           if (a.probs) {
             Pr = a.probs + ((bi * P.n + h) * sq + t0) * skv + b0;
             ldp = skv;
           } else {
-            pack_b_t(w.kb.data(), K, k_ld, bw, d);
-            gemm_bf16_packed(nt, bw, dp, P.scale, w.qa.data(), w.kb.data(), 0.0f, w.p.data(), bw);
+            gemm_bf16_pairs(nt, bw, dpairs, P.scale, {w.qa.data(), dpairs, 1}, w.kt.data() + b0,
+                            skv, 0.0f, w.p.data(), bw);
             recompute_probs(w.p.data(), bi, h, t0, nt, b0, b1, slope, lrow, w);
           }
           // dP = dO V^T, then dS in place of dP; Pd (dropout) for dV.
           float* dP = w.dp.data();
-          pack_b_t(w.vb.data(), V, v_ld, bw, d);
-          gemm_bf16_packed(nt, bw, dp, 1.0f, w.doa.data(), w.vb.data(), 0.0f, dP, bw);
+          gemm_bf16_pairs(nt, bw, dpairs, 1.0f, {w.doa.data(), dpairs, 1}, w.vt.data() + b0, skv,
+                          0.0f, dP, bw);
           const float* A = Pr;
           int64_t lda = ldp;
           if (dropout.active()) {
@@ -178,15 +181,19 @@ struct Backward {
             }
           }
           const float beta = b0 == k0 && !a.accumulate ? 0.0f : 1.0f;
-          pack_a_t(w.pt.data(), A, lda, nt, bw);
-          gemm_bf16_packed(bw, d, ntp, 1.0f, w.pt.data(), w.don.data(), 1.0f,
-                           a.dv.at(bi, b0, grp), a.dv.L.row_stride);
-          pack_a(w.dsa.data(), dP, bw, nt, bw);
-          pack_b(w.kn.data(), K, k_ld, bw, d);
-          gemm_bf16_packed(nt, d, bp, P.scale, w.dsa.data(), w.kn.data(), beta, dQ, ldq);
-          pack_a_t(w.dst.data(), dP, bw, nt, bw);
-          gemm_bf16_packed(bw, d, ntp, P.scale, w.dst.data(), w.qn.data(), 1.0f,
-                           a.dk.at(bi, b0, grp), a.dk.L.row_stride);
+          // dV += Pd^T dO and dK += scale dS^T Q: the reduction runs over the tile's rows.
+          pack_pairs_rows(w.pr.data(), bw, A, lda, nt, bw);
+          gemm_bf16_pairs(bw, d, ntpairs, 1.0f, {w.pr.data(), 1, bw}, w.dor.data(), d, 1.0f,
+                          a.dv.at(bi, b0, grp), a.dv.L.row_stride);
+          pack_pairs_rows(w.dsr.data(), bw, dP, bw, nt, bw);
+          gemm_bf16_pairs(bw, d, ntpairs, P.scale, {w.dsr.data(), 1, bw}, w.qr.data(), d, 1.0f,
+                          a.dk.at(bi, b0, grp), a.dk.L.row_stride);
+          // dQ += scale dS K: over the block's keys, from the even key at or before b0.
+          const int lead = int(b0 & 1);
+          const int64_t kpairs = pairs_of(bw + lead);
+          pack_pairs_cols(w.dsa.data(), kpairs, dP, bw, nt, bw, lead);
+          gemm_bf16_pairs(nt, d, kpairs, P.scale, {w.dsa.data(), kpairs, 1},
+                          w.kr.data() + (b0 - lead) / 2 * d, d, beta, dQ, ldq);
         }
       }
     }
@@ -203,7 +210,7 @@ void attention_bwd_bf16(const AttentionPlan& P, const Bf16BackwardArgs& args,
   const int64_t rows = std::max<int64_t>(P.sq, 1);
 #pragma omp parallel
   {
-    Scratch w(std::min(kTileRows, rows), block, rows, P.d);
+    Scratch w(std::min(kTileRows, rows), block, rows, P.skv, P.d);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < P.b * P.g; ++task) bw.run_task(task / P.g, int(task % P.g), w);
   }

@@ -1,13 +1,15 @@
-// The bf16 products of the attention kernel's tiles (cpu_attention_bf16.h): packing into the
-// row-major A / pair-interleaved B layouts, and C = alpha A B + beta C with fp32 accumulation on
-// the unit picked at run time. AVX512-BF16: `vdpbf16ps` adds the two products of a bf16 pair to
-// each of 16 fp32 lanes; a block of 8 rows of A against 32 columns of B keeps 16 accumulators in
-// registers, each pair of A broadcast once per row. The fp32 unit widens the same bf16 operands
-// (exactly) and multiplies them in fp32: the same products, for CPUs without bf16 instructions.
+// The bf16 products of the attention kernel's tiles (cpu_attention_bf16.h): packing into bf16
+// pairs along the reduction, and C = alpha A B + beta C with fp32 accumulation on the unit picked
+// at run time. AVX512-BF16: `vdpbf16ps` adds the two products of a bf16 pair to each of 16 fp32
+// lanes; a block of 8 rows of A against 32 columns of B keeps 16 accumulators in registers, each
+// pair of A broadcast once per row. The fp32 unit widens the same bf16 operands (exactly) and
+// multiplies them in fp32: the same products, for CPUs without bf16 instructions. The packing
+// loops are plain C++ that the compiler vectorises (rounding without branches).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstring>
 
 #include "core/error.h"
@@ -23,28 +25,24 @@ Bf16Unit detect_unit() {
 
 std::atomic<int> forced_unit{-1};
 
-inline uint32_t load_pair(const bf16* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+inline float lo_of(uint32_t p) { return std::bit_cast<float>(p << 16); }
+inline float hi_of(uint32_t p) { return std::bit_cast<float>(p & 0xffff0000u); }
 
 // ---- fp32 unit --------------------------------------------------------------------------------
 
-void gemm_fp32(int64_t m, int64_t n, int64_t kp, float alpha, const bf16* a, const bf16* bv,
-               float beta, float* c, int64_t ldc) {
+void gemm_fp32(int64_t m, int64_t n, int64_t pairs, float alpha, PairsA a, const uint32_t* b,
+               int64_t ldb, float beta, float* c, int64_t ldc) {
   constexpr int64_t kCols = 256;
   float acc[kCols];
   for (int64_t i = 0; i < m; ++i) {
-    const bf16* ar = a + i * kp;
     for (int64_t j0 = 0; j0 < n; j0 += kCols) {
       const int64_t nc = std::min(kCols, n - j0);
       std::fill_n(acc, nc, 0.0f);
-      for (int64_t kk = 0; kk < kp / 2; ++kk) {
-        const float a0 = bf16_to_float(ar[2 * kk]), a1 = bf16_to_float(ar[2 * kk + 1]);
-        const bf16* b = bv + (kk * n + j0) * 2;
-        for (int64_t j = 0; j < nc; ++j)
-          acc[j] += a0 * bf16_to_float(b[2 * j]) + a1 * bf16_to_float(b[2 * j + 1]);
+      for (int64_t kk = 0; kk < pairs; ++kk) {
+        const uint32_t ap = a.p[i * a.row + kk * a.pair];
+        const float a0 = lo_of(ap), a1 = hi_of(ap);
+        const uint32_t* br = b + kk * ldb + j0;
+        for (int64_t j = 0; j < nc; ++j) acc[j] += a0 * lo_of(br[j]) + a1 * hi_of(br[j]);
       }
       float* cr = c + i * ldc + j0;
       if (beta == 0.0f) {
@@ -61,25 +59,28 @@ void gemm_fp32(int64_t m, int64_t n, int64_t kp, float alpha, const bf16* a, con
 #define MG_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 template <int MR>
-MG_AVX512BF16 void block_avx512bf16(int64_t n, int64_t kp, float alpha, const bf16* a,
-                                    const bf16* bv, float beta, float* c, int64_t ldc,
-                                    int64_t j0, __mmask16 m0, __mmask16 m1) {
+MG_AVX512BF16 void block_avx512bf16(int64_t pairs, float alpha, PairsA a, const uint32_t* b,
+                                    int64_t ldb, float beta, float* c, int64_t ldc,
+                                    __mmask16 m0, __mmask16 m1) {
   __m512 acc0[MR], acc1[MR];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
-  const int64_t pairs = kp / 2;
   for (int64_t kk = 0; kk < pairs; ++kk) {
-    const bf16* b = bv + (kk * n + j0) * 2;
-    const __m512bh b0 = (__m512bh)_mm512_maskz_loadu_epi32(m0, b);
-    const __m512bh b1 = (__m512bh)_mm512_maskz_loadu_epi32(m1, b + 32);
+    const uint32_t* br = b + kk * ldb;
+    const __m512bh b0 = (__m512bh)_mm512_maskz_loadu_epi32(m0, br);
+    const __m512bh b1 = (__m512bh)_mm512_maskz_loadu_epi32(m1, br + 16);
+    const uint32_t* ar = a.p + kk * a.pair;
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(load_pair(a + r * kp + 2 * kk)));
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(ar[r * a.row]));
       acc0[r] = _mm512_dpbf16_ps(acc0[r], av, b0);
       acc1[r] = _mm512_dpbf16_ps(acc1[r], av, b1);
     }
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
-    float* cr = c + r * ldc + j0;
+    float* cr = c + r * ldc;
     __m512 x0 = _mm512_mul_ps(va, acc0[r]), x1 = _mm512_mul_ps(va, acc1[r]);
     if (beta != 0.0f) {
       x0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, cr), x0);
@@ -90,20 +91,22 @@ MG_AVX512BF16 void block_avx512bf16(int64_t n, int64_t kp, float alpha, const bf
   }
 }
 
-MG_AVX512BF16 void gemm_avx512bf16(int64_t m, int64_t n, int64_t kp, float alpha, const bf16* a,
-                                   const bf16* bv, float beta, float* c, int64_t ldc) {
+MG_AVX512BF16 void gemm_avx512bf16(int64_t m, int64_t n, int64_t pairs, float alpha, PairsA a,
+                                   const uint32_t* b, int64_t ldb, float beta, float* c,
+                                   int64_t ldc) {
   constexpr int kRows = 8;
   for (int64_t j0 = 0; j0 < n; j0 += 32) {
     const int64_t w = std::min<int64_t>(32, n - j0);
     const __mmask16 m0 = __mmask16(w >= 16 ? 0xffff : (1u << w) - 1);
     const __mmask16 m1 = __mmask16(w >= 32 ? 0xffff : w <= 16 ? 0 : (1u << (w - 16)) - 1);
     int64_t i = 0;
+    const auto at = [&](int64_t row) { return PairsA{a.p + row * a.row, a.row, a.pair}; };
     for (; i + kRows <= m; i += kRows)
-      block_avx512bf16<kRows>(n, kp, alpha, a + i * kp, bv, beta, c + i * ldc, ldc, j0, m0, m1);
+      block_avx512bf16<kRows>(pairs, alpha, at(i), b + j0, ldb, beta, c + i * ldc + j0, ldc, m0, m1);
     switch (m - i) {
-#define MG_TAIL(R)                                                                            \
-  case R:                                                                                     \
-    block_avx512bf16<R>(n, kp, alpha, a + i * kp, bv, beta, c + i * ldc, ldc, j0, m0, m1); \
+#define MG_TAIL(R)                                                                             \
+  case R:                                                                                      \
+    block_avx512bf16<R>(pairs, alpha, at(i), b + j0, ldb, beta, c + i * ldc + j0, ldc, m0, m1); \
     break;
       MG_TAIL(1) MG_TAIL(2) MG_TAIL(3) MG_TAIL(4) MG_TAIL(5) MG_TAIL(6) MG_TAIL(7)
 #undef MG_TAIL
@@ -113,6 +116,50 @@ MG_AVX512BF16 void gemm_avx512bf16(int64_t m, int64_t n, int64_t kp, float alpha
 }
 
 #undef MG_AVX512BF16
+
+// Round to nearest even, quiet NaNs kept; no branches, so the loops below vectorise.
+inline uint32_t round_bf16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : r;
+}
+inline uint32_t bits_of(float f) { return round_bf16(f); }
+inline uint32_t bits_of(bf16 h) { return h.bits; }
+
+template <class T>
+void pairs_cols(uint32_t* dst, int64_t ldd, const T* src, int64_t ld, int64_t rows, int64_t cols,
+                int lead) {
+  const int64_t whole = (cols + lead) / 2;  // pairs with both elements in the (shifted) row
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* s = src + i * ld;
+    uint32_t* d = dst + i * ldd;
+    if (lead) {  // pair kk = (s[2kk - 1], s[2kk]), s[-1] = 0
+      if (cols > 0) d[0] = bits_of(s[0]) << 16;
+      for (int64_t kk = 1; kk < whole; ++kk)
+        d[kk] = bits_of(s[2 * kk - 1]) | bits_of(s[2 * kk]) << 16;
+      if ((cols + 1) % 2) d[whole] = bits_of(s[cols - 1]);
+    } else {
+      for (int64_t kk = 0; kk < whole; ++kk) d[kk] = bits_of(s[2 * kk]) | bits_of(s[2 * kk + 1]) << 16;
+      if (cols % 2) d[whole] = bits_of(s[cols - 1]);
+    }
+  }
+}
+
+template <class T>
+void pairs_rows(uint32_t* dst, int64_t ldd, const T* src, int64_t ld, int64_t rows,
+                int64_t cols) {
+  for (int64_t kk = 0; kk < rows / 2; ++kk) {
+    const T* r0 = src + 2 * kk * ld;
+    const T* r1 = r0 + ld;
+    uint32_t* d = dst + kk * ldd;
+    for (int64_t j = 0; j < cols; ++j) d[j] = bits_of(r0[j]) | bits_of(r1[j]) << 16;
+  }
+  if (rows % 2) {
+    const T* r0 = src + (rows - 1) * ld;
+    uint32_t* d = dst + (rows / 2) * ldd;
+    for (int64_t j = 0; j < cols; ++j) d[j] = bits_of(r0[j]);
+  }
+}
 
 }  // namespace
 
@@ -135,86 +182,43 @@ void set_bf16_tile_unit(Bf16Unit u) {
 
 void reset_bf16_tile_unit() { forced_unit.store(-1, std::memory_order_relaxed); }
 
-void gemm_bf16_packed(int64_t m, int64_t n, int64_t kp, float alpha, const bf16* a,
-                      const bf16* bv, float beta, float* c, int64_t ldc) {
+void gemm_bf16_pairs(int64_t m, int64_t n, int64_t pairs, float alpha, PairsA a,
+                     const uint32_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   if (bf16_tile_unit() == Bf16Unit::Avx512Bf16) {
-    gemm_avx512bf16(m, n, kp, alpha, a, bv, beta, c, ldc);
+    gemm_avx512bf16(m, n, pairs, alpha, a, b, ldb, beta, c, ldc);
   } else {
-    gemm_fp32(m, n, kp, alpha, a, bv, beta, c, ldc);
+    gemm_fp32(m, n, pairs, alpha, a, b, ldb, beta, c, ldc);
   }
 }
 
-// ---- packing ----------------------------------------------------------------------------------
+void pack_pairs_cols(uint32_t* dst, int64_t ldd, const float* src, int64_t ld, int64_t rows,
+                     int64_t cols, int lead) {
+  pairs_cols(dst, ldd, src, ld, rows, cols, lead);
+}
+void pack_pairs_cols(uint32_t* dst, int64_t ldd, const bf16* src, int64_t ld, int64_t rows,
+                     int64_t cols) {
+  pairs_cols(dst, ldd, src, ld, rows, cols, 0);
+}
 
-namespace {
-inline bf16 to_bf16(float x) { return float_to_bf16(x); }
-inline bf16 to_bf16(bf16 x) { return x; }
-
-template <class T>
-void pack_a_impl(bf16* dst, const T* src, int64_t ld, int64_t m, int64_t k) {
-  const int64_t kp = even_up(k);
-  for (int64_t i = 0; i < m; ++i) {
-    bf16* d = dst + i * kp;
-    const T* s = src + i * ld;
-    for (int64_t e = 0; e < k; ++e) d[e] = to_bf16(s[e]);
-    if (kp > k) d[k] = bf16{};
+void pack_pairs_cols_t(uint32_t* dst, int64_t ldd, const bf16* src, int64_t ld, int64_t rows,
+                       int64_t cols) {
+  const int64_t whole = cols / 2;
+  for (int64_t i = 0; i < rows; ++i) {
+    const bf16* s = src + i * ld;
+    for (int64_t kk = 0; kk < whole; ++kk)
+      dst[kk * ldd + i] = uint32_t(s[2 * kk].bits) | uint32_t(s[2 * kk + 1].bits) << 16;
+    if (cols % 2) dst[whole * ldd + i] = s[cols - 1].bits;
   }
 }
 
-template <class T>
-void pack_b_impl(bf16* dst, const T* src, int64_t ld, int64_t k, int64_t n) {
-  for (int64_t e = 0; e < k; ++e) {
-    bf16* d = dst + (e / 2) * 2 * n + (e % 2);
-    const T* s = src + e * ld;
-    for (int64_t j = 0; j < n; ++j) d[2 * j] = to_bf16(s[j]);
-  }
-  if (k % 2) {
-    bf16* d = dst + (k / 2) * 2 * n + 1;
-    for (int64_t j = 0; j < n; ++j) d[2 * j] = bf16{};
-  }
+void pack_pairs_rows(uint32_t* dst, int64_t ldd, const float* src, int64_t ld, int64_t rows,
+                     int64_t cols) {
+  pairs_rows(dst, ldd, src, ld, rows, cols);
 }
-}  // namespace
-
-void pack_a(bf16* dst, const float* src, int64_t ld, int64_t m, int64_t k) {
-  pack_a_impl(dst, src, ld, m, k);
-}
-void pack_a(bf16* dst, const bf16* src, int64_t ld, int64_t m, int64_t k) {
-  pack_a_impl(dst, src, ld, m, k);
-}
-
-void pack_a_t(bf16* dst, const float* src, int64_t ld, int64_t k, int64_t m) {
-  const int64_t kp = even_up(k);
-  for (int64_t e = 0; e < k; ++e) {
-    const float* s = src + e * ld;
-    for (int64_t i = 0; i < m; ++i) dst[i * kp + e] = float_to_bf16(s[i]);
-  }
-  if (kp > k)
-    for (int64_t i = 0; i < m; ++i) dst[i * kp + k] = bf16{};
-}
-
-void pack_b(bf16* dst, const float* src, int64_t ld, int64_t k, int64_t n) {
-  pack_b_impl(dst, src, ld, k, n);
-}
-void pack_b(bf16* dst, const bf16* src, int64_t ld, int64_t k, int64_t n) {
-  pack_b_impl(dst, src, ld, k, n);
-}
-
-void pack_b_t(bf16* dst, const bf16* src, int64_t ld, int64_t n, int64_t k) {
-  const int64_t pairs = k / 2;
-  for (int64_t j = 0; j < n; ++j) {
-    const bf16* s = src + j * ld;
-    for (int64_t p = 0; p < pairs; ++p) {
-      bf16* d = dst + p * 2 * n + 2 * j;
-      d[0] = s[2 * p];
-      d[1] = s[2 * p + 1];
-    }
-    if (k % 2) {
-      bf16* d = dst + pairs * 2 * n + 2 * j;
-      d[0] = s[k - 1];
-      d[1] = bf16{};
-    }
-  }
+void pack_pairs_rows(uint32_t* dst, int64_t ldd, const bf16* src, int64_t ld, int64_t rows,
+                     int64_t cols) {
+  pairs_rows(dst, ldd, src, ld, rows, cols);
 }
 
 }  // namespace megatron::ops::cpu
