@@ -203,12 +203,21 @@ void pack_pairs_cols(uint32_t* dst, int64_t ldd, const bf16* src, int64_t ld, in
 
 void pack_pairs_cols_t(uint32_t* dst, int64_t ldd, const bf16* src, int64_t ld, int64_t rows,
                        int64_t cols) {
+  // 16 source rows at a time: their pairs stay in the L1 cache while each pair row of dst gets
+  // 16 consecutive words.
+  constexpr int64_t kBlock = 16;
   const int64_t whole = cols / 2;
-  for (int64_t i = 0; i < rows; ++i) {
-    const bf16* s = src + i * ld;
-    for (int64_t kk = 0; kk < whole; ++kk)
-      dst[kk * ldd + i] = uint32_t(s[2 * kk].bits) | uint32_t(s[2 * kk + 1].bits) << 16;
-    if (cols % 2) dst[whole * ldd + i] = s[cols - 1].bits;
+  for (int64_t i0 = 0; i0 < rows; i0 += kBlock) {
+    const int64_t i1 = std::min(rows, i0 + kBlock);
+    for (int64_t kk = 0; kk < whole; ++kk) {
+      uint32_t* d = dst + kk * ldd;
+      for (int64_t i = i0; i < i1; ++i) {
+        const bf16* s = src + i * ld + 2 * kk;
+        d[i] = uint32_t(s[0].bits) | uint32_t(s[1].bits) << 16;
+      }
+    }
+    if (cols % 2)
+      for (int64_t i = i0; i < i1; ++i) dst[whole * ldd + i] = src[i * ld + cols - 1].bits;
   }
 }
 
