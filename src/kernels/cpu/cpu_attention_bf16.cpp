@@ -27,7 +27,7 @@ struct Scratch {
   std::vector<float> m, l;
   std::vector<int64_t> lo, hi;
   Scratch(int64_t rows, int64_t block, int64_t skv, int64_t d, bool pack)
-      : s(rows * block), pd(rows * block), keep(block), kt(pack ? pairs_of(d) * skv : 0),
+      : s(rows * block), pd(rows * block), keep(block), kt(pack ? pairs_of(d) * pair_ld(skv) : 0),
         vp(pack ? pairs_of(skv) * d : 0), qa(rows * pairs_of(d)), pa(rows * (block / 2 + 1)),
         p16(size_t(block)), m(size_t(rows)), l(size_t(rows)), lo(size_t(rows)), hi(size_t(rows)) {}
 };
@@ -95,7 +95,7 @@ struct Forward {
     const float slope = P.slopes.empty() ? 0.0f : P.slopes[size_t(h)];
     const bool packed = run.rows >= kMinPackRows;
     if (packed) {  // the sequence's keys and values, once per task
-      pack_pairs_cols_t(w.kt.data(), P.skv, P.k.at16(kvs, 0, grp), k_ld, P.skv, d);
+      pack_pairs_cols_t(w.kt.data(), pair_ld(P.skv), P.k.at16(kvs, 0, grp), k_ld, P.skv, d);
       pack_pairs_rows(w.vp.data(), d, P.v.at16(kvs, 0, grp), v_ld, P.skv, d);
     }
     const int64_t tile = packed ? kTileRows : 1;
@@ -126,7 +126,7 @@ struct Forward {
         const int64_t ld = Pp ? p_ld : bw;
         if (packed) {
           gemm_bf16_pairs(nt, bw, dpairs, P.scale, {w.qa.data(), dpairs, 1}, w.kt.data() + b0,
-                          P.skv, 0.0f, S, ld);
+                          pair_ld(P.skv), 0.0f, S, ld);
         } else {
           matvec(false, {P.k.at16(kvs, b0, grp), DType::BF16, bw, d, k_ld}, Q, 1, P.scale, 0.0f,
                  S, 1);

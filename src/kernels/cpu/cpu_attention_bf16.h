@@ -42,6 +42,9 @@ void gemm_bf16_pairs(int64_t m, int64_t n, int64_t pairs, float alpha, PairsA a,
 // Packing from a row-major source [rows, cols] (row r at src + r * ld), fp32 sources rounded to
 // nearest even. dst's pair rows are ldd apart.
 inline int64_t pairs_of(int64_t k) { return (k + 1) / 2; }
+// A leading dimension for n pairs a row whose rows do not fall into the same few cache sets (a
+// multiple of 1024 words apart would).
+inline int64_t pair_ld(int64_t n) { return (n + 15) / 16 * 16 + 16; }
 // Pairs along the columns: dst[i * ldd + kk] = (src[i][2kk - lead], src[i][2kk + 1 - lead]), where
 // lead (0 or 1) shifts the row right by one zero (a reduction that starts one element early, at an
 // even key), for kk < pairs_of(cols + lead).

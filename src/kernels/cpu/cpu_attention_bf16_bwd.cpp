@@ -28,9 +28,9 @@ struct Scratch {
   std::vector<int64_t> lo, hi;
   Scratch(int64_t rows, int64_t block, int64_t sq, int64_t skv, int64_t d)
       : p(rows * block), pd(rows * block), dp(rows * block), keep(block), delta(sq),
-        kt(pairs_of(d) * skv), vt(pairs_of(d) * skv), kr(pairs_of(skv) * d),
+        kt(pairs_of(d) * pair_ld(skv)), vt(pairs_of(d) * pair_ld(skv)), kr(pairs_of(skv) * d),
         qa(rows * pairs_of(d)), doa(rows * pairs_of(d)), qr(pairs_of(rows) * d),
-        dor(pairs_of(rows) * d), pr(pairs_of(rows) * block), dsr(pairs_of(rows) * block),
+        dor(pairs_of(rows) * d), pr(pairs_of(rows) * pair_ld(block)), dsr(pairs_of(rows) * pair_ld(block)),
         dsa(rows * (block / 2 + 1)), lo(size_t(rows)), hi(size_t(rows)) {}
 };
 
@@ -78,8 +78,9 @@ struct Backward {
   void run_task(int64_t bi, int grp, Scratch& w) const {
     const int64_t sq = P.sq, skv = P.skv, d = P.d, dpairs = pairs_of(d);
     const int64_t q_ld = P.q.L.row_stride, k_ld = P.k.L.row_stride, v_ld = P.v.L.row_stride;
-    pack_pairs_cols_t(w.kt.data(), skv, P.k.at16(bi, 0, grp), k_ld, skv, d);
-    pack_pairs_cols_t(w.vt.data(), skv, P.v.at16(bi, 0, grp), v_ld, skv, d);
+    const int64_t kld = pair_ld(skv);  // of K^T and V^T
+    pack_pairs_cols_t(w.kt.data(), kld, P.k.at16(bi, 0, grp), k_ld, skv, d);
+    pack_pairs_cols_t(w.vt.data(), kld, P.v.at16(bi, 0, grp), v_ld, skv, d);
     pack_pairs_rows(w.kr.data(), d, P.k.at16(bi, 0, grp), k_ld, skv, d);
     if (!a.accumulate)
       for (int64_t j = 0; j < skv; ++j) {
@@ -135,12 +136,12 @@ struct Backward {
             ldp = skv;
           } else {
             gemm_bf16_pairs(nt, bw, dpairs, P.scale, {w.qa.data(), dpairs, 1}, w.kt.data() + b0,
-                            skv, 0.0f, w.p.data(), bw);
+                            kld, 0.0f, w.p.data(), bw);
             recompute_probs(w.p.data(), bi, h, t0, nt, b0, b1, slope, lrow, w);
           }
           // dP = dO V^T, then dS in place of dP; Pd (dropout) for dV.
           float* dP = w.dp.data();
-          gemm_bf16_pairs(nt, bw, dpairs, 1.0f, {w.doa.data(), dpairs, 1}, w.vt.data() + b0, skv,
+          gemm_bf16_pairs(nt, bw, dpairs, 1.0f, {w.doa.data(), dpairs, 1}, w.vt.data() + b0, kld,
                           0.0f, dP, bw);
           const float* A = Pr;
           int64_t lda = ldp;
@@ -182,11 +183,12 @@ struct Backward {
           }
           const float beta = b0 == k0 && !a.accumulate ? 0.0f : 1.0f;
           // dV += Pd^T dO and dK += scale dS^T Q: the reduction runs over the tile's rows.
-          pack_pairs_rows(w.pr.data(), bw, A, lda, nt, bw);
-          gemm_bf16_pairs(bw, d, ntpairs, 1.0f, {w.pr.data(), 1, bw}, w.dor.data(), d, 1.0f,
+          const int64_t bld = pair_ld(bw);
+          pack_pairs_rows(w.pr.data(), bld, A, lda, nt, bw);
+          gemm_bf16_pairs(bw, d, ntpairs, 1.0f, {w.pr.data(), 1, bld}, w.dor.data(), d, 1.0f,
                           a.dv.at(bi, b0, grp), a.dv.L.row_stride);
-          pack_pairs_rows(w.dsr.data(), bw, dP, bw, nt, bw);
-          gemm_bf16_pairs(bw, d, ntpairs, P.scale, {w.dsr.data(), 1, bw}, w.qr.data(), d, 1.0f,
+          pack_pairs_rows(w.dsr.data(), bld, dP, bw, nt, bw);
+          gemm_bf16_pairs(bw, d, ntpairs, P.scale, {w.dsr.data(), 1, bld}, w.qr.data(), d, 1.0f,
                           a.dk.at(bi, b0, grp), a.dk.L.row_stride);
           // dQ += scale dS K: over the block's keys, from the even key at or before b0.
           const int lead = int(b0 & 1);
