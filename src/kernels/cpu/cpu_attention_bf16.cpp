@@ -55,7 +55,13 @@ struct Forward {
     float mx = kNegInf;
     if (v1 > v0) {
       add_score_terms(P, row, b0, v0, v1, P.bias_row(bi, h, p), slope, p);
-      mx = visible_max(P, row, b0, v0, v1, pad);
+      if (pad) {
+        mx = visible_max(P, row, b0, v0, v1, pad);
+      } else {  // the same maximum, vectorised
+        const float* r = row - b0;
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = v0; j < v1; ++j) mx = std::max(mx, r[j]);
+      }
     }
     if (mx == kNegInf) {  // nothing visible in this block
       std::fill_n(row, bw, 0.0f);
