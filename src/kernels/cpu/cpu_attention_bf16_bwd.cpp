@@ -41,40 +41,6 @@ struct Backward {
   Philox rng;
   int64_t ctx_width;
 
-  float* dbias_row(int64_t bi, int h, int64_t p) const {
-    const int64_t bb = a.dbias_per_row || P.bias_batch != 1 ? bi : 0;
-    return a.dbias + ((bb * P.n + h) * P.q_span + p) * P.kv_span;
-  }
-
-  // Probabilities of the tile's rows over key block [b0, b1) recomputed from S (in place) and
-  // the saved log-sum-exp.
-  void recompute_probs(float* S, int64_t bi, int h, int64_t t0, int64_t nt, int64_t b0,
-                       int64_t b1, float slope, const float* lrow, const Scratch& w) const {
-    const int64_t bw = b1 - b0;
-    const int32_t* pad = P.pad_row(bi);
-    for (int64_t t = 0; t < nt; ++t) {
-      float* row = S + t * bw;
-      const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
-      if (v1 <= v0) {
-        std::fill_n(row, bw, 0.0f);
-        continue;
-      }
-      const int64_t p = P.q_position(bi, t0 + t);
-      add_score_terms(P, row, b0, v0, v1, P.bias_row(bi, h, p), slope, p);
-      const float m = lrow[t0 + t];
-      float* r = row - b0;
-      std::fill(row, r + v0, 0.0f);
-      if (pad) {
-        for (int64_t j = v0; j < v1; ++j)
-          r[j] = pad[P.k_position(j)] != 0 ? fast_exp(r[j] - m) : 0.0f;
-      } else {
-#pragma omp simd
-        for (int64_t j = v0; j < v1; ++j) r[j] = fast_exp(r[j] - m);
-      }
-      std::fill(r + v1, row + bw, 0.0f);
-    }
-  }
-
   void run_task(int64_t bi, int grp, Scratch& w) const {
     const int64_t sq = P.sq, skv = P.skv, d = P.d, dpairs = pairs_of(d);
     const int64_t q_ld = P.q.L.row_stride, k_ld = P.k.L.row_stride, v_ld = P.v.L.row_stride;
@@ -137,7 +103,8 @@ struct Backward {
           } else {
             gemm_bf16_pairs(nt, bw, dpairs, P.scale, {w.qa.data(), dpairs, 1}, w.kt.data() + b0,
                             kld, 0.0f, w.p.data(), bw);
-            recompute_probs(w.p.data(), bi, h, t0, nt, b0, b1, slope, lrow, w);
+            recompute_probs(P, w.p.data(), bi, h, t0, nt, b0, b1, slope, lrow, w.lo.data(),
+                            w.hi.data());
           }
           // dP = dO V^T, then dS in place of dP; Pd (dropout) for dV.
           float* dP = w.dp.data();
@@ -149,38 +116,9 @@ struct Backward {
             A = w.pd.data();
             lda = bw;
           }
-          for (int64_t t = 0; t < nt; ++t) {
-            const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
-            float* ds = dP + t * bw - b0;  // ds[j]: key row j
-            const float* pr = Pr + t * ldp - b0;
-            float* pd = dropout.active() ? w.pd.data() + t * bw - b0 : nullptr;
-            if (v1 <= v0) {
-              std::fill_n(dP + t * bw, bw, 0.0f);
-              if (pd) std::fill_n(w.pd.data() + t * bw, bw, 0.0f);
-              continue;
-            }
-            const int64_t p = P.q_position(bi, t0 + t);
-            if (pd) {
-              dropout_keep(P, w.keep.data(), v0, v1, P.dropout_first(bi, h, p, dropout), rng,
-                           dropout.p);
-              const float* keep = w.keep.data() - v0;
-              std::fill(pd + b0, pd + v0, 0.0f);
-              for (int64_t j = v0; j < v1; ++j) {
-                pd[j] = pr[j] * keep[j];
-                ds[j] *= keep[j];
-              }
-              std::fill(pd + v1, pd + b1, 0.0f);
-            }
-            const float D = w.delta.data()[t0 + t];
-            std::fill(ds + b0, ds + v0, 0.0f);
-#pragma omp simd
-            for (int64_t j = v0; j < v1; ++j) ds[j] = pr[j] * (ds[j] - D);
-            std::fill(ds + v1, ds + b1, 0.0f);
-            if (a.dbias) {
-              float* db = dbias_row(bi, h, p);
-              for (int64_t j = v0; j < v1; ++j) db[P.k_position(j)] += ds[j];
-            }
-          }
+          softmax_grad_block(P, {dP, Pr, ldp, dropout.active() ? w.pd.data() : nullptr,
+                                 w.delta.data() + t0, w.keep.data(), w.lo.data(), w.hi.data()},
+                             bi, h, t0, nt, b0, b1, dropout, rng, a.dbias, a.dbias_per_row);
           const float beta = b0 == k0 && !a.accumulate ? 0.0f : 1.0f;
           // dV += Pd^T dO and dK += scale dS^T Q: the reduction runs over the tile's rows.
           const int64_t bld = pair_ld(bw);

@@ -129,4 +129,25 @@ float visible_max(const AttentionPlan& P, const float* row, int64_t b0, int64_t 
 void dropout_keep(const AttentionPlan& P, float* keep, int64_t v0, int64_t v1, uint64_t first,
                   const Philox& rng, float prob);
 
+// ---- backward, per query tile (rows t0 .. t0 + nt of batch row bi, head h) and key block
+// [b0, b1); lo, hi: each tile row's visible key range; S, dP, pd: [nt, b1 - b0] --------------------
+// The probabilities from the scores S (in place) and the rows' saved log-sum-exp lrow.
+void recompute_probs(const AttentionPlan& P, float* S, int64_t bi, int h, int64_t t0, int64_t nt,
+                     int64_t b0, int64_t b1, float slope, const float* lrow, const int64_t* lo,
+                     const int64_t* hi);
+struct GradBlock {
+  float* dp;           // dP = dO V^T in, dS = P (keep dP - D) out
+  const float* probs;  // P, rows ldp apart
+  int64_t ldp;
+  float* pd;           // with dropout: P * keep out; else null
+  const float* delta;  // D of the tile's rows
+  float* keep;         // work space of b1 - b0
+  const int64_t *lo, *hi;
+};
+// dS in place of dP, Pd with dropout, and dS added to the bias gradient rows (dbias: the bias
+// gradient, or per-batch-row parts when dbias_per_row; null: none).
+void softmax_grad_block(const AttentionPlan& P, const GradBlock& g, int64_t bi, int h, int64_t t0,
+                        int64_t nt, int64_t b0, int64_t b1, const DropoutSpec& dropout,
+                        const Philox& rng, float* dbias, bool dbias_per_row);
+
 }  // namespace megatron::ops::cpu
