@@ -275,6 +275,11 @@ TEST(CoreAttentionBf16, RowsReadTheKeyValueSequenceKvIndexNames) {
   run_case({.b = 5, .sq = 1, .skv = 7, .n = 4, .g = 2, .d = 8, .cross = true, .alibi = true,
             .wl = 4, .qpos = {6}, .kv_index = {2, 0, 2, 1, 0}, .q_span = 7});
 }
+// A prefill chunk: consecutive rows of one key/value sequence run as one tile of packed pairs.
+TEST(CoreAttentionBf16, APrefillChunkOfOneSequence) {
+  run_case({.b = 6, .sq = 1, .skv = 9, .n = 4, .g = 2, .d = 8, .cross = true, .causal = false,
+            .bias = 2, .qpos = {7}, .kv_index = {1, 1, 1, 1, 1, 0}, .q_span = 9});
+}
 
 // ---- long sequences: several 64-row tiles and 512-key blocks -------------------------------------
 

@@ -30,25 +30,36 @@ inline float hi_of(uint32_t p) { return std::bit_cast<float>(p & 0xffff0000u); }
 
 // ---- fp32 unit --------------------------------------------------------------------------------
 
+// Up to kRows rows of A at once, so that each widened pair of B serves them all.
 void gemm_fp32(int64_t m, int64_t n, int64_t pairs, float alpha, PairsA a, const uint32_t* b,
                int64_t ldb, float beta, float* c, int64_t ldc) {
-  constexpr int64_t kCols = 256;
-  float acc[kCols];
-  for (int64_t i = 0; i < m; ++i) {
+  constexpr int64_t kCols = 128, kRows = 4;
+  float acc[kRows][kCols];
+  for (int64_t i0 = 0; i0 < m; i0 += kRows) {
+    const int64_t mr = std::min(kRows, m - i0);
     for (int64_t j0 = 0; j0 < n; j0 += kCols) {
       const int64_t nc = std::min(kCols, n - j0);
-      std::fill_n(acc, nc, 0.0f);
+      for (int64_t r = 0; r < kRows; ++r) std::fill_n(acc[r], nc, 0.0f);
       for (int64_t kk = 0; kk < pairs; ++kk) {
-        const uint32_t ap = a.p[i * a.row + kk * a.pair];
-        const float a0 = lo_of(ap), a1 = hi_of(ap);
+        float a0[kRows] = {}, a1[kRows] = {};
+        for (int64_t r = 0; r < mr; ++r) {
+          const uint32_t ap = a.p[(i0 + r) * a.row + kk * a.pair];
+          a0[r] = lo_of(ap);
+          a1[r] = hi_of(ap);
+        }
         const uint32_t* br = b + kk * ldb + j0;
-        for (int64_t j = 0; j < nc; ++j) acc[j] += a0 * lo_of(br[j]) + a1 * hi_of(br[j]);
+        for (int64_t j = 0; j < nc; ++j) {
+          const float b0 = lo_of(br[j]), b1 = hi_of(br[j]);
+          for (int64_t r = 0; r < kRows; ++r) acc[r][j] += a0[r] * b0 + a1[r] * b1;
+        }
       }
-      float* cr = c + i * ldc + j0;
-      if (beta == 0.0f) {
-        for (int64_t j = 0; j < nc; ++j) cr[j] = alpha * acc[j];
-      } else {
-        for (int64_t j = 0; j < nc; ++j) cr[j] = alpha * acc[j] + beta * cr[j];
+      for (int64_t r = 0; r < mr; ++r) {
+        float* cr = c + (i0 + r) * ldc + j0;
+        if (beta == 0.0f) {
+          for (int64_t j = 0; j < nc; ++j) cr[j] = alpha * acc[r][j];
+        } else {
+          for (int64_t j = 0; j < nc; ++j) cr[j] = alpha * acc[r][j] + beta * cr[j];
+        }
       }
     }
   }
