@@ -54,9 +54,14 @@ struct Built {
   AttentionMask mask;
   AttentionShape shape;
   int64_t qw = 0, kvw = 0;
-  int64_t qcol(int h) const { return in.q_layout.offset + int64_t(h / in.q_layout.heads_per_group) * in.q_layout.group_stride + int64_t(h % in.q_layout.heads_per_group) * a.d; }
-  int64_t kcol(int grp) const { return in.k_layout.offset + int64_t(grp) * in.k_layout.group_stride; }
-  int64_t vcol(int grp) const { return in.v_layout.offset + int64_t(grp) * in.v_layout.group_stride; }
+  // Column of query head h, key / value head grp in a row of the operand tensors.
+  int64_t qcol(int h) const {
+    const HeadLayout& L = in.q_layout;
+    return L.offset + int64_t(h / L.heads_per_group) * L.group_stride +
+           int64_t(h % L.heads_per_group) * a.d;
+  }
+  int64_t kcol(int grp) const { return in.k_layout.offset + grp * in.k_layout.group_stride; }
+  int64_t vcol(int grp) const { return in.v_layout.offset + grp * in.v_layout.group_stride; }
 };
 
 Built build(const Case& c) {

@@ -4,9 +4,10 @@
 //   S = scale Q K^T (when the probabilities are recomputed), dP = dO V^T,
 //   dV += Pd^T dO,  dQ += scale dS K,  dK += scale dS^T Q
 // The task packs its keys and values once (K^T and V^T for the scores and dP, K for dQ), each
-// tile its queries and dO. dO, Pd and dS are rounded to bf16 for their products (q, k, v are bf16 already); the softmax
-// gradient dS = P (keep dP - D), the bias gradient and every result stay fp32. D = rowsum(dO * O)
-// takes dO rounded as dP does, so that dP - D cancels where it should (a row that sees one key).
+// tile its queries and dO. dO, Pd and dS are rounded to bf16 for their products (q, k, v are bf16
+// already); the softmax gradient dS = P (keep dP - D), the bias gradient and every result stay
+// fp32. D = rowsum(dO * O) takes dO rounded as dP does, so that dP - D cancels where it should (a
+// row that sees one key).
 #include <omp.h>
 
 #include <cmath>
