@@ -23,6 +23,17 @@ LinearOptions linear_options(bool bias, bool grad, InitMethod init = InitMethod:
   return o;
 }
 
+// The core attention's operands: with bf16 weights on the CPU, qkv rounded to bf16, so that the
+// attention multiplies in bf16 (the CPU's bf16 attention kernel) as Megatron's does on bf16
+// activations; otherwise qkv itself.
+Tensor attention_operand(const Tensor& qkv, DType params_dtype) {
+  if (params_dtype != DType::BF16 || qkv.device().is_cuda()) return qkv;
+  const Tensor src = qkv.contiguous();
+  Tensor out = Tensor::empty(src.shape(), DType::BF16, src.device());
+  ops::cast(out, src);
+  return out;
+}
+
 }  // namespace
 
 // linear_qkv is in Megatron-Core's interleaved layout (per query group: its n/g query heads, its
@@ -213,7 +224,8 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
   } else if (C > 1) {
     allgather_attention_fwd(cp_, c, lse, probs, qkv, mask(ctx), sh, drop);
   } else {
-    ops::attention_fwd(c, lse, probs, self_inputs(qkv, sh), mask(ctx), sh, drop);
+    const Tensor operand = attention_operand(qkv, linear_qkv.weight.param.value.dtype());
+    ops::attention_fwd(c, lse, probs, self_inputs(operand, sh), mask(ctx), sh, drop);
   }
   Tensor y = linear_proj.forward(ctx, c);
   if (ctx.save) {
@@ -238,8 +250,9 @@ Tensor SelfAttention::backward(const LayerContext& ctx, const Tensor& dy) {
     dqkv = allgather_attention_bwd(cp_, dc, qkv_, ctx_, lse_, probs_, mask(ctx), sh, drop);
   } else {
     dqkv = Tensor::empty(qkv_.get().shape(), DType::F32, dc.device());
+    const Tensor operand = attention_operand(qkv_, linear_qkv.weight.param.value.dtype());
     ops::attention_bwd({dqkv, dqkv, dqkv, Tensor()}, dc, ctx_, lse_, probs_,
-                       self_inputs(qkv_, sh), mask(ctx), sh, drop);
+                       self_inputs(operand, sh), mask(ctx), sh, drop);
   }
   qkv_.reset();
   lse_.reset();

@@ -11,6 +11,7 @@
 
 #include <cmath>
 
+#include "kernels/cpu/cpu_attention_bf16.h"
 #include "kernels/cpu/cpu_attention_common.h"
 
 namespace megatron::ops::cpu {
@@ -33,8 +34,10 @@ int64_t extent(const HeadLayout& L, int64_t seqs, int64_t rows, int heads, int64
 }
 
 HeadOperand operand(const char* op, const char* name, const Tensor& t, const HeadLayout& L,
-                    int64_t seqs, int64_t rows, int heads, int64_t d) {
-  require_f32(op, name, t);
+                    int64_t seqs, int64_t rows, int heads, int64_t d, bool input = false) {
+  const bool half = input && t.defined() && t.dtype() == DType::BF16 && t.is_contiguous();
+  if (!half) require_f32(op, name, t);
+  require_host(op, t);
   MG_CHECK(L.heads_per_group >= 1 && L.offset >= 0 && L.seq_stride >= 0 && L.row_stride >= 0 &&
                L.group_stride >= 0,
            op, ": ", name, "'s head layout has a negative stride or offset");
@@ -42,6 +45,7 @@ HeadOperand operand(const char* op, const char* name, const Tensor& t, const Hea
            name, " ", shape_str(t.shape()), " is too small for ", seqs, " sequences of ", rows,
            " rows of ", heads, " heads of ", d, " through its layout (needs ",
            extent(L, seqs, rows, heads, d), " elements)");
+  if (half) return HeadOperand{nullptr, L, d, t.data<bf16>()};
   return HeadOperand{t.data<float>(), L, d};
 }
 
@@ -101,9 +105,12 @@ AttentionPlan make_plan(const char* op, const AttentionInputs& in, const Attenti
       kv_seqs = std::max<int64_t>(kv_seqs, P.kv_index[i] + 1);
     }
   }
-  P.q = operand(op, "q", in.q, in.q_layout, P.b, P.sq, P.n, P.d);
-  P.k = operand(op, "k", in.k, in.k_layout, kv_seqs, P.skv, P.g, P.d);
-  P.v = operand(op, "v", in.v, in.v_layout, kv_seqs, P.skv, P.g, P.d);
+  P.q = operand(op, "q", in.q, in.q_layout, P.b, P.sq, P.n, P.d, true);
+  P.k = operand(op, "k", in.k, in.k_layout, kv_seqs, P.skv, P.g, P.d, true);
+  P.v = operand(op, "v", in.v, in.v_layout, kv_seqs, P.skv, P.g, P.d, true);
+  MG_CHECK(in.q.dtype() == in.k.dtype() && in.q.dtype() == in.v.dtype(), op, ": q, k and v must "
+           "have one dtype (all float32, or all bfloat16 for the bf16 kernel), got ",
+           dtype_name(in.q.dtype()), ", ", dtype_name(in.k.dtype()), ", ", dtype_name(in.v.dtype()));
   if (in.q_positions.defined()) {
     P.qpos_per_row = in.q_positions.numel() != P.sq || P.b == 1;
     check_int_tensor(op, "q_positions", in.q_positions, P.qpos_per_row ? P.b * P.sq : P.sq,
@@ -196,10 +203,7 @@ namespace {
 
 constexpr int64_t kTileRows = 64, kKeyBlock = 512;
 
-// Consecutive query rows that read one key/value sequence through one row stride.
-struct Run {
-  int64_t bi, i0, rows;
-};
+}  // namespace
 
 std::vector<Run> make_runs(const AttentionPlan& P) {
   std::vector<Run> runs;
@@ -216,6 +220,8 @@ std::vector<Run> make_runs(const AttentionPlan& P) {
   }
   return runs;
 }
+
+namespace {
 
 // Per-thread work space of the forward.
 struct Scratch {
@@ -374,6 +380,7 @@ void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& probs,
   require_shape(op, "out", out, P.b * P.sq * ctx_width);
   if (lse.defined()) require_shape(op, "lse", lse, P.b * P.n * P.sq);
   if (probs.defined()) require_shape(op, "probs", probs, P.b * P.n * P.sq * P.skv);
+  if (P.q.base16) return attention_fwd_bf16(P, out, lse, probs, dropout);
   const Forward f{P, out.data<float>(), lse.defined() ? lse.data<float>() : nullptr,
                   probs.defined() ? probs.data<float>() : nullptr, dropout,
                   Philox(dropout.seed, dropout.stream), ctx_width};

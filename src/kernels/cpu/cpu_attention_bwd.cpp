@@ -10,9 +10,75 @@
 
 #include <cmath>
 
+#include "kernels/cpu/cpu_attention_bf16.h"
 #include "kernels/cpu/cpu_attention_common.h"
 
 namespace megatron::ops::cpu {
+
+void recompute_probs(const AttentionPlan& P, float* S, int64_t bi, int h, int64_t t0, int64_t nt,
+                     int64_t b0, int64_t b1, float slope, const float* lrow, const int64_t* lo,
+                     const int64_t* hi) {
+  const int64_t bw = b1 - b0;
+  const int32_t* pad = P.pad_row(bi);
+  for (int64_t t = 0; t < nt; ++t) {
+    float* row = S + t * bw;
+    const int64_t v0 = std::max(lo[t], b0), v1 = std::min(hi[t], b1);
+    if (v1 <= v0) {
+      std::fill_n(row, bw, 0.0f);
+      continue;
+    }
+    const int64_t p = P.q_position(bi, t0 + t);
+    add_score_terms(P, row, b0, v0, v1, P.bias_row(bi, h, p), slope, p);
+    const float m = lrow[t0 + t];
+    float* r = row - b0;
+    std::fill(row, r + v0, 0.0f);
+    if (pad) {
+      for (int64_t j = v0; j < v1; ++j) r[j] = pad[P.k_position(j)] != 0 ? fast_exp(r[j] - m) : 0.0f;
+    } else {
+#pragma omp simd
+      for (int64_t j = v0; j < v1; ++j) r[j] = fast_exp(r[j] - m);
+    }
+    std::fill(r + v1, row + bw, 0.0f);
+  }
+}
+
+void softmax_grad_block(const AttentionPlan& P, const GradBlock& g, int64_t bi, int h, int64_t t0,
+                        int64_t nt, int64_t b0, int64_t b1, const DropoutSpec& dropout,
+                        const Philox& rng, float* dbias, bool dbias_per_row) {
+  const int64_t bw = b1 - b0;
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t v0 = std::max(g.lo[t], b0), v1 = std::min(g.hi[t], b1);
+    float* ds = g.dp + t * bw - b0;  // ds[j]: key row j
+    const float* pr = g.probs + t * g.ldp - b0;
+    float* pd = g.pd ? g.pd + t * bw - b0 : nullptr;
+    if (v1 <= v0) {
+      std::fill_n(g.dp + t * bw, bw, 0.0f);
+      if (pd) std::fill_n(g.pd + t * bw, bw, 0.0f);
+      continue;
+    }
+    const int64_t p = P.q_position(bi, t0 + t);
+    if (pd) {
+      dropout_keep(P, g.keep, v0, v1, P.dropout_first(bi, h, p, dropout), rng, dropout.p);
+      const float* keep = g.keep - v0;
+      std::fill(pd + b0, pd + v0, 0.0f);
+      for (int64_t j = v0; j < v1; ++j) {
+        pd[j] = pr[j] * keep[j];
+        ds[j] *= keep[j];
+      }
+      std::fill(pd + v1, pd + b1, 0.0f);
+    }
+    const float D = g.delta[t];
+    std::fill(ds + b0, ds + v0, 0.0f);
+#pragma omp simd
+    for (int64_t j = v0; j < v1; ++j) ds[j] = pr[j] * (ds[j] - D);
+    std::fill(ds + v1, ds + b1, 0.0f);
+    if (dbias) {
+      const int64_t bb = dbias_per_row || P.bias_batch != 1 ? bi : 0;
+      float* db = dbias + ((bb * P.n + h) * P.q_span + p) * P.kv_span;
+      for (int64_t j = v0; j < v1; ++j) db[P.k_position(j)] += ds[j];
+    }
+  }
+}
 
 namespace {
 
@@ -41,11 +107,6 @@ struct Backward {
   int64_t ctx_width;
   bool accumulate;
 
-  float* dbias_row(int64_t bi, int h, int64_t p) const {
-    const int64_t bb = dbias_per_row || P.bias_batch != 1 ? bi : 0;
-    return dbias + ((bb * P.n + h) * P.q_span + p) * P.kv_span;
-  }
-
   void run_task(int64_t bi, int grp, Scratch& w) const {
     const int64_t sq = P.sq, skv = P.skv, d = P.d;
     if (!accumulate)
@@ -53,7 +114,6 @@ struct Backward {
         std::fill_n(dk.at(bi, j, grp), d, 0.0f);
         std::fill_n(dv.at(bi, j, grp), d, 0.0f);
       }
-    const int32_t* pad = P.pad_row(bi);
     for (int hh = 0; hh < P.hpg; ++hh) {
       const int h = grp * P.hpg + hh;
       const float slope = P.slopes.empty() ? 0.0f : P.slopes[size_t(h)];
@@ -103,27 +163,7 @@ struct Backward {
             float* S = w.p.data();
             sgemm(false, true, nt, bw, d, P.scale, Q, P.q.L.row_stride, K, P.k.L.row_stride, 0.0f,
                   S, bw);
-            for (int64_t t = 0; t < nt; ++t) {
-              float* row = S + t * bw;
-              const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
-              if (v1 <= v0) {
-                std::fill_n(row, bw, 0.0f);
-                continue;
-              }
-              const int64_t p = P.q_position(bi, t0 + t);
-              add_score_terms(P, row, b0, v0, v1, P.bias_row(bi, h, p), slope, p);
-              const float m = lrow[t0 + t];
-              float* r = row - b0;
-              std::fill(row, r + v0, 0.0f);
-              if (pad) {
-                for (int64_t j = v0; j < v1; ++j)
-                  r[j] = pad[P.k_position(j)] != 0 ? fast_exp(r[j] - m) : 0.0f;
-              } else {
-#pragma omp simd
-                for (int64_t j = v0; j < v1; ++j) r[j] = fast_exp(r[j] - m);
-              }
-              std::fill(r + v1, row + bw, 0.0f);
-            }
+            recompute_probs(P, S, bi, h, t0, nt, b0, b1, slope, lrow, w.lo.data(), w.hi.data());
           }
           // dP = dO V^T, then dS in place of dP; Pd (dropout) for dV.
           float* dP = w.dp.data();
@@ -134,38 +174,9 @@ struct Backward {
             A = w.pd.data();
             lda = bw;
           }
-          for (int64_t t = 0; t < nt; ++t) {
-            const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
-            float* ds = dP + t * bw - b0;  // ds[j]: key row j
-            const float* pr = Pr + t * ldp - b0;
-            float* pd = dropout.active() ? w.pd.data() + t * bw - b0 : nullptr;
-            if (v1 <= v0) {
-              std::fill_n(dP + t * bw, bw, 0.0f);
-              if (pd) std::fill_n(w.pd.data() + t * bw, bw, 0.0f);
-              continue;
-            }
-            const int64_t p = P.q_position(bi, t0 + t);
-            if (pd) {
-              dropout_keep(P, w.keep.data(), v0, v1, P.dropout_first(bi, h, p, dropout), rng,
-                           dropout.p);
-              const float* keep = w.keep.data() - v0;
-              std::fill(pd + b0, pd + v0, 0.0f);
-              for (int64_t j = v0; j < v1; ++j) {
-                pd[j] = pr[j] * keep[j];
-                ds[j] *= keep[j];
-              }
-              std::fill(pd + v1, pd + b1, 0.0f);
-            }
-            const float D = w.delta.data()[t0 + t];
-            std::fill(ds + b0, ds + v0, 0.0f);
-#pragma omp simd
-            for (int64_t j = v0; j < v1; ++j) ds[j] = pr[j] * (ds[j] - D);
-            std::fill(ds + v1, ds + b1, 0.0f);
-            if (dbias) {
-              float* db = dbias_row(bi, h, p);
-              for (int64_t j = v0; j < v1; ++j) db[P.k_position(j)] += ds[j];
-            }
-          }
+          softmax_grad_block(P, {dP, Pr, ldp, dropout.active() ? w.pd.data() : nullptr,
+                                 w.delta.data() + t0, w.keep.data(), w.lo.data(), w.hi.data()},
+                             bi, h, t0, nt, b0, b1, dropout, rng, dbias, dbias_per_row);
           const float beta = b0 == k0 && !accumulate ? 0.0f : 1.0f;
           sgemm(true, false, bw, d, nt, 1.0f, A, lda, dO, ctx_width, 1.0f, dv.at(bi, b0, grp),
                 dv.L.row_stride);
@@ -209,17 +220,23 @@ void attention_bwd(const AttentionGrads& grads, const Tensor& dout, const Tensor
       dbias = grads.dbias.data<float>();
     }
   }
-  const Backward bw{P, dq, dk, dv, dout.data<float>(), out.data<float>(), lse.data<float>(),
-                    probs.defined() ? probs.data<float>() : nullptr, dbias, per_row, dropout,
-                    Philox(dropout.seed, dropout.stream), ctx_width, accumulate};
-  const int64_t block = std::min(kKeyBlock, std::max<int64_t>(P.skv, 1));
-  const int64_t rows = std::max<int64_t>(P.sq, 1);
-  blas_single_threaded();
+  const float* probs_p = probs.defined() ? probs.data<float>() : nullptr;
+  if (P.q.base16) {
+    attention_bwd_bf16(P, {dq, dk, dv, dout.data<float>(), out.data<float>(), lse.data<float>(),
+                           probs_p, dbias, per_row, accumulate}, dropout);
+  } else {
+    const Backward bw{P, dq, dk, dv, dout.data<float>(), out.data<float>(), lse.data<float>(),
+                      probs_p, dbias, per_row, dropout, Philox(dropout.seed, dropout.stream),
+                      ctx_width, accumulate};
+    const int64_t block = std::min(kKeyBlock, std::max<int64_t>(P.skv, 1));
+    const int64_t rows = std::max<int64_t>(P.sq, 1);
+    blas_single_threaded();
 #pragma omp parallel
-  {
-    Scratch w(std::min(kTileRows, rows), block, rows);
+    {
+      Scratch w(std::min(kTileRows, rows), block, rows);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < P.b * P.g; ++task) bw.run_task(task / P.g, int(task % P.g), w);
+      for (int64_t task = 0; task < P.b * P.g; ++task) bw.run_task(task / P.g, int(task % P.g), w);
+    }
   }
   if (per_row) {  // sum the parts in batch order
     float* db = grads.dbias.data<float>();

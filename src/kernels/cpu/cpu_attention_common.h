@@ -28,15 +28,21 @@ struct WorkBuffer {
   float* data() const { return p.get(); }
 };
 
-// One operand read (or written) through its HeadLayout.
+// One operand read (or written) through its HeadLayout: fp32 (base), or a bf16 input (base16,
+// base null: the bf16 kernel of cpu_attention_bf16.cpp reads it).
 struct HeadOperand {
   float* base = nullptr;
   HeadLayout L;
   int64_t d = 0;
-  float* at(int64_t seq, int64_t row, int head) const {
-    return base + L.offset + seq * L.seq_stride + row * L.row_stride +
+  bf16* base16 = nullptr;
+  int64_t index(int64_t seq, int64_t row, int head) const {
+    return L.offset + seq * L.seq_stride + row * L.row_stride +
            int64_t(head / L.heads_per_group) * L.group_stride +
            int64_t(head % L.heads_per_group) * d;
+  }
+  float* at(int64_t seq, int64_t row, int head) const { return base + index(seq, row, head); }
+  const bf16* at16(int64_t seq, int64_t row, int head) const {
+    return base16 + index(seq, row, head);
   }
 };
 
@@ -92,7 +98,15 @@ struct AttentionPlan {
   }
 };
 
-// Checks the call (fp32 operands, layouts inside their tensors, positions, masks) and builds the
+// Consecutive query rows that read one key/value sequence through one row stride: a batch row,
+// or consecutive single-row batch rows of one key/value sequence (a prefill chunk of one KV-cache
+// slot). The forward runs one task per (run, head).
+struct Run {
+  int64_t bi, i0, rows;
+};
+std::vector<Run> make_runs(const AttentionPlan& P);
+
+// Checks the call (fp32 operands, or q, k and v all bf16, layouts inside their tensors, positions, masks) and builds the
 // plan; `op` names the caller in messages.
 AttentionPlan make_plan(const char* op, const AttentionInputs& in, const AttentionMask& mask,
                         const AttentionShape& shape);
@@ -114,5 +128,26 @@ float visible_max(const AttentionPlan& P, const float* row, int64_t b0, int64_t 
 // Philox element `first`: keep[j - v0], drawn run by run of consecutive key positions.
 void dropout_keep(const AttentionPlan& P, float* keep, int64_t v0, int64_t v1, uint64_t first,
                   const Philox& rng, float prob);
+
+// ---- backward, per query tile (rows t0 .. t0 + nt of batch row bi, head h) and key block
+// [b0, b1); lo, hi: each tile row's visible key range; S, dP, pd: [nt, b1 - b0] --------------------
+// The probabilities from the scores S (in place) and the rows' saved log-sum-exp lrow.
+void recompute_probs(const AttentionPlan& P, float* S, int64_t bi, int h, int64_t t0, int64_t nt,
+                     int64_t b0, int64_t b1, float slope, const float* lrow, const int64_t* lo,
+                     const int64_t* hi);
+struct GradBlock {
+  float* dp;           // dP = dO V^T in, dS = P (keep dP - D) out
+  const float* probs;  // P, rows ldp apart
+  int64_t ldp;
+  float* pd;           // with dropout: P * keep out; else null
+  const float* delta;  // D of the tile's rows
+  float* keep;         // work space of b1 - b0
+  const int64_t *lo, *hi;
+};
+// dS in place of dP, Pd with dropout, and dS added to the bias gradient rows (dbias: the bias
+// gradient, or per-batch-row parts when dbias_per_row; null: none).
+void softmax_grad_block(const AttentionPlan& P, const GradBlock& g, int64_t bi, int h, int64_t t0,
+                        int64_t nt, int64_t b0, int64_t b1, const DropoutSpec& dropout,
+                        const Philox& rng, float* dbias, bool dbias_per_row);
 
 }  // namespace megatron::ops::cpu

@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "kernels/cpu/cpu_attention_bf16.h"
 #include "kernels/cpu/cpu_common.h"
 
 namespace megatron::ops::cpu {
@@ -70,7 +71,8 @@ std::vector<std::string> cpu_kernel_lines() {
       "cpu: " + r.cpu_model + " (" + r.cpu_flags + "), " + std::to_string(r.threads) +
           " OpenMP thread" + (r.threads == 1 ? "" : "s"),
       "cpu products: oneDNN " + m.onednn_version + " (ISA " + m.onednn_isa + "): fp32 " + m.f32 +
-          "; bf16 " + m.bf16 + "; fp16 " + m.f16 + "; one row or column: matrix-vector loops",
+          "; bf16 " + m.bf16 + "; fp16 " + m.f16 + "; one row or column: matrix-vector loops" +
+          "; bf16 attention: " + bf16_unit_name(bf16_tile_unit()),
       "openblas: core " + r.openblas_core +
           (r.openblas_fallback ? " (a fallback: older than this CPU's vector unit), not used"
                                : ", not used (oneDNN runs every product)"),
@@ -82,7 +84,8 @@ std::string cpu_kernel_summary() {
   const MatmulKernels& m = r.matmul;
   return "CPU kernels: " + r.cpu_model + " (" + r.cpu_flags + "), " + std::to_string(r.threads) +
          " threads; products: oneDNN " + m.onednn_version + " " + m.onednn_isa + " (fp32 " + m.f32 +
-         ", bf16 " + m.bf16 + "); OpenBLAS core " + r.openblas_core +
+         ", bf16 " + m.bf16 + "; bf16 attention " + bf16_unit_name(bf16_tile_unit()) +
+         "); OpenBLAS core " + r.openblas_core +
          (r.openblas_fallback ? " (fallback)" : "") + " not used";
 }
 
