@@ -134,4 +134,68 @@ InferenceModel load_inference_model(const InferenceModelOptions& options,
   return out;
 }
 
+BertInference load_bert_model(const InferenceModelOptions& options,
+                              std::shared_ptr<Communicator> world) {
+  MG_REQUIRE(!options.load.empty(), "--load is required: the checkpoint folder to evaluate");
+  MG_REQUIRE(!options.tokenizer.type.empty(), "--tokenizer-type is required");
+  MG_CHECK(options.model.model_family == "bert", "load_bert_model: not a BERT configuration");
+  if (!world) world = world_communicator();
+  const int tp = options.tensor_model_parallel_size, pp = options.pipeline_model_parallel_size;
+  const bool model_parallel = world->size() > 1 && tp * pp > 1;
+  MG_REQUIRE(!model_parallel || pp == 1, "--pipeline-model-parallel-size ", pp, ": evaluating a "
+             "BERT checkpoint runs its pipeline stages merged on each rank; launch with "
+             "--pipeline-model-parallel-size 1 (the stages are merged in memory), or with "
+             "--tensor-model-parallel-size alone for a tensor-parallel checkpoint");
+  BertInference out;
+  out.tokenizer = data::build_tokenizer(options.tokenizer);
+  model::TransformerConfig cfg = inference_config(options.model);
+  model::ModelOptions mo;
+  mo.grad = false;
+  mo.init_weights = false;
+  mo.device = options.device;
+  const model::ChunkPlace whole{model::PipelineLayout{std::max(cfg.num_layers, 1), 1, 1}, 0, 0};
+  if (!model_parallel) {
+    cfg.padded_vocab_size =
+        data::padded_vocab_size(out.tokenizer->vocab_size(), options.make_vocab_size_divisible_by, 1);
+    const auto weights = CheckpointWeights::open(options.load, options.ckpt_step, cfg.padded_vocab_size);
+    out.iteration = weights.iteration();
+    std::map<std::string, Tensor> tensors;
+    for (const std::string& n : weights.names()) tensors.emplace(n, weights.get(n));
+    out.model = std::make_unique<model::BertModel>(cfg, 0, model::TensorParallel::none(),
+                                                   model::ContextParallel::none(), whole, mo);
+    load_weights_into(out.model->parameters(), with_local_norm_names(std::move(tensors)),
+                      cfg.params_dtype);
+    out.data_parallel_rank = world->rank();
+    out.data_parallel_size = world->size();
+  } else {
+    MG_REQUIRE(world->size() % tp == 0, "--tensor-model-parallel-size ", tp, " does not divide the ",
+               world->size(), " ranks launched: launch a multiple of ", tp, " ranks");
+    ParallelConfig pc;
+    pc.world_size = world->size();
+    pc.tensor_model_parallel_size = tp;
+    const ParallelState ps = ParallelState::create(world, pc);
+    cfg.padded_vocab_size =
+        data::padded_vocab_size(out.tokenizer->vocab_size(), options.make_vocab_size_divisible_by, tp);
+    const auto ckpt = training::find_checkpoint(options.load, options.ckpt_step);
+    MG_REQUIRE(ckpt.has_value(), "--load ", options.load, " holds no checkpoint to evaluate");
+    const training::CheckpointRank crank = training::CheckpointRank::from(ps);
+    training::check_checkpoint_layout(*ckpt, crank);
+    out.model = std::make_unique<model::BertModel>(
+        cfg, 0, model::TensorParallel::make(ps.group_ptr(GroupKind::TP), false),
+        model::ContextParallel::none(), whole, mo);
+    training::load_model_weights(*ckpt, out.model->parameters(), /*allow_dtype_conversion=*/true, crank);
+    out.iteration = ckpt->state.iteration;
+    out.data_parallel_rank = ps.dp_rank();
+    out.data_parallel_size = ps.dp_size();
+    out.reports = ps.tp_rank() == 0;
+  }
+  if (out.reports && out.data_parallel_rank == 0)
+    log_info("loaded BERT checkpoint ", options.load, " (iteration ", out.iteration, ")",
+             model_parallel ? str(" on ", tp, " tensor-parallel ranks") : "", ": ", cfg.num_layers,
+             " layers, hidden ", cfg.hidden_size, ", vocab ", cfg.padded_vocab_size,
+             cfg.bert_binary_head ? ", binary head" : ", no binary head", "; weights in ",
+             dtype_name(cfg.params_dtype));
+  return out;
+}
+
 }  // namespace megatron::inference
