@@ -60,24 +60,23 @@ inline void write_corpus(const std::string& prefix) {
   b.finalize();
 }
 
-// The tiny GPT the training tests train on write_corpus's data in `dir` ("corpus", index cache
-// in "cache"): 2 layers, hidden 32, 4 heads, sequence 16, vocabulary 64 (padded to 64 under TP 1,
-// 2 and 4), dropout 0, micro-batch 2, global batch 8, cosine LR 3e-3 -> 3e-4.
-inline TrainingArgs tiny_gpt_args(const fs::path& dir, int64_t iters) {
+// The tiny model and schedule the training tests share: 2 layers, hidden 32, 4 heads, sequence
+// `seq` (and as many positions), dropout 0, data `data_path` split 90,10,0 with its index cache
+// in `cache`, micro-batch 2, global batch 8, `iters` iterations of cosine LR 3e-3 -> 3e-4 after 3
+// warm-up iterations, logging off, one evaluation iteration every 1000.
+inline TrainingArgs tiny_training_args(int seq, const fs::path& data_path, const fs::path& cache,
+                                       int64_t iters) {
   TrainingArgs a;
   a.model.num_layers = 2;
   a.model.hidden_size = 32;
   a.model.num_attention_heads = 4;
-  a.model.seq_length = 16;
-  a.model.max_position_embeddings = 16;
+  a.model.seq_length = seq;
+  a.model.max_position_embeddings = seq;
   a.model.hidden_dropout = 0.0f;
   a.model.attention_dropout = 0.0f;
-  a.make_vocab_size_divisible_by = 16;
-  a.tokenizer.type = "NullTokenizer";
-  a.tokenizer.vocab_size = 64;
-  a.data.data_path = {(dir / "corpus").string()};
+  a.data.data_path = {data_path.string()};
   a.data.split = "90,10,0";
-  a.data.data_cache_path = (dir / "cache").string();
+  a.data.data_cache_path = cache.string();
   a.micro_batch_size = 2;
   a.global_batch_size = 8;
   a.train_iters = iters;
@@ -88,6 +87,17 @@ inline TrainingArgs tiny_gpt_args(const fs::path& dir, int64_t iters) {
   a.log_interval = 1000;
   a.eval_interval = 1000;
   a.eval_iters = 1;
+  return a;
+}
+
+// The tiny GPT the training tests train on write_corpus's data in `dir` ("corpus", index cache
+// in "cache"): tiny_training_args with sequence 16 and vocabulary 64 (padded to 64 under TP 1, 2
+// and 4).
+inline TrainingArgs tiny_gpt_args(const fs::path& dir, int64_t iters) {
+  TrainingArgs a = tiny_training_args(16, dir / "corpus", dir / "cache", iters);
+  a.make_vocab_size_divisible_by = 16;
+  a.tokenizer.type = "NullTokenizer";
+  a.tokenizer.vocab_size = 64;
   return a;
 }
 
