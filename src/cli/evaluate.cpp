@@ -26,7 +26,9 @@
 #include "core/progress.h"
 #include "data/data_builder.h"
 #include "inference/bert_evaluate.h"
+#include "inference/checkpoint_args.h"
 #include "inference/evaluate.h"
+#include "model/model_settings.h"
 #include "training/trainer.h"
 #include "training/training_data.h"
 
@@ -59,16 +61,17 @@ void print_result(const std::string& line) {
   log_print(dashes);
 }
 
+// The model family the checkpoint's metadata records ("gpt" without metadata).
+std::string checkpoint_family(const InferenceFlags& f) {
+  const auto step = f.ckpt_step >= 0 ? std::optional<int64_t>(f.ckpt_step) : std::nullopt;
+  const auto ck = inference::CheckpointArgs::read_if_present(f.options.load, step);
+  return ck ? model::config_from_checkpoint_args(ck->args()).config.model_family : "gpt";
+}
+
 // The flags of one kind of evaluation given on the command line for the other.
 void refuse_flags(const CLI::App& sub, std::initializer_list<const char*> flags, const std::string& why) {
   for (const char* f : flags) MG_REQUIRE(sub.count(f) == 0, f, " ", why);
 }
-
-const char* const kBertOnly[] = {"--data-path", "--train-data-path", "--valid-data-path",
-                                 "--test-data-path", "--split", "--split-name", "--data-cache-path",
-                                 "--global-batch-size", "--train-iters", "--train-samples",
-                                 "--eval-interval", "--eval-iters", "--mask-prob",
-                                 "--short-seq-prob", "--bert-binary-head", "--bert-no-binary-head"};
 
 // The masked-LM evaluation of a BERT checkpoint (see the top of the file).
 void run_bert_evaluate(EvaluateArgs& a, const CLI::App& sub, const inference::InferenceModelOptions& options) {
@@ -157,12 +160,20 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
   MG_REQUIRE(a.log_interval >= 1, "--log-interval must be >= 1");
   check_compat_flags(a.runtime, sub, CompatScope::Training);
   a.model.accept_bert = true;
+  // pretrain-bert's data and sizing flags select a BERT checkpoint's data; on a GPT checkpoint
+  // they are Megatron training flags that tasks/main.py accepts without effect.
+  if (checkpoint_family(a.model) != "bert")
+    for (const char* f : {"--data-path", "--train-data-path", "--valid-data-path", "--test-data-path",
+                          "--split", "--data-cache-path", "--global-batch-size", "--train-iters",
+                          "--train-samples", "--eval-interval", "--eval-iters", "--mask-prob",
+                          "--short-seq-prob", "--bert-binary-head", "--bert-no-binary-head"})
+      if (sub.count(f)) a.model.megatron.ignored_too.push_back(f);
   const InferenceModelOptions options = a.model.finish();
   if (options.model.model_family == "bert") return run_bert_evaluate(a, sub, options);
-  for (const char* f : kBertOnly)
-    MG_REQUIRE(sub.count(f) == 0, f, " is for evaluating a BERT checkpoint on pretrain-bert's data; "
-               "--load holds a GPT checkpoint, evaluated with --task LAMBADA|WIKITEXT103 "
-               "--valid-data FILE");
+  // The data and sizing flags pretrain-bert shares with Megatron's training scripts are accepted
+  // (and named as without effect) as tasks/main.py accepts them; the split name is ours alone.
+  refuse_flags(sub, {"--split-name"}, "is for evaluating a BERT checkpoint on pretrain-bert's data; "
+               "--load holds a GPT checkpoint, evaluated with --task LAMBADA|WIKITEXT103 --valid-data FILE");
   MG_REQUIRE(!a.task.empty(), "--task is required for a GPT checkpoint: LAMBADA or WIKITEXT103");
   MG_REQUIRE(a.task == "LAMBADA" || a.task == "WIKITEXT103", "--task ", a.task,
              " is not implemented: evaluate runs Megatron's zero-shot GPT tasks LAMBADA and "
@@ -281,12 +292,7 @@ CommandRegistrar reg("evaluate", "Zero-shot LAMBADA accuracy or WikiText-103 per
   sub.add_option("--split-name", a->split_name, "BERT: the split evaluated")
       ->check(CLI::IsMember({"train", "valid", "test"}))->capture_default_str();
   add_bert_data_flags(sub, a->bert);
-  sub.add_option("--data-path", a->data.data_path, "BERT: [WEIGHT] PREFIX ... blend (pretrain-bert's)");
-  sub.add_option("--train-data-path", a->data.train_data_path, "BERT: [WEIGHT] PREFIX ...");
-  sub.add_option("--valid-data-path", a->data.valid_data_path, "BERT: [WEIGHT] PREFIX ...");
-  sub.add_option("--test-data-path", a->data.test_data_path, "BERT: [WEIGHT] PREFIX ...");
-  sub.add_option("--split", a->data.split, "BERT: train,valid,test proportions")->capture_default_str();
-  sub.add_option("--data-cache-path", a->data.data_cache_path, "BERT: index cache folder");
+  add_dataset_flags(sub, a->data, "BERT: ");
   sub.add_option("--global-batch-size", a->global_batch_size, "BERT: samples per evaluation iteration "
                  "(default --micro-batch-size)");
   sub.add_option("--train-iters", a->train_iters, "BERT: training iterations (sizes the splits)");
