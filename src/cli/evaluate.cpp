@@ -108,9 +108,13 @@ void run_bert_evaluate(EvaluateArgs& a, const CLI::App& sub, const inference::In
   t.seed = uint64_t(a.seed);
   t.mask_prob = a.bert.mask_prob;
   t.short_seq_prob = a.bert.short_seq_prob;
-  const auto data = training::build_training_data(
-      t, *loaded.tokenizer,
-      data::train_valid_test_num_samples(a.train_samples, a.train_iters, gbs, a.eval_interval, a.eval_iters));
+  // Rank 0 builds (and caches) the sample indices first, the others then read them.
+  const auto num_samples =
+      data::train_valid_test_num_samples(a.train_samples, a.train_iters, gbs, a.eval_interval, a.eval_iters);
+  std::unique_ptr<training::TrainingData> data;
+  if (world->rank() == 0) data = training::build_training_data(t, *loaded.tokenizer, num_samples);
+  if (world->size() > 1) world->barrier();
+  if (!data) data = training::build_training_data(t, *loaded.tokenizer, num_samples);
   const training::DataSplit split = a.split_name == "train"   ? training::DataSplit::train
                                     : a.split_name == "valid" ? training::DataSplit::valid
                                                               : training::DataSplit::test;
