@@ -254,4 +254,30 @@ inline void expect_same_curve(const TrainingSummary& got, const TrainingSummary&
 #define SKIP_ON_ONE_RANK() \
   if (world()->size() == 1) GTEST_SKIP() << "needs mpirun -np 2 or 4 (label mpi)"
 
+// Exact resume: `args` (20 iterations) trained by `run` in one go, saved to full_dir, and in two
+// parts (saved and stopped at iteration 10 in resume_dir, then loaded from it): the resumed
+// iterations' losses equal the uninterrupted run's bit for bit, and so do the final parameters.
+template <class Run>
+void expect_exact_resume(const TrainingArgs& args, const std::string& full_dir,
+                         const std::string& resume_dir, Run run) {
+  TrainingArgs full = args;
+  full.save = full_dir;
+  full.save_interval = 1000;
+  const TrainingSummary whole = run(full);
+  TrainingArgs first = args;
+  first.save = resume_dir;
+  first.save_interval = 10;
+  first.exit_interval = 10;
+  run(first);
+  TrainingArgs second = first;
+  second.load = first.save;
+  second.exit_interval = 0;
+  second.save_interval = 1000;
+  const TrainingSummary rest = run(second);
+  ASSERT_EQ(rest.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(rest.losses[i], whole.losses[10 + i]) << i;
+  if (world()->rank() == 0) expect_same_params(second.save, full.save, 20, 0.0);
+  world()->barrier();
+}
+
 }  // namespace megatron::training::parallel_test
