@@ -3,7 +3,8 @@
 # into sentences and preprocess it with BertWordPieceLowerCase, train a small BERT on the CPU
 # with `megatron pretrain-bert` (Megatron's masked samples, the masked-LM and sentence-order
 # losses), then compare its validation masked-LM loss with the corpus's unigram entropy (the loss
-# of a model that ignores context).
+# of a model that ignores context), and score the checkpoint with `megatron evaluate` (the
+# masked-LM and sentence-order losses and accuracies on the validation split).
 # Environment: DEMO_ITERS (training iterations, default 2000), DEMO_MINUTES (training stops and
 # saves after this many minutes, default 10), DEMO_THREADS (default 2), BUILD_DIR (default
 # build), SKIP_SETUP=1 to skip scripts/setup.sh.
@@ -50,4 +51,12 @@ if [ -n "$VALID" ] && [ -n "$BASELINE" ]; then
 w = "below" if v < b else "above"; print(
     f"validation masked-LM loss at iteration {it}: {v:.3f} nats/token; unigram baseline: {b:.3f} "
     f"({abs(b - v):.3f} {w} it)")' $VALID "$BASELINE"
+fi
+
+# --- the checkpoint's masked-LM accuracy on the validation split (from its first sample) ---
+if [ -s "$OUT/ckpt/latest_checkpointed_iteration.txt" ]; then
+  "$MEGATRON" evaluate --load "$OUT/ckpt" --use-checkpoint-args "${TOK[@]}" \
+    --data-path "$OUT/demo_text_sentence" --split 98,2,0 --data-cache-path "$OUT/cache" \
+    --micro-batch-size 16 --global-batch-size 16 --train-iters "$ITERS" --eval-interval 100 \
+    --eval-iters 10 2>&1 | tee "$OUT/evaluate.log"
 fi

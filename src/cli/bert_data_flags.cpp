@@ -31,4 +31,13 @@ void add_t5_data_flags(CLI::App& sub, megatron::data::T5DataConfig& c) {
   add_t5_length_flags(sub, c);
 }
 
+void add_dataset_flags(CLI::App& sub, megatron::data::GPTDataConfig& d, const std::string& help_prefix) {
+  sub.add_option("--data-path", d.data_path, help_prefix + "[WEIGHT] PREFIX ... blend");
+  sub.add_option("--train-data-path", d.train_data_path, help_prefix + "[WEIGHT] PREFIX ...");
+  sub.add_option("--valid-data-path", d.valid_data_path, help_prefix + "[WEIGHT] PREFIX ...");
+  sub.add_option("--test-data-path", d.test_data_path, help_prefix + "[WEIGHT] PREFIX ...");
+  sub.add_option("--split", d.split, help_prefix + "train,valid,test proportions")->capture_default_str();
+  sub.add_option("--data-cache-path", d.data_cache_path, help_prefix + "Index cache folder");
+}
+
 }  // namespace megatron::cli

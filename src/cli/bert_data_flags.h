@@ -6,8 +6,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 #include "data/bert_dataset.h"
 #include "data/t5_dataset.h"
+#include "data/data_builder.h"
 
 namespace megatron::cli {
 
@@ -23,5 +26,10 @@ void add_t5_length_flags(CLI::App& sub, megatron::data::T5DataConfig& c);
 
 // The masking flags and the T5 lengths, writing into `c` (pretrain-t5).
 void add_t5_data_flags(CLI::App& sub, megatron::data::T5DataConfig& c);
+// The dataset flags of the commands that rebuild pretraining's samples outside training
+// (inspect-data --samples, evaluate on a BERT checkpoint): --data-path (a blend), the per-split
+// --train/valid/test-data-path, --split and --data-cache-path, into `d`; `help_prefix` starts
+// each help text.
+void add_dataset_flags(CLI::App& sub, megatron::data::GPTDataConfig& d, const std::string& help_prefix = "");
 
 }  // namespace megatron::cli

@@ -5,18 +5,32 @@
 // micro-batches (with samples done and the rate), and the result between dashes. Under an MPI
 // job (megatron launch --nproc_per_node N, as Megatron's scripts run it) the ranks are data
 // parallel: rank r scores samples r, r + N, ..., the totals are summed, and rank 0 prints.
+//
+// On a BERT checkpoint (pretrain-bert's; its metadata names the family) it scores the masked-LM
+// and sentence-order heads on a split of pretrain-bert's data (inference/bert_evaluate.h): the
+// data, masking and sample-count flags of pretrain-bert build the same samples, --split-name
+// picks the split, and its first --eval-iters x --global-batch-size samples are scored in
+// micro-batches of --micro-batch-size, as pretrain-bert --skip-train evaluates them; the line
+// printed is that evaluation's, with the accuracies added.
 #include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "cli/bert_data_flags.h"
 #include "cli/command.h"
 #include "cli/inference_flags.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "data/data_builder.h"
+#include "inference/bert_evaluate.h"
+#include "inference/checkpoint_args.h"
 #include "inference/evaluate.h"
+#include "model/model_settings.h"
+#include "training/trainer.h"
+#include "training/training_data.h"
 
 namespace megatron::cli {
 namespace {
@@ -32,6 +46,12 @@ struct EvaluateArgs {
   int64_t log_interval = 100;
   int64_t seed = 1234;
   CompatFlags runtime;  // --num-workers and the other runtime flags of Megatron's scripts
+  // A BERT checkpoint's masked-LM evaluation: pretrain-bert's data flags.
+  std::string split_name = "valid";
+  data::GPTDataConfig data;
+  data::BertDataConfig bert;  // the masking flags
+  int64_t global_batch_size = -1, train_iters = 0, train_samples = -1;
+  int64_t eval_interval = 1000, eval_iters = 100;
 };
 
 void print_result(const std::string& line) {
@@ -41,19 +61,129 @@ void print_result(const std::string& line) {
   log_print(dashes);
 }
 
+// The model family the checkpoint's metadata records ("gpt" without metadata).
+std::string checkpoint_family(const InferenceFlags& f) {
+  const auto step = f.ckpt_step >= 0 ? std::optional<int64_t>(f.ckpt_step) : std::nullopt;
+  const auto ck = inference::CheckpointArgs::read_if_present(f.options.load, step);
+  return ck ? model::config_from_checkpoint_args(ck->args()).config.model_family : "gpt";
+}
+
+// The flags of one kind of evaluation given on the command line for the other.
+void refuse_flags(const CLI::App& sub, std::initializer_list<const char*> flags, const std::string& why) {
+  for (const char* f : flags) MG_REQUIRE(sub.count(f) == 0, f, " ", why);
+}
+
+// The masked-LM evaluation of a BERT checkpoint (see the top of the file).
+void run_bert_evaluate(EvaluateArgs& a, const CLI::App& sub, const inference::InferenceModelOptions& options) {
+  using namespace inference;
+  refuse_flags(sub, {"--task", "--valid-data", "--strict-lambada", "--overlapping-eval"},
+               "is for the zero-shot GPT tasks; --load holds a BERT checkpoint, which is evaluated "
+               "on pretrain-bert's data (--data-path ... --split-name valid)");
+  MG_REQUIRE(!a.data.data_path.empty() || !a.data.train_data_path.empty() ||
+                 !a.data.valid_data_path.empty() || !a.data.test_data_path.empty(),
+             "evaluating a BERT checkpoint needs pretrain-bert's data: --data-path (or "
+             "--train-data-path/--valid-data-path/--test-data-path) with --split and --split-name");
+  const bool binary = options.model.bert_binary_head;
+  MG_REQUIRE(sub.count("--bert-binary-head") + sub.count("--bert-no-binary-head") == 0 ||
+                 a.bert.binary_head == binary,
+             sub.count("--bert-no-binary-head") ? "--bert-no-binary-head" : "--bert-binary-head",
+             " contradicts the checkpoint, which was trained ", binary ? "with" : "without",
+             " the binary head; leave the flag out");
+  const int64_t gbs = a.global_batch_size > 0 ? a.global_batch_size : a.micro_batch_size;
+  MG_REQUIRE(gbs % a.micro_batch_size == 0, "--global-batch-size ", gbs,
+             " is not a multiple of --micro-batch-size ", a.micro_batch_size);
+  MG_REQUIRE(a.eval_iters >= 1, "--eval-iters must be >= 1 (the number of global batches scored)");
+  MG_REQUIRE(a.eval_interval >= 1, "--eval-interval must be >= 1");
+  BertInference loaded = load_bert_model(options);
+  const auto world = world_communicator();
+  const bool printer = loaded.reports && loaded.data_parallel_rank == 0;
+  auto print = [printer](const std::string& line) {
+    if (printer) log_print(line);
+  };
+  training::TrainingArgs t;
+  t.model = loaded.model->config();
+  MG_REQUIRE(t.model.seq_length > 0, "evaluating a BERT checkpoint needs --seq-length (or "
+             "--use-checkpoint-args with a checkpoint that records it)");
+  t.data = a.data;
+  t.seed = uint64_t(a.seed);
+  t.mask_prob = a.bert.mask_prob;
+  t.short_seq_prob = a.bert.short_seq_prob;
+  // Rank 0 builds (and caches) the sample indices first, the others then read them.
+  const auto num_samples =
+      data::train_valid_test_num_samples(a.train_samples, a.train_iters, gbs, a.eval_interval, a.eval_iters);
+  std::unique_ptr<training::TrainingData> data;
+  if (world->rank() == 0) data = training::build_training_data(t, *loaded.tokenizer, num_samples);
+  if (world->size() > 1) world->barrier();
+  if (!data) data = training::build_training_data(t, *loaded.tokenizer, num_samples);
+  const training::DataSplit split = a.split_name == "train"   ? training::DataSplit::train
+                                    : a.split_name == "valid" ? training::DataSplit::valid
+                                                              : training::DataSplit::test;
+  const int64_t size = data->size(split);
+  MG_REQUIRE(size > 0, "the ", a.split_name, " split is empty (check --split or --", a.split_name,
+             "-data-path)");
+  const int64_t blocks = std::min(a.eval_iters * gbs, size) / a.micro_batch_size;
+  MG_REQUIRE(blocks > 0, "the ", a.split_name, " split has ", size, " samples, fewer than one "
+             "micro-batch of --micro-batch-size ", a.micro_batch_size);
+  const int ranks = loaded.data_parallel_size, rank = loaded.data_parallel_rank;
+  const int64_t mine = blocks > rank ? (blocks - rank + ranks - 1) / ranks : 0;
+  print(str("> evaluating the ", a.split_name, " split: ", blocks, " micro-batches of ",
+            a.micro_batch_size, " samples (of ", size, ")"));
+  const Device device = loaded.model->device();
+  MaskedLMTotals totals = evaluate_masked_lm(*loaded.model, mine, [&](int64_t j) {
+    model::Batch in = data->micro_batch(split, (rank + j * ranks) * a.micro_batch_size,
+                                        a.micro_batch_size, 0, 1);
+    if (!device.is_cpu())
+      for (Tensor* x : {&in.tokens, &in.position_ids, &in.labels, &in.loss_mask, &in.padding_mask,
+                        &in.token_types, &in.sequence_labels})
+        if (x->defined()) *x = x->contiguous().to(device);
+    return in;
+  }, [&](int64_t j) {
+    if (j % a.log_interval == 0 && j > 0) print(str("> working on iteration: ", j, " | micro-batches ", j, "/", mine));
+  });
+  if (!loaded.reports) totals = MaskedLMTotals{};
+  if (world->size() > 1) {
+    const std::vector<double> v = totals.values();
+    Tensor sums = Tensor::from_vector<double>(v, {int64_t(v.size())});
+    world->all_reduce(sums);
+    totals = MaskedLMTotals::from_values({sums.data<double>(), v.size()});
+  }
+  if (!printer) return;
+  log_info(str("evaluate: ", totals.micro_batches, " micro-batches, ", totals.masked,
+               " masked tokens, ", totals.lm_correct, " predicted",
+               binary ? str(", ", totals.sop_labelled, " sentence pairs, ", totals.sop_correct, " ordered right") : ""));
+  print_result(masked_lm_result_line(str("iteration ", loaded.iteration, " on ", a.split_name, " split"),
+                                     totals, binary));
+  log_print("done :-)");
+}
+
 void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
   using namespace inference;
-  MG_REQUIRE(a.task == "LAMBADA" || a.task == "WIKITEXT103", "--task ", a.task,
-             " is not implemented: evaluate runs Megatron's zero-shot GPT tasks LAMBADA and "
-             "WIKITEXT103");
   MG_REQUIRE(a.batch_size == 0, "--batch-size is no longer valid (Megatron-LM removed it): use "
              "--micro-batch-size");
-  MG_REQUIRE(a.valid_data.size() == 1, "--valid-data takes exactly one file for ", a.task, " (got ",
-             a.valid_data.size(), ")");
   MG_REQUIRE(a.micro_batch_size >= 1, "--micro-batch-size must be >= 1");
   MG_REQUIRE(a.log_interval >= 1, "--log-interval must be >= 1");
   check_compat_flags(a.runtime, sub, CompatScope::Training);
+  a.model.accept_bert = true;
+  // pretrain-bert's data and sizing flags select a BERT checkpoint's data; on a GPT checkpoint
+  // they are Megatron training flags that tasks/main.py accepts without effect.
+  if (checkpoint_family(a.model) != "bert")
+    for (const char* f : {"--data-path", "--train-data-path", "--valid-data-path", "--test-data-path",
+                          "--split", "--data-cache-path", "--global-batch-size", "--train-iters",
+                          "--train-samples", "--eval-interval", "--eval-iters", "--mask-prob",
+                          "--short-seq-prob", "--bert-binary-head", "--bert-no-binary-head"})
+      if (sub.count(f)) a.model.megatron.ignored_too.push_back(f);
   const InferenceModelOptions options = a.model.finish();
+  if (options.model.model_family == "bert") return run_bert_evaluate(a, sub, options);
+  // The data and sizing flags pretrain-bert shares with Megatron's training scripts are accepted
+  // (and named as without effect) as tasks/main.py accepts them; the split name is ours alone.
+  refuse_flags(sub, {"--split-name"}, "is for evaluating a BERT checkpoint on pretrain-bert's data; "
+               "--load holds a GPT checkpoint, evaluated with --task LAMBADA|WIKITEXT103 --valid-data FILE");
+  MG_REQUIRE(!a.task.empty(), "--task is required for a GPT checkpoint: LAMBADA or WIKITEXT103");
+  MG_REQUIRE(a.task == "LAMBADA" || a.task == "WIKITEXT103", "--task ", a.task,
+             " is not implemented: evaluate runs Megatron's zero-shot GPT tasks LAMBADA and "
+             "WIKITEXT103");
+  MG_REQUIRE(a.valid_data.size() == 1, "--valid-data takes exactly one file for ", a.task, " (got ",
+             a.valid_data.size(), ")");
   const auto world = world_communicator();
   const int64_t seq_length = options.model.seq_length > 0 ? options.model.seq_length
                                                           : options.model.max_position_embeddings;
@@ -140,15 +270,15 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
   log_print("done :-)");
 }
 
-CommandRegistrar reg("evaluate", "Zero-shot LAMBADA accuracy or WikiText-103 perplexity (Megatron's tasks/main.py)",
+CommandRegistrar reg("evaluate", "Zero-shot LAMBADA accuracy or WikiText-103 perplexity (Megatron's tasks/main.py); "
+                     "a BERT checkpoint's masked-LM loss and accuracy on a data split",
                      62, [](CLI::App& sub) {
   auto a = std::make_shared<EvaluateArgs>();
   a->model.add(sub);
-  sub.add_option("--task", a->task, "LAMBADA (cloze accuracy) or WIKITEXT103 (perplexity)")->required();
+  sub.add_option("--task", a->task, "LAMBADA (cloze accuracy) or WIKITEXT103 (perplexity); GPT checkpoints");
   sub.add_option("--valid-data", a->valid_data,
                  "The evaluation file: lambada_test.jsonl ({\"text\": ...} per line) or the raw "
-                 "WikiText-103 test file (wiki.test.tokens)")
-      ->required();
+                 "WikiText-103 test file (wiki.test.tokens)");
   sub.add_flag("--strict-lambada", a->strict_lambada,
                "Target the whole last word (tokenized with its leading space), not its last token");
   sub.add_option("--overlapping-eval", a->overlapping_eval,
@@ -159,7 +289,21 @@ CommandRegistrar reg("evaluate", "Zero-shot LAMBADA accuracy or WikiText-103 per
   sub.add_option("--batch-size", a->batch_size, "Removed from Megatron-LM: use --micro-batch-size");
   sub.add_option("--log-interval", a->log_interval, "Progress line every this many micro-batches")
       ->capture_default_str();
-  sub.add_option("--seed", a->seed, "Accepted (evaluation is deterministic)")->capture_default_str();
+  sub.add_option("--seed", a->seed, "BERT: the data seed (the masked samples); GPT: accepted "
+                 "(evaluation is deterministic)")->capture_default_str();
+  // A BERT checkpoint: pretrain-bert's data flags (the split sizes as its training loop computes
+  // them from the batch and iteration flags).
+  sub.add_option("--split-name", a->split_name, "BERT: the split evaluated")
+      ->check(CLI::IsMember({"train", "valid", "test"}))->capture_default_str();
+  add_bert_data_flags(sub, a->bert);
+  add_dataset_flags(sub, a->data, "BERT: ");
+  sub.add_option("--global-batch-size", a->global_batch_size, "BERT: samples per evaluation iteration "
+                 "(default --micro-batch-size)");
+  sub.add_option("--train-iters", a->train_iters, "BERT: training iterations (sizes the splits)");
+  sub.add_option("--train-samples", a->train_samples, "BERT: training samples (sizes the splits)");
+  sub.add_option("--eval-interval", a->eval_interval, "BERT: evaluation interval (sizes the splits)")
+      ->capture_default_str();
+  sub.add_option("--eval-iters", a->eval_iters, "BERT: global batches scored")->capture_default_str();
   add_compat_flags(sub, a->runtime, CompatScope::Training);
   add_megatron_flags(sub, a->model.megatron, "evaluate", CommandKind::Inference);
   sub.callback([a, &sub] { run_evaluate(*a, sub); });

@@ -59,7 +59,12 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
   const model::RecordedConfig rec = model::config_from_checkpoint_args(ck.args());
   // Generation, serving and zero-shot evaluation run a decoder-only language model; another
   // family's weights would not load into one (or would load into the wrong model).
-  MG_REQUIRE(rec.config.model_family == "gpt", ck.file().string(), " is a checkpoint of a ",
+  if (accept_bert && rec.config.model_family == "bert") {  // evaluate's masked-LM evaluation
+    cfg.model_family = rec.config.model_family;
+    cfg.bert_binary_head = rec.config.bert_binary_head;
+    cfg.attention_mask_type = rec.config.attention_mask_type;
+  }
+  MG_REQUIRE(rec.config.model_family == cfg.model_family, ck.file().string(), " is a checkpoint of a ",
              rec.config.model_family, " model (", model::model_family_of(rec.config).command,
              " trains it): text generation, serving and zero-shot evaluation need a GPT "
              "checkpoint (pretrain-gpt)");

@@ -45,6 +45,9 @@ struct InferenceFlags {
   bool fp16 = false, bf16 = false;
   bool no_load_optim = false, no_load_rng = false;
   std::string device;  // --device: cuda | cpu | "" (a GPU when one is present)
+  // evaluate: a BERT checkpoint's metadata is accepted (its family, binary head and bidirectional
+  // attention are taken into the model); generate and serve refuse every non-GPT checkpoint.
+  bool accept_bert = false;
   CompatFlags compat;
   // The rest of Megatron's shared flags; the command adds them after its own
   // (add_megatron_flags), finish() checks them.

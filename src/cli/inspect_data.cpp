@@ -254,14 +254,9 @@ CommandRegistrar reg("inspect-data", "Show what an indexed dataset (.bin/.idx) h
                            ->check(CLI::IsMember({"train", "valid", "test"}))->capture_default_str();
                        add_bert_data_flags(sub, f->bert);
                        add_t5_length_flags(sub, f->t5);
-                       sub.add_option("--data-path", f->data.data_path, "[WEIGHT] PREFIX ... blend");
-                       sub.add_option("--train-data-path", f->data.train_data_path, "[WEIGHT] PREFIX ...");
-                       sub.add_option("--valid-data-path", f->data.valid_data_path, "[WEIGHT] PREFIX ...");
-                       sub.add_option("--test-data-path", f->data.test_data_path, "[WEIGHT] PREFIX ...");
-                       sub.add_option("--split", f->data.split, "train,valid,test proportions")->capture_default_str();
+                       add_dataset_flags(sub, f->data);
                        sub.add_option("--seq-length", f->data.seq_length, "Sequence length");
                        sub.add_option("--seed", f->data.seed, "Random seed")->capture_default_str();
-                       sub.add_option("--data-cache-path", f->data.data_cache_path, "Index cache folder");
                        sub.add_option("--micro-batch-size", f->micro_batch_size, "Micro-batch size");
                        sub.add_option("--global-batch-size", f->global_batch_size, "Global batch size");
                        sub.add_option("--train-iters", f->train_iters, "Training iterations");

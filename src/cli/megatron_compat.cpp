@@ -180,6 +180,7 @@ void check_megatron_flags(const MegatronFlags& f) {
              " cannot honour it; remove it (README: Coming from Megatron-LM lists what is "
              "supported)");
   }
+  for (const std::string& flag : f.ignored_too) ignored += (ignored.empty() ? "" : ", ") + flag;
   if (!ignored.empty() && launcher_rank() == 0)
     log_warn("ignoring Megatron-LM flags that have no effect on ", f.command, " here: ", ignored);
 }

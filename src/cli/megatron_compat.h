@@ -87,6 +87,8 @@ struct MegatronFlags {
     std::string names;  // the ones this command took from the table ("--a,--b")
   };
   std::vector<Added> added;
+  // Flags the command defines itself that have no effect in this run (named in the same line).
+  std::vector<std::string> ignored_too;
 };
 void add_megatron_flags(CLI::App& sub, MegatronFlags& f, const std::string& command, CommandKind kind);
 void check_megatron_flags(const MegatronFlags& f);

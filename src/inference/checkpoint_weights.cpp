@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/safetensors.h"
+#include "kernels/ops.h"
 #include "training/checkpoint.h"
 #include "training/torch_checkpoint.h"
 #include "training/checkpoint_convert.h"
@@ -95,6 +96,45 @@ std::vector<std::string> CheckpointWeights::names() const {
   std::vector<std::string> out;
   for (const auto& [name, t] : tensors_) out.push_back(name);
   return out;
+}
+
+void load_weights_into(const model::ParameterList& params, const std::map<std::string, Tensor>& weights,
+                       DType params_dtype) {
+  size_t used = 0;
+  for (model::Parameter* p : params) {
+    auto it = weights.find(p->name);
+    MG_REQUIRE(it != weights.end(), "the model weights have no tensor '", p->name,
+               "', which this configuration needs; check the model flags against the checkpoint");
+    MG_REQUIRE(it->second.shape() == p->value.shape(), "weight '", p->name, "' has shape ",
+               shape_str(it->second.shape()), ", the configuration needs ",
+               shape_str(p->value.shape()));
+    const Tensor w = it->second.contiguous();
+    MG_REQUIRE(ops::all_finite(w), "weight '", p->name,
+               "' holds NaN or Inf values; the checkpoint is damaged");
+    if (w.device() == p->value.device()) {
+      ops::cast(p->value, w);
+    } else {  // cast where the weight is, then one copy to the model's device
+      Tensor v = Tensor::empty(w.shape(), p->value.dtype(), w.device());
+      ops::cast(v, w);
+      p->value.copy_(v);
+    }
+    ++used;
+  }
+  if (used != weights.size()) {
+    std::string extra;
+    for (const auto& [name, t] : weights)
+      if (std::none_of(params.begin(), params.end(), [&](const model::Parameter* p) { return p->name == name; }))
+        extra += (extra.empty() ? "" : ", ") + name;
+    MG_THROW("the checkpoint has tensors this model configuration does not use (", extra,
+             "); check the model flags (--normalization, --swiglu, --disable-bias-linear, "
+             "--untie-embeddings-and-output-weights, --position-embedding-type, --qk-layernorm)");
+  }
+  // Finite weights that are not finite in the model's precision overflowed it (|w| > 65504 in
+  // fp16).
+  for (model::Parameter* p : params)
+    MG_REQUIRE(ops::all_finite(p->value), "weight '", p->name, "' has values beyond the range of ",
+               dtype_name(params_dtype), " (|w| > 65504 overflows fp16); load it with "
+               "--bf16, or without --fp16");
 }
 
 }  // namespace megatron::inference

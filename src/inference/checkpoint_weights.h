@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/parameter.h"
 
 namespace megatron::inference {
 
@@ -51,5 +52,11 @@ class CheckpointWeights {
   int64_t iteration_ = 0;
   std::map<std::string, Tensor> tensors_;
 };
+
+// Casts each parameter's tensor of `weights` (by name) into its value. Every parameter must have
+// one of its shape, finite, and within the range of params_dtype, and every tensor must be used:
+// otherwise an Error names the tensor and the flags that decide it.
+void load_weights_into(const model::ParameterList& params, const std::map<std::string, Tensor>& weights,
+                       DType params_dtype);
 
 }  // namespace megatron::inference

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "inference/checkpoint_weights.h"
 #include "kernels/ops.h"
 
 namespace megatron::inference {
@@ -30,42 +31,7 @@ GPTEngine::GPTEngine(const model::TransformerConfig& config,
                                              model::ContextParallel::none(), model::ChunkPlace{
                                                  model::PipelineLayout{cfg_.num_layers, 1, 1}, 0, 0},
                                              opt);
-  size_t used = 0;
-  for (model::Parameter* p : model_->parameters()) {
-    auto it = weights.find(p->name);
-    MG_REQUIRE(it != weights.end(), "the model weights have no tensor '", p->name,
-               "', which this configuration needs; check the model flags against the checkpoint");
-    MG_REQUIRE(it->second.shape() == p->value.shape(), "weight '", p->name, "' has shape ",
-               shape_str(it->second.shape()), ", the configuration needs ",
-               shape_str(p->value.shape()));
-    const Tensor w = it->second.contiguous();
-    MG_REQUIRE(ops::all_finite(w), "weight '", p->name,
-               "' holds NaN or Inf values; the checkpoint is damaged");
-    if (w.device() == p->value.device()) {
-      ops::cast(p->value, w);
-    } else {  // cast where the weight is, then one copy to the model's device
-      Tensor v = Tensor::empty(w.shape(), p->value.dtype(), w.device());
-      ops::cast(v, w);
-      p->value.copy_(v);
-    }
-    ++used;
-  }
-  if (used != weights.size()) {
-    std::string extra;
-    const model::ParameterList ps = model_->parameters();
-    for (const auto& [name, t] : weights)
-      if (std::none_of(ps.begin(), ps.end(), [&](const model::Parameter* p) { return p->name == name; }))
-        extra += (extra.empty() ? "" : ", ") + name;
-    MG_THROW("the checkpoint has tensors this model configuration does not use (", extra,
-             "); check the model flags (--normalization, --swiglu, --disable-bias-linear, "
-             "--untie-embeddings-and-output-weights, --position-embedding-type, --qk-layernorm)");
-  }
-  // Finite weights that are not finite in the model's precision overflowed it (|w| > 65504 in
-  // fp16).
-  for (model::Parameter* p : model_->parameters())
-    MG_REQUIRE(ops::all_finite(p->value), "weight '", p->name, "' has values beyond the range of ",
-               dtype_name(cfg_.params_dtype), " (|w| > 65504 overflows fp16); load it with "
-               "--bf16, or without --fp16");
+  load_weights_into(model_->parameters(), weights, cfg_.params_dtype);
 }
 
 GPTEngine::GPTEngine(const model::TransformerConfig& config,

@@ -21,6 +21,7 @@
 #include "comm/communicator.h"
 #include "data/tokenizer.h"
 #include "inference/gpt_engine.h"
+#include "model/bert_model.h"
 #include "model/transformer_config.h"
 
 namespace megatron::inference {
@@ -59,6 +60,23 @@ struct InferenceModel {
 // collective over `world` (default: world_communicator()).
 InferenceModel load_inference_model(const InferenceModelOptions& options,
                                     std::shared_ptr<Communicator> world = nullptr);
+
+// A BERT checkpoint for masked-LM evaluation (bert_evaluate.h), loaded with the options' model
+// (model_family "bert"). One process, or several launched with the parallel sizes 1: every rank
+// holds the whole model (a sharded checkpoint's shards merged in memory) and is its own
+// data-parallel replica. Launched with --tensor-model-parallel-size T (the checkpoint's, T x D
+// ranks): every rank builds its shard of the whole model from its own mp_rank_TT files; the T
+// ranks of a replica run the same micro-batches and its tensor-parallel rank 0 reports. Several
+// ranks with --pipeline-model-parallel-size > 1 are refused (one process merges the stages).
+struct BertInference {
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  std::unique_ptr<model::BertModel> model;
+  int64_t iteration = 0;
+  int data_parallel_rank = 0, data_parallel_size = 1;
+  bool reports = true;  // this rank's scores count (tensor-parallel rank 0)
+};
+BertInference load_bert_model(const InferenceModelOptions& options,
+                              std::shared_ptr<Communicator> world = nullptr);
 
 // Megatron-Core checkpoints of the Transformer Engine spec keep each norm inside the next linear
 // (linear_qkv.layer_norm_weight, linear_fc1.layer_norm_bias, ...): renames those to the local

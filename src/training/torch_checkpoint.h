@@ -133,8 +133,9 @@ std::string family_of(const std::vector<std::string>& megatron_names);
 // last stage's copy of a tied word embedding (legacy word_embeddings_for_head.weight, or
 // output_layer.weight when `tied`). `block` is the family's layer stack ("decoder" for GPT,
 // "encoder" for BERT, whose legacy heads map as lm_head.bias -> output_layer.bias,
-// lm_head.layernorm -> lm_head.layer_norm, language_model.pooler -> pooler). An Error names a
-// tensor that has no place in the model.
+// lm_head.layernorm -> lm_head.layer_norm, language_model.pooler -> pooler, and whose earlier
+// Megatron-Core heads as lm_head.output_layer.{weight,bias} -> output_layer.{weight,bias}). An
+// Error names a tensor that has no place in the model and the names that are read.
 std::string to_ours(const std::string& megatron_name, int layer_offset, bool tied, bool* tied_copy,
                     bool* legacy_qkv, const std::string& block = "decoder");
 // Megatron-Core's name for ours, with the chunk-local layer number (layer - layer_offset).

@@ -29,6 +29,11 @@ bool replace_prefix(std::string& s, const std::string& from, const std::string& 
 }
 
 [[noreturn]] void no_place(const std::string& name, const std::string& block) {
+  if (block == "encoder" && (name.starts_with("lm_head.") || name.starts_with("output_layer.")))
+    MG_THROW("tensor '", name, "' has no place in a BERT model's masked-LM head: read are "
+             "Megatron-Core's lm_head.dense, lm_head.layer_norm (or lm_head.layernorm), "
+             "output_layer.{weight,bias}, the earlier lm_head.output_layer.{weight,bias} and "
+             "lm_head.bias, and the legacy model's names");
   MG_THROW("tensor '", name, "' has no place in a ", block == "encoder" ? "BERT" : "GPT",
            " model (a T5 or other model's checkpoint? GPT and BERT checkpoints are read)");
 }
@@ -105,7 +110,13 @@ std::string to_ours(const std::string& name, int layer_offset, bool tied, bool* 
     no_place(name, block);
   }
   if (block == "encoder") {  // BERT's heads: Megatron-Core's names, and the legacy model's
-    if (name == "lm_head.bias") return "output_layer.bias";
+    // lm_head.bias: the legacy model's and an earlier Megatron-Core head's own bias;
+    // lm_head.output_layer: earlier Megatron-Core heads kept the output layer inside them.
+    if (name == "lm_head.bias" || name == "lm_head.output_layer.bias") return "output_layer.bias";
+    if (name == "lm_head.output_layer.weight") {
+      *tied_copy = tied;
+      return "output_layer.weight";
+    }
     std::string m = name;
     if (replace_prefix(m, "lm_head.layernorm.", "lm_head.layer_norm.")) return m;
     if (name.starts_with("lm_head.dense.") || name.starts_with("lm_head.layer_norm.") ||

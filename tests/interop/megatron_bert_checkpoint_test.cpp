@@ -1,6 +1,7 @@
 // Megatron-LM's BERT checkpoints (--ckpt-format torch): folders written by Debian's torch in the
 // exact structure of Megatron-Core's BertModel (encoder, lm_head, output_layer with its bias,
-// binary_head, pooler; local and Transformer Engine layer specs) and of the legacy megatron/model
+// binary_head, pooler; local and Transformer Engine layer specs; the earlier heads that kept the
+// output layer inside lm_head) and of the legacy megatron/model
 // BertModel (language_model with the pooler and tokentype embeddings, lm_head with its own bias,
 // binary_head, word_embeddings_for_head) by tests/reference/megatron_checkpoint.py, read bit for
 // bit with their optimizer state; BERT checkpoints written as .pt at other layouts load into that
@@ -28,7 +29,8 @@ namespace mt = megatron::testing;
 using json = nlohmann::json;
 
 const char* const kVariants[] = {"bert_core_te_tp2pp2_fp32", "bert_core_pp2_bf16_nohead_untied",
-                                 "bert_legacy_v3_tp2pp2_fp16"};
+                                 "bert_legacy_v3_tp2pp2_fp16", "bert_core_inner_head_tp2pp2_fp32",
+                                 "bert_core_inner_bias_nohead_untied_tp2_bf16"};
 
 using interop_testing::everything;
 using interop_testing::expect_bit_equal;
@@ -143,6 +145,31 @@ TEST(MegatronBertCheckpoint, AT5CheckpointIsRefusedByName) {
             "lm_head.layer_norm.weight");
   EXPECT_EQ(torch_names::to_ours("lm_head.bias", 0, true, &tied_copy, &legacy_qkv, "encoder"),
             "output_layer.bias");
+}
+
+// Earlier Megatron-Core BertLMHeads kept the output layer inside the head; their folders are read
+// (CoreAndLegacyFoldersReadBitForBit). A head tensor of no known layout is refused by name, with
+// the names that are read.
+TEST(MegatronBertCheckpoint, EarlierHeadNamesMapAndUnknownHeadTensorsAreRefusedByName) {
+  bool tied_copy = false, legacy_qkv = false;
+  EXPECT_EQ(torch_names::to_ours("lm_head.output_layer.bias", 0, true, &tied_copy, &legacy_qkv, "encoder"),
+            "output_layer.bias");
+  EXPECT_EQ(torch_names::to_ours("lm_head.output_layer.weight", 0, true, &tied_copy, &legacy_qkv, "encoder"),
+            "output_layer.weight");
+  EXPECT_TRUE(tied_copy);  // the last stage's copy of the tied word embedding
+  EXPECT_EQ(torch_names::to_ours("lm_head.output_layer.weight", 0, false, &tied_copy, &legacy_qkv, "encoder"),
+            "output_layer.weight");
+  EXPECT_FALSE(tied_copy);
+  for (const char* name : {"lm_head.decoder.weight", "lm_head.output_layer.scale", "output_layer.extra"}) {
+    try {
+      torch_names::to_ours(name, 0, true, &tied_copy, &legacy_qkv, "encoder");
+      ADD_FAILURE() << name << " was mapped";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(std::string("'") + name + "'"), std::string::npos) << m;
+      EXPECT_NE(m.find("lm_head.output_layer.{weight,bias}"), std::string::npos) << m;
+    }
+  }
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
 // BertModel (losses, LM and sentence-order logits, every parameter's gradient) against
 // tests/reference/bert_reference.py (PyTorch, float64, written from Megatron-Core's BERT) on the
 // same weights and batch, dropout off: with and without the binary head, tied and untied output
-// layer, padding, and a sequence whose sentence-order label is ignored (-1).
+// layer, padding, and a sequence whose sentence-order label is ignored (-1); and evaluate's
+// masked-LM and sentence-order scores of the batch (losses, accuracies) against the reference's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "inference/bert_evaluate.h"
 #include "model/bert_model.h"
 #include "model_test_util.h"
 #include "test_util.h"
@@ -62,7 +65,15 @@ void check_against_pytorch(const TransformerConfig& cfg, std::vector<int32_t> or
   const int64_t b = int64_t(order.size()), s = cfg.seq_length, V = cfg.padded_vocab_size;
   BertModel model(cfg, 1234, TensorParallel::none(), ContextParallel::none());
   testing::randomise(model, 99);
-  const Batch in = bert_batch(b, s, V, order);
+  Batch in = bert_batch(b, s, V, order);
+  {  // every other masked position labelled with the model's own prediction: a non-trivial accuracy
+    const Tensor z = model.forward_logits(in);
+    int32_t* labels = in.labels.data<int32_t>();
+    for (int64_t r = 0; r < b * s; r += 2) {
+      const float* row = z.data<float>() + r * V;
+      labels[r] = int32_t(std::max_element(row, row + V) - row);
+    }
+  }
   const float grad_scale = 0.37f;
   testing::zero_grads(model);
   const LossResult res = model.forward_backward(in, grad_scale, 0);
@@ -116,6 +127,20 @@ void check_against_pytorch(const TransformerConfig& cfg, std::vector<int32_t> or
     off += p->grad.numel();
   }
   EXPECT_EQ(off, nref);
+
+  // evaluate's scores of the micro-batch (inference/bert_evaluate.h) against the reference's.
+  const auto want = nlohmann::json::parse(megatron::testing::read_file(dir / "metrics.json"));
+  const inference::MaskedLMTotals got = inference::score_masked_lm(logits, binary, in);
+  EXPECT_NEAR(got.lm_loss, want["lm_loss"].get<double>(), 1e-5 * std::abs(ref[0]));
+  EXPECT_EQ(got.masked, want["masked"].get<double>());
+  EXPECT_EQ(got.lm_correct, want["lm_correct"].get<double>());
+  EXPECT_GT(got.lm_correct, 0.0);
+  EXPECT_LT(got.lm_correct, got.masked);
+  if (cfg.bert_binary_head) {
+    EXPECT_NEAR(got.sop_loss, want["sop_loss"].get<double>(), 1e-5 * std::abs(ref[1]));
+    EXPECT_EQ(got.sop_labelled, want["sop_labelled"].get<double>());
+    EXPECT_EQ(got.sop_correct, want["sop_correct"].get<double>());
+  }
 }
 
 TEST(BertReference, MatchesPyTorchWithBinaryHead) {

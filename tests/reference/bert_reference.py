@@ -23,7 +23,8 @@ Usage: bert_reference.py DIR
                    then float32 loss_mask [b*s]
 Writes DIR/out.bin: float64 lm_loss, sop_loss (0 without the binary head), logits [b*s*V],
 binary logits [b*2] (zeros without the head), then every param's grad of grad_scale * loss in
-the listed order.
+the listed order; and DIR/metrics.json: the two losses, the masked positions and those whose
+argmax is the label, the labelled sentence pairs and those whose argmax is their order.
 """
 import json
 import math
@@ -117,6 +118,17 @@ def main(d):
         gr = P[p["name"]].grad
         out.append((gr if gr is not None else torch.zeros_like(P[p["name"]])).numpy().ravel())
     np.concatenate(out).astype(np.float64).tofile(f"{d}/out.bin")
+    # The evaluation's accuracies: masked positions whose argmax is the label, and labelled
+    # sentence pairs whose argmax is their order.
+    masked = loss_mask.reshape(-1) > 0
+    right = logits.detach().reshape(-1, V).argmax(dim=-1) == labels.reshape(-1)
+    labelled = sentence_order >= 0
+    sop_right = binary_logits.detach().argmax(dim=-1) == sentence_order
+    json.dump({"lm_loss": lm_loss.item(), "sop_loss": sop_loss.item(),
+               "masked": int(masked.sum()), "lm_correct": int((right & masked).sum()),
+               "sop_labelled": int(labelled.sum()) if binary_head else 0,
+               "sop_correct": int((sop_right & labelled).sum()) if binary_head else 0},
+              open(f"{d}/metrics.json", "w"))
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@ bert_tokenization.py relies on), stdlib only.
 
   python3 bert_wordpiece_reference.py make-vocab OUT.txt FILE.jsonl...
       writes a vocab.txt: [PAD] [UNK] [CLS] [SEP] [MASK], every character seen (plain and
-      ##-prefixed), common suffixes, and the 4000 most frequent lower-cased words
+      ##-prefixed), common suffixes, and the 4000 (env VOCAB_WORDS) most frequent lower-cased words
   python3 bert_wordpiece_reference.py encode VOCAB.txt lower|cased OUT.jsonl FILE.jsonl...
       writes one JSON list of ids per {"text": ...} line of the inputs, in order
 """
 import collections
 import json
+import os
 import sys
 import unicodedata
 
@@ -98,7 +99,7 @@ def texts(files):
                     yield json.loads(line)["text"]
 
 
-def make_vocab(out, files):
+def make_vocab(out, files, words=4000):
     counts, chars = collections.Counter(), set()
     for t in texts(files):
         chars.update(c for c in t if not is_whitespace(c) and not is_control(c))
@@ -109,7 +110,7 @@ def make_vocab(out, files):
     for c in sorted(chars):
         tokens += [c, "##" + c]
     tokens += ["##" + s for s in ("ing", "ed", "s", "es", "ly", "er", "tion", "ment", "able")]
-    tokens += [w for w, _ in counts.most_common(4000) if len(w) > 1]
+    tokens += [w for w, _ in counts.most_common(words) if len(w) > 1]
     seen, unique = set(), []
     for t in tokens:
         if t not in seen and t.strip() == t and t:
@@ -133,7 +134,8 @@ def encode(vocab_file, mode, out, files):
 
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "make-vocab":
-        make_vocab(sys.argv[2], sys.argv[3:])
+        words = os.environ.get("VOCAB_WORDS")
+        make_vocab(sys.argv[2], sys.argv[3:], int(words) if words else 4000)
     elif len(sys.argv) >= 6 and sys.argv[1] == "encode":
         encode(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
     else:

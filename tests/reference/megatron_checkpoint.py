@@ -11,7 +11,9 @@ and the same for BERT (family "bert", or "bert-nohead" for --bert-no-binary-head
 megatron/model BertModel (language_model with tokentype embeddings and the pooler, lm_head with
 its bias, dense and layernorm, binary_head) and Megatron-Core's BertModel (embedding with
 tokentype_embeddings, encoder, lm_head (dense, layer_norm), output_layer with its bias,
-binary_head, pooler),
+binary_head, pooler) with, as variants, the LM heads of earlier Megatron-Core versions (the output
+layer inside lm_head: lm_head.output_layer with its bias, or lm_head.bias first and
+lm_head.output_layer without one; the norm named lm_head.layernorm),
 and the optimizer is torch.optim.Adam over Megatron's parameter groups, wrapped as Megatron's
 FP32Optimizer or Float16OptimizerWithFloat16Params state_dict.
 
@@ -168,7 +170,8 @@ def split_dim(name):
 class Stage:
     """One TP x PP rank's model chunk: the Megatron module tree and our names of its params."""
 
-    def __init__(self, scheme, w, t, tp, p, pp, c, vp, version, untied, family="gpt"):
+    def __init__(self, scheme, w, t, tp, p, pp, c, vp, version, untied, family="gpt",
+                 head_layout="final"):
         per_chunk = L // (pp * vp)
         first = (c * pp + p) * per_chunk
         pre = p == 0 and c == 0
@@ -302,6 +305,7 @@ class Stage:
         self.emb, self.enc_final, self.head, self.untied = emb, final, head, untied
         self.lm = self.module.language_model if scheme == "legacy" else None
         self.family = family
+        self.head_layout = head_layout
         if post and block == "encoder":  # BertModel's heads, in its registration order
             self.bert_heads(scheme, param, reg, head)
 
@@ -310,14 +314,19 @@ class Stage:
         ColumnParallelLinear with a bias: its weight only when untied or on a later stage than the
         embedding), binary_head and pooler (plain linears). The legacy BertModel: the pooler inside
         language_model, lm_head with its own bias first, then dense and layernorm."""
+        # Earlier Megatron-Core BertLMHeads (head_layout): "inner" keeps the output layer, with
+        # its bias, inside the head (lm_head.output_layer.{weight,bias}, lm_head.layernorm);
+        # "inner-bias" has the head's own bias first and an output layer without one
+        # (lm_head.bias, lm_head.output_layer.weight, lm_head.layernorm).
+        inner = scheme != "legacy" and self.head_layout != "final"
         lm_head = torch.nn.Module()
         bias = param("output_layer.bias")
-        if scheme == "legacy":
+        if scheme == "legacy" or self.head_layout == "inner-bias":
             lm_head.register_parameter("bias", torch.nn.Parameter(bias[0]))
             lm_head.bias._ours = bias[1]
         lm_head.dense = Holder(reg([("weight", param("lm_head.dense.weight")),
                                     ("bias", param("lm_head.dense.bias"))]))
-        setattr(lm_head, "layernorm" if scheme == "legacy" else "layer_norm",
+        setattr(lm_head, "layernorm" if scheme == "legacy" or inner else "layer_norm",
                 Holder(reg([("weight", param("lm_head.layer_norm.weight")),
                             ("bias", param("lm_head.layer_norm.bias"))])))
         self.module.lm_head = lm_head
@@ -326,7 +335,9 @@ class Stage:
             if head is not None:
                 hw = next(head.parameters())
                 out.append(("weight", hw.detach().clone(), hw._ours))
-            self.module.output_layer = ParallelLinear(out + [("bias", bias[0], bias[1])])
+            if self.head_layout != "inner-bias":
+                out.append(("bias", bias[0], bias[1]))
+            setattr(lm_head if inner else self.module, "output_layer", ParallelLinear(out))
         if self.family == "bert":
             pooler = torch.nn.Module()
             pooler.dense = Holder(reg([("weight", param("pooler.dense.weight")),
@@ -374,7 +385,7 @@ def param_groups(chunks, sort):
 
 
 def make_variant(out, name, scheme, version, tp, pp, vp, dtype_name, optimizer="adam",
-                 distributed=False, untied=False, family="gpt", iteration=7):
+                 distributed=False, untied=False, family="gpt", head_layout="final", iteration=7):
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     w = full_weights(dtype, seed=sum(name.encode()), untied=untied, family=family)
     root = os.path.join(out, name)
@@ -406,7 +417,8 @@ def make_variant(out, name, scheme, version, tp, pp, vp, dtype_name, optimizer="
         enums = AttnBackend.auto
     for p in range(pp):
         for t in range(tp):
-            stages = [Stage(scheme, w, t, tp, p, pp, c, vp, version, untied, family) for c in range(vp)]
+            stages = [Stage(scheme, w, t, tp, p, pp, c, vp, version, untied, family, head_layout)
+                      for c in range(vp)]
             args = argparse.Namespace(
                 num_layers=L, hidden_size=H, ffn_hidden_size=FFN, num_attention_heads=HEADS,
                 kv_channels=HEAD_DIM, seq_length=SEQ, max_position_embeddings=SEQ,
@@ -543,7 +555,8 @@ def write_fake_modules(out):
 
 
 VARIANTS = [
-    # name, scheme, checkpoint_version, TP, PP, VP, dtype, optimizer, distributed, untied
+    # name, scheme, checkpoint_version, TP, PP, VP, dtype, optimizer, distributed, untied,
+    # family, BERT's LM head layout
     ("legacy_v0_tp2_fp16", "legacy", 0, 2, 1, 1, "fp16", "adam", False, False),
     ("legacy_v1_pp2_fp32", "legacy", 1, 1, 2, 1, "fp32", "adam", False, False),
     ("legacy_v2_tp2pp2_bf16", "legacy", 2, 2, 2, 1, "bf16", "adam", False, False),
@@ -556,6 +569,10 @@ VARIANTS = [
     ("bert_core_te_tp2pp2_fp32", "core-te", 3, 2, 2, 1, "fp32", "adam", False, False, "bert"),
     ("bert_core_pp2_bf16_nohead_untied", "core", 3, 1, 2, 1, "bf16", "adam", False, True, "bert-nohead"),
     ("bert_legacy_v3_tp2pp2_fp16", "legacy", 3, 2, 2, 1, "fp16", "adam", False, False, "bert"),
+    ("bert_core_inner_head_tp2pp2_fp32", "core", 3, 2, 2, 1, "fp32", "adam", False, False, "bert",
+     "inner"),
+    ("bert_core_inner_bias_nohead_untied_tp2_bf16", "core", 3, 2, 1, 1, "bf16", "adam", False, True,
+     "bert-nohead", "inner-bias"),
 ]
 
 

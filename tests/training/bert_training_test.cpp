@@ -34,33 +34,14 @@ struct BertFixture {
     world()->barrier();
   }
   TrainingArgs args(int64_t iters = 20, bool binary_head = true) const {
-    TrainingArgs a;
+    TrainingArgs a = tiny_training_args(32, dir / "sentences", dir / "cache", iters);
     a.model.model_family = "bert";
     a.model.attention_mask_type = "bidirectional";
     a.model.bert_binary_head = binary_head;
-    a.model.num_layers = 2;
-    a.model.hidden_size = 32;
-    a.model.num_attention_heads = 4;
-    a.model.seq_length = 32;
-    a.model.max_position_embeddings = 32;
-    a.model.hidden_dropout = 0.0f;
-    a.model.attention_dropout = 0.0f;
     a.make_vocab_size_divisible_by = 32;
     a.tokenizer.type = "BertWordPieceLowerCase";
     a.tokenizer.vocab_file = dir / "vocab.txt";
-    a.data.data_path = {dir / "sentences"};
-    a.data.split = "90,10,0";
-    a.data.data_cache_path = dir / "cache";
-    a.micro_batch_size = 2;
-    a.global_batch_size = 8;
-    a.train_iters = iters;
-    a.lr = 3e-3;
-    a.min_lr = 3e-4;
-    a.lr_decay_style = "cosine";
-    a.lr_warmup_iters = 3;
-    a.log_interval = 1000;
     a.eval_interval = 10;
-    a.eval_iters = 1;
     return a;
   }
 };
@@ -133,23 +114,7 @@ TEST(BertTraining, WithoutBinaryHeadLogsOnlyTheLmLoss) {
 
 TEST(BertTraining, SaveAndResumeAreExact) {
   BertFixture f;
-  TrainingArgs full = f.args();
-  full.save = f.dir / "full";
-  full.save_interval = 1000;
-  const TrainingSummary whole = run_single(full);
-  TrainingArgs first = f.args();
-  first.save = f.dir / "resume";
-  first.save_interval = 10;
-  first.exit_interval = 10;
-  run_single(first);
-  TrainingArgs second = first;
-  second.load = first.save;
-  second.exit_interval = 0;
-  second.save_interval = 1000;
-  const TrainingSummary rest = run_single(second);
-  ASSERT_EQ(rest.losses.size(), 10u);
-  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(rest.losses[i], whole.losses[10 + i]) << i;
-  expect_same_params(second.save, full.save, 20, 0.0);
+  expect_exact_resume(f.args(), f.dir / "full", f.dir / "resume", run_single);
 }
 
 TEST(BertTraining, RefusesWhatMegatronCannotTrain) {

@@ -60,24 +60,23 @@ inline void write_corpus(const std::string& prefix) {
   b.finalize();
 }
 
-// The tiny GPT the training tests train on write_corpus's data in `dir` ("corpus", index cache
-// in "cache"): 2 layers, hidden 32, 4 heads, sequence 16, vocabulary 64 (padded to 64 under TP 1,
-// 2 and 4), dropout 0, micro-batch 2, global batch 8, cosine LR 3e-3 -> 3e-4.
-inline TrainingArgs tiny_gpt_args(const fs::path& dir, int64_t iters) {
+// The tiny model and schedule the training tests share: 2 layers, hidden 32, 4 heads, sequence
+// `seq` (and as many positions), dropout 0, data `data_path` split 90,10,0 with its index cache
+// in `cache`, micro-batch 2, global batch 8, `iters` iterations of cosine LR 3e-3 -> 3e-4 after 3
+// warm-up iterations, logging off, one evaluation iteration every 1000.
+inline TrainingArgs tiny_training_args(int seq, const fs::path& data_path, const fs::path& cache,
+                                       int64_t iters) {
   TrainingArgs a;
   a.model.num_layers = 2;
   a.model.hidden_size = 32;
   a.model.num_attention_heads = 4;
-  a.model.seq_length = 16;
-  a.model.max_position_embeddings = 16;
+  a.model.seq_length = seq;
+  a.model.max_position_embeddings = seq;
   a.model.hidden_dropout = 0.0f;
   a.model.attention_dropout = 0.0f;
-  a.make_vocab_size_divisible_by = 16;
-  a.tokenizer.type = "NullTokenizer";
-  a.tokenizer.vocab_size = 64;
-  a.data.data_path = {(dir / "corpus").string()};
+  a.data.data_path = {data_path.string()};
   a.data.split = "90,10,0";
-  a.data.data_cache_path = (dir / "cache").string();
+  a.data.data_cache_path = cache.string();
   a.micro_batch_size = 2;
   a.global_batch_size = 8;
   a.train_iters = iters;
@@ -88,6 +87,17 @@ inline TrainingArgs tiny_gpt_args(const fs::path& dir, int64_t iters) {
   a.log_interval = 1000;
   a.eval_interval = 1000;
   a.eval_iters = 1;
+  return a;
+}
+
+// The tiny GPT the training tests train on write_corpus's data in `dir` ("corpus", index cache
+// in "cache"): tiny_training_args with sequence 16 and vocabulary 64 (padded to 64 under TP 1, 2
+// and 4).
+inline TrainingArgs tiny_gpt_args(const fs::path& dir, int64_t iters) {
+  TrainingArgs a = tiny_training_args(16, dir / "corpus", dir / "cache", iters);
+  a.make_vocab_size_divisible_by = 16;
+  a.tokenizer.type = "NullTokenizer";
+  a.tokenizer.vocab_size = 64;
   return a;
 }
 
@@ -243,5 +253,31 @@ inline void expect_same_curve(const TrainingSummary& got, const TrainingSummary&
 
 #define SKIP_ON_ONE_RANK() \
   if (world()->size() == 1) GTEST_SKIP() << "needs mpirun -np 2 or 4 (label mpi)"
+
+// Exact resume: `args` (20 iterations) trained by `run` in one go, saved to full_dir, and in two
+// parts (saved and stopped at iteration 10 in resume_dir, then loaded from it): the resumed
+// iterations' losses equal the uninterrupted run's bit for bit, and so do the final parameters.
+template <class Run>
+void expect_exact_resume(const TrainingArgs& args, const std::string& full_dir,
+                         const std::string& resume_dir, Run run) {
+  TrainingArgs full = args;
+  full.save = full_dir;
+  full.save_interval = 1000;
+  const TrainingSummary whole = run(full);
+  TrainingArgs first = args;
+  first.save = resume_dir;
+  first.save_interval = 10;
+  first.exit_interval = 10;
+  run(first);
+  TrainingArgs second = first;
+  second.load = first.save;
+  second.exit_interval = 0;
+  second.save_interval = 1000;
+  const TrainingSummary rest = run(second);
+  ASSERT_EQ(rest.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(rest.losses[i], whole.losses[10 + i]) << i;
+  if (world()->rank() == 0) expect_same_params(second.save, full.save, 20, 0.0);
+  world()->barrier();
+}
 
 }  // namespace megatron::training::parallel_test

@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "parallel_test_util.h"
 #include "data/indexed_dataset.h"
 #include "test_util.h"
 #include "training/metrics.h"
@@ -60,27 +61,13 @@ std::string write_corpus(const testing::TempDir& dir) {
 }
 
 TrainingArgs tiny_args(const std::string& prefix, const std::string& cache) {
-  TrainingArgs a;
-  a.model.num_layers = 2;
-  a.model.hidden_size = 32;
-  a.model.num_attention_heads = 4;
-  a.model.seq_length = 16;
-  a.model.max_position_embeddings = 16;
+  TrainingArgs a = parallel_test::tiny_training_args(16, prefix, cache, 120);
   a.model.hidden_dropout = 0.1f;
   a.model.attention_dropout = 0.1f;
   a.make_vocab_size_divisible_by = 8;
   a.tokenizer.type = "NullTokenizer";
   a.tokenizer.vocab_size = 64;
-  a.data.data_path = {prefix};
-  a.data.split = "90,10,0";
-  a.data.data_cache_path = cache;
-  a.micro_batch_size = 2;
   a.global_batch_size = 4;
-  a.train_iters = 120;
-  a.lr = 3e-3;
-  a.min_lr = 3e-4;
-  a.lr_decay_style = "cosine";
-  a.lr_warmup_iters = 3;
   a.log_interval = 40;
   a.eval_interval = 60;
   a.eval_iters = 2;

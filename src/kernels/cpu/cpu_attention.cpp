@@ -26,25 +26,12 @@ void check_int_tensor(const char* op, const char* name, const Tensor& t, int64_t
            dtype_name(t.dtype()), " ", shape_str(t.shape()));
 }
 
-// The operand's largest element offset + 1 for `seqs` sequences of `rows` rows and `heads` heads.
-int64_t extent(const HeadLayout& L, int64_t seqs, int64_t rows, int heads, int64_t d) {
-  const int hg = std::max(L.heads_per_group, 1);
-  return L.offset + (seqs - 1) * L.seq_stride + (rows - 1) * L.row_stride +
-         int64_t((heads - 1) / hg) * L.group_stride + int64_t((heads - 1) % hg) * d + d;
-}
-
 HeadOperand operand(const char* op, const char* name, const Tensor& t, const HeadLayout& L,
                     int64_t seqs, int64_t rows, int heads, int64_t d, bool input = false) {
   const bool half = input && t.defined() && t.dtype() == DType::BF16 && t.is_contiguous();
   if (!half) require_f32(op, name, t);
   require_host(op, t);
-  MG_CHECK(L.heads_per_group >= 1 && L.offset >= 0 && L.seq_stride >= 0 && L.row_stride >= 0 &&
-               L.group_stride >= 0,
-           op, ": ", name, "'s head layout has a negative stride or offset");
-  MG_CHECK(seqs <= 0 || rows <= 0 || extent(L, seqs, rows, heads, d) <= t.numel(), op, ": ",
-           name, " ", shape_str(t.shape()), " is too small for ", seqs, " sequences of ", rows,
-           " rows of ", heads, " heads of ", d, " through its layout (needs ",
-           extent(L, seqs, rows, heads, d), " elements)");
+  check_head_operand(op, name, t, L, seqs, rows, heads, d);
   if (half) return HeadOperand{nullptr, L, d, t.data<bf16>()};
   return HeadOperand{t.data<float>(), L, d};
 }
@@ -65,31 +52,7 @@ void require_shape(const char* op, const char* name, const Tensor& t, int64_t nu
 AttentionPlan make_plan(const char* op, const AttentionInputs& in, const AttentionMask& mask,
                         const AttentionShape& sh) {
   AttentionPlan P;
-  MG_CHECK(sh.heads > 0 && sh.groups > 0 && sh.heads % sh.groups == 0 && sh.head_dim > 0, op,
-           ": heads ", sh.heads, " must be a positive multiple of groups ", sh.groups,
-           " (head_dim ", sh.head_dim, ")");
-  MG_CHECK(sh.batch >= 0 && sh.seq >= 0 && sh.kv_seq >= 0, op, ": negative sizes");
-  P.b = sh.batch;
-  P.sq = sh.seq;
-  P.skv = sh.kv_seq > 0 ? sh.kv_seq : sh.seq;
-  P.q_span = sh.q_span > 0 ? sh.q_span : P.sq;
-  P.kv_span = sh.kv_span > 0 ? sh.kv_span : P.skv;
-  P.n = sh.heads;
-  P.g = sh.groups;
-  P.hpg = sh.heads / sh.groups;
-  P.d = sh.head_dim;
-  P.scale = sh.softmax_scale;
-  P.total_heads = sh.total_heads > 0 ? sh.total_heads : sh.heads;
-  P.head_offset = sh.head_offset;
-  MG_CHECK(P.head_offset >= 0 && P.head_offset + P.n <= P.total_heads, op, ": heads [",
-           P.head_offset, ", ", P.head_offset + P.n, ") outside the layer's ", P.total_heads);
-  MG_CHECK(mask.window_left >= -1 && mask.window_right >= -1, op, ": windows must be -1 or >= 0 (",
-           mask.window_left, ", ", mask.window_right, ")");
-  MG_CHECK(!mask.causal || mask.window_right <= 0, op, ": window_right ", mask.window_right,
-           " needs bidirectional attention (causal = false)");
-  P.causal = mask.causal;
-  P.window_left = mask.window_left;
-  P.window_right = mask.causal ? -1 : mask.window_right;
+  static_cast<AttentionDims&>(P) = attention_dims(op, mask, sh);
   if (mask.alibi) {
     const std::vector<float> all = alibi_slopes(P.total_heads);
     P.slopes.assign(all.begin() + P.head_offset, all.begin() + P.head_offset + P.n);
@@ -148,12 +111,8 @@ AttentionPlan make_plan(const char* op, const AttentionInputs& in, const Attenti
   }
   if (in.bias.defined()) {
     require_f32(op, "bias", in.bias);
-    const int64_t per = int64_t(P.n) * P.q_span * P.kv_span;
-    MG_CHECK(in.bias.numel() == per || in.bias.numel() == P.b * per, op, ": bias ",
-             shape_str(in.bias.shape()), " must be [1 or batch ", P.b, ", heads ", P.n,
-             ", q_span ", P.q_span, ", kv_span ", P.kv_span, "]");
+    P.bias_batch = attention_bias_batch(op, in.bias, P);
     P.bias = in.bias.data<float>();
-    P.bias_batch = in.bias.numel() / per;
   }
   return P;
 }

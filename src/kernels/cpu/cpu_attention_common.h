@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "kernels/attention_args.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_matmul.h"  // cpu::sgemm: oneDNN, single-threaded inside the callers' OpenMP tasks
@@ -46,12 +47,7 @@ struct HeadOperand {
   }
 };
 
-struct AttentionPlan {
-  int64_t b = 0, sq = 0, skv = 0, q_span = 0, kv_span = 0;
-  int n = 0, g = 0, hpg = 0, d = 0, head_offset = 0, total_heads = 0;
-  float scale = 0;
-  bool causal = true;
-  int64_t window_left = -1, window_right = -1;
+struct AttentionPlan : AttentionDims {
   std::vector<float> slopes;  // ALiBi slope of each local head, or empty
   HeadOperand q, k, v;
   const int32_t* qpos = nullptr;  // [sq] or [b, sq] (qpos_per_row), or null: i

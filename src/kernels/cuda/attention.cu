@@ -23,22 +23,10 @@ void check_ints(const char* op, const char* name, const Tensor& t, int64_t numel
            dtype_name(t.dtype()), " ", shape_str(t.shape()));
 }
 
-int64_t extent(const ops::HeadLayout& L, int64_t seqs, int64_t rows, int heads, int64_t d) {
-  const int hg = std::max(L.heads_per_group, 1);
-  return L.offset + (seqs - 1) * L.seq_stride + (rows - 1) * L.row_stride +
-         int64_t((heads - 1) / hg) * L.group_stride + int64_t((heads - 1) % hg) * d + d;
-}
-
 Layout operand(const char* op, const char* name, const Tensor& t, const ops::HeadLayout& L,
                int64_t seqs, int64_t rows, int heads, int64_t d) {
   detail::require_f32(op, name, t);
-  MG_CHECK(L.heads_per_group >= 1 && L.offset >= 0 && L.seq_stride >= 0 && L.row_stride >= 0 &&
-               L.group_stride >= 0,
-           op, ": ", name, "'s head layout has a negative stride or offset");
-  MG_CHECK(seqs <= 0 || rows <= 0 || extent(L, seqs, rows, heads, d) <= t.numel(), op, ": ",
-           name, " ", shape_str(t.shape()), " is too small for ", seqs, " sequences of ", rows,
-           " rows of ", heads, " heads of ", d, " through its layout (needs ",
-           extent(L, seqs, rows, heads, d), " elements)");
+  ops::check_head_operand(op, name, t, L, seqs, rows, heads, d);
   return Layout{L.offset, L.seq_stride, L.row_stride, L.group_stride, L.heads_per_group};
 }
 
@@ -59,33 +47,9 @@ float* grad_operand(const char* op, const char* name, const Tensor& t, const ops
 Plan make_plan(const char* op, const ops::AttentionInputs& in, const ops::AttentionMask& mask,
                const ops::AttentionShape& sh, const ops::DropoutSpec& dropout, Tensor& slopes) {
   Plan P;
-  MG_CHECK(sh.heads > 0 && sh.groups > 0 && sh.heads % sh.groups == 0 && sh.head_dim > 0, op,
-           ": heads ", sh.heads, " must be a positive multiple of groups ", sh.groups,
-           " (head_dim ", sh.head_dim, ")");
-  MG_CHECK(sh.batch >= 0 && sh.seq >= 0 && sh.kv_seq >= 0, op, ": negative sizes");
-  P.b = sh.batch;
-  P.sq = sh.seq;
-  P.skv = sh.kv_seq > 0 ? sh.kv_seq : sh.seq;
-  P.q_span = sh.q_span > 0 ? sh.q_span : P.sq;
-  P.kv_span = sh.kv_span > 0 ? sh.kv_span : P.skv;
-  P.n = sh.heads;
-  P.g = sh.groups;
-  P.hpg = sh.heads / sh.groups;
-  P.d = sh.head_dim;
-  P.scale = sh.softmax_scale;
-  P.total_heads = sh.total_heads > 0 ? sh.total_heads : sh.heads;
-  P.head_offset = sh.head_offset;
-  MG_CHECK(P.head_offset >= 0 && P.head_offset + P.n <= P.total_heads, op, ": heads [",
-           P.head_offset, ", ", P.head_offset + P.n, ") outside the layer's ", P.total_heads);
-  MG_CHECK(mask.window_left >= -1 && mask.window_right >= -1, op, ": windows must be -1 or >= 0 (",
-           mask.window_left, ", ", mask.window_right, ")");
-  MG_CHECK(!mask.causal || mask.window_right <= 0, op, ": window_right ", mask.window_right,
-           " needs bidirectional attention (causal = false)");
+  static_cast<ops::AttentionDims&>(P) = ops::attention_dims(op, mask, sh);
   MG_CHECK(dropout.p >= 0.0f && dropout.p < 1.0f, op, ": dropout probability ", dropout.p,
            " outside [0, 1)");
-  P.causal = mask.causal;
-  P.window_left = mask.window_left;
-  P.window_right = mask.causal ? -1 : mask.window_right;
   P.drop_p = dropout.p;
   P.seed = dropout.seed;
   P.stream = dropout.stream;
@@ -107,7 +71,7 @@ Plan make_plan(const char* op, const ops::AttentionInputs& in, const ops::Attent
     P.kv_index = in.kv_index.data<int32_t>();
     // The sequences the cache holds: as many as its layout's tensor has room for.
     const ops::HeadLayout& L = in.k_layout;
-    const int64_t one = extent(L, 1, P.skv, P.g, P.d);
+    const int64_t one = ops::head_layout_extent(L, 1, P.skv, P.g, P.d);
     MG_CHECK(L.seq_stride > 0 || P.b <= 1, op, ": a KV cache read through kv_index needs a "
              "sequence stride in k's layout");
     P.kv_seqs = L.seq_stride > 0 && in.k.numel() >= one
@@ -150,12 +114,8 @@ Plan make_plan(const char* op, const ops::AttentionInputs& in, const ops::Attent
   }
   if (in.bias.defined()) {
     detail::require_f32(op, "bias", in.bias);
-    const int64_t per = int64_t(P.n) * P.q_span * P.kv_span;
-    MG_CHECK(in.bias.numel() == per || in.bias.numel() == P.b * per, op, ": bias ",
-             shape_str(in.bias.shape()), " must be [1 or batch ", P.b, ", heads ", P.n,
-             ", q_span ", P.q_span, ", kv_span ", P.kv_span, "]");
+    P.bias_batch = ops::attention_bias_batch(op, in.bias, P);
     P.bias = in.bias.data<float>();
-    P.bias_batch = in.bias.numel() / per;
   }
   return P;
 }

@@ -20,6 +20,7 @@
 
 #include "core/rng.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/attention_args.h"
 #include "kernels/ops.h"
 
 namespace megatron::cuda::attn {
@@ -47,12 +48,7 @@ struct Layout {
   }
 };
 
-struct Plan {
-  int64_t b = 0, sq = 0, skv = 0, q_span = 0, kv_span = 0;
-  int n = 0, g = 0, hpg = 0, d = 0, head_offset = 0, total_heads = 0;
-  float scale = 0.0f;
-  bool causal = true;
-  int64_t window_left = -1, window_right = -1;
+struct Plan : ops::AttentionDims {
   const float* slopes = nullptr;  // [n] ALiBi slopes of the local heads, or null
   const float *q = nullptr, *k = nullptr, *v = nullptr;
   Layout ql, kl, vl;
