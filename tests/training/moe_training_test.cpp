@@ -10,6 +10,7 @@
 
 #include "model/gpt_model.h"
 #include "parallel_test_util.h"
+#include "training/metrics.h"
 #include "test_util.h"
 
 namespace megatron::training {
@@ -94,6 +95,22 @@ TEST(MoeTraining, ExpertBiasMovesAgainstTheLoad) {
   EXPECT_EQ(m.expert_bias(), (std::vector<double>{-0.25, 0.25, 0.25, 0.25}));
   m.update_expert_bias({5, 5, 5, 5});  // balanced: sign(0) = 0
   EXPECT_EQ(m.expert_bias(), (std::vector<double>{-0.25, 0.25, 0.25, 0.25}));
+}
+
+// Megatron's num_floating_point_operations counts, per MoE layer, the top-k routed experts' and
+// the shared expert's widths (no router term): a model whose MoE layers have topk * moe_ffn +
+// shared = F counts as the dense model of width F.
+TEST(MoeTraining, FlopsCountTheActiveExperts) {
+  FlopsModel dense{4, 64, 4, 0, 0, 256, 32, 512, true};
+  FlopsModel moe = dense;
+  moe.num_moe_layers = 2;  // e.g. --moe-layer-freq 2
+  moe.moe_ffn_hidden_size = 96;
+  moe.moe_router_topk = 2;
+  moe.moe_shared_expert_intermediate_size = 64;  // 2 * 96 + 64 = 256
+  EXPECT_DOUBLE_EQ(flops_per_iteration(moe, 8), flops_per_iteration(dense, 8));
+  moe.moe_router_topk = 1;  // 96 + 64 = 160: 96 fewer MLP columns in each of 2 layers
+  const double mlp_per_column = 8.0 * 32 * 6 * 64 * 3;  // B s 6 h (x3 gated)
+  EXPECT_DOUBLE_EQ(flops_per_iteration(moe, 8), flops_per_iteration(dense, 8) - 2 * 96 * mlp_per_column);
 }
 
 TEST(MpiMoeTraining, DataAndTensorParallelFollowTheSingleRankCurve) {
