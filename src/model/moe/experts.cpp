@@ -13,30 +13,34 @@ SequentialExperts::SequentialExperts(const std::string& prefix, const Transforme
   }
 }
 
-Tensor SequentialExperts::forward(const LayerContext& ctx, const Tensor& xp,
-                                  const std::vector<int64_t>& counts) {
-  Tensor y = Tensor::empty(xp.shape(), DType::F32, xp.device());
+namespace {
+
+// out's block of expert e's rows = fn(e, in's block), for every expert given rows.
+template <class Fn>
+Tensor per_expert_rows(const Tensor& in, const std::vector<int64_t>& counts, Fn&& fn) {
+  Tensor out = Tensor::empty(in.shape(), DType::F32, in.device());
   int64_t off = 0;
-  for (size_t e = 0; e < experts_.size(); ++e) {
+  for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t n = counts[e];
     if (n == 0) continue;
-    y.narrow(0, off, n).copy_(experts_[e]->forward(ctx, xp.narrow(0, off, n)));
+    out.narrow(0, off, n).copy_(fn(e, in.narrow(0, off, n)));
     off += n;
   }
-  return y;
+  return out;
+}
+
+}  // namespace
+
+Tensor SequentialExperts::forward(const LayerContext& ctx, const Tensor& xp,
+                                  const std::vector<int64_t>& counts) {
+  return per_expert_rows(xp, counts,
+                         [&](size_t e, const Tensor& x) { return experts_[e]->forward(ctx, x); });
 }
 
 Tensor SequentialExperts::backward(const LayerContext& ctx, const Tensor& dyp,
                                    const std::vector<int64_t>& counts) {
-  Tensor dx = Tensor::empty(dyp.shape(), DType::F32, dyp.device());
-  int64_t off = 0;
-  for (size_t e = 0; e < experts_.size(); ++e) {
-    const int64_t n = counts[e];
-    if (n == 0) continue;
-    dx.narrow(0, off, n).copy_(experts_[e]->backward(ctx, dyp.narrow(0, off, n)));
-    off += n;
-  }
-  return dx;
+  return per_expert_rows(dyp, counts,
+                         [&](size_t e, const Tensor& dy) { return experts_[e]->backward(ctx, dy); });
 }
 
 }  // namespace megatron::model
