@@ -68,6 +68,10 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
              rec.config.model_family, " model (", model::model_family_of(rec.config).command,
              " trains it): text generation, serving and zero-shot evaluation need a GPT "
              "checkpoint (pretrain-gpt)");
+  MG_REQUIRE(rec.config.num_moe_experts == 0, ck.file().string(), " is a mixture-of-experts "
+             "checkpoint (", rec.config.num_moe_experts, " experts): generation, serving and "
+             "zero-shot evaluation of MoE models are not built yet; pretrain-gpt trains and "
+             "resumes it");
   // Without the shape flags finish() asks for them (or --use-checkpoint-args) first.
   if (check_only && (cfg.num_layers <= 0 || cfg.hidden_size <= 0 || cfg.num_attention_heads <= 0))
     return;

@@ -11,6 +11,7 @@
 #include "cli/bert_data_flags.h"
 #include "cli/megatron_compat.h"
 #include "cli/model_flags.h"
+#include "cli/moe_flags.h"
 #include "training/trainer.h"
 
 namespace megatron::cli {
@@ -18,6 +19,7 @@ namespace megatron::cli {
 struct PretrainFlags {
   training::TrainingArgs a;
   ModelFlags model;
+  MoeFlags moe;  // the mixture-of-experts flags (written into model.config)
   bool recompute_activations = false, checkpoint_activations = false;
   bool accumulate_allreduce_grads_in_fp32 = false;
   double decoupled_lr = std::numeric_limits<double>::quiet_NaN();

@@ -80,6 +80,7 @@ training::TrainingArgs resolve_pretrain_flags(PretrainFlags f) {
     a.mask_prob = f.bert_data.mask_prob;
     a.short_seq_prob = f.bert_data.short_seq_prob;
   }
+  f.moe.apply(a);  // after the model and the parallel sizes are resolved
   // The Ascend scripts' band of keys (--pre-tockens / --next-tockens) inside the causal mask.
   f.model.apply_band(a.model);
   if (f.checkpoint_activations) {
@@ -116,6 +117,7 @@ void add_pretrain_flags(CLI::App& sub, PretrainFlags* f) {
   m.recompute_num_layers = 1;             // Megatron's default
   // model
   f->model.add(sub, /*training=*/true);
+  f->moe.add(sub, &f->model.config);
   sub.add_option("--make-vocab-size-divisible-by", a.make_vocab_size_divisible_by,
                  "Vocab padding multiple")->capture_default_str();
   sub.add_flag("--apply-query-key-layer-scaling", m.apply_query_key_layer_scaling,

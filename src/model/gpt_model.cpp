@@ -25,7 +25,9 @@ std::vector<TransformerLayerSpec> validated_specs(const TransformerConfig& cfg,
              "language-model evaluation need a GPT (decoder-only) model");
   cfg.validate_tensor_parallel(tp.size());
   cfg.validate_context_parallel(cp.size());
-  return std::vector<TransformerLayerSpec>(size_t(cfg.num_layers), gpt_layer_spec(cfg));
+  std::vector<TransformerLayerSpec> specs;
+  for (int l = 0; l < cfg.num_layers; ++l) specs.push_back(gpt_layer_spec(cfg, l));
+  return specs;
 }
 
 }  // namespace

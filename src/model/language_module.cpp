@@ -183,6 +183,13 @@ size_t LanguageModule::weight_bytes() const {
   return held_bytes({}, ts);
 }
 
+std::vector<MoELayer*> LanguageModule::moe_layers() {
+  std::vector<MoELayer*> out;
+  for (int l = 0; l < block_->num_layers(); ++l)
+    if (MoELayer* m = block_->layer(l).moe()) out.push_back(m);
+  return out;
+}
+
 void LanguageModule::all_reduce_sequence_parallel_grads() {
   model::all_reduce_sequence_parallel_grads(parameters(), tp_.comm());
 }
@@ -259,6 +266,7 @@ Tensor LanguageModule::forward(int64_t mb, const Batch& in, const Tensor& x_in,
   MG_CHECK(!post_process_ || loss != nullptr, "model chunk forward: the last chunk needs a LossResult");
   InFlight st;
   st.ctx = make_ctx(in, opt.training, opt.training, opt.dropout_offset);
+  st.ctx.moe_aux_grad_scale = opt.moe_aux_grad_scale;
   const LayerContext& ctx = st.ctx;
   Tensor x;
   if (embedding_) {

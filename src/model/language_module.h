@@ -73,6 +73,8 @@ class LanguageModule : public ModelChunk {
   void all_reduce_sequence_parallel_grads();
 
   const TransformerConfig& config() const { return cfg_; }
+  // This chunk's mixture-of-experts layers, in layer order (none in a dense model).
+  std::vector<MoELayer*> moe_layers();
   int first_layer() const { return block_->first_layer(); }
   int num_layers() const { return block_->num_layers(); }  // layers held here
   int tensor_parallel_size() const { return tp_.size(); }

@@ -43,4 +43,10 @@ TransformerLayerSpec gpt_layer_spec(const TransformerConfig& cfg) {
   return s;
 }
 
+TransformerLayerSpec gpt_layer_spec(const TransformerConfig& cfg, int layer) {
+  TransformerLayerSpec s = gpt_layer_spec(cfg);
+  if (cfg.is_moe_layer(layer)) s.ffn = FfnKind::moe;
+  return s;
+}
+
 }  // namespace megatron::model

@@ -40,14 +40,22 @@ struct MlpSpec {
   const ActivationKind* activation = nullptr;
 };
 
+// What fills the FFN slot: a dense MLP, or a mixture-of-experts layer (model/moe/moe_layer.h)
+// whose experts are MLPs of MlpSpec's activation.
+enum class FfnKind { dense, moe };
+
 struct TransformerLayerSpec {
   const NormKind* input_layernorm = nullptr;
   AttentionSpec self_attention;
   const NormKind* pre_mlp_layernorm = nullptr;
   MlpSpec mlp;
+  FfnKind ffn = FfnKind::dense;
 };
 
 // The spec of a GPT decoder layer (Megatron-Core's get_gpt_layer_local_spec) for `cfg`.
 TransformerLayerSpec gpt_layer_spec(const TransformerConfig& cfg);
+// The spec of GPT decoder layer `layer` (0-based, global): gpt_layer_spec with the FFN slot an
+// MoE layer where --num-experts and --moe-layer-freq put one.
+TransformerLayerSpec gpt_layer_spec(const TransformerConfig& cfg, int layer);
 
 }  // namespace megatron::model

@@ -20,12 +20,14 @@ LinearOptions fc_options(bool bias, int parts, bool grad, InitMethod init = Init
 }  // namespace
 
 MLP::MLP(const std::string& prefix, const TransformerConfig& cfg, const MlpSpec& spec,
-         const TensorParallel& tp, bool grad)
+         const TensorParallel& tp, bool grad, int ffn_hidden)
     : activation(*spec.activation),
       linear_fc1(prefix + ".linear_fc1", cfg.hidden_size,
-                 int64_t(cfg.ffn()) * (spec.activation->gated ? 2 : 1), cfg.params_dtype, tp,
+                 int64_t(ffn_hidden > 0 ? ffn_hidden : cfg.ffn()) * (spec.activation->gated ? 2 : 1),
+                 cfg.params_dtype, tp,
                  fc_options(cfg.add_bias_linear, spec.activation->gated ? 2 : 1, grad)),
-      linear_fc2(prefix + ".linear_fc2", cfg.ffn(), cfg.hidden_size, cfg.params_dtype, tp,
+      linear_fc2(prefix + ".linear_fc2", ffn_hidden > 0 ? ffn_hidden : cfg.ffn(), cfg.hidden_size,
+                 cfg.params_dtype, tp,
                  fc_options(cfg.add_bias_linear, 1, grad, InitMethod::scaled_normal)) {
   register_child(linear_fc1);
   register_child(linear_fc2);

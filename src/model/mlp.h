@@ -16,8 +16,9 @@ namespace megatron::model {
 
 class MLP : public Module {
  public:
+  // ffn_hidden: the hidden width F (0: cfg.ffn(); an expert's or a shared expert's width).
   MLP(const std::string& prefix, const TransformerConfig& cfg, const MlpSpec& spec,
-      const TensorParallel& tp = TensorParallel::none(), bool grad = true);
+      const TensorParallel& tp = TensorParallel::none(), bool grad = true, int ffn_hidden = 0);
   // x and the result are [N, h], or [N/T, h] under sequence parallelism.
   Tensor forward(const LayerContext& ctx, const Tensor& x);    // -> without fc2 bias
   Tensor backward(const LayerContext& ctx, const Tensor& dy);  // -> dx

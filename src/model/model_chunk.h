@@ -102,6 +102,8 @@ struct ChunkForward {
   // loss_reduction() forms it).
   float grad_scale = 1.0f;
   uint64_t dropout_offset = 0;  // < 2^40, one per micro-batch (e.g. iteration * M + microbatch)
+  // Mixture of experts: the factor of the auxiliary losses' gradients (LayerContext).
+  double moe_aux_grad_scale = 1.0;
 };
 
 // Which chunk an instance holds.

@@ -49,6 +49,9 @@ struct LayerContext {
   // 2*cp_size-1-cp_rank of the sequence). Dropout masks are indexed by the element's position in
   // the unsplit tensors (for_each_sequence_run), so they do not depend on CP either.
   int cp_rank = 0, cp_size = 1;
+  // Mixture of experts: the factor of the auxiliary losses' gradients (Megatron's
+  // MoEAuxLossAutoScaler.main_loss_backward_scale: loss scale / micro-batches).
+  double moe_aux_grad_scale = 1.0;
   // Dropout stream for (micro-batch offset, layer, site): stream = offset << 24 | layer << 4 |
   // site, so every mask is a pure function of (seed, offset, layer, site, element).
   // element_offset: index of the first element of the tensor this mask covers within the whole

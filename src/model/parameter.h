@@ -61,6 +61,9 @@ struct WeightSpec {
   // norm (counted once, on the owner) and checkpoints need not store it.
   bool shared = false;
   GradReduction grad_reduction = GradReduction::data_parallel;
+  // The expert axis: the (global) number of the mixture-of-experts expert this weight belongs to
+  // (decoder.layers.<l>.mlp.experts.local_experts.<expert>.*), -1 for every other weight.
+  int expert = -1;
 };
 
 struct Parameter : WeightSpec {

@@ -20,7 +20,18 @@ namespace megatron::model {
   X(attention_mask_type) X(window_left) X(window_right) X(qk_layernorm) X(add_bias_linear)     \
   X(add_qkv_bias) X(untie_embeddings_and_output_weights) X(hidden_dropout) X(attention_dropout) \
   X(init_method_std) X(apply_query_key_layer_scaling) X(recompute_granularity)                \
-  X(recompute_method) X(recompute_num_layers) X(sequence_parallel) X(cp_comm_type)
+  X(recompute_method) X(recompute_num_layers) X(sequence_parallel) X(cp_comm_type)          \
+  MG_MOE_CONFIG_FIELDS(X)
+
+// The mixture-of-experts block (model/moe/), in the same order as transformer_config.h.
+#define MG_MOE_CONFIG_FIELDS(X)                                                                 \
+  X(num_moe_experts) X(moe_layer_freq) X(moe_ffn_hidden_size) X(moe_router_topk)              \
+  X(moe_router_score_function) X(moe_router_pre_softmax) X(moe_router_topk_scaling_factor)    \
+  X(moe_router_num_groups) X(moe_router_group_topk) X(moe_router_enable_expert_bias)          \
+  X(moe_router_bias_update_rate) X(moe_router_force_load_balancing)                           \
+  X(moe_router_load_balancing_type) X(moe_aux_loss_coeff) X(moe_z_loss_coeff)                 \
+  X(moe_expert_capacity_factor) X(moe_token_drop_policy) X(moe_pad_expert_input_to_capacity)  \
+  X(moe_shared_expert_intermediate_size)
 
 void to_json(nlohmann::json& j, const TransformerConfig& c) {
   j = nlohmann::json::object();
@@ -105,6 +116,7 @@ void TransformerConfig::validate() const {
   MG_REQUIRE(!causal() || window_right <= 0, "--window-size: a causal model sees no key after "
              "its query, so the right side of the window must be 0 or -1 (got ", window_right, ")");
   parse_cp_comm_type(cp_comm_type);  // throws naming --cp-comm-type
+  validate_moe();
   const std::string& g = recompute_granularity;
   MG_REQUIRE(g.empty() || g == "full" || g == "selective", "--recompute-granularity '", g,
              "' is not one of: full, selective");
@@ -135,6 +147,13 @@ void TransformerConfig::validate_tensor_parallel(int T) const {
              " is not divisible by --tensor-model-parallel-size ", T,
              "; pad the vocabulary as Megatron does, to a multiple of "
              "--make-vocab-size-divisible-by * --tensor-model-parallel-size");
+  if (num_moe_experts > 0) {
+    divisible(moe_ffn(), moe_ffn_hidden_size > 0 ? "--moe-ffn-hidden-size" : "the expert FFN size");
+    if (moe_shared_expert_intermediate_size > 0)
+      divisible(moe_shared_expert_intermediate_size, "--moe-shared-expert-intermediate-size");
+    MG_REQUIRE(!sequence_parallel, "--num-experts with --sequence-parallel: the MoE layer runs "
+               "on whole sequences for now; drop --sequence-parallel");
+  }
   MG_REQUIRE(!sequence_parallel || seq_length % T == 0, "--seq-length ", seq_length,
              " is not divisible by --tensor-model-parallel-size ", T,
              " (required by --sequence-parallel: each rank holds seq-length / TP of the tokens)");

@@ -78,6 +78,32 @@ struct TransformerConfig {
   // or "allgather"; context_parallel.h). Same results, different communication.
   std::string cp_comm_type = "p2p";
 
+  // ---- mixture of experts (model/moe/): Megatron-Core's MoE settings, by their flags. With
+  // num_moe_experts > 0 the FFN slot of the layers moe_layer_freq selects is an MoE layer.
+  int num_moe_experts = 0;                 // --num-experts (0: dense model)
+  std::string moe_layer_freq = "1";        // --moe-layer-freq: an int k (every k-th layer) or a list
+  int moe_ffn_hidden_size = 0;             // --moe-ffn-hidden-size (0 -> ffn())
+  int moe_router_topk = 2;                 // --moe-router-topk
+  std::string moe_router_score_function = "softmax";  // --moe-router-score-function
+  bool moe_router_pre_softmax = false;     // --moe-router-pre-softmax
+  float moe_router_topk_scaling_factor = 0;  // --moe-router-topk-scaling-factor (0: none)
+  int moe_router_num_groups = 0, moe_router_group_topk = 0;  // group-limited routing (0: off)
+  bool moe_router_enable_expert_bias = false;  // --moe-router-enable-expert-bias
+  float moe_router_bias_update_rate = 1e-3f;   // --moe-router-bias-update-rate
+  bool moe_router_force_load_balancing = false;  // --moe-router-force-load-balancing
+  std::string moe_router_load_balancing_type = "aux_loss";  // --moe-router-load-balancing-type
+  float moe_aux_loss_coeff = 0;            // --moe-aux-loss-coeff
+  float moe_z_loss_coeff = 0;              // --moe-z-loss-coeff (0: none)
+  float moe_expert_capacity_factor = 0;    // --moe-expert-capacity-factor (0: no capacity)
+  std::string moe_token_drop_policy = "probs";  // --moe-token-drop-policy probs | position
+  bool moe_pad_expert_input_to_capacity = false;  // --moe-pad-expert-input-to-capacity
+  int moe_shared_expert_intermediate_size = 0;    // --moe-shared-expert-intermediate-size (0: none)
+  int moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn(); }
+  // Whether layer `layer` (0-based, global) has an MoE FFN (moe_layer_pattern, model/moe/).
+  bool is_moe_layer(int layer) const;
+  // The checks of the MoE settings (validate() calls it); errors name the flags.
+  void validate_moe() const;
+
   int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   int query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }

@@ -47,6 +47,22 @@ const Tensor& bias_grad_of(const Weight& w) {
   return w.defined() ? w.param.grad : none;
 }
 
+// The FFN slot of `spec` (constructed in place: modules do not move).
+std::variant<MLP, MoELayer> make_ffn(const std::string& prefix, const TransformerConfig& cfg,
+                                     const TransformerLayerSpec& spec, int index,
+                                     const TensorParallel& tp, bool grad) {
+  if (spec.ffn == FfnKind::moe)
+    return std::variant<MLP, MoELayer>(std::in_place_type<MoELayer>, prefix, cfg, spec.mlp, index,
+                                       tp, grad);
+  return std::variant<MLP, MoELayer>(std::in_place_type<MLP>, prefix, cfg, spec.mlp, tp, grad);
+}
+// The bias the layer's bias-dropout-add adds after the FFN: the dense MLP's fc2 bias (the MoE
+// layer has none).
+const Weight* ffn_bias(const std::variant<MLP, MoELayer>& ffn) {
+  const MLP* m = std::get_if<MLP>(&ffn);
+  return m != nullptr && m->linear_fc2.bias.defined() ? &m->linear_fc2.bias : nullptr;
+}
+
 }  // namespace
 
 TransformerLayer::TransformerLayer(int idx, const TransformerConfig& cfg,
@@ -62,11 +78,11 @@ TransformerLayer::TransformerLayer(int idx, const TransformerConfig& cfg,
                      grad),
       pre_mlp_layernorm(layer_prefix(block, idx) + ".pre_mlp_layernorm", cfg.hidden_size,
                         *spec.pre_mlp_layernorm, cfg.params_dtype, norm_options(cfg, tp_, grad)),
-      mlp(layer_prefix(block, idx) + ".mlp", cfg, spec.mlp, tp_, grad) {
+      mlp(make_ffn(layer_prefix(block, idx) + ".mlp", cfg, spec, idx, tp_, grad)) {
   register_child(input_layernorm);
   register_child(self_attention);
   register_child(pre_mlp_layernorm);
-  register_child(mlp);
+  std::visit([this](Module& m) { register_child(m); }, mlp);
   MG_CHECK(parameters().size() == count_parameters(cfg, spec), "TransformerLayer::count_parameters "
            "disagrees with the layer built from the same spec");
 }
@@ -75,9 +91,14 @@ size_t TransformerLayer::count_parameters(const TransformerConfig& cfg,
                                           const TransformerLayerSpec& spec) {
   auto norm = [](const NormKind* k) { return size_t(k->has_bias ? 2 : 1); };
   const size_t linear = cfg.add_bias_linear ? 2 : 1;
+  // MoE: the router, two weights per expert, two per shared expert (no biases).
+  const size_t ffn = spec.ffn == FfnKind::moe
+                         ? 1 + 2 * size_t(cfg.num_moe_experts) +
+                               (cfg.moe_shared_expert_intermediate_size > 0 ? 2 : 0)
+                         : 2 * linear;
   return norm(spec.input_layernorm) + (cfg.qkv_bias() ? 2 : 1) +
          (spec.self_attention.qk_norm ? 2 * norm(spec.self_attention.qk_norm) : 0) + linear +
-         norm(spec.pre_mlp_layernorm) + 2 * linear;
+         norm(spec.pre_mlp_layernorm) + ffn;
 }
 
 Tensor TransformerLayer::forward(const LayerContext& ctx, const Tensor& x) {
@@ -88,9 +109,11 @@ Tensor TransformerLayer::forward(const LayerContext& ctx, const Tensor& x) {
   bda_fwd(ctx, row0, x2, attn, bias_of(self_attention.linear_proj.bias), x, hidden_dropout, index,
           kSiteAttentionOut);
   Tensor m = pre_mlp_layernorm.forward(ctx, x2);
-  Tensor mo = mlp.forward(ctx, m);
+  Tensor mo = std::visit([&](auto& f) { return f.forward(ctx, m); }, mlp);
   Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
-  bda_fwd(ctx, row0, y, mo, bias_of(mlp.linear_fc2.bias), x2, hidden_dropout, index, kSiteMlpOut);
+  const Weight* fb = ffn_bias(mlp);
+  bda_fwd(ctx, row0, y, mo, fb ? fb->f32 : Tensor(), x2, hidden_dropout, index,
+          kSiteMlpOut);
   if (ctx.save) {
     x_ = x;
     x2_ = x2;
@@ -103,9 +126,10 @@ Tensor TransformerLayer::backward(const LayerContext& ctx, const Tensor& dy) {
   const int64_t row0 = first_row(tp, dy);
   // MLP branch: y = x2 + drop(mlp(ln2(x2)) + b)
   Tensor dmo = Tensor::empty(dy.shape(), DType::F32, dy.device());
-  bda_bwd(ctx, row0, dmo, bias_grad_of(mlp.linear_fc2.bias), dy, hidden_dropout, index,
+  const Weight* fb = ffn_bias(mlp);
+  bda_bwd(ctx, row0, dmo, fb ? fb->param.grad : Tensor(), dy, hidden_dropout, index,
           kSiteMlpOut);
-  Tensor dm = mlp.backward(ctx, dmo);
+  Tensor dm = std::visit([&](auto& f) { return f.backward(ctx, dmo); }, mlp);
   Tensor dx2 = dy.clone();
   pre_mlp_layernorm.backward_accumulate(ctx, dm, dx2);
   // Attention branch: x2 = x + drop(attn(ln1(x)) + b)

@@ -1,17 +1,21 @@
 // One decoder layer (Megatron-Core's TransformerLayer), its parts chosen by the layer spec:
 //   x2 = x + dropout(self_attention(input_layernorm(x)) + b_proj)
 //   y  = x2 + dropout(mlp(pre_mlp_layernorm(x2)) + b_fc2)
+// The FFN slot `mlp` is a closed variant (TransformerLayerSpec::ffn): a dense MLP or an MoE layer
+// (model/moe/moe_layer.h; no fc2 bias), both named <block>.layers.<index>.mlp.
 // Activations are batch-first [b*s, h] rows; under sequence parallelism the norms, dropouts and
 // residual adds see this rank's block of rows only ([N/T, h]); dropout masks are indexed by the
 // element's position in the unsharded tensor, so they depend on neither TP nor CP.
 #pragma once
 
 #include <string>
+#include <variant>
 
 #include "model/attention.h"
 #include "model/layer_spec.h"
 #include "model/mlp.h"
 #include "model/module.h"
+#include "model/moe/moe_layer.h"
 #include "model/norm.h"
 
 namespace megatron::model {
@@ -36,7 +40,8 @@ class TransformerLayer : public Module {
   Norm input_layernorm;
   SelfAttention self_attention;
   Norm pre_mlp_layernorm;
-  MLP mlp;
+  std::variant<MLP, MoELayer> mlp;
+  MoELayer* moe() { return std::get_if<MoELayer>(&mlp); }
 
  private:
   SavedTensor x_{this, "x", "[R, h] layer input (the caller's)"};

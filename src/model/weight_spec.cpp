@@ -33,7 +33,7 @@ std::optional<GradReduction> parse_grad_reduction(std::string_view name) {
 }
 
 nlohmann::json weight_spec_to_json(const WeightSpec& w) {
-  return {{"init", init_method_name(w.init)},
+  nlohmann::json j = {{"init", init_method_name(w.init)},
           {"weight_decay", w.weight_decay},
           {"partition_dim", w.partition_dim},
           {"partition_parts", w.partition_parts},
@@ -41,6 +41,8 @@ nlohmann::json weight_spec_to_json(const WeightSpec& w) {
           {"sequence_parallel", w.sequence_parallel},
           {"shared", w.shared},
           {"grad_reduction", grad_reduction_name(w.grad_reduction)}};
+  if (w.expert >= 0) j["expert"] = w.expert;
+  return j;
 }
 
 WeightSpec weight_spec_from_json(const std::string& name, const nlohmann::json& r,
@@ -78,6 +80,12 @@ WeightSpec weight_spec_from_json(const std::string& name, const nlohmann::json& 
   field("padded_vocab", w.padded_vocab);
   field("sequence_parallel", w.sequence_parallel);
   field("shared", w.shared);
+  if (r.contains("expert")) {
+    const nlohmann::json& v = r.at("expert");
+    MG_REQUIRE(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < (1 << 20),
+               where, ": weight '", name, "': \"expert\" must be an expert number, got ", v.dump());
+    w.expert = v.get<int>();
+  }
   MG_REQUIRE(w.partition_parts >= 1 && (w.partition_dim >= 0 || w.partition_parts == 1), where,
              ": weight '", name, "': partition_parts ", w.partition_parts, " with partition_dim ",
              w.partition_dim);

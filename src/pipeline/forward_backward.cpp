@@ -159,6 +159,9 @@ ForwardBackwardResult run_schedule(StageModel& model, const std::vector<Batch>& 
       fwd.grad_scale = opt.microbatch_grad_scale.empty()
                            ? opt.grad_scale
                            : opt.microbatch_grad_scale[size_t(st.microbatch)];
+      fwd.moe_aux_grad_scale = opt.moe_aux_grad_scale.empty()
+                                   ? 1.0
+                                   : opt.moe_aux_grad_scale[size_t(st.microbatch)];
       model::LossResult loss;
       Tensor y = chunk.forward(st.microbatch, in, x, fwd, &loss);
       if (chunk.post_process()) {

@@ -37,6 +37,9 @@ struct ForwardBackwardOptions {
   // microbatch_grad_scale[m] = loss scale / (max(tokens of m, 1) x micro-batches x DP x CP).
   float grad_scale = 1.0f;
   std::vector<float> microbatch_grad_scale;
+  // Mixture of experts: the factor of the auxiliary losses' gradients of micro-batch m
+  // (Megatron's MoEAuxLossAutoScaler scale), moe_aux_grad_scale[m], or 1 when empty.
+  std::vector<double> moe_aux_grad_scale;
   // Micro-batch m uses dropout offset dropout_offset + m * dropout_offset_stride: with data
   // parallelism the trainer numbers the global batch's micro-batches m * DP + dp_rank, so it
   // passes dropout_offset = base + dp_rank and dropout_offset_stride = DP.

@@ -27,6 +27,18 @@ bool is_shape_setting(const std::string& key) {
 void check_model_function_args(const CheckpointOnDisk& ckpt, const TrainingArgs& args) {
   const std::string where = (ckpt.dir / "metadata.json").string();
   const model::RecordedConfig saved = model::config_from_checkpoint_args(ckpt.state.args);
+  {  // the mixture-of-experts settings: each must match the checkpoint's
+    nlohmann::json was, now;
+    to_json(was, saved.config);
+    to_json(now, args.model);
+    for (auto it = now.begin(); it != now.end(); ++it) {
+      const std::string& k = it.key();
+      if (k != "num_moe_experts" && !k.starts_with("moe_")) continue;
+      MG_REQUIRE(was.contains(k) && was.at(k) == it.value(), "the checkpoint ", where,
+                 " was trained with ", k, " = ", was.contains(k) ? was.at(k).dump() : "(none)",
+                 " but this run gives ", it.value().dump(), "; give the checkpoint's MoE flags");
+    }
+  }
   std::vector<std::string> overridden;
   for (const model::ModelSetting& s : model::model_settings()) {
     if (is_shape_setting(s.key)) continue;

@@ -306,6 +306,8 @@ void copy_tokenizer(const data::TokenizerOptions& t, int max_positions, const fs
 HfExportResult export_hf_checkpoint(const MergedCheckpoint& m, const TrainingArgs& args,
                                     const HfExportOptions& o) {
   const model::TransformerConfig& c = args.model;
+  MG_REQUIRE(c.num_moe_experts == 0, "Hugging Face export of mixture-of-experts checkpoints "
+             "(Mixtral, Qwen-MoE) is not built yet");
   HfExportResult res;
   res.model_type = hf_model_type(c);
   const int64_t vocab = o.true_vocab_size;

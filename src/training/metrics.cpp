@@ -20,7 +20,12 @@ double flops_per_iteration(const FlopsModel& m, int64_t global_batch_size) {
   const double F = m.ffn_hidden_size > 0 ? double(m.ffn_hidden_size) : 4 * h;
   const double f_exp = m.swiglu ? 3.0 : 2.0;
   const double L = double(m.num_layers), V = double(m.padded_vocab_size);
-  return B * s * (6 * h * F * f_exp * L + 6 * L * (h * (q + 2 * kv) + q * h) + 6 * h * V) +
+  // The MLP widths summed over layers: dense layers F, MoE layers topk routed experts' widths
+  // plus the shared expert's.
+  const double Lmoe = double(m.num_moe_layers);
+  const double widths = F * (L - Lmoe) + Lmoe * (double(m.moe_ffn_hidden_size * m.moe_router_topk) +
+                                                 double(m.moe_shared_expert_intermediate_size));
+  return B * s * (6 * h * widths * f_exp + 6 * L * (h * (q + 2 * kv) + q * h) + 6 * h * V) +
          B * s * s * 6 * q * L;
 }
 

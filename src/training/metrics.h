@@ -16,6 +16,10 @@ struct FlopsModel {
   int64_t num_layers = 0, hidden_size = 0, num_attention_heads = 0, kv_channels = 0;
   int64_t num_query_groups = 0, ffn_hidden_size = 0, seq_length = 0, padded_vocab_size = 0;
   bool swiglu = false;
+  // Mixture of experts (Megatron's num_floating_point_operations counts the experts a token is
+  // routed to, plus the shared expert): the MoE layers among num_layers, and their widths.
+  int64_t num_moe_layers = 0, moe_ffn_hidden_size = 0, moe_router_topk = 0;
+  int64_t moe_shared_expert_intermediate_size = 0;
 };
 double flops_per_iteration(const FlopsModel& m, int64_t global_batch_size);
 

@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/torch_file.h"
 #include "model/model_family.h"
+#include "model/model_settings.h"
 #include "model/stage_model.h"
 #include "optim/lr_scheduler.h"
 #include "training/checkpoint_files.h"
@@ -120,6 +121,9 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   const bool te = options.transformer_impl == "transformer_engine";
   const json& meta = m.metadata;
   const json& args_json = meta.at("args");
+  MG_REQUIRE(model::config_from_checkpoint_args(args_json).config.num_moe_experts == 0,
+             "Megatron-LM's torch format for mixture-of-experts checkpoints is not built yet; "
+             "keep this build's checkpoint format for MoE models");
   const TrainingArgs a = training_args_from_json(args_json);
   const model::PipelineLayout layout =
       model::PipelineLayout::make(a.model.num_layers, P, layers_per_virtual_stage);

@@ -71,6 +71,18 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
             float(scale / (std::max(t, 1.0) * double(micro_batches) * double(r.dp_cp))));
     fb.grad_scale = float(scale / std::max(tokens, 1.0));
   }
+  // The MoE auxiliary losses' gradient factor (Megatron's MoEAuxLossAutoScaler): loss scale /
+  // micro-batches, then the 1 / (DP x CP) of the gradient average; under
+  // --calculate-per-token-loss the router scales the loss by its micro-batch's tokens and the
+  // gradients are divided by the global batch's loss tokens.
+  if (a.model.num_moe_experts > 0) {
+    const double tokens = a.calculate_per_token_loss ? r.dp_cp_sum({local_tokens})[0] : 0;
+    for (const model::Batch& b : batches)
+      fb.moe_aux_grad_scale.push_back(
+          a.calculate_per_token_loss
+              ? scale * double(b.tokens.numel()) / std::max(tokens, 1.0)
+              : scale / (double(micro_batches) * double(r.dp_cp)));
+  }
   // Megatron's forward_backward_func: the schedule over this DP rank's micro-batches, whose
   // dropout keys are m * DP + dp_rank; it finalises the model-parallel grads (partial sums over
   // TP, tied embedding over the embedding group) and gives every stage the loss. With overlap it
@@ -107,6 +119,7 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
   out.loss = sums[0] / std::max(sums[1], 1.0);
   for (size_t k = 2; k + 1 < sums.size(); k += 2)
     out.more_losses.push_back(sums[k] / std::max(sums[k + 1], 1.0));
+  for (double v : moe_step_metrics(r, micro_batches)) out.more_losses.push_back(v);
   const optim::LRScheduler& s = *r.scheduler;
   out.step = r.optimizer->step(s.lr(), s.weight_decay(), r.scaler,
                                s.config().has_decoupled_lr() ? s.decoupled_lr() : std::nan(""));

@@ -96,8 +96,10 @@ TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world)
     std::signal(SIGTERM, on_exit_signal);
     std::signal(SIGINT, on_exit_signal);
   }
+  std::vector<std::string> logged_names = r.loss_names();
+  for (const std::string& n : moe_metric_names(a.model)) logged_names.push_back(n);
   MetricsWriter metrics(a, r.train_iters, r.log_rank, r.ps.world_size(), r.comm_stats,
-                        r.loss_names());
+                        logged_names);
   const int64_t consumed_at_start = r.consumed;
   const auto loop_t0 = Clock::now();
   ProgressLine progress(r.log_rank || !launched_under_mpi());

@@ -95,6 +95,16 @@ struct StepOutcome {
 };
 StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches);
 
+// Mixture of experts after a step's schedule (Megatron's finalize_model_grads expert-bias update
+// and track_moe_metrics): takes every MoE layer's statistics, updates the expert biases from the
+// tokens per expert summed over data-parallel ranks, and returns the logged MoE losses in
+// moe_metric_names' order (the mean over MoE layers of the sum over micro-batches / micro-batches,
+// averaged over data-parallel ranks). Collective over the DP x CP group.
+std::vector<double> moe_step_metrics(TrainingRun& r, int64_t micro_batches);
+// "load_balancing_loss" (with --moe-router-load-balancing-type aux_loss and a coefficient) and
+// "z_loss" (with --moe-z-loss-coeff): the MoE entries of the training log line.
+std::vector<std::string> moe_metric_names(const model::TransformerConfig& c);
+
 // Megatron's evaluate(): up to --eval-iters iterations of the final global batch from sample
 // `consumed_eval` of the split on (advanced), split over DP; the losses' sums and counts over
 // DP x CP (each named loss's value is sum / count).

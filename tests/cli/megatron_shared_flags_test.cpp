@@ -106,7 +106,7 @@ TEST(MegatronSharedFlags, FlagsThatWouldChangeTheResultAreRefusedByName) {
       " --max-position-embeddings 16 --micro-batch-size 2 --train-iters 1 --lr 1e-3 --data-path " +
       f.data_prefix + " --vocab-file " + f.vocab_file + " --merge-file " + f.merge_file;
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {train + " --num-experts 8", "--num-experts (a Megatron-LM flag) changes what the model computes"},
+      {train + " --multi-latent-attention", "--multi-latent-attention (a Megatron-LM flag) changes what the model computes"},
       {train + " --qk-l2-norm", "--qk-l2-norm (a Megatron-LM flag) changes what the model computes"},
       {train + " --decrease-batch-size-if-needed", "--decrease-batch-size-if-needed (a Megatron-LM flag) "
                                                    "changes the training run"},

@@ -1,0 +1,115 @@
+// The mixture-of-experts flags (see moe_flags.h). Names, defaults and help follow Megatron's
+// _add_moe_args.
+#include "cli/moe_flags.h"
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace megatron::cli {
+
+void MoeFlags::add(CLI::App& s, model::TransformerConfig* c) {
+  s.add_option("--num-experts", c->num_moe_experts, "Number of experts in the MoE layers");
+  s.add_option("--moe-layer-freq", c->moe_layer_freq,
+               "MoE layer frequency: k (every k-th layer) or a list pattern such as "
+               "\"([1]*3+[0]*1)*2\"")->capture_default_str();
+  s.add_option("--moe-ffn-hidden-size", c->moe_ffn_hidden_size,
+               "Expert MLP width (default --ffn-hidden-size)");
+  s.add_option("--moe-shared-expert-intermediate-size", c->moe_shared_expert_intermediate_size,
+               "Width of the shared expert (0: none)");
+  s.add_flag("--moe-shared-expert-overlap", shared_expert_overlap,
+             "Overlap the shared expert with dispatch (no effect here)");
+  s.add_option("--moe-router-topk", c->moe_router_topk, "Experts per token")->capture_default_str();
+  s.add_option("--moe-router-score-function", c->moe_router_score_function, "softmax | sigmoid")
+      ->capture_default_str();
+  s.add_flag("--moe-router-pre-softmax", c->moe_router_pre_softmax,
+             "Softmax over all experts before the top-k");
+  s.add_option("--moe-router-topk-scaling-factor", c->moe_router_topk_scaling_factor,
+               "Scale of the top-k routing probabilities");
+  s.add_option("--moe-router-num-groups", c->moe_router_num_groups,
+               "Expert groups of group-limited routing");
+  s.add_option("--moe-router-group-topk", c->moe_router_group_topk,
+               "Groups each token may use in group-limited routing");
+  s.add_flag("--moe-router-enable-expert-bias", c->moe_router_enable_expert_bias,
+             "Aux-loss-free balancing: a per-expert bias on the routing scores");
+  s.add_option("--moe-router-bias-update-rate", c->moe_router_bias_update_rate,
+               "Expert-bias step per iteration")->capture_default_str();
+  s.add_flag("--moe-router-force-load-balancing", c->moe_router_force_load_balancing,
+             "Route by random logits (benchmarks)");
+  s.add_option("--moe-router-load-balancing-type", load_balancing_type,
+               "aux_loss | seq_aux_loss | global_aux_loss | sinkhorn | none (default aux_loss)");
+  s.add_option("--moe-aux-loss-coeff", aux_loss_coeff, "Load-balancing loss coefficient (0)");
+  s.add_option("--moe-z-loss-coeff", c->moe_z_loss_coeff, "Router z-loss coefficient (none)");
+  s.add_option("--moe-expert-capacity-factor", c->moe_expert_capacity_factor,
+               "Expert capacity factor (none: no token dropping)");
+  s.add_option("--moe-token-drop-policy", c->moe_token_drop_policy, "probs | position")
+      ->capture_default_str();
+  s.add_flag("--moe-pad-expert-input-to-capacity", c->moe_pad_expert_input_to_capacity,
+             "Pad every expert's tokens to its capacity");
+  s.add_option("--moe-router-dtype", router_dtype, "fp32 | fp64 (routing precision)");
+  s.add_flag("--moe-grouped-gemm", grouped_gemm, "Grouped GEMM over the local experts");
+  s.add_flag("--moe-per-layer-logging", per_layer_logging, "Log the MoE losses per layer");
+  s.add_option("--moe-token-dispatcher-type", token_dispatcher_type,
+               "allgather | alltoall | flex")->capture_default_str();
+  s.add_option("--expert-model-parallel-size", expert_model_parallel_size,
+               "Expert-parallel size")->capture_default_str();
+  s.add_option("--expert-tensor-parallel-size", expert_tensor_parallel_size,
+               "Expert tensor-parallel size (default: the tensor-parallel size)");
+}
+
+void MoeFlags::apply(training::TrainingArgs& a) const {
+  model::TransformerConfig& c = a.model;
+  auto one = [](const std::vector<std::string>& v, const char* flag) {
+    MG_REQUIRE(v.size() <= 1, flag, " takes one value per MoE loss type; several types (",
+               v.size(), " given) are not built yet: give one");
+    return v.empty() ? std::string() : v[0];
+  };
+  if (const std::string t = one(load_balancing_type, "--moe-router-load-balancing-type"); !t.empty())
+    c.moe_router_load_balancing_type = t;
+  if (const std::string k = one(aux_loss_coeff, "--moe-aux-loss-coeff"); !k.empty()) {
+    char* end = nullptr;
+    c.moe_aux_loss_coeff = std::strtof(k.c_str(), &end);
+    MG_REQUIRE(end != nullptr && *end == '\0', "--moe-aux-loss-coeff '", k, "' is not a number");
+  }
+  MG_REQUIRE(expert_model_parallel_size >= 1, "--expert-model-parallel-size must be >= 1");
+  MG_REQUIRE(expert_model_parallel_size == 1, "--expert-model-parallel-size ",
+             expert_model_parallel_size, ": expert parallelism (all-to-all token dispatch) is not "
+             "built yet; the experts of a layer run on every rank. Use 1");
+  const int tp = a.parallel.tensor_model_parallel_size;
+  MG_REQUIRE(expert_tensor_parallel_size == 0 || expert_tensor_parallel_size == tp,
+             "--expert-tensor-parallel-size ", expert_tensor_parallel_size, " differs from "
+             "--tensor-model-parallel-size ", tp, ": the experts are sharded as the dense MLP "
+             "is for now; leave it out or give ", tp);
+  MG_REQUIRE(token_dispatcher_type == "allgather" || token_dispatcher_type == "alltoall" ||
+                 token_dispatcher_type == "flex",
+             "--moe-token-dispatcher-type '", token_dispatcher_type,
+             "' is not one of: allgather, alltoall, flex");
+  MG_REQUIRE(token_dispatcher_type != "flex", "--moe-token-dispatcher-type flex (DeepEP) is not "
+             "built; use allgather or alltoall");
+  MG_REQUIRE(!grouped_gemm, "--moe-grouped-gemm is not built yet: the experts run one after "
+             "another (the same numbers); leave the flag out");
+  MG_REQUIRE(!per_layer_logging, "--moe-per-layer-logging is not built yet: the log line shows "
+             "the MoE losses averaged over the MoE layers; leave the flag out");
+  MG_REQUIRE(router_dtype.empty() || router_dtype == "fp32" || router_dtype == "fp64",
+             "--moe-router-dtype '", router_dtype, "' is not one of: fp32, fp64");
+  MG_REQUIRE(router_dtype != "fp64", "--moe-router-dtype fp64: the gate's logits are computed in "
+             "fp32 (and routed in double precision); use fp32 or leave the flag out");
+  if (c.num_moe_experts == 0) {
+    MG_REQUIRE(!shared_expert_overlap && !grouped_gemm,
+               "MoE flags without --num-experts: the model has no MoE layers");
+    return;
+  }
+  if (shared_expert_overlap)
+    log_info("note: --moe-shared-expert-overlap has no effect here: the shared expert runs "
+             "after the routed experts (the same numbers)");
+  if (token_dispatcher_type == "alltoall")
+    log_info("note: --moe-token-dispatcher-type alltoall at expert-parallel size 1 dispatches "
+             "locally, as allgather does (the same numbers)");
+  MG_REQUIRE(a.parallel.pipeline_model_parallel_size == 1, "--num-experts with "
+             "--pipeline-model-parallel-size ", a.parallel.pipeline_model_parallel_size,
+             ": MoE under pipeline parallelism is not built yet; use 1");
+  MG_REQUIRE(a.parallel.context_parallel_size == 1, "--num-experts with "
+             "--context-parallel-size ", a.parallel.context_parallel_size,
+             ": MoE under context parallelism is not built yet; use 1");
+}
+
+}  // namespace megatron::cli

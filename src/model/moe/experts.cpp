@@ -1,0 +1,46 @@
+// The sequential experts (see experts.h).
+#include "model/moe/experts.h"
+
+namespace megatron::model {
+
+SequentialExperts::SequentialExperts(const std::string& prefix, const TransformerConfig& cfg,
+                                     const MlpSpec& spec, const TensorParallel& tp, bool grad) {
+  for (int e = 0; e < cfg.num_moe_experts; ++e) {
+    experts_.push_back(std::make_unique<MLP>(prefix + ".local_experts." + std::to_string(e), cfg,
+                                             spec, tp, grad, cfg.moe_ffn()));
+    for (Parameter* p : experts_.back()->parameters()) p->expert = e;
+    register_child(*experts_.back());
+  }
+}
+
+namespace {
+
+// out's block of expert e's rows = fn(e, in's block), for every expert given rows.
+template <class Fn>
+Tensor per_expert_rows(const Tensor& in, const std::vector<int64_t>& counts, Fn&& fn) {
+  Tensor out = Tensor::empty(in.shape(), DType::F32, in.device());
+  int64_t off = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t n = counts[e];
+    if (n == 0) continue;
+    out.narrow(0, off, n).copy_(fn(e, in.narrow(0, off, n)));
+    off += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor SequentialExperts::forward(const LayerContext& ctx, const Tensor& xp,
+                                  const std::vector<int64_t>& counts) {
+  return per_expert_rows(xp, counts,
+                         [&](size_t e, const Tensor& x) { return experts_[e]->forward(ctx, x); });
+}
+
+Tensor SequentialExperts::backward(const LayerContext& ctx, const Tensor& dyp,
+                                   const std::vector<int64_t>& counts) {
+  return per_expert_rows(dyp, counts,
+                         [&](size_t e, const Tensor& dy) { return experts_[e]->backward(ctx, dy); });
+}
+
+}  // namespace megatron::model

@@ -1,0 +1,74 @@
+// The router's arithmetic (Megatron-Core's TopKRouter.routing with topk_softmax_with_capacity,
+// group_limited_topk, switch_load_balancing_loss_func and z_loss_func), on the host in double
+// precision over the gate's logits [N, E]: which experts each token goes to, with which
+// probability, the load-balancing losses, and the gradient of the logits from the gradient of
+// the probabilities plus the losses' injected gradients (MoEAuxLossAutoScaler).
+//
+// The logits of a micro-batch are small ([tokens, experts]); the token counts per expert must
+// reach the host anyway to size the experts' products, so routing there costs one small copy.
+// Ties in a top-k choose the lower index first (a token's experts, and the tokens an expert keeps
+// under a capacity).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/transformer_config.h"
+
+namespace megatron::model {
+
+struct RouterSettings {
+  int num_experts = 0, topk = 1;
+  bool sigmoid = false;  // --moe-router-score-function sigmoid (else softmax)
+  bool pre_softmax = false;
+  double scaling_factor = 0;  // 0: none
+  int num_groups = 0, group_topk = 0;  // group-limited routing when group_topk > 0
+  double capacity_factor = 0;          // 0: no capacity
+  bool drop_by_position = false;       // --moe-token-drop-policy position (else probs)
+  bool pad_to_capacity = false;
+  bool aux_loss = false;  // --moe-router-load-balancing-type aux_loss
+  double aux_loss_coeff = 0, z_loss_coeff = 0;
+  static RouterSettings of(const TransformerConfig& cfg);
+};
+
+// One micro-batch's routing. probs and map are [N, E] row-major: probs[x*E + e] is token x's
+// weight for expert e (0 where it is not routed there), map[x*E + e] whether x goes to e (with
+// pad_to_capacity also the padding slots of an expert, whose weight is 0).
+struct Routing {
+  int64_t num_tokens = 0;
+  int num_experts = 0;
+  std::vector<double> probs;
+  std::vector<uint8_t> map;
+  std::vector<int64_t> tokens_per_expert;  // column sums of map
+  // The load-balancing loss as Megatron logs it (divided by its coefficient), and as it enters
+  // the gradient (with it); 0 when not computed.
+  double load_balancing_loss = 0, aux_loss_scaled = 0;
+};
+
+// Routes `logits` [N, E]. expert_bias: [E] added to the sigmoid scores for the choice only, or
+// empty. `training`: the auxiliary losses are computed (Megatron skips them outside training).
+Routing route(const std::vector<double>& logits, int64_t num_tokens, const RouterSettings& s,
+              const std::vector<double>& expert_bias, bool training);
+
+// d(loss)/d(logits) [N, E]: dprobs [N, E] is the gradient of Routing::probs; the
+// load-balancing loss's gradient is added multiplied by aux_grad_scale (MoEAuxLossAutoScaler's
+// main_loss_backward_scale).
+std::vector<double> route_backward(const std::vector<double>& logits, int64_t num_tokens,
+                                   const RouterSettings& s, const std::vector<double>& expert_bias,
+                                   const std::vector<double>& dprobs, double aux_grad_scale);
+
+// z_loss_func without its coefficient: mean over tokens of logsumexp(logits)^2; and the
+// gradient of scale * that mean added into dlogits.
+double z_loss(const std::vector<double>& logits, int64_t num_tokens, int num_experts);
+void z_loss_backward(const std::vector<double>& logits, int64_t num_tokens, int num_experts,
+                     double scale, std::vector<double>& dlogits);
+
+// Megatron's get_updated_expert_bias: bias += rate * sign(mean(tokens) - tokens), per expert.
+void update_expert_bias(std::vector<double>& bias, const std::vector<double>& tokens_per_expert,
+                        double rate);
+
+// Megatron's get_capacity: ceil(tokens / experts * capacity_factor).
+int64_t expert_capacity(int64_t num_tokens, int num_experts, double capacity_factor);
+
+}  // namespace megatron::model
