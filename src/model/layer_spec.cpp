@@ -31,6 +31,27 @@ const ActivationKind& activation_kind(const std::string& name) {
   MG_THROW("activation '", name, "' is not one of: ", names(activation_kinds()));
 }
 
+std::span<const PositionEmbeddingKind> position_embedding_kinds() { return kPositionEmbeddingKinds; }
+std::span<const AttentionMaskKind> attention_mask_kinds() { return kAttentionMaskKinds; }
+
+const PositionEmbeddingKind* find_position_embedding_kind(const std::string& name) {
+  for (const PositionEmbeddingKind& k : position_embedding_kinds())
+    if (name == k.name || (*k.legacy != '\0' && name == k.legacy)) return &k;
+  return nullptr;
+}
+
+const PositionEmbeddingKind& position_embedding_kind(const std::string& name) {
+  for (const PositionEmbeddingKind& k : position_embedding_kinds())
+    if (name == k.name) return k;
+  MG_THROW("--position-embedding-type '", name, "' is not one of: ", names(position_embedding_kinds()));
+}
+
+const AttentionMaskKind& attention_mask_kind(const std::string& name) {
+  for (const AttentionMaskKind& k : attention_mask_kinds())
+    if (name == k.name) return k;
+  MG_THROW("attention mask type '", name, "' is not one of: ", names(attention_mask_kinds()));
+}
+
 TransformerLayerSpec gpt_layer_spec(const TransformerConfig& cfg) {
   TransformerLayerSpec s;
   s.input_layernorm = &norm_kind(cfg.normalization);
