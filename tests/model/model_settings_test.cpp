@@ -17,6 +17,7 @@
 #include "core/pickle.h"
 #include "model/layer_spec.h"
 #include "model/model_settings.h"
+#include "model_test_util.h"
 #include "training/checkpoint.h"
 #include "training/torch_checkpoint.h"
 #include "training/trainer.h"
@@ -28,20 +29,12 @@ using json = nlohmann::json;
 using model::ModelSetting;
 using model::TransformerConfig;
 
+// The base model: tiny_config (model_test_util.h), and the flags that give it.
 const char* const kBaseFlags =
-    "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 "
-    "--max-position-embeddings 16";
+    "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 "
+    "--max-position-embeddings 20";
 
-TransformerConfig base_config() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 64;
-  c.num_attention_heads = 4;
-  c.seq_length = 16;
-  c.max_position_embeddings = 16;
-  c.padded_vocab_size = 128;
-  return c;
-}
+TransformerConfig base_config() { return model::testing::tiny_config(); }
 
 struct Variant {
   TransformerConfig base, changed;
