@@ -103,7 +103,7 @@ Variant generic_variant(const ModelSetting& s) {
         } else {
           const auto v = x.base.*f;
           x.changed.*f = v != 0 ? decltype(v)(v / 2 + (std::is_integral_v<decltype(v)> ? 3 : 0))
-                                : decltype(v)(8);
+                                : decltype(v)(24);
           x.flags = opt + " " + number(double(x.changed.*f));
         }
       },
