@@ -3,77 +3,82 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
+#include <variant>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "model/ascend_band.h"
 #include "model/layer_spec.h"
+#include "model/model_settings.h"
 
 namespace megatron::cli {
 
 void ModelFlags::add(CLI::App& sub, bool training) {
   app_ = &sub;
   auto& m = config;
-  sub.add_option("--num-layers", m.num_layers, "Transformer layers");
-  sub.add_option("--hidden-size", m.hidden_size, "Hidden size");
-  sub.add_option("--num-attention-heads", m.num_attention_heads, "Attention heads");
-  sub.add_option("--ffn-hidden-size", m.ffn_hidden_size, "MLP width (default 4 x hidden)");
-  sub.add_option("--kv-channels", m.kv_channels, "Per-head width (default hidden / heads)");
-  sub.add_flag("--group-query-attention", group_query_attention,
-               "Grouped-query attention (with --num-query-groups)");
-  sub.add_option("--num-query-groups", num_query_groups,
-                 "Query groups with --group-query-attention (1: multi-query attention)")
-      ->capture_default_str();
-  sub.add_option("--seq-length", m.seq_length, "Sequence length");
-  sub.add_option("--max-position-embeddings", m.max_position_embeddings,
-                 "Longest sequence the model takes (default --seq-length)");
-  std::vector<std::string> norms;
-  for (const model::NormKind& k : model::norm_kinds()) norms.push_back(k.name);
-  sub.add_option("--normalization", m.normalization, "Normalization layer")
-      ->check(CLI::IsMember(norms))
-      ->capture_default_str();
-  sub.add_option("--norm-epsilon,--layernorm-epsilon", m.layernorm_epsilon, "Norm epsilon")
-      ->capture_default_str();
-  sub.add_flag("--apply-layernorm-1p", m.apply_layernorm_1p,
-               "Zero-centred norm weight: stored as gamma - 1, computed with weight + 1");
-  size_t i = 0;
-  for (const model::ActivationKind& k : model::activation_kinds()) {
-    if (*k.flag != '\0') sub.add_flag(k.flag, activation_selected.at(i), k.help);
-    ++i;
+  // One registration per row of the settings table (model/model_settings.h): a row that is one
+  // field binds its option to it; the others are Megatron's switches resolved in resolve().
+  for (const model::ModelSetting& s : model::model_settings()) {
+    const std::string key = s.key;
+    if (key == "max_position_embeddings")  // not a setting of the weights: the training length
+      sub.add_option("--seq-length", m.seq_length, "Sequence length");
+    if (s.field.index() != 0) {
+      CLI::Option* o = std::visit(
+          [&](auto f) -> CLI::Option* {
+            if constexpr (std::is_same_v<decltype(f), std::monostate>) {
+              return nullptr;
+            } else if constexpr (std::is_same_v<decltype(f), bool model::TransformerConfig::*>) {
+              return sub.add_flag(s.option, m.*f, s.help);
+            } else {
+              return sub.add_option(s.option, m.*f, s.help);
+            }
+          },
+          s.field);
+      if (!s.choices.empty())
+        o->check(CLI::IsMember(std::vector<std::string>(s.choices.begin(), s.choices.end())));
+      if (s.effect == model::SettingEffect::Function && o->get_expected_min() > 0)
+        o->capture_default_str();
+    } else if (key == "num_query_groups") {
+      sub.add_flag("--group-query-attention", group_query_attention,
+                   "Grouped-query attention (with --num-query-groups)");
+      sub.add_option("--num-query-groups", num_query_groups,
+                     "Query groups with --group-query-attention (1: multi-query attention)")
+          ->capture_default_str();
+    } else if (key == "activation") {
+      size_t i = 0;
+      for (const model::ActivationKind& k : model::activation_kinds()) {
+        if (*k.flag != '\0') sub.add_flag(k.flag, activation_selected.at(i), k.help);
+        ++i;
+      }
+      sub.add_flag("--openai-gelu", openai_gelu, "GeLU in its tanh approximation");
+      sub.add_flag("--no-bias-gelu-fusion", no_bias_gelu_fusion,
+                   "Exact (erf) GeLU; Megatron's default fused bias-GeLU is the tanh form");
+    } else if (key == "window_size") {
+      sub.add_option("--window-size", window_size,
+                     "Sliding-window attention: keys at most LEFT before and RIGHT after each query "
+                     "(-1: no limit; causal models: RIGHT 0), as LEFT RIGHT or Megatron's LEFT,RIGHT")
+          ->expected(1, 2);
+      sub.add_option("--pre-tockens", pre_tockens,
+                     "Keys before each query (Ascend's fused attention; with the mask still "
+                     "applied): >= the longest sequence - 1 is no bound")
+          ->capture_default_str();
+      sub.add_option("--next-tockens", next_tockens,
+                     "Keys after each query (Ascend); a causal model sees none whatever this says")
+          ->capture_default_str();
+    } else if (key == "add_bias_linear") {
+      sub.add_flag("--disable-bias-linear", disable_bias_linear, "No biases in the linear layers");
+    } else {
+      MG_REQUIRE(s.flags.empty(), "model setting ", key, " has flags but no CLI binding");
+    }
+    if (key == "position_embedding_type") {
+      sub.add_flag("--no-position-embedding", no_position_embedding,
+                   "No learned absolute position embedding (Megatron's older flag)");
+      sub.add_flag("--use-rotary-position-embeddings", use_rotary_position_embeddings,
+                   "Rotary position embeddings (Megatron's older spelling of "
+                   "--position-embedding-type rope)");
+    }
   }
-  sub.add_flag("--openai-gelu", openai_gelu, "GeLU in its tanh approximation");
-  sub.add_flag("--no-bias-gelu-fusion", no_bias_gelu_fusion,
-               "Exact (erf) GeLU; Megatron's default fused bias-GeLU is the tanh form");
-  sub.add_option("--position-embedding-type", m.position_embedding_type,
-                 "learned_absolute, rope, alibi or none")
-      ->check(CLI::IsMember({"learned_absolute", "rope", "alibi", "none"}))
-      ->capture_default_str();
-  sub.add_flag("--no-position-embedding", no_position_embedding,
-               "No learned absolute position embedding (Megatron's older flag)");
-  sub.add_flag("--use-rotary-position-embeddings", use_rotary_position_embeddings,
-               "Rotary position embeddings (Megatron's older spelling of "
-               "--position-embedding-type rope)");
-  sub.add_option("--rotary-percent", m.rotary_percent, "Fraction of each head's dims rotated")
-      ->capture_default_str();
-  sub.add_option("--rotary-base", m.rotary_base, "Rotary base")->capture_default_str();
-  sub.add_flag("--rotary-interleaved", m.rotary_interleaved,
-               "Rotate interleaved pairs (2i, 2i+1) instead of the two halves");
-  sub.add_option("--window-size", window_size,
-                 "Sliding-window attention: keys at most LEFT before and RIGHT after each query "
-                 "(-1: no limit; causal models: RIGHT 0), as LEFT RIGHT or Megatron's LEFT,RIGHT")
-      ->expected(1, 2);
-  sub.add_option("--pre-tockens", pre_tockens,
-                 "Keys before each query (Ascend's fused attention; with the mask still applied): "
-                 ">= the longest sequence - 1 is no bound")
-      ->capture_default_str();
-  sub.add_option("--next-tockens", next_tockens,
-                 "Keys after each query (Ascend); a causal model sees none whatever this says")
-      ->capture_default_str();
-  sub.add_flag("--qk-layernorm", m.qk_layernorm, "Normalise each query and key head");
-  sub.add_flag("--disable-bias-linear", disable_bias_linear, "No biases in the linear layers");
-  sub.add_flag("--add-qkv-bias", m.add_qkv_bias, "QKV bias even with --disable-bias-linear");
-  sub.add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
-               "Separate output layer instead of the word embedding");
   if (training) {
     sub.add_option("--init-method-std", m.init_method_std, "Init std")->capture_default_str();
     sub.add_option("--hidden-dropout", hidden_dropout, "Hidden dropout")->capture_default_str();
@@ -139,16 +144,16 @@ model::TransformerConfig ModelFlags::resolve() const {
                                                     !no_bias_gelu_fusion, c.add_bias_linear);
   // Megatron's validate_args: without --ffn-hidden-size, --swiglu keeps the parameter count near
   // the 4h MLP's with int((4h * 2 / 3) / 64) * 64 (Python's float division, then truncation).
-  if (c.ffn_hidden_size == 0 && c.hidden_size > 0 && c.activation == "swiglu")
+  if (c.ffn_hidden_size == 0 && c.hidden_size > 0 && c.activation_id() == model::ActivationId::swiglu)
     c.ffn_hidden_size = int(double(4 * c.hidden_size * 2) / 3.0 / 64.0) * 64;
   if (use_rotary_position_embeddings) {
-    MG_REQUIRE(!given("--position-embedding-type") || c.position_embedding_type == "rope",
+    MG_REQUIRE(!given("--position-embedding-type") || c.rope(),
                "--use-rotary-position-embeddings contradicts --position-embedding-type ",
                c.position_embedding_type);
-    c.position_embedding_type = "rope";
+    c.position_embedding_type = model::kPositionEmbeddingKinds[size_t(model::PositionEmbeddingId::rope)].name;
   }
-  if (no_position_embedding && c.position_embedding_type == "learned_absolute")
-    c.position_embedding_type = "none";
+  if (no_position_embedding && c.learned_position_embedding())
+    c.position_embedding_type = model::kPositionEmbeddingKinds[size_t(model::PositionEmbeddingId::none)].name;
   if (!window_size.empty()) {
     // Megatron's tuple_type: "(L,R)" or "L,R" as one value; here also two values.
     std::vector<int64_t> lr;

@@ -10,8 +10,8 @@
 // Adding an op: declare it in ops.h, add its name to MG_FOR_EACH_OP, define its dispatcher in
 // ops.cpp and its CPU kernel in ops::cpu, and add its cases to tests/kernels/backend_op_cases.cpp.
 // Adding a norm or an MLP activation is not adding an op: norm_fwd / norm_bwd and
-// activation_fwd / activation_bwd take the kind (model/layer_kinds.h), so a new kind is three
-// files: its id and row in model/layer_kinds.h, its CPU kernel (a NormKernel<id> in
+// activation_fwd / activation_bwd take the kind (op_kinds.h), so a new kind is its
+// rows in op_kinds.h and model/layer_kinds.h, its CPU kernel (a NormKernel<id> in
 // cpu/cpu_norm.cpp or an Activation<id> in cpu/cpu_activation.cpp, found by id at compile time)
 // and its cases in tests/kernels/backend_op_cases.cpp (and, in a CUDA build, its CUDA kernel in
 // cuda/norm.cu or cuda/activation.cu, which instantiate every kind). Another backend's entry for
@@ -25,7 +25,7 @@
 
 // Every dispatched op of ops.h, in declaration order (alibi_slopes is a host helper, not an op).
 #define MG_FOR_EACH_OP(X)                                                                        \
-  X(gemm) X(gemm_batched)                                                                        \
+  X(gemm)                                                                                        \
   X(embedding_fwd) X(embedding_bwd) X(vocab_parallel_embedding_fwd)                              \
   X(vocab_parallel_embedding_bwd)                                                                \
   X(norm_fwd) X(norm_bwd) X(activation_fwd) X(activation_bwd)                                    \
@@ -68,8 +68,8 @@ extern const OpTable* g_backends[kDeviceTypeCount];
 [[noreturn]] void throw_no_kernel(const char* op, Device device);
 // For a backend whose kind-taking op (norm_*, activation_*) has no kernel for `kind` (or an id
 // outside the kind enum): Error naming the op, the kind and the device.
-[[noreturn]] void throw_no_kind_kernel(const char* op, model::NormId kind, Device device);
-[[noreturn]] void throw_no_kind_kernel(const char* op, model::ActivationId kind, Device device);
+[[noreturn]] void throw_no_kind_kernel(const char* op, NormId kind, Device device);
+[[noreturn]] void throw_no_kind_kernel(const char* op, ActivationId kind, Device device);
 
 // The one device of an op's tensor arguments (undefined tensors are skipped).
 struct CallDevice {

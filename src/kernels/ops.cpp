@@ -30,7 +30,7 @@ template <class Row>
 [[noreturn]] void throw_no_kind_kernel(const char* op, const char* what, const Row* row, int id,
                                        Device device) {
   if (row == nullptr)
-    MG_THROW(op, ": ", what, " kind ", id, " is not a kind of model/layer_kinds.h (an "
+    MG_THROW(op, ": ", what, " kind ", id, " is not a kind of kernels/op_kinds.h (an "
              "uninitialised or corrupt id)");
   MG_THROW(op, ": the ", what, " ", row->name, " has no kernel on ", device.to_string(),
            " (not implemented on ", device.is_cuda() ? "CUDA" : device.to_string(),
@@ -38,11 +38,11 @@ template <class Row>
 }
 }  // namespace
 
-void throw_no_kind_kernel(const char* op, model::NormId kind, Device device) {
-  throw_no_kind_kernel(op, "norm", model::find_norm_kind(kind), int(kind), device);
+void throw_no_kind_kernel(const char* op, NormId kind, Device device) {
+  throw_no_kind_kernel(op, "norm", find_norm_op(kind), int(kind), device);
 }
-void throw_no_kind_kernel(const char* op, model::ActivationId kind, Device device) {
-  throw_no_kind_kernel(op, "activation", model::find_activation_kind(kind), int(kind), device);
+void throw_no_kind_kernel(const char* op, ActivationId kind, Device device) {
+  throw_no_kind_kernel(op, "activation", find_activation_op(kind), int(kind), device);
 }
 
 }  // namespace detail
@@ -61,10 +61,6 @@ const OpTable* backend_for(DeviceType type) {
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           float alpha, float beta) {
   MG_DISPATCH(gemm, a, trans_a, b, trans_b, c, alpha, beta);
-}
-void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-                  float alpha, float beta) {
-  MG_DISPATCH(gemm_batched, a, trans_a, b, trans_b, c, alpha, beta);
 }
 
 bool gemm_computes_in(DType dtype, Device device) {
@@ -87,19 +83,19 @@ void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, cons
   MG_DISPATCH(vocab_parallel_embedding_bwd, dweight, ids, dout, vocab_start);
 }
 
-void norm_fwd(model::NormId kind, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+void norm_fwd(NormId kind, const Tensor& out, const Tensor& mean, const Tensor& rstd,
               const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
   MG_DISPATCH(norm_fwd, kind, out, mean, rstd, x, weight, bias, eps);
 }
-void norm_bwd(model::NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+void norm_bwd(NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
               const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
               const Tensor& rstd, bool accumulate_dx) {
   MG_DISPATCH(norm_bwd, kind, dx, dweight, dbias, dout, x, weight, mean, rstd, accumulate_dx);
 }
-void activation_fwd(model::ActivationId kind, const Tensor& out, const Tensor& x) {
+void activation_fwd(ActivationId kind, const Tensor& out, const Tensor& x) {
   MG_DISPATCH(activation_fwd, kind, out, x);
 }
-void activation_bwd(model::ActivationId kind, const Tensor& dx, const Tensor& dout,
+void activation_bwd(ActivationId kind, const Tensor& dx, const Tensor& dout,
                     const Tensor& x) {
   MG_DISPATCH(activation_bwd, kind, dx, dout, x);
 }

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "model/layer_kinds.h"
+#include "kernels/op_kinds.h"
 
 namespace megatron::ops {
 
@@ -35,10 +35,6 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
 // passes them (and its inputs cast to that dtype) to gemm; otherwise it multiplies fp32 working
 // copies. A host helper (not dispatched).
 bool gemm_computes_in(DType dtype, Device device);
-// Batched over dim 0 of 3-D operands ([batch, rows, cols], unit inner stride; a zero batch stride
-// broadcasts an operand), dtypes as gemm.
-void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-                  float alpha = 1.0f, float beta = 0.0f);
 
 // ---- embedding ----------------------------------------------------------------------------------
 // out[i, :] = weight[ids[i], :]; ids int32 [n] (any shape, flattened); out [n, h]; weight [V, h].
@@ -56,30 +52,30 @@ void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Te
 void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,
                                   int64_t vocab_start);
 
-// ---- norms over the last dim (the NormKinds of model/layer_kinds.h) ----------------------------
-// One pair of ops for every NormKind (its row gives its formula); `kind` picks the kernel (a backend without one for the
+// ---- norms over the last dim (the NormOps of op_kinds.h) ------------------------------------
+// One pair of ops for every NormOp (its row gives its formula); `kind` picks the kernel (a backend without one for the
 // kind throws Error naming the op, the kind and the device). x, out [n, h]; weight [h] (the
 // gamma the norm computes with: with --apply-layernorm-1p the caller passes stored + 1); bias [h]
 // when the kind has_bias, else undefined; mean [n] when the kind saves_mean, else undefined;
 // rstd [n]. mean and rstd are written for backward; either may be undefined when nothing is
 // saved. out may alias x.
-void norm_fwd(model::NormId kind, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+void norm_fwd(NormId kind, const Tensor& out, const Tensor& mean, const Tensor& rstd,
               const Tensor& x, const Tensor& weight, const Tensor& bias, float eps);
 // dx [n, h] written (accumulated when accumulate_dx); dweight and dbias (undefined without a
 // bias) accumulate. mean and rstd from the forward. dx may alias dout unless accumulating.
-void norm_bwd(model::NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+void norm_bwd(NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
               const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
               const Tensor& rstd, bool accumulate_dx = false);
 
-// ---- MLP activations (the ActivationKinds of model/layer_kinds.h) ------------------------------
-// One pair of ops for every ActivationKind (its row gives its formula); `kind` picks the kernel
+// ---- MLP activations (the ActivationOps of op_kinds.h) -----------------------------------------
+// One pair of ops for every ActivationOp (its row gives its formula); `kind` picks the kernel
 // (as the norms). A plain activation maps x to out elementwise (same shapes; out may alias x). A
 // gated one takes rows of x [n, 2f] as [gate | up] (f columns each) and gives out [n, f]
 // (SwiGLU: silu(gate) * up).
-void activation_fwd(model::ActivationId kind, const Tensor& out, const Tensor& x);
+void activation_fwd(ActivationId kind, const Tensor& out, const Tensor& x);
 // dx = dout * act'(x), dx with x's shape (gated: [dgate | dup]); dout with out's shape. A plain
 // activation's dx may alias dout.
-void activation_bwd(model::ActivationId kind, const Tensor& dx, const Tensor& dout,
+void activation_bwd(ActivationId kind, const Tensor& dx, const Tensor& dout,
                     const Tensor& x);
 
 // ---- bias, residual, scale ----------------------------------------------------------------------

@@ -14,21 +14,42 @@ std::string names(std::span<const Kind> kinds) {
   return s;
 }
 
+// The row named `name`; an unknown name is an Error listing the valid ones after `what`.
+template <class Kind>
+const Kind& named(std::span<const Kind> kinds, const std::string& name, const char* what) {
+  for (const Kind& k : kinds)
+    if (name == k.name) return k;
+  MG_THROW(what, " '", name, "' is not one of: ", names(kinds));
+}
+
 }  // namespace
 
 std::span<const NormKind> norm_kinds() { return kNormKinds; }
 std::span<const ActivationKind> activation_kinds() { return kActivationKinds; }
 
 const NormKind& norm_kind(const std::string& name) {
-  for (const NormKind& k : norm_kinds())
-    if (name == k.name) return k;
-  MG_THROW("--normalization '", name, "' is not one of: ", names(norm_kinds()));
+  return named(norm_kinds(), name, "--normalization");
 }
 
 const ActivationKind& activation_kind(const std::string& name) {
-  for (const ActivationKind& k : activation_kinds())
-    if (name == k.name) return k;
-  MG_THROW("activation '", name, "' is not one of: ", names(activation_kinds()));
+  return named(activation_kinds(), name, "activation");
+}
+
+std::span<const PositionEmbeddingKind> position_embedding_kinds() { return kPositionEmbeddingKinds; }
+std::span<const AttentionMaskKind> attention_mask_kinds() { return kAttentionMaskKinds; }
+
+const PositionEmbeddingKind* find_position_embedding_kind(const std::string& name) {
+  for (const PositionEmbeddingKind& k : position_embedding_kinds())
+    if (name == k.name || (*k.legacy != '\0' && name == k.legacy)) return &k;
+  return nullptr;
+}
+
+const PositionEmbeddingKind& position_embedding_kind(const std::string& name) {
+  return named(position_embedding_kinds(), name, "--position-embedding-type");
+}
+
+const AttentionMaskKind& attention_mask_kind(const std::string& name) {
+  return named(attention_mask_kinds(), name, "attention mask type");
 }
 
 TransformerLayerSpec gpt_layer_spec(const TransformerConfig& cfg) {

@@ -28,6 +28,12 @@ const NormKind& norm_kind(const std::string& name);
 const ActivationKind& activation_kind(const std::string& name);
 std::span<const NormKind> norm_kinds();
 std::span<const ActivationKind> activation_kinds();
+const PositionEmbeddingKind& position_embedding_kind(const std::string& name);
+const AttentionMaskKind& attention_mask_kind(const std::string& name);
+std::span<const PositionEmbeddingKind> position_embedding_kinds();
+std::span<const AttentionMaskKind> attention_mask_kinds();
+// The kind named `name` or, for old checkpoints, by its legacy name; nullptr when none is.
+const PositionEmbeddingKind* find_position_embedding_kind(const std::string& name);
 
 struct AttentionSpec {
   bool causal = true;               // else bidirectional (with an optional key padding mask)

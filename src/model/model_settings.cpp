@@ -1,4 +1,4 @@
-// The model-settings table and the reading of recorded checkpoint arguments (model_settings.h).
+// The model-settings table and its codecs (model_settings.h).
 #include "model/model_settings.h"
 
 #include <cstdio>
@@ -24,21 +24,75 @@ std::string text(double v) {
 std::string text(float v) { return text(double(v)); }
 std::string text(int v) { return text(int64_t(v)); }
 
-// A setting that is one field, shown as it is.
-template <class T>
-ModelSetting field(const char* key, std::vector<const char*> flags, T TransformerConfig::*f) {
-  return {key, std::move(flags), [f](const TransformerConfig& c) { return text(c.*f); },
-          [f](TransformerConfig& d, const TransformerConfig& s) { d.*f = s.*f; }};
-}
-
 const json* lookup(const json& args, const char* key) {
   if (args.contains(key) && !args.at(key).is_null()) return &args.at(key);
   return nullptr;
 }
 
+// Reads Megatron's argument `key` into `field` when recorded; a value of another type is an
+// Error naming the argument.
+template <class T>
+bool take(const json& args, const char* key, T& field) {
+  const json* v = lookup(args, key);
+  if (!v) return false;
+  const char* want = nullptr;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v->is_boolean()) want = "a boolean";
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!v->is_number_integer()) want = "an integer";
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v->is_number()) want = "a number";
+  } else {
+    if (!v->is_string()) want = "a string";
+  }
+  MG_REQUIRE(want == nullptr, "checkpoint args: \"", key, "\" should be ", want, ", got ", v->dump());
+  v->get_to(field);
+  return true;
+}
+
+bool flag_of(const json& args, const char* key) {
+  bool on = false;
+  take(args, key, on);
+  return on;
+}
+
+// A row that is one field: the metadata key, the Megatron argument and the field share a name;
+// the first flag (aliases after commas, as CLI11 takes them) sets it.
+template <class T>
+ModelSetting field(const char* key, SettingEffect effect, std::vector<const char*> flags_,
+                   const char* help, T TransformerConfig::*f, std::vector<const char*> choices = {}) {
+  return {key, effect, flags_, help, SettingField(f), std::move(choices), {key},
+          [f](const TransformerConfig& c) { return text(c.*f); },
+          [f](TransformerConfig& d, const TransformerConfig& s) { d.*f = s.*f; },
+          [key, f](const TransformerConfig& c, json& out) { out[key] = c.*f; },
+          [key, f](const json& args, TransformerConfig& c) { return take(args, key, c.*f); },
+          flags_.empty() ? std::string() : std::string(flags_.front())};
+}
+
+// A row whose value needs its own words: the shape of field() with hand-written parts.
+ModelSetting custom(const char* key, SettingEffect effect, std::vector<const char*> flags,
+                    std::vector<const char*> megatron_args,
+                    std::function<std::string(const TransformerConfig&)> show,
+                    std::function<void(TransformerConfig&, const TransformerConfig&)> copy,
+                    std::function<void(const TransformerConfig&, json&)> to,
+                    std::function<bool(const json&, TransformerConfig&)> from) {
+  return {key,           effect,          std::move(flags), "",       SettingField(),
+          {},            std::move(megatron_args), std::move(show), std::move(copy), std::move(to),
+          std::move(from), std::string()};
+}
+
+template <class Kind>
+std::vector<const char*> names_of(std::span<const Kind> kinds) {
+  std::vector<const char*> out;
+  for (const Kind& k : kinds) out.push_back(k.name);
+  return out;
+}
+
+constexpr SettingEffect Shape = SettingEffect::Shape, Function = SettingEffect::Function;
+
 }  // namespace
 
-// From the activation table (layer_spec.h); a name not in it (a newer checkpoint) as it is.
+// From the activation table (layer_kinds.h); a name not in it (a newer checkpoint) as it is.
 std::string activation_display_name(const std::string& a) {
   for (const ActivationKind& k : activation_kinds())
     if (a == k.name) return k.display;
@@ -52,65 +106,226 @@ std::string activation_flag(const std::string& a) {
 }
 
 const std::vector<ModelSetting>& model_settings() {
+  using TC = TransformerConfig;
   static const std::vector<ModelSetting> table = {
-      field("num_layers", {"--num-layers"}, &TransformerConfig::num_layers),
-      field("hidden_size", {"--hidden-size"}, &TransformerConfig::hidden_size),
-      field("num_attention_heads", {"--num-attention-heads"},
-            &TransformerConfig::num_attention_heads),
-      {"ffn_hidden_size", {"--ffn-hidden-size"},
-       [](const TransformerConfig& c) { return text(c.ffn()); },
-       [](TransformerConfig& d, const TransformerConfig& s) { d.ffn_hidden_size = s.ffn_hidden_size; }},
-      {"kv_channels", {"--kv-channels"},
-       [](const TransformerConfig& c) {
-         return c.num_attention_heads > 0 ? text(c.head_dim()) : text(c.kv_channels);
-       },
-       [](TransformerConfig& d, const TransformerConfig& s) { d.kv_channels = s.kv_channels; }},
-      {"num_query_groups", {"--group-query-attention", "--num-query-groups"},
-       [](const TransformerConfig& c) {
-         return c.query_groups() == c.num_attention_heads ? std::string("none (multi-head attention)")
-                                                          : text(c.query_groups());
-       },
-       [](TransformerConfig& d, const TransformerConfig& s) {
-         d.num_query_groups = s.num_query_groups;
-       }},
-      field("max_position_embeddings", {"--max-position-embeddings"},
-            &TransformerConfig::max_position_embeddings),
-      field("normalization", {"--normalization"}, &TransformerConfig::normalization),
-      field("layernorm_epsilon", {"--norm-epsilon", "--layernorm-epsilon"},
-            &TransformerConfig::layernorm_epsilon),
-      field("apply_layernorm_1p", {"--apply-layernorm-1p"}, &TransformerConfig::apply_layernorm_1p),
-      {"activation", {"--swiglu", "--squared-relu", "--openai-gelu", "--no-bias-gelu-fusion"},
-       [](const TransformerConfig& c) { return activation_display_name(c.activation); },
-       [](TransformerConfig& d, const TransformerConfig& s) { d.activation = s.activation; }},
-      field("position_embedding_type",
-            {"--position-embedding-type", "--no-position-embedding",
-             "--use-rotary-position-embeddings"},
-            &TransformerConfig::position_embedding_type),
-      field("rotary_percent", {"--rotary-percent"}, &TransformerConfig::rotary_percent),
-      field("rotary_base", {"--rotary-base"}, &TransformerConfig::rotary_base),
-      field("rotary_interleaved", {"--rotary-interleaved"}, &TransformerConfig::rotary_interleaved),
-      field("attention_mask_type", {}, &TransformerConfig::attention_mask_type),
-      {"window_size", {"--window-size", "--pre-tockens", "--next-tockens"},
-       [](const TransformerConfig& c) { return text(c.window_left) + " " + text(c.window_right); },
-       [](TransformerConfig& d, const TransformerConfig& s) {
-         d.window_left = s.window_left;
-         d.window_right = s.window_right;
-       }},
-      field("qk_layernorm", {"--qk-layernorm"}, &TransformerConfig::qk_layernorm),
-      field("add_bias_linear", {"--disable-bias-linear"}, &TransformerConfig::add_bias_linear),
-      {"add_qkv_bias", {"--add-qkv-bias", "--disable-bias-linear"},
-       [](const TransformerConfig& c) { return text(c.qkv_bias()); },
-       [](TransformerConfig& d, const TransformerConfig& s) { d.add_qkv_bias = s.add_qkv_bias; }},
-      field("untie_embeddings_and_output_weights", {"--untie-embeddings-and-output-weights"},
-            &TransformerConfig::untie_embeddings_and_output_weights),
+      field("num_layers", Shape, {"--num-layers"}, "Transformer layers", &TC::num_layers),
+      field("hidden_size", Shape, {"--hidden-size"}, "Hidden size", &TC::hidden_size),
+      field("num_attention_heads", Shape, {"--num-attention-heads"}, "Attention heads",
+            &TC::num_attention_heads),
+      [] {
+        ModelSetting s = field("ffn_hidden_size", Shape, {"--ffn-hidden-size"},
+                               "MLP width (default 4 x hidden)", &TC::ffn_hidden_size);
+        s.show = [](const TC& c) { return text(c.ffn()); };
+        s.to_megatron = [](const TC& c, json& out) { out["ffn_hidden_size"] = c.ffn(); };  // validate_args'
+        return s;
+      }(),
+      [] {
+        ModelSetting s = field("kv_channels", Shape, {"--kv-channels"},
+                               "Per-head width (default hidden / heads)", &TC::kv_channels);
+        s.show = [](const TC& c) {
+          return c.num_attention_heads > 0 ? text(c.head_dim()) : text(c.kv_channels);
+        };
+        s.to_megatron = [](const TC& c, json& out) {  // as validate_args leaves it
+          out["kv_channels"] = c.num_attention_heads > 0 ? c.head_dim() : c.kv_channels;
+        };
+        return s;
+      }(),
+      // Grouped-query attention only with group_query_attention (Megatron ignores the count
+      // otherwise); as many groups as heads is plain multi-head attention.
+      custom(
+          "num_query_groups", Shape, {"--group-query-attention", "--num-query-groups"},
+          {"group_query_attention", "num_query_groups"},
+          [](const TC& c) {
+            return c.query_groups() == c.num_attention_heads
+                       ? std::string("none (multi-head attention)")
+                       : text(c.query_groups());
+          },
+          [](TC& d, const TC& s) { d.num_query_groups = s.num_query_groups; },
+          [](const TC& c, json& out) {
+            out["group_query_attention"] = c.num_query_groups > 0;
+            out["num_query_groups"] = c.num_query_groups > 0 ? c.query_groups() : 1;  // argparse's
+          },
+          [](const json& args, TC& c) {
+            const json* gqa = lookup(args, "group_query_attention");
+            int groups = 0;
+            const bool has_groups = take(args, "num_query_groups", groups);
+            if (!gqa && !has_groups) return false;
+            const bool on = gqa ? flag_of(args, "group_query_attention") : true;
+            c.num_query_groups = on && has_groups ? groups : 0;
+            return true;
+          }),
+      field("max_position_embeddings", Shape, {"--max-position-embeddings"},
+            "Longest sequence the model takes (default --seq-length)",
+            &TC::max_position_embeddings),
+      field("normalization", Function, {"--normalization"}, "Normalization layer",
+            &TC::normalization, names_of(norm_kinds())),
+      [] {  // Megatron-LM's current name first; older checkpoints say layernorm_epsilon
+        ModelSetting s = field("layernorm_epsilon", Function, {"--norm-epsilon", "--layernorm-epsilon"},
+                               "Norm epsilon", &TC::layernorm_epsilon);
+        s.option = "--norm-epsilon,--layernorm-epsilon";
+        s.megatron_args = {"norm_epsilon", "layernorm_epsilon"};
+        s.to_megatron = [](const TC& c, json& out) {
+          out["norm_epsilon"] = c.layernorm_epsilon;
+          out["layernorm_epsilon"] = c.layernorm_epsilon;
+        };
+        s.from_megatron = [](const json& args, TC& c) {
+          return take(args, "norm_epsilon", c.layernorm_epsilon) ||
+                 take(args, "layernorm_epsilon", c.layernorm_epsilon);
+        };
+        return s;
+      }(),
+      field("apply_layernorm_1p", Function, {"--apply-layernorm-1p"},
+            "Zero-centred norm weight: stored as gamma - 1, computed with weight + 1",
+            &TC::apply_layernorm_1p),
+      // The activation from Megatron's switches (TransformerConfig::activation).
+      custom(
+          "activation", Function,
+          {"--swiglu", "--squared-relu", "--openai-gelu", "--no-bias-gelu-fusion"},
+          {"swiglu", "squared_relu", "openai_gelu", "bias_gelu_fusion"},
+          [](const TC& c) { return activation_display_name(c.activation); },
+          [](TC& d, const TC& s) { d.activation = s.activation; },
+          [](const TC& c, json& out) {
+            out["swiglu"] = c.activation == activation_kinds()[size_t(ActivationId::swiglu)].name;
+            out["squared_relu"] =
+                c.activation == activation_kinds()[size_t(ActivationId::squared_relu)].name;
+            // Megatron's GeLU: the fused bias-GeLU (on by default) computes the tanh form, so
+            // does --openai-gelu; the exact erf form is the unfused F.gelu (or any GeLU without
+            // biases). The fusion stays on unless --no-bias-gelu-fusion or --disable-bias-linear
+            // turned it off, whatever the activation (validate_args only clears it without biases).
+            const bool tanh = c.activation == activation_kinds()[size_t(ActivationId::gelu_tanh)].name;
+            const bool erf = c.activation == activation_kinds()[size_t(ActivationId::gelu)].name;
+            out["openai_gelu"] = tanh && !c.add_bias_linear;
+            out["bias_gelu_fusion"] = !erf && c.add_bias_linear;
+          },
+          [](const json& args, TC& c) {
+            if (!lookup(args, "swiglu") && !lookup(args, "squared_relu") &&
+                !lookup(args, "openai_gelu") && !lookup(args, "bias_gelu_fusion"))
+              return false;
+            // Without biases Megatron has no bias-GeLU fusion.
+            const bool fusion = !lookup(args, "bias_gelu_fusion") || flag_of(args, "bias_gelu_fusion");
+            bool bias = true;
+            take(args, "add_bias_linear", bias);
+            c.activation = activation_from_flags(flag_of(args, "swiglu"), flag_of(args, "squared_relu"),
+                                                 flag_of(args, "openai_gelu"), fusion, bias);
+            return true;
+          }),
+      [] {
+        ModelSetting s = field("position_embedding_type", Function,
+                               {"--position-embedding-type", "--no-position-embedding",
+                                "--use-rotary-position-embeddings"},
+                               "learned_absolute, rope, alibi or none",
+                               &TC::position_embedding_type, names_of(position_embedding_kinds()));
+        s.megatron_args = {"position_embedding_type", "add_position_embedding",
+                           "use_rotary_position_embeddings"};
+        s.to_megatron = [](const TC& c, json& out) {
+          // Megatron has no "none" type: no position embedding is add_position_embedding False.
+          out["position_embedding_type"] =
+              c.position_embedding_type == "none" ? "learned_absolute" : c.position_embedding_type;
+          out["add_position_embedding"] = c.position_embedding_type != "none";
+          out["use_rotary_position_embeddings"] = c.rope();
+        };
+        s.from_megatron = [](const json& args, TC& c) {
+          bool recorded = take(args, "position_embedding_type", c.position_embedding_type);
+          // The legacy model's PositionEmbeddingType enum (absolute, rotary) by its kind's name.
+          if (const PositionEmbeddingKind* k = find_position_embedding_kind(c.position_embedding_type))
+            c.position_embedding_type = k->name;
+          if (flag_of(args, "use_rotary_position_embeddings")) {
+            c.position_embedding_type = "rope";
+            recorded = true;
+          }
+          if (lookup(args, "add_position_embedding") && !flag_of(args, "add_position_embedding") &&
+              c.learned_position_embedding()) {
+            c.position_embedding_type = "none";
+            recorded = true;
+          }
+          return recorded;
+        };
+        return s;
+      }(),
+      field("rotary_percent", Function, {"--rotary-percent"}, "Fraction of each head's dims rotated",
+            &TC::rotary_percent),
+      field("rotary_base", Function, {"--rotary-base"}, "Rotary base", &TC::rotary_base),
+      field("rotary_interleaved", Function, {"--rotary-interleaved"},
+            "Rotate interleaved pairs (2i, 2i+1) instead of the two halves", &TC::rotary_interleaved),
+      // Fixed by the model family, not by a flag or a Megatron argument.
+      [] {
+        ModelSetting s = field("attention_mask_type", Function, {}, "", &TC::attention_mask_type,
+                               names_of(attention_mask_kinds()));
+        s.field = SettingField();
+        s.megatron_args = {};
+        s.to_megatron = [](const TC&, json&) {};
+        s.from_megatron = [](const json&, TC&) { return false; };
+        return s;
+      }(),
+      custom(
+          "window_size", Function, {"--window-size", "--pre-tockens", "--next-tockens"},
+          {"window_size"},
+          [](const TC& c) { return text(c.window_left) + " " + text(c.window_right); },
+          [](TC& d, const TC& s) {
+            d.window_left = s.window_left;
+            d.window_right = s.window_right;
+          },
+          [](const TC& c, json& out) {
+            if (c.window_left >= 0 || c.window_right >= 0)
+              out["window_size"] = json::array({c.window_left, c.window_right});
+            else
+              out["window_size"] = nullptr;
+          },
+          [](const json& args, TC& c) {
+            const json* v = lookup(args, "window_size");
+            if (!v) return false;
+            MG_REQUIRE(v->is_array() && v->size() == 2 && (*v)[0].is_number_integer() &&
+                           (*v)[1].is_number_integer(),
+                       "checkpoint args: \"window_size\" should be two integers, got ", v->dump());
+            c.window_left = (*v)[0].get<int64_t>();
+            c.window_right = (*v)[1].get<int64_t>();
+            return true;
+          }),
+      field("qk_layernorm", Function, {"--qk-layernorm"}, "Normalise each query and key head",
+            &TC::qk_layernorm),
+      [] {  // --disable-bias-linear clears it: the CLI binds the inverted switch itself
+        ModelSetting s = field("add_bias_linear", Function, {"--disable-bias-linear"}, "",
+                               &TC::add_bias_linear);
+        s.field = SettingField();
+        return s;
+      }(),
+      [] {
+        ModelSetting s = field("add_qkv_bias", Function, {"--add-qkv-bias", "--disable-bias-linear"},
+                               "QKV bias even with --disable-bias-linear", &TC::add_qkv_bias);
+        s.show = [](const TC& c) { return text(c.qkv_bias()); };
+        // Megatron's add_qkv_bias is the QKV bias itself (validate_args sets it with the biases).
+        s.to_megatron = [](const TC& c, json& out) { out["add_qkv_bias"] = c.qkv_bias(); };
+        return s;
+      }(),
+      field("untie_embeddings_and_output_weights", Function,
+            {"--untie-embeddings-and-output-weights"},
+            "Separate output layer instead of the word embedding",
+            &TC::untie_embeddings_and_output_weights),
   };
   return table;
+}
+
+const ModelSetting* find_model_setting(const std::string& key) {
+  for (const ModelSetting& s : model_settings())
+    if (key == s.key) return &s;
+  return nullptr;
+}
+
+std::string setting_flags_text(const ModelSetting& s) {
+  std::string flag;
+  for (const char* f : s.flags) flag += (flag.empty() ? "" : " / ") + std::string(f);
+  return flag.empty() ? std::string(s.key) : flag;  // fixed by the model type, not by a flag
+}
+
+json megatron_model_args(const TransformerConfig& c) {
+  json out = json::object();
+  for (const ModelSetting& s : model_settings()) s.to_megatron(c, out);
+  return out;
 }
 
 RecordedConfig config_from_checkpoint_args(const json& args) {
   RecordedConfig out;
   TransformerConfig& c = out.config;
-  auto mark = [&](const char* key) { out.recorded.insert(key); };
   if (args.contains("model") && args.at("model").is_object()) {  // ours
     const json& m = args.at("model");
     try {
@@ -119,89 +334,16 @@ RecordedConfig config_from_checkpoint_args(const json& args) {
       MG_THROW("checkpoint args: malformed \"model\": ", e.what());
     }
     for (const ModelSetting& s : model_settings())
-      if (m.contains(s.key)) mark(s.key);
-    if (m.contains("gelu_tanh")) mark("activation");  // from_json reads the legacy forms
-    if (m.contains("window_left") || m.contains("window_right")) mark("window_size");
+      if (m.contains(s.key)) out.recorded.insert(s.key);
+    if (m.contains("gelu_tanh")) out.recorded.insert("activation");  // from_json reads the legacy forms
+    if (m.contains("window_left") || m.contains("window_right")) out.recorded.insert("window_size");
     return out;
   }
-  // Megatron-LM's flat arguments.
-  auto take = [&](const char* key, auto& field) {
-    const json* v = lookup(args, key);
-    if (!v) return;
-    using T = std::decay_t<decltype(field)>;
-    const char* want = nullptr;
-    if constexpr (std::is_same_v<T, bool>) {
-      if (!v->is_boolean()) want = "a boolean";
-    } else if constexpr (std::is_integral_v<T>) {
-      if (!v->is_number_integer()) want = "an integer";
-    } else if constexpr (std::is_floating_point_v<T>) {
-      if (!v->is_number()) want = "a number";
-    } else {
-      if (!v->is_string()) want = "a string";
-    }
-    MG_REQUIRE(want == nullptr, "checkpoint args: \"", key, "\" should be ", want, ", got ",
-               v->dump());
-    v->get_to(field);
-    mark(key);
-  };
+  // Megatron-LM's flat arguments, row by row (a row may read what an earlier one set).
   try {
-    take("num_layers", c.num_layers);
-    take("hidden_size", c.hidden_size);
-    take("num_attention_heads", c.num_attention_heads);
-    take("ffn_hidden_size", c.ffn_hidden_size);
-    take("kv_channels", c.kv_channels);
-    take("seq_length", c.seq_length);
-    take("max_position_embeddings", c.max_position_embeddings);
-    take("normalization", c.normalization);
-    take("apply_layernorm_1p", c.apply_layernorm_1p);
-    take("position_embedding_type", c.position_embedding_type);
-    take("rotary_percent", c.rotary_percent);
-    take("rotary_base", c.rotary_base);
-    take("rotary_interleaved", c.rotary_interleaved);
-    take("qk_layernorm", c.qk_layernorm);
-    take("add_bias_linear", c.add_bias_linear);
-    take("add_qkv_bias", c.add_qkv_bias);
-    take("untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights);
-    if (const json* v = lookup(args, "norm_epsilon"); v || lookup(args, "layernorm_epsilon")) {
-      (v ? *v : *lookup(args, "layernorm_epsilon")).get_to(c.layernorm_epsilon);
-      mark("layernorm_epsilon");
-    }
-    // Grouped-query attention only with group_query_attention (Megatron ignores the count
-    // otherwise); as many groups as heads is plain multi-head attention.
-    const json* gqa = lookup(args, "group_query_attention");
-    const json* groups = lookup(args, "num_query_groups");
-    if (gqa || groups) {
-      const bool on = gqa ? gqa->get<bool>() : true;
-      c.num_query_groups = on && groups ? groups->get<int>() : 0;
-      mark("num_query_groups");
-    }
-    if (const json* v = lookup(args, "use_rotary_position_embeddings"); v && v->get<bool>()) {
-      c.position_embedding_type = "rope";
-      mark("position_embedding_type");
-    }
-    if (const json* v = lookup(args, "add_position_embedding");
-        v && !v->get<bool>() && c.position_embedding_type == "learned_absolute") {
-      c.position_embedding_type = "none";
-      mark("position_embedding_type");
-    }
-    if (const json* v = lookup(args, "window_size"); v && v->is_array() && v->size() == 2) {
-      c.window_left = (*v)[0].get<int64_t>();
-      c.window_right = (*v)[1].get<int64_t>();
-      mark("window_size");
-    }
-    // The activation from Megatron's switches (TransformerConfig::activation).
-    auto flag = [&](const char* key) {
-      const json* v = lookup(args, key);
-      return v && v->get<bool>();
-    };
-    if (lookup(args, "swiglu") || lookup(args, "squared_relu") || lookup(args, "openai_gelu") ||
-        lookup(args, "bias_gelu_fusion")) {
-      const json* fusion = lookup(args, "bias_gelu_fusion");
-      c.activation = activation_from_flags(flag("swiglu"), flag("squared_relu"),
-                                           flag("openai_gelu"), !fusion || fusion->get<bool>(),
-                                           c.add_bias_linear);
-      mark("activation");
-    }
+    for (const ModelSetting& s : model_settings())
+      if (s.from_megatron(args, c)) out.recorded.insert(s.key);
+    take(args, "seq_length", c.seq_length);  // the training length, not a setting of the weights
   } catch (const json::exception& e) {
     MG_THROW("checkpoint args: a model argument has the wrong type: ", e.what());
   }

@@ -1,32 +1,65 @@
-// The settings that define what a model computes, as one table (every field of
-// TransformerConfig that changes the function, with the Megatron flags that set it), and the
-// reading of a checkpoint's recorded arguments into a TransformerConfig. Commands that load a
-// checkpoint (generate, serve, --use-checkpoint-args) take or check each recorded setting through
-// this table, so a setting is honoured or refused with an error naming it, never ignored; a new
-// setting is one row here.
+// The settings that define what a model computes, as one table: every architecture field of
+// TransformerConfig is one row, and every codec of a setting walks the rows instead of naming
+// fields by hand:
+//   - checkpoint metadata: "args"."model" of metadata.json, keyed by the row's `key` (the field's
+//     name; TransformerConfig's to_json / from_json);
+//   - Megatron-LM's flat argument namespace (the "args" of its model_optim_rng.pt files, and a
+//     checkpoint's "args" in that form): write_megatron_args / config_from_checkpoint_args, through
+//     each row's to_megatron / from_megatron (swiglu, bias_gelu_fusion, norm_epsilon,
+//     group_query_attention, window_size, ... are the rows' own business);
+//   - the checks: check_checkpoint_args compares the Shape rows, the resume / --use-checkpoint-args
+//     / generate checks compare the Function rows, by their `show` text;
+//   - the CLI (cli/model_flags.cpp) takes the flags and help of the rows that are one plain field.
 //
-// Checkpoint arguments come in two forms: ours (metadata.json "args" with the model in "model",
-// TransformerConfig's field names) and Megatron-LM's flat argument namespace (swiglu,
-// bias_gelu_fusion, norm_epsilon, group_query_attention, ...).
+// Adding a setting: its field in TransformerConfig (transformer_config.h, and its name in the
+// metadata field list of transformer_config.cpp), then ONE row at the end of model_settings() in
+// model_settings.cpp: field("name", effect, {"--flag"}, "help", &TransformerConfig::name) when the
+// Megatron argument and the metadata key are the field's name and the flag takes one value (or is
+// a switch, for a bool); a hand-written row otherwise. tests/model/model_settings_test.cpp walks
+// every row through every codec, so a row that does not round-trip fails there.
 #pragma once
 
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "model/transformer_config.h"
 
 namespace megatron::model {
 
+enum class SettingEffect : uint8_t {
+  Shape,     // the tensors' shapes: check_checkpoint_args requires the checkpoint's value
+  Function,  // what the weights compute: refused when it differs from the checkpoint's, unless
+             // --override-checkpoint-model-args
+};
+
+// The field of a row that is one plain field (the CLI binds its flag to it); monostate otherwise.
+using SettingField =
+    std::variant<std::monostate, int TransformerConfig::*, int64_t TransformerConfig::*,
+                 float TransformerConfig::*, double TransformerConfig::*, bool TransformerConfig::*,
+                 std::string TransformerConfig::*>;
+
 struct ModelSetting {
-  const char* key;                  // TransformerConfig's field (or derived name)
-  std::vector<const char*> flags;   // the flags that choose it (any given: chosen on purpose)
+  const char* key;                // TransformerConfig's field: the metadata.json key and the name in messages
+  SettingEffect effect;
+  std::vector<const char*> flags;  // the CLI flags that choose it (any given: chosen on purpose)
+  const char* help;                // the help text of flags.front() when `field` is set
+  SettingField field;              // set: flags.front() (with its aliases) sets this field directly
+  std::vector<const char*> choices;  // the values a string field takes (from its kind table)
+  std::vector<const char*> megatron_args;  // its names in Megatron's flat argument namespace
   // The resolved value as text ("0 means default" sizes resolved; floats to 6 digits): two
   // configurations compute alike in this setting iff the texts are equal.
   std::function<std::string(const TransformerConfig&)> show;
   std::function<void(TransformerConfig& dst, const TransformerConfig& src)> copy;
+  // Megatron's flat namespace: writes the row's arguments; reads them into the config (false:
+  // none recorded). A value of the wrong type is a megatron::Error naming the argument.
+  std::function<void(const TransformerConfig&, nlohmann::json& flat)> to_megatron;
+  std::function<bool(const nlohmann::json& flat, TransformerConfig&)> from_megatron;
+  // With `field`: the CLI option that sets it, aliases after commas (flags.front() by default).
+  std::string option = {};
 };
 
 // "GeLU (tanh form)", "SwiGLU", ... for TransformerConfig::activation.
@@ -36,12 +69,20 @@ std::string activation_flag(const std::string& activation);
 
 // Every setting; the shape ones first.
 const std::vector<ModelSetting>& model_settings();
+// The row named `key`; nullptr when there is none.
+const ModelSetting* find_model_setting(const std::string& key);
+// The flags of a row for messages: "--a / --b", or its key when the model type fixes it.
+std::string setting_flags_text(const ModelSetting& s);
+
+// Megatron's flat arguments of every row for `c` (what a model_optim_rng.pt records).
+nlohmann::json megatron_model_args(const TransformerConfig& c);
 
 struct RecordedConfig {
   TransformerConfig config;       // defaults where nothing was recorded
   std::set<std::string> recorded;  // ModelSetting::key of every recorded setting
 };
-// A checkpoint's "args" object in either form.
+// A checkpoint's "args" object in either form: ours (the model in "model", keyed by the rows'
+// keys) or Megatron-LM's flat namespace (the rows' megatron_args, and "seq_length").
 RecordedConfig config_from_checkpoint_args(const nlohmann::json& args);
 
 }  // namespace megatron::model

@@ -70,6 +70,15 @@ std::string activation_from_flags(bool swiglu, bool squared_relu, bool openai_ge
   return bias_gelu_fusion && add_bias_linear ? "gelu_tanh" : "gelu";
 }
 
+NormId TransformerConfig::norm_id() const { return norm_kind(normalization).id; }
+ActivationId TransformerConfig::activation_id() const { return activation_kind(activation).id; }
+PositionEmbeddingId TransformerConfig::position_embedding_id() const {
+  return position_embedding_kind(position_embedding_type).id;
+}
+AttentionMaskId TransformerConfig::attention_mask_id() const {
+  return attention_mask_kind(attention_mask_type).id;
+}
+
 void TransformerConfig::validate() const {
   model_family_of(*this).validate(*this);  // an unknown family is an error listing the known ones
   MG_REQUIRE(num_layers > 0, "--num-layers must be > 0 (got ", num_layers, ")");
@@ -97,12 +106,8 @@ void TransformerConfig::validate() const {
   // The names resolve in the spec tables (errors list the valid names and the flag).
   (void)norm_kind(normalization);
   (void)activation_kind(activation);
-  MG_REQUIRE(position_embedding_type == "learned_absolute" || position_embedding_type == "rope" ||
-                 position_embedding_type == "alibi" || position_embedding_type == "none",
-             "--position-embedding-type '", position_embedding_type,
-             "' is not one of: learned_absolute, rope, alibi, none");
-  MG_REQUIRE(attention_mask_type == "causal" || attention_mask_type == "bidirectional",
-             "attention mask type '", attention_mask_type, "' is not one of: causal, bidirectional");
+  (void)position_embedding_kind(position_embedding_type);
+  (void)attention_mask_kind(attention_mask_type);
   if (rope()) {
     MG_REQUIRE(rotary_percent > 0 && rotary_percent <= 1, "--rotary-percent must be in (0, 1] (got ",
                rotary_percent, ")");

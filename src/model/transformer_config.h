@@ -16,6 +16,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/dtype.h"
+#include "model/layer_kinds.h"
 
 namespace megatron::model {
 
@@ -107,10 +108,18 @@ struct TransformerConfig {
   int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   int query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
-  bool causal() const { return attention_mask_type == "causal"; }
-  bool learned_position_embedding() const { return position_embedding_type == "learned_absolute"; }
-  bool rope() const { return position_embedding_type == "rope"; }
-  bool alibi() const { return position_embedding_type == "alibi"; }
+  // The kinds of the named settings (model/layer_kinds.h); an unknown name is an Error listing
+  // the valid ones.
+  NormId norm_id() const;
+  ActivationId activation_id() const;
+  PositionEmbeddingId position_embedding_id() const;
+  AttentionMaskId attention_mask_id() const;
+  bool causal() const { return attention_mask_id() == AttentionMaskId::causal; }
+  bool learned_position_embedding() const {
+    return position_embedding_id() == PositionEmbeddingId::learned_absolute;
+  }
+  bool rope() const { return position_embedding_id() == PositionEmbeddingId::rope; }
+  bool alibi() const { return position_embedding_id() == PositionEmbeddingId::alibi; }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   // Rotated dims per head: head_dim * rotary_percent (Megatron's int() truncation).
   int rotary_dim() const { return int(float(head_dim()) * rotary_percent); }

@@ -221,6 +221,78 @@ CheckpointState state_from_json(const json& j, const std::string& label) {
 
 }  // namespace
 
+nlohmann::ordered_json checkpoint_metadata_to_json(const CheckpointMetadata& m) {
+  const CheckpointState& state = m.state;
+  nlohmann::ordered_json meta;
+  meta["format_version"] = kCheckpointFormatVersion;
+  meta["iteration"] = state.iteration;
+  meta["consumed_train_samples"] = state.consumed_train_samples;
+  meta["consumed_valid_samples"] = state.consumed_valid_samples;
+  meta["grad_scaler"] = {{"dynamic", state.grad_scaler_dynamic},
+                         {"scale", state.grad_scaler.scale},
+                         {"growth_tracker", state.grad_scaler.growth_tracker},
+                         {"hysteresis_tracker", state.grad_scaler.hysteresis_tracker}};
+  meta["opt_param_scheduler"] = scheduler_to_json(state.scheduler, state.scheduler_num_steps);
+  if (state.rng)
+    meta["rng_state"] = {{"generator", "philox4x32-10"},
+                         {"seed", state.rng->seed},
+                         {"dropout_offset", state.rng->dropout_offset}};
+  else
+    meta["rng_state"] = nullptr;
+  meta["optimizer"] = m.optimizer;
+  if (m.parallel) {
+    const CheckpointParallel& p = *m.parallel;
+    meta["parallel"] = {{"tensor_model_parallel_size", p.tensor_model_parallel_size},
+                        {"pipeline_model_parallel_size", p.pipeline_model_parallel_size},
+                        {"virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size},
+                        {"data_parallel_size", p.data_parallel_size}};
+  }
+  if (!m.weights.is_null()) meta["weights"] = m.weights;
+  meta["args"] = state.args;
+  if (!m.files.is_null()) meta["files"] = m.files;
+  if (!m.converted_from.is_null()) meta["converted_from"] = m.converted_from;
+  return meta;
+}
+
+CheckpointMetadata checkpoint_metadata_from_json(const json& j, const std::string& label) {
+  MG_REQUIRE(j.is_object() && j.contains("format_version") && j["format_version"].is_number_integer(),
+             label, ": no format_version (not a megatron.cpp training checkpoint?)");
+  const int64_t version = j["format_version"].get<int64_t>();
+  // Version 2 recorded no weight specs: checkpoint_weight_specs (checkpoint_convert.cpp) infers
+  // them once from the names and the recorded partition dims.
+  MG_REQUIRE(version == kCheckpointFormatVersion || version == 2, label, ": format_version ",
+             version, " is not supported (this build reads versions 2 and ",
+             kCheckpointFormatVersion, ")");
+  CheckpointMetadata m;
+  m.state = state_from_json(j, label);
+  m.optimizer = j.at("optimizer");
+  if (j.contains("parallel") && !j["parallel"].is_null()) {  // absent in old single-rank ones
+    MetaReader r{j, label};
+    const json& p = j["parallel"];
+    CheckpointParallel c;
+    c.tensor_model_parallel_size = int(r.i64(p, "tensor_model_parallel_size", " in parallel"));
+    c.pipeline_model_parallel_size = int(r.i64(p, "pipeline_model_parallel_size", " in parallel"));
+    c.data_parallel_size = int(r.i64(p, "data_parallel_size", " in parallel"));
+    if (p.contains("virtual_pipeline_model_parallel_size"))  // absent before pipeline training
+      c.virtual_pipeline_model_parallel_size =
+          int(r.i64(p, "virtual_pipeline_model_parallel_size", " in parallel"));
+    MG_REQUIRE(c.tensor_model_parallel_size >= 1 && c.pipeline_model_parallel_size >= 1 &&
+                   c.data_parallel_size >= 1 && c.virtual_pipeline_model_parallel_size >= 1,
+               label, ": parallel sizes must be >= 1");
+    m.parallel = c;
+  }
+  if (m.optimizer.is_object() && m.optimizer.contains("distributed")) {
+    MG_REQUIRE(m.optimizer.at("distributed").is_boolean(), label,
+               ": optimizer.distributed must be true or false");
+    if (!m.parallel) m.parallel = CheckpointParallel{};
+    m.parallel->distributed_optimizer = m.optimizer.at("distributed").get<bool>();
+  }
+  if (j.contains("weights")) m.weights = j["weights"];
+  if (j.contains("files")) m.files = j["files"];
+  if (j.contains("converted_from")) m.converted_from = j["converted_from"];
+  return m;
+}
+
 std::string iteration_dir_name(int64_t iteration) {
   char name[32];
   std::snprintf(name, sizeof name, "iter_%07lld", (long long)iteration);
@@ -374,30 +446,13 @@ void save_iteration(const fs::path& save_dir, const fs::path& tmp_dir, const Che
   }
 
   if (root) {
-    nlohmann::ordered_json meta;
-    meta["format_version"] = kCheckpointFormatVersion;
-    meta["iteration"] = state.iteration;
-    meta["consumed_train_samples"] = state.consumed_train_samples;
-    meta["consumed_valid_samples"] = state.consumed_valid_samples;
-    meta["grad_scaler"] = {{"dynamic", state.grad_scaler_dynamic},
-                           {"scale", state.grad_scaler.scale},
-                           {"growth_tracker", state.grad_scaler.growth_tracker},
-                           {"hysteresis_tracker", state.grad_scaler.hysteresis_tracker}};
-    meta["opt_param_scheduler"] = scheduler_to_json(state.scheduler, state.scheduler_num_steps);
-    if (state.rng)
-      meta["rng_state"] = {{"generator", "philox4x32-10"},
-                           {"seed", state.rng->seed},
-                           {"dropout_offset", state.rng->dropout_offset}};
-    else
-      meta["rng_state"] = nullptr;
-    meta["optimizer"] = optimizer_meta;
-    meta["parallel"] = {{"tensor_model_parallel_size", rank.tp_size},
-                        {"pipeline_model_parallel_size", rank.pp_size},
-                        {"virtual_pipeline_model_parallel_size", rank.vp_size},
-                        {"data_parallel_size", rank.dp_size}};
-    meta["weights"] = weights;
-    meta["args"] = state.args;
-    meta["files"] = files;
+    CheckpointMetadata m;
+    m.state = state;
+    m.optimizer = optimizer_meta;
+    m.parallel = CheckpointParallel{rank.tp_size, rank.pp_size, rank.dp_size, rank.vp_size, false};
+    m.weights = weights;
+    m.files = files;
+    const nlohmann::ordered_json meta = checkpoint_metadata_to_json(m);
     detail::write_metadata(tmp_dir, meta.dump(2) + "\n");
     fsync_path(tmp_dir, true);
 
@@ -482,37 +537,15 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
   const fs::path meta_path = c.dir / "metadata.json";
   const std::string label = meta_path.string();
   const json j = read_checkpoint_metadata(c.dir);  // checked against metadata.json.sha256
-  MG_REQUIRE(j.contains("format_version") && j["format_version"].is_number_integer(), label,
-             ": no format_version (not a megatron.cpp training checkpoint?)");
-  const int64_t version = j["format_version"].get<int64_t>();
-  MG_REQUIRE(version == kCheckpointFormatVersion || version == 2, label, ": format_version ",
-             version, " is not supported (this build reads versions 2 and ",
-             kCheckpointFormatVersion, ")");
-  c.state = state_from_json(j, label);
-  MG_REQUIRE(j.contains("files") && j["files"].is_object(), label, ": missing \"files\" checksums");
-  c.files = j["files"];
+  const CheckpointMetadata m = checkpoint_metadata_from_json(j, label);
+  c.state = m.state;
+  MG_REQUIRE(m.files.is_object(), label, ": missing \"files\" checksums");
+  c.files = m.files;
   bool has_model = false;
   for (const auto& [rel, entry] : c.files.items())
     has_model = has_model || rel.ends_with("/model.safetensors");
   MG_REQUIRE(has_model, label, ": lists no model.safetensors");
-  if (j.contains("parallel") && !j["parallel"].is_null()) {  // absent in old single-rank ones
-    MetaReader r{j, label};
-    const json& p = j["parallel"];
-    c.parallel.tensor_model_parallel_size = int(r.i64(p, "tensor_model_parallel_size", " in parallel"));
-    c.parallel.pipeline_model_parallel_size = int(r.i64(p, "pipeline_model_parallel_size", " in parallel"));
-    c.parallel.data_parallel_size = int(r.i64(p, "data_parallel_size", " in parallel"));
-    if (p.contains("virtual_pipeline_model_parallel_size"))  // absent before pipeline training
-      c.parallel.virtual_pipeline_model_parallel_size =
-          int(r.i64(p, "virtual_pipeline_model_parallel_size", " in parallel"));
-    MG_REQUIRE(c.parallel.tensor_model_parallel_size >= 1 && c.parallel.pipeline_model_parallel_size >= 1 &&
-                   c.parallel.data_parallel_size >= 1 && c.parallel.virtual_pipeline_model_parallel_size >= 1,
-               label, ": parallel sizes must be >= 1");
-  }
-  if (j.at("optimizer").is_object() && j.at("optimizer").contains("distributed")) {
-    MG_REQUIRE(j.at("optimizer").at("distributed").is_boolean(), label,
-               ": optimizer.distributed must be true or false");
-    c.parallel.distributed_optimizer = j.at("optimizer").at("distributed").get<bool>();
-  }
+  if (m.parallel) c.parallel = *m.parallel;
   MG_REQUIRE(c.release || c.state.iteration == where->iteration, label, " says iteration ",
              c.state.iteration, " but the folder is ", where->dir.filename().string());
   return c;

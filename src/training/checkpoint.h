@@ -130,6 +130,22 @@ struct CheckpointParallel {
   std::string describe() const;        // "TP=2 x PP=1 x DP=2 (distributed optimizer)"
 };
 
+// Everything metadata.json holds, written by one function and read by one (every writer: the
+// trainer's save, `checkpoint convert`, the .pt merge, the Hugging Face import). Reading accepts
+// every format version this build reads (2 and kCheckpointFormatVersion) and gives the current
+// struct: older layouts are migrated there and nowhere else.
+struct CheckpointMetadata {
+  CheckpointState state;
+  nlohmann::json optimizer = nullptr;  // the optimizer files' description; null: none saved
+  std::optional<CheckpointParallel> parallel;  // absent: old single-rank ones, fresh imports
+  nlohmann::json weights = nullptr;    // name -> weight spec (model/weight_spec.h); null: not recorded
+  nlohmann::json files = nullptr;      // relative path -> {"bytes", "sha256"}; null: none written
+  nlohmann::json converted_from = nullptr;  // `checkpoint convert`'s record of its source
+};
+nlohmann::ordered_json checkpoint_metadata_to_json(const CheckpointMetadata& m);
+// Errors name `label` (the file) and the key.
+CheckpointMetadata checkpoint_metadata_from_json(const nlohmann::json& j, const std::string& label);
+
 // A checkpoint found on disk, its metadata parsed (tensor files are read on demand).
 struct CheckpointOnDisk {
   std::filesystem::path dir;  // DIR/iter_NNNNNNN or DIR/release

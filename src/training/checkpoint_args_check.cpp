@@ -1,7 +1,5 @@
 // Megatron's check_checkpoint_args, and the settings that change what the model computes: both
 // compared between a checkpoint's recorded arguments and this run's before any weight is loaded.
-#include <set>
-
 #include "core/error.h"
 #include "core/log.h"
 #include "model/model_settings.h"
@@ -11,18 +9,6 @@ namespace megatron::training {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-namespace {
-
-// Checked by check_checkpoint_args (the tensors' shapes), not here.
-bool is_shape_setting(const std::string& key) {
-  static const std::set<std::string> shape = {
-      "num_layers",      "hidden_size",      "num_attention_heads",    "ffn_hidden_size",
-      "kv_channels",     "num_query_groups", "max_position_embeddings"};
-  return shape.count(key) > 0;
-}
-
-}  // namespace
 
 void check_model_function_args(const CheckpointOnDisk& ckpt, const TrainingArgs& args) {
   const std::string where = (ckpt.dir / "metadata.json").string();
@@ -41,16 +27,12 @@ void check_model_function_args(const CheckpointOnDisk& ckpt, const TrainingArgs&
   }
   std::vector<std::string> overridden;
   for (const model::ModelSetting& s : model::model_settings()) {
-    if (is_shape_setting(s.key)) continue;
+    if (s.effect != model::SettingEffect::Function) continue;  // the shapes: check_checkpoint_args
     const std::string was = s.show(saved.config), now = s.show(args.model);
     if (was == now) continue;
-    std::string flag;
-    if (std::string(s.key) == "activation") {
-      flag = model::activation_flag(args.model.activation);
-    } else {
-      for (const char* f : s.flags) flag += (flag.empty() ? "" : " / ") + std::string(f);
-      if (flag.empty()) flag = s.key;  // fixed by the model type, not by a flag
-    }
+    const std::string flag = std::string(s.key) == "activation"
+                                 ? model::activation_flag(args.model.activation)
+                                 : model::setting_flags_text(s);
     const std::string what =
         str(flag, ": the checkpoint ", where, " was trained with ", s.key, " = ", was,
             saved.recorded.count(s.key) ? "" : " (not recorded: the default then)",
@@ -80,13 +62,9 @@ void check_checkpoint_args(const CheckpointOnDisk& ckpt, const TrainingArgs& a, 
                finetune ? " (the model's tensors must match the checkpoint's)"
                         : " (model-shape flags must match the checkpoint when resuming)");
   };
-  same("--num-layers", c.model.num_layers, a.model.num_layers);
-  same("--hidden-size", c.model.hidden_size, a.model.hidden_size);
-  same("--num-attention-heads", c.model.num_attention_heads, a.model.num_attention_heads);
-  same("--ffn-hidden-size", c.model.ffn(), a.model.ffn());
-  same("--kv-channels", c.model.head_dim(), a.model.head_dim());
-  same("--num-query-groups", c.model.query_groups(), a.model.query_groups());
-  same("--max-position-embeddings", c.model.max_position_embeddings, a.model.max_position_embeddings);
+  for (const model::ModelSetting& s : model::model_settings())
+    if (s.effect == model::SettingEffect::Shape)
+      same(model::setting_flags_text(s).c_str(), s.show(c.model), s.show(a.model));
   same("padded vocabulary size (--vocab-size / --vocab-file, --make-vocab-size-divisible-by)",
        c.model.padded_vocab_size, a.model.padded_vocab_size);
   if (!finetune) {

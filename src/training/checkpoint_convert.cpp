@@ -447,31 +447,25 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
   }
   res.num_files = files.size();
 
-  json meta = m.metadata;
-  json src_parallel = meta.contains("parallel") ? meta["parallel"] : json(nullptr);
+  CheckpointMetadata meta = checkpoint_metadata_from_json(m.metadata, (ckpt.dir / "metadata.json").string());
+  json src_parallel = m.metadata.contains("parallel") ? m.metadata["parallel"] : json(nullptr);
   if (src_parallel.is_object()) src_parallel.erase("partition_dims");
-  meta["parallel"] = {{"tensor_model_parallel_size", T},
-                      {"pipeline_model_parallel_size", P},
-                      {"virtual_pipeline_model_parallel_size", layout.num_chunks},
-                      {"data_parallel_size", ckpt.parallel.data_parallel_size}};
-  meta["format_version"] = kCheckpointFormatVersion;
-  meta["weights"] = weights;
-  if (optim)
-    meta["optimizer"] = {{"type", m.optimizer_type}, {"distributed", false}};
-  else
-    meta["optimizer"] = nullptr;
-  meta["args"]["parallel"]["tensor_model_parallel_size"] = T;
-  meta["args"]["parallel"]["pipeline_model_parallel_size"] = P;
-  meta["args"]["parallel"]["num_layers_per_virtual_pipeline_stage"] = o.target_layers_per_virtual_stage;
-  meta["args"]["model"]["padded_vocab_size"] = target_vocab;
-  meta["files"] = files;
-  meta["converted_from"] = {{"load", fs::absolute(o.load).string()},
-                            {"folder", dir_name},
-                            {"parallel", src_parallel},
-                            {"padded_vocab_size", res.padded_vocab_from},
-                            {"optimizer_state", optim ? "resharded" : res.optimizer_note},
-                            {"tool", "megatron checkpoint convert"}};
-  detail::write_metadata(tmp, meta.dump(2) + "\n");
+  meta.parallel = CheckpointParallel{T, P, ckpt.parallel.data_parallel_size, layout.num_chunks, false};
+  meta.weights = weights;
+  meta.optimizer = optim ? json{{"type", m.optimizer_type}, {"distributed", false}} : json(nullptr);
+  json& args = meta.state.args;
+  args["parallel"]["tensor_model_parallel_size"] = T;
+  args["parallel"]["pipeline_model_parallel_size"] = P;
+  args["parallel"]["num_layers_per_virtual_pipeline_stage"] = o.target_layers_per_virtual_stage;
+  args["model"]["padded_vocab_size"] = target_vocab;
+  meta.files = files;
+  meta.converted_from = {{"load", fs::absolute(o.load).string()},
+                         {"folder", dir_name},
+                         {"parallel", src_parallel},
+                         {"padded_vocab_size", res.padded_vocab_from},
+                         {"optimizer_state", optim ? "resharded" : res.optimizer_note},
+                         {"tool", "megatron checkpoint convert"}};
+  detail::write_metadata(tmp, checkpoint_metadata_to_json(meta).dump(2) + "\n");
   fsync_path(tmp, true);
   res.dir = o.save / dir_name;
   detail::publish_iteration(o.save, tmp, dir_name,

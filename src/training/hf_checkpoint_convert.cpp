@@ -55,23 +55,9 @@ namespace {
 
 // A fresh checkpoint's metadata (iteration 0, no optimizer, scheduler or RNG state) for `args`.
 json fresh_metadata(const TrainingArgs& args) {
-  const optim::LRSchedulerConfig s;
-  json sc = {{"max_lr", s.max_lr}, {"min_lr", s.min_lr}, {"lr_warmup_init", s.lr_warmup_init},
-             {"lr_warmup_steps", s.lr_warmup_steps}, {"lr_decay_steps", s.lr_decay_steps},
-             {"lr_decay_style", optim::lr_decay_style_name(s.decay_style)},
-             {"wsd_decay_steps", s.wsd_decay_steps},
-             {"lr_wsd_decay_style", optim::wsd_decay_style_name(s.wsd_decay_style)},
-             {"start_wd", s.start_wd}, {"end_wd", s.end_wd}, {"wd_incr_steps", s.wd_incr_steps},
-             {"wd_incr_style", optim::wd_incr_style_name(s.wd_incr_style)}, {"num_steps", 0}};
-  return {{"format_version", kCheckpointFormatVersion},
-          {"iteration", 0},
-          {"consumed_train_samples", 0},
-          {"consumed_valid_samples", 0},
-          {"grad_scaler", {{"dynamic", false}, {"scale", 1.0}, {"growth_tracker", 0}, {"hysteresis_tracker", 0}}},
-          {"opt_param_scheduler", sc},
-          {"rng_state", nullptr},
-          {"optimizer", nullptr},
-          {"args", training_args_to_json(args)}};
+  CheckpointMetadata m;
+  m.state.args = training_args_to_json(args);
+  return json(checkpoint_metadata_to_json(m));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "model/model_settings.h"
 #include "model/transformer_config.h"
 #include "training/megatron_arguments.h"
 #include "training/torch_checkpoint.h"
@@ -119,6 +120,34 @@ std::optional<json> from_value(const Value& v, const json& like) {
   }
 }
 
+// A Namespace value as plain JSON (null for what JSON cannot hold).
+json plain_value(const Value& v) {
+  switch (v.kind) {
+    case Kind::Bool: return v.boolean;
+    case Kind::Int: return v.integer;
+    case Kind::Float: return v.real;
+    case Kind::Str: return v.text;
+    case Kind::TorchDType: return dtype_name(v.dtype);
+    case Kind::Enum:
+      return v.member.empty() && !v.items.empty() && v.items[0]->kind == Kind::Str ? v.items[0]->text
+                                                                                  : v.member;
+    case Kind::List:
+    case Kind::Tuple: {
+      json a = json::array();
+      for (const Value* x : v.items) a.push_back(plain_value(*x));
+      return a;
+    }
+    default: return nullptr;
+  }
+}
+
+json plain_namespace(const Value& ns) {
+  json out = json::object();
+  for (const auto& [k, v] : ns.entries)
+    if (k->kind == Kind::Str) out[k->text] = plain_value(*v);
+  return out;
+}
+
 // A value as Python prints it, for the comparison with MegatronArgument::neutral.
 std::string python_text(const Value& v) {
   switch (v.kind) {
@@ -219,33 +248,15 @@ json from_namespace(const Value& ns, const std::string& label) {
   // Megatron's spellings that differ from ours, old and new.
   if (const auto tp = integer("model_parallel_size"); tp && !get("tensor_model_parallel_size"))
     out["parallel"]["tensor_model_parallel_size"] = *tp;
-  if (get("group_query_attention") != nullptr && !flag("group_query_attention"))
-    out["model"]["num_query_groups"] = 0;
-  // The activation from Megatron's switches; bias_gelu_fusion is on unless recorded off.
-  if (get("swiglu") || get("squared_relu") || get("openai_gelu") || get("bias_gelu_fusion")) {
-    const Value* fusion = get("bias_gelu_fusion");
-    const Value* bias = get("add_bias_linear");
-    out["model"]["activation"] = model::activation_from_flags(
-        flag("swiglu"), flag("squared_relu"), flag("openai_gelu"),
-        fusion == nullptr || flag("bias_gelu_fusion"), bias == nullptr || flag("add_bias_linear"));
-  }
-  // The legacy model's PositionEmbeddingType enum (absolute, rotary) as Megatron-Core names them.
-  if (out["model"]["position_embedding_type"] == "absolute")
-    out["model"]["position_embedding_type"] = "learned_absolute";
-  if (out["model"]["position_embedding_type"] == "rotary") out["model"]["position_embedding_type"] = "rope";
-  if (flag("use_rotary_position_embeddings")) out["model"]["position_embedding_type"] = "rope";
-  if (get("add_position_embedding") != nullptr && !flag("add_position_embedding") &&
-      out["model"]["position_embedding_type"] == "learned_absolute")
-    out["model"]["position_embedding_type"] = "none";
-  if (const Value* w = get("window_size");
-      w != nullptr && (w->kind == Kind::Tuple || w->kind == Kind::List) && w->items.size() == 2 &&
-      w->items[0]->kind == Kind::Int && w->items[1]->kind == Kind::Int) {
-    out["model"]["window_left"] = w->items[0]->integer;
-    out["model"]["window_right"] = w->items[1]->integer;
-  }
-  if (!get("layernorm_epsilon"))
-    if (const Value* e = get("norm_epsilon"); e != nullptr && e->kind == Kind::Float)
-      out["model"]["layernorm_epsilon"] = e->real;
+  // The model's settings through their rows (model/model_settings.h): Megatron's spellings
+  // (group_query_attention, the activation switches, norm_epsilon, window_size, the legacy
+  // position-embedding enum) are the rows' business.
+  const model::RecordedConfig rec = model::config_from_checkpoint_args(plain_namespace(ns));
+  model::TransformerConfig cfg;
+  model::from_json(out["model"], cfg);
+  for (const model::ModelSetting& s : model::model_settings())
+    if (rec.recorded.count(s.key)) s.copy(cfg, rec.config);
+  model::to_json(out["model"], cfg);
   if (!get("params_dtype") || get("params_dtype")->kind != Kind::TorchDType)
     out["model"]["params_dtype"] = flag("fp16") ? "float16" : flag("bf16") ? "bfloat16" : "float32";
   if (const auto v = integer("virtual_pipeline_model_parallel_size");

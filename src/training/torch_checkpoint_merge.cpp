@@ -14,42 +14,12 @@ namespace {
 
 // What metadata.json would say about this checkpoint (files and partition dims aside).
 json metadata_of(const CheckpointOnDisk& c, const std::string& optimizer_type) {
-  const CheckpointState& s = c.state;
-  json m;
-  m["format_version"] = kCheckpointFormatVersion;
-  m["iteration"] = s.iteration;
-  m["consumed_train_samples"] = s.consumed_train_samples;
-  m["consumed_valid_samples"] = s.consumed_valid_samples;
-  m["grad_scaler"] = {{"dynamic", s.grad_scaler_dynamic},
-                      {"scale", s.grad_scaler.scale},
-                      {"growth_tracker", s.grad_scaler.growth_tracker},
-                      {"hysteresis_tracker", s.grad_scaler.hysteresis_tracker}};
-  const optim::LRSchedulerConfig& sc = s.scheduler;
-  m["opt_param_scheduler"] = {{"max_lr", sc.max_lr},
-                              {"min_lr", sc.min_lr},
-                              {"lr_warmup_init", sc.lr_warmup_init},
-                              {"lr_warmup_steps", sc.lr_warmup_steps},
-                              {"lr_decay_steps", sc.lr_decay_steps},
-                              {"lr_decay_style", optim::lr_decay_style_name(sc.decay_style)},
-                              {"wsd_decay_steps", sc.wsd_decay_steps},
-                              {"lr_wsd_decay_style", optim::wsd_decay_style_name(sc.wsd_decay_style)},
-                              {"start_wd", sc.start_wd},
-                              {"end_wd", sc.end_wd},
-                              {"wd_incr_steps", sc.wd_incr_steps},
-                              {"wd_incr_style", optim::wd_incr_style_name(sc.wd_incr_style)},
-                              {"num_steps", s.scheduler_num_steps}};
-  if (s.rng)
-    m["rng_state"] = {{"generator", "philox4x32-10"}, {"seed", s.rng->seed}, {"dropout_offset", s.rng->dropout_offset}};
-  else
-    m["rng_state"] = nullptr;
-  m["optimizer"] = optimizer_type.empty() ? json(nullptr)
-                                          : json{{"type", optimizer_type}, {"distributed", false}};
-  m["parallel"] = {{"tensor_model_parallel_size", c.parallel.tensor_model_parallel_size},
-                   {"pipeline_model_parallel_size", c.parallel.pipeline_model_parallel_size},
-                   {"virtual_pipeline_model_parallel_size", c.parallel.virtual_pipeline_model_parallel_size},
-                   {"data_parallel_size", c.parallel.data_parallel_size}};
-  m["args"] = s.args;
-  return m;
+  CheckpointMetadata m;
+  m.state = c.state;
+  m.optimizer = optimizer_type.empty() ? json(nullptr)
+                                       : json{{"type", optimizer_type}, {"distributed", false}};
+  m.parallel = c.parallel;
+  return json(checkpoint_metadata_to_json(m));
 }
 
 }  // namespace

@@ -171,12 +171,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
              "the normalization '", a.model.normalization, "' has no Megatron-LM argument (its .pt "
              "checkpoints know LayerNorm and RMSNorm): it cannot be saved in the torch format; "
              "keep this build's checkpoint format");
-  const int groups = a.model.query_groups();
   json extra = {
-      {"num_layers", a.model.num_layers}, {"hidden_size", a.model.hidden_size},
-      {"num_attention_heads", a.model.num_attention_heads}, {"ffn_hidden_size", a.model.ffn()},
-      {"kv_channels", a.model.head_dim()}, {"group_query_attention", a.model.num_query_groups > 0},
-      {"num_query_groups", a.model.num_query_groups > 0 ? groups : 1},
       {"padded_vocab_size", m.padded_vocab_size},
       {"tensor_model_parallel_size", T}, {"pipeline_model_parallel_size", P},
       {"virtual_pipeline_model_parallel_size", V > 1 ? json(V) : json(nullptr)},
@@ -184,32 +179,13 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
       {"data_parallel_size", dp}, {"world_size", T * P * dp},
       {"consumed_train_samples", meta.at("consumed_train_samples")},
       {"consumed_valid_samples", meta.at("consumed_valid_samples")}, {"iteration", iteration},
-      {"add_position_embedding", m.model.count("embedding.position_embeddings.weight") > 0},
-      {"position_embedding_type", a.model.position_embedding_type == "none"
-                                      ? "learned_absolute" : a.model.position_embedding_type},
-      {"use_rotary_position_embeddings", a.model.position_embedding_type == "rope"},
-      {"rotary_percent", a.model.rotary_percent}, {"rotary_base", a.model.rotary_base},
-      {"rotary_interleaved", a.model.rotary_interleaved},
-      {"add_bias_linear", a.model.add_bias_linear}, {"add_qkv_bias", a.model.qkv_bias()},
-      {"swiglu", a.model.activation == "swiglu"},
-      {"squared_relu", a.model.activation == "squared_relu"},
-      {"untie_embeddings_and_output_weights", m.model.count(kOutputLayer) > 0},
-      {"apply_layernorm_1p", a.model.apply_layernorm_1p},
-      {"normalization", a.model.normalization}, {"qk_layernorm", a.model.qk_layernorm},
-      {"norm_epsilon", a.model.layernorm_epsilon}, {"layernorm_epsilon", a.model.layernorm_epsilon},
-      // Megatron's GeLU: the fused bias-GeLU (on by default) computes the tanh form, so does
-      // --openai-gelu; the exact erf form is the unfused F.gelu (or any GeLU without biases).
-      {"openai_gelu", a.model.activation == "gelu_tanh" && !a.model.add_bias_linear},
-      // (on unless --no-bias-gelu-fusion or --disable-bias-linear turned it off, whatever the
-      // activation: validate_args only clears it without biases)
-      {"bias_gelu_fusion", a.model.activation != "gelu" && a.model.add_bias_linear},
       {"fp16", a.fp16}, {"bf16", a.bf16}, {"params_dtype", dtype_name(dtype)},
       {"use_distributed_optimizer", false}, {"ckpt_format", "torch"},
       {"transformer_impl", options.transformer_impl}, {"use_legacy_models", false},
       {"use_mcore_models", true}, {"data_parallel_random_init", false},
   };
-  if (a.model.window_left >= 0 || a.model.window_right >= 0)
-    extra["window_size"] = json::array({a.model.window_left, a.model.window_right});
+  // The model's settings as Megatron's arguments: one row each (model/model_settings.h).
+  extra.update(model::megatron_model_args(a.model));
   // What Megatron's validate_args derives from the other arguments, as it leaves them.
   extra["encoder_num_layers"] = a.model.num_layers;
   if (a.model.model_family == "bert") extra["bert_binary_head"] = a.model.bert_binary_head;

@@ -2,7 +2,7 @@
 // needs no GPU (the table is built at compile time whenever the CUDA compiler was found, as in CI);
 // the kernels' values are checked against the CPU by tests/kernels/backend_ops_test.cpp on a GPU.
 // The norm and activation kinds need no test here: norm.cu and activation.cu instantiate a kernel
-// for every kind of model/layer_kinds.h, so a kind without one does not compile.
+// for every kind of kernels/op_kinds.h, so a kind without one does not compile.
 #include <gtest/gtest.h>
 
 #include <string>

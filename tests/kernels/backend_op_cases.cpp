@@ -80,19 +80,6 @@ void matmul_cases(Table& t) {
     gemm(a, false, b, false, c, 1.0f, 1.0f);
     return Outs{c};
   }, {half_tol});
-  t.add("gemm_batched", "bfloat16 3 x (16x32 @ 24x32^T)", [=](Device d) {
-    Tensor a = rnd(d, {3, 16, 32}, 10, 1.0f, DType::BF16), b = rnd(d, {3, 24, 32}, 11, 1.0f, DType::BF16);
-    Tensor c = rnd(d, {3, 16, 24}, 12);
-    gemm_batched(a, false, b, true, c, 1.0f, 0.5f);
-    return Outs{c};
-  }, {half_tol});
-  for (bool ta : {false, true})
-    t.add("gemm_batched", str("3 x (16x32 @ 32x24), trans_a ", ta, ", beta .5"), [=](Device d) {
-      Tensor a = rnd(d, ta ? Shape{3, 32, 16} : Shape{3, 16, 32}, 10), b = rnd(d, {3, 32, 24}, 11);
-      Tensor c = rnd(d, {3, 16, 24}, 12);
-      gemm_batched(a, ta, b, false, c, 1.0f, 0.5f);
-      return Outs{c};
-    }, {gemm_tol});
 }
 
 void embedding_cases(Table& t) {
@@ -126,10 +113,9 @@ void embedding_cases(Table& t) {
   });
 }
 
-// The kind-taking ops: cases of every kind of model/layer_kinds.h (add_kind names the kind; a
+// The kind-taking ops: cases of every kind of kernels/op_kinds.h (add_kind names the kind; a
 // test fails while a kind has no norm_fwd / norm_bwd or activation_fwd / activation_bwd case).
 void norm_cases(Table& t) {
-  using model::NormId;
   for (bool save : {true, false})
     t.add_kind("norm_fwd", "LayerNorm", str("13 x 40, saving mean/rstd ", save), [=](Device d) {
       Tensor out = fill(d, {13, 40}, 0.0), mean = save ? fill(d, {13}, 0.0) : Tensor();
@@ -176,9 +162,8 @@ void norm_cases(Table& t) {
 }
 
 void activation_cases(Table& t) {
-  using model::ActivationId;
   for (ActivationId k : {ActivationId::gelu_tanh, ActivationId::gelu}) {
-    const char* name = model::kActivationKinds[size_t(k)].name;
+    const char* name = kActivationOps[size_t(k)].name;
     t.add_kind("activation_fwd", name, "33 x 130", [=](Device d) {
       Tensor y = fill(d, {33, 130}, 0.0);
       activation_fwd(k, y, rnd(d, {33, 130}, 42, 2.0f));

@@ -4,7 +4,7 @@
 // adding its cases to backend_op_cases.cpp (the attention ops': backend_op_cases_attention.cpp;
 // helpers in op_case_util.h; a test fails while an op of MG_FOR_EACH_OP has none);
 // adding a norm or activation kind = adding its cases there too (a test fails while a kind of
-// model/layer_kinds.h has no forward or no backward case).
+// kernels/op_kinds.h has no forward or no backward case).
 #pragma once
 
 #include <functional>
@@ -27,7 +27,7 @@ struct OpCase {
   std::function<std::vector<Tensor>(Device)> run;
   // Allowed difference from the CPU on CUDA, per output (the last entry covers the rest).
   std::vector<Tolerance> cuda = {Tolerance{}};
-  // For the ops that take a kind (norm_*, activation_*): the kind's name in model/layer_kinds.h.
+  // For the ops that take a kind (norm_*, activation_*): the kind's name in kernels/op_kinds.h.
   std::string kind;
 };
 

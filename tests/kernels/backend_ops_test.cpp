@@ -44,16 +44,16 @@ TEST(BackendOps, EveryOpHasCasesAndEveryCaseNamesAnOp) {
   for (const std::string& op : ops) EXPECT_TRUE(covered.count(op)) << op << " has no case";
 }
 
-// Every kind of model/layer_kinds.h has forward and backward cases of its ops.
+// Every kind of kernels/op_kinds.h has forward and backward cases of its ops.
 TEST(BackendOps, EveryNormAndActivationKindHasCases) {
   std::set<std::string> covered;  // "op kind"
   for (const OpCase& c : backend_op_cases())
     if (!c.kind.empty()) covered.insert(c.op + " " + c.kind);
-  for (const model::NormKind& k : model::kNormKinds)
+  for (const NormOp& k : kNormOps)
     for (const char* op : {"norm_fwd", "norm_bwd"})
       EXPECT_TRUE(covered.count(op + std::string(" ") + k.name)) << op << " has no case for "
                                                                  << k.name;
-  for (const model::ActivationKind& k : model::kActivationKinds)
+  for (const ActivationOp& k : kActivationOps)
     for (const char* op : {"activation_fwd", "activation_bwd"})
       EXPECT_TRUE(covered.count(op + std::string(" ") + k.name)) << op << " has no case for "
                                                                  << k.name;

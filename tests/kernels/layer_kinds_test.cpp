@@ -1,4 +1,4 @@
-// Every norm and activation kind of model/layer_kinds.h through ops::norm_* / activation_*: each
+// Every norm and activation kind of kernels/op_kinds.h through ops::norm_* / activation_*: each
 // kind's backward against central differences of its own forward (so a kind added to the table
 // is checked without a test of its own), and the errors of the kind-taking ops: a kind's shape
 // (bias, gated width), an id outside the enum, a backend without the kind's kernel.
@@ -13,8 +13,6 @@
 
 namespace megatron::ops {
 namespace {
-using model::ActivationId;
-using model::NormId;
 using testing::expect_close;
 using testing::randn;
 
@@ -44,7 +42,7 @@ std::vector<double> numeric_grad(const Tensor& x, const Tensor& y, const Tensor&
 }
 
 TEST(LayerKinds, EveryActivationsBackwardMatchesItsForward) {
-  for (const model::ActivationKind& k : model::kActivationKinds) {
+  for (const ActivationOp& k : kActivationOps) {
     SCOPED_TRACE(k.name);
     const int64_t n = 3, f = 10, width = k.gated ? 2 * f : f;
     Tensor x = randn({n, width}, 300, 1.5f), g = randn({n, f}, 301);
@@ -60,7 +58,7 @@ TEST(LayerKinds, EveryActivationsBackwardMatchesItsForward) {
 }
 
 TEST(LayerKinds, EveryNormsBackwardMatchesItsForward) {
-  for (const model::NormKind& k : model::kNormKinds) {
+  for (const NormOp& k : kNormOps) {
     SCOPED_TRACE(k.name);
     const int64_t n = 3, h = 9;
     Tensor x = randn({n, h}, 310, 2.0f), w = randn({h}, 311), g = randn({n, h}, 312);
@@ -108,7 +106,7 @@ TEST(LayerKinds, KindTakingOpsRejectBadArguments) {
                InternalError);
   // An id outside the enums.
   expect_error_naming([&] { activation_fwd(ActivationId(200), out, x); },
-                      {"activation_fwd", "kind 200", "layer_kinds.h"});
+                      {"activation_fwd", "kind 200", "op_kinds.h"});
   expect_error_naming([&] { norm_bwd(NormId(9), out, w, Tensor(), out, x, w, Tensor(), rstd); },
                       {"norm_bwd", "kind 9"});
 }

@@ -16,8 +16,6 @@ namespace {
 using testing::expect_close;
 using testing::randn;
 using testing::to_double;
-using model::ActivationId;
-using model::NormId;
 
 // d(sum_k f(x)_k * g_k)/dx by central differences of a double function f.
 std::vector<double> numeric_grad(const std::function<std::vector<double>(const std::vector<double>&)>& f,

@@ -1,5 +1,5 @@
 // The MLP activations on the CPU (ops::activation_fwd / activation_bwd): one Activation<id> per
-// kind of model/layer_kinds.h with its per-element functions, and the loops that run them: one
+// kind of kernels/op_kinds.h with its per-element functions, and the loops that run them: one
 // elementwise loop for plain activations, one row loop over [gate | up] for gated ones. The kind
 // is resolved once per call (cpu::with_kind), so every kind gets its own vectorised loop.
 #include <cmath>
@@ -11,7 +11,6 @@ namespace megatron::ops::cpu {
 
 namespace {
 
-using model::ActivationId;
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
@@ -70,7 +69,7 @@ struct Activation<ActivationId::squared_relu> {
 
 // ---- the loops ---------------------------------------------------------------------------------
 template <ActivationId K>
-constexpr bool kGated = model::kActivationKinds[size_t(K)].gated;
+constexpr bool kGated = kActivationOps[size_t(K)].gated;
 
 // out [numel] = act(x); or, gated, out [n, f] = act(gate, up) over rows [gate | up] of x [n, 2f].
 template <ActivationId K>
@@ -110,7 +109,7 @@ void run_bwd(float* d, const float* g, const float* xp, int64_t numel, int64_t f
 // gated kind's half width f (0 for a plain one).
 int64_t check_activation(const char* op, ActivationId kind, const Tensor& x, const Tensor& half,
                          const char* half_name) {
-  const model::ActivationKind* k = model::find_activation_kind(kind);
+  const ActivationOp* k = find_activation_op(kind);
   if (k == nullptr) detail::throw_no_kind_kernel(op, kind, x.device());
   require_f32(op, "x", x);
   require_f32(op, half_name, half);
@@ -133,7 +132,7 @@ void activation_fwd(ActivationId kind, const Tensor& out, const Tensor& x) {
   const int64_t f = check_activation(op, kind, x, out, "out");
   float* o = out.data<float>();
   const float* xp = x.data<float>();
-  cpu::with_kind<model::kActivationKindCount>(
+  cpu::with_kind<kActivationOpCount>(
       op, kind, [&]<ActivationId K>() { run_fwd<K>(o, xp, x.numel(), f); });
 }
 
@@ -144,7 +143,7 @@ void activation_bwd(ActivationId kind, const Tensor& dx, const Tensor& dout, con
   cpu::require_numel(op, dx, x);
   float* d = dx.data<float>();
   const float *g = dout.data<float>(), *xp = x.data<float>();
-  cpu::with_kind<model::kActivationKindCount>(
+  cpu::with_kind<kActivationOpCount>(
       op, kind, [&]<ActivationId K>() { run_bwd<K>(d, g, xp, x.numel(), f); });
 }
 

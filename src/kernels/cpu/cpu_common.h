@@ -48,7 +48,7 @@ inline void parallel_for_simd(int64_t n, Body&& body) {
   }
 }
 
-// The kernel of a kind (model/layer_kinds.h) for the kind-taking ops: calls
+// The kernel of a kind (op_kinds.h) for the kind-taking ops: calls
 // fn.template operator()<Id(i)>() for the i of [0, Count) equal to `kind`, so each kind's loop is
 // compiled on its own and the kind is compared once per op call, never inside a loop. An id
 // outside [0, Count) throws Error naming the op.

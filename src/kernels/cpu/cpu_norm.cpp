@@ -1,5 +1,5 @@
 // The norms over the last dim on the CPU (ops::norm_fwd / norm_bwd): one NormKernel<id> per kind
-// of model/layer_kinds.h, chosen once per call. OpenMP over rows; row statistics in fp32 (two-pass
+// of kernels/op_kinds.h, chosen once per call. OpenMP over rows; row statistics in fp32 (two-pass
 // mean and variance for LayerNorm); the weight (and bias) gradients summed per thread, then in
 // thread order, so results do not depend on scheduling.
 #include <omp.h>
@@ -14,7 +14,6 @@ namespace megatron::ops::cpu {
 
 namespace {
 
-using model::NormId;
 
 // The arguments of a norm's kernels, checked by norm_fwd / norm_bwd (pointers are null for
 // undefined tensors).
@@ -163,10 +162,10 @@ T* f32_of(const char* op, const char* name, const Tensor& t, int64_t n, bool req
 
 // The kind's row, and x [n, h] with weight [h]; a bias exactly when the kind has one, a saved
 // mean only when it keeps one.
-const model::NormKind& check_norm(const char* op, NormId kind, const Tensor& x,
+const NormOp& check_norm(const char* op, NormId kind, const Tensor& x,
                                   const Tensor& weight, const Tensor& bias, const Tensor& mean,
                                   int64_t* n, int64_t* h) {
-  const model::NormKind* k = model::find_norm_kind(kind);
+  const NormOp* k = find_norm_op(kind);
   if (k == nullptr) detail::throw_no_kind_kernel(op, kind, x.device());
   require_f32(op, "x", x);
   MG_CHECK(x.dim() >= 1, op, ": x must have at least one dim");
@@ -193,7 +192,7 @@ void norm_fwd(NormId kind, const Tensor& out, const Tensor& mean, const Tensor& 
                       f32_of<float>(op, "out", out, n * h, true),
                       f32_of<float>(op, "mean", mean, n, false),
                       f32_of<float>(op, "rstd", rstd, n, false), eps};
-  cpu::with_kind<model::kNormKindCount>(op, kind, [&]<NormId K>() { NormKernel<K>::fwd(a); });
+  cpu::with_kind<kNormOpCount>(op, kind, [&]<NormId K>() { NormKernel<K>::fwd(a); });
 }
 
 void norm_bwd(NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
@@ -201,7 +200,7 @@ void norm_bwd(NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor
               const Tensor& rstd, bool accumulate_dx) {
   const char* op = "norm_bwd";
   int64_t n = 0, h = 0;
-  const model::NormKind& k = check_norm(op, kind, x, weight, dbias, mean, &n, &h);
+  const NormOp& k = check_norm(op, kind, x, weight, dbias, mean, &n, &h);
   MG_CHECK(!accumulate_dx || dx.raw_data() != dout.raw_data(), op,
            ": dx may not alias dout when accumulating");
   const NormBwdArgs a{n, h, x.data<float>(), weight.data<float>(),
@@ -211,7 +210,7 @@ void norm_bwd(NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor
                       f32_of<float>(op, "dx", dx, n * h, true),
                       f32_of<float>(op, "dweight", dweight, h, true),
                       f32_of<float>(op, "dbias", dbias, h, false), accumulate_dx};
-  cpu::with_kind<model::kNormKindCount>(op, kind, [&]<NormId K>() { NormKernel<K>::bwd(a); });
+  cpu::with_kind<kNormOpCount>(op, kind, [&]<NormId K>() { NormKernel<K>::bwd(a); });
 }
 
 }  // namespace megatron::ops::cpu

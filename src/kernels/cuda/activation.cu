@@ -1,5 +1,5 @@
 // The MLP activations on the GPU (ops::activation_fwd / activation_bwd): one Activation<id> per
-// kind of model/layer_kinds.h with its per-element functions (a kind without one does not
+// kind of kernels/op_kinds.h with its per-element functions (a kind without one does not
 // compile: detail::with_kind), run by one element-wise kernel for plain kinds and one over
 // [gate | up] rows for gated ones. Exact libm forms (tanhf, erff, expf) where the CPU uses its
 // vectorised approximations; both agree within fp32 rounding.
@@ -9,7 +9,7 @@
 namespace megatron::cuda {
 
 using detail::stream;
-using model::ActivationId;
+using ops::ActivationId;
 
 namespace {
 
@@ -63,7 +63,7 @@ struct Activation<ActivationId::squared_relu> {
 };
 
 template <ActivationId K>
-constexpr bool kGated = model::kActivationKinds[size_t(K)].gated;
+constexpr bool kGated = ops::kActivationOps[size_t(K)].gated;
 
 // Plain: out[i] = act(x[i]) over numel. Gated: out [n, f] from x rows [gate | up] of 2f.
 template <ActivationId K>
@@ -99,7 +99,7 @@ __global__ void activation_bwd_kernel(float* dx, const float* dout, const float*
 // gated kind's half width f (0 for a plain one).
 int64_t check_activation(const char* op, ActivationId kind, const Tensor& x, const Tensor& half,
                          const char* half_name) {
-  const model::ActivationKind* k = model::find_activation_kind(kind);
+  const ops::ActivationOp* k = ops::find_activation_op(kind);
   if (k == nullptr) ops::detail::throw_no_kind_kernel(op, kind, x.device());
   detail::require_f32(op, "x", x);
   detail::require_f32(op, half_name, half);
@@ -122,7 +122,7 @@ void activation_fwd(ActivationId kind, const Tensor& out, const Tensor& x) {
   const int64_t f = check_activation(op, kind, x, out, "out");
   const int64_t count = out.numel();
   if (count == 0) return;
-  detail::with_kind<model::kActivationKindCount>(op, kind, x.device(), [&]<ActivationId K>() {
+  detail::with_kind<ops::kActivationOpCount>(op, kind, x.device(), [&]<ActivationId K>() {
     activation_fwd_kernel<K><<<detail::grid_for(count, kThreads), kThreads, 0, stream()>>>(
         out.data<float>(), x.data<float>(), count, f);
   });
@@ -136,7 +136,7 @@ void activation_bwd(ActivationId kind, const Tensor& dx, const Tensor& dout, con
   detail::require_same_numel(op, dx, x);
   const int64_t count = dout.numel();
   if (count == 0) return;
-  detail::with_kind<model::kActivationKindCount>(op, kind, x.device(), [&]<ActivationId K>() {
+  detail::with_kind<ops::kActivationOpCount>(op, kind, x.device(), [&]<ActivationId K>() {
     activation_bwd_kernel<K><<<detail::grid_for(count, kThreads), kThreads, 0, stream()>>>(
         dx.data<float>(), dout.data<float>(), x.data<float>(), count, f);
   });

@@ -57,12 +57,10 @@ void reset_peak_stats();        // the peaks restart from the current values
 void empty_cache();             // returns cached, unused blocks to the driver
 
 // ---- matrix products (cuBLASLt) -------------------------------------------------------------
-// As ops::gemm / ops::gemm_batched: row-major operands with unit inner stride, fp32 in and out,
+// As ops::gemm: row-major operands with unit inner stride, fp32 in and out,
 // fp32 accumulation (no TF32 unless allow_tf32(true)).
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           float alpha = 1.0f, float beta = 0.0f);
-void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-                  float alpha = 1.0f, float beta = 0.0f);
 void allow_tf32(bool on);
 
 // ---- the ops' kernels: each as its namesake in ops.h (same arguments, same meaning and errors) --
@@ -72,13 +70,13 @@ void vocab_parallel_embedding_fwd(const Tensor& out, const Tensor& ids, const Te
                                   int64_t vocab_start);
 void vocab_parallel_embedding_bwd(const Tensor& dweight, const Tensor& ids, const Tensor& dout,
                                   int64_t vocab_start);
-void norm_fwd(model::NormId kind, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+void norm_fwd(ops::NormId kind, const Tensor& out, const Tensor& mean, const Tensor& rstd,
               const Tensor& x, const Tensor& weight, const Tensor& bias, float eps);
-void norm_bwd(model::NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+void norm_bwd(ops::NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
               const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
               const Tensor& rstd, bool accumulate_dx);
-void activation_fwd(model::ActivationId kind, const Tensor& out, const Tensor& x);
-void activation_bwd(model::ActivationId kind, const Tensor& dx, const Tensor& dout,
+void activation_fwd(ops::ActivationId kind, const Tensor& out, const Tensor& x);
+void activation_bwd(ops::ActivationId kind, const Tensor& dx, const Tensor& dout,
                     const Tensor& x);
 void bias_add(const Tensor& x, const Tensor& bias);
 void bias_grad(const Tensor& dbias, const Tensor& dout);

@@ -153,7 +153,7 @@ BadId first_id_outside(const Tensor& ids, int64_t lo, int64_t hi);
 
 namespace megatron::cuda::detail {
 
-// The kernel of a kind (model/layer_kinds.h) for the kind-taking ops, as the CPU backend's
+// The kernel of a kind (kernels/op_kinds.h) for the kind-taking ops, as the CPU backend's
 // cpu::with_kind: calls fn.template operator()<Id(i)>() for the i of [0, Count) equal to `kind`.
 // Every kind's kernel is instantiated, so a kind without a CUDA kernel does not compile; an id
 // outside [0, Count) throws Error naming the op.

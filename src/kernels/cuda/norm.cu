@@ -1,5 +1,5 @@
 // The norms over the last dimension on the GPU (ops::norm_fwd / norm_bwd): one NormKernel<id> per
-// kind of model/layer_kinds.h (a kind without one does not compile: detail::with_kind). One block
+// kind of kernels/op_kinds.h (a kind without one does not compile: detail::with_kind). One block
 // per row forward and for dx; the weight and bias gradients are reduced in two deterministic
 // passes (per-chunk partial sums over rows in order, then the partials summed in chunk order).
 // Row statistics in fp32, two-pass mean and variance for LayerNorm, as the CPU kernels.
@@ -12,7 +12,7 @@ namespace megatron::cuda {
 
 using detail::f32_or_null;
 using detail::stream;
-using model::NormId;
+using ops::NormId;
 
 namespace {
 
@@ -146,10 +146,10 @@ __global__ void norm_dwb_final_kernel(float* dw, float* db, const float* partial
 
 // The kind's row, and x [n, h] with weight [h]; a bias exactly when the kind has one, a saved
 // mean only when it keeps one (the CPU kernels' checks).
-const model::NormKind& check_norm(const char* op, NormId kind, const Tensor& x,
+const ops::NormOp& check_norm(const char* op, NormId kind, const Tensor& x,
                                   const Tensor& weight, const Tensor& bias, const Tensor& mean,
                                   int64_t* n, int64_t* h) {
-  const model::NormKind* k = model::find_norm_kind(kind);
+  const ops::NormOp* k = ops::find_norm_op(kind);
   if (k == nullptr) ops::detail::throw_no_kind_kernel(op, kind, x.device());
   detail::require_f32(op, "x", x);
   MG_CHECK(x.dim() >= 1, op, ": x must have at least one dim");
@@ -179,7 +179,7 @@ void norm_fwd(NormId kind, const Tensor& out, const Tensor& mean, const Tensor& 
                   eps};
   if (n == 0) return;
   MG_CHECK(n < (int64_t(1) << 31), op, ": too many rows");
-  detail::with_kind<model::kNormKindCount>(op, kind, x.device(), [&]<NormId K>() {
+  detail::with_kind<ops::kNormOpCount>(op, kind, x.device(), [&]<NormId K>() {
     norm_fwd_kernel<K><<<unsigned(n), kThreads, 0, stream()>>>(a);
   });
   MG_CUDA_LAUNCH_CHECK();
@@ -190,7 +190,7 @@ void norm_bwd(NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor
               const Tensor& rstd, bool accumulate_dx) {
   const char* op = "norm_bwd";
   int64_t n = 0, h = 0;
-  const model::NormKind& k = check_norm(op, kind, x, weight, dbias, mean, &n, &h);
+  const ops::NormOp& k = check_norm(op, kind, x, weight, dbias, mean, &n, &h);
   MG_CHECK(!accumulate_dx || dx.raw_data() != dout.raw_data(), op,
            ": dx may not alias dout when accumulating");
   const BwdArgs a{n,
@@ -213,7 +213,7 @@ void norm_bwd(NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor
   Tensor pb = k.has_bias ? Tensor::empty({chunks, h}, DType::F32, x.device()) : Tensor();
   float* pbp = pb.defined() ? pb.data<float>() : nullptr;
   const unsigned col_blocks = unsigned((h + kThreads - 1) / kThreads);
-  detail::with_kind<model::kNormKindCount>(op, kind, x.device(), [&]<NormId K>() {
+  detail::with_kind<ops::kNormOpCount>(op, kind, x.device(), [&]<NormId K>() {
     // The weight partials first: dx may alias dout.
     norm_dwb_partial_kernel<K><<<dim3(col_blocks, unsigned(chunks)), kThreads, 0, stream()>>>(
         pw.data<float>(), pbp, a, rows_per_chunk);
