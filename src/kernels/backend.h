@@ -25,7 +25,7 @@
 
 // Every dispatched op of ops.h, in declaration order (alibi_slopes is a host helper, not an op).
 #define MG_FOR_EACH_OP(X)                                                                        \
-  X(gemm)                                                                                        \
+  X(gemm) X(gemm_batched)                                                                        \
   X(embedding_fwd) X(embedding_bwd) X(vocab_parallel_embedding_fwd)                              \
   X(vocab_parallel_embedding_bwd)                                                                \
   X(norm_fwd) X(norm_bwd) X(activation_fwd) X(activation_bwd)                                    \

@@ -62,6 +62,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
           float alpha, float beta) {
   MG_DISPATCH(gemm, a, trans_a, b, trans_b, c, alpha, beta);
 }
+void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                  float alpha, float beta) {
+  MG_DISPATCH(gemm_batched, a, trans_a, b, trans_b, c, alpha, beta);
+}
 
 bool gemm_computes_in(DType dtype, Device device) {
   if (dtype == DType::F32) return true;

@@ -35,6 +35,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
 // passes them (and its inputs cast to that dtype) to gemm; otherwise it multiplies fp32 working
 // copies. A host helper (not dispatched).
 bool gemm_computes_in(DType dtype, Device device);
+// Batched over dim 0 of 3-D operands ([batch, rows, cols], unit inner stride; a zero batch stride
+// broadcasts an operand), dtypes as gemm.
+void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                  float alpha = 1.0f, float beta = 0.0f);
 
 // ---- embedding ----------------------------------------------------------------------------------
 // out[i, :] = weight[ids[i], :]; ids int32 [n] (any shape, flattened); out [n, h]; weight [V, h].

@@ -80,6 +80,19 @@ void matmul_cases(Table& t) {
     gemm(a, false, b, false, c, 1.0f, 1.0f);
     return Outs{c};
   }, {half_tol});
+  t.add("gemm_batched", "bfloat16 3 x (16x32 @ 24x32^T)", [=](Device d) {
+    Tensor a = rnd(d, {3, 16, 32}, 10, 1.0f, DType::BF16), b = rnd(d, {3, 24, 32}, 11, 1.0f, DType::BF16);
+    Tensor c = rnd(d, {3, 16, 24}, 12);
+    gemm_batched(a, false, b, true, c, 1.0f, 0.5f);
+    return Outs{c};
+  }, {half_tol});
+  for (bool ta : {false, true})
+    t.add("gemm_batched", str("3 x (16x32 @ 32x24), trans_a ", ta, ", beta .5"), [=](Device d) {
+      Tensor a = rnd(d, ta ? Shape{3, 32, 16} : Shape{3, 16, 32}, 10), b = rnd(d, {3, 32, 24}, 11);
+      Tensor c = rnd(d, {3, 16, 24}, 12);
+      gemm_batched(a, ta, b, false, c, 1.0f, 0.5f);
+      return Outs{c};
+    }, {gemm_tol});
 }
 
 void embedding_cases(Table& t) {

@@ -138,6 +138,21 @@ TEST(CpuMatmul, InsideAnOpenMpRegionEachThreadMultipliesAlone) {
   }
 }
 
+TEST(CpuMatmul, BatchedProducts) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor a = randn({3, 16, 32}, 80).to(dt);
+    const Tensor b = randn({3, 24, 32}, 81).to(dt);
+    Tensor c = randn({3, 16, 24}, 82);
+    const Tensor c0 = c.clone();
+    gemm_batched(a, false, b, true, c, 1.0f, 0.5f);
+    for (int64_t z = 0; z < 3; ++z)
+      expect_within(str(dtype_name(dt), " batch ", z), c.select(0, z),
+                    reference(a.select(0, z), false, b.select(0, z), true, c0.select(0, z), 1.0f,
+                              0.5f),
+                    fp32_error(32));
+  }
+}
+
 TEST(CpuMatmul, BetaZeroIgnoresNaNsAndAnEmptySumScalesC) {
   for (DType dt : {DType::F32, DType::BF16})
     for (int64_t m : {1, 20}) {

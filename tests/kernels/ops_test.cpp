@@ -42,6 +42,21 @@ TEST(Ops, GemmAllTransposesAlphaBetaAndStridedViews) {
     }
 }
 
+TEST(Ops, GemmBatched) {
+  Tensor a = randn({3, 5, 7}, 4), b = randn({3, 6, 7}, 5), c = Tensor::zeros({3, 5, 6}, DType::F32);
+  gemm_batched(a, false, b, true, c);
+  std::vector<double> ref;
+  for (int64_t z = 0; z < 3; ++z)
+    for (int64_t i = 0; i < 5; ++i)
+      for (int64_t j = 0; j < 6; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < 7; ++p)
+          s += a.item_as_double((z * 5 + i) * 7 + p) * b.item_as_double((z * 6 + j) * 7 + p);
+        ref.push_back(s);
+      }
+  expect_close("gemm_batched", c, ref, 1e-5);
+}
+
 TEST(Ops, EmbeddingForwardBackwardDeterministic) {
   const int64_t V = 11, h = 6, n = 40;
   Tensor w = randn({V, h}, 6);

@@ -1,4 +1,4 @@
-// ops::gemm on the CPU: operand checks, then cpu::matmul (cpu_matmul.h:
+// ops::gemm and ops::gemm_batched on the CPU: operand checks, then cpu::matmul (cpu_matmul.h:
 // oneDNN for products, the matrix-vector loops for one output row or column). Operands may be
 // row-strided views (the row stride is the leading dimension), so column blocks of a fused matrix
 // (one head of the QKV output) are multiplied without copies. fp32 operands give an fp32 product;
@@ -46,6 +46,24 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
                mc = as_mat("gemm", "c", c, 0);
   check("gemm", ma, trans_a, mb, trans_b, mc);
   matmul(ma, trans_a, mb, trans_b, out(mc), mc.ld, alpha, beta);
+}
+
+void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                  float alpha, float beta) {
+  MG_CHECK(a.dim() == 3 && b.dim() == 3 && c.dim() == 3, "gemm_batched: operands must be 3-D");
+  const int64_t batch = c.size(0);
+  MG_CHECK(a.size(0) == batch && b.size(0) == batch, "gemm_batched: batch sizes differ");
+  MatRef ma = as_mat("gemm_batched", "a", a, 1), mb = as_mat("gemm_batched", "b", b, 1),
+         mc = as_mat("gemm_batched", "c", c, 1);
+  check("gemm_batched", ma, trans_a, mb, trans_b, mc);
+  const size_t ea = dtype_size(a.dtype()), eb = dtype_size(b.dtype());
+  const char* pa = static_cast<const char*>(ma.p);
+  const char* pb = static_cast<const char*>(mb.p);
+  for (int64_t i = 0; i < batch; ++i) {
+    ma.p = pa + size_t(i * a.stride(0)) * ea;
+    mb.p = pb + size_t(i * b.stride(0)) * eb;
+    matmul(ma, trans_a, mb, trans_b, out(mc) + i * c.stride(0), mc.ld, alpha, beta);
+  }
 }
 
 }  // namespace megatron::ops::cpu

@@ -1,4 +1,4 @@
-// Matrix products of the CPU backend on raw row-major operands, for ops::gemm
+// Matrix products of the CPU backend on raw row-major operands, for ops::gemm / gemm_batched
 // (cpu_gemm.cpp) and the attention kernels (cpu::sgemm). Three routes, chosen per call:
 //   - products with more than one output row and column go through oneDNN's matmul primitive
 //     (fp32, or bf16 x bf16 with fp32 accumulation and output: AMX tiles, AVX512-BF16 or

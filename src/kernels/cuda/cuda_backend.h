@@ -57,10 +57,12 @@ void reset_peak_stats();        // the peaks restart from the current values
 void empty_cache();             // returns cached, unused blocks to the driver
 
 // ---- matrix products (cuBLASLt) -------------------------------------------------------------
-// As ops::gemm: row-major operands with unit inner stride, fp32 in and out,
+// As ops::gemm / ops::gemm_batched: row-major operands with unit inner stride, fp32 in and out,
 // fp32 accumulation (no TF32 unless allow_tf32(true)).
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           float alpha = 1.0f, float beta = 0.0f);
+void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                  float alpha = 1.0f, float beta = 0.0f);
 void allow_tf32(bool on);
 
 // ---- the ops' kernels: each as its namesake in ops.h (same arguments, same meaning and errors) --

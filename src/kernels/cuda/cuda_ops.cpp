@@ -14,6 +14,7 @@ namespace {
 // Designated initializers follow MG_FOR_EACH_OP's order.
 constinit const ops::OpTable kOps = {
     .gemm = &cuda::gemm,
+    .gemm_batched = &cuda::gemm_batched,
     .embedding_fwd = &cuda::embedding_fwd,
     .embedding_bwd = &cuda::embedding_bwd,
     .vocab_parallel_embedding_fwd = &cuda::vocab_parallel_embedding_fwd,

@@ -38,29 +38,30 @@ LtState& lt() {
 }
 
 struct Operand {
-  int64_t rows, cols, ld;
+  int64_t rows, cols, ld, batch_stride;
   cudaDataType_t type;
 };
 
-// rows x cols row-major view of a 2-D tensor, unit inner stride.
-Operand operand(const char* op, const char* name, const Tensor& t) {
+// rows x cols row-major view of a 2-D or 3-D tensor (the last two dims), unit inner stride.
+Operand operand(const char* op, const char* name, const Tensor& t, int expected_dim) {
   MG_CHECK(t.defined() && t.device().is_cuda(), op, ": ", name, " must be a CUDA tensor");
   const DType dt = t.dtype();
   MG_CHECK(dt == DType::F32 || dt == DType::BF16 || dt == DType::F16, op, ": ", name,
            " must be float32, bfloat16 or float16, got ", dtype_name(dt));
-  MG_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D");
+  MG_CHECK(t.dim() == expected_dim, op, ": ", name, " must be ", expected_dim, "-D");
   MG_CHECK(t.stride(-1) == 1, op, ": ", name, " needs unit inner stride");
   const int64_t rows = t.size(-2), cols = t.size(-1);
   const int64_t ld = rows > 1 ? t.stride(-2) : cols;
   MG_CHECK(ld >= cols, op, ": ", name, " row stride smaller than its width");
   const cudaDataType_t type =
       dt == DType::F32 ? CUDA_R_32F : (dt == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F);
-  return {rows, cols, ld, type};
+  return {rows, cols, ld, expected_dim == 3 ? t.stride(0) : 0, type};
 }
 
 void matmul(const char* op, const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c,
-            float alpha, float beta) {
-  const Operand A = operand(op, "a", a), B = operand(op, "b", b), C = operand(op, "c", c);
+            float alpha, float beta, int dim) {
+  const Operand A = operand(op, "a", a, dim), B = operand(op, "b", b, dim),
+                C = operand(op, "c", c, dim);
   // As the CPU: both operands of one dtype, fp32 output; half-precision products accumulate in
   // fp32 (CUBLAS_COMPUTE_32F).
   MG_CHECK(a.dtype() == b.dtype(), op, ": a is ", dtype_name(a.dtype()), " and b ",
@@ -70,6 +71,10 @@ void matmul(const char* op, const Tensor& a, bool ta, const Tensor& b, bool tb, 
   const int64_t Kb = tb ? B.cols : B.rows, N = tb ? B.rows : B.cols;
   MG_CHECK(K == Kb && C.rows == M && C.cols == N, op, ": shapes do not match (", M, "x", K, " @ ",
            Kb, "x", N, " -> ", C.rows, "x", C.cols, ")");
+  const int64_t batch = dim == 3 ? c.size(0) : 1;
+  if (dim == 3)
+    MG_CHECK((a.size(0) == batch || A.batch_stride == 0) && (b.size(0) == batch || B.batch_stride == 0),
+             op, ": batch sizes differ");
   if (M == 0 || N == 0) return;
   LtState& s = lt();
   if (!s.workspace.defined()) s.workspace = Tensor::empty({int64_t(kWorkspaceBytes)}, DType::U8, c.device());
@@ -89,6 +94,14 @@ void matmul(const char* op, const Tensor& a, bool ta, const Tensor& b, bool tb, 
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, B.type, uint64_t(B.cols), uint64_t(B.rows), B.ld));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, A.type, uint64_t(A.cols), uint64_t(A.rows), A.ld));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, uint64_t(C.cols), uint64_t(C.rows), C.ld));
+  if (batch > 1) {
+    const int32_t bc = int32_t(batch);
+    for (auto [layout, stride] : {std::pair{la, B.batch_stride}, {lb, A.batch_stride}, {lc, C.batch_stride}}) {
+      MG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+      MG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+    }
+  }
   MG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t ws = kWorkspaceBytes;
   MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -111,9 +124,13 @@ void matmul(const char* op, const Tensor& a, bool ta, const Tensor& b, bool tb, 
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
           float beta) {
-  matmul("cuda::gemm", a, trans_a, b, trans_b, c, alpha, beta);
+  matmul("cuda::gemm", a, trans_a, b, trans_b, c, alpha, beta, 2);
 }
 
+void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                  float alpha, float beta) {
+  matmul("cuda::gemm_batched", a, trans_a, b, trans_b, c, alpha, beta, 3);
+}
 
 void allow_tf32(bool on) { lt().tf32 = on; }
 
