@@ -184,6 +184,21 @@ void SelfAttention::cached_attention(const LayerContext& ctx, const Tensor& qkv,
   ops::attention_fwd(out, Tensor(), Tensor(), in, m, sh, ops::DropoutSpec{});
 }
 
+// The operands of local attention: the fused QKV, with the block's relative position bias when
+// the spec reads it.
+ops::AttentionInputs SelfAttention::inputs(const LayerContext& ctx, const Tensor& qkv,
+                                           const ops::AttentionShape& sh) const {
+  ops::AttentionInputs in = self_inputs(qkv, sh);
+  if (spec_.relative_bias) {
+    MG_CHECK(ctx.attention_bias.defined() &&
+                 ctx.attention_bias.shape() == Shape({1, heads, ctx.seq, ctx.seq}),
+             "SelfAttention: the relative position bias [1, ", heads, ", ", ctx.seq, ", ",
+             ctx.seq, "] is missing from the layer context");
+    in.bias = ctx.attention_bias;
+  }
+  return in;
+}
+
 Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
   Tensor qkv = linear_qkv.forward(ctx, x);
   if (q_layernorm) qk_norm_forward(ctx, qkv);
@@ -213,7 +228,7 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
   } else if (C > 1) {
     allgather_attention_fwd(cp_, c, lse, probs, qkv, mask(ctx), sh, drop);
   } else {
-    ops::attention_fwd(c, lse, probs, self_inputs(qkv, sh), mask(ctx), sh, drop);
+    ops::attention_fwd(c, lse, probs, inputs(ctx, qkv, sh), mask(ctx), sh, drop);
   }
   Tensor y = linear_proj.forward(ctx, c);
   if (ctx.save) {
@@ -238,8 +253,16 @@ Tensor SelfAttention::backward(const LayerContext& ctx, const Tensor& dy) {
     dqkv = allgather_attention_bwd(cp_, dc, qkv_, ctx_, lse_, probs_, mask(ctx), sh, drop);
   } else {
     dqkv = Tensor::empty(qkv_.get().shape(), DType::F32, dc.device());
-    ops::attention_bwd({dqkv, dqkv, dqkv, Tensor()}, dc, ctx_, lse_, probs_,
-                       self_inputs(qkv_, sh), mask(ctx), sh, drop);
+    const ops::AttentionInputs in = inputs(ctx, qkv_, sh);
+    Tensor dbias;
+    if (in.bias.defined()) dbias = Tensor::empty(in.bias.shape(), DType::F32, dc.device());
+    ops::attention_bwd({dqkv, dqkv, dqkv, dbias}, dc, ctx_, lse_, probs_, in, mask(ctx), sh,
+                       drop);
+    if (dbias.defined()) {  // every layer of the block adds its part
+      MG_CHECK(ctx.attention_bias_grad.shape() == dbias.shape(),
+               "SelfAttention: no gradient buffer for the relative position bias");
+      ops::add(ctx.attention_bias_grad, ctx.attention_bias_grad, dbias);
+    }
   }
   qkv_.reset();
   lse_.reset();

@@ -20,7 +20,9 @@ namespace megatron::model {
   X(attention_mask_type) X(window_left) X(window_right) X(qk_layernorm) X(add_bias_linear)     \
   X(add_qkv_bias) X(untie_embeddings_and_output_weights) X(hidden_dropout) X(attention_dropout) \
   X(init_method_std) X(apply_query_key_layer_scaling) X(recompute_granularity)                \
-  X(recompute_method) X(recompute_num_layers) X(sequence_parallel) X(cp_comm_type)
+  X(recompute_method) X(recompute_num_layers) X(sequence_parallel) X(cp_comm_type)            \
+  X(decoder_num_layers) X(decoder_seq_length) X(relative_attention_num_buckets)               \
+  X(relative_attention_max_distance)
 
 void to_json(nlohmann::json& j, const TransformerConfig& c) {
   j = nlohmann::json::object();
@@ -87,9 +89,13 @@ void TransformerConfig::validate() const {
   (void)norm_kind(normalization);
   (void)activation_kind(activation);
   MG_REQUIRE(position_embedding_type == "learned_absolute" || position_embedding_type == "rope" ||
-                 position_embedding_type == "alibi" || position_embedding_type == "none",
+                 position_embedding_type == "alibi" || position_embedding_type == "none" ||
+                 position_embedding_type == "relative",
              "--position-embedding-type '", position_embedding_type,
-             "' is not one of: learned_absolute, rope, alibi, none");
+             "' is not one of: learned_absolute, rope, alibi, none, relative (T5 only)");
+  MG_REQUIRE(!relative_position_bias() || model_family == "t5", "--position-embedding-type "
+             "relative (the bucketed relative position bias) is T5's; the ", model_family,
+             " family supports learned_absolute, rope, alibi or none");
   MG_REQUIRE(attention_mask_type == "causal" || attention_mask_type == "bidirectional",
              "attention mask type '", attention_mask_type, "' is not one of: causal, bidirectional");
   if (rope()) {
