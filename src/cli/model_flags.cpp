@@ -45,8 +45,8 @@ void ModelFlags::add(CLI::App& sub, bool training) {
   sub.add_flag("--no-bias-gelu-fusion", no_bias_gelu_fusion,
                "Exact (erf) GeLU; Megatron's default fused bias-GeLU is the tanh form");
   sub.add_option("--position-embedding-type", m.position_embedding_type,
-                 "learned_absolute, rope, alibi or none")
-      ->check(CLI::IsMember({"learned_absolute", "rope", "alibi", "none"}))
+                 "learned_absolute, rope, alibi, none, or relative (T5)")
+      ->check(CLI::IsMember({"learned_absolute", "rope", "alibi", "none", "relative"}))
       ->capture_default_str();
   sub.add_flag("--no-position-embedding", no_position_embedding,
                "No learned absolute position embedding (Megatron's older flag)");
