@@ -103,6 +103,16 @@ const std::vector<ModelSetting>& model_settings() {
        [](TransformerConfig& d, const TransformerConfig& s) { d.add_qkv_bias = s.add_qkv_bias; }},
       field("untie_embeddings_and_output_weights", {"--untie-embeddings-and-output-weights"},
             &TransformerConfig::untie_embeddings_and_output_weights),
+      // ---- T5 (pretrain-t5)
+      {"decoder_num_layers", {"--decoder-num-layers"},
+       [](const TransformerConfig& c) { return text(c.decoder_layers()); },
+       [](TransformerConfig& d, const TransformerConfig& s) {
+         d.decoder_num_layers = s.decoder_num_layers;
+       }},
+      field("relative_attention_num_buckets", {"--relative-attention-num-buckets"},
+            &TransformerConfig::relative_attention_num_buckets),
+      field("relative_attention_max_distance", {"--relative-attention-max-distance"},
+            &TransformerConfig::relative_attention_max_distance),
   };
   return table;
 }

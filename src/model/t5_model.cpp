@@ -168,7 +168,8 @@ Tensor T5Model::run_forward(Pass& p, const Batch& in) {
              "T5 needs the encoder's tokens (text_enc) as an int32 [batch, encoder seq] tensor");
   MG_REQUIRE(in.tokens.defined() && in.tokens.dim() == 2 &&
                  in.tokens.size(0) == in.encoder_tokens.size(0),
-             "T5's decoder tokens (text_dec) must be [batch, decoder seq] with the encoder's batch ",
+             "T5's decoder tokens (text_dec) must be [batch, decoder seq] with the encoder's "
+             "batch ",
              in.encoder_tokens.size(0));
   const int64_t b = in.tokens.size(0), se = in.encoder_tokens.size(1), sd = in.tokens.size(1);
   // ---- encoder
@@ -187,8 +188,10 @@ Tensor T5Model::run_forward(Pass& p, const Batch& in) {
   auto relative_bias = [&](RelativePositionEmbedding& rel, LayerContext& ctx, int64_t s) {
     hooks_.before_forward(rel);
     ctx.attention_bias = rel.forward(s, s, device_);
-    if (save) ctx.attention_bias_grad = Tensor::zeros(ctx.attention_bias.shape(), DType::F32, device_);
-    else hooks_.after_forward(rel);
+    if (save)
+      ctx.attention_bias_grad = Tensor::zeros(ctx.attention_bias.shape(), DType::F32, device_);
+    else
+      hooks_.after_forward(rel);
   };
   if (encoder_relative_) relative_bias(*encoder_relative_, ectx, se);
   Tensor x = embed(ectx, eb);

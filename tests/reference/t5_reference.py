@@ -13,6 +13,8 @@ and pretrain_t5.py (get_batch, loss_func = pretrain_gpt.py's):
     (query = linear_q(x) viewed [s, b, np, hn]; linear_kv(encoder output) viewed [s, b, np, 2*hn]
     and split into key, value; the encoder's padding mask on the keys), then the MLP;
     decoder.final_layernorm;
+  - "rope": rotary embeddings (halves rotated) of the queries and keys of both self-attentions,
+    positions 0..s-1 of each side; cross-attention has none;
   - "relative": RelativePositionEmbedding (bidirectional buckets for the encoder, causal for the
     decoder), [1, np, sq, sk] added to the scaled scores of every self-attention of its block;
   - T5LMHead: logits = hidden @ word_embeddings^T + output bias (tied) or hidden @ own weight;
@@ -89,7 +91,8 @@ def main(d):
     eps = cfg["layernorm_epsilon"]
     one_p = 1.0 if cfg["apply_layernorm_1p"] else 0.0
     pos_type = cfg["position_embedding_type"]
-    assert pos_type in ("learned_absolute", "relative")
+    assert pos_type in ("learned_absolute", "relative", "rope")
+    assert cfg["rotary_percent"] == 1.0 and not cfg["rotary_interleaved"]
 
     def norm(x, prefix):
         w = P[prefix + ".weight"] + one_p
@@ -117,9 +120,18 @@ def main(d):
     def merge(c, s):
         return c.permute(0, 2, 1, 3).reshape(b, s, n * hd)
 
+    def rotary(x, s):  # rope_utils.apply_rotary_pos_emb, halves rotated, positions 0..s-1
+        inv = 1.0 / (cfg["rotary_base"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+        ang = torch.outer(torch.arange(s, dtype=torch.float64), inv)
+        ang = torch.cat([ang, ang], dim=-1)
+        x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
+        return x * torch.cos(ang) + torch.cat([-x2, x1], dim=-1) * torch.sin(ang)
+
     def self_attention(x, prefix, s, visible, bias):
         qkv = dense(x, prefix + ".linear_qkv").view(b, s, n, 3, hd)  # per head: q, k, v
         q, k, v = (qkv[:, :, :, i].permute(0, 2, 1, 3) for i in range(3))
+        if pos_type == "rope":
+            q, k = rotary(q, s), rotary(k, s)
         return dense(merge(attend(q, k, v, visible, bias), s), prefix + ".linear_proj")
 
     def cross_attention(x, ctx, prefix, visible):

@@ -67,7 +67,10 @@ TEST(T5Training, LowersTheLossOnMockSpanCorruption) {
   // The spans are arithmetic progressions: predictable from their context, so the loss falls
   // well below uniform over the padded vocabulary (ln 128 = 4.85).
   double first = 0, last = 0;
-  for (int i = 0; i < 5; ++i) first += s.losses[size_t(i)] / 5, last += s.losses[size_t(35 + i)] / 5;
+  for (int i = 0; i < 5; ++i) {
+    first += s.losses[size_t(i)] / 5;
+    last += s.losses[size_t(35 + i)] / 5;
+  }
   EXPECT_LT(last, first - 0.5) << "first 5: " << first << ", last 5: " << last;
 }
 
