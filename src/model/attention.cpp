@@ -71,7 +71,8 @@ SelfAttention::SelfAttention(const std::string& prefix, const TransformerConfig&
   }
 }
 
-ops::AttentionShape SelfAttention::shape(const LayerContext& ctx) const {
+ops::AttentionShape local_attention_shape(const LayerContext& ctx, int heads, int groups,
+                                          int head_dim, int head_offset, int total_heads) {
   ops::AttentionShape s;
   s.batch = ctx.batch;
   s.seq = ctx.seq;
@@ -82,6 +83,10 @@ ops::AttentionShape SelfAttention::shape(const LayerContext& ctx) const {
   s.head_offset = head_offset;
   s.total_heads = total_heads;
   return s;
+}
+
+ops::AttentionShape SelfAttention::shape(const LayerContext& ctx) const {
+  return local_attention_shape(ctx, heads, groups, head_dim, head_offset, total_heads);
 }
 
 ops::AttentionMask SelfAttention::mask(const LayerContext& ctx) const {

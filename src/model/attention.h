@@ -26,6 +26,12 @@
 
 namespace megatron::model {
 
+// The core attention op's geometry for this rank's `heads` (in `groups` query groups; heads
+// [head_offset, head_offset + heads) of the layer's total_heads) over the context's batch and
+// sequence, scaled by 1/sqrt(head_dim).
+ops::AttentionShape local_attention_shape(const LayerContext& ctx, int heads, int groups,
+                                          int head_dim, int head_offset, int total_heads);
+
 class SelfAttention : public Module {
  public:
   // `layer`: the global layer number (dropout streams, the KV cache). grad: allocate gradients.

@@ -1,7 +1,7 @@
 // Forward and backward of cross-attention (see cross_attention.h). All compute goes through ops.
 #include "model/cross_attention.h"
 
-#include <cmath>
+#include "model/attention.h"
 
 namespace megatron::model {
 
@@ -44,16 +44,9 @@ CrossAttention::CrossAttention(const std::string& prefix, const TransformerConfi
 }
 
 ops::AttentionShape CrossAttention::shape(const LayerContext& ctx) const {
-  ops::AttentionShape s;
-  s.batch = ctx.batch;
-  s.seq = ctx.seq;
+  ops::AttentionShape s =
+      local_attention_shape(ctx, heads, heads, head_dim, head_offset, total_heads);
   s.kv_seq = ctx.context_seq;
-  s.heads = heads;
-  s.groups = heads;
-  s.head_dim = head_dim;
-  s.softmax_scale = 1.0f / std::sqrt(float(head_dim));
-  s.head_offset = head_offset;
-  s.total_heads = total_heads;
   return s;
 }
 

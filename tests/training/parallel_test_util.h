@@ -246,4 +246,28 @@ inline void expect_same_curve(const TrainingSummary& got, const TrainingSummary&
 #define SKIP_ON_ONE_RANK() \
   if (world()->size() == 1) GTEST_SKIP() << "needs mpirun -np 2 or 4 (label mpi)"
 
+// One rank trains `base` (its train_iters) in one run and in two, stopped and saved at iteration
+// `split` then resumed: the resumed losses and the final parameters equal the uninterrupted
+// run's bit for bit.
+inline void expect_exact_resume(const TrainingArgs& base, const fs::path& dir, int64_t split) {
+  TrainingArgs full = base;
+  full.save = dir / "full";
+  full.save_interval = 1000;
+  const TrainingSummary whole = run_single(full);
+  TrainingArgs first = base;
+  first.save = dir / "resume";
+  first.save_interval = split;
+  first.exit_interval = split;
+  run_single(first);
+  TrainingArgs second = first;
+  second.load = first.save;
+  second.exit_interval = 0;
+  second.save_interval = 1000;
+  const TrainingSummary rest = run_single(second);
+  const size_t n = size_t(base.train_iters - split);
+  ASSERT_EQ(rest.losses.size(), n);
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(rest.losses[i], whole.losses[size_t(split) + i]) << i;
+  expect_same_params(second.save, full.save, base.train_iters, 0.0);
+}
+
 }  // namespace megatron::training::parallel_test

@@ -76,23 +76,7 @@ TEST(T5Training, LowersTheLossOnMockSpanCorruption) {
 
 TEST(T5Training, SaveAndResumeAreExact) {
   SharedDir dir;
-  TrainingArgs full = t5_args(dir.path());
-  full.save = dir / "full";
-  full.save_interval = 1000;
-  const TrainingSummary whole = run_single(full);
-  TrainingArgs first = t5_args(dir.path());
-  first.save = dir / "resume";
-  first.save_interval = 10;
-  first.exit_interval = 10;
-  run_single(first);
-  TrainingArgs second = first;
-  second.load = first.save;
-  second.exit_interval = 0;
-  second.save_interval = 1000;
-  const TrainingSummary rest = run_single(second);
-  ASSERT_EQ(rest.losses.size(), 10u);
-  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(rest.losses[i], whole.losses[10 + i]) << i;
-  expect_same_params(second.save, full.save, 20, 0.0);
+  expect_exact_resume(t5_args(dir.path()), dir.path(), 10);
 }
 
 TEST(T5Training, RefusesWhatItDoesNotSupport) {
