@@ -16,6 +16,19 @@
 
 namespace megatron::cli {
 
+// pretrain-t5's own flags (Megatron's names and defaults; pretrain_t5.cpp).
+struct T5Flags {
+  int encoder_num_layers = 0, decoder_num_layers = 0;
+  int encoder_seq_length = 0, decoder_seq_length = 0;
+  int relative_attention_num_buckets = 32, relative_attention_max_distance = 128;
+  double mask_prob = 0.15, short_seq_prob = 0.1;
+};
+void add_t5_flags(CLI::App& sub, T5Flags& f);
+// Megatron's validate_args for an encoder-decoder model: --num-layers or --encoder-num-layers
+// (one of them), --seq-length or --encoder-seq-length (one of them), --decoder-seq-length
+// required; the T5 family into a.model.
+void apply_t5_flags(const T5Flags& f, const ModelFlags& model, training::TrainingArgs& a);
+
 struct PretrainFlags {
   training::TrainingArgs a;
   ModelFlags model;
@@ -34,6 +47,9 @@ struct PretrainFlags {
   // pretrain-bert (pretrain_bert.py): the BERT family and its data flags.
   bool bert = false;
   data::BertDataConfig bert_data;
+  // pretrain-t5 (pretrain_t5.py): the T5 family and its flags (pretrain_t5.cpp).
+  bool t5 = false;
+  T5Flags t5_flags;
 };
 
 // Registers the shared training flags of pretrain-gpt and pretrain-bert on `sub`, writing into *f (which must outlive the parse).

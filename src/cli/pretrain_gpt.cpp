@@ -80,6 +80,7 @@ training::TrainingArgs resolve_pretrain_flags(PretrainFlags f) {
     a.mask_prob = f.bert_data.mask_prob;
     a.short_seq_prob = f.bert_data.short_seq_prob;
   }
+  if (f.t5) apply_t5_flags(f.t5_flags, f.model, a);
   f.moe.apply(a);  // after the model and the parallel sizes are resolved
   // The Ascend scripts' band of keys (--pre-tockens / --next-tockens) inside the causal mask.
   f.model.apply_band(a.model);
@@ -317,6 +318,16 @@ CommandRegistrar reg_bert("pretrain-bert",
   f->a.tokenizer.type = "BertWordPieceLowerCase";  // pretrain_bert.py's args_defaults
   add_pretrain_flags(sub, f.get());
   add_bert_data_flags(sub, f->bert_data);
+  sub.callback([f] { run(*f); });
+});
+
+CommandRegistrar reg_t5("pretrain-t5", "Pretrain a T5 model (Megatron-LM's pretrain_t5.py flags)",
+                        22, [](CLI::App& sub) {
+  auto f = std::make_shared<PretrainFlags>();
+  f->t5 = true;
+  f->a.tokenizer.type = "BertWordPieceLowerCase";  // pretrain_t5.py's args_defaults
+  add_pretrain_flags(sub, f.get());
+  add_t5_flags(sub, f->t5_flags);
   sub.callback([f] { run(*f); });
 });
 

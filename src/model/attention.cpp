@@ -82,7 +82,8 @@ SelfAttention::SelfAttention(const std::string& prefix, const TransformerConfig&
   }
 }
 
-ops::AttentionShape SelfAttention::shape(const LayerContext& ctx) const {
+ops::AttentionShape local_attention_shape(const LayerContext& ctx, int heads, int groups,
+                                          int head_dim, int head_offset, int total_heads) {
   ops::AttentionShape s;
   s.batch = ctx.batch;
   s.seq = ctx.seq;
@@ -93,6 +94,10 @@ ops::AttentionShape SelfAttention::shape(const LayerContext& ctx) const {
   s.head_offset = head_offset;
   s.total_heads = total_heads;
   return s;
+}
+
+ops::AttentionShape SelfAttention::shape(const LayerContext& ctx) const {
+  return local_attention_shape(ctx, heads, groups, head_dim, head_offset, total_heads);
 }
 
 ops::AttentionMask SelfAttention::mask(const LayerContext& ctx) const {
@@ -195,6 +200,21 @@ void SelfAttention::cached_attention(const LayerContext& ctx, const Tensor& qkv,
   ops::attention_fwd(out, Tensor(), Tensor(), in, m, sh, ops::DropoutSpec{});
 }
 
+// The operands of local attention: the fused QKV, with the block's relative position bias when
+// the spec reads it.
+ops::AttentionInputs SelfAttention::inputs(const LayerContext& ctx, const Tensor& qkv,
+                                           const ops::AttentionShape& sh) const {
+  ops::AttentionInputs in = self_inputs(qkv, sh);
+  if (spec_.relative_bias) {
+    MG_CHECK(ctx.attention_bias.defined() &&
+                 ctx.attention_bias.shape() == Shape({1, heads, ctx.seq, ctx.seq}),
+             "SelfAttention: the relative position bias [1, ", heads, ", ", ctx.seq, ", ",
+             ctx.seq, "] is missing from the layer context");
+    in.bias = ctx.attention_bias;
+  }
+  return in;
+}
+
 Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
   Tensor qkv = linear_qkv.forward(ctx, x);
   if (q_layernorm) qk_norm_forward(ctx, qkv);
@@ -225,7 +245,7 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
     allgather_attention_fwd(cp_, c, lse, probs, qkv, mask(ctx), sh, drop);
   } else {
     const Tensor operand = attention_operand(qkv, linear_qkv.weight.param.value.dtype());
-    ops::attention_fwd(c, lse, probs, self_inputs(operand, sh), mask(ctx), sh, drop);
+    ops::attention_fwd(c, lse, probs, inputs(ctx, operand, sh), mask(ctx), sh, drop);
   }
   Tensor y = linear_proj.forward(ctx, c);
   if (ctx.save) {
@@ -251,8 +271,16 @@ Tensor SelfAttention::backward(const LayerContext& ctx, const Tensor& dy) {
   } else {
     dqkv = Tensor::empty(qkv_.get().shape(), DType::F32, dc.device());
     const Tensor operand = attention_operand(qkv_, linear_qkv.weight.param.value.dtype());
-    ops::attention_bwd({dqkv, dqkv, dqkv, Tensor()}, dc, ctx_, lse_, probs_,
-                       self_inputs(operand, sh), mask(ctx), sh, drop);
+    const ops::AttentionInputs in = inputs(ctx, operand, sh);
+    Tensor dbias;
+    if (in.bias.defined()) dbias = Tensor::empty(in.bias.shape(), DType::F32, dc.device());
+    ops::attention_bwd({dqkv, dqkv, dqkv, dbias}, dc, ctx_, lse_, probs_, in, mask(ctx), sh,
+                       drop);
+    if (dbias.defined()) {  // every layer of the block adds its part
+      MG_CHECK(ctx.attention_bias_grad.shape() == dbias.shape(),
+               "SelfAttention: no gradient buffer for the relative position bias");
+      ops::add(ctx.attention_bias_grad, ctx.attention_bias_grad, dbias);
+    }
   }
   qkv_.reset();
   lse_.reset();

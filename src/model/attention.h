@@ -2,8 +2,9 @@
 //   qkv = linear_qkv(x)                      fused [N, g*(n/g+2)*d], Megatron-Core's layout
 //   q, k <- q_layernorm(q), k_layernorm(k)   per head, with --qk-layernorm
 //   q, k <- rotary(q, k; position)           with rotary position embeddings
-//   ctx = softmax(scale * q k^T + mask [+ ALiBi]) v   ops::attention_fwd: causal or bidirectional,
-//                                            optional window, key padding, document resets
+//   ctx = softmax(scale * q k^T + mask [+ ALiBi] [+ bias]) v   ops::attention_fwd: causal or bidirectional,
+//                                            optional window, key padding, document resets;
+//                                            bias: LayerContext::attention_bias (T5's relative)
 //   y = linear_proj(ctx)                     returned without its bias (bias-dropout-add adds it)
 // Tensor parallelism: this rank holds g/T query groups with their n/T heads (linear_qkv is
 // column-parallel: its dim-0 shard is whole query groups), linear_proj is row-parallel.
@@ -24,6 +25,12 @@
 #include "model/transformer_config.h"
 
 namespace megatron::model {
+
+// The core attention op's geometry for this rank's `heads` (in `groups` query groups; heads
+// [head_offset, head_offset + heads) of the layer's total_heads) over the context's batch and
+// sequence, scaled by 1/sqrt(head_dim).
+ops::AttentionShape local_attention_shape(const LayerContext& ctx, int heads, int groups,
+                                          int head_dim, int head_offset, int total_heads);
 
 class SelfAttention : public Module {
  public:
@@ -46,6 +53,8 @@ class SelfAttention : public Module {
  private:
   ops::AttentionShape shape(const LayerContext& ctx) const;
   ops::AttentionMask mask(const LayerContext& ctx) const;
+  ops::AttentionInputs inputs(const LayerContext& ctx, const Tensor& qkv,
+                              const ops::AttentionShape& sh) const;
   // Inference: attention of qkv's rows against the layer's KV cache, into out.
   void cached_attention(const LayerContext& ctx, const Tensor& qkv, const Tensor& out) const;
   // Rows of the [N * g * (n/g+2), d] view of fused QKV that hold query (or key) heads.

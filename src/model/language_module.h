@@ -62,7 +62,7 @@ class LanguageModule : public ModelChunk {
   LossResult forward_loss(const Batch& in);
   // [b, s, padded_vocab] fp32 language-model logits, no dropout. Under TP the vocabulary shards
   // are gathered. Only the input fields are read (tokens, positions, masks, token types).
-  Tensor forward_logits(const Batch& in);
+  virtual Tensor forward_logits(const Batch& in);
   Tensor forward_logits(const Tensor& tokens, const Tensor& position_ids,
                         const Tensor& attention_start = Tensor(),
                         const Tensor& padding_mask = Tensor());
@@ -125,6 +125,10 @@ class LanguageModule : public ModelChunk {
   // The layer context of one pass over `in` with the checks every chunk shares (see .cpp).
   LayerContext make_ctx(const Batch& in, bool training, bool save, uint64_t offset) const;
   const ModuleHooks& hooks() const { return hooks_; }
+  // Every module of the chunk (embedding, block, head modules; a family with more overrides it),
+  // and the initial weights of its parameters (each from its stream; see the .cpp).
+  virtual std::vector<Module*> modules();
+  virtual void init_weights();
   // The embedding's output for `in` (first chunk).
   Tensor embed(const LayerContext& ctx, const Batch& in);
 
@@ -149,9 +153,7 @@ class LanguageModule : public ModelChunk {
     BlockStash block;
     Tensor dout;  // last chunk: grad of the block's output
   };
-  void init_weights();
   void move_to_device();
-  std::vector<Module*> modules();  // embedding, block, head modules
   size_t held(const InFlight& st, const std::vector<const Module*>& live) const;
 
   std::map<int64_t, InFlight> in_flight_;

@@ -63,7 +63,7 @@ constexpr const ActivationKind* find_activation_kind(ActivationId id) {
 namespace megatron::model {
 
 // ---- how positions enter attention (--position-embedding-type) ---------------------------------
-enum class PositionEmbeddingId : uint8_t { learned_absolute, rope, alibi, none };
+enum class PositionEmbeddingId : uint8_t { learned_absolute, rope, alibi, none, relative };
 
 struct PositionEmbeddingKind {
   PositionEmbeddingId id;
@@ -76,6 +76,7 @@ inline constexpr PositionEmbeddingKind kPositionEmbeddingKinds[] = {
     {PositionEmbeddingId::rope, "rope", "rotary"},
     {PositionEmbeddingId::alibi, "alibi", ""},
     {PositionEmbeddingId::none, "none", ""},  // --no-position-embedding
+    {PositionEmbeddingId::relative, "relative", ""},  // T5's bucketed relative position bias
 };
 static_assert(ops::rows_in_id_order(kPositionEmbeddingKinds),
               "kPositionEmbeddingKinds: row i must be the kind with id i");

@@ -7,7 +7,8 @@
 //     squared_relu — selected by Megatron's flags (--swiglu, --squared-relu, --openai-gelu,
 //     --no-bias-gelu-fusion);
 //   - attention: causal or bidirectional mask, rotary / ALiBi positions, a sliding window, the
-//     optional per-head query/key norm.
+//     optional per-head query/key norm, a relative position bias;
+//   - an optional cross-attention with its pre-norm (encoder-decoder models).
 // A norm or activation kind is a row of layer_kinds.h: the modules run it through one pair of
 // ops (ops::norm_fwd / norm_bwd, ops::activation_fwd / activation_bwd) with the row's id and
 // take every per-kind property (bias, saved statistics, gated) from the row; the CLI, the
@@ -40,6 +41,7 @@ struct AttentionSpec {
   bool rope = false;                // rotary embedding of queries and keys
   bool alibi = false;               // ALiBi score bias
   const NormKind* qk_norm = nullptr;  // per-head norm of queries and keys (--qk-layernorm)
+  bool relative_bias = false;  // adds LayerContext::attention_bias to the scores (T5's relative)
 };
 
 struct MlpSpec {
@@ -53,6 +55,10 @@ enum class FfnKind { dense, moe };
 struct TransformerLayerSpec {
   const NormKind* input_layernorm = nullptr;
   AttentionSpec self_attention;
+  // Cross-attention (an encoder-decoder's decoder layer, Megatron-Core's pre_cross_attn_layernorm
+  // and CrossAttention): with a norm kind here, after self-attention the layer adds
+  // cross_attention(pre_cross_attn_layernorm(x)) over LayerContext::context; null: none.
+  const NormKind* pre_cross_attn_layernorm = nullptr;
   const NormKind* pre_mlp_layernorm = nullptr;
   MlpSpec mlp;
   FfnKind ffn = FfnKind::dense;

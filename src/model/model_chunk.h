@@ -37,6 +37,11 @@ struct Batch {
   // [b] int32 or undefined: a per-sequence class label (BERT's sentence order, "is_random"); -1
   // is ignored by the loss.
   Tensor sequence_labels = {};
+  // Encoder-decoder models (T5): tokens, labels and loss_mask above are the decoder's (text_dec,
+  // labels, loss_mask of Megatron's T5 batch; the decoder's padding is at its end, where the
+  // causal mask already keeps it from every real token), and the encoder reads these.
+  Tensor encoder_tokens = {};        // [b, se] int32 (text_enc)
+  Tensor encoder_padding_mask = {};  // [b, se] int32 or undefined: 0 marks padding (enc_mask)
 };
 
 // CP rank `rank` of `size`'s part of a micro-batch: every [b, S] tensor becomes [b, S/size], the

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "model/bert_model.h"
 #include "model/gpt_model.h"
+#include "model/t5_model.h"
 
 namespace megatron::model {
 
@@ -23,9 +24,16 @@ std::unique_ptr<ModelChunk> make_bert(const TransformerConfig& cfg, uint64_t see
   return std::make_unique<BertModel>(cfg, seed, tp, cp, place, options);
 }
 
+std::unique_ptr<ModelChunk> make_t5(const TransformerConfig& cfg, uint64_t seed,
+                                    const TensorParallel& tp, const ContextParallel& cp,
+                                    const ChunkPlace& place, const ModelOptions& options) {
+  return std::make_unique<T5Model>(cfg, seed, tp, cp, place, options);
+}
+
 constexpr ModelFamily kFamilies[] = {
     {"gpt", "pretrain-gpt", "decoder", validate_gpt, make_gpt},
     {"bert", "pretrain-bert", "encoder", BertModel::validate, make_bert},
+    {"t5", "pretrain-t5", "encoder", T5Model::validate, make_t5},
 };
 
 }  // namespace

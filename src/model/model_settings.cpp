@@ -213,7 +213,7 @@ const std::vector<ModelSetting>& model_settings() {
         ModelSetting s = field("position_embedding_type", Function,
                                {"--position-embedding-type", "--no-position-embedding",
                                 "--use-rotary-position-embeddings"},
-                               "learned_absolute, rope, alibi or none",
+                               "learned_absolute, rope, alibi, none, or relative (T5)",
                                &TC::position_embedding_type, names_of(position_embedding_kinds()));
         s.megatron_args = {"position_embedding_type", "add_position_embedding",
                            "use_rotary_position_embeddings"};
@@ -301,6 +301,37 @@ const std::vector<ModelSetting>& model_settings() {
             {"--untie-embeddings-and-output-weights"},
             "Separate output layer instead of the word embedding",
             &TC::untie_embeddings_and_output_weights),
+      // ---- T5 (pretrain-t5 registers their flags: cli/pretrain_t5.cpp)
+      custom(
+          "decoder_num_layers", Shape, {"--decoder-num-layers"}, {"decoder_num_layers"},
+          [](const TC& c) { return text(c.decoder_layers()); },
+          [](TC& d, const TC& s) { d.decoder_num_layers = s.decoder_num_layers; },
+          [](const TC& c, json& out) { out["decoder_num_layers"] = c.decoder_num_layers; },  // 0: None
+          [](const json& args, TC& c) { return take(args, "decoder_num_layers", c.decoder_num_layers); }),
+      custom(
+          "relative_attention_num_buckets", Function, {"--relative-attention-num-buckets"},
+          {"relative_attention_num_buckets"},
+          [](const TC& c) { return text(c.relative_attention_num_buckets); },
+          [](TC& d, const TC& s) { d.relative_attention_num_buckets = s.relative_attention_num_buckets; },
+          [](const TC& c, json& out) {
+            out["relative_attention_num_buckets"] = c.relative_attention_num_buckets;
+          },
+          [](const json& args, TC& c) {
+            return take(args, "relative_attention_num_buckets", c.relative_attention_num_buckets);
+          }),
+      custom(
+          "relative_attention_max_distance", Function, {"--relative-attention-max-distance"},
+          {"relative_attention_max_distance"},
+          [](const TC& c) { return text(c.relative_attention_max_distance); },
+          [](TC& d, const TC& s) {
+            d.relative_attention_max_distance = s.relative_attention_max_distance;
+          },
+          [](const TC& c, json& out) {
+            out["relative_attention_max_distance"] = c.relative_attention_max_distance;
+          },
+          [](const json& args, TC& c) {
+            return take(args, "relative_attention_max_distance", c.relative_attention_max_distance);
+          }),
   };
   return table;
 }

@@ -10,7 +10,7 @@ ops::DropoutSpec LayerContext::dropout(float p, int layer, int site,
   ops::DropoutSpec d;
   d.p = training ? p : 0.0f;
   d.seed = seed;
-  d.stream = (dropout_offset << 24) | (uint64_t(layer + 1) << 4) | uint64_t(site);
+  d.stream = (dropout_offset << 24) | (uint64_t(layer + layer_offset + 1) << 4) | uint64_t(site);
   d.element_offset = element_offset;
   return d;
 }

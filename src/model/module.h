@@ -45,6 +45,19 @@ struct LayerContext {
   Tensor rope_positions;
   // Generation with a KV cache (inference_context.h); null in training and evaluation.
   InferenceContext* inference = nullptr;
+  // ---- a block's extra inputs (encoder-decoder models, relative position bias)
+  // Added to every layer number in the dropout streams: a second block of the same model (T5's
+  // decoder after its encoder) draws masks of its own.
+  int layer_offset = 0;
+  // Self-attention's additive score bias [1, local heads, seq, seq] fp32 (a relative position
+  // bias), or undefined; backward ADDS the gradient into attention_bias_grad (same shape).
+  Tensor attention_bias, attention_bias_grad;
+  // Cross-attention's keys and values come from `context` [batch * context_seq, h] (the encoder's
+  // output; whole rows on every tensor-parallel rank), with the key padding context_padding
+  // [batch, context_seq] int32 (0: padding) or undefined; backward ADDS d(context) into
+  // context_grad (same shape as context).
+  Tensor context, context_grad, context_padding;
+  int64_t context_seq = 0;
   // Context parallelism (context_parallel.h): seq is this rank's S/C tokens (chunks cp_rank and
   // 2*cp_size-1-cp_rank of the sequence). Dropout masks are indexed by the element's position in
   // the unsplit tensors (for_each_sequence_run), so they do not depend on CP either.
@@ -80,7 +93,8 @@ struct LayerContext {
 };
 
 enum DropoutSite : int { kSiteEmbedding = 0, kSiteAttentionProbs = 1, kSiteAttentionOut = 2,
-                         kSiteMlpOut = 3 };
+                         kSiteMlpOut = 3, kSiteCrossAttentionProbs = 4,
+                         kSiteCrossAttentionOut = 5 };
 
 size_t bytes_of(const Tensor& t);
 

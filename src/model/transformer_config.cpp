@@ -21,7 +21,8 @@ namespace megatron::model {
   X(add_qkv_bias) X(untie_embeddings_and_output_weights) X(hidden_dropout) X(attention_dropout) \
   X(init_method_std) X(apply_query_key_layer_scaling) X(recompute_granularity)                \
   X(recompute_method) X(recompute_num_layers) X(sequence_parallel) X(cp_comm_type)          \
-  MG_MOE_CONFIG_FIELDS(X)
+  X(decoder_num_layers) X(decoder_seq_length) X(relative_attention_num_buckets)             \
+  X(relative_attention_max_distance) MG_MOE_CONFIG_FIELDS(X)
 
 // The mixture-of-experts block (model/moe/), in the same order as transformer_config.h.
 #define MG_MOE_CONFIG_FIELDS(X)                                                                 \
@@ -108,6 +109,9 @@ void TransformerConfig::validate() const {
   (void)activation_kind(activation);
   (void)position_embedding_kind(position_embedding_type);
   (void)attention_mask_kind(attention_mask_type);
+  MG_REQUIRE(!relative_position_bias() || model_family == "t5", "--position-embedding-type "
+             "relative (the bucketed relative position bias) is T5's; the ", model_family,
+             " family supports learned_absolute, rope, alibi or none");
   if (rope()) {
     MG_REQUIRE(rotary_percent > 0 && rotary_percent <= 1, "--rotary-percent must be in (0, 1] (got ",
                rotary_percent, ")");

@@ -26,6 +26,18 @@ struct TransformerConfig {
   // unless bert_binary_head is false: --bert-no-binary-head).
   std::string model_family = "gpt";
   bool bert_binary_head = true;
+  // ---- T5 (model family "t5"): num_layers is the encoder's depth (Megatron's --num-layers or
+  // --encoder-num-layers) and seq_length its sequence (--encoder-seq-length); the decoder has
+  // decoder_num_layers layers (--decoder-num-layers; 0: num_layers) over decoder_seq_length
+  // tokens (--decoder-seq-length). With position_embedding_type "relative", the bucketed
+  // relative position bias (--relative-attention-num-buckets, --relative-attention-max-distance).
+  int decoder_num_layers = 0;
+  int decoder_seq_length = 0;
+  int relative_attention_num_buckets = 32, relative_attention_max_distance = 128;
+  int decoder_layers() const { return decoder_num_layers > 0 ? decoder_num_layers : num_layers; }
+  bool relative_position_bias() const {
+    return position_embedding_id() == PositionEmbeddingId::relative;
+  }
 
   // ---- sizes
   int num_layers = 0, hidden_size = 0, num_attention_heads = 0;
@@ -43,7 +55,8 @@ struct TransformerConfig {
   // form; also --openai-gelu), "gelu" (exact erf: --no-bias-gelu-fusion, or --disable-bias-linear,
   // which turns the fusion off in Megatron), "swiglu" (--swiglu), "squared_relu" (--squared-relu).
   std::string activation = "gelu_tanh";
-  // --position-embedding-type: learned_absolute | rope | alibi | none (--no-position-embedding).
+  // --position-embedding-type: learned_absolute | rope | alibi | none (--no-position-embedding)
+  // | relative (T5 only).
   std::string position_embedding_type = "learned_absolute";
   float rotary_percent = 1.0f;   // --rotary-percent: fraction of each head's dims rotated
   double rotary_base = 10000.0;  // --rotary-base

@@ -81,6 +81,15 @@ TransformerLayer::TransformerLayer(int idx, const TransformerConfig& cfg,
       mlp(make_ffn(layer_prefix(block, idx) + ".mlp", cfg, spec, idx, tp_, grad)) {
   register_child(input_layernorm);
   register_child(self_attention);
+  if (spec.pre_cross_attn_layernorm) {
+    pre_cross_attn_layernorm = std::make_unique<Norm>(
+        layer_prefix(block, idx) + ".pre_cross_attn_layernorm", cfg.hidden_size,
+        *spec.pre_cross_attn_layernorm, cfg.params_dtype, norm_options(cfg, tp_, grad));
+    cross_attention = std::make_unique<CrossAttention>(layer_prefix(block, idx) + ".cross_attention",
+                                                       cfg, idx, tp_, grad);
+    register_child(*pre_cross_attn_layernorm);
+    register_child(*cross_attention);
+  }
   register_child(pre_mlp_layernorm);
   std::visit([this](Module& m) { register_child(m); }, mlp);
   MG_CHECK(parameters().size() == count_parameters(cfg, spec), "TransformerLayer::count_parameters "
@@ -98,7 +107,8 @@ size_t TransformerLayer::count_parameters(const TransformerConfig& cfg,
                          : 2 * linear;
   return norm(spec.input_layernorm) + (cfg.qkv_bias() ? 2 : 1) +
          (spec.self_attention.qk_norm ? 2 * norm(spec.self_attention.qk_norm) : 0) + linear +
-         norm(spec.pre_mlp_layernorm) + ffn;
+         norm(spec.pre_mlp_layernorm) + ffn +
+         (spec.pre_cross_attn_layernorm ? norm(spec.pre_cross_attn_layernorm) + 3 * linear : 0);
 }
 
 Tensor TransformerLayer::forward(const LayerContext& ctx, const Tensor& x) {
@@ -108,6 +118,14 @@ Tensor TransformerLayer::forward(const LayerContext& ctx, const Tensor& x) {
   Tensor x2 = Tensor::empty(x.shape(), DType::F32, x.device());
   bda_fwd(ctx, row0, x2, attn, bias_of(self_attention.linear_proj.bias), x, hidden_dropout, index,
           kSiteAttentionOut);
+  if (cross_attention) {
+    Tensor c = pre_cross_attn_layernorm->forward(ctx, x2);
+    Tensor ca = cross_attention->forward(ctx, c);
+    Tensor x3 = Tensor::empty(x.shape(), DType::F32, x.device());
+    bda_fwd(ctx, row0, x3, ca, bias_of(cross_attention->linear_proj.bias), x2, hidden_dropout,
+            index, kSiteCrossAttentionOut);
+    x2 = x3;
+  }
   Tensor m = pre_mlp_layernorm.forward(ctx, x2);
   Tensor mo = std::visit([&](auto& f) { return f.forward(ctx, m); }, mlp);
   Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
@@ -132,6 +150,13 @@ Tensor TransformerLayer::backward(const LayerContext& ctx, const Tensor& dy) {
   Tensor dm = std::visit([&](auto& f) { return f.backward(ctx, dmo); }, mlp);
   Tensor dx2 = dy.clone();
   pre_mlp_layernorm.backward_accumulate(ctx, dm, dx2);
+  if (cross_attention) {  // x2 += drop(cross_attention(ln(x2)) + b)
+    Tensor dca = Tensor::empty(dy.shape(), DType::F32, dy.device());
+    bda_bwd(ctx, row0, dca, bias_grad_of(cross_attention->linear_proj.bias), dx2, hidden_dropout,
+            index, kSiteCrossAttentionOut);
+    Tensor dc = cross_attention->backward(ctx, dca);
+    pre_cross_attn_layernorm->backward_accumulate(ctx, dc, dx2);
+  }
   // Attention branch: x2 = x + drop(attn(ln1(x)) + b)
   Tensor dattn = dmo;  // reuse the buffer
   bda_bwd(ctx, row0, dattn, bias_grad_of(self_attention.linear_proj.bias), dx2, hidden_dropout,

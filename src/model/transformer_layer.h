@@ -1,5 +1,7 @@
 // One decoder layer (Megatron-Core's TransformerLayer), its parts chosen by the layer spec:
 //   x2 = x + dropout(self_attention(input_layernorm(x)) + b_proj)
+//   x2 = x2 + dropout(cross_attention(pre_cross_attn_layernorm(x2)) + b_proj)   with a
+//        cross-attention in the spec (an encoder-decoder's decoder layer)
 //   y  = x2 + dropout(mlp(pre_mlp_layernorm(x2)) + b_fc2)
 // The FFN slot `mlp` is a closed variant (TransformerLayerSpec::ffn): a dense MLP or an MoE layer
 // (model/moe/moe_layer.h; no fc2 bias), both named <block>.layers.<index>.mlp.
@@ -11,7 +13,10 @@
 #include <string>
 #include <variant>
 
+#include <memory>
+
 #include "model/attention.h"
+#include "model/cross_attention.h"
 #include "model/layer_spec.h"
 #include "model/mlp.h"
 #include "model/module.h"
@@ -39,6 +44,8 @@ class TransformerLayer : public Module {
   TensorParallel tp;
   Norm input_layernorm;
   SelfAttention self_attention;
+  std::unique_ptr<Norm> pre_cross_attn_layernorm;  // with the spec's cross-attention
+  std::unique_ptr<CrossAttention> cross_attention;
   Norm pre_mlp_layernorm;
   std::variant<MLP, MoELayer> mlp;
   MoELayer* moe() { return std::get_if<MoELayer>(&mlp); }

@@ -77,6 +77,8 @@ std::string megatron_bert_type(const model::TransformerConfig& c) {
 
 std::string hf_model_type(const model::TransformerConfig& c) {
   if (c.model_family == "bert") return megatron_bert_type(c);
+  MG_REQUIRE(c.model_family != "t5", "cannot export a T5 checkpoint to Hugging Face transformers "
+             "yet: GPT (gpt2, llama) and BERT (megatron-bert) checkpoints are exported");
   auto refuse = [](const std::string& setting, const std::string& why) {
     MG_THROW("cannot export to Hugging Face transformers: ", setting, ": ", why,
              "; transformers' GPT2LMHeadModel and LlamaForCausalLM cannot express it, and an "

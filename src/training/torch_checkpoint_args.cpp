@@ -44,7 +44,8 @@ bool is_unset(const std::string& name, const json& v) {
   static const std::set<std::string> zero_is_none = {
       "num_layers_per_virtual_pipeline_stage", "train_samples", "train_iters", "lr_decay_iters",
       "lr_decay_samples", "lr_wsd_decay_iters", "lr_wsd_decay_samples", "loss_scale",
-      "exit_interval", "exit_duration_in_mins", "ddp_bucket_size", "vocab_size", "save_interval"};
+      "exit_interval", "exit_duration_in_mins", "ddp_bucket_size", "vocab_size", "save_interval",
+      "decoder_num_layers", "decoder_seq_length"};
   static const std::set<std::string> negative_is_none = {
       "lr", "ckpt_step", "start_weight_decay", "end_weight_decay", "lr_warmup_fraction"};
   if (v.is_string()) return v.get<std::string>().empty();

@@ -125,6 +125,9 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
              "Megatron-LM's torch format for mixture-of-experts checkpoints is not built yet; "
              "keep this build's checkpoint format for MoE models");
   const TrainingArgs a = training_args_from_json(args_json);
+  MG_REQUIRE(a.model.model_family != "t5", "Megatron-LM's model_optim_rng.pt is written for GPT "
+             "and BERT checkpoints; T5's (cross-attention, relative position bias) is not "
+             "supported yet: keep --ckpt-format torch_dist");
   const model::PipelineLayout layout =
       model::PipelineLayout::make(a.model.num_layers, P, layers_per_virtual_stage);
   const int V = layout.num_chunks;

@@ -39,6 +39,15 @@ void validate_args(const TrainingArgs& a) {
     MG_REQUIRE(a.short_seq_prob >= 0 && a.short_seq_prob <= 1,
                "--short-seq-prob must be in [0, 1] (got ", a.short_seq_prob, ")");
   }
+  if (a.model.model_family == "t5") {  // pretrain_t5.py
+    MG_REQUIRE(!a.data.reset_position_ids && !a.data.reset_attention_mask && !a.data.eod_mask_loss,
+               "--reset-position-ids, --reset-attention-mask and --eod-mask-loss belong to GPT's "
+               "documents; T5's samples are span-corrupted sentences with their own padding");
+    MG_REQUIRE(a.mask_prob > 0 && a.mask_prob < 1, "--mask-prob must be in (0, 1) (got ",
+               a.mask_prob, ")");
+    MG_REQUIRE(a.ckpt_format != "torch", "--ckpt-format torch (Megatron-LM's model_optim_rng.pt) "
+               "is not written for T5 yet; keep the default --ckpt-format torch_dist");
+  }
   MG_REQUIRE(a.train_epochs == 0, "--train-epochs is not a Megatron-LM pretraining flag (only its "
              "finetuning tasks take --epochs); give the length as --train-iters N or --train-samples N");
   MG_REQUIRE(!(a.train_iters > 0 && a.train_samples > 0),

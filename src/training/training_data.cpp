@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "data/bert_dataset.h"
 #include "data/data_builder.h"
+#include "training/t5_mock_data.h"
 #include "training/trainer.h"
 
 namespace megatron::training {
@@ -127,6 +128,12 @@ data::BertDataConfig bert_data_config(const TrainingArgs& a, const data::Tokeniz
 std::unique_ptr<TrainingData> build_training_data(const TrainingArgs& a,
                                                   const data::Tokenizer& tokenizer,
                                                   std::array<int64_t, 3> num_samples) {
+  if (a.model.model_family == "t5") {
+    MG_REQUIRE(a.mock_data, "pretrain-t5 reads Megatron's T5 span-corruption dataset from "
+               "--data-path, which this build does not have yet; train on --mock-data (synthetic "
+               "span corruption) for now");
+    return build_t5_mock_data(t5_mock_config(a, tokenizer), num_samples);
+  }
   if (a.model.model_family == "bert")
     return std::make_unique<BertTrainingData>(
         data::build_bert_datasets(bert_data_config(a, tokenizer), num_samples),

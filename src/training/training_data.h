@@ -1,6 +1,7 @@
 // The data of a pretraining run as the loop sees it: the train, validation and test splits and
 // the micro-batches taken from them, one interface over the families' datasets (GPT's
-// data/data_builder.h, BERT's masked samples data/bert_dataset.h). A micro-batch is a
+// data/data_builder.h, BERT's masked samples data/bert_dataset.h, T5's synthetic
+// span corruption of --mock-data, t5_mock_data.h). A micro-batch is a
 // model::Batch with the fields the family's model reads.
 #pragma once
 

@@ -26,7 +26,8 @@ model::Batch TrainingRun::micro_batch(DataSplit split, int64_t first) const {
       data->micro_batch(split, first, mbs, ps.dp_rank(), dp()), ps.cp_rank(), ps.cp_size());
   if (!device.is_cpu())  // the batch is made on the host: one copy of each tensor to the model
     for (Tensor* t : {&out.tokens, &out.position_ids, &out.attention_start, &out.labels,
-                      &out.loss_mask, &out.padding_mask, &out.token_types, &out.sequence_labels})
+                      &out.loss_mask, &out.padding_mask, &out.token_types, &out.sequence_labels,
+                      &out.encoder_tokens, &out.encoder_padding_mask})
       if (t->defined()) *t = t->contiguous().to(device);
   return out;
 }

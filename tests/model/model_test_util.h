@@ -130,4 +130,29 @@ inline void expect_close_to_reference(const std::string& what, const float* got,
                     << worst << " (scale " << scale << ")";
 }
 
+// A reference script's parameters: their names and shapes into j["params"], their values (as
+// float32, in parameters() order) into dir/weights.bin.
+template <class Json>
+void write_parameters(LanguageModule& m, const std::filesystem::path& dir, Json& j) {
+  std::ofstream wf(dir / "weights.bin", std::ios::binary);
+  for (Parameter* p : m.parameters()) {
+    j["params"].push_back({{"name", p->name}, {"shape", p->value.shape()}});
+    Tensor v = p->value.to(DType::F32);
+    append(wf, v.data<float>(), v.numel());
+  }
+}
+
+// Every parameter's gradient against the reference's values ref[off..] (parameters() order);
+// the reference must end with the last gradient.
+inline void expect_grads_close_to_reference(LanguageModule& m, const std::vector<double>& ref,
+                                            int64_t off, double rtol) {
+  for (Parameter* p : m.parameters()) {
+    ASSERT_LE(off + p->grad.numel(), int64_t(ref.size()));
+    expect_close_to_reference(p->name + " grad", p->grad.data<float>(), ref.data() + off,
+                              p->grad.numel(), rtol);
+    off += p->grad.numel();
+  }
+  EXPECT_EQ(off, int64_t(ref.size()));
+}
+
 }  // namespace megatron::model::testing

@@ -1,0 +1,50 @@
+// Cross-attention (Megatron-Core's CrossAttention with the local core attention), the attention of
+// an encoder-decoder's decoder layer over the encoder's output:
+//   q  = linear_q(x)                  [Nq, n*d]    from the layer's (normed) input
+//   kv = linear_kv(context)           [Nk, n*2*d]  per head its key then its value (Megatron's
+//                                                  [sk, b, np, 2*hn] view of linear_kv's output)
+//   c  = softmax(q k^T / sqrt(d) + key padding) v   ops::attention_fwd, bidirectional, no bias
+//   y  = linear_proj(c)               returned without its bias (bias-dropout-add adds it)
+// Megatron-Core has no grouped-query cross-attention: every head has its own key and value.
+// The context and its padding mask come with the LayerContext (context, context_padding); the
+// gradient of the context is ADDED into ctx.context_grad, since every decoder layer reads it.
+// Tensor parallelism: linear_q and linear_kv are column-parallel (this rank's n/T heads),
+// linear_proj row-parallel, as in self-attention.
+#pragma once
+
+#include <string>
+
+#include "model/module.h"
+#include "model/parallel_layers.h"
+#include "model/transformer_config.h"
+
+namespace megatron::model {
+
+class CrossAttention : public Module {
+ public:
+  // `layer`: the global layer number (dropout streams).
+  CrossAttention(const std::string& prefix, const TransformerConfig& cfg, int layer,
+                 const TensorParallel& tp = TensorParallel::none(), bool grad = true);
+  // x [N, h] (the decoder's rows) -> [N, h], without linear_proj's bias.
+  Tensor forward(const LayerContext& ctx, const Tensor& x);
+  // -> dx; d(context) is added into ctx.context_grad.
+  Tensor backward(const LayerContext& ctx, const Tensor& dy);
+
+  ColumnParallelLinear linear_q, linear_kv;
+  RowParallelLinear linear_proj;
+  int heads, head_dim, head_offset, total_heads, layer;
+  float attention_dropout;
+
+ private:
+  ops::AttentionShape shape(const LayerContext& ctx) const;
+  ops::AttentionMask mask(const LayerContext& ctx) const;
+  ops::AttentionInputs inputs(const Tensor& q, const Tensor& kv, const LayerContext& ctx) const;
+
+  SavedTensor q_{this, "q", "[Nq, n*d] linear_q output"};
+  SavedTensor kv_{this, "kv", "[Nk, n*2*d] linear_kv output"};
+  SavedTensor lse_{this, "lse", "[b, n, sq] softmax log-sum-exp"};
+  SavedTensor probs_{this, "probs", "[b, n, sq, sk] (not kept under selective recompute)"};
+  SavedTensor ctx_{this, "ctx", "[Nq, n*d] input of linear_proj"};
+};
+
+}  // namespace megatron::model
