@@ -18,9 +18,9 @@ namespace megatron::cli {
 
 // pretrain-t5's own flags (Megatron's names and defaults; pretrain_t5.cpp).
 struct T5Flags {
-  int encoder_num_layers = 0, decoder_num_layers = 0;
+  // (--decoder-num-layers and the relative-attention sizes are model settings: ModelFlags)
+  int encoder_num_layers = 0;
   int encoder_seq_length = 0, decoder_seq_length = 0;
-  int relative_attention_num_buckets = 32, relative_attention_max_distance = 128;
   double mask_prob = 0.15, short_seq_prob = 0.1;
 };
 void add_t5_flags(CLI::App& sub, T5Flags& f);

@@ -1,8 +1,8 @@
 // `megatron pretrain-t5`: Megatron-LM's pretrain_t5.py on pretrain-gpt's flags (model, batch,
 // schedule, precision, parallelism, checkpoint, evaluation, logging; pretrain_gpt.cpp) plus T5's:
-// --encoder-num-layers / --decoder-num-layers, --encoder-seq-length / --decoder-seq-length,
-// --relative-attention-num-buckets / --relative-attention-max-distance (with
-// --position-embedding-type relative), --mask-prob, --short-seq-prob, and
+// --encoder-num-layers, --encoder-seq-length / --decoder-seq-length, --mask-prob,
+// --short-seq-prob (--decoder-num-layers and --relative-attention-num-buckets /
+// --relative-attention-max-distance are model settings: model/model_settings.cpp), and
 // --tokenizer-type BertWordPieceLowerCase by default (pretrain_t5.py's args_defaults). The model
 // is model::T5Model; data come from --mock-data (training/t5_mock_data.h) until T5's
 // span-corruption dataset over --data-path is in. The command is registered with pretrain-gpt's
@@ -15,17 +15,9 @@ namespace megatron::cli {
 void add_t5_flags(CLI::App& sub, T5Flags& f) {
   sub.add_option("--encoder-num-layers", f.encoder_num_layers,
                  "Encoder layers (instead of --num-layers)");
-  sub.add_option("--decoder-num-layers", f.decoder_num_layers,
-                 "Decoder layers (default: the encoder's)");
   sub.add_option("--encoder-seq-length", f.encoder_seq_length,
                  "Encoder sequence length (instead of --seq-length)");
   sub.add_option("--decoder-seq-length", f.decoder_seq_length, "Decoder sequence length");
-  sub.add_option("--relative-attention-num-buckets", f.relative_attention_num_buckets,
-                 "Buckets of the relative position bias (--position-embedding-type relative)")
-      ->capture_default_str();
-  sub.add_option("--relative-attention-max-distance", f.relative_attention_max_distance,
-                 "Distance from which relative positions share the last bucket")
-      ->capture_default_str();
   sub.add_option("--mask-prob", f.mask_prob, "Probability of masking a token (span starts)")
       ->capture_default_str();
   sub.add_option("--short-seq-prob", f.short_seq_prob,
@@ -42,7 +34,6 @@ void apply_t5_flags(const T5Flags& f, const ModelFlags& flags, training::Trainin
     m.num_layers = f.encoder_num_layers;
   }
   MG_REQUIRE(m.num_layers > 0, "pretrain-t5 needs --num-layers or --encoder-num-layers");
-  m.decoder_num_layers = f.decoder_num_layers;
   if (f.encoder_seq_length > 0) {
     MG_REQUIRE(!flags.given("--seq-length"),
                "cannot have both --seq-length and --encoder-seq-length (Megatron's validate_args)");
@@ -54,8 +45,6 @@ void apply_t5_flags(const T5Flags& f, const ModelFlags& flags, training::Trainin
   MG_REQUIRE(f.decoder_seq_length > 0, "pretrain-t5 needs --decoder-seq-length (the decoder's "
              "tokens per sample)");
   m.decoder_seq_length = f.decoder_seq_length;
-  m.relative_attention_num_buckets = f.relative_attention_num_buckets;
-  m.relative_attention_max_distance = f.relative_attention_max_distance;
   a.mask_prob = f.mask_prob;
   a.short_seq_prob = f.short_seq_prob;
 }

@@ -301,37 +301,20 @@ const std::vector<ModelSetting>& model_settings() {
             {"--untie-embeddings-and-output-weights"},
             "Separate output layer instead of the word embedding",
             &TC::untie_embeddings_and_output_weights),
-      // ---- T5 (pretrain-t5 registers their flags: cli/pretrain_t5.cpp)
-      custom(
-          "decoder_num_layers", Shape, {"--decoder-num-layers"}, {"decoder_num_layers"},
-          [](const TC& c) { return text(c.decoder_layers()); },
-          [](TC& d, const TC& s) { d.decoder_num_layers = s.decoder_num_layers; },
-          [](const TC& c, json& out) { out["decoder_num_layers"] = c.decoder_num_layers; },  // 0: None
-          [](const json& args, TC& c) { return take(args, "decoder_num_layers", c.decoder_num_layers); }),
-      custom(
-          "relative_attention_num_buckets", Function, {"--relative-attention-num-buckets"},
-          {"relative_attention_num_buckets"},
-          [](const TC& c) { return text(c.relative_attention_num_buckets); },
-          [](TC& d, const TC& s) { d.relative_attention_num_buckets = s.relative_attention_num_buckets; },
-          [](const TC& c, json& out) {
-            out["relative_attention_num_buckets"] = c.relative_attention_num_buckets;
-          },
-          [](const json& args, TC& c) {
-            return take(args, "relative_attention_num_buckets", c.relative_attention_num_buckets);
-          }),
-      custom(
-          "relative_attention_max_distance", Function, {"--relative-attention-max-distance"},
-          {"relative_attention_max_distance"},
-          [](const TC& c) { return text(c.relative_attention_max_distance); },
-          [](TC& d, const TC& s) {
-            d.relative_attention_max_distance = s.relative_attention_max_distance;
-          },
-          [](const TC& c, json& out) {
-            out["relative_attention_max_distance"] = c.relative_attention_max_distance;
-          },
-          [](const json& args, TC& c) {
-            return take(args, "relative_attention_max_distance", c.relative_attention_max_distance);
-          }),
+      // ---- T5 (pretrain-t5)
+      [] {
+        ModelSetting s = field("decoder_num_layers", Shape, {"--decoder-num-layers"},
+                               "T5: decoder layers (default: the encoder's)",
+                               &TC::decoder_num_layers);  // 0 is Megatron's None
+        s.show = [](const TC& c) { return text(c.decoder_layers()); };
+        return s;
+      }(),
+      field("relative_attention_num_buckets", Function, {"--relative-attention-num-buckets"},
+            "T5: buckets of the relative position bias (--position-embedding-type relative)",
+            &TC::relative_attention_num_buckets),
+      field("relative_attention_max_distance", Function, {"--relative-attention-max-distance"},
+            "T5: distance from which relative positions share the last bucket",
+            &TC::relative_attention_max_distance),
   };
   return table;
 }
