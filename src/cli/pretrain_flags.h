@@ -20,8 +20,9 @@ namespace megatron::cli {
 struct T5Flags {
   // (--decoder-num-layers and the relative-attention sizes are model settings: ModelFlags)
   int encoder_num_layers = 0;
-  int encoder_seq_length = 0, decoder_seq_length = 0;
-  double mask_prob = 0.15, short_seq_prob = 0.1;
+  // --encoder-seq-length, --decoder-seq-length, --mask-prob, --short-seq-prob (the data
+  // library's flags, bert_data_flags.h)
+  data::T5DataConfig data;
 };
 void add_t5_flags(CLI::App& sub, T5Flags& f);
 // Megatron's validate_args for an encoder-decoder model: --num-layers or --encoder-num-layers

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "data/bert_dataset.h"
 #include "data/data_builder.h"
+#include "data/t5_dataset.h"
 #include "training/t5_mock_data.h"
 #include "training/trainer.h"
 
@@ -104,35 +105,92 @@ class BertTrainingData final : public TrainingData {
   bool binary_head_;
 };
 
-data::BertDataConfig bert_data_config(const TrainingArgs& a, const data::Tokenizer& tokenizer) {
-  data::BertDataConfig c;
+// T5: Megatron's T5MaskedWordPieceDataset splits and pretrain_t5.py's get_batch: the encoder's
+// and decoder's tokens, labels (-1 on padding, outside the loss mask) and the encoder's padding
+// mask (1 = token) that its self-attention and the cross-attention take as key padding; the
+// decoder's self-attention is causal (dec_mask is not needed).
+class T5TrainingData final : public TrainingData {
+ public:
+  explicit T5TrainingData(data::T5Datasets ds) : ds_(std::move(ds)) {}
+
+  int64_t size(DataSplit s) const override {
+    const data::T5SampleSource* d = split(s);
+    return d ? d->size() : 0;
+  }
+
+  model::Batch micro_batch(DataSplit s, int64_t first, int64_t mbs, int dp_rank,
+                           int dp) const override {
+    const data::T5SampleSource* d = split(s);
+    MG_CHECK(d != nullptr, "micro_batch of an empty split");
+    const int64_t lo = first + int64_t(dp_rank) * mbs;
+    MG_REQUIRE(first >= 0 && lo + mbs <= d->size(), "samples [", first, ", ", first + mbs * dp,
+               ") run past the end of the split's ", d->size(), " samples");
+    std::vector<int64_t> ids;
+    for (int64_t k = 0; k < mbs; ++k) ids.push_back(lo + k);
+    const data::T5Batch b = data::make_t5_batch(*d, ids);
+    model::Batch in;
+    in.encoder_tokens = b.tokens_enc;
+    in.encoder_padding_mask = b.enc_mask;
+    in.tokens = b.tokens_dec;
+    in.labels = b.labels;
+    in.loss_mask = b.loss_mask;
+    return in;
+  }
+
+ private:
+  const data::T5SampleSource* split(DataSplit s) const {
+    switch (s) {
+      case DataSplit::train: return ds_.train.get();
+      case DataSplit::valid: return ds_.valid.get();
+      case DataSplit::test: return ds_.test.get();
+    }
+    return nullptr;
+  }
+  data::T5Datasets ds_;
+};
+
+// The data flags BERT and T5 share (MaskedDataConfig).
+void fill_masked_data_config(const TrainingArgs& a, const data::Tokenizer& tokenizer,
+                             data::MaskedDataConfig& c) {
   c.data_path = a.data.data_path;
   c.train_data_path = a.data.train_data_path;
   c.valid_data_path = a.data.valid_data_path;
   c.test_data_path = a.data.test_data_path;
   c.split = a.data.split;
-  c.seq_length = a.model.seq_length;
   c.seed = uint32_t(a.seed);
   c.data_cache_path = a.data.data_cache_path;
   c.tokenizer = tokenizer.type();
   c.mid_level_dataset_surplus = a.data.mid_level_dataset_surplus;
   c.mask_prob = a.mask_prob;
   c.short_seq_prob = a.short_seq_prob;
-  c.binary_head = a.model.bert_binary_head;
   c.vocab = std::make_shared<const data::WordPieceVocab>(data::wordpiece_vocab(tokenizer));
+}
+
+data::BertDataConfig bert_data_config(const TrainingArgs& a, const data::Tokenizer& tokenizer) {
+  data::BertDataConfig c;
+  fill_masked_data_config(a, tokenizer, c);
+  c.seq_length = a.model.seq_length;
+  c.binary_head = a.model.bert_binary_head;
   return c;
 }
 
 }  // namespace
 
+data::T5DataConfig t5_data_config(const TrainingArgs& a, const data::Tokenizer& tokenizer) {
+  data::T5DataConfig c;
+  fill_masked_data_config(a, tokenizer, c);
+  c.encoder_seq_length = a.model.seq_length;
+  c.decoder_seq_length = a.model.decoder_seq_length;
+  return c;
+}
+
 std::unique_ptr<TrainingData> build_training_data(const TrainingArgs& a,
                                                   const data::Tokenizer& tokenizer,
                                                   std::array<int64_t, 3> num_samples) {
   if (a.model.model_family == "t5") {
-    MG_REQUIRE(a.mock_data, "pretrain-t5 reads Megatron's T5 span-corruption dataset from "
-               "--data-path, which this build does not have yet; train on --mock-data (synthetic "
-               "span corruption) for now");
-    return build_t5_mock_data(t5_mock_config(a, tokenizer), num_samples);
+    if (a.mock_data) return build_t5_mock_data(t5_mock_config(a, tokenizer), num_samples);
+    return std::make_unique<T5TrainingData>(
+        data::build_t5_datasets(t5_data_config(a, tokenizer), num_samples));
   }
   if (a.model.model_family == "bert")
     return std::make_unique<BertTrainingData>(

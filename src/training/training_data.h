@@ -1,7 +1,7 @@
 // The data of a pretraining run as the loop sees it: the train, validation and test splits and
 // the micro-batches taken from them, one interface over the families' datasets (GPT's
-// data/data_builder.h, BERT's masked samples data/bert_dataset.h, T5's synthetic
-// span corruption of --mock-data, t5_mock_data.h). A micro-batch is a
+// data/data_builder.h, BERT's masked samples data/bert_dataset.h, T5's span corruption
+// data/t5_dataset.h or its synthetic --mock-data, t5_mock_data.h). A micro-batch is a
 // model::Batch with the fields the family's model reads.
 #pragma once
 
@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "data/t5_dataset.h"
 #include "data/tokenizer.h"
 #include "model/model_chunk.h"
 
@@ -37,5 +38,9 @@ class TrainingData {
 std::unique_ptr<TrainingData> build_training_data(const TrainingArgs& args,
                                                   const data::Tokenizer& tokenizer,
                                                   std::array<int64_t, 3> num_samples);
+
+// pretrain_t5.py's T5 dataset config from `args` and the run's tokenizer (an Error when the
+// tokenizer is not WordPiece).
+data::T5DataConfig t5_data_config(const TrainingArgs& args, const data::Tokenizer& tokenizer);
 
 }  // namespace megatron::training
