@@ -6,11 +6,17 @@
 //         the distributed optimizer and overlapped reduction;
 //   np 4: TP2 x DP2.
 // Also (one rank): training lowers the loss, save/resume continues the uninterrupted curve bit
-// for bit, and what pretrain-t5 refuses.
+// for bit, what pretrain-t5 refuses, and that the micro-batches of --data-path are
+// make_t5_batch of Megatron's T5 dataset's samples.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
+#include "data/t5_dataset.h"
+#include "dataset/bert_test_data.h"
 #include "llama_test_util.h"
 #include "parallel_test_util.h"
+#include "training/training_data.h"
 
 namespace megatron::training {
 namespace {
@@ -100,6 +106,52 @@ TEST(T5Training, RefusesWhatItDoesNotSupport) {
   TrainingArgs gqa = t5_args(dir.path(), 2);
   gqa.model.num_query_groups = 2;
   EXPECT_NE(message(gqa).find("--num-query-groups"), std::string::npos);
+}
+
+void expect_same_tensor(const Tensor& got, const Tensor& want, const char* what) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_TRUE(got.is_contiguous() && want.is_contiguous()) << what;
+  EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), got.nbytes()), 0) << what;
+}
+
+TEST(T5Training, MicroBatchesAreMegatronsSamples) {
+  SharedDir dir;
+  testing::write_bert_vocab(dir / "vocab.txt");
+  testing::SentenceDataOptions o;
+  o.documents = 120;
+  o.long_sentence_rate = 0;
+  o.max_sentence_length = 12;
+  testing::write_sentence_dataset(dir / "sentences", o);
+  TrainingArgs a = tiny_training_args(32, dir / "sentences", dir / "cache", 4);
+  a.model.model_family = "t5";
+  a.model.decoder_seq_length = 16;
+  a.tokenizer.type = "BertWordPieceLowerCase";
+  a.tokenizer.vocab_file = dir / "vocab.txt";
+  a.tokenizer.vocab_extra_ids = 20;
+  const auto tokenizer = data::build_tokenizer(a.tokenizer);
+  const std::array<int64_t, 3> n = {16, 4, 0};
+  const auto training = build_training_data(a, *tokenizer, n);
+  const data::T5Datasets ds = data::build_t5_datasets(t5_data_config(a, *tokenizer), n);
+  ASSERT_EQ(training->size(DataSplit::train), ds.train->size());
+  ASSERT_EQ(training->size(DataSplit::valid), ds.valid->size());
+  EXPECT_FALSE(training->has(DataSplit::test));
+  // The second data-parallel rank's micro-batch of the block at sample 4: samples 6 and 7.
+  const model::Batch got = training->micro_batch(DataSplit::train, 4, 2, 1, 2);
+  const std::vector<int64_t> ids = {6, 7};
+  const data::T5Batch want = data::make_t5_batch(*ds.train, ids);
+  expect_same_tensor(got.encoder_tokens, want.tokens_enc, "encoder tokens");
+  expect_same_tensor(got.encoder_padding_mask, want.enc_mask, "encoder padding mask");
+  expect_same_tensor(got.tokens, want.tokens_dec, "decoder tokens");
+  expect_same_tensor(got.labels, want.labels, "labels");
+  expect_same_tensor(got.loss_mask, want.loss_mask, "loss mask");
+  // The encoder mask is 1 exactly over the sample's text (ids other than [PAD] 0).
+  const data::T5Sample s = ds.train->sample(6);
+  for (size_t i = 0; i < s.text_enc.size(); ++i) EXPECT_EQ(s.enc_mask[i], s.text_enc[i] != 0 ? 1 : 0) << i;
+  const model::Batch valid = training->micro_batch(DataSplit::valid, 0, 2, 0, 1);
+  expect_same_tensor(valid.encoder_tokens, data::make_t5_batch(*ds.valid, std::vector<int64_t>{0, 1}).tokens_enc,
+                     "validation encoder tokens");
 }
 
 }  // namespace
