@@ -1,6 +1,8 @@
 // The families' datasets behind one interface (training_data.h).
 #include "training/training_data.h"
 
+#include <vector>
+
 #include "core/error.h"
 #include "data/bert_dataset.h"
 #include "data/data_builder.h"
@@ -12,6 +14,28 @@ namespace megatron::training {
 
 namespace {
 
+// A split of a family's datasets struct (train, valid, test; null when empty).
+template <class Datasets>
+auto* split_of(const Datasets& ds, DataSplit s) {
+  switch (s) {
+    case DataSplit::train: return ds.train.get();
+    case DataSplit::valid: return ds.valid.get();
+    case DataSplit::test: return ds.test.get();
+  }
+  return decltype(ds.train.get())(nullptr);
+}
+
+// The sample ids of data-parallel rank dp_rank's micro-batch of the block at `first` (Megatron's
+// sampler) in a split of `size` samples; an Error when the block runs past its end.
+std::vector<int64_t> micro_batch_ids(int64_t first, int64_t mbs, int dp_rank, int dp, int64_t size) {
+  const int64_t lo = first + int64_t(dp_rank) * mbs;
+  MG_REQUIRE(first >= 0 && lo + mbs <= size, "samples [", first, ", ", first + mbs * dp,
+             ") run past the end of the split's ", size, " samples");
+  std::vector<int64_t> ids;
+  for (int64_t k = 0; k < mbs; ++k) ids.push_back(lo + k);
+  return ids;
+}
+
 // GPT: Megatron's GPTDataset splits (or a blend of them) and make_batch's micro-batches.
 class GPTTrainingData final : public TrainingData {
  public:
@@ -19,13 +43,13 @@ class GPTTrainingData final : public TrainingData {
       : ds_(std::move(ds)), options_(options) {}
 
   int64_t size(DataSplit s) const override {
-    const data::SampleDataset* d = split(s);
+    const data::SampleDataset* d = split_of(ds_, s);
     return d ? d->size() : 0;
   }
 
   model::Batch micro_batch(DataSplit s, int64_t first, int64_t mbs, int dp_rank,
                            int dp) const override {
-    const data::SampleDataset* d = split(s);
+    const data::SampleDataset* d = split_of(ds_, s);
     MG_CHECK(d != nullptr, "micro_batch of an empty split");
     const data::GPTBatch b = data::make_batch(*d, first, mbs, dp_rank, dp, options_);
     model::Batch in;
@@ -38,14 +62,6 @@ class GPTTrainingData final : public TrainingData {
   }
 
  private:
-  const data::SampleDataset* split(DataSplit s) const {
-    switch (s) {
-      case DataSplit::train: return ds_.train.get();
-      case DataSplit::valid: return ds_.valid.get();
-      case DataSplit::test: return ds_.test.get();
-    }
-    return nullptr;
-  }
   data::GPTDatasets ds_;
   data::GPTBatchOptions options_;
 };
@@ -60,19 +76,15 @@ class BertTrainingData final : public TrainingData {
       : ds_(std::move(ds)), binary_head_(binary_head) {}
 
   int64_t size(DataSplit s) const override {
-    const data::BertSampleSource* d = split(s);
+    const data::BertSampleSource* d = split_of(ds_, s);
     return d ? d->size() : 0;
   }
 
   model::Batch micro_batch(DataSplit s, int64_t first, int64_t mbs, int dp_rank,
                            int dp) const override {
-    const data::BertSampleSource* d = split(s);
+    const data::BertSampleSource* d = split_of(ds_, s);
     MG_CHECK(d != nullptr, "micro_batch of an empty split");
-    const int64_t lo = first + int64_t(dp_rank) * mbs;
-    MG_REQUIRE(first >= 0 && lo + mbs <= d->size(), "samples [", first, ", ", first + mbs * dp,
-               ") run past the end of the split's ", d->size(), " samples");
-    std::vector<int64_t> ids;
-    for (int64_t k = 0; k < mbs; ++k) ids.push_back(lo + k);
+    const std::vector<int64_t> ids = micro_batch_ids(first, mbs, dp_rank, dp, d->size());
     data::BertBatch b = data::make_bert_batch(*d, ids);
     const int64_t n = b.labels.numel(), seq = b.tokens.size(1);
     int32_t* labels = b.labels.data<int32_t>();
@@ -93,14 +105,6 @@ class BertTrainingData final : public TrainingData {
   }
 
  private:
-  const data::BertSampleSource* split(DataSplit s) const {
-    switch (s) {
-      case DataSplit::train: return ds_.train.get();
-      case DataSplit::valid: return ds_.valid.get();
-      case DataSplit::test: return ds_.test.get();
-    }
-    return nullptr;
-  }
   data::BertDatasets ds_;
   bool binary_head_;
 };
@@ -114,19 +118,15 @@ class T5TrainingData final : public TrainingData {
   explicit T5TrainingData(data::T5Datasets ds) : ds_(std::move(ds)) {}
 
   int64_t size(DataSplit s) const override {
-    const data::T5SampleSource* d = split(s);
+    const data::T5SampleSource* d = split_of(ds_, s);
     return d ? d->size() : 0;
   }
 
   model::Batch micro_batch(DataSplit s, int64_t first, int64_t mbs, int dp_rank,
                            int dp) const override {
-    const data::T5SampleSource* d = split(s);
+    const data::T5SampleSource* d = split_of(ds_, s);
     MG_CHECK(d != nullptr, "micro_batch of an empty split");
-    const int64_t lo = first + int64_t(dp_rank) * mbs;
-    MG_REQUIRE(first >= 0 && lo + mbs <= d->size(), "samples [", first, ", ", first + mbs * dp,
-               ") run past the end of the split's ", d->size(), " samples");
-    std::vector<int64_t> ids;
-    for (int64_t k = 0; k < mbs; ++k) ids.push_back(lo + k);
+    const std::vector<int64_t> ids = micro_batch_ids(first, mbs, dp_rank, dp, d->size());
     const data::T5Batch b = data::make_t5_batch(*d, ids);
     model::Batch in;
     in.encoder_tokens = b.tokens_enc;
@@ -138,14 +138,6 @@ class T5TrainingData final : public TrainingData {
   }
 
  private:
-  const data::T5SampleSource* split(DataSplit s) const {
-    switch (s) {
-      case DataSplit::train: return ds_.train.get();
-      case DataSplit::valid: return ds_.valid.get();
-      case DataSplit::test: return ds_.test.get();
-    }
-    return nullptr;
-  }
   data::T5Datasets ds_;
 };
 

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/sentence_corpus.h"
 #include "test_util.h"
 
 namespace megatron::testing {
@@ -18,26 +19,7 @@ struct BertCli {
   std::string m = cli_path().string();
   std::string common;
   BertCli() {
-    std::string corpus;
-    const char* sentences[] = {"The cat sat on the mat.", "A dog ran in the park.",
-                               "The sun was warm today.", "We walked to the old town.",
-                               "Birds sang in the tall trees.", "It rained late at night."};
-    for (int d = 0; d < 60; ++d) {
-      std::string text;
-      for (int s = 0; s < 4; ++s) text += std::string(sentences[(d + s * 5) % 6]) + " ";
-      corpus += nlohmann::json{{"text", text}}.dump() + "\n";
-    }
-    write_file(dir / "corpus.jsonl", corpus);
-    const auto script = (source_dir() / "tests/reference/bert_wordpiece_reference.py").string();
-    auto r = run_command("/usr/bin/python3 '" + script + "' make-vocab '" +
-                         (dir / "vocab.txt").string() + "' '" + (dir / "corpus.jsonl").string() + "'");
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    const std::string tok = " --tokenizer-type BertWordPieceLowerCase --vocab-file '" +
-                            (dir / "vocab.txt").string() + "'";
-    r = run_command(m + " preprocess-data --input '" + (dir / "corpus.jsonl").string() +
-                    "' --output-prefix '" + (dir / "corpus").string() + "'" + tok +
-                    " --split-sentences --workers 1 2>&1");
-    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const std::string tok = write_sentence_corpus(dir.path());
     common = tok + " --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32"
                    " --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 4"
                    " --lr 1e-3 --log-interval 2 --eval-interval 2 --eval-iters 1 --split 90,10,0"
