@@ -307,6 +307,9 @@ const std::vector<ModelSetting>& model_settings() {
                                "T5: decoder layers (default: the encoder's)",
                                &TC::decoder_num_layers);  // 0 is Megatron's None
         s.show = [](const TC& c) { return text(c.decoder_layers()); };
+        s.to_megatron = [](const TC& c, json& out) {
+          out["decoder_num_layers"] = c.decoder_num_layers > 0 ? json(c.decoder_num_layers) : json();
+        };
         return s;
       }(),
       field("relative_attention_num_buckets", Function, {"--relative-attention-num-buckets"},

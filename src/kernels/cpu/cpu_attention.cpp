@@ -139,9 +139,49 @@ float visible_max(const AttentionPlan& P, const float* row, int64_t b0, int64_t 
     for (int64_t j = v0; j < v1; ++j)
       if (pad[P.k_position(j)] != 0) mx = std::max(mx, r[j]);
   } else {
+#pragma omp simd reduction(max : mx)
     for (int64_t j = v0; j < v1; ++j) mx = std::max(mx, r[j]);
   }
   return mx;
+}
+
+void online_softmax_step(const AttentionPlan& P, float* row, int64_t b0, int64_t bw, int64_t v0,
+                         int64_t v1, int64_t bi, int h, int64_t i, float slope, float& m, float& l,
+                         float* o, bool later_block) {
+  const int64_t p = P.q_position(bi, i);
+  const int32_t* pad = P.pad_row(bi);
+  float mx = kNegInf;
+  if (v1 > v0) {
+    add_score_terms(P, row, b0, v0, v1, P.bias_row(bi, h, p), slope, p);
+    mx = visible_max(P, row, b0, v0, v1, pad);
+  }
+  if (mx == kNegInf) {  // nothing visible in this block
+    std::fill_n(row, bw, 0.0f);
+    return;
+  }
+  const float m_new = std::max(m, mx);
+  const float alpha = m == kNegInf ? 0.0f : fast_exp(m - m_new);
+  float sum = 0;
+  float* r = row - b0;
+  std::fill(row, r + v0, 0.0f);
+  if (pad) {
+    for (int64_t j = v0; j < v1; ++j) {
+      const float e = pad[P.k_position(j)] != 0 ? fast_exp(r[j] - m_new) : 0.0f;
+      r[j] = e;
+      sum += e;
+    }
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = v0; j < v1; ++j) {
+      r[j] = fast_exp(r[j] - m_new);
+      sum += r[j];
+    }
+  }
+  std::fill(r + v1, row + bw, 0.0f);
+  l = l * alpha + sum;
+  if (later_block && alpha != 1.0f)  // earlier blocks' output, under the old maximum
+    for (int64_t e = 0; e < P.d; ++e) o[e] *= alpha;
+  m = m_new;
 }
 
 void dropout_keep(const AttentionPlan& P, float* keep, int64_t v0, int64_t v1, uint64_t first,
@@ -248,43 +288,8 @@ struct Forward {
           const int64_t bi = row_bi(run, t0 + t, sq), i = row_i(run, t0 + t, sq);
           float* row = S + t * ld;
           const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
-          float& m = w.m[size_t(t)];
-          const int64_t p = P.q_position(bi, i);
-          const int32_t* pad = P.pad_row(bi);
-          float mx = kNegInf;
-          if (v1 > v0) {
-            add_score_terms(P, row, b0, v0, v1, P.bias_row(bi, h, p), slope, p);
-            mx = visible_max(P, row, b0, v0, v1, pad);
-          }
-          if (mx == kNegInf) {  // nothing visible in this block
-            std::fill_n(row, bw, 0.0f);
-            continue;
-          }
-          const float m_new = std::max(m, mx);
-          const float alpha = m == kNegInf ? 0.0f : fast_exp(m - m_new);
-          float sum = 0;
-          float* r = row - b0;
-          std::fill(row, r + v0, 0.0f);
-          if (pad) {
-            for (int64_t j = v0; j < v1; ++j) {
-              const float e = pad[P.k_position(j)] != 0 ? fast_exp(r[j] - m_new) : 0.0f;
-              r[j] = e;
-              sum += e;
-            }
-          } else {
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = v0; j < v1; ++j) {
-              r[j] = fast_exp(r[j] - m_new);
-              sum += r[j];
-            }
-          }
-          std::fill(r + v1, row + bw, 0.0f);
-          w.l[size_t(t)] = w.l[size_t(t)] * alpha + sum;
-          if (b0 > k0 && alpha != 1.0f) {  // earlier blocks' output, under the old maximum
-            float* o = O + t * ctx_width;
-            for (int64_t e = 0; e < P.d; ++e) o[e] *= alpha;
-          }
-          m = m_new;
+          online_softmax_step(P, row, b0, bw, v0, v1, bi, h, i, slope, w.m[size_t(t)],
+                              w.l[size_t(t)], O + t * ctx_width, b0 > k0);
         }
         const float* A = S;
         int64_t lda = ld;

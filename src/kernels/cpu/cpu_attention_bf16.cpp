@@ -44,52 +44,10 @@ struct Forward {
   static int64_t row_bi(const Run& r, int64_t t, int64_t sq) { return sq == 1 ? r.bi + t : r.bi; }
   static int64_t row_i(const Run& r, int64_t t, int64_t sq) { return sq == 1 ? 0 : r.i0 + t; }
 
-  // Online-softmax step of one score row over key block [b0, b0 + bw): exponentials in place
-  // (zeros outside the visible keys), the running maximum m and sum l updated, and the output
-  // row o rescaled when the maximum grows after the first block.
   void softmax_row(float* row, int64_t b0, int64_t bw, int64_t v0, int64_t v1, int64_t bi,
                    int h, int64_t i, float slope, float& m, float& l, float* o,
                    bool later_block) const {
-    const int64_t p = P.q_position(bi, i);
-    const int32_t* pad = P.pad_row(bi);
-    float mx = kNegInf;
-    if (v1 > v0) {
-      add_score_terms(P, row, b0, v0, v1, P.bias_row(bi, h, p), slope, p);
-      if (pad) {
-        mx = visible_max(P, row, b0, v0, v1, pad);
-      } else {  // the same maximum, vectorised
-        const float* r = row - b0;
-#pragma omp simd reduction(max : mx)
-        for (int64_t j = v0; j < v1; ++j) mx = std::max(mx, r[j]);
-      }
-    }
-    if (mx == kNegInf) {  // nothing visible in this block
-      std::fill_n(row, bw, 0.0f);
-      return;
-    }
-    const float m_new = std::max(m, mx);
-    const float alpha = m == kNegInf ? 0.0f : fast_exp(m - m_new);
-    float sum = 0;
-    float* r = row - b0;
-    std::fill(row, r + v0, 0.0f);
-    if (pad) {
-      for (int64_t j = v0; j < v1; ++j) {
-        const float e = pad[P.k_position(j)] != 0 ? fast_exp(r[j] - m_new) : 0.0f;
-        r[j] = e;
-        sum += e;
-      }
-    } else {
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = v0; j < v1; ++j) {
-        r[j] = fast_exp(r[j] - m_new);
-        sum += r[j];
-      }
-    }
-    std::fill(r + v1, row + bw, 0.0f);
-    l = l * alpha + sum;
-    if (later_block && alpha != 1.0f)
-      for (int64_t e = 0; e < P.d; ++e) o[e] *= alpha;
-    m = m_new;
+    online_softmax_step(P, row, b0, bw, v0, v1, bi, h, i, slope, m, l, o, later_block);
   }
 
   void run_task(const Run& run, int h, Scratch& w) const {

@@ -120,6 +120,13 @@ void add_score_terms(const AttentionPlan& P, float* row, int64_t b0, int64_t v0,
 // padding row or null); -inf when there is none.
 float visible_max(const AttentionPlan& P, const float* row, int64_t b0, int64_t v0, int64_t v1,
                   const int32_t* pad);
+// Online-softmax step of score row `row` (query row i of batch row bi, head h) over key block
+// [b0, b0 + bw) whose visible keys are [v0, v1): the score terms added, exponentials in place
+// (zeros outside the visible keys), the running maximum m and sum l updated, and the output row o
+// rescaled when the maximum grows in a later block. A block with nothing visible is all zeros.
+void online_softmax_step(const AttentionPlan& P, float* row, int64_t b0, int64_t bw, int64_t v0,
+                         int64_t v1, int64_t bi, int h, int64_t i, float slope, float& m, float& l,
+                         float* o, bool later_block);
 // The dropout keep factors (0 or 1/(1-p)) of key rows [v0, v1) for the dropout row starting at
 // Philox element `first`: keep[j - v0], drawn run by run of consecutive key positions.
 void dropout_keep(const AttentionPlan& P, float* keep, int64_t v0, int64_t v1, uint64_t first,
