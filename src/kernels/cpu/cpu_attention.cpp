@@ -145,6 +145,24 @@ float visible_max(const AttentionPlan& P, const float* row, int64_t b0, int64_t 
   return mx;
 }
 
+void dropped_probs(const AttentionPlan& P, const float* S, int64_t ld, const Run& run, int64_t t0,
+                   int64_t nt, int h, int64_t b0, int64_t bw, const int64_t* lo,
+                   const int64_t* hi, const DropoutSpec& dropout, const Philox& rng, float* keep,
+                   float* pd) {
+  const int64_t sq = P.sq, b1 = b0 + bw;
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t bi = sq == 1 ? run.bi + t0 + t : run.bi, i = sq == 1 ? 0 : run.i0 + t0 + t;
+    const float* row = S + t * ld;
+    float* dst = pd + t * bw;
+    const int64_t v0 = std::max(lo[t], b0), v1 = std::min(hi[t], b1);
+    std::fill_n(dst, bw, 0.0f);
+    if (v1 <= v0) continue;
+    dropout_keep(P, keep, v0, v1, P.dropout_first(bi, h, P.q_position(bi, i), dropout), rng,
+                 dropout.p);
+    for (int64_t j = v0; j < v1; ++j) dst[j - b0] = row[j - b0] * keep[j - v0];
+  }
+}
+
 void online_softmax_step(const AttentionPlan& P, float* row, int64_t b0, int64_t bw, int64_t v0,
                          int64_t v1, int64_t bi, int h, int64_t i, float slope, float& m, float& l,
                          float* o, bool later_block) {
@@ -294,17 +312,8 @@ struct Forward {
         const float* A = S;
         int64_t lda = ld;
         if (dropout.active()) {
-          for (int64_t t = 0; t < nt; ++t) {
-            const int64_t bi = row_bi(run, t0 + t, sq), i = row_i(run, t0 + t, sq);
-            const float* row = S + t * ld;
-            float* dst = w.pd.data() + t * bw;
-            const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
-            std::fill_n(dst, bw, 0.0f);
-            if (v1 <= v0) continue;
-            dropout_keep(P, w.keep.data(), v0, v1,
-                         P.dropout_first(bi, h, P.q_position(bi, i), dropout), rng, dropout.p);
-            for (int64_t j = v0; j < v1; ++j) dst[j - b0] = row[j - b0] * w.keep.data()[j - v0];
-          }
+          dropped_probs(P, S, ld, run, t0, nt, h, b0, bw, w.lo.data(), w.hi.data(), dropout, rng,
+                        w.keep.data(), w.pd.data());
           A = w.pd.data();
           lda = bw;
         }

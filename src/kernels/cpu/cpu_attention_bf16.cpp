@@ -104,17 +104,8 @@ struct Forward {
         const float* A = S;  // P, times the dropout keep factors
         int64_t lda = ld;
         if (dropout.active()) {
-          for (int64_t t = 0; t < nt; ++t) {
-            const int64_t bi = row_bi(run, t0 + t, sq), i = row_i(run, t0 + t, sq);
-            const float* row = S + t * ld;
-            float* dst = w.pd.data() + t * bw;
-            const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
-            std::fill_n(dst, bw, 0.0f);
-            if (v1 <= v0) continue;
-            dropout_keep(P, w.keep.data(), v0, v1,
-                         P.dropout_first(bi, h, P.q_position(bi, i), dropout), rng, dropout.p);
-            for (int64_t j = v0; j < v1; ++j) dst[j - b0] = row[j - b0] * w.keep.data()[j - v0];
-          }
+          dropped_probs(P, S, ld, run, t0, nt, h, b0, bw, w.lo.data(), w.hi.data(), dropout, rng,
+                        w.keep.data(), w.pd.data());
           A = w.pd.data();
           lda = bw;
         }

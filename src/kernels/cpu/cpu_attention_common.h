@@ -132,6 +132,14 @@ void online_softmax_step(const AttentionPlan& P, float* row, int64_t b0, int64_t
 void dropout_keep(const AttentionPlan& P, float* keep, int64_t v0, int64_t v1, uint64_t first,
                   const Philox& rng, float prob);
 
+// With dropout: the probabilities S ([nt, ld] rows of query rows t0 .. t0 + nt of `run`, head h,
+// key block [b0, b0 + bw); lo, hi: each row's visible keys) times their keep factors into pd
+// ([nt, bw], zeros outside the visible keys); keep: work space of bw.
+void dropped_probs(const AttentionPlan& P, const float* S, int64_t ld, const Run& run, int64_t t0,
+                   int64_t nt, int h, int64_t b0, int64_t bw, const int64_t* lo,
+                   const int64_t* hi, const DropoutSpec& dropout, const Philox& rng, float* keep,
+                   float* pd);
+
 // ---- backward, per query tile (rows t0 .. t0 + nt of batch row bi, head h) and key block
 // [b0, b1); lo, hi: each tile row's visible key range; S, dP, pd: [nt, b1 - b0] --------------------
 // The probabilities from the scores S (in place) and the rows' saved log-sum-exp lrow.
