@@ -68,10 +68,14 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
              rec.config.model_family, " model (", model::model_family_of(rec.config).command,
              " trains it): text generation, serving and zero-shot evaluation need a GPT "
              "checkpoint (pretrain-gpt)");
-  MG_REQUIRE(rec.config.num_moe_experts == 0, ck.file().string(), " is a mixture-of-experts "
-             "checkpoint (", rec.config.num_moe_experts, " experts): generation, serving and "
-             "zero-shot evaluation of MoE models are not built yet; pretrain-gpt trains and "
-             "resumes it");
+  {  // A mixture-of-experts model's settings come from its checkpoint (these commands have no
+     // MoE flags). Inference routes every token to its top-k experts without a capacity (no
+     // token dropping), so a token's experts do not depend on the others in its batch: cached
+     // decoding equals recomputation.
+    cfg.copy_moe_settings(rec.config);
+    cfg.moe_expert_capacity_factor = 0;
+    cfg.moe_pad_expert_input_to_capacity = false;
+  }
   // Without the shape flags finish() asks for them (or --use-checkpoint-args) first.
   if (check_only && (cfg.num_layers <= 0 || cfg.hidden_size <= 0 || cfg.num_attention_heads <= 0))
     return;

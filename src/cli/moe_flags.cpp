@@ -16,6 +16,8 @@ void MoeFlags::add(CLI::App& s, model::TransformerConfig* c) {
                "Expert MLP width (default --ffn-hidden-size)");
   s.add_option("--moe-shared-expert-intermediate-size", c->moe_shared_expert_intermediate_size,
                "Width of the shared expert (0: none)");
+  s.add_flag("--moe-shared-expert-gate", c->moe_shared_expert_gate,
+             "Scale the shared expert's output per token by a sigmoid gate");
   s.add_flag("--moe-shared-expert-overlap", shared_expert_overlap,
              "Overlap the shared expert with dispatch (no effect here)");
   s.add_option("--moe-router-topk", c->moe_router_topk, "Experts per token")->capture_default_str();
@@ -59,8 +61,10 @@ void MoeFlags::add(CLI::App& s, model::TransformerConfig* c) {
 void MoeFlags::apply(training::TrainingArgs& a) const {
   model::TransformerConfig& c = a.model;
   auto one = [](const std::vector<std::string>& v, const char* flag) {
-    MG_REQUIRE(v.size() <= 1, flag, " takes one value per MoE loss type; several types (",
-               v.size(), " given) are not built yet: give one");
+    MG_REQUIRE(v.size() <= 1, flag, " got ", v.size(), " values: Megatron-Core can combine "
+               "several load-balancing losses, each with its coefficient, but this build takes "
+               "one type (aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none) with one "
+               "coefficient; give one");
     return v.empty() ? std::string() : v[0];
   };
   if (const std::string t = one(load_balancing_type, "--moe-router-load-balancing-type"); !t.empty())
@@ -71,6 +75,14 @@ void MoeFlags::apply(training::TrainingArgs& a) const {
     MG_REQUIRE(end != nullptr && *end == '\0', "--moe-aux-loss-coeff '", k, "' is not a number");
   }
   MG_REQUIRE(expert_model_parallel_size >= 1, "--expert-model-parallel-size must be >= 1");
+  // Megatron-Core's TransformerConfig: expert and tensor parallelism together need sequence
+  // parallelism.
+  MG_REQUIRE(expert_model_parallel_size == 1 || a.parallel.tensor_model_parallel_size == 1 ||
+                 a.model.sequence_parallel,
+             "--expert-model-parallel-size ", expert_model_parallel_size,
+             " with --tensor-model-parallel-size ", a.parallel.tensor_model_parallel_size,
+             ": when using expert parallelism and tensor parallelism, sequence parallelism must "
+             "be used (as in Megatron-Core); add --sequence-parallel");
   MG_REQUIRE(expert_model_parallel_size == 1, "--expert-model-parallel-size ",
              expert_model_parallel_size, ": expert parallelism (all-to-all token dispatch) is not "
              "built yet; the experts of a layer run on every rank. Use 1");
@@ -85,10 +97,12 @@ void MoeFlags::apply(training::TrainingArgs& a) const {
              "' is not one of: allgather, alltoall, flex");
   MG_REQUIRE(token_dispatcher_type != "flex", "--moe-token-dispatcher-type flex (DeepEP) is not "
              "built; use allgather or alltoall");
-  MG_REQUIRE(!grouped_gemm, "--moe-grouped-gemm is not built yet: the experts run one after "
-             "another (the same numbers); leave the flag out");
-  MG_REQUIRE(!per_layer_logging, "--moe-per-layer-logging is not built yet: the log line shows "
-             "the MoE losses averaged over the MoE layers; leave the flag out");
+  c.moe_grouped_gemm = grouped_gemm;
+  MG_REQUIRE(!grouped_gemm || a.parallel.tensor_model_parallel_size == 1, "--moe-grouped-gemm "
+             "with --tensor-model-parallel-size ", a.parallel.tensor_model_parallel_size,
+             ": the grouped experts are not tensor-parallel yet; leave out --moe-grouped-gemm "
+             "(the sequential experts give the same numbers) or use tensor-parallel size 1");
+  a.moe_per_layer_logging = per_layer_logging;
   MG_REQUIRE(router_dtype.empty() || router_dtype == "fp32" || router_dtype == "fp64",
              "--moe-router-dtype '", router_dtype, "' is not one of: fp32, fp64");
   MG_REQUIRE(router_dtype != "fp64", "--moe-router-dtype fp64: the gate's logits are computed in "

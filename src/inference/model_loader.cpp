@@ -82,7 +82,13 @@ InferenceModel load_model_parallel(const InferenceModelOptions& options,
   auto stage = std::make_unique<model::GPTModel>(
       cfg, 0, model::TensorParallel::make(ps.group_ptr(GroupKind::TP), false),
       model::ContextParallel::none(), model::ChunkPlace{layout, ps.pp_rank(), 0}, mo);
-  training::load_model_weights(ckpt, stage->parameters(), /*allow_dtype_conversion=*/true, crank);
+  // The MoE layers' expert biases (aux-loss-free balancing) route as in training: they are read
+  // with the weights.
+  model::ParameterList params = stage->parameters();
+  for (model::MoELayer* m : stage->moe_layers())
+    if (model::Parameter* p = m->expert_bias_state()) params.push_back(p);
+  training::load_model_weights(ckpt, params, /*allow_dtype_conversion=*/true, crank);
+  for (model::MoELayer* m : stage->moe_layers()) m->load_expert_bias_state();
   // Tied embeddings: the last stage's output layer is the first stage's table (not saved).
   if (pp > 1 && (ps.pp_rank() == 0 || ps.pp_rank() == pp - 1))
     if (model::Parameter* p = stage->word_embedding())

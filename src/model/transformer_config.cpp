@@ -32,7 +32,13 @@ namespace megatron::model {
   X(moe_router_bias_update_rate) X(moe_router_force_load_balancing)                           \
   X(moe_router_load_balancing_type) X(moe_aux_loss_coeff) X(moe_z_loss_coeff)                 \
   X(moe_expert_capacity_factor) X(moe_token_drop_policy) X(moe_pad_expert_input_to_capacity)  \
-  X(moe_shared_expert_intermediate_size)
+  X(moe_shared_expert_intermediate_size) X(moe_shared_expert_gate) X(moe_grouped_gemm)
+
+void TransformerConfig::copy_moe_settings(const TransformerConfig& from) {
+#define MG_COPY(f) f = from.f;
+  MG_MOE_CONFIG_FIELDS(MG_COPY)
+#undef MG_COPY
+}
 
 void to_json(nlohmann::json& j, const TransformerConfig& c) {
   j = nlohmann::json::object();

@@ -112,11 +112,14 @@ struct TransformerConfig {
   std::string moe_token_drop_policy = "probs";  // --moe-token-drop-policy probs | position
   bool moe_pad_expert_input_to_capacity = false;  // --moe-pad-expert-input-to-capacity
   int moe_shared_expert_intermediate_size = 0;    // --moe-shared-expert-intermediate-size (0: none)
+  bool moe_shared_expert_gate = false;            // --moe-shared-expert-gate: sigmoid gate on it
+  bool moe_grouped_gemm = false;  // --moe-grouped-gemm: grouped experts (their own weight names)
   int moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn(); }
   // Whether layer `layer` (0-based, global) has an MoE FFN (moe_layer_pattern, model/moe/).
   bool is_moe_layer(int layer) const;
   // The checks of the MoE settings (validate() calls it); errors name the flags.
   void validate_moe() const;
+  void copy_moe_settings(const TransformerConfig& from);  // every MoE field above
 
   int ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }

@@ -100,10 +100,11 @@ size_t TransformerLayer::count_parameters(const TransformerConfig& cfg,
                                           const TransformerLayerSpec& spec) {
   auto norm = [](const NormKind* k) { return size_t(k->has_bias ? 2 : 1); };
   const size_t linear = cfg.add_bias_linear ? 2 : 1;
-  // MoE: the router, two weights per expert, two per shared expert (no biases).
+  // MoE: the router, two weights per expert, two per shared expert (no biases) and its gate.
   const size_t ffn = spec.ffn == FfnKind::moe
                          ? 1 + 2 * size_t(cfg.num_moe_experts) +
-                               (cfg.moe_shared_expert_intermediate_size > 0 ? 2 : 0)
+                               (cfg.moe_shared_expert_intermediate_size > 0 ? 2 : 0) +
+                               (cfg.moe_shared_expert_gate ? 1 : 0)
                          : 2 * linear;
   return norm(spec.input_layernorm) + (cfg.qkv_bias() ? 2 : 1) +
          (spec.self_attention.qk_norm ? 2 * norm(spec.self_attention.qk_norm) : 0) + linear +

@@ -24,12 +24,6 @@ void check_model_function_args(const CheckpointOnDisk& ckpt, const TrainingArgs&
                  " was trained with ", k, " = ", was.contains(k) ? was.at(k).dump() : "(none)",
                  " but this run gives ", it.value().dump(), "; give the checkpoint's MoE flags");
     }
-    // The aux-loss-free expert bias is a running state that checkpoints do not hold yet: a
-    // loaded run would restart it at zero and route differently from the run that saved.
-    MG_REQUIRE(!args.model.moe_router_enable_expert_bias, "--moe-router-enable-expert-bias: "
-               "checkpoints do not hold the experts' routing bias yet, so a run loaded from ",
-               where, " would restart it at zero; load it without the expert bias, or train "
-               "from the start");
   }
   std::vector<std::string> overridden;
   for (const model::ModelSetting& s : model::model_settings()) {

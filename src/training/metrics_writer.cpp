@@ -75,7 +75,7 @@ void MetricsWriter::record(const IterationRecord& r) {
                               skipped ? std::nullopt : std::optional<double>(r.loss), more,
                               r.loss_scale,
                               skipped ? std::nullopt : std::optional<double>(r.step.grad_norm),
-                              world_size_});
+                              world_size_, r.tensorboard_scalars});
   if (r.iteration % a_.log_interval == 0 || r.iteration == train_iters_) write_interval(r);
 }
 

@@ -32,6 +32,7 @@ struct IterationRecord {
   double learning_rate = 0;                       // after the scheduler step (Megatron logs it)
   std::optional<double> decoupled_learning_rate;  // --decoupled-lr
   double loss_scale = 1;
+  std::vector<std::pair<std::string, double>> tensorboard_scalars;  // at the iteration only
 };
 
 class MetricsWriter {

@@ -1,5 +1,6 @@
 // The mixture-of-experts work of a training step outside the layers (see training_run.h):
-// expert-bias updates and the logged auxiliary losses.
+// expert-bias updates, the logged auxiliary losses (track_moe_metrics), the data-parallel group
+// of global_aux_loss and the expert biases in checkpoints.
 #include <algorithm>
 
 #include "model/language_module.h"
@@ -7,47 +8,87 @@
 
 namespace megatron::training {
 
+namespace {
+
+std::vector<model::MoELayer*> moe_layers_of(TrainingRun& r) {
+  std::vector<model::MoELayer*> layers;
+  for (int k = 0; k < r.model->num_chunks(); ++k) {
+    auto* lm = dynamic_cast<model::LanguageModule*>(&r.model->chunk(k));
+    MG_CHECK(lm != nullptr, "moe layers: a model chunk is not a language model");
+    for (model::MoELayer* m : lm->moe_layers()) layers.push_back(m);
+  }
+  return layers;
+}
+
+}  // namespace
+
 std::vector<std::string> moe_metric_names(const model::TransformerConfig& c) {
   std::vector<std::string> names;
   if (c.num_moe_experts == 0) return names;
-  if (c.moe_router_load_balancing_type == "aux_loss" && c.moe_aux_loss_coeff > 0)
-    names.push_back("load_balancing_loss");
+  const std::string lb =
+      model::load_balancing_loss_name(model::load_balancing_of(c.moe_router_load_balancing_type));
+  if (!lb.empty() && c.moe_aux_loss_coeff > 0) names.push_back(lb);
   if (c.moe_z_loss_coeff > 0) names.push_back("z_loss");
   return names;
 }
 
-std::vector<double> moe_step_metrics(TrainingRun& r, int64_t micro_batches) {
+void moe_step_begin(TrainingRun& r) {
+  if (r.a.model.num_moe_experts == 0) return;
+  Communicator* group = r.dp_cp > 1 ? &r.ps.dp_cp() : nullptr;
+  for (model::MoELayer* m : moe_layers_of(r)) m->set_data_parallel_group(group);
+}
+
+MoeStepMetrics moe_step_metrics(TrainingRun& r, int64_t micro_batches) {
   const model::TransformerConfig& c = r.a.model;
   if (c.num_moe_experts == 0) return {};
-  std::vector<model::MoELayer*> layers;
-  for (int k = 0; k < r.model->num_chunks(); ++k) {
-    auto* lm = dynamic_cast<model::LanguageModule*>(&r.model->chunk(k));
-    MG_CHECK(lm != nullptr, "moe_step_metrics: a model chunk is not a language model");
-    for (model::MoELayer* m : lm->moe_layers()) layers.push_back(m);
-  }
-  // One reduction over DP x CP: the tokens per expert of every layer, then the loss sums.
+  const std::vector<model::MoELayer*> layers = moe_layers_of(r);
+  // One reduction over DP x CP: the tokens per expert of every layer, then each layer's loss sums.
+  const size_t E = size_t(c.num_moe_experts), L = layers.size();
   std::vector<double> v;
-  std::vector<model::MoeStatistics> stats;
-  double lb = 0, z = 0;
   for (model::MoELayer* m : layers) {
-    stats.push_back(m->take_statistics());
-    v.insert(v.end(), stats.back().tokens_per_expert.begin(), stats.back().tokens_per_expert.end());
-    lb += stats.back().load_balancing_loss;
-    z += stats.back().z_loss;
+    const model::MoeStatistics st = m->take_statistics();
+    v.insert(v.end(), st.tokens_per_expert.begin(), st.tokens_per_expert.end());
+    v.push_back(st.load_balancing_loss);
+    v.push_back(st.z_loss);
   }
-  v.push_back(lb);
-  v.push_back(z);
   v = r.dp_cp_sum(std::move(v));
-  const size_t E = size_t(c.num_moe_experts);
-  for (size_t l = 0; l < layers.size(); ++l)
-    layers[l]->update_expert_bias(std::vector<double>(v.begin() + long(l * E),
-                                                      v.begin() + long((l + 1) * E)));
-  const double per = double(std::max<size_t>(layers.size(), 1)) * double(micro_batches) *
-                     double(r.dp_cp);
-  std::vector<double> out;
-  for (const std::string& n : moe_metric_names(c))
-    out.push_back((n == "z_loss" ? v[v.size() - 1] : v[v.size() - 2]) / per);
+  auto at = [&](size_t l) { return v.begin() + long(l * (E + 2)); };
+  for (size_t l = 0; l < L; ++l)
+    layers[l]->update_expert_bias(std::vector<double>(at(l), at(l) + long(E)));
+  // track_moe_metrics: a layer's value is its sum over micro-batches / micro-batches (here also
+  // averaged over DP x CP); the logged value is the mean over the MoE layers.
+  const double per = double(micro_batches) * double(r.dp_cp);
+  MoeStepMetrics out;
+  for (const std::string& n : moe_metric_names(c)) {
+    const size_t k = n == "z_loss" ? E + 1 : E;
+    double sum = 0;
+    std::vector<double> per_layer(size_t(c.num_layers), 0.0);
+    for (size_t l = 0; l < L; ++l) {
+      sum += at(l)[long(k)];
+      per_layer.at(size_t(layers[l]->layer_number())) = at(l)[long(k)] / per;
+    }
+    out.logged.push_back(sum / (double(std::max<size_t>(L, 1)) * per));
+    if (r.a.moe_per_layer_logging)  // Megatron writes every layer's slot (0 for a dense one)
+      for (size_t i = 0; i < per_layer.size(); ++i)
+        out.per_layer.emplace_back(str("moe/", n, "_layer_", i), per_layer[i]);
+  }
   return out;
+}
+
+model::ParameterList moe_checkpoint_buffers(TrainingRun& r) {
+  model::ParameterList out;
+  if (r.a.model.num_moe_experts == 0) return out;
+  for (model::MoELayer* m : moe_layers_of(r))
+    if (model::Parameter* p = m->expert_bias_state()) {
+      m->sync_expert_bias_state();
+      out.push_back(p);
+    }
+  return out;
+}
+
+void moe_checkpoint_buffers_loaded(TrainingRun& r) {
+  if (r.a.model.num_moe_experts == 0) return;
+  for (model::MoELayer* m : moe_layers_of(r)) m->load_expert_bias_state();
 }
 
 }  // namespace megatron::training

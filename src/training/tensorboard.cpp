@@ -173,6 +173,7 @@ void TrainingTensorBoard::log_iteration(const IterationScalars& s) {
   if (options_.log_loss_scale) both("loss-scale", s.loss_scale, it, n);
   if (options_.log_world_size) both("world-size", double(s.world_size), it, n);
   if (s.grad_norm) both("grad-norm", *s.grad_norm, it, n);
+  for (const auto& [tag, value] : s.scalars) writer_->add_scalar(tag, value, it);
 }
 
 void TrainingTensorBoard::log_interval(int64_t iteration, double seconds_per_iteration,

@@ -87,6 +87,8 @@ struct IterationScalars {
   double loss_scale = 1.0;
   std::optional<double> grad_norm;  // none for a skipped iteration
   int64_t world_size = 1;
+  // Written at the iteration only (no "vs samples"): --moe-per-layer-logging's per-layer losses.
+  std::vector<std::pair<std::string, double>> scalars;
 };
 
 // Megatron's scalars, each under its tag at the iteration and, for "<tag> vs samples", at the

@@ -100,6 +100,7 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
     };
   }
   maybe_inject_fault(r.ps.world_rank(), iteration);
+  moe_step_begin(r);
   const pipeline::ForwardBackwardResult res = pipeline::forward_backward(*r.model, batches, fb);
   r.dropout_offset += uint64_t(micro_batches * dp);
   if (buffer != nullptr) {
@@ -119,7 +120,9 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
   out.loss = sums[0] / std::max(sums[1], 1.0);
   for (size_t k = 2; k + 1 < sums.size(); k += 2)
     out.more_losses.push_back(sums[k] / std::max(sums[k + 1], 1.0));
-  for (double v : moe_step_metrics(r, micro_batches)) out.more_losses.push_back(v);
+  MoeStepMetrics moe = moe_step_metrics(r, micro_batches);
+  for (double v : moe.logged) out.more_losses.push_back(v);
+  out.tensorboard_scalars = std::move(moe.per_layer);
   const optim::LRScheduler& s = *r.scheduler;
   out.step = r.optimizer->step(s.lr(), s.weight_decay(), r.scaler,
                                s.config().has_decoupled_lr() ? s.decoupled_lr() : std::nan(""));
@@ -203,12 +206,14 @@ void save_checkpoint_at(TrainingRun& r, int64_t it) {
   st.args = training_args_to_json(a);
   optim::MegatronOptimizer* saved = a.no_save_optim ? nullptr : r.optimizer.get();
   std::filesystem::path dir;
+  model::ParameterList params = r.params;
+  for (model::Parameter* p : moe_checkpoint_buffers(r)) params.push_back(p);
   if (a.ckpt_format == "torch") {
     TorchSaveOptions to;
     to.transformer_impl = a.transformer_impl;
-    dir = save_torch_checkpoint(a.save, st, r.params, saved, r.crank, to);
+    dir = save_torch_checkpoint(a.save, st, params, saved, r.crank, to);
   } else {
-    dir = save_checkpoint(a.save, st, r.params, saved, r.crank);
+    dir = save_checkpoint(a.save, st, params, saved, r.crank);
   }
   r.say(str("saved checkpoint at iteration ", it, " to ", dir.string()));
   r.last_saved = it;

@@ -121,6 +121,7 @@ struct TrainingArgs {
   // logging / eval / exit
   int64_t log_interval = 100;
   bool log_throughput = false;
+  bool moe_per_layer_logging = false;  // --moe-per-layer-logging: TensorBoard moe/<loss>_layer_<i>
   int64_t eval_interval = 1000, eval_iters = 100;
   int64_t exit_interval = 0;
   double exit_duration_in_mins = 0;

@@ -92,6 +92,8 @@ struct StepOutcome {
   std::vector<double> more_losses;  // the family's further named losses, in loss_names() order
   optim::StepResult step;
   int buckets_launched_in_backward = 0;  // with --overlap-grad-reduce
+  // TensorBoard-only scalars (--moe-per-layer-logging's moe/<loss>_layer_<i>).
+  std::vector<std::pair<std::string, double>> tensorboard_scalars;
 };
 StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches);
 
@@ -99,11 +101,24 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
 // and track_moe_metrics): takes every MoE layer's statistics, updates the expert biases from the
 // tokens per expert summed over data-parallel ranks, and returns the logged MoE losses in
 // moe_metric_names' order (the mean over MoE layers of the sum over micro-batches / micro-batches,
-// averaged over data-parallel ranks). Collective over the DP x CP group.
-std::vector<double> moe_step_metrics(TrainingRun& r, int64_t micro_batches);
-// "load_balancing_loss" (with --moe-router-load-balancing-type aux_loss and a coefficient) and
-// "z_loss" (with --moe-z-loss-coeff): the MoE entries of the training log line.
+// averaged over data-parallel ranks), and with --moe-per-layer-logging each layer's value under
+// Megatron's TensorBoard tag moe/<name>_layer_<i> (i over all layers, 0 for a dense one).
+// Resets the layers' global_aux_loss counts. Collective over the DP x CP group.
+struct MoeStepMetrics {
+  std::vector<double> logged;
+  std::vector<std::pair<std::string, double>> per_layer;
+};
+MoeStepMetrics moe_step_metrics(TrainingRun& r, int64_t micro_batches);
+// Before a step's schedule: gives the MoE layers the DP x CP group of global_aux_loss.
+void moe_step_begin(TrainingRun& r);
+// The load-balancing loss of the configured type with a coefficient (load_balancing_loss,
+// seq_load_balancing_loss or global_load_balancing_loss) and "z_loss" (with --moe-z-loss-coeff):
+// the MoE entries of the training log line.
 std::vector<std::string> moe_metric_names(const model::TransformerConfig& c);
+// The MoE layers' expert biases as checkpoint tensors ("<layer>.mlp.router.expert_bias",
+// float64), current; after loading them, moe_checkpoint_buffers_loaded puts them back.
+model::ParameterList moe_checkpoint_buffers(TrainingRun& r);
+void moe_checkpoint_buffers_loaded(TrainingRun& r);
 
 // Megatron's evaluate(): up to --eval-iters iterations of the final global batch from sample
 // `consumed_eval` of the split on (advanced), split over DP; the losses' sums and counts over

@@ -244,7 +244,10 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
                                                 r.device);
   r.params = r.model->parameters();
   if (r.ckpt) {
-    load_model_weights(*r.ckpt, r.params, /*allow_dtype_conversion=*/!r.resume, r.crank);
+    model::ParameterList params = r.params;
+    for (model::Parameter* p : moe_checkpoint_buffers(r)) params.push_back(p);
+    load_model_weights(*r.ckpt, params, /*allow_dtype_conversion=*/!r.resume, r.crank);
+    moe_checkpoint_buffers_loaded(r);
     // The last stage's tied output_layer.weight is not in the checkpoint: the first stage's table.
     r.model->sync_shared_embedding();
   }

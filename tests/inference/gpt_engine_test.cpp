@@ -1,7 +1,7 @@
 // The generation engine (the model's own layers with a KV cache): incremental decoding equals a
 // full causal forward over the same prefix, and both equal a PyTorch reference
 // (tests/reference/generate_reference.py) on the same random weights, for a GPT-2 style and a
-// Llama style configuration.
+// Llama style configuration; a mixture-of-experts model decodes as it recomputes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -139,6 +139,50 @@ TEST_P(GPTEngineTest, GenerationAndBeamSearchEqualRecomputation) {
   for (size_t i = 0; i < ha.size(); ++i) {
     EXPECT_EQ(ha[i].tokens, hb[i].tokens);
     EXPECT_NEAR(ha[i].score, hb[i].score, 1e-5);
+  }
+}
+
+// A mixture-of-experts model (layer 1: 4 SwiGLU experts, top-2, a gated shared expert) decodes
+// with the cache as it recomputes: inference routes each token alone (no capacity), so the
+// experts a token gets do not depend on the other tokens of the forward.
+TEST(GPTEngine, MixtureOfExpertsGenerationEqualsRecomputation) {
+  Config c = llama_config();
+  c.num_moe_experts = 4;
+  c.moe_layer_freq = "[0,1]";
+  c.moe_ffn_hidden_size = 24;
+  c.moe_router_topk = 2;
+  c.moe_shared_expert_intermediate_size = 16;
+  c.moe_shared_expert_gate = true;
+  Weights w = random_weights(c);
+  w.erase("decoder.layers.1.mlp.linear_fc1.weight");
+  w.erase("decoder.layers.1.mlp.linear_fc2.weight");
+  uint64_t stream = 100;
+  auto add = [&](const std::string& name, Shape shape, float stddev) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    Philox(99, stream++).fill_normal(t.data<float>(), t.numel(), 0.0f, stddev);
+    w[name] = t;
+  };
+  const std::string m = "decoder.layers.1.mlp.";
+  add(m + "router.weight", {4, c.hidden_size}, 1.0f);
+  for (int e = 0; e < 4; ++e) {
+    const std::string x = m + "experts.local_experts." + std::to_string(e) + ".";
+    add(x + "linear_fc1.weight", {48, c.hidden_size}, 0.3f);
+    add(x + "linear_fc2.weight", {c.hidden_size, 24}, 0.3f);
+  }
+  add(m + "shared_experts.linear_fc1.weight", {32, c.hidden_size}, 0.3f);
+  add(m + "shared_experts.linear_fc2.weight", {c.hidden_size, 16}, 0.3f);
+  add(m + "shared_experts.gate_weight", {1, c.hidden_size}, 0.5f);
+  GPTEngine cached(c, w), inner(c, w);
+  RecomputeModel recompute(inner);
+  const std::vector<SequenceRequest> rows = sampled_rows(10, 5);
+  SpecialTokens special;
+  const auto a = generate(cached, rows, 60, special);
+  const auto b = generate(recompute, rows, 60, special);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << i;
+    EXPECT_GT(a[i].tokens.size(), rows[i].prompt.size()) << i;
+    ASSERT_EQ(a[i].logprobs.size(), b[i].logprobs.size());
+    for (size_t j = 0; j < a[i].logprobs.size(); ++j) EXPECT_NEAR(a[i].logprobs[j], b[i].logprobs[j], 1e-5);
   }
 }
 

@@ -1,17 +1,24 @@
 # An independent float64 PyTorch mixture-of-experts layer, written from Megatron-Core's
 # megatron/core/transformer/moe/ definitions (router.py TopKRouter, moe_utils.py
 # topk_routing_with_score_function / group_limited_topk / apply_router_token_dropping /
-# switch_load_balancing_loss_func / z_loss_func / MoEAuxLossAutoScaler / permute / unpermute,
-# experts.py SequentialMLP, shared_experts.py), differentiated by autograd.
+# switch_load_balancing_loss_func / z_loss_func / MoEAuxLossAutoScaler / permute / unpermute /
+# sinkhorn, router.py's _apply_aux_loss / _apply_seq_aux_loss / _apply_global_aux_loss /
+# sinkhorn_load_balancing, experts.py SequentialMLP, shared_experts.py with its gate),
+# differentiated by autograd.
 #
 # Usage: moe_reference.py DIR. DIR/config.json holds the settings; DIR/in.bin the float64 arrays
-# x [N, h], the output gradient g [N, h], the router weight [E, h], each expert's fc1 [F1, h] and
-# fc2 [h, F], the shared expert's fc1 and fc2 (when configured) and the expert bias [E] (when
-# enabled). Writes DIR/out.bin: y [N, h], dx, d router weight, each expert's d fc1 and d fc2, the
-# shared expert's, the logged load_balancing_loss and z_loss, tokens per expert [E].
+# x [M*N, h] (M micro-batches of N tokens, each `sequences` sequences of N/sequences tokens, rows
+# b*S + s), the output gradient g [M*N, h], the shared expert's gate [1, h] (when configured), the
+# router weight [E, h], each expert's fc1 [F1, h] and fc2 [h, F], the shared expert's fc1 and fc2
+# (when configured) and the expert bias [E] (when enabled). Writes DIR/out.bin: y [M*N, h], dx,
+# d gate, d router weight, each expert's d fc1 and d fc2, the shared expert's, the logged
+# load-balancing loss (of the configured type) and z_loss summed over the micro-batches, tokens
+# per expert [E] summed over them.
 #
 # The loss differentiated is sum(y * g), with the auxiliary losses' gradients injected at
-# aux_grad_scale as MoEAuxLossAutoScaler does (their values do not enter it).
+# aux_grad_scale as MoEAuxLossAutoScaler does (their values do not enter it). global_aux_loss
+# accumulates the token counts over the micro-batches (one data-parallel rank) as the router's
+# global_tokens_per_expert / ga_steps do.
 # Ties: torch.topk's order among equal values is unspecified; the "position" drop policy keeps an
 # expert's earliest tokens (the policy's meaning), here by a stable sort.
 import json
@@ -26,6 +33,9 @@ torch.set_default_dtype(torch.float64)
 D = sys.argv[1]
 cfg = json.load(open(os.path.join(D, "config.json")))
 N, h, E, k = cfg["tokens"], cfg["hidden"], cfg["experts"], cfg["topk"]
+M, B = cfg["micro_batches"], cfg["sequences"]
+S = N // B
+balancing = cfg["balancing"]
 F, Fs = cfg["ffn"], cfg["shared_ffn"]
 gated = cfg["activation"] == "swiglu"
 F1 = 2 * F if gated else F
@@ -41,8 +51,9 @@ def take(*shape):
     return t
 
 
-x = take(N, h)
-g = take(N, h).detach()
+x_all = take(M * N, h)
+g_all = take(M * N, h).detach()
+gate_w = take(1, h) if cfg["shared_gate"] else None
 router_w = take(E, h)
 experts = [(take(F1, h), take(h, F)) for _ in range(E)]
 shared = (take(2 * Fs if gated else Fs, h), take(h, Fs)) if Fs > 0 else None
@@ -62,6 +73,30 @@ class MoEAuxLossAutoScaler(torch.autograd.Function):
     def backward(ctx, grad_output):
         (aux_loss,) = ctx.saved_tensors
         return grad_output, torch.ones_like(aux_loss) * MoEAuxLossAutoScaler.scale
+
+
+def sinkhorn(cost, tol=0.0001):
+    cost = torch.exp(cost)
+    d0 = torch.ones(cost.size(0), dtype=cost.dtype)
+    d1 = torch.ones(cost.size(1), dtype=cost.dtype)
+    eps = 0.00000001
+    error = 1e9
+    d1_old = d1
+    while error > tol:
+        d0 = (1 / d0.size(0)) * 1 / (torch.sum(d1 * cost, 1) + eps)
+        d1 = (1 / d1.size(0)) * 1 / (torch.sum(d0.unsqueeze(1) * cost, 0) + eps)
+        error = torch.mean(torch.abs(d1_old - d1))
+        d1_old = d1
+    return d1 * cost * d0.unsqueeze(1)
+
+
+def sinkhorn_load_balancing(logits):
+    # training: the choice from the Sinkhorn-normalised logits, the weights from the activation
+    with torch.no_grad():
+        _, indices = torch.topk(sinkhorn(logits), k=k, dim=1)
+    act = torch.sigmoid(logits) if k == 1 else torch.softmax(logits, dim=-1)
+    rmap = torch.zeros_like(logits).int().scatter(1, indices, 1).bool()
+    return act * rmap, rmap
 
 
 def group_limited_topk(scores, topk, num_groups, group_topk):
@@ -117,27 +152,51 @@ def token_dropping(probs, rmap):
 
 
 logged = {"load_balancing_loss": 0.0, "z_loss": 0.0}
-logits = x @ router_w.t()
-if cfg["z_loss_coeff"] > 0:
-    z = torch.mean(torch.square(torch.logsumexp(logits, dim=-1))) * cfg["z_loss_coeff"]
-    logits = MoEAuxLossAutoScaler.apply(logits, z)
-    logged["z_loss"] = (z / cfg["z_loss_coeff"]).item()
-probs, rmap = topk_routing(logits)
-if cfg["capacity_factor"] > 0:
-    probs, rmap = token_dropping(probs, rmap)
-if cfg["aux_loss_coeff"] > 0:
-    if cfg["score_function"] == "softmax":
-        scores = torch.softmax(logits, dim=-1)
+global_tokens = torch.zeros(E)
+ga_steps = 0
+
+
+def switch_loss(scores, tokens_per_expert, total_num_tokens, coeff):
+    return torch.sum(scores.sum(dim=0) * tokens_per_expert) * (
+        E * coeff / (k * total_num_tokens * total_num_tokens))
+
+
+def route(x):
+    global ga_steps, global_tokens
+    logits = x @ router_w.t()
+    if cfg["z_loss_coeff"] > 0:
+        z = torch.mean(torch.square(torch.logsumexp(logits, dim=-1))) * cfg["z_loss_coeff"]
+        logits = MoEAuxLossAutoScaler.apply(logits, z)
+        logged["z_loss"] += (z / cfg["z_loss_coeff"]).item()
+    if balancing == "sinkhorn":
+        probs, rmap = sinkhorn_load_balancing(logits)
     else:
-        scores = torch.sigmoid(logits)
-        scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
-    _, top = torch.topk(scores, k=k, dim=1)
-    loss_map = torch.zeros_like(logits).int().scatter(1, top, 1).bool()
-    tokens_per_expert = loss_map.sum(dim=0)
-    aux = torch.sum(scores.sum(dim=0) * tokens_per_expert) * (
-        E * cfg["aux_loss_coeff"] / (N * N * k))
-    probs = MoEAuxLossAutoScaler.apply(probs, aux)
-    logged["load_balancing_loss"] = (aux / cfg["aux_loss_coeff"]).item()
+        probs, rmap = topk_routing(logits)
+    if cfg["capacity_factor"] > 0:
+        probs, rmap = token_dropping(probs, rmap)
+    coeff = cfg["aux_loss_coeff"]
+    if coeff > 0 and balancing in ("aux_loss", "seq_aux_loss", "global_aux_loss"):
+        if cfg["score_function"] == "softmax":
+            scores = torch.softmax(logits, dim=-1)
+        else:
+            scores = torch.sigmoid(logits)
+            scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+        _, top = torch.topk(scores, k=k, dim=1)
+        loss_map = torch.zeros_like(logits).int().scatter(1, top, 1).bool()
+        if balancing == "aux_loss":
+            aux = switch_loss(scores, loss_map.sum(dim=0), N, coeff)
+        elif balancing == "seq_aux_loss":
+            # Megatron's tokens are [S, B]: reorder ours (rows b*S + s), then [S, B*E]
+            sm = scores.view(B, S, E).transpose(0, 1).reshape(S, B * E)
+            mm = loss_map.view(B, S, E).transpose(0, 1).reshape(S, B * E)
+            aux = switch_loss(sm, mm.sum(dim=0), S, coeff) / B
+        else:
+            global_tokens = global_tokens + loss_map.sum(dim=0)
+            ga_steps += 1
+            aux = switch_loss(scores, global_tokens / ga_steps, N, coeff)
+        probs = MoEAuxLossAutoScaler.apply(probs, aux)
+        logged["load_balancing_loss"] += (aux / coeff).item()
+    return probs, rmap
 
 
 def act(hh):
@@ -152,23 +211,36 @@ def mlp(inp, w1, w2):
 
 
 # permute: expert-major, token order within an expert; unpermute: weighted scatter-add
-y = torch.zeros(N, h)
-for e in range(E):
-    rows = torch.nonzero(rmap[:, e]).flatten()
-    if rows.numel() == 0:
-        continue
-    out = mlp(x[rows], *experts[e]) * probs[rows, e].unsqueeze(-1)
-    y = y.index_add(0, rows, out)
-if shared is not None:
-    y = y + mlp(x, *shared)
-(y * g).sum().backward()
+ys, counts = [], torch.zeros(E)
+for m in range(M):
+    x = x_all[m * N:(m + 1) * N]
+    probs, rmap = route(x)
+    counts += rmap.sum(dim=0).double()
+    y = torch.zeros(N, h)
+    for e in range(E):
+        rows = torch.nonzero(rmap[:, e]).flatten()
+        if rows.numel() == 0:
+            continue
+        out = mlp(x[rows], *experts[e]) * probs[rows, e].unsqueeze(-1)
+        y = y.index_add(0, rows, out)
+    if shared is not None:
+        sy = mlp(x, *shared)
+        if gate_w is not None:
+            sy = sy * torch.sigmoid(x @ gate_w.t())
+        y = y + sy
+    ys.append(y)
+y = torch.cat(ys)
+(y * g_all).sum().backward()
 
-res = [y.detach().flatten(), x.grad.flatten(), router_w.grad.flatten()]
+res = [y.detach().flatten(), x_all.grad.flatten()]
+if gate_w is not None:
+    res.append(gate_w.grad.flatten())
+res.append(router_w.grad.flatten())
 for w1, w2 in experts:
     for w in (w1, w2):
         res.append(w.grad.flatten() if w.grad is not None else torch.zeros(w.numel()))
 if shared is not None:
     res += [shared[0].grad.flatten(), shared[1].grad.flatten()]
 res.append(torch.tensor([logged["load_balancing_loss"], logged["z_loss"]]))
-res.append(rmap.sum(dim=0).double())
+res.append(counts)
 torch.cat(res).numpy().astype(np.float64).tofile(os.path.join(D, "out.bin"))

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "model/gpt_model.h"
 #include "parallel_test_util.h"
@@ -78,27 +79,125 @@ TEST(MoeTraining, SaveAndResumeContinueTheSameCurve) {
   EXPECT_FALSE(meta["weights"]["decoder.layers.1.mlp.router.weight"].contains("expert"));
 }
 
-// The expert bias is not in checkpoints yet: loading one into a run that uses it is refused by
-// name instead of restarting the bias at zero.
-TEST(MoeTraining, LoadingWithTheExpertBiasIsRefused) {
+// The expert bias is saved with the weights ("...router.expert_bias", float64) and restored: a
+// run resumed with --moe-router-enable-expert-bias continues the uninterrupted curve bit for bit.
+TEST(MoeTraining, ResumeWithTheExpertBiasIsBitExact) {
   if (world()->size() > 1) GTEST_SKIP() << "a single-rank test";
   Fixture f;
-  TrainingArgs a = moe_args(f);
+  TrainingArgs a = moe_args(f, 12);
   a.model.moe_router_score_function = "sigmoid";
   a.model.moe_router_enable_expert_bias = true;
-  a.save = f.dir / "bias";
+  a.model.moe_router_bias_update_rate = 0.05f;
+  a.save = f.dir / "full";
   a.save_interval = 1000;
-  a.exit_interval = 2;
-  run_single(a);
+  const TrainingSummary full = run_single(a);
   TrainingArgs b = a;
-  b.load = a.save;
+  b.save = f.dir / "split";
+  b.exit_interval = 6;
+  run_single(b);
   b.exit_interval = 0;
+  b.load = b.save;
+  const TrainingSummary second = run_single(b);
+  ASSERT_EQ(second.losses.size(), 6u);
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ(second.losses[i], full.losses[6 + i]) << "iteration " << i + 7;
+  expect_same_params(b.save, a.save, 12, 0.0);
+  const json meta = json::parse(testing::read_file(fs::path(a.save) / "iter_0000012/metadata.json"));
+  ASSERT_TRUE(meta["weights"].contains("decoder.layers.1.mlp.router.expert_bias")) << meta["weights"].dump();
+  // The bias moved (the update rate is large against 12 steps of 4 experts).
+  const auto st = read_safetensors(fs::path(a.save) / "iter_0000012/mp_rank_00/model.safetensors");
+  const Tensor& bias = st.tensors.at("decoder.layers.1.mlp.router.expert_bias");
+  ASSERT_EQ(bias.dtype(), DType::F64);
+  double moved = 0;
+  for (int64_t e = 0; e < bias.numel(); ++e) moved += std::abs(bias.data<double>()[e]);
+  EXPECT_GT(moved, 0.0);
+}
+
+// Each load-balancing type trains and logs its loss under Megatron's name; sinkhorn logs none.
+TEST(MoeTraining, EachLoadBalancingTypeLogsItsLoss) {
+  if (world()->size() > 1) GTEST_SKIP() << "a single-rank test";
+  Fixture f;
+  for (const std::string type : {"seq_aux_loss", "global_aux_loss", "sinkhorn"}) {
+    SCOPED_TRACE(type);
+    TrainingArgs a = moe_args(f, 4);
+    a.model.moe_router_load_balancing_type = type;
+    if (type == "sinkhorn") a.model.moe_aux_loss_coeff = 0;
+    // two sequences per micro-batch (seq_aux_loss), four micro-batches (global_aux_loss)
+    a.log_interval = 1;
+    a.metrics_jsonl = f.dir / (type + ".jsonl");
+    const TrainingSummary s = run_single(a);
+    ASSERT_EQ(s.losses.size(), 4u);
+    const std::string log = testing::read_file(a.metrics_jsonl);
+    const json first = json::parse(log.substr(0, log.find('\n')));
+    const std::string name = type == "seq_aux_loss" ? "seq_load_balancing_loss"
+                             : type == "global_aux_loss" ? "global_load_balancing_loss" : "";
+    for (const char* other : {"load_balancing_loss", "seq_load_balancing_loss",
+                              "global_load_balancing_loss"})
+      EXPECT_EQ(first.contains(other), name == other) << first.dump();
+    ASSERT_TRUE(first.contains("z_loss")) << first.dump();
+    if (!name.empty()) {  // E * sum_e f_e P_e: 1 balanced, at most E
+      EXPECT_GT(first[name].get<double>(), 0.5);
+      EXPECT_LT(first[name].get<double>(), 4.0);
+    }
+    for (double l : s.losses) EXPECT_TRUE(std::isfinite(l));
+  }
+}
+
+// --moe-per-layer-logging writes Megatron's moe/<loss>_layer_<i> to TensorBoard for every layer
+// (0 for the dense layer 0); their mean over the MoE layers is the logged value.
+TEST(MoeTraining, PerLayerLoggingWritesEachLayersLosses) {
+  if (world()->size() > 1) GTEST_SKIP() << "a single-rank test";
+  Fixture f;
+  TrainingArgs a = moe_args(f, 2);
+  a.model.num_layers = 3;
+  a.model.moe_layer_freq = "[0,1,1]";
+  a.moe_per_layer_logging = true;
+  a.tensorboard.dir = (f.dir / "tb").string();
+  const TrainingSummary s = run_single(a);
+  fs::path file;
+  for (const auto& e : fs::directory_iterator(f.dir / "tb")) file = e.path();
+  const testing::CommandResult r = testing::run_command(
+      "/usr/bin/python3 '" + (testing::source_dir() / "tests/reference/tfevents_reader.py").string() +
+      "' '" + file.string() + "' 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json j = json::parse(r.output);
+  std::map<std::string, double> at2;
+  for (const json& v : j["scalars"])
+    if (v["step"] == 2) at2[v["tag"].get<std::string>()] = v["value"].get<double>();
+  for (const std::string n : {"load_balancing_loss", "z_loss"}) {
+    ASSERT_TRUE(at2.count("moe/" + n + "_layer_0")) << r.output;
+    EXPECT_EQ(at2["moe/" + n + "_layer_0"], 0.0);
+    const double l1 = at2["moe/" + n + "_layer_1"], l2 = at2["moe/" + n + "_layer_2"];
+    EXPECT_GT(l1, 0.0);
+    EXPECT_GT(l2, 0.0);
+    EXPECT_NEAR((l1 + l2) / 2, at2[n], 1e-6 * at2[n]) << n;  // float32 in the events
+  }
+  EXPECT_FALSE(at2.count("moe/load_balancing_loss_layer_3"));
+  ASSERT_EQ(s.more_losses.size(), 2u);
+}
+
+// --moe-grouped-gemm saves the experts under Megatron-Core's grouped names (one tensor per
+// expert, its number recorded); a sequential run refuses that checkpoint naming the setting.
+TEST(MoeTraining, GroupedGemmCheckpointsUseTheGroupedNames) {
+  if (world()->size() > 1) GTEST_SKIP() << "a single-rank test";
+  Fixture f;
+  TrainingArgs a = moe_args(f, 3);
+  a.model.moe_grouped_gemm = true;
+  a.save = f.dir / "grouped";
+  a.save_interval = 1000;
+  const TrainingSummary s = run_single(a);
+  EXPECT_LT(s.losses.back(), s.losses.front());
+  const json meta = json::parse(testing::read_file(fs::path(a.save) / "iter_0000003/metadata.json"));
+  EXPECT_EQ(meta["weights"]["decoder.layers.1.mlp.experts.linear_fc1.weight3"]["expert"], 3);
+  EXPECT_EQ(meta["weights"]["decoder.layers.1.mlp.experts.linear_fc2.weight0"]["expert"], 0);
+  EXPECT_FALSE(meta["weights"].contains("decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"));
+  TrainingArgs b = moe_args(f, 4);
+  b.load = a.save;
   try {
     run_single(b);
-    ADD_FAILURE() << "a run with the expert bias loaded a checkpoint";
+    ADD_FAILURE() << "a sequential run loaded a grouped checkpoint";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--moe-router-enable-expert-bias"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("moe_grouped_gemm"), std::string::npos) << e.what();
   }
 }
 
@@ -182,9 +281,16 @@ TEST(MoeCli, FlagsThatAreNotBuiltAreClearErrors) {
   EXPECT_NE(err("--moe-layer-freq '([1]*3+[0]'").find("--moe-layer-freq"), std::string::npos);
   EXPECT_NE(err("--moe-layer-freq '[1,0,1]'").find("gives 3 layers but --num-layers is 2"),
             std::string::npos);
-  EXPECT_NE(err("--moe-router-load-balancing-type sinkhorn").find("not built yet"),
+  EXPECT_NE(err("--moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0.01")
+                .find("takes no auxiliary loss"), std::string::npos);
+  EXPECT_NE(err("--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0.1 0.1")
+                .find("takes one type"), std::string::npos);
+  EXPECT_NE(err("--moe-shared-expert-gate").find("--moe-shared-expert-intermediate-size"),
             std::string::npos);
-  EXPECT_NE(err("--moe-grouped-gemm").find("--moe-grouped-gemm"), std::string::npos);
+  EXPECT_NE(err("--expert-model-parallel-size 2 --tensor-model-parallel-size 2")
+                .find("sequence parallelism must be used"), std::string::npos);
+  EXPECT_NE(err("--moe-grouped-gemm --tensor-model-parallel-size 2").find("not tensor-parallel"),
+            std::string::npos);
   EXPECT_NE(err("--moe-token-dispatcher-type flex").find("flex"), std::string::npos);
   EXPECT_NE(err("--moe-router-enable-expert-bias").find("sigmoid"), std::string::npos);
   const testing::CommandResult bias = testing::run_cli(

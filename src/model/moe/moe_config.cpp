@@ -141,8 +141,9 @@ void TransformerConfig::validate_moe() const {
                  lb == "sinkhorn",
              "--moe-router-load-balancing-type '", lb,
              "' is not one of: aux_loss, seq_aux_loss, global_aux_loss, sinkhorn, none");
-  MG_REQUIRE(lb == "aux_loss" || lb == "none", "--moe-router-load-balancing-type ", lb,
-             " is not built yet; use aux_loss (with --moe-aux-loss-coeff) or none");
+  MG_REQUIRE(lb != "sinkhorn" || moe_aux_loss_coeff == 0, "--moe-router-load-balancing-type "
+             "sinkhorn balances by the Sinkhorn choice and takes no auxiliary loss (as in "
+             "Megatron-Core); drop --moe-aux-loss-coeff ", moe_aux_loss_coeff);
   MG_REQUIRE(moe_aux_loss_coeff >= 0, "--moe-aux-loss-coeff must be >= 0");
   MG_REQUIRE(moe_z_loss_coeff >= 0, "--moe-z-loss-coeff must be >= 0");
   MG_REQUIRE(moe_router_topk_scaling_factor >= 0, "--moe-router-topk-scaling-factor must be > 0");
@@ -171,6 +172,9 @@ void TransformerConfig::validate_moe() const {
              "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor");
   MG_REQUIRE(moe_shared_expert_intermediate_size >= 0,
              "--moe-shared-expert-intermediate-size must be > 0");
+  MG_REQUIRE(!moe_shared_expert_gate || moe_shared_expert_intermediate_size > 0,
+             "--moe-shared-expert-gate gates the shared expert; give it one with "
+             "--moe-shared-expert-intermediate-size");
 }
 
 }  // namespace megatron::model

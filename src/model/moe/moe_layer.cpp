@@ -1,6 +1,9 @@
 // Forward and backward of the MoE layer (see moe_layer.h).
 #include "model/moe/moe_layer.h"
 
+#include <cmath>
+
+#include "comm/communicator.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
 
@@ -20,6 +23,21 @@ Tensor to_device_floats(const std::vector<double>& v, const Shape& shape, Device
   return Tensor::from_vector(std::vector<float>(v.begin(), v.end()), shape, device);
 }
 
+// out [N, h] = rows of y [N, h] each scaled by w [N] (a [N, 1, 1] batch of 1x1 products).
+Tensor scale_rows(const Tensor& w, const Tensor& y) {
+  const int64_t N = y.size(0), h = y.size(1);
+  Tensor out = Tensor::empty({N, h}, DType::F32, y.device());
+  if (N > 0) ops::gemm_batched(w.view({N, 1, 1}), false, y.view({N, 1, h}), false, out.view({N, 1, h}));
+  return out;
+}
+
+// The sequential experts' configuration: none when the grouped experts hold them.
+TransformerConfig sequential_experts_config(const TransformerConfig& cfg) {
+  TransformerConfig c = cfg;
+  if (cfg.moe_grouped_gemm) c.num_moe_experts = 0;
+  return c;
+}
+
 }  // namespace
 
 TopKRouter::TopKRouter(const std::string& prefix, const TransformerConfig& cfg, bool grad) {
@@ -33,7 +51,7 @@ TopKRouter::TopKRouter(const std::string& prefix, const TransformerConfig& cfg, 
 MoELayer::MoELayer(const std::string& prefix, const TransformerConfig& cfg, const MlpSpec& spec,
                    int layer, const TensorParallel& tp, bool grad)
     : router(prefix + ".router", cfg, grad),
-      experts(prefix + ".experts", cfg, spec, tp, grad),
+      experts(prefix + ".experts", sequential_experts_config(cfg), spec, tp, grad),
       settings_(RouterSettings::of(cfg)),
       layer_(layer),
       force_balance_(cfg.moe_router_force_load_balancing),
@@ -41,12 +59,29 @@ MoELayer::MoELayer(const std::string& prefix, const TransformerConfig& cfg, cons
       bias_update_rate_(cfg.moe_router_bias_update_rate) {
   register_child(router);
   register_child(experts);
+  if (cfg.moe_grouped_gemm) {
+    grouped_experts = std::make_unique<GroupedExperts>(prefix + ".experts", cfg, spec, tp.size(), grad);
+    register_child(*grouped_experts);
+  }
   if (cfg.moe_shared_expert_intermediate_size > 0) {
     shared_experts = std::make_unique<MLP>(prefix + ".shared_experts", cfg, spec, tp, grad,
                                            cfg.moe_shared_expert_intermediate_size);
     register_child(*shared_experts);
   }
-  if (expert_bias_enabled_) expert_bias_.assign(size_t(cfg.num_moe_experts), 0.0);
+  if (cfg.moe_shared_expert_gate) {
+    MG_REQUIRE(shared_experts != nullptr, "--moe-shared-expert-gate needs a shared expert "
+               "(--moe-shared-expert-intermediate-size)");
+    WeightSpec g;
+    g.name = prefix + ".shared_experts.gate_weight";
+    g.init = InitMethod::normal;
+    shared_expert_gate.init(g, {1, cfg.hidden_size}, cfg.params_dtype, grad);
+    register_weight(shared_expert_gate);
+  }
+  if (expert_bias_enabled_) {
+    expert_bias_.assign(size_t(cfg.num_moe_experts), 0.0);
+    expert_bias_state_.name = prefix + ".router.expert_bias";
+    expert_bias_state_.value = Tensor::zeros({cfg.num_moe_experts}, DType::F64, Device::cpu());
+  }
   stats_.tokens_per_expert.assign(size_t(cfg.num_moe_experts), 0.0);
 }
 
@@ -69,15 +104,22 @@ Tensor MoELayer::forward(const LayerContext& ctx, const Tensor& x) {
   ops::gemm(x, false, router.weight.f32, true, logits);
   const Tensor host_logits = logits.to(Device::cpu());
   const std::vector<double> gate = to_host_doubles(host_logits);
-  Routing r = route(routing_logits(ctx, gate), N, settings_, expert_bias_, ctx.training);
+  const std::vector<double> routed = routing_logits(ctx, gate);
+  const BalanceInputs balance = balance_inputs(ctx, routed, N, ctx.save);
+  Routing r = route(routed, N, settings_, expert_bias_, ctx.training, balance);
   const DispatchPlan plan = dispatcher_.plan(r, x.device());
-  Tensor y = experts.forward(ctx, dispatcher_.dispatch(plan, x), plan.counts);
+  Tensor y = experts_forward(ctx, dispatcher_.dispatch(plan, x), plan.counts);
   Tensor out = dispatcher_.combine(plan, y);
-  if (shared_experts) ops::add(out, out, shared_experts->forward(ctx, x));
+  if (shared_experts) ops::add(out, out, shared_forward(ctx, x));
   if (ctx.save) {
     x_ = x;
     logits_ = host_logits;
     y_ = y;
+    if (!balance.global_tokens_per_expert.empty()) {
+      std::vector<double> g = balance.global_tokens_per_expert;
+      g.push_back(balance.global_num_tokens);
+      global_ = Tensor::from_vector(g, {int64_t(g.size())});
+    }
     // Statistics once per micro-batch (a recomputed forward saves; its first pass does not).
     if (ctx.training) {
       stats_.load_balancing_loss += r.load_balancing_loss;
@@ -96,16 +138,24 @@ Tensor MoELayer::backward(const LayerContext& ctx, const Tensor& dy) {
   const int E = settings_.num_experts;
   const std::vector<double> gate = to_host_doubles(logits_);
   const std::vector<double> routed = routing_logits(ctx, gate);
-  const Routing r = route(routed, N, settings_, expert_bias_, ctx.training);
+  BalanceInputs balance;
+  balance.sequences = ctx.batch > 0 && N % ctx.batch == 0 ? ctx.batch : 1;
+  if (global_.defined()) {
+    const double* g = global_.get().data<double>();
+    balance.global_tokens_per_expert.assign(g, g + E);
+    balance.global_num_tokens = g[E];
+  }
+  const Routing r = route(routed, N, settings_, expert_bias_, ctx.training, balance);
   const DispatchPlan plan = dispatcher_.plan(r, x.device());
-  Tensor dx = shared_experts ? shared_experts->backward(ctx, dy)
-                             : Tensor::zeros(dy.shape(), DType::F32, dy.device());
+  Tensor dx = Tensor::zeros(dy.shape(), DType::F32, dy.device());
+  if (shared_experts) shared_backward(ctx, x, dy, dx);
   std::vector<double> dprobs;
   Tensor dyp = dispatcher_.combine_backward(plan, dy, y_, dprobs);
-  dispatcher_.dispatch_backward(plan, experts.backward(ctx, dyp, plan.counts), dx);
+  dispatcher_.dispatch_backward(plan, experts_backward(ctx, dyp, plan.counts), dx);
   std::vector<double> dlogits(size_t(N * E), 0.0);
   if (!force_balance_)
-    dlogits = route_backward(routed, N, settings_, expert_bias_, dprobs, ctx.moe_aux_grad_scale);
+    dlogits = route_backward(routed, N, settings_, expert_bias_, dprobs, ctx.moe_aux_grad_scale,
+                             balance);
   if (settings_.z_loss_coeff > 0)
     z_loss_backward(gate, N, E, ctx.moe_aux_grad_scale * settings_.z_loss_coeff, dlogits);
   const Tensor dl = to_device_floats(dlogits, {N, E}, x.device());
@@ -115,12 +165,96 @@ Tensor MoELayer::backward(const LayerContext& ctx, const Tensor& dy) {
   x_.reset();
   logits_.reset();
   y_.reset();
+  global_.reset();
   return dx;
+}
+
+BalanceInputs MoELayer::balance_inputs(const LayerContext& ctx, const std::vector<double>& routed,
+                                       int64_t N, bool commit) {
+  BalanceInputs b;
+  b.sequences = ctx.batch > 0 && N % ctx.batch == 0 ? ctx.batch : 1;
+  if (!ctx.training || settings_.balancing != LoadBalancing::global_aux_loss ||
+      !settings_.has_balancing_loss())
+    return b;
+  // _apply_global_aux_loss: this micro-batch's counts summed over the data-parallel ranks, added
+  // to the step's; the loss uses their average over the micro-batches so far.
+  std::vector<double> v = aux_loss_tokens_per_expert(routed, N, settings_);
+  v.push_back(double(N));
+  if (dp_group_ != nullptr && dp_group_->size() > 1) {
+    Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
+    dp_group_->all_reduce(t, ReduceOp::Sum);
+    v.assign(t.data<double>(), t.data<double>() + t.numel());
+  }
+  const size_t E = size_t(settings_.num_experts);
+  std::vector<double> sum = global_tokens_;
+  sum.resize(E, 0.0);
+  for (size_t e = 0; e < E; ++e) sum[e] += v[e];
+  const double steps = ga_steps_ + 1;
+  if (commit) {
+    global_tokens_ = sum;
+    ga_steps_ = steps;
+  }
+  b.global_tokens_per_expert.resize(E);
+  for (size_t e = 0; e < E; ++e) b.global_tokens_per_expert[e] = sum[e] / steps;
+  b.global_num_tokens = v[E];
+  return b;
+}
+
+Tensor MoELayer::experts_forward(const LayerContext& ctx, const Tensor& xp,
+                                 const std::vector<int64_t>& counts) {
+  return grouped_experts ? grouped_experts->forward(ctx, xp, counts) : experts.forward(ctx, xp, counts);
+}
+
+Tensor MoELayer::experts_backward(const LayerContext& ctx, const Tensor& dyp,
+                                  const std::vector<int64_t>& counts) {
+  return grouped_experts ? grouped_experts->backward(ctx, dyp, counts)
+                         : experts.backward(ctx, dyp, counts);
+}
+
+Tensor MoELayer::shared_forward(const LayerContext& ctx, const Tensor& x) {
+  Tensor y = shared_experts->forward(ctx, x);
+  if (!shared_expert_gate.defined()) return y;
+  // SharedExpertMLP's gate: y * sigmoid(x g^T), per token.
+  const int64_t N = x.size(0);
+  Tensor logit = Tensor::empty({N, 1}, DType::F32, x.device());
+  ops::gemm(x, false, shared_expert_gate.f32, true, logit);
+  std::vector<double> g = to_host_doubles(logit);
+  for (double& v : g) v = 1.0 / (1.0 + std::exp(-v));
+  const Tensor gate = to_device_floats(g, {N, 1}, x.device());
+  if (ctx.save) {
+    shared_y_ = y;
+    gate_ = gate;
+  }
+  return scale_rows(gate, y);
+}
+
+void MoELayer::shared_backward(const LayerContext& ctx, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  if (!shared_expert_gate.defined()) {
+    ops::add(dx, dx, shared_experts->backward(ctx, dy));
+    return;
+  }
+  const int64_t N = x.size(0), h = x.size(1);
+  const Tensor y = shared_y_, gate = gate_;
+  ops::add(dx, dx, shared_experts->backward(ctx, scale_rows(gate, dy)));
+  // d(logit) = <dy, y> * s (1 - s) per token; then dg += dlogit^T x, dx += dlogit g.
+  Tensor dot = Tensor::empty({N, 1, 1}, DType::F32, dy.device());
+  if (N > 0) ops::gemm_batched(dy.view({N, 1, h}), false, y.view({N, 1, h}), true, dot);
+  std::vector<double> d = to_host_doubles(dot.view({N, 1}));
+  const std::vector<double> s = to_host_doubles(gate);
+  for (size_t i = 0; i < d.size(); ++i) d[i] *= s[i] * (1 - s[i]);
+  const Tensor dl = to_device_floats(d, {N, 1}, x.device());
+  if (shared_expert_gate.param.grad.defined())
+    ops::gemm(dl, true, x, false, shared_expert_gate.param.grad, 1.0f, 1.0f);
+  ops::gemm(dl, false, shared_expert_gate.f32, false, dx, 1.0f, 1.0f);
+  shared_y_.reset();
+  gate_.reset();
 }
 
 MoeStatistics MoELayer::take_statistics() {
   MoeStatistics s = std::move(stats_);
   stats_ = MoeStatistics();
+  global_tokens_.clear();
+  ga_steps_ = 0;
   stats_.tokens_per_expert.assign(size_t(settings_.num_experts), 0.0);
   return s;
 }
@@ -131,6 +265,17 @@ void MoELayer::set_expert_bias(std::vector<double> bias) {
              expert_bias_enabled_ ? "with " + std::to_string(settings_.num_experts) + " experts"
                                   : std::string("without --moe-router-enable-expert-bias"));
   expert_bias_ = std::move(bias);
+}
+
+void MoELayer::sync_expert_bias_state() {
+  if (!expert_bias_enabled_) return;
+  std::copy(expert_bias_.begin(), expert_bias_.end(), expert_bias_state_.value.data<double>());
+}
+
+void MoELayer::load_expert_bias_state() {
+  if (!expert_bias_enabled_) return;
+  const double* v = expert_bias_state_.value.data<double>();
+  expert_bias_.assign(v, v + expert_bias_state_.value.numel());
 }
 
 void MoELayer::update_expert_bias(const std::vector<double>& tokens_per_expert) {

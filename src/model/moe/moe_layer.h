@@ -4,9 +4,13 @@
 //              load-balancing and z losses;
 //   dispatcher rows permuted to the experts and combined back weighted by the probabilities
 //              (token_dispatcher.h: the local dispatcher; an all-to-all one can replace it);
-//   experts    one MLP per expert over its rows (experts.h: "<prefix>.experts.local_experts.<e>");
+//   experts    one MLP per expert over its rows (experts.h: "<prefix>.experts.local_experts.<e>"),
+//              or with --moe-grouped-gemm all of them as grouped products (grouped_experts.h:
+//              "<prefix>.experts.linear_fc1.weight<e>");
 //   shared     optionally an MLP over every token ("<prefix>.shared_experts",
-//              --moe-shared-expert-intermediate-size), added to the routed output.
+//              --moe-shared-expert-intermediate-size), added to the routed output; with
+//              --moe-shared-expert-gate scaled per token by sigmoid(x g^T) (g [1, h],
+//              "<prefix>.shared_experts.gate_weight", Megatron-Core's SharedExpertMLP gate).
 // y = shared(x) + sum_k p_k expert_k(x). x and y are [N, h] (no sequence parallelism).
 //
 // The auxiliary losses do not enter the language-model loss: their gradients are added in
@@ -14,7 +18,10 @@
 // their values are kept for the training log (take_statistics). Backward routes again from the
 // saved logits (cheap, [N, E]) instead of keeping the routing, so the per-micro-batch stash holds
 // only tensors. With --moe-router-enable-expert-bias the expert bias (a buffer, not a parameter)
-// shifts the choice of experts and is updated after each step from the counted tokens.
+// shifts the choice of experts and is updated after each step from the counted tokens; it is
+// saved in checkpoints as "<prefix>.router.expert_bias" (float64, so a resume is bit-exact).
+// global_aux_loss keeps the step's token counts (Megatron's global_tokens_per_expert and
+// ga_steps), summed over the data-parallel group set by set_data_parallel_group.
 #pragma once
 
 #include <memory>
@@ -22,6 +29,7 @@
 #include <vector>
 
 #include "model/moe/experts.h"
+#include "model/moe/grouped_experts.h"
 #include "model/moe/routing.h"
 #include "model/moe/token_dispatcher.h"
 
@@ -34,8 +42,8 @@ class TopKRouter : public Module {
 };
 
 // What an MoE layer saw in training forwards since the last take_statistics(): the sums over
-// micro-batches of the logged losses (divided by their coefficients) and the routed tokens per
-// expert.
+// micro-batches of the logged losses (divided by their coefficients; the load-balancing loss of
+// the configured type) and the routed tokens per expert.
 struct MoeStatistics {
   double load_balancing_loss = 0, z_loss = 0;
   std::vector<double> tokens_per_expert;
@@ -48,7 +56,18 @@ class MoELayer : public Module {
   Tensor forward(const LayerContext& ctx, const Tensor& x);    // [N, h] -> [N, h]
   Tensor backward(const LayerContext& ctx, const Tensor& dy);  // -> dx [N, h]
 
+  // Takes the statistics and resets the step's global_aux_loss counts (Megatron's
+  // reset_model_temporary_tensors).
   MoeStatistics take_statistics();
+  int layer_number() const { return layer_; }  // 0-based, over the whole model
+  // The group over which global_aux_loss sums the token counts (data x context parallel); null:
+  // this rank alone. Not owned.
+  void set_data_parallel_group(Communicator* group) { dp_group_ = group; }
+  // The expert bias as checkpoints hold it (float64 [E]): sync_expert_bias_state() before saving,
+  // load_expert_bias_state() after loading. Null without --moe-router-enable-expert-bias.
+  Parameter* expert_bias_state() { return expert_bias_enabled_ ? &expert_bias_state_ : nullptr; }
+  void sync_expert_bias_state();
+  void load_expert_bias_state();
   // The expert bias [E] (zeros until updated); empty without --moe-router-enable-expert-bias.
   const std::vector<double>& expert_bias() const { return expert_bias_; }
   void set_expert_bias(std::vector<double> bias);
@@ -59,25 +78,42 @@ class MoELayer : public Module {
   const Routing& last_routing() const { return last_routing_; }
 
   TopKRouter router;
-  SequentialExperts experts;
+  SequentialExperts experts;  // no experts with --moe-grouped-gemm
+  std::unique_ptr<GroupedExperts> grouped_experts;
   std::unique_ptr<MLP> shared_experts;
+  Weight shared_expert_gate;  // [1, h]; undefined without --moe-shared-expert-gate
 
  private:
   // The logits the experts were chosen from, [N, E] on the host: the gate's, or random ones
   // under --moe-router-force-load-balancing.
   std::vector<double> routing_logits(const LayerContext& ctx, const std::vector<double>& gate) const;
+  // The load-balancing loss's inputs of this micro-batch; global_aux_loss sums the token counts
+  // over the data-parallel group and, when `commit`, adds them to the step's counts.
+  BalanceInputs balance_inputs(const LayerContext& ctx, const std::vector<double>& routed,
+                               int64_t N, bool commit);
+  Tensor experts_forward(const LayerContext& ctx, const Tensor& xp, const std::vector<int64_t>& counts);
+  Tensor experts_backward(const LayerContext& ctx, const Tensor& dyp, const std::vector<int64_t>& counts);
+  Tensor shared_forward(const LayerContext& ctx, const Tensor& x);
+  void shared_backward(const LayerContext& ctx, const Tensor& x, const Tensor& dy, Tensor& dx);
 
   RouterSettings settings_;
   int layer_;
   bool force_balance_, expert_bias_enabled_;
   double bias_update_rate_;
   std::vector<double> expert_bias_;
+  Parameter expert_bias_state_;
+  Communicator* dp_group_ = nullptr;
+  std::vector<double> global_tokens_;  // global_aux_loss: the step's summed counts
+  double ga_steps_ = 0;
   LocalTokenDispatcher dispatcher_;
   MoeStatistics stats_;
   Routing last_routing_;
   SavedTensor x_{this, "x", "[N, h] layer input (the router's and the dispatch's)"};
   SavedTensor logits_{this, "logits", "[N, E] gate logits, fp32 on the host"};
   SavedTensor y_{this, "y", "[M, h] expert outputs before the probability weights"};
+  SavedTensor global_{this, "global", "[E + 1] f64 global_aux_loss's averaged counts, tokens"};
+  SavedTensor shared_y_{this, "shared_y", "[N, h] shared expert output before its gate"};
+  SavedTensor gate_{this, "gate", "[N, 1] sigmoid of the shared expert's gate"};
 };
 
 }  // namespace megatron::model

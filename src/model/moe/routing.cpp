@@ -91,18 +91,44 @@ TokenChoice choose_token(const double* l, const RouterSettings& s, const std::ve
   return c;
 }
 
+// How a token's probabilities come from its logits: a softmax over its top-k logits, a softmax
+// over all experts (pre-softmax; sinkhorn with k > 1), or sigmoids (normalised over the top-k
+// when k > 1 outside sinkhorn).
+bool is_sinkhorn(const RouterSettings& s) { return s.balancing == LoadBalancing::sinkhorn; }
+bool full_softmax(const RouterSettings& s) {
+  return is_sinkhorn(s) ? s.topk > 1 : !s.sigmoid && s.pre_softmax;
+}
+bool sigmoid_probs(const RouterSettings& s) { return is_sinkhorn(s) ? s.topk == 1 : s.sigmoid; }
+
+// Sinkhorn routing's token choice (Megatron's sinkhorn_load_balancing): the scores are the
+// sigmoid (k = 1) or the softmax over all experts (k > 1); the experts are `chosen` (from the
+// Sinkhorn-normalised logits in training) or the top-k scores.
+TokenChoice sinkhorn_choice(const double* l, const RouterSettings& s, const double* normalised) {
+  const int E = s.num_experts, k = s.topk;
+  TokenChoice c;
+  if (k == 1) {
+    c.score.resize(size_t(E));
+    for (int i = 0; i < E; ++i) c.score[size_t(i)] = sigmoid(l[i]);
+  } else {
+    c.score = softmax(l, E);
+  }
+  c.idx = normalised ? topk_of(std::vector<double>(normalised, normalised + E), k) : topk_of(c.score, k);
+  for (int e : c.idx) c.prob.push_back(c.score[size_t(e)]);
+  return c;
+}
+
 // d(prob)/d(logits) applied to g (the gradient of c.prob), added into dl [E].
 void choice_backward(const double* l, const RouterSettings& s, const TokenChoice& c,
                      const std::vector<double>& g, double* dl) {
   const int E = s.num_experts, k = s.topk;
-  if (!s.sigmoid && !s.pre_softmax) {
+  if (!sigmoid_probs(s) && !full_softmax(s)) {
     double dot = 0;
     for (int j = 0; j < k; ++j) dot += c.prob[size_t(j)] * g[size_t(j)];
     for (int j = 0; j < k; ++j) dl[c.idx[size_t(j)]] += c.prob[size_t(j)] * (g[size_t(j)] - dot);
     return;
   }
   std::vector<double> ds(size_t(E), 0.0);
-  if (!s.sigmoid) {
+  if (full_softmax(s)) {
     for (int j = 0; j < k; ++j) ds[size_t(c.idx[size_t(j)])] += g[size_t(j)];
     double dot = 0;
     for (int i = 0; i < E; ++i) dot += c.score[size_t(i)] * ds[size_t(i)];
@@ -165,7 +191,7 @@ struct Forward {
 };
 
 Forward forward(const std::vector<double>& logits, int64_t N, const RouterSettings& s,
-                const std::vector<double>& bias) {
+                const std::vector<double>& bias, bool training) {
   const int E = s.num_experts;
   MG_CHECK(int64_t(logits.size()) == N * E, "route: logits are not [N, E]");
   Forward f;
@@ -174,9 +200,13 @@ Forward forward(const std::vector<double>& logits, int64_t N, const RouterSettin
   r.num_experts = E;
   r.probs.assign(size_t(N * E), 0.0);
   r.map.assign(size_t(N * E), 0);
-  const double sf = s.scaling_factor > 0 ? s.scaling_factor : 1.0;
+  const double sf = s.scaling_factor > 0 && !is_sinkhorn(s) ? s.scaling_factor : 1.0;
+  const std::vector<double> normalised =
+      is_sinkhorn(s) && training ? sinkhorn(logits, N, E) : std::vector<double>();
   for (int64_t x = 0; x < N; ++x) {
-    f.choice.push_back(choose_token(&logits[size_t(x * E)], s, bias));
+    const double* l = &logits[size_t(x * E)];
+    f.choice.push_back(is_sinkhorn(s) ? sinkhorn_choice(l, s, training ? &normalised[size_t(x * E)] : nullptr)
+                                      : choose_token(l, s, bias));
     const TokenChoice& c = f.choice.back();
     for (size_t j = 0; j < c.idx.size(); ++j) {
       r.probs[size_t(x * E + c.idx[j])] = c.prob[j] * sf;
@@ -208,18 +238,60 @@ Forward forward(const std::vector<double>& logits, int64_t N, const RouterSettin
   return f;
 }
 
-// The load-balancing loss's constant A and the per-expert counts: loss = A * sum_e c_e * P_e.
+// The load-balancing loss as A * sum over tokens x and experts e of count[group(x), e] *
+// scores[x, e]: aux_loss one group with the micro-batch's counts; seq_aux_loss a group per
+// sequence (switch_load_balancing_loss_func over [S, B*E], divided by B); global_aux_loss one
+// group with the averaged counts over the data-parallel tokens.
 struct AuxTerms {
   double a = 0;
-  std::vector<double> count;
+  int64_t group_rows = 0;     // tokens per group
+  std::vector<double> count;  // [groups, E]
+  double at(int64_t x, int e, int E) const { return count[size_t((x / group_rows) * E + e)]; }
 };
-AuxTerms aux_terms(const std::vector<double>& logits, int64_t N, const RouterSettings& s) {
+
+std::vector<double> topk_counts(const std::vector<double>& logits, int64_t x0, int64_t n,
+                                const RouterSettings& s) {
   const int E = s.num_experts;
+  std::vector<double> count(size_t(E), 0.0);
+  for (int64_t x = x0; x < x0 + n; ++x)
+    for (int e : topk_of(aux_scores(&logits[size_t(x * E)], s), s.topk)) count[size_t(e)] += 1;
+  return count;
+}
+
+AuxTerms aux_terms(const std::vector<double>& logits, int64_t N, const RouterSettings& s,
+                   const BalanceInputs& b) {
+  const int E = s.num_experts;
+  const double k = double(s.topk), c = s.aux_loss_coeff;
   AuxTerms t;
-  t.count.assign(size_t(E), 0.0);
-  for (int64_t x = 0; x < N; ++x)
-    for (int e : topk_of(aux_scores(&logits[size_t(x * E)], s), s.topk)) t.count[size_t(e)] += 1;
-  t.a = E * s.aux_loss_coeff / (double(s.topk) * double(N) * double(N));
+  t.group_rows = N;
+  switch (s.balancing) {
+    case LoadBalancing::aux_loss:
+      t.count = topk_counts(logits, 0, N, s);
+      t.a = E * c / (k * double(N) * double(N));
+      break;
+    case LoadBalancing::seq_aux_loss: {
+      const int64_t B = b.sequences;
+      MG_REQUIRE(B >= 1 && N % B == 0, "seq_aux_loss: ", N, " tokens are not ", B, " sequences");
+      const int64_t S = N / B;
+      t.group_rows = S;
+      for (int64_t g = 0; g < B; ++g) {
+        const std::vector<double> cg = topk_counts(logits, g * S, S, s);
+        t.count.insert(t.count.end(), cg.begin(), cg.end());
+      }
+      t.a = E * c / (k * double(S) * double(S) * double(B));
+      break;
+    }
+    case LoadBalancing::global_aux_loss: {
+      MG_CHECK(int64_t(b.global_tokens_per_expert.size()) == E && b.global_num_tokens > 0,
+               "global_aux_loss without the global token counts");
+      t.count = b.global_tokens_per_expert;
+      const double T = b.global_num_tokens;
+      t.a = E * c / (k * T * T);
+      break;
+    }
+    default:
+      MG_CHECK(false, "aux_terms without a load-balancing loss");
+  }
   return t;
 }
 
@@ -233,6 +305,63 @@ double logsumexp(const double* l, int E) {
 
 }  // namespace
 
+LoadBalancing load_balancing_of(const std::string& t) {
+  if (t == "aux_loss") return LoadBalancing::aux_loss;
+  if (t == "seq_aux_loss") return LoadBalancing::seq_aux_loss;
+  if (t == "global_aux_loss") return LoadBalancing::global_aux_loss;
+  if (t == "sinkhorn") return LoadBalancing::sinkhorn;
+  if (t == "none") return LoadBalancing::none;
+  MG_THROW("--moe-router-load-balancing-type '", t,
+           "' is not one of: aux_loss, seq_aux_loss, global_aux_loss, sinkhorn, none");
+}
+
+const char* load_balancing_loss_name(LoadBalancing b) {
+  switch (b) {
+    case LoadBalancing::aux_loss: return "load_balancing_loss";
+    case LoadBalancing::seq_aux_loss: return "seq_load_balancing_loss";
+    case LoadBalancing::global_aux_loss: return "global_load_balancing_loss";
+    default: return "";
+  }
+}
+
+bool RouterSettings::has_balancing_loss() const {
+  return aux_loss_coeff > 0 && (balancing == LoadBalancing::aux_loss ||
+                                balancing == LoadBalancing::seq_aux_loss ||
+                                balancing == LoadBalancing::global_aux_loss);
+}
+
+std::vector<double> aux_loss_tokens_per_expert(const std::vector<double>& logits, int64_t N,
+                                               const RouterSettings& s) {
+  return topk_counts(logits, 0, N, s);
+}
+
+std::vector<double> sinkhorn(const std::vector<double>& logits, int64_t N, int E) {
+  std::vector<double> cost(logits.size());
+  for (size_t i = 0; i < cost.size(); ++i) cost[i] = std::exp(logits[i]);
+  std::vector<double> d0(size_t(N), 1.0), d1(size_t(E), 1.0), d1_old = d1;
+  constexpr double kEps = 1e-8, kTol = 1e-4;
+  double error = 1e9;
+  for (int round = 0; error > kTol && round < 10000; ++round) {
+    for (int64_t x = 0; x < N; ++x) {
+      double sum = 0;
+      for (int e = 0; e < E; ++e) sum += d1[size_t(e)] * cost[size_t(x * E + e)];
+      d0[size_t(x)] = (1.0 / double(N)) / (sum + kEps);
+    }
+    for (int e = 0; e < E; ++e) {
+      double sum = 0;
+      for (int64_t x = 0; x < N; ++x) sum += d0[size_t(x)] * cost[size_t(x * E + e)];
+      d1[size_t(e)] = (1.0 / double(E)) / (sum + kEps);
+    }
+    error = 0;
+    for (int e = 0; e < E; ++e) error += std::abs(d1_old[size_t(e)] - d1[size_t(e)]);
+    error /= double(E);
+    d1_old = d1;
+  }
+  for (int64_t x = 0; x < N; ++x)
+    for (int e = 0; e < E; ++e) cost[size_t(x * E + e)] *= d1[size_t(e)] * d0[size_t(x)];
+  return cost;
+}
+
 RouterSettings RouterSettings::of(const TransformerConfig& c) {
   RouterSettings s;
   s.num_experts = c.num_moe_experts;
@@ -245,7 +374,7 @@ RouterSettings RouterSettings::of(const TransformerConfig& c) {
   s.capacity_factor = c.moe_expert_capacity_factor;
   s.drop_by_position = c.moe_token_drop_policy == "position";
   s.pad_to_capacity = c.moe_pad_expert_input_to_capacity;
-  s.aux_loss = c.moe_router_load_balancing_type == "aux_loss";
+  s.balancing = load_balancing_of(c.moe_router_load_balancing_type);
   s.aux_loss_coeff = c.moe_aux_loss_coeff;
   s.z_loss_coeff = c.moe_z_loss_coeff;
   return s;
@@ -256,16 +385,16 @@ int64_t expert_capacity(int64_t num_tokens, int num_experts, double capacity_fac
 }
 
 Routing route(const std::vector<double>& logits, int64_t N, const RouterSettings& s,
-              const std::vector<double>& bias, bool training) {
-  Forward f = forward(logits, N, s, bias);
+              const std::vector<double>& bias, bool training, const BalanceInputs& b) {
+  Forward f = forward(logits, N, s, bias, training);
   Routing& r = f.r;
   const int E = s.num_experts;
-  if (training && s.aux_loss && s.aux_loss_coeff > 0 && N > 0) {
-    const AuxTerms t = aux_terms(logits, N, s);
+  if (training && s.has_balancing_loss() && N > 0) {
+    const AuxTerms t = aux_terms(logits, N, s, b);
     double sum = 0;
     for (int64_t x = 0; x < N; ++x) {
       const std::vector<double> sa = aux_scores(&logits[size_t(x * E)], s);
-      for (int e = 0; e < E; ++e) sum += t.count[size_t(e)] * sa[size_t(e)];
+      for (int e = 0; e < E; ++e) sum += t.at(x, e, E) * sa[size_t(e)];
     }
     r.aux_loss_scaled = t.a * sum;
     r.load_balancing_loss = r.aux_loss_scaled / s.aux_loss_coeff;
@@ -275,13 +404,14 @@ Routing route(const std::vector<double>& logits, int64_t N, const RouterSettings
 
 std::vector<double> route_backward(const std::vector<double>& logits, int64_t N,
                                    const RouterSettings& s, const std::vector<double>& bias,
-                                   const std::vector<double>& dprobs, double scale) {
+                                   const std::vector<double>& dprobs, double scale,
+                                   const BalanceInputs& b) {
   const int E = s.num_experts;
   MG_CHECK(int64_t(dprobs.size()) == N * E, "route_backward: dprobs are not [N, E]");
   std::vector<double> dl(size_t(N * E), 0.0);
   if (N == 0) return dl;
   {
-    const Forward f = forward(logits, N, s, bias);
+    const Forward f = forward(logits, N, s, bias, /*training=*/true);
     const double sf = s.scaling_factor > 0 ? s.scaling_factor : 1.0;
     for (int64_t x = 0; x < N; ++x) {
       const TokenChoice& c = f.choice[size_t(x)];
@@ -292,11 +422,11 @@ std::vector<double> route_backward(const std::vector<double>& logits, int64_t N,
       }
       choice_backward(&logits[size_t(x * E)], s, c, g, &dl[size_t(x * E)]);
     }
-    if (s.aux_loss && s.aux_loss_coeff > 0) {
-      const AuxTerms t = aux_terms(logits, N, s);
+    if (s.has_balancing_loss()) {
+      const AuxTerms t = aux_terms(logits, N, s, b);
       std::vector<double> dsa(static_cast<size_t>(E));
-      for (int e = 0; e < E; ++e) dsa[size_t(e)] = scale * t.a * t.count[size_t(e)];
       for (int64_t x = 0; x < N; ++x) {
+        for (int e = 0; e < E; ++e) dsa[size_t(e)] = scale * t.a * t.at(x, e, E);
         const double* l = &logits[size_t(x * E)];
         aux_scores_backward(l, s, aux_scores(l, s), dsa, &dl[size_t(x * E)]);
       }

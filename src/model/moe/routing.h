@@ -18,6 +18,16 @@
 
 namespace megatron::model {
 
+// --moe-router-load-balancing-type: Megatron's aux_loss (per micro-batch), seq_aux_loss (per
+// sequence, averaged over the sequences), global_aux_loss (the token counts summed over the
+// data-parallel ranks and averaged over the step's micro-batches so far), sinkhorn (training-time
+// Sinkhorn choice, no loss), none.
+enum class LoadBalancing { none, aux_loss, seq_aux_loss, global_aux_loss, sinkhorn };
+LoadBalancing load_balancing_of(const std::string& type);  // throws on an unknown name
+// The name of the logged loss: load_balancing_loss, seq_load_balancing_loss,
+// global_load_balancing_loss; empty for sinkhorn and none.
+const char* load_balancing_loss_name(LoadBalancing b);
+
 struct RouterSettings {
   int num_experts = 0, topk = 1;
   bool sigmoid = false;  // --moe-router-score-function sigmoid (else softmax)
@@ -27,9 +37,21 @@ struct RouterSettings {
   double capacity_factor = 0;          // 0: no capacity
   bool drop_by_position = false;       // --moe-token-drop-policy position (else probs)
   bool pad_to_capacity = false;
-  bool aux_loss = false;  // --moe-router-load-balancing-type aux_loss
+  LoadBalancing balancing = LoadBalancing::aux_loss;
   double aux_loss_coeff = 0, z_loss_coeff = 0;
+  // A load-balancing loss is computed (in training): an aux-loss type with a coefficient.
+  bool has_balancing_loss() const;
   static RouterSettings of(const TransformerConfig& cfg);
+};
+
+// What the load-balancing losses need besides the logits. Tokens are rows b * S + s of the
+// micro-batch's `sequences` sequences of S = N / sequences tokens (seq_aux_loss).
+// global_aux_loss: the tokens per expert averaged over the step's micro-batches so far (each
+// summed over the data-parallel ranks) and the tokens of one micro-batch over those ranks.
+struct BalanceInputs {
+  int64_t sequences = 1;
+  std::vector<double> global_tokens_per_expert;
+  double global_num_tokens = 0;
 };
 
 // One micro-batch's routing. probs and map are [N, E] row-major: probs[x*E + e] is token x's
@@ -48,15 +70,28 @@ struct Routing {
 
 // Routes `logits` [N, E]. expert_bias: [E] added to the sigmoid scores for the choice only, or
 // empty. `training`: the auxiliary losses are computed (Megatron skips them outside training).
+// Under sinkhorn, training chooses the experts from the Sinkhorn-normalised logits (Megatron's
+// sinkhorn, tolerance 1e-4), evaluation by the scores.
 Routing route(const std::vector<double>& logits, int64_t num_tokens, const RouterSettings& s,
-              const std::vector<double>& expert_bias, bool training);
+              const std::vector<double>& expert_bias, bool training,
+              const BalanceInputs& balance = {});
 
 // d(loss)/d(logits) [N, E]: dprobs [N, E] is the gradient of Routing::probs; the
 // load-balancing loss's gradient is added multiplied by aux_grad_scale (MoEAuxLossAutoScaler's
 // main_loss_backward_scale).
 std::vector<double> route_backward(const std::vector<double>& logits, int64_t num_tokens,
                                    const RouterSettings& s, const std::vector<double>& expert_bias,
-                                   const std::vector<double>& dprobs, double aux_grad_scale);
+                                   const std::vector<double>& dprobs, double aux_grad_scale,
+                                   const BalanceInputs& balance = {});
+
+// The tokens per expert of the load-balancing loss (compute_routing_scores_for_aux_loss's top-k
+// of the normalised scores, no capacity): what global_aux_loss sums over the ranks.
+std::vector<double> aux_loss_tokens_per_expert(const std::vector<double>& logits, int64_t num_tokens,
+                                               const RouterSettings& s);
+
+// Megatron's sinkhorn(cost, tol=1e-4) over [N, E] (at most 10000 rounds: it converges in a few
+// dozen on any finite input).
+std::vector<double> sinkhorn(const std::vector<double>& logits, int64_t num_tokens, int num_experts);
 
 // z_loss_func without its coefficient: mean over tokens of logsumexp(logits)^2; and the
 // gradient of scale * that mean added into dlogits.

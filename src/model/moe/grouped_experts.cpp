@@ -1,0 +1,124 @@
+// The grouped experts (see grouped_experts.h).
+#include "model/moe/grouped_experts.h"
+
+#include "kernels/ops.h"
+
+namespace megatron::model {
+
+void grouped_gemm(const Tensor& a, const std::vector<int64_t>& rows, const std::vector<const Tensor*>& b,
+                  bool trans_b, const Tensor& c) {
+  MG_CHECK(rows.size() == b.size(), "grouped_gemm: ", rows.size(), " row counts for ", b.size(),
+           " matrices");
+  int64_t off = 0;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    const int64_t n = rows[g];
+    if (n == 0) continue;
+    ops::gemm(a.narrow(0, off, n), false, *b[g], trans_b, c.narrow(0, off, n));
+    off += n;
+  }
+  MG_CHECK(off == a.size(0) && off == c.size(0), "grouped_gemm: the row counts sum to ", off,
+           " but a has ", a.size(0), " rows");
+}
+
+void grouped_gemm_wgrad(const Tensor& d, const Tensor& a, const std::vector<int64_t>& rows,
+                        const std::vector<Tensor*>& dw) {
+  int64_t off = 0;
+  for (size_t g = 0; g < rows.size(); ++g) {
+    const int64_t n = rows[g];
+    if (n == 0) continue;
+    if (dw[g] != nullptr && dw[g]->defined())
+      ops::gemm(d.narrow(0, off, n), true, a.narrow(0, off, n), false, *dw[g], 1.0f, 1.0f);
+    off += n;
+  }
+}
+
+GroupedExperts::GroupedExperts(const std::string& prefix, const TransformerConfig& cfg,
+                               const MlpSpec& spec, int tp_size, bool grad)
+    : activation_(*spec.activation) {
+  MG_REQUIRE(tp_size == 1, "--moe-grouped-gemm with --tensor-model-parallel-size ", tp_size,
+             ": the grouped experts are not tensor-parallel yet; leave out --moe-grouped-gemm "
+             "(the sequential experts give the same numbers) or use tensor-parallel size 1");
+  const int64_t h = cfg.hidden_size, F = cfg.moe_ffn(), F1 = activation_.gated ? 2 * F : F;
+  for (int e = 0; e < cfg.num_moe_experts; ++e) {
+    WeightSpec w1;
+    w1.name = prefix + ".linear_fc1.weight" + std::to_string(e);
+    w1.init = InitMethod::normal;
+    w1.partition_dim = 0;
+    w1.partition_parts = activation_.gated ? 2 : 1;
+    w1.expert = e;
+    WeightSpec w2;
+    w2.name = prefix + ".linear_fc2.weight" + std::to_string(e);
+    w2.init = InitMethod::scaled_normal;
+    w2.partition_dim = 1;
+    w2.expert = e;
+    fc1_.push_back(std::make_unique<Weight>());
+    fc2_.push_back(std::make_unique<Weight>());
+    fc1_.back()->init(w1, {F1, h}, cfg.params_dtype, grad);
+    fc2_.back()->init(w2, {h, F}, cfg.params_dtype, grad);
+    fc1_.back()->param.expert = fc2_.back()->param.expert = e;
+  }
+  for (size_t e = 0; e < fc1_.size(); ++e) {  // expert by expert, as the sequential layout
+    register_weight(*fc1_[e]);
+    register_weight(*fc2_[e]);
+  }
+}
+
+namespace {
+
+std::vector<const Tensor*> working(const std::vector<std::unique_ptr<Weight>>& ws) {
+  std::vector<const Tensor*> out;
+  for (const auto& w : ws) out.push_back(&w->f32);
+  return out;
+}
+std::vector<Tensor*> grads(const std::vector<std::unique_ptr<Weight>>& ws) {
+  std::vector<Tensor*> out;
+  for (const auto& w : ws) out.push_back(&w->param.grad);
+  return out;
+}
+
+}  // namespace
+
+Tensor GroupedExperts::forward(const LayerContext& ctx, const Tensor& xp,
+                               const std::vector<int64_t>& counts) {
+  const int64_t M = xp.size(0);
+  const int64_t F1 = fc1_.empty() ? 0 : fc1_[0]->param.value.size(0);
+  const int64_t F = activation_.gated ? F1 / 2 : F1;
+  Tensor h1 = Tensor::empty({M, F1}, DType::F32, xp.device());
+  Tensor a1 = Tensor::empty({M, F}, DType::F32, xp.device());
+  Tensor y = Tensor::empty({M, xp.size(1)}, DType::F32, xp.device());
+  if (M > 0) {
+    grouped_gemm(xp, counts, working(fc1_), true, h1);
+    ops::activation_fwd(activation_.id, a1, h1);
+    grouped_gemm(a1, counts, working(fc2_), true, y);
+  }
+  if (ctx.save) {
+    x_ = xp;
+    h1_ = h1;
+    a1_ = a1;
+  }
+  return y;
+}
+
+Tensor GroupedExperts::backward(const LayerContext& ctx, const Tensor& dyp,
+                                const std::vector<int64_t>& counts) {
+  (void)ctx;
+  MG_CHECK(x_.defined(), "GroupedExperts::backward without a saved forward");
+  const Tensor x = x_, h1 = h1_, a1 = a1_;
+  const int64_t M = x.size(0);
+  Tensor dx = Tensor::empty(x.shape(), DType::F32, x.device());
+  if (M > 0) {
+    Tensor da = Tensor::empty(a1.shape(), DType::F32, x.device());
+    grouped_gemm(dyp, counts, working(fc2_), false, da);
+    grouped_gemm_wgrad(dyp, a1, counts, grads(fc2_));
+    Tensor dh = activation_.gated ? Tensor::empty(h1.shape(), DType::F32, x.device()) : da;
+    ops::activation_bwd(activation_.id, dh, da, h1);
+    grouped_gemm(dh, counts, working(fc1_), false, dx);
+    grouped_gemm_wgrad(dh, x, counts, grads(fc1_));
+  }
+  x_.reset();
+  h1_.reset();
+  a1_.reset();
+  return dx;
+}
+
+}  // namespace megatron::model
