@@ -31,7 +31,12 @@ GPTEngine::GPTEngine(const model::TransformerConfig& config,
                                              model::ContextParallel::none(), model::ChunkPlace{
                                                  model::PipelineLayout{cfg_.num_layers, 1, 1}, 0, 0},
                                              opt);
-  load_weights_into(model_->parameters(), weights, cfg_.params_dtype);
+  // The MoE layers' expert biases (float64 buffers beside the weights) route as in training.
+  model::ParameterList params = model_->parameters();
+  for (model::MoELayer* m : model_->moe_layers())
+    if (model::Parameter* p = m->expert_bias_state()) params.push_back(p);
+  load_weights_into(params, weights, cfg_.params_dtype);
+  for (model::MoELayer* m : model_->moe_layers()) m->load_expert_bias_state();
 }
 
 GPTEngine::GPTEngine(const model::TransformerConfig& config,

@@ -285,6 +285,7 @@ const MegatronArgument kArguments[] = {
     V("--num-experts", M, "None"), V("--expert-model-parallel-size", R),
     V("--expert-tensor-parallel-size", R), V("--moe-layer-freq", R), V("--moe-ffn-hidden-size", R),
     V("--moe-shared-expert-intermediate-size", R), S("--moe-shared-expert-overlap", R),
+    S("--moe-shared-expert-gate", R),
     S("--moe-grouped-gemm", R), S("--moe-use-legacy-grouped-gemm", R),
     S("--moe-layer-recompute", R), S("--moe-extended-tp", R), S("--moe-use-upcycling", R),
     L("--moe-router-load-balancing-type", R), V("--moe-router-dtype", R),

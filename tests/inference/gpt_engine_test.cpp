@@ -174,7 +174,7 @@ TEST(GPTEngine, MixtureOfExpertsGenerationEqualsRecomputation) {
   add(m + "shared_experts.gate_weight", {1, c.hidden_size}, 0.5f);
   GPTEngine cached(c, w), inner(c, w);
   RecomputeModel recompute(inner);
-  const std::vector<SequenceRequest> rows = sampled_rows(10, 5);
+  std::vector<SequenceRequest> rows = sampled_rows(10, 5);
   SpecialTokens special;
   const auto a = generate(cached, rows, 60, special);
   const auto b = generate(recompute, rows, 60, special);
