@@ -6,17 +6,17 @@
 # context): the corpus's unigram entropy, as the BERT demo prints it, and the unigram entropy of
 # the decoder's labels themselves (the masked words with their sentinels and [EOS], over the first
 # 2000 training samples), then let `megatron generate` fill the spans of a few prompts.
-# Environment: DEMO_ITERS (training iterations, default 3000), DEMO_MINUTES (training stops and
+# Environment: DEMO_ITERS (training iterations, default 2000), DEMO_MINUTES (training stops and
 # saves after this many minutes, default 10), DEMO_THREADS (default 2), BUILD_DIR (default
-# build), SKIP_SETUP=1 to skip scripts/setup.sh.
+# build), SKIP_SETUP=1 to skip scripts/setup.sh, SKIP_BUILD=1 to use $BUILD_DIR/megatron as built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${BUILD_DIR:-build}"
-ITERS="${DEMO_ITERS:-3000}"
+ITERS="${DEMO_ITERS:-2000}"
 MINUTES="${DEMO_MINUTES:-10}"
 export OMP_NUM_THREADS="${DEMO_THREADS:-2}" OPENBLAS_NUM_THREADS=1
 [ "${SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
-BUILD_DIR="$BUILD_DIR" scripts/build.sh
+[ "${SKIP_BUILD:-0}" = 1 ] || BUILD_DIR="$BUILD_DIR" scripts/build.sh
 scripts/get-corpus.sh
 MEGATRON="$BUILD_DIR/megatron"
 OUT=.cache/demo-t5
@@ -57,7 +57,7 @@ echo "unigram entropy of the decoder labels (2000 training samples): $LABELS nat
 
 rm -rf "$OUT/ckpt"
 "$MEGATRON" pretrain-t5 "${SHAPE[@]}" "${TOK[@]}" "${DATA[@]}" "${SAMPLES[@]}" \
-  --lr 1e-3 --min-lr 1e-4 --lr-decay-style linear --lr-warmup-iters 300 \
+  --lr 1e-3 --min-lr 1e-4 --lr-decay-style linear --lr-warmup-iters 100 \
   --weight-decay 0.01 --clip-grad 1.0 --hidden-dropout 0 --attention-dropout 0 \
   --log-interval 100 --save "$OUT/ckpt" --save-interval "$ITERS" \
   --exit-duration-in-mins "$MINUTES" 2>&1 | tee "$OUT/train.log"

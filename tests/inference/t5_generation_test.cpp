@@ -64,7 +64,7 @@ std::vector<double> recomputed_logprobs(model::T5Model& m, const std::vector<int
   double mx = row[0], sum = 0.0;
   for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(row[v]));
   for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
-  std::vector<double> out(size_t(V));
+  std::vector<double> out(static_cast<size_t>(V));
   for (int64_t v = 0; v < V; ++v) out[size_t(v)] = double(row[v]) - mx - std::log(sum);
   return out;
 }
@@ -115,8 +115,9 @@ TEST_P(T5CachedGeneration, EqualsRecomputingTheDecoderAtEveryStep) {
         EXPECT_EQ(r.tokens[t], best) << "row " << i << " step " << t;
       }
     }
-    if (r.finish == FinishReason::Length)
+    if (r.finish == FinishReason::Length) {
       EXPECT_EQ(r.generated(), lengths[i]) << "row " << i;
+    }
   }
 }
 
