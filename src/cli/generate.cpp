@@ -54,12 +54,11 @@ std::vector<std::string> read_lines(std::istream& in) {
   return lines;
 }
 
-void print_result(const GenerateArgs& a, const data::Tokenizer& tok, const std::string& prompt,
-                  std::span<const int32_t> tokens, const std::vector<float>* logprobs,
-                  const float* score) {
-  const std::string text = tok.decode(tokens);
+// One result: `j` with the log-probs and score as a JSON line (--output-format jsonl), or `text`
+// followed by them.
+void print_output(const GenerateArgs& a, nlohmann::json j, const std::string& text,
+                  const std::vector<float>* logprobs, const float* score) {
   if (a.output_format == "jsonl") {
-    nlohmann::json j = {{"prompt", prompt}, {"text", text}, {"tokens", tokens}};
     if (logprobs) j["logprobs"] = *logprobs;
     if (score) j["score"] = *score;
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -73,6 +72,13 @@ void print_result(const GenerateArgs& a, const data::Tokenizer& tok, const std::
     std::printf("\n");
   }
   std::printf("\n");
+}
+
+void print_result(const GenerateArgs& a, const data::Tokenizer& tok, const std::string& prompt,
+                  std::span<const int32_t> tokens, const std::vector<float>* logprobs,
+                  const float* score) {
+  const std::string text = tok.decode(tokens);
+  print_output(a, {{"prompt", prompt}, {"text", text}, {"tokens", tokens}}, text, logprobs, score);
 }
 
 // The prompts of --prompt, --prompt-file or standard input.
@@ -98,24 +104,12 @@ void print_t5_result(const GenerateArgs& a, const data::Tokenizer& tok, const st
                      const std::vector<float>* logprobs, const float* score) {
   const std::span<const int32_t> generated = decoded.subspan(1);  // after [BOS]
   const inference::T5Output out = inference::read_t5_output(tok, encoder_input, generated);
-  if (a.output_format == "jsonl") {
-    nlohmann::json spans = nlohmann::json::object();
-    for (const auto& [n, ids] : out.spans) spans["<extra_id_" + std::to_string(n) + ">"] = tok.decode(ids);
-    nlohmann::json j = {{"prompt", prompt}, {"text", out.filled}, {"output", out.text},
-                        {"spans", spans}, {"tokens", generated}};
-    if (logprobs) j["logprobs"] = *logprobs;
-    if (score) j["score"] = *score;
-    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    return;
-  }
-  std::printf("%s\noutput: %s\n", out.filled.c_str(), out.text.c_str());
-  if (score) std::printf("score: %.6f\n", double(*score));
-  if (logprobs) {
-    std::printf("logprobs:");
-    for (float lp : *logprobs) std::printf(" %.5f", double(lp));
-    std::printf("\n");
-  }
-  std::printf("\n");
+  nlohmann::json spans = nlohmann::json::object();
+  for (const auto& [n, ids] : out.spans) spans["<extra_id_" + std::to_string(n) + ">"] = tok.decode(ids);
+  print_output(a,
+               {{"prompt", prompt}, {"text", out.filled}, {"output", out.text}, {"spans", spans},
+                {"tokens", generated}},
+               out.filled + "\noutput: " + out.text, logprobs, score);
 }
 
 // The decoder of every prompt starts from [BOS] (Megatron's text_dec) and stops at [EOS] (the
@@ -136,6 +130,9 @@ void run_t5_generate(const GenerateArgs& a, const inference::InferenceModelOptio
   for (size_t i = 0; i < prompts.size(); ++i) {
     inputs.push_back(encode_t5_prompt(tok, prompts[i], int64_t(i + 1)));
     MG_REQUIRE(!inputs.back().empty(), "prompt ", i + 1, " has no tokens");
+    MG_REQUIRE(int64_t(inputs.back().size()) <= model.max_sequence_length(), "prompt ", i + 1,
+               " has ", inputs.back().size(), " tokens, more than the encoder takes "
+               "(--max-position-embeddings ", model.max_sequence_length(), ")");
   }
   const int32_t bos = *tok.bos();
   MG_REQUIRE(1 + a.tokens_to_generate <= model.max_sequence_length(), "--num-tokens-to-generate ",

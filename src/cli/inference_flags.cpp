@@ -57,8 +57,9 @@ void InferenceFlags::add(CLI::App& sub) {
 void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
                                            const inference::CheckpointArgs& ck, bool check_only) {
   const model::RecordedConfig rec = model::config_from_checkpoint_args(ck.args());
-  // Generation, serving and zero-shot evaluation run a decoder-only language model; another
-  // family's weights would not load into one (or would load into the wrong model).
+  // Serving and zero-shot evaluation run a decoder-only language model (evaluate also BERT,
+  // generate also T5); another family's weights would not load into one (or would load into the
+  // wrong model).
   if (accept_bert && rec.config.model_family == "bert") {  // evaluate's masked-LM evaluation
     cfg.model_family = rec.config.model_family;
     cfg.bert_binary_head = rec.config.bert_binary_head;

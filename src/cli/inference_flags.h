@@ -46,7 +46,7 @@ struct InferenceFlags {
   bool no_load_optim = false, no_load_rng = false;
   std::string device;  // --device: cuda | cpu | "" (a GPU when one is present)
   // evaluate: a BERT checkpoint's metadata is accepted (its family, binary head and bidirectional
-  // attention are taken into the model); generate and serve refuse every non-GPT checkpoint.
+  // attention are taken into the model); generate and serve refuse it.
   bool accept_bert = false;
   // generate: a T5 checkpoint's metadata is accepted (its family is taken into the model, and with
   // --use-checkpoint-args its --vocab-extra-ids); serve and evaluate refuse it, naming generate.

@@ -2,7 +2,8 @@
 // sentinels are filled from the decoder's output (text and jsonl), the tokenizer's sentinels
 // come from the checkpoint with --use-checkpoint-args, and the mistakes a user can make with a T5
 // checkpoint are clear errors: a sentinel the tokenizer lacks, a contradicting --vocab-extra-ids,
-// GPT-only flags, and serve / evaluate, which answer for GPT checkpoints and name generate.
+// a prompt longer than the encoder takes, GPT-only flags, and serve / evaluate, which answer for
+// GPT checkpoints and name generate.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -100,6 +101,10 @@ TEST_F(T5GenerateCli, RefusesWhatDoesNotFit) {
              "--vocab-extra-ids 5 contradicts the checkpoint, whose vocab_extra_ids is 10");
   fails_with("generate", " --use-checkpoint-args --add-BOS --prompt 'a <extra_id_0>'",
              "a T5 decoder always starts from [BOS]");
+  std::string long_prompt;
+  for (int i = 0; i < 40; ++i) long_prompt += "the ";
+  fails_with("generate", " --use-checkpoint-args --prompt '" + long_prompt + "<extra_id_0>'",
+             "prompt 1 has 41 tokens, more than the encoder takes (--max-position-embeddings 32)");
   fails_with("serve", " --use-checkpoint-args --port 0", "`megatron generate` fills the");
   fails_with("evaluate", " --use-checkpoint-args --task LAMBADA --valid-data x.jsonl",
              "`megatron generate` fills the");
