@@ -2,6 +2,8 @@
 // --prompt (repeatable), --prompt-file (one per line) or standard input (one per line). Prints
 // prompt + generation per prompt (Megatron's "text"), or JSON lines with --output-format jsonl.
 // Sampling flags follow Megatron's text generation tools (greedy by default: --top_k 1).
+// On a T5 checkpoint (pretrain-t5's) each prompt is an encoder input with <extra_id_N> sentinels
+// and the output shows the spans the decoder wrote for them (inference/t5_generation.h).
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -14,6 +16,7 @@
 #include "core/error.h"
 #include "inference/beam_search.h"
 #include "inference/generation.h"
+#include "inference/t5_generation.h"
 
 namespace megatron::cli {
 namespace {
@@ -51,12 +54,11 @@ std::vector<std::string> read_lines(std::istream& in) {
   return lines;
 }
 
-void print_result(const GenerateArgs& a, const data::Tokenizer& tok, const std::string& prompt,
-                  std::span<const int32_t> tokens, const std::vector<float>* logprobs,
-                  const float* score) {
-  const std::string text = tok.decode(tokens);
+// One result: `j` with the log-probs and score as a JSON line (--output-format jsonl), or `text`
+// followed by them.
+void print_output(const GenerateArgs& a, nlohmann::json j, const std::string& text,
+                  const std::vector<float>* logprobs, const float* score) {
   if (a.output_format == "jsonl") {
-    nlohmann::json j = {{"prompt", prompt}, {"text", text}, {"tokens", tokens}};
     if (logprobs) j["logprobs"] = *logprobs;
     if (score) j["score"] = *score;
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -72,6 +74,109 @@ void print_result(const GenerateArgs& a, const data::Tokenizer& tok, const std::
   std::printf("\n");
 }
 
+void print_result(const GenerateArgs& a, const data::Tokenizer& tok, const std::string& prompt,
+                  std::span<const int32_t> tokens, const std::vector<float>* logprobs,
+                  const float* score) {
+  const std::string text = tok.decode(tokens);
+  print_output(a, {{"prompt", prompt}, {"text", text}, {"tokens", tokens}}, text, logprobs, score);
+}
+
+// The prompts of --prompt, --prompt-file or standard input.
+std::vector<std::string> read_prompts(const GenerateArgs& a) {
+  std::vector<std::string> prompts = a.prompts;
+  if (!a.prompt_file.empty()) {
+    std::ifstream in(a.prompt_file);
+    MG_REQUIRE(in, "cannot read --prompt-file ", a.prompt_file);
+    prompts = read_lines(in);
+    MG_REQUIRE(!prompts.empty(), "--prompt-file ", a.prompt_file, " has no prompts (one per line)");
+  } else if (prompts.empty()) {
+    prompts = read_lines(std::cin);
+    MG_REQUIRE(!prompts.empty(), "no prompts: pass --prompt, --prompt-file or lines on standard input");
+  }
+  return prompts;
+}
+
+// A T5 checkpoint fills the <extra_id_N> spans of each prompt (inference/t5_generation.h). Text
+// output: the prompt with its spans filled in "[...]", then the decoder's own text; jsonl adds the
+// spans by sentinel and the decoder's tokens.
+void print_t5_result(const GenerateArgs& a, const data::Tokenizer& tok, const std::string& prompt,
+                     std::span<const int32_t> encoder_input, std::span<const int32_t> decoded,
+                     const std::vector<float>* logprobs, const float* score) {
+  const std::span<const int32_t> generated = decoded.subspan(1);  // after [BOS]
+  const inference::T5Output out = inference::read_t5_output(tok, encoder_input, generated);
+  nlohmann::json spans = nlohmann::json::object();
+  for (const auto& [n, ids] : out.spans) spans["<extra_id_" + std::to_string(n) + ">"] = tok.decode(ids);
+  print_output(a,
+               {{"prompt", prompt}, {"text", out.filled}, {"output", out.text}, {"spans", spans},
+                {"tokens", generated}},
+               out.filled + "\noutput: " + out.text, logprobs, score);
+}
+
+// The decoder of every prompt starts from [BOS] (Megatron's text_dec) and stops at [EOS] (the
+// tokenizer's end of document) or the token limit; sampling and beam search as for GPT.
+void run_t5_generate(const GenerateArgs& a, const inference::InferenceModelOptions& options,
+                     const inference::SamplingParams& sampling) {
+  using namespace inference;
+  MG_REQUIRE(a.tokens_to_generate >= 1, "--num-tokens-to-generate must be >= 1 for a T5 "
+             "checkpoint (its decoder writes the spans)");
+  MG_REQUIRE(!a.add_bos && !a.stop_on_eol && !a.stop_on_double_eol && !a.prevent_newline_after_colon,
+             "--add-BOS, --stop-on-eol, --stop-on-double-eol and --prevent-newline-after-colon are "
+             "GPT's: a T5 decoder always starts from [BOS] and stops at [EOS]");
+  T5Inference loaded = load_t5_model(options);
+  const auto& tok = *loaded.tokenizer;
+  T5Engine& model = *loaded.model;
+  const std::vector<std::string> prompts = read_prompts(a);
+  std::vector<std::vector<int32_t>> inputs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    inputs.push_back(encode_t5_prompt(tok, prompts[i], int64_t(i + 1)));
+    MG_REQUIRE(!inputs.back().empty(), "prompt ", i + 1, " has no tokens");
+    MG_REQUIRE(int64_t(inputs.back().size()) <= model.max_sequence_length(), "prompt ", i + 1,
+               " has ", inputs.back().size(), " tokens, more than the encoder takes "
+               "(--max-position-embeddings ", model.max_sequence_length(), ")");
+  }
+  const int32_t bos = *tok.bos();
+  MG_REQUIRE(1 + a.tokens_to_generate <= model.max_sequence_length(), "--num-tokens-to-generate ",
+             a.tokens_to_generate, " with the decoder's [BOS] exceeds the model's maximum "
+             "sequence length ", model.max_sequence_length());
+  const auto special = SpecialTokens::from_tokenizer(tok);
+  const int64_t vocab = tok.vocab_size();
+  const uint64_t seed = a.random_seed >= 0 ? uint64_t(a.random_seed) : std::random_device{}();
+  if (a.beam_width > 0) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      model.set_encoder_inputs({inputs[i]});
+      BeamSearchRequest req;
+      req.prompt = {bos};
+      req.tokens_to_generate = a.tokens_to_generate;
+      req.beam_width = a.beam_width;
+      req.length_penalty = a.length_penalty;
+      req.stop_token = a.stop_token >= 0 ? int32_t(a.stop_token) : *tok.eos();
+      MG_REQUIRE(req.stop_token < vocab, "--stop-token ", req.stop_token, " is outside the vocabulary");
+      for (const auto& h : beam_search(model, req, vocab))
+        print_t5_result(a, tok, prompts[i], inputs[i], h.tokens, nullptr, &h.score);
+    }
+    return;
+  }
+  for (size_t begin = 0; begin < inputs.size(); begin += size_t(a.micro_batch_size)) {
+    const size_t end = std::min(inputs.size(), begin + size_t(a.micro_batch_size));
+    model.set_encoder_inputs({inputs.begin() + long(begin), inputs.begin() + long(end)});
+    std::vector<SequenceRequest> rows;
+    for (size_t i = begin; i < end; ++i) {
+      SequenceRequest r;
+      r.prompt = {bos};
+      r.tokens_to_generate = a.tokens_to_generate;
+      r.return_logprobs = a.return_log_probs;
+      r.sampling = sampling;
+      r.seed = seed;
+      r.sequence = i;
+      rows.push_back(std::move(r));
+    }
+    const auto results = generate(model, rows, vocab, special);
+    for (size_t k = 0; k < results.size(); ++k)
+      print_t5_result(a, tok, prompts[begin + k], inputs[begin + k], results[k].tokens,
+                      a.return_log_probs ? &results[k].logprobs : nullptr, nullptr);
+  }
+}
+
 void run_generate(GenerateArgs& a) {
   using namespace inference;
   MG_REQUIRE(a.prompts.empty() || a.prompt_file.empty(), "pass --prompt or --prompt-file, not both");
@@ -85,9 +190,11 @@ void run_generate(GenerateArgs& a) {
   MG_REQUIRE(a.tokens_to_generate > 0 || a.return_log_probs,
              "--num-tokens-to-generate 0 scores the prompts: add --return-log-probs");
   MG_REQUIRE(a.micro_batch_size >= 1, "--micro-batch-size must be >= 1");
+  const InferenceModelOptions options = a.model.finish();
+  if (options.model.model_family == "t5") return run_t5_generate(a, options, sampling);
   // Under launch/mpirun with tensor or pipeline parallelism every rank loads its shard; rank 0
   // reads the prompts, generates and prints, the others run their part of each forward.
-  auto loaded = load_inference_model(a.model.finish());
+  auto loaded = load_inference_model(options);
   if (!loaded.leader()) {
     loaded.follow();
     return;
@@ -95,16 +202,7 @@ void run_generate(GenerateArgs& a) {
   MG_REQUIRE(loaded.data_parallel_size == 1, "generate runs one model: launch --tensor-model-"
              "parallel-size x --pipeline-model-parallel-size ranks (", loaded.group->size(),
              "), not ", loaded.group->size() * loaded.data_parallel_size);
-  std::vector<std::string> prompts = a.prompts;
-  if (!a.prompt_file.empty()) {
-    std::ifstream in(a.prompt_file);
-    MG_REQUIRE(in, "cannot read --prompt-file ", a.prompt_file);
-    prompts = read_lines(in);
-    MG_REQUIRE(!prompts.empty(), "--prompt-file ", a.prompt_file, " has no prompts (one per line)");
-  } else if (prompts.empty()) {
-    prompts = read_lines(std::cin);
-    MG_REQUIRE(!prompts.empty(), "no prompts: pass --prompt, --prompt-file or lines on standard input");
-  }
+  const std::vector<std::string> prompts = read_prompts(a);
   const auto& tok = *loaded.tokenizer;
   auto& model = *loaded.model;
   const auto special = SpecialTokens::from_tokenizer(tok);
@@ -166,6 +264,7 @@ void run_generate(GenerateArgs& a) {
 CommandRegistrar reg("generate", "Generate text from a checkpoint (sampling or beam search)", 60,
                      [](CLI::App& sub) {
   auto a = std::make_shared<GenerateArgs>();
+  a->model.accept_t5 = true;  // a T5 checkpoint fills the sentinel spans of its prompts
   a->model.add(sub);
   sub.add_option("--prompt,--prompts", a->prompts, "Prompt text (repeatable)");
   sub.add_option("--prompt-file", a->prompt_file, "File with one prompt per line");

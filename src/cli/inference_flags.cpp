@@ -57,13 +57,22 @@ void InferenceFlags::add(CLI::App& sub) {
 void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
                                            const inference::CheckpointArgs& ck, bool check_only) {
   const model::RecordedConfig rec = model::config_from_checkpoint_args(ck.args());
-  // Generation, serving and zero-shot evaluation run a decoder-only language model; another
-  // family's weights would not load into one (or would load into the wrong model).
+  // Serving and zero-shot evaluation run a decoder-only language model (evaluate also BERT,
+  // generate also T5); another family's weights would not load into one (or would load into the
+  // wrong model).
   if (accept_bert && rec.config.model_family == "bert") {  // evaluate's masked-LM evaluation
     cfg.model_family = rec.config.model_family;
     cfg.bert_binary_head = rec.config.bert_binary_head;
     cfg.attention_mask_type = rec.config.attention_mask_type;
   }
+  if (accept_t5 && rec.config.model_family == "t5") {  // generate's span filling
+    cfg.model_family = rec.config.model_family;
+    apply_t5_checkpoint_args(ck, check_only);
+  }
+  MG_REQUIRE(rec.config.model_family != "t5" || cfg.model_family == "t5", ck.file().string(),
+             " is a checkpoint of a T5 model (pretrain-t5 trains it): `megatron generate` fills "
+             "the <extra_id_N> spans of prompts with it; serving and zero-shot evaluation need a "
+             "GPT checkpoint (pretrain-gpt)");
   MG_REQUIRE(rec.config.model_family == cfg.model_family, ck.file().string(), " is a checkpoint of a ",
              rec.config.model_family, " model (", model::model_family_of(rec.config).command,
              " trains it): text generation, serving and zero-shot evaluation need a GPT "
@@ -153,6 +162,22 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
   std::string list;
   for (const auto& t : taken) list += (list.empty() ? "" : ", ") + t;
   log_info("--use-checkpoint-args: from ", ck.file().string(), ": ", list.empty() ? "nothing new" : list);
+}
+
+// A T5 checkpoint's sentinels: --vocab-extra-ids as it was trained (pretrain-t5 records it with
+// the tokenizer's settings; Megatron's flat arguments at the top level).
+void InferenceFlags::apply_t5_checkpoint_args(const inference::CheckpointArgs& ck, bool check_only) {
+  std::optional<int64_t> extra = ck.get_int("tokenizer.vocab_extra_ids");
+  if (!extra) extra = ck.get_int("vocab_extra_ids");
+  if (!extra) return;
+  int& flag = options.tokenizer.vocab_extra_ids;
+  if (!check_only && !given("--vocab-extra-ids")) {
+    flag = int(*extra);
+    return;
+  }
+  if (flag != *extra)
+    contradiction(str(given("--vocab-extra-ids") ? "" : "the default ", "--vocab-extra-ids ", flag),
+                  "vocab_extra_ids", std::to_string(*extra), ck, check_only);
 }
 
 inference::InferenceModelOptions InferenceFlags::finish() {

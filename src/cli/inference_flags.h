@@ -46,8 +46,11 @@ struct InferenceFlags {
   bool no_load_optim = false, no_load_rng = false;
   std::string device;  // --device: cuda | cpu | "" (a GPU when one is present)
   // evaluate: a BERT checkpoint's metadata is accepted (its family, binary head and bidirectional
-  // attention are taken into the model); generate and serve refuse every non-GPT checkpoint.
+  // attention are taken into the model); generate and serve refuse it.
   bool accept_bert = false;
+  // generate: a T5 checkpoint's metadata is accepted (its family is taken into the model, and with
+  // --use-checkpoint-args its --vocab-extra-ids); serve and evaluate refuse it, naming generate.
+  bool accept_t5 = false;
   CompatFlags compat;
   // The rest of Megatron's shared flags; the command adds them after its own
   // (add_megatron_flags), finish() checks them.
@@ -64,6 +67,7 @@ struct InferenceFlags {
   // checkpoint's, and changes nothing.
   void apply_checkpoint_args(model::TransformerConfig& cfg, const inference::CheckpointArgs& ck,
                              bool check_only);
+  void apply_t5_checkpoint_args(const inference::CheckpointArgs& ck, bool check_only);
   bool given(const std::string& flag) const { return model.given(flag); }
   CLI::App* app_ = nullptr;
 };

@@ -237,7 +237,11 @@ void add_pretrain_flags(CLI::App& sub, PretrainFlags* f) {
   // data and tokenizer
   add_tokenizer_options(sub, a.tokenizer)->capture_default_str();
   sub.add_flag("--mock-data", a.mock_data,
-               "Megatron's synthetic dataset (100000 documents 1 2 .. L-1 EOD, split 1,1,1) instead of --data-path");
+               f->t5 ? "Synthetic span-corruption samples instead of --data-path: arithmetic "
+                       "progressions of token ids with spans replaced by the --vocab-extra-ids "
+                       "sentinels (not Megatron's data; Megatron has no mock T5 dataset)"
+                     : "Megatron's synthetic dataset (100000 documents 1 2 .. L-1 EOD, split "
+                       "1,1,1) instead of --data-path");
   sub.add_option("--data-path", a.data.data_path, "[WEIGHT] PREFIX ... blend");
   sub.add_option("--train-data-path", a.data.train_data_path, "[WEIGHT] PREFIX ...");
   sub.add_option("--valid-data-path", a.data.valid_data_path, "[WEIGHT] PREFIX ...");

@@ -195,6 +195,13 @@ void SelfAttention::cached_attention(const LayerContext& ctx, const Tensor& qkv,
   in.k_layout = in.v_layout = ops::HeadLayout::cache(groups, max_len, head_dim);
   in.q_positions = ic.row_pos;
   in.kv_index = ic.row_slot;
+  if (spec_.relative_bias) {  // the bias of the whole [max_len, max_len] attention (T5's decoder)
+    MG_CHECK(ctx.attention_bias.defined() &&
+                 ctx.attention_bias.shape() == Shape({1, heads, max_len, max_len}),
+             "SelfAttention: the relative position bias [1, ", heads, ", ", max_len, ", ", max_len,
+             "] of the cache's positions is missing from the layer context");
+    in.bias = ctx.attention_bias;
+  }
   ops::AttentionMask m = mask(ctx);
   m.attention_start = m.key_padding = Tensor();  // the cache holds one sequence per slot
   ops::attention_fwd(out, Tensor(), Tensor(), in, m, sh, ops::DropoutSpec{});

@@ -12,7 +12,8 @@
 // whole sequence, passed round a ring (p2p) or gathered over the group.
 // Inference (ctx.inference set): each token's key and value are appended to the layer's KV cache
 // at its slot and position, and its query attends the cached keys of its slot (the same op with
-// the cache as keys and values; no dropout, nothing saved).
+// the cache as keys and values; no dropout, nothing saved). A relative position bias is then
+// LayerContext::attention_bias over the cache's positions, [1, heads, max_len, max_len].
 #pragma once
 
 #include <memory>

@@ -2,6 +2,7 @@
 #include "model/cross_attention.h"
 
 #include "model/attention.h"
+#include "model/inference_context.h"
 
 namespace megatron::model {
 
@@ -68,9 +69,38 @@ ops::AttentionInputs CrossAttention::inputs(const Tensor& q, const Tensor& kv,
   return in;
 }
 
+// Generation: row r (slot row_slot[r]) attends the cached keys and values of its slot's encoder
+// output: the cache is the key/value operand with one sequence per slot, row_slot its kv_index.
+Tensor CrossAttention::cached_forward(const LayerContext& ctx, const Tensor& x) {
+  const InferenceContext& ic = *ctx.inference;
+  MG_CHECK(size_t(layer) < ic.cross_kv.size() && ic.cross_kv[size_t(layer)].defined() &&
+               ic.cross_seq > 0,
+           "CrossAttention: no cross-attention cache for layer ", layer);
+  const Tensor& kv = ic.cross_kv[size_t(layer)];
+  Tensor q = linear_q.forward(ctx, x);
+  const int64_t rows = q.size(0);
+  ops::AttentionShape sh = local_attention_shape(ctx, heads, heads, head_dim, head_offset,
+                                                 total_heads);
+  sh.batch = rows;
+  sh.seq = 1;
+  sh.kv_seq = ic.cross_seq;
+  ops::AttentionInputs in;
+  in.q = q;
+  in.k = in.v = kv;
+  in.q_layout = ops::HeadLayout::heads(heads, head_dim, 1);
+  in.k_layout = ops::HeadLayout::kv(ops::QkvPart::Key, heads, head_dim, ic.cross_seq);
+  in.v_layout = ops::HeadLayout::kv(ops::QkvPart::Value, heads, head_dim, ic.cross_seq);
+  in.kv_index = ic.row_slot;
+  ops::AttentionMask m;
+  m.causal = false;
+  m.key_padding = ic.cross_padding;
+  Tensor c = Tensor::empty({rows, int64_t(heads) * head_dim}, DType::F32, q.device());
+  ops::attention_fwd(c, Tensor(), Tensor(), in, m, sh, ops::DropoutSpec{});
+  return linear_proj.forward(ctx, c);
+}
+
 Tensor CrossAttention::forward(const LayerContext& ctx, const Tensor& x) {
-  MG_REQUIRE(ctx.inference == nullptr, "cross-attention with a KV cache (generation for "
-             "encoder-decoder models) is not implemented");
+  if (ctx.inference) return cached_forward(ctx, x);
   MG_CHECK(ctx.context.defined() && ctx.context_seq > 0 &&
                ctx.context.size(0) == ctx.batch * ctx.context_seq,
            "CrossAttention: the layer context has no encoder output for ", ctx.batch,

@@ -10,6 +10,9 @@
 // gradient of the context is ADDED into ctx.context_grad, since every decoder layer reads it.
 // Tensor parallelism: linear_q and linear_kv are column-parallel (this rank's n/T heads),
 // linear_proj row-parallel, as in self-attention.
+// Generation (ctx.inference set): the keys and values are the static cross-attention cache
+// (InferenceContext::cross_kv, linear_kv of the encoder output computed once by context_kv);
+// each row's query attends its slot's encoder positions under the slot's padding. Nothing saved.
 #pragma once
 
 #include <string>
@@ -29,6 +32,10 @@ class CrossAttention : public Module {
   Tensor forward(const LayerContext& ctx, const Tensor& x);
   // -> dx; d(context) is added into ctx.context_grad.
   Tensor backward(const LayerContext& ctx, const Tensor& dy);
+  // linear_kv of a context [rows, h]: the layer's entry of the cross-attention cache.
+  Tensor context_kv(const LayerContext& ctx, const Tensor& context) {
+    return linear_kv.forward(ctx, context);
+  }
 
   ColumnParallelLinear linear_q, linear_kv;
   RowParallelLinear linear_proj;
@@ -39,6 +46,7 @@ class CrossAttention : public Module {
   ops::AttentionShape shape(const LayerContext& ctx) const;
   ops::AttentionMask mask(const LayerContext& ctx) const;
   ops::AttentionInputs inputs(const Tensor& q, const Tensor& kv, const LayerContext& ctx) const;
+  Tensor cached_forward(const LayerContext& ctx, const Tensor& x);
 
   SavedTensor q_{this, "q", "[Nq, n*d] linear_q output"};
   SavedTensor kv_{this, "kv", "[Nk, n*2*d] linear_kv output"};

@@ -47,6 +47,19 @@ void InferenceContext::reorder(const Tensor& src) {
       ops::index_select_rows(out.view({k, row}), c.view({slots, row}), src);
       c = out;
     }
+  // The cross-attention cache: cross_seq rows per slot.
+  for (Tensor& c : cross_kv) {
+    if (!c.defined()) continue;
+    const int64_t row = c.numel() / slots;
+    Tensor out = Tensor::empty({k * cross_seq, c.size(1)}, DType::F32, c.device());
+    ops::index_select_rows(out.view({k, row}), c.view({slots, row}), src);
+    c = out;
+  }
+  if (cross_padding.defined()) {
+    Tensor out = Tensor::empty({k, cross_seq}, DType::I32, cross_padding.device());
+    ops::index_select_rows(out, cross_padding, src);
+    cross_padding = out;
+  }
   slots = k;
 }
 

@@ -20,6 +20,14 @@ struct InferenceContext {
   std::vector<Tensor> key_cache, value_cache;
   // The current forward: int32 [n], slot and position of each of its n tokens.
   Tensor row_slot, row_pos;
+  // Encoder-decoder models: the static cross-attention cache, computed once from the encoder's
+  // output. Per decoder layer (index = global layer number): linear_kv of the encoder output,
+  // [slots * cross_seq, heads * 2 * head_dim] fp32 (this rank's heads; per head its key then its
+  // value, the layout cross-attention reads); cross_padding [slots, cross_seq] int32, 0 marking
+  // a padding position of the slot's encoder input. Empty for decoder-only models.
+  std::vector<Tensor> cross_kv;
+  Tensor cross_padding;
+  int64_t cross_seq = 0;
 
   // Sizes the caches for `slots` sequences of up to `max_len` positions (contents undefined).
   // Layers below `first_layer` (held by earlier pipeline stages) get no cache.
@@ -28,7 +36,8 @@ struct InferenceContext {
   // Lengthens every slot to `max_len` positions, keeping what is cached.
   void grow(int64_t max_len);
   // Slot i becomes a copy of old slot src[i] (int32 [k]); the cache then has k slots (beam
-  // search reorders its beams; generation drops finished rows).
+  // search reorders its beams; generation drops finished rows). The cross-attention cache
+  // follows its slots.
   void reorder(const Tensor& src);
 };
 

@@ -22,9 +22,13 @@
 // tokens, labels and loss_mask (text_dec, labels, loss_mask). The decoder needs no mask of its
 // own: its padding is at the end and the causal mask keeps it from the real tokens (Megatron-Core
 // with Transformer Engine passes no decoder mask either).
+// Generation (t5_inference.cpp): start_inference runs the encoder once and fills the decoder's
+// static cross-attention cache; forward_inference then appends decoder tokens one position at a
+// time with the self-attention KV cache (and, with relative positions, the decoder's causal bias
+// of the cache's positions), the same layers as training.
 // Not (yet) supported, each a megatron::Error: pipeline parallelism (as Megatron-Core's T5),
 // context parallelism, sequence parallelism, grouped-query attention (Megatron-Core's
-// CrossAttention has none), generation.
+// CrossAttention has none).
 #pragma once
 
 #include <map>
@@ -32,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "model/inference_context.h"
 #include "model/language_module.h"
 #include "model/relative_position.h"
 
@@ -57,6 +62,17 @@ class T5Model final : public LanguageModule {
 
   // [b, sd, padded_vocab] fp32 logits of the decoder's tokens (no dropout).
   Tensor forward_logits(const Batch& in) override;
+
+  // ---- generation (inference_context.h)
+  // Runs the encoder over encoder_tokens [b, se] int32 (encoder_padding_mask [b, se] int32, 0 at
+  // padding, or undefined) and sizes `ic` for b slots (slot i: encoder row i) of up to max_len
+  // decoder positions: the decoder's self-attention KV caches and, per decoder layer, the static
+  // cross-attention cache (linear_kv of the encoder's output) with the encoder's padding.
+  void start_inference(InferenceContext& ic, const Tensor& encoder_tokens,
+                       const Tensor& encoder_padding_mask, int64_t max_len);
+  // Appends decoder tokens int32 [n] to the caches at ic.row_slot / ic.row_pos (int32 [n] each,
+  // set by the caller); returns the logits [k, padded_vocab] of the rows logit_rows (int32 [k]).
+  Tensor forward_inference(const Tensor& tokens, InferenceContext& ic, const Tensor& logit_rows);
 
   TransformerBlock& encoder() { return *block_; }
   TransformerBlock& decoder() { return *decoder_; }
