@@ -25,6 +25,10 @@
 //           self_attention.linear_qkv.layer_norm_{weight,bias} -> input_layernorm.{weight,bias},
 //           mlp.linear_fc1.layer_norm_{weight,bias}            -> pre_mlp_layernorm.{weight,bias};
 //           *._extra_state skipped; output_layer.weight on the last stage of a tied model dropped.
+//   t5      Megatron-Core's T5Model (one pipeline stage): the encoder's and decoder's layers and
+//           final norms under their own names, the relative-bias tables, T5LMHead's
+//           lm_head.output_layer.* -> output_layer.* (its output_layer.* alias checked and
+//           skipped); see torch_names::t5_to_ours.
 // Megatron numbers layers per pipeline stage (and model chunk); they become global numbers
 // (chunk c of rank p starts at c * L / V + p * L / (P V)). QKV layouts by checkpoint_version, per
 // tensor-parallel shard of n heads of d channels (fix_query_key_value_ordering): 0 stores
