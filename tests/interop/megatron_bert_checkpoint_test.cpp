@@ -72,15 +72,7 @@ TEST(MegatronBertCheckpoint, CoreAndLegacyFoldersReadBitForBit) {
 
 ConvertResult convert(const fs::path& from, const fs::path& to, int tp, int pp,
                       const std::string& format, const std::string& impl = "transformer_engine") {
-  ConvertOptions o;
-  o.load = from;
-  o.save = to;
-  o.target_tp = tp;
-  o.target_pp = pp;
-  o.save_format = format;
-  o.transformer_impl = impl;
-  o.true_vocab_size = 60;
-  return convert_checkpoint(o);
+  return interop_testing::convert_to(from, to, tp, pp, format, impl, 60);
 }
 
 TEST(MegatronBertCheckpoint, WrittenFoldersLoadIntoMegatronCoresBertModelAndComeBack) {

@@ -57,15 +57,8 @@ const fs::path& variants() {
 
 ConvertResult convert(const fs::path& from, const fs::path& to, int tp, const std::string& format,
                       const std::string& impl = "transformer_engine", int pp = 1) {
-  ConvertOptions o;
-  o.load = from;
-  o.save = to;
-  o.target_tp = tp;
-  o.target_pp = pp;
-  o.save_format = format;
-  o.transformer_impl = impl;
-  o.true_vocab_size = 61;  // 60 tokens and the null tokenizer's EOD: 64 rows under TP 1 and 2
-  return convert_checkpoint(o);
+  // 60 tokens and the null tokenizer's EOD: 64 rows under TP 1 and 2.
+  return interop_testing::convert_to(from, to, tp, pp, format, impl, 61);
 }
 
 template <typename T>
