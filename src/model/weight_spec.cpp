@@ -106,6 +106,7 @@ std::map<std::string, WeightSpec> model_weight_specs(const TransformerConfig& cf
   c.rotary_percent = 1.0f;
   c.seq_length = 1;
   c.max_position_embeddings = 1;
+  if (c.decoder_seq_length > 0) c.decoder_seq_length = 1;  // T5's: within the position table
   c.params_dtype = DType::F32;
   c.sequence_parallel = false;
   c.recompute_granularity.clear();

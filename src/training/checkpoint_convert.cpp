@@ -348,15 +348,23 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
                            ConvertResult res) {
   const CheckpointOnDisk& ckpt = m.source;
   const int T = o.target_tp, P = o.target_pp;
+  // T5: an encoder of L layers and a decoder of its own depth, numbered from 0 each.
+  const model::TransformerConfig& cfg = args_of(ckpt).model;
+  const bool t5 = cfg.model_family == "t5";
+  MG_REQUIRE(!t5 || (P == 1 && ckpt.parallel.pipeline_model_parallel_size == 1),
+             "checkpoint convert reshards T5 checkpoints over tensor-parallel ranks only "
+             "(--target-pipeline-parallel-size 1, from one pipeline stage)");
   // Layers and stages.
   std::map<std::string, int> stage;
-  std::set<int> layers_seen;
+  std::set<std::pair<bool, int>> layers_seen;  // (decoder of a T5, layer)
   for (const auto& [name, t] : m.model) {
     const int layer = layer_of(name);
     if (layer >= 0) {
-      MG_REQUIRE(layer < L, ckpt.dir.string(), ": tensor '", name, "' names layer ", layer,
-                 " but the model has ", L, " layers");
-      layers_seen.insert(layer);
+      const bool t5_decoder = t5 && name.starts_with("decoder.");
+      const int depth = t5_decoder ? cfg.decoder_layers() : L;
+      MG_REQUIRE(layer < depth, ckpt.dir.string(), ": tensor '", name, "' names layer ", layer,
+                 " but the model's ", t5_decoder ? "decoder" : "layer stack", " has ", depth, " layers");
+      layers_seen.emplace(t5_decoder, layer);
       stage[name] = (layer / layout.layers_per_chunk()) % P;  // virtual stage c * P + r
     } else if (name.starts_with("embedding.")) {
       stage[name] = 0;
@@ -364,8 +372,9 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
       stage[name] = P - 1;
     }
   }
-  MG_REQUIRE(int(layers_seen.size()) == L, ckpt.dir.string(), " holds tensors of ",
-             layers_seen.size(), " of its ", L, " layers (a pipeline stage's files are missing?)");
+  const int all_layers = L + (t5 ? cfg.decoder_layers() : 0);
+  MG_REQUIRE(int(layers_seen.size()) == all_layers, ckpt.dir.string(), " holds tensors of ",
+             layers_seen.size(), " of its ", all_layers, " layers (a pipeline stage's files are missing?)");
 
   const bool optim = !m.optimizer_type.empty();
   res.optimizer = optim;

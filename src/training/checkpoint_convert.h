@@ -20,6 +20,8 @@
 // them) is not in model files; its optimizer state is (equal to the embedding's): it is read and
 // dropped, and written again for a PP > 1 target.
 //
+// T5: encoder and decoder layers are numbered from 0 each; resharded over tensor-parallel ranks
+// only (one pipeline stage).
 // Optimizer state (plain optimizer.safetensors or distributed-optimizer shards under any DP size)
 // is read in parameter space and follows its parameter's split: fp32 main weights, Adam exp_avg /
 // exp_avg_sq, SGD momentum, and the step count. The target is written with the plain

@@ -77,8 +77,8 @@ std::string megatron_bert_type(const model::TransformerConfig& c) {
 
 std::string hf_model_type(const model::TransformerConfig& c) {
   if (c.model_family == "bert") return megatron_bert_type(c);
-  MG_REQUIRE(c.model_family != "t5", "cannot export a T5 checkpoint to Hugging Face transformers "
-             "yet: GPT (gpt2, llama) and BERT (megatron-bert) checkpoints are exported");
+  MG_REQUIRE(c.model_family != "t5", "cannot export a T5 checkpoint to Hugging Face transformers: ",
+             hf_detail::t5_hf_mismatch(), "; keep this build's format or --save-format torch");
   auto refuse = [](const std::string& setting, const std::string& why) {
     MG_THROW("cannot export to Hugging Face transformers: ", setting, ": ", why,
              "; transformers' GPT2LMHeadModel and LlamaForCausalLM cannot express it, and an "
@@ -128,6 +128,16 @@ std::string hf_model_type(const model::TransformerConfig& c) {
 }
 
 namespace hf_detail {
+
+const char* t5_hf_mismatch() {
+  return "Megatron's T5 (LayerNorm with a bias, biased linear layers, learned absolute positions "
+         "by default, a tied LM head with a bias, attention scores scaled by 1/sqrt(head dim), "
+         "and a GeLU MLP) is not transformers' T5 (RMSNorm without bias, no linear biases, relative "
+         "position bias only, no score scaling, a decoder output scaled by d_model^-0.5 before a "
+         "tied head without bias, and a ReLU or gated-GeLU MLP). No Megatron T5 argument set "
+         "gives transformers' MLP (ReLU, or gated tanh-GeLU for t5 v1.1), so no configuration "
+         "maps exactly";
+}
 
 QkvParts split_qkv(const Tensor& fused, int heads, int groups, int head_dim) {
   const int64_t d = head_dim, per = heads / groups;

@@ -466,6 +466,9 @@ HfImport read_hf_checkpoint(const fs::path& folder, int64_t divisor, int target_
     c = llama_config(cfg);
   else if (out.model_type == "megatron-bert")
     c = megatron_bert_config(cfg);
+  else if (out.model_type == "t5" || out.model_type == "mt5" || out.model_type == "umt5")
+    MG_THROW(cfg.label, ": model_type '", out.model_type, "': cannot import transformers' T5 as "
+             "Megatron's T5Model: ", t5_hf_mismatch());
   else
     cfg.unsupported("model_type", "this build imports gpt2 (GPT2LMHeadModel), llama "
                     "(LlamaForCausalLM) and megatron-bert (MegatronBertForPreTraining, "

@@ -31,6 +31,8 @@ Tensor cat_rows(const std::vector<Tensor>& parts);  // along dim 0
 double short_float(float v);
 // config.json's torch_dtype: "float32", "bfloat16", "float16".
 const char* torch_dtype_name(DType t);
+// Why Megatron's T5 and transformers' T5 do not convert into each other (export and import).
+const char* t5_hf_mismatch();
 
 }  // namespace megatron::training::hf_detail
 

@@ -26,13 +26,13 @@ constexpr MegatronArgument B(const char* f, ArgEffect e) { return {f, ArgValues:
 
 const MegatronArgument kArguments[] = {
     // network size (and the TransformerConfig fields newer versions generate flags from)
-    V("--num-layers", M), V("--encoder-num-layers", M), V("--decoder-num-layers", M, "None"),
+    V("--num-layers", M), V("--encoder-num-layers", M), V("--decoder-num-layers", M),
     V("--hidden-size", M), V("--ffn-hidden-size", M), V("--num-attention-heads", M),
     V("--attention-backend", R), V("--kv-channels", M), S("--group-query-attention", M),
     V("--num-query-groups", M), V("--softmax-type", M, "'vanilla'"), L("--window-size", M),
     V("--window-attn-skip-freq", M, "None"), V("--max-position-embeddings", M),
-    V("--position-embedding-type", M), V("--relative-attention-num-buckets", M, "32"),
-    V("--relative-attention-max-distance", M, "128"), S("--use-rotary-position-embeddings", M),
+    V("--position-embedding-type", M), V("--relative-attention-num-buckets", M),
+    V("--relative-attention-max-distance", M), S("--use-rotary-position-embeddings", M),
     V("--rotary-base", M), V("--rotary-percent", M), S("--rotary-interleaved", M),
     V("--rotary-seq-len-interpolation-factor", M, "None"), S("--use-rope-scaling", M, "", "False"),
     V("--rope-scaling-factor", R), V("--no-rope-freq", M, "None"),
@@ -253,7 +253,7 @@ const MegatronArgument kArguments[] = {
     V("--phase-transition-iterations", T), S("--dataloader-fast-cache-load", R),
     S("--dataloader-defer-npy-index-mmap", R), V("--data-cache-path", R),
     S("--no-mmap-bin-files", R, "mmap_bin_files"), S("--mock-data", T), V("--seq-length", M),
-    V("--encoder-seq-length", M), V("--decoder-seq-length", M, "None"),
+    V("--encoder-seq-length", M), V("--decoder-seq-length", M),
     V("--retriever-seq-length", R), V("--sample-rate", T), V("--mask-prob", R),
     V("--short-seq-prob", R), V("--num-workers", R), S("--reset-position-ids", T),
     S("--reset-attention-mask", T), S("--eod-mask-loss", T),

@@ -25,6 +25,10 @@
 //           self_attention.linear_qkv.layer_norm_{weight,bias} -> input_layernorm.{weight,bias},
 //           mlp.linear_fc1.layer_norm_{weight,bias}            -> pre_mlp_layernorm.{weight,bias};
 //           *._extra_state skipped; output_layer.weight on the last stage of a tied model dropped.
+//   t5      Megatron-Core's T5Model (one pipeline stage): the encoder's and decoder's layers and
+//           final norms under their own names, the relative-bias tables, T5LMHead's
+//           lm_head.output_layer.* -> output_layer.* (its output_layer.* alias checked and
+//           skipped); see torch_names::t5_to_ours.
 // Megatron numbers layers per pipeline stage (and model chunk); they become global numbers
 // (chunk c of rank p starts at c * L / V + p * L / (P V)). QKV layouts by checkpoint_version, per
 // tensor-parallel shard of n heads of d channels (fix_query_key_value_ordering): 0 stores
@@ -124,9 +128,9 @@ std::filesystem::path save_torch_checkpoint(const std::filesystem::path& save_di
 
 // Megatron's names <-> ours (torch_checkpoint_names.cpp).
 namespace torch_names {
-// The model family a checkpoint's parameter names show: "bert" for Megatron-Core's encoder layers
-// or BERT's heads (lm_head, binary_head, pooler; the legacy BERT shares GPT's layer names),
-// else "gpt"; an Error for encoder and decoder layers together (T5).
+// The model family a checkpoint's parameter names show: "t5" for encoder and decoder layers
+// together, "bert" for Megatron-Core's encoder layers or BERT's heads (lm_head, binary_head,
+// pooler; the legacy BERT shares GPT's layer names), else "gpt".
 std::string family_of(const std::vector<std::string>& megatron_names);
 // Our name for a Megatron parameter name of chunk-local layer numbering, with the layer offset of
 // its stage added; "" to skip (_extra_state, rotary inv_freq buffers). `tied_copy` is set for the
@@ -146,6 +150,17 @@ std::string to_megatron(const std::string& our_name, int layer_offset, bool tran
 // ones (their get_extra_state returns None).
 std::vector<std::string> extra_state_names(int local_layer, bool transformer_engine,
                                            const std::string& block = "decoder");
+// T5 (Megatron-Core's T5Model; its own block in torch_checkpoint_names.cpp): our name for a
+// Megatron name ("" to skip _extra_state); `alias` is set for T5Model's second registration of
+// its LM head's output layer (output_layer.*, the same tensor as lm_head.output_layer.*).
+// Megatron-LM's legacy T5 (language_model.*) is an Error.
+std::string t5_to_ours(const std::string& megatron_name, bool* alias);
+// Megatron-Core's name of ours (output_layer.* -> lm_head.output_layer.*; the writer adds the
+// output_layer.* alias itself).
+std::string t5_to_megatron(const std::string& our_name, bool transformer_engine);
+// extra_state_names for a T5 layer: the decoder's cross-attention modules too.
+std::vector<std::string> t5_extra_state_names(int layer, bool transformer_engine,
+                                              const std::string& block);
 // checkpoint_version 0 / 1.0 QKV of one TP shard (heads_per_shard heads of head_dim) to ours.
 Tensor fix_qkv_ordering(const Tensor& t, double checkpoint_version, int heads_per_shard,
                         int head_dim, const std::string& label);

@@ -35,7 +35,7 @@ bool replace_prefix(std::string& s, const std::string& from, const std::string& 
              "output_layer.{weight,bias}, the earlier lm_head.output_layer.{weight,bias} and "
              "lm_head.bias, and the legacy model's names");
   MG_THROW("tensor '", name, "' has no place in a ", block == "encoder" ? "BERT" : "GPT",
-           " model (a T5 or other model's checkpoint? GPT and BERT checkpoints are read)");
+           " model (another family's checkpoint? GPT, BERT and T5 checkpoints are read)");
 }
 
 // A layer's module names in Megatron-Core's form: Transformer Engine's fused norms unfused.
@@ -58,8 +58,7 @@ std::string family_of(const std::vector<std::string>& names) {
     bert_heads = bert_heads || s.starts_with("lm_head.") || s.starts_with("binary_head.") ||
                  s.starts_with("pooler.") || s.starts_with("embedding.tokentype_embeddings.");
   }
-  MG_REQUIRE(!(encoder && decoder), "the checkpoint has both encoder and decoder layers (a T5 "
-             "model): GPT and BERT checkpoints are read");
+  if (encoder && decoder) return "t5";  // T5Model: an encoder and a decoder block
   // Megatron-Core's BERT has "encoder." layers; the legacy one shares GPT's "language_model.encoder."
   // and is told apart by its heads.
   const bool core_encoder = std::any_of(names.begin(), names.end(), [](const std::string& n) {
@@ -160,6 +159,64 @@ std::vector<std::string> extra_state_names(int local_layer, bool transformer_eng
   for (const char* m : {"self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1",
                         "mlp.linear_fc2"})
     names.push_back(p + m + "._extra_state");
+  return names;
+}
+
+// ---- T5 (Megatron-Core's T5Model, t5_spec.py's local and Transformer Engine layer specs) ----
+//   embedding.word_embeddings.weight, embedding.position_embeddings.weight (learned_absolute)
+//   {encoder,decoder}_relative_pos_emb.relative_attention_bias.weight  [buckets, heads], whole on
+//                                                    every tensor-parallel rank (relative)
+//   encoder.layers.N.{input_layernorm, self_attention.{linear_qkv, linear_proj}, pre_mlp_layernorm,
+//                     mlp.{linear_fc1, linear_fc2}}.*           (TE: the norms fused as GPT's)
+//   decoder.layers.N.{... self-attention ..., pre_cross_attn_layernorm (a TENorm of its own),
+//                     cross_attention.{linear_q, linear_kv, linear_proj}, ... MLP ...}.*
+//   {encoder,decoder}.final_layernorm.*
+//   lm_head.output_layer.bias (tied) or lm_head.output_layer.weight (untied): T5LMHead's, and
+//   output_layer.* again: T5Model registers the same module a second time as self.output_layer,
+//   so its state dict holds both names (named_parameters, hence the optimizer, only the first).
+
+std::string t5_to_ours(const std::string& name, bool* alias) {
+  *alias = false;
+  if (name.ends_with("_extra_state")) return "";
+  auto refuse = [&] {
+    MG_THROW("tensor '", name, "' has no place in Megatron-Core's T5Model (read are embedding.*, "
+             "encoder_relative_pos_emb.*, decoder_relative_pos_emb.*, encoder.layers.*, "
+             "decoder.layers.*, the final norms and lm_head.output_layer.*; the legacy "
+             "megatron/model T5 (language_model.*) is not read)");
+  };
+  if (name == "embedding.word_embeddings.weight" || name == "embedding.position_embeddings.weight" ||
+      name == "encoder_relative_pos_emb.relative_attention_bias.weight" ||
+      name == "decoder_relative_pos_emb.relative_attention_bias.weight")
+    return name;
+  if (name == "lm_head.output_layer.weight" || name == "lm_head.output_layer.bias")
+    return name.substr(8);
+  if (name == "output_layer.weight" || name == "output_layer.bias") {
+    *alias = true;
+    return name;
+  }
+  int n = 0;
+  std::string rest;
+  for (const std::string b : {"encoder.", "decoder."}) {
+    if (split_layer(name, b + "layers.", &n, &rest)) return b + "layers." + std::to_string(n) + "." + core_layer_rest(rest);
+    if (name.starts_with(b + "final_layernorm.") || name.starts_with(b + "final_norm."))
+      return b + "final_layernorm." + name.substr(name.find('.', b.size()) + 1);
+  }
+  refuse();
+  return "";
+}
+
+std::string t5_to_megatron(const std::string& ours, bool transformer_engine) {
+  if (ours == "output_layer.weight" || ours == "output_layer.bias") return "lm_head." + ours;
+  return to_megatron(ours, 0, transformer_engine);
+}
+
+std::vector<std::string> t5_extra_state_names(int layer, bool transformer_engine,
+                                              const std::string& block) {
+  std::vector<std::string> names = extra_state_names(layer, transformer_engine, block);
+  if (block != "decoder") return names;
+  const std::string p = block + ".layers." + std::to_string(layer) + ".cross_attention.";
+  if (transformer_engine) names.push_back(p + "core_attention._extra_state");
+  for (const char* m : {"linear_proj", "linear_q", "linear_kv"}) names.push_back(p + m + "._extra_state");
   return names;
 }
 

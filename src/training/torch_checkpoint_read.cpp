@@ -1,6 +1,7 @@
 // Reading Megatron-LM's model_optim_rng.pt checkpoints; see torch_checkpoint.h.
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <mutex>
 #include <set>
 
@@ -231,6 +232,12 @@ OptimizerLayout optimizer_layout(const Value* opt, const Value* ns) {
   return l;
 }
 
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
+}
+
 // True the first time a file is named (its warnings are printed once per process).
 bool warned_once(const std::string& label) {
   static std::mutex mu;
@@ -310,6 +317,10 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
       } catch (const Error& e) {
         MG_THROW(label, ": ", e.what());
       }
+      MG_REQUIRE(model["model_family"] != "t5" || layout.pp == 1, label, ": a T5 checkpoint of ",
+                 layout.pp, " pipeline stages: Megatron's T5 .pt files are read for "
+                 "--pipeline-model-parallel-size 1 only (reshard it to one stage with Megatron-LM's "
+                 "tools, or keep this build's checkpoint format)");
       if (model["model_family"] == "bert") {  // BertModel (pretrain_bert.py)
         model["attention_mask_type"] = "bidirectional";
         model["bert_binary_head"] = std::any_of(names.begin(), names.end(), [](const std::string& n) {
@@ -326,7 +337,9 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
       if (name.ends_with("position_embeddings.weight") && model["max_position_embeddings"].get<int64_t>() == 0)
         model["max_position_embeddings"] = t->shape[0];
       const size_t at = name.find("layers.");
-      if (at != std::string::npos) layers.insert(name.substr(0, name.find('.', at + 7)));
+      // T5's num_layers is the encoder's depth (decoder_num_layers the decoder's).
+      if (at != std::string::npos && (model["model_family"] != "t5" || name.starts_with("encoder.")))
+        layers.insert(name.substr(0, name.find('.', at + 7)));
     }
     if (model["num_layers"].get<int64_t>() == 0)  // each rank holds 1/P of them
       model["num_layers"] = int64_t(layers.size()) * layout.pp;
@@ -420,6 +433,7 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
   const bool tied = !flag(ns, "untie_embeddings_and_output_weights");
   const int heads = a.model.num_attention_heads;
   const std::string block = model::model_family_of(a.model).block;
+  const bool t5 = a.model.model_family == "t5";
   TorchRankContents out;
 
   // The parameters in Megatron's order (model chunks, then each state dict's order): the
@@ -443,15 +457,30 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
     std::stable_partition(entries.begin(), entries.end(), [](const auto& e) {
       return e.first.starts_with("language_model.") || e.first.starts_with("word_embeddings_for_head.");
     });
+    std::set<std::string> names_in_chunk;
+    for (const auto& e : entries) names_in_chunk.insert(e.first);
     for (const auto& [name, v] : entries) {
-      bool tied_copy = false, legacy_qkv = false;
+      bool tied_copy = false, legacy_qkv = false, alias = false;
       std::string ours;
       try {
-        ours = torch_names::to_ours(name, offset, tied, &tied_copy, &legacy_qkv, block);
+        ours = t5 ? torch_names::t5_to_ours(name, &alias)
+                  : torch_names::to_ours(name, offset, tied, &tied_copy, &legacy_qkv, block);
       } catch (const Error& e) {
         MG_THROW(label, ": ", e.what());
       }
       if (ours.empty()) continue;  // _extra_state, rotary buffers
+      if (alias && names_in_chunk.count("lm_head." + name)) {
+        // T5Model's second name of its head's output layer: the same tensor, not a parameter of
+        // its own (named_parameters, and so the optimizer, count it once).
+        const Value* primary = nullptr;
+        for (const auto& [n2, v2] : entries)
+          if (n2 == "lm_head." + name) primary = v2;
+        MG_REQUIRE(v->kind == Kind::Tensor && primary->kind == Kind::Tensor &&
+                       same_bytes(f.tensor(*v), f.tensor(*primary)),
+                   label, ": '", name, "' and 'lm_head.", name, "' are one module's tensor in "
+                   "Megatron-Core's T5Model but differ in this file");
+        continue;
+      }
       MG_REQUIRE(v->kind == Kind::Tensor, label, ": '", name, "' is a ", v->describe(), ", not a tensor");
       const bool no_wd = v->shape.size() == 1 || name.ends_with(".bias");
       params.push_back({ours, name, v->shape, no_wd, tied_copy, v});

@@ -1,4 +1,5 @@
 // Writing Megatron-LM's model_optim_rng.pt checkpoints; see torch_checkpoint.h.
+#include <algorithm>
 #include <cstdio>
 #include <set>
 
@@ -46,6 +47,20 @@ std::vector<std::string> layer_order(bool te) {
           "self_attention.linear_proj.bias", "self_attention.linear_qkv.weight",
           "self_attention.linear_qkv.bias", "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
           "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"};
+}
+
+// A T5 layer's order (t5_spec.py): the decoder's pre_cross_attn_layernorm and cross_attention
+// (Attention's linear_proj, then CrossAttention's linear_q and linear_kv) come between the
+// self-attention and the MLP norm.
+std::vector<std::string> t5_layer_order(bool te, bool decoder) {
+  std::vector<std::string> order = layer_order(te);
+  if (!decoder) return order;
+  const auto mlp_norm = std::find(order.begin(), order.end(), "pre_mlp_layernorm.weight");
+  order.insert(mlp_norm, {"pre_cross_attn_layernorm.weight", "pre_cross_attn_layernorm.bias",
+                          "cross_attention.linear_proj.weight", "cross_attention.linear_proj.bias",
+                          "cross_attention.linear_q.weight", "cross_attention.linear_q.bias",
+                          "cross_attention.linear_kv.weight", "cross_attention.linear_kv.bias"});
+  return order;
 }
 
 // What follows the layer stack on the last stage, in Megatron-Core's module order: GPTModel's
@@ -96,6 +111,45 @@ std::vector<ChunkParam> chunk_params(const MergedCheckpoint& m, const model::Pip
   return out;
 }
 
+// T5Model's parameters in named_parameters() order (one stage): the embedding, the encoder's
+// and the decoder's relative position embeddings, the encoder block, the decoder block, T5LMHead.
+std::vector<ChunkParam> t5_chunk_params(const MergedCheckpoint& m, int encoder_layers,
+                                        int decoder_layers, bool te, std::set<std::string>& placed) {
+  std::vector<ChunkParam> out;
+  auto add = [&](const std::string& ours) {
+    if (!m.model.count(ours)) return;
+    out.push_back({ours, torch_names::t5_to_megatron(ours, te), false});
+    placed.insert(ours);
+  };
+  add(kWordEmbedding);
+  add("embedding.position_embeddings.weight");
+  add("encoder_relative_pos_emb.relative_attention_bias.weight");
+  add("decoder_relative_pos_emb.relative_attention_bias.weight");
+  for (const std::string block : {"encoder", "decoder"}) {
+    const int layers = block == "encoder" ? encoder_layers : decoder_layers;
+    for (int l = 0; l < layers; ++l) {
+      const std::string prefix = block + ".layers." + std::to_string(l) + ".";
+      for (const std::string& n : t5_layer_order(te, block == "decoder")) add(prefix + n);
+    }
+    add(block + ".final_layernorm.weight");
+    add(block + ".final_layernorm.bias");
+  }
+  add(kOutputLayer);  // untied: T5LMHead's own weight, no bias
+  add("output_layer.bias");
+  return out;
+}
+
+// The layer number and block of "<block>.layers.<n>.<rest>" ({-1, ""} otherwise).
+std::pair<int, std::string> layer_and_block(const std::string& ours) {
+  for (const std::string block : {"encoder", "decoder"}) {
+    const std::string p = block + ".layers.";
+    if (!ours.starts_with(p)) continue;
+    const size_t at = p.size();
+    return {std::stoi(ours.substr(at, ours.find('.', at) - at)), block};
+  }
+  return {-1, ""};
+}
+
 Tensor shard_of(const MergedCheckpoint& m, const ChunkParam& cp, const std::string& kind, int t, int T) {
   const std::string& name = cp.tied_copy ? std::string(kWordEmbedding) : cp.ours;
   const Tensor& full = kind == "param" ? m.model.at(name) : m.optimizer.at(kind).at(name);
@@ -125,9 +179,10 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
              "Megatron-LM's torch format for mixture-of-experts checkpoints is not built yet; "
              "keep this build's checkpoint format for MoE models");
   const TrainingArgs a = training_args_from_json(args_json);
-  MG_REQUIRE(a.model.model_family != "t5", "Megatron-LM's model_optim_rng.pt is written for GPT "
-             "and BERT checkpoints; T5's (cross-attention, relative position bias) is not "
-             "supported yet: keep --ckpt-format torch_dist");
+  const bool t5 = a.model.model_family == "t5";
+  MG_REQUIRE(!t5 || (P == 1 && layers_per_virtual_stage == 0), "Megatron-LM's T5 .pt files are "
+             "written for --pipeline-model-parallel-size 1 (got ", P, "): convert with "
+             "--target-pipeline-parallel-size 1, or keep this build's checkpoint format");
   const model::PipelineLayout layout =
       model::PipelineLayout::make(a.model.num_layers, P, layers_per_virtual_stage);
   const int V = layout.num_chunks;
@@ -193,6 +248,10 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   extra["encoder_num_layers"] = a.model.num_layers;
   if (a.model.model_family == "bert") extra["bert_binary_head"] = a.model.bert_binary_head;
   extra["encoder_seq_length"] = a.model.seq_length;
+  if (t5) {  // pretrain_t5.py's own arguments (the rest are the table's and the tokenizer's)
+    extra["decoder_seq_length"] = a.model.decoder_seq_length;
+    extra["decoder_num_layers"] = a.model.decoder_layers();
+  }
   extra["sequence_parallel"] = a.model.sequence_parallel && T > 1;
   if (a.weight_decay_incr_style == "constant") {
     extra["start_weight_decay"] = a.weight_decay;
@@ -210,7 +269,8 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   for (int p = 0; p < P; ++p) {
     std::vector<std::vector<ChunkParam>> chunks;
     for (int c = 0; c < V; ++c)
-      chunks.push_back(chunk_params(m, layout, a.model.model_family, block, p, c, te, placed));
+      chunks.push_back(t5 ? t5_chunk_params(m, a.model.num_layers, a.model.decoder_layers(), te, placed)
+                          : chunk_params(m, layout, a.model.model_family, block, p, c, te, placed));
     for (int t = 0; t < T; ++t) {
       Document doc;
       Value* root = doc.dict();
@@ -221,20 +281,26 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
       for (int c = 0; c < V; ++c) {
         Value* sd = doc.dict(/*ordered=*/true);
         const int offset = layout.first_layer(p, c);
-        int last_layer = -1;
+        std::pair<int, std::string> last_layer = {-1, ""};
         for (const ChunkParam& cp : chunks[size_t(c)]) {
-          doc.set(sd, cp.megatron, doc.tensor(shard_of(m, cp, "param", t, T)));
+          Value* shard = doc.tensor(shard_of(m, cp, "param", t, T));
+          doc.set(sd, cp.megatron, shard);
           // Every module whose class defines get_extra_state has an _extra_state entry: Transformer
           // Engine's (None: no FP8 metadata) and Megatron-Core's column/row-parallel linears (None).
-          const size_t at = block.size() + 8;  // after "<block>.layers."
-          const int layer = cp.ours.starts_with(block + ".layers.")
-                                ? std::stoi(cp.ours.substr(at, cp.ours.find('.', at) - at)) : -1;
-          if (layer != last_layer && layer >= 0) {
-            for (const std::string& e : torch_names::extra_state_names(layer - offset, te, block))
+          const auto layer = layer_and_block(cp.ours);
+          if (layer.first >= 0 && layer != last_layer) {
+            for (const std::string& e :
+                 t5 ? torch_names::t5_extra_state_names(layer.first, te, layer.second)
+                    : torch_names::extra_state_names(layer.first - offset, te, block))
               doc.set(sd, e, doc.none());
             last_layer = layer;
           }
+          // T5Model registers its head's output layer a second time (self.output_layer): the
+          // state dict has the tensor under both names, and both modules' _extra_state.
+          if (t5 && cp.megatron.starts_with("lm_head.output_layer."))
+            doc.set(sd, cp.megatron.substr(8), shard);
         }
+        if (t5) doc.set(sd, "lm_head.output_layer._extra_state", doc.none());
         // The last stage's output layer (a ColumnParallelLinear) has one too, even when tied to
         // the word embedding (its weight is then not in the state dict on a single stage).
         if (p == P - 1 && c == V - 1) doc.set(sd, "output_layer._extra_state", doc.none());
@@ -350,7 +416,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   }
   for (const auto& [name, t] : m.model)
     MG_REQUIRE(placed.count(name), "tensor '", name, "' has no place in Megatron-Core's ",
-               a.model.model_family == "bert" ? "BertModel" : "GPTModel",
+               a.model.model_family == "bert" ? "BertModel" : t5 ? "T5Model" : "GPTModel",
                " (it would be lost in the torch checkpoint)");
   detail::fsync_path(tmp, true);
   detail::publish_iteration(save_dir, tmp, dir_name,

@@ -45,8 +45,9 @@ void validate_args(const TrainingArgs& a) {
                "documents; T5's samples are span-corrupted sentences with their own padding");
     MG_REQUIRE(a.mask_prob > 0 && a.mask_prob < 1, "--mask-prob must be in (0, 1) (got ",
                a.mask_prob, ")");
-    MG_REQUIRE(a.ckpt_format != "torch", "--ckpt-format torch (Megatron-LM's model_optim_rng.pt) "
-               "is not written for T5 yet; keep the default --ckpt-format torch_dist");
+    MG_REQUIRE(a.ckpt_format != "torch" || a.parallel.pipeline_model_parallel_size == 1,
+               "--ckpt-format torch (Megatron-LM's model_optim_rng.pt) is written for T5 with "
+               "--pipeline-model-parallel-size 1 only; keep the default --ckpt-format torch_dist");
   }
   MG_REQUIRE(a.train_epochs == 0, "--train-epochs is not a Megatron-LM pretraining flag (only its "
              "finetuning tasks take --epochs); give the length as --train-iters N or --train-samples N");

@@ -46,6 +46,22 @@ inline void expect_bit_equal(const std::map<std::string, Tensor>& got,
   }
 }
 
+// checkpoint convert of `from` into `to` for TP = tp x PP = pp in `format` (Megatron's
+// --transformer-impl `impl` for "torch"), the unpadded vocabulary `true_vocab` tokens.
+inline ConvertResult convert_to(const std::filesystem::path& from, const std::filesystem::path& to,
+                                int tp, int pp, const std::string& format, const std::string& impl,
+                                int64_t true_vocab) {
+  ConvertOptions o;
+  o.load = from;
+  o.save = to;
+  o.target_tp = tp;
+  o.target_pp = pp;
+  o.save_format = format;
+  o.transformer_impl = impl;
+  o.true_vocab_size = true_vocab;
+  return convert_checkpoint(o);
+}
+
 // tests/reference/megatron_checkpoint.py with `args`; its output (a failure is a test failure).
 inline std::string megatron_reference(const std::string& args) {
   const auto r = megatron::testing::run_command(
