@@ -112,6 +112,9 @@ struct TransformerConfig {
   std::string moe_token_drop_policy = "probs";  // --moe-token-drop-policy probs | position
   bool moe_pad_expert_input_to_capacity = false;  // --moe-pad-expert-input-to-capacity
   int moe_shared_expert_intermediate_size = 0;    // --moe-shared-expert-intermediate-size (0: none)
+  // How tokens reach the experts of other expert-parallel ranks (--moe-token-dispatcher-type
+  // allgather | alltoall; the same numbers either way, and no effect at EP = 1).
+  std::string moe_token_dispatcher_type = "allgather";
   int moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn(); }
   // Whether layer `layer` (0-based, global) has an MoE FFN (moe_layer_pattern, model/moe/).
   bool is_moe_layer(int layer) const;

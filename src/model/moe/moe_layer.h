@@ -72,12 +72,13 @@ class MoELayer : public Module {
   bool force_balance_, expert_bias_enabled_;
   double bias_update_rate_;
   std::vector<double> expert_bias_;
-  LocalTokenDispatcher dispatcher_;
+  TokenDispatcher dispatcher_;
   MoeStatistics stats_;
   Routing last_routing_;
   SavedTensor x_{this, "x", "[N, h] layer input (the router's and the dispatch's)"};
   SavedTensor logits_{this, "logits", "[N, E] gate logits, fp32 on the host"};
-  SavedTensor y_{this, "y", "[M, h] expert outputs before the probability weights"};
+  SavedTensor y_{this, "y", "[M, h] expert outputs before the probability weights (back at the "
+                            "tokens' rank)"};
 };
 
 }  // namespace megatron::model
