@@ -8,13 +8,18 @@
 # For each run: mean ms per iteration and tokens/s over iterations 3..N (the JSONL metrics of the
 # last rank), and the communication time: the time that rank spent blocked in collectives
 # (launch + wait, src/comm/timed_communicator.h), i.e. the part not hidden behind compute.
-# Usage: [SET=all|cp] [SEQ=256] [MBS=4] [GBS=16] bench/parallel_cpu.sh [BUILD_DIR] [ITERS] [TOTAL_THREADS]
+# Usage: [SET=all|cp|moe] [SEQ=256] [MBS=4] [GBS=16] bench/parallel_cpu.sh [BUILD_DIR] [ITERS] [TOTAL_THREADS]
 # TOTAL_THREADS (default: nproc) OpenMP threads are split over the ranks (at least 1 each), so
 # every row uses the same cores; 4 ranks on 2 cores are oversubscribed. Ranks are not bound to
 # cores (--bind-to none): Open MPI's default binding puts a lone rank's 2 threads on one core.
 # SET=cp runs only the context-parallel comparison: one rank vs CP2 / CP4 with the ring
 # (--cp-comm-type p2p) and with the all-gather, at sequence length SEQ (e.g. SEQ=2048 MBS=1:
 # long sequences, where attention dominates).
+# SET=moe runs expert parallelism on a small Mixtral-shaped model (the same shape with SwiGLU
+# experts: 8 experts of width 256 in every layer, top-2, RMSNorm, rotary, no biases): one rank vs
+# DP2 / DP4 (every rank holds every expert) vs EP2 / EP4 with the all-to-all and the all-gather
+# dispatcher (EP4 on 2 cores is oversubscribed). The communication share is then mostly the
+# token dispatch (all-to-all-v or all-gather/reduce-scatter, forward and backward).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"; ITERS="${2:-12}"; TOTAL="${3:-$(nproc)}"
@@ -67,6 +72,18 @@ PY
   echo "${row%%$'\t'*}"
   [ -n "$BASE" ] || BASE="${row##*$'\t'}"
 }
+if [ "$SET" = moe ]; then
+  COMMON+=(--swiglu --disable-bias-linear --normalization RMSNorm --position-embedding-type rope
+    --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 256 --moe-aux-loss-coeff 0.01)
+  run "MoE, 1 rank (EP1)" 1 0
+  run "MoE, DP2 (EP1)" 2 0
+  run "MoE, EP2, alltoall" 2 0 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+  run "MoE, EP2, allgather" 2 0 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
+  run "MoE, DP4 (EP1)" 4 0
+  run "MoE, EP4, alltoall" 4 0 --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
+  run "MoE, EP2 x DP2, alltoall" 4 0 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+  exit 0
+fi
 run "1 rank" 1 0
 if [ "$SET" = cp ]; then
   # One rank without the saved [s, s] softmax probabilities (the CP ring never keeps them).

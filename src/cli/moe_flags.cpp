@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/moe/token_dispatcher.h"
 
 namespace megatron::cli {
 
@@ -83,25 +84,36 @@ void MoeFlags::apply(training::TrainingArgs& a) const {
              " with --tensor-model-parallel-size ", a.parallel.tensor_model_parallel_size,
              ": when using expert parallelism and tensor parallelism, sequence parallelism must "
              "be used (as in Megatron-Core); add --sequence-parallel");
-  MG_REQUIRE(expert_model_parallel_size == 1, "--expert-model-parallel-size ",
-             expert_model_parallel_size, ": expert parallelism (all-to-all token dispatch) is not "
-             "built yet; the experts of a layer run on every rank. Use 1");
   const int tp = a.parallel.tensor_model_parallel_size;
   MG_REQUIRE(expert_tensor_parallel_size == 0 || expert_tensor_parallel_size == tp,
              "--expert-tensor-parallel-size ", expert_tensor_parallel_size, " differs from "
              "--tensor-model-parallel-size ", tp, ": the experts are sharded as the dense MLP "
              "is for now; leave it out or give ", tp);
-  MG_REQUIRE(token_dispatcher_type == "allgather" || token_dispatcher_type == "alltoall" ||
-                 token_dispatcher_type == "flex",
-             "--moe-token-dispatcher-type '", token_dispatcher_type,
-             "' is not one of: allgather, alltoall, flex");
-  MG_REQUIRE(token_dispatcher_type != "flex", "--moe-token-dispatcher-type flex (DeepEP) is not "
-             "built; use allgather or alltoall");
+  c.moe_token_dispatcher_type = token_dispatcher_type;
+  model::parse_dispatcher_kind(token_dispatcher_type);  // refuses flex and unknown names
+  a.parallel.expert_model_parallel_size = expert_model_parallel_size;
+  a.parallel.expert_tensor_parallel_size = expert_tensor_parallel_size;
+  if (expert_model_parallel_size > 1) {
+    MG_REQUIRE(c.num_moe_experts > 0, "--expert-model-parallel-size ", expert_model_parallel_size,
+               " without --num-experts: the model has no experts to spread");
+    MG_REQUIRE(c.num_moe_experts % expert_model_parallel_size == 0, "--num-experts ",
+               c.num_moe_experts, " is not divisible by --expert-model-parallel-size ",
+               expert_model_parallel_size, ": every expert-parallel rank holds the same number "
+               "of experts");
+    MG_REQUIRE(a.save.empty() && a.load.empty(), "--save/--load with "
+               "--expert-model-parallel-size ", expert_model_parallel_size, ": checkpoints "
+               "holding each expert-parallel rank's experts are not built yet; train without "
+               "them or use --expert-model-parallel-size 1");
+  }
   c.moe_grouped_gemm = grouped_gemm;
   MG_REQUIRE(!grouped_gemm || a.parallel.tensor_model_parallel_size == 1, "--moe-grouped-gemm "
              "with --tensor-model-parallel-size ", a.parallel.tensor_model_parallel_size,
              ": the grouped experts are not tensor-parallel yet; leave out --moe-grouped-gemm "
              "(the sequential experts give the same numbers) or use tensor-parallel size 1");
+  MG_REQUIRE(!grouped_gemm || expert_model_parallel_size == 1, "--moe-grouped-gemm with "
+             "--expert-model-parallel-size ", expert_model_parallel_size, ": the grouped experts "
+             "hold every expert of a layer; leave out --moe-grouped-gemm (the sequential experts "
+             "give the same numbers) or use expert-parallel size 1");
   a.moe_per_layer_logging = per_layer_logging;
   MG_REQUIRE(router_dtype.empty() || router_dtype == "fp32" || router_dtype == "fp64",
              "--moe-router-dtype '", router_dtype, "' is not one of: fp32, fp64");
@@ -115,7 +127,7 @@ void MoeFlags::apply(training::TrainingArgs& a) const {
   if (shared_expert_overlap)
     log_info("note: --moe-shared-expert-overlap has no effect here: the shared expert runs "
              "after the routed experts (the same numbers)");
-  if (token_dispatcher_type == "alltoall")
+  if (token_dispatcher_type == "alltoall" && expert_model_parallel_size == 1)
     log_info("note: --moe-token-dispatcher-type alltoall at expert-parallel size 1 dispatches "
              "locally, as allgather does (the same numbers)");
   MG_REQUIRE(a.parallel.pipeline_model_parallel_size == 1, "--num-experts with "

@@ -1,6 +1,6 @@
 // Megatron's mixture-of-experts flags (megatron/training/arguments.py _add_moe_args) for the
 // training command: the MoE settings of model::TransformerConfig, and the ones this build does
-// not have yet (expert parallelism, FP64 routing, several load-balancing types), refused by
+// not have yet (FP64 routing, several load-balancing types), refused by
 // check() with an error naming them.
 #pragma once
 

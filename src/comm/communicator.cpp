@@ -37,7 +37,31 @@ void check_sizes(const Communicator& c, const char* op, const Tensor& in, const 
            " and output ", shape_str(out.shape()), " do not match");
 }
 
+void check_all_to_all_v(const Communicator& c, const Tensor& in,
+                        const std::vector<int64_t>& send_counts, const Tensor& out,
+                        const std::vector<int64_t>& recv_counts) {
+  auto total = [&](const std::vector<int64_t>& counts, const char* which) {
+    MG_CHECK(counts.size() == size_t(c.size()), "all_to_all_v on group '", c.name(), "' of size ",
+             c.size(), ": ", counts.size(), " ", which, " counts");
+    int64_t sum = 0;
+    for (int64_t n : counts) {
+      MG_CHECK(n >= 0, "all_to_all_v on group '", c.name(), "': negative ", which, " count ", n);
+      sum += n;
+    }
+    return sum;
+  };
+  check_sizes(c, "all_to_all_v", in, out, total(send_counts, "send"), total(recv_counts, "receive"));
+}
+
 }  // namespace detail
+
+CommHandle Communicator::all_to_all_async(const Tensor& in, Tensor& out) {
+  detail::check_tensor(*this, "all_to_all", in);
+  MG_CHECK(in.numel() % size() == 0, "all_to_all on group '", name(), "' of size ", size(), ": ",
+           in.numel(), " elements do not split evenly");
+  const std::vector<int64_t> counts(size_t(size()), in.numel() / size());
+  return all_to_all_v_async(in, counts, out, counts);
+}
 
 CommHandle Communicator::all_gather_inplace_async(Tensor& buf) {
   detail::check_tensor(*this, "all_gather_inplace", buf);
@@ -79,6 +103,12 @@ class SelfCommunicator final : public Communicator {
   CommHandle broadcast_async(Tensor& t, int root) override {
     detail::check_tensor(*this, "broadcast", t);
     MG_CHECK(root == 0, "broadcast on group '", name_, "' of size 1: root ", root);
+    return {};
+  }
+  CommHandle all_to_all_v_async(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                Tensor& out, const std::vector<int64_t>& recv_counts) override {
+    detail::check_all_to_all_v(*this, in, send_counts, out, recv_counts);
+    if (in.numel() > 0) copy_bytes(in, out);
     return {};
   }
   CommHandle send_async(const Tensor&, int dst, int) override {

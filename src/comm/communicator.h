@@ -11,6 +11,13 @@
 //   all_gather_inplace: buf.numel() is a multiple of size(); rank r's input is slice r of buf
 //   itself (MPI_IN_PLACE), the other slices are overwritten with the other ranks' slices.
 // - reduce_scatter: in.numel() == size() * out.numel(); rank r receives reduced slice r.
+// - all_to_all_v (expert dispatch): `in` is the concatenation, in rank order, of the pieces this
+//   rank sends: send_counts[j] elements to rank j (the piece to itself included); `out` receives
+//   the pieces of every rank in rank order, recv_counts[i] elements from rank i. Counts may be 0
+//   (a rank that sends or receives nothing still takes part); they must agree between ranks
+//   (rank i's send_counts[j] == rank j's recv_counts[i]), which the caller arranges (usually by
+//   an all_to_all of the counts first). all_to_all: equal pieces, in.numel() == out.numel(),
+//   a multiple of size().
 // - bf16/fp16 reductions are carried out in fp32 and rounded back once (RNE).
 // - Every wait polls its requests against the group's timeout (--distributed-timeout-minutes);
 //   on expiry the rank prints which group and operation hung and aborts the whole job, so a dead
@@ -75,6 +82,9 @@ class Communicator {
   virtual CommHandle all_gather_inplace_async(Tensor& buf);
   virtual CommHandle reduce_scatter_async(const Tensor& in, Tensor& out, ReduceOp op) = 0;
   virtual CommHandle broadcast_async(Tensor& t, int root) = 0;  // root: rank in this group
+  virtual CommHandle all_to_all_v_async(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                        Tensor& out, const std::vector<int64_t>& recv_counts) = 0;
+  CommHandle all_to_all_async(const Tensor& in, Tensor& out);  // equal pieces (all_to_all_v)
   virtual CommHandle send_async(const Tensor& t, int dst, int tag = 0) = 0;
   virtual CommHandle recv_async(Tensor& t, int src, int tag = 0) = 0;
   virtual CommHandle barrier_async() = 0;
@@ -87,6 +97,11 @@ class Communicator {
     reduce_scatter_async(in, out, op).wait();
   }
   void broadcast(Tensor& t, int root) { broadcast_async(t, root).wait(); }
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                    const std::vector<int64_t>& recv_counts) {
+    all_to_all_v_async(in, send_counts, out, recv_counts).wait();
+  }
+  void all_to_all(const Tensor& in, Tensor& out) { all_to_all_async(in, out).wait(); }
   void send(const Tensor& t, int dst, int tag = 0) { send_async(t, dst, tag).wait(); }
   void recv(Tensor& t, int src, int tag = 0) { recv_async(t, src, tag).wait(); }
   void barrier() { barrier_async().wait(); }
@@ -129,6 +144,10 @@ namespace detail {
 void check_tensor(const Communicator& c, const char* op, const Tensor& t);
 void check_sizes(const Communicator& c, const char* op, const Tensor& in, const Tensor& out,
                  int64_t in_numel_expected, int64_t out_numel_expected);
+// all_to_all_v's arguments: one count per rank, none negative, summing to in's / out's numel.
+void check_all_to_all_v(const Communicator& c, const Tensor& in,
+                        const std::vector<int64_t>& send_counts, const Tensor& out,
+                        const std::vector<int64_t>& recv_counts);
 }  // namespace detail
 
 // Prints "error: distributed timeout ..." to stderr and aborts the job (never returns).

@@ -305,6 +305,39 @@ class MpiCommunicator final : public Communicator {
     return CommHandle(h);
   }
 
+  CommHandle all_to_all_v_async(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                Tensor& out, const std::vector<int64_t>& recv_counts) override {
+    detail::check_all_to_all_v(*this, in, send_counts, out, recv_counts);
+    auto h = handle("all_to_all_v");
+    const Tensor hin = host_side(in, true), hout = host_side(out, false);
+    finish_into(*h, out, hout, hout);
+    h->keep_alive = {in, out, hin, hout};
+    // MPI takes int counts and displacements (elements); they live in the handle until it completes.
+    auto table = std::make_shared<std::vector<int>>(4 * size_t(size_));
+    int* sc = table->data();
+    int* sd = sc + size_;
+    int* rc = sd + size_;
+    int* rd = rc + size_;
+    int64_t soff = 0, roff = 0;
+    for (int r = 0; r < size_; ++r) {
+      sc[r] = as_int(send_counts[size_t(r)]);
+      sd[r] = as_int(soff);
+      rc[r] = as_int(recv_counts[size_t(r)]);
+      rd[r] = as_int(roff);
+      soff += send_counts[size_t(r)];
+      roff += recv_counts[size_t(r)];
+    }
+    as_int(soff);
+    as_int(roff);
+    h->on_complete = [table, done = std::move(h->on_complete)] {
+      if (done) done();
+    };
+    const MPI_Datatype type = mpi_type(in.dtype());
+    mpi_check(MPI_Ialltoallv(hin.raw_data(), sc, sd, type, hout.raw_data(), rc, rd, type, comm_,
+                             h->request()), "MPI_Ialltoallv");
+    return CommHandle(h);
+  }
+
   CommHandle send_async(const Tensor& t, int dst, int tag) override {
     detail::check_tensor(*this, "send", t);
     MG_CHECK(dst >= 0 && dst < size_ && dst != rank_, "send on group '", name_, "': bad peer ", dst);
@@ -343,10 +376,11 @@ class MpiCommunicator final : public Communicator {
 
  private:
   // MPI counts are int: larger buffers must be split by the caller (e.g. into buckets).
-  int count(const Tensor& t) const {
-    MG_CHECK(t.numel() <= int64_t(std::numeric_limits<int>::max()), "group '", name_,
-             "': a buffer of ", t.numel(), " elements exceeds MPI's int count; split it");
-    return int(t.numel());
+  int count(const Tensor& t) const { return as_int(t.numel()); }
+  int as_int(int64_t n) const {
+    MG_CHECK(n <= int64_t(std::numeric_limits<int>::max()), "group '", name_,
+             "': a buffer of ", n, " elements exceeds MPI's int count; split it");
+    return int(n);
   }
   // On completion: the fp32 work buffer rounded into the host tensor, the host tensor copied to
   // the result on its device (each step only where they differ).

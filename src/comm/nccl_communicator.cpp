@@ -51,6 +51,10 @@ struct NcclApi {
   decltype(&ncclAllGather) all_gather = nullptr;
   decltype(&ncclReduceScatter) reduce_scatter = nullptr;
   decltype(&ncclBroadcast) broadcast = nullptr;
+  decltype(&ncclSend) send = nullptr;
+  decltype(&ncclRecv) recv = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
 };
 
 const NcclApi& nccl() {
@@ -84,6 +88,10 @@ const NcclApi& nccl() {
     sym(a.all_gather, "ncclAllGather");
     sym(a.reduce_scatter, "ncclReduceScatter");
     sym(a.broadcast, "ncclBroadcast");
+    sym(a.send, "ncclSend");
+    sym(a.recv, "ncclRecv");
+    sym(a.group_start, "ncclGroupStart");
+    sym(a.group_end, "ncclGroupEnd");
     return a;
   }();
   return api;
@@ -340,6 +348,32 @@ class NcclCommunicator final : public Communicator {
                                      comm_, stream_));
     });
     h->keep_alive = {t};
+    return CommHandle(h);
+  }
+
+  // NCCL has no all-to-all-v: one grouped send and receive per peer (as torch.distributed's
+  // all_to_all_single does), skipping empty pieces.
+  CommHandle all_to_all_v_async(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                Tensor& out, const std::vector<int64_t>& recv_counts) override {
+    if (!on_device(in)) return host_->all_to_all_v_async(in, send_counts, out, recv_counts);
+    detail::check_all_to_all_v(*this, in, send_counts, out, recv_counts);
+    const size_t elem = dtype_size(in.dtype());
+    auto h = launch("all_to_all_v", [&] {
+      const char* src = static_cast<const char*>(in.raw_data());
+      char* dst = static_cast<char*>(out.raw_data());
+      MG_NCCL_CHECK(nccl().group_start());
+      size_t soff = 0, roff = 0;
+      for (int r = 0; r < size(); ++r) {
+        const size_t sn = size_t(send_counts[size_t(r)]) * elem;
+        const size_t rn = size_t(recv_counts[size_t(r)]) * elem;
+        if (sn > 0) MG_NCCL_CHECK(nccl().send(src + soff, sn, ncclUint8, r, comm_, stream_));
+        if (rn > 0) MG_NCCL_CHECK(nccl().recv(dst + roff, rn, ncclUint8, r, comm_, stream_));
+        soff += sn;
+        roff += rn;
+      }
+      MG_NCCL_CHECK(nccl().group_end());
+    });
+    h->keep_alive = {in, out};
     return CommHandle(h);
   }
 

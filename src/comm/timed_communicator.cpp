@@ -65,6 +65,10 @@ class TimedCommunicator final : public Communicator {
   CommHandle broadcast_async(Tensor& t, int root) override {
     return timed(t, [&] { return inner_->broadcast_async(t, root); });
   }
+  CommHandle all_to_all_v_async(const Tensor& in, const std::vector<int64_t>& send_counts,
+                                Tensor& out, const std::vector<int64_t>& recv_counts) override {
+    return timed(in, [&] { return inner_->all_to_all_v_async(in, send_counts, out, recv_counts); });
+  }
   CommHandle send_async(const Tensor& t, int dst, int tag) override {
     return timed(t, [&] { return inner_->send_async(t, dst, tag); });
   }

@@ -2,6 +2,7 @@
 // hooks, initial weights (see language_module.h).
 #include "model/language_module.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "kernels/ops.h"
@@ -86,6 +87,19 @@ ParameterList LanguageModule::parameters() {
   return out;
 }
 
+namespace {
+// The weights of one expert in `ps` (0 when it holds none).
+int weights_per_expert(const ParameterList& ps) {
+  int first = -1, n = 0;
+  for (const Parameter* p : ps) {
+    if (p->expert < 0) continue;
+    if (first < 0) first = p->expert;
+    if (p->expert == first) ++n;
+  }
+  return n;
+}
+}  // namespace
+
 // Each parameter is drawn from the stream 1000 + its position in the single-rank parameters():
 // the embedding's, then every layer's, then the final norm's, then the head's. A shared copy of
 // the tied word table (the last stage's output_layer.weight) is not in the single-rank list and
@@ -94,12 +108,28 @@ void LanguageModule::init_weights() {
   const InitScale scale = InitScale::of(cfg_.init_method_std, cfg_.num_layers);
   size_t index = 0;
   auto init = [&](const ParameterList& ps) {
+    // Under expert parallelism a layer holds only this rank's experts (consecutive, k weights
+    // each): the streams of the other ranks' experts are skipped, so every weight draws the
+    // stream it has in the single-rank model.
+    const int per_expert = weights_per_expert(ps);
+    int next_expert = 0;
+    auto skip_to = [&](int expert) {
+      index += size_t(std::max(0, expert - next_expert) * per_expert);
+      next_expert = std::max(next_expert, expert);
+    };
     for (Parameter* p : ps) {
+      if (p->expert >= 0 && p->expert >= next_expert) {
+        skip_to(p->expert);
+        next_expert = p->expert + 1;
+      } else if (p->expert < 0 && next_expert > 0) {
+        skip_to(cfg_.num_moe_experts);
+      }
       if (p->shared)
         init_parameter(*p, seed_, 1000, scale, tp_);
       else
         init_parameter(*p, seed_, 1000 + index++, scale, tp_);
     }
+    if (next_expert > 0) skip_to(cfg_.num_moe_experts);
   };
   if (embedding_)
     init(embedding_->parameters());

@@ -31,6 +31,8 @@ class StageModel {
   // group). layers_per_virtual_stage: --num-layers-per-virtual-pipeline-stage (0: none).
   // Validates the configuration (TransformerConfig::validate, the TP and the pipeline rules, the
   // family's). The chunks live on `device` (ModelOptions::device).
+  // The MoE layers' experts are spread over the expert-parallel group (null or of one rank:
+  // every rank holds all experts).
   StageModel(const TransformerConfig& cfg, uint64_t seed, const ParallelState& parallel,
              int layers_per_virtual_stage = 0, Device device = Device::cpu());
   // Without a ParallelState (tests, tools): pipeline rank `pp_rank` of `layout`, with explicit
@@ -39,7 +41,8 @@ class StageModel {
   StageModel(const TransformerConfig& cfg, uint64_t seed, const PipelineLayout& layout, int pp_rank,
                 std::shared_ptr<Communicator> tp_group, std::shared_ptr<Communicator> pp_group,
                 std::shared_ptr<Communicator> embedding_group,
-                std::shared_ptr<Communicator> cp_group = nullptr, Device device = Device::cpu());
+                std::shared_ptr<Communicator> cp_group = nullptr, Device device = Device::cpu(),
+                std::shared_ptr<Communicator> ep_group = nullptr);
   ~StageModel();
   StageModel(const StageModel&) = delete;
   StageModel& operator=(const StageModel&) = delete;

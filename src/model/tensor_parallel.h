@@ -36,6 +36,12 @@ namespace megatron::model {
 struct TensorParallel {
   std::shared_ptr<Communicator> group;  // never null; a group of one for TP = 1
   bool sequence_parallel = false;       // only ever true when group->size() > 1
+  // The MoE layers' expert-parallel group (ParallelState's "ep"; Megatron's parallel folding: the
+  // experts' own mesh beside attention's): each member owns num_experts / size consecutive
+  // experts and tokens travel to them (model/moe/token_dispatcher.h). Null: EP = 1.
+  std::shared_ptr<Communicator> expert_parallel;
+  int ep_size() const { return expert_parallel ? expert_parallel->size() : 1; }
+  int ep_rank() const { return expert_parallel ? expert_parallel->rank() : 0; }
 
   int size() const { return group->size(); }
   int rank() const { return group->rank(); }

@@ -114,6 +114,9 @@ struct TransformerConfig {
   int moe_shared_expert_intermediate_size = 0;    // --moe-shared-expert-intermediate-size (0: none)
   bool moe_shared_expert_gate = false;            // --moe-shared-expert-gate: sigmoid gate on it
   bool moe_grouped_gemm = false;  // --moe-grouped-gemm: grouped experts (their own weight names)
+  // How tokens reach the experts of other expert-parallel ranks (--moe-token-dispatcher-type
+  // allgather | alltoall; the same numbers either way, and no effect at EP = 1).
+  std::string moe_token_dispatcher_type = "allgather";
   int moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn(); }
   // Whether layer `layer` (0-based, global) has an MoE FFN (moe_layer_pattern, model/moe/).
   bool is_moe_layer(int layer) const;

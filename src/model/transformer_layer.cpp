@@ -92,8 +92,11 @@ TransformerLayer::TransformerLayer(int idx, const TransformerConfig& cfg,
   }
   register_child(pre_mlp_layernorm);
   std::visit([this](Module& m) { register_child(m); }, mlp);
-  MG_CHECK(parameters().size() == count_parameters(cfg, spec), "TransformerLayer::count_parameters "
-           "disagrees with the layer built from the same spec");
+  // Under expert parallelism the layer holds only its rank's experts (two weights each).
+  const size_t other_experts =
+      spec.ffn == FfnKind::moe ? 2 * size_t(cfg.num_moe_experts - cfg.num_moe_experts / tp_.ep_size()) : 0;
+  MG_CHECK(parameters().size() + other_experts == count_parameters(cfg, spec),
+           "TransformerLayer::count_parameters disagrees with the layer built from the same spec");
 }
 
 size_t TransformerLayer::count_parameters(const TransformerConfig& cfg,

@@ -18,6 +18,11 @@
 //      does step() itself before it touches the shard.
 // The update is elementwise, so with the same reduced gradients it equals the unsharded
 // optimizer's bit for bit. Memory per parameter (fp32 model): 4 (param) + 4 (grad) + 12/DP.
+// Several buffers (expert parallelism: the experts' weights summed and sharded over the expert
+// data-parallel group, the others over data x context parallel; Megatron's ChainedOptimizer of
+// a dense and an expert DistributedOptimizer): one optimizer whose shard is the concatenation of
+// this rank's shards of every buffer, one inf check and one grad norm over all of them (each
+// buffer's pieces counted by the duplicate rule of its own tensor-parallel rank).
 #pragma once
 
 #include <cmath>
@@ -35,28 +40,37 @@ class DistributedOptimizer final : public MegatronOptimizer {
   // tp_rank: this rank's tensor-parallel rank (the grad-norm duplicate rule).
   DistributedOptimizer(ParamAndGradBuffer& buffer, const OptimizerConfig& cfg,
                        Communicator& grad_stats, int tp_rank);
+  struct BufferPart {
+    ParamAndGradBuffer* buffer = nullptr;
+    int tp_rank = 0;  // this rank's tensor-parallel rank in the group its weights are split over
+  };
+  // `params`: the model's parameters in model order (parameters() and the piece indices follow
+  // it); every one of them is in exactly one buffer.
+  DistributedOptimizer(model::ParameterList params, std::vector<BufferPart> buffers,
+                       const OptimizerConfig& cfg, Communicator& grad_stats);
 
   // MegatronOptimizer (megatron_optimizer.h).
-  void zero_grad() override { buffer_.zero_grad(); }
+  void zero_grad() override;
   // After buffer.finish_grad_sync(). Ends with the parameter all-gather (launched only, with the
   // buffer's overlap_param_gather; none when the step is skipped).
   StepResult step(double lr, double weight_decay, GradScaler& scaler,
                   double decoupled_lr = std::nan("")) override;
   void set_decoupled_lr_params(std::vector<bool> flags) override;
-  void finish_param_sync() override { buffer_.finish_param_sync(); }
+  void finish_param_sync() override;
   const OptimizerConfig& config() const override { return cfg_; }
-  const model::ParameterList& parameters() const override { return buffer_.parameters(); }
+  const model::ParameterList& parameters() const override { return params_; }
   int64_t step_count() const override { return step_count_; }
   void set_step_count(int64_t n) override { step_count_ = n; }
   // Main shard <- model parameters (after loading model weights without optimizer state).
   void reload_main_from_model() override;
   // Model parameters <- main shard (then all-gathered, blocking), after loading the main shard.
   void copy_main_to_model() override;
-  // This rank's pieces (BufferLayout::shard_pieces of its DP rank) as views of the shard.
+  // This rank's pieces (BufferLayout::shard_pieces of its DP rank, buffer after buffer) as views
+  // of the shard.
   std::vector<StatePiece> state_pieces() override;
   std::optional<ShardBuffers> shard() const override;
 
-  ParamAndGradBuffer& buffer() const { return buffer_; }
+  ParamAndGradBuffer& buffer() const { return *parts_.front().buffer; }  // the first
   // Shard state, [total_shard_size] fp32 each, indexed by Piece::shard_offset (padding included).
   // exp_avg is SGD's momentum buffer; exp_avg_sq is undefined for SGD.
   Tensor main_params() const { return main_; }
@@ -64,11 +78,18 @@ class DistributedOptimizer final : public MegatronOptimizer {
   Tensor exp_avg_sq() const { return exp_avg_sq_; }
 
  private:
-  ParamAndGradBuffer& buffer_;
+  // One buffer's share: its pieces with their parameter indices (model order) and shard offsets
+  // (in main_) already translated.
+  struct Part {
+    ParamAndGradBuffer* buffer = nullptr;
+    int tp_rank = 0;
+    int64_t base = 0;  // where this buffer's shard starts in main_
+    std::vector<BufferLayout::Piece> pieces;
+  };
+  model::ParameterList params_;
+  std::vector<Part> parts_;
   OptimizerConfig cfg_;
   Communicator& grad_stats_;
-  int tp_rank_;
-  std::vector<BufferLayout::Piece> pieces_;
   Tensor main_, exp_avg_, exp_avg_sq_;
   std::vector<bool> decoupled_;
   int64_t step_count_ = 0;

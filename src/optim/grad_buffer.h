@@ -151,6 +151,7 @@ class ParamAndGradBuffer {
   bool param_bucket_pending(int bucket) const { return param_pending_[size_t(bucket)]; }
   // The bucket holding parameter `p` (an error if p is not in the buffer).
   int bucket_of(const model::Parameter* p) const;
+  bool holds(const model::Parameter* p) const { return index_.count(p) > 0; }
   // start_param_sync() and finish_param_sync(): blocking whatever the configuration (loading a
   // checkpoint, tests).
   void all_gather_params();

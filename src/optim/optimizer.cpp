@@ -125,7 +125,8 @@ StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler, d
   for (size_t i = 0; i < grads.size(); ++i) {
     const double sq = ops::l2_norm_squared(grads[i]);
     finite = finite && std::isfinite(sq);
-    if (stats_group_ == nullptr || model::param_counts_in_grad_norm(*params_[i], tp_rank_))
+    if (stats_group_ == nullptr ||
+        (counted_.empty() ? model::param_counts_in_grad_norm(*params_[i], tp_rank_) : counted_[i]))
       sum_sq += sq;
   }
   r.grad_norm = std::sqrt(sum_sq);

@@ -57,6 +57,14 @@ class Optimizer final : public MegatronOptimizer {
   void set_grad_stats_group(Communicator* group, int tp_rank) {
     stats_group_ = group;
     tp_rank_ = tp_rank;
+    counted_.clear();
+  }
+  // The same over `group` with the parameters this rank counts given one by one (model order):
+  // expert parallelism, where the rule differs between expert and other weights.
+  void set_grad_stats_group(Communicator* group, std::vector<bool> counted) {
+    MG_CHECK(counted.size() == params_.size(), "one grad-norm flag per parameter");
+    stats_group_ = group;
+    counted_ = std::move(counted);
   }
 
  private:
@@ -64,6 +72,7 @@ class Optimizer final : public MegatronOptimizer {
   OptimizerConfig cfg_;
   Communicator* stats_group_ = nullptr;
   int tp_rank_ = 0;
+  std::vector<bool> counted_;  // empty: the tensor-parallel rule
   std::vector<ParamState> state_;
   std::vector<bool> decoupled_;  // empty: no decoupled group
   int64_t step_count_ = 0;

@@ -93,7 +93,12 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
   StepOutcome out;
   optim::ParamAndGradBuffer* buffer = r.buffer.get();
   if (a.parallel.overlap_grad_reduce && buffer != nullptr) {
-    fb.grad_ready = [buffer](const model::ParameterList& ready) { buffer->register_grads_ready(ready); };
+    fb.grad_ready = [buffer](const model::ParameterList& ready) {
+      model::ParameterList mine;  // the expert buffer's are reduced after the backward
+      for (model::Parameter* p : ready)
+        if (buffer->holds(p)) mine.push_back(p);
+      buffer->register_grads_ready(mine);
+    };
     fb.progress = [buffer, &out] {  // after every pass: MPI advances the launched reductions
       buffer->progress();
       out.buckets_launched_in_backward = buffer->launched_buckets();
@@ -105,6 +110,7 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
   r.dropout_offset += uint64_t(micro_batches * dp);
   if (buffer != nullptr) {
     buffer->finish_grad_sync();
+    if (r.expert_buffer) r.expert_buffer->finish_grad_sync();
   } else if (a.bf16 && a.grad_reduce_in_bf16) {
     // One rank, no reduction: Megatron's bf16 main-grad buffer still holds bf16 values.
     for (const model::Parameter* p : r.params) {

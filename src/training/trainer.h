@@ -90,6 +90,9 @@ struct ParallelArgs {
   bool overlap_param_gather = false;       // --overlap-param-gather (all-gather during forward)
   int64_t ddp_bucket_size = 0;             // --ddp-bucket-size in elements (0: max(40M, 1M x DP))
   double distributed_timeout_minutes = 10; // --distributed-timeout-minutes
+  // Mixture of experts (the experts' own mesh, Megatron's parallel folding):
+  int expert_model_parallel_size = 1;      // --expert-model-parallel-size
+  int expert_tensor_parallel_size = 0;     // --expert-tensor-parallel-size (0: the TP size)
 };
 
 struct TrainingArgs {

@@ -55,6 +55,9 @@ struct TrainingRun {
   // Data x context parallel gradient buckets (null on one DP x CP rank without the distributed
   // optimizer), the optimizer, the loss scaler and the LR schedule: setup_optimizer.
   std::unique_ptr<optim::ParamAndGradBuffer> buffer;
+  // Expert parallelism: the experts' weights, summed over the expert data-parallel group (then
+  // `buffer` holds the other weights only); null otherwise.
+  std::unique_ptr<optim::ParamAndGradBuffer> expert_buffer;
   std::unique_ptr<optim::MegatronOptimizer> optimizer;
   optim::GradScaler scaler = optim::GradScaler::constant(1.0);
   std::optional<optim::LRScheduler> scheduler;

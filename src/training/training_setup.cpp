@@ -10,6 +10,7 @@
 #include "kernels/cuda/device_select.h"
 #include "kernels/ops.h"
 #include "model/layer_spec.h"
+#include "model/tensor_parallel.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/optimizer.h"
 #include "training/run_log_lines.h"
@@ -54,6 +55,11 @@ std::string layout_line(const TrainingRun& r) {
                  ? str(", ", r.pipeline_layout.num_chunks, " virtual stages per pipeline rank (interleaved 1F1B)")
                  : std::string(pp > 1 ? ", 1F1B pipeline schedule" : ""),
              r.a.model.sequence_parallel && tp > 1 ? ", sequence parallel" : "",
+             ps.ep_size() > 1
+                 ? str("; experts: ETP ", ps.layout().config.expert_tensor_parallel_size, " x EP ",
+                       ps.ep_size(), " x EDP ", ps.layout().expert_data_parallel_size, " (",
+                       r.a.model.moe_token_dispatcher_type, " dispatcher)")
+                 : std::string(),
              p.use_distributed_optimizer ? ", distributed optimizer" : "",
              p.overlap_grad_reduce
                  ? (pp > 1 ? ", gradient reduction overlapped with each model chunk's last "
@@ -181,7 +187,20 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   pc.tensor_model_parallel_size = a.parallel.tensor_model_parallel_size;
   pc.pipeline_model_parallel_size = a.parallel.pipeline_model_parallel_size;
   pc.context_parallel_size = a.parallel.context_parallel_size;
+  pc.expert_model_parallel_size = a.parallel.expert_model_parallel_size;
+  pc.expert_tensor_parallel_size = a.parallel.expert_tensor_parallel_size;
   r.ps = ParallelState::create(make_timed_communicator(world, r.comm_stats), pc);
+  if (r.ps.ep_size() > 1) {  // what expert parallelism does not cover yet
+    const int ep = r.ps.ep_size();
+    MG_REQUIRE(r.ps.layout().config.expert_tensor_parallel_size == r.ps.tp_size(),
+               "--expert-tensor-parallel-size ", r.ps.layout().config.expert_tensor_parallel_size,
+               " differs from --tensor-model-parallel-size ", r.ps.tp_size(), ": the experts are "
+               "sharded as the dense MLP is for now; leave it out");
+    MG_REQUIRE(a.save.empty() && a.load.empty(), "--save/--load with "
+               "--expert-model-parallel-size ", ep, ": checkpoints holding each expert-parallel "
+               "rank's experts are not built yet; train without them or use "
+               "--expert-model-parallel-size 1");
+  }
   r.log_rank = r.ps.world_rank() == r.ps.world_size() - 1;
   const int dp = r.ps.dp_size(), tp = r.ps.tp_size();
   r.dp_cp = dp * r.ps.cp_size();
@@ -254,6 +273,24 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   return r;
 }
 
+namespace {
+// Under expert parallelism the plain optimizer's inf check and grad norm are summed over the world
+// with each distinct gradient counted once: dense weights on data x context parallel rank 0
+// (their reduced gradients are the same on every such rank), expert weights on expert
+// data-parallel rank 0, both by the tensor-parallel duplicate rule.
+std::vector<bool> expert_parallel_norm_terms(const TrainingRun& r) {
+  const int dp_cp_rank = r.ps.group(GroupKind::DP_CP).rank();
+  const int edp_rank = r.ps.group(GroupKind::EXPERT_DP).rank();
+  const int etp_rank = r.ps.group(GroupKind::EXPERT_TP).rank();
+  std::vector<bool> counted;
+  for (const model::Parameter* q : r.params)
+    counted.push_back(q->expert >= 0
+                          ? edp_rank == 0 && model::param_counts_in_grad_norm(*q, etp_rank)
+                          : dp_cp_rank == 0 && model::param_counts_in_grad_norm(*q, r.ps.tp_rank()));
+  return counted;
+}
+}  // namespace
+
 void setup_optimizer(TrainingRun& r) {
   TrainingArgs& a = r.a;
   const ParallelArgs& p = a.parallel;
@@ -271,22 +308,48 @@ void setup_optimizer(TrainingRun& r) {
     bc.pad_for_sharding = p.use_distributed_optimizer;
     bc.overlap_param_gather = p.overlap_param_gather;
     bc.reduce_in_bf16 = a.bf16 && a.grad_reduce_in_bf16;
-    r.buffer = std::make_unique<optim::ParamAndGradBuffer>(r.params, r.ps.group_ptr(GroupKind::DP_CP), bc);
+    // Expert parallelism: the experts' weights are summed over the expert data-parallel group in
+    // a buffer of their own, every other weight over data x context parallel as before.
+    if (r.ps.ep_size() > 1) {
+      model::ParameterList dense, experts;
+      for (model::Parameter* q : r.params) (q->expert >= 0 ? experts : dense).push_back(q);
+      r.buffer = std::make_unique<optim::ParamAndGradBuffer>(dense, r.ps.group_ptr(GroupKind::DP_CP), bc);
+      optim::GradBufferConfig ec = bc;
+      ec.bucket_size = 0;
+      if (!experts.empty())
+        r.expert_buffer = std::make_unique<optim::ParamAndGradBuffer>(
+            experts, r.ps.group_ptr(GroupKind::EXPERT_DP), ec);
+    } else {
+      r.buffer = std::make_unique<optim::ParamAndGradBuffer>(r.params, r.ps.group_ptr(GroupKind::DP_CP), bc);
+    }
   }
   // --overlap-param-gather: the optimizer step only launches the parameter all-gathers; the
   // forward waits for each bucket just before the first layer that reads it (and polls the others
   // so they advance during compute). Every other reader of the parameters (evaluation,
   // checkpoint save, the end of training) calls optimizer->finish_param_sync() first.
   if (p.overlap_param_gather)
-    r.model->set_forward_pre_hook(
-        [b = r.buffer.get()](const model::ParameterList& ps) { b->wait_params(ps); });
+    r.model->set_forward_pre_hook([b = r.buffer.get(), e = r.expert_buffer.get()](
+                                      const model::ParameterList& ps) {
+      if (e == nullptr) return b->wait_params(ps);
+      model::ParameterList dense, experts;  // expert parallelism: each buffer gathers its own
+      for (model::Parameter* q : ps) (e->holds(q) ? experts : dense).push_back(q);
+      b->wait_params(dense);
+      e->wait_params(experts);
+    });
   // fp32 main copies of the (loaded) weights: all of them, or this rank's shard.
   if (p.use_distributed_optimizer) {
-    r.optimizer = std::make_unique<optim::DistributedOptimizer>(*r.buffer, a.optimizer, r.ps.world(),
-                                                                r.ps.tp_rank());
+    std::vector<optim::DistributedOptimizer::BufferPart> parts = {{r.buffer.get(), r.ps.tp_rank()}};
+    if (r.expert_buffer)
+      parts.push_back({r.expert_buffer.get(), r.ps.group(GroupKind::EXPERT_TP).rank()});
+    r.optimizer = std::make_unique<optim::DistributedOptimizer>(r.params, std::move(parts),
+                                                                a.optimizer, r.ps.world());
   } else {
     auto plain = std::make_unique<optim::Optimizer>(r.params, a.optimizer);
-    if (r.ps.mp().size() > 1) plain->set_grad_stats_group(&r.ps.mp(), r.ps.tp_rank());
+    if (r.ps.ep_size() > 1) {
+      plain->set_grad_stats_group(&r.ps.world(), expert_parallel_norm_terms(r));
+    } else if (r.ps.mp().size() > 1) {
+      plain->set_grad_stats_group(&r.ps.mp(), r.ps.tp_rank());
+    }
     r.optimizer = std::move(plain);
   }
   r.scaler = a.fp16 ? (a.loss_scale > 0 ? optim::GradScaler::constant(a.loss_scale)

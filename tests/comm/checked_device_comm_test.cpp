@@ -72,6 +72,20 @@ void collectives(Communicator& c) {
     }
     return std::vector<Tensor>{b, got};
   });
+  compare_devices(str(c.name(), " all_to_all_v (bf16, uneven), all_to_all"), [&](Device d) {
+    std::vector<int64_t> sc, rc;  // rank i sends i + j + 1 elements to rank j
+    for (int j = 0; j < n; ++j) {
+      sc.push_back(r + j + 1);
+      rc.push_back(j + r + 1);
+    }
+    int64_t rn = 0;
+    for (int64_t v : rc) rn += v;
+    Tensor out = Tensor::empty({rn}, DType::BF16, d);
+    c.all_to_all_v(rank_values({n * (n + 1) / 2 + n * r}, r, DType::BF16).to(d), sc, out, rc);
+    Tensor eq = Tensor::empty({n, 2}, DType::F32, d);
+    c.all_to_all(rank_values({n, 2}, r).to(d), eq);
+    return std::vector<Tensor>{out, eq};
+  });
 }
 
 TEST(MpiCheckedComm, CollectivesStageThroughHostCopies) {

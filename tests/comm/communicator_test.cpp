@@ -180,6 +180,76 @@ TEST(MpiCommunicator, SplitGroupsAndParallelState) {
   EXPECT_EQ(ps.world_rank(), ps.tp_rank() + ps.tp_size() * (ps.dp_rank() + ps.dp_size() * ps.pp_rank()));
 }
 
+// all_to_all_v with uneven pieces, empty ones, a rank that sends nothing (the last) and one that
+// receives nothing (rank 0, when there are two or more): element k of the piece from rank i to
+// rank j is 16 i + 4 j + k (exact in bf16).
+int64_t piece_count(int from, int to, int n) {
+  if (n > 1 && (from == n - 1 || to == 0)) return 0;
+  return (from + 2 * to + 1) % 4;
+}
+
+TEST(MpiCommunicator, AllToAllVUnevenAndEmptyPieces) {
+  auto w = world();
+  const int r = w->rank(), n = w->size();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    std::vector<int64_t> sc, rc;
+    std::vector<float> send, want;
+    for (int j = 0; j < n; ++j) {
+      sc.push_back(piece_count(r, j, n));
+      for (int64_t k = 0; k < sc.back(); ++k) send.push_back(float(16 * r + 4 * j + k));
+      rc.push_back(piece_count(j, r, n));
+      for (int64_t k = 0; k < rc.back(); ++k) want.push_back(float(16 * j + 4 * r + k));
+    }
+    const Tensor in = Tensor::from_vector(send, {int64_t(send.size())}).to(dt);
+    Tensor out = Tensor::full({int64_t(want.size())}, -1.0, dt);
+    w->all_to_all_v(in, sc, out, rc);
+    const Tensor got = out.to(DType::F32);
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_EQ(got.data<float>()[i], want[i]) << dtype_name(dt) << " element " << i;
+    if (n > 1 && r == 0) {
+      EXPECT_EQ(out.numel(), 0);
+    }
+    if (n > 1 && r == n - 1) {
+      EXPECT_EQ(in.numel(), 0);
+    }
+  }
+  // 64-bit integers (the counts the expert dispatcher exchanges).
+  std::vector<int64_t> ones(size_t(n), 1);
+  Tensor ids = Tensor::empty({n}, DType::I64), got_ids = Tensor::empty({n}, DType::I64);
+  for (int j = 0; j < n; ++j) ids.data<int64_t>()[j] = (int64_t(r) << 40) + j;
+  w->all_to_all_v(ids, ones, got_ids, ones);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(got_ids.data<int64_t>()[i], (int64_t(i) << 40) + r);
+  // Equal pieces: rank i's slice j lands in slice i of rank j.
+  Tensor in = Tensor::empty({n, 3}, DType::F32), out = Tensor::empty({n, 3}, DType::F32);
+  for (int j = 0; j < n; ++j)
+    for (int k = 0; k < 3; ++k) in.data<float>()[j * 3 + k] = float(10 * r + j + 0.5 * k);
+  w->all_to_all_async(in, out).wait();
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(out.data<float>()[i * 3 + k], float(10 * i + r + 0.5 * k));
+  // Counts that do not match the tensors are a caller's bug, refused before anything is sent.
+  std::vector<int64_t> bad(size_t(n), 2);
+  Tensor one = Tensor::empty({1}, DType::F32);
+  EXPECT_THROW(w->all_to_all_v(one, bad, one, bad), InternalError);
+  const std::vector<int64_t> too_many(size_t(n + 1), 0);
+  EXPECT_THROW(w->all_to_all_v(one, too_many, one, too_many), InternalError);
+  bad.assign(size_t(n), 0);
+  bad[0] = -1;
+  EXPECT_THROW(w->all_to_all_v(one, bad, one, bad), InternalError);
+}
+
+// The timed wrapper counts an all-to-all's input bytes and forwards it.
+TEST(MpiCommunicator, TimedAllToAll) {
+  auto stats = std::make_shared<CommStats>();
+  auto t = make_timed_communicator(world(), stats);
+  const int n = t->size();
+  Tensor in = Tensor::full({2 * n}, double(t->rank()), DType::F32);
+  Tensor out = Tensor::empty({2 * n}, DType::F32);
+  t->all_to_all(in, out);
+  EXPECT_EQ(stats->calls, 1);
+  EXPECT_EQ(stats->bytes, 8 * n);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(out.data<float>()[2 * i + 1], float(i));
+}
+
 // Child of the timeout test: runs only inside the 2-rank job that test launches.
 TEST(MpiTimeoutChild, RankOneHangs) {
   const char* mode = std::getenv("MG_COMM_TIMEOUT_CHILD");

@@ -5,7 +5,12 @@ namespace megatron::model {
 
 SequentialExperts::SequentialExperts(const std::string& prefix, const TransformerConfig& cfg,
                                      const MlpSpec& spec, const TensorParallel& tp, bool grad) {
-  for (int e = 0; e < cfg.num_moe_experts; ++e) {
+  const int ep = tp.ep_size();
+  MG_REQUIRE(cfg.num_moe_experts % ep == 0, "--num-experts ", cfg.num_moe_experts,
+             " is not divisible by --expert-model-parallel-size ", ep);
+  const int local = cfg.num_moe_experts / ep;
+  first_ = tp.ep_rank() * local;
+  for (int e = first_; e < first_ + local; ++e) {
     experts_.push_back(std::make_unique<MLP>(prefix + ".local_experts." + std::to_string(e), cfg,
                                              spec, tp, grad, cfg.moe_ffn()));
     for (Parameter* p : experts_.back()->parameters()) p->expert = e;

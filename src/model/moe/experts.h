@@ -3,7 +3,9 @@
 // <prefix>.local_experts.<i>.linear_fc1/linear_fc2 and tensor-parallel as the dense MLP is (the
 // expert tensor-parallel group is the tensor-parallel group). Each runs over its block of the
 // permuted rows; an expert given no rows is skipped. Each expert weight records its expert
-// (WeightSpec::expert).
+// (WeightSpec::expert). Under expert parallelism (tp.expert_parallel of size P) a rank holds only
+// its experts, Megatron's local_expert_indices: [rank * E/P, (rank + 1) * E/P), named by their
+// global number as in the single-rank model.
 #pragma once
 
 #include <memory>
@@ -21,10 +23,12 @@ class SequentialExperts : public Module {
   // xp [M, h]: counts[e] rows per expert, expert-major -> [M, h].
   Tensor forward(const LayerContext& ctx, const Tensor& xp, const std::vector<int64_t>& counts);
   Tensor backward(const LayerContext& ctx, const Tensor& dyp, const std::vector<int64_t>& counts);
-  int num_experts() const { return int(experts_.size()); }
-  MLP& expert(int e) { return *experts_.at(size_t(e)); }
+  int num_experts() const { return int(experts_.size()); }  // the local experts
+  int first_expert() const { return first_; }  // the global number of local expert 0
+  MLP& expert(int e) { return *experts_.at(size_t(e)); }  // local index
 
  private:
+  int first_ = 0;
   std::vector<std::unique_ptr<MLP>> experts_;
 };
 

@@ -56,7 +56,9 @@ MoELayer::MoELayer(const std::string& prefix, const TransformerConfig& cfg, cons
       layer_(layer),
       force_balance_(cfg.moe_router_force_load_balancing),
       expert_bias_enabled_(cfg.moe_router_enable_expert_bias),
-      bias_update_rate_(cfg.moe_router_bias_update_rate) {
+      bias_update_rate_(cfg.moe_router_bias_update_rate),
+      dispatcher_(parse_dispatcher_kind(cfg.moe_token_dispatcher_type), tp.expert_parallel,
+                  cfg.num_moe_experts) {
   register_child(router);
   register_child(experts);
   if (cfg.moe_grouped_gemm) {
@@ -107,8 +109,9 @@ Tensor MoELayer::forward(const LayerContext& ctx, const Tensor& x) {
   const std::vector<double> routed = routing_logits(ctx, gate);
   const BalanceInputs balance = balance_inputs(ctx, routed, N, ctx.save);
   Routing r = route(routed, N, settings_, expert_bias_, ctx.training, balance);
-  const DispatchPlan plan = dispatcher_.plan(r, x.device());
-  Tensor y = experts_forward(ctx, dispatcher_.dispatch(plan, x), plan.counts);
+  const TokenDispatcher::Plan plan = dispatcher_.plan(r, x.device());
+  Tensor y = dispatcher_.return_rows(
+      plan, experts_forward(ctx, dispatcher_.dispatch(plan, x), plan.expert_counts));
   Tensor out = dispatcher_.combine(plan, y);
   if (shared_experts) ops::add(out, out, shared_forward(ctx, x));
   if (ctx.save) {
@@ -146,12 +149,14 @@ Tensor MoELayer::backward(const LayerContext& ctx, const Tensor& dy) {
     balance.global_num_tokens = g[E];
   }
   const Routing r = route(routed, N, settings_, expert_bias_, ctx.training, balance);
-  const DispatchPlan plan = dispatcher_.plan(r, x.device());
+  const TokenDispatcher::Plan plan = dispatcher_.plan(r, x.device());
   Tensor dx = Tensor::zeros(dy.shape(), DType::F32, dy.device());
   if (shared_experts) shared_backward(ctx, x, dy, dx);
   std::vector<double> dprobs;
   Tensor dyp = dispatcher_.combine_backward(plan, dy, y_, dprobs);
-  dispatcher_.dispatch_backward(plan, experts_backward(ctx, dyp, plan.counts), dx);
+  dispatcher_.dispatch_backward(
+      plan, experts_backward(ctx, dispatcher_.return_rows_backward(plan, dyp), plan.expert_counts),
+      dx);
   std::vector<double> dlogits(size_t(N * E), 0.0);
   if (!force_balance_)
     dlogits = route_backward(routed, N, settings_, expert_bias_, dprobs, ctx.moe_aux_grad_scale,

@@ -105,12 +105,13 @@ class MoELayer : public Module {
   Communicator* dp_group_ = nullptr;
   std::vector<double> global_tokens_;  // global_aux_loss: the step's summed counts
   double ga_steps_ = 0;
-  LocalTokenDispatcher dispatcher_;
+  TokenDispatcher dispatcher_;
   MoeStatistics stats_;
   Routing last_routing_;
   SavedTensor x_{this, "x", "[N, h] layer input (the router's and the dispatch's)"};
   SavedTensor logits_{this, "logits", "[N, E] gate logits, fp32 on the host"};
-  SavedTensor y_{this, "y", "[M, h] expert outputs before the probability weights"};
+  SavedTensor y_{this, "y", "[M, h] expert outputs before the probability weights (back at the "
+                            "tokens' rank)"};
   SavedTensor global_{this, "global", "[E + 1] f64 global_aux_loss's averaged counts, tokens"};
   SavedTensor shared_y_{this, "shared_y", "[N, h] shared expert output before its gate"};
   SavedTensor gate_{this, "gate", "[N, 1] sigmoid of the shared expert's gate"};

@@ -8,8 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/tensor.h"
 #include "model/moe/routing.h"
 
@@ -39,6 +42,74 @@ class LocalTokenDispatcher {
   // dprobs[t*E + e] = <dout[t], y[m]> for t's row m at expert e; 0 elsewhere).
   Tensor combine_backward(const DispatchPlan& p, const Tensor& dout, const Tensor& y,
                           std::vector<double>& dprobs) const;
+};
+
+// --moe-token-dispatcher-type: allgather | alltoall; flex (DeepEP) is refused by name.
+enum class DispatcherKind : uint8_t { allgather, alltoall };
+DispatcherKind parse_dispatcher_kind(const std::string& name);
+
+// The token dispatcher of an MoE layer over its expert-parallel group `ep` (null or of size 1:
+// the local dispatcher, whichever kind). Each rank routes its own N tokens over all E experts and
+// owns the L = E / P consecutive experts [rank * L, (rank + 1) * L).
+//   alltoall (Megatron's MoEAlltoAllTokenDispatcher): the rows are permuted by expert locally,
+//     the per-expert counts exchanged (all-to-all), the rows sent to their experts' ranks
+//     (all-to-all-v), and the received rows sorted from (source rank, local expert) into
+//     (local expert, source rank) order; the experts' outputs go back the inverse way and are
+//     combined where their tokens live.
+//   allgather (Megatron's MoEAllGatherTokenDispatcher): every rank gathers the group's tokens and
+//     routing, computes its experts over the rows routed to them and weights them by their
+//     probabilities; the partial outputs are reduce-scattered back to the tokens' ranks.
+// Each step's backward is its conjugate beside it (all-to-all-v <-> the inverse all-to-all-v,
+// all-gather <-> reduce-scatter). A rank that is sent no rows (or has no tokens routed anywhere)
+// takes part in every collective with empty pieces.
+// The layer calls, in forward: plan, dispatch, (experts), return_rows, combine; in backward:
+// plan, combine_backward, return_rows_backward, (experts), dispatch_backward.
+class TokenDispatcher {
+ public:
+  TokenDispatcher(DispatcherKind kind, std::shared_ptr<Communicator> ep, int num_experts);
+
+  struct Plan {
+    // alltoall and local: this rank's tokens over all experts; allgather: the group's gathered
+    // tokens (rank-major) over this rank's experts.
+    DispatchPlan local;
+    int64_t num_tokens = 0;               // N, this rank's tokens
+    std::vector<int64_t> expert_counts;   // [L] rows each local expert computes
+    std::vector<int64_t> send_rows, recv_rows;  // alltoall: [P] rows to / from each rank
+    Tensor sort_index, unsort_index;      // alltoall: [R] int32 (undefined when R = 0)
+    int64_t expert_rows() const;          // R, the rows this rank's experts compute
+  };
+
+  int local_experts() const { return num_experts_ / ep_size(); }
+  int first_expert() const { return ep_rank() * local_experts(); }
+
+  // Collective over the expert-parallel group (it exchanges counts or routing).
+  Plan plan(const Routing& routing, Device device) const;
+  // x [N, h] -> [R, h], the rows of this rank's experts, expert-major.
+  Tensor dispatch(const Plan& p, const Tensor& x) const;
+  // dx [N, h] += the gradient of x, from the experts' input gradient dxp [R, h].
+  void dispatch_backward(const Plan& p, const Tensor& dxp, const Tensor& dx) const;
+  // The experts' outputs y [R, h] -> the rows the combine weights (alltoall: [M, h] back at the
+  // tokens' rank, in the order of p.local; otherwise y itself).
+  Tensor return_rows(const Plan& p, const Tensor& y) const;
+  Tensor return_rows_backward(const Plan& p, const Tensor& dyr) const;
+  // yr -> out [N, h] fp32: sum over each token's rows of probability * row.
+  Tensor combine(const Plan& p, const Tensor& yr) const;
+  // dout [N, h] -> d(yr), and dprobs [N * E] (this rank's tokens, all experts; row-major).
+  Tensor combine_backward(const Plan& p, const Tensor& dout, const Tensor& yr,
+                          std::vector<double>& dprobs) const;
+
+ private:
+  int ep_size() const { return ep_ ? ep_->size() : 1; }
+  int ep_rank() const { return ep_ ? ep_->rank() : 0; }
+  bool local() const { return ep_size() == 1; }
+  // alltoall: rows [M, h] in p.local's order -> [R, h] expert-major at the experts' rank, and back.
+  Tensor to_experts(const Plan& p, const Tensor& rows) const;
+  Tensor from_experts(const Plan& p, const Tensor& rows) const;
+
+  DispatcherKind kind_;
+  std::shared_ptr<Communicator> ep_;
+  int num_experts_;
+  LocalTokenDispatcher local_;
 };
 
 }  // namespace megatron::model
