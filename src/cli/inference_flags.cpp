@@ -59,7 +59,7 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
   const model::RecordedConfig rec = model::config_from_checkpoint_args(ck.args());
   // Generation, serving and zero-shot evaluation run a decoder-only language model; another
   // family's weights would not load into one (or would load into the wrong model).
-  if (accept_bert && rec.config.model_family == "bert") {  // evaluate's masked-LM evaluation
+  if (accept_bert && rec.config.family_id() == model::ModelFamilyId::bert) {  // evaluate's masked-LM evaluation
     cfg.model_family = rec.config.model_family;
     cfg.bert_binary_head = rec.config.bert_binary_head;
     cfg.attention_mask_type = rec.config.attention_mask_type;
@@ -113,7 +113,7 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
   };
   for (const model::ModelSetting& s : model::model_settings()) {
     const std::string key = s.key;
-    if (!rec.recorded.count(key)) continue;
+    if (s.effect == model::SettingEffect::Recorded || !rec.recorded.count(key)) continue;
     const bool chosen = std::any_of(s.flags.begin(), s.flags.end(),
                                     [&](const char* f) { return given(f); });
     if (key == "max_position_embeddings" && check_only &&

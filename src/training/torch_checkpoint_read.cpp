@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/torch_file.h"
+#include "model/layer_spec.h"
 #include "model/model_family.h"
 #include "training/torch_checkpoint.h"
 
@@ -310,7 +311,8 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
       } catch (const Error& e) {
         MG_THROW(label, ": ", e.what());
       }
-      if (model["model_family"] == "bert") {  // BertModel (pretrain_bert.py)
+      if (model::model_family_kind(model["model_family"].get<std::string>()).id ==
+          model::ModelFamilyId::bert) {  // BertModel (pretrain_bert.py)
         model["attention_mask_type"] = "bidirectional";
         model["bert_binary_head"] = std::any_of(names.begin(), names.end(), [](const std::string& n) {
           return n.starts_with("binary_head.");
