@@ -61,11 +61,12 @@ void print_result(const std::string& line) {
   log_print(dashes);
 }
 
-// The model family the checkpoint's metadata records ("gpt" without metadata).
-std::string checkpoint_family(const InferenceFlags& f) {
+// The model family the checkpoint's metadata records (GPT without metadata).
+model::ModelFamilyId checkpoint_family(const InferenceFlags& f) {
   const auto step = f.ckpt_step >= 0 ? std::optional<int64_t>(f.ckpt_step) : std::nullopt;
   const auto ck = inference::CheckpointArgs::read_if_present(f.options.load, step);
-  return ck ? model::config_from_checkpoint_args(ck->args()).config.model_family : "gpt";
+  return ck ? model::config_from_checkpoint_args(ck->args()).config.family_id()
+            : model::ModelFamilyId::gpt;
 }
 
 // The flags of one kind of evaluation given on the command line for the other.
@@ -166,14 +167,14 @@ void run_evaluate(EvaluateArgs& a, const CLI::App& sub) {
   a.model.accept_bert = true;
   // pretrain-bert's data and sizing flags select a BERT checkpoint's data; on a GPT checkpoint
   // they are Megatron training flags that tasks/main.py accepts without effect.
-  if (checkpoint_family(a.model) != "bert")
+  if (checkpoint_family(a.model) != model::ModelFamilyId::bert)
     for (const char* f : {"--data-path", "--train-data-path", "--valid-data-path", "--test-data-path",
                           "--split", "--data-cache-path", "--global-batch-size", "--train-iters",
                           "--train-samples", "--eval-interval", "--eval-iters", "--mask-prob",
                           "--short-seq-prob", "--bert-binary-head", "--bert-no-binary-head"})
       if (sub.count(f)) a.model.megatron.ignored_too.push_back(f);
   const InferenceModelOptions options = a.model.finish();
-  if (options.model.model_family == "bert") return run_bert_evaluate(a, sub, options);
+  if (options.model.family_id() == model::ModelFamilyId::bert) return run_bert_evaluate(a, sub, options);
   // The data and sizing flags pretrain-bert shares with Megatron's training scripts are accepted
   // (and named as without effect) as tasks/main.py accepts them; the split name is ours alone.
   refuse_flags(sub, {"--split-name"}, "is for evaluating a BERT checkpoint on pretrain-bert's data; "

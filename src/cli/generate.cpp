@@ -191,7 +191,7 @@ void run_generate(GenerateArgs& a) {
              "--num-tokens-to-generate 0 scores the prompts: add --return-log-probs");
   MG_REQUIRE(a.micro_batch_size >= 1, "--micro-batch-size must be >= 1");
   const InferenceModelOptions options = a.model.finish();
-  if (options.model.model_family == "t5") return run_t5_generate(a, options, sampling);
+  if (options.model.family_id() == model::ModelFamilyId::t5) return run_t5_generate(a, options, sampling);
   // Under launch/mpirun with tensor or pipeline parallelism every rank loads its shard; rank 0
   // reads the prompts, generates and prints, the others run their part of each forward.
   auto loaded = load_inference_model(options);

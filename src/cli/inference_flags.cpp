@@ -60,16 +60,16 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
   // Serving and zero-shot evaluation run a decoder-only language model (evaluate also BERT,
   // generate also T5); another family's weights would not load into one (or would load into the
   // wrong model).
-  if (accept_bert && rec.config.model_family == "bert") {  // evaluate's masked-LM evaluation
+  if (accept_bert && rec.config.family_id() == model::ModelFamilyId::bert) {  // evaluate's masked-LM evaluation
     cfg.model_family = rec.config.model_family;
     cfg.bert_binary_head = rec.config.bert_binary_head;
     cfg.attention_mask_type = rec.config.attention_mask_type;
   }
-  if (accept_t5 && rec.config.model_family == "t5") {  // generate's span filling
+  if (accept_t5 && rec.config.family_id() == model::ModelFamilyId::t5) {  // generate's span filling
     cfg.model_family = rec.config.model_family;
     apply_t5_checkpoint_args(ck, check_only);
   }
-  MG_REQUIRE(rec.config.model_family != "t5" || cfg.model_family == "t5", ck.file().string(),
+  MG_REQUIRE(rec.config.family_id() != model::ModelFamilyId::t5 || cfg.family_id() == model::ModelFamilyId::t5, ck.file().string(),
              " is a checkpoint of a T5 model (pretrain-t5 trains it): `megatron generate` fills "
              "the <extra_id_N> spans of prompts with it; serving and zero-shot evaluation need a "
              "GPT checkpoint (pretrain-gpt)");
@@ -126,7 +126,7 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
   };
   for (const model::ModelSetting& s : model::model_settings()) {
     const std::string key = s.key;
-    if (!rec.recorded.count(key)) continue;
+    if (s.effect == model::SettingEffect::Recorded || !rec.recorded.count(key)) continue;
     const bool chosen = std::any_of(s.flags.begin(), s.flags.end(),
                                     [&](const char* f) { return given(f); });
     if (key == "max_position_embeddings" && check_only &&

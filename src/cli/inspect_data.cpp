@@ -27,6 +27,7 @@
 #include "data/indexed_dataset.h"
 #include "data/t5_dataset.h"
 #include "data/tokenizer.h"
+#include "model/layer_spec.h"
 
 namespace megatron::cli {
 namespace {
@@ -39,7 +40,8 @@ struct InspectFlags {
   // --samples K mode
   std::optional<int64_t> samples;
   std::string format = "text";
-  std::string dataset_type = "gpt";  // gpt | bert | t5
+  // --dataset-type: the model family (model/layer_kinds.h) whose samples are shown
+  std::string dataset_type = model::kind_name(model::ModelFamilyId::gpt);
   std::string split_name = "train";  // bert, t5: which split's samples
   data::GPTDataConfig data;
   data::BertDataConfig bert;  // the masking flags (BERT and T5); the data flags are read from `data`
@@ -51,11 +53,12 @@ struct InspectFlags {
 // --dataset-type bert|t5: samples of one split as JSON lines.
 void show_masked_samples(InspectFlags f) {
   const std::string& type = f.dataset_type;
+  const bool t5 = model::model_family_kind(type).id == model::ModelFamilyId::t5;
   MG_REQUIRE(f.format == "json", "--dataset-type ", type, " prints each sample as one JSON object: add --format json");
   MG_REQUIRE(!f.data.data_path.empty() || !f.data.train_data_path.empty() || !f.data.valid_data_path.empty() ||
                  !f.data.test_data_path.empty(),
              "--samples needs the data: --data-path (or --train-data-path/--valid-data-path/--test-data-path)");
-  if (type == "t5") {
+  if (t5) {
     MG_REQUIRE(f.data.seq_length == 0 || f.t5.encoder_seq_length == 0,
                "give --encoder-seq-length or its alias --seq-length, not both");
     if (f.t5.encoder_seq_length == 0) f.t5.encoder_seq_length = f.data.seq_length;
@@ -67,7 +70,7 @@ void show_masked_samples(InspectFlags f) {
   MG_REQUIRE(f.train_iters > 0 || f.train_samples >= 0, "--samples needs --train-iters or --train-samples");
   MG_REQUIRE(!f.tokenizer.type.empty(), "--dataset-type ", type, " needs the tokenizer flags "
              "(--tokenizer-type BertWordPieceLowerCase --vocab-file vocab.txt",
-             type == "t5" ? " --vocab-extra-ids 100)" : ")");
+             t5 ? " --vocab-extra-ids 100)" : ")");
   auto tok = data::build_tokenizer(f.tokenizer);
   const auto vocab = std::make_shared<const data::WordPieceVocab>(data::wordpiece_vocab(*tok));
   const int64_t gbs = f.global_batch_size > 0 ? f.global_batch_size : f.micro_batch_size;
@@ -93,7 +96,7 @@ void show_masked_samples(InspectFlags f) {
                f.split_name, " split has ", split->size());
     for (int64_t k = 0; k < *f.samples; ++k) log_print(to_json(split->sample(k)));
   };
-  if (type == "t5") {
+  if (t5) {
     data::T5DataConfig c = f.t5;
     fill(c);
     show(data::build_t5_datasets(c, n), data::t5_sample_json);
@@ -219,7 +222,7 @@ void show_document(const data::IndexedDataset& ds, int64_t doc, const InspectFla
 
 void run(const InspectFlags& f) {
   if (f.samples) {
-    if (f.dataset_type == "bert" || f.dataset_type == "t5")
+    if (model::model_family_kind(f.dataset_type).id != model::ModelFamilyId::gpt)
       show_masked_samples(f);
     else
       show_samples(f);
@@ -249,7 +252,7 @@ CommandRegistrar reg("inspect-data", "Show what an indexed dataset (.bin/.idx) h
                            ->check(CLI::IsMember({"text", "ids", "json"}));
                        sub.add_option("--dataset-type", f->dataset_type, "--samples: gpt, bert (pretrain-bert's "
                                                                          "masked samples) or t5 (pretrain-t5's)")
-                           ->check(CLI::IsMember({"gpt", "bert", "t5"}))->capture_default_str();
+                           ->check(CLI::IsMember(model::model_family_names()))->capture_default_str();
                        sub.add_option("--split-name", f->split_name, "--samples: the split shown (bert, t5)")
                            ->check(CLI::IsMember({"train", "valid", "test"}))->capture_default_str();
                        add_bert_data_flags(sub, f->bert);

@@ -20,6 +20,7 @@ void ModelFlags::add(CLI::App& sub, bool training) {
   // One registration per row of the settings table (model/model_settings.h): a row that is one
   // field binds its option to it; the others are Megatron's switches resolved in resolve().
   for (const model::ModelSetting& s : model::model_settings()) {
+    if (s.effect == model::SettingEffect::Recorded) continue;  // their commands bind their flags
     const std::string key = s.key;
     if (key == "max_position_embeddings")  // not a setting of the weights: the training length
       sub.add_option("--seq-length", m.seq_length, "Sequence length");

@@ -19,6 +19,7 @@
 #include "cli/tokenizer_options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/layer_spec.h"
 #include "comm/communicator.h"
 #include "training/trainer.h"
 
@@ -74,7 +75,7 @@ training::TrainingArgs resolve_pretrain_flags(PretrainFlags f) {
     a.model.apply_query_key_layer_scaling = run_fields.apply_query_key_layer_scaling;
   }
   if (f.bert) {  // BertModel: the encoder attends in both directions under the padding mask
-    a.model.model_family = "bert";
+    a.model.model_family = model::kind_name(model::ModelFamilyId::bert);
     a.model.attention_mask_type = "bidirectional";
     a.model.bert_binary_head = f.bert_data.binary_head;
     a.mask_prob = f.bert_data.mask_prob;
@@ -90,10 +91,12 @@ training::TrainingArgs resolve_pretrain_flags(PretrainFlags f) {
                "--recompute-granularity cannot be combined: keep --recompute-granularity");
     log_info("note: --checkpoint-activations (removed from Megatron-LM) is taken as "
              "--recompute-granularity full --recompute-method uniform");
-    a.model.recompute_granularity = "full";
-    if (a.model.recompute_method.empty()) a.model.recompute_method = "uniform";
+    a.model.recompute_granularity = model::kind_name(model::RecomputeGranularityId::full);
+    if (a.model.recompute_method.empty())
+      a.model.recompute_method = model::kind_name(model::RecomputeMethodId::uniform);
   }
-  if (f.recompute_activations) a.model.recompute_granularity = "selective";  // as Megatron
+  if (f.recompute_activations)  // as Megatron
+    a.model.recompute_granularity = model::kind_name(model::RecomputeGranularityId::selective);
   absolute_if_exists(a.tokenizer.vocab_file);
   absolute_if_exists(a.tokenizer.merge_file);
   absolute_if_exists(a.tokenizer.tokenizer_model);
@@ -124,9 +127,9 @@ void add_pretrain_flags(CLI::App& sub, PretrainFlags* f) {
   sub.add_flag("--apply-query-key-layer-scaling", m.apply_query_key_layer_scaling,
                "Scale Q.K^T by 1/layer (undone in the fp32 softmax: same result)");
   sub.add_option("--recompute-granularity", m.recompute_granularity, "full | selective")
-      ->check(CLI::IsMember({"full", "selective"}));
+      ->check(CLI::IsMember(model::recompute_granularity_names()));
   sub.add_option("--recompute-method", m.recompute_method, "uniform | block")
-      ->check(CLI::IsMember({"uniform", "block"}));
+      ->check(CLI::IsMember(model::recompute_method_names()));
   sub.add_option("--recompute-num-layers", m.recompute_num_layers,
                  "uniform: layers per recompute chunk; block: layers recomputed per stage")
       ->capture_default_str();
@@ -214,7 +217,7 @@ void add_pretrain_flags(CLI::App& sub, PretrainFlags* f) {
   sub.add_option("--cp-comm-type", m.cp_comm_type,
                  "How context-parallel attention exchanges keys and values: p2p (ring, overlapped "
                  "with compute) or allgather; a2a is not implemented")
-      ->check(CLI::IsMember({"p2p", "a2a", "allgather", "a2a+p2p"}))
+      ->check(CLI::IsMember(model::cp_comm_type_names()))
       ->capture_default_str();
   sub.add_flag("--sequence-parallel", m.sequence_parallel,
                "Shard LayerNorm/dropout regions along the sequence (TP > 1)");

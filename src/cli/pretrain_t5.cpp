@@ -22,7 +22,7 @@ void add_t5_flags(CLI::App& sub, T5Flags& f) {
 
 void apply_t5_flags(const T5Flags& f, const ModelFlags& flags, training::TrainingArgs& a) {
   model::TransformerConfig& m = a.model;
-  m.model_family = "t5";
+  m.model_family = model::kind_name(model::ModelFamilyId::t5);
   if (f.encoder_num_layers > 0) {
     MG_REQUIRE(!flags.given("--num-layers"),
                "cannot have both --num-layers and --encoder-num-layers (Megatron's validate_args)");

@@ -157,7 +157,7 @@ BertInference load_bert_model(const InferenceModelOptions& options,
                               std::shared_ptr<Communicator> world) {
   MG_REQUIRE(!options.load.empty(), "--load is required: the checkpoint folder to evaluate");
   MG_REQUIRE(!options.tokenizer.type.empty(), "--tokenizer-type is required");
-  MG_CHECK(options.model.model_family == "bert", "load_bert_model: not a BERT configuration");
+  MG_CHECK(options.model.family_id() == model::ModelFamilyId::bert, "load_bert_model: not a BERT configuration");
   if (!world) world = world_communicator();
   const int tp = options.tensor_model_parallel_size, pp = options.pipeline_model_parallel_size;
   const bool model_parallel = world->size() > 1 && tp * pp > 1;

@@ -15,7 +15,7 @@ std::unique_ptr<model::T5Model> build_t5(const model::TransformerConfig& config,
                                          const std::map<std::string, Tensor>& weights,
                                          Device device) {
   const model::TransformerConfig cfg = inference_config(config);
-  MG_REQUIRE(cfg.model_family == "t5", "T5Engine needs a T5 configuration (model family '",
+  MG_REQUIRE(cfg.family_id() == model::ModelFamilyId::t5, "T5Engine needs a T5 configuration (model family '",
              cfg.model_family, "')");
   model::ModelOptions opt;
   opt.grad = false;

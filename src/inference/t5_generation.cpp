@@ -87,7 +87,7 @@ T5Output read_t5_output(const data::Tokenizer& tokenizer, std::span<const int32_
 T5Inference load_t5_model(const InferenceModelOptions& options) {
   MG_REQUIRE(!options.load.empty(), "--load is required: the checkpoint folder to generate with");
   MG_REQUIRE(!options.tokenizer.type.empty(), "--tokenizer-type is required");
-  MG_CHECK(options.model.model_family == "t5", "load_t5_model: not a T5 configuration");
+  MG_CHECK(options.model.family_id() == model::ModelFamilyId::t5, "load_t5_model: not a T5 configuration");
   if (options.tensor_model_parallel_size * options.pipeline_model_parallel_size > 1)
     MG_REQUIRE(world_communicator()->size() == 1, "T5 generation runs on one process: run "
                "`megatron generate` without launch/mpirun (a sharded checkpoint's shards are "

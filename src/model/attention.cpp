@@ -241,7 +241,7 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
   Tensor lse = Tensor::empty({ctx.batch, heads, ctx.seq}, DType::F32, dev);
   Tensor probs;
   const int C = cp_.size();
-  const bool ring = C > 1 && cp_.comm == CpCommType::P2P;
+  const bool ring = C > 1 && cp_.comm == CpCommTypeId::p2p;
   // The ring recomputes the scores in backward (flash-attention style): no probabilities kept.
   if (ctx.save && !ctx.recompute_core_attention && !ring)
     probs = Tensor::empty({ctx.batch, heads, ctx.seq, C * ctx.seq}, DType::F32, dev);
@@ -271,7 +271,7 @@ Tensor SelfAttention::backward(const LayerContext& ctx, const Tensor& dy) {
   const ops::AttentionShape sh = shape(ctx);
   Tensor dqkv;
   const int C = cp_.size();
-  if (C > 1 && cp_.comm == CpCommType::P2P) {
+  if (C > 1 && cp_.comm == CpCommTypeId::p2p) {
     dqkv = ring_attention_bwd(cp_, dc, qkv_, ctx_, lse_, mask(ctx), sh, drop);
   } else if (C > 1) {
     dqkv = allgather_attention_bwd(cp_, dc, qkv_, ctx_, lse_, probs_, mask(ctx), sh, drop);

@@ -35,7 +35,7 @@ std::vector<TransformerLayerSpec> validated_specs(const TransformerConfig& cfg,
                                                   const TensorParallel& tp,
                                                   const ContextParallel& cp) {
   cfg.validate();
-  MG_REQUIRE(cfg.model_family == "bert", "BertModel needs a BERT configuration (model family '",
+  MG_REQUIRE(cfg.family_id() == ModelFamilyId::bert, "BertModel needs a BERT configuration (model family '",
              cfg.model_family, "')");
   cfg.validate_tensor_parallel(tp.size());
   cfg.validate_context_parallel(cp.size());

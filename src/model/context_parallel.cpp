@@ -6,14 +6,17 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "model/layer_spec.h"
 
 namespace megatron::model {
 
-CpCommType parse_cp_comm_type(const std::string& name) {
-  if (name == "p2p") return CpCommType::P2P;
-  if (name == "allgather") return CpCommType::AllGather;
-  MG_REQUIRE(name != "a2a" && name != "a2a+p2p", "--cp-comm-type ", name, " (the all-to-all of "
-             "attention heads) is not implemented; use p2p (the ring, the default) or allgather");
+CpCommTypeId parse_cp_comm_type(const std::string& name) {
+  for (const CpCommTypeKind& k : cp_comm_type_kinds()) {
+    if (name != k.name) continue;
+    MG_REQUIRE(k.implemented, "--cp-comm-type ", name, " (the all-to-all of attention heads) is "
+               "not implemented; use p2p (the ring, the default) or allgather");
+    return k.id;
+  }
   MG_THROW("--cp-comm-type must be p2p or allgather, got '", name, "'");
 }
 

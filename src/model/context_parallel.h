@@ -38,19 +38,18 @@
 #include "comm/communicator.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "model/layer_kinds.h"
 
 namespace megatron::model {
 
-// --cp-comm-type: how attention exchanges keys and values across the group.
-enum class CpCommType { P2P, AllGather };
-// "p2p" or "allgather"; Megatron's "a2a" and "a2a+p2p" (head all-to-all) throw Error saying they
-// are not implemented.
-CpCommType parse_cp_comm_type(const std::string& name);
+// --cp-comm-type (its kind table: layer_kinds.h): "p2p" or "allgather"; Megatron's "a2a" and
+// "a2a+p2p" (head all-to-all) throw Error saying they are not implemented.
+CpCommTypeId parse_cp_comm_type(const std::string& name);
 
 // The context-parallel group a model runs in.
 struct ContextParallel {
   std::shared_ptr<Communicator> group;  // never null; a group of one for C = 1
-  CpCommType comm = CpCommType::P2P;
+  CpCommTypeId comm = CpCommTypeId::p2p;  // how attention exchanges keys and values
 
   int size() const { return group->size(); }
   int rank() const { return group->rank(); }

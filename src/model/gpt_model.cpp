@@ -20,7 +20,7 @@ std::vector<TransformerLayerSpec> validated_specs(const TransformerConfig& cfg,
                                                   const TensorParallel& tp,
                                                   const ContextParallel& cp) {
   cfg.validate();
-  MG_REQUIRE(cfg.model_family == "gpt", "this is a ", cfg.model_family, " model (",
+  MG_REQUIRE(cfg.family_id() == ModelFamilyId::gpt, "this is a ", cfg.model_family, " model (",
              model_family_of(cfg).command, " trains it), not a GPT: text generation and "
              "language-model evaluation need a GPT (decoder-only) model");
   cfg.validate_tensor_parallel(tp.size());

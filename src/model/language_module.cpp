@@ -238,7 +238,7 @@ LayerContext LanguageModule::make_ctx(const Batch& in, bool training, bool save,
   LayerContext ctx;
   ctx.training = training;
   ctx.save = save;
-  ctx.recompute_core_attention = cfg_.recompute_granularity == "selective";
+  ctx.recompute_core_attention = cfg_.selective_recompute();
   ctx.seed = seed_;
   ctx.dropout_offset = offset;
   ctx.batch = tokens.size(0);

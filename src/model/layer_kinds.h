@@ -97,3 +97,84 @@ static_assert(ops::rows_in_id_order(kAttentionMaskKinds),
               "kAttentionMaskKinds: row i must be the kind with id i");
 
 }  // namespace megatron::model
+
+namespace megatron::model {
+
+// ---- activation recomputation (--recompute-granularity, --recompute-method) --------------------
+// TransformerConfig keeps the flag's value ("" when the flag is not given: Megatron's None);
+// consumers ask for the id (recompute_granularity_id(), recompute_method_id()).
+enum class RecomputeGranularityId : uint8_t { none, full, selective };
+
+struct RecomputeGranularityKind {
+  RecomputeGranularityId id;
+  const char* name;   // the flag's value ("" for none)
+  const char* label;  // in plans and messages
+};
+
+inline constexpr RecomputeGranularityKind kRecomputeGranularityKinds[] = {
+    {RecomputeGranularityId::none, "", "none"},
+    {RecomputeGranularityId::full, "full", "full"},            // whole layers, from their inputs
+    {RecomputeGranularityId::selective, "selective", "selective"},  // the core attention only
+};
+static_assert(ops::rows_in_id_order(kRecomputeGranularityKinds),
+              "kRecomputeGranularityKinds: row i must be the kind with id i");
+
+enum class RecomputeMethodId : uint8_t { none, uniform, block };
+
+struct RecomputeMethodKind {
+  RecomputeMethodId id;
+  const char* name;  // the flag's value ("" for none: only with full recomputation)
+};
+
+inline constexpr RecomputeMethodKind kRecomputeMethodKinds[] = {
+    {RecomputeMethodId::none, ""},
+    {RecomputeMethodId::uniform, "uniform"},  // groups of --recompute-num-layers layers
+    {RecomputeMethodId::block, "block"},      // the first --recompute-num-layers layers of a stage
+};
+static_assert(ops::rows_in_id_order(kRecomputeMethodKinds),
+              "kRecomputeMethodKinds: row i must be the kind with id i");
+
+// ---- how context-parallel attention exchanges keys and values (--cp-comm-type) -----------------
+// Megatron's choices; the all-to-all ones (heads exchanged) are refused by name (context_parallel.h).
+enum class CpCommTypeId : uint8_t { p2p, a2a, allgather, a2a_p2p };
+
+struct CpCommTypeKind {
+  CpCommTypeId id;
+  const char* name;  // the flag's value
+  bool implemented;
+};
+
+inline constexpr CpCommTypeKind kCpCommTypeKinds[] = {
+    {CpCommTypeId::p2p, "p2p", true},  // the ring (the default)
+    {CpCommTypeId::a2a, "a2a", false},
+    {CpCommTypeId::allgather, "allgather", true},
+    {CpCommTypeId::a2a_p2p, "a2a+p2p", false},
+};
+static_assert(ops::rows_in_id_order(kCpCommTypeKinds),
+              "kCpCommTypeKinds: row i must be the kind with id i");
+
+// ---- the model family (TransformerConfig::model_family; model_family.h adds what builds it) ----
+enum class ModelFamilyId : uint8_t { gpt, bert, t5 };
+
+struct ModelFamilyKind {
+  ModelFamilyId id;
+  const char* name;  // TransformerConfig::model_family, metadata.json's value
+};
+
+inline constexpr ModelFamilyKind kModelFamilyKinds[] = {
+    {ModelFamilyId::gpt, "gpt"},    // decoder-only language model
+    {ModelFamilyId::bert, "bert"},  // bidirectional encoder with the masked-LM head
+    {ModelFamilyId::t5, "t5"},      // encoder-decoder
+};
+static_assert(ops::rows_in_id_order(kModelFamilyKinds),
+              "kModelFamilyKinds: row i must be the kind with id i");
+
+// The names of ids (row lookups: the id is the index).
+constexpr const char* kind_name(RecomputeGranularityId id) {
+  return kRecomputeGranularityKinds[size_t(id)].name;
+}
+constexpr const char* kind_name(RecomputeMethodId id) { return kRecomputeMethodKinds[size_t(id)].name; }
+constexpr const char* kind_name(CpCommTypeId id) { return kCpCommTypeKinds[size_t(id)].name; }
+constexpr const char* kind_name(ModelFamilyId id) { return kModelFamilyKinds[size_t(id)].name; }
+
+}  // namespace megatron::model

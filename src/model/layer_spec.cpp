@@ -7,10 +7,19 @@ namespace megatron::model {
 
 namespace {
 
+// The names of a table's rows, the "" of a none row left out.
+template <class Kind>
+std::vector<std::string> name_list(std::span<const Kind> kinds) {
+  std::vector<std::string> out;
+  for (const Kind& k : kinds)
+    if (*k.name != '\0') out.emplace_back(k.name);
+  return out;
+}
+
 template <class Kind>
 std::string names(std::span<const Kind> kinds) {
   std::string s;
-  for (const Kind& k : kinds) s += (s.empty() ? "" : ", ") + std::string(k.name);
+  for (const std::string& n : name_list(kinds)) s += (s.empty() ? "" : ", ") + n;
   return s;
 }
 
@@ -51,6 +60,36 @@ const PositionEmbeddingKind& position_embedding_kind(const std::string& name) {
 const AttentionMaskKind& attention_mask_kind(const std::string& name) {
   return named(attention_mask_kinds(), name, "attention mask type");
 }
+
+const RecomputeGranularityKind& recompute_granularity_kind(const std::string& name) {
+  return named(std::span<const RecomputeGranularityKind>(kRecomputeGranularityKinds), name,
+               "--recompute-granularity");
+}
+
+const RecomputeMethodKind& recompute_method_kind(const std::string& name) {
+  return named(std::span<const RecomputeMethodKind>(kRecomputeMethodKinds), name,
+               "--recompute-method");
+}
+
+std::span<const CpCommTypeKind> cp_comm_type_kinds() { return kCpCommTypeKinds; }
+std::span<const ModelFamilyKind> model_family_kinds() { return kModelFamilyKinds; }
+
+const CpCommTypeKind& cp_comm_type_kind(const std::string& name) {
+  return named(cp_comm_type_kinds(), name, "--cp-comm-type");
+}
+
+const ModelFamilyKind& model_family_kind(const std::string& name) {
+  return named(model_family_kinds(), name, "model family");
+}
+
+std::vector<std::string> recompute_granularity_names() {
+  return name_list(std::span<const RecomputeGranularityKind>(kRecomputeGranularityKinds));
+}
+std::vector<std::string> recompute_method_names() {
+  return name_list(std::span<const RecomputeMethodKind>(kRecomputeMethodKinds));
+}
+std::vector<std::string> cp_comm_type_names() { return name_list(cp_comm_type_kinds()); }
+std::vector<std::string> model_family_names() { return name_list(model_family_kinds()); }
 
 TransformerLayerSpec gpt_layer_spec(const TransformerConfig& cfg) {
   TransformerLayerSpec s;

@@ -18,6 +18,7 @@
 
 #include <span>
 #include <string>
+#include <vector>
 
 #include "model/layer_kinds.h"
 #include "model/transformer_config.h"
@@ -35,6 +36,17 @@ std::span<const PositionEmbeddingKind> position_embedding_kinds();
 std::span<const AttentionMaskKind> attention_mask_kinds();
 // The kind named `name` or, for old checkpoints, by its legacy name; nullptr when none is.
 const PositionEmbeddingKind* find_position_embedding_kind(const std::string& name);
+const RecomputeGranularityKind& recompute_granularity_kind(const std::string& name);
+const RecomputeMethodKind& recompute_method_kind(const std::string& name);
+const CpCommTypeKind& cp_comm_type_kind(const std::string& name);
+const ModelFamilyKind& model_family_kind(const std::string& name);
+std::span<const CpCommTypeKind> cp_comm_type_kinds();
+std::span<const ModelFamilyKind> model_family_kinds();
+// The flag values of a table, for the CLI's choices (the "" of none left out).
+std::vector<std::string> recompute_granularity_names();
+std::vector<std::string> recompute_method_names();
+std::vector<std::string> cp_comm_type_names();
+std::vector<std::string> model_family_names();
 
 struct AttentionSpec {
   bool causal = true;               // else bidirectional (with an optional key padding mask)

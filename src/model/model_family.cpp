@@ -31,22 +31,23 @@ std::unique_ptr<ModelChunk> make_t5(const TransformerConfig& cfg, uint64_t seed,
 }
 
 constexpr ModelFamily kFamilies[] = {
-    {"gpt", "pretrain-gpt", "decoder", validate_gpt, make_gpt},
-    {"bert", "pretrain-bert", "encoder", BertModel::validate, make_bert},
-    {"t5", "pretrain-t5", "encoder", T5Model::validate, make_t5},
+    {kModelFamilyKinds[size_t(ModelFamilyId::gpt)], "pretrain-gpt", "decoder", validate_gpt, make_gpt},
+    {kModelFamilyKinds[size_t(ModelFamilyId::bert)], "pretrain-bert", "encoder",
+     BertModel::validate, make_bert},
+    {kModelFamilyKinds[size_t(ModelFamilyId::t5)], "pretrain-t5", "encoder", T5Model::validate,
+     make_t5},
 };
+static_assert(std::size(kFamilies) == std::size(kModelFamilyKinds) &&
+                  ops::rows_in_id_order(kFamilies),
+              "kFamilies: one row for every family of layer_kinds.h, row i the family with id i");
 
 }  // namespace
 
 std::span<const ModelFamily> model_families() { return kFamilies; }
 
+// An unknown name is an Error listing the known ones (TransformerConfig::family_id).
 const ModelFamily& model_family_of(const TransformerConfig& cfg) {
-  std::string known;
-  for (const ModelFamily& f : model_families()) {
-    if (cfg.model_family == f.name) return f;
-    known += (known.empty() ? "" : ", ") + std::string(f.name);
-  }
-  MG_THROW("model family '", cfg.model_family, "' is not one of: ", known);
+  return kFamilies[size_t(cfg.family_id())];
 }
 
 std::unique_ptr<ModelChunk> make_model_chunk(const TransformerConfig& cfg, uint64_t seed,

@@ -1,10 +1,11 @@
-// The model families, one row each (as the norm and activation kinds): the name a configuration
-// and its checkpoints record (TransformerConfig::model_family), the command that trains it, the
+// The model families, one row each (as the norm and activation kinds): the kind row of
+// layer_kinds.h (the id, and the name a configuration and its checkpoints record:
+// TransformerConfig::model_family), the command that trains it, the
 // family's own configuration checks and how a model chunk of it is built. The stage holder
 // (stage_model.h), the trainer and every checkpoint reader build models through this table.
 //
 // Adding a family: its class on the shared machinery (language_module.h, e.g. bert_model.h) with
-// its layer spec and loss head, and its row here.
+// its layer spec and loss head, its kind row in layer_kinds.h and its row here.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +20,7 @@
 
 namespace megatron::model {
 
-struct ModelFamily {
-  const char* name;     // TransformerConfig::model_family
+struct ModelFamily : ModelFamilyKind {
   const char* command;  // the megatron subcommand that trains it
   const char* block;    // its layer stack's name prefix ("decoder" in GPT, "encoder" in BERT)
   // The family's checks of a configuration (after TransformerConfig's own); megatron::Error

@@ -56,17 +56,39 @@ bool flag_of(const json& args, const char* key) {
   return on;
 }
 
+// metadata.json's codec of a row that is the field `f`, under `key`.
+template <class T>
+ModelSetting with_meta(ModelSetting s, T TransformerConfig::*f) {
+  const char* key = s.key;
+  s.to_meta = [key, f](const TransformerConfig& c, json& meta) { meta[key] = c.*f; };
+  s.from_meta = [key, f](const json& meta, TransformerConfig& c) {
+    if (const json* v = lookup(meta, key)) v->get_to(c.*f);
+  };
+  return s;
+}
+
 // A row that is one field: the metadata key, the Megatron argument and the field share a name;
 // the first flag (aliases after commas, as CLI11 takes them) sets it.
 template <class T>
 ModelSetting field(const char* key, SettingEffect effect, std::vector<const char*> flags_,
                    const char* help, T TransformerConfig::*f, std::vector<const char*> choices = {}) {
-  return {key, effect, flags_, help, SettingField(f), std::move(choices), {key},
-          [f](const TransformerConfig& c) { return text(c.*f); },
-          [f](TransformerConfig& d, const TransformerConfig& s) { d.*f = s.*f; },
-          [key, f](const TransformerConfig& c, json& out) { out[key] = c.*f; },
-          [key, f](const json& args, TransformerConfig& c) { return take(args, key, c.*f); },
-          flags_.empty() ? std::string() : std::string(flags_.front())};
+  ModelSetting row{key, effect, flags_, help, SettingField(f), std::move(choices), {key},
+                   [f](const TransformerConfig& c) { return text(c.*f); },
+                   [f](TransformerConfig& d, const TransformerConfig& s) { d.*f = s.*f; },
+                   [key, f](const TransformerConfig& c, json& out) { out[key] = c.*f; },
+                   [key, f](const json& args, TransformerConfig& c) { return take(args, key, c.*f); },
+                   flags_.empty() ? std::string() : std::string(flags_.front()), {}, {}, {}};
+  return with_meta(std::move(row), f);
+}
+
+// A field recorded in metadata.json only (SettingEffect::Recorded): its command binds its flag.
+template <class T>
+ModelSetting recorded(const char* key, T TransformerConfig::*f, std::vector<const char*> choices = {}) {
+  ModelSetting s = field(key, SettingEffect::Recorded, {}, "", f, std::move(choices));
+  s.megatron_args = {};
+  s.to_megatron = [](const TransformerConfig&, json&) {};
+  s.from_megatron = [](const json&, TransformerConfig&) { return false; };
+  return s;
 }
 
 // A row whose value needs its own words: the shape of field() with hand-written parts.
@@ -78,7 +100,7 @@ ModelSetting custom(const char* key, SettingEffect effect, std::vector<const cha
                     std::function<bool(const json&, TransformerConfig&)> from) {
   return {key,           effect,          std::move(flags), "",       SettingField(),
           {},            std::move(megatron_args), std::move(show), std::move(copy), std::move(to),
-          std::move(from), std::string()};
+          std::move(from), std::string(), {}, {}, {}};
 }
 
 template <class Kind>
@@ -105,9 +127,24 @@ std::string activation_flag(const std::string& a) {
   return "--" + a;
 }
 
+namespace {
+std::vector<ModelSetting> setting_rows();  // below
+}  // namespace
+
 const std::vector<ModelSetting>& model_settings() {
+  static const std::vector<ModelSetting> table = [] {
+    std::vector<ModelSetting> rows = setting_rows();
+    for (ModelSetting& s : rows) s.hf = hf_columns(s.key);
+    return rows;
+  }();
+  return table;
+}
+
+namespace {
+
+std::vector<ModelSetting> setting_rows() {
   using TC = TransformerConfig;
-  static const std::vector<ModelSetting> table = {
+  return {
       field("num_layers", Shape, {"--num-layers"}, "Transformer layers", &TC::num_layers),
       field("hidden_size", Shape, {"--hidden-size"}, "Hidden size", &TC::hidden_size),
       field("num_attention_heads", Shape, {"--num-attention-heads"}, "Attention heads",
@@ -132,7 +169,7 @@ const std::vector<ModelSetting>& model_settings() {
       }(),
       // Grouped-query attention only with group_query_attention (Megatron ignores the count
       // otherwise); as many groups as heads is plain multi-head attention.
-      custom(
+      with_meta(custom(
           "num_query_groups", Shape, {"--group-query-attention", "--num-query-groups"},
           {"group_query_attention", "num_query_groups"},
           [](const TC& c) {
@@ -154,6 +191,7 @@ const std::vector<ModelSetting>& model_settings() {
             c.num_query_groups = on && has_groups ? groups : 0;
             return true;
           }),
+          &TC::num_query_groups),
       field("max_position_embeddings", Shape, {"--max-position-embeddings"},
             "Longest sequence the model takes (default --seq-length)",
             &TC::max_position_embeddings),
@@ -178,7 +216,7 @@ const std::vector<ModelSetting>& model_settings() {
             "Zero-centred norm weight: stored as gamma - 1, computed with weight + 1",
             &TC::apply_layernorm_1p),
       // The activation from Megatron's switches (TransformerConfig::activation).
-      custom(
+      with_meta(custom(
           "activation", Function,
           {"--swiglu", "--squared-relu", "--openai-gelu", "--no-bias-gelu-fusion"},
           {"swiglu", "squared_relu", "openai_gelu", "bias_gelu_fusion"},
@@ -209,6 +247,7 @@ const std::vector<ModelSetting>& model_settings() {
                                                  flag_of(args, "openai_gelu"), fusion, bias);
             return true;
           }),
+          &TC::activation),
       [] {
         ModelSetting s = field("position_embedding_type", Function,
                                {"--position-embedding-type", "--no-position-embedding",
@@ -257,30 +296,41 @@ const std::vector<ModelSetting>& model_settings() {
         s.from_megatron = [](const json&, TC&) { return false; };
         return s;
       }(),
-      custom(
-          "window_size", Function, {"--window-size", "--pre-tockens", "--next-tockens"},
-          {"window_size"},
-          [](const TC& c) { return text(c.window_left) + " " + text(c.window_right); },
-          [](TC& d, const TC& s) {
-            d.window_left = s.window_left;
-            d.window_right = s.window_right;
-          },
-          [](const TC& c, json& out) {
-            if (c.window_left >= 0 || c.window_right >= 0)
-              out["window_size"] = json::array({c.window_left, c.window_right});
-            else
-              out["window_size"] = nullptr;
-          },
-          [](const json& args, TC& c) {
-            const json* v = lookup(args, "window_size");
-            if (!v) return false;
-            MG_REQUIRE(v->is_array() && v->size() == 2 && (*v)[0].is_number_integer() &&
-                           (*v)[1].is_number_integer(),
-                       "checkpoint args: \"window_size\" should be two integers, got ", v->dump());
-            c.window_left = (*v)[0].get<int64_t>();
-            c.window_right = (*v)[1].get<int64_t>();
-            return true;
-          }),
+      [] {  // metadata.json keeps the two sides as window_left and window_right
+        ModelSetting s = custom(
+            "window_size", Function, {"--window-size", "--pre-tockens", "--next-tockens"},
+            {"window_size"},
+            [](const TC& c) { return text(c.window_left) + " " + text(c.window_right); },
+            [](TC& d, const TC& s) {
+              d.window_left = s.window_left;
+              d.window_right = s.window_right;
+            },
+            [](const TC& c, json& out) {
+              if (c.window_left >= 0 || c.window_right >= 0)
+                out["window_size"] = json::array({c.window_left, c.window_right});
+              else
+                out["window_size"] = nullptr;
+            },
+            [](const json& args, TC& c) {
+              const json* v = lookup(args, "window_size");
+              if (!v) return false;
+              MG_REQUIRE(v->is_array() && v->size() == 2 && (*v)[0].is_number_integer() &&
+                             (*v)[1].is_number_integer(),
+                         "checkpoint args: \"window_size\" should be two integers, got ", v->dump());
+              c.window_left = (*v)[0].get<int64_t>();
+              c.window_right = (*v)[1].get<int64_t>();
+              return true;
+            });
+        s.to_meta = [](const TC& c, json& meta) {
+          meta["window_left"] = c.window_left;
+          meta["window_right"] = c.window_right;
+        };
+        s.from_meta = [](const json& meta, TC& c) {
+          if (const json* v = lookup(meta, "window_left")) v->get_to(c.window_left);
+          if (const json* v = lookup(meta, "window_right")) v->get_to(c.window_right);
+        };
+        return s;
+      }(),
       field("qk_layernorm", Function, {"--qk-layernorm"}, "Normalise each query and key head",
             &TC::qk_layernorm),
       [] {  // --disable-bias-linear clears it: the CLI binds the inverted switch itself
@@ -318,9 +368,66 @@ const std::vector<ModelSetting>& model_settings() {
       field("relative_attention_max_distance", Function, {"--relative-attention-max-distance"},
             "T5: distance from which relative positions share the last bucket",
             &TC::relative_attention_max_distance),
+      // ---- recorded with the model, bound to flags by their commands (SettingEffect::Recorded)
+      recorded("model_family", &TC::model_family, names_of(model_family_kinds())),
+      recorded("bert_binary_head", &TC::bert_binary_head),
+      recorded("seq_length", &TC::seq_length),
+      recorded("decoder_seq_length", &TC::decoder_seq_length),
+      recorded("padded_vocab_size", &TC::padded_vocab_size),
+      recorded("hidden_dropout", &TC::hidden_dropout),
+      recorded("attention_dropout", &TC::attention_dropout),
+      recorded("init_method_std", &TC::init_method_std),
+      recorded("apply_query_key_layer_scaling", &TC::apply_query_key_layer_scaling),
+      recorded("recompute_granularity", &TC::recompute_granularity,
+               names_of(std::span<const RecomputeGranularityKind>(kRecomputeGranularityKinds))),
+      recorded("recompute_method", &TC::recompute_method,
+               names_of(std::span<const RecomputeMethodKind>(kRecomputeMethodKinds))),
+      recorded("recompute_num_layers", &TC::recompute_num_layers),
+      recorded("sequence_parallel", &TC::sequence_parallel),
+      recorded("cp_comm_type", &TC::cp_comm_type, names_of(cp_comm_type_kinds())),
+      [] {  // metadata.json's name of the dtype
+        ModelSetting s = recorded("params_dtype", &TC::num_layers);
+        s.field = SettingField();
+        s.show = [](const TC& c) { return std::string(dtype_name(c.params_dtype)); };
+        s.copy = [](TC& d, const TC& src) { d.params_dtype = src.params_dtype; };
+        s.to_meta = [](const TC& c, json& meta) { meta["params_dtype"] = dtype_name(c.params_dtype); };
+        s.from_meta = [](const json& meta, TC& c) {
+          const json* v = lookup(meta, "params_dtype");
+          if (!v) return;
+          const std::string d = v->get<std::string>();
+          MG_REQUIRE(d == "bfloat16" || d == "float16" || d == "float32", "checkpoint args: unknown "
+                     "params_dtype '", d, "'");
+          c.params_dtype = d == "bfloat16" ? DType::BF16 : d == "float16" ? DType::F16 : DType::F32;
+        };
+        return s;
+      }(),
+      // the mixture-of-experts block (model/moe/), in transformer_config.h's order
+      recorded("num_moe_experts", &TC::num_moe_experts),
+      recorded("moe_layer_freq", &TC::moe_layer_freq),
+      recorded("moe_ffn_hidden_size", &TC::moe_ffn_hidden_size),
+      recorded("moe_router_topk", &TC::moe_router_topk),
+      recorded("moe_router_score_function", &TC::moe_router_score_function),
+      recorded("moe_router_pre_softmax", &TC::moe_router_pre_softmax),
+      recorded("moe_router_topk_scaling_factor", &TC::moe_router_topk_scaling_factor),
+      recorded("moe_router_num_groups", &TC::moe_router_num_groups),
+      recorded("moe_router_group_topk", &TC::moe_router_group_topk),
+      recorded("moe_router_enable_expert_bias", &TC::moe_router_enable_expert_bias),
+      recorded("moe_router_bias_update_rate", &TC::moe_router_bias_update_rate),
+      recorded("moe_router_force_load_balancing", &TC::moe_router_force_load_balancing),
+      recorded("moe_router_load_balancing_type", &TC::moe_router_load_balancing_type),
+      recorded("moe_aux_loss_coeff", &TC::moe_aux_loss_coeff),
+      recorded("moe_z_loss_coeff", &TC::moe_z_loss_coeff),
+      recorded("moe_expert_capacity_factor", &TC::moe_expert_capacity_factor),
+      recorded("moe_token_drop_policy", &TC::moe_token_drop_policy),
+      recorded("moe_pad_expert_input_to_capacity", &TC::moe_pad_expert_input_to_capacity),
+      recorded("moe_shared_expert_intermediate_size", &TC::moe_shared_expert_intermediate_size),
+      recorded("moe_shared_expert_gate", &TC::moe_shared_expert_gate),
+      recorded("moe_grouped_gemm", &TC::moe_grouped_gemm),
+      recorded("moe_token_dispatcher_type", &TC::moe_token_dispatcher_type),
   };
-  return table;
 }
+
+}  // namespace
 
 const ModelSetting* find_model_setting(const std::string& key) {
   for (const ModelSetting& s : model_settings())

@@ -1,24 +1,28 @@
-// The settings that define what a model computes, as one table: every architecture field of
-// TransformerConfig is one row, and every codec of a setting walks the rows instead of naming
-// fields by hand:
+// The settings of a model, as one table: every field of TransformerConfig is one row (the
+// architecture settings, which define what a model computes, and the Recorded ones a checkpoint
+// keeps beside them), and every codec of a setting walks the rows instead of naming fields by hand:
 //   - checkpoint metadata: "args"."model" of metadata.json, keyed by the row's `key` (the field's
-//     name; TransformerConfig's to_json / from_json);
+//     name; TransformerConfig's to_json / from_json walk every row's to_meta / from_meta);
 //   - Megatron-LM's flat argument namespace (the "args" of its model_optim_rng.pt files, and a
 //     checkpoint's "args" in that form): write_megatron_args / config_from_checkpoint_args, through
 //     each row's to_megatron / from_megatron (swiglu, bias_gelu_fusion, norm_epsilon,
 //     group_query_attention, window_size, ... are the rows' own business);
 //   - the checks: check_checkpoint_args compares the Shape rows, the resume / --use-checkpoint-args
 //     / generate checks compare the Function rows, by their `show` text;
-//   - the CLI (cli/model_flags.cpp) takes the flags and help of the rows that are one plain field.
+//   - the CLI (cli/model_flags.cpp) takes the flags and help of the rows that are one plain field;
+//   - Hugging Face config.json (training/hf_checkpoint*.cpp): each row's column per architecture
+//     (`hf`: keys, the value the class fixes and its refusal, or where the setting goes instead).
 //
-// Adding a setting: its field in TransformerConfig (transformer_config.h, and its name in the
-// metadata field list of transformer_config.cpp), then ONE row at the end of model_settings() in
-// model_settings.cpp: field("name", effect, {"--flag"}, "help", &TransformerConfig::name) when the
-// Megatron argument and the metadata key are the field's name and the flag takes one value (or is
-// a switch, for a bool); a hand-written row otherwise. tests/model/model_settings_test.cpp walks
+// Adding a setting: its field in TransformerConfig (transformer_config.h), then ONE row in
+// model_settings() in model_settings.cpp: field("name", effect, {"--flag"}, "help",
+// &TransformerConfig::name) when the Megatron argument and the metadata key are the field's name
+// and the flag takes one value (or is a switch, for a bool); a hand-written row otherwise; or,
+// for a field that is recorded but neither a shape nor the weights' function (a run setting
+// whose flag is bound elsewhere), recorded("name", &TransformerConfig::name). tests/model/model_settings_test.cpp walks
 // every row through every codec, so a row that does not round-trip fails there.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -26,6 +30,7 @@
 #include <variant>
 #include <vector>
 
+#include "model/hf_config.h"
 #include "model/transformer_config.h"
 
 namespace megatron::model {
@@ -34,6 +39,9 @@ enum class SettingEffect : uint8_t {
   Shape,     // the tensors' shapes: check_checkpoint_args requires the checkpoint's value
   Function,  // what the weights compute: refused when it differs from the checkpoint's, unless
              // --override-checkpoint-model-args
+  Recorded,  // kept in metadata.json only: no resume check, no Megatron argument of the table, its
+             // flags bound by their command (the family, dropout, recomputation, parallel switches,
+             // the mixture-of-experts block)
 };
 
 // The field of a row that is one plain field (the CLI binds its flag to it); monostate otherwise.
@@ -60,7 +68,17 @@ struct ModelSetting {
   std::function<bool(const nlohmann::json& flat, TransformerConfig&)> from_megatron;
   // With `field`: the CLI option that sets it, aliases after commas (flags.front() by default).
   std::string option = {};
+  // metadata.json "args"."model": writes the row's keys; reads those present (absent or null: the
+  // field keeps its default). A value of the wrong type is a json exception.
+  std::function<void(const TransformerConfig&, nlohmann::json& meta)> to_meta = {};
+  std::function<void(const nlohmann::json& meta, TransformerConfig&)> from_meta = {};
+  // Hugging Face config.json, per architecture (HfArch order; hf_config.h): the keys the setting
+  // maps to, the value the class fixes, or where it goes instead (model_settings_hf.cpp).
+  std::array<HfMapping, kHfArchCount> hf = {};
 };
+
+// The Hugging Face columns of the row `key` (model_settings_hf.cpp; Unmapped where it says none).
+std::array<HfMapping, kHfArchCount> hf_columns(const std::string& key);
 
 // "GeLU (tanh form)", "SwiGLU", ... for TransformerConfig::activation.
 std::string activation_display_name(const std::string& activation);

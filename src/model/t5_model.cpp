@@ -64,7 +64,7 @@ std::vector<TransformerLayerSpec> encoder_specs(const TransformerConfig& cfg,
                                                 const ContextParallel& cp,
                                                 const ChunkPlace& place) {
   cfg.validate();
-  MG_REQUIRE(cfg.model_family == "t5", "T5Model needs a T5 configuration (model family '",
+  MG_REQUIRE(cfg.family_id() == ModelFamilyId::t5, "T5Model needs a T5 configuration (model family '",
              cfg.model_family, "')");
   cfg.validate_tensor_parallel(tp.size());
   MG_REQUIRE(place.layout.pipeline_size == 1 && place.layout.num_chunks == 1,

@@ -36,10 +36,10 @@ TransformerBlock::TransformerBlock(const std::string& name, const TransformerCon
   // Full recomputation works per chunk, as Megatron's TransformerBlock does per stage: "uniform"
   // recomputes groups of k of this chunk's layers, "block" the first k of them.
   const int n = int(layers_.size()), k = cfg.recompute_num_layers;
-  if (cfg.recompute_granularity == "full" && cfg.recompute_method == "uniform") {
+  if (cfg.full_recompute() && cfg.recompute_method_id() == RecomputeMethodId::uniform) {
     for (int i = 0; i < n; i += k) groups_.push_back({i, std::min(n, i + k), true});
   } else {
-    const int nrec = cfg.recompute_granularity == "full" ? k : 0;
+    const int nrec = cfg.full_recompute() ? k : 0;
     for (int i = 0; i < n; ++i) groups_.push_back({i, i + 1, i < nrec});
   }
 }

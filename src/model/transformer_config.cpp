@@ -7,64 +7,33 @@
 #include "model/context_parallel.h"
 #include "model/layer_spec.h"
 #include "model/model_family.h"
+#include "model/model_settings.h"
 
 namespace megatron::model {
 
-// Every serialised field, in the order metadata.json lists them.
-#define MG_TRANSFORMER_CONFIG_FIELDS(X)                                                       \
-  X(model_family) X(bert_binary_head)                                                         \
-  X(num_layers) X(hidden_size) X(num_attention_heads) X(ffn_hidden_size) X(kv_channels)       \
-  X(num_query_groups) X(seq_length) X(max_position_embeddings) X(padded_vocab_size)           \
-  X(normalization) X(layernorm_epsilon) X(apply_layernorm_1p) X(activation)                   \
-  X(position_embedding_type) X(rotary_percent) X(rotary_base) X(rotary_interleaved)           \
-  X(attention_mask_type) X(window_left) X(window_right) X(qk_layernorm) X(add_bias_linear)     \
-  X(add_qkv_bias) X(untie_embeddings_and_output_weights) X(hidden_dropout) X(attention_dropout) \
-  X(init_method_std) X(apply_query_key_layer_scaling) X(recompute_granularity)                \
-  X(recompute_method) X(recompute_num_layers) X(sequence_parallel) X(cp_comm_type)          \
-  X(decoder_num_layers) X(decoder_seq_length) X(relative_attention_num_buckets)             \
-  X(relative_attention_max_distance) MG_MOE_CONFIG_FIELDS(X)
-
-// The mixture-of-experts block (model/moe/), in the same order as transformer_config.h.
-#define MG_MOE_CONFIG_FIELDS(X)                                                                 \
-  X(num_moe_experts) X(moe_layer_freq) X(moe_ffn_hidden_size) X(moe_router_topk)              \
-  X(moe_router_score_function) X(moe_router_pre_softmax) X(moe_router_topk_scaling_factor)    \
-  X(moe_router_num_groups) X(moe_router_group_topk) X(moe_router_enable_expert_bias)          \
-  X(moe_router_bias_update_rate) X(moe_router_force_load_balancing)                           \
-  X(moe_router_load_balancing_type) X(moe_aux_loss_coeff) X(moe_z_loss_coeff)                 \
-  X(moe_expert_capacity_factor) X(moe_token_drop_policy) X(moe_pad_expert_input_to_capacity)  \
-  X(moe_shared_expert_intermediate_size) X(moe_shared_expert_gate) X(moe_grouped_gemm)
+// metadata.json's "args"."model": every row of the settings table (model_settings.h) writes and
+// reads its own keys, so a new setting is one row there.
 
 void TransformerConfig::copy_moe_settings(const TransformerConfig& from) {
-#define MG_COPY(f) f = from.f;
-  MG_MOE_CONFIG_FIELDS(MG_COPY)
-#undef MG_COPY
+  for (const ModelSetting& s : model_settings()) {
+    const std::string key = s.key;
+    if (key == "num_moe_experts" || key.rfind("moe_", 0) == 0) s.copy(*this, from);
+  }
 }
 
 void to_json(nlohmann::json& j, const TransformerConfig& c) {
   j = nlohmann::json::object();
-#define MG_TO(f) j[#f] = c.f;
-  MG_TRANSFORMER_CONFIG_FIELDS(MG_TO)
-#undef MG_TO
-  j["params_dtype"] = dtype_name(c.params_dtype);
+  for (const ModelSetting& s : model_settings()) s.to_meta(c, j);
 }
 
 void from_json(const nlohmann::json& j, TransformerConfig& c) {
   c = TransformerConfig();
-#define MG_FROM(f) \
-  if (j.contains(#f) && !j.at(#f).is_null()) j.at(#f).get_to(c.f);
-  MG_TRANSFORMER_CONFIG_FIELDS(MG_FROM)
-#undef MG_FROM
+  for (const ModelSetting& s : model_settings()) s.from_meta(j, c);
   // Metadata written before "activation" was recorded: "gelu_tanh" (a bool) named the form, and
   // builds before that trained the exact (erf) form. Every reader of a checkpoint (resume,
   // generate, conversion, the .pt and Hugging Face writers) goes through here, so they agree.
   if (!j.contains("activation"))
     c.activation = j.contains("gelu_tanh") && j.at("gelu_tanh").get<bool>() ? "gelu_tanh" : "gelu";
-  if (j.contains("params_dtype")) {
-    const std::string d = j.at("params_dtype").get<std::string>();
-    c.params_dtype = d == "bfloat16" ? DType::BF16 : d == "float16" ? DType::F16 : DType::F32;
-    MG_REQUIRE(d == "bfloat16" || d == "float16" || d == "float32", "checkpoint args: unknown "
-               "params_dtype '", d, "'");
-  }
 }
 
 std::string activation_from_flags(bool swiglu, bool squared_relu, bool openai_gelu,
@@ -85,6 +54,14 @@ PositionEmbeddingId TransformerConfig::position_embedding_id() const {
 AttentionMaskId TransformerConfig::attention_mask_id() const {
   return attention_mask_kind(attention_mask_type).id;
 }
+ModelFamilyId TransformerConfig::family_id() const { return model_family_kind(model_family).id; }
+RecomputeGranularityId TransformerConfig::recompute_granularity_id() const {
+  return recompute_granularity_kind(recompute_granularity).id;
+}
+RecomputeMethodId TransformerConfig::recompute_method_id() const {
+  return recompute_method_kind(recompute_method).id;
+}
+CpCommTypeId TransformerConfig::cp_comm_type_id() const { return parse_cp_comm_type(cp_comm_type); }
 
 void TransformerConfig::validate() const {
   model_family_of(*this).validate(*this);  // an unknown family is an error listing the known ones
@@ -115,7 +92,7 @@ void TransformerConfig::validate() const {
   (void)activation_kind(activation);
   (void)position_embedding_kind(position_embedding_type);
   (void)attention_mask_kind(attention_mask_type);
-  MG_REQUIRE(!relative_position_bias() || model_family == "t5", "--position-embedding-type "
+  MG_REQUIRE(!relative_position_bias() || family_id() == ModelFamilyId::t5, "--position-embedding-type "
              "relative (the bucketed relative position bias) is T5's; the ", model_family,
              " family supports learned_absolute, rope, alibi or none");
   if (rope()) {
@@ -132,12 +109,12 @@ void TransformerConfig::validate() const {
              "its query, so the right side of the window must be 0 or -1 (got ", window_right, ")");
   parse_cp_comm_type(cp_comm_type);  // throws naming --cp-comm-type
   validate_moe();
-  const std::string& g = recompute_granularity;
-  MG_REQUIRE(g.empty() || g == "full" || g == "selective", "--recompute-granularity '", g,
-             "' is not one of: full, selective");
-  if (g == "full") {
-    MG_REQUIRE(recompute_method == "uniform" || recompute_method == "block",
-               "--recompute-granularity full needs --recompute-method uniform or block");
+  (void)recompute_granularity_id();  // an unknown name is an Error listing full, selective
+  if (full_recompute()) {
+    bool method = false;  // uniform or block
+    for (const RecomputeMethodKind& k : kRecomputeMethodKinds)
+      method = method || (k.id != RecomputeMethodId::none && recompute_method == k.name);
+    MG_REQUIRE(method, "--recompute-granularity full needs --recompute-method uniform or block");
     MG_REQUIRE(recompute_num_layers >= 1 && recompute_num_layers <= num_layers,
                "--recompute-num-layers must be in [1, --num-layers=", num_layers, "] (got ",
                recompute_num_layers, ")");

@@ -21,10 +21,10 @@
 namespace megatron::model {
 
 struct TransformerConfig {
-  // ---- the model family (model_family.h): "gpt" (decoder-only language model) or "bert"
-  // (bidirectional encoder with the masked-LM head, and the pooler and sentence-order head
-  // unless bert_binary_head is false: --bert-no-binary-head).
-  std::string model_family = "gpt";
+  // ---- the model family (its kind: family_id(); model_family.h): "gpt" (decoder-only language
+  // model), "bert" (bidirectional encoder with the masked-LM head, and the pooler and
+  // sentence-order head unless bert_binary_head is false: --bert-no-binary-head) or "t5".
+  std::string model_family = kind_name(ModelFamilyId::gpt);
   bool bert_binary_head = true;
   // ---- T5 (model family "t5"): num_layers is the encoder's depth (Megatron's --num-layers or
   // --encoder-num-layers) and seq_length its sequence (--encoder-seq-length); the decoder has
@@ -80,8 +80,9 @@ struct TransformerConfig {
 
   // ---- precision and memory
   DType params_dtype = DType::F32;
+  // Their kinds: recompute_granularity_id(), recompute_method_id() (layer_kinds.h).
   std::string recompute_granularity;  // "", "full", "selective"
-  std::string recompute_method;       // "uniform", "block" (full only)
+  std::string recompute_method;       // "", "uniform", "block" (full only)
   int recompute_num_layers = 0;
 
   // ---- parallelism
@@ -89,8 +90,9 @@ struct TransformerConfig {
   // (as Megatron does) when the tensor-parallel size is 1.
   bool sequence_parallel = false;
   // --cp-comm-type: how context-parallel attention exchanges keys and values ("p2p", the ring,
-  // or "allgather"; context_parallel.h). Same results, different communication.
-  std::string cp_comm_type = "p2p";
+  // or "allgather"; context_parallel.h; its kind: cp_comm_type_id()). Same results, different
+  // communication.
+  std::string cp_comm_type = kind_name(CpCommTypeId::p2p);
 
   // ---- mixture of experts (model/moe/): Megatron-Core's MoE settings, by their flags. With
   // num_moe_experts > 0 the FFN slot of the layers moe_layer_freq selects is an MoE layer.
@@ -133,6 +135,14 @@ struct TransformerConfig {
   ActivationId activation_id() const;
   PositionEmbeddingId position_embedding_id() const;
   AttentionMaskId attention_mask_id() const;
+  ModelFamilyId family_id() const;
+  RecomputeGranularityId recompute_granularity_id() const;
+  RecomputeMethodId recompute_method_id() const;
+  CpCommTypeId cp_comm_type_id() const;
+  bool full_recompute() const { return recompute_granularity_id() == RecomputeGranularityId::full; }
+  bool selective_recompute() const {
+    return recompute_granularity_id() == RecomputeGranularityId::selective;
+  }
   bool causal() const { return attention_mask_id() == AttentionMaskId::causal; }
   bool learned_position_embedding() const {
     return position_embedding_id() == PositionEmbeddingId::learned_absolute;

@@ -50,7 +50,8 @@ std::vector<Candidate> search_layouts(const PlanInput& in, const DeviceSpec& dev
           mbss.push_back(in.layout.micro_batch_size);
         for (int vp : vps)
           for (int64_t mbs : mbss)
-            for (const char* rec : {"none", "selective", "full"})
+            for (model::RecomputeGranularityId rec :
+                 {model::RecomputeGranularityId::none, model::RecomputeGranularityId::selective, model::RecomputeGranularityId::full})
               for (bool dist : {false, true})
                 for (bool sp : {false, true}) {
                   if ((sp && tp == 1) || (dist && dp * cp == 1)) continue;
@@ -96,7 +97,7 @@ std::string format_search_table(const std::vector<Candidate>& ranked, const Layo
                   "%9.3g %5.1f%%%s\n",
                   i + 1, l.tp, l.pp, l.vp, l.cp, l.dp, (long long)l.micro_batch_size,
                   l.sequence_parallel && l.tp > 1 ? "yes" : "no",
-                  l.distributed_optimizer ? "yes" : "no", l.recompute.c_str(),
+                  l.distributed_optimizer ? "yes" : "no", l.recompute_label(),
                   c.peak_bytes / (1024.0 * 1024.0 * 1024.0), c.time.total, c.time.tokens_per_second,
                   c.time.tflops_per_device, 100.0 * c.time.mfu,
                   same(l, current) ? "  <- the run's layout" : "");
@@ -116,7 +117,7 @@ nlohmann::json candidate_json(const Candidate& c) {
                         {"micro_batch_size", l.micro_batch_size},
                         {"sequence_parallel", l.sequence_parallel && l.tp > 1},
                         {"use_distributed_optimizer", l.distributed_optimizer},
-                        {"recompute", l.recompute},
+                        {"recompute", l.recompute_label()},
                         {"fits", c.fits},
                         {"peak_memory_bytes", c.peak_bytes},
                         {"step_seconds", c.time.total},

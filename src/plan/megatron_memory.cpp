@@ -152,7 +152,7 @@ MegatronMemoryReport megatron_theoretical_memory(const MegatronMemoryArgs& a,
   MegatronMemoryReport r;
   r.weight_and_optimizer_bytes = weight_and_optimizer_memory(a, r);
   r.weight_and_optimizer_mb = r.weight_and_optimizer_bytes / kBytesPerMegabyte;
-  r.sequence_parallel_formula = a.sequence_parallel && a.recompute_granularity == "selective";
+  r.sequence_parallel_formula = a.sequence_parallel && a.recompute_granularity == model::RecomputeGranularityId::selective;
   if (r.sequence_parallel_formula) {
     r.lines.push_back("compute_activation_memory with SP");
     r.activation_bytes = activation_memory_sp(a, num_microbatches, r);

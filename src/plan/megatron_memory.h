@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "model/layer_kinds.h"
+
 namespace megatron::plan {
 
 // The fields of Megatron's `args` that the formula reads, after Megatron's own argument
@@ -40,7 +42,8 @@ struct MegatronMemoryArgs {
   int64_t data_parallel_size = 1;
   bool use_distributed_optimizer = false;
   bool sequence_parallel = false;
-  std::string recompute_granularity;  // "" is Megatron's None
+  // Megatron's None is none
+  model::RecomputeGranularityId recompute_granularity = model::RecomputeGranularityId::none;
 };
 
 struct MegatronMemoryReport {

@@ -55,8 +55,8 @@ Geometry geometry(const PlanInput& in) {
   g.mean = model::norm_kind(m.normalization).saves_mean;
   g.qk_norm = m.qk_layernorm;
   g.learned_pos = m.learned_position_embedding();
-  const bool ring = l.cp > 1 && m.cp_comm_type == "p2p";
-  g.probs = m.recompute_granularity != "selective" && !ring;
+  const bool ring = l.cp > 1 && m.cp_comm_type_id() == model::CpCommTypeId::p2p;
+  g.probs = !m.selective_recompute() && !ring;
   return g;
 }
 
@@ -126,14 +126,14 @@ ChunkPlan plan_chunk(const PlanInput& in, const Geometry& g, int pp_rank, int ch
   // their input.
   int64_t saved = 0, recompute_live = 0;
   const int k = std::max(1, m.recompute_num_layers);
-  if (m.recompute_granularity == "full" && m.recompute_method == "uniform") {
+  if (m.full_recompute() && m.recompute_method_id() == model::RecomputeMethodId::uniform) {
     const int blocks = (c.layers + k - 1) / k;
     saved = int64_t(blocks) * Rh;
     for (int b = 0; b < blocks; ++b) {  // backward of block b: inputs 0..b-1 and b's layers
       const int n = std::min(c.layers, (b + 1) * k) - b * k;
       recompute_live = std::max(recompute_live, int64_t(b) * Rh + n * s.total());
     }
-  } else if (m.recompute_granularity == "full") {
+  } else if (m.full_recompute()) {
     const int nrec = std::min(k, c.layers);
     saved = int64_t(nrec) * Rh + int64_t(c.layers - nrec) * s.total();
     if (nrec > 0) recompute_live = int64_t(nrec - 1) * Rh + s.total();
@@ -141,7 +141,7 @@ ChunkPlan plan_chunk(const PlanInput& in, const Geometry& g, int pp_rank, int ch
     saved = int64_t(c.layers) * s.total();
   }
   c.act.layers = 4.0 * double(saved);
-  if (4.0 * double(s.probs) >= kMmapThreshold && m.recompute_granularity != "full")
+  if (4.0 * double(s.probs) >= kMmapThreshold && !m.full_recompute())
     c.mapped_saved = 4.0 * double(s.probs) * double(c.layers);
   c.act.embedding = c.pre ? 4.0 * double(g.N * (g.learned_pos ? 2 : 1)) : 0;
   c.act.output_grad = c.post ? 4.0 * double(Rh) : 0;

@@ -17,7 +17,7 @@ std::string Layout::describe() const {
   s += str(" CP", cp, " DP", dp, " mbs ", micro_batch_size);
   if (sequence_parallel && tp > 1) s += " SP";
   if (distributed_optimizer) s += " dist-opt";
-  if (recompute != "none") s += " recompute " + recompute;
+  if (recompute != model::RecomputeGranularityId::none) s += std::string(" recompute ") + recompute_label();
   return s;
 }
 
@@ -35,7 +35,7 @@ Layout layout_of(const training::TrainingArgs& a, int world_size) {
   l.micro_batch_size = a.micro_batch_size;
   l.sequence_parallel = a.model.sequence_parallel;
   l.distributed_optimizer = p.use_distributed_optimizer;
-  l.recompute = a.model.recompute_granularity.empty() ? "none" : a.model.recompute_granularity;
+  l.recompute = a.model.recompute_granularity_id();
   return l;
 }
 
@@ -49,15 +49,12 @@ training::TrainingArgs apply_layout(training::TrainingArgs a, const Layout& l) {
   if (!l.distributed_optimizer) p.overlap_param_gather = false;
   a.micro_batch_size = l.micro_batch_size;
   a.model.sequence_parallel = l.sequence_parallel && l.tp > 1;
-  if (l.recompute == "none") {
-    a.model.recompute_granularity.clear();
+  if (l.recompute != model::RecomputeGranularityId::full) {
+    a.model.recompute_granularity = model::kind_name(l.recompute);
     a.model.recompute_method.clear();
-  } else if (l.recompute == "selective") {
-    a.model.recompute_granularity = "selective";
-    a.model.recompute_method.clear();
-  } else if (a.model.recompute_granularity != "full") {  // keep a run's own full-recompute method
-    a.model.recompute_granularity = "full";
-    a.model.recompute_method = "uniform";
+  } else if (!a.model.full_recompute()) {  // keep a run's own full-recompute method
+    a.model.recompute_granularity = model::kind_name(model::RecomputeGranularityId::full);
+    a.model.recompute_method = model::kind_name(model::RecomputeMethodId::uniform);
     a.model.recompute_num_layers = 1;
   }
   return a;
@@ -162,7 +159,7 @@ MegatronMemoryArgs megatron_args_for(const PlanInput& in) {
   r.data_parallel_size = l.dp;
   r.use_distributed_optimizer = l.distributed_optimizer;
   r.sequence_parallel = m.sequence_parallel && l.tp > 1;
-  r.recompute_granularity = m.recompute_granularity;
+  r.recompute_granularity = m.recompute_granularity_id();
   return r;
 }
 

@@ -23,7 +23,9 @@ struct Layout {
   int64_t micro_batch_size = 1;
   bool sequence_parallel = false;  // only meaningful with tp > 1
   bool distributed_optimizer = false;
-  std::string recompute = "none";  // none | selective | full (full: uniform, one layer per chunk)
+  // none | selective | full (full: uniform, one layer per chunk); shown by its kind's label
+  model::RecomputeGranularityId recompute = model::RecomputeGranularityId::none;
+  const char* recompute_label() const { return model::kRecomputeGranularityKinds[size_t(recompute)].label; }
   int world() const { return tp * pp * cp * dp; }
   // "TP2 PP2 (VP2) CP1 DP2 mbs 4 SP dist-opt recompute selective"
   std::string describe() const;

@@ -35,7 +35,10 @@ std::string layout_line(const PlanInput& in) {
              l.dp, l.vp > 1 ? str(", ", l.vp, " virtual stages per pipeline rank") : std::string(),
              l.sequence_parallel && l.tp > 1 ? ", sequence parallel" : "",
              l.distributed_optimizer ? ", distributed optimizer" : "",
-             l.recompute != "none" ? ", " + l.recompute + " recomputation" : std::string(), "; ",
+             l.recompute != model::RecomputeGranularityId::none
+                 ? str(", ", l.recompute_label(), " recomputation")
+                 : std::string(),
+             "; ",
              in.num_microbatches, " micro-batches of ", in.args.micro_batch_size,
              " per rank and iteration (global batch ", in.global_batch_size, ", sequence ",
              in.args.model.seq_length, ", padded vocabulary ", in.args.model.padded_vocab_size,

@@ -44,8 +44,8 @@ StepTime estimate_step_time(const PlanInput& in, const DeviceSpec& dev) {
   const double core = 6.0 * q * s * (m.causal() ? 1.0 : 2.0);
   const double head = 6.0 * h * V;
   double per_layer = mlp + linear + core;
-  if (m.recompute_granularity == "full") per_layer += (mlp + linear + core) / 3.0;
-  if (m.recompute_granularity == "selective") per_layer += core / 3.0;
+  if (m.full_recompute()) per_layer += (mlp + linear + core) / 3.0;
+  if (m.selective_recompute()) per_layer += core / 3.0;
   const double layers_per_stage = double(m.num_layers) / P;
   // Element-wise bytes per token and layer (forward + backward): norms, bias-dropout-adds and
   // residuals over h (sharded by TP only under SP), the activation over F, the softmax over the

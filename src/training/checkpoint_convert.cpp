@@ -350,7 +350,7 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
   const int T = o.target_tp, P = o.target_pp;
   // T5: an encoder of L layers and a decoder of its own depth, numbered from 0 each.
   const model::TransformerConfig& cfg = args_of(ckpt).model;
-  const bool t5 = cfg.model_family == "t5";
+  const bool t5 = cfg.family_id() == model::ModelFamilyId::t5;
   MG_REQUIRE(!t5 || (P == 1 && ckpt.parallel.pipeline_model_parallel_size == 1),
              "checkpoint convert reshards T5 checkpoints over tensor-parallel ranks only "
              "(--target-pipeline-parallel-size 1, from one pipeline stage)");

@@ -45,86 +45,47 @@ int64_t parse_shard_size(const std::string& text) {
 
 namespace {
 
-// transformers' MegatronBertForPreTraining / ForMaskedLM: Megatron's pre-LayerNorm BERT with
-// learned positions, biases everywhere, multi-head attention and one GeLU (hidden_act) for the
-// encoder's MLP and the LM head's transform.
-std::string megatron_bert_type(const model::TransformerConfig& c) {
-  auto refuse = [](const std::string& setting, const std::string& why) {
-    MG_THROW("cannot export this BERT to Hugging Face transformers: ", setting, ": ", why,
-             "; transformers' MegatronBert classes cannot express it, and an export would compute "
-             "another function");
-  };
-  if (!c.learned_position_embedding())
-    refuse("--position-embedding-type " + c.position_embedding_type, "learned absolute positions only");
-  if (c.normalization != "LayerNorm") refuse("--normalization " + c.normalization, "LayerNorm only");
-  if (c.activation != "gelu")
-    refuse(model::activation_flag(c.activation) + " (" + c.activation + ")",
-           "one hidden_act serves the encoder's MLP and the masked-LM head, whose GeLU is the exact "
-           "(erf) one; an encoder trained with Megatron's fused bias-GeLU (the tanh form, on by "
-           "default) differs: train with --no-bias-gelu-fusion to export");
-  if (!c.add_bias_linear) refuse("--disable-bias-linear", "biases on every linear layer");
-  if (c.query_groups() != c.num_attention_heads)
-    refuse("--num-query-groups " + std::to_string(c.query_groups()), "multi-head attention only");
-  if (int64_t(c.head_dim()) * c.num_attention_heads != c.hidden_size)
-    refuse("--kv-channels " + std::to_string(c.head_dim()),
-           "heads of hidden-size / num-attention-heads channels only");
-  if (c.qk_layernorm) refuse("--qk-layernorm", "a norm over each query and key head");
-  if (c.window_left >= 0) refuse("--window-size", "sliding-window attention");
-  return "megatron-bert";
+// The transformers class a configuration exports as.
+model::HfArch hf_arch(const model::TransformerConfig& c) {
+  if (c.family_id() == model::ModelFamilyId::bert) return model::HfArch::megatron_bert;
+  MG_REQUIRE(c.family_id() != model::ModelFamilyId::t5, "cannot export a T5 checkpoint to Hugging "
+             "Face transformers: ", hf_detail::t5_hf_mismatch(), "; keep this build's format or "
+             "--save-format torch");
+  // The position embedding picks the decoder class.
+  if (c.learned_position_embedding()) return model::HfArch::gpt2;
+  if (c.rope()) return model::HfArch::llama;
+  MG_THROW("cannot export to Hugging Face transformers: --position-embedding-type ",
+           c.position_embedding_type, ": ", c.alibi() ? "ALiBi attention biases" : "a model without "
+           "position embeddings", "; transformers' GPT2LMHeadModel and LlamaForCausalLM cannot "
+           "express it, and an export would compute another function");
 }
 
 }  // namespace
 
+model::HfArch hf_arch_named(const std::string& model_type) {
+  for (size_t i = 0; i < model::kHfArchCount; ++i)
+    if (model_type == model::kHfArchNames[i]) return model::HfArch(i);
+  MG_THROW("Hugging Face model type '", model_type, "' is not one of: gpt2, llama, megatron-bert");
+}
+
+// Every setting through its column of the architecture (model/model_settings_hf.cpp): the first
+// value the class cannot express is refused by its flag.
 std::string hf_model_type(const model::TransformerConfig& c) {
-  if (c.model_family == "bert") return megatron_bert_type(c);
-  MG_REQUIRE(c.model_family != "t5", "cannot export a T5 checkpoint to Hugging Face transformers: ",
-             hf_detail::t5_hf_mismatch(), "; keep this build's format or --save-format torch");
-  auto refuse = [](const std::string& setting, const std::string& why) {
-    MG_THROW("cannot export to Hugging Face transformers: ", setting, ": ", why,
-             "; transformers' GPT2LMHeadModel and LlamaForCausalLM cannot express it, and an "
-             "export would compute another function");
-  };
-  if (c.attention_mask_type != "causal")
-    refuse("attention mask '" + c.attention_mask_type + "'", "both classes are causal decoders");
-  if (c.window_left >= 0) refuse("--window-size", "sliding-window attention");
-  if (c.qk_layernorm) refuse("--qk-layernorm", "a norm over each query and key head");
-  if (c.activation == "squared_relu") refuse("--squared-relu", "the squared ReLU activation");
-  if (c.alibi()) refuse("--position-embedding-type alibi", "ALiBi attention biases");
-  if (c.learned_position_embedding()) {
-    const char* gpt2 = "a GPT-2-style model (learned absolute positions) exports as GPT2LMHeadModel, "
-                       "which has ";
-    if (c.normalization != "LayerNorm")
-      refuse("--normalization " + c.normalization, std::string(gpt2) + "LayerNorm only");
-    if (c.activation != "gelu" && c.activation != "gelu_tanh")
-      refuse(model::activation_flag(c.activation) + " (" + c.activation + ")",
-             std::string(gpt2) + "a GeLU MLP only");
-    if (!c.add_bias_linear) refuse("--disable-bias-linear", std::string(gpt2) + "biases on every linear layer");
-    if (c.query_groups() != c.num_attention_heads)
-      refuse("--num-query-groups " + std::to_string(c.query_groups()),
-             std::string(gpt2) + "multi-head attention only");
-    if (int64_t(c.head_dim()) * c.num_attention_heads != c.hidden_size)
-      refuse("--kv-channels " + std::to_string(c.head_dim()),
-             std::string(gpt2) + "heads of hidden-size / num-attention-heads channels only");
-    return "gpt2";
+  const model::HfArch arch = hf_arch(c);
+  for (const model::ModelSetting& s : model::model_settings()) {
+    const model::HfMapping& m = s.hf[size_t(arch)];
+    MG_REQUIRE(m.role != model::HfRole::Unmapped, "cannot export to Hugging Face transformers: the "
+               "setting ", s.key, " has no mapping to ", model::kHfArchNames[size_t(arch)],
+               " in this build");
+    const std::string why = m.refuse ? m.refuse(c) : std::string();
+    if (why.empty()) continue;
+    if (arch == model::HfArch::megatron_bert)
+      MG_THROW("cannot export this BERT to Hugging Face transformers: ", why, "; transformers' "
+               "MegatronBert classes cannot express it, and an export would compute another function");
+    MG_THROW("cannot export to Hugging Face transformers: ", why, "; transformers' GPT2LMHeadModel "
+             "and LlamaForCausalLM cannot express it, and an export would compute another function");
   }
-  if (c.rope()) {
-    const char* llama = "a rotary model exports as LlamaForCausalLM, which has ";
-    if (c.normalization != "RMSNorm")
-      refuse("--normalization " + c.normalization, std::string(llama) + "RMSNorm only");
-    if (c.activation != "swiglu")
-      refuse(model::activation_flag(c.activation) + " (" + c.activation + ")",
-             std::string(llama) + "a SwiGLU MLP only");
-    if (c.rotary_percent != 1.0f)
-      refuse("--rotary-percent " + std::to_string(c.rotary_percent), std::string(llama) + "every head dim rotated");
-    if (c.rotary_interleaved)
-      refuse("--rotary-interleaved", std::string(llama) + "rotate-half rotary only");
-    if (c.add_qkv_bias && !c.add_bias_linear)
-      refuse("--add-qkv-bias without linear biases",
-             std::string(llama) + "attention_bias on q, k, v and o_proj together");
-    return "llama";
-  }
-  refuse("--position-embedding-type " + c.position_embedding_type, "a model without position embeddings");
-  return "";
+  return model::kHfArchNames[size_t(arch)];
 }
 
 namespace hf_detail {
@@ -187,16 +148,7 @@ Tensor cat_rows(const std::vector<Tensor>& parts) {
   return out;
 }
 
-double short_float(float v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", double(v));
-  // The shortest text that reads back as v: 1e-05, not 9.99999974737875e-06.
-  for (int prec = 1; prec <= 9; ++prec) {
-    std::snprintf(buf, sizeof buf, "%.*g", prec, double(v));
-    if (std::strtof(buf, nullptr) == v) break;
-  }
-  return std::strtod(buf, nullptr);
-}
+double short_float(float v) { return model::short_float(v); }
 
 const char* torch_dtype_name(DType t) {
   switch (t) {

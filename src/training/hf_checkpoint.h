@@ -66,6 +66,7 @@
 
 #include "core/tensor.h"
 #include "data/tokenizer.h"
+#include "model/hf_config.h"
 #include "training/checkpoint_convert.h"
 #include "training/trainer.h"
 
@@ -76,9 +77,20 @@ namespace megatron::training {
 // --max-shard-size.
 int64_t parse_shard_size(const std::string& text);
 
-// "gpt2" or "llama" for our model settings, or an Error naming the setting the classes cannot
-// express.
+// "gpt2", "llama" or "megatron-bert" for our model settings, or an Error naming the setting the
+// class cannot express (every row's column of model/model_settings_hf.cpp).
 std::string hf_model_type(const model::TransformerConfig& c);
+// The architecture of a model type; an Error for another.
+model::HfArch hf_arch_named(const std::string& model_type);
+
+// config.json of a model of type `type` (hf_model_type): the architecture's own keys and every
+// row's keys; bos/eos null when unknown.
+nlohmann::ordered_json hf_config_json(const std::string& type, const model::TransformerConfig& c,
+                                      int64_t vocab, DType dtype, std::optional<int64_t> bos,
+                                      std::optional<int64_t> eos);
+// The model settings config.json gives (the rows' columns of its model_type, read from `config`);
+// the sizes of the vocabulary and the tensors are the import's. Errors name the file and the key.
+model::TransformerConfig hf_config_to_model(const model::HfConfigFile& config);
 
 struct HfExportOptions {
   std::filesystem::path save;     // new or empty folder

@@ -2,11 +2,13 @@
 // and layouts).
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/safetensors.h"
+#include "model/model_settings.h"
 #include "training/checkpoint_files.h"
 #include "training/hf_checkpoint.h"
 #include "training/hf_checkpoint_internal.h"
@@ -186,75 +188,6 @@ std::optional<int64_t> id_or_null(std::optional<int32_t> a, std::optional<int32_
   return std::nullopt;
 }
 
-ojson config_json(const std::string& type, const model::TransformerConfig& c, int64_t vocab,
-                  DType dtype, std::optional<int64_t> bos, std::optional<int64_t> eos) {
-  ojson j;
-  auto id = [](std::optional<int64_t> v) { return v ? ojson(*v) : ojson(nullptr); };
-  if (type == "megatron-bert") {
-    j["architectures"] = {c.bert_binary_head ? "MegatronBertForPreTraining" : "MegatronBertForMaskedLM"};
-    j["model_type"] = "megatron-bert";
-    j["attention_probs_dropout_prob"] = short_float(c.attention_dropout);
-    j["hidden_act"] = "gelu";
-    j["hidden_dropout_prob"] = short_float(c.hidden_dropout);
-    j["hidden_size"] = c.hidden_size;
-    j["initializer_range"] = short_float(c.init_method_std);
-    j["intermediate_size"] = c.ffn();
-    j["layer_norm_eps"] = short_float(c.layernorm_epsilon);
-    j["max_position_embeddings"] = c.max_position_embeddings;
-    j["num_attention_heads"] = c.num_attention_heads;
-    j["num_hidden_layers"] = c.num_layers;
-    j["pad_token_id"] = 0;
-    j["position_embedding_type"] = "absolute";
-    j["type_vocab_size"] = c.bert_binary_head ? 2 : 1;
-  } else if (type == "gpt2") {
-    j["architectures"] = {"GPT2LMHeadModel"};
-    j["model_type"] = "gpt2";
-    j["activation_function"] = c.activation == "gelu_tanh" ? "gelu_new" : "gelu";
-    j["attn_pdrop"] = short_float(c.attention_dropout);
-    j["bos_token_id"] = id(bos);
-    j["embd_pdrop"] = short_float(c.hidden_dropout);
-    j["eos_token_id"] = id(eos);
-    j["initializer_range"] = short_float(c.init_method_std);
-    j["layer_norm_epsilon"] = short_float(c.layernorm_epsilon);
-    j["n_ctx"] = c.max_position_embeddings;
-    j["n_embd"] = c.hidden_size;
-    j["n_head"] = c.num_attention_heads;
-    j["n_inner"] = c.ffn() == 4 * c.hidden_size ? ojson(nullptr) : ojson(c.ffn());
-    j["n_layer"] = c.num_layers;
-    j["n_positions"] = c.max_position_embeddings;
-    j["reorder_and_upcast_attn"] = false;
-    j["resid_pdrop"] = short_float(c.hidden_dropout);
-    j["scale_attn_by_inverse_layer_idx"] = false;
-    j["scale_attn_weights"] = true;
-  } else {
-    j["architectures"] = {"LlamaForCausalLM"};
-    j["model_type"] = "llama";
-    j["attention_bias"] = c.add_bias_linear;
-    j["attention_dropout"] = short_float(c.attention_dropout);
-    j["bos_token_id"] = id(bos);
-    j["eos_token_id"] = id(eos);
-    j["head_dim"] = c.head_dim();
-    j["hidden_act"] = "silu";
-    j["hidden_size"] = c.hidden_size;
-    j["initializer_range"] = short_float(c.init_method_std);
-    j["intermediate_size"] = c.ffn();
-    j["max_position_embeddings"] = c.max_position_embeddings;
-    j["mlp_bias"] = c.add_bias_linear;
-    j["num_attention_heads"] = c.num_attention_heads;
-    j["num_hidden_layers"] = c.num_layers;
-    j["num_key_value_heads"] = c.query_groups();
-    j["pretraining_tp"] = 1;
-    j["rms_norm_eps"] = short_float(c.layernorm_epsilon);
-    j["rope_scaling"] = nullptr;
-    j["rope_theta"] = c.rotary_base;
-  }
-  j["tie_word_embeddings"] = !c.untie_embeddings_and_output_weights;
-  j["torch_dtype"] = torch_dtype_name(dtype);
-  j["use_cache"] = true;
-  j["vocab_size"] = vocab;
-  return j;
-}
-
 void write_json(const fs::path& p, const ojson& j) { detail::write_text_file(p, j.dump(2) + "\n"); }
 
 // Copies the tokenizer's files; what cannot be copied is a note naming the flag to pass.
@@ -302,6 +235,43 @@ void copy_tokenizer(const data::TokenizerOptions& t, int max_positions, const fs
 }
 
 }  // namespace
+
+// The architecture's own keys, then every row's column (model/model_settings_hf.cpp); keys in
+// transformers' order: architectures, model_type, then alphabetical.
+ojson hf_config_json(const std::string& type, const model::TransformerConfig& c, int64_t vocab,
+                     DType dtype, std::optional<int64_t> bos, std::optional<int64_t> eos) {
+  const model::HfArch arch = hf_arch_named(type);
+  auto id = [](std::optional<int64_t> v) { return v ? ojson(*v) : ojson(nullptr); };
+  ojson rest = ojson::object();
+  for (const model::ModelSetting& s : model::model_settings())
+    if (const model::HfMapping& m = s.hf[size_t(arch)]; m.write) m.write(c, rest);
+  std::map<std::string, ojson> keys;
+  for (const auto& [k, v] : rest.items()) keys[k] = v;
+  ojson j;
+  if (arch == model::HfArch::megatron_bert) {
+    j["architectures"] = {c.bert_binary_head ? "MegatronBertForPreTraining" : "MegatronBertForMaskedLM"};
+    keys["pad_token_id"] = 0;
+    keys["type_vocab_size"] = c.bert_binary_head ? 2 : 1;
+  } else if (arch == model::HfArch::gpt2) {
+    j["architectures"] = {"GPT2LMHeadModel"};
+    keys["bos_token_id"] = id(bos);
+    keys["eos_token_id"] = id(eos);
+    keys["reorder_and_upcast_attn"] = false;
+    keys["scale_attn_by_inverse_layer_idx"] = false;
+    keys["scale_attn_weights"] = true;
+  } else {
+    j["architectures"] = {"LlamaForCausalLM"};
+    keys["bos_token_id"] = id(bos);
+    keys["eos_token_id"] = id(eos);
+    keys["pretraining_tp"] = 1;
+  }
+  j["model_type"] = type;
+  keys["torch_dtype"] = torch_dtype_name(dtype);
+  keys["use_cache"] = true;
+  keys["vocab_size"] = vocab;
+  for (auto& [k, v] : keys) j[k] = std::move(v);
+  return j;
+}
 
 HfExportResult export_hf_checkpoint(const MergedCheckpoint& m, const TrainingArgs& args,
                                     const HfExportOptions& o) {
@@ -392,7 +362,7 @@ HfExportResult export_hf_checkpoint(const MergedCheckpoint& m, const TrainingArg
     copy_tokenizer(*o.tokenizer, c.max_position_embeddings, tmp, res.files, res.notes);
   else
     res.notes.push_back("no tokenizer given: the export has no tokenizer files");
-  write_json(tmp / "config.json", config_json(res.model_type, c, vocab, dtype, bos, eos));
+  write_json(tmp / "config.json", hf_config_json(res.model_type, c, vocab, dtype, bos, eos));
   res.files.push_back("config.json");
   for (const std::string& f : res.files) fs::rename(tmp / f, o.save / f);  // config.json last
   detail::fsync_path(o.save, true);

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/input_bounds.h"
 #include "core/safetensors.h"
+#include "model/model_settings.h"
 #include "training/checkpoint.h"
 #include "training/hf_checkpoint.h"
 #include "training/hf_checkpoint_internal.h"
@@ -32,170 +33,6 @@ json read_json(const fs::path& p) {
   } catch (const json::exception& e) {
     MG_THROW(p.string(), ": malformed JSON: ", e.what());
   }
-}
-
-// Typed fields of config.json; errors name the file and the field.
-struct Config {
-  json j;
-  std::string label;
-  const json* find(const char* key) const {
-    return j.contains(key) && !j[key].is_null() ? &j[key] : nullptr;
-  }
-  // A positive integer up to `max` (the model's settings are 32-bit): JSON integers are read as
-  // 64 bits and range-checked, never cut.
-  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt,
-                  int64_t max = INT32_MAX) const {
-    const json* v = find(key);
-    if (!v) {
-      MG_REQUIRE(fallback.has_value(), label, ": missing \"", key, "\"");
-      return *fallback;
-    }
-    // (nlohmann reads a non-negative integer as unsigned, a negative one as signed.)
-    const bool in_range = v->is_number_unsigned() && v->get<uint64_t>() >= 1 &&
-                          v->get<uint64_t>() <= uint64_t(max);
-    MG_REQUIRE(in_range, label, ": \"", key,
-               "\" must be an integer in [1, ", max, "], got ", v->dump());
-    return v->get<int64_t>();
-  }
-  // A finite number; `positive`: also > 0.
-  double number(const char* key, double fallback, bool positive = false) const {
-    const json* v = find(key);
-    if (!v) return fallback;
-    MG_REQUIRE(v->is_number() && std::isfinite(v->get<double>()) &&
-                   (!positive || v->get<double>() > 0),
-               label, ": \"", key, "\" must be a ", positive ? "positive " : "",
-               "finite number, got ", v->dump());
-    return v->get<double>();
-  }
-  // A probability in [0, 1) (dropout rates).
-  double fraction(const char* key, double fallback) const {
-    const double p = number(key, fallback);
-    MG_REQUIRE(p >= 0 && p < 1, label, ": \"", key, "\" must be in [0, 1), got ",
-               find(key)->dump());
-    return p;
-  }
-  bool boolean(const char* key, bool fallback) const {
-    const json* v = find(key);
-    if (!v) return fallback;
-    MG_REQUIRE(v->is_boolean(), label, ": \"", key, "\" must be true or false, got ", v->dump());
-    return v->get<bool>();
-  }
-  std::string string(const char* key, const std::string& fallback) const {
-    const json* v = find(key);
-    if (!v) return fallback;
-    MG_REQUIRE(v->is_string(), label, ": \"", key, "\" must be a string, got ", v->dump());
-    return v->get<std::string>();
-  }
-  [[noreturn]] void unsupported(const char* key, const std::string& why) const {
-    MG_THROW(label, ": \"", key, "\" = ", j.contains(key) ? j[key].dump() : "(absent)", " is not "
-             "supported: ", why);
-  }
-};
-
-// A positive float setting (a norm's epsilon): one that is positive in double but 0 or infinite as
-// the float the model keeps is refused too.
-float positive_float(const Config& c, const char* key, double fallback) {
-  const double v = c.number(key, fallback, /*positive=*/true);
-  MG_REQUIRE(float(v) > 0 && std::isfinite(float(v)), c.label, ": \"", key, "\" = ", v,
-             " is not representable as a positive single-precision number");
-  return float(v);
-}
-
-model::TransformerConfig gpt2_config(const Config& c) {
-  model::TransformerConfig m;
-  m.hidden_size = int(c.integer("n_embd"));
-  m.num_layers = int(c.integer("n_layer"));
-  m.num_attention_heads = int(c.integer("n_head"));
-  m.max_position_embeddings = int(c.find("n_positions") ? c.integer("n_positions") : c.integer("n_ctx"));
-  const int64_t inner = c.integer("n_inner", 4 * int64_t(m.hidden_size));
-  m.ffn_hidden_size = inner == 4 * m.hidden_size ? 0 : int(inner);
-  MG_REQUIRE(m.hidden_size % m.num_attention_heads == 0, c.label, ": n_embd ", m.hidden_size,
-             " is not divisible by n_head ", m.num_attention_heads);
-  m.layernorm_epsilon = positive_float(c, "layer_norm_epsilon", 1e-5);
-  const std::string act = c.string("activation_function", "gelu_new");
-  if (act == "gelu_new" || act == "gelu_pytorch_tanh")
-    m.activation = "gelu_tanh";
-  else if (act == "gelu")
-    m.activation = "gelu";
-  else
-    c.unsupported("activation_function", "GPT-2 models import with gelu_new, gelu_pytorch_tanh or gelu");
-  if (!c.boolean("scale_attn_weights", true))
-    c.unsupported("scale_attn_weights", "attention is scaled by 1/sqrt(head dim) here");
-  if (c.boolean("scale_attn_by_inverse_layer_idx", false))
-    c.unsupported("scale_attn_by_inverse_layer_idx", "no per-layer attention scaling here");
-  if (c.boolean("add_cross_attention", false))
-    c.unsupported("add_cross_attention", "decoder-only GPT models have no cross-attention");
-  m.hidden_dropout = float(c.fraction("resid_pdrop", 0.1));
-  m.attention_dropout = float(c.fraction("attn_pdrop", 0.1));
-  m.init_method_std = float(c.number("initializer_range", 0.02));
-  m.untie_embeddings_and_output_weights = !c.boolean("tie_word_embeddings", true);
-  return m;
-}
-
-model::TransformerConfig llama_config(const Config& c) {
-  model::TransformerConfig m;
-  m.hidden_size = int(c.integer("hidden_size"));
-  m.num_layers = int(c.integer("num_hidden_layers"));
-  m.num_attention_heads = int(c.integer("num_attention_heads"));
-  m.ffn_hidden_size = int(c.integer("intermediate_size"));
-  m.max_position_embeddings = int(c.integer("max_position_embeddings", 2048));
-  const int64_t kv = c.integer("num_key_value_heads", m.num_attention_heads);
-  MG_REQUIRE(m.num_attention_heads % kv == 0, c.label, ": num_attention_heads ", m.num_attention_heads,
-             " is not a multiple of num_key_value_heads ", kv);
-  m.num_query_groups = kv == m.num_attention_heads ? 0 : int(kv);
-  const int64_t head_dim = c.integer("head_dim", m.hidden_size / m.num_attention_heads);
-  MG_REQUIRE(head_dim * m.num_attention_heads <= INT32_MAX, c.label, ": head_dim ", head_dim,
-             " x num_attention_heads ", m.num_attention_heads, " does not fit in 32 bits");
-  m.kv_channels = head_dim * m.num_attention_heads == m.hidden_size ? 0 : int(head_dim);
-  m.normalization = "RMSNorm";
-  m.layernorm_epsilon = positive_float(c, "rms_norm_eps", 1e-6);
-  m.activation = "swiglu";
-  if (c.string("hidden_act", "silu") != "silu")
-    c.unsupported("hidden_act", "Llama models import with silu (SwiGLU)");
-  m.position_embedding_type = "rope";
-  m.rotary_base = c.number("rope_theta", 10000.0, /*positive=*/true);
-  if (c.find("rope_scaling")) c.unsupported("rope_scaling", "rotary scaling is not implemented");
-  if (c.find("partial_rotary_factor") && c.number("partial_rotary_factor", 1.0) != 1.0)
-    c.unsupported("partial_rotary_factor", "Llama rotates every head dim");
-  const bool attn_bias = c.boolean("attention_bias", false), mlp_bias = c.boolean("mlp_bias", false);
-  if (attn_bias != mlp_bias)
-    c.unsupported("attention_bias", "biases are on every linear layer or none here (attention_bias "
-                  "must equal mlp_bias)");
-  m.add_bias_linear = attn_bias;
-  m.hidden_dropout = 0.0f;
-  m.attention_dropout = float(c.fraction("attention_dropout", 0.0));
-  m.init_method_std = float(c.number("initializer_range", 0.02));
-  m.untie_embeddings_and_output_weights = !c.boolean("tie_word_embeddings", false);
-  return m;
-}
-
-// transformers' MegatronBert (MegatronBertForPreTraining or ForMaskedLM): the BERT family;
-// whether it has the binary head is decided by the tensors (cls.seq_relationship).
-model::TransformerConfig megatron_bert_config(const Config& c) {
-  model::TransformerConfig m;
-  m.model_family = "bert";
-  m.attention_mask_type = "bidirectional";
-  m.hidden_size = int(c.integer("hidden_size"));
-  m.num_layers = int(c.integer("num_hidden_layers"));
-  m.num_attention_heads = int(c.integer("num_attention_heads"));
-  m.ffn_hidden_size = int(c.integer("intermediate_size"));
-  m.max_position_embeddings = int(c.integer("max_position_embeddings", 512));
-  MG_REQUIRE(m.hidden_size % m.num_attention_heads == 0, c.label, ": hidden_size ", m.hidden_size,
-             " is not divisible by num_attention_heads ", m.num_attention_heads);
-  m.layernorm_epsilon = positive_float(c, "layer_norm_eps", 1e-12);
-  if (c.string("hidden_act", "gelu") != "gelu")
-    c.unsupported("hidden_act", "Megatron's BERT has the exact (erf) GeLU in its masked-LM head, so "
-                  "MegatronBert models import with \"gelu\"");
-  m.activation = "gelu";
-  if (c.string("position_embedding_type", "absolute") != "absolute")
-    c.unsupported("position_embedding_type", "BERT imports with absolute (learned) positions");
-  if (c.boolean("is_decoder", false) || c.boolean("add_cross_attention", false))
-    c.unsupported("is_decoder", "BERT is an encoder (no causal mask, no cross-attention)");
-  m.hidden_dropout = float(c.fraction("hidden_dropout_prob", 0.1));
-  m.attention_dropout = float(c.fraction("attention_probs_dropout_prob", 0.1));
-  m.init_method_std = float(c.number("initializer_range", 0.02));
-  m.untie_embeddings_and_output_weights = !c.boolean("tie_word_embeddings", true);
-  return m;
 }
 
 // The folder's tensors, every file's header checked against the index.
@@ -447,6 +284,30 @@ std::optional<data::TokenizerOptions> folder_tokenizer(const fs::path& folder, c
 
 }  // namespace
 
+// The architecture's own keys, then every row's column (model/model_settings_hf.cpp) in the
+// table's order (the sizes before what depends on them).
+model::TransformerConfig hf_config_to_model(const model::HfConfigFile& cfg) {
+  MG_REQUIRE(cfg.j.is_object(), cfg.label, ": expected a JSON object");
+  const std::string type = cfg.string("model_type", "");
+  std::optional<model::HfArch> arch;
+  for (size_t i = 0; i < model::kHfArchCount; ++i)
+    if (type == model::kHfArchNames[i]) arch = model::HfArch(i);
+  if (!arch)
+    cfg.unsupported("model_type", "this build imports gpt2 (GPT2LMHeadModel), llama "
+                    "(LlamaForCausalLM) and megatron-bert (MegatronBertForPreTraining, "
+                    "MegatronBertForMaskedLM) models");
+  if (*arch == model::HfArch::gpt2) {
+    if (!cfg.boolean("scale_attn_weights", true))
+      cfg.unsupported("scale_attn_weights", "attention is scaled by 1/sqrt(head dim) here");
+    if (cfg.boolean("scale_attn_by_inverse_layer_idx", false))
+      cfg.unsupported("scale_attn_by_inverse_layer_idx", "no per-layer attention scaling here");
+  }
+  model::TransformerConfig c;
+  for (const model::ModelSetting& s : model::model_settings())
+    if (const model::HfMapping& m = s.hf[size_t(*arch)]; m.read) m.read(cfg, c);
+  return c;
+}
+
 HfImport read_hf_checkpoint(const fs::path& folder, int64_t divisor, int target_tp,
                             const std::optional<data::TokenizerOptions>& tokenizer) try {
   std::error_code ec;
@@ -455,24 +316,13 @@ HfImport read_hf_checkpoint(const fs::path& folder, int64_t divisor, int target_
   MG_REQUIRE(fs::is_regular_file(config_path, ec), config_path.string(),
              " is missing: --load-format hf reads a Hugging Face transformers model folder "
              "(config.json and model.safetensors)");
-  Config cfg{read_json(config_path), config_path.string()};
-  MG_REQUIRE(cfg.j.is_object(), cfg.label, ": expected a JSON object");
+  const model::HfConfigFile cfg{read_json(config_path), config_path.string()};
   HfImport out;
-  out.model_type = cfg.string("model_type", "");
-  model::TransformerConfig c;
-  if (out.model_type == "gpt2")
-    c = gpt2_config(cfg);
-  else if (out.model_type == "llama")
-    c = llama_config(cfg);
-  else if (out.model_type == "megatron-bert")
-    c = megatron_bert_config(cfg);
-  else if (out.model_type == "t5" || out.model_type == "mt5" || out.model_type == "umt5")
-    MG_THROW(cfg.label, ": model_type '", out.model_type, "': cannot import transformers' T5 as "
+  out.model_type = cfg.j.is_object() ? cfg.string("model_type", "") : "";
+  MG_REQUIRE(out.model_type != "t5" && out.model_type != "mt5" && out.model_type != "umt5",
+             cfg.label, ": model_type '", out.model_type, "': cannot import transformers' T5 as "
              "Megatron's T5Model: ", t5_hf_mismatch());
-  else
-    cfg.unsupported("model_type", "this build imports gpt2 (GPT2LMHeadModel), llama "
-                    "(LlamaForCausalLM) and megatron-bert (MegatronBertForPreTraining, "
-                    "MegatronBertForMaskedLM) models");
+  model::TransformerConfig c = hf_config_to_model(cfg);
   const int64_t V = cfg.integer("vocab_size");
 
   const bool bert = out.model_type == "megatron-bert";

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/torch_file.h"
+#include "model/layer_spec.h"
 #include "model/model_family.h"
 #include "training/torch_checkpoint.h"
 
@@ -317,11 +318,13 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
       } catch (const Error& e) {
         MG_THROW(label, ": ", e.what());
       }
-      MG_REQUIRE(model["model_family"] != "t5" || layout.pp == 1, label, ": a T5 checkpoint of ",
+      const model::ModelFamilyId family =
+          model::model_family_kind(model["model_family"].get<std::string>()).id;
+      MG_REQUIRE(family != model::ModelFamilyId::t5 || layout.pp == 1, label, ": a T5 checkpoint of ",
                  layout.pp, " pipeline stages: Megatron's T5 .pt files are read for "
                  "--pipeline-model-parallel-size 1 only (reshard it to one stage with Megatron-LM's "
                  "tools, or keep this build's checkpoint format)");
-      if (model["model_family"] == "bert") {  // BertModel (pretrain_bert.py)
+      if (family == model::ModelFamilyId::bert) {  // BertModel (pretrain_bert.py)
         model["attention_mask_type"] = "bidirectional";
         model["bert_binary_head"] = std::any_of(names.begin(), names.end(), [](const std::string& n) {
           return n.starts_with("binary_head.");
@@ -338,7 +341,9 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
         model["max_position_embeddings"] = t->shape[0];
       const size_t at = name.find("layers.");
       // T5's num_layers is the encoder's depth (decoder_num_layers the decoder's).
-      if (at != std::string::npos && (model["model_family"] != "t5" || name.starts_with("encoder.")))
+      if (at != std::string::npos && (model::model_family_kind(model["model_family"].get<std::string>()).id !=
+                                          model::ModelFamilyId::t5 ||
+                                      name.starts_with("encoder.")))
         layers.insert(name.substr(0, name.find('.', at + 7)));
     }
     if (model["num_layers"].get<int64_t>() == 0)  // each rank holds 1/P of them
@@ -433,7 +438,7 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
   const bool tied = !flag(ns, "untie_embeddings_and_output_weights");
   const int heads = a.model.num_attention_heads;
   const std::string block = model::model_family_of(a.model).block;
-  const bool t5 = a.model.model_family == "t5";
+  const bool t5 = a.model.family_id() == model::ModelFamilyId::t5;
   TorchRankContents out;
 
   // The parameters in Megatron's order (model chunks, then each state dict's order): the

@@ -66,8 +66,8 @@ std::vector<std::string> t5_layer_order(bool te, bool decoder) {
 // What follows the layer stack on the last stage, in Megatron-Core's module order: GPTModel's
 // output_layer; BertModel's lm_head (dense, layer_norm), output_layer (weight, bias), binary_head
 // and pooler.
-std::vector<std::string> head_order(const std::string& family) {
-  if (family == "bert")
+std::vector<std::string> head_order(model::ModelFamilyId family) {
+  if (family == model::ModelFamilyId::bert)
     return {"lm_head.dense.weight", "lm_head.dense.bias", "lm_head.layer_norm.weight",
             "lm_head.layer_norm.bias", kOutputLayer, "output_layer.bias", "binary_head.weight",
             "binary_head.bias", "pooler.dense.weight", "pooler.dense.bias"};
@@ -75,7 +75,7 @@ std::vector<std::string> head_order(const std::string& family) {
 }
 
 std::vector<ChunkParam> chunk_params(const MergedCheckpoint& m, const model::PipelineLayout& layout,
-                                     const std::string& family, const std::string& block, int p,
+                                     model::ModelFamilyId family, const std::string& block, int p,
                                      int c, bool te, std::set<std::string>& placed) {
   std::vector<ChunkParam> out;
   const int offset = layout.first_layer(p, c);
@@ -179,7 +179,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
              "Megatron-LM's torch format for mixture-of-experts checkpoints is not built yet; "
              "keep this build's checkpoint format for MoE models");
   const TrainingArgs a = training_args_from_json(args_json);
-  const bool t5 = a.model.model_family == "t5";
+  const bool t5 = a.model.family_id() == model::ModelFamilyId::t5;
   MG_REQUIRE(!t5 || (P == 1 && layers_per_virtual_stage == 0), "Megatron-LM's T5 .pt files are "
              "written for --pipeline-model-parallel-size 1 (got ", P, "): convert with "
              "--target-pipeline-parallel-size 1, or keep this build's checkpoint format");
@@ -246,7 +246,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   extra.update(model::megatron_model_args(a.model));
   // What Megatron's validate_args derives from the other arguments, as it leaves them.
   extra["encoder_num_layers"] = a.model.num_layers;
-  if (a.model.model_family == "bert") extra["bert_binary_head"] = a.model.bert_binary_head;
+  if (a.model.family_id() == model::ModelFamilyId::bert) extra["bert_binary_head"] = a.model.bert_binary_head;
   extra["encoder_seq_length"] = a.model.seq_length;
   if (t5) {  // pretrain_t5.py's own arguments (the rest are the table's and the tokenizer's)
     extra["decoder_seq_length"] = a.model.decoder_seq_length;
@@ -270,7 +270,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
     std::vector<std::vector<ChunkParam>> chunks;
     for (int c = 0; c < V; ++c)
       chunks.push_back(t5 ? t5_chunk_params(m, a.model.num_layers, a.model.decoder_layers(), te, placed)
-                          : chunk_params(m, layout, a.model.model_family, block, p, c, te, placed));
+                          : chunk_params(m, layout, a.model.family_id(), block, p, c, te, placed));
     for (int t = 0; t < T; ++t) {
       Document doc;
       Value* root = doc.dict();
@@ -416,7 +416,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   }
   for (const auto& [name, t] : m.model)
     MG_REQUIRE(placed.count(name), "tensor '", name, "' has no place in Megatron-Core's ",
-               a.model.model_family == "bert" ? "BertModel" : t5 ? "T5Model" : "GPTModel",
+               a.model.family_id() == model::ModelFamilyId::bert ? "BertModel" : t5 ? "T5Model" : "GPTModel",
                " (it would be lost in the torch checkpoint)");
   detail::fsync_path(tmp, true);
   detail::publish_iteration(save_dir, tmp, dir_name,

@@ -24,7 +24,7 @@ void validate_args(const TrainingArgs& a) {
   MG_REQUIRE(a.model.max_position_embeddings >= a.model.seq_length, "--max-position-embeddings (",
              a.model.max_position_embeddings, ") must be >= --seq-length (", a.model.seq_length, ")");
   MG_REQUIRE(!(a.fp16 && a.bf16), "--fp16 and --bf16 are mutually exclusive; pick one");
-  if (a.model.model_family == "bert") {  // pretrain_bert.py
+  if (a.model.family_id() == model::ModelFamilyId::bert) {  // pretrain_bert.py
     MG_REQUIRE(!a.calculate_per_token_loss, "--calculate-per-token-loss: BERT's loss is the mean "
                "over each micro-batch's masked tokens plus the sentence-order loss "
                "(pretrain_bert.py returns no token count), so there is no per-token form; drop "
@@ -39,7 +39,7 @@ void validate_args(const TrainingArgs& a) {
     MG_REQUIRE(a.short_seq_prob >= 0 && a.short_seq_prob <= 1,
                "--short-seq-prob must be in [0, 1] (got ", a.short_seq_prob, ")");
   }
-  if (a.model.model_family == "t5") {  // pretrain_t5.py
+  if (a.model.family_id() == model::ModelFamilyId::t5) {  // pretrain_t5.py
     MG_REQUIRE(!a.data.reset_position_ids && !a.data.reset_attention_mask && !a.data.eod_mask_loss,
                "--reset-position-ids, --reset-attention-mask and --eod-mask-loss belong to GPT's "
                "documents; T5's samples are span-corrupted sentences with their own padding");

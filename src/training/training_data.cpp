@@ -179,12 +179,12 @@ data::T5DataConfig t5_data_config(const TrainingArgs& a, const data::Tokenizer& 
 std::unique_ptr<TrainingData> build_training_data(const TrainingArgs& a,
                                                   const data::Tokenizer& tokenizer,
                                                   std::array<int64_t, 3> num_samples) {
-  if (a.model.model_family == "t5") {
+  if (a.model.family_id() == model::ModelFamilyId::t5) {
     if (a.mock_data) return build_t5_mock_data(t5_mock_config(a, tokenizer), num_samples);
     return std::make_unique<T5TrainingData>(
         data::build_t5_datasets(t5_data_config(a, tokenizer), num_samples));
   }
-  if (a.model.model_family == "bert")
+  if (a.model.family_id() == model::ModelFamilyId::bert)
     return std::make_unique<BertTrainingData>(
         data::build_bert_datasets(bert_data_config(a, tokenizer), num_samples),
         a.model.bert_binary_head);

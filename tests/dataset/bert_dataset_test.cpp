@@ -37,31 +37,21 @@ struct BertData {
   }
   BertDataConfig config(uint32_t seed, bool binary_head, int64_t seq_length) const {
     BertDataConfig c;
-    c.data_path = {a};
-    c.split = "90,7,3";
+    megatron::testing::set_masked_data(c, a, seed, vocab, dir.path());
     c.seq_length = seq_length;
-    c.seed = seed;
     c.binary_head = binary_head;
-    c.tokenizer = "BertWordPieceLowerCase";
-    c.vocab = vocab;
-    c.data_cache_path = (dir / "cache").string();
     return c;
   }
   json request(const BertDataConfig& c, std::array<int64_t, 3> n, const std::string& split, int64_t count) const {
-    json r = {{"op", "samples"},       {"vocab_file", vocab_file}, {"seq_length", c.seq_length},
-              {"seed", c.seed},        {"mask_prob", c.mask_prob}, {"short_seq_prob", c.short_seq_prob},
-              {"binary_head", c.binary_head}, {"num_samples", n},  {"split", c.split},
-              {"split_name", split},   {"count", count},           {"surplus", c.mid_level_dataset_surplus}};
-    if (!c.data_path.empty()) r["data_path"] = c.data_path;
-    if (!c.valid_data_path.empty()) r["valid_data_path"] = c.valid_data_path;
+    json r = megatron::testing::masked_samples_request(c, vocab_file, n, split, count);
+    r["seq_length"] = c.seq_length;
+    r["binary_head"] = c.binary_head;
     return r;
   }
 };
 
 json samples_json(const BertSampleSource& d, int64_t count) {
-  json out = json::array();
-  for (int64_t k = 0; k < count; ++k) out.push_back(json::parse(bert_sample_json(d.sample(k))));
-  return out;
+  return megatron::testing::samples_as_json(d, count, bert_sample_json);
 }
 
 }  // namespace

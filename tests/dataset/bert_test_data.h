@@ -4,7 +4,10 @@
 // rule of Megatron's sample mapping and masking is exercised.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "data/indexed_dataset.h"
+#include "data/masked_dataset.h"
 #include "test_util.h"
 
 namespace megatron::testing {
@@ -87,6 +91,42 @@ inline void expect_same_samples(const nlohmann::json& got, const nlohmann::json&
     for (auto it = want[k].begin(); it != want[k].end(); ++it)
       ASSERT_EQ(got[k][it.key()], it.value()) << what << ": sample " << k << " key " << it.key();
   EXPECT_EQ(got, want) << what;
+}
+
+// The test data's settings every masked dataset (BERT, T5) shares: `prefix` split 90/7/3, the
+// WordPiece vocabulary, the index cache in `dir`/cache.
+inline void set_masked_data(data::MaskedDataConfig& c, const std::string& prefix, uint32_t seed,
+                            std::shared_ptr<const data::WordPieceVocab> vocab,
+                            const std::filesystem::path& dir) {
+  c.data_path = {prefix};
+  c.split = "90,7,3";
+  c.seed = seed;
+  c.tokenizer = "BertWordPieceLowerCase";
+  c.vocab = std::move(vocab);
+  c.data_cache_path = (dir / "cache").string();
+}
+
+// A "samples" request of the reference scripts: the shared keys of `c` and the split's sample
+// count; the family adds its own (sequence lengths, binary head, sentinels).
+inline nlohmann::json masked_samples_request(const data::MaskedDataConfig& c, const std::string& vocab_file,
+                                             std::array<int64_t, 3> n, const std::string& split,
+                                             int64_t count) {
+  nlohmann::json r = {{"op", "samples"},      {"vocab_file", vocab_file},
+                      {"seed", c.seed},       {"mask_prob", c.mask_prob},
+                      {"short_seq_prob", c.short_seq_prob}, {"num_samples", n},
+                      {"split", c.split},     {"split_name", split},
+                      {"count", count},       {"surplus", c.mid_level_dataset_surplus}};
+  if (!c.data_path.empty()) r["data_path"] = c.data_path;
+  if (!c.valid_data_path.empty()) r["valid_data_path"] = c.valid_data_path;
+  return r;
+}
+
+// The first `count` samples of `source` as the JSON dicts `to_json` writes.
+template <class Source, class ToJson>
+nlohmann::json samples_as_json(const Source& source, int64_t count, ToJson to_json) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t k = 0; k < count; ++k) out.push_back(nlohmann::json::parse(to_json(source.sample(k))));
+  return out;
 }
 
 }  // namespace megatron::testing

@@ -42,40 +42,22 @@ struct T5Data {
   }
   T5DataConfig config(uint32_t seed, int64_t encoder, int64_t decoder) const {
     T5DataConfig c;
-    c.data_path = {a};
-    c.split = "90,7,3";
+    megatron::testing::set_masked_data(c, a, seed, vocab, dir.path());
     c.encoder_seq_length = encoder;
     c.decoder_seq_length = decoder;
-    c.seed = seed;
-    c.tokenizer = "BertWordPieceLowerCase";
-    c.vocab = vocab;
-    c.data_cache_path = (dir / "cache").string();
     return c;
   }
   json request(const T5DataConfig& c, std::array<int64_t, 3> n, const std::string& split, int64_t count) const {
-    json r = {{"op", "samples"},
-              {"vocab_file", vocab_file},
-              {"vocab_extra_ids", int64_t(c.vocab->sentinels.size())},
-              {"encoder_seq_length", c.encoder_seq_length},
-              {"decoder_seq_length", c.decoder_seq_length},
-              {"seed", c.seed},
-              {"mask_prob", c.mask_prob},
-              {"short_seq_prob", c.short_seq_prob},
-              {"num_samples", n},
-              {"split", c.split},
-              {"split_name", split},
-              {"count", count},
-              {"surplus", c.mid_level_dataset_surplus}};
-    if (!c.data_path.empty()) r["data_path"] = c.data_path;
-    if (!c.valid_data_path.empty()) r["valid_data_path"] = c.valid_data_path;
+    json r = megatron::testing::masked_samples_request(c, vocab_file, n, split, count);
+    r["vocab_extra_ids"] = int64_t(c.vocab->sentinels.size());
+    r["encoder_seq_length"] = c.encoder_seq_length;
+    r["decoder_seq_length"] = c.decoder_seq_length;
     return r;
   }
 };
 
 json samples_json(const T5SampleSource& d, int64_t count) {
-  json out = json::array();
-  for (int64_t k = 0; k < count; ++k) out.push_back(json::parse(t5_sample_json(d.sample(k))));
-  return out;
+  return megatron::testing::samples_as_json(d, count, t5_sample_json);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <utility>
 
+#include "attention_case.h"
 #include "attention_reference.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -25,18 +26,8 @@ namespace {
 using testing::RefAttention;
 using testing::RefValues;
 
-struct Case {
-  int64_t b = 1, sq = 4, skv = 0;  // skv 0: sq
-  int n = 2, g = 1, d = 8;
-  bool cross = false;  // a separate q [b * sq, n * d] against fused kv [rows, g * 2 * d]
-  bool causal = true, alibi = false;
-  int64_t wl = -1, wr = -1;
-  bool starts = false, padding = false;
-  int bias = 0;  // 0 none, 1 broadcast over the batch, 2 per batch row
-  float p = 0.0f;
-  std::vector<int32_t> qpos = {}, kpos = {}, kv_index = {};
-  int64_t q_span = 0, kv_span = 0;
-};
+using testing::Operands;
+using Case = testing::AttentionCase;
 
 // Normal values rounded to bf16, as doubles.
 std::vector<double> bf16_values(size_t n, uint64_t stream) {
@@ -45,10 +36,7 @@ std::vector<double> bf16_values(size_t n, uint64_t stream) {
   return v;
 }
 
-struct Built {
-  RefAttention a;
-  RefValues x;
-  int64_t kv_seqs = 0;
+struct Built : testing::ReferenceCase {
   Tensor qt, kvt;  // bf16 operands (kvt == qt when fused)
   AttentionInputs in;
   AttentionMask mask;
@@ -65,48 +53,13 @@ struct Built {
 };
 
 Built build(const Case& c) {
+  MG_CHECK(c.operands != Operands::QkvQueriesPackedKv, "the bf16 cases are fused or separate Q");
   Built r;
-  RefAttention& a = r.a;
-  a.b = c.b;
-  a.sq = c.sq;
-  a.skv = c.skv > 0 ? c.skv : c.sq;
-  a.n = c.n;
-  a.g = c.g;
-  a.d = c.d;
-  a.scale = double(1.0f / std::sqrt(float(c.d)));
-  a.q_span = c.q_span > 0 ? c.q_span : a.sq;
-  a.kv_span = c.kv_span > 0 ? c.kv_span : a.skv;
-  a.causal = c.causal;
-  a.alibi = c.alibi;
-  a.window_left = c.wl;
-  a.window_right = c.wr;
-  for (int64_t bi = 0; bi < c.b; ++bi) {
-    a.kv_index.push_back(c.kv_index.empty() ? int32_t(bi) : c.kv_index[size_t(bi)]);
-    for (int64_t i = 0; i < c.sq; ++i)
-      a.qpos.push_back(c.qpos.empty() ? int32_t(i) : c.qpos[size_t(i)]);
-  }
-  for (int64_t j = 0; j < a.skv; ++j)
-    a.kpos.push_back(c.kpos.empty() ? int32_t(j) : c.kpos[size_t(j)]);
-  r.kv_seqs = c.kv_index.empty() ? c.b : *std::max_element(c.kv_index.begin(), c.kv_index.end()) + 1;
-  if (c.starts)
-    for (int64_t bi = 0; bi < c.b; ++bi)
-      for (int64_t i = 0; i < c.sq; ++i) {
-        const int32_t p = a.qpos[size_t(bi * c.sq + i)], s = int32_t(3 + bi);
-        a.start.push_back(p >= s ? s : 0);
-      }
-  if (c.padding)  // sequence 0: its last two positions are padding; sequence 1: all of them
-    for (int64_t s = 0; s < r.kv_seqs; ++s)
-      for (int64_t k = 0; k < a.kv_span; ++k)
-        a.pad.push_back(s == 0 ? (k < a.kv_span - 2 ? 1 : 0) : (s == 1 ? 0 : 1));
-  a.bias_batch = c.bias == 0 ? 0 : (c.bias == 1 ? 1 : c.b);
-  a.dropout = DropoutSpec{c.p, 5, 9, 17};
-  r.x.q = bf16_values(size_t(c.b * c.sq * c.n * c.d), 41);
-  r.x.k = bf16_values(size_t(r.kv_seqs * a.skv * c.g * c.d), 42);
-  r.x.v = bf16_values(size_t(r.kv_seqs * a.skv * c.g * c.d), 43);
-  r.x.bias = testing::to_double(testing::randn({a.bias_batch * c.n * a.q_span * a.kv_span}, 44));
-
+  static_cast<testing::ReferenceCase&>(r) = testing::reference_case(c, bf16_values, 41);
+  const RefAttention& a = r.a;
+  const bool cross = c.operands == Operands::SeparateQFusedKv;
   AttentionInputs& in = r.in;
-  if (c.cross) {
+  if (cross) {
     in.q_layout = HeadLayout::heads(c.n, c.d, c.sq);
     in.k_layout = HeadLayout::kv(QkvPart::Key, c.g, c.d, a.skv);
     in.v_layout = HeadLayout::kv(QkvPart::Value, c.g, c.d, a.skv);
@@ -120,7 +73,7 @@ Built build(const Case& c) {
   }
   std::vector<float> qbuf(size_t(c.b * c.sq * r.qw), 9.0f);
   std::vector<float> kvbuf(size_t(r.kv_seqs * a.skv * r.kvw), 9.0f);
-  std::vector<float>& kvdst = c.cross ? kvbuf : qbuf;
+  std::vector<float>& kvdst = cross ? kvbuf : qbuf;
   for (int64_t row = 0; row < c.b * c.sq; ++row)
     for (int h = 0; h < c.n; ++h)
       for (int e = 0; e < c.d; ++e)
@@ -139,25 +92,10 @@ Built build(const Case& c) {
     return t;
   };
   r.qt = to_bf16(qbuf, {c.b * c.sq, r.qw});
-  r.kvt = c.cross ? to_bf16(kvbuf, {r.kv_seqs * a.skv, r.kvw}) : r.qt;
+  r.kvt = cross ? to_bf16(kvbuf, {r.kv_seqs * a.skv, r.kvw}) : r.qt;
   in.q = r.qt;
   in.k = in.v = r.kvt;
-  if (!c.qpos.empty()) in.q_positions = Tensor::from_vector(c.qpos, {c.sq});
-  if (!c.kpos.empty()) in.kv_positions = Tensor::from_vector(c.kpos, {a.skv});
-  if (!c.kv_index.empty()) in.kv_index = Tensor::from_vector(c.kv_index, {c.b});
-  if (c.bias) {
-    const std::vector<float> bias(r.x.bias.begin(), r.x.bias.end());
-    in.bias = Tensor::from_vector(bias, {a.bias_batch, c.n, a.q_span, a.kv_span});
-  }
-  r.mask.causal = c.causal;
-  r.mask.window_left = c.wl;
-  r.mask.window_right = c.wr;
-  r.mask.alibi = c.alibi;
-  if (c.starts) r.mask.attention_start = Tensor::from_vector(a.start, {c.b, c.sq});
-  if (c.padding) r.mask.key_padding = Tensor::from_vector(a.pad, {r.kv_seqs, a.kv_span});
-  r.shape = AttentionShape{.batch = c.b, .seq = c.sq, .heads = c.n, .groups = c.g,
-                           .head_dim = c.d, .softmax_scale = float(a.scale), .kv_seq = a.skv,
-                           .q_span = c.q_span, .kv_span = c.kv_span};
+  testing::set_case_arguments(c, r, in, r.mask, r.shape);
   return r;
 }
 
@@ -214,7 +152,7 @@ void run_case(const Case& c) {
       const std::vector<float> df(dout.begin(), dout.end());
       const Tensor dout_t = Tensor::from_vector(df, {rows, width});
       Tensor dq = Tensor::full(r.qt.shape(), 123.0, DType::F32);
-      Tensor dkv = c.cross ? Tensor::full(r.kvt.shape(), 123.0, DType::F32) : dq;
+      Tensor dkv = c.operands == Operands::SeparateQFusedKv ? Tensor::full(r.kvt.shape(), 123.0, DType::F32) : dq;
       Tensor dbias = c.bias ? Tensor::full(r.in.bias.shape(), 123.0, DType::F32) : Tensor();
       for (int pass = 1; pass <= 2; ++pass) {  // pass 2 accumulates: twice the gradients
         SCOPED_TRACE(pass == 1 ? "written" : "accumulated");
@@ -265,24 +203,24 @@ TEST(CoreAttentionBf16, AlibiDropoutAndABias) {
 // ---- queries and keys of different lengths, positions, the KV-cache form -----------------------
 
 TEST(CoreAttentionBf16, CrossAttentionSeparateQueriesAndFusedKeyValues) {
-  run_case({.b = 2, .sq = 5, .skv = 8, .n = 4, .g = 4, .d = 6, .cross = true, .causal = false,
+  run_case({.b = 2, .sq = 5, .skv = 8, .n = 4, .g = 4, .d = 6, .operands = Operands::SeparateQFusedKv, .causal = false,
             .padding = true, .bias = 2});
-  run_case({.b = 1, .sq = 9, .skv = 4, .n = 4, .g = 2, .d = 6, .cross = true, .causal = false,
+  run_case({.b = 1, .sq = 9, .skv = 4, .n = 4, .g = 2, .d = 6, .operands = Operands::SeparateQFusedKv, .causal = false,
             .bias = 1, .p = 0.2f});
 }
 TEST(CoreAttentionBf16, QueriesAgainstAKeyBlockAtPositions) {
-  run_case({.b = 2, .sq = 4, .skv = 4, .n = 4, .g = 2, .d = 4, .cross = true, .starts = true,
+  run_case({.b = 2, .sq = 4, .skv = 4, .n = 4, .g = 2, .d = 4, .operands = Operands::SeparateQFusedKv, .starts = true,
             .p = 0.3f, .qpos = {0, 1, 10, 11}, .kpos = {2, 3, 8, 9}, .q_span = 12,
             .kv_span = 12});
 }
 // Decoding: one query row per batch row against the bf16 key/value sequence kv_index names.
 TEST(CoreAttentionBf16, RowsReadTheKeyValueSequenceKvIndexNames) {
-  run_case({.b = 5, .sq = 1, .skv = 7, .n = 4, .g = 2, .d = 8, .cross = true, .alibi = true,
+  run_case({.b = 5, .sq = 1, .skv = 7, .n = 4, .g = 2, .d = 8, .operands = Operands::SeparateQFusedKv, .alibi = true,
             .wl = 4, .qpos = {6}, .kv_index = {2, 0, 2, 1, 0}, .q_span = 7});
 }
 // A prefill chunk: consecutive rows of one key/value sequence run as one tile of packed pairs.
 TEST(CoreAttentionBf16, APrefillChunkOfOneSequence) {
-  run_case({.b = 6, .sq = 1, .skv = 9, .n = 4, .g = 2, .d = 8, .cross = true, .causal = false,
+  run_case({.b = 6, .sq = 1, .skv = 9, .n = 4, .g = 2, .d = 8, .operands = Operands::SeparateQFusedKv, .causal = false,
             .bias = 2, .qpos = {7}, .kv_index = {1, 1, 1, 1, 1, 0}, .q_span = 9});
 }
 
@@ -290,7 +228,7 @@ TEST(CoreAttentionBf16, APrefillChunkOfOneSequence) {
 
 TEST(CoreAttentionBf16, LongSequencesAcrossTilesAndKeyBlocks) {
   run_case({.b = 1, .sq = 600, .n = 2, .g = 1, .d = 16, .wl = 530, .starts = true, .p = 0.1f});
-  run_case({.b = 2, .sq = 70, .skv = 1100, .n = 2, .g = 2, .d = 8, .cross = true,
+  run_case({.b = 2, .sq = 70, .skv = 1100, .n = 2, .g = 2, .d = 8, .operands = Operands::SeparateQFusedKv,
             .causal = false, .padding = true, .bias = 1});
 }
 
@@ -364,7 +302,7 @@ TEST(CoreAttentionBf16, TileProductsAtOddSizes) {
 // ---- argument checks ------------------------------------------------------------------------------
 
 TEST(CoreAttentionBf16, RejectsMixedOperandDtypesAndAMissingUnit) {
-  const Case c{.b = 1, .sq = 4, .skv = 4, .n = 2, .g = 1, .d = 4, .cross = true};
+  const Case c{.b = 1, .sq = 4, .skv = 4, .n = 2, .g = 1, .d = 4, .operands = Operands::SeparateQFusedKv};
   Built r = build(c);
   Tensor out = Tensor::empty({4, 8}, DType::F32), lse = Tensor::empty({1, 2, 4}, DType::F32);
   EXPECT_NO_THROW(attention_fwd(out, lse, Tensor(), r.in, r.mask, r.shape, DropoutSpec{}));

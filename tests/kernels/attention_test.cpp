@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 
+#include "attention_case.h"
 #include "attention_reference.h"
 #include "core/error.h"
 #include "kernel_test_util.h"
@@ -23,22 +24,9 @@ namespace {
 using testing::RefAttention;
 using testing::RefValues;
 
-enum class Operands { FusedQkv, SeparateQFusedKv, QkvQueriesPackedKv };
-
-struct Case {
-  int64_t b = 1, sq = 4, skv = 0;  // skv 0: sq
-  int n = 2, g = 1, d = 3;
-  Operands operands = Operands::FusedQkv;
-  bool causal = true, alibi = false;
-  int64_t wl = -1, wr = -1;
-  bool starts = false, padding = false;
-  int bias = 0;  // 0 none, 1 broadcast over the batch, 2 per batch row
-  float p = 0.0f;
-  std::vector<int32_t> qpos = {}, kpos = {}, kv_index = {};  // empty: defaults
-  int64_t q_span = 0, kv_span = 0;
-  int head_offset = 0, total_heads = 0;
-  bool finite_differences = true;
-};
+using testing::AttentionCase;
+using testing::Operands;
+using Case = AttentionCase;
 
 std::vector<double> random_values(size_t n, uint64_t stream) {
   Tensor t = testing::randn({int64_t(n)}, stream);
@@ -46,54 +34,9 @@ std::vector<double> random_values(size_t n, uint64_t stream) {
 }
 
 // The reference description and operand values of a case.
-struct Built {
-  RefAttention a;
-  RefValues x;
-  int64_t kv_seqs = 0;
-};
+using Built = testing::ReferenceCase;
 
-Built build(const Case& c) {
-  Built r;
-  RefAttention& a = r.a;
-  a.b = c.b;
-  a.sq = c.sq;
-  a.skv = c.skv > 0 ? c.skv : c.sq;
-  a.n = c.n;
-  a.g = c.g;
-  a.d = c.d;
-  a.scale = double(1.0f / std::sqrt(float(c.d)));
-  a.q_span = c.q_span > 0 ? c.q_span : a.sq;
-  a.kv_span = c.kv_span > 0 ? c.kv_span : a.skv;
-  a.head_offset = c.head_offset;
-  a.total_heads = c.total_heads;
-  a.causal = c.causal;
-  a.alibi = c.alibi;
-  a.window_left = c.wl;
-  a.window_right = c.wr;
-  for (int64_t bi = 0; bi < c.b; ++bi) {
-    a.kv_index.push_back(c.kv_index.empty() ? int32_t(bi) : c.kv_index[size_t(bi)]);
-    for (int64_t i = 0; i < c.sq; ++i) a.qpos.push_back(c.qpos.empty() ? int32_t(i) : c.qpos[size_t(i)]);
-  }
-  for (int64_t j = 0; j < a.skv; ++j) a.kpos.push_back(c.kpos.empty() ? int32_t(j) : c.kpos[size_t(j)]);
-  r.kv_seqs = c.kv_index.empty() ? c.b : *std::max_element(c.kv_index.begin(), c.kv_index.end()) + 1;
-  if (c.starts)  // a document boundary at position 3 + b: later queries see keys from there on
-    for (int64_t bi = 0; bi < c.b; ++bi)
-      for (int64_t i = 0; i < c.sq; ++i) {
-        const int32_t p = a.qpos[size_t(bi * c.sq + i)], s = int32_t(3 + bi);
-        a.start.push_back(p >= s ? s : 0);
-      }
-  if (c.padding)  // sequence 0: its last two positions are padding; sequence 1: all of them
-    for (int64_t s = 0; s < r.kv_seqs; ++s)
-      for (int64_t k = 0; k < a.kv_span; ++k)
-        a.pad.push_back(s == 0 ? (k < a.kv_span - 2 ? 1 : 0) : (s == 1 ? 0 : 1));
-  a.bias_batch = c.bias == 0 ? 0 : (c.bias == 1 ? 1 : c.b);
-  a.dropout = DropoutSpec{c.p, 5, 9, 17};
-  r.x.q = random_values(size_t(c.b * c.sq * c.n * c.d), 31);
-  r.x.k = random_values(size_t(r.kv_seqs * a.skv * c.g * c.d), 32);
-  r.x.v = random_values(size_t(r.kv_seqs * a.skv * c.g * c.d), 33);
-  r.x.bias = random_values(size_t(a.bias_batch * c.n * a.q_span * a.kv_span), 34);
-  return r;
-}
+Built build(const Case& c) { return testing::reference_case(c, random_values, 31); }
 
 // Columns of query head h, key and value head grp in the operand tensors of a layout.
 struct Columns {
@@ -166,23 +109,7 @@ KernelCall kernel_call(const Case& c, const Built& r) {
       in.v_layout = HeadLayout::kv(QkvPart::Value, c.g, c.d, a.skv);
       break;
   }
-  if (!c.qpos.empty()) in.q_positions = Tensor::from_vector(c.qpos, {c.sq});
-  if (!c.kpos.empty()) in.kv_positions = Tensor::from_vector(c.kpos, {a.skv});
-  if (!c.kv_index.empty()) in.kv_index = Tensor::from_vector(c.kv_index, {c.b});
-  if (c.bias) {
-    const std::vector<float> bias(r.x.bias.begin(), r.x.bias.end());
-    in.bias = Tensor::from_vector(bias, {a.bias_batch, c.n, a.q_span, a.kv_span});
-  }
-  k.mask.causal = c.causal;
-  k.mask.window_left = c.wl;
-  k.mask.window_right = c.wr;
-  k.mask.alibi = c.alibi;
-  if (c.starts) k.mask.attention_start = Tensor::from_vector(a.start, {c.b, c.sq});
-  if (c.padding) k.mask.key_padding = Tensor::from_vector(a.pad, {r.kv_seqs, a.kv_span});
-  k.shape = AttentionShape{.batch = c.b, .seq = c.sq, .heads = c.n, .groups = c.g, .head_dim = c.d,
-                           .softmax_scale = float(a.scale), .head_offset = c.head_offset,
-                           .total_heads = c.total_heads, .kv_seq = a.skv, .q_span = c.q_span,
-                           .kv_span = c.kv_span};
+  testing::set_case_arguments(c, r, in, k.mask, k.shape);
   return k;
 }
 

@@ -16,9 +16,11 @@
 #include "core/error.h"
 #include "core/pickle.h"
 #include "model/layer_spec.h"
+#include "model/model_family.h"
 #include "model/model_settings.h"
 #include "model_test_util.h"
 #include "training/checkpoint.h"
+#include "training/hf_checkpoint.h"
 #include "training/torch_checkpoint.h"
 #include "training/trainer.h"
 
@@ -122,10 +124,14 @@ Variant variant_of(const ModelSetting& s) {
   return generic_variant(s);
 }
 
+// Every row's value alike; `architecture`: only the architecture rows (not the Recorded ones,
+// which the model flags and Megatron's model arguments of the table do not carry).
 void expect_same_settings(const TransformerConfig& want, const TransformerConfig& got,
-                          const std::string& where) {
-  for (const ModelSetting& s : model::model_settings())
+                          const std::string& where, bool architecture = false) {
+  for (const ModelSetting& s : model::model_settings()) {
+    if (architecture && s.effect == model::SettingEffect::Recorded) continue;
     EXPECT_EQ(s.show(got), s.show(want)) << where << ": setting " << s.key;
+  }
 }
 
 // The base model's flags with `flags` (which replace a base flag they repeat) parsed and resolved.
@@ -152,14 +158,15 @@ training::TrainingArgs args_with(const TransformerConfig& c) {
 TEST(ModelSettings, EveryRowRoundTripsThroughEveryCodec) {
   ASSERT_FALSE(model::model_settings().empty());
   for (const ModelSetting& s : model::model_settings()) {
+    if (s.effect == model::SettingEffect::Recorded) continue;  // the test below
     SCOPED_TRACE(s.key);
     const Variant v = variant_of(s);
     ASSERT_NE(s.show(v.changed), s.show(v.base)) << "the variant does not change the setting";
 
     // CLI -> config (rows the model family fixes have no flag).
     if (!s.flags.empty()) {
-      expect_same_settings(v.base, from_cli(v.base_flags), "CLI base");
-      expect_same_settings(v.changed, from_cli(v.flags), "CLI " + v.flags);
+      expect_same_settings(v.base, from_cli(v.base_flags), "CLI base", true);
+      expect_same_settings(v.changed, from_cli(v.flags), "CLI " + v.flags, true);
     } else {
       EXPECT_TRUE(s.megatron_args.empty()) << "a setting without a flag has no Megatron argument";
     }
@@ -176,7 +183,7 @@ TEST(ModelSettings, EveryRowRoundTripsThroughEveryCodec) {
       const json flat = model::megatron_model_args(v.changed);
       for (const char* a : s.megatron_args) EXPECT_TRUE(flat.contains(a)) << a;
       const model::RecordedConfig theirs = model::config_from_checkpoint_args(flat);
-      expect_same_settings(v.changed, theirs.config, "Megatron arguments");
+      expect_same_settings(v.changed, theirs.config, "Megatron arguments", true);
       EXPECT_TRUE(theirs.recorded.count(s.key));
 
       // config -> a .pt file's argparse.Namespace -> our argument set -> config.
@@ -186,7 +193,7 @@ TEST(ModelSettings, EveryRowRoundTripsThroughEveryCodec) {
           training::torch_args::to_namespace(doc, training::training_args_to_json(a), flat);
       const training::TrainingArgs back =
           training::training_args_from_json(training::torch_args::from_namespace(*ns, "test"));
-      expect_same_settings(v.changed, back.model, ".pt Namespace");
+      expect_same_settings(v.changed, back.model, ".pt Namespace", true);
     }
 
     // The resume checks: the same setting passes; another value is refused, naming the flag
@@ -210,6 +217,248 @@ TEST(ModelSettings, EveryRowRoundTripsThroughEveryCodec) {
       EXPECT_NO_THROW(training::check_model_function_args(ckpt, changed));
     }
   }
+}
+
+// The rows a checkpoint records beside the architecture (SettingEffect::Recorded): each one's
+// value goes through metadata.json and back (TransformerConfig's JSON is the table's walk), and
+// no Megatron argument or model flag of the table stands for it.
+TEST(ModelSettings, EveryRecordedRowRoundTripsThroughMetadata) {
+  int rows = 0;
+  for (const ModelSetting& s : model::model_settings()) {
+    if (s.effect != model::SettingEffect::Recorded) continue;
+    SCOPED_TRACE(s.key);
+    ++rows;
+    EXPECT_TRUE(s.flags.empty() && s.megatron_args.empty());
+    TransformerConfig changed = base_config();
+    if (std::string(s.key) == "params_dtype") {
+      changed.params_dtype = DType::BF16;
+    } else if (std::string(s.key) == "moe_layer_freq") {
+      changed.moe_layer_freq = "[1,0]";
+    } else {
+      std::visit(
+          [&](auto f) {
+            using F = decltype(f);
+            if constexpr (std::is_same_v<F, std::monostate>) {
+              ADD_FAILURE() << "no field and no variant here";
+            } else if constexpr (std::is_same_v<F, bool TransformerConfig::*>) {
+              changed.*f = !(changed.*f);
+            } else if constexpr (std::is_same_v<F, std::string TransformerConfig::*>) {
+              changed.*f += "_other";  // a name, not necessarily a known one: kept as it is
+            } else {
+              changed.*f = changed.*f != 0 ? decltype(changed.*f + 0)(changed.*f * 2 + 1)
+                                           : decltype(changed.*f + 0)(3);
+            }
+          },
+          s.field);
+    }
+    ASSERT_NE(s.show(changed), s.show(base_config())) << "the variant does not change the setting";
+    json meta;
+    model::to_json(meta, changed);
+    TransformerConfig back;
+    model::from_json(meta, back);
+    expect_same_settings(changed, back, "metadata.json");
+    const model::RecordedConfig r = model::config_from_checkpoint_args(json{{"model", meta}});
+    EXPECT_TRUE(r.recorded.count(s.key));
+    EXPECT_EQ(s.show(r.config), s.show(changed));
+  }
+  EXPECT_GE(rows, 30);  // the family, the run settings and the MoE block
+  // A key the table does not know is left alone; an unknown dtype is an Error naming it.
+  json meta;
+  model::to_json(meta, base_config());
+  meta["params_dtype"] = "float8";
+  TransformerConfig back;
+  try {
+    model::from_json(meta, back);
+    ADD_FAILURE() << "an unknown params_dtype was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("params_dtype 'float8'"), std::string::npos) << e.what();
+  }
+}
+
+// ---- Hugging Face config.json: every row's column per architecture ---------------------------
+
+// config.json of `c` as architecture `arch` writes it, read back.
+TransformerConfig hf_round_trip(model::HfArch arch, const TransformerConfig& c) {
+  const nlohmann::ordered_json j =
+      training::hf_config_json(model::kHfArchNames[size_t(arch)], c, 64, DType::F32, 1, 2);
+  return training::hf_config_to_model(model::HfConfigFile{json::parse(j.dump()), "config.json"});
+}
+
+// Values of row `s` other than `base`'s: the CLI variant's two sides, or one from the field; only
+// the configurations a run accepts (validate()).
+std::vector<TransformerConfig> hf_variants(const ModelSetting& s, const TransformerConfig& base) {
+  std::vector<TransformerConfig> out;
+  auto add = [&](const TransformerConfig& from) {
+    TransformerConfig c = base;
+    s.copy(c, from);
+    if (s.show(c) == s.show(base)) return;
+    try {
+      c.validate();
+    } catch (const Error&) {
+      return;
+    }
+    out.push_back(c);
+  };
+  const std::string key = s.key;
+  if (s.effect != model::SettingEffect::Recorded &&
+      (special_variants().count(key) || key == "attention_mask_type")) {
+    const Variant v = variant_of(s);
+    add(v.changed);
+    add(v.base);
+    return out;
+  }
+  TransformerConfig c = base;
+  if (key == "params_dtype") {
+    c.params_dtype = DType::BF16;
+  } else {
+    std::visit(
+        [&](auto f) {
+          using F = decltype(f);
+          if constexpr (std::is_same_v<F, std::monostate>) {
+            ADD_FAILURE() << key << ": no field and no variant";
+          } else if constexpr (std::is_same_v<F, bool TransformerConfig::*>) {
+            c.*f = !(c.*f);
+          } else if constexpr (std::is_same_v<F, std::string TransformerConfig::*>) {
+            for (const char* choice : s.choices)
+              if (c.*f == base.*f && c.*f != choice) c.*f = choice;
+            if (c.*f == base.*f) c.*f += "_other";
+          } else {
+            using T = std::remove_reference_t<decltype(c.*f)>;
+            const bool rate = key.ends_with("_dropout");
+            c.*f = c.*f != 0 ? T(c.*f / 2 + (std::is_integral_v<T> ? 3 : 0)) : T(rate ? 0.25 : 24);
+          }
+        },
+        s.field);
+  }
+  add(c);
+  return out;
+}
+
+// Every row through every architecture: a column is set; a value of the row on the architecture's
+// base model exports as that architecture and comes back through config.json (a Key or Fixed
+// column), or is refused naming the setting; the rows that choose the architecture (the position
+// embedding, the family) may make it another one.
+TEST(ModelSettings, EveryRowMapsToEveryHuggingFaceArchitectureOrIsRefused) {
+  TransformerConfig gpt2 = base_config();
+  TransformerConfig llama = gpt2;
+  llama.normalization = "RMSNorm", llama.activation = "swiglu", llama.position_embedding_type = "rope";
+  llama.add_bias_linear = false, llama.untie_embeddings_and_output_weights = true;
+  TransformerConfig bert = gpt2;
+  bert.model_family = "bert", bert.attention_mask_type = "bidirectional", bert.activation = "gelu";
+  const TransformerConfig bases[] = {gpt2, llama, bert};
+  int refused = 0, mapped = 0;
+  for (size_t a = 0; a < model::kHfArchCount; ++a) {
+    const model::HfArch arch = model::HfArch(a);
+    const std::string name = model::kHfArchNames[a];
+    const TransformerConfig& base = bases[a];
+    ASSERT_EQ(training::hf_model_type(base), name);
+    const nlohmann::ordered_json written =
+        training::hf_config_json(name, base, 64, DType::F32, 1, 2);
+    const TransformerConfig base_back = hf_round_trip(arch, base);
+    for (const ModelSetting& s : model::model_settings()) {
+      SCOPED_TRACE(name + ": " + s.key);
+      const model::HfMapping& m = s.hf[a];
+      ASSERT_NE(m.role, model::HfRole::Unmapped) << "no Hugging Face column";
+      const bool carried = m.role == model::HfRole::Key || m.role == model::HfRole::Fixed;
+      if (!carried) {
+        EXPECT_NE(*m.note, '\0') << "a setting left out of config.json says where it goes";
+      }
+      if (m.role == model::HfRole::Key) {
+        EXPECT_FALSE(m.keys.empty());
+        for (const char* k : m.keys) EXPECT_TRUE(written.contains(k)) << k;
+      }
+      if (carried) {
+        EXPECT_EQ(s.show(base_back), s.show(base));
+      }
+      for (const TransformerConfig& changed : hf_variants(s, base)) {
+        std::string type;
+        try {
+          type = training::hf_model_type(changed);
+        } catch (const Error& e) {
+          const std::string msg = e.what();
+          bool named = msg.find(s.key) != std::string::npos;
+          for (const char* f : s.flags) named = named || msg.find(f) != std::string::npos;
+          const std::string key = s.key;
+          if (key != "position_embedding_type" && key != "model_family") {
+            EXPECT_TRUE(named) << msg;
+          }
+          ++refused;
+          continue;
+        }
+        if (type != name) {  // the setting chose another class
+          EXPECT_TRUE(std::string(s.key) == "position_embedding_type" ||
+                      std::string(s.key) == "model_family") << type;
+          continue;
+        }
+        if (carried) {
+          EXPECT_EQ(s.show(hf_round_trip(arch, changed)), s.show(changed));
+          ++mapped;
+        }
+      }
+    }
+  }
+  EXPECT_GT(refused, 20);
+  EXPECT_GT(mapped, 20);
+}
+
+// The enumerated settings (recompute granularity and method, --cp-comm-type, the model family)
+// map their names to kinds in one place: each name gives its kind, an unknown one is an Error
+// listing the names, and the CLI's choices are the table's names.
+TEST(ModelKinds, EnumeratedSettingsMapNamesToKindsOnce) {
+  auto error_of = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  TransformerConfig c = base_config();
+  for (const model::RecomputeGranularityKind& k : model::kRecomputeGranularityKinds) {
+    c.recompute_granularity = k.name;
+    EXPECT_EQ(c.recompute_granularity_id(), k.id) << k.label;
+  }
+  EXPECT_TRUE((c.recompute_granularity = "full", c.full_recompute()));
+  EXPECT_TRUE((c.recompute_granularity = "selective", c.selective_recompute()));
+  c.recompute_granularity = "partial";
+  EXPECT_EQ(error_of([&] { c.validate(); }),
+            "--recompute-granularity 'partial' is not one of: full, selective");
+  c.recompute_granularity = "full";
+  c.recompute_num_layers = 1;
+  for (const model::RecomputeMethodKind& k : model::kRecomputeMethodKinds) {
+    c.recompute_method = k.name;
+    EXPECT_EQ(c.recompute_method_id(), k.id) << k.name;
+  }
+  c.recompute_method = "";
+  EXPECT_EQ(error_of([&] { c.validate(); }),
+            "--recompute-granularity full needs --recompute-method uniform or block");
+  c.recompute_method = "block";
+  EXPECT_NO_THROW(c.validate());
+  c = base_config();
+  for (const model::CpCommTypeKind& k : model::cp_comm_type_kinds()) {
+    c.cp_comm_type = k.name;
+    if (k.implemented) {
+      EXPECT_EQ(c.cp_comm_type_id(), k.id) << k.name;
+      EXPECT_NO_THROW(c.validate());
+    } else {
+      EXPECT_NE(error_of([&] { c.validate(); }).find("is not implemented"), std::string::npos);
+    }
+  }
+  c.cp_comm_type = "ring";
+  EXPECT_EQ(error_of([&] { c.validate(); }), "--cp-comm-type must be p2p or allgather, got 'ring'");
+  c = base_config();
+  for (const model::ModelFamily& f : model::model_families()) {
+    c.model_family = f.name;
+    EXPECT_EQ(c.family_id(), f.id) << f.name;
+    EXPECT_EQ(&model::model_family_of(c), &f);
+  }
+  c.model_family = "gpt3";
+  EXPECT_EQ(error_of([&] { c.validate(); }), "model family 'gpt3' is not one of: gpt, bert, t5");
+  EXPECT_EQ(model::recompute_granularity_names(), (std::vector<std::string>{"full", "selective"}));
+  EXPECT_EQ(model::recompute_method_names(), (std::vector<std::string>{"uniform", "block"}));
+  EXPECT_EQ(model::cp_comm_type_names(),
+            (std::vector<std::string>{"p2p", "a2a", "allgather", "a2a+p2p"}));
+  EXPECT_EQ(model::model_family_names(), (std::vector<std::string>{"gpt", "bert", "t5"}));
 }
 
 // Every activation kind, with and without biases, through Megatron's switches and back.

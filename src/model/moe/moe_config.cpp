@@ -126,7 +126,7 @@ void TransformerConfig::validate_moe() const {
   if (num_moe_experts == 0) return;
   const int E = num_moe_experts;
   (void)moe_layer_pattern(moe_layer_freq, num_layers);
-  MG_REQUIRE(model_family == "gpt", "--num-experts: the mixture-of-experts layer is built for GPT "
+  MG_REQUIRE(family_id() == ModelFamilyId::gpt, "--num-experts: the mixture-of-experts layer is built for GPT "
              "models only; the ", model_family, " family cannot take it yet");
   MG_REQUIRE(!add_bias_linear, "--num-experts: the experts have no biases (as Megatron-Core's "
              "grouped experts); add --disable-bias-linear");
