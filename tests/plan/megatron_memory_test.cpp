@@ -206,8 +206,8 @@ TEST(PlanMegatronMemory, PrintsMegatronsLines) {
       << c.output;  // Python's "{: .2f}" keeps a space for the sign
 }
 
-// A worked example by hand: GPT-2 small (h 768, 12 layers, V 50304), one rank.
-TEST(PlanMegatronMemory, WorkedExample) {
+// GPT-2 small (h 768, 12 layers, V 50304) on one rank, sequence 1024, micro-batch 4.
+plan::MegatronMemoryArgs gpt2_small() {
   plan::MegatronMemoryArgs a;
   a.num_layers = 12;
   a.hidden_size = 768;
@@ -217,6 +217,12 @@ TEST(PlanMegatronMemory, WorkedExample) {
   a.padded_vocab_size = 50304;
   a.seq_length = 1024;
   a.micro_batch_size = 4;
+  return a;
+}
+
+// A worked example by hand: GPT-2 small, one rank.
+TEST(PlanMegatronMemory, WorkedExample) {
+  plan::MegatronMemoryArgs a = gpt2_small();
   const plan::MegatronMemoryReport r = plan::megatron_theoretical_memory(a, 8);
   // Per layer 2h(F + 2) + 2h^2 (1 + 1) = 7,080,960; block 12 x that + 2h = 84,973,056;
   // embedding 38,633,472; 18 bytes each.
@@ -235,15 +241,7 @@ TEST(PlanMegatronMemory, WorkedExample) {
 // 8 experts of width 1024 and a shared expert of 512, on TP 2 with the distributed optimizer
 // over DP 4. The activations do not change (Megatron's formulas leave the experts out).
 TEST(PlanMegatronMemory, WorkedExampleWithExperts) {
-  plan::MegatronMemoryArgs a;
-  a.num_layers = 12;
-  a.hidden_size = 768;
-  a.num_attention_heads = 12;
-  a.kv_channels = 64;
-  a.ffn_hidden_size = 3072;
-  a.padded_vocab_size = 50304;
-  a.seq_length = 1024;
-  a.micro_batch_size = 4;
+  plan::MegatronMemoryArgs a = gpt2_small();
   const double dense_activations = plan::megatron_theoretical_memory(a, 8).activation_bytes;
   a.num_experts = 8;
   a.moe_ffn_hidden_size = 1024;
