@@ -153,6 +153,17 @@ TEST(PlanSearch, MixtureOfExpertsLayoutsAndActiveExpertFlops) {
   const double flops = B * s * (6 * h * W * 2 + 6 * L * (h * 3 * h + h * h) + 6 * h * V) +
                        B * s * s * 6 * h * L;
   EXPECT_EQ(plan["time"]["model_flops"].get<double>(), flops);
+  // The text names the experts, with --moe-layer-freq as a pattern.
+  CommandResult t = run_cli(
+      "plan --num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 64 "
+      "--micro-batch-size 1 --lr 1e-4 --mock-data --tokenizer-type NullTokenizer --vocab-size 4100 "
+      "--train-iters 3 --num-experts 4 --moe-router-topk 2 --disable-bias-linear "
+      "--moe-shared-expert-intermediate-size 64 --moe-layer-freq '[0,1,1,1]' 2>&1");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("mixture of experts: 3 of 4 layers with 4 experts of width 512, top-2, "
+                          "a shared expert of width 64; every expert on every rank"),
+            std::string::npos)
+      << t.output;
 }
 
 }  // namespace
