@@ -51,6 +51,17 @@ peaks "DP2 x CP2, dist-opt, bf16" 4 4 --num-layers 2 --hidden-size 256 --num-att
   --position-embedding-type rope --disable-bias-linear --ffn-hidden-size 512 --bf16 --seq-length 1024 \
   --micro-batch-size 1 --global-batch-size 2 --context-parallel-size 2 --use-distributed-optimizer \
   --vocab-size 4100
+peaks "MoE fp32, top-2 of 4" 1 1 --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 \
+  --micro-batch-size 1 --global-batch-size 2 --num-experts 4 --moe-router-topk 2 --disable-bias-linear \
+  --vocab-size 4100
+peaks "MoE bf16 SwiGLU + shared, seq 1024" 1 1 --num-layers 2 --hidden-size 256 --num-attention-heads 8 \
+  --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --bf16 \
+  --seq-length 1024 --micro-batch-size 1 --global-batch-size 1 --num-experts 4 --moe-router-topk 2 \
+  --moe-ffn-hidden-size 512 --moe-shared-expert-intermediate-size 256 --vocab-size 4100
+peaks "MoE TP2 x DP2, dist-opt" 4 4 --num-layers 2 --hidden-size 256 --num-attention-heads 8 \
+  --seq-length 512 --micro-batch-size 1 --global-batch-size 2 --num-experts 4 --moe-router-topk 2 \
+  --moe-ffn-hidden-size 512 --disable-bias-linear --tensor-model-parallel-size 2 \
+  --use-distributed-optimizer --vocab-size 4100
 echo
 MODEL=(--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 512 --max-position-embeddings 512
        --global-batch-size 4 --lr 1e-4 --mock-data --tokenizer-type NullTokenizer --vocab-size 4096 --eval-iters 0)

@@ -29,7 +29,22 @@ struct PlanFlags {
   int measure_iters = 4, measure_rank = -1;
 };
 
+// The plan models the experts of a layer on every rank, sharded as the dense MLP is; expert
+// parallelism is refused by name, whatever the trainer accepts.
+void refuse_expert_parallelism(const PretrainFlags& run) {
+  const MoeFlags& moe = run.moe;
+  MG_REQUIRE(moe.expert_model_parallel_size <= 1, "plan: --expert-model-parallel-size ",
+             moe.expert_model_parallel_size, ": the plan does not model expert parallelism yet "
+             "(experts split over ranks, the all-to-all dispatch); size the run with 1");
+  const int tp = run.a.parallel.tensor_model_parallel_size;
+  MG_REQUIRE(moe.expert_tensor_parallel_size == 0 || moe.expert_tensor_parallel_size == tp,
+             "plan: --expert-tensor-parallel-size ", moe.expert_tensor_parallel_size,
+             " differs from --tensor-model-parallel-size ", tp, ": the plan models the experts "
+             "sharded as the dense MLP is; leave the flag out or give ", tp);
+}
+
 void run(const PlanFlags& f) {
+  refuse_expert_parallelism(f.run);
   training::TrainingArgs a = resolve_pretrain_flags(f.run);
   MG_REQUIRE(f.world_size >= 0, "--world-size must be >= 1 (got ", f.world_size, ")");
   auto world = world_communicator();

@@ -28,23 +28,38 @@ double weight_and_optimizer_memory(const MegatronMemoryArgs& a, MegatronMemoryRe
       double(query_projection_size) / double(a.hidden_size);
   const int64_t num_query_groups =
       a.group_query_attention ? a.num_query_groups : a.num_attention_heads;
-  const int64_t num_dense_layers = a.num_layers;  // no mixture of experts
+  // MoE layers: Megatron's moe_layer_pattern (none without experts).
+  int64_t num_moe_layers = 0;
+  if (a.num_experts) {
+    MG_CHECK(int64_t(a.moe_layer_pattern.size()) == a.num_layers,
+             "megatron_theoretical_memory: the MoE layer pattern has ", a.moe_layer_pattern.size(),
+             " entries for ", a.num_layers, " layers");
+    for (int v : a.moe_layer_pattern) num_moe_layers += v;
+  }
+  const int64_t num_dense_layers = a.num_layers - num_moe_layers;
+  const int64_t num_experts = a.num_experts.value_or(1);
+  const int64_t moe_ffn = a.num_experts ? a.moe_ffn_hidden_size : 0;
+  const int64_t shared_ffn = a.moe_shared_expert_intermediate_size.value_or(0);
   const int64_t norm_size = a.normalization == "RMSNorm" ? 1 : 2;
   const double self_attn_term =
       double(2 * a.hidden_size * a.hidden_size) *
       ((1.0 + (double(num_query_groups) / double(a.num_attention_heads))) *
        query_projection_to_hidden_size_ratio);
-  // 2 * h * (ffn * gated_linear_multiplier + norm_size): an exact integer without SwiGLU.
+  // 2 * h * (ffn * gated_linear_multiplier + norm_size): an exact integer without SwiGLU (the
+  // multiplier is the int 1), a float sum in Python's order with it (3 / 2).
   const double mlp_and_norms = a.swiglu ? double(a.ffn_hidden_size) * 1.5 + double(norm_size)
                                         : double(a.ffn_hidden_size + norm_size);
+  const double moe_and_norms =
+      a.swiglu ? double(moe_ffn * num_experts) * 1.5 + double(shared_ffn) * 1.5 + double(norm_size)
+               : double(moe_ffn * num_experts + shared_ffn + norm_size);
   const double layer_dense = double(2 * a.hidden_size) * mlp_and_norms + self_attn_term;
-  const double layer_moe = double(2 * a.hidden_size) * double(norm_size) + self_attn_term;
+  const double layer_moe = double(2 * a.hidden_size) * moe_and_norms + self_attn_term;
   const int64_t embedding_size = a.hidden_size * a.padded_vocab_size;
   const int64_t final_layernorm = norm_size * a.hidden_size;
   const int64_t embedding_layers =
       a.untie_embeddings_and_output_weights ? 2 * embedding_size : embedding_size;
-  const double block =
-      layer_dense * double(num_dense_layers) + layer_moe * 0.0 + double(final_layernorm);
+  const double block = layer_dense * double(num_dense_layers) +
+                       layer_moe * double(num_moe_layers) + double(final_layernorm);
   const double mtp_block = layer_dense * 0.0 + layer_moe * 0.0;
   const double total = block + mtp_block + double(embedding_layers);
   r.transformer_block_parameters = block;

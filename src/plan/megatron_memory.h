@@ -13,8 +13,12 @@
 //    input and dropout mask for PP micro-batches in flight, scale by the interleaved schedule's
 //    penalty 1 + (PP-1)/(PP*VP) or by min(1, M/PP) for 1F1B, and with PP = 1 add the output
 //    layer's input and logits.
-// Mixture-of-experts, multi-token-prediction, multi-latent-attention and hybrid terms are zero:
-// the trainer refuses those flags, and so does plan.
+// Mixture of experts, as Megatron counts it: the layers --moe-layer-freq selects hold, in place
+// of the dense MLP, num_experts MLPs of --moe-ffn-hidden-size (default --ffn-hidden-size) and the
+// shared expert's (--moe-shared-expert-intermediate-size), with the SwiGLU factor 3/2; no router
+// weights, no top-k and no expert-parallel division in the most loaded shard (every expert is on
+// it); the activation formulas ignore the experts. Multi-token-prediction, multi-latent-attention
+// and hybrid terms are zero: the trainer refuses those flags, and so does plan.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +38,11 @@ struct MegatronMemoryArgs {
   bool group_query_attention = false;
   int64_t num_query_groups = 1;
   bool swiglu = false;
+  // Mixture of experts: Megatron's None when the model has no MoE layers.
+  std::optional<int64_t> num_experts;
+  int64_t moe_ffn_hidden_size = 0;  // Megatron: --ffn-hidden-size unless given
+  std::optional<int64_t> moe_shared_expert_intermediate_size;
+  std::vector<int> moe_layer_pattern;  // --moe-layer-freq resolved: 1 per MoE layer
   std::string normalization = "LayerNorm";
   bool untie_embeddings_and_output_weights = false;
   int64_t padded_vocab_size = 0, seq_length = 0, micro_batch_size = 0;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "model/layer_spec.h"
+#include "model/moe/routing.h"
 #include "model/pipeline_layout.h"
 #include "optim/grad_buffer.h"
 #include "pipeline/schedules.h"
@@ -29,10 +30,26 @@ constexpr double kHeapRetention = 0.4;
 struct Geometry {
   int64_t b, s, N, R, h, T, C, heads, groups, d, F, V;
   bool sp, gated, mean, qk_norm, learned_pos, probs;
+  // Mixture of experts (model/moe/): experts, an expert's and the shared expert's widths (0: no
+  // shared expert), and M, the rows dispatched to the experts per micro-batch and MoE layer.
+  int64_t E, Fe, Fs, M;
+  int64_t up() const { return gated ? 2 : 1; }  // fc1 outputs per FFN column
   int64_t qkv_width() const { return groups * (heads / groups + 2) * d / T; }  // local columns
   int64_t ctx_width() const { return heads * d / T; }
   int64_t norm_stats() const { return R * (mean ? 2 : 1); }  // rstd (and mean) of a norm
 };
+
+// The rows an MoE layer dispatches to its experts for N tokens (routing.cpp): N x top-k; under a
+// capacity that drops tokens (capacity <= N), E x capacity when padded to it, else at most that.
+int64_t moe_rows(const model::TransformerConfig& m, int64_t N) {
+  const int64_t routed = N * m.moe_router_topk;
+  if (m.moe_expert_capacity_factor <= 0) return routed;
+  const int64_t cap =
+      model::expert_capacity(routed, m.num_moe_experts, m.moe_expert_capacity_factor);
+  if (cap > N) return routed;
+  const int64_t padded = int64_t(m.num_moe_experts) * cap;
+  return m.moe_pad_expert_input_to_capacity ? padded : std::min(routed, padded);
+}
 
 Geometry geometry(const PlanInput& in) {
   const model::TransformerConfig& m = in.args.model;
@@ -57,18 +74,27 @@ Geometry geometry(const PlanInput& in) {
   g.learned_pos = m.learned_position_embedding();
   const bool ring = l.cp > 1 && m.cp_comm_type_id() == model::CpCommTypeId::p2p;
   g.probs = !m.selective_recompute() && !ring;
+  if (m.num_moe_experts > 0) {
+    g.E = m.num_moe_experts;
+    g.Fe = m.moe_ffn();
+    g.Fs = m.moe_shared_expert_intermediate_size;
+    g.M = moe_rows(m, g.N);
+  }
   return g;
 }
 
-// Elements one layer keeps for backward (transformer_layer.h, attention.h, mlp.h, norm.h).
+// Elements one layer keeps for backward (transformer_layer.h, attention.h, mlp.h, norm.h, and
+// for an MoE layer moe/moe_layer.h, experts.h).
 struct LayerSaved {
   int64_t attention = 0;  // input, norm output, norm statistics, QKV, q/k norms, lse, probs, ctx
-  int64_t mlp = 0;        // residual after attention, its norm output and statistics, fc1 out, act
+  int64_t mlp = 0;        // residual after attention, its norm output and statistics, the FFN's
   int64_t qkv = 0, probs = 0, ctx = 0, lse = 0, h1 = 0, a1 = 0;
+  bool moe = false;
+  int64_t shared = 0;  // an MoE layer's shared expert: its fc1 output and activation
   int64_t total() const { return attention + mlp; }
 };
 
-LayerSaved layer_saved(const Geometry& g) {
+LayerSaved layer_saved(const Geometry& g, bool moe) {
   LayerSaved s;
   const int64_t local_heads = g.heads / g.T, local_groups = g.groups / g.T;
   s.qkv = g.N * g.qkv_width();
@@ -81,25 +107,66 @@ LayerSaved layer_saved(const Geometry& g) {
     qk = g.N * local_heads * (g.d + per) + g.N * local_groups * (g.d + per);
   }
   s.attention = 2 * g.R * g.h + g.norm_stats() + s.qkv + qk + s.lse + s.probs + s.ctx;
-  s.h1 = g.N * g.F * (g.gated ? 2 : 1) / g.T;
-  s.a1 = g.N * g.F / g.T;
-  s.mlp = 2 * g.R * g.h + g.norm_stats() + s.h1 + s.a1;
+  s.moe = moe;
+  if (!moe) {
+    s.h1 = g.N * g.F * g.up() / g.T;
+    s.a1 = g.N * g.F / g.T;
+    s.mlp = 2 * g.R * g.h + g.norm_stats() + s.h1 + s.a1;
+    return s;
+  }
+  // The MoE layer: the gate's logits [N, E], the dispatched rows [M, h] (the experts' fc1 input),
+  // each expert's fc1 output and activation over its rows, the experts' outputs [M, h], and the
+  // shared expert's MLP over every token.
+  s.shared = g.N * g.Fs * (g.up() + 1) / g.T;
+  s.h1 = g.M * g.Fe * g.up() / g.T;
+  s.a1 = g.M * g.Fe / g.T;
+  s.mlp = 2 * g.R * g.h + g.norm_stats() + g.N * g.E + 2 * g.M * g.h + s.h1 + s.a1 + s.shared;
   return s;
 }
 
+// An MoE layer's largest forward transient beyond its saved tensors, in elements: the device
+// logits, the dispatch plan's index and probabilities, the combined output [N, h], and then the
+// probability-weighted rows [M, h] (before the shared expert saved anything) or the shared
+// expert's output [N, h].
+int64_t moe_forward_transient(const Geometry& g, const LayerSaved& s) {
+  const int64_t Nh = g.N * g.h;
+  return g.N * g.E + 2 * g.M + Nh + std::max(g.M * g.h - s.shared, g.Fs > 0 ? Nh : 0);
+}
+
 // The largest transient of one layer's backward beyond its saved tensors, in elements: the
-// phases of TransformerLayer::backward (MLP, then attention) with what each has allocated and
-// already freed.
+// phases of TransformerLayer::backward (MLP or MoE, then attention) with what each has allocated
+// and already freed.
 int64_t layer_backward_transient(const Geometry& g, const LayerSaved& s) {
   const int64_t Rh = g.R * g.h, Nh = g.N * g.h, gather = g.sp ? Nh : 0;
-  const int64_t da = g.N * g.F / g.T, dh = g.gated ? s.h1 : 0;
-  const int64_t in_fc2 = Rh /*dy*/ + Rh /*dmo*/ + da + dh + gather;
-  const int64_t in_fc1 = in_fc2 + Nh - (s.h1 + s.a1);
+  int64_t ffn = 0;
+  if (!s.moe) {
+    const int64_t da = g.N * g.F / g.T, dh = g.gated ? s.h1 : 0;
+    const int64_t in_fc2 = Rh /*dy*/ + Rh /*dmo*/ + da + dh + gather;
+    const int64_t in_fc1 = in_fc2 + Nh - (s.h1 + s.a1);
+    ffn = std::max(in_fc2, in_fc1);
+  } else {
+    // MoELayer::backward: dy, dmo, the plan's index and probabilities; the shared expert's
+    // backward (its fc2 input gradient and SwiGLU gradient, then dx) or zeros for dx; the
+    // combine's row gradients [M, h] kept to the end; the experts' input gradients [M, h] while
+    // the first expert (M / E rows) runs its backward.
+    const int64_t base = 2 * Rh + 2 * g.M;
+    const int64_t shared_da = g.N * g.Fs / g.T * (g.gated ? 3 : 1);
+    const int64_t in_shared = g.Fs > 0 ? base + shared_da + std::max<int64_t>(0, Nh - s.shared)
+                                       : base + Nh;
+    const int64_t after_shared = base + Nh - s.shared;
+    const int64_t in_combine = after_shared + 2 * g.M * g.h + 2 * g.M;
+    const int64_t ne = (g.M + g.E - 1) / g.E;
+    const int64_t expert_da = ne * g.Fe / g.T * (g.gated ? 3 : 1);
+    const int64_t expert =
+        expert_da + std::max<int64_t>(0, ne * g.h - ne * g.Fe * (g.up() + 1) / g.T);
+    const int64_t in_experts = after_shared + 2 * g.M * g.h + expert;
+    ffn = std::max({in_shared, in_combine, in_experts});
+  }
   const int64_t mlp_freed = s.mlp - Rh;  // x2 stays with the layer until its end
   const int64_t dc = s.ctx, dqkv = s.qkv;
   const int64_t in_attention = 4 * Rh /*dy dmo dm dx2*/ + dc + dqkv + gather - mlp_freed;
   const int64_t in_qkv = in_attention + Nh - (s.qkv + s.lse + s.probs + s.ctx);
-  return std::max({in_fc2, in_fc1, in_attention, in_qkv});
+  return std::max({ffn, in_attention, in_qkv});
 }
 
 struct ChunkPlan {
@@ -120,7 +187,9 @@ ChunkPlan plan_chunk(const PlanInput& in, const Geometry& g, int pp_rank, int ch
   c.pre = L.has_embedding(pp_rank, chunk);
   c.post = L.has_output(pp_rank, chunk);
   c.layers = L.layers_per_chunk();
-  const LayerSaved s = layer_saved(g);
+  std::vector<LayerSaved> layer;  // the chunk's layers, dense or MoE (--moe-layer-freq)
+  for (int i = 0; i < c.layers; ++i)
+    layer.push_back(layer_saved(g, m.is_moe_layer(L.first_layer(pp_rank, chunk) + i)));
   const int64_t Rh = g.R * g.h;
   // Full recomputation: blocks of k layers (uniform) or the first k layers (block) keep only
   // their input.
@@ -130,31 +199,46 @@ ChunkPlan plan_chunk(const PlanInput& in, const Geometry& g, int pp_rank, int ch
     const int blocks = (c.layers + k - 1) / k;
     saved = int64_t(blocks) * Rh;
     for (int b = 0; b < blocks; ++b) {  // backward of block b: inputs 0..b-1 and b's layers
-      const int n = std::min(c.layers, (b + 1) * k) - b * k;
-      recompute_live = std::max(recompute_live, int64_t(b) * Rh + n * s.total());
+      int64_t block = 0;
+      for (int i = b * k; i < std::min(c.layers, (b + 1) * k); ++i) block += layer[size_t(i)].total();
+      recompute_live = std::max(recompute_live, int64_t(b) * Rh + block);
     }
   } else if (m.full_recompute()) {
     const int nrec = std::min(k, c.layers);
-    saved = int64_t(nrec) * Rh + int64_t(c.layers - nrec) * s.total();
-    if (nrec > 0) recompute_live = int64_t(nrec - 1) * Rh + s.total();
+    saved = int64_t(nrec) * Rh;
+    for (int i = nrec; i < c.layers; ++i) saved += layer[size_t(i)].total();
+    for (int i = 0; i < nrec; ++i)  // backward of layer i: inputs 0..i-1 and its own
+      recompute_live = std::max(recompute_live, int64_t(i) * Rh + layer[size_t(i)].total());
   } else {
-    saved = int64_t(c.layers) * s.total();
+    for (const LayerSaved& s : layer) saved += s.total();
   }
   c.act.layers = 4.0 * double(saved);
-  if (4.0 * double(s.probs) >= kMmapThreshold && !m.full_recompute())
-    c.mapped_saved = 4.0 * double(s.probs) * double(c.layers);
+  for (const LayerSaved& s : layer)
+    if (4.0 * double(s.probs) >= kMmapThreshold && !m.full_recompute())
+      c.mapped_saved += 4.0 * double(s.probs);
   c.act.embedding = c.pre ? 4.0 * double(g.N * (g.learned_pos ? 2 : 1)) : 0;
   c.act.output_grad = c.post ? 4.0 * double(Rh) : 0;
   c.recompute_live = 4.0 * double(recompute_live);
   c.act.recompute_live = c.recompute_live;
   // End of the forward: the last layer's attention and MLP outputs, or the loss head (final norm
   // output, gathered input under SP, per-token losses, input gradient, vocabulary-parallel cross
-  // entropy's softmax of a logits chunk under TP).
+  // entropy's softmax of a logits chunk under TP); or earlier, inside an MoE layer, less what
+  // the layers after it save.
   const int64_t head_rows = std::min(g.N, kHeadRows);
   const int64_t head = Rh + (g.sp ? g.N * g.h : 0) + g.N + g.N * g.h + Rh +
                        (g.T > 1 ? 2 * head_rows * (g.V / g.T) : 0);
-  c.forward_extra = 4.0 * double(c.post ? head : 2 * Rh);
-  const int64_t bwd = layer_backward_transient(g, s);
+  int64_t forward = c.post ? head : 2 * Rh;
+  // The backward's largest transient: the layers run last to first, each beyond what the layers
+  // before it still hold (all of a recomputed block's layers are held again).
+  int64_t bwd = 0, after = 0;
+  const bool full = m.recompute_granularity == "full";
+  for (int i = c.layers - 1; i >= 0; --i) {
+    const LayerSaved& s = layer[size_t(i)];
+    if (s.moe && !full) forward = std::max(forward, moe_forward_transient(g, s) - after);
+    bwd = std::max(bwd, layer_backward_transient(g, s) - (full ? 0 : after));
+    after += s.total();
+  }
+  c.forward_extra = 4.0 * double(forward);
   c.backward_extra = 4.0 * double(bwd) + (recompute_live > 0 ? c.recompute_live : 0);
   return c;
 }
@@ -211,7 +295,12 @@ std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, in
     add(g.V / T * h, true, true);
     if (g.learned_pos) add(int64_t(m.max_position_embeddings) * h, false);
   }
-  const int64_t fc1_rows = g.F * (g.gated ? 2 : 1) / T;
+  auto mlp = [&](int64_t F) {  // linear_fc1 ([gate | up] when gated) and linear_fc2
+    add(F * g.up() / T * h, true, true);
+    if (m.add_bias_linear) add(F * g.up() / T, true);
+    add(h * (F / T), true, true);
+    if (m.add_bias_linear) add(h, false);
+  };
   for (int i = 0; i < L.layers_per_chunk(); ++i) {
     norm(h);
     add(g.qkv_width() * h, true, true);
@@ -223,10 +312,15 @@ std::vector<int64_t> chunk_parameter_numels(const PlanInput& in, int pp_rank, in
     add(h * g.ctx_width(), true, true);
     if (m.add_bias_linear) add(h, false);
     norm(h);
-    add(fc1_rows * h, true, true);
-    if (m.add_bias_linear) add(fc1_rows, true);
-    add(h * (g.F / T), true, true);
-    if (m.add_bias_linear) add(h, false);
+    if (m.is_moe_layer(L.first_layer(pp_rank, chunk) + i)) {
+      // The router's gate [E, h] (whole on every rank, read through its fp32 copy), each
+      // expert's MLP, the shared expert's.
+      add(g.E * h, false);
+      for (int64_t e = 0; e < g.E; ++e) mlp(g.Fe);
+      if (g.Fs > 0) mlp(g.Fs);
+    } else {
+      mlp(g.F);
+    }
   }
   if (post) {
     norm(h);

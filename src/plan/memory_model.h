@@ -3,8 +3,9 @@
 //  - parameters: each chunk's weights with the shapes and shards the model creates them with
 //    (embedding, per layer the norms, linear_qkv, optional q/k norms, linear_proj, linear_fc1,
 //    linear_fc2 with the biases the configuration has, final norm, output layer or the last
-//    stage's copy of a tied table), in the parameter dtype, plus their fp32 working copies under
-//    --bf16 / --fp16;
+//    stage's copy of a tied table; in a mixture-of-experts layer the router's gate, every
+//    expert's MLP and the shared expert's, tensor-parallel as the dense MLP), in the parameter
+//    dtype, plus their fp32 working copies under --bf16 / --fp16;
 //  - gradients: fp32, in the data-parallel buffer's padded layout when there is one
 //    (optim/grad_buffer.h, the same arithmetic);
 //  - optimizer: fp32 main weights (none for an fp32 model's plain optimizer) and one (SGD) or two
@@ -13,10 +14,13 @@
 //  - activations of one micro-batch, from the tensors the layers declare as saved for backward
 //    (model/module.h SavedTensor: layer input and residual, norm statistics, QKV, softmax
 //    log-sum-exp and probabilities unless selective recomputation or the context-parallel ring
-//    drops them, attention context, MLP input, fc1 output and activation; block inputs under full
-//    recomputation; the last chunk's output gradient), times the micro-batches the schedule keeps
-//    in flight (pipeline/schedules.h, walked pass by pass);
-//  - the largest workspace: a layer's backward temporaries (or a recomputed block with them), the
+//    drops them, attention context, MLP input, fc1 output and activation; in an MoE layer the
+//    gate's logits, the N x top-k rows dispatched to the experts (E x capacity when padded), the
+//    experts' fc1 outputs and activations over them, their outputs, and the shared expert's;
+//    block inputs under full recomputation; the last chunk's output gradient), times the
+//    micro-batches the schedule keeps in flight (pipeline/schedules.h, walked pass by pass);
+//  - the largest workspace: a layer's backward temporaries (or a recomputed block with them; an
+//    MoE layer's row gradients and its first expert's), an MoE layer's forward temporaries, the
 //    loss head's logits chunk and output gradients, and the point-to-point buffers;
 //  - the micro-batches' input tensors (tokens, positions, labels, loss mask).
 // The peak of the host allocator is the sum at the schedule's worst pass; the resident set adds

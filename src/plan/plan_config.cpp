@@ -5,6 +5,7 @@
 #include "data/mock_gpt_dataset.h"
 #include "data/tokenizer.h"
 #include "model/layer_spec.h"
+#include "model/moe/moe_pattern.h"
 #include "model/pipeline_layout.h"
 #include "plan/data_memory.h"
 #include "training/batch_size_schedule.h"
@@ -100,6 +101,14 @@ PlanInput make_plan_input(training::TrainingArgs a, int world_size, int64_t voca
   a.model.validate();
   a.model.validate_tensor_parallel(tp);
   a.model.validate_context_parallel(in.layout.cp);
+  // The trainer's limits of the mixture-of-experts layer (cli/moe_flags.cpp), which the layout
+  // search's candidates meet here.
+  if (a.model.num_moe_experts > 0) {
+    MG_REQUIRE(in.layout.pp == 1, "--num-experts with --pipeline-model-parallel-size ",
+               in.layout.pp, ": MoE under pipeline parallelism is not built yet; use 1");
+    MG_REQUIRE(in.layout.cp == 1, "--num-experts with --context-parallel-size ", in.layout.cp,
+               ": MoE under context parallelism is not built yet; use 1");
+  }
   a.model.params_dtype = a.bf16 ? DType::BF16 : (a.fp16 ? DType::F16 : DType::F32);
   if (model::activation_kind(a.model.activation).gated && a.model.ffn_hidden_size == 0) {
     const int64_t megatron_ffn =
@@ -143,6 +152,13 @@ MegatronMemoryArgs megatron_args_for(const PlanInput& in) {
   r.kv_channels = m.kv_channels > 0 ? m.kv_channels : m.hidden_size / m.num_attention_heads;
   r.swiglu = m.activation == "swiglu";
   r.ffn_hidden_size = in.megatron_ffn_hidden_size.value_or(m.ffn());
+  if (m.num_moe_experts > 0) {  // Megatron: --num-experts 0 is None
+    r.num_experts = m.num_moe_experts;
+    r.moe_ffn_hidden_size = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : r.ffn_hidden_size;
+    if (m.moe_shared_expert_intermediate_size > 0)
+      r.moe_shared_expert_intermediate_size = m.moe_shared_expert_intermediate_size;
+    r.moe_layer_pattern = model::moe_layer_pattern(m.moe_layer_freq, m.num_layers);
+  }
   r.group_query_attention = m.num_query_groups > 0;
   r.num_query_groups = m.num_query_groups > 0 ? m.num_query_groups : 1;
   r.normalization = m.normalization;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/moe/moe_pattern.h"
 
 namespace megatron::plan {
 
@@ -145,6 +146,16 @@ std::string plan_text(const PlanResult& r, size_t search_rows) {
              " (int(8h/3 / 64) x 64), used in its report below; "
              "this build trains with 4 x --hidden-size = ",
              r.input.args.model.ffn(), " (give --ffn-hidden-size to have both the same)\n");
+  if (const model::TransformerConfig& m = r.input.args.model; m.num_moe_experts > 0) {
+    int moe_layers = 0;
+    for (int v : model::moe_layer_pattern(m.moe_layer_freq, m.num_layers)) moe_layers += v;
+    s += str("mixture of experts: ", moe_layers, " of ", m.num_layers, " layers with ",
+             m.num_moe_experts, " experts of width ", m.moe_ffn(), ", top-", m.moe_router_topk,
+             m.moe_shared_expert_intermediate_size > 0
+                 ? str(", a shared expert of width ", m.moe_shared_expert_intermediate_size)
+                 : std::string(),
+             "; every expert on every rank (expert-parallel size 1)\n");
+  }
   s += "\nMegatron-LM's theoretical memory report "
        "(megatron/training/theoretical_memory_usage.py):\n";
   for (const std::string& line : r.megatron.lines) s += line + "\n";

@@ -36,8 +36,17 @@ StepTime estimate_step_time(const PlanInput& in, const DeviceSpec& dev) {
   const double T = l.tp, C = l.cp, P = l.pp, VP = l.vp, M = double(in.num_microbatches);
   const double b = double(a.micro_batch_size);
   const double tokens = b * s;  // one micro-batch, whole sequence
-  // Model FLOPs per token (forward + backward = 3 x forward), Megatron's terms.
-  const double mlp = 6.0 * h * F * (gated ? 3.0 : 2.0);
+  // The FFN width a token passes through, averaged over the layers: F in a dense layer, in an
+  // MoE layer its top-k experts' widths and the shared expert's (the trainer's FLOPs count).
+  const training::FlopsModel fm = training::flops_model(m);
+  const double moe_share = double(fm.num_moe_layers) / double(m.num_layers);
+  const double F_active =
+      F * (1.0 - moe_share) + moe_share * double(fm.moe_ffn_hidden_size * fm.moe_router_topk +
+                                                 fm.moe_shared_expert_intermediate_size);
+  // Model FLOPs per token (forward + backward = 3 x forward), Megatron's terms, and the MoE
+  // router's gate (which Megatron's count leaves out).
+  const double mlp =
+      6.0 * h * F_active * (gated ? 3.0 : 2.0) + moe_share * 6.0 * h * m.num_moe_experts;
   const double linear = 6.0 * (h * (q + 2 * kv) + q * h);
   // Megatron's causal attention term (the masked half skipped): 6 q s per token; twice that for
   // bidirectional attention.
@@ -51,14 +60,19 @@ StepTime estimate_step_time(const PlanInput& in, const DeviceSpec& dev) {
   // residuals over h (sharded by TP only under SP), the activation over F, the softmax over the
   // keys of every local head.
   const double h_share = (m.sequence_parallel && T > 1) ? T : 1.0;
-  const double elementwise = 3.0 * (48.0 * h / h_share + 12.0 * F * (gated ? 2.0 : 1.0) / T) +
-                             6.0 * 4.0 * (n / T) * s * (m.causal() ? 0.5 : 1.0);
+  // An MoE layer also moves its top-k rows per token: dispatch, the weighted combine and their
+  // backward (about ten passes over [top-k, h] fp32).
+  const double elementwise =
+      3.0 * (48.0 * h / h_share + 12.0 * F_active * (gated ? 2.0 : 1.0) / T) +
+      6.0 * 4.0 * (n / T) * s * (m.causal() ? 0.5 : 1.0) +
+      moe_share * 40.0 * double(fm.moe_router_topk) * h;
   const double mb_tokens = tokens / C;  // this rank's tokens of one micro-batch
   // The products' rate at this layout's sizes: the geometric mean of a layer's four products
-  // (QKV, projection, fc1, fc2) of this rank's rows and widths.
+  // (QKV, projection, fc1, fc2) of this rank's rows and widths (the active FFN width).
   const double per_product =
       2.0 * mb_tokens * h *
-      std::pow((q + 2 * kv) / T * (q / T) * (F * (gated ? 2 : 1) / T) * (F / T), 0.25);
+      std::pow((q + 2 * kv) / T * (q / T) * (F_active * (gated ? 2 : 1) / T) * (F_active / T),
+               0.25);
   const double rate = dev.achieved_flops(per_product), bw = dev.memory_bandwidth;
   auto stage_time = [&](bool first, bool last) {
     double flops = mb_tokens * layers_per_stage * per_layer / T;
@@ -100,9 +114,6 @@ StepTime estimate_step_time(const PlanInput& in, const DeviceSpec& dev) {
   st.optimizer = (36.0 + value_bytes) * opt_params / bw + 12.0 * params / bw;
   st.total =
       st.compute + st.bubble + st.tp_comm + st.cp_comm + st.pp_comm + st.dp_comm + st.optimizer;
-  training::FlopsModel fm{m.num_layers,  m.hidden_size,       m.num_attention_heads,
-                          m.kv_channels, m.num_query_groups,  m.ffn(),
-                          m.seq_length,  m.padded_vocab_size, gated};
   st.model_flops = training::flops_per_iteration(fm, in.global_batch_size);
   st.tokens_per_second = double(in.global_batch_size) * s / st.total;
   st.tflops_per_device = st.model_flops / st.total / double(l.world()) / 1e12;

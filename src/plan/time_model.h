@@ -1,6 +1,7 @@
 // The step time of a layout on a device, estimated from first principles: each pipeline stage's
 // model FLOPs (Megatron's formula, training/metrics.h, split by stage: the output layer on the
-// last, recomputation's extra forward where asked) at the device's attainable rate, the
+// last, recomputation's extra forward where asked; an MoE layer's active experts only, plus its
+// router) at the device's attainable rate, the
 // element-wise traffic of norms, residuals, dropouts and softmax at its memory bandwidth, the
 // pipeline's fill and drain ((PP - 1) / VP stage passes), the tensor-parallel collectives of
 // every layer (all-reduce, or reduce-scatter and all-gather under sequence parallelism, plus the

@@ -8,6 +8,8 @@
 #include <ctime>
 
 #include "core/error.h"
+#include "model/layer_spec.h"
+#include "model/moe/moe_pattern.h"
 
 namespace megatron::training {
 
@@ -27,6 +29,19 @@ double flops_per_iteration(const FlopsModel& m, int64_t global_batch_size) {
                                                  double(m.moe_shared_expert_intermediate_size));
   return B * s * (6 * h * widths * f_exp + 6 * L * (h * (q + 2 * kv) + q * h) + 6 * h * V) +
          B * s * s * 6 * q * L;
+}
+
+FlopsModel flops_model(const model::TransformerConfig& c) {
+  int64_t moe_layers = 0;
+  if (c.num_moe_experts > 0)
+    for (int v : model::moe_layer_pattern(c.moe_layer_freq, c.num_layers)) moe_layers += v;
+  return {c.num_layers,          c.hidden_size,
+          c.num_attention_heads, c.kv_channels,
+          c.num_query_groups,    c.ffn(),
+          c.seq_length,          c.padded_vocab_size,
+          model::activation_kind(c.activation).gated,
+          moe_layers,            c.moe_ffn(),
+          c.moe_router_topk,     c.moe_shared_expert_intermediate_size};
 }
 
 namespace {

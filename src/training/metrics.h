@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/model_chunk.h"
+#include "model/transformer_config.h"
 
 namespace megatron::training {
 
@@ -22,6 +23,8 @@ struct FlopsModel {
   int64_t moe_shared_expert_intermediate_size = 0;
 };
 double flops_per_iteration(const FlopsModel& m, int64_t global_batch_size);
+// The FlopsModel of a model's configuration (its MoE layers from --moe-layer-freq).
+FlopsModel flops_model(const model::TransformerConfig& c);
 
 struct IntervalStats {
   int64_t iteration = 0, train_iters = 0, consumed_samples = 0;

@@ -7,19 +7,10 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "model/layer_spec.h"
-#include "model/moe/moe_pattern.h"
 
 namespace megatron::training {
 
 namespace {
-
-int64_t moe_layer_count(const model::TransformerConfig& c) {
-  if (c.num_moe_experts == 0) return 0;
-  int64_t n = 0;
-  for (int v : model::moe_layer_pattern(c.moe_layer_freq, c.num_layers)) n += v;
-  return n;
-}
 
 TensorBoardOptions tensorboard_options(const TrainingArgs& a, bool log_rank) {
   TensorBoardOptions o = a.tensorboard;
@@ -37,11 +28,7 @@ MetricsWriter::MetricsWriter(const TrainingArgs& a, int64_t train_iters, bool lo
       log_rank_(log_rank),
       world_size_(world_size),
       comm_(std::move(comm)),
-      flops_{a.model.num_layers, a.model.hidden_size, a.model.num_attention_heads,
-             a.model.kv_channels, a.model.num_query_groups, a.model.ffn(), a.model.seq_length,
-             a.model.padded_vocab_size, model::activation_kind(a.model.activation).gated,
-             moe_layer_count(a.model), a.model.moe_ffn(), a.model.moe_router_topk,
-             a.model.moe_shared_expert_intermediate_size},
+      flops_(flops_model(a.model)),
       tensorboard_(tensorboard_options(a, log_rank)),
       comm0_(comm_->seconds),
       loss_names_(std::move(loss_names)),

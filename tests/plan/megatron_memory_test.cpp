@@ -2,8 +2,9 @@
 // transcription of megatron/training/theoretical_memory_usage.py and the argument processing that
 // feeds it (tests/reference/theoretical_memory_usage.py): for a grid of command lines (GPT-2,
 // Llama with GQA and SwiGLU, MQA, TP/PP/VPP/CP/DP, sequence parallelism, selective and full
-// recomputation, with and without the distributed optimizer) the byte counts are the same doubles
-// and the printed lines the same text.
+// recomputation, with and without the distributed optimizer; mixture of experts with top-1 and
+// top-2 routing, a shared expert, --moe-layer-freq as an integer and as a list pattern, SwiGLU
+// experts) the byte counts are the same doubles and the printed lines the same text.
 #include "plan/megatron_memory.h"
 
 #include <gtest/gtest.h>
@@ -99,6 +100,37 @@ const std::vector<PlanRun>& grid() {
        "--micro-batch-size 2 --global-batch-size 8 --untie-embeddings-and-output-weights "
        "--tensor-model-parallel-size 4",
        4, 50257},
+      // Mixture of experts. Top-1 over 8 experts of their own width, TP 2 x DP 2, distributed
+      // optimizer.
+      {"--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 512 "
+       "--micro-batch-size 2 --global-batch-size 8 --disable-bias-linear --num-experts 8 "
+       "--moe-router-topk 1 --moe-ffn-hidden-size 1024 --tensor-model-parallel-size 2 "
+       "--use-distributed-optimizer",
+       4, 50257},
+      // Top-2 SwiGLU experts with a shared expert, a dense first layer in every three
+      // (--moe-layer-freq as a list pattern), GQA, selective recomputation, TP 4.
+      {"--num-layers 6 --hidden-size 1024 --num-attention-heads 16 --group-query-attention "
+       "--num-query-groups 4 --swiglu --normalization RMSNorm --untie-embeddings-and-output-weights "
+       "--position-embedding-type rope --disable-bias-linear --bf16 --num-experts 16 "
+       "--moe-router-topk 2 --moe-ffn-hidden-size 704 --moe-shared-expert-intermediate-size 1408 "
+       "--moe-layer-freq '([0]+[1]*2)*2' --seq-length 1024 --micro-batch-size 1 "
+       "--global-batch-size 8 --tensor-model-parallel-size 4 --recompute-activations",
+       8, 32000},
+      // SwiGLU experts of the default width (Megatron's FFN width, int(8h/3 / 64) * 64), every
+      // other layer MoE (--moe-layer-freq 2), DP 2.
+      {"--num-layers 8 --hidden-size 1000 --num-attention-heads 8 --swiglu --normalization RMSNorm "
+       "--disable-bias-linear --num-experts 4 --moe-layer-freq 2 --seq-length 256 "
+       "--micro-batch-size 2",
+       2, 32000},
+      // Mixtral 8x7B's shape: top-2 of 8 SwiGLU experts, TP 8 x DP 8, full recomputation.
+      {"--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention "
+       "--num-query-groups 8 --ffn-hidden-size 14336 --swiglu --normalization RMSNorm "
+       "--untie-embeddings-and-output-weights --position-embedding-type rope --disable-bias-linear "
+       "--bf16 --num-experts 8 --moe-router-topk 2 --moe-aux-loss-coeff 0.02 --seq-length 4096 "
+       "--micro-batch-size 1 --global-batch-size 64 --tensor-model-parallel-size 8 "
+       "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
+       "--use-distributed-optimizer",
+       64, 32000},
   };
   return runs;
 }
@@ -114,7 +146,8 @@ nlohmann::json python_flags(const std::string& flags) {
     for (char& c : key)
       if (c == '-') c = '_';
     if (i + 1 < toks.size() && toks[i + 1].rfind("--", 0) != 0) {
-      const std::string& v = toks[++i];
+      std::string v = toks[++i];
+      if (v.size() >= 2 && v.front() == '\'' && v.back() == '\'') v = v.substr(1, v.size() - 2);
       const bool number = v.find_first_not_of("0123456789") == std::string::npos;
       j[key] = number ? nlohmann::json(std::stoll(v)) : nlohmann::json(v);
     } else {
@@ -173,8 +206,8 @@ TEST(PlanMegatronMemory, PrintsMegatronsLines) {
       << c.output;  // Python's "{: .2f}" keeps a space for the sign
 }
 
-// A worked example by hand: GPT-2 small (h 768, 12 layers, V 50304), one rank.
-TEST(PlanMegatronMemory, WorkedExample) {
+// GPT-2 small (h 768, 12 layers, V 50304) on one rank, sequence 1024, micro-batch 4.
+plan::MegatronMemoryArgs gpt2_small() {
   plan::MegatronMemoryArgs a;
   a.num_layers = 12;
   a.hidden_size = 768;
@@ -184,6 +217,12 @@ TEST(PlanMegatronMemory, WorkedExample) {
   a.padded_vocab_size = 50304;
   a.seq_length = 1024;
   a.micro_batch_size = 4;
+  return a;
+}
+
+// A worked example by hand: GPT-2 small, one rank.
+TEST(PlanMegatronMemory, WorkedExample) {
+  plan::MegatronMemoryArgs a = gpt2_small();
   const plan::MegatronMemoryReport r = plan::megatron_theoretical_memory(a, 8);
   // Per layer 2h(F + 2) + 2h^2 (1 + 1) = 7,080,960; block 12 x that + 2h = 84,973,056;
   // embedding 38,633,472; 18 bytes each.
@@ -196,6 +235,31 @@ TEST(PlanMegatronMemory, WorkedExample) {
       ((sbh * 34 * 12 + 8 * 1024 * 4 + sbh) + (1024.0 * 4 * 50304 + sbh) * 2) * 1.05;
   EXPECT_DOUBLE_EQ(r.activation_bytes, expected);
   EXPECT_FALSE(r.in_flight_microbatches.has_value());
+}
+
+// A worked example with experts by hand: the same model with every other layer an MoE layer of
+// 8 experts of width 1024 and a shared expert of 512, on TP 2 with the distributed optimizer
+// over DP 4. The activations do not change (Megatron's formulas leave the experts out).
+TEST(PlanMegatronMemory, WorkedExampleWithExperts) {
+  plan::MegatronMemoryArgs a = gpt2_small();
+  const double dense_activations = plan::megatron_theoretical_memory(a, 8).activation_bytes;
+  a.num_experts = 8;
+  a.moe_ffn_hidden_size = 1024;
+  a.moe_shared_expert_intermediate_size = 512;
+  a.moe_layer_pattern = {1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0};
+  const plan::MegatronMemoryReport r = plan::megatron_theoretical_memory(a, 8);
+  // Dense layer 7,080,960 as above; MoE layer 2h(8 x 1024 + 512 + 2) + 2h^2 (1 + 1) =
+  // 2 x 768 x 8706 + 2,359,296 = 15,731,712; 6 of each plus the final norm (1536).
+  const double block = 6 * 7080960.0 + 6 * 15731712.0 + 1536;
+  EXPECT_EQ(r.transformer_block_parameters, block);
+  EXPECT_EQ(r.most_loaded_shard_parameters, block + 38633472.0);
+  a.tensor_model_parallel_size = 2;
+  a.use_distributed_optimizer = true;
+  a.data_parallel_size = 4;
+  const plan::MegatronMemoryReport sharded = plan::megatron_theoretical_memory(a, 8);
+  EXPECT_EQ(sharded.most_loaded_shard_parameters, (block + 38633472.0) / 2);
+  EXPECT_EQ(sharded.bytes_per_parameter, 6 + 12.0 / 4);
+  EXPECT_EQ(r.activation_bytes, dense_activations);
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 //  - one micro-batch's saved activations are exactly what the layers' SavedTensor declarations
 //    hold after a real forward (model::LanguageModule::activation_bytes), for LayerNorm/GeLU and
 //    RMSNorm/SwiGLU/GQA models, q/k norms, TP with and without sequence parallelism, CP over the
-//    ring and the all-gather, selective and full (uniform and block) recomputation;
+//    ring and the all-gather, selective and full (uniform and block) recomputation, and
+//    mixture-of-experts layers (top-1 and top-2, a shared expert, a layer pattern, a capacity
+//    padded to, under TP, DP with the distributed optimizer and full recomputation);
 //  - the micro-batches in flight are what the pipeline schedules keep (1F1B, interleaved);
 //  - the predicted peak of the host allocator is within 10% of the measured one over a few
 //    training steps of single-rank and 4-rank layouts (every pipeline stage).
@@ -109,6 +111,37 @@ std::vector<Case> cases() {
     a.parallel.use_distributed_optimizer = true;
     a.bf16 = true;
   });
+  // Mixture of experts (the experts have no biases).
+  add("moe_top2", gpt, 1, [](auto& a) {
+    a.model.add_bias_linear = false;
+    a.model.num_moe_experts = 4;
+    a.model.moe_router_topk = 2;
+  });
+  add("moe_shared_pattern_tp2", ll, 2, [](auto& a) {
+    a.parallel.tensor_model_parallel_size = 2;
+    a.model.num_moe_experts = 4;
+    a.model.moe_router_topk = 2;
+    a.model.moe_ffn_hidden_size = 64;
+    a.model.moe_shared_expert_intermediate_size = 32;
+    a.model.moe_layer_freq = "[1,0,1,1]";
+  });
+  add("moe_capacity_padded_dp2_distopt_bf16", gpt, 2, [](auto& a) {
+    a.model.add_bias_linear = false;
+    a.model.num_moe_experts = 4;
+    a.model.moe_router_topk = 1;
+    a.model.moe_expert_capacity_factor = 0.5f;
+    a.model.moe_pad_expert_input_to_capacity = true;
+    a.parallel.use_distributed_optimizer = true;
+    a.bf16 = true;
+  });
+  add("moe_full_recompute", ll, 1, [](auto& a) {
+    a.model.num_moe_experts = 4;
+    a.model.moe_router_topk = 2;
+    a.model.moe_layer_freq = "2";
+    a.model.recompute_granularity = "full";
+    a.model.recompute_method = "uniform";
+    a.model.recompute_num_layers = 2;
+  });
   add("tp2_pp2_distopt_dp", gpt, 8, [](auto& a) {
     a.parallel.tensor_model_parallel_size = 2;
     a.parallel.pipeline_model_parallel_size = 2;
@@ -184,8 +217,17 @@ TEST(PlanMemoryModel, PeakOfTheHostAllocatorWithinTenPercentOfSteps) {
   omp_set_num_threads(1);
   // One case of each kind of layout and memory saving (the others differ only in shapes, which
   // the test above holds exactly).
-  const std::set<std::string> kinds = {"llama", "selective", "full_uniform_2", "tp2_sp", "cp2_ring",
-                                       "pp2_vp2_tp2_sp", "dp2_distopt_bf16", "tp2_pp2_distopt_dp"};
+  const std::set<std::string> kinds = {"llama",
+                                       "selective",
+                                       "full_uniform_2",
+                                       "tp2_sp",
+                                       "cp2_ring",
+                                       "pp2_vp2_tp2_sp",
+                                       "dp2_distopt_bf16",
+                                       "tp2_pp2_distopt_dp",
+                                       "moe_top2",
+                                       "moe_shared_pattern_tp2",
+                                       "moe_capacity_padded_dp2_distopt_bf16"};
   for (const Case& c : cases()) {
     if (!kinds.count(c.name)) continue;
     SCOPED_TRACE(c.name);

@@ -3,7 +3,8 @@
 // line, "max allocated" and "max reserved") within 10% of the predicted ones (below), for
 // single-rank runs (an fp32 GPT whose weights dominate; a bf16 Llama-style model whose attention
 // probabilities dominate) and 4-rank runs (TP 2 x PP 2 with sequence parallelism; DP 2 x CP 2
-// with the distributed optimizer in bf16).
+// with the distributed optimizer in bf16), and mixture-of-experts runs (one rank in fp32 and in
+// bf16 with a shared expert; TP 2 x DP 2 with the distributed optimizer).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -93,6 +94,30 @@ TEST(PlanRealRuns, PeaksWithinTenPercentOnOneRank) {
       "--untie-embeddings-and-output-weights --disable-bias-linear --ffn-hidden-size 512 --bf16 "
       "--seq-length 1024 --micro-batch-size 1 --global-batch-size 1",
       1, 1);
+}
+
+TEST(PlanRealRuns, MixtureOfExpertsPeaksWithinTenPercent) {
+  // fp32, top-2 of 4 experts over 64 tokens: the experts' weights and Adam state dominate.
+  expect_peaks(
+      "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 "
+      "--micro-batch-size 1 --global-batch-size 2 --num-experts 4 --moe-router-topk 2 "
+      "--disable-bias-linear",
+      1, 1);
+  // bf16 SwiGLU experts with a shared expert over 1024 tokens: the rows dispatched to the experts
+  // and their intermediates weigh as much as the attention probabilities.
+  expect_peaks(
+      "--num-layers 2 --hidden-size 256 --num-attention-heads 8 --swiglu --normalization RMSNorm "
+      "--position-embedding-type rope --disable-bias-linear --bf16 --seq-length 1024 "
+      "--micro-batch-size 1 --global-batch-size 1 --num-experts 4 --moe-router-topk 2 "
+      "--moe-ffn-hidden-size 512 --moe-shared-expert-intermediate-size 256",
+      1, 1);
+  // TP 2 x DP 2 with the distributed optimizer: the experts sharded as the dense MLP is.
+  expect_peaks(
+      "--num-layers 2 --hidden-size 256 --num-attention-heads 8 --seq-length 512 "
+      "--micro-batch-size 1 --global-batch-size 2 --num-experts 4 --moe-router-topk 2 "
+      "--moe-ffn-hidden-size 512 --disable-bias-linear --tensor-model-parallel-size 2 "
+      "--use-distributed-optimizer",
+      4, 4);
 }
 
 TEST(PlanRealRuns, PeaksWithinTenPercentOnFourRanks) {

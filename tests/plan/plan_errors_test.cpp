@@ -1,7 +1,7 @@
 // `megatron plan` refuses what the trainer refuses, naming the flag, and its own flags' mistakes:
 // a world the layout does not divide, a batch the world does not divide, mock data with too small
-// a vocabulary, flags the trainer does not take (mixture of experts), an unknown device, a search
-// without a device, too few measured steps.
+// a vocabulary, mixture-of-experts settings the trainer refuses, expert parallelism (which the
+// plan does not model), an unknown device, a search without a device, too few measured steps.
 #include <gtest/gtest.h>
 
 #include "test_util.h"
@@ -31,6 +31,17 @@ TEST(PlanErrors, NamesTheFlag) {
                "--pipeline-model-parallel-size");
   expect_error("--vocab-size 1000", "--mock-data: Megatron's mock documents hold token ids up to 4094");
   expect_error("--num-experts 8", "--num-experts");
+  // Expert parallelism is not in the plan's model, whatever the trainer takes; MoE layouts the
+  // trainer refuses are refused too.
+  expect_error("--num-experts 4 --disable-bias-linear --expert-model-parallel-size 2 "
+               "--world-size 2",
+               "plan: --expert-model-parallel-size 2: the plan does not model expert parallelism");
+  expect_error("--num-experts 4 --disable-bias-linear --tensor-model-parallel-size 2 "
+               "--expert-tensor-parallel-size 1 --world-size 2",
+               "plan: --expert-tensor-parallel-size 1 differs from --tensor-model-parallel-size 2");
+  expect_error("--num-experts 4 --disable-bias-linear --pipeline-model-parallel-size 2 "
+               "--world-size 2",
+               "--num-experts with --pipeline-model-parallel-size 2");
   expect_error("--device tpu", "--device");
   expect_error("--search", "--search needs a device");
   expect_error("--measure --measure-iters 1", "--measure-iters must be >= 2");

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 
 #include "test_util.h"
 
@@ -122,6 +123,47 @@ TEST(PlanSearch, TableListsTheFittingLayoutsAndNamesWhatItNeeds) {
       run_cli(std::string("plan") + kModel + " --micro-batch-size 1 --train-iters 5 --search 2>&1");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("--search needs a device"), std::string::npos) << bad.output;
+}
+
+// With mixture-of-experts layers the search keeps to the layouts the trainer takes for them (no
+// pipeline, context or sequence parallelism; expert-parallel size 1), and the step time counts
+// the FLOPs of the experts a token is routed to: Megatron's formula, worked by hand.
+TEST(PlanSearch, MixtureOfExpertsLayoutsAndActiveExpertFlops) {
+  CommandResult p = run_cli(
+      "plan --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 "
+      "--max-position-embeddings 64 --micro-batch-size 1 --global-batch-size 4 --lr 1e-4 "
+      "--mock-data --tokenizer-type NullTokenizer --vocab-size 4100 --train-iters 3 "
+      "--num-experts 4 --moe-router-topk 2 --disable-bias-linear --world-size 4 --search "
+      "--device h100 --json 2>&1");
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  const nlohmann::json plan = nlohmann::json::parse(p.output.substr(p.output.find('{')));
+  const nlohmann::json& search = plan["search"];
+  ASSERT_FALSE(search.empty());
+  std::set<int> tps;
+  for (const nlohmann::json& c : search) {
+    EXPECT_EQ(c["pipeline_model_parallel_size"].get<int>(), 1) << c.dump();
+    EXPECT_EQ(c["context_parallel_size"].get<int>(), 1) << c.dump();
+    EXPECT_FALSE(c["sequence_parallel"].get<bool>()) << c.dump();
+    tps.insert(c["tensor_model_parallel_size"].get<int>());
+  }
+  EXPECT_EQ(tps, (std::set<int>{1, 2, 4}));
+  // B s (6 h W 2 + 6 L (h (q + 2 kv) + q h) + 6 h V) + B s^2 6 q L with the MLP widths
+  // W = 2 MoE layers x top-2 x 512 (the experts' width, 4h), V = 4224 (4100 padded).
+  const double B = 4, s = 64, h = 128, L = 2, V = 4224, W = 2 * 2 * 512;
+  const double flops = B * s * (6 * h * W * 2 + 6 * L * (h * 3 * h + h * h) + 6 * h * V) +
+                       B * s * s * 6 * h * L;
+  EXPECT_EQ(plan["time"]["model_flops"].get<double>(), flops);
+  // The text names the experts, with --moe-layer-freq as a pattern.
+  CommandResult t = run_cli(
+      "plan --num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 64 "
+      "--micro-batch-size 1 --lr 1e-4 --mock-data --tokenizer-type NullTokenizer --vocab-size 4100 "
+      "--train-iters 3 --num-experts 4 --moe-router-topk 2 --disable-bias-linear "
+      "--moe-shared-expert-intermediate-size 64 --moe-layer-freq '[0,1,1,1]' 2>&1");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("mixture of experts: 3 of 4 layers with 4 experts of width 512, top-2, "
+                          "a shared expert of width 64; every expert on every rank"),
+            std::string::npos)
+      << t.output;
 }
 
 }  // namespace

@@ -6,8 +6,10 @@ compute_activation_memory for sequence parallelism with selective recomputation,
 compute_activation_memory_without_sp otherwise, report_theoretical_memory with verbose output) and
 the argument processing of megatron/training/arguments.py that feeds it (kv_channels, the SwiGLU
 FFN width, query groups, sequence parallelism dropped at TP 1, the virtual pipeline size, the data
-parallel size, the padded vocabulary, micro-batches per iteration). Dense GPT models only: the
-mixture-of-experts, multi-token-prediction and multi-latent-attention terms are zero.
+parallel size, the padded vocabulary, micro-batches per iteration, --num-experts 0 read as None,
+--moe-ffn-hidden-size defaulting to the FFN width, --moe-layer-freq read as moe_freq_type reads
+it). Mixture-of-experts layers count num_experts expert MLPs and the shared expert in place of
+the dense MLP; the multi-token-prediction and multi-latent-attention terms are zero.
 
 Input (stdin): a JSON list of runs, each {"flags": {megatron flag name without dashes, with
 underscores: value}, "world_size": N, "vocab_size": V}. Output (stdout): a JSON list with, per
@@ -21,7 +23,18 @@ import sys
 MIB = 1024 * 1024
 # Flags of the runs that the formula does not read.
 IGNORED = {"recompute_method", "recompute_num_layers", "bf16", "fp16", "position_embedding_type",
-           "disable_bias_linear", "max_position_embeddings", "qk_layernorm", "use_rotary_position_embeddings"}
+           "disable_bias_linear", "max_position_embeddings", "qk_layernorm", "use_rotary_position_embeddings",
+           "moe_router_topk", "moe_aux_loss_coeff", "moe_router_load_balancing_type",
+           "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_z_loss_coeff"}
+
+
+def moe_freq_type(x):
+    """--moe-layer-freq: an int k, the same as a string, or a Python list expression."""
+    if isinstance(x, int):
+        return x
+    if "[" in x:
+        return eval(x, {"__builtins__": {}})
+    return int(x)
 
 
 def megatron_args(flags, world_size, vocab_size):
@@ -34,7 +47,8 @@ def megatron_args(flags, world_size, vocab_size):
         tensor_model_parallel_size=1, pipeline_model_parallel_size=1, context_parallel_size=1,
         num_layers_per_virtual_pipeline_stage=None, use_distributed_optimizer=False,
         sequence_parallel=False, recompute_granularity=None, recompute_activations=False,
-        make_vocab_size_divisible_by=128)
+        make_vocab_size_divisible_by=128, num_experts=None, moe_ffn_hidden_size=None,
+        moe_shared_expert_intermediate_size=None, moe_layer_freq=1)
     for k, v in flags.items():
         if k in IGNORED:
             continue
@@ -46,6 +60,11 @@ def megatron_args(flags, world_size, vocab_size):
         a["kv_channels"] = h // heads
     if a["ffn_hidden_size"] is None:
         a["ffn_hidden_size"] = int((4 * h * 2 / 3) / 64) * 64 if a["swiglu"] else 4 * h
+    if a["num_experts"] == 0:
+        a["num_experts"] = None
+    if a["num_experts"] is not None and a["moe_ffn_hidden_size"] is None:
+        a["moe_ffn_hidden_size"] = a["ffn_hidden_size"]
+    a["moe_layer_freq"] = moe_freq_type(a["moe_layer_freq"])
     if a["recompute_activations"]:
         a["recompute_granularity"] = "selective"
     tp, pp, cp = (a["tensor_model_parallel_size"], a["pipeline_model_parallel_size"],
@@ -72,12 +91,24 @@ def weight_and_optimizer(a, out):
     q_ratio = (a["kv_channels"] * n_heads) / h
     glu = 3 / 2 if a["swiglu"] else 1
     norm = 1 if a["normalization"] == "RMSNorm" else 2
+    experts = a["num_experts"]
+    shared = a["moe_shared_expert_intermediate_size"] or 0
+    if experts is None:
+        pattern, expert_ffn, experts = [0] * a["num_layers"], 0, 1
+    else:
+        freq = a["moe_layer_freq"]
+        pattern = ([1 if i % freq == 0 else 0 for i in range(a["num_layers"])]
+                   if isinstance(freq, int) else freq)
+        assert len(pattern) == a["num_layers"]
+        expert_ffn = a["moe_ffn_hidden_size"]
+    moe_layers = sum(pattern)
+    dense_layers = a["num_layers"] - moe_layers
     attention = 2 * h * h * ((1 + (groups / n_heads)) * q_ratio)
     dense_layer = 2 * h * ((a["ffn_hidden_size"] * glu) + norm) + attention
-    expert_layer = 2 * h * (+(0 * 1 * glu) + (0 * glu) + norm) + attention
+    expert_layer = 2 * h * (+(expert_ffn * experts * glu) + (shared * glu) + norm) + attention
     table = h * a["padded_vocab_size"]
     embeddings = 2 * table if a["untie_embeddings_and_output_weights"] else table
-    block = dense_layer * a["num_layers"] + expert_layer * 0 + norm * h
+    block = dense_layer * dense_layers + expert_layer * moe_layers + norm * h
     mtp = dense_layer * 0 + expert_layer * 0
     total = block + mtp + embeddings
     out.append(f"Number of parameters in transformer block in billions: {block / 10**9: .2f}")
