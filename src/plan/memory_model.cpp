@@ -231,7 +231,7 @@ ChunkPlan plan_chunk(const PlanInput& in, const Geometry& g, int pp_rank, int ch
   // The backward's largest transient: the layers run last to first, each beyond what the layers
   // before it still hold (all of a recomputed block's layers are held again).
   int64_t bwd = 0, after = 0;
-  const bool full = m.recompute_granularity == "full";
+  const bool full = m.full_recompute();
   for (int i = c.layers - 1; i >= 0; --i) {
     const LayerSaved& s = layer[size_t(i)];
     if (s.moe && !full) forward = std::max(forward, moe_forward_transient(g, s) - after);
