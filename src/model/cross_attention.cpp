@@ -33,6 +33,7 @@ CrossAttention::CrossAttention(const std::string& prefix, const TransformerConfi
       head_offset(tp.rank() * (cfg.num_attention_heads / tp.size())),
       total_heads(cfg.num_attention_heads),
       layer(layer_),
+      context_shards(tp.sequence_parallel ? tp.size() : 1),
       attention_dropout(cfg.attention_dropout) {
   MG_REQUIRE(cfg.query_groups() == cfg.num_attention_heads,
              "cross-attention has no grouped-query form (Megatron-Core's CrossAttention): "
@@ -72,7 +73,7 @@ Tensor CrossAttention::forward(const LayerContext& ctx, const Tensor& x) {
   MG_REQUIRE(ctx.inference == nullptr, "cross-attention with a KV cache (generation for "
              "encoder-decoder models) is not implemented");
   MG_CHECK(ctx.context.defined() && ctx.context_seq > 0 &&
-               ctx.context.size(0) == ctx.batch * ctx.context_seq,
+               ctx.context.size(0) * context_shards == ctx.batch * ctx.context_seq,
            "CrossAttention: the layer context has no encoder output for ", ctx.batch,
            " sequences");
   Tensor q = linear_q.forward(ctx, x);
