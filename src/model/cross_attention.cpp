@@ -34,6 +34,7 @@ CrossAttention::CrossAttention(const std::string& prefix, const TransformerConfi
       head_offset(tp.rank() * (cfg.num_attention_heads / tp.size())),
       total_heads(cfg.num_attention_heads),
       layer(layer_),
+      context_shards(tp.sequence_parallel ? tp.size() : 1),
       attention_dropout(cfg.attention_dropout) {
   MG_REQUIRE(cfg.query_groups() == cfg.num_attention_heads,
              "cross-attention has no grouped-query form (Megatron-Core's CrossAttention): "
@@ -102,7 +103,7 @@ Tensor CrossAttention::cached_forward(const LayerContext& ctx, const Tensor& x) 
 Tensor CrossAttention::forward(const LayerContext& ctx, const Tensor& x) {
   if (ctx.inference) return cached_forward(ctx, x);
   MG_CHECK(ctx.context.defined() && ctx.context_seq > 0 &&
-               ctx.context.size(0) == ctx.batch * ctx.context_seq,
+               ctx.context.size(0) * context_shards == ctx.batch * ctx.context_seq,
            "CrossAttention: the layer context has no encoder output for ", ctx.batch,
            " sequences");
   Tensor q = linear_q.forward(ctx, x);

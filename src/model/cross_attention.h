@@ -9,7 +9,9 @@
 // The context and its padding mask come with the LayerContext (context, context_padding); the
 // gradient of the context is ADDED into ctx.context_grad, since every decoder layer reads it.
 // Tensor parallelism: linear_q and linear_kv are column-parallel (this rank's n/T heads),
-// linear_proj row-parallel, as in self-attention.
+// linear_proj row-parallel, as in self-attention. Under sequence parallelism the context is this
+// rank's [Nk/T, h] shard of the encoder's output: linear_kv all-gathers it (and reduce-scatters
+// d(context) back to the shard), as Megatron-Core's column-parallel linear_kv does.
 // Generation (ctx.inference set): the keys and values are the static cross-attention cache
 // (InferenceContext::cross_kv, linear_kv of the encoder output computed once by context_kv);
 // each row's query attends its slot's encoder positions under the slot's padding. Nothing saved.
@@ -40,6 +42,7 @@ class CrossAttention : public Module {
   ColumnParallelLinear linear_q, linear_kv;
   RowParallelLinear linear_proj;
   int heads, head_dim, head_offset, total_heads, layer;
+  int context_shards;  // T under sequence parallelism (the context is a row shard), else 1
   float attention_dropout;
 
  private:

@@ -53,7 +53,8 @@ struct LayerContext {
   // bias), or undefined; backward ADDS the gradient into attention_bias_grad (same shape).
   Tensor attention_bias, attention_bias_grad;
   // Cross-attention's keys and values come from `context` [batch * context_seq, h] (the encoder's
-  // output; whole rows on every tensor-parallel rank), with the key padding context_padding
+  // output; whole rows on every tensor-parallel rank, or this rank's row shard under sequence
+  // parallelism), with the key padding context_padding
   // [batch, context_seq] int32 (0: padding) or undefined; backward ADDS d(context) into
   // context_grad (same shape as context).
   Tensor context, context_grad, context_padding;

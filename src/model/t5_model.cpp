@@ -69,12 +69,22 @@ std::vector<TransformerLayerSpec> encoder_specs(const TransformerConfig& cfg,
   cfg.validate_tensor_parallel(tp.size());
   MG_REQUIRE(place.layout.pipeline_size == 1 && place.layout.num_chunks == 1,
              "--pipeline-model-parallel-size ", place.layout.pipeline_size,
-             ": T5 is not implemented with pipeline parallelism (nor is it in Megatron-Core's "
-             "pretrain_t5.py); use --pipeline-model-parallel-size 1");
-  MG_REQUIRE(cp.size() == 1, "--context-parallel-size ", cp.size(), ": T5 is not implemented "
-             "with context parallelism; use --context-parallel-size 1");
-  MG_REQUIRE(!tp.sequence_parallel, "--sequence-parallel is not implemented for T5 yet (the "
-             "decoder's cross-attention reads the whole encoder output); drop the flag");
+             ": T5 trains without pipeline parallelism, as in Megatron-LM (pretrain_t5.py: "
+             "\"Pipeline parallelism is not supported for T5.\"); use "
+             "--pipeline-model-parallel-size 1 and split the model with "
+             "--tensor-model-parallel-size (with --sequence-parallel) and data parallelism "
+             "(--use-distributed-optimizer)");
+  MG_REQUIRE(cp.size() == 1, "--context-parallel-size ", cp.size(),
+             ": T5 trains without context parallelism, as in Megatron-LM (pretrain_t5.py's "
+             "get_batch gives every rank whole samples, and Megatron-Core's local attention "
+             "asserts \"Context parallelism is only supported by TEDotProductAttention!\"); use "
+             "--context-parallel-size 1 and --tensor-model-parallel-size with "
+             "--sequence-parallel for long samples");
+  MG_REQUIRE(!tp.sequence_parallel || cfg.decoder_seq_length % tp.size() == 0,
+             "--decoder-seq-length ", cfg.decoder_seq_length,
+             " is not divisible by --tensor-model-parallel-size ", tp.size(),
+             " (required by --sequence-parallel: each rank holds 1/", tp.size(),
+             " of the decoder's tokens)");
   return std::vector<TransformerLayerSpec>(size_t(cfg.num_layers), t5_encoder_layer_spec(cfg));
 }
 

@@ -26,9 +26,14 @@
 // static cross-attention cache; forward_inference then appends decoder tokens one position at a
 // time with the self-attention KV cache (and, with relative positions, the decoder's causal bias
 // of the cache's positions), the same layers as training.
-// Not (yet) supported, each a megatron::Error: pipeline parallelism (as Megatron-Core's T5),
-// context parallelism, sequence parallelism, grouped-query attention (Megatron-Core's
-// CrossAttention has none).
+// Parallelism: tensor parallelism with or without sequence parallelism (both blocks; under
+// sequence parallelism the encoder's output stays sequence-sharded and each cross-attention's
+// linear_kv gathers it, as Megatron-Core's column-parallel linear_kv does, and reduce-scatters its
+// gradient back), data parallelism with the distributed optimizer, recomputation, bf16/fp16.
+// Refused, each a megatron::Error naming what is supported: pipeline parallelism (Megatron-LM's
+// pretrain_t5.py raises "Pipeline parallelism is not supported for T5."), context parallelism
+// (Megatron-LM has none for T5), grouped-query attention (Megatron-Core's CrossAttention has
+// none).
 #pragma once
 
 #include <map>

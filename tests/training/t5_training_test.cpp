@@ -2,14 +2,21 @@
 // the single-rank run: a tiny T5 (2 encoder layers, 1 decoder layer, relative position bias) in
 // fp32 follows the single-rank loss curve within 1e-5 per iteration and ends with its parameters
 // within 1e-5 of each tensor's scale:
-//   np 2: TP2 (the relative bias's heads split, its gradient summed over the group), and DP2 with
-//         the distributed optimizer and overlapped reduction;
-//   np 4: TP2 x DP2.
-// Also (one rank): training lowers the loss, save/resume continues the uninterrupted curve bit
-// for bit, what pretrain-t5 refuses, and that the micro-batches of --data-path are
+//   np 2: TP2 (the relative bias's heads split, its gradient summed over the group), TP2 with
+//         sequence parallelism (the encoder's output sequence-sharded, gathered by every
+//         cross-attention's linear_kv), and DP2 with the distributed optimizer and overlapped
+//         reduction; with dropout, TP2 + SP alone and with full or selective recomputation;
+//         bit-exact resume under TP2 + SP; pipeline and context parallelism refused by name;
+//   np 4: TP2 x DP2, with and without sequence parallelism; with dropout, TP2 + SP x DP2 with
+//         the distributed optimizer and full recomputation; bit-exact resume under it; the
+//         refusals.
+// Also (one rank): training lowers the loss, recomputation (full uniform / block, selective)
+// leaves the losses within 1e-6, bf16 and fp16 train, save/resume continues the uninterrupted
+// curve bit for bit, what pretrain-t5 refuses, and that the micro-batches of --data-path are
 // make_t5_batch of Megatron's T5 dataset's samples.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "data/t5_dataset.h"
@@ -49,9 +56,12 @@ TEST(MpiT5Training, LayoutsFollowTheSingleRankCurve) {
   ASSERT_EQ(ref.losses.size(), 20u);
   std::vector<Layout> layouts;
   if (W == 2)
-    layouts = {{"tp2", 2}, {"dp2_distopt_overlap", 1, 1, 0, 1, false, true, true}};
+    layouts = {{"tp2", 2},
+               {"tp2_sp", 2, 1, 0, 1, true},
+               {"dp2_distopt_overlap", 1, 1, 0, 1, false, true, true}};
   else if (W == 4)
-    layouts = {{"tp2_dp2_distopt", 2, 1, 0, 1, false, true}};
+    layouts = {{"tp2_dp2_distopt", 2, 1, 0, 1, false, true},
+               {"tp2_sp_dp2_distopt", 2, 1, 0, 1, true, true}};
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
     TrainingArgs par = with_layout(t5_args(dir.path()), l);
@@ -62,6 +72,124 @@ TEST(MpiT5Training, LayoutsFollowTheSingleRankCurve) {
     expect_same_curve(p, ref, 1e-5, l.name);
     if (world()->rank() == 0) expect_same_params(par.save, ref_save, 20, 1e-5);
     world()->barrier();
+  }
+}
+
+TrainingArgs with_dropout(TrainingArgs a) {
+  a.model.hidden_dropout = 0.1f;
+  a.model.attention_dropout = 0.1f;
+  return a;
+}
+
+// Dropout masks are functions of each element's place in the unsharded tensors, so sequence
+// parallelism (and recomputing the layers under it) keeps the single-rank curve with dropout on.
+TEST(MpiT5Training, SequenceParallelWithDropoutAndRecomputeFollowsTheSingleRankCurve) {
+  SKIP_ON_ONE_RANK();
+  SharedDir dir;
+  const std::string ref_save = dir / "t5_ref";
+  const TrainingSummary ref = reference_curve(with_dropout(t5_args(dir.path(), 12)), ref_save);
+  ASSERT_EQ(ref.losses.size(), 12u);
+  std::vector<Layout> layouts;
+  if (world()->size() == 2)
+    layouts = {
+        {"tp2_sp", 2, 1, 0, 1, true},
+        {"tp2_sp_recompute_full", 2, 1, 0, 1, true, false, false, false, "p2p", "full"},
+        {"tp2_sp_recompute_selective", 2, 1, 0, 1, true, false, false, false, "p2p",
+         "selective"}};
+  else if (world()->size() == 4)
+    layouts = {{"tp2_sp_dp2_distopt_recompute_full", 2, 1, 0, 1, true, true, false, false,
+                "p2p", "full"}};
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(l.name);
+    TrainingArgs par = with_layout(with_dropout(t5_args(dir.path(), 12)), l);
+    par.save = dir / ("t5_" + l.name);
+    par.save_interval = 1000;
+    const TrainingSummary p = pretrain(par);
+    expect_same_curve(p, ref, 1e-5, l.name);
+    if (world()->rank() == 0) expect_same_params(par.save, ref_save, 12, 1e-5);
+    world()->barrier();
+  }
+}
+
+TEST(MpiT5Training, SaveAndResumeAreExactUnderSequenceParallelism) {
+  SKIP_ON_ONE_RANK();
+  SharedDir dir;
+  // TP2 + SP, and at np 4 also DP2 with the distributed optimizer.
+  const TrainingArgs a = with_layout(with_dropout(t5_args(dir.path())),
+                                     Layout{"tp2_sp", 2, 1, 0, 1, true, world()->size() > 2});
+  expect_exact_resume(a, dir / "full", dir / "resume",
+                      [](const TrainingArgs& args) { return pretrain(args); });
+}
+
+// Megatron-LM trains T5 with neither pipeline nor context parallelism: both are refused with
+// errors that say so and name what is supported.
+TEST(MpiT5Training, RefusesPipelineAndContextParallelism) {
+  SKIP_ON_ONE_RANK();
+  SharedDir dir;
+  auto message = [&](const Layout& l) {
+    try {
+      pretrain(with_layout(t5_args(dir.path(), 2), l));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string pp = message(Layout{"pp2", 1, 2});
+  EXPECT_NE(pp.find("Pipeline parallelism is not supported for T5."), std::string::npos) << pp;
+  EXPECT_NE(pp.find("--tensor-model-parallel-size"), std::string::npos) << pp;
+  const std::string cp = message(Layout{"cp2", 1, 1, 0, 2});
+  EXPECT_NE(cp.find("--context-parallel-size 2: T5 trains without context parallelism"),
+            std::string::npos) << cp;
+  world()->barrier();
+}
+
+TEST(T5Training, RecomputationKeepsTheLosses) {
+  SharedDir dir;
+  const TrainingSummary plain = run_single(with_dropout(t5_args(dir.path(), 6)));
+  struct Case {
+    const char* name;
+    std::string granularity, method;
+    int layers;
+  };
+  const std::vector<Case> cases = {{"full uniform 1", "full", "uniform", 1},
+                                   {"full uniform 2", "full", "uniform", 2},
+                                   {"full block 1", "full", "block", 1},
+                                   {"selective", "selective", "", 0}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    TrainingArgs a = with_dropout(t5_args(dir.path(), 6));
+    a.model.recompute_granularity = c.granularity;
+    a.model.recompute_method = c.method;
+    a.model.recompute_num_layers = c.layers;
+    const TrainingSummary r = run_single(a);
+    ASSERT_EQ(r.losses.size(), plain.losses.size());
+    for (size_t i = 0; i < r.losses.size(); ++i)
+      EXPECT_NEAR(r.losses[i], plain.losses[i], 1e-6) << "iteration " << i + 1;
+  }
+}
+
+// bf16 (bf16 weights, bf16 products with fp32 accumulation) and fp16 (dynamic loss scaling)
+// train the tiny T5 as fp32 does: the same first loss up to the precision's rounding, and the
+// loss falls as far.
+TEST(T5Training, HalfPrecisionTrains) {
+  SharedDir dir;
+  const TrainingSummary fp32 = run_single(t5_args(dir.path(), 40));
+  for (const bool bf16 : {true, false}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp16");
+    TrainingArgs a = t5_args(dir.path(), 40);
+    a.bf16 = bf16;
+    a.fp16 = !bf16;
+    const TrainingSummary s = run_single(a);
+    ASSERT_EQ(s.losses.size(), 40u);
+    EXPECT_NEAR(s.losses[0], fp32.losses[0], 2e-2);
+    double last = 0, last32 = 0;
+    for (int i = 35; i < 40; ++i) {
+      EXPECT_TRUE(std::isfinite(s.losses[size_t(i)])) << i;
+      last += s.losses[size_t(i)] / 5;
+      last32 += fp32.losses[size_t(i)] / 5;
+    }
+    EXPECT_LT(last, s.losses[0] - 0.5);
+    EXPECT_NEAR(last, last32, 0.1);
   }
 }
 
