@@ -598,4 +598,10 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
   return out;
 }
 
+void torch_args::copy_architecture_args(const Value* ns, json& args) { copy_architecture(ns, args); }
+optim::LRSchedulerConfig torch_args::scheduler_from_state(const Value* sd, const TrainingArgs& a,
+                                                          int64_t* num_steps) {
+  return scheduler_from(sd, a, num_steps);
+}
+
 }  // namespace megatron::training
