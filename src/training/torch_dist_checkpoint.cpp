@@ -1,6 +1,8 @@
 // Megatron-LM's torch_dist checkpoints read into any layout; see torch_dist_checkpoint.h.
 #include "training/torch_dist_checkpoint.h"
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <set>
 
@@ -67,7 +69,25 @@ std::string ours_of(const std::string& megatron, bool tied, const std::string& l
   return tied_copy ? std::string() : ours;
 }
 
-// The model keys, checked for what this build reads.
+// A model key with a layer axis: "decoder.layers.<module>.<param>" (the default); keys of one
+// layer ("decoder.layers.<N>.<module>.<param>", Megatron's non-homogeneous layers) have none.
+bool has_layer_axis(const std::string& key) {
+  return key.starts_with(kLayers) && key.size() > std::string(kLayers).size() &&
+         !std::isdigit(static_cast<unsigned char>(key[std::string(kLayers).size()]));
+}
+
+// SwiGLU's fc1 saved with Megatron-Core's singleton local shards: "<fc1 key>_w" (gate) and
+// "<fc1 key>_v" (up), each chunked over TP; the base key for either, "" for other keys.
+std::string gated_base(const DistcpFolder& f, const std::string& key) {
+  if (!key.ends_with("_w") && !key.ends_with("_v")) return "";
+  const std::string base = key.substr(0, key.size() - 2);
+  if (!base.ends_with("linear_fc1.weight") && !base.ends_with("linear_fc1.bias")) return "";
+  MG_REQUIRE(f.has(base + "_w") && f.has(base + "_v"), f.metadata_label(), ": '", key, "' is half of SwiGLU's "
+             "fc1 (gate _w and up _v) but '", base, key.ends_with("_w") ? "_v" : "_w", "' is missing");
+  return base;
+}
+
+// The model keys (a gated pair once, by its base key), checked for what this build reads.
 std::vector<std::string> model_keys(const DistcpFolder& f) {
   std::vector<std::string> keys;
   for (const auto& [key, e] : f.entries()) {
@@ -77,15 +97,39 @@ std::vector<std::string> model_keys(const DistcpFolder& f) {
                f.metadata_label(), ": '", key, "' is a BERT or T5 tensor; this build reads torch_dist "
                "checkpoints of GPT models only (convert with Megatron-LM to --ckpt-format torch, which "
                "it reads for every family)");
-    MG_REQUIRE(!key.ends_with("_w") && !key.ends_with("_v"), f.metadata_label(), ": '", key,
-               "' is SwiGLU's fc1 saved as separate gate/up keys (Megatron-Core's singleton local "
-               "shards), which this build does not read yet; save with the default sharding");
     MG_REQUIRE(key.find(".experts.") == std::string::npos && key.find(".router.") == std::string::npos,
                f.metadata_label(), ": '", key, "' is a mixture-of-experts tensor, which this build "
                "does not read from torch_dist checkpoints yet");
-    keys.push_back(key);
+    const std::string base = gated_base(f, key);
+    if (base.empty())
+      keys.push_back(key);
+    else if (key.ends_with("_w"))
+      keys.push_back(base);
   }
   return keys;
+}
+
+// The global tensor of a model key: [gate; up] along the rows for a gated pair.
+Tensor global_tensor(const DistcpFolder& f, const std::string& key) {
+  if (f.has(key)) return f.tensor(key);
+  const Tensor w = f.tensor(key + "_w"), v = f.tensor(key + "_v");
+  const int dim = has_layer_axis(key) ? 1 : 0;
+  Shape shape = w.shape();
+  MG_REQUIRE(int(shape.size()) > dim && v.shape().size() == shape.size(), f.metadata_label(), ": '", key,
+             "_w' and '_v' have shapes ", shape_str(w.shape()), " and ", shape_str(v.shape()));
+  shape[size_t(dim)] += v.size(dim);
+  Tensor out = Tensor::empty(shape, w.dtype());
+  out.narrow(dim, 0, w.size(dim)).copy_(w);
+  out.narrow(dim, w.size(dim), v.size(dim)).copy_(v);
+  return out;
+}
+
+// Its global shape, without reading it.
+Shape global_shape(const DistcpFolder& f, const std::string& key) {
+  if (f.has(key)) return f.entry(key).size;
+  Shape s = f.entry(key + "_w").size;
+  s[has_layer_axis(key) ? 1 : 0] += f.entry(key + "_v").size[has_layer_axis(key) ? 1 : 0];
+  return s;
 }
 
 // What metadata.json would say about this checkpoint (files and partition dims aside).
@@ -160,21 +204,25 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
   model["model_family"] = "gpt";
   bool optimizer = false;
   for (const auto& [key, e] : f.entries()) optimizer = optimizer || key.starts_with("optimizer.");
+  int64_t layers_seen = 0;  // non-homogeneous keys: 1 + the largest layer number
   for (const std::string& key : model_keys(f)) {
-    const DistcpEntry& e = f.entry(key);
-    if (key == "embedding.word_embeddings.weight" && e.size.size() == 2) {
-      if (model["padded_vocab_size"].get<int64_t>() == 0) model["padded_vocab_size"] = e.size[0];
-      if (model["hidden_size"].get<int64_t>() == 0) model["hidden_size"] = e.size[1];
+    const Shape size = global_shape(f, key);
+    if (key == "embedding.word_embeddings.weight" && size.size() == 2) {
+      if (model["padded_vocab_size"].get<int64_t>() == 0) model["padded_vocab_size"] = size[0];
+      if (model["hidden_size"].get<int64_t>() == 0) model["hidden_size"] = size[1];
     }
     if (key == "embedding.position_embeddings.weight" && model["max_position_embeddings"].get<int64_t>() == 0)
-      model["max_position_embeddings"] = e.size[0];
-    if (key.starts_with(kLayers)) {
-      MG_REQUIRE(!e.size.empty(), f.metadata_label(), ": the layer tensor '", key, "' has no layer axis");
-      if (model["num_layers"].get<int64_t>() == 0) model["num_layers"] = e.size[0];
-      MG_REQUIRE(e.size[0] == model["num_layers"].get<int64_t>(), f.metadata_label(), ": '", key, "' holds ",
-                 e.size[0], " layers but the checkpoint's args say num_layers ", model["num_layers"].get<int64_t>());
+      model["max_position_embeddings"] = size[0];
+    if (has_layer_axis(key)) {
+      MG_REQUIRE(!size.empty(), f.metadata_label(), ": the layer tensor '", key, "' has no layer axis");
+      if (model["num_layers"].get<int64_t>() == 0) model["num_layers"] = size[0];
+      MG_REQUIRE(size[0] == model["num_layers"].get<int64_t>(), f.metadata_label(), ": '", key, "' holds ",
+                 size[0], " layers but the checkpoint's args say num_layers ", model["num_layers"].get<int64_t>());
+    } else if (key.starts_with(kLayers)) {
+      layers_seen = std::max(layers_seen, int64_t(std::stoll(key.substr(std::string(kLayers).size(), 9))) + 1);
     }
   }
+  if (model["num_layers"].get<int64_t>() == 0) model["num_layers"] = layers_seen;
   c.state.args = args;
   TrainingArgs a;
   try {
@@ -223,19 +271,19 @@ std::map<std::string, Tensor> read_torch_dist_model(const CheckpointOnDisk& ckpt
                key, "')");
   };
   for (const std::string& key : model_keys(f)) {
-    if (!key.starts_with(kLayers)) {
+    if (!has_layer_axis(key)) {
       const std::string ours = ours_of(key, tied, label);
       if (ours.empty() || (want && !want(ours))) continue;
-      put(ours, f.tensor(key), key);
+      put(ours, global_tensor(f, key), key);
       continue;
     }
     const std::string rest = key.substr(std::string(kLayers).size());
-    const int64_t L = f.entry(key).size[0];
+    const int64_t L = global_shape(f, key)[0];
     Tensor global;  // read once, when a layer of it is wanted
     for (int64_t i = 0; i < L; ++i) {
       const std::string ours = ours_of(kLayers + std::to_string(i) + "." + rest, tied, label);
       if (ours.empty() || (want && !want(ours))) continue;
-      if (!global.defined()) global = f.tensor(key);
+      if (!global.defined()) global = global_tensor(f, key);
       put(ours, global.select(0, i).contiguous().clone(), key);
     }
   }

@@ -22,14 +22,17 @@
 //                                       layer's tensor is the single-rank [gate; up]. Transformer
 //                                       Engine's fused norms (linear_qkv.layer_norm_weight, ...)
 //                                       map as in the .pt reader (torch_checkpoint.h).
+//   decoder.layers.<N>.<module>.<param>  the same per layer without the layer axis (Megatron-Core's
+//                                       non_homogeneous_layers: MoE and hybrid models)
+//   linear_fc1.{weight,bias}_w / _v     SwiGLU's gate and up under keys of their own (its
+//                                       singleton_local_shards), each chunked over TP
 //   *._extra_state/shard_*, rng_state/shard_*   bytes items (ShardedObjects): not needed here
 // Assembled global tensors are our single-rank tensors (the .pt reader's name mapping); a run of
 // any TP x PP layout takes its shards through the weight specs' shard rules (checkpoint_convert.h),
 // the vocabulary tables re-padded to its padded vocabulary.
 //
 // Read: GPT models (dense). Not yet: the optimizer state (the weights load and the optimizer
-// starts fresh, said once), BERT/T5/MoE keys (refused by name), Megatron-Core's newer
-// "singleton local shards" SwiGLU keys (linear_fc1.weight_w / _v: refused by name).
+// starts fresh, said once), BERT/T5/MoE keys (refused by name).
 #pragma once
 
 #include <filesystem>

@@ -20,8 +20,9 @@ back; .metadata a pickle.dump of the Metadata). The classes are stand-ins of the
 name, fields and reduce protocol, so the pickle's opcodes are those the real classes produce.
 
   write_torch_dist.py make OUT     OUT/gpt2/ (GPT-2 style: LayerNorm, GeLU, learned positions,
-      biases, tied; --transformer-impl local names) and OUT/llama/ (RMSNorm, SwiGLU, GQA, rope,
-      no biases, untied; Transformer Engine's fused-norm names and _extra_state objects), each
+      biases, tied; --transformer-impl local names), OUT/llama/ (RMSNorm, SwiGLU, GQA, rope,
+      no biases, untied; Transformer Engine's fused-norm names and _extra_state objects) and
+      OUT/llama_layers/ (the same with one key per layer and fc1's gate/up keys), each
       saved as TP2 x PP2 would save it, with OUT/<name>.ref/ (config.json and weights.bin of the
       merged weights under our names, for gpt_reference.py); OUT/evil_* (hostile variants of
       gpt2) and OUT/marker (must never appear: the hostile pickles would create it).
@@ -172,6 +173,10 @@ MODELS = {
     "llama": dict(L=4, H=32, heads=4, groups=2, ffn=48, swiglu=True, norm="RMSNorm",
                   bias=False, untied=True, pe="rope", te=True),
 }
+# The Llama model as Megatron-Core saves it with metadata non_homogeneous_layers (one key per
+# layer, no layer axis: MoE and hybrid models) and singleton_local_shards (fc1's gate and up under
+# keys of their own, "<key>_w" and "<key>_v").
+MODELS["llama_layers"] = dict(MODELS["llama"], per_layer=True, singleton=True)
 
 
 def full_weights(m, seed):
@@ -253,6 +258,11 @@ def rank_shards(m, w, t, p):
         return [(t * n, full.narrow(axis, t * n, n))]
 
     def add(key, full, axis, layer=None, swiglu=False):
+        if swiglu and m.get("singleton"):  # gate and up as two tensors of their own
+            gate, up = torch.chunk(full, 2, dim=axis)
+            add(key + "_w", gate, axis, layer)
+            add(key + "_v", up, axis, layer)
+            return
         for off, piece in tp_chunks(full, axis, swiglu):
             offsets = [0] * full.dim()
             if axis is not None:
@@ -271,8 +281,11 @@ def rank_shards(m, w, t, p):
         prefix = f"decoder.layers.{layer}."
         for name in [n for n in w if n.startswith(prefix)]:
             sub = name[len(prefix):]
-            add("decoder.layers." + megatron_key(m, sub), w[name], tp_axis(sub), layer,
-                swiglu=m["swiglu"] and sub.startswith("mlp.linear_fc1."))
+            swiglu = m["swiglu"] and sub.startswith("mlp.linear_fc1.")
+            if m.get("per_layer"):
+                add(f"decoder.layers.{layer}." + megatron_key(m, sub), w[name], tp_axis(sub), None, swiglu)
+            else:
+                add("decoder.layers." + megatron_key(m, sub), w[name], tp_axis(sub), layer, swiglu)
         if m["te"] and t == 0:  # Transformer Engine modules' _extra_state: ShardedObjects
             for mod in ("self_attention.linear_qkv", "self_attention.core_attention",
                         "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"):

@@ -49,7 +49,7 @@ Fixtures make_fixtures(const fs::path& dir) {
                                     (mt::source_dir() / "tests/reference/write_torch_dist.py").string() +
                                     " make " + dir.string() + " 2>&1");
   EXPECT_EQ(made.exit_code, 0) << made.output;
-  for (const std::string name : {"gpt2", "llama"}) {
+  for (const std::string name : {"gpt2", "llama", "llama_layers"}) {
     const fs::path ref = dir / (name + ".ref");
     std::ofstream batch(ref / "batch.bin", std::ios::binary);
     const std::vector<int32_t> tokens = prompt();
@@ -134,7 +134,7 @@ void expect_matches_reference(const std::vector<double>& got, const std::string&
 }
 
 TEST(TorchDistCheckpoint, GptAndLlamaLoadOnOneRankWithTheReferenceLogProbs) {
-  for (const std::string name : {"gpt2", "llama"}) {
+  for (const std::string name : {"gpt2", "llama", "llama_layers"}) {
     const fs::path folder = fixtures().dir / name;
     const auto ckpt = training::find_checkpoint(folder, std::nullopt);
     ASSERT_TRUE(ckpt.has_value());
@@ -144,7 +144,7 @@ TEST(TorchDistCheckpoint, GptAndLlamaLoadOnOneRankWithTheReferenceLogProbs) {
     const json& model = ckpt->state.args["model"];
     EXPECT_EQ(model["num_layers"], 4);
     EXPECT_EQ(model["padded_vocab_size"], 64);
-    if (name == "llama") {
+    if (name != "gpt2") {
       EXPECT_EQ(model["normalization"], "RMSNorm");
       EXPECT_EQ(model["num_query_groups"], 2);
       EXPECT_EQ(model["untie_embeddings_and_output_weights"], true);
@@ -229,7 +229,7 @@ TEST(MpiTorchDistCheckpoint, LoadsUnderOtherLayoutsWithTheReferenceLogProbs) {
   dir = all_gather_strings(*world, dir)[0];
   const std::vector<std::pair<int, int>> layouts =
       W == 2 ? std::vector<std::pair<int, int>>{{2, 1}, {1, 2}} : std::vector<std::pair<int, int>>{{2, 2}};
-  for (const std::string name : {"gpt2", "llama"})
+  for (const std::string name : {"gpt2", "llama", "llama_layers"})
     for (const auto& [tp, pp] : layouts) {
       const std::vector<double> got = load_and_run(fs::path(dir) / name, tp, pp, world);
       if (world->rank() == 0)  // the leader of the only model-parallel group
