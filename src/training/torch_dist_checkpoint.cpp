@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <mutex>
 #include <set>
 
 #include "core/error.h"
@@ -254,7 +255,13 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
   if (optimizer)
     c.notes.push_back("the optimizer state of torch_dist checkpoints is not read yet: the weights load, "
                       "the optimizer starts fresh (--no-load-optim, or --finetune)");
-  for (const std::string& n : c.notes) log_info(dir.string(), ": ", n);
+  {  // said once per folder and process (the folder is opened by several readers)
+    static std::mutex mu;
+    static std::set<std::string> told;
+    std::lock_guard<std::mutex> lock(mu);
+    if (told.insert(dir.string()).second)
+      for (const std::string& n : c.notes) log_info(dir.string(), ": ", n);
+  }
   return c;
 }
 

@@ -169,7 +169,7 @@ _in(_fs, _StorageInfo)
 
 MODELS = {
     "gpt2": dict(L=4, H=32, heads=4, groups=4, ffn=128, swiglu=False, norm="LayerNorm",
-                 bias=True, untied=False, pe="learned_absolute", te=False),
+                 bias=True, untied=False, pe="learned_absolute", te=False, optimizer=True),
     "llama": dict(L=4, H=32, heads=4, groups=2, ffn=48, swiglu=True, norm="RMSNorm",
                   bias=False, untied=True, pe="rope", te=True),
 }
@@ -296,6 +296,13 @@ def rank_shards(m, w, t, p):
                 add(n, w[n], None)
         if m["untied"]:
             add("output_layer.weight", w["output_layer.weight"], 0)
+    # The optimizer's state (Adam's moments of each parameter shard), under Megatron's keys
+    # "optimizer.state.<exp_avg|exp_avg_sq>.<the parameter's key>": not read yet.
+    if m.get("optimizer"):
+        for x in list(out):
+            for kind in ("exp_avg", "exp_avg_sq"):
+                out.append(Shard(f"optimizer.state.{kind}.{x.key}", x.global_shape, x.offsets,
+                                 torch.zeros_like(x.data)))
     # Megatron's rng_state: a ShardedObject per (PP, TP, DP) rank.
     objects.append((f"rng_state/shard_{p}.{t}.0_{PP}.{TP}.1",
                     {"random_rng_state": (3, tuple(range(4)), None), "np_rng_state": None}))
@@ -376,6 +383,8 @@ def write_checkpoint(folder, m, w, evil=None):
                                       "num_steps": ITERATION * 8, "lr_decay_steps": 160,
                                       "lr_decay_style": "cosine", "start_wd": 0.1, "end_wd": 0.1},
               "num_floating_point_operations_so_far": 0.0}
+    if m.get("optimizer"):  # the optimizer's common part: its parameter groups
+        common["optimizer"] = {"param_groups": [{"lr": 3e-3, "weight_decay": 0.1, "params": []}]}
     torch.save(common, os.path.join(it, "common.pt"))
     with open(os.path.join(it, "metadata.json"), "w") as f:  # serialization.save_config
         json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/error.h"
+#include "core/pickle.h"
 #include "inference/model_loader.h"
 #include "model/transformer_config.h"
 #include "parallel_test_util.h"
@@ -184,17 +186,29 @@ TEST(TorchDistCheckpoint, ConvertsToOursTorchAndHuggingFaceAndGeneratesTheSame) 
   EXPECT_EQ(config["num_key_value_heads"], 2);
 }
 
-TEST(TorchDistCheckpoint, PretrainFineTunesFromIt) {
+TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesFromIt) {
   mt::TempDir out;
   training::parallel_test::write_corpus((out / "corpus").string());
-  const auto r = mt::run_cli(
-      "pretrain-gpt --load " + (fixtures().dir / "gpt2").string() + " --finetune --num-layers 4"
-      " --hidden-size 32 --num-attention-heads 4 --max-position-embeddings 32 --make-vocab-size-divisible-by 16"
-      " --data-path " + (out / "corpus").string() + " --split 100,0,0 --seq-length 32 --micro-batch-size 2 --global-batch-size 2 --train-iters 2 --lr 1e-4"
-      " --eval-iters 0 --log-interval 1 --save-interval 2 --save " + (out / "ft").string() +
-      " --tokenizer-type NullTokenizer --vocab-size 64 2>&1");  // the corpus's EOD is 63
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(fs::exists(out / "ft" / "iter_0000002" / "metadata.json")) << r.output;
+  const std::string run =
+      "pretrain-gpt --load " + (fixtures().dir / "gpt2").string() + " --num-layers 4 --hidden-size 32"
+      " --num-attention-heads 4 --max-position-embeddings 32 --make-vocab-size-divisible-by 16 --data-path " +
+      (out / "corpus").string() + " --split 100,0,0 --seq-length 32 --micro-batch-size 2 --global-batch-size 2"
+      " --lr 1e-4 --eval-iters 0 --log-interval 1 --tokenizer-type NullTokenizer --vocab-size 64";  // EOD 63
+  const auto ft = mt::run_cli(run + " --finetune --train-iters 2 --save-interval 2 --save " + (out / "ft").string() + " 2>&1");
+  ASSERT_EQ(ft.exit_code, 0) << ft.output;
+  EXPECT_TRUE(fs::exists(out / "ft" / "iter_0000002" / "metadata.json")) << ft.output;
+  // Resuming at iteration 7: the optimizer state is not read yet, which the run says unless
+  // --no-load-optim starts it fresh.
+  const auto refused = mt::run_cli(run + " --train-iters 9 2>&1");
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("optimizer state of torch_dist checkpoints is not read yet"), std::string::npos)
+      << refused.output;
+  const auto resumed = mt::run_cli(run + " --no-load-optim --train-iters 9 --save-interval 9 --save " +
+                                   (out / "re").string() + " 2>&1");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("the optimizer starts fresh"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("iteration        9/"), std::string::npos) << resumed.output;
+  EXPECT_TRUE(fs::exists(out / "re" / "iter_0000009" / "metadata.json")) << resumed.output;
 }
 
 TEST(TorchDistCheckpoint, HostileFilesAreRefusedAndNothingRuns) {
@@ -217,6 +231,27 @@ TEST(TorchDistCheckpoint, HostileFilesAreRefusedAndNothingRuns) {
     EXPECT_FALSE(fs::exists(save)) << name;
   }
   EXPECT_FALSE(fs::exists(fixtures().dir / "marker"));
+}
+
+// The private classes of the .metadata pickle are accepted only where that file is read.
+TEST(TorchDistCheckpoint, DistcpClassesAreAllowedOnlyInTheMetadataReader) {
+  const std::string bytes = mt::read_file(fixtures().dir / "llama" / "iter_0000007" / ".metadata");
+  const std::span<const uint8_t> span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  try {
+    pickle::unpickle(span, "a .pt file");
+    ADD_FAILURE() << "a torch.save reader accepted torch.distributed.checkpoint's private classes";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("refusing"), std::string::npos) << e.what();
+  }
+  const pickle::Document doc = pickle::unpickle_distcp_metadata(span, ".metadata");
+  const pickle::Value* storage = doc.root->get("storage_data");
+  ASSERT_NE(storage, nullptr);
+  ASSERT_FALSE(storage->entries.empty());
+  EXPECT_EQ(storage->entries[0].second->text, "torch.distributed.checkpoint.filesystem._StorageInfo");
+  const pickle::Value* qkv = doc.root->get("state_dict_metadata")->get("decoder.layers.self_attention.linear_qkv.weight");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->get("properties")->items.size(), 5u);  // TensorProperties' tuple state
+  EXPECT_EQ(qkv->get("chunks")->items.size(), 4u * 2u);  // 4 layers x 2 TP ranks
 }
 
 // At 2 ranks TP2 x PP1 and TP1 x PP2; at 4, TP2 x PP2 as saved.
