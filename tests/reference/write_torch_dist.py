@@ -2,7 +2,7 @@
 """Megatron-LM checkpoints in its default format, --ckpt-format torch_dist, written by Debian's
 torch (which has no torch.distributed.checkpoint) in exactly the structure Megatron-Core's
 dist_checkpointing writes over PyTorch's distributed checkpoint (DCP), for
-training/torch_dist_checkpoint.h. From Megatron-LM core_r0.14-main sources:
+training/torch_dist_checkpoint.h. From Megatron-LM's main-branch sources (commit 00caa53):
 dist_checkpointing/serialization.py (save: common state, sharded state, metadata.json),
 strategies/common.py (common.pt), strategies/torch.py (MCoreSavePlanner: ShardedObjects as
 io.BytesIO of torch.save([obj...]) written as they are; sharded tensors with their prepended
@@ -11,7 +11,7 @@ __<rank>_<n>.distcp), mapping.py (ShardedObject.unique_key "key/shard_<offsets>_
 transformer_block.py / transformer_layer.py (layer tensors under one key per module with the
 global layer index as a prepended axis 0), mlp.py (apply_swiglu_sharded_factory: fc1's [gate; up]
 of TP rank r as two chunks at rows r and T + r of 2T), gpt_model.py (the tied output layer is a
-non-main replica of the word embedding: not written); and from PyTorch 2.7's
+non-main replica of the word embedding: not written); and from PyTorch's current
 torch/distributed/checkpoint: metadata.py (Metadata, TensorStorageMetadata, ChunkStorageMetadata,
 BytesStorageMetadata, MetadataIndex, TensorProperties with its tuple __getstate__ and the
 _MEM_FORMAT_ENCODING enum, StorageMeta), filesystem.py (_StorageInfo without its None fields;
