@@ -67,12 +67,64 @@ DType dtype_of(const Value& props, const std::string& key, const std::string& la
   return d->dtype;
 }
 
-bool overlap(const DistcpChunk& a, const DistcpChunk& b) {
-  for (size_t d = 0; d < a.offsets.size(); ++d)
-    if (a.sizes[d] == 0 || b.sizes[d] == 0 || a.offsets[d] >= b.offsets[d] + b.sizes[d] ||
-        b.offsets[d] >= a.offsets[d] + a.sizes[d])
-      return false;
-  return true;
+// Checks that the chunks of a tensor neither overlap nor leave a gap: the chunk boundaries cut
+// each dimension into intervals, and every cell of that grid must lie in exactly one chunk. The
+// work is bounded by the number of cells (at most kMaxCells), whatever a file claims.
+constexpr int64_t kMaxCells = int64_t(1) << 24;
+
+void check_tiling(const std::string& key, const Shape& size, const std::vector<DistcpChunk>& chunks,
+                  const std::string& label) {
+  const size_t nd = size.size();
+  std::vector<std::vector<int64_t>> cuts(nd);
+  int64_t cells = 1;
+  for (size_t d = 0; d < nd; ++d) {
+    std::vector<int64_t>& c = cuts[d];
+    c = {0, size[d]};
+    for (const DistcpChunk& ch : chunks) {
+      c.push_back(ch.offsets[d]);
+      c.push_back(ch.offsets[d] + ch.sizes[d]);
+    }
+    std::sort(c.begin(), c.end());
+    c.erase(std::unique(c.begin(), c.end()), c.end());
+    const int64_t n = std::max<int64_t>(int64_t(c.size()) - 1, 1);
+    MG_REQUIRE(cells <= kMaxCells / n, label, ": the chunks of '", key, "' do not form a regular grid "
+               "(more than 2^24 cells): not a checkpoint Megatron writes");
+    cells *= n;
+  }
+  if (nd == 0) {
+    MG_REQUIRE(chunks.size() == 1, label, ": the scalar '", key, "' has ", chunks.size(), " chunks, not one");
+    return;
+  }
+  if (std::any_of(size.begin(), size.end(), [](int64_t x) { return x == 0; })) return;
+  std::vector<uint8_t> seen(size_t(cells), 0);
+  for (const DistcpChunk& ch : chunks) {
+    std::vector<int64_t> lo(nd), hi(nd), at(nd);
+    bool empty = false;
+    for (size_t d = 0; d < nd; ++d) {
+      lo[d] = std::lower_bound(cuts[d].begin(), cuts[d].end(), ch.offsets[d]) - cuts[d].begin();
+      hi[d] = std::lower_bound(cuts[d].begin(), cuts[d].end(), ch.offsets[d] + ch.sizes[d]) - cuts[d].begin();
+      empty = empty || lo[d] == hi[d];
+      at[d] = lo[d];
+    }
+    if (empty) continue;
+    while (true) {  // every cell of the chunk's box
+      int64_t flat = 0;
+      for (size_t d = 0; d < nd; ++d) flat = flat * (int64_t(cuts[d].size()) - 1) + at[d];
+      MG_REQUIRE(!seen[size_t(flat)], label, ": chunks of '", key, "' overlap (the chunk at ",
+                 shape_str(ch.offsets), " of size ", shape_str(ch.sizes), " covers elements another "
+                 "chunk holds): a corrupted .metadata");
+      seen[size_t(flat)] = 1;
+      size_t d = nd;
+      while (d > 0 && ++at[d - 1] == hi[d - 1]) {
+        at[d - 1] = lo[d - 1];
+        --d;
+      }
+      if (d == 0) break;
+    }
+  }
+  MG_REQUIRE(std::all_of(seen.begin(), seen.end(), [](uint8_t x) { return x != 0; }), label,
+             ": the chunks of '", key, "' do not cover its global shape ", shape_str(size),
+             ": part of the tensor is missing (a rank's files were not saved or not copied?)");
 }
 
 }  // namespace
@@ -160,7 +212,6 @@ DistcpFolder DistcpFolder::open(const fs::path& dir) {
                " bytes of the folder's .distcp files (a corrupted .metadata)");
     const Value& chunks = field(*v, "chunks", "a TensorStorageMetadata", label);
     MG_REQUIRE(chunks.kind == Kind::List, label, ": the chunks of '", key, "' are a ", chunks.describe());
-    int64_t covered = 0;
     for (const Value* c : chunks.items) {
       MG_REQUIRE(c->kind == Kind::Namespace, label, ": a chunk of '", key, "' is a ", c->describe());
       DistcpChunk ch;
@@ -173,22 +224,13 @@ DistcpFolder DistcpFolder::open(const fs::path& dir) {
         MG_REQUIRE(ch.offsets[d] <= e.size[d] && ch.sizes[d] <= e.size[d] - ch.offsets[d], label,
                    ": the chunk of '", key, "' at ", shape_str(ch.offsets), " of size ", shape_str(ch.sizes),
                    " lies outside its global shape ", shape_str(e.size));
-      covered += bounded_numel(ch.sizes, "a chunk of '" + key + "'", label);
       auto it = where.find({key, ch.offsets});
       MG_REQUIRE(it != where.end(), label, ": the chunk of '", key, "' at ", shape_str(ch.offsets),
                  " has no storage entry (no file holds it)");
       ch.item = it->second;
-      for (const DistcpChunk& other : e.chunks)
-        MG_REQUIRE(!overlap(ch, other), label, ": chunks of '", key, "' overlap: at ", shape_str(other.offsets),
-                   " of size ", shape_str(other.sizes), " and at ", shape_str(ch.offsets), " of size ",
-                   shape_str(ch.sizes), " (a corrupted .metadata)");
       e.chunks.push_back(std::move(ch));
-      MG_REQUIRE(covered <= numel, label, ": the chunks of '", key, "' hold more elements than its shape ",
-                 shape_str(e.size));
     }
-    MG_REQUIRE(covered == numel, label, ": the chunks of '", key, "' cover ", covered, " of its ", numel,
-               " elements (global shape ", shape_str(e.size), "): part of the tensor is missing "
-               "(a rank's files were not saved or not copied?)");
+    check_tiling(key, e.size, e.chunks, label);
     f.entries_.emplace(key, std::move(e));
   }
   return f;
