@@ -155,7 +155,7 @@ TEST(TorchDistCheckpoint, GptAndLlamaLoadOnOneRankWithTheReferenceLogProbs) {
   }
 }
 
-TEST(TorchDistCheckpoint, ConvertsToOursTorchAndHuggingFaceAndGeneratesTheSame) {
+TEST(TorchDistCheckpoint, ConvertsToOursTorchAndHuggingFaceGeneratesAndEvaluates) {
   mt::TempDir out;
   const fs::path src = fixtures().dir / "llama";
   const std::string gen = " --prompt '1 2 3 4 5' --num-tokens-to-generate 4 --top_k 1 --return-log-probs"
@@ -178,6 +178,12 @@ TEST(TorchDistCheckpoint, ConvertsToOursTorchAndHuggingFaceAndGeneratesTheSame) 
   const auto via_pt = mt::run_cli("generate --load " + (out / "pt").string() + gen + " 2>&1");
   ASSERT_EQ(via_pt.exit_code, 0) << via_pt.output;
   EXPECT_EQ(results(direct.output), results(via_pt.output));
+  std::ofstream(out / "lambada.jsonl") << "{\"text\": \"1 2 3 4 5 6 7\"}\n{\"text\": \"9 8 7 6 5 4\"}\n";
+  const auto eval = mt::run_cli("evaluate --task LAMBADA --valid-data " + (out / "lambada.jsonl").string() +
+                                " --load " + src.string() + " --use-checkpoint-args --micro-batch-size 1" +
+                                kTokenizer + " 2>&1");
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("total examples: 2.0000E+00"), std::string::npos) << eval.output;
   const auto hf = mt::run_cli("checkpoint convert --load " + src.string() + " --save " + (out / "hf").string() +
                               " --save-format hf" + kTokenizer + " 2>&1");
   ASSERT_EQ(hf.exit_code, 0) << hf.output;
