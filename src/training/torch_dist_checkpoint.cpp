@@ -184,16 +184,7 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
   MG_REQUIRE(root.kind == Kind::Dict, label, " holds a ", root.describe(), ", not Megatron's common state dict");
   const Value* ns = root.get("args");
   if (ns != nullptr && ns->kind != Kind::Namespace) ns = nullptr;
-  json args = ns != nullptr ? torch_args::from_namespace(*ns, label) : training_args_to_json(TrainingArgs{});
-  if (ns == nullptr) c.notes.push_back("the checkpoint has no \"args\": give the model flags");
-  if (ns != nullptr)
-    if (const std::vector<std::string> unknown = torch_args::check_namespace(*ns, label); !unknown.empty()) {
-      std::string names;
-      for (const std::string& n : unknown) names += (names.empty() ? "" : ", ") + n;
-      log_warn(label, ": the checkpoint's arguments include ", unknown.size(), " this build does not "
-               "know (a newer Megatron-LM's; ignored): ", names);
-    }
-  torch_args::copy_architecture_args(ns, args);
+  json args = torch_args::args_of(ns, label, c.notes);
   c.parallel.tensor_model_parallel_size = arg_int(ns, "tensor_model_parallel_size", 1);
   c.parallel.pipeline_model_parallel_size = arg_int(ns, "pipeline_model_parallel_size", 1);
   c.parallel.data_parallel_size = arg_int(ns, "data_parallel_size", 1);
@@ -251,7 +242,8 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
   c.state.grad_scaler.hysteresis_tracker = a.hysteresis;
   // Megatron's generators cannot continue here: dropout resumes from the seed, one counter step
   // per micro-batch consumed (as for its .pt files).
-  c.state.rng = RngState{a.seed, uint64_t(a.micro_batch_size > 0 ? c.state.consumed_train_samples / a.micro_batch_size : 0)};
+  const int64_t mbs = a.micro_batch_size;
+  c.state.rng = RngState{a.seed, uint64_t(mbs > 0 ? c.state.consumed_train_samples / mbs : 0)};
   if (optimizer)
     c.notes.push_back("the optimizer state of torch_dist checkpoints is not read yet: the weights load, "
                       "the optimizer starts fresh (--no-load-optim, or --finetune)");

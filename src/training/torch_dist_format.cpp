@@ -144,7 +144,8 @@ DistcpFolder DistcpFolder::open(const fs::path& dir) {
   const MappedFile m = map_file(dir / ".metadata", " (an empty .metadata: the save did not finish)");
   const pickle::Document doc = pickle::unpickle_distcp_metadata(m.bytes, label);
   const Value& root = *doc.root;
-  MG_REQUIRE(root.kind == Kind::Namespace && (root.text.ends_with(".Metadata") || root.text.ends_with(".MCoreMetadata")),
+  MG_REQUIRE(root.kind == Kind::Namespace &&
+                 (root.text.ends_with(".Metadata") || root.text.ends_with(".MCoreMetadata")),
              label, " holds a ", root.describe(), ", not torch.distributed.checkpoint's Metadata");
   const Value& sdm = field(root, "state_dict_metadata", "Metadata", label);
   const Value& storage = field(root, "storage_data", "Metadata", label);
@@ -161,8 +162,9 @@ DistcpFolder DistcpFolder::open(const fs::path& dir) {
     const Value& fqn = field(*k, "fqn", "a MetadataIndex", label);
     MG_REQUIRE(fqn.kind == Kind::Str, label, ": a MetadataIndex fqn is a ", fqn.describe());
     const Value* off = k->get("offset");
-    const Shape offsets = off == nullptr || off->kind == Kind::None ? Shape{}
-                                                                     : int_shape(*off, "the offset of '" + fqn.text + "'", label);
+    const Shape offsets = off == nullptr || off->kind == Kind::None
+                              ? Shape{}
+                              : int_shape(*off, "the offset of '" + fqn.text + "'", label);
     DistcpItem item;
     const Value& path = field(*v, "relative_path", "a _StorageInfo", label);
     const Value& o = field(*v, "offset", "a _StorageInfo", label);
@@ -215,8 +217,10 @@ DistcpFolder DistcpFolder::open(const fs::path& dir) {
     for (const Value* c : chunks.items) {
       MG_REQUIRE(c->kind == Kind::Namespace, label, ": a chunk of '", key, "' is a ", c->describe());
       DistcpChunk ch;
-      ch.offsets = int_shape(field(*c, "offsets", "a ChunkStorageMetadata", label), "a chunk offset of '" + key + "'", label);
-      ch.sizes = int_shape(field(*c, "sizes", "a ChunkStorageMetadata", label), "a chunk size of '" + key + "'", label);
+      ch.offsets = int_shape(field(*c, "offsets", "a ChunkStorageMetadata", label),
+                             "a chunk offset of '" + key + "'", label);
+      ch.sizes = int_shape(field(*c, "sizes", "a ChunkStorageMetadata", label),
+                           "a chunk size of '" + key + "'", label);
       MG_REQUIRE(ch.offsets.size() == e.size.size() && ch.sizes.size() == e.size.size(), label,
                  ": a chunk of '", key, "' has ", ch.offsets.size(), "-d offsets and ", ch.sizes.size(),
                  "-d sizes for a ", e.size.size(), "-d tensor");
