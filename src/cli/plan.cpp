@@ -42,7 +42,10 @@ void run(const PlanFlags& f) {
   r.megatron = plan::megatron_theoretical_memory(plan::megatron_args_for(r.input),
                                                  r.input.first_num_microbatches);
   r.prediction = plan::predict_memory(r.input);
-  // A rank of a world on this machine gets its share of the cores (as `megatron launch` sets it).
+  // A rank of a world on this machine gets its share of the cores (as `megatron launch` sets it),
+  // and holds the MPI runtime (its libraries, transports and their buffers: about 10 MiB with
+  // Open MPI 4.1): loaded here before measuring, when the plan is for several ranks.
+  if (world_size > 1) load_mpi_runtime();
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   r.process_resident = plan::process_resident_baseline(
       r.input, world_size > 1 ? std::max(1, cores / world_size) : 0);

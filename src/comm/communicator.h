@@ -119,6 +119,11 @@ std::shared_ptr<Communicator> world_communicator(const CommOptions& options = {}
 // True when this process was started by an MPI launcher.
 bool launched_under_mpi();
 
+// Loads and initialises the MPI runtime in this process if the build has MPI and it is not loaded
+// yet (a single-process MPI world), without changing what world_communicator() returns; false
+// where the build has no MPI. For measuring what a rank of a multi-rank job holds (`plan`).
+bool load_mpi_runtime();
+
 namespace detail {
 // Argument checks shared by implementations (InternalError on misuse: callers are library code).
 void check_tensor(const Communicator& c, const char* op, const Tensor& t);

@@ -63,6 +63,7 @@ std::shared_ptr<Communicator> world_communicator(const CommOptions& options) {
 
 void abort_job_if_distributed(int) {}
 std::string rank_prefix() { return ""; }
+bool load_mpi_runtime() { return false; }
 
 #else
 
@@ -372,13 +373,25 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
+namespace {
+// MPI is initialised once per process, by whichever of the two callers comes first.
+void init_mpi_once() { static MpiRuntime runtime; }
+}  // namespace
+
+bool load_mpi_runtime() {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) init_mpi_once();
+  return true;
+}
+
 std::shared_ptr<Communicator> world_communicator(const CommOptions& options) {
   static std::mutex mu;
   static std::shared_ptr<Communicator> world;
   std::lock_guard<std::mutex> lock(mu);
   if (!world) {
     if (launched_under_mpi()) {
-      static MpiRuntime runtime;
+      init_mpi_once();
       world = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, "world", options, false);
     } else {
       world = make_self_communicator("world", options);

@@ -341,9 +341,15 @@ MemoryPrediction predict_memory(const PlanInput& in) {
     const double steady = st.static_bytes() + st.comm_buffers + st.workspace_persistent + st.inputs;
     st.peak = steady + peak_pass;
     st.data_indices = in.dataset_bytes;
-    // Collectives after the backward: MPI reduces into a buffer of its own (1/n of the message).
+    // Collectives after the backward, every bucket launched before any is waited for. Open MPI's
+    // non-blocking all-reduce (ring) reduces into a buffer of its own (1/n of the message); its
+    // non-blocking reduce-scatter (libnbc's only algorithm: a binomial reduction to one rank, then
+    // a scatter) holds two copies of the whole message on every rank until it completes.
     const double grad_elem = a.bf16 && a.grad_reduce_in_bf16 ? 2.0 : 4.0;
-    double collective = dp_cp > 1 ? grad_elem * double(largest_bucket) / double(dp_cp) : 0;
+    double collective = 0;
+    if (dp_cp > 1)
+      collective = l.distributed_optimizer ? 2.0 * grad_elem * double(total)
+                                           : grad_elem * double(largest_bucket) / double(dp_cp);
     const int64_t partial = partial_grad_numel(in, chunks);
     if (g.T > 1 && partial > 0) {
       const double flat = 4.0 * double(partial);

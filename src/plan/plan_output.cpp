@@ -80,7 +80,7 @@ std::string prediction_table(const MemoryPrediction& p, double process) {
   line("heap retention (estimate)", [](const StageMemory& m) {
     return m.resident_overhead - m.data_indices - m.collective_extra;
   });
-  line("peak resident (+ program)",
+  line("peak resident (+ program)",  // the stage's most loaded rank (collectives' roles differ)
        [process](const StageMemory& m) { return m.peak_resident(process); });
   return s;
 }

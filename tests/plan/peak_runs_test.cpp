@@ -1,7 +1,6 @@
 // `megatron plan`'s prediction against real training runs of the same command lines on this
 // machine's CPU: the peak of the host allocator and of the resident set (Megatron's report_memory
-// line, "max allocated" and "max reserved") of every rank within 10% of the predicted ones (the
-// resident set of multi-rank runs with an allowance for what is not modelled yet, below), for
+// line, "max allocated" and "max reserved") within 10% of the predicted ones (below), for
 // single-rank runs (an fp32 GPT whose weights dominate; a bf16 Llama-style model whose attention
 // probabilities dominate) and 4-rank runs (TP 2 x PP 2 with sequence parallelism; DP 2 x CP 2
 // with the distributed optimizer in bf16).
@@ -35,11 +34,13 @@ std::map<int, Peak> measured(const std::string& output) {
   return out;
 }
 
-// The allocator peak within 10%; the resident peak within 10%, or, on several ranks, within
-// `unmodelled_mib` more: each rank of a 4-rank run maps 12-16 MiB the prediction does not model
-// yet (the communicator's shared-memory segments), the first rank about 30 MiB.
-void expect_peaks(const std::string& flags, int world, int ranks_per_stage,
-                  double unmodelled_mib = 0) {
+// Every rank's allocator peak within 10%, and the resident peak of each stage's most loaded rank
+// within 10% with no rank of the stage above the prediction by more than 10%: ranks of one stage
+// allocate the same tensors, but their resident sets differ by their part in the gradient
+// reduction (Open MPI's non-blocking reduce-scatter reduces the whole message on the ranks that
+// receive in its binomial tree, and only those touch its two-message buffer), and the plan
+// predicts the most loaded one.
+void expect_peaks(const std::string& flags, int world, int ranks_per_stage) {
   const std::string plan_cmd =
       "plan " + flags + kRun + " --world-size " + std::to_string(world) + " --json 2>&1";
   CommandResult p = run_cli(plan_cmd);
@@ -54,16 +55,28 @@ void expect_peaks(const std::string& flags, int world, int ranks_per_stage,
   const std::map<int, Peak> m = measured(t.output);
   ASSERT_FALSE(m.empty()) << t.output;
   const double mib = 1024.0 * 1024.0;
+  std::map<size_t, std::pair<int, double>> most_loaded;  // stage -> (rank, resident)
   for (const auto& [rank, peak] : m) {
-    const nlohmann::json& st = plan["prediction"]["stages"][size_t(rank / ranks_per_stage)];
+    const size_t stage = size_t(rank / ranks_per_stage);
+    const nlohmann::json& st = plan["prediction"]["stages"][stage];
     const double allocated = st["peak"].get<double>() / mib;
     const double resident =
         (st["peak"].get<double>() + st["resident_overhead"].get<double>() + process) / mib;
     EXPECT_NEAR(allocated / peak.allocated, 1.0, 0.10)
         << "rank " << rank << ": predicted " << allocated << " MiB, max allocated "
         << peak.allocated;
-    EXPECT_NEAR(resident, peak.resident, 0.10 * peak.resident + unmodelled_mib)
+    EXPECT_LE(peak.resident, 1.10 * resident)
         << "rank " << rank << ": predicted " << resident << " MiB, max reserved " << peak.resident;
+    auto [it, fresh] = most_loaded.try_emplace(stage, rank, peak.resident);
+    if (!fresh && peak.resident > it->second.second) it->second = {rank, peak.resident};
+  }
+  for (const auto& [stage, loaded] : most_loaded) {
+    const nlohmann::json& st = plan["prediction"]["stages"][stage];
+    const double resident =
+        (st["peak"].get<double>() + st["resident_overhead"].get<double>() + process) / mib;
+    EXPECT_NEAR(resident / loaded.second, 1.0, 0.10)
+        << "stage " << stage << ": predicted " << resident << " MiB, max reserved of its most "
+        << "loaded rank (" << loaded.first << ") " << loaded.second;
   }
 }
 
@@ -88,14 +101,14 @@ TEST(PlanRealRuns, PeaksWithinTenPercentOnFourRanks) {
       "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 "
       "--max-position-embeddings 32768 --micro-batch-size 1 --global-batch-size 4 "
       "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel",
-      4, 2, 32);
+      4, 2);
   // DP 2 x CP 2, distributed optimizer, bf16 (one stage: every rank is stage 0).
   expect_peaks(
       "--num-layers 2 --hidden-size 256 --num-attention-heads 8 --group-query-attention "
       "--num-query-groups 4 --swiglu --normalization RMSNorm --position-embedding-type rope "
       "--disable-bias-linear --ffn-hidden-size 512 --bf16 --seq-length 1024 --micro-batch-size 1 "
       "--global-batch-size 2 --context-parallel-size 2 --use-distributed-optimizer",
-      4, 4, 32);
+      4, 4);
 }
 
 }  // namespace
