@@ -220,9 +220,10 @@ CommandRegistrar reg(
       a->app = convert;
       convert->add_option("--load-format", a->load_format,
                           "auto (what the folder holds), safetensors (this build's checkpoints), "
-                          "torch (Megatron-LM's mp_rank_*/model_optim_rng.pt) or hf (a Hugging Face "
-                          "transformers folder: config.json and safetensors)")
-          ->check(CLI::IsMember({"auto", "safetensors", "torch", "hf"}))
+                          "torch (Megatron-LM's mp_rank_*/model_optim_rng.pt), torch_dist "
+                          "(Megatron-LM's default format: .metadata and __R_N.distcp files) or hf (a "
+                          "Hugging Face transformers folder: config.json and safetensors)")
+          ->check(CLI::IsMember({"auto", "safetensors", "torch", "torch_dist", "hf"}))
           ->capture_default_str();
       convert->add_option("--save-format", a->save_format,
                           "safetensors (this build's checkpoints), torch (Megatron-LM's "

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "inference/checkpoint_weights.h"
+#include "training/torch_dist_checkpoint.h"
 
 namespace megatron::cli {
 
@@ -59,6 +60,8 @@ void check_inference_compat_flags(const CLI::App& sub, const InferenceFlags& f,
   const int tp = f.tensor_model_parallel_size, pp = f.pipeline_model_parallel_size;
   if (tp == 1 && pp == 1) return;
   const auto where = inference::find_checkpoint_iteration(f.options.load, step);
+  // Megatron-LM's torch_dist: global tensors, which any layout takes its shards of.
+  if (training::is_torch_dist_checkpoint(where.folder)) return;
   const auto [saved_tp, saved_pp] = saved_layout(where.folder);
   MG_REQUIRE(tp == 1 || tp == saved_tp, "--tensor-model-parallel-size ", tp,
              " differs from the checkpoint's (", saved_tp, ", ", where.folder.string(),

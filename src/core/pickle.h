@@ -105,6 +105,9 @@ class Document {
 
   Value* root = nullptr;
   std::vector<Value*> storages;  // reader: every Storage reference, in order of appearance
+  // Reader: also accept the private classes of PyTorch's distributed-checkpoint metadata
+  // (unpickle_distcp_metadata).
+  bool distcp_classes = false;
   Value* make(Kind k);
   // Builders for writers.
   Value* none() { return make(Kind::None); }
@@ -134,6 +137,15 @@ class Document {
 // opcode; `consumed` (when given) receives the bytes read. `label` names the file in errors.
 Document unpickle(std::span<const uint8_t> bytes, const std::string& label,
                   size_t* consumed = nullptr);
+
+// unpickle for the `.metadata` file of PyTorch's distributed checkpoint (Megatron's torch_dist
+// format): the same rules, and on top of them, as plain data, the private classes that file holds:
+// torch.distributed.checkpoint.filesystem._StorageInfo (a Namespace of relative_path, offset,
+// length), the _MEM_FORMAT_ENCODING enum and TensorProperties' tuple state (dtype, layout,
+// requires_grad, memory_format, pin_memory: the Namespace's `items`), torch.layout's pickled form
+// torch.serialization._get_layout('torch.strided') (an Enum "torch" of that member), and
+// megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata (Megatron-Core 0.15's root).
+Document unpickle_distcp_metadata(std::span<const uint8_t> bytes, const std::string& label);
 
 // The global names the reader accepts ("module.name"), for documentation and tests.
 bool is_allowed_global(const std::string& module, const std::string& name);

@@ -16,7 +16,7 @@ enum class Known {
   OrderedDict, Namespace, RebuildTensorV2, RebuildTensor, RebuildParameter, TorchSize, Storage,
   TorchDType, NumpyReconstruct, NumpyNdarray, NumpyDType, NumpyScalar, CodecsEncode, Bytes, Set,
   Getattr, PlainClass, BytesIO, SimpleNamespace, Reconstructor, Object, TorchConstant,
-  DefaultDict, BuiltinType,
+  DefaultDict, BuiltinType, GetLayout,
 };
 
 struct StorageType {
@@ -87,6 +87,16 @@ struct GlobalInfo {
   DType dtype = DType::F32;
   bool is_bool = false;
 };
+
+// The private classes of PyTorch's distributed-checkpoint .metadata (and Megatron-Core 0.15's
+// root class), accepted only by unpickle_distcp_metadata.
+bool is_distcp_class(const std::string& module, const std::string& name) {
+  return (module == "torch.distributed.checkpoint.filesystem" && name == "_StorageInfo") ||
+         ((module == "torch.distributed.checkpoint.metadata" ||
+           module == "torch.distributed._shard.sharded_tensor.metadata") &&
+          name == "_MEM_FORMAT_ENCODING") ||
+         (module == "megatron.core.dist_checkpointing.strategies.torch" && name == "MCoreMetadata");
+}
 
 bool classify(const std::string& module, const std::string& name, GlobalInfo* out) {
   auto set = [&](Known k) {
@@ -222,7 +232,18 @@ Value* object_of(Document& doc, const std::string& cls) {
 Value* make_global(Document& doc, const std::string& module, const std::string& name,
                    const std::string& where) {
   GlobalInfo info{};
-  MG_REQUIRE(classify(module, name, &info), where, "refers to the global '", module, ".", name,
+  bool known = false;
+  if (doc.distcp_classes && is_distcp_class(module, name)) {
+    info.known = Known::PlainClass;
+    known = true;
+  }
+  // torch.layout's pickled form (copyreg in torch/serialization.py): _get_layout('torch.strided').
+  if (doc.distcp_classes && module == "torch.serialization" && name == "_get_layout") {
+    info.known = Known::GetLayout;
+    known = true;
+  }
+  MG_REQUIRE(known || classify(module, name, &info), where,
+             "refers to the global '", module, ".", name,
              "', which a Megatron-LM checkpoint never uses; refusing to load this file (nothing "
              "was executed). Only tensors, storages, containers, argparse.Namespace, OrderedDict, "
              "NumPy RNG state and the enums and data classes of Megatron, Transformer Engine and "
@@ -376,6 +397,17 @@ Value* call_global(Document& doc, Value* f, Value* args, const std::string& wher
       e->items = {a[0]};
       return e;
     }
+    case Known::GetLayout: {  // _get_layout('torch.strided') -> the layout's name
+      if (a.size() != 1 || a[0]->kind != Kind::Str || !a[0]->text.starts_with("torch.")) return bad();
+      const std::string layout = a[0]->text.substr(6);
+      if (std::none_of(std::begin(kTorchConstants), std::end(kTorchConstants),
+                       [&](const char* c) { return layout == c; }))
+        return bad();
+      Value* e = doc.make(Kind::Enum);
+      e->text = "torch";
+      e->member = layout;
+      return e;
+    }
     case Known::DefaultDict:  // defaultdict(factory): a dict (SETITEMS fills it)
       if (a.size() > 1 || (a.size() == 1 && a[0]->kind != Kind::None &&
                            (a[0]->kind != Kind::Global || known_of(a[0]) != Known::BuiltinType)))
@@ -420,6 +452,13 @@ Value* new_object(Document& doc, Value* cls, Value* args, const std::string& whe
 void build_object(Value* obj, Value* state, const std::string& where) {
   switch (obj->kind) {
     case Kind::Namespace: {
+      // TensorProperties.__getstate__ (torch.distributed): the tuple of its five fields (dtype,
+      // layout, requires_grad, memory_format, pin_memory), kept in `items`.
+      if (obj->text.ends_with(".TensorProperties") && state->kind == Kind::Tuple &&
+          state->items.size() == 5) {
+        obj->items = state->items;
+        return;
+      }
       // state: the instance __dict__, or (dict or None, slot state)
       if (state->kind == Kind::Tuple && state->items.size() == 2)
         state = state->items[0]->kind == Kind::None ? state->items[1] : state->items[0];

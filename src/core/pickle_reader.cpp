@@ -13,6 +13,7 @@ namespace {
 class Unpickler {
  public:
   Unpickler(std::span<const uint8_t> in, const std::string& label) : in_(in), label_(label) {}
+  void allow_distcp_classes(bool on) { doc_.distcp_classes = on; }
 
   Document run(size_t* consumed) {
     while (true) {
@@ -323,15 +324,26 @@ void Unpickler::step(uint8_t op, size_t at) {
            "PyTorch checkpoint)");
 }
 
-}  // namespace
-
-Document unpickle(std::span<const uint8_t> bytes, const std::string& label, size_t* consumed) {
+Document unpickle_with(std::span<const uint8_t> bytes, const std::string& label, size_t* consumed,
+                       bool distcp_classes) {
   try {
-    return Unpickler(bytes, label).run(consumed);
+    Unpickler u(bytes, label);
+    u.allow_distcp_classes(distcp_classes);
+    return u.run(consumed);
   } catch (const Error& e) {
     if (std::string_view(e.what()).starts_with(label)) throw;
     throw Error(label + ": " + e.what());  // limits hit inside Document name the file too
   }
+}
+
+}  // namespace
+
+Document unpickle(std::span<const uint8_t> bytes, const std::string& label, size_t* consumed) {
+  return unpickle_with(bytes, label, consumed, false);
+}
+
+Document unpickle_distcp_metadata(std::span<const uint8_t> bytes, const std::string& label) {
+  return unpickle_with(bytes, label, nullptr, true);
 }
 
 }  // namespace megatron::pickle

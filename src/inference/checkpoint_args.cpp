@@ -10,6 +10,7 @@
 #include "inference/checkpoint_weights.h"
 #include "training/checkpoint.h"
 #include "training/torch_checkpoint.h"
+#include "training/torch_dist_checkpoint.h"
 
 namespace megatron::inference {
 
@@ -35,6 +36,12 @@ CheckpointArgs CheckpointArgs::read(const fs::path& load_dir, std::optional<int6
 std::optional<CheckpointArgs> CheckpointArgs::read_if_present(const fs::path& load_dir,
                                                              std::optional<int64_t> step) {
   const fs::path folder = find_checkpoint_iteration(load_dir, step).folder;
+  if (training::is_torch_dist_checkpoint(folder)) {
+    // Megatron-LM's torch_dist: the "args" Namespace of its common.pt, in our argument set's shape.
+    training::CheckpointOnDisk ck =
+        training::open_torch_dist_checkpoint(folder, folder.filename() == "release", std::nullopt);
+    return CheckpointArgs(ck.state.args, folder / "common.pt");
+  }
   if (training::is_torch_checkpoint(folder)) {
     // Megatron-LM's files: the "args" Namespace of the first rank's model_optim_rng.pt, in our
     // argument set's shape (torch_checkpoint.h), which has a "model" object as ours does.

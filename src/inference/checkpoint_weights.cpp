@@ -13,6 +13,7 @@
 #include "kernels/ops.h"
 #include "training/checkpoint.h"
 #include "training/torch_checkpoint.h"
+#include "training/torch_dist_checkpoint.h"
 #include "training/checkpoint_convert.h"
 
 namespace megatron::inference {
@@ -43,12 +44,15 @@ CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optiona
   // shards are merged in memory.
   const bool has_metadata = fs::exists(folder / "metadata.json");
   const bool recorded =
-      has_metadata && (fs::exists(folder / "metadata.json.sha256") ||
+      has_metadata && !training::is_torch_dist_checkpoint(folder) && (fs::exists(folder / "metadata.json.sha256") ||
                        training::read_checkpoint_metadata(folder).contains("files"));
   // Megatron-LM's model_optim_rng.pt files (any layout): read through the training checkpoint
   // reader (every tensor's CRC-32 checked, shards merged, weights checked finite).
   const bool torch = !has_metadata && training::is_torch_checkpoint(folder);
-  if (recorded || torch) {
+  // Megatron-LM's default torch_dist format (metadata.json with a "sharded_backend"): global
+  // tensors, any layout.
+  const bool torch_dist = has_metadata && training::is_torch_dist_checkpoint(folder);
+  if (recorded || torch || torch_dist) {
     auto ckpt = training::find_checkpoint(load_dir, step);
     MG_REQUIRE(ckpt.has_value(), "no checkpoint in ", load_dir.string());
     const bool sharded = ckpt->parallel.tensor_model_parallel_size > 1 ||

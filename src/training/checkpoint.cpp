@@ -21,6 +21,7 @@
 #include "model/weight_spec.h"
 #include "training/checkpoint_files.h"
 #include "training/torch_checkpoint.h"
+#include "training/torch_dist_checkpoint.h"
 
 // JSON codecs of the argument structs, in their own namespaces so that nlohmann finds them.
 namespace megatron {
@@ -528,6 +529,9 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
                                                 std::optional<int64_t> ckpt_step) {
   const std::optional<CheckpointLocation> where = locate_checkpoint(load_dir, ckpt_step);
   if (!where) return std::nullopt;
+  if (is_torch_dist_checkpoint(where->dir))  // Megatron-LM's default format (torch_dist)
+    return open_torch_dist_checkpoint(where->dir, where->release,
+                                      where->release ? std::nullopt : std::optional<int64_t>(where->iteration));
   if (is_torch_checkpoint(where->dir))  // Megatron-LM's model_optim_rng.pt files
     return open_torch_checkpoint(where->dir, where->release,
                                  where->release ? std::nullopt : std::optional<int64_t>(where->iteration));
@@ -552,6 +556,7 @@ std::optional<CheckpointOnDisk> find_checkpoint(const fs::path& load_dir,
 }
 
 void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank& rank) {
+  if (ckpt.format == "torch_dist") return;  // global tensors: any layout takes its shards
   const CheckpointParallel& c = ckpt.parallel;
   const int ctp = c.tensor_model_parallel_size, cpp = c.pipeline_model_parallel_size;
   const int cvp = c.virtual_pipeline_model_parallel_size;
@@ -590,10 +595,20 @@ void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank&
 void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList& params,
                         bool allow_dtype_conversion, const CheckpointRank& rank) {
   check_checkpoint_layout(ckpt, rank);
-  const bool torch = ckpt.format == "torch";
-  const std::string rel = torch ? rank.rank_dir() + "/" + kTorchCheckpointFile : model_file(rank);
-  SafetensorsContents st = torch ? read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, false).model
-                                 : detail::read_tensor_file(ckpt, rel);
+  const bool torch = ckpt.format == "torch", torch_dist = ckpt.format == "torch_dist";
+  const std::string rel = torch_dist ? std::string(".metadata")
+                          : torch    ? rank.rank_dir() + "/" + kTorchCheckpointFile
+                                     : model_file(rank);
+  SafetensorsContents st;
+  if (torch_dist) {
+    std::map<std::string, Shape> wanted;
+    for (model::Parameter* p : params)
+      if (!p->shared) wanted.emplace(p->name, p->value.shape());
+    st.tensors = read_torch_dist_shards(ckpt, wanted, rank);
+  } else {
+    st = torch ? read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, false).model
+               : detail::read_tensor_file(ckpt, rel);
+  }
   const std::string label = (ckpt.dir / rel).string();
   std::set<std::string> used;
   for (model::Parameter* p : params) {

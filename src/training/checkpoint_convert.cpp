@@ -11,6 +11,7 @@
 #include "model/stage_model.h"
 #include "model/tensor_parallel.h"
 #include "model/model_settings.h"
+#include "training/torch_dist_checkpoint.h"
 #include "model/weight_spec.h"
 #include "optim/optimizer.h"
 #include "training/checkpoint_files.h"
@@ -173,6 +174,7 @@ Tensor repad_rows(const Tensor& table, int64_t rows, bool zero_fill) {
 
 MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer) {
   if (ckpt.format == "torch") return merge_torch_checkpoint(ckpt, with_optimizer);
+  if (ckpt.format == "torch_dist") return merge_torch_dist_checkpoint(ckpt);
   MergedCheckpoint m;
   m.source = ckpt;
   m.metadata = read_metadata(ckpt);
@@ -511,7 +513,9 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   const CheckpointOnDisk& ckpt = *found;
   MG_REQUIRE(o.load_format == "auto" || o.load_format == ckpt.format, "--load-format ", o.load_format,
              ": ", ckpt.dir.string(), " holds a ", ckpt.format, " checkpoint",
-             ckpt.format == "torch" ? " (Megatron-LM's model_optim_rng.pt files)" : " (metadata.json)");
+             ckpt.format == "torch"        ? " (Megatron-LM's model_optim_rng.pt files)"
+             : ckpt.format == "torch_dist" ? " (Megatron-LM's .metadata and .distcp files)"
+                                           : " (metadata.json)");
   TrainingArgs args = args_of(ckpt);
   if (o.save_format == "hf") return export_hf(ckpt, args, o);
   const int T = o.target_tp;

@@ -216,7 +216,9 @@ void load_optimizer_state(const CheckpointOnDisk& ckpt, optim::MegatronOptimizer
                           const CheckpointRank& rank) {
   const std::string hint = " (pass --no-load-optim to start the optimizer fresh)";
   MG_REQUIRE(has_optimizer_state(ckpt), "checkpoint ", ckpt.dir.string(),
-             " has no optimizer state (saved with --no-save-optim)", hint);
+             ckpt.notes.empty() ? std::string(" has no optimizer state (saved with --no-save-optim)")
+                                : ": " + ckpt.notes.back(),
+             hint);
   const bool adam = optimizer.config().type == optim::OptimizerType::Adam;
   const std::string want = adam ? "adam" : "sgd";
   MG_REQUIRE(ckpt.state.optimizer_type == want, "the checkpoint ", ckpt.dir.string(), " holds ",

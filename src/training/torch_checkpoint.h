@@ -177,6 +177,14 @@ nlohmann::json from_namespace(const pickle::Value& ns, const std::string& label)
 // than Megatron's default (num_experts 8, qk_l2_norm True, ...), is an Error naming it; names it
 // does not know (a newer Megatron's) are returned, for one warning line.
 std::vector<std::string> check_namespace(const pickle::Value& ns, const std::string& label);
+// Our args from a checkpoint's "args" Namespace (null: the defaults, and a note saying so):
+// from_namespace, Megatron's architecture arguments copied as they are (swiglu, normalization,
+// ...), and one warning naming the arguments this build does not know. With the LR schedule of an
+// opt_param_scheduler state dict, also read by the torch_dist reader's common.pt.
+nlohmann::json args_of(const pickle::Value* ns, const std::string& label,
+                       std::vector<std::string>& notes);
+optim::LRSchedulerConfig scheduler_from_state(const pickle::Value* sd, const TrainingArgs& a,
+                                              int64_t* num_steps);
 }  // namespace torch_args
 
 // Megatron's rng_state for a seed (torch_rng_state.cpp).

@@ -273,17 +273,7 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
              ", not a Megatron-LM checkpoint dict");
   const Value* ns = root.get("args");
   if (ns != nullptr && ns->kind != Kind::Namespace) ns = nullptr;
-  json args = ns != nullptr ? torch_args::from_namespace(*ns, label) : training_args_to_json(TrainingArgs{});
-  if (ns == nullptr) c.notes.push_back("the checkpoint has no \"args\": give the model flags");
-  if (ns != nullptr)
-    if (const std::vector<std::string> unknown = torch_args::check_namespace(*ns, label);
-        !unknown.empty() && warned_once(label)) {
-      std::string names;
-      for (const std::string& n : unknown) names += (names.empty() ? "" : ", ") + n;
-      log_warn(label, ": the checkpoint's arguments include ", unknown.size(), " this build does "
-               "not know (a newer Megatron-LM's; ignored): ", names);
-    }
-  copy_architecture(ns, args);
+  json args = torch_args::args_of(ns, label, c.notes);
   // The folders are the truth about the layout.
   args["parallel"]["tensor_model_parallel_size"] = layout.tp;
   args["parallel"]["pipeline_model_parallel_size"] = layout.pp;
@@ -630,6 +620,26 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
   o.tensors["optimizer.step"] = st;
   out.optimizer = std::move(o);
   return out;
+}
+
+json torch_args::args_of(const Value* ns, const std::string& label, std::vector<std::string>& notes) {
+  json args = ns != nullptr ? torch_args::from_namespace(*ns, label) : training_args_to_json(TrainingArgs{});
+  if (ns == nullptr) notes.push_back("the checkpoint has no \"args\": give the model flags");
+  if (ns != nullptr)
+    if (const std::vector<std::string> unknown = torch_args::check_namespace(*ns, label);
+        !unknown.empty() && warned_once(label)) {
+      std::string names;
+      for (const std::string& n : unknown) names += (names.empty() ? "" : ", ") + n;
+      log_warn(label, ": the checkpoint's arguments include ", unknown.size(), " this build does "
+               "not know (a newer Megatron-LM's; ignored): ", names);
+    }
+  copy_architecture(ns, args);
+  return args;
+}
+
+optim::LRSchedulerConfig torch_args::scheduler_from_state(const Value* sd, const TrainingArgs& a,
+                                                          int64_t* num_steps) {
+  return scheduler_from(sd, a, num_steps);
 }
 
 }  // namespace megatron::training

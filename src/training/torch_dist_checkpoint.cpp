@@ -1,0 +1,333 @@
+// Megatron-LM's torch_dist checkpoints read into any layout; see torch_dist_checkpoint.h.
+#include "training/torch_dist_checkpoint.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <mutex>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/torch_file.h"
+#include "training/torch_checkpoint.h"
+#include "training/torch_dist_format.h"
+
+namespace megatron::training {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using pickle::Kind;
+using pickle::Value;
+
+namespace {
+
+constexpr const char* kCommonFile = "common.pt";
+constexpr const char* kLayers = "decoder.layers.";
+
+json read_marker(const fs::path& dir) {
+  const fs::path file = dir / "metadata.json";
+  std::ifstream in(file);
+  MG_REQUIRE(in, file.string(), ": cannot be read");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    MG_THROW(file.string(), ": not valid JSON (", e.what(), ")");
+  }
+}
+
+bool arg_flag(const Value* ns, const char* name) {
+  const Value* v = ns != nullptr ? ns->get(name) : nullptr;
+  return v != nullptr && v->kind == Kind::Bool && v->boolean;
+}
+
+int arg_int(const Value* ns, const char* name, int fallback) {
+  const Value* v = ns != nullptr ? ns->get(name) : nullptr;
+  return v != nullptr && v->kind == Kind::Int && v->integer >= 1 && v->integer < (1 << 20) ? int(v->integer)
+                                                                                           : fallback;
+}
+
+// A key of the model's state (not the optimizer's, not RNG or other objects).
+bool is_model_key(const std::string& key) {
+  return key.starts_with("embedding.") || key.starts_with("decoder.") || key.starts_with("output_layer.") ||
+         key.starts_with("encoder.") || key.starts_with("lm_head.") || key.starts_with("binary_head.") ||
+         key.starts_with("pooler.");
+}
+
+bool tied_of(const CheckpointOnDisk& ckpt) {
+  return !training_args_from_json(ckpt.state.args).model.untie_embeddings_and_output_weights;
+}
+
+// Our name of a Megatron name (chunk-local numbering = global here), "" to skip.
+std::string ours_of(const std::string& megatron, bool tied, const std::string& label) {
+  bool tied_copy = false, legacy_qkv = false;
+  std::string ours;
+  try {
+    ours = torch_names::to_ours(megatron, 0, tied, &tied_copy, &legacy_qkv, "decoder");
+  } catch (const Error& e) {
+    MG_THROW(label, ": ", e.what());
+  }
+  return tied_copy ? std::string() : ours;
+}
+
+// A model key with a layer axis: "decoder.layers.<module>.<param>" (the default); keys of one
+// layer ("decoder.layers.<N>.<module>.<param>", Megatron's non-homogeneous layers) have none.
+bool has_layer_axis(const std::string& key) {
+  return key.starts_with(kLayers) && key.size() > std::string(kLayers).size() &&
+         !std::isdigit(static_cast<unsigned char>(key[std::string(kLayers).size()]));
+}
+
+// SwiGLU's fc1 saved with Megatron-Core's singleton local shards: "<fc1 key>_w" (gate) and
+// "<fc1 key>_v" (up), each chunked over TP; the base key for either, "" for other keys.
+std::string gated_base(const DistcpFolder& f, const std::string& key) {
+  if (!key.ends_with("_w") && !key.ends_with("_v")) return "";
+  const std::string base = key.substr(0, key.size() - 2);
+  if (!base.ends_with("linear_fc1.weight") && !base.ends_with("linear_fc1.bias")) return "";
+  MG_REQUIRE(f.has(base + "_w") && f.has(base + "_v"), f.metadata_label(), ": '", key, "' is half of SwiGLU's "
+             "fc1 (gate _w and up _v) but '", base, key.ends_with("_w") ? "_v" : "_w", "' is missing");
+  return base;
+}
+
+// The model keys (a gated pair once, by its base key), checked for what this build reads.
+std::vector<std::string> model_keys(const DistcpFolder& f) {
+  std::vector<std::string> keys;
+  for (const auto& [key, e] : f.entries()) {
+    if (e.is_bytes || !is_model_key(key) || key.ends_with("._extra_state")) continue;
+    MG_REQUIRE(!key.starts_with("encoder.") && !key.starts_with("lm_head.") && !key.starts_with("binary_head.") &&
+                   !key.starts_with("pooler."),
+               f.metadata_label(), ": '", key, "' is a BERT or T5 tensor; this build reads torch_dist "
+               "checkpoints of GPT models only (convert with Megatron-LM to --ckpt-format torch, which "
+               "it reads for every family)");
+    MG_REQUIRE(key.find(".experts.") == std::string::npos && key.find(".router.") == std::string::npos,
+               f.metadata_label(), ": '", key, "' is a mixture-of-experts tensor, which this build "
+               "does not read from torch_dist checkpoints yet");
+    const std::string base = gated_base(f, key);
+    if (base.empty())
+      keys.push_back(key);
+    else if (key.ends_with("_w"))
+      keys.push_back(base);
+  }
+  return keys;
+}
+
+// The global tensor of a model key: [gate; up] along the rows for a gated pair.
+Tensor global_tensor(const DistcpFolder& f, const std::string& key) {
+  if (f.has(key)) return f.tensor(key);
+  const Tensor w = f.tensor(key + "_w"), v = f.tensor(key + "_v");
+  const int dim = has_layer_axis(key) ? 1 : 0;
+  Shape shape = w.shape();
+  MG_REQUIRE(int(shape.size()) > dim && v.shape().size() == shape.size(), f.metadata_label(), ": '", key,
+             "_w' and '_v' have shapes ", shape_str(w.shape()), " and ", shape_str(v.shape()));
+  shape[size_t(dim)] += v.size(dim);
+  Tensor out = Tensor::empty(shape, w.dtype());
+  out.narrow(dim, 0, w.size(dim)).copy_(w);
+  out.narrow(dim, w.size(dim), v.size(dim)).copy_(v);
+  return out;
+}
+
+// Its global shape, without reading it.
+Shape global_shape(const DistcpFolder& f, const std::string& key) {
+  if (f.has(key)) return f.entry(key).size;
+  Shape s = f.entry(key + "_w").size;
+  s[has_layer_axis(key) ? 1 : 0] += f.entry(key + "_v").size[has_layer_axis(key) ? 1 : 0];
+  return s;
+}
+
+// What metadata.json would say about this checkpoint (files and partition dims aside).
+json metadata_of(const CheckpointOnDisk& c) {
+  CheckpointMetadata m;
+  m.state = c.state;
+  m.optimizer = json(nullptr);
+  m.parallel = c.parallel;
+  return json(checkpoint_metadata_to_json(m));
+}
+
+}  // namespace
+
+bool is_torch_dist_checkpoint(const fs::path& dir) {
+  if (!fs::is_regular_file(dir / "metadata.json")) return false;
+  try {
+    const json j = read_marker(dir);
+    return j.is_object() && j.contains("sharded_backend");
+  } catch (const Error&) {
+    return false;  // not Megatron's marker: our own reader reports what is wrong with it
+  }
+}
+
+CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
+                                            std::optional<int64_t> expected_iteration) {
+  const std::string marker_label = (dir / "metadata.json").string();
+  const json marker = read_marker(dir);
+  const json backend = marker.value("sharded_backend", json());
+  MG_REQUIRE(backend.is_string(), marker_label, ": \"sharded_backend\" is ", backend.dump(), ", not a name");
+  const std::string name = backend.get<std::string>();
+  MG_REQUIRE(name != "zarr", dir.string(), " is a Megatron-LM checkpoint of the zarr backend "
+             "(--ckpt-format zarr, deprecated), which this build does not read: convert it with "
+             "Megatron-LM to torch_dist or torch");
+  MG_REQUIRE(name == "torch_dist", marker_label, ": sharded_backend \"", name.substr(0, 64),
+             "\" is not read by this build (it reads torch_dist and Megatron-LM's torch .pt files)");
+  const json version = marker.value("sharded_backend_version", json(1));
+  MG_REQUIRE(version == json(1), marker_label, ": torch_dist version ", version.dump(),
+             "; this build reads version 1");
+
+  CheckpointOnDisk c;
+  c.dir = dir;
+  c.release = release;
+  c.format = "torch_dist";
+  c.files = json::object();
+  const fs::path common_file = dir / kCommonFile;
+  MG_REQUIRE(fs::is_regular_file(common_file), common_file.string(), " does not exist: the common state "
+             "(args, iteration) of the torch_dist checkpoint is missing (an incomplete copy?)");
+  const TorchFile common = TorchFile::open(common_file);
+  const std::string label = common_file.string();
+  const Value& root = common.root();
+  MG_REQUIRE(root.kind == Kind::Dict, label, " holds a ", root.describe(), ", not Megatron's common state dict");
+  const Value* ns = root.get("args");
+  if (ns != nullptr && ns->kind != Kind::Namespace) ns = nullptr;
+  json args = torch_args::args_of(ns, label, c.notes);
+  c.parallel.tensor_model_parallel_size = arg_int(ns, "tensor_model_parallel_size", 1);
+  c.parallel.pipeline_model_parallel_size = arg_int(ns, "pipeline_model_parallel_size", 1);
+  c.parallel.data_parallel_size = arg_int(ns, "data_parallel_size", 1);
+  c.parallel.distributed_optimizer = arg_flag(ns, "use_distributed_optimizer");
+
+  // The structure, and what the arguments leave out, from .metadata.
+  const DistcpFolder f = DistcpFolder::open(dir);
+  json& model = args["model"];
+  model["model_family"] = "gpt";
+  bool optimizer = false;
+  for (const auto& [key, e] : f.entries()) optimizer = optimizer || key.starts_with("optimizer.");
+  int64_t layers_seen = 0;  // non-homogeneous keys: 1 + the largest layer number
+  for (const std::string& key : model_keys(f)) {
+    const Shape size = global_shape(f, key);
+    if (key == "embedding.word_embeddings.weight" && size.size() == 2) {
+      if (model["padded_vocab_size"].get<int64_t>() == 0) model["padded_vocab_size"] = size[0];
+      if (model["hidden_size"].get<int64_t>() == 0) model["hidden_size"] = size[1];
+    }
+    if (key == "embedding.position_embeddings.weight" && model["max_position_embeddings"].get<int64_t>() == 0)
+      model["max_position_embeddings"] = size[0];
+    if (has_layer_axis(key)) {
+      MG_REQUIRE(!size.empty(), f.metadata_label(), ": the layer tensor '", key, "' has no layer axis");
+      if (model["num_layers"].get<int64_t>() == 0) model["num_layers"] = size[0];
+      MG_REQUIRE(size[0] == model["num_layers"].get<int64_t>(), f.metadata_label(), ": '", key, "' holds ",
+                 size[0], " layers but the checkpoint's args say num_layers ", model["num_layers"].get<int64_t>());
+    } else if (key.starts_with(kLayers)) {
+      layers_seen = std::max(layers_seen, int64_t(std::stoll(key.substr(std::string(kLayers).size(), 9))) + 1);
+    }
+  }
+  if (model["num_layers"].get<int64_t>() == 0) model["num_layers"] = layers_seen;
+  c.state.args = args;
+  TrainingArgs a;
+  try {
+    a = training_args_from_json(args);
+  } catch (const json::exception& e) {
+    MG_THROW(label, ": cannot read its arguments: ", e.what());
+  }
+  const Value* it = root.get("iteration");
+  MG_REQUIRE(release || (it != nullptr && it->kind == Kind::Int && it->integer >= 0), label,
+             ": no iteration number in the common state");
+  c.state.iteration = release ? 0 : it->integer;
+  MG_REQUIRE(release || !expected_iteration || c.state.iteration == *expected_iteration, label, " says iteration ",
+             c.state.iteration, " but its folder is ", dir.filename().string());
+  if (ns != nullptr) {
+    const Value* s = ns->get("consumed_train_samples");
+    if (s != nullptr && s->kind == Kind::Int) c.state.consumed_train_samples = s->integer;
+    const Value* v = ns->get("consumed_valid_samples");
+    if (v != nullptr && v->kind == Kind::Int) c.state.consumed_valid_samples = v->integer;
+  }
+  const Value* sched = root.get("opt_param_scheduler");
+  c.state.scheduler = torch_args::scheduler_from_state(sched, a, &c.state.scheduler_num_steps);
+  if (sched == nullptr) c.state.scheduler_num_steps = c.state.consumed_train_samples;
+  c.state.grad_scaler_dynamic = a.fp16 && a.loss_scale == 0;
+  c.state.grad_scaler.scale = a.fp16 ? (a.loss_scale > 0 ? a.loss_scale : a.initial_loss_scale) : 1.0;
+  c.state.grad_scaler.hysteresis_tracker = a.hysteresis;
+  // Megatron's generators cannot continue here: dropout resumes from the seed, one counter step
+  // per micro-batch consumed (as for its .pt files).
+  const int64_t mbs = a.micro_batch_size;
+  c.state.rng = RngState{a.seed, uint64_t(mbs > 0 ? c.state.consumed_train_samples / mbs : 0)};
+  if (optimizer)
+    c.notes.push_back("the optimizer state of torch_dist checkpoints is not read yet: the weights load, "
+                      "the optimizer starts fresh (--no-load-optim, or --finetune)");
+  {  // said once per folder and process (the folder is opened by several readers)
+    static std::mutex mu;
+    static std::set<std::string> told;
+    std::lock_guard<std::mutex> lock(mu);
+    if (told.insert(dir.string()).second)
+      for (const std::string& n : c.notes) log_info(dir.string(), ": ", n);
+  }
+  return c;
+}
+
+std::map<std::string, Tensor> read_torch_dist_model(const CheckpointOnDisk& ckpt,
+                                                    const std::function<bool(const std::string&)>& want) {
+  MG_CHECK(ckpt.format == "torch_dist", "read_torch_dist_model of a ", ckpt.format, " checkpoint");
+  const DistcpFolder f = DistcpFolder::open(ckpt.dir);
+  const std::string label = f.metadata_label();
+  const bool tied = tied_of(ckpt);
+  std::map<std::string, Tensor> out;
+  auto put = [&](const std::string& ours, Tensor t, const std::string& key) {
+    check_finite_tensor(t, key, label);
+    MG_REQUIRE(out.emplace(ours, std::move(t)).second, label, ": two tensors map to '", ours, "' (the second: '",
+               key, "')");
+  };
+  for (const std::string& key : model_keys(f)) {
+    if (!has_layer_axis(key)) {
+      const std::string ours = ours_of(key, tied, label);
+      if (ours.empty() || (want && !want(ours))) continue;
+      put(ours, global_tensor(f, key), key);
+      continue;
+    }
+    const std::string rest = key.substr(std::string(kLayers).size());
+    const int64_t L = global_shape(f, key)[0];
+    Tensor global;  // read once, when a layer of it is wanted
+    for (int64_t i = 0; i < L; ++i) {
+      const std::string ours = ours_of(kLayers + std::to_string(i) + "." + rest, tied, label);
+      if (ours.empty() || (want && !want(ours))) continue;
+      if (!global.defined()) global = global_tensor(f, key);
+      put(ours, global.select(0, i).contiguous().clone(), key);
+    }
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> read_torch_dist_shards(const CheckpointOnDisk& ckpt,
+                                                     const std::map<std::string, Shape>& params,
+                                                     const CheckpointRank& rank) {
+  const std::map<std::string, model::WeightSpec> specs = checkpoint_weight_specs(ckpt, json());
+  std::map<std::string, Tensor> full =
+      read_torch_dist_model(ckpt, [&](const std::string& n) { return params.count(n) > 0; });
+  std::map<std::string, Tensor> out;
+  for (auto& [name, t] : full) {
+    const Shape& shape = params.at(name);
+    auto spec = specs.find(name);
+    MG_REQUIRE(spec != specs.end(), ckpt.dir.string(), ": tensor '", name, "' is not a parameter of the "
+               "model the checkpoint's args describe");
+    const ShardRule rule = shard_rule(spec->second);
+    if (rule.vocab && !shape.empty()) {
+      const int64_t rows = shape[0] * (rule.dim == 0 ? rank.tp_size : 1);
+      if (t.size(0) != rows) t = repad_rows(t, rows, false);
+    }
+    out.emplace(name, rank.tp_size > 1 ? split_shard(t, rule, rank.tp_rank, rank.tp_size) : t);
+  }
+  return out;
+}
+
+MergedCheckpoint merge_torch_dist_checkpoint(const CheckpointOnDisk& ckpt) {
+  MergedCheckpoint m;
+  m.source = ckpt;
+  m.specs = checkpoint_weight_specs(ckpt, json());
+  m.model = read_torch_dist_model(ckpt);
+  for (const auto& [name, t] : m.model) {
+    auto spec = m.specs.find(name);
+    MG_REQUIRE(spec != m.specs.end(), ckpt.dir.string(), ": tensor '", name, "' is not a parameter of the "
+               "model the checkpoint's args describe");
+    m.rules[name] = shard_rule(spec->second);
+  }
+  m.metadata = metadata_of(ckpt);
+  auto emb = m.model.find("embedding.word_embeddings.weight");
+  MG_REQUIRE(emb != m.model.end(), ckpt.dir.string(), " has no word embedding (not a GPT checkpoint?)");
+  m.padded_vocab_size = emb->second.size(0);
+  m.notes = ckpt.notes;
+  return m;
+}
+
+}  // namespace megatron::training

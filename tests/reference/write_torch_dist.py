@@ -1,0 +1,460 @@
+#!/usr/bin/env python3
+"""Megatron-LM checkpoints in its default format, --ckpt-format torch_dist, written by Debian's
+torch (which has no torch.distributed.checkpoint) in exactly the structure Megatron-Core's
+dist_checkpointing writes over PyTorch's distributed checkpoint (DCP), for
+training/torch_dist_checkpoint.h. From Megatron-LM's main-branch sources (commit 00caa53):
+dist_checkpointing/serialization.py (save: common state, sharded state, metadata.json),
+strategies/common.py (common.pt), strategies/torch.py (MCoreSavePlanner: ShardedObjects as
+io.BytesIO of torch.save([obj...]) written as they are; sharded tensors with their prepended
+axes), strategies/filesystem_async.py (each rank's items in thread_count=2 files
+__<rank>_<n>.distcp), mapping.py (ShardedObject.unique_key "key/shard_<offsets>_<shape>"),
+transformer_block.py / transformer_layer.py (layer tensors under one key per module with the
+global layer index as a prepended axis 0), mlp.py (apply_swiglu_sharded_factory: fc1's [gate; up]
+of TP rank r as two chunks at rows r and T + r of 2T), gpt_model.py (the tied output layer is a
+non-main replica of the word embedding: not written); and from PyTorch's current
+torch/distributed/checkpoint: metadata.py (Metadata, TensorStorageMetadata, ChunkStorageMetadata,
+BytesStorageMetadata, MetadataIndex, TensorProperties with its tuple __getstate__ and the
+_MEM_FORMAT_ENCODING enum, StorageMeta), filesystem.py (_StorageInfo without its None fields;
+each tensor item a torch.save of the contiguous chunk, each bytes item its raw bytes, back to
+back; .metadata a pickle.dump of the Metadata). The classes are stand-ins of the same module,
+name, fields and reduce protocol, so the pickle's opcodes are those the real classes produce.
+
+  write_torch_dist.py make OUT     OUT/gpt2/ (GPT-2 style: LayerNorm, GeLU, learned positions,
+      biases, tied; --transformer-impl local names), OUT/llama/ (RMSNorm, SwiGLU, GQA, rope,
+      no biases, untied; Transformer Engine's fused-norm names and _extra_state objects) and
+      OUT/llama_layers/ (the same with one key per layer and fc1's gate/up keys), each
+      saved as TP2 x PP2 would save it, with OUT/<name>.ref/ (config.json and weights.bin of the
+      merged weights under our names, for gpt_reference.py); OUT/evil_* (hostile variants of
+      gpt2) and OUT/marker (must never appear: the hostile pickles would create it).
+"""
+import argparse
+import dataclasses
+import io
+import json
+import os
+import pickle
+import shutil
+import sys
+import types
+from enum import Enum
+from typing import Any, List, Optional
+
+import numpy as np
+import torch
+
+VOCAB, DIVISOR, SEQ = 60, 16, 32
+TP, PP = 2, 2
+ITERATION = 7
+
+
+def padded_vocab(tp):
+    m = DIVISOR * tp
+    return (VOCAB + m - 1) // m * m
+
+
+# ---------------------------------------------------------------------------------------------
+# Stand-ins for torch.distributed.checkpoint's classes (same module, qualname and pickled form).
+
+def _module(name):
+    m = types.ModuleType(name)
+    sys.modules[name] = m
+    return m
+
+
+for _pkg in ("torch.distributed", "torch.distributed.checkpoint"):
+    try:
+        __import__(_pkg)
+    except Exception:  # noqa: BLE001  (Debian's torch has no torch.distributed.checkpoint)
+        _module(_pkg)
+_meta = _module("torch.distributed.checkpoint.metadata")
+_fs = _module("torch.distributed.checkpoint.filesystem")
+
+
+def _in(mod, cls):
+    cls.__module__ = mod.__name__
+    setattr(mod, cls.__name__, cls)
+    return cls
+
+
+@dataclasses.dataclass
+class ChunkStorageMetadata:
+    offsets: Any
+    sizes: Any
+
+
+class _MEM_FORMAT_ENCODING(Enum):
+    TORCH_CONTIGUOUS_FORMAT = 0
+    TORCH_CHANNELS_LAST = 1
+    TORCH_PRESERVE_FORMAT = 2
+
+
+@dataclasses.dataclass
+class TensorProperties:
+    dtype: Any = torch.float32
+    layout: Any = torch.strided
+    requires_grad: bool = False
+    memory_format: Any = torch.contiguous_format
+    pin_memory: bool = False
+
+    def __getstate__(self):  # torch.memory_format cannot be pickled
+        return (self.dtype, self.layout, self.requires_grad,
+                _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT, self.pin_memory)
+
+    def __setstate__(self, state):
+        self.dtype, self.layout, self.requires_grad, _, self.pin_memory = state
+        self.memory_format = torch.contiguous_format
+
+
+@dataclasses.dataclass
+class TensorStorageMetadata:
+    properties: TensorProperties
+    size: Any
+    chunks: List[ChunkStorageMetadata]
+
+
+@dataclasses.dataclass
+class BytesStorageMetadata:
+    pass
+
+
+@dataclasses.dataclass
+class StorageMeta:
+    checkpoint_id: Any = None
+    save_id: Optional[str] = None
+    load_id: Optional[str] = None
+    modules: List[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Metadata:
+    state_dict_metadata: dict
+    planner_data: Any = None
+    storage_data: Any = None
+    storage_meta: Optional[StorageMeta] = None
+    version: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MetadataIndex:
+    fqn: str
+    offset: Optional[Any] = None
+    index: Optional[int] = dataclasses.field(hash=False, compare=False, default=None)
+
+    def __init__(self, fqn, offset=None, index=None):
+        object.__setattr__(self, "fqn", fqn)
+        object.__setattr__(self, "index", index)
+        if offset is not None:
+            object.__setattr__(self, "offset", torch.Size(offset))
+
+
+@dataclasses.dataclass
+class _StorageInfo:
+    relative_path: str
+    offset: int
+    length: int
+    transform_descriptors: Optional[Any] = None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+for _c in (ChunkStorageMetadata, _MEM_FORMAT_ENCODING, TensorProperties, TensorStorageMetadata,
+           BytesStorageMetadata, StorageMeta, Metadata, MetadataIndex):
+    _in(_meta, _c)
+_in(_fs, _StorageInfo)
+
+
+# ---------------------------------------------------------------------------------------------
+# The models: merged weights under our names, and Megatron-Core's sharded keys for them.
+
+MODELS = {
+    "gpt2": dict(L=4, H=32, heads=4, groups=4, ffn=128, swiglu=False, norm="LayerNorm",
+                 bias=True, untied=False, pe="learned_absolute", te=False, optimizer=True),
+    "llama": dict(L=4, H=32, heads=4, groups=2, ffn=48, swiglu=True, norm="RMSNorm",
+                  bias=False, untied=True, pe="rope", te=True),
+}
+# The Llama model as Megatron-Core saves it with metadata non_homogeneous_layers (one key per
+# layer, no layer axis: MoE and hybrid models) and singleton_local_shards (fc1's gate and up under
+# keys of their own, "<key>_w" and "<key>_v").
+MODELS["llama_layers"] = dict(MODELS["llama"], per_layer=True, singleton=True)
+
+
+def full_weights(m, seed):
+    g = torch.Generator().manual_seed(seed)
+    H, hd = m["H"], m["H"] // m["heads"]
+    qkv_rows = (m["heads"] + 2 * m["groups"]) * hd
+    fc1_rows = 2 * m["ffn"] if m["swiglu"] else m["ffn"]
+    V = padded_vocab(TP)
+
+    def r(*shape, scale=0.1):
+        return torch.randn(*shape, generator=g) * scale
+
+    w = {"embedding.word_embeddings.weight": r(V, H, scale=0.5)}
+    if m["pe"] == "learned_absolute":
+        w["embedding.position_embeddings.weight"] = r(SEQ, H, scale=0.2)
+    for i in range(m["L"]):
+        p = f"decoder.layers.{i}."
+        for n in ("input_layernorm", "pre_mlp_layernorm"):
+            w[p + n + ".weight"] = 1 + r(H)
+            if m["norm"] == "LayerNorm":
+                w[p + n + ".bias"] = r(H)
+        w[p + "self_attention.linear_qkv.weight"] = r(qkv_rows, H)
+        w[p + "self_attention.linear_proj.weight"] = r(H, m["heads"] * hd)
+        w[p + "mlp.linear_fc1.weight"] = r(fc1_rows, H)
+        w[p + "mlp.linear_fc2.weight"] = r(H, m["ffn"])
+        if m["bias"]:
+            w[p + "self_attention.linear_qkv.bias"] = r(qkv_rows)
+            w[p + "self_attention.linear_proj.bias"] = r(H)
+            w[p + "mlp.linear_fc1.bias"] = r(fc1_rows)
+            w[p + "mlp.linear_fc2.bias"] = r(H)
+    w["decoder.final_layernorm.weight"] = 1 + r(H)
+    if m["norm"] == "LayerNorm":
+        w["decoder.final_layernorm.bias"] = r(H)
+    if m["untied"]:
+        w["output_layer.weight"] = r(V, H, scale=0.5)
+    return w
+
+
+def megatron_key(m, sub):
+    """Megatron-Core's module path of a layer tensor `sub` ("input_layernorm.weight", ...)."""
+    if m["te"]:
+        for ours, fused in (("input_layernorm.", "self_attention.linear_qkv.layer_norm_"),
+                            ("pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_")):
+            if sub.startswith(ours):
+                return fused + sub[len(ours):]
+    return sub
+
+
+def tp_axis(sub):
+    """The tensor-parallel axis of a tensor (ColumnParallel: 0, RowParallel weight: 1), or None."""
+    if sub.startswith(("self_attention.linear_qkv.", "mlp.linear_fc1.")) and "layer_norm" not in sub:
+        return 0
+    if sub in ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight"):
+        return 1
+    return None
+
+
+class Shard:
+    """One ShardedTensor chunk: key, global shape, offsets and the data (with prepended axes)."""
+
+    def __init__(self, key, global_shape, offsets, data):
+        self.key, self.global_shape, self.offsets, self.data = key, list(global_shape), list(offsets), data
+
+
+def rank_shards(m, w, t, p):
+    """What global rank (t, p) of a TP x PP run writes (main replicas only, DP = 1)."""
+    L = m["L"]
+    per = L // PP
+    out, objects = [], []
+
+    def tp_chunks(full, axis, swiglu):
+        if axis is None:
+            return [(0, full)] if t == 0 else []  # replicated: TP rank 0 is the main replica
+        n = full.shape[axis] // TP
+        if swiglu:  # apply_swiglu_sharded_factory: [gate_t; up_t] at rows t and T + t of 2T
+            half = full.shape[axis] // 2
+            n = half // TP
+            return [(t * n, full.narrow(axis, t * n, n)), (half + t * n, full.narrow(axis, half + t * n, n))]
+        return [(t * n, full.narrow(axis, t * n, n))]
+
+    def add(key, full, axis, layer=None, swiglu=False):
+        if swiglu and m.get("singleton"):  # gate and up as two tensors of their own
+            gate, up = torch.chunk(full, 2, dim=axis)
+            add(key + "_w", gate, axis, layer)
+            add(key + "_v", up, axis, layer)
+            return
+        for off, piece in tp_chunks(full, axis, swiglu):
+            offsets = [0] * full.dim()
+            if axis is not None:
+                offsets[axis] = off
+            data = piece.contiguous().clone()
+            if layer is None:
+                out.append(Shard(key, full.shape, offsets, data))
+            else:
+                out.append(Shard(key, [L] + list(full.shape), [layer] + offsets, data.unsqueeze(0)))
+
+    if p == 0:
+        add("embedding.word_embeddings.weight", w["embedding.word_embeddings.weight"], 0)
+        if "embedding.position_embeddings.weight" in w:
+            add("embedding.position_embeddings.weight", w["embedding.position_embeddings.weight"], None)
+    for layer in range(p * per, (p + 1) * per):
+        prefix = f"decoder.layers.{layer}."
+        for name in [n for n in w if n.startswith(prefix)]:
+            sub = name[len(prefix):]
+            swiglu = m["swiglu"] and sub.startswith("mlp.linear_fc1.")
+            if m.get("per_layer"):
+                add(f"decoder.layers.{layer}." + megatron_key(m, sub), w[name], tp_axis(sub), None, swiglu)
+            else:
+                add("decoder.layers." + megatron_key(m, sub), w[name], tp_axis(sub), layer, swiglu)
+        if m["te"] and t == 0:  # Transformer Engine modules' _extra_state: ShardedObjects
+            for mod in ("self_attention.linear_qkv", "self_attention.core_attention",
+                        "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"):
+                objects.append((f"decoder.layers.{mod}._extra_state/shard_{layer}_{L}", None))
+    if p == PP - 1:
+        for n in ("decoder.final_layernorm.weight", "decoder.final_layernorm.bias"):
+            if n in w:
+                add(n, w[n], None)
+        if m["untied"]:
+            add("output_layer.weight", w["output_layer.weight"], 0)
+    # The optimizer's state (Adam's moments of each parameter shard), under Megatron's keys
+    # "optimizer.state.<exp_avg|exp_avg_sq>.<the parameter's key>": not read yet.
+    if m.get("optimizer"):
+        for x in list(out):
+            for kind in ("exp_avg", "exp_avg_sq"):
+                out.append(Shard(f"optimizer.state.{kind}.{x.key}", x.global_shape, x.offsets,
+                                 torch.zeros_like(x.data)))
+    # Megatron's rng_state: a ShardedObject per (PP, TP, DP) rank.
+    objects.append((f"rng_state/shard_{p}.{t}.0_{PP}.{TP}.1",
+                    {"random_rng_state": (3, tuple(range(4)), None), "np_rng_state": None}))
+    return out, objects
+
+
+def torch_save_bytes(obj):
+    b = io.BytesIO()
+    torch.save(obj, b)
+    return b.getvalue()
+
+
+def args_namespace(m):
+    hd = m["H"] // m["heads"]
+    return argparse.Namespace(
+        num_layers=m["L"], hidden_size=m["H"], ffn_hidden_size=m["ffn"], num_attention_heads=m["heads"],
+        kv_channels=hd, group_query_attention=m["groups"] != m["heads"], num_query_groups=m["groups"],
+        seq_length=SEQ, max_position_embeddings=SEQ, padded_vocab_size=padded_vocab(TP),
+        make_vocab_size_divisible_by=DIVISOR, tensor_model_parallel_size=TP,
+        pipeline_model_parallel_size=PP, virtual_pipeline_model_parallel_size=None,
+        data_parallel_size=1, swiglu=m["swiglu"], normalization=m["norm"], layernorm_epsilon=1e-5,
+        add_bias_linear=m["bias"], add_qkv_bias=m["bias"], untie_embeddings_and_output_weights=m["untied"],
+        position_embedding_type=m["pe"], rotary_percent=1.0, rotary_base=10000, openai_gelu=False,
+        apply_layernorm_1p=False, transformer_impl="transformer_engine" if m["te"] else "local",
+        hidden_dropout=0.0, attention_dropout=0.0, fp16=False, bf16=False, params_dtype=torch.float32,
+        tokenizer_type="NullTokenizer", vocab_size=VOCAB, consumed_train_samples=ITERATION * 8,
+        consumed_valid_samples=0, seed=1234, micro_batch_size=2, global_batch_size=8, train_iters=20,
+        lr=3e-3, min_lr=3e-4, lr_decay_style="cosine", weight_decay=0.1, optimizer="adam",
+        use_distributed_optimizer=False, ckpt_format="torch_dist", iteration=ITERATION)
+
+
+def write_checkpoint(folder, m, w, evil=None):
+    """folder/iter_0000007/ as Megatron's save_checkpoint leaves it, and the tracker."""
+    it = os.path.join(folder, "iter_%07d" % ITERATION)
+    os.makedirs(it, exist_ok=True)
+    state_md, storage = {}, {}
+    for p in range(PP):
+        for t in range(TP):
+            rank = p * TP + t  # Megatron's order: TP fastest, then DP (1), then PP
+            shards, objects = rank_shards(m, w, t, p)
+            items = [("t", s) for s in shards] + [("b", o) for o in objects]
+            files = [bytearray(), bytearray()]  # thread_count = 2: __<rank>_0, __<rank>_1
+            for i, (kind, x) in enumerate(items):
+                f = i % 2
+                name = f"__{rank}_{f}.distcp"
+                offset = len(files[f])
+                if kind == "t":
+                    files[f] += torch_save_bytes(x.data)
+                    md = state_md.setdefault(x.key, TensorStorageMetadata(
+                        TensorProperties(x.data.dtype), torch.Size(x.global_shape), []))
+                    md.chunks.append(ChunkStorageMetadata(torch.Size(x.offsets), torch.Size(x.data.shape)))
+                    index = MetadataIndex(x.key, x.offsets, len(md.chunks) - 1)
+                else:
+                    files[f] += torch_save_bytes([x[1]])  # _mcore_to_torch_sharded_object
+                    state_md[x[0]] = BytesStorageMetadata()
+                    index = MetadataIndex(x[0])
+                storage[index] = _StorageInfo(name, offset, len(files[f]) - offset)
+            for f in range(2):
+                with open(os.path.join(it, f"__{rank}_{f}.distcp"), "wb") as out:
+                    out.write(bytes(files[f]))
+    if evil == "offset":  # one item past the end of its file
+        k = next(k for k in storage if k.fqn == "decoder.final_layernorm.weight")
+        storage[k] = _StorageInfo(storage[k].relative_path, storage[k].offset, 10 ** 7)
+    if evil == "shape":
+        state_md["decoder.final_layernorm.weight"].size = torch.Size([1 << 40, 1 << 40])
+    if evil == "overlap":  # a second chunk over the first's rows
+        md = state_md["embedding.word_embeddings.weight"]
+        md.chunks[1] = ChunkStorageMetadata(torch.Size([8, 0]), md.chunks[1].sizes)
+    if evil == "missing":  # TP rank 1's half of a layer's QKV
+        md = state_md["decoder.layers.self_attention.linear_qkv.weight"]
+        md.chunks = [c for c in md.chunks if not (c.offsets[0] == 1 and c.offsets[1] > 0)]
+    meta = Metadata(state_md, planner_data={}, storage_data=storage,
+                    storage_meta=StorageMeta(checkpoint_id=it, save_id="0"), version="1.0.0")
+    with open(os.path.join(it, ".metadata"), "wb") as f:
+        pickle.dump(meta, f)
+    common = {"args": args_namespace(m), "checkpoint_version": 3.0, "iteration": ITERATION,
+              "opt_param_scheduler": {"max_lr": 3e-3, "min_lr": 3e-4, "lr_warmup_steps": 0,
+                                      "num_steps": ITERATION * 8, "lr_decay_steps": 160,
+                                      "lr_decay_style": "cosine", "start_wd": 0.1, "end_wd": 0.1},
+              "num_floating_point_operations_so_far": 0.0}
+    if m.get("optimizer"):  # the optimizer's common part: its parameter groups
+        common["optimizer"] = {"param_groups": [{"lr": 3e-3, "weight_decay": 0.1, "params": []}]}
+    torch.save(common, os.path.join(it, "common.pt"))
+    with open(os.path.join(it, "metadata.json"), "w") as f:  # serialization.save_config
+        json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                   "common_backend": "torch", "common_backend_version": 1}, f)
+    with open(os.path.join(folder, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(str(ITERATION))
+    return it
+
+
+def write_reference(folder, m, w):
+    """config.json and weights.bin of the merged weights for gpt_reference.py (our names)."""
+    os.makedirs(folder, exist_ok=True)
+    names = sorted(w)
+    cfg = {"num_layers": m["L"], "hidden_size": m["H"], "num_attention_heads": m["heads"],
+           "kv_channels": m["H"] // m["heads"], "num_query_groups": m["groups"], "ffn_hidden_size": m["ffn"],
+           "layernorm_epsilon": 1e-5, "apply_layernorm_1p": False, "position_embedding_type": m["pe"],
+           # Megatron's default --bias-gelu-fusion runs GeLU through bias_gelu_impl, the tanh form
+           "normalization": m["norm"],
+           "activation": "swiglu" if m["swiglu"] else "gelu_tanh" if m["bias"] else "gelu",
+           "attention_mask_type": "causal", "window_left": -1, "window_right": -1, "rotary_percent": 1.0,
+           "rotary_base": 10000, "rotary_interleaved": False, "qk_layernorm": False,
+           "padded_vocab_size": padded_vocab(TP)}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"model": cfg, "params": [{"name": n, "shape": list(w[n].shape)} for n in names],
+                   "grad_scale": 1.0, "has_attention_start": False, "has_padding_mask": False}, f)
+    np.concatenate([w[n].numpy().ravel() for n in names]).astype(np.float32).tofile(
+        os.path.join(folder, "weights.bin"))
+
+
+class _Evil:
+    def __init__(self, fn, arg):
+        self.fn, self.arg = fn, arg
+
+    def __reduce__(self):
+        return (self.fn, (self.arg,))
+
+
+def make(out):
+    for i, (name, m) in enumerate(MODELS.items()):
+        w = full_weights(m, 100 + i)
+        write_checkpoint(os.path.join(out, name), m, w)
+        write_reference(os.path.join(out, name + ".ref"), m, w)
+    m = MODELS["gpt2"]
+    w = full_weights(m, 100)
+    for evil in ("offset", "shape", "overlap", "missing"):
+        write_checkpoint(os.path.join(out, "evil_" + evil), m, w, evil)
+    marker = os.path.join(out, "marker")
+    for evil, fn, arg in (("system", os.system, "touch " + marker),
+                          ("eval", eval, "open(%r, 'w')" % marker)):
+        it = write_checkpoint(os.path.join(out, "evil_" + evil), m, w)
+        with open(os.path.join(it, ".metadata"), "rb") as f:
+            meta = pickle.load(f)
+        meta.planner_data = {"x": _Evil(fn, arg)}
+        with open(os.path.join(it, ".metadata"), "wb") as f:
+            pickle.dump(meta, f)
+    # The same checkpoint from another sharded backend: refused by name.
+    zarr = os.path.join(out, "zarr")
+    shutil.copytree(os.path.join(out, "gpt2"), zarr)
+    with open(os.path.join(zarr, "iter_%07d" % ITERATION, "metadata.json"), "w") as f:
+        json.dump({"sharded_backend": "zarr", "sharded_backend_version": 1,
+                   "common_backend": "torch", "common_backend_version": 1}, f)
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "make":
+        os.makedirs(sys.argv[2], exist_ok=True)
+        make(sys.argv[2])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+// Megatron-LM's torch_dist checkpoints (tests/reference/write_torch_dist.py writes them as
+// Megatron-Core's dist_checkpointing and PyTorch's distributed checkpoint lay them out, saved under
+// TP2 x PP2): a GPT-2-style and a Llama-style model load under TP1, TP2 x PP1, TP1 x PP2 (and
+// TP2 x PP2 at 4 ranks) with logits within 1e-5 of the float64 reference forward of the merged
+// weights (tests/reference/gpt_reference.py); `checkpoint convert` takes them to our format, to
+// Megatron's .pt and to Hugging Face; pretrain-gpt fine-tunes from one; hostile files are refused
+// with an error naming what is wrong, and nothing they carry runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/pickle.h"
+#include "inference/model_loader.h"
+#include "model/transformer_config.h"
+#include "parallel_test_util.h"
+#include "test_util.h"
+#include "training/checkpoint.h"
+
+namespace megatron {
+namespace {
+
+namespace fs = std::filesystem;
+namespace mt = megatron::testing;
+using json = nlohmann::json;
+
+constexpr int kSeq = 12;
+const char* const kTokenizer = " --tokenizer-type NullTokenizer --vocab-size 60";
+
+std::vector<int32_t> prompt() {
+  std::vector<int32_t> t;
+  for (int i = 0; i < kSeq; ++i) t.push_back((7 * i + 3) % 60);
+  return t;
+}
+
+// The fixtures and, per model, the reference logits [kSeq, V] of the merged weights.
+struct Fixtures {
+  fs::path dir;
+  std::map<std::string, std::vector<double>> logits;
+};
+
+Fixtures make_fixtures(const fs::path& dir) {
+  Fixtures f;
+  f.dir = dir;
+  const auto made = mt::run_command("/usr/bin/python3 " +
+                                    (mt::source_dir() / "tests/reference/write_torch_dist.py").string() +
+                                    " make " + dir.string() + " 2>&1");
+  EXPECT_EQ(made.exit_code, 0) << made.output;
+  for (const std::string name : {"gpt2", "llama", "llama_layers"}) {
+    const fs::path ref = dir / (name + ".ref");
+    std::ofstream batch(ref / "batch.bin", std::ios::binary);
+    const std::vector<int32_t> tokens = prompt();
+    std::vector<int32_t> ints;
+    for (int k = 0; k < 5; ++k)
+      for (int i = 0; i < kSeq; ++i)
+        ints.push_back(k == 0 ? tokens[size_t(i)] : k == 1 ? i : k == 2 ? tokens[size_t((i + 1) % kSeq)] : k == 3 ? 0 : 1);
+    batch.write(reinterpret_cast<const char*>(ints.data()), std::streamsize(ints.size() * 4));
+    const std::vector<float> mask(kSeq, 1.0f);
+    batch.write(reinterpret_cast<const char*>(mask.data()), std::streamsize(mask.size() * 4));
+    batch.close();
+    json cfg = json::parse(mt::read_file(ref / "config.json"));
+    cfg["batch"] = 1;
+    cfg["seq"] = kSeq;
+    std::ofstream(ref / "config.json") << cfg.dump();
+    const auto r = mt::run_command("/usr/bin/python3 " + (mt::source_dir() / "tests/reference/gpt_reference.py").string() +
+                                   " " + ref.string() + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const int64_t V = cfg["model"]["padded_vocab_size"].get<int64_t>();
+    std::ifstream out(ref / "out.bin", std::ios::binary);
+    std::vector<double> v(size_t(2 + kSeq * V));
+    out.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 8));
+    EXPECT_TRUE(out.good()) << name;
+    f.logits[name].assign(v.begin() + 2, v.end());
+  }
+  return f;
+}
+
+const Fixtures& fixtures() {
+  static mt::TempDir dir;
+  static const Fixtures f = make_fixtures(dir.path());
+  return f;
+}
+
+// Log-softmax of each row of [rows, V].
+std::vector<double> log_probs(const std::vector<double>& logits, int64_t V) {
+  std::vector<double> out(logits.size());
+  for (size_t r = 0; r < logits.size() / size_t(V); ++r) {
+    double m = -1e300, s = 0;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, logits[r * size_t(V) + size_t(j)]);
+    for (int64_t j = 0; j < V; ++j) s += std::exp(logits[r * size_t(V) + size_t(j)] - m);
+    for (int64_t j = 0; j < V; ++j) out[r * size_t(V) + size_t(j)] = logits[r * size_t(V) + size_t(j)] - m - std::log(s);
+  }
+  return out;
+}
+
+// Loads fixture `name` under TP x PP over `world` and returns the leader's logits (empty on others).
+std::vector<double> load_and_run(const fs::path& folder, int tp, int pp, std::shared_ptr<Communicator> world) {
+  const auto ckpt = training::find_checkpoint(folder, std::nullopt);
+  EXPECT_TRUE(ckpt.has_value());
+  EXPECT_EQ(ckpt->format, "torch_dist");
+  inference::InferenceModelOptions o;
+  o.load = folder.string();
+  model::from_json(ckpt->state.args["model"], o.model);
+  o.make_vocab_size_divisible_by = 16;
+  o.tokenizer.type = "NullTokenizer";
+  o.tokenizer.vocab_size = 60;
+  o.tensor_model_parallel_size = tp;
+  o.pipeline_model_parallel_size = pp;
+  inference::InferenceModel m = inference::load_inference_model(o, world);
+  if (!m.leader()) {
+    m.follow();
+    return {};
+  }
+  const std::vector<int32_t> tokens = prompt();
+  m.model->start(1, kSeq);
+  const Tensor logits = m.model->forward(tokens, kSeq, true).to(DType::F64).contiguous();
+  m.finish();
+  EXPECT_EQ(logits.numel(), kSeq * m.model->vocab_size());
+  const double* p = logits.data<double>();
+  return std::vector<double>(p, p + logits.numel());
+}
+
+void expect_matches_reference(const std::vector<double>& got, const std::string& name, const std::string& layout) {
+  const std::vector<double>& want = fixtures().logits.at(name);
+  ASSERT_EQ(got.size(), want.size()) << name << " " << layout;
+  const int64_t V = int64_t(want.size()) / kSeq;
+  const std::vector<double> a = log_probs(got, V), b = log_probs(want, V);
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  EXPECT_LT(worst, 1e-5) << name << " under " << layout;
+}
+
+TEST(TorchDistCheckpoint, GptAndLlamaLoadOnOneRankWithTheReferenceLogProbs) {
+  for (const std::string name : {"gpt2", "llama", "llama_layers"}) {
+    const fs::path folder = fixtures().dir / name;
+    const auto ckpt = training::find_checkpoint(folder, std::nullopt);
+    ASSERT_TRUE(ckpt.has_value());
+    EXPECT_EQ(ckpt->state.iteration, 7);
+    EXPECT_EQ(ckpt->parallel.tensor_model_parallel_size, 2);  // as saved
+    EXPECT_EQ(ckpt->parallel.pipeline_model_parallel_size, 2);
+    const json& model = ckpt->state.args["model"];
+    EXPECT_EQ(model["num_layers"], 4);
+    EXPECT_EQ(model["padded_vocab_size"], 64);
+    if (name != "gpt2") {
+      EXPECT_EQ(model["normalization"], "RMSNorm");
+      EXPECT_EQ(model["num_query_groups"], 2);
+      EXPECT_EQ(model["untie_embeddings_and_output_weights"], true);
+    }
+    expect_matches_reference(load_and_run(folder, 1, 1, nullptr), name, "TP1");
+  }
+}
+
+TEST(TorchDistCheckpoint, ConvertsToOursTorchAndHuggingFaceGeneratesAndEvaluates) {
+  mt::TempDir out;
+  const fs::path src = fixtures().dir / "llama";
+  const std::string gen = " --prompt '1 2 3 4 5' --num-tokens-to-generate 4 --top_k 1 --return-log-probs"
+                          " --output-format jsonl --use-checkpoint-args" + std::string(kTokenizer);
+  auto results = [](const std::string& s) { return s.substr(std::min(s.find("\n{"), s.size())); };
+  const auto direct = mt::run_cli("generate --load " + src.string() + gen + " 2>&1");
+  ASSERT_EQ(direct.exit_code, 0) << direct.output;
+  EXPECT_NE(results(direct.output).find("\"logprobs\""), std::string::npos) << direct.output;
+  const auto ours = mt::run_cli("checkpoint convert --load " + src.string() + " --save " + (out / "ours").string() +
+                                " --target-tensor-parallel-size 2" + kTokenizer + " 2>&1");
+  ASSERT_EQ(ours.exit_code, 0) << ours.output;
+  const auto via = mt::run_cli("generate --load " + (out / "ours").string() + gen + " 2>&1");
+  ASSERT_EQ(via.exit_code, 0) << via.output;
+  EXPECT_EQ(results(direct.output), results(via.output));
+  const auto pt = mt::run_cli("checkpoint convert --load " + src.string() + " --load-format torch_dist --save " +
+                              (out / "pt").string() + " --save-format torch --target-pipeline-parallel-size 2" +
+                              kTokenizer + " 2>&1");
+  ASSERT_EQ(pt.exit_code, 0) << pt.output;
+  EXPECT_TRUE(fs::exists(out / "pt" / "iter_0000007" / "mp_rank_00_001" / "model_optim_rng.pt"));
+  const auto via_pt = mt::run_cli("generate --load " + (out / "pt").string() + gen + " 2>&1");
+  ASSERT_EQ(via_pt.exit_code, 0) << via_pt.output;
+  EXPECT_EQ(results(direct.output), results(via_pt.output));
+  std::ofstream(out / "lambada.jsonl") << "{\"text\": \"1 2 3 4 5 6 7\"}\n{\"text\": \"9 8 7 6 5 4\"}\n";
+  const auto eval = mt::run_cli("evaluate --task LAMBADA --valid-data " + (out / "lambada.jsonl").string() +
+                                " --load " + src.string() + " --use-checkpoint-args --micro-batch-size 1" +
+                                kTokenizer + " 2>&1");
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("total examples: 2.0000E+00"), std::string::npos) << eval.output;
+  const auto hf = mt::run_cli("checkpoint convert --load " + src.string() + " --save " + (out / "hf").string() +
+                              " --save-format hf" + kTokenizer + " 2>&1");
+  ASSERT_EQ(hf.exit_code, 0) << hf.output;
+  const json config = json::parse(mt::read_file(out / "hf" / "config.json"));
+  EXPECT_EQ(config["model_type"], "llama");
+  EXPECT_EQ(config["num_key_value_heads"], 2);
+}
+
+TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesFromIt) {
+  mt::TempDir out;
+  training::parallel_test::write_corpus((out / "corpus").string());
+  const std::string run =
+      "pretrain-gpt --load " + (fixtures().dir / "gpt2").string() + " --num-layers 4 --hidden-size 32"
+      " --num-attention-heads 4 --max-position-embeddings 32 --make-vocab-size-divisible-by 16 --data-path " +
+      (out / "corpus").string() + " --split 100,0,0 --seq-length 32 --micro-batch-size 2 --global-batch-size 2"
+      " --lr 1e-4 --eval-iters 0 --log-interval 1 --tokenizer-type NullTokenizer --vocab-size 64";  // EOD 63
+  const auto ft = mt::run_cli(run + " --finetune --train-iters 2 --save-interval 2 --save " + (out / "ft").string() + " 2>&1");
+  ASSERT_EQ(ft.exit_code, 0) << ft.output;
+  EXPECT_TRUE(fs::exists(out / "ft" / "iter_0000002" / "metadata.json")) << ft.output;
+  // Resuming at iteration 7: the optimizer state is not read yet, which the run says unless
+  // --no-load-optim starts it fresh.
+  const auto refused = mt::run_cli(run + " --train-iters 9 2>&1");
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("optimizer state of torch_dist checkpoints is not read yet"), std::string::npos)
+      << refused.output;
+  const auto resumed = mt::run_cli(run + " --no-load-optim --train-iters 9 --save-interval 9 --save " +
+                                   (out / "re").string() + " 2>&1");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("the optimizer starts fresh"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("iteration        9/"), std::string::npos) << resumed.output;
+  EXPECT_TRUE(fs::exists(out / "re" / "iter_0000009" / "metadata.json")) << resumed.output;
+}
+
+TEST(TorchDistCheckpoint, HostileFilesAreRefusedAndNothingRuns) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"evil_system", "'posix.system'"},
+      {"evil_eval", "'builtins.eval'"},
+      {"evil_offset", "lies at bytes"},
+      {"evil_shape", "impossible shape"},
+      {"evil_overlap", "overlap"},
+      {"evil_missing", "cover"},
+      {"zarr", "zarr backend"},
+  };
+  for (const auto& [name, what] : cases) {
+    const fs::path save = fixtures().dir / ("never_" + name);
+    const auto r = mt::run_cli("checkpoint convert --load " + (fixtures().dir / name).string() + " --save " +
+                               save.string() + kTokenizer + " 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << name << ": " << r.output;
+    EXPECT_NE(r.output.find(what), std::string::npos) << name << ": " << r.output;
+    EXPECT_EQ(r.output.find("internal error"), std::string::npos) << name << ": " << r.output;
+    EXPECT_FALSE(fs::exists(save)) << name;
+  }
+  EXPECT_FALSE(fs::exists(fixtures().dir / "marker"));
+}
+
+// The private classes of the .metadata pickle are accepted only where that file is read.
+TEST(TorchDistCheckpoint, DistcpClassesAreAllowedOnlyInTheMetadataReader) {
+  const std::string bytes = mt::read_file(fixtures().dir / "llama" / "iter_0000007" / ".metadata");
+  const std::span<const uint8_t> span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  try {
+    pickle::unpickle(span, "a .pt file");
+    ADD_FAILURE() << "a torch.save reader accepted torch.distributed.checkpoint's private classes";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("refusing"), std::string::npos) << e.what();
+  }
+  const pickle::Document doc = pickle::unpickle_distcp_metadata(span, ".metadata");
+  const pickle::Value* storage = doc.root->get("storage_data");
+  ASSERT_NE(storage, nullptr);
+  ASSERT_FALSE(storage->entries.empty());
+  EXPECT_EQ(storage->entries[0].second->text, "torch.distributed.checkpoint.filesystem._StorageInfo");
+  const pickle::Value* qkv = doc.root->get("state_dict_metadata")->get("decoder.layers.self_attention.linear_qkv.weight");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->get("properties")->items.size(), 5u);  // TensorProperties' tuple state
+  EXPECT_EQ(qkv->get("chunks")->items.size(), 4u * 2u);  // 4 layers x 2 TP ranks
+}
+
+// At 2 ranks TP2 x PP1 and TP1 x PP2; at 4, TP2 x PP2 as saved.
+TEST(MpiTorchDistCheckpoint, LoadsUnderOtherLayoutsWithTheReferenceLogProbs) {
+  const std::shared_ptr<Communicator> world = world_communicator();
+  const int W = world->size();
+  if (W != 2 && W != 4) GTEST_SKIP() << "runs at -np 2 and 4";
+  // Rank 0 writes the fixtures (and computes the references) in a folder every rank sees.
+  std::string dir = world->rank() == 0 ? fixtures().dir.string() : "";
+  dir = all_gather_strings(*world, dir)[0];
+  const std::vector<std::pair<int, int>> layouts =
+      W == 2 ? std::vector<std::pair<int, int>>{{2, 1}, {1, 2}} : std::vector<std::pair<int, int>>{{2, 2}};
+  for (const std::string name : {"gpt2", "llama", "llama_layers"})
+    for (const auto& [tp, pp] : layouts) {
+      const std::vector<double> got = load_and_run(fs::path(dir) / name, tp, pp, world);
+      if (world->rank() == 0)  // the leader of the only model-parallel group
+        expect_matches_reference(got, name, "TP" + std::to_string(tp) + " x PP" + std::to_string(pp));
+      world->barrier();
+    }
+}
+
+}  // namespace
+}  // namespace megatron
