@@ -62,6 +62,8 @@ TEST(MpiT5Training, LayoutsFollowTheSingleRankCurve) {
   else if (W == 4)
     layouts = {{"tp2_dp2_distopt", 2, 1, 0, 1, false, true},
                {"tp2_sp_dp2_distopt", 2, 1, 0, 1, true, true}};
+  else if (W == 8)  // the 8-rank mix: TP2 + SP x DP4 with the distributed optimizer, overlapped
+    layouts = {{"tp2_sp_dp4_distopt_overlap", 2, 1, 0, 1, true, true, true}};
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
     TrainingArgs par = with_layout(t5_args(dir.path()), l);
