@@ -174,7 +174,7 @@ Tensor repad_rows(const Tensor& table, int64_t rows, bool zero_fill) {
 
 MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer) {
   if (ckpt.format == "torch") return merge_torch_checkpoint(ckpt, with_optimizer);
-  if (ckpt.format == "torch_dist") return merge_torch_dist_checkpoint(ckpt);
+  if (ckpt.format == "torch_dist") return merge_torch_dist_checkpoint(ckpt, with_optimizer);
   MergedCheckpoint m;
   m.source = ckpt;
   m.metadata = read_metadata(ckpt);

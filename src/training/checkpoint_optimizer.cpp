@@ -11,6 +11,7 @@
 #include "training/checkpoint.h"
 #include "training/checkpoint_files.h"
 #include "training/torch_checkpoint.h"
+#include "training/torch_dist_optimizer.h"
 
 namespace megatron::training {
 
@@ -96,10 +97,14 @@ namespace {
 // it was saved in.
 class StateReader {
  public:
-  StateReader(const CheckpointOnDisk& ckpt, const CheckpointRank& rank, std::string hint)
+  StateReader(const CheckpointOnDisk& ckpt, const CheckpointRank& rank, std::string hint,
+              optim::MegatronOptimizer& optimizer)
       : hint_(std::move(hint)) {
     std::vector<std::string> rels;
-    if (ckpt.format == "torch") {  // Megatron-LM's file, its optimizer state under our names
+    if (ckpt.format == "torch_dist") {  // Megatron-LM's model-space state, cut for this rank
+      files_.push_back(read_torch_dist_optimizer(ckpt, optimizer, rank));
+      labels_.push_back((ckpt.dir / ".metadata").string());
+    } else if (ckpt.format == "torch") {  // Megatron-LM's file, its optimizer state under our names
       TorchRankContents r = read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, true);
       MG_REQUIRE(r.optimizer.has_value(), r.notes.empty() ? "no optimizer state" : r.notes.back(), hint_);
       files_.push_back(std::move(*r.optimizer));
@@ -224,7 +229,7 @@ void load_optimizer_state(const CheckpointOnDisk& ckpt, optim::MegatronOptimizer
   MG_REQUIRE(ckpt.state.optimizer_type == want, "the checkpoint ", ckpt.dir.string(), " holds ",
              ckpt.state.optimizer_type, " state but this run uses --optimizer ", want, hint);
   check_checkpoint_layout(ckpt, rank);
-  StateReader rd(ckpt, rank, hint);
+  StateReader rd(ckpt, rank, hint, optimizer);
   const model::ParameterList& ps = optimizer.parameters();
   // Whichever layout the checkpoint has, each piece this rank holds reads its elements.
   for (const optim::StatePiece& p : optimizer.state_pieces()) {

@@ -12,6 +12,7 @@
 #include "core/torch_file.h"
 #include "training/torch_checkpoint.h"
 #include "training/torch_dist_format.h"
+#include "training/torch_dist_optimizer.h"
 
 namespace megatron::training {
 
@@ -88,10 +89,14 @@ std::string gated_base(const DistcpFolder& f, const std::string& key) {
   return base;
 }
 
-// The model keys (a gated pair once, by its base key), checked for what this build reads.
-std::vector<std::string> model_keys(const DistcpFolder& f) {
+// The model keys (a gated pair once, by its base key), checked for what this build reads; with a
+// prefix ("optimizer.state.exp_avg.") the keys of that state of the model's tensors, the prefix
+// removed.
+std::vector<std::string> model_keys(const DistcpFolder& f, const std::string& prefix = "") {
   std::vector<std::string> keys;
-  for (const auto& [key, e] : f.entries()) {
+  for (const auto& [full_key, e] : f.entries()) {
+    if (!full_key.starts_with(prefix)) continue;
+    const std::string key = full_key.substr(prefix.size());
     if (e.is_bytes || !is_model_key(key) || key.ends_with("._extra_state")) continue;
     MG_REQUIRE(!key.starts_with("encoder.") && !key.starts_with("lm_head.") && !key.starts_with("binary_head.") &&
                    !key.starts_with("pooler."),
@@ -101,19 +106,19 @@ std::vector<std::string> model_keys(const DistcpFolder& f) {
     MG_REQUIRE(key.find(".experts.") == std::string::npos && key.find(".router.") == std::string::npos,
                f.metadata_label(), ": '", key, "' is a mixture-of-experts tensor, which this build "
                "does not read from torch_dist checkpoints yet");
-    const std::string base = gated_base(f, key);
+    const std::string base = gated_base(f, full_key);
     if (base.empty())
       keys.push_back(key);
     else if (key.ends_with("_w"))
-      keys.push_back(base);
+      keys.push_back(base.substr(prefix.size()));
   }
   return keys;
 }
 
-// The global tensor of a model key: [gate; up] along the rows for a gated pair.
-Tensor global_tensor(const DistcpFolder& f, const std::string& key) {
-  if (f.has(key)) return f.tensor(key);
-  const Tensor w = f.tensor(key + "_w"), v = f.tensor(key + "_v");
+// The global tensor of a model key (under `prefix`): [gate; up] along the rows for a gated pair.
+Tensor global_tensor(const DistcpFolder& f, const std::string& key, const std::string& prefix = "") {
+  if (f.has(prefix + key)) return f.tensor(prefix + key);
+  const Tensor w = f.tensor(prefix + key + "_w"), v = f.tensor(prefix + key + "_v");
   const int dim = has_layer_axis(key) ? 1 : 0;
   Shape shape = w.shape();
   MG_REQUIRE(int(shape.size()) > dim && v.shape().size() == shape.size(), f.metadata_label(), ": '", key,
@@ -126,10 +131,10 @@ Tensor global_tensor(const DistcpFolder& f, const std::string& key) {
 }
 
 // Its global shape, without reading it.
-Shape global_shape(const DistcpFolder& f, const std::string& key) {
-  if (f.has(key)) return f.entry(key).size;
-  Shape s = f.entry(key + "_w").size;
-  s[has_layer_axis(key) ? 1 : 0] += f.entry(key + "_v").size[has_layer_axis(key) ? 1 : 0];
+Shape global_shape(const DistcpFolder& f, const std::string& key, const std::string& prefix = "") {
+  if (f.has(prefix + key)) return f.entry(prefix + key).size;
+  Shape s = f.entry(prefix + key + "_w").size;
+  s[has_layer_axis(key) ? 1 : 0] += f.entry(prefix + key + "_v").size[has_layer_axis(key) ? 1 : 0];
   return s;
 }
 
@@ -194,8 +199,6 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
   const DistcpFolder f = DistcpFolder::open(dir);
   json& model = args["model"];
   model["model_family"] = "gpt";
-  bool optimizer = false;
-  for (const auto& [key, e] : f.entries()) optimizer = optimizer || key.starts_with("optimizer.");
   int64_t layers_seen = 0;  // non-homogeneous keys: 1 + the largest layer number
   for (const std::string& key : model_keys(f)) {
     const Shape size = global_shape(f, key);
@@ -244,9 +247,7 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
   // per micro-batch consumed (as for its .pt files).
   const int64_t mbs = a.micro_batch_size;
   c.state.rng = RngState{a.seed, uint64_t(mbs > 0 ? c.state.consumed_train_samples / mbs : 0)};
-  if (optimizer)
-    c.notes.push_back("the optimizer state of torch_dist checkpoints is not read yet: the weights load, "
-                      "the optimizer starts fresh (--no-load-optim, or --finetune)");
+  c.state.optimizer_type = torch_dist_optimizer(f, root.get("optimizer"), common, c.state.iteration, c.notes).type;
   {  // said once per folder and process (the folder is opened by several readers)
     static std::mutex mu;
     static std::set<std::string> told;
@@ -257,44 +258,57 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
   return c;
 }
 
-std::map<std::string, Tensor> read_torch_dist_model(const CheckpointOnDisk& ckpt,
-                                                    const std::function<bool(const std::string&)>& want) {
-  MG_CHECK(ckpt.format == "torch_dist", "read_torch_dist_model of a ", ckpt.format, " checkpoint");
-  const DistcpFolder f = DistcpFolder::open(ckpt.dir);
+namespace {
+
+// The global tensors of the model keys under `prefix` ("" for the weights, "optimizer.state.
+// exp_avg." for a state of the optimizer), under our names, those `want` accepts.
+std::map<std::string, Tensor> read_model_space(const CheckpointOnDisk& ckpt, const DistcpFolder& f,
+                                               const std::string& prefix,
+                                               const std::function<bool(const std::string&)>& want) {
   const std::string label = f.metadata_label();
   const bool tied = tied_of(ckpt);
   std::map<std::string, Tensor> out;
   auto put = [&](const std::string& ours, Tensor t, const std::string& key) {
-    check_finite_tensor(t, key, label);
+    check_finite_tensor(t, prefix + key, label);
     MG_REQUIRE(out.emplace(ours, std::move(t)).second, label, ": two tensors map to '", ours, "' (the second: '",
-               key, "')");
+               prefix + key, "')");
   };
-  for (const std::string& key : model_keys(f)) {
+  for (const std::string& key : model_keys(f, prefix)) {
     if (!has_layer_axis(key)) {
       const std::string ours = ours_of(key, tied, label);
       if (ours.empty() || (want && !want(ours))) continue;
-      put(ours, global_tensor(f, key), key);
+      put(ours, global_tensor(f, key, prefix), key);
       continue;
     }
     const std::string rest = key.substr(std::string(kLayers).size());
-    const int64_t L = global_shape(f, key)[0];
+    const int64_t L = global_shape(f, key, prefix)[0];
     Tensor global;  // read once, when a layer of it is wanted
     for (int64_t i = 0; i < L; ++i) {
       const std::string ours = ours_of(kLayers + std::to_string(i) + "." + rest, tied, label);
       if (ours.empty() || (want && !want(ours))) continue;
-      if (!global.defined()) global = global_tensor(f, key);
+      if (!global.defined()) global = global_tensor(f, key, prefix);
       put(ours, global.select(0, i).contiguous().clone(), key);
     }
   }
   return out;
 }
 
+}  // namespace
+
+std::map<std::string, Tensor> read_torch_dist_model(const CheckpointOnDisk& ckpt,
+                                                    const std::function<bool(const std::string&)>& want,
+                                                    const std::string& prefix) {
+  MG_CHECK(ckpt.format == "torch_dist", "read_torch_dist_model of a ", ckpt.format, " checkpoint");
+  return read_model_space(ckpt, DistcpFolder::open(ckpt.dir), prefix, want);
+}
+
 std::map<std::string, Tensor> read_torch_dist_shards(const CheckpointOnDisk& ckpt,
                                                      const std::map<std::string, Shape>& params,
-                                                     const CheckpointRank& rank) {
+                                                     const CheckpointRank& rank, const std::string& prefix,
+                                                     bool zero_fill_rows) {
   const std::map<std::string, model::WeightSpec> specs = checkpoint_weight_specs(ckpt, json());
   std::map<std::string, Tensor> full =
-      read_torch_dist_model(ckpt, [&](const std::string& n) { return params.count(n) > 0; });
+      read_torch_dist_model(ckpt, [&](const std::string& n) { return params.count(n) > 0; }, prefix);
   std::map<std::string, Tensor> out;
   for (auto& [name, t] : full) {
     const Shape& shape = params.at(name);
@@ -304,14 +318,14 @@ std::map<std::string, Tensor> read_torch_dist_shards(const CheckpointOnDisk& ckp
     const ShardRule rule = shard_rule(spec->second);
     if (rule.vocab && !shape.empty()) {
       const int64_t rows = shape[0] * (rule.dim == 0 ? rank.tp_size : 1);
-      if (t.size(0) != rows) t = repad_rows(t, rows, false);
+      if (t.size(0) != rows) t = repad_rows(t, rows, zero_fill_rows);
     }
     out.emplace(name, rank.tp_size > 1 ? split_shard(t, rule, rank.tp_rank, rank.tp_size) : t);
   }
   return out;
 }
 
-MergedCheckpoint merge_torch_dist_checkpoint(const CheckpointOnDisk& ckpt) {
+MergedCheckpoint merge_torch_dist_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer) {
   MergedCheckpoint m;
   m.source = ckpt;
   m.specs = checkpoint_weight_specs(ckpt, json());
@@ -327,6 +341,7 @@ MergedCheckpoint merge_torch_dist_checkpoint(const CheckpointOnDisk& ckpt) {
   MG_REQUIRE(emb != m.model.end(), ckpt.dir.string(), " has no word embedding (not a GPT checkpoint?)");
   m.padded_vocab_size = emb->second.size(0);
   m.notes = ckpt.notes;
+  if (with_optimizer && has_optimizer_state(ckpt)) merge_torch_dist_optimizer(ckpt, m);
   return m;
 }
 

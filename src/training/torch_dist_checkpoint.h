@@ -31,8 +31,8 @@
 // any TP x PP layout takes its shards through the weight specs' shard rules (checkpoint_convert.h),
 // the vocabulary tables re-padded to its padded vocabulary.
 //
-// Read: GPT models (dense). Not yet: the optimizer state (the weights load and the optimizer
-// starts fresh, said once), BERT/T5/MoE keys (refused by name).
+// Read: GPT models (dense), and the optimizer state in model space (torch_dist_optimizer.h). Not
+// yet: BERT/T5/MoE keys (refused by name).
 #pragma once
 
 #include <filesystem>
@@ -58,18 +58,23 @@ CheckpointOnDisk open_torch_dist_checkpoint(const std::filesystem::path& iterati
                                             std::optional<int64_t> expected_iteration);
 
 // The model's global (single-rank) tensors under our names, those `want` accepts (all when
-// empty), every value checked finite.
+// empty), every value checked finite. With a `prefix` ("optimizer.state.exp_avg."), the tensors
+// of the keys "<prefix><model key>" instead: a state of the optimizer in model space.
 std::map<std::string, Tensor> read_torch_dist_model(
-    const CheckpointOnDisk& ckpt, const std::function<bool(const std::string&)>& want = {});
+    const CheckpointOnDisk& ckpt, const std::function<bool(const std::string&)>& want = {},
+    const std::string& prefix = "");
 
 // The tensors of `params` (name -> this rank's shape) for tensor-parallel rank `rank` of this
 // run's layout: global tensors cut by the weights' shard rules, vocabulary tables re-padded to
-// the run's rows. Names the checkpoint lacks are left out (the caller names them).
+// the run's rows (new rows repeat the last, or are zero with zero_fill_rows). Names the checkpoint
+// lacks are left out (the caller names them). `prefix` as for read_torch_dist_model.
 std::map<std::string, Tensor> read_torch_dist_shards(const CheckpointOnDisk& ckpt,
                                                      const std::map<std::string, Shape>& params,
-                                                     const CheckpointRank& rank);
+                                                     const CheckpointRank& rank, const std::string& prefix = "",
+                                                     bool zero_fill_rows = false);
 
-// merge_checkpoint for a torch_dist checkpoint (model weights; no optimizer state yet).
-MergedCheckpoint merge_torch_dist_checkpoint(const CheckpointOnDisk& ckpt);
+// merge_checkpoint for a torch_dist checkpoint: the model weights and, with with_optimizer, the
+// optimizer state where the checkpoint has it in model space (torch_dist_optimizer.h).
+MergedCheckpoint merge_torch_dist_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer);
 
 }  // namespace megatron::training

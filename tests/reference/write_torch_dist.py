@@ -20,11 +20,14 @@ back; .metadata a pickle.dump of the Metadata). The classes are stand-ins of the
 name, fields and reduce protocol, so the pickle's opcodes are those the real classes produce.
 
   write_torch_dist.py make OUT     OUT/gpt2/ (GPT-2 style: LayerNorm, GeLU, learned positions,
-      biases, tied; --transformer-impl local names), OUT/llama/ (RMSNorm, SwiGLU, GQA, rope,
+      biases, tied; --transformer-impl local names; saved with DP 2 and the distributed optimizer's
+      state in its fully_reshardable format, distrib_optimizer.py sharded_param_state_fully_
+      reshardable, its common part as DistributedOptimizer.state_dict leaves it), OUT/llama/ (RMSNorm, SwiGLU, GQA, rope,
       no biases, untied; Transformer Engine's fused-norm names and _extra_state objects) and
       OUT/llama_layers/ (the same with one key per layer and fc1's gate/up keys), each
       saved as TP2 x PP2 would save it, with OUT/<name>.ref/ (config.json and weights.bin of the
-      merged weights under our names, for gpt_reference.py); OUT/evil_* (hostile variants of
+      merged weights under our names, for gpt_reference.py; for gpt2 also optimizer.json and
+      optimizer.bin, the optimizer state merged); OUT/evil_* (hostile variants of
       gpt2) and OUT/marker (must never appear: the hostile pickles would create it).
 """
 import argparse
@@ -45,6 +48,7 @@ import torch
 VOCAB, DIVISOR, SEQ = 60, 16, 32
 TP, PP = 2, 2
 ITERATION = 7
+OPTIMIZER_STEP = 6  # one step skipped (as an fp16 run's overflow would)
 
 
 def padded_vocab(tp):
@@ -169,7 +173,7 @@ _in(_fs, _StorageInfo)
 
 MODELS = {
     "gpt2": dict(L=4, H=32, heads=4, groups=4, ffn=128, swiglu=False, norm="LayerNorm",
-                 bias=True, untied=False, pe="learned_absolute", te=False, optimizer=True),
+                 bias=True, untied=False, pe="learned_absolute", te=False, dp=2, optimizer=True),
     "llama": dict(L=4, H=32, heads=4, groups=2, ffn=48, swiglu=True, norm="RMSNorm",
                   bias=False, untied=True, pe="rope", te=True),
 }
@@ -241,9 +245,23 @@ class Shard:
         self.key, self.global_shape, self.offsets, self.data = key, list(global_shape), list(offsets), data
 
 
-def rank_shards(m, w, t, p):
-    """What global rank (t, p) of a TP x PP run writes (main replicas only, DP = 1)."""
+def optimizer_state(m, w, seed):
+    """The distributed optimizer's state in model space, under our names: the fp32 main weights
+    ("param": the weights themselves in an fp32 model) and Adam's moments (exp_avg_sq positive)."""
+    g = torch.Generator().manual_seed(seed)
+    return {"param": {n: t.clone() for n, t in w.items()},
+            "exp_avg": {n: torch.randn(*t.shape, generator=g) * 1e-2 for n, t in w.items()},
+            "exp_avg_sq": {n: torch.randn(*t.shape, generator=g) ** 2 * 1e-4 for n, t in w.items()}}
+
+
+def rank_shards(m, w, opt, t, p, d):
+    """What global rank (t, p, d) of a TP x PP x DP run writes. Main replicas only: the model's
+    shards by DP rank 0; the optimizer's (fully_reshardable: Megatron's sharded_param_state_
+    fully_reshardable, each state tensor a ShardedTensor of its parameter's key, offsets and
+    replica id under "optimizer.state.<param|exp_avg|exp_avg_sq>.<key>") by the last DP rank, as
+    the fully parallel save spreads the main replicas over the data-parallel ranks."""
     L = m["L"]
+    DP = m.get("dp", 1)
     per = L // PP
     out, objects = [], []
 
@@ -273,38 +291,38 @@ def rank_shards(m, w, t, p):
             else:
                 out.append(Shard(key, [L] + list(full.shape), [layer] + offsets, data.unsqueeze(0)))
 
-    if p == 0:
-        add("embedding.word_embeddings.weight", w["embedding.word_embeddings.weight"], 0)
-        if "embedding.position_embeddings.weight" in w:
-            add("embedding.position_embeddings.weight", w["embedding.position_embeddings.weight"], None)
-    for layer in range(p * per, (p + 1) * per):
-        prefix = f"decoder.layers.{layer}."
-        for name in [n for n in w if n.startswith(prefix)]:
-            sub = name[len(prefix):]
-            swiglu = m["swiglu"] and sub.startswith("mlp.linear_fc1.")
-            if m.get("per_layer"):
-                add(f"decoder.layers.{layer}." + megatron_key(m, sub), w[name], tp_axis(sub), None, swiglu)
-            else:
-                add("decoder.layers." + megatron_key(m, sub), w[name], tp_axis(sub), layer, swiglu)
-        if m["te"] and t == 0:  # Transformer Engine modules' _extra_state: ShardedObjects
+    sources = []
+    if d == 0:
+        sources.append(("", w))
+    if opt is not None and d == DP - 1:
+        sources += [("optimizer.state.%s." % k, opt[k]) for k in ("param", "exp_avg", "exp_avg_sq")]
+    for prefix, src in sources:
+        if p == 0:
+            add(prefix + "embedding.word_embeddings.weight", src["embedding.word_embeddings.weight"], 0)
+            if "embedding.position_embeddings.weight" in src:
+                add(prefix + "embedding.position_embeddings.weight", src["embedding.position_embeddings.weight"], None)
+        for layer in range(p * per, (p + 1) * per):
+            lp = f"decoder.layers.{layer}."
+            for name in [n for n in src if n.startswith(lp)]:
+                sub = name[len(lp):]
+                swiglu = m["swiglu"] and sub.startswith("mlp.linear_fc1.")
+                if m.get("per_layer"):
+                    add(prefix + lp + megatron_key(m, sub), src[name], tp_axis(sub), None, swiglu)
+                else:
+                    add(prefix + "decoder.layers." + megatron_key(m, sub), src[name], tp_axis(sub), layer, swiglu)
+        if p == PP - 1:
+            for n in ("decoder.final_layernorm.weight", "decoder.final_layernorm.bias"):
+                if n in src:
+                    add(prefix + n, src[n], None)
+            if m["untied"]:
+                add(prefix + "output_layer.weight", src["output_layer.weight"], 0)
+    if m["te"] and t == 0 and d == 0:  # Transformer Engine modules' _extra_state: ShardedObjects
+        for layer in range(p * per, (p + 1) * per):
             for mod in ("self_attention.linear_qkv", "self_attention.core_attention",
                         "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"):
                 objects.append((f"decoder.layers.{mod}._extra_state/shard_{layer}_{L}", None))
-    if p == PP - 1:
-        for n in ("decoder.final_layernorm.weight", "decoder.final_layernorm.bias"):
-            if n in w:
-                add(n, w[n], None)
-        if m["untied"]:
-            add("output_layer.weight", w["output_layer.weight"], 0)
-    # The optimizer's state (Adam's moments of each parameter shard), under Megatron's keys
-    # "optimizer.state.<exp_avg|exp_avg_sq>.<the parameter's key>": not read yet.
-    if m.get("optimizer"):
-        for x in list(out):
-            for kind in ("exp_avg", "exp_avg_sq"):
-                out.append(Shard(f"optimizer.state.{kind}.{x.key}", x.global_shape, x.offsets,
-                                 torch.zeros_like(x.data)))
     # Megatron's rng_state: a ShardedObject per (PP, TP, DP) rank.
-    objects.append((f"rng_state/shard_{p}.{t}.0_{PP}.{TP}.1",
+    objects.append((f"rng_state/shard_{p}.{t}.{d}_{PP}.{TP}.{DP}",
                     {"random_rng_state": (3, tuple(range(4)), None), "np_rng_state": None}))
     return out, objects
 
@@ -323,7 +341,7 @@ def args_namespace(m):
         seq_length=SEQ, max_position_embeddings=SEQ, padded_vocab_size=padded_vocab(TP),
         make_vocab_size_divisible_by=DIVISOR, tensor_model_parallel_size=TP,
         pipeline_model_parallel_size=PP, virtual_pipeline_model_parallel_size=None,
-        data_parallel_size=1, swiglu=m["swiglu"], normalization=m["norm"], layernorm_epsilon=1e-5,
+        data_parallel_size=m.get("dp", 1), swiglu=m["swiglu"], normalization=m["norm"], layernorm_epsilon=1e-5,
         add_bias_linear=m["bias"], add_qkv_bias=m["bias"], untie_embeddings_and_output_weights=m["untied"],
         position_embedding_type=m["pe"], rotary_percent=1.0, rotary_base=10000, openai_gelu=False,
         apply_layernorm_1p=False, transformer_impl="transformer_engine" if m["te"] else "local",
@@ -331,38 +349,38 @@ def args_namespace(m):
         tokenizer_type="NullTokenizer", vocab_size=VOCAB, consumed_train_samples=ITERATION * 8,
         consumed_valid_samples=0, seed=1234, micro_batch_size=2, global_batch_size=8, train_iters=20,
         lr=3e-3, min_lr=3e-4, lr_decay_style="cosine", weight_decay=0.1, optimizer="adam",
-        use_distributed_optimizer=False, ckpt_format="torch_dist", iteration=ITERATION)
+        use_distributed_optimizer=bool(m.get("optimizer")), ckpt_format="torch_dist", iteration=ITERATION)
 
 
-def write_checkpoint(folder, m, w, evil=None):
+def write_checkpoint(folder, m, w, opt=None, evil=None):
     """folder/iter_0000007/ as Megatron's save_checkpoint leaves it, and the tracker."""
     it = os.path.join(folder, "iter_%07d" % ITERATION)
     os.makedirs(it, exist_ok=True)
     state_md, storage = {}, {}
-    for p in range(PP):
-        for t in range(TP):
-            rank = p * TP + t  # Megatron's order: TP fastest, then DP (1), then PP
-            shards, objects = rank_shards(m, w, t, p)
-            items = [("t", s) for s in shards] + [("b", o) for o in objects]
-            files = [bytearray(), bytearray()]  # thread_count = 2: __<rank>_0, __<rank>_1
-            for i, (kind, x) in enumerate(items):
-                f = i % 2
-                name = f"__{rank}_{f}.distcp"
-                offset = len(files[f])
-                if kind == "t":
-                    files[f] += torch_save_bytes(x.data)
-                    md = state_md.setdefault(x.key, TensorStorageMetadata(
-                        TensorProperties(x.data.dtype), torch.Size(x.global_shape), []))
-                    md.chunks.append(ChunkStorageMetadata(torch.Size(x.offsets), torch.Size(x.data.shape)))
-                    index = MetadataIndex(x.key, x.offsets, len(md.chunks) - 1)
-                else:
-                    files[f] += torch_save_bytes([x[1]])  # _mcore_to_torch_sharded_object
-                    state_md[x[0]] = BytesStorageMetadata()
-                    index = MetadataIndex(x[0])
-                storage[index] = _StorageInfo(name, offset, len(files[f]) - offset)
-            for f in range(2):
-                with open(os.path.join(it, f"__{rank}_{f}.distcp"), "wb") as out:
-                    out.write(bytes(files[f]))
+    DP = m.get("dp", 1)
+    for p, d, t in [(p, d, t) for p in range(PP) for d in range(DP) for t in range(TP)]:
+        rank = t + TP * (d + DP * p)  # Megatron's order: TP fastest, then DP, then PP
+        shards, objects = rank_shards(m, w, opt, t, p, d)
+        items = [("t", s) for s in shards] + [("b", o) for o in objects]
+        files = [bytearray(), bytearray()]  # thread_count = 2: __<rank>_0, __<rank>_1
+        for i, (kind, x) in enumerate(items):
+            f = i % 2
+            name = f"__{rank}_{f}.distcp"
+            offset = len(files[f])
+            if kind == "t":
+                files[f] += torch_save_bytes(x.data)
+                md = state_md.setdefault(x.key, TensorStorageMetadata(
+                    TensorProperties(x.data.dtype), torch.Size(x.global_shape), []))
+                md.chunks.append(ChunkStorageMetadata(torch.Size(x.offsets), torch.Size(x.data.shape)))
+                index = MetadataIndex(x.key, x.offsets, len(md.chunks) - 1)
+            else:
+                files[f] += torch_save_bytes([x[1]])  # _mcore_to_torch_sharded_object
+                state_md[x[0]] = BytesStorageMetadata()
+                index = MetadataIndex(x[0])
+            storage[index] = _StorageInfo(name, offset, len(files[f]) - offset)
+        for f in range(2):
+            with open(os.path.join(it, f"__{rank}_{f}.distcp"), "wb") as out:
+                out.write(bytes(files[f]))
     if evil == "offset":  # one item past the end of its file
         k = next(k for k in storage if k.fqn == "decoder.final_layernorm.weight")
         storage[k] = _StorageInfo(storage[k].relative_path, storage[k].offset, 10 ** 7)
@@ -383,8 +401,12 @@ def write_checkpoint(folder, m, w, evil=None):
                                       "num_steps": ITERATION * 8, "lr_decay_steps": 160,
                                       "lr_decay_style": "cosine", "start_wd": 0.1, "end_wd": 0.1},
               "num_floating_point_operations_so_far": 0.0}
-    if m.get("optimizer"):  # the optimizer's common part: its parameter groups
-        common["optimizer"] = {"param_groups": [{"lr": 3e-3, "weight_decay": 0.1, "params": []}]}
+    if opt is not None:  # the distributed optimizer's common part (DistributedOptimizer.state_dict)
+        group = {"wd_mult": 1.0, "lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False,
+                 "lr": 3e-3, "bias_correction": True, "betas": (0.9, 0.999), "eps": 1e-8,
+                 "weight_decay": 0.1, "amsgrad": False, "step": OPTIMIZER_STEP}
+        common["optimizer"] = {"optimizer": {"param_groups": [group, dict(group, wd_mult=0.0, weight_decay=0.0)]},
+                               "param_state": {}, "param_state_sharding_type": "fully_reshardable"}
     torch.save(common, os.path.join(it, "common.pt"))
     with open(os.path.join(it, "metadata.json"), "w") as f:  # serialization.save_config
         json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
@@ -394,10 +416,18 @@ def write_checkpoint(folder, m, w, evil=None):
     return it
 
 
-def write_reference(folder, m, w):
-    """config.json and weights.bin of the merged weights for gpt_reference.py (our names)."""
+def write_reference(folder, m, w, opt=None):
+    """config.json and weights.bin of the merged weights for gpt_reference.py (our names), and with
+    optimizer state optimizer.bin: its kinds in optimizer.json's order, each over the names of
+    config.json's "params" in order, float32."""
     os.makedirs(folder, exist_ok=True)
     names = sorted(w)
+    if opt is not None:
+        kinds = ["param", "exp_avg", "exp_avg_sq"]
+        with open(os.path.join(folder, "optimizer.json"), "w") as f:
+            json.dump({"kinds": kinds, "step": OPTIMIZER_STEP}, f)
+        np.concatenate([opt[k][n].numpy().ravel() for k in kinds for n in names]).astype(np.float32).tofile(
+            os.path.join(folder, "optimizer.bin"))
     cfg = {"num_layers": m["L"], "hidden_size": m["H"], "num_attention_heads": m["heads"],
            "kv_channels": m["H"] // m["heads"], "num_query_groups": m["groups"], "ffn_hidden_size": m["ffn"],
            "layernorm_epsilon": 1e-5, "apply_layernorm_1p": False, "position_embedding_type": m["pe"],
@@ -425,12 +455,13 @@ class _Evil:
 def make(out):
     for i, (name, m) in enumerate(MODELS.items()):
         w = full_weights(m, 100 + i)
-        write_checkpoint(os.path.join(out, name), m, w)
-        write_reference(os.path.join(out, name + ".ref"), m, w)
+        opt = optimizer_state(m, w, 200 + i) if m.get("optimizer") else None
+        write_checkpoint(os.path.join(out, name), m, w, opt)
+        write_reference(os.path.join(out, name + ".ref"), m, w, opt)
     m = MODELS["gpt2"]
     w = full_weights(m, 100)
     for evil in ("offset", "shape", "overlap", "missing"):
-        write_checkpoint(os.path.join(out, "evil_" + evil), m, w, evil)
+        write_checkpoint(os.path.join(out, "evil_" + evil), m, w, None, evil)
     marker = os.path.join(out, "marker")
     for evil, fn, arg in (("system", os.system, "touch " + marker),
                           ("eval", eval, "open(%r, 'w')" % marker)):

@@ -3,14 +3,17 @@
 // TP2 x PP2): a GPT-2-style and a Llama-style model load under TP1, TP2 x PP1, TP1 x PP2 (and
 // TP2 x PP2 at 4 ranks) with logits within 1e-5 of the float64 reference forward of the merged
 // weights (tests/reference/gpt_reference.py); `checkpoint convert` takes them to our format, to
-// Megatron's .pt and to Hugging Face; pretrain-gpt fine-tunes from one; hostile files are refused
+// Megatron's .pt and to Hugging Face; pretrain-gpt fine-tunes from one and resumes with its
+// (distributed) optimizer state, which merges to the writer's values; hostile files are refused
 // with an error naming what is wrong, and nothing they carry runs.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -21,6 +24,7 @@
 #include "parallel_test_util.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
+#include "training/checkpoint_convert.h"
 
 namespace megatron {
 namespace {
@@ -192,29 +196,96 @@ TEST(TorchDistCheckpoint, ConvertsToOursTorchAndHuggingFaceGeneratesAndEvaluates
   EXPECT_EQ(config["num_key_value_heads"], 2);
 }
 
-TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesFromIt) {
+// The fixture's optimizer state (the distributed optimizer's fully_reshardable format, saved by DP
+// rank 1 of TP2 x PP2 x DP2), merged: the writer's values under our names, bit for bit.
+TEST(TorchDistCheckpoint, OptimizerStateMergesToTheWritersValues) {
+  const fs::path ref = fixtures().dir / "gpt2.ref";
+  const json cfg = json::parse(mt::read_file(ref / "config.json"));
+  const json opt = json::parse(mt::read_file(ref / "optimizer.json"));
+  const std::string raw = mt::read_file(ref / "optimizer.bin");
+  const auto ckpt = training::find_checkpoint(fixtures().dir / "gpt2", std::nullopt);
+  ASSERT_TRUE(ckpt.has_value());
+  EXPECT_EQ(ckpt->state.optimizer_type, "adam");
+  EXPECT_TRUE(ckpt->parallel.distributed_optimizer);
+  EXPECT_EQ(ckpt->parallel.data_parallel_size, 2);
+  const training::MergedCheckpoint m = training::merge_checkpoint(*ckpt, true);
+  EXPECT_EQ(m.optimizer_type, "adam");
+  EXPECT_EQ(m.optimizer_step, opt["step"].get<int64_t>());
+  EXPECT_EQ(m.optimizer.count("fp32_param"), 0u);  // an fp32 model's main weights are its weights
+  size_t at = 0;
+  for (const json& kind : opt["kinds"])
+    for (const json& p : cfg["params"]) {
+      const std::string name = p["name"], k = kind;
+      int64_t n = 1;
+      for (const json& d : p["shape"]) n *= d.get<int64_t>();
+      const float* want = reinterpret_cast<const float*>(raw.data()) + at;
+      at += size_t(n);
+      const Tensor* got = nullptr;
+      if (k == "param") {
+        got = &m.model.at(name);
+      } else {
+        ASSERT_TRUE(m.optimizer.count(k) && m.optimizer.at(k).count(name)) << k << " " << name;
+        got = &m.optimizer.at(k).at(name);
+      }
+      ASSERT_EQ(got->numel(), n) << k << " " << name;
+      const Tensor c = got->contiguous();
+      EXPECT_EQ(std::memcmp(c.data<float>(), want, size_t(n) * 4), 0) << k << " " << name;
+    }
+  EXPECT_EQ(at * 4, raw.size());
+}
+
+TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesWithItsOptimizerState) {
   mt::TempDir out;
   training::parallel_test::write_corpus((out / "corpus").string());
-  const std::string run =
-      "pretrain-gpt --load " + (fixtures().dir / "gpt2").string() + " --num-layers 4 --hidden-size 32"
-      " --num-attention-heads 4 --max-position-embeddings 32 --make-vocab-size-divisible-by 16 --data-path " +
-      (out / "corpus").string() + " --split 100,0,0 --seq-length 32 --micro-batch-size 2 --global-batch-size 2"
-      " --lr 1e-4 --eval-iters 0 --log-interval 1 --tokenizer-type NullTokenizer --vocab-size 64";  // EOD 63
-  const auto ft = mt::run_cli(run + " --finetune --train-iters 2 --save-interval 2 --save " + (out / "ft").string() + " 2>&1");
+  const std::string flags =
+      " --num-layers 4 --hidden-size 32 --num-attention-heads 4 --max-position-embeddings 32"
+      " --make-vocab-size-divisible-by 16 --data-path " + (out / "corpus").string() +
+      " --split 100,0,0 --seq-length 32 --micro-batch-size 2 --global-batch-size 2 --eval-iters 0"
+      " --log-interval 1 --tokenizer-type NullTokenizer --vocab-size 64";  // EOD 63
+  const std::string src = (fixtures().dir / "gpt2").string();
+  const auto ft = mt::run_cli("pretrain-gpt --load " + src + flags + " --lr 1e-4 --finetune --train-iters 2"
+                              " --save-interval 2 --save " + (out / "ft").string() + " 2>&1");
   ASSERT_EQ(ft.exit_code, 0) << ft.output;
   EXPECT_TRUE(fs::exists(out / "ft" / "iter_0000002" / "metadata.json")) << ft.output;
-  // Resuming at iteration 7: the optimizer state is not read yet, which the run says unless
-  // --no-load-optim starts it fresh.
-  const auto refused = mt::run_cli(run + " --train-iters 9 2>&1");
-  EXPECT_EQ(refused.exit_code, 1) << refused.output;
-  EXPECT_NE(refused.output.find("optimizer state of torch_dist checkpoints is not read yet"), std::string::npos)
-      << refused.output;
-  const auto resumed = mt::run_cli(run + " --no-load-optim --train-iters 9 --save-interval 9 --save " +
-                                   (out / "re").string() + " 2>&1");
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("the optimizer starts fresh"), std::string::npos) << resumed.output;
-  EXPECT_NE(resumed.output.find("iteration        9/"), std::string::npos) << resumed.output;
-  EXPECT_TRUE(fs::exists(out / "re" / "iter_0000009" / "metadata.json")) << resumed.output;
+  // A full resume at iteration 7 (optimizer, step count, schedule) continues as a resume from the
+  // same state in our format does, and differs from one whose optimizer starts fresh.
+  // Under TP2 (two ranks) the state is cut for each rank as the weights are.
+  for (const std::string tp : {"1", "2"}) {
+    const auto ours = mt::run_cli("checkpoint convert --load " + src + " --save " + (out / ("ours" + tp)).string() +
+                                  " --target-tensor-parallel-size " + tp + kTokenizer + " 2>&1");
+    ASSERT_EQ(ours.exit_code, 0) << ours.output;
+  }
+  const std::string resume = flags + " --use-checkpoint-opt_param-scheduler --train-iters 9 --save-interval 9";
+  const std::string tp2 = " --tensor-model-parallel-size 2 --use-distributed-optimizer";
+  std::map<std::string, training::MergedCheckpoint> after;
+  for (const auto& [name, load, extra] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"torch_dist", src, ""}, {"ours", (out / "ours1").string(), ""},
+           {"fresh", src, " --no-load-optim --lr 3e-3"}, {"torch_dist_tp2", src, tp2},
+           {"ours_tp2", (out / "ours2").string(), tp2}}) {
+    const std::string launch = name.ends_with("tp2") ? "launch --nproc-per-node 2 -- " : "";
+    const auto r = mt::run_cli(launch + "pretrain-gpt --load " + load + resume + extra + " --save " +
+                               (out / name).string() + " 2>&1");
+    ASSERT_EQ(r.exit_code, 0) << name << ": " << r.output;
+    EXPECT_NE(r.output.find("iteration        9/"), std::string::npos) << r.output;
+    const auto saved = training::find_checkpoint(out / name, std::nullopt);
+    ASSERT_TRUE(saved.has_value()) << name;
+    EXPECT_EQ(saved->state.iteration, 9);
+    after.emplace(name, training::merge_checkpoint(*saved, true));
+  }
+  EXPECT_EQ(after.at("torch_dist").optimizer_step, 6 + 2);  // the fixture's 6 steps, then 2
+  EXPECT_EQ(after.at("torch_dist_tp2").optimizer_step, 6 + 2);
+  auto same = [](const Tensor& x, const Tensor& y) {
+    const Tensor a = x.contiguous(), b = y.contiguous();
+    return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(), size_t(a.numel()) * 4) == 0;
+  };
+  for (const auto& [name, t] : after.at("ours").model) {
+    EXPECT_TRUE(same(after.at("torch_dist").model.at(name), t)) << name;
+    EXPECT_FALSE(same(after.at("fresh").model.at(name), t)) << name;
+    EXPECT_TRUE(same(after.at("torch_dist_tp2").model.at(name), after.at("ours_tp2").model.at(name))) << name;
+    for (const std::string k : {"exp_avg", "exp_avg_sq"})
+      EXPECT_TRUE(same(after.at("torch_dist_tp2").optimizer.at(k).at(name), after.at("ours_tp2").optimizer.at(k).at(name)))
+          << k << " " << name;
+  }
 }
 
 TEST(TorchDistCheckpoint, HostileFilesAreRefusedAndNothingRuns) {
