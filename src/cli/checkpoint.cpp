@@ -178,7 +178,15 @@ void run_convert(const ConvertArgs& a) {
     log_print(str("format: Megatron-LM torch checkpoint (mp_rank_*/model_optim_rng.pt, Megatron-Core "
                   "names for --transformer-impl ", a.transformer_impl, "; load it in Megatron-LM with "
                   "--ckpt-format torch)"));
-  if (r.optimizer && a.save_format == "torch")
+  if (a.save_format == "torch_dist")
+    log_print(str("format: Megatron-LM torch_dist checkpoint (.metadata, __R_N.distcp, common.pt; "
+                  "Megatron-Core names for --transformer-impl ", a.transformer_impl, "; Megatron-LM "
+                  "loads it under any TP x PP)"));
+  if (r.optimizer && a.save_format == "torch_dist")
+    log_print("optimizer state: in parameter space (the distributed optimizer's fully_reshardable "
+              "format; Megatron-LM loads it with --use-distributed-optimizer "
+              "--dist-ckpt-optim-fully-reshardable)");
+  else if (r.optimizer && a.save_format == "torch")
     log_print("optimizer state: resharded (Megatron's non-distributed optimizer layout)");
   else if (r.optimizer)
     log_print("optimizer state: resharded (plain optimizer layout; loads with or without "
@@ -227,12 +235,14 @@ CommandRegistrar reg(
           ->capture_default_str();
       convert->add_option("--save-format", a->save_format,
                           "safetensors (this build's checkpoints), torch (Megatron-LM's "
-                          "model_optim_rng.pt files, for Megatron-LM's --ckpt-format torch) or hf "
+                          "model_optim_rng.pt files, for Megatron-LM's --ckpt-format torch), "
+                          "torch_dist (Megatron-LM's default format: .metadata, __R_N.distcp, "
+                          "common.pt; GPT models) or hf "
                           "(a Hugging Face transformers folder: GPT2LMHeadModel or LlamaForCausalLM)")
-          ->check(CLI::IsMember({"safetensors", "torch", "hf"}))
+          ->check(CLI::IsMember({"safetensors", "torch", "torch_dist", "hf"}))
           ->capture_default_str();
       convert->add_option("--transformer-impl", a->transformer_impl,
-                          "With --save-format torch: the --transformer-impl of the Megatron-LM run "
+                          "With --save-format torch or torch_dist: the --transformer-impl of the Megatron-LM run "
                           "that loads it (transformer_engine: fused norm names and _extra_state "
                           "entries; local: the local layer spec's names)")
           ->check(CLI::IsMember({"transformer_engine", "local"}))

@@ -152,7 +152,10 @@ bool is_allowed_global(const std::string& module, const std::string& name);
 
 // A protocol-2 pickle of `root` as torch.save writes it: dicts, OrderedDicts, lists, tuples,
 // None, bools, ints, floats, strings, argparse.Namespace and the objects above (by their class),
-// enums (by value or by name), torch dtypes, 1-D NumPy arrays and tensors. Each tensor gets a storage of its own, keyed "0", "1", ... in order of appearance:
+// enums (by value or by name), torch dtypes, 1-D NumPy arrays and tensors; a Tuple whose text is
+// "torch.Size" as torch.Size(tuple), an object (Namespace of a class) with `items` as BUILD with
+// that tuple state (TensorProperties' __getstate__), torch.strided as torch.layout pickles it
+// (torch.serialization._get_layout('torch.strided')). Each tensor gets a storage of its own, keyed "0", "1", ... in order of appearance:
 // `storages` receives (key, contiguous tensor) for the archive's data/<key> records.
 std::vector<uint8_t> pickle(const Value& root, std::vector<std::pair<std::string, Tensor>>& storages);
 

@@ -132,6 +132,12 @@ class Pickler {
     for (int64_t x : s) integer(x);
     op('t');
   }
+  void int_tuple_of(const Value& v, int depth) {  // a plain tuple of v's items
+    Value t;
+    t.kind = Kind::Tuple;
+    t.items = v.items;
+    value(t, depth + 1);
+  }
   void entries(const Value& m, int depth) {
     if (m.entries.empty()) return;
     op('(');
@@ -210,6 +216,13 @@ class Pickler {
       case Kind::Str: text(v.text); return;
       case Kind::Bytes: bytes(v.text); return;
       case Kind::Tuple:
+        if (v.text == "torch.Size") {  // torch.Size((d0, d1, ...))
+          global("torch", "Size");
+          int_tuple_of(v, depth);
+          op(0x85);  // TUPLE1
+          op('R');
+          return;
+        }
         if (v.items.empty()) {
           op(')');
         } else if (v.items.size() <= 3) {
@@ -249,13 +262,27 @@ class Pickler {
         }
         op(')');
         op(0x81);  // NEWOBJ
-        op('}');
-        entries(v, depth);
+        if (!v.items.empty()) {  // a tuple state (__getstate__ returning a tuple)
+          Value state;
+          state.kind = Kind::Tuple;
+          state.items = v.items;
+          value(state, depth + 1);
+        } else {
+          op('}');
+          entries(v, depth);
+        }
         op('b');
         return;
       case Kind::Enum: {
         // A member by value (Class(value), as Python 3.12 pickles enums) or by name
         // (getattr(Class, 'NAME')); torch's own constants (torch.strided) by their name.
+        if (v.text == "torch" && v.member == "strided") {  // torch.layout.__reduce__'s form
+          global("torch.serialization", "_get_layout");
+          text("torch.strided");
+          op(0x85);  // TUPLE1
+          op('R');
+          return;
+        }
         if (v.text == "torch") {
           global("torch", v.member.c_str());
           return;

@@ -12,6 +12,7 @@
 #include "model/tensor_parallel.h"
 #include "model/model_settings.h"
 #include "training/torch_dist_checkpoint.h"
+#include "training/torch_dist_write.h"
 #include "model/weight_spec.h"
 #include "optim/optimizer.h"
 #include "training/checkpoint_files.h"
@@ -396,6 +397,19 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
     return res;
   }
 
+  if (o.save_format == "torch_dist") {  // Megatron-LM's default format (training/torch_dist_write.h)
+    MG_REQUIRE(o.target_layers_per_virtual_stage == 0, "--save-format torch_dist: its keys do not depend "
+               "on virtual pipeline stages (Megatron loads it under any): leave out "
+               "--target-num-layers-per-virtual-pipeline-stage");
+    m.metadata["args"]["model"]["padded_vocab_size"] = target_vocab;
+    res.dir = write_torch_dist_checkpoint(m, o.save, T, P, TorchSaveOptions{o.transformer_impl});
+    res.num_tensors = m.model.size();
+    res.num_files = size_t(T) * size_t(P) * 2 + 3;
+    res.to = CheckpointParallel{T, P, 1, optim};
+    res.notes = m.notes;
+    return res;
+  }
+
   // Write the folder under a temporary name.
   const std::string dir_name = ckpt.dir.filename().string();
   detail::create_private_dirs(o.save);
@@ -503,8 +517,9 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   }
   MG_REQUIRE(!fs::exists(o.save, ec) || !fs::equivalent(o.load, o.save, ec),
              "--save must differ from --load");
-  MG_REQUIRE(o.save_format == "safetensors" || o.save_format == "torch" || o.save_format == "hf",
-             "--save-format must be safetensors, torch or hf (got '", o.save_format, "')");
+  MG_REQUIRE(o.save_format == "safetensors" || o.save_format == "torch" || o.save_format == "torch_dist" ||
+                 o.save_format == "hf",
+             "--save-format must be safetensors, torch, torch_dist or hf (got '", o.save_format, "')");
   if (o.load_format == "hf") return import_hf(o);
   auto found = find_checkpoint(o.load, o.ckpt_step);
   MG_REQUIRE(found.has_value(), "no checkpoint in --load ", o.load.string(),

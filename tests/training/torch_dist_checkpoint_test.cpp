@@ -255,13 +255,17 @@ TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesWithItsOptimizerState) {
                                   " --target-tensor-parallel-size " + tp + kTokenizer + " 2>&1");
     ASSERT_EQ(ours.exit_code, 0) << ours.output;
   }
+  // And as this build writes it (torch_dist again, TP1 x PP2).
+  const auto written = mt::run_cli("checkpoint convert --load " + src + " --save " + (out / "written").string() +
+                                   " --save-format torch_dist --target-pipeline-parallel-size 2" + kTokenizer + " 2>&1");
+  ASSERT_EQ(written.exit_code, 0) << written.output;
   const std::string resume = flags + " --use-checkpoint-opt_param-scheduler --train-iters 9 --save-interval 9";
   const std::string tp2 = " --tensor-model-parallel-size 2 --use-distributed-optimizer";
   std::map<std::string, training::MergedCheckpoint> after;
   for (const auto& [name, load, extra] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"torch_dist", src, ""}, {"ours", (out / "ours1").string(), ""},
            {"fresh", src, " --no-load-optim --lr 3e-3"}, {"torch_dist_tp2", src, tp2},
-           {"ours_tp2", (out / "ours2").string(), tp2}}) {
+           {"ours_tp2", (out / "ours2").string(), tp2}, {"written", (out / "written").string(), ""}}) {
     const std::string launch = name.ends_with("tp2") ? "launch --nproc-per-node 2 -- " : "";
     const auto r = mt::run_cli(launch + "pretrain-gpt --load " + load + resume + extra + " --save " +
                                (out / name).string() + " 2>&1");
@@ -280,11 +284,66 @@ TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesWithItsOptimizerState) {
   };
   for (const auto& [name, t] : after.at("ours").model) {
     EXPECT_TRUE(same(after.at("torch_dist").model.at(name), t)) << name;
+    EXPECT_TRUE(same(after.at("written").model.at(name), t)) << name;
     EXPECT_FALSE(same(after.at("fresh").model.at(name), t)) << name;
     EXPECT_TRUE(same(after.at("torch_dist_tp2").model.at(name), after.at("ours_tp2").model.at(name))) << name;
     for (const std::string k : {"exp_avg", "exp_avg_sq"})
       EXPECT_TRUE(same(after.at("torch_dist_tp2").optimizer.at(k).at(name), after.at("ours_tp2").optimizer.at(k).at(name)))
           << k << " " << name;
+  }
+}
+
+// `checkpoint convert --save-format torch_dist` under other layouts than the fixtures' TP2 x PP2:
+// read by the independent Python reader (tests/reference/read_torch_dist.py: the .metadata
+// pickle's classes, globals and fields those PyTorch's classes give, every chunk at its file
+// offset, the keys, shapes and values of the writer's model and optimizer state bit for bit), and
+// read back here bit for bit, also after a second conversion to yet another layout.
+TEST(TorchDistCheckpoint, WritesWhatAnIndependentReaderReadsAndReadsBackBitExactly) {
+  mt::TempDir out;
+  auto equal = [](const Tensor& x, const Tensor& y) {
+    const Tensor a = x.contiguous(), b = y.contiguous();
+    return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+           std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+  };
+  auto same_checkpoint = [&](const training::MergedCheckpoint& a, const training::MergedCheckpoint& b,
+                             const std::string& what) {
+    EXPECT_EQ(a.model.size(), b.model.size()) << what;
+    for (const auto& [name, t] : a.model) EXPECT_TRUE(b.model.count(name) && equal(t, b.model.at(name))) << what << " " << name;
+    EXPECT_EQ(a.optimizer_type, b.optimizer_type) << what;
+    EXPECT_EQ(a.optimizer_step, b.optimizer_step) << what;
+    for (const auto& [kind, ts] : a.optimizer)
+      for (const auto& [name, t] : ts)
+        EXPECT_TRUE(b.optimizer.count(kind) && b.optimizer.at(kind).count(name) && equal(t, b.optimizer.at(kind).at(name)))
+            << what << " " << kind << " " << name;
+  };
+  for (const auto& [name, layout, impl] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"gpt2", " --target-pipeline-parallel-size 2", "local"},
+           {"llama", " --target-tensor-parallel-size 2", "transformer_engine"}}) {
+    const fs::path src = fixtures().dir / name, dst = out / name;
+    const auto r = mt::run_cli("checkpoint convert --load " + src.string() + " --save " + dst.string() +
+                               " --save-format torch_dist --transformer-impl " + impl + layout + kTokenizer + " 2>&1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(mt::read_file(dst / "latest_checkpointed_iteration.txt"), "7");
+    const auto py = mt::run_command("/usr/bin/python3 " + (mt::source_dir() / "tests/reference/read_torch_dist.py").string() +
+                                    " check " + name + " " + (dst / "iter_0000007").string() + " " +
+                                    (src / "iter_0000007").string() + (impl == "local" ? " --local" : "") + " 2>&1");
+    EXPECT_EQ(py.exit_code, 0) << name << ": " << py.output;
+    EXPECT_NE(py.output.find("ok: "), std::string::npos) << py.output;
+    const auto original = training::find_checkpoint(src, std::nullopt), back = training::find_checkpoint(dst, std::nullopt);
+    ASSERT_TRUE(original && back);
+    EXPECT_EQ(back->format, "torch_dist");
+    EXPECT_EQ(back->parallel.tensor_model_parallel_size, name == "llama" ? 2 : 1);
+    EXPECT_EQ(back->parallel.pipeline_model_parallel_size, name == "gpt2" ? 2 : 1);
+    same_checkpoint(training::merge_checkpoint(*original, true), training::merge_checkpoint(*back, true), name);
+    // Once more, from what was written, to TP2 x PP2 with Transformer Engine's names.
+    const fs::path again = out / (name + "_again");
+    const auto r2 = mt::run_cli("checkpoint convert --load " + dst.string() + " --save " + again.string() +
+                                " --save-format torch_dist --target-tensor-parallel-size 2"
+                                " --target-pipeline-parallel-size 2" + kTokenizer + " 2>&1");
+    ASSERT_EQ(r2.exit_code, 0) << r2.output;
+    const auto twice = training::find_checkpoint(again, std::nullopt);
+    ASSERT_TRUE(twice);
+    same_checkpoint(training::merge_checkpoint(*original, true), training::merge_checkpoint(*twice, true), name + " again");
   }
 }
 

@@ -1,0 +1,48 @@
+// Megatron-LM's torch_dist checkpoints written without Python (`checkpoint convert --save-format
+// torch_dist`), in the structure the reader (torch_dist_checkpoint.h, torch_dist_format.h,
+// torch_dist_optimizer.h) documents and Megatron-Core's dist_checkpointing writes for a TP x PP
+// run of data-parallel size 1:
+//
+//   DIR/latest_checkpointed_iteration.txt          written last
+//   DIR/iter_N/metadata.json     {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+//                                 "common_backend": "torch", "common_backend_version": 1}
+//              common.pt         torch.save of {"args" (argparse.Namespace, Megatron's names),
+//                                "checkpoint_version": 3.0, "iteration", "opt_param_scheduler",
+//                                "optimizer" (the distributed optimizer's common part: parameter
+//                                groups with the step, "param_state_sharding_type":
+//                                "fully_reshardable"), "num_floating_point_operations_so_far"}
+//              __R_0.distcp, __R_1.distcp   global rank R = t + T p's items (two writer threads'
+//                                files; items alternate between them): each tensor chunk a
+//                                torch.save archive of the contiguous chunk, each object a
+//                                torch.save of [object]
+//              .metadata         pickle of torch.distributed.checkpoint.metadata.Metadata: every
+//                                key's TensorStorageMetadata (TensorProperties, global torch.Size,
+//                                chunks) or BytesStorageMetadata, and each item's MetadataIndex ->
+//                                _StorageInfo (file, offset, length)
+// Keys: the model's (Megatron-Core names of --transformer-impl; layer tensors under one key with
+// the global layer index as axis 0, one chunk per layer and TP rank; SwiGLU's fc1 two chunks per
+// TP rank; replicated tensors by TP rank 0; the tied output layer not written), the optimizer's
+// state in model space with the same chunks (optimizer.state.{param, exp_avg, exp_avg_sq |
+// momentum_buffer}.<key>: the distributed optimizer's fully_reshardable format; "param" are the
+// fp32 main weights, the weights themselves in an fp32 model), and the ShardedObjects as bytes
+// items: each layer module's _extra_state ("<key>/shard_<layer>_<L>", None), the output layer's
+// ("output_layer._extra_state/shard_0_1") and each rank's RNG state
+// ("rng_state/shard_<p>.<t>_<P>.<T>", Megatron's rng_state list for the seed).
+// The folder is written under a temporary name, files 0640, folders 0750, fsynced, renamed, and
+// the tracker replaced last.
+#pragma once
+
+#include <filesystem>
+
+#include "training/checkpoint_convert.h"
+#include "training/torch_checkpoint.h"
+
+namespace megatron::training {
+
+// Writes merged tensors (padded for the target's vocabulary, m.metadata in our metadata.json
+// shape) as a torch_dist checkpoint for TP = tp x PP = pp into save_dir. Returns the iteration
+// folder.
+std::filesystem::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const std::filesystem::path& save_dir,
+                                                  int tp, int pp, const TorchSaveOptions& options = {});
+
+}  // namespace megatron::training
