@@ -27,7 +27,8 @@ name, fields and reduce protocol, so the pickle's opcodes are those the real cla
       OUT/llama_layers/ (the same with one key per layer and fc1's gate/up keys), each
       saved as TP2 x PP2 would save it, with OUT/<name>.ref/ (config.json and weights.bin of the
       merged weights under our names, for gpt_reference.py; for gpt2 also optimizer.json and
-      optimizer.bin, the optimizer state merged); OUT/evil_* (hostile variants of
+      optimizer.bin, the optimizer state merged); OUT/dp_reshardable (gpt2 with the distributed
+      optimizer's default dp_reshardable buckets, which are not read); OUT/evil_* (hostile variants of
       gpt2) and OUT/marker (must never appear: the hostile pickles would create it).
 """
 import argparse
@@ -294,7 +295,12 @@ def rank_shards(m, w, opt, t, p, d):
     sources = []
     if d == 0:
         sources.append(("", w))
-    if opt is not None and d == DP - 1:
+    if opt == "dp_reshardable":  # the default format: flat buckets of each model-parallel group
+        n = 16
+        out.append(Shard("optimizer.distributed.dp_group_idx_%d.gbuf_idx_0.dtype_(torch.float32, "
+                         "torch.float32).bucket_idx_0.exp_avg" % (p * TP + t), [n], [d * n // DP],
+                         torch.zeros(n // DP)))
+    elif opt is not None and d == DP - 1:
         sources += [("optimizer.state.%s." % k, opt[k]) for k in ("param", "exp_avg", "exp_avg_sq")]
     for prefix, src in sources:
         if p == 0:
@@ -401,7 +407,9 @@ def write_checkpoint(folder, m, w, opt=None, evil=None):
                                       "num_steps": ITERATION * 8, "lr_decay_steps": 160,
                                       "lr_decay_style": "cosine", "start_wd": 0.1, "end_wd": 0.1},
               "num_floating_point_operations_so_far": 0.0}
-    if opt is not None:  # the distributed optimizer's common part (DistributedOptimizer.state_dict)
+    if opt == "dp_reshardable":
+        common["optimizer"] = {"param_state_sharding_type": "dp_reshardable"}
+    elif opt is not None:  # the distributed optimizer's common part (DistributedOptimizer.state_dict)
         group = {"wd_mult": 1.0, "lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False,
                  "lr": 3e-3, "bias_correction": True, "betas": (0.9, 0.999), "eps": 1e-8,
                  "weight_decay": 0.1, "amsgrad": False, "step": OPTIMIZER_STEP}
@@ -471,6 +479,8 @@ def make(out):
         meta.planner_data = {"x": _Evil(fn, arg)}
         with open(os.path.join(it, ".metadata"), "wb") as f:
             pickle.dump(meta, f)
+    # The distributed optimizer's default format, dp_reshardable: not read (said by name).
+    write_checkpoint(os.path.join(out, "dp_reshardable"), m, w, "dp_reshardable")
     # The same checkpoint from another sharded backend: refused by name.
     zarr = os.path.join(out, "zarr")
     shutil.copytree(os.path.join(out, "gpt2"), zarr)

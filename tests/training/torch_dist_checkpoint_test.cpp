@@ -293,6 +293,23 @@ TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesWithItsOptimizerState) {
   }
 }
 
+// The distributed optimizer's default format (flat buckets of Megatron's gradient buffers) is
+// not read: a resume stops naming it and the way on.
+TEST(TorchDistCheckpoint, DpReshardableOptimizerStateIsRefusedByName) {
+  mt::TempDir out;
+  training::parallel_test::write_corpus((out / "corpus").string());
+  const auto r = mt::run_cli("pretrain-gpt --load " + (fixtures().dir / "dp_reshardable").string() +
+                             " --num-layers 4 --hidden-size 32 --num-attention-heads 4 --max-position-embeddings 32"
+                             " --make-vocab-size-divisible-by 16 --data-path " + (out / "corpus").string() +
+                             " --split 100,0,0 --seq-length 32 --micro-batch-size 2 --global-batch-size 2"
+                             " --use-checkpoint-opt_param-scheduler --train-iters 9 --eval-iters 0"
+                             " --tokenizer-type NullTokenizer --vocab-size 64 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("dp_reshardable format"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--no-load-optim"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+}
+
 // `checkpoint convert --save-format torch_dist` under other layouts than the fixtures' TP2 x PP2:
 // read by the independent Python reader (tests/reference/read_torch_dist.py: the .metadata
 // pickle's classes, globals and fields those PyTorch's classes give, every chunk at its file
