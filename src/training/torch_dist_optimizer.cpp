@@ -102,8 +102,9 @@ SafetensorsContents read_torch_dist_optimizer(const CheckpointOnDisk& ckpt, opti
   const bool tied = !training_args_from_json(ckpt.state.args).model.untie_embeddings_and_output_weights;
   // name -> this rank's shape; the tied copy of the embedding reads the embedding's state.
   std::map<std::string, Shape> params;
-  bool tied_copy = false;
+  bool tied_copy = false, own_embedding = false;
   for (const model::Parameter* p : optimizer.parameters()) {
+    own_embedding = own_embedding || p->name == kWordEmbedding;
     if (tied && p->name == kOutputLayer) {
       tied_copy = true;
       params.emplace(kWordEmbedding, p->value.shape());
@@ -131,7 +132,8 @@ SafetensorsContents read_torch_dist_optimizer(const CheckpointOnDisk& ckpt, opti
     for (auto& [name, x] : t) {
       const Tensor f32 = x.dtype() == DType::F32 ? x : x.to(DType::F32);
       if (name == kWordEmbedding && tied_copy) out.tensors.emplace("optimizer.state." + ours + "." + kOutputLayer, f32);
-      out.tensors.emplace("optimizer.state." + ours + "." + name, f32);
+      if (name != kWordEmbedding || !tied_copy || own_embedding)
+        out.tensors.emplace("optimizer.state." + ours + "." + name, f32);
     }
   }
   return out;

@@ -119,12 +119,10 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
   const bool adam = m.optimizer_type == "adam";
   const DType dtype = m.model.at(kWordEmbedding).dtype();
 
-  fs::create_directories(save_dir);
-  detail::set_mode(save_dir, 0750);
   const fs::path tmp = save_dir / (".tmp_" + dir_name);
+  detail::create_private_dirs(save_dir);
   fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  detail::set_mode(tmp, 0750);
+  detail::create_private_dirs(tmp);
 
   // The states written per tensor: the weights, then the optimizer's in model space.
   std::vector<std::pair<std::string, std::function<Tensor(const std::string&)>>> states = {

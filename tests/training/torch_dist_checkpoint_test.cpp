@@ -4,8 +4,10 @@
 // TP2 x PP2 at 4 ranks) with logits within 1e-5 of the float64 reference forward of the merged
 // weights (tests/reference/gpt_reference.py); `checkpoint convert` takes them to our format, to
 // Megatron's .pt and to Hugging Face; pretrain-gpt fine-tunes from one and resumes with its
-// (distributed) optimizer state, which merges to the writer's values; hostile files are refused
-// with an error naming what is wrong, and nothing they carry runs.
+// (distributed) optimizer state, which merges to the writer's values; `checkpoint convert
+// --save-format torch_dist` writes what an independent Python reader reads
+// (tests/reference/read_torch_dist.py); hostile files are refused with an error naming what is
+// wrong, and nothing they carry runs.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -249,24 +251,30 @@ TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesWithItsOptimizerState) {
   EXPECT_TRUE(fs::exists(out / "ft" / "iter_0000002" / "metadata.json")) << ft.output;
   // A full resume at iteration 7 (optimizer, step count, schedule) continues as a resume from the
   // same state in our format does, and differs from one whose optimizer starts fresh.
-  // Under TP2 (two ranks) the state is cut for each rank as the weights are.
-  for (const std::string tp : {"1", "2"}) {
-    const auto ours = mt::run_cli("checkpoint convert --load " + src + " --save " + (out / ("ours" + tp)).string() +
-                                  " --target-tensor-parallel-size " + tp + kTokenizer + " 2>&1");
-    ASSERT_EQ(ours.exit_code, 0) << ours.output;
-  }
+  // Under TP2 (two ranks) the state is cut for each rank as the weights are; under PP2 the last
+  // stage's tied copy of the word embedding takes the embedding's state.
+  for (const std::string layout : {"tensor", "pipeline"})
+    for (const std::string n : {"1", "2"}) {
+      if (layout == "pipeline" && n == "1") continue;
+      const auto ours = mt::run_cli("checkpoint convert --load " + src + " --save " +
+                                    (out / ("ours_" + layout + n)).string() + " --target-" + layout +
+                                    "-parallel-size " + n + kTokenizer + " 2>&1");
+      ASSERT_EQ(ours.exit_code, 0) << ours.output;
+    }
   // And as this build writes it (torch_dist again, TP1 x PP2).
   const auto written = mt::run_cli("checkpoint convert --load " + src + " --save " + (out / "written").string() +
                                    " --save-format torch_dist --target-pipeline-parallel-size 2" + kTokenizer + " 2>&1");
   ASSERT_EQ(written.exit_code, 0) << written.output;
   const std::string resume = flags + " --use-checkpoint-opt_param-scheduler --train-iters 9 --save-interval 9";
   const std::string tp2 = " --tensor-model-parallel-size 2 --use-distributed-optimizer";
+  const std::string pp2 = " --pipeline-model-parallel-size 2";
   std::map<std::string, training::MergedCheckpoint> after;
   for (const auto& [name, load, extra] : std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"torch_dist", src, ""}, {"ours", (out / "ours1").string(), ""},
+           {"torch_dist", src, ""}, {"ours", (out / "ours_tensor1").string(), ""},
            {"fresh", src, " --no-load-optim --lr 3e-3"}, {"torch_dist_tp2", src, tp2},
-           {"ours_tp2", (out / "ours2").string(), tp2}, {"written", (out / "written").string(), ""}}) {
-    const std::string launch = name.ends_with("tp2") ? "launch --nproc-per-node 2 -- " : "";
+           {"ours_tp2", (out / "ours_tensor2").string(), tp2}, {"torch_dist_pp2", src, pp2},
+           {"ours_pp2", (out / "ours_pipeline2").string(), pp2}, {"written", (out / "written").string(), ""}}) {
+    const std::string launch = name.ends_with("2") ? "launch --nproc-per-node 2 -- " : "";
     const auto r = mt::run_cli(launch + "pretrain-gpt --load " + load + resume + extra + " --save " +
                                (out / name).string() + " 2>&1");
     ASSERT_EQ(r.exit_code, 0) << name << ": " << r.output;
@@ -286,10 +294,12 @@ TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesWithItsOptimizerState) {
     EXPECT_TRUE(same(after.at("torch_dist").model.at(name), t)) << name;
     EXPECT_TRUE(same(after.at("written").model.at(name), t)) << name;
     EXPECT_FALSE(same(after.at("fresh").model.at(name), t)) << name;
-    EXPECT_TRUE(same(after.at("torch_dist_tp2").model.at(name), after.at("ours_tp2").model.at(name))) << name;
-    for (const std::string k : {"exp_avg", "exp_avg_sq"})
-      EXPECT_TRUE(same(after.at("torch_dist_tp2").optimizer.at(k).at(name), after.at("ours_tp2").optimizer.at(k).at(name)))
-          << k << " " << name;
+    for (const std::string l : {"tp2", "pp2"}) {
+      const training::MergedCheckpoint &a = after.at("torch_dist_" + l), &b = after.at("ours_" + l);
+      EXPECT_TRUE(same(a.model.at(name), b.model.at(name))) << l << " " << name;
+      for (const std::string k : {"exp_avg", "exp_avg_sq"})
+        EXPECT_TRUE(same(a.optimizer.at(k).at(name), b.optimizer.at(k).at(name))) << l << " " << k << " " << name;
+    }
   }
 }
 

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Checkpoint save and load throughput of Megatron-LM's formats, side by side in one run:
+# `megatron checkpoint convert` from this build's checkpoint to torch_dist (.metadata + __R_N.distcp
+# + common.pt) and to torch (.pt files), and back from each to this build's format, for one GPT
+# model with its Adam state, against this disk's own speed for the same bytes (dd with fsync for
+# writing; cat of a file not in the page cache is not possible here, so reading is compared with
+# cat of the written folder, which is cached: a ceiling, not the disk).
+# Each conversion runs ROUNDS times, the formats alternating (torch_dist, torch, torch_dist, ...),
+# and the median wall time is quoted with MB/s = the folder's bytes / time. A conversion reads
+# one format and writes another: "save" rows read ours (safetensors) and write the format, "load"
+# rows read the format and write ours, so each row also holds the other side's cost.
+# MODEL: L layers, hidden H (default 12 x 768, vocab 4096: 86M parameters, about 1 GB with Adam's
+# moments); TP x PP of the written checkpoints: TP (default 2), PP (default 2).
+# Usage: [L=n] [H=n] [TP=n] [PP=n] [ROUNDS=n] bench/torch_dist_io.sh [BUILD_DIR] [WORK_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${1:-build}"; WORK="${2:-$(mktemp -d)}"
+L="${L:-12}"; H="${H:-768}"; TP="${TP:-2}"; PP="${PP:-2}"; ROUNDS="${ROUNDS:-3}"
+MEGATRON="$BUILD_DIR/megatron"
+TOK=(--tokenizer-type NullTokenizer --vocab-size 4096)
+mkdir -p "$WORK"
+echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%F)"
+echo "# model: $L layers, hidden $H, vocab 4096, fp32 with Adam state; written as TP $TP x PP $PP"
+
+# The source: one iteration of training, saved in this build's format.
+if [ ! -s "$WORK/ours/latest_checkpointed_iteration.txt" ]; then
+  "$MEGATRON" pretrain-gpt --num-layers "$L" --hidden-size "$H" --num-attention-heads $((H / 64)) \
+    --seq-length 64 --max-position-embeddings 64 --micro-batch-size 1 --global-batch-size 1 \
+    --train-iters 1 --lr 1e-4 --mock-data "${TOK[@]}" --save "$WORK/ours" --save-interval 1 \
+    --eval-iters 0 > "$WORK/train.log" 2>&1
+fi
+
+wall() {  # seconds of one command
+  local t0 t1
+  t0=$(date +%s.%N); "$@" > /dev/null 2>&1; t1=$(date +%s.%N)
+  echo "$t1 - $t0" | bc
+}
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}'; }
+bytes() { du -sb "$1" | cut -f1; }
+row() {  # label seconds... (bytes of the folder)
+  local label=$1 b=$2; shift 2
+  local m; m=$(printf '%s\n' "$@" | median)
+  printf '| %s | %.0f | %.2f | %.0f |\n' "$label" "$(echo "$b / 1000000" | bc -l)" "$m" "$(echo "$b / 1000000 / $m" | bc -l)"
+}
+
+declare -A T
+for r in $(seq "$ROUNDS"); do
+  for fmt in torch_dist torch; do
+    rm -rf "$WORK/$fmt"
+    T[save_$fmt]+=" $(wall "$MEGATRON" checkpoint convert --load "$WORK/ours" --save "$WORK/$fmt" \
+      --save-format "$fmt" --target-tensor-parallel-size "$TP" --target-pipeline-parallel-size "$PP" "${TOK[@]}")"
+  done
+  for fmt in torch_dist torch; do
+    rm -rf "$WORK/back_$fmt"
+    T[load_$fmt]+=" $(wall "$MEGATRON" checkpoint convert --load "$WORK/$fmt" --save "$WORK/back_$fmt" "${TOK[@]}")"
+  done
+done
+B=$(bytes "$WORK/torch_dist")
+for r in $(seq "$ROUNDS"); do
+  rm -f "$WORK/dd.bin"
+  T[dd]+=" $(wall dd if=/dev/zero of="$WORK/dd.bin" bs=1M count=$((B / 1048576)) conv=fsync)"
+  T[cat]+=" $(wall sh -c "cat '$WORK'/torch_dist/iter_*/* > /dev/null")"
+done
+echo
+echo "| what | MB | median s | MB/s |"
+echo "|---|---|---|---|"
+# shellcheck disable=SC2086
+row "save torch_dist (read ours, write .metadata + .distcp)" "$B" ${T[save_torch_dist]}
+# shellcheck disable=SC2086
+row "save torch (read ours, write .pt)" "$(bytes "$WORK/torch")" ${T[save_torch]}
+# shellcheck disable=SC2086
+row "load torch_dist (read it, write ours)" "$B" ${T[load_torch_dist]}
+# shellcheck disable=SC2086
+row "load torch (read .pt, write ours)" "$(bytes "$WORK/torch")" ${T[load_torch]}
+# shellcheck disable=SC2086
+row "disk: dd write with fsync, same bytes" "$B" ${T[dd]}
+# shellcheck disable=SC2086
+row "page cache: cat of the torch_dist folder" "$B" ${T[cat]}
