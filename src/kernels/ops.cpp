@@ -2,8 +2,11 @@
 // (backend.h). The kernels themselves live in cpu/, cuda/ and checked/.
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/op_profile.h"
 
-#define MG_DISPATCH(op, ...) return detail::dispatch<&OpTable::op>(#op, __VA_ARGS__)
+#define MG_DISPATCH(op, ...)                                  \
+  profile::Scope mg_profile_scope_(#op);                      \
+  return detail::dispatch<&OpTable::op>(#op, __VA_ARGS__)
 
 namespace megatron::ops {
 

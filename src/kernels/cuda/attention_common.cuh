@@ -133,6 +133,28 @@ struct Plan : ops::AttentionDims {
   }
 };
 
+// Query (or key) rows per warp in the tiled kernels: as many as keep a row's accumulators (DT
+// registers per lane each) within a few dozen registers.
+template <int DT>
+struct RowsPerWarp {
+  static constexpr int value = DT <= 2 ? 8 : 16 / DT;
+};
+
+// Raises a kernel's dynamic shared-memory limit to `bytes` (above the default 48 KB for wide
+// heads); Error when the device cannot give that much.
+template <class Kernel>
+void allow_shared(const char* op, Kernel kernel, size_t bytes) {
+  MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(bytes)));
+  (void)op;
+}
+
+// A 1-D grid of `blocks` blocks (Error past CUDA's limit).
+inline unsigned block_count(const char* op, int64_t blocks) {
+  MG_CHECK(blocks < (int64_t(1) << 31), op, ": ", blocks, " blocks exceed a CUDA grid");
+  return unsigned(blocks < 1 ? 1 : blocks);
+}
+
 // x . y over d elements, x in shared memory (every lane reads the same element: a broadcast).
 __device__ inline float row_dot(const float* x, const float* y, int d) {
   float s = 0.0f;
