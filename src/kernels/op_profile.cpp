@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace megatron::ops::profile {
@@ -74,7 +75,11 @@ bool enabled() {
 
 void set_device_sync(void (*sync)()) { state().sync = sync; }
 
-Scope::Scope(const char* op) : op_(op) {
+Scope::Scope(const char* op) : op_(op) { begin(); }
+
+Scope::Scope(std::string label) : op_(nullptr), label_(std::move(label)) { begin(); }
+
+void Scope::begin() {
   if (!enabled()) return;
   State& s = state();
   if (depth++ > 0) return;
@@ -94,7 +99,7 @@ Scope::~Scope() {
   }
   const double t = now() - start_;
   std::lock_guard<std::mutex> lock(s.mu);
-  Row& r = s.rows[op_];
+  Row& r = s.rows[op_ != nullptr ? std::string(op_) : label_];
   ++r.calls;
   r.seconds += t;
 }

@@ -24,9 +24,9 @@ TEST(OpProfile, TableCountsEveryDispatchedCallAndSharesAddUp) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const size_t at = r.output.find("op profile (MEGATRON_OP_PROFILE=1");
   ASSERT_NE(at, std::string::npos) << r.output;
-  // Rows: op, calls, total ms, mean us, share.
+  // Rows: op (a product's with its shape, dtype and transposes), calls, total ms, mean us, share.
   std::istringstream table(r.output.substr(at));
-  const std::regex row(R"(^(\w+) +(\d+) +([0-9.]+) +([0-9.]+) +([0-9.]+)%$)");
+  const std::regex row(R"(^(\S.*?\S) +(\d+) +([0-9.]+) +([0-9.]+) +([0-9.]+)%$)");
   std::string line;
   double shares = 0.0;
   long gemm_calls = 0, attention_calls = 0;
@@ -36,7 +36,7 @@ TEST(OpProfile, TableCountsEveryDispatchedCallAndSharesAddUp) {
     if (!std::regex_match(line, m, row)) continue;
     ++rows;
     shares += std::stod(m[5]);
-    if (m[1] == "gemm") gemm_calls = std::stol(m[2]);
+    if (m[1].str().rfind("gemm ", 0) == 0) gemm_calls += std::stol(m[2]);
     if (m[1] == "attention_fwd") attention_calls = std::stol(m[2]);
   }
   EXPECT_GT(rows, 5) << r.output.substr(at);
@@ -45,6 +45,9 @@ TEST(OpProfile, TableCountsEveryDispatchedCallAndSharesAddUp) {
   // backward (8, data and weight gradients) per iteration, plus the output layer's products.
   EXPECT_GE(gemm_calls, 2 * 12) << r.output.substr(at);
   EXPECT_EQ(attention_calls, 2) << r.output.substr(at);
+  // The QKV product of 2 x 16 tokens by hidden 32 into 3 x 32 columns, one per iteration.
+  EXPECT_NE(r.output.find("\ngemm 32x32x96 float32 NT "), std::string::npos)
+      << r.output.substr(at);
   EXPECT_NE(r.output.find("outside ops (from the first op)"), std::string::npos);
 }
 
