@@ -17,6 +17,8 @@
 #      torch.compile if the time allows);
 #   5. decode: batch-1 and batch-16 decode tokens/s (bench/generate_bench --device cuda) beside
 #      PyTorch with a KV cache;
+#   6. profile: 3 training iterations of the same model under MEGATRON_OP_PROFILE=1: the ops (and
+#      product shapes) that take the step's time;
 # and writes OUT/summary.md (a table of every phase: pass/fail, seconds, figures), OUT/results.jsonl
 # and one log per phase (OUT: $OUT when set, as on the device machine, else
 # build-gpu/gpu-check-out).
@@ -189,6 +191,7 @@ if [ "$DRY" = 1 ]; then
   TORCH_MODEL=(--device cpu --layers 2 --hidden 64 --heads 4 --seq 128 --mbs 2 --gbs 4 --steps 3
                --warmup 1 --prompt 16 --gen 8)
   TRAIN_BATCH=(--micro-batch-size 2 --global-batch-size 4 --train-iters 6 --log-interval 2)
+  PROFILE_BATCH=(--micro-batch-size 2 --global-batch-size 4 --train-iters 2 --log-interval 1)
   BENCH=(--layers 2 --hidden 64 --heads 4 --vocab 50304 --prompt 16 --gen 8 --reps 1)
   GQA_MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128
              --max-position-embeddings 128 --window-size 48 0)
@@ -198,6 +201,7 @@ else
          --max-position-embeddings 1024)
   TORCH_MODEL=(--device cuda)
   TRAIN_BATCH=(--micro-batch-size 8 --global-batch-size 64 --train-iters 30 --log-interval 5)
+  PROFILE_BATCH=(--micro-batch-size 8 --global-batch-size 16 --train-iters 3 --log-interval 1)
   BENCH=(--layers 12 --hidden 768 --heads 12 --vocab 50304 --prompt 128 --gen 64 --reps 2)
   GQA_MODEL=(--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024
              --max-position-embeddings 1024 --window-size 256 0)
@@ -300,4 +304,11 @@ for dtype in fp32 bf16; do
     record "decode_torch_$dtype" $(($(date +%s) - t)) '{"status": "fail", "why": "see the log"}'
   fi
 done
+
+# ---- 6. where the step's time goes ------------------------------------------------------------
+t=$(date +%s)
+MEGATRON_OP_PROFILE=1 run profile 120 "$MEGATRON" pretrain-gpt "${MODEL[@]}" "${DATA[@]}" \
+  "${PROFILE_BATCH[@]}" --bf16 --device "$DEVICE" --lr 6e-4 --hidden-dropout 0 \
+  --attention-dropout 0 --eval-iters 0
+check profile "$t" profile --log "$OUT_DIR/profile.log"
 finish
