@@ -159,16 +159,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  if (lane == 0) {
-    warp_lo[warp] = wlo;
-    warp_hi[warp] = whi;
-  }
-  __syncthreads();
-  int64_t blo = INT64_MAX, bhi = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    blo = min(blo, warp_lo[w]);
-    bhi = max(bhi, warp_hi[w]);
-  }
+  int64_t blo, bhi;
+  block_key_range(wlo, whi, warp_lo, warp_hi, blo, bhi);
   float m[R], l[R], acc[R][DT];
 #pragma unroll
   for (int r = 0; r < R; ++r) {

@@ -140,6 +140,25 @@ struct RowsPerWarp {
   static constexpr int value = DT <= 2 ? 8 : 16 / DT;
 };
 
+// The union [blo, bhi) of the key ranges of a block's rows, from each warp's union [wlo, whi)
+// (INT64_MAX, 0 when empty), through the block's shared warp_lo/warp_hi [kWarps]. Every thread of
+// the block calls it (it synchronises the block).
+__device__ inline void block_key_range(int64_t wlo, int64_t whi, int64_t* warp_lo,
+                                       int64_t* warp_hi, int64_t& blo, int64_t& bhi) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    warp_lo[warp] = wlo;
+    warp_hi[warp] = whi;
+  }
+  __syncthreads();
+  blo = INT64_MAX;
+  bhi = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    blo = min(blo, warp_lo[w]);
+    bhi = max(bhi, warp_hi[w]);
+  }
+}
+
 // Raises a kernel's dynamic shared-memory limit to `bytes` (above the default 48 KB for wide
 // heads); Error when the device cannot give that much.
 template <class Kernel>
