@@ -107,6 +107,13 @@ void llama_tensors(ExportTensors& x, const model::TransformerConfig& c, int64_t 
       x.add(h + "self_attn.o_proj." + k, x.take(o + "self_attention.linear_proj." + k));
     }
     x.add(h + "post_attention_layernorm.weight", norm_weight(x.take(o + "pre_mlp_layernorm.weight"), one_p));
+    if (c.num_moe_experts > 0) {  // Mixtral: an MoE block in every layer (the table refuses others)
+      export_mixtral_moe({[&](const std::string& n) -> const Tensor& { return x.take(n); },
+                          [&](const std::string& n) { return x.has(n); },
+                          [&](const std::string& n, const Tensor& t) { x.add(n, t); }},
+                         c, i);
+      continue;
+    }
     for (const char* kind : {"weight", "bias"}) {
       const std::string k = kind;
       if (k == "bias" && !bias) continue;
@@ -121,7 +128,7 @@ void llama_tensors(ExportTensors& x, const model::TransformerConfig& c, int64_t 
   x.add("model.norm.weight", norm_weight(x.take("decoder.final_layernorm.weight"), one_p));
   if (c.untie_embeddings_and_output_weights)
     x.add("lm_head.weight", x.take("output_layer.weight").narrow(0, 0, vocab));
-  x.check_all_used("LlamaForCausalLM");
+  x.check_all_used(c.num_moe_experts > 0 ? "MixtralForCausalLM" : "LlamaForCausalLM");
 }
 
 // MegatronBertForPreTraining (with the binary head) or MegatronBertForMaskedLM.
@@ -259,6 +266,12 @@ ojson hf_config_json(const std::string& type, const model::TransformerConfig& c,
     keys["reorder_and_upcast_attn"] = false;
     keys["scale_attn_by_inverse_layer_idx"] = false;
     keys["scale_attn_weights"] = true;
+  } else if (arch == model::HfArch::mixtral) {
+    j["architectures"] = {"MixtralForCausalLM"};
+    keys["bos_token_id"] = id(bos);
+    keys["eos_token_id"] = id(eos);
+    keys["output_router_logits"] = false;
+    keys["router_jitter_noise"] = 0.0;
   } else {
     j["architectures"] = {"LlamaForCausalLM"};
     keys["bos_token_id"] = id(bos);
@@ -276,8 +289,6 @@ ojson hf_config_json(const std::string& type, const model::TransformerConfig& c,
 HfExportResult export_hf_checkpoint(const MergedCheckpoint& m, const TrainingArgs& args,
                                     const HfExportOptions& o) {
   const model::TransformerConfig& c = args.model;
-  MG_REQUIRE(c.num_moe_experts == 0, "Hugging Face export of mixture-of-experts checkpoints "
-             "(Mixtral, Qwen-MoE) is not built yet");
   HfExportResult res;
   res.model_type = hf_model_type(c);
   const int64_t vocab = o.true_vocab_size;
@@ -289,7 +300,7 @@ HfExportResult export_hf_checkpoint(const MergedCheckpoint& m, const TrainingArg
     gpt2_tensors(x, c, vocab);
   else if (res.model_type == "megatron-bert")
     megatron_bert_tensors(x, c, vocab);
-  else
+  else  // llama, mixtral
     llama_tensors(x, c, vocab);
   const DType dtype = o.params_dtype ? *o.params_dtype : m.model.at("embedding.word_embeddings.weight").dtype();
   torch_dtype_name(dtype);  // refuses other dtypes

@@ -170,12 +170,15 @@ void llama_tensors(Tensors& x, const model::TransformerConfig& c, int64_t V, con
       m[ours(i, "self_attention.linear_qkv." + k)] = fuse_qkv(p, n, g, d);
       m[ours(i, "self_attention.linear_proj." + k)] =
           x.take(l + "self_attn.o_proj." + k, k == "bias" ? Shape{h} : Shape{h, n * d}, folder);
+      if (c.num_moe_experts > 0) continue;  // Mixtral: the MoE block below
       m[ours(i, "mlp.linear_fc1." + k)] = cat_rows({x.take(l + "mlp.gate_proj." + k, shape(f, h), folder),
                                                     x.take(l + "mlp.up_proj." + k, shape(f, h), folder)});
       m[ours(i, "mlp.linear_fc2." + k)] =
           x.take(l + "mlp.down_proj." + k, k == "bias" ? Shape{h} : Shape{h, f}, folder);
     }
     m[ours(i, "pre_mlp_layernorm.weight")] = x.take(l + "post_attention_layernorm.weight", {h}, folder);
+    if (c.num_moe_experts > 0)
+      import_mixtral_moe([&](const std::string& n, const Shape& s) { return x.take(n, s, folder); }, c, i, m);
   }
   m["decoder.final_layernorm.weight"] = x.take("norm.weight", {h}, folder);
 }
@@ -266,7 +269,7 @@ std::optional<data::TokenizerOptions> folder_tokenizer(const fs::path& folder, c
     t.vocab_file = "vocab.json";
     t.merge_file = "merges.txt";
     files = {"vocab.json", "merges.txt"};
-  } else if (has("tokenizer.model") && (type == "llama" || !has("tokenizer.json"))) {
+  } else if (has("tokenizer.model") && (type == "llama" || type == "mixtral" || !has("tokenizer.json"))) {
     t.type = "Llama2Tokenizer";
     t.tokenizer_model = "tokenizer.model";
     files = {"tokenizer.model"};
@@ -294,8 +297,13 @@ model::TransformerConfig hf_config_to_model(const model::HfConfigFile& cfg) {
     if (type == model::kHfArchNames[i]) arch = model::HfArch(i);
   if (!arch)
     cfg.unsupported("model_type", "this build imports gpt2 (GPT2LMHeadModel), llama "
-                    "(LlamaForCausalLM) and megatron-bert (MegatronBertForPreTraining, "
-                    "MegatronBertForMaskedLM) models");
+                    "(LlamaForCausalLM), megatron-bert (MegatronBertForPreTraining, "
+                    "MegatronBertForMaskedLM) and mixtral (MixtralForCausalLM) models");
+  if (*arch == model::HfArch::mixtral) {  // (jitter: training-time noise on the router's input)
+    if (cfg.number("router_jitter_noise", 0.0) != 0.0)
+      cfg.unsupported("router_jitter_noise", "the router's input is not jittered here (training "
+                      "would differ from transformers'); set it to 0.0");
+  }
   if (*arch == model::HfArch::gpt2) {
     if (!cfg.boolean("scale_attn_weights", true))
       cfg.unsupported("scale_attn_weights", "attention is scaled by 1/sqrt(head dim) here");

@@ -345,7 +345,10 @@ TEST(ModelSettings, EveryRowMapsToEveryHuggingFaceArchitectureOrIsRefused) {
   llama.add_bias_linear = false, llama.untie_embeddings_and_output_weights = true;
   TransformerConfig bert = gpt2;
   bert.model_family = "bert", bert.attention_mask_type = "bidirectional", bert.activation = "gelu";
-  const TransformerConfig bases[] = {gpt2, llama, bert};
+  TransformerConfig mixtral = llama;
+  mixtral.num_moe_experts = 4, mixtral.moe_router_topk = 2;
+  const TransformerConfig bases[] = {gpt2, llama, bert, mixtral};
+  static_assert(std::size(bases) == model::kHfArchCount);
   int refused = 0, mapped = 0;
   for (size_t a = 0; a < model::kHfArchCount; ++a) {
     const model::HfArch arch = model::HfArch(a);
@@ -385,9 +388,9 @@ TEST(ModelSettings, EveryRowMapsToEveryHuggingFaceArchitectureOrIsRefused) {
           ++refused;
           continue;
         }
-        if (type != name) {  // the setting chose another class
+        if (type != name) {  // the setting chose another class (experts: Mixtral)
           EXPECT_TRUE(std::string(s.key) == "position_embedding_type" ||
-                      std::string(s.key) == "model_family") << type;
+                      std::string(s.key) == "model_family" || std::string(s.key) == "num_moe_experts") << type;
           continue;
         }
         if (carried) {

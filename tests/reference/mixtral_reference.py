@@ -1,0 +1,228 @@
+#!/usr/bin/python3
+"""An independent Mixtral (transformers' MixtralForCausalLM), for the Hugging Face MoE tests.
+
+It knows nothing of megatron.cpp. The model is written by hand from the definitions of
+transformers' models/mixtral/modeling_mixtral.py (transformers itself is not needed), in float64:
+  - MixtralModel: embed_tokens, layers, norm; MixtralForCausalLM: lm_head (or the embedding when
+    tie_word_embeddings);
+  - MixtralDecoderLayer: x + self_attn(input_layernorm(x)), then
+    x + block_sparse_moe(post_attention_layernorm(x));
+  - MixtralRMSNorm: weight * x * rsqrt(mean(x^2) + rms_norm_eps);
+  - MixtralAttention: q/k/v/o_proj without biases, head_dim (or hidden / heads), rotate-half
+    rotary with inv_freq = 1 / rope_theta^(arange(0, d, 2) / d), grouped-query attention by
+    repeat_kv, scores scaled by head_dim^-0.5, the causal mask and, with sliding_window W, the
+    overlay of masking_utils.sliding_window_overlay: key kv is seen by query q iff kv > q - W;
+  - MixtralSparseMoeBlock: router_logits = gate(x); weights = softmax(router_logits) over all
+    experts; top num_experts_per_tok; weights /= their sum; sum over the chosen experts of
+    weight * w2(silu(w1(x)) * w3(x)) (MixtralBlockSparseTop2MLP).
+The safetensors files are written and read by hand (8-byte little-endian header length, JSON
+header, data).
+
+Usage:
+  mixtral_reference.py fixture DIR [--window W] [--tied] [--seed S]
+      writes DIR/config.json and DIR/model.safetensors (float32) of a small Mixtral: vocabulary
+      64, hidden 16, 2 layers, 4 heads of 4 in 2 key-value groups, 4 experts of width 24, top-2,
+      rope_theta 500, rms_norm_eps 1e-5, 32 positions; random weights from the seed
+  mixtral_reference.py logprobs TOKENS.json DIR...
+      TOKENS.json: [[id, ...], ...]; prints {"logprobs": {DIR: [[log p(t_i | t_<i) for i >= 1],
+      ...]}, "routing": {DIR: [smallest gap between the k-th and (k+1)-th router probability over
+      every token and layer]}}
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def write_safetensors(path, tensors):
+    header, blobs, at = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, t in tensors.items():
+        raw = t.contiguous().numpy().tobytes()
+        header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    data = bytearray(raw[8 + n:])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        out[name] = torch.frombuffer(data[b:e], dtype=DTYPES[info["dtype"]]).reshape(info["shape"]).clone()
+    return out
+
+
+def load_folder(folder):
+    weights = {}
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    for file in files:
+        weights.update(read_safetensors(os.path.join(folder, file)))
+    with open(os.path.join(folder, "config.json")) as f:
+        return json.load(f), weights
+
+
+def fixture(folder, window, tied, seed):
+    V, h, L, n, g, d, f, E, k = 64, 16, 2, 4, 2, 4, 24, 4, 2
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, std=0.3):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * std).to(torch.float32)
+
+    w = {"model.embed_tokens.weight": rnd(V, h, std=1.0)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = 1 + rnd(h, std=0.1)
+        w[p + "post_attention_layernorm.weight"] = 1 + rnd(h, std=0.1)
+        w[p + "self_attn.q_proj.weight"] = rnd(n * d, h)
+        w[p + "self_attn.k_proj.weight"] = rnd(g * d, h)
+        w[p + "self_attn.v_proj.weight"] = rnd(g * d, h)
+        w[p + "self_attn.o_proj.weight"] = rnd(h, n * d)
+        w[p + "block_sparse_moe.gate.weight"] = rnd(E, h, std=1.0)
+        for e in range(E):
+            q = p + f"block_sparse_moe.experts.{e}."
+            w[q + "w1.weight"] = rnd(f, h)
+            w[q + "w2.weight"] = rnd(h, f)
+            w[q + "w3.weight"] = rnd(f, h)
+    w["model.norm.weight"] = 1 + rnd(h, std=0.1)
+    if not tied:
+        w["lm_head.weight"] = rnd(V, h)
+    config = {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": V,
+        "hidden_size": h, "intermediate_size": f, "num_hidden_layers": L,
+        "num_attention_heads": n, "num_key_value_heads": g, "head_dim": d, "hidden_act": "silu",
+        "max_position_embeddings": 32, "initializer_range": 0.02, "rms_norm_eps": 1e-5,
+        "use_cache": True, "rope_theta": 500.0, "sliding_window": window,
+        "attention_dropout": 0.0, "num_experts_per_tok": k, "num_local_experts": E,
+        "output_router_logits": False, "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0,
+        "tie_word_embeddings": tied, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+    }
+    os.makedirs(folder, exist_ok=True)
+    write_safetensors(os.path.join(folder, "model.safetensors"), w)
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump(config, fh, indent=2)
+
+
+def rms_norm(x, weight, eps):
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def forward(config, w, tokens):
+    """log-probs [S, V] of one sequence, float64."""
+    W = {name: t.to(torch.float64) for name, t in w.items()}
+    h = config["hidden_size"]
+    n, g = config["num_attention_heads"], config["num_key_value_heads"]
+    d = config.get("head_dim") or h // n
+    eps, theta = config["rms_norm_eps"], config["rope_theta"]
+    E, k = config["num_local_experts"], config["num_experts_per_tok"]
+    window = config.get("sliding_window")
+    S = len(tokens)
+    x = W["model.embed_tokens.weight"][torch.tensor(tokens)]
+    pos = torch.arange(S, dtype=torch.float64)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(torch.float64) / d))
+    emb = torch.cat((pos[:, None] * inv_freq[None, :],) * 2, dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    q_idx, kv_idx = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    allowed = kv_idx <= q_idx
+    if window is not None:
+        allowed = allowed & (kv_idx > q_idx - window)
+    mask = torch.zeros(S, S, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
+    gaps = []
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        r = x
+        y = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = (y @ W[p + "self_attn.q_proj.weight"].T).view(S, n, d).transpose(0, 1)
+        kk = (y @ W[p + "self_attn.k_proj.weight"].T).view(S, g, d).transpose(0, 1)
+        v = (y @ W[p + "self_attn.v_proj.weight"].T).view(S, g, d).transpose(0, 1)
+        q, kk = q * cos + rotate_half(q) * sin, kk * cos + rotate_half(kk) * sin
+        kk = kk.repeat_interleave(n // g, dim=0)
+        v = v.repeat_interleave(n // g, dim=0)
+        a = torch.softmax(q @ kk.transpose(1, 2) * d ** -0.5 + mask, dim=-1) @ v
+        x = r + a.transpose(0, 1).reshape(S, n * d) @ W[p + "self_attn.o_proj.weight"].T
+        r = x
+        y = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        probs = torch.softmax(y @ W[p + "block_sparse_moe.gate.weight"].T, dim=-1)
+        top, chosen = torch.topk(probs, k, dim=-1)
+        if k < E:
+            gaps.append(float((top[:, -1] - torch.topk(probs, k + 1, dim=-1).values[:, -1]).min()))
+        top = top / top.sum(-1, keepdim=True)
+        out = torch.zeros_like(y)
+        for t in range(S):
+            for j in range(k):
+                e = int(chosen[t, j])
+                q_ = p + f"block_sparse_moe.experts.{e}."
+                z = F.silu(W[q_ + "w1.weight"] @ y[t]) * (W[q_ + "w3.weight"] @ y[t])
+                out[t] += top[t, j] * (W[q_ + "w2.weight"] @ z)
+        x = r + out
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    head = W["lm_head.weight"] if not config.get("tie_word_embeddings", False) else W["model.embed_tokens.weight"]
+    return torch.log_softmax(x @ head.T, dim=-1), min(gaps) if gaps else math.inf
+
+
+def main():
+    cmd = sys.argv[1]
+    if cmd == "fixture":
+        args = sys.argv[2:]
+        folder, window, tied, seed = args[0], None, False, 1234
+        i = 1
+        while i < len(args):
+            if args[i] == "--window":
+                window, i = int(args[i + 1]), i + 2
+            elif args[i] == "--seed":
+                seed, i = int(args[i + 1]), i + 2
+            elif args[i] == "--tied":
+                tied, i = True, i + 1
+            else:
+                raise SystemExit(f"unknown argument {args[i]}")
+        fixture(folder, window, tied, seed)
+        print(json.dumps({"written": folder}))
+    elif cmd == "logprobs":
+        with open(sys.argv[2]) as f:
+            seqs = json.load(f)
+        out, routing = {}, {}
+        for folder in sys.argv[3:]:
+            config, w = load_folder(folder)
+            assert config["model_type"] == "mixtral", config["model_type"]
+            lps, gap = [], math.inf
+            for s in seqs:
+                lp, g_ = forward(config, w, s)
+                lps.append([float(lp[i - 1, s[i]]) for i in range(1, len(s))])
+                gap = min(gap, g_)
+            out[folder], routing[folder] = lps, gap
+        print(json.dumps({"logprobs": out, "routing": routing}))
+    else:
+        raise SystemExit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()
