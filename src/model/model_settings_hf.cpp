@@ -373,7 +373,7 @@ std::map<std::string, Columns> columns() {
                         "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
                         "moe_grouped_gemm", "moe_token_dispatcher_type"})
     t[k] = all(moe);
-  mixtral_columns(t);
+  moe_columns(t);
   return t;
 }
 

@@ -79,8 +79,8 @@ inline HfMapping float_key(std::vector<const char*> keys, float TC::*f, double f
              });
 }
 
-// The mixture-of-experts columns (model_settings_hf_moe.cpp): filled in after the dense
-// architectures' columns, from the Llama column where the class agrees with Llama.
-void mixtral_columns(std::map<std::string, Columns>& t);
+// The mixture-of-experts columns (Mixtral, Qwen2-MoE; model_settings_hf_moe.cpp): filled in
+// after the dense architectures' columns, from the Llama column where the class agrees with Llama.
+void moe_columns(std::map<std::string, Columns>& t);
 
 }  // namespace megatron::model::hf_table

@@ -347,7 +347,10 @@ TEST(ModelSettings, EveryRowMapsToEveryHuggingFaceArchitectureOrIsRefused) {
   bert.model_family = "bert", bert.attention_mask_type = "bidirectional", bert.activation = "gelu";
   TransformerConfig mixtral = llama;
   mixtral.num_moe_experts = 4, mixtral.moe_router_topk = 2;
-  const TransformerConfig bases[] = {gpt2, llama, bert, mixtral};
+  TransformerConfig qwen2_moe = mixtral;
+  qwen2_moe.moe_shared_expert_intermediate_size = 16, qwen2_moe.moe_shared_expert_gate = true;
+  qwen2_moe.add_qkv_bias = true;
+  const TransformerConfig bases[] = {gpt2, llama, bert, mixtral, qwen2_moe};
   static_assert(std::size(bases) == model::kHfArchCount);
   int refused = 0, mapped = 0;
   for (size_t a = 0; a < model::kHfArchCount; ++a) {
@@ -382,7 +385,8 @@ TEST(ModelSettings, EveryRowMapsToEveryHuggingFaceArchitectureOrIsRefused) {
           bool named = msg.find(s.key) != std::string::npos;
           for (const char* f : s.flags) named = named || msg.find(f) != std::string::npos;
           const std::string key = s.key;
-          if (key != "position_embedding_type" && key != "model_family") {
+          if (key != "position_embedding_type" && key != "model_family" && key != "num_moe_experts" &&
+              key != "moe_shared_expert_intermediate_size") {  // (the rows that choose the class)
             EXPECT_TRUE(named) << msg;
           }
           ++refused;
@@ -390,7 +394,8 @@ TEST(ModelSettings, EveryRowMapsToEveryHuggingFaceArchitectureOrIsRefused) {
         }
         if (type != name) {  // the setting chose another class (experts: Mixtral)
           EXPECT_TRUE(std::string(s.key) == "position_embedding_type" ||
-                      std::string(s.key) == "model_family" || std::string(s.key) == "num_moe_experts") << type;
+                      std::string(s.key) == "model_family" || std::string(s.key) == "num_moe_experts" ||
+                      std::string(s.key) == "moe_shared_expert_intermediate_size") << type;
           continue;
         }
         if (carried) {

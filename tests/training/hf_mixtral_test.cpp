@@ -1,18 +1,23 @@
-// Hugging Face Mixtral (MixtralForCausalLM) through `checkpoint convert`, checked against an
-// independent PyTorch Mixtral written from transformers' modeling_mixtral.py definitions
+// Hugging Face mixture-of-experts classes, MixtralForCausalLM and Qwen2MoeForCausalLM, through
+// `checkpoint convert`, checked against an independent PyTorch Mixtral and Qwen2-MoE written from
+// transformers' modeling_mixtral.py and modeling_qwen2_moe.py definitions
 // (tests/reference/mixtral_reference.py: hand-written safetensors, float64 forward with the
-// softmax / top-k / renormalise router, SwiGLU experts, grouped-query rotary attention and the
+// softmax / top-k (/ renormalise) router, SwiGLU experts, the shared expert and its sigmoid gate,
+// dense layers between MoE layers, grouped-query rotary attention, q/k/v biases and the
 // sliding-window mask):
-//   - a Mixtral folder the reference writes (4 experts, top-2, GQA, sliding_window 4 over 10-token
+//   - a Mixtral folder the reference writes (4 experts, top-2, GQA, sliding_window 4 over 11-token
 //     sequences, rope_theta 500) imports; `generate` on the import gives the reference's
-//     log-probs of prompt + greedy continuation within 1e-5; `evaluate` runs on it; the export of
-//     the import is the reference's folder bit for bit (every tensor, transformers' names) and its
-//     config.json carries every key of the reference's;
-//   - a Mixtral-shaped model trained here (every layer an MoE layer) exports as MixtralForCausalLM
-//     and the reference's log-probs equal `generate`'s on the checkpoint within 1e-5; trained with
-//     grouped experts (--moe-grouped-gemm) it exports to the same folder;
-//   - settings Mixtral cannot express are refused by name; malformed folders are errors naming
-//     the file and the key or tensor.
+//     log-probs of prompt + greedy continuation within 1e-5 (the window matters: without it the
+//     reference differs by more than 1e-3); `evaluate` runs on it; the export of the import is the
+//     reference's folder bit for bit (every tensor, transformers' names) and its config.json
+//     carries every key of the reference's. The same for a Qwen2-MoE folder (a dense middle
+//     layer, shared experts with their gate, norm_topk_prob false, q/k/v biases);
+//   - a Mixtral-shaped and a Qwen2-MoE-shaped model trained here export to MixtralForCausalLM and
+//     Qwen2MoeForCausalLM, and the reference's log-probs equal `generate`'s on the checkpoint
+//     within 1e-5; the Mixtral one trained with grouped experts (--moe-grouped-gemm) exports to
+//     the same folder;
+//   - settings the classes cannot express are refused by name; malformed folders are errors
+//     naming the file and the key or tensor.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -74,30 +79,58 @@ void expect_same_tensors(const fs::path& a, const fs::path& b) {
 
 mt::CommandResult convert(const std::string& args) { return mt::run_cli("checkpoint convert " + args); }
 
-TEST(HfMixtral, ImportMatchesTheReferenceAndExportsBitForBit) {
-  mt::TempDir tmp;
+// The reference's folder (fixture `args`) imported: generate against the reference, export of the
+// import bit for bit with the reference's config.json keys; the import's folder.
+fs::path check_import(const fs::path& tmp, const std::string& args, const std::string& cls) {
   const fs::path hf = tmp / "hf", ours = tmp / "ours", again = tmp / "hf_again";
-  mixtral_reference("fixture " + hf.string() + " --window 4");
+  mixtral_reference("fixture " + hf.string() + " " + args);
   // (A vocabulary of 64 rows, unpadded: padded rows would be logits of 0 in the softmax.)
   auto r = convert("--load " + hf.string() + " --load-format hf --make-vocab-size-divisible-by 16 --save " +
                    ours.string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 
-  // Prompts of 5 and 3 tokens + 6 generated: sequences longer than the window.
+  // Prompts of 5 and 3 tokens + 6 generated.
+  const std::vector<json> gen = hf_test::generate(ours);
+  EXPECT_EQ(gen.size(), 2u);
+  if (gen.size() != 2) return ours;
+  EXPECT_EQ(gen[0]["tokens"].size(), 11u);
+  expect_reference(gen, hf, tmp, cls + " import");
+
+  // Export of the import: the reference's folder, bit for bit, and its config.json's keys.
+  r = convert("--load " + ours.string() + " --save " + again.string() + " --save-format hf");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("as a Hugging Face " + cls + " folder"), std::string::npos) << r.output;
+  expect_same_tensors(hf, again);
+  const json want = json::parse(mt::read_file(hf / "config.json"));
+  const json got = json::parse(mt::read_file(again / "config.json"));
+  for (const auto& [k, v] : want.items()) {
+    if (k == "bos_token_id" || k == "eos_token_id") continue;  // the NullTokenizer's here
+    EXPECT_TRUE(got.contains(k)) << k;
+    if (got.contains(k)) {
+      EXPECT_EQ(got[k], v) << k;
+    }
+  }
+  EXPECT_EQ(got["architectures"], json::array({cls}));
+  EXPECT_FALSE(got.contains("attention_bias"));
+  EXPECT_FALSE(got.contains("pretraining_tp"));
+  return ours;
+}
+
+TEST(HfMixtral, ImportMatchesTheReferenceAndExportsBitForBit) {
+  mt::TempDir tmp;
+  // A sliding window of 4 over sequences of up to 11 tokens.
+  const fs::path ours = check_import(tmp.path(), "--window 4", "MixtralForCausalLM");
   const std::vector<json> gen = hf_test::generate(ours);
   ASSERT_EQ(gen.size(), 2u);
-  EXPECT_EQ(gen[0]["tokens"].size(), 11u);
-  expect_reference(gen, hf, tmp.path(), "import");
 
   // The sliding window matters: without it the reference differs.
-  json config = json::parse(mt::read_file(hf / "config.json"));
+  json config = json::parse(mt::read_file(tmp / "hf" / "config.json"));
   const fs::path no_window = tmp / "hf_no_window";
   fs::create_directories(no_window);
-  fs::copy_file(hf / "model.safetensors", no_window / "model.safetensors");
+  fs::copy_file(tmp / "hf" / "model.safetensors", no_window / "model.safetensors");
   config["sliding_window"] = nullptr;
   mt::write_file(no_window / "config.json", config.dump());
-  json seqs = json::array({gen[0]["tokens"]});
-  mt::write_file(tmp / "seq.json", seqs.dump());
+  mt::write_file(tmp / "seq.json", json::array({gen[0]["tokens"]}).dump());
   const json other = mixtral_reference("logprobs " + (tmp / "seq.json").string() + " " + no_window.string());
   const auto lp = other["logprobs"][no_window.string()][0].get<std::vector<double>>();
   const auto ours_lp = gen[0]["logprobs"].get<std::vector<double>>();
@@ -109,28 +142,26 @@ TEST(HfMixtral, ImportMatchesTheReferenceAndExportsBitForBit) {
   std::string text;
   for (int i = 0; i < 60; ++i) text += std::to_string((i * 37 + 11) % 60) + " ";
   mt::write_file(tmp / "wiki.test.tokens", text + "\n");
-  r = mt::run_cli("evaluate --load " + ours.string() + " --use-checkpoint-args --tokenizer-type "
-                  "NullTokenizer --vocab-size 64 --task WIKITEXT103 --valid-data " +
-                  (tmp / "wiki.test.tokens").string() + " --overlapping-eval 16 --micro-batch-size 2");
+  const auto r = mt::run_cli("evaluate --load " + ours.string() + " --use-checkpoint-args --tokenizer-type "
+                             "NullTokenizer --vocab-size 64 --task WIKITEXT103 --valid-data " +
+                             (tmp / "wiki.test.tokens").string() + " --overlapping-eval 16 --micro-batch-size 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(loss sum (\S+) nats)"))) << r.output;
   EXPECT_TRUE(std::isfinite(std::stod(m[1].str())) && std::stod(m[1].str()) > 0) << r.output;
+}
 
-  // Export of the import: the reference's folder, bit for bit, and its config.json's keys.
-  r = convert("--load " + ours.string() + " --save " + again.string() + " --save-format hf");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  expect_same_tensors(hf, again);
-  const json want = json::parse(mt::read_file(hf / "config.json"));
-  const json got = json::parse(mt::read_file(again / "config.json"));
-  for (const auto& [k, v] : want.items()) {
-    if (k == "bos_token_id" || k == "eos_token_id") continue;  // the NullTokenizer's here
-    ASSERT_TRUE(got.contains(k)) << k;
-    EXPECT_EQ(got[k], v) << k;
-  }
-  EXPECT_EQ(got["architectures"], json::array({"MixtralForCausalLM"}));
-  EXPECT_FALSE(got.contains("attention_bias"));
-  EXPECT_FALSE(got.contains("pretraining_tp"));
+// Qwen2-MoE: a dense middle layer (mlp_only_layers), shared experts with their sigmoid gate, the
+// top-k weights not renormalised (norm_topk_prob false: --moe-router-pre-softmax), q/k/v biases.
+TEST(HfMixtral, QwenMoeImportMatchesTheReferenceAndExportsBitForBit) {
+  mt::TempDir tmp;
+  check_import(tmp.path(), "--qwen", "Qwen2MoeForCausalLM");
+  const json args = json::parse(mt::read_file(tmp / "ours" / "release" / "metadata.json"))["args"]["model"];
+  EXPECT_EQ(args["moe_layer_freq"], "[1,0,1]") << args.dump();
+  EXPECT_EQ(args["moe_router_pre_softmax"], true);
+  EXPECT_EQ(args["moe_shared_expert_gate"], true);
+  EXPECT_EQ(args["moe_shared_expert_intermediate_size"], 20);
+  EXPECT_EQ(args["add_qkv_bias"], true);
 }
 
 // Every layer an MoE layer of 4 SwiGLU experts of width 24, top-2, on the Llama-style tiny GPT.
@@ -188,6 +219,43 @@ std::string export_error(const model::TransformerConfig& c) {
   return "(exported)";
 }
 
+// Qwen2-MoE-shaped: the second layer dense, a shared expert of width 16 with its gate, the top-k
+// weights not renormalised, q/k/v biases.
+TrainingArgs qwen_args(const fs::path& dir) {
+  TrainingArgs a = mixtral_args(dir);
+  a.model.moe_layer_freq = "[1,0]";
+  a.model.moe_shared_expert_intermediate_size = 16;
+  a.model.moe_shared_expert_gate = true;
+  a.model.moe_router_pre_softmax = true;
+  a.model.add_qkv_bias = true;
+  return a;
+}
+
+TEST(HfMixtral, TrainedQwenMoeModelExportsToTheReference) {
+  mt::TempDir tmp;
+  write_corpus((tmp / "corpus").string());
+  TrainingArgs a = qwen_args(tmp.path());
+  a.save = (tmp / "ckpt").string();
+  run_single(a);
+  const fs::path hf = tmp / "hf";
+  const auto r = convert("--load " + (tmp / "ckpt").string() + " --save " + hf.string() + " --save-format hf");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json c = json::parse(mt::read_file(hf / "config.json"));
+  EXPECT_EQ(c["model_type"], "qwen2_moe");
+  EXPECT_EQ(c["num_experts"], 4);
+  EXPECT_EQ(c["moe_intermediate_size"], 24);
+  EXPECT_EQ(c["intermediate_size"], 48);
+  EXPECT_EQ(c["shared_expert_intermediate_size"], 16);
+  EXPECT_EQ(c["norm_topk_prob"], false);
+  EXPECT_EQ(c["decoder_sparse_step"], 1);
+  EXPECT_EQ(c["mlp_only_layers"], json::array({1}));
+  EXPECT_EQ(c["qkv_bias"], true);
+  // embed_tokens; MoE layer: 4 attention weights, 3 biases, 2 norms, gate, 3 per expert, 3 shared
+  // and its gate; dense layer: 4 + 3 + 2 + 3; norm, lm_head
+  EXPECT_EQ(hf_test::folder_tensors(hf).size(), size_t(1 + (4 + 3 + 2 + 1 + 3 * 4 + 3 + 1) + (4 + 3 + 2 + 3) + 2));
+  expect_reference(hf_test::generate(tmp / "ckpt"), hf, tmp.path(), "trained qwen2_moe");
+}
+
 TEST(HfMixtral, SettingsMixtralCannotExpressAreRefusedByName) {
   const model::TransformerConfig base = mixtral_args("/nonexistent").model;
   ASSERT_EQ(hf_model_type(base), "mixtral");
@@ -200,7 +268,6 @@ TEST(HfMixtral, SettingsMixtralCannotExpressAreRefusedByName) {
       {[](auto& c) { c.moe_router_score_function = "sigmoid"; }, "--moe-router-score-function sigmoid"},
       {[](auto& c) { c.moe_router_topk_scaling_factor = 2.5f; }, "--moe-router-topk-scaling-factor 2.5"},
       {[](auto& c) { c.moe_router_num_groups = 2, c.moe_router_group_topk = 1; }, "--moe-router-num-groups 2"},
-      {[](auto& c) { c.moe_shared_expert_intermediate_size = 16; }, "--moe-shared-expert-intermediate-size 16"},
       {[](auto& c) { c.moe_layer_freq = "[0,1]"; }, "--moe-layer-freq [0,1]"},
       {[](auto& c) { c.moe_router_load_balancing_type = "sinkhorn", c.moe_aux_loss_coeff = 0; },
        "--moe-router-load-balancing-type sinkhorn"},
@@ -215,6 +282,23 @@ TEST(HfMixtral, SettingsMixtralCannotExpressAreRefusedByName) {
     const std::string msg = export_error(c);
     EXPECT_NE(msg.find(k.named), std::string::npos) << msg;
     EXPECT_NE(msg.find("MixtralForCausalLM cannot express it"), std::string::npos) << msg;
+  }
+  // Qwen2-MoE (experts with a shared expert).
+  const model::TransformerConfig qwen = qwen_args("/nonexistent").model;
+  ASSERT_EQ(hf_model_type(qwen), "qwen2_moe");
+  const std::vector<Case> qwen_cases = {
+      {[](auto& c) { c.moe_shared_expert_gate = false; }, "--moe-shared-expert-gate missing"},
+      {[](auto& c) { c.add_qkv_bias = false; }, "--add-qkv-bias missing"},
+      {[](auto& c) { c.window_left = 3, c.window_right = 0; }, "--window-size 3 0"},
+      {[](auto& c) { c.kv_channels = 16; }, "--kv-channels 16"},
+      {[](auto& c) { c.moe_router_score_function = "sigmoid"; }, "--moe-router-score-function sigmoid"},
+  };
+  for (const Case& k : qwen_cases) {
+    model::TransformerConfig c = qwen;
+    k.change(c);
+    const std::string msg = export_error(c);
+    EXPECT_NE(msg.find(k.named), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Qwen2MoeForCausalLM cannot express it"), std::string::npos) << msg;
   }
   // Training-time settings with no effect on the function export.
   model::TransformerConfig c = base;
@@ -256,6 +340,23 @@ TEST(HfMixtral, MalformedFoldersAreErrorsNamingTheKeyOrTensor) {
   t = tensors;
   t["model.layers.0.block_sparse_moe.experts.4.w1.weight"] = tensors.at("model.layers.0.block_sparse_moe.experts.0.w1.weight");
   expect(config, t, "unexpected tensor 'model.layers.0.block_sparse_moe.experts.4.w1.weight'");
+  // Qwen2-MoE
+  const fs::path qwen = tmp / "qwen";
+  mixtral_reference("fixture " + qwen.string() + " --qwen");
+  const json qconfig = json::parse(mt::read_file(qwen / "config.json"));
+  const auto qtensors = read_safetensors(qwen / "model.safetensors").tensors;
+  c = qconfig;
+  c["use_sliding_window"] = true;
+  expect(c, qtensors, "\"use_sliding_window\" = true is not supported");
+  c = qconfig;
+  c["mlp_only_layers"] = json::array({5});
+  expect(c, qtensors, "\"mlp_only_layers\" holds 5, not a layer number in [0, 3)");
+  c = qconfig;
+  c["qkv_bias"] = false;
+  expect(c, qtensors, "\"qkv_bias\" = false is not supported");
+  c = qconfig;
+  c["mlp_only_layers"] = json::array();  // the dense layer's tensors are then unexpected
+  expect(c, qtensors, "tensor 'model.layers.1.mlp.gate.weight' is missing");
   t = tensors;
   t["model.layers.0.block_sparse_moe.gate.weight"] = Tensor::zeros({3, 16}, DType::F32);
   expect(config, t, "'model.layers.0.block_sparse_moe.gate.weight' has shape [3, 16] but config.json implies [4, 16]");
