@@ -25,8 +25,8 @@ Qwen2MoeForCausalLM (models/qwen2_moe/modeling_qwen2_moe.py) differs by:
     with norm_topk_prob; experts of moe_intermediate_size; plus
     sigmoid(shared_expert_gate(x)) * shared_expert(x), a Qwen2MoeMLP of
     shared_expert_intermediate_size.
-The safetensors files are written and read by hand (8-byte little-endian header length, JSON
-header, data).
+The safetensors files are written and read by hand (megatron_checkpoint.py's writer,
+tests/interop/hf_reference.py's reader: 8-byte little-endian header length, JSON header, data).
 
 Usage:
   mixtral_reference.py fixture DIR [--window W] [--tied] [--seed S] [--qwen]
@@ -43,67 +43,29 @@ Usage:
 import json
 import math
 import os
-import struct
 import sys
 
 import torch
 import torch.nn.functional as F
 
-DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
-NAMES = {v: k for k, v in DTYPES.items()}
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "interop"))
+from hf_reference import load_folder, rms_norm, rotate_half  # noqa: E402 (safetensors by hand)
+from megatron_checkpoint import write_safetensors  # noqa: E402
 
 
-def write_safetensors(path, tensors):
-    header, blobs, at = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, t in tensors.items():
-        raw = t.contiguous().numpy().tobytes()
-        header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + len(raw)]}
-        blobs.append(raw)
-        at += len(raw)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    data = bytearray(raw[8 + n:])
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = info["data_offsets"]
-        out[name] = torch.frombuffer(data[b:e], dtype=DTYPES[info["dtype"]]).reshape(info["shape"]).clone()
-    return out
-
-
-def load_folder(folder):
-    weights = {}
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
-    for file in files:
-        weights.update(read_safetensors(os.path.join(folder, file)))
-    with open(os.path.join(folder, "config.json")) as f:
-        return json.load(f), weights
-
-
-def qwen_fixture(folder, tied, seed):
-    V, h, L, n, g, d, f, fs, fd, E, k = 64, 16, 3, 4, 2, 4, 24, 20, 32, 4, 2
+def random_weights(seed):
+    """rnd(*shape, std): float32 normal weights drawn in float64 from one seeded generator."""
     gen = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, std=0.3):
         return (torch.randn(*shape, generator=gen, dtype=torch.float64) * std).to(torch.float32)
+    return rnd
+
+
+def qwen_fixture(tied, seed):
+    V, h, L, n, g, d, f, fs, fd, E, k = 64, 16, 3, 4, 2, 4, 24, 20, 32, 4, 2
+    rnd = random_weights(seed)
 
     def mlp(w, p, width):
         w[p + "gate_proj.weight"] = rnd(width, h)
@@ -145,20 +107,9 @@ def qwen_fixture(folder, tied, seed):
     return config, w
 
 
-def fixture(folder, window, tied, seed, qwen):
-    if qwen:
-        config, w = qwen_fixture(folder, tied, seed)
-        os.makedirs(folder, exist_ok=True)
-        write_safetensors(os.path.join(folder, "model.safetensors"), w)
-        with open(os.path.join(folder, "config.json"), "w") as fh:
-            json.dump(config, fh, indent=2)
-        return
+def mixtral_fixture(window, tied, seed):
     V, h, L, n, g, d, f, E, k = 64, 16, 2, 4, 2, 4, 24, 4, 2
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, std=0.3):
-        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * std).to(torch.float32)
-
+    rnd = random_weights(seed)
     w = {"model.embed_tokens.weight": rnd(V, h, std=1.0)}
     for i in range(L):
         p = f"model.layers.{i}."
@@ -187,19 +138,15 @@ def fixture(folder, window, tied, seed, qwen):
         "output_router_logits": False, "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0,
         "tie_word_embeddings": tied, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
     }
+    return config, w
+
+
+def fixture(folder, window, tied, seed, qwen):
+    config, w = qwen_fixture(tied, seed) if qwen else mixtral_fixture(window, tied, seed)
     os.makedirs(folder, exist_ok=True)
     write_safetensors(os.path.join(folder, "model.safetensors"), w)
     with open(os.path.join(folder, "config.json"), "w") as fh:
         json.dump(config, fh, indent=2)
-
-
-def rms_norm(x, weight, eps):
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def forward(config, w, tokens):
