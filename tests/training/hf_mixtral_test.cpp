@@ -7,10 +7,11 @@
 // sliding-window mask):
 //   - a Mixtral folder the reference writes (4 experts, top-2, GQA, sliding_window 4 over 11-token
 //     sequences, rope_theta 500) imports; `generate` on the import gives the reference's
-//     log-probs of prompt + greedy continuation within 1e-5 (the window matters: without it the
-//     reference differs by more than 1e-3); `evaluate` runs on it; the export of the import is the
-//     reference's folder bit for bit (every tensor, transformers' names) and its config.json
-//     carries every key of the reference's. The same for a Qwen2-MoE folder (a dense middle
+//     log-probs of prompt + greedy continuation within 1e-5, and on the import resharded to
+//     TP2 x PP2 (Qwen2-MoE: TP2) the same tokens and log-probs (1e-5); the window matters:
+//     without it the reference differs by more than 1e-3; `evaluate` runs on it; the export of
+//     the import is the reference's folder bit for bit (every tensor, transformers' names) and
+//     its config.json carries every key of the reference's. The same for a Qwen2-MoE folder (a dense middle
 //     layer, shared experts with their gate, norm_topk_prob false, q/k/v biases);
 //   - a Mixtral-shaped and a Qwen2-MoE-shaped model trained here export to MixtralForCausalLM and
 //     Qwen2MoeForCausalLM, and the reference's log-probs equal `generate`'s on the checkpoint
@@ -81,7 +82,8 @@ mt::CommandResult convert(const std::string& args) { return mt::run_cli("checkpo
 
 // The reference's folder (fixture `args`) imported: generate against the reference, export of the
 // import bit for bit with the reference's config.json keys; the import's folder.
-fs::path check_import(const fs::path& tmp, const std::string& args, const std::string& cls) {
+// `pp`: the pipeline stages of the resharded import (they must divide the layers).
+fs::path check_import(const fs::path& tmp, const std::string& args, const std::string& cls, int pp) {
   const fs::path hf = tmp / "hf", ours = tmp / "ours", again = tmp / "hf_again";
   mixtral_reference("fixture " + hf.string() + " " + args);
   // (A vocabulary of 64 rows, unpadded: padded rows would be logits of 0 in the softmax.)
@@ -95,6 +97,19 @@ fs::path check_import(const fs::path& tmp, const std::string& args, const std::s
   if (gen.size() != 2) return ours;
   EXPECT_EQ(gen[0]["tokens"].size(), 11u);
   expect_reference(gen, hf, tmp, cls + " import");
+
+  // The import resharded to TP2 x PP`pp` (experts split over the tensor-parallel ranks) generates
+  // the same.
+  r = convert("--load " + hf.string() + " --load-format hf --make-vocab-size-divisible-by 16 --save " +
+              (tmp / "ours_parallel").string() + " --target-tensor-parallel-size 2 --target-pipeline-parallel-size " +
+              std::to_string(pp));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<json> gen2 = hf_test::generate(tmp / "ours_parallel");
+  EXPECT_EQ(gen2.size(), gen.size());
+  for (size_t i = 0; i < gen.size() && i < gen2.size(); ++i) {
+    EXPECT_EQ(gen2[i]["tokens"], gen[i]["tokens"]);
+    hf_test::expect_logprobs({gen2[i]}, {gen[i]["logprobs"].get<std::vector<double>>()}, 1e-5, cls + " resharded");
+  }
 
   // Export of the import: the reference's folder, bit for bit, and its config.json's keys.
   r = convert("--load " + ours.string() + " --save " + again.string() + " --save-format hf");
@@ -119,7 +134,7 @@ fs::path check_import(const fs::path& tmp, const std::string& args, const std::s
 TEST(HfMixtral, ImportMatchesTheReferenceAndExportsBitForBit) {
   mt::TempDir tmp;
   // A sliding window of 4 over sequences of up to 11 tokens.
-  const fs::path ours = check_import(tmp.path(), "--window 4", "MixtralForCausalLM");
+  const fs::path ours = check_import(tmp.path(), "--window 4", "MixtralForCausalLM", 2);
   const std::vector<json> gen = hf_test::generate(ours);
   ASSERT_EQ(gen.size(), 2u);
 
@@ -155,7 +170,7 @@ TEST(HfMixtral, ImportMatchesTheReferenceAndExportsBitForBit) {
 // top-k weights not renormalised (norm_topk_prob false: --moe-router-pre-softmax), q/k/v biases.
 TEST(HfMixtral, QwenMoeImportMatchesTheReferenceAndExportsBitForBit) {
   mt::TempDir tmp;
-  check_import(tmp.path(), "--qwen", "Qwen2MoeForCausalLM");
+  check_import(tmp.path(), "--qwen", "Qwen2MoeForCausalLM", 1);  // (3 layers: TP2 alone)
   const json args = json::parse(mt::read_file(tmp / "ours" / "release" / "metadata.json"))["args"]["model"];
   EXPECT_EQ(args["moe_layer_freq"], "[1,0,1]") << args.dump();
   EXPECT_EQ(args["moe_router_pre_softmax"], true);
