@@ -160,7 +160,7 @@ void run_convert(const ConvertArgs& a) {
   for (const std::string& n : r.notes) log_print("note: " + n);
   if (a.save_format == "hf") {
     log_print(str("exported iteration ", r.iteration, " (", r.from.describe(), ") as a Hugging Face ",
-                  r.hf_model_type == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM", " folder: ",
+                  model::kHfArchClasses[size_t(training::hf_arch_named(r.hf_model_type))], " folder: ",
                   r.num_tensors, " tensors, vocabulary ", r.padded_vocab_to, " (padded ",
                   r.padded_vocab_from, "), ", r.num_files, " files in ", r.dir.string()));
     return;
@@ -238,7 +238,8 @@ CommandRegistrar reg(
                           "model_optim_rng.pt files, for Megatron-LM's --ckpt-format torch), "
                           "torch_dist (Megatron-LM's default format: .metadata, __R_N.distcp, "
                           "common.pt; GPT models) or hf "
-                          "(a Hugging Face transformers folder: GPT2LMHeadModel or LlamaForCausalLM)")
+                          "(a Hugging Face transformers folder: GPT2LMHeadModel, LlamaForCausalLM, "
+                          "MegatronBert, MixtralForCausalLM or Qwen2MoeForCausalLM)")
           ->check(CLI::IsMember({"safetensors", "torch", "torch_dist", "hf"}))
           ->capture_default_str();
       convert->add_option("--transformer-impl", a->transformer_impl,

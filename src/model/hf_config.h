@@ -17,12 +17,13 @@ namespace megatron::model {
 struct TransformerConfig;
 
 // The transformers model types (config.json's "model_type") a model maps to.
-enum class HfArch : uint8_t { gpt2, llama, megatron_bert };
-inline constexpr const char* kHfArchNames[] = {"gpt2", "llama", "megatron-bert"};
-inline constexpr size_t kHfArchCount = 3;
+enum class HfArch : uint8_t { gpt2, llama, megatron_bert, mixtral, qwen2_moe };
+inline constexpr const char* kHfArchNames[] = {"gpt2", "llama", "megatron-bert", "mixtral", "qwen2_moe"};
+inline constexpr size_t kHfArchCount = 5;
 // The transformers classes, for messages.
 inline constexpr const char* kHfArchClasses[] = {"GPT2LMHeadModel", "LlamaForCausalLM",
-                                                 "MegatronBertForPreTraining"};
+                                                 "MegatronBertForPreTraining", "MixtralForCausalLM",
+                                                 "Qwen2MoeForCausalLM"};
 
 // config.json of an import: typed reads; a missing required key, a value of the wrong type or out
 // of range is a megatron::Error naming the file (label) and the key.

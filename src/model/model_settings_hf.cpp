@@ -10,79 +10,24 @@
 #include "core/error.h"
 #include "model/layer_spec.h"
 #include "model/model_settings.h"
+#include "model/model_settings_hf_internal.h"
 
 namespace megatron::model {
 
 namespace {
 
-using TC = TransformerConfig;
-using ojson = nlohmann::ordered_json;
-using Columns = std::array<HfMapping, kHfArchCount>;
+using namespace hf_table;
 
 // Each architecture's words before a reason it refuses ("which has ...").
 constexpr const char* kGpt2 =
     "a GPT-2-style model (learned absolute positions) exports as GPT2LMHeadModel, which has ";
 constexpr const char* kLlama = "a rotary model exports as LlamaForCausalLM, which has ";
 
-HfMapping dropped(const char* note, std::function<void(const HfConfigFile&, TC&)> read = {}) {
-  HfMapping m;
-  m.role = HfRole::Dropped;
-  m.note = note;
-  m.read = std::move(read);
-  return m;
+Columns all(const HfMapping& m) {
+  Columns c;
+  c.fill(m);
+  return c;
 }
-
-HfMapping weights(const char* note) {
-  HfMapping m;
-  m.role = HfRole::Weights;
-  m.note = note;
-  return m;
-}
-
-// The value the class fixes: `refuse` names another, `read` sets it (and checks keys that would
-// ask for another).
-HfMapping fixed(std::function<std::string(const TC&)> refuse, std::function<void(const HfConfigFile&, TC&)> read,
-                std::function<void(const TC&, ojson&)> write = {}) {
-  HfMapping m;
-  m.role = HfRole::Fixed;
-  m.refuse = std::move(refuse);
-  m.read = std::move(read);
-  m.write = std::move(write);
-  return m;
-}
-
-HfMapping key(std::vector<const char*> keys, std::function<void(const TC&, ojson&)> write,
-              std::function<void(const HfConfigFile&, TC&)> read,
-              std::function<std::string(const TC&)> refuse = {}) {
-  HfMapping m;
-  m.role = HfRole::Key;
-  m.keys = std::move(keys);
-  m.write = std::move(write);
-  m.read = std::move(read);
-  m.refuse = std::move(refuse);
-  return m;
-}
-
-// A required positive integer.
-HfMapping int_key(const char* k, int TC::*f, std::optional<int64_t> fallback = std::nullopt) {
-  return key({k}, [k, f](const TC& c, ojson& j) { j[k] = c.*f; },
-             [k, f, fallback](const HfConfigFile& h, TC& c) { c.*f = int(h.integer(k, fallback)); });
-}
-
-// A float written by its shortest text; `kind`: 'p' positive (and a positive float), 'f' a
-// fraction in [0, 1), 'n' any finite number.
-HfMapping float_key(std::vector<const char*> keys, float TC::*f, double fallback, char kind) {
-  const char* k = keys.front();
-  return key(std::move(keys),
-             [f, k](const TC& c, ojson& j) { j[k] = short_float(c.*f); },
-             [k, f, fallback, kind](const HfConfigFile& h, TC& c) {
-               c.*f = kind == 'p'   ? h.positive_float(k, fallback)
-                      : kind == 'f' ? float(h.fraction(k, fallback))
-                                    : float(h.number(k, fallback));
-             });
-}
-
-Columns all(const HfMapping& m) { return {m, m, m}; }
 
 std::string name_of(const char* flag, const std::string& value) { return str(flag, " ", value); }
 
@@ -428,6 +373,7 @@ std::map<std::string, Columns> columns() {
                         "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
                         "moe_grouped_gemm", "moe_token_dispatcher_type"})
     t[k] = all(moe);
+  moe_columns(t);
   return t;
 }
 

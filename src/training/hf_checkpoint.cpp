@@ -53,6 +53,10 @@ model::HfArch hf_arch(const model::TransformerConfig& c) {
              "--save-format torch");
   // The position embedding picks the decoder class.
   if (c.learned_position_embedding()) return model::HfArch::gpt2;
+  // Experts in a rotary model: Mixtral, or Qwen2-MoE with shared experts (with learned positions
+  // GPT-2's column refuses them).
+  if (c.rope() && c.num_moe_experts > 0)
+    return c.moe_shared_expert_intermediate_size > 0 ? model::HfArch::qwen2_moe : model::HfArch::mixtral;
   if (c.rope()) return model::HfArch::llama;
   MG_THROW("cannot export to Hugging Face transformers: --position-embedding-type ",
            c.position_embedding_type, ": ", c.alibi() ? "ALiBi attention biases" : "a model without "
@@ -65,7 +69,7 @@ model::HfArch hf_arch(const model::TransformerConfig& c) {
 model::HfArch hf_arch_named(const std::string& model_type) {
   for (size_t i = 0; i < model::kHfArchCount; ++i)
     if (model_type == model::kHfArchNames[i]) return model::HfArch(i);
-  MG_THROW("Hugging Face model type '", model_type, "' is not one of: gpt2, llama, megatron-bert");
+  MG_THROW("Hugging Face model type '", model_type, "' is not one of: gpt2, llama, megatron-bert, mixtral, qwen2_moe");
 }
 
 // Every setting through its column of the architecture (model/model_settings_hf.cpp): the first
@@ -82,6 +86,10 @@ std::string hf_model_type(const model::TransformerConfig& c) {
     if (arch == model::HfArch::megatron_bert)
       MG_THROW("cannot export this BERT to Hugging Face transformers: ", why, "; transformers' "
                "MegatronBert classes cannot express it, and an export would compute another function");
+    if (arch == model::HfArch::mixtral || arch == model::HfArch::qwen2_moe)
+      MG_THROW("cannot export this mixture-of-experts model to Hugging Face transformers: ", why,
+               "; transformers' ", model::kHfArchClasses[size_t(arch)], " cannot express it, and an "
+               "export would compute another function");
     MG_THROW("cannot export to Hugging Face transformers: ", why, "; transformers' GPT2LMHeadModel "
              "and LlamaForCausalLM cannot express it, and an export would compute another function");
   }

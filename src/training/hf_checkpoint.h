@@ -9,7 +9,8 @@
 //   OUT/vocab.json, merges.txt | tokenizer.json | tokenizer.model, tokenizer_config.json
 //                                        the checkpoint's tokenizer files, copied
 //
-// One row per model type (BERT, T5 and mixture-of-experts will add theirs):
+// One row per model type (megatron-bert, and the mixture-of-experts mixtral and qwen2_moe, are
+// described in README.md and hf_checkpoint_internal.h):
 //
 //   gpt2 (GPT2LMHeadModel): learned absolute positions, LayerNorm, GeLU (tanh form "gelu_new", or
 //     exact "gelu"), biases on every linear layer, multi-head attention.
@@ -77,7 +78,7 @@ namespace megatron::training {
 // --max-shard-size.
 int64_t parse_shard_size(const std::string& text);
 
-// "gpt2", "llama" or "megatron-bert" for our model settings, or an Error naming the setting the
+// "gpt2", "llama", "megatron-bert", "mixtral" or "qwen2_moe" for our model settings, or an Error naming the setting the
 // class cannot express (every row's column of model/model_settings_hf.cpp).
 std::string hf_model_type(const model::TransformerConfig& c);
 // The architecture of a model type; an Error for another.

@@ -89,7 +89,8 @@ void gpt2_tensors(ExportTensors& x, const model::TransformerConfig& c, int64_t v
   x.check_all_used("GPT2LMHeadModel");
 }
 
-void llama_tensors(ExportTensors& x, const model::TransformerConfig& c, int64_t vocab) {
+// LlamaForCausalLM, and the decoders of MixtralForCausalLM and Qwen2MoeForCausalLM.
+void llama_tensors(ExportTensors& x, const model::TransformerConfig& c, int64_t vocab, model::HfArch arch) {
   const bool one_p = c.apply_layernorm_1p, bias = c.add_bias_linear;
   x.add("model.embed_tokens.weight", x.take("embedding.word_embeddings.weight").narrow(0, 0, vocab));
   const int n = c.num_attention_heads, g = c.query_groups(), d = c.head_dim();
@@ -99,14 +100,21 @@ void llama_tensors(ExportTensors& x, const model::TransformerConfig& c, int64_t 
     x.add(h + "input_layernorm.weight", norm_weight(x.take(o + "input_layernorm.weight"), one_p));
     for (const char* kind : {"weight", "bias"}) {
       const std::string k = kind;
-      if (k == "bias" && !bias) continue;
+      if (k == "bias" && !c.qkv_bias()) continue;  // (Qwen2-MoE: biases on q, k, v only)
       const QkvParts p = split_qkv(x.take(o + "self_attention.linear_qkv." + k), n, g, d);
       x.add(h + "self_attn.q_proj." + k, p.q);
       x.add(h + "self_attn.k_proj." + k, p.k);
       x.add(h + "self_attn.v_proj." + k, p.v);
-      x.add(h + "self_attn.o_proj." + k, x.take(o + "self_attention.linear_proj." + k));
+      if (k == "weight" || bias) x.add(h + "self_attn.o_proj." + k, x.take(o + "self_attention.linear_proj." + k));
     }
     x.add(h + "post_attention_layernorm.weight", norm_weight(x.take(o + "pre_mlp_layernorm.weight"), one_p));
+    if (c.is_moe_layer(i)) {  // Mixtral, Qwen2-MoE
+      export_moe_block({[&](const std::string& n) -> const Tensor& { return x.take(n); },
+                        [&](const std::string& n) { return x.has(n); },
+                        [&](const std::string& n, const Tensor& t) { x.add(n, t); }},
+                       c, i, arch);
+      continue;
+    }
     for (const char* kind : {"weight", "bias"}) {
       const std::string k = kind;
       if (k == "bias" && !bias) continue;
@@ -121,7 +129,7 @@ void llama_tensors(ExportTensors& x, const model::TransformerConfig& c, int64_t 
   x.add("model.norm.weight", norm_weight(x.take("decoder.final_layernorm.weight"), one_p));
   if (c.untie_embeddings_and_output_weights)
     x.add("lm_head.weight", x.take("output_layer.weight").narrow(0, 0, vocab));
-  x.check_all_used("LlamaForCausalLM");
+  x.check_all_used(model::kHfArchClasses[size_t(arch)]);
 }
 
 // MegatronBertForPreTraining (with the binary head) or MegatronBertForMaskedLM.
@@ -259,6 +267,13 @@ ojson hf_config_json(const std::string& type, const model::TransformerConfig& c,
     keys["reorder_and_upcast_attn"] = false;
     keys["scale_attn_by_inverse_layer_idx"] = false;
     keys["scale_attn_weights"] = true;
+  } else if (arch == model::HfArch::mixtral || arch == model::HfArch::qwen2_moe) {
+    j["architectures"] = {model::kHfArchClasses[size_t(arch)]};
+    keys["bos_token_id"] = id(bos);
+    keys["eos_token_id"] = id(eos);
+    keys["output_router_logits"] = false;
+    if (arch == model::HfArch::mixtral) keys["router_jitter_noise"] = 0.0;
+    if (arch == model::HfArch::qwen2_moe) keys["sliding_window"] = nullptr;  // (use_sliding_window false)
   } else {
     j["architectures"] = {"LlamaForCausalLM"};
     keys["bos_token_id"] = id(bos);
@@ -276,8 +291,6 @@ ojson hf_config_json(const std::string& type, const model::TransformerConfig& c,
 HfExportResult export_hf_checkpoint(const MergedCheckpoint& m, const TrainingArgs& args,
                                     const HfExportOptions& o) {
   const model::TransformerConfig& c = args.model;
-  MG_REQUIRE(c.num_moe_experts == 0, "Hugging Face export of mixture-of-experts checkpoints "
-             "(Mixtral, Qwen-MoE) is not built yet");
   HfExportResult res;
   res.model_type = hf_model_type(c);
   const int64_t vocab = o.true_vocab_size;
@@ -289,8 +302,8 @@ HfExportResult export_hf_checkpoint(const MergedCheckpoint& m, const TrainingArg
     gpt2_tensors(x, c, vocab);
   else if (res.model_type == "megatron-bert")
     megatron_bert_tensors(x, c, vocab);
-  else
-    llama_tensors(x, c, vocab);
+  else  // llama, mixtral, qwen2_moe
+    llama_tensors(x, c, vocab, hf_arch_named(res.model_type));
   const DType dtype = o.params_dtype ? *o.params_dtype : m.model.at("embedding.word_embeddings.weight").dtype();
   torch_dtype_name(dtype);  // refuses other dtypes
   for (auto& [name, t] : x.tensors())

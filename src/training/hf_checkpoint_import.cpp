@@ -151,8 +151,9 @@ void gpt2_tensors(Tensors& x, const model::TransformerConfig& c, int64_t V, cons
   m["decoder.final_layernorm.bias"] = x.take("ln_f.bias", {h}, folder);
 }
 
+// LlamaForCausalLM, and the decoders of MixtralForCausalLM and Qwen2MoeForCausalLM.
 void llama_tensors(Tensors& x, const model::TransformerConfig& c, int64_t V, const std::string& folder,
-                   std::map<std::string, Tensor>& m) {
+                   model::HfArch arch, std::map<std::string, Tensor>& m) {
   const int64_t h = c.hidden_size, f = c.ffn();
   const int n = c.num_attention_heads, g = c.query_groups(), d = c.head_dim();
   const bool bias = c.add_bias_linear;
@@ -162,20 +163,24 @@ void llama_tensors(Tensors& x, const model::TransformerConfig& c, int64_t V, con
     m[ours(i, "input_layernorm.weight")] = x.take(l + "input_layernorm.weight", {h}, folder);
     for (const char* kind : {"weight", "bias"}) {
       const std::string k = kind;
-      if (k == "bias" && !bias) continue;
+      if (k == "bias" && !c.qkv_bias()) continue;  // (Qwen2-MoE: biases on q, k, v only)
       auto shape = [&](int64_t rows, int64_t cols) { return k == "bias" ? Shape{rows} : Shape{rows, cols}; };
       QkvParts p{x.take(l + "self_attn.q_proj." + k, shape(n * d, h), folder),
                  x.take(l + "self_attn.k_proj." + k, shape(g * d, h), folder),
                  x.take(l + "self_attn.v_proj." + k, shape(g * d, h), folder)};
       m[ours(i, "self_attention.linear_qkv." + k)] = fuse_qkv(p, n, g, d);
+      if (k == "bias" && !bias) continue;
       m[ours(i, "self_attention.linear_proj." + k)] =
           x.take(l + "self_attn.o_proj." + k, k == "bias" ? Shape{h} : Shape{h, n * d}, folder);
+      if (c.is_moe_layer(i)) continue;  // Mixtral, Qwen2-MoE: the MoE block below
       m[ours(i, "mlp.linear_fc1." + k)] = cat_rows({x.take(l + "mlp.gate_proj." + k, shape(f, h), folder),
                                                     x.take(l + "mlp.up_proj." + k, shape(f, h), folder)});
       m[ours(i, "mlp.linear_fc2." + k)] =
           x.take(l + "mlp.down_proj." + k, k == "bias" ? Shape{h} : Shape{h, f}, folder);
     }
     m[ours(i, "pre_mlp_layernorm.weight")] = x.take(l + "post_attention_layernorm.weight", {h}, folder);
+    if (c.is_moe_layer(i))
+      import_moe_block([&](const std::string& n, const Shape& s) { return x.take(n, s, folder); }, c, i, arch, m);
   }
   m["decoder.final_layernorm.weight"] = x.take("norm.weight", {h}, folder);
 }
@@ -266,7 +271,7 @@ std::optional<data::TokenizerOptions> folder_tokenizer(const fs::path& folder, c
     t.vocab_file = "vocab.json";
     t.merge_file = "merges.txt";
     files = {"vocab.json", "merges.txt"};
-  } else if (has("tokenizer.model") && (type == "llama" || !has("tokenizer.json"))) {
+  } else if (has("tokenizer.model") && (type == "llama" || type == "mixtral" || type == "qwen2_moe" || !has("tokenizer.json"))) {
     t.type = "Llama2Tokenizer";
     t.tokenizer_model = "tokenizer.model";
     files = {"tokenizer.model"};
@@ -294,8 +299,14 @@ model::TransformerConfig hf_config_to_model(const model::HfConfigFile& cfg) {
     if (type == model::kHfArchNames[i]) arch = model::HfArch(i);
   if (!arch)
     cfg.unsupported("model_type", "this build imports gpt2 (GPT2LMHeadModel), llama "
-                    "(LlamaForCausalLM) and megatron-bert (MegatronBertForPreTraining, "
-                    "MegatronBertForMaskedLM) models");
+                    "(LlamaForCausalLM), megatron-bert (MegatronBertForPreTraining, "
+                    "MegatronBertForMaskedLM), mixtral (MixtralForCausalLM) and qwen2_moe "
+                    "(Qwen2MoeForCausalLM) models");
+  if (*arch == model::HfArch::mixtral) {  // (jitter: training-time noise on the router's input)
+    if (cfg.number("router_jitter_noise", 0.0) != 0.0)
+      cfg.unsupported("router_jitter_noise", "the router's input is not jittered here (training "
+                      "would differ from transformers'); set it to 0.0");
+  }
   if (*arch == model::HfArch::gpt2) {
     if (!cfg.boolean("scale_attn_weights", true))
       cfg.unsupported("scale_attn_weights", "attention is scaled by 1/sqrt(head dim) here");
@@ -332,8 +343,8 @@ HfImport read_hf_checkpoint(const fs::path& folder, int64_t divisor, int target_
     gpt2_tensors(x, c, V, folder.string(), m);
   else if (bert)
     megatron_bert_tensors(x, c, V, cfg.integer("type_vocab_size", 2), folder.string(), m);
-  else
-    llama_tensors(x, c, V, folder.string(), m);
+  else  // llama, mixtral, qwen2_moe
+    llama_tensors(x, c, V, folder.string(), hf_arch_named(out.model_type), m);
   const Tensor& emb = m.at("embedding.word_embeddings.weight");
   const std::string head_name = bert ? "cls.predictions.decoder.weight" : "lm_head.weight";
   if (c.untie_embeddings_and_output_weights) {

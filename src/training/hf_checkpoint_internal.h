@@ -3,11 +3,14 @@
 // `checkpoint convert` the Hugging Face front ends share with it.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/hf_config.h"
 #include "model/pipeline_layout.h"
 #include "training/checkpoint_convert.h"
 #include "training/trainer.h"
@@ -29,6 +32,33 @@ Tensor cat_rows(const std::vector<Tensor>& parts);  // along dim 0
 // A float setting as the double of its shortest decimal text (1e-05, not 9.99999974737875e-06),
 // so config.json reads as a person wrote it and reads back to the same float.
 double short_float(float v);
+// The mixture-of-experts block of one layer (hf_checkpoint_moe.cpp): our
+//   decoder.layers.L.mlp.router.weight [E, h]
+//   decoder.layers.L.mlp.experts.local_experts.e.linear_fc1.weight [2f, h] = [gate; up]
+//     (or, grouped, decoder.layers.L.mlp.experts.linear_fc1.weight<e>), .linear_fc2.weight [h, f]
+//   decoder.layers.L.mlp.shared_experts.linear_fc1.weight [2s, h], .linear_fc2.weight [h, s],
+//     .gate_weight [1, h]
+// against Mixtral's
+//   model.layers.L.block_sparse_moe.gate.weight [E, h]
+//   model.layers.L.block_sparse_moe.experts.e.w1.weight [f, h] (gate), .w3.weight (up), .w2.weight [h, f]
+// and Qwen2-MoE's
+//   model.layers.L.mlp.gate.weight [E, h]
+//   model.layers.L.mlp.experts.e.{gate_proj, up_proj, down_proj}.weight
+//   model.layers.L.mlp.shared_expert.{gate_proj, up_proj, down_proj}.weight,
+//   model.layers.L.mlp.shared_expert_gate.weight [1, h].
+// Export: `take` our tensor by name (an Error when absent), `has` whether it is there, `add` the
+// tensor under its transformers name. Import: `take` the file's tensor by its name without the
+// "model." prefix, checked against the shape; `out` our tensors.
+struct MoeExportIo {
+  std::function<const Tensor&(const std::string&)> take;
+  std::function<bool(const std::string&)> has;
+  std::function<void(const std::string&, const Tensor&)> add;
+};
+void export_moe_block(const MoeExportIo& io, const model::TransformerConfig& c, int layer, model::HfArch arch);
+void import_moe_block(const std::function<Tensor(const std::string&, const Shape&)>& take,
+                      const model::TransformerConfig& c, int layer, model::HfArch arch,
+                      std::map<std::string, Tensor>& out);
+
 // config.json's torch_dtype: "float32", "bfloat16", "float16".
 const char* torch_dtype_name(DType t);
 // Why Megatron's T5 and transformers' T5 do not convert into each other (export and import).

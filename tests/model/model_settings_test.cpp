@@ -345,7 +345,13 @@ TEST(ModelSettings, EveryRowMapsToEveryHuggingFaceArchitectureOrIsRefused) {
   llama.add_bias_linear = false, llama.untie_embeddings_and_output_weights = true;
   TransformerConfig bert = gpt2;
   bert.model_family = "bert", bert.attention_mask_type = "bidirectional", bert.activation = "gelu";
-  const TransformerConfig bases[] = {gpt2, llama, bert};
+  TransformerConfig mixtral = llama;
+  mixtral.num_moe_experts = 4, mixtral.moe_router_topk = 2;
+  TransformerConfig qwen2_moe = mixtral;
+  qwen2_moe.moe_shared_expert_intermediate_size = 16, qwen2_moe.moe_shared_expert_gate = true;
+  qwen2_moe.add_qkv_bias = true;
+  const TransformerConfig bases[] = {gpt2, llama, bert, mixtral, qwen2_moe};
+  static_assert(std::size(bases) == model::kHfArchCount);
   int refused = 0, mapped = 0;
   for (size_t a = 0; a < model::kHfArchCount; ++a) {
     const model::HfArch arch = model::HfArch(a);
@@ -379,15 +385,17 @@ TEST(ModelSettings, EveryRowMapsToEveryHuggingFaceArchitectureOrIsRefused) {
           bool named = msg.find(s.key) != std::string::npos;
           for (const char* f : s.flags) named = named || msg.find(f) != std::string::npos;
           const std::string key = s.key;
-          if (key != "position_embedding_type" && key != "model_family") {
+          if (key != "position_embedding_type" && key != "model_family" && key != "num_moe_experts" &&
+              key != "moe_shared_expert_intermediate_size") {  // (the rows that choose the class)
             EXPECT_TRUE(named) << msg;
           }
           ++refused;
           continue;
         }
-        if (type != name) {  // the setting chose another class
+        if (type != name) {  // the setting chose another class (experts: Mixtral)
           EXPECT_TRUE(std::string(s.key) == "position_embedding_type" ||
-                      std::string(s.key) == "model_family") << type;
+                      std::string(s.key) == "model_family" || std::string(s.key) == "num_moe_experts" ||
+                      std::string(s.key) == "moe_shared_expert_intermediate_size") << type;
           continue;
         }
         if (carried) {
