@@ -1,6 +1,6 @@
 // Checkpoints under expert parallelism (training/checkpoint.h): under mpirun (Mpi* tests) a run
 // with its experts spread over 2 expert-parallel ranks, with the plain or the distributed
-// optimizer, alone or beside data parallelism, saves one folder per expert-parallel rank
+// optimizer, alone or beside data or tensor parallelism, saves one folder per expert-parallel rank
 // (mp_rank_TT_EEE, Megatron's names) holding the dense weights and that rank's experts under their
 // global numbers, and resumes from it bit for bit (losses, grad norms, final parameters); the
 // checkpoint loads under another expert-parallel size (resharded on load) and converts to a
@@ -44,14 +44,15 @@ std::string expert_of(const std::string& name) {  // "...local_experts.<e>.linea
 }
 
 // Each EP folder holds the dense weights and its own experts (global numbers), nothing else.
-void expect_expert_folders(const fs::path& iter_dir, int ep, bool dist_opt, int dp) {
+void expect_expert_folders(const fs::path& iter_dir, int ep, bool dist_opt, int dp, int tp = 1) {
   const json meta = json::parse(testing::read_file(iter_dir / "metadata.json"));
   EXPECT_EQ(meta["parallel"]["expert_model_parallel_size"], ep);
   EXPECT_EQ(meta["parallel"]["data_parallel_size"], dp);
   EXPECT_FALSE(fs::exists(iter_dir / "mp_rank_00"));
   int shard_files = 0;
-  for (int e = 0; e < ep; ++e) {
-    const fs::path folder = iter_dir / checkpoint_rank_dir(0, 1, 0, ep, e);
+  for (int k = 0; k < tp * ep; ++k) {  // TP rank t, EP rank e
+    const int t = k / ep, e = k % ep;
+    const fs::path folder = iter_dir / checkpoint_rank_dir(t, 1, 0, ep, e);
     SCOPED_TRACE(folder.string());
     const SafetensorsContents st = read_safetensors(folder / "model.safetensors");
     std::set<std::string> experts;
@@ -67,7 +68,7 @@ void expect_expert_folders(const fs::path& iter_dir, int ep, bool dist_opt, int 
     for (const auto& entry : fs::directory_iterator(folder))
       shard_files += entry.path().filename().string().starts_with("distrib_optim_dp_");
   }
-  EXPECT_EQ(shard_files, dist_opt ? dp : 0);  // one shard per data-parallel rank, none twice
+  EXPECT_EQ(shard_files, dist_opt ? tp * dp : 0);  // one shard per rank, none written twice
 }
 
 // Saved at iteration 5 and resumed, the run equals the uninterrupted one bit for bit: losses, MoE
@@ -76,12 +77,14 @@ TEST(MpiMoeCheckpoint, ExpertParallelResumeIsBitExact) {
   SKIP_ON_ONE_RANK();
   Fixture f;
   const int n = world()->size();
-  struct L { std::string name; bool dist_opt; };
-  std::vector<L> layouts = {{"ep2", false}, {"ep2_distopt", true}};
-  if (n == 4) layouts = {{"ep2_dp2_distopt", true}};  // 4 ranks: EP 2 x expert-DP 2
+  struct L { std::string name; bool dist_opt; int tp; };
+  std::vector<L> layouts = {{"ep2", false, 1}, {"ep2_distopt", true, 1}};
+  // 4 ranks: EP 2 x expert-DP 2; EP 2 x TP 2 (the experts tensor-parallel as the dense MLP)
+  if (n == 4) layouts = {{"ep2_dp2_distopt", true, 1}, {"ep2_tp2", false, 2}};
   for (const L& l : layouts) {
     SCOPED_TRACE(l.name);
-    const TrainingArgs base = ep_args(f, 2, l.dist_opt);
+    TrainingArgs base = ep_args(f, 2, l.dist_opt);
+    base.parallel.tensor_model_parallel_size = l.tp;
     TrainingArgs full = base;
     full.save = f.dir / (l.name + "_full");
     full.save_interval = 1000;
@@ -91,7 +94,8 @@ TEST(MpiMoeCheckpoint, ExpertParallelResumeIsBitExact) {
     first.save_interval = 5;
     first.exit_interval = 5;
     pretrain(first);
-    if (world()->rank() == 0) expect_expert_folders(fs::path(first.save) / "iter_0000005", 2, l.dist_opt, n);
+    if (world()->rank() == 0)
+      expect_expert_folders(fs::path(first.save) / "iter_0000005", 2, l.dist_opt, n / l.tp, l.tp);
     TrainingArgs second = first;
     second.load = first.save;
     second.exit_interval = 0;
