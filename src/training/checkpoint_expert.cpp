@@ -34,13 +34,24 @@ RankTensors read_rank_tensors(const CheckpointOnDisk& ckpt, const CheckpointRank
     out.contents = read_tensor_file(ckpt, rel);
     return out;
   }
-  // Another expert-parallel layout: every EP folder of this TP x PP rank, merged by name (the
-  // dense tensors are in each of them, equal; each expert in one).
+  // Another expert-parallel layout: the EP folders of this TP x PP rank that hold its experts,
+  // merged by name (the dense tensors are in each of them, equal; each expert in one).
   out.resharded = true;
-  const std::vector<std::string> dirs = checkpoint_rank_dirs(ckpt, rank.tp_rank, rank.pp_rank);
+  std::vector<std::string> dirs = checkpoint_rank_dirs(ckpt, rank.tp_rank, rank.pp_rank);
   out.label = (ckpt.dir / (dirs.size() > 1 ? checkpoint_rank_dir(rank.tp_rank, rank.pp_size,
                                                                   rank.pp_rank, 1, 0) + "_*"
                                             : dirs[0]) / file).string();
+  const nlohmann::json& args = ckpt.state.args;
+  const int64_t experts = args.contains("model") && args["model"].is_object()
+                              ? args["model"].value("num_moe_experts", int64_t(0))
+                              : 0;
+  if (rank.ep_size > 1 && experts > 0 && experts % ckpt_ep == 0 && experts % rank.ep_size == 0) {
+    // Experts [first, last) of this rank live in the folders of ckpt EP ranks first / per .. .
+    const int64_t per_rank = experts / rank.ep_size, per_folder = experts / ckpt_ep;
+    const int64_t first = rank.ep_rank * per_rank, last = first + per_rank;
+    dirs = std::vector<std::string>(dirs.begin() + first / per_folder,
+                                    dirs.begin() + (last - 1) / per_folder + 1);
+  }
   for (const std::string& d : dirs) {
     const std::string rel = d + "/" + file;
     MG_REQUIRE(ckpt.files.is_object() && ckpt.files.contains(rel), (ckpt.dir / "metadata.json").string(),

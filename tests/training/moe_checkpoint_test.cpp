@@ -125,9 +125,11 @@ TEST(MpiMoeCheckpoint, ExpertParallelResumeIsBitExact) {
 TEST(MpiMoeCheckpoint, ExpertParallelSizeChangesOnLoadAndConversion) {
   SKIP_ON_ONE_RANK();
   Fixture f;
+  // From EP to EP: on 4 ranks also 4 -> 2, where each rank reads only the folders of its experts.
+  std::vector<std::pair<int, int>> changes = {{2, 1}, {1, 2}};
+  if (world()->size() == 4) changes.push_back({4, 2});
   for (const bool dist_opt : {false, true}) {
-    for (const int from_ep : {2, 1}) {
-      const int to_ep = 3 - from_ep;
+    for (const auto& [from_ep, to_ep] : changes) {
       const std::string name = str("ep", from_ep, "_to_ep", to_ep, dist_opt ? "_distopt" : "");
       SCOPED_TRACE(name);
       TrainingArgs full = ep_args(f, from_ep, dist_opt);
