@@ -29,6 +29,7 @@ struct ConvertArgs {
   std::string load, save;
   int64_t ckpt_step = -1;
   int target_tp = 1, target_pp = 1, target_layers_per_virtual_stage = 0;
+  int target_ep = 1;
   int64_t true_vocab_size = 0;
   bool no_save_optim = false;
   data::TokenizerOptions tokenizer;  // flags given here override the checkpoint's
@@ -136,6 +137,7 @@ void run_convert(const ConvertArgs& a) {
   o.save = a.save;
   if (a.ckpt_step >= 0) o.ckpt_step = a.ckpt_step;
   o.target_tp = a.target_tp;
+  o.target_ep = a.target_ep;
   o.target_pp = a.target_pp;
   o.target_layers_per_virtual_stage = a.target_layers_per_virtual_stage;
   o.drop_optimizer = a.no_save_optim;
@@ -169,7 +171,9 @@ void run_convert(const ConvertArgs& a) {
     log_print(str("imported the Hugging Face ", r.hf_model_type, " model ", a.load, " (vocabulary ",
                   r.padded_vocab_from, ", padded to ", r.padded_vocab_to, ")"));
   log_print(str("converted iteration ", r.iteration, " from ", r.from.describe(), " to TP=",
-                r.to.tensor_model_parallel_size, " x PP=", r.to.pipeline_model_parallel_size, ": ",
+                r.to.tensor_model_parallel_size, " x PP=", r.to.pipeline_model_parallel_size,
+                r.to.expert_model_parallel_size > 1 ? str(" x EP=", r.to.expert_model_parallel_size) : "",
+                ": ",
                 r.num_tensors, " model tensors in ", r.num_files, " files, written to ",
                 r.dir.string()));
   if (r.padded_vocab_from != r.padded_vocab_to)
@@ -214,6 +218,10 @@ CommandRegistrar reg(
           ->capture_default_str();
       convert->add_option("--target-pipeline-parallel-size", a->target_pp,
                           "Pipeline-parallel size of the new checkpoint")
+          ->capture_default_str();
+      convert->add_option("--target-expert-model-parallel-size", a->target_ep,
+                          "Expert-parallel size of the new checkpoint (one folder per "
+                          "expert-parallel rank; training also loads any EP size directly)")
           ->capture_default_str();
       convert->add_option("--target-num-layers-per-virtual-pipeline-stage",
                           a->target_layers_per_virtual_stage,

@@ -11,15 +11,24 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "inference/checkpoint_weights.h"
+#include "training/checkpoint.h"
 #include "training/torch_dist_checkpoint.h"
 
 namespace megatron::cli {
 
 namespace {
 
-// The tensor- and pipeline-parallel sizes a checkpoint iteration folder was saved under, from its
-// mp_rank_TT or mp_rank_TT_PPP folders ({1, 1} when there are none).
+// The tensor- and pipeline-parallel sizes a checkpoint iteration folder was saved under: its
+// metadata.json's when it records them (its mp_rank_TT_EEE folders of expert parallelism read
+// like pipeline stages), else from its mp_rank_TT or mp_rank_TT_PPP folders ({1, 1} when there
+// are none).
 std::pair<int, int> saved_layout(const std::filesystem::path& folder) {
+  if (std::filesystem::exists(folder / "metadata.json")) {
+    const nlohmann::json meta = training::read_checkpoint_metadata(folder);
+    if (meta.contains("parallel") && meta["parallel"].is_object())
+      return {meta["parallel"].value("tensor_model_parallel_size", 1),
+              meta["parallel"].value("pipeline_model_parallel_size", 1)};
+  }
   static const std::regex name(R"(mp_rank_(\d+)(?:_(\d+))?)");
   int tp = 1, pp = 1;
   std::error_code ec;

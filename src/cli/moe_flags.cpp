@@ -100,11 +100,14 @@ void MoeFlags::apply(training::TrainingArgs& a) const {
                c.num_moe_experts, " is not divisible by --expert-model-parallel-size ",
                expert_model_parallel_size, ": every expert-parallel rank holds the same number "
                "of experts");
-    MG_REQUIRE(a.save.empty() && a.load.empty(), "--save/--load with "
-               "--expert-model-parallel-size ", expert_model_parallel_size, ": checkpoints "
-               "holding each expert-parallel rank's experts are not built yet; train without "
-               "them or use --expert-model-parallel-size 1");
   }
+  // Megatron's .pt files are written from the merged single-rank tensors, which have no MoE
+  // mapping yet: refused before training rather than at the first save.
+  MG_REQUIRE(c.num_moe_experts == 0 || a.save.empty() || a.ckpt_format != "torch",
+             "--ckpt-format torch with --num-experts ", c.num_moe_experts, ": Megatron-LM's "
+             "model_optim_rng.pt files for mixture-of-experts models are not written yet; leave "
+             "out --ckpt-format (this build's checkpoints hold the experts of every "
+             "expert-parallel rank)");
   c.moe_grouped_gemm = grouped_gemm;
   MG_REQUIRE(!grouped_gemm || a.parallel.tensor_model_parallel_size == 1, "--moe-grouped-gemm "
              "with --tensor-model-parallel-size ", a.parallel.tensor_model_parallel_size,

@@ -56,7 +56,8 @@ CheckpointWeights CheckpointWeights::open(const fs::path& load_dir, std::optiona
     auto ckpt = training::find_checkpoint(load_dir, step);
     MG_REQUIRE(ckpt.has_value(), "no checkpoint in ", load_dir.string());
     const bool sharded = ckpt->parallel.tensor_model_parallel_size > 1 ||
-                         ckpt->parallel.pipeline_model_parallel_size > 1;
+                         ckpt->parallel.pipeline_model_parallel_size > 1 ||
+                         ckpt->parallel.expert_model_parallel_size > 1;
     if (sharded)
       log_info("merging the ", ckpt->parallel.describe(), " shards of ", ckpt->dir.string(),
                " into one model");

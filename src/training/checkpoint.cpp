@@ -247,6 +247,8 @@ nlohmann::ordered_json checkpoint_metadata_to_json(const CheckpointMetadata& m) 
                         {"pipeline_model_parallel_size", p.pipeline_model_parallel_size},
                         {"virtual_pipeline_model_parallel_size", p.virtual_pipeline_model_parallel_size},
                         {"data_parallel_size", p.data_parallel_size}};
+    if (p.expert_model_parallel_size > 1)
+      meta["parallel"]["expert_model_parallel_size"] = p.expert_model_parallel_size;
   }
   if (!m.weights.is_null()) meta["weights"] = m.weights;
   meta["args"] = state.args;
@@ -277,8 +279,11 @@ CheckpointMetadata checkpoint_metadata_from_json(const json& j, const std::strin
     if (p.contains("virtual_pipeline_model_parallel_size"))  // absent before pipeline training
       c.virtual_pipeline_model_parallel_size =
           int(r.i64(p, "virtual_pipeline_model_parallel_size", " in parallel"));
+    if (p.contains("expert_model_parallel_size"))  // absent without expert parallelism
+      c.expert_model_parallel_size = int(r.i64(p, "expert_model_parallel_size", " in parallel"));
     MG_REQUIRE(c.tensor_model_parallel_size >= 1 && c.pipeline_model_parallel_size >= 1 &&
-                   c.data_parallel_size >= 1 && c.virtual_pipeline_model_parallel_size >= 1,
+                   c.data_parallel_size >= 1 && c.virtual_pipeline_model_parallel_size >= 1 &&
+                   c.expert_model_parallel_size >= 1,
                label, ": parallel sizes must be >= 1");
     m.parallel = c;
   }
@@ -344,21 +349,34 @@ CheckpointRank CheckpointRank::from(const ParallelState& ps) {
   // data_parallel_group_with_cp): only its rank 0 writes the model of a model-parallel rank.
   r.dp_size = ps.dp_size() * ps.cp_size();
   r.dp_rank = ps.layout().rank_in(GroupKind::DP_CP, ps.world_rank());
+  r.ep_size = ps.ep_size();
+  r.ep_rank = ps.ep_size() > 1 ? ps.ep_rank() : 0;
+  r.edp_rank = ps.ep_size() > 1 ? ps.layout().rank_in(GroupKind::EXPERT_DP, ps.world_rank()) : r.dp_rank;
   return r;
 }
 
-std::string CheckpointRank::rank_dir() const {
-  char name[32];
+std::string checkpoint_rank_dir(int tp_rank, int pp_size, int pp_rank, int ep_size, int ep_rank) {
+  char name[48];
   if (pp_size > 1)
     std::snprintf(name, sizeof name, "mp_rank_%02d_%03d", tp_rank, pp_rank);
   else
     std::snprintf(name, sizeof name, "mp_rank_%02d", tp_rank);
-  return name;
+  std::string out = name;
+  if (ep_size > 1) {
+    std::snprintf(name, sizeof name, "_%03d", ep_rank);
+    out += name;
+  }
+  return out;
+}
+
+std::string CheckpointRank::rank_dir() const {
+  return checkpoint_rank_dir(tp_rank, pp_size, pp_rank, ep_size, ep_rank);
 }
 
 std::string CheckpointParallel::describe() const {
-  return str("TP=", tensor_model_parallel_size, " x PP=", pipeline_model_parallel_size, " x DP=",
-             data_parallel_size, distributed_optimizer ? " (distributed optimizer)" : "");
+  return str("TP=", tensor_model_parallel_size, " x PP=", pipeline_model_parallel_size,
+             expert_model_parallel_size > 1 ? str(" x EP=", expert_model_parallel_size) : "",
+             " x DP=", data_parallel_size, distributed_optimizer ? " (distributed optimizer)" : "");
 }
 
 json training_args_to_json(const TrainingArgs& args) { return json(args); }
@@ -413,12 +431,13 @@ void save_iteration(const fs::path& save_dir, const fs::path& tmp_dir, const Che
   }
   if (multi) rank.world->barrier();  // the temporary folder exists for everyone
 
-  // This rank's files: the model (data-parallel rank 0 of each model-parallel rank) and its
-  // optimizer state (checkpoint_optimizer.cpp decides which rank writes what).
+  // This rank's files: the model (data-parallel rank 0 of each model-parallel rank; under expert
+  // parallelism expert data-parallel rank 0 of each TP x PP x EP rank) and its optimizer state
+  // (checkpoint_optimizer.cpp decides which rank writes what).
   const std::string rank_dir = rank.rank_dir();
   json files = json::object();
   json optimizer_meta = nullptr;
-  const bool writes_model = rank.dp_rank == 0;
+  const bool writes_model = rank.edp_rank == 0;
   const bool writes_optim = optimizer != nullptr && (writes_model || optimizer->shard().has_value());
   if (writes_model || writes_optim) {
     fs::create_directories(tmp_dir / rank_dir);
@@ -450,7 +469,8 @@ void save_iteration(const fs::path& save_dir, const fs::path& tmp_dir, const Che
     CheckpointMetadata m;
     m.state = state;
     m.optimizer = optimizer_meta;
-    m.parallel = CheckpointParallel{rank.tp_size, rank.pp_size, rank.dp_size, rank.vp_size, false};
+    m.parallel = CheckpointParallel{rank.tp_size, rank.pp_size, rank.dp_size, rank.vp_size, false,
+                                    rank.ep_size};
     m.weights = weights;
     m.files = files;
     const nlohmann::ordered_json meta = checkpoint_metadata_to_json(m);
@@ -607,9 +627,16 @@ void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList
     st.tensors = read_torch_dist_shards(ckpt, wanted, rank);
   } else {
     st = torch ? read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, false).model
-               : detail::read_tensor_file(ckpt, rel);
+               : SafetensorsContents{};
   }
-  const std::string label = (ckpt.dir / rel).string();
+  std::string label = (ckpt.dir / rel).string();
+  bool resharded = false;  // another expert-parallel size: the files hold others' experts too
+  if (!torch && !torch_dist) {
+    detail::RankTensors rt = detail::read_rank_tensors(ckpt, rank, "model.safetensors");
+    st = std::move(rt.contents);
+    label = rt.label;
+    resharded = rt.resharded;
+  }
   std::set<std::string> used;
   for (model::Parameter* p : params) {
     if (p->shared) continue;  // not saved: the caller copies it from its owner
@@ -628,7 +655,8 @@ void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList
     used.insert(p->name);
   }
   for (const auto& [name, t] : st.tensors)
-    MG_REQUIRE(used.count(name), label, " has a tensor '", name,
+    MG_REQUIRE(used.count(name) || (resharded && detail::is_expert_tensor_name(name)), label,
+               " has a tensor '", name,
                "' that the model does not have (the checkpoint was saved from a different model)");
 }
 

@@ -28,6 +28,14 @@
 // equals the first stage's). Model and plain optimizer files are written by data-parallel rank 0
 // of each model-parallel rank;
 // metadata.json and the tracker by world rank 0 once every rank's files are complete.
+// Expert parallelism (--expert-model-parallel-size EP > 1): one folder per TP x PP x EP rank,
+// mp_rank_TT_EEE or mp_rank_TT_PPP_EEE (Megatron's names), each holding the dense weights and
+// that rank's E / EP experts under their global numbers
+// (decoder.layers.<l>.mlp.experts.local_experts.<e>.*, WeightSpec::expert), written with the plain
+// optimizer's file by expert data-parallel rank 0 of that rank; each rank's distributed-optimizer
+// shard (its pieces of the dense and of the expert buffer) goes into its own folder as
+// distrib_optim_dp_RRR, RRR its data-parallel rank. A run under another EP size (or none:
+// generate, serve, convert) reads every tensor by name from the folder that holds it.
 //
 // metadata.json, abridged:
 //   {"format_version": 3, "iteration": 500, "consumed_train_samples": 4000,
@@ -40,7 +48,8 @@
 //    "optimizer": {"type": "adam", "distributed": false},   (null with --no-save-optim)
 //    "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
 //                 "virtual_pipeline_model_parallel_size": 1,
-//                 "data_parallel_size": 2},          (absent in single-rank checkpoints of old)
+//                 "data_parallel_size": 2},          (absent in single-rank checkpoints of old;
+//                 "expert_model_parallel_size" too when EP > 1)
 //    "weights": {"<param>": {"init": "normal", "weight_decay": true, "partition_dim": 0,
 //                "partition_parts": 1, "padded_vocab": true, "sequence_parallel": false,
 //                "shared": false, "grad_reduction": "data_parallel"}, ...},
@@ -51,7 +60,7 @@
 // Saving writes the iteration folder under a temporary name (.tmp_iter_...), fsyncs, renames it,
 // and then replaces the tracker (temp file + rename). Files 0640, folders 0750. Loading verifies
 // every listed file's size and SHA-256 before parsing it; every problem is a megatron::Error
-// naming the file. A checkpoint loads under any data-parallel size; the tensor- and
+// naming the file. A checkpoint loads under any data- and expert-parallel size; the tensor- and
 // pipeline-parallel sizes and virtual stages must be the checkpoint's (check_checkpoint_layout).
 #pragma once
 
@@ -107,10 +116,20 @@ struct CheckpointRank {
   Communicator* world = nullptr;  // null or a group of one: single rank, no collectives
   int tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0, dp_size = 1, dp_rank = 0;
   int vp_size = 1;  // model chunks (virtual stages) per pipeline rank; 1 without interleaving
+  // Expert parallelism: this rank's expert-parallel rank and its rank in the expert data-parallel
+  // group (the replicas of its experts; with ep_size 1 it is dp_rank). Expert data-parallel rank 0
+  // of each TP x PP x EP rank writes that rank's folder, as Megatron's
+  // get_data_modulo_expert_parallel_rank() == 0.
+  int ep_size = 1, ep_rank = 0, edp_rank = 0;
   static CheckpointRank from(const ParallelState& ps);
   bool multi() const { return world != nullptr && world->size() > 1; }
-  std::string rank_dir() const;  // "mp_rank_TT" or, with PP > 1, "mp_rank_TT_PPP"
+  // "mp_rank_TT", with PP > 1 "mp_rank_TT_PPP", with EP > 1 "_EEE" appended (Megatron's
+  // get_checkpoint_name).
+  std::string rank_dir() const;
 };
+// The folder of one rank's files (CheckpointRank::rank_dir): tp_rank TT, pipeline rank PPP when
+// pp_size > 1, expert-parallel rank EEE when ep_size > 1.
+std::string checkpoint_rank_dir(int tp_rank, int pp_size, int pp_rank, int ep_size, int ep_rank);
 
 
 // Saves a checkpoint; returns the iteration folder. A null `optimizer`: no optimizer files.
@@ -127,6 +146,9 @@ struct CheckpointParallel {
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1, data_parallel_size = 1;
   int virtual_pipeline_model_parallel_size = 1;  // model chunks per pipeline rank
   bool distributed_optimizer = false;  // the optimizer state is in distrib_optim_dp_*.safetensors
+  // Expert parallelism: one folder per TP x PP x EP rank (mp_rank_TT[_PPP]_EEE), each holding the
+  // dense weights and its own experts, E / EP of them, under their global expert numbers.
+  int expert_model_parallel_size = 1;
   std::string describe() const;        // "TP=2 x PP=1 x DP=2 (distributed optimizer)"
 };
 

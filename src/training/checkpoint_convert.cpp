@@ -199,9 +199,11 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
         progress.update("reading " + progress_text(p * T + t, int64_t(P) * T, progress.elapsed(), "rank files"));
       const CheckpointRank rank = rank_of(T, t, P, p, ckpt.parallel);
       const std::string rel = rank.rank_dir() + "/model.safetensors";
-      MG_REQUIRE(ckpt.files.contains(rel), meta_label, " lists no ", rel, ": the checkpoint is ",
-                 ckpt.parallel.describe(), " but that rank's model file is missing from it");
-      SafetensorsContents st = detail::read_tensor_file(ckpt, rel);
+      MG_REQUIRE(ckpt.parallel.expert_model_parallel_size > 1 || ckpt.files.contains(rel), meta_label,
+                 " lists no ", rel, ": the checkpoint is ", ckpt.parallel.describe(),
+                 " but that rank's model file is missing from it");
+      // Under expert parallelism: every EP folder's experts, by their global numbers.
+      SafetensorsContents st = detail::read_rank_tensors(ckpt, rank, "model.safetensors").contents;
       std::vector<std::string> names;
       for (auto& [name, tensor] : st.tensors) {
         if (P > 1 && name == kOutputLayer && p == P - 1 && p != 0 && !untied) {
@@ -423,51 +425,64 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
     if (m.model.count(name)) weights[name] = model::weight_spec_to_json(spec);
   const std::vector<std::string>& moments = optim ? moment_kinds(m.optimizer_type)
                                                   : std::vector<std::string>{};
+  // --target-expert-model-parallel-size EP: one folder per EP rank, each with the dense tensors
+  // and its block of E / EP experts (by the expert number each weight records).
+  const int EP = o.target_ep;
+  const json& margs = m.metadata.contains("args") ? m.metadata["args"] : json(nullptr);
+  const int64_t experts = margs.is_object() && margs.contains("model") && margs["model"].is_object()
+                              ? margs["model"].value("num_moe_experts", int64_t(0))
+                              : 0;
+  MG_REQUIRE(EP == 1 || (experts > 0 && experts % EP == 0), "--target-expert-model-parallel-size ",
+             EP, ": the checkpoint's model has ", experts, " experts per MoE layer, not a positive "
+             "multiple of ", EP);
   ProgressLine progress(true, 30);
   for (int p = 0; p < P; ++p) {
     for (int t = 0; t < T; ++t) {
-      if (progress.due())
-        progress.update("writing " + progress_text(p * T + t, int64_t(P) * T, progress.elapsed(), "rank files"));
-      const CheckpointRank rank = rank_of(T, t, P, p);
-      const std::string rd = rank.rank_dir();
-      fs::create_directories(tmp / rd);
-      set_mode(tmp / rd, 0750);
-      std::vector<std::pair<std::string, Tensor>> model_tensors, optim_tensors;
-      if (optim) {
-        Tensor step = Tensor::empty({}, DType::I64);
-        *step.data<int64_t>() = m.optimizer_step;
-        optim_tensors.emplace_back("optimizer.step", step);
-      }
-      for (const auto& [name, full] : m.model) {
-        if (stage.at(name) != p) continue;
-        const ShardRule& rule = m.rules.at(name);
-        model_tensors.emplace_back(name, split_shard(full, rule, t, T));
-        if (!optim) continue;
-        std::vector<std::string> kinds = moments;
-        if (full.dtype() != DType::F32) kinds.insert(kinds.begin(), "fp32_param");
-        for (const std::string& kind : kinds) {
-          auto it = m.optimizer[kind].find(name);
-          MG_REQUIRE(it != m.optimizer[kind].end(), ckpt.dir.string(), ": no optimizer state '",
-                     kind, "' for '", name, "'");
-          optim_tensors.emplace_back("optimizer.state." + kind + "." + name,
-                                     split_shard(it->second, rule, t, T));
+      for (int e = 0; e < EP; ++e) {
+        if (progress.due())
+          progress.update("writing " + progress_text(p * T + t, int64_t(P) * T, progress.elapsed(), "rank files"));
+        const std::string rd = checkpoint_rank_dir(t, P, p, EP, e);
+        fs::create_directories(tmp / rd);
+        set_mode(tmp / rd, 0750);
+        std::vector<std::pair<std::string, Tensor>> model_tensors, optim_tensors;
+        if (optim) {
+          Tensor step = Tensor::empty({}, DType::I64);
+          *step.data<int64_t>() = m.optimizer_step;
+          optim_tensors.emplace_back("optimizer.step", step);
         }
+        for (const auto& [name, full] : m.model) {
+          if (stage.at(name) != p) continue;
+          if (const int x = m.specs.at(name).expert; EP > 1 && x >= 0 && x / (experts / EP) != e)
+            continue;
+          const ShardRule& rule = m.rules.at(name);
+          model_tensors.emplace_back(name, split_shard(full, rule, t, T));
+          if (!optim) continue;
+          std::vector<std::string> kinds = moments;
+          if (full.dtype() != DType::F32) kinds.insert(kinds.begin(), "fp32_param");
+          for (const std::string& kind : kinds) {
+            auto it = m.optimizer[kind].find(name);
+            MG_REQUIRE(it != m.optimizer[kind].end(), ckpt.dir.string(), ": no optimizer state '",
+                       kind, "' for '", name, "'");
+            optim_tensors.emplace_back("optimizer.state." + kind + "." + name,
+                                       split_shard(it->second, rule, t, T));
+          }
+        }
+        if (optim && P > 1 && p == P - 1 && !m.model.count(kOutputLayer)) {
+          // The last stage's tied copy of the word embedding: not in the model file, but the
+          // trainer's optimizer there has state for it, equal to the first stage's.
+          const Tensor& emb = m.model.at(kWordEmbedding);
+          std::vector<std::string> kinds = moments;
+          if (emb.dtype() != DType::F32) kinds.insert(kinds.begin(), "fp32_param");
+          for (const std::string& kind : kinds)
+            optim_tensors.emplace_back(
+                std::string("optimizer.state.") + kind + "." + kOutputLayer,
+                split_shard(m.optimizer[kind].at(kWordEmbedding), m.rules.at(kWordEmbedding), t, T));
+        }
+        detail::write_tensor_file(tmp, rd + "/model.safetensors", model_tensors, files);
+        res.num_tensors += model_tensors.size();
+        if (optim) detail::write_tensor_file(tmp, rd + "/optimizer.safetensors", optim_tensors, files);
+        fsync_path(tmp / rd, true);
       }
-      if (optim && P > 1 && p == P - 1 && !m.model.count(kOutputLayer)) {
-        // The last stage's tied copy of the word embedding: not in the model file, but the
-        // trainer's optimizer there has state for it, equal to the first stage's.
-        const Tensor& emb = m.model.at(kWordEmbedding);
-        std::vector<std::string> kinds = moments;
-        if (emb.dtype() != DType::F32) kinds.insert(kinds.begin(), "fp32_param");
-        for (const std::string& kind : kinds)
-          optim_tensors.emplace_back(
-              std::string("optimizer.state.") + kind + "." + kOutputLayer,
-              split_shard(m.optimizer[kind].at(kWordEmbedding), m.rules.at(kWordEmbedding), t, T));
-      }
-      detail::write_tensor_file(tmp, rd + "/model.safetensors", model_tensors, files);
-      res.num_tensors += model_tensors.size();
-      if (optim) detail::write_tensor_file(tmp, rd + "/optimizer.safetensors", optim_tensors, files);
-      fsync_path(tmp / rd, true);
     }
   }
   res.num_files = files.size();
@@ -475,7 +490,7 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
   CheckpointMetadata meta = checkpoint_metadata_from_json(m.metadata, (ckpt.dir / "metadata.json").string());
   json src_parallel = m.metadata.contains("parallel") ? m.metadata["parallel"] : json(nullptr);
   if (src_parallel.is_object()) src_parallel.erase("partition_dims");
-  meta.parallel = CheckpointParallel{T, P, ckpt.parallel.data_parallel_size, layout.num_chunks, false};
+  meta.parallel = CheckpointParallel{T, P, ckpt.parallel.data_parallel_size, layout.num_chunks, false, EP};
   meta.weights = weights;
   meta.optimizer = optim ? json{{"type", m.optimizer_type}, {"distributed", false}} : json(nullptr);
   json& args = meta.state.args;
@@ -496,6 +511,7 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
   detail::publish_iteration(o.save, tmp, dir_name,
                             ckpt.release ? std::string("release") : std::to_string(ckpt.state.iteration));
   res.to = CheckpointParallel{T, P, ckpt.parallel.data_parallel_size, false};
+  res.to.expert_model_parallel_size = EP;
   res.notes = m.notes;
   return res;
 }
@@ -508,6 +524,10 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   MG_REQUIRE(!o.save.empty(), "--save is required: the folder to write the converted checkpoint to");
   MG_REQUIRE(o.target_tp >= 1, "--target-tensor-parallel-size must be >= 1 (got ", o.target_tp, ")");
   MG_REQUIRE(o.target_pp >= 1, "--target-pipeline-parallel-size must be >= 1 (got ", o.target_pp, ")");
+  MG_REQUIRE(o.target_ep >= 1, "--target-expert-model-parallel-size must be >= 1 (got ", o.target_ep, ")");
+  MG_REQUIRE(o.target_ep == 1 || o.save_format == "safetensors", "--target-expert-model-parallel-size ",
+             o.target_ep, " with --save-format ", o.save_format, ": only this build's format is "
+             "written per expert-parallel rank; leave the flag out");
   std::error_code ec;
   MG_REQUIRE(fs::is_directory(o.load, ec), "--load ", o.load.string(), " is not a directory");
   if (fs::exists(o.save, ec)) {

@@ -100,6 +100,10 @@ struct ConvertOptions {
   std::filesystem::path load, save;
   std::optional<int64_t> ckpt_step;  // default: the tracker's iteration
   int target_tp = 1, target_pp = 1;
+  // --target-expert-model-parallel-size: one folder per expert-parallel rank (mp_rank_TT_EEE),
+  // each with the dense weights and its E / EP experts. The trainer also reads a checkpoint of
+  // another EP size directly (resharding on load).
+  int target_ep = 1;
   // --target-num-layers-per-virtual-pipeline-stage (0: none): rank r's file then holds the layers
   // of its model chunks, virtual stages c * P + r (model/stage_model.h).
   int target_layers_per_virtual_stage = 0;

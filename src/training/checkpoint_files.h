@@ -68,6 +68,27 @@ nlohmann::json save_optimizer_files(const std::filesystem::path& dir,
                                     optim::MegatronOptimizer& optimizer,
                                     const CheckpointRank& rank, nlohmann::json& files);
 std::string plain_optimizer_file(const CheckpointRank& rank);  // mp_rank_TT/optimizer.safetensors
+
+// Expert parallelism (checkpoint_expert.cpp). The folders of TP rank x PP rank: one, or one per
+// expert-parallel rank of the checkpoint (mp_rank_TT[_PPP]_EEE).
+std::vector<std::string> checkpoint_rank_dirs(const CheckpointOnDisk& ckpt, int tp_rank, int pp_rank);
+// A tensor of an MoE layer's experts (decoder.layers.<l>.mlp.experts.*): a rank of another
+// expert-parallel size finds experts it does not hold in the files it reads.
+bool is_expert_tensor_name(const std::string& name);
+// `file` ("model.safetensors", "optimizer.safetensors") as `rank` reads it: from its own folder
+// when the checkpoint's expert-parallel size is the rank's, else merged by name from every EP
+// folder of its TP x PP rank (`resharded`: the contents then also hold experts of other ranks).
+struct RankTensors {
+  SafetensorsContents contents;
+  bool resharded = false;
+  std::string label;  // the file(s), for errors
+};
+RankTensors read_rank_tensors(const CheckpointOnDisk& ckpt, const CheckpointRank& rank,
+                              const std::string& file);
+// The distributed optimizer's shard files of rank's TP x PP rank in every EP folder, sorted; an
+// error unless there is one per data-parallel rank of the save.
+std::vector<std::string> distributed_optimizer_files(const CheckpointOnDisk& ckpt,
+                                                     const CheckpointRank& rank);
 // mp_rank_TT/distrib_optim_dp_RRR.safetensors
 std::string distributed_optimizer_file(const std::string& rank_dir, int dp_rank);
 

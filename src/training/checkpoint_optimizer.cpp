@@ -53,7 +53,7 @@ json save_optimizer_files(const fs::path& dir, optim::MegatronOptimizer& optimiz
   std::vector<std::pair<std::string, Tensor>> t;
   t.emplace_back("optimizer.step", step_tensor(optimizer.step_count()));
   if (!shard) {  // every data-parallel rank holds the same state: rank 0 saves it per parameter
-    if (rank.dp_rank == 0) {
+    if (rank.edp_rank == 0) {  // (under expert parallelism, rank 0 of each EP rank's replicas)
       for (const optim::StatePiece& p : pieces) {
         const std::string& name = ps[p.param]->name;
         if (p.main.defined()) t.emplace_back("optimizer.state.fp32_param." + name, p.main);
@@ -110,11 +110,17 @@ class StateReader {
       files_.push_back(std::move(*r.optimizer));
       labels_.push_back((ckpt.dir / rank.rank_dir() / kTorchCheckpointFile).string());
     } else if (!ckpt.parallel.distributed_optimizer) {
-      rels.push_back(detail::plain_optimizer_file(rank));
+      const fs::path own = ckpt.dir / detail::plain_optimizer_file(rank);
+      MG_REQUIRE(ckpt.parallel.expert_model_parallel_size != rank.ep_size || fs::exists(own),
+                 "checkpoint optimizer file ", own.string(), " is missing", hint_);
+      // Its own folder's file, or under another expert-parallel size every EP folder's, by name.
+      detail::RankTensors rt = detail::read_rank_tensors(ckpt, rank, "optimizer.safetensors");
+      files_.push_back(std::move(rt.contents));
+      labels_.push_back(rt.label);
+      resharded_ = rt.resharded;
     } else {
-      distributed_ = true;
-      for (int r = 0; r < ckpt.parallel.data_parallel_size; ++r)
-        rels.push_back(detail::distributed_optimizer_file(rank.rank_dir(), r));
+      distributed_ = true;  // every data-parallel rank's shard (in every EP folder)
+      rels = detail::distributed_optimizer_files(ckpt, rank);
     }
     for (const std::string& rel : rels) {
       const fs::path file = ckpt.dir / rel;
@@ -170,10 +176,12 @@ class StateReader {
   }
 
   // Every tensor of a per-parameter file must have been used (a different model otherwise).
+  // Under another expert-parallel size the files also hold the state of other ranks' experts.
   void finish() const {
     if (distributed_) return;
     for (const auto& [name, t] : files_[0].tensors)
-      MG_REQUIRE(used_.count({0, name}), labels_[0], " has an unexpected tensor '", name, "'", hint_);
+      MG_REQUIRE(used_.count({0, name}) || (resharded_ && detail::is_expert_tensor_name(name)),
+                 labels_[0], " has an unexpected tensor '", name, "'", hint_);
   }
 
  private:
@@ -207,7 +215,7 @@ class StateReader {
   }
 
   std::string hint_;
-  bool distributed_ = false;
+  bool distributed_ = false, resharded_ = false;
   std::vector<SafetensorsContents> files_;
   std::vector<std::string> labels_;
   std::set<std::pair<size_t, std::string>> used_;

@@ -27,13 +27,13 @@ uint64_t rank_save_bytes(const model::ParameterList& params, optim::MegatronOpti
                          const CheckpointRank& rank) {
   uint64_t n = 0;
   const auto add = [&](const Tensor& t) { n += t.defined() ? t.nbytes() : 0; };
-  if (rank.dp_rank == 0)
+  if (rank.edp_rank == 0)
     for (const model::Parameter* p : params)
       if (!p->shared) add(p->value);
   if (optimizer != nullptr) {
     if (const auto shard = optimizer->shard()) {
       add(shard->main), add(shard->exp_avg), add(shard->exp_avg_sq);
-    } else if (rank.dp_rank == 0) {
+    } else if (rank.edp_rank == 0) {
       for (const optim::StatePiece& p : optimizer->state_pieces())
         add(p.main), add(p.exp_avg), add(p.exp_avg_sq);
     }

@@ -191,15 +191,10 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   pc.expert_tensor_parallel_size = a.parallel.expert_tensor_parallel_size;
   r.ps = ParallelState::create(make_timed_communicator(world, r.comm_stats), pc);
   if (r.ps.ep_size() > 1) {  // what expert parallelism does not cover yet
-    const int ep = r.ps.ep_size();
     MG_REQUIRE(r.ps.layout().config.expert_tensor_parallel_size == r.ps.tp_size(),
                "--expert-tensor-parallel-size ", r.ps.layout().config.expert_tensor_parallel_size,
                " differs from --tensor-model-parallel-size ", r.ps.tp_size(), ": the experts are "
                "sharded as the dense MLP is for now; leave it out");
-    MG_REQUIRE(a.save.empty() && a.load.empty(), "--save/--load with "
-               "--expert-model-parallel-size ", ep, ": checkpoints holding each expert-parallel "
-               "rank's experts are not built yet; train without them or use "
-               "--expert-model-parallel-size 1");
   }
   r.log_rank = r.ps.world_rank() == r.ps.world_size() - 1;
   const int dp = r.ps.dp_size(), tp = r.ps.tp_size();

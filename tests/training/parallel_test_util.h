@@ -148,16 +148,25 @@ inline std::map<std::string, std::vector<float>> gathered_model(const std::strin
   const bool has_parallel = meta.contains("parallel");
   const int tp = has_parallel ? meta["parallel"]["tensor_model_parallel_size"].get<int>() : 1;
   const int pp = has_parallel ? meta["parallel"]["pipeline_model_parallel_size"].get<int>() : 1;
+  const int ep = has_parallel ? meta["parallel"].value("expert_model_parallel_size", 1) : 1;
   std::map<std::string, std::vector<float>> out;
   for (int stage = 0; stage < pp; ++stage) {
     std::vector<SafetensorsContents> shards;
     for (int r = 0; r < tp; ++r) {
-      char rd[32];
-      if (pp > 1)
-        std::snprintf(rd, sizeof rd, "mp_rank_%02d_%03d", r, stage);
-      else
-        std::snprintf(rd, sizeof rd, "mp_rank_%02d", r);
-      shards.push_back(read_safetensors(dir / rd / "model.safetensors"));
+      // Under expert parallelism (mp_rank_TT[_PPP]_EEE) each folder holds the dense tensors and
+      // its own experts: their union, the dense ones equal in every folder.
+      SafetensorsContents all;
+      for (int e = 0; e < ep; ++e) {
+        const std::string rd = checkpoint_rank_dir(r, pp, stage, ep, e);
+        for (auto& [n, t] : read_safetensors(dir / rd / "model.safetensors").tensors) {
+          auto [it, fresh] = all.tensors.emplace(n, t);
+          if (!fresh) {
+            EXPECT_TRUE(n.find(".mlp.experts.") == std::string::npos) << n << " is in two EP folders";
+            EXPECT_EQ(it->second.to_float_vector(), t.to_float_vector()) << n << " differs in " << rd;
+          }
+        }
+      }
+      shards.push_back(std::move(all));
     }
     for (const auto& [n, t0] : shards[0].tensors) {
       EXPECT_FALSE(out.count(n)) << n << " is saved by two pipeline stages";
