@@ -42,6 +42,11 @@ struct TensorParallel {
   std::shared_ptr<Communicator> expert_parallel;
   int ep_size() const { return expert_parallel ? expert_parallel->size() : 1; }
   int ep_rank() const { return expert_parallel ? expert_parallel->rank() : 0; }
+  // Megatron's explicit_expert_comm: the experts of an MoE layer under sequence parallelism hold
+  // their tensor-parallel shards, but their linear layers communicate nothing; the token
+  // dispatcher gathers their input rows over the group and reduce-scatters their partial outputs
+  // (model/moe/token_dispatcher.h).
+  bool explicit_expert_comm = false;
 
   int size() const { return group->size(); }
   int rank() const { return group->rank(); }
