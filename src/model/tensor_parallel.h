@@ -47,6 +47,11 @@ struct TensorParallel {
   // dispatcher gathers their input rows over the group and reduce-scatters their partial outputs
   // (model/moe/token_dispatcher.h).
   bool explicit_expert_comm = false;
+  // --expert-tensor-parallel-size other than the tensor-parallel size: the experts' own
+  // tensor-parallel group (ParallelState's "etp"); null: `group`.
+  std::shared_ptr<Communicator> expert_tensor_parallel;
+  // The tensor parallelism the experts' weights are sharded by (`group`, or the expert one).
+  TensorParallel experts() const;
 
   int size() const { return group->size(); }
   int rank() const { return group->rank(); }

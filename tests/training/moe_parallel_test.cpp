@@ -6,6 +6,11 @@
 //    TP2 (both dispatchers), TP4 with seq_aux_loss (sequences split across ranks), TP2 x DP2 and
 //    EP2 x TP2 (both dispatchers, the distributed optimizer in some) follow the single-rank
 //    curve, MoE losses included, and where checkpoints exist (EP 1) end with its parameters.
+//  - --expert-tensor-parallel-size other than the tensor-parallel size (Megatron's parallel
+//    folding): the experts sharded over their own expert tensor-parallel group (or whole), the
+//    dispatchers gathering over it, their gradients summed over the expert data-parallel group:
+//    TP2 + SP with ETP1 (EP1 and EP2, both dispatchers, the distributed optimizer) and TP1 with
+//    ETP2 follow the single-rank curve.
 //  - The command line reaches EP2 x TP2 + SP: `mpirun -np 4 megatron pretrain-gpt` follows the
 //    single-process run of the same flags.
 //  - global_aux_loss (Megatron's _apply_global_aux_loss): the token counts are summed over the
@@ -77,6 +82,30 @@ TEST(MpiMoeTraining, SequenceParallelFollowsTheSingleRankCurve) {
     expect_same_moe_curve(p, refs[model], l.name);
     if (l.ep == 1 && world()->rank() == 0) expect_same_params(par.save, ref.save, 8, 1e-5);
     world()->barrier();
+  }
+}
+
+TEST(MpiMoeTraining, ExpertTensorParallelOfItsOwnFollowsTheSingleRankCurve) {
+  SKIP_ON_ONE_RANK();
+  Fixture f;
+  struct L { std::string name; int tp, etp, ep; const char* dispatcher; bool dist_opt; };
+  std::vector<L> layouts = {{"moe_tp2_sp_etp1_alltoall", 2, 1, 1, "alltoall", false},
+                            {"moe_tp1_etp2_allgather", 1, 2, 1, "allgather", true}};
+  if (world()->size() == 4)
+    layouts = {{"moe_tp2_sp_etp1_ep2_alltoall_distopt", 2, 1, 2, "alltoall", true},
+               {"moe_tp2_sp_etp1_ep2_allgather", 2, 1, 2, "allgather", false},
+               {"moe_tp4_sp_etp2_alltoall", 4, 2, 1, "alltoall", false}};
+  const TrainingSummary r = run_single(moe_args(f, 8));
+  for (const L& l : layouts) {
+    SCOPED_TRACE(l.name);
+    TrainingArgs par = moe_args(f, 8);
+    par.parallel.tensor_model_parallel_size = l.tp;
+    par.model.sequence_parallel = l.tp > 1;
+    par.parallel.expert_tensor_parallel_size = l.etp;
+    par.parallel.expert_model_parallel_size = l.ep;
+    par.model.moe_token_dispatcher_type = l.dispatcher;
+    par.parallel.use_distributed_optimizer = l.dist_opt;
+    expect_same_moe_curve(pretrain(par), r, l.name);
   }
 }
 

@@ -292,8 +292,10 @@ TEST(MoeCli, FlagsThatAreNotBuiltAreClearErrors) {
             std::string::npos);
   EXPECT_NE(err("--expert-model-parallel-size 2 --save /tmp/x").find("--save/--load with"),
             std::string::npos);
-  EXPECT_NE(err("--expert-tensor-parallel-size 2").find("--expert-tensor-parallel-size 2 differs"),
+  EXPECT_NE(err("--expert-tensor-parallel-size 2").find("--expert-tensor-parallel-size (2)"),
             std::string::npos);
+  EXPECT_NE(err("--expert-tensor-parallel-size 1 --tensor-model-parallel-size 2")
+                .find("which needs --sequence-parallel"), std::string::npos);
   EXPECT_NE(err("--moe-router-topk 5").find("--moe-router-topk 5 must be in [1, --num-experts=4]"),
             std::string::npos);
   EXPECT_NE(err("--moe-router-num-groups 3 --moe-router-group-topk 1")

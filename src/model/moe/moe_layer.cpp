@@ -39,14 +39,28 @@ void sum_over(Communicator* group, std::vector<double>& v) {
   v.assign(t.data<double>(), t.data<double>() + t.numel());
 }
 
-// The experts' tensor parallelism: under sequence parallelism they hold their shards but leave
-// the communication to the token dispatcher (Megatron's explicit_expert_comm).
+// The experts' tensor parallelism. Where every rank routes tokens of its own (sequence
+// parallelism, or a tensor-parallel size of 1) the experts hold their shards of the expert
+// tensor-parallel group and leave the communication to the token dispatcher (Megatron's
+// explicit_expert_comm); otherwise (whole sequences on every TP rank) they are sharded and
+// communicate as the dense MLP.
 TensorParallel experts_tensor_parallel(const TensorParallel& tp) {
-  if (!tp.sequence_parallel) return tp;
-  TensorParallel e = tp;
+  const bool own_tokens = tp.sequence_parallel || tp.size() == 1;
+  MG_REQUIRE(own_tokens || !tp.expert_tensor_parallel, "--expert-tensor-parallel-size ",
+             tp.expert_tensor_parallel ? tp.expert_tensor_parallel->size() : 0,
+             " differs from --tensor-model-parallel-size ", tp.size(), ": the experts then take "
+             "tokens from other tensor-parallel ranks, which needs --sequence-parallel");
+  if (!own_tokens) return tp;
+  TensorParallel e = tp.experts();
   e.sequence_parallel = false;
   e.explicit_expert_comm = true;
   return e;
+}
+
+// The group the dispatcher gathers the experts' rows over: the experts' tensor-parallel group
+// when they leave the communication to it.
+std::shared_ptr<Communicator> dispatch_tensor_group(const TensorParallel& experts_tp) {
+  return experts_tp.explicit_expert_comm && experts_tp.size() > 1 ? experts_tp.group : nullptr;
 }
 
 // The sequential experts' configuration: none when the grouped experts hold them.
@@ -80,7 +94,7 @@ MoELayer::MoELayer(const std::string& prefix, const TransformerConfig& cfg, cons
       bias_update_rate_(cfg.moe_router_bias_update_rate),
       sp_(tp.sequence_parallel ? tp.group : nullptr),
       dispatcher_(parse_dispatcher_kind(cfg.moe_token_dispatcher_type), tp.expert_parallel,
-                  cfg.num_moe_experts, sp_) {
+                  cfg.num_moe_experts, dispatch_tensor_group(experts_tensor_parallel(tp))) {
   register_child(router);
   register_child(experts);
   if (cfg.moe_grouped_gemm) {

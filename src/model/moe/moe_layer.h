@@ -19,7 +19,9 @@
 // the rows of the tensor x expert group for the experts, which hold their TP shards and leave
 // all communication to it (TensorParallel::explicit_expert_comm), and the shared expert is an MLP
 // under sequence parallelism (its gate weight's gradient a partial sum). The capacity, as in
-// Megatron, is then taken over the rank's rows.
+// Megatron, is then taken over the rank's rows. With --expert-tensor-parallel-size of its own
+// (TensorParallel::expert_tensor_parallel, Megatron's parallel folding) the experts are sharded
+// over that group instead, and the dispatcher gathers over it.
 //
 // The auxiliary losses do not enter the language-model loss: their gradients are added in
 // backward multiplied by LayerContext::moe_aux_grad_scale (Megatron's MoEAuxLossAutoScaler), and

@@ -73,7 +73,7 @@ Tensor LocalTokenDispatcher::combine_backward(const DispatchPlan& p, const Tenso
 
 }  // namespace megatron::model
 
-// ---- the expert- and sequence-parallel dispatcher -----------------------------------------------
+// ---- the expert- and tensor-parallel dispatcher -----------------------------------------------
 namespace megatron::model {
 
 namespace {
@@ -145,8 +145,8 @@ DispatcherKind parse_dispatcher_kind(const std::string& name) {
 }
 
 TokenDispatcher::TokenDispatcher(DispatcherKind kind, std::shared_ptr<Communicator> ep,
-                                 int num_experts, std::shared_ptr<Communicator> sp)
-    : kind_(kind), ep_(std::move(ep)), sp_(std::move(sp)), num_experts_(num_experts) {
+                                 int num_experts, std::shared_ptr<Communicator> etp)
+    : kind_(kind), ep_(std::move(ep)), etp_(std::move(etp)), num_experts_(num_experts) {
   MG_REQUIRE(num_experts_ % ep_size() == 0, "--num-experts ", num_experts_,
              " is not divisible by --expert-model-parallel-size ", ep_size());
 }
@@ -159,7 +159,7 @@ int64_t TokenDispatcher::Plan::expert_rows() const {
 
 Tensor TokenDispatcher::gather_group(const Tensor& x) const {
   Tensor cur = x.contiguous();
-  for (Communicator* c : {sp_.get(), ep_.get()}) {
+  for (Communicator* c : {etp_.get(), ep_.get()}) {
     if (c == nullptr || c->size() == 1) continue;
     Tensor out = Tensor::empty({c->size() * cur.size(0), cur.size(1)}, cur.dtype(), cur.device());
     c->all_gather(cur, out);
@@ -170,7 +170,7 @@ Tensor TokenDispatcher::gather_group(const Tensor& x) const {
 
 Tensor TokenDispatcher::reduce_scatter_group(const Tensor& all, int64_t n) const {
   Tensor cur = all.contiguous();
-  for (Communicator* c : {ep_.get(), sp_.get()}) {
+  for (Communicator* c : {ep_.get(), etp_.get()}) {
     if (c == nullptr || c->size() == 1) continue;
     Tensor out = Tensor::empty({cur.size(0) / c->size(), cur.size(1)}, cur.dtype(), cur.device());
     c->reduce_scatter(cur, out);
@@ -258,13 +258,13 @@ TokenDispatcher::Plan TokenDispatcher::plan(const Routing& r, Device device) con
 
 Tensor TokenDispatcher::to_experts(const Plan& p, const Tensor& rows) const {
   Tensor r = ep_size() > 1 ? exchange_rows(*ep_, rows, p.send_rows, p.recv_rows) : rows;
-  if (tp_size() > 1) r = all_gather_rows(*sp_, r, p.tp_rows);
+  if (tp_size() > 1) r = all_gather_rows(*etp_, r, p.tp_rows);
   return select_rows(r, p.sort_index, p.expert_rows());
 }
 
 Tensor TokenDispatcher::from_experts(const Plan& p, const Tensor& rows) const {
   Tensor r = select_rows(rows, p.unsort_index, p.expert_rows());
-  if (tp_size() > 1) r = reduce_scatter_rows(*sp_, r, p.tp_rows);
+  if (tp_size() > 1) r = reduce_scatter_rows(*etp_, r, p.tp_rows);
   return ep_size() > 1 ? exchange_rows(*ep_, r, p.recv_rows, p.send_rows) : r;
 }
 
