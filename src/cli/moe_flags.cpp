@@ -85,10 +85,14 @@ void MoeFlags::apply(training::TrainingArgs& a) const {
              ": when using expert parallelism and tensor parallelism, sequence parallelism must "
              "be used (as in Megatron-Core); add --sequence-parallel");
   const int tp = a.parallel.tensor_model_parallel_size;
-  MG_REQUIRE(expert_tensor_parallel_size == 0 || expert_tensor_parallel_size == tp,
+  MG_REQUIRE(expert_tensor_parallel_size >= 0, "--expert-tensor-parallel-size must be >= 1");
+  // Parallel folding: experts sharded otherwise than the dense layers take tokens from other
+  // tensor-parallel ranks, so those must hold different tokens.
+  MG_REQUIRE(expert_tensor_parallel_size == 0 || expert_tensor_parallel_size == tp || tp == 1 ||
+                 a.model.sequence_parallel,
              "--expert-tensor-parallel-size ", expert_tensor_parallel_size, " differs from "
-             "--tensor-model-parallel-size ", tp, ": the experts are sharded as the dense MLP "
-             "is for now; leave it out or give ", tp);
+             "--tensor-model-parallel-size ", tp, ": the experts then take tokens from other "
+             "tensor-parallel ranks, which needs --sequence-parallel; add it");
   c.moe_token_dispatcher_type = token_dispatcher_type;
   model::parse_dispatcher_kind(token_dispatcher_type);  // refuses flex and unknown names
   a.parallel.expert_model_parallel_size = expert_model_parallel_size;
@@ -113,6 +117,9 @@ void MoeFlags::apply(training::TrainingArgs& a) const {
              "with --tensor-model-parallel-size ", a.parallel.tensor_model_parallel_size,
              ": the grouped experts are not tensor-parallel yet; leave out --moe-grouped-gemm "
              "(the sequential experts give the same numbers) or use tensor-parallel size 1");
+  MG_REQUIRE(!grouped_gemm || expert_tensor_parallel_size <= 1, "--moe-grouped-gemm with "
+             "--expert-tensor-parallel-size ", expert_tensor_parallel_size, ": the grouped "
+             "experts are not tensor-parallel yet; leave out --moe-grouped-gemm");
   MG_REQUIRE(!grouped_gemm || expert_model_parallel_size == 1, "--moe-grouped-gemm with "
              "--expert-model-parallel-size ", expert_model_parallel_size, ": the grouped experts "
              "hold every expert of a layer; leave out --moe-grouped-gemm (the sequential experts "

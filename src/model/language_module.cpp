@@ -126,8 +126,8 @@ void LanguageModule::init_weights() {
       }
       if (p->shared)
         init_parameter(*p, seed_, 1000, scale, tp_);
-      else
-        init_parameter(*p, seed_, 1000 + index++, scale, tp_);
+      else  // an expert's weight: sharded by the experts' tensor parallelism
+        init_parameter(*p, seed_, 1000 + index++, scale, p->expert >= 0 ? tp_.experts() : tp_);
     }
     if (next_expert > 0) skip_to(cfg_.num_moe_experts);
   };

@@ -84,8 +84,9 @@ LinearBase::LinearBase(const std::string& prefix, int64_t in, int64_t out, bool 
 Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
   Communicator& g = tp_.comm();
   const bool sp = tp_.sequence_parallel;
+  const bool comm = !tp_.explicit_expert_comm;  // else the token dispatcher communicates
   Tensor xin = x;
-  if (!row_parallel_)
+  if (!row_parallel_ && comm)
     xin = sp ? GatherFromSequenceParallelRegion::forward(g, x)
              : CopyToTensorParallelRegion::forward(g, x);
   MG_CHECK(xin.dim() == 2 && xin.size(1) == in_features, "Linear ", weight.param.name,
@@ -93,7 +94,7 @@ Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
   const Tensor& W = weight.operand();
   Tensor y = Tensor::empty({xin.size(0), out_features}, DType::F32, xin.device());
   ops::gemm(product_operand(xin, W.dtype()), false, W, true, y);
-  if (row_parallel_)
+  if (row_parallel_ && comm)
     y = sp ? ReduceScatterToSequenceParallelRegion::forward(g, y)
            : ReduceFromTensorParallelRegion::forward(g, y);
   if (!skip_bias_add && bias.defined()) ops::bias_add(y, bias.f32);
@@ -106,18 +107,19 @@ Tensor LinearBase::backward(const LayerContext&, const Tensor& dy) {
   Communicator& g = tp_.comm();
   const bool sp = tp_.sequence_parallel;
   if (!skip_bias_add && bias.defined()) ops::bias_grad(bias.param.grad, dy);
+  const bool comm = !tp_.explicit_expert_comm;
   Tensor dyin = dy, xin = x_;
-  if (row_parallel_)
+  if (row_parallel_ && comm)
     dyin = sp ? ReduceScatterToSequenceParallelRegion::backward(g, dy)
               : ReduceFromTensorParallelRegion::backward(g, dy);
-  else if (sp)
+  else if (!row_parallel_ && sp && comm)
     xin = GatherFromSequenceParallelRegion::forward(g, x_);  // gathered again, not kept
   const Tensor& W = weight.operand();
   const Tensor dyc = product_operand(dyin, W.dtype());
   Tensor dx = Tensor::empty({dyin.size(0), in_features}, DType::F32, dyin.device());
   ops::gemm(dyc, false, W, false, dx);
   ops::gemm(dyc, true, product_operand(xin, W.dtype()), false, weight.param.grad, 1.0f, 1.0f);
-  if (!row_parallel_)
+  if (!row_parallel_ && comm)
     dx = sp ? GatherFromSequenceParallelRegion::backward(g, dx)
             : CopyToTensorParallelRegion::backward(g, dx);
   x_.reset();

@@ -14,14 +14,18 @@ StageModel::StageModel(const TransformerConfig& cfg, uint64_t seed, const Parall
                     PipelineLayout::make(cfg.num_layers, ps.pp_size(), layers_per_virtual_stage),
                     ps.pp_rank(), ps.group_ptr(GroupKind::TP), ps.group_ptr(GroupKind::PP),
                     ps.group_ptr(GroupKind::EMBEDDING), ps.group_ptr(GroupKind::CP), device,
-                    ps.ep_size() > 1 ? ps.group_ptr(GroupKind::EP) : nullptr) {}
+                    ps.ep_size() > 1 ? ps.group_ptr(GroupKind::EP) : nullptr,
+                    ps.layout().config.expert_tensor_parallel_size != ps.tp_size()
+                        ? ps.group_ptr(GroupKind::EXPERT_TP)
+                        : nullptr) {}
 
 StageModel::StageModel(const TransformerConfig& cfg, uint64_t seed, const PipelineLayout& layout,
                              int pp_rank, std::shared_ptr<Communicator> tp_group,
                              std::shared_ptr<Communicator> pp_group,
                              std::shared_ptr<Communicator> embedding_group,
                              std::shared_ptr<Communicator> cp_group, Device device,
-                             std::shared_ptr<Communicator> ep_group)
+                             std::shared_ptr<Communicator> ep_group,
+                             std::shared_ptr<Communicator> etp_group)
     : cfg_(cfg), layout_(layout), pp_rank_(pp_rank) {
   cfg.validate();
   MG_CHECK(tp_group != nullptr, "StageModel: null tensor-parallel group");
@@ -47,6 +51,7 @@ StageModel::StageModel(const TransformerConfig& cfg, uint64_t seed, const Pipeli
              "StageModel: the first and last pipeline stages need the embedding group");
   tp_ = TensorParallel::make(std::move(tp_group), cfg.sequence_parallel);
   if (ep_group && ep_group->size() > 1) tp_.expert_parallel = std::move(ep_group);
+  tp_.expert_tensor_parallel = std::move(etp_group);
   ContextParallel cp = cp_group ? ContextParallel{std::move(cp_group)} : ContextParallel::none();
   cp.comm = parse_cp_comm_type(cfg.cp_comm_type);
   ModelOptions options;

@@ -42,7 +42,8 @@ class StageModel {
                 std::shared_ptr<Communicator> tp_group, std::shared_ptr<Communicator> pp_group,
                 std::shared_ptr<Communicator> embedding_group,
                 std::shared_ptr<Communicator> cp_group = nullptr, Device device = Device::cpu(),
-                std::shared_ptr<Communicator> ep_group = nullptr);
+                std::shared_ptr<Communicator> ep_group = nullptr,
+                std::shared_ptr<Communicator> etp_group = nullptr);
   ~StageModel();
   StageModel(const StageModel&) = delete;
   StageModel& operator=(const StageModel&) = delete;

@@ -10,13 +10,22 @@ namespace megatron::model {
 
 TensorParallel TensorParallel::none() {
   static const std::shared_ptr<Communicator> one = make_self_communicator("tp");
-  return TensorParallel{one, false, nullptr};
+  return TensorParallel{one, false, nullptr, false, nullptr};
 }
 
 TensorParallel TensorParallel::make(std::shared_ptr<Communicator> group, bool sequence_parallel) {
   MG_CHECK(group != nullptr, "TensorParallel::make: null tensor-parallel group");
   const bool sp = sequence_parallel && group->size() > 1;
-  return TensorParallel{std::move(group), sp, nullptr};
+  return TensorParallel{std::move(group), sp, nullptr, false, nullptr};
+}
+
+TensorParallel TensorParallel::experts() const {
+  if (!expert_tensor_parallel) return *this;
+  TensorParallel e = *this;
+  e.group = expert_tensor_parallel;
+  e.sequence_parallel = false;
+  e.expert_tensor_parallel = nullptr;
+  return e;
 }
 
 Shape full_shape(const Parameter& p, int tp_size) {

@@ -42,6 +42,16 @@ struct TensorParallel {
   std::shared_ptr<Communicator> expert_parallel;
   int ep_size() const { return expert_parallel ? expert_parallel->size() : 1; }
   int ep_rank() const { return expert_parallel ? expert_parallel->rank() : 0; }
+  // Megatron's explicit_expert_comm: the experts of an MoE layer under sequence parallelism hold
+  // their tensor-parallel shards, but their linear layers communicate nothing; the token
+  // dispatcher gathers their input rows over the group and reduce-scatters their partial outputs
+  // (model/moe/token_dispatcher.h).
+  bool explicit_expert_comm = false;
+  // --expert-tensor-parallel-size other than the tensor-parallel size: the experts' own
+  // tensor-parallel group (ParallelState's "etp"); null: `group`.
+  std::shared_ptr<Communicator> expert_tensor_parallel;
+  // The tensor parallelism the experts' weights are sharded by (`group`, or the expert one).
+  TensorParallel experts() const;
 
   int size() const { return group->size(); }
   int rank() const { return group->rank(); }

@@ -143,8 +143,6 @@ void TransformerConfig::validate_tensor_parallel(int T) const {
     divisible(moe_ffn(), moe_ffn_hidden_size > 0 ? "--moe-ffn-hidden-size" : "the expert FFN size");
     if (moe_shared_expert_intermediate_size > 0)
       divisible(moe_shared_expert_intermediate_size, "--moe-shared-expert-intermediate-size");
-    MG_REQUIRE(!sequence_parallel, "--num-experts with --sequence-parallel: the MoE layer runs "
-               "on whole sequences for now; drop --sequence-parallel");
   }
   MG_REQUIRE(!sequence_parallel || seq_length % T == 0, "--seq-length ", seq_length,
              " is not divisible by --tensor-model-parallel-size ", T,

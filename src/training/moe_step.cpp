@@ -56,11 +56,13 @@ MoeStepMetrics moe_step_metrics(TrainingRun& r, int64_t micro_batches) {
   for (size_t l = 0; l < L; ++l)
     layers[l]->update_expert_bias(std::vector<double>(at(l), at(l) + long(E)));
   // track_moe_metrics: a layer's value is its sum over micro-batches / micro-batches (here also
-  // averaged over DP x CP); the logged value is the mean over the MoE layers.
-  const double per = double(micro_batches) * double(r.dp_cp);
+  // averaged over DP x CP); the logged value is the mean over the MoE layers. Each rank's
+  // global_load_balancing_loss is its tokens' share of the loss over the DP x CP ranks' tokens:
+  // the shares are summed, not averaged (Megatron's reduce_group_has_dp).
   MoeStepMetrics out;
   for (const std::string& n : moe_metric_names(c)) {
     const size_t k = n == "z_loss" ? E + 1 : E;
+    const double per = double(micro_batches) * (n == "global_load_balancing_loss" ? 1.0 : double(r.dp_cp));
     double sum = 0;
     std::vector<double> per_layer(size_t(c.num_layers), 0.0);
     for (size_t l = 0; l < L; ++l) {

@@ -55,7 +55,7 @@ std::string layout_line(const TrainingRun& r) {
                  ? str(", ", r.pipeline_layout.num_chunks, " virtual stages per pipeline rank (interleaved 1F1B)")
                  : std::string(pp > 1 ? ", 1F1B pipeline schedule" : ""),
              r.a.model.sequence_parallel && tp > 1 ? ", sequence parallel" : "",
-             ps.ep_size() > 1
+             ps.ep_size() > 1 || ps.layout().config.expert_tensor_parallel_size != tp
                  ? str("; experts: ETP ", ps.layout().config.expert_tensor_parallel_size, " x EP ",
                        ps.ep_size(), " x EDP ", ps.layout().expert_data_parallel_size, " (",
                        r.a.model.moe_token_dispatcher_type, " dispatcher)")
@@ -190,12 +190,11 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   pc.expert_model_parallel_size = a.parallel.expert_model_parallel_size;
   pc.expert_tensor_parallel_size = a.parallel.expert_tensor_parallel_size;
   r.ps = ParallelState::create(make_timed_communicator(world, r.comm_stats), pc);
-  if (r.ps.ep_size() > 1) {  // what expert parallelism does not cover yet
-    MG_REQUIRE(r.ps.layout().config.expert_tensor_parallel_size == r.ps.tp_size(),
-               "--expert-tensor-parallel-size ", r.ps.layout().config.expert_tensor_parallel_size,
-               " differs from --tensor-model-parallel-size ", r.ps.tp_size(), ": the experts are "
-               "sharded as the dense MLP is for now; leave it out");
-  }
+  const int etp = r.ps.layout().config.expert_tensor_parallel_size;
+  MG_REQUIRE(etp == r.ps.tp_size() || (a.save.empty() && a.load.empty()), "--save/--load with "
+             "--expert-tensor-parallel-size ", etp, " (tensor-parallel size ", r.ps.tp_size(),
+             "): checkpoints of experts sharded otherwise than the dense layers are not built "
+             "yet; train without them or leave --expert-tensor-parallel-size out");
   r.log_rank = r.ps.world_rank() == r.ps.world_size() - 1;
   const int dp = r.ps.dp_size(), tp = r.ps.tp_size();
   r.dp_cp = dp * r.ps.cp_size();
@@ -269,6 +268,13 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
 }
 
 namespace {
+// The experts have a mesh of their own (expert parallelism, or an expert tensor-parallel size
+// other than the tensor-parallel size): their gradients are reduced over the expert
+// data-parallel group, which then differs from the data-parallel one.
+bool separate_expert_mesh(const ParallelState& ps) {
+  return ps.ep_size() > 1 || ps.layout().config.expert_tensor_parallel_size != ps.tp_size();
+}
+
 // Under expert parallelism the plain optimizer's inf check and grad norm are summed over the world
 // with each distinct gradient counted once: dense weights on data x context parallel rank 0
 // (their reduced gradients are the same on every such rank), expert weights on expert
@@ -294,7 +300,9 @@ void setup_optimizer(TrainingRun& r) {
   // overlapping, of max(40M, 1M x DP) elements by default; one bucket otherwise). Gradients are
   // summed over data x context parallel ranks (every CP rank holds the partial gradient of its
   // tokens; Megatron's data_parallel_group_with_cp); the distributed optimizer shards over them.
-  if (r.dp_cp > 1 || p.use_distributed_optimizer) {
+  const bool expert_mesh = separate_expert_mesh(r.ps);
+  if (r.dp_cp > 1 || p.use_distributed_optimizer ||
+      (expert_mesh && r.ps.layout().expert_data_parallel_size > 1)) {
     optim::GradBufferConfig bc;
     bc.bucket_size = p.overlap_grad_reduce
                          ? (p.ddp_bucket_size > 0 ? p.ddp_bucket_size
@@ -305,7 +313,7 @@ void setup_optimizer(TrainingRun& r) {
     bc.reduce_in_bf16 = a.bf16 && a.grad_reduce_in_bf16;
     // Expert parallelism: the experts' weights are summed over the expert data-parallel group in
     // a buffer of their own, every other weight over data x context parallel as before.
-    if (r.ps.ep_size() > 1) {
+    if (expert_mesh) {
       model::ParameterList dense, experts;
       for (model::Parameter* q : r.params) (q->expert >= 0 ? experts : dense).push_back(q);
       r.buffer = std::make_unique<optim::ParamAndGradBuffer>(dense, r.ps.group_ptr(GroupKind::DP_CP), bc);
@@ -340,7 +348,7 @@ void setup_optimizer(TrainingRun& r) {
                                                                 a.optimizer, r.ps.world());
   } else {
     auto plain = std::make_unique<optim::Optimizer>(r.params, a.optimizer);
-    if (r.ps.ep_size() > 1) {
+    if (expert_mesh) {
       plain->set_grad_stats_group(&r.ps.world(), expert_parallel_norm_terms(r));
     } else if (r.ps.mp().size() > 1) {
       plain->set_grad_stats_group(&r.ps.mp(), r.ps.tp_rank());

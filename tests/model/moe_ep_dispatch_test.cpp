@@ -4,7 +4,10 @@
 // dprobs[t, e] = (e + 1) <dout[t], x[t]>. Every rank routes its tokens over all experts; the
 // routing sends nothing to rank 0's experts (a rank that receives no rows), and the last rank's
 // tokens all go to its own experts (a rank that sends nothing to the others). Mpi* tests run at
-// any world size: one process (the local dispatcher) and mpirun -np 2 / 4 (label mpi).
+// any world size: one process (the local dispatcher) and mpirun -np 2 / 4 (label mpi). Over an
+// expert tensor-parallel group of 2 (the world at -np 2, EP2 x ETP2 at -np 4) every rank routes
+// tokens of its own and each expert's shard returns 1/2 of its output and input gradient: the
+// dispatcher's reduce-scatters must sum the shards to the same answer.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -53,8 +56,9 @@ Routing constructed_routing(int rank, int P) {
   return r;
 }
 
-// The experts: rows of local expert l (global first + l) times (first + l + 1), in place of MLPs.
-Tensor run_experts(const Tensor& rows, const std::vector<int64_t>& counts, int first) {
+// The experts: rows of local expert l (global first + l) times (first + l + 1) / shards, in place
+// of MLPs (a shard's partial sum).
+Tensor run_experts(const Tensor& rows, const std::vector<int64_t>& counts, int first, int shards = 1) {
   Tensor out = Tensor::empty({rows.size(0), kHidden}, DType::F32);
   const Tensor in = rows.to(DType::F32);
   int64_t off = 0;
@@ -62,18 +66,23 @@ Tensor run_experts(const Tensor& rows, const std::vector<int64_t>& counts, int f
     for (int64_t i = 0; i < counts[l]; ++i, ++off)
       for (int64_t j = 0; j < kHidden; ++j)
         out.data<float>()[off * kHidden + j] =
-            in.data<float>()[off * kHidden + j] * float(first + int(l) + 1);
+            in.data<float>()[off * kHidden + j] * float(first + int(l) + 1) / float(shards);
   EXPECT_EQ(off, rows.size(0));
   return out;
 }
 
-void check_dispatcher(DispatcherKind kind) {
+// The world as EP x T ranks (T, the experts' tensor-parallel size, fastest).
+void check_dispatcher(DispatcherKind kind, int T = 1) {
   auto world = world_communicator();
-  const int P = world->size(), rank = world->rank(), E = kLocalExperts * P;
-  const TokenDispatcher d(kind, P > 1 ? world : nullptr, E);
+  if (world->size() % T != 0 || (T > 1 && world->size() == 1))
+    GTEST_SKIP() << "needs mpirun -np 2 or 4 (label mpi)";
+  const int rank = world->rank(), P = world->size() / T, q = rank / T, E = kLocalExperts * P;
+  std::shared_ptr<Communicator> ep = T == 1 ? world : world->split(rank % T, q, "ep");
+  std::shared_ptr<Communicator> etp = T == 1 ? nullptr : world->split(q, rank % T, "etp");
+  const TokenDispatcher d(kind, P > 1 ? ep : nullptr, E, etp);
   EXPECT_EQ(d.local_experts(), kLocalExperts);
-  EXPECT_EQ(d.first_expert(), kLocalExperts * rank);
-  const Routing r = constructed_routing(rank, P);
+  EXPECT_EQ(d.first_expert(), kLocalExperts * q);
+  const Routing r = constructed_routing(q, P);
   Tensor x = Tensor::empty({kTokens, kHidden}, DType::F32);
   Tensor dout = Tensor::empty({kTokens, kHidden}, DType::F32);
   for (int64_t t = 0; t < kTokens; ++t)
@@ -84,18 +93,18 @@ void check_dispatcher(DispatcherKind kind) {
 
   const TokenDispatcher::Plan plan = d.plan(r, Device::cpu());
   ASSERT_EQ(plan.expert_counts.size(), size_t(kLocalExperts));
-  if (P > 1 && rank == 0) {
+  if (P > 1 && q == 0) {
     EXPECT_EQ(plan.expert_rows(), 0) << "rank 0's experts are sent nothing";
   }
   const Tensor xp = d.dispatch(plan, x);
   EXPECT_EQ(xp.size(0), plan.expert_rows());
-  const Tensor yr = d.return_rows(plan, run_experts(xp, plan.expert_counts, d.first_expert()));
+  const Tensor yr = d.return_rows(plan, run_experts(xp, plan.expert_counts, d.first_expert(), T));
   const Tensor out = d.combine(plan, yr);
   std::vector<double> dprobs;
   const Tensor dyr = d.combine_backward(plan, dout, yr, dprobs);
   const Tensor dy = d.return_rows_backward(plan, dyr);
   Tensor dx = Tensor::zeros({kTokens, kHidden}, DType::F32);
-  d.dispatch_backward(plan, run_experts(dy, plan.expert_counts, d.first_expert()), dx);
+  d.dispatch_backward(plan, run_experts(dy, plan.expert_counts, d.first_expert(), T), dx);
 
   ASSERT_EQ(dprobs.size(), size_t(kTokens * E));
   for (int64_t t = 0; t < kTokens; ++t) {
@@ -121,6 +130,14 @@ void check_dispatcher(DispatcherKind kind) {
 TEST(MpiMoeDispatch, AllToAllMatchesTheSingleRankAnswer) { check_dispatcher(DispatcherKind::alltoall); }
 
 TEST(MpiMoeDispatch, AllGatherMatchesTheSingleRankAnswer) { check_dispatcher(DispatcherKind::allgather); }
+
+TEST(MpiMoeDispatch, AllToAllOverExpertTensorParallelMatchesTheSingleRankAnswer) {
+  check_dispatcher(DispatcherKind::alltoall, 2);
+}
+
+TEST(MpiMoeDispatch, AllGatherOverExpertTensorParallelMatchesTheSingleRankAnswer) {
+  check_dispatcher(DispatcherKind::allgather, 2);
+}
 
 TEST(MoeDispatch, KindsByName) {
   EXPECT_EQ(parse_dispatcher_kind("alltoall"), DispatcherKind::alltoall);

@@ -11,7 +11,7 @@
 #include <map>
 
 #include "model/gpt_model.h"
-#include "parallel_test_util.h"
+#include "moe_test_util.h"
 #include "training/metrics.h"
 #include "test_util.h"
 
@@ -19,22 +19,6 @@ namespace megatron::training {
 namespace {
 
 using namespace parallel_test;
-
-// 2 layers, the second an MoE layer of 4 SwiGLU experts (top-2, a shared expert), no biases.
-TrainingArgs moe_args(const Fixture& f, int64_t iters = 20) {
-  TrainingArgs a = f.args(iters);
-  a.model.add_bias_linear = false;
-  a.model.activation = "swiglu";
-  a.model.ffn_hidden_size = 48;
-  a.model.num_moe_experts = 4;
-  a.model.moe_layer_freq = "[0,1]";
-  a.model.moe_ffn_hidden_size = 24;
-  a.model.moe_router_topk = 2;
-  a.model.moe_shared_expert_intermediate_size = 16;
-  a.model.moe_aux_loss_coeff = 0.01f;
-  a.model.moe_z_loss_coeff = 0.001f;
-  return a;
-}
 
 TEST(MoeTraining, TrainsWithFallingLossAndLogsTheAuxiliaryLosses) {
   if (world()->size() > 1) GTEST_SKIP() << "a single-rank test";
@@ -239,16 +223,6 @@ TEST(MoeTraining, FlopsCountTheActiveExperts) {
   EXPECT_DOUBLE_EQ(flops_per_iteration(moe, 8), flops_per_iteration(dense, 8) - 2 * 96 * mlp_per_column);
 }
 
-// The loss curve and the MoE losses of every iteration within 1e-5 of the single-rank run's.
-void expect_same_moe_curve(const TrainingSummary& p, const TrainingSummary& r, const std::string& name) {
-  expect_same_curve(p, r, 1e-5, name);
-  ASSERT_EQ(p.more_losses.size(), r.more_losses.size());
-  for (size_t i = 0; i < r.more_losses.size(); ++i)
-    for (size_t k = 0; k < r.more_losses[i].size(); ++k)
-      EXPECT_NEAR(p.more_losses[i][k], r.more_losses[i][k], 1e-5 * std::abs(r.more_losses[i][k]))
-          << name << " iteration " << i + 1 << " MoE loss " << k;
-}
-
 TEST(MpiMoeTraining, DataAndTensorParallelFollowTheSingleRankCurve) {
   SKIP_ON_ONE_RANK();
   Fixture f;
@@ -315,8 +289,10 @@ TEST(MoeCli, FlagsThatAreNotBuiltAreClearErrors) {
   EXPECT_NE(err("--expert-model-parallel-size 3").find("--num-experts 4 is not divisible by "
                                                          "--expert-model-parallel-size 3"),
             std::string::npos);
-  EXPECT_NE(err("--expert-tensor-parallel-size 2").find("--expert-tensor-parallel-size 2 differs"),
+  EXPECT_NE(err("--expert-tensor-parallel-size 2").find("--expert-tensor-parallel-size (2)"),
             std::string::npos);
+  EXPECT_NE(err("--expert-tensor-parallel-size 1 --tensor-model-parallel-size 2")
+                .find("which needs --sequence-parallel"), std::string::npos);
   EXPECT_NE(err("--moe-router-topk 5").find("--moe-router-topk 5 must be in [1, --num-experts=4]"),
             std::string::npos);
   EXPECT_NE(err("--moe-router-num-groups 3 --moe-router-group-topk 1")

@@ -31,6 +31,38 @@ Tensor scale_rows(const Tensor& w, const Tensor& y) {
   return out;
 }
 
+// Sums v over `group` (in place); nothing for none or a group of one.
+void sum_over(Communicator* group, std::vector<double>& v) {
+  if (group == nullptr || group->size() == 1) return;
+  Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
+  group->all_reduce(t, ReduceOp::Sum);
+  v.assign(t.data<double>(), t.data<double>() + t.numel());
+}
+
+// The experts' tensor parallelism. Where every rank routes tokens of its own (sequence
+// parallelism, or a tensor-parallel size of 1) the experts hold their shards of the expert
+// tensor-parallel group and leave the communication to the token dispatcher (Megatron's
+// explicit_expert_comm); otherwise (whole sequences on every TP rank) they are sharded and
+// communicate as the dense MLP.
+TensorParallel experts_tensor_parallel(const TensorParallel& tp) {
+  const bool own_tokens = tp.sequence_parallel || tp.size() == 1;
+  MG_REQUIRE(own_tokens || !tp.expert_tensor_parallel, "--expert-tensor-parallel-size ",
+             tp.expert_tensor_parallel ? tp.expert_tensor_parallel->size() : 0,
+             " differs from --tensor-model-parallel-size ", tp.size(), ": the experts then take "
+             "tokens from other tensor-parallel ranks, which needs --sequence-parallel");
+  if (!own_tokens) return tp;
+  TensorParallel e = tp.experts();
+  e.sequence_parallel = false;
+  e.explicit_expert_comm = true;
+  return e;
+}
+
+// The group the dispatcher gathers the experts' rows over: the experts' tensor-parallel group
+// when they leave the communication to it.
+std::shared_ptr<Communicator> dispatch_tensor_group(const TensorParallel& experts_tp) {
+  return experts_tp.explicit_expert_comm && experts_tp.size() > 1 ? experts_tp.group : nullptr;
+}
+
 // The sequential experts' configuration: none when the grouped experts hold them.
 TransformerConfig sequential_experts_config(const TransformerConfig& cfg) {
   TransformerConfig c = cfg;
@@ -40,25 +72,29 @@ TransformerConfig sequential_experts_config(const TransformerConfig& cfg) {
 
 }  // namespace
 
-TopKRouter::TopKRouter(const std::string& prefix, const TransformerConfig& cfg, bool grad) {
+TopKRouter::TopKRouter(const std::string& prefix, const TransformerConfig& cfg, bool partial_grad,
+                       bool grad) {
   WeightSpec w;
   w.name = prefix + ".weight";
   w.init = InitMethod::normal;
+  w.sequence_parallel = partial_grad;
   weight.init(w, {cfg.num_moe_experts, cfg.hidden_size}, cfg.params_dtype, grad);
   register_weight(weight);
 }
 
 MoELayer::MoELayer(const std::string& prefix, const TransformerConfig& cfg, const MlpSpec& spec,
                    int layer, const TensorParallel& tp, bool grad)
-    : router(prefix + ".router", cfg, grad),
-      experts(prefix + ".experts", sequential_experts_config(cfg), spec, tp, grad),
+    : router(prefix + ".router", cfg, tp.sequence_parallel, grad),
+      experts(prefix + ".experts", sequential_experts_config(cfg), spec,
+              experts_tensor_parallel(tp), grad),
       settings_(RouterSettings::of(cfg)),
       layer_(layer),
       force_balance_(cfg.moe_router_force_load_balancing),
       expert_bias_enabled_(cfg.moe_router_enable_expert_bias),
       bias_update_rate_(cfg.moe_router_bias_update_rate),
+      sp_(tp.sequence_parallel ? tp.group : nullptr),
       dispatcher_(parse_dispatcher_kind(cfg.moe_token_dispatcher_type), tp.expert_parallel,
-                  cfg.num_moe_experts) {
+                  cfg.num_moe_experts, dispatch_tensor_group(experts_tensor_parallel(tp))) {
   register_child(router);
   register_child(experts);
   if (cfg.moe_grouped_gemm) {
@@ -76,6 +112,7 @@ MoELayer::MoELayer(const std::string& prefix, const TransformerConfig& cfg, cons
     WeightSpec g;
     g.name = prefix + ".shared_experts.gate_weight";
     g.init = InitMethod::normal;
+    g.sequence_parallel = tp.sequence_parallel;  // computed on the rank's rows
     shared_expert_gate.init(g, {1, cfg.hidden_size}, cfg.params_dtype, grad);
     register_weight(shared_expert_gate);
   }
@@ -88,14 +125,16 @@ MoELayer::MoELayer(const std::string& prefix, const TransformerConfig& cfg, cons
 }
 
 std::vector<double> MoELayer::routing_logits(const LayerContext& ctx,
-                                             const std::vector<double>& gate) const {
+                                             const std::vector<double>& gate,
+                                             int64_t first_row) const {
   if (!force_balance_) return gate;
-  // Megatron's apply_random_logits: standard normal logits, a pure function of the micro-batch
-  // and the layer, so recomputation and backward see the same choice.
+  // Megatron's apply_random_logits: standard normal logits, a pure function of the micro-batch,
+  // the layer and the row, so recomputation and backward see the same choice.
   const ops::DropoutSpec d = ctx.dropout(0.5f, layer_, kSiteRouterRandomLogits);
   const Philox rng(d.seed, d.stream);
+  const uint64_t off = uint64_t(first_row) * uint64_t(settings_.num_experts);
   std::vector<double> l(gate.size());
-  for (size_t i = 0; i < l.size(); ++i) l[i] = rng.normal(i);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = rng.normal(off + i);
   return l;
 }
 
@@ -106,7 +145,8 @@ Tensor MoELayer::forward(const LayerContext& ctx, const Tensor& x) {
   ops::gemm(x, false, router.weight.f32, true, logits);
   const Tensor host_logits = logits.to(Device::cpu());
   const std::vector<double> gate = to_host_doubles(host_logits);
-  const std::vector<double> routed = routing_logits(ctx, gate);
+  const std::vector<double> routed =
+      routing_logits(ctx, gate, balance_geometry(ctx, N).first_row);
   const BalanceInputs balance = balance_inputs(ctx, routed, N, ctx.save);
   Routing r = route(routed, N, settings_, expert_bias_, ctx.training, balance);
   const TokenDispatcher::Plan plan = dispatcher_.plan(r, x.device());
@@ -118,10 +158,10 @@ Tensor MoELayer::forward(const LayerContext& ctx, const Tensor& x) {
     x_ = x;
     logits_ = host_logits;
     y_ = y;
-    if (!balance.global_tokens_per_expert.empty()) {
-      std::vector<double> g = balance.global_tokens_per_expert;
+    if (!balance.counts.empty()) {
+      std::vector<double> g = balance.counts;
       g.push_back(balance.global_num_tokens);
-      global_ = Tensor::from_vector(g, {int64_t(g.size())});
+      counts_ = Tensor::from_vector(g, {int64_t(g.size())});
     }
     // Statistics once per micro-batch (a recomputed forward saves; its first pass does not).
     if (ctx.training) {
@@ -140,13 +180,13 @@ Tensor MoELayer::backward(const LayerContext& ctx, const Tensor& dy) {
   const int64_t N = x.size(0);
   const int E = settings_.num_experts;
   const std::vector<double> gate = to_host_doubles(logits_);
-  const std::vector<double> routed = routing_logits(ctx, gate);
-  BalanceInputs balance;
-  balance.sequences = ctx.batch > 0 && N % ctx.batch == 0 ? ctx.batch : 1;
-  if (global_.defined()) {
-    const double* g = global_.get().data<double>();
-    balance.global_tokens_per_expert.assign(g, g + E);
-    balance.global_num_tokens = g[E];
+  BalanceInputs balance = balance_geometry(ctx, N);
+  const std::vector<double> routed = routing_logits(ctx, gate, balance.first_row);
+  if (counts_.defined()) {
+    const Tensor& c = counts_;
+    const double* g = c.data<double>();
+    balance.counts.assign(g, g + c.numel() - 1);
+    balance.global_num_tokens = g[c.numel() - 1];
   }
   const Routing r = route(routed, N, settings_, expert_bias_, ctx.training, balance);
   const TokenDispatcher::Plan plan = dispatcher_.plan(r, x.device());
@@ -161,8 +201,10 @@ Tensor MoELayer::backward(const LayerContext& ctx, const Tensor& dy) {
   if (!force_balance_)
     dlogits = route_backward(routed, N, settings_, expert_bias_, dprobs, ctx.moe_aux_grad_scale,
                              balance);
+  // Megatron divides the z-loss coefficient by the TP x CP size: each rank's mean is over its rows.
   if (settings_.z_loss_coeff > 0)
-    z_loss_backward(gate, N, E, ctx.moe_aux_grad_scale * settings_.z_loss_coeff, dlogits);
+    z_loss_backward(gate, N, E, ctx.moe_aux_grad_scale * settings_.z_loss_coeff / sp_size(),
+                    dlogits);
   const Tensor dl = to_device_floats(dlogits, {N, E}, x.device());
   if (router.weight.param.grad.defined())
     ops::gemm(dl, true, x, false, router.weight.param.grad, 1.0f, 1.0f);
@@ -170,26 +212,36 @@ Tensor MoELayer::backward(const LayerContext& ctx, const Tensor& dy) {
   x_.reset();
   logits_.reset();
   y_.reset();
-  global_.reset();
+  counts_.reset();
   return dx;
+}
+
+BalanceInputs MoELayer::balance_geometry(const LayerContext& ctx, int64_t N) const {
+  BalanceInputs b;
+  b.first_row = sp_ ? int64_t(sp_->rank()) * N : 0;
+  b.rows = N * sp_size();
+  b.sequences = ctx.batch > 0 && b.rows % ctx.batch == 0 ? ctx.batch : 1;
+  return b;
 }
 
 BalanceInputs MoELayer::balance_inputs(const LayerContext& ctx, const std::vector<double>& routed,
                                        int64_t N, bool commit) {
-  BalanceInputs b;
-  b.sequences = ctx.batch > 0 && N % ctx.batch == 0 ? ctx.batch : 1;
-  if (!ctx.training || settings_.balancing != LoadBalancing::global_aux_loss ||
-      !settings_.has_balancing_loss())
-    return b;
-  // _apply_global_aux_loss: this micro-batch's counts summed over the data-parallel ranks, added
-  // to the step's; the loss uses their average over the micro-batches so far.
-  std::vector<double> v = aux_loss_tokens_per_expert(routed, N, settings_);
+  BalanceInputs b = balance_geometry(ctx, N);
+  const bool global = settings_.balancing == LoadBalancing::global_aux_loss;
+  if (!ctx.training || !settings_.has_balancing_loss() || (!global && !sp_)) return b;
+  // This rank's counts and tokens, summed over the tensor-parallel ranks that hold the other
+  // rows of the micro-batch (Megatron's reduction over tp_cp_group; tp_dp_cp_group for global).
+  std::vector<double> v = aux_loss_counts(routed, N, settings_, b);
   v.push_back(double(N));
-  if (dp_group_ != nullptr && dp_group_->size() > 1) {
-    Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
-    dp_group_->all_reduce(t, ReduceOp::Sum);
-    v.assign(t.data<double>(), t.data<double>() + t.numel());
+  sum_over(sp_.get(), v);
+  if (!global) {
+    v.pop_back();
+    b.counts = std::move(v);
+    return b;
   }
+  // _apply_global_aux_loss: this micro-batch's counts summed over the data-parallel ranks too,
+  // added to the step's; the loss uses their average over the micro-batches so far.
+  sum_over(dp_group_, v);
   const size_t E = size_t(settings_.num_experts);
   std::vector<double> sum = global_tokens_;
   sum.resize(E, 0.0);
@@ -199,8 +251,8 @@ BalanceInputs MoELayer::balance_inputs(const LayerContext& ctx, const std::vecto
     global_tokens_ = sum;
     ga_steps_ = steps;
   }
-  b.global_tokens_per_expert.resize(E);
-  for (size_t e = 0; e < E; ++e) b.global_tokens_per_expert[e] = sum[e] / steps;
+  b.counts.resize(E);
+  for (size_t e = 0; e < E; ++e) b.counts[e] = sum[e] / steps;
   b.global_num_tokens = v[E];
   return b;
 }
@@ -260,7 +312,17 @@ MoeStatistics MoELayer::take_statistics() {
   stats_ = MoeStatistics();
   global_tokens_.clear();
   ga_steps_ = 0;
-  stats_.tokens_per_expert.assign(size_t(settings_.num_experts), 0.0);
+  const size_t E = size_t(settings_.num_experts);
+  stats_.tokens_per_expert.assign(E, 0.0);
+  if (sp_) {  // the ranks' rows: counts and loss shares summed, the z-loss means averaged
+    std::vector<double> v = s.tokens_per_expert;
+    v.push_back(s.load_balancing_loss);
+    v.push_back(s.z_loss);
+    sum_over(sp_.get(), v);
+    s.tokens_per_expert.assign(v.begin(), v.begin() + long(E));
+    s.load_balancing_loss = v[E];
+    s.z_loss = v[E + 1] / sp_size();
+  }
   return s;
 }
 

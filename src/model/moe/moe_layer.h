@@ -11,7 +11,17 @@
 //              --moe-shared-expert-intermediate-size), added to the routed output; with
 //              --moe-shared-expert-gate scaled per token by sigmoid(x g^T) (g [1, h],
 //              "<prefix>.shared_experts.gate_weight", Megatron-Core's SharedExpertMLP gate).
-// y = shared(x) + sum_k p_k expert_k(x). x and y are [N, h] (no sequence parallelism).
+// y = shared(x) + sum_k p_k expert_k(x). x and y are [N, h], or under sequence parallelism this
+// tensor-parallel rank's row block [N/T, h], as Megatron-Core's MoE layer takes them: the router
+// routes the rank's own rows (its weight's gradient is a partial sum over TP, Parameter::
+// sequence_parallel), the load-balancing losses use the token counts summed over the group and
+// each rank adds its rows' share (the z-loss's coefficient divided by T), the dispatcher gathers
+// the rows of the tensor x expert group for the experts, which hold their TP shards and leave
+// all communication to it (TensorParallel::explicit_expert_comm), and the shared expert is an MLP
+// under sequence parallelism (its gate weight's gradient a partial sum). The capacity, as in
+// Megatron, is then taken over the rank's rows. With --expert-tensor-parallel-size of its own
+// (TensorParallel::expert_tensor_parallel, Megatron's parallel folding) the experts are sharded
+// over that group instead, and the dispatcher gathers over it.
 //
 // The auxiliary losses do not enter the language-model loss: their gradients are added in
 // backward multiplied by LayerContext::moe_aux_grad_scale (Megatron's MoEAuxLossAutoScaler), and
@@ -21,7 +31,8 @@
 // shifts the choice of experts and is updated after each step from the counted tokens; it is
 // saved in checkpoints as "<prefix>.router.expert_bias" (float64, so a resume is bit-exact).
 // global_aux_loss keeps the step's token counts (Megatron's global_tokens_per_expert and
-// ga_steps), summed over the data-parallel group set by set_data_parallel_group.
+// ga_steps), summed over the tensor-parallel group under sequence parallelism and the
+// data-parallel group set by set_data_parallel_group (Megatron's tp_dp_cp group).
 #pragma once
 
 #include <memory>
@@ -37,7 +48,8 @@ namespace megatron::model {
 
 class TopKRouter : public Module {
  public:
-  TopKRouter(const std::string& prefix, const TransformerConfig& cfg, bool grad);
+  // partial_grad: the router sees a sequence shard (its gradient is summed over TP).
+  TopKRouter(const std::string& prefix, const TransformerConfig& cfg, bool partial_grad, bool grad);
   Weight weight;  // [E, h]
 };
 
@@ -57,7 +69,8 @@ class MoELayer : public Module {
   Tensor backward(const LayerContext& ctx, const Tensor& dy);  // -> dx [N, h]
 
   // Takes the statistics and resets the step's global_aux_loss counts (Megatron's
-  // reset_model_temporary_tensors).
+  // reset_model_temporary_tensors). Under sequence parallelism they are summed over the
+  // tensor-parallel group first (collective there), so they cover the micro-batches' whole rows.
   MoeStatistics take_statistics();
   int layer_number() const { return layer_; }  // 0-based, over the whole model
   // The group over which global_aux_loss sums the token counts (data x context parallel); null:
@@ -86,11 +99,16 @@ class MoELayer : public Module {
  private:
   // The logits the experts were chosen from, [N, E] on the host: the gate's, or random ones
   // under --moe-router-force-load-balancing.
-  std::vector<double> routing_logits(const LayerContext& ctx, const std::vector<double>& gate) const;
-  // The load-balancing loss's inputs of this micro-batch; global_aux_loss sums the token counts
-  // over the data-parallel group and, when `commit`, adds them to the step's counts.
+  std::vector<double> routing_logits(const LayerContext& ctx, const std::vector<double>& gate,
+                                     int64_t first_row) const;
+  // The load-balancing loss's inputs of this micro-batch: the token counts summed over the
+  // tensor-parallel group under sequence parallelism; global_aux_loss sums them over the
+  // data-parallel group too and, when `commit`, adds them to the step's counts.
   BalanceInputs balance_inputs(const LayerContext& ctx, const std::vector<double>& routed,
                                int64_t N, bool commit);
+  // The micro-batch geometry of this rank's N rows (BalanceInputs without the counts).
+  BalanceInputs balance_geometry(const LayerContext& ctx, int64_t N) const;
+  int sp_size() const { return sp_ ? sp_->size() : 1; }
   Tensor experts_forward(const LayerContext& ctx, const Tensor& xp, const std::vector<int64_t>& counts);
   Tensor experts_backward(const LayerContext& ctx, const Tensor& dyp, const std::vector<int64_t>& counts);
   Tensor shared_forward(const LayerContext& ctx, const Tensor& x);
@@ -102,6 +120,7 @@ class MoELayer : public Module {
   double bias_update_rate_;
   std::vector<double> expert_bias_;
   Parameter expert_bias_state_;
+  std::shared_ptr<Communicator> sp_;  // the TP group under sequence parallelism, else null
   Communicator* dp_group_ = nullptr;
   std::vector<double> global_tokens_;  // global_aux_loss: the step's summed counts
   double ga_steps_ = 0;
@@ -112,7 +131,8 @@ class MoELayer : public Module {
   SavedTensor logits_{this, "logits", "[N, E] gate logits, fp32 on the host"};
   SavedTensor y_{this, "y", "[M, h] expert outputs before the probability weights (back at the "
                             "tokens' rank)"};
-  SavedTensor global_{this, "global", "[E + 1] f64 global_aux_loss's averaged counts, tokens"};
+  SavedTensor counts_{this, "counts", "[G * E + 1] f64 the load-balancing counts summed over "
+                                      "ranks (BalanceInputs::counts), then global_num_tokens"};
   SavedTensor shared_y_{this, "shared_y", "[N, h] shared expert output before its gate"};
   SavedTensor gate_{this, "gate", "[N, 1] sigmoid of the shared expert's gate"};
 };

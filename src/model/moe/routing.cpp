@@ -241,50 +241,42 @@ Forward forward(const std::vector<double>& logits, int64_t N, const RouterSettin
 // The load-balancing loss as A * sum over tokens x and experts e of count[group(x), e] *
 // scores[x, e]: aux_loss one group with the micro-batch's counts; seq_aux_loss a group per
 // sequence (switch_load_balancing_loss_func over [S, B*E], divided by B); global_aux_loss one
-// group with the averaged counts over the data-parallel tokens.
+// group with the averaged counts over the data-parallel tokens. Groups are taken over the
+// micro-batch's rows (BalanceInputs::first_row).
 struct AuxTerms {
   double a = 0;
-  int64_t group_rows = 0;     // tokens per group
+  int64_t group_rows = 0, first_row = 0;  // tokens per group; the micro-batch row of x = 0
   std::vector<double> count;  // [groups, E]
-  double at(int64_t x, int e, int E) const { return count[size_t((x / group_rows) * E + e)]; }
+  double at(int64_t x, int e, int E) const {
+    return count[size_t(((first_row + x) / group_rows) * E + e)];
+  }
 };
 
-std::vector<double> topk_counts(const std::vector<double>& logits, int64_t x0, int64_t n,
-                                const RouterSettings& s) {
-  const int E = s.num_experts;
-  std::vector<double> count(size_t(E), 0.0);
-  for (int64_t x = x0; x < x0 + n; ++x)
-    for (int e : topk_of(aux_scores(&logits[size_t(x * E)], s), s.topk)) count[size_t(e)] += 1;
-  return count;
-}
+int64_t micro_batch_rows(int64_t N, const BalanceInputs& b) { return b.rows > 0 ? b.rows : N; }
 
 AuxTerms aux_terms(const std::vector<double>& logits, int64_t N, const RouterSettings& s,
                    const BalanceInputs& b) {
   const int E = s.num_experts;
   const double k = double(s.topk), c = s.aux_loss_coeff;
+  const int64_t R = micro_batch_rows(N, b);
   AuxTerms t;
-  t.group_rows = N;
+  t.group_rows = R;
+  t.first_row = b.first_row;
   switch (s.balancing) {
     case LoadBalancing::aux_loss:
-      t.count = topk_counts(logits, 0, N, s);
-      t.a = E * c / (k * double(N) * double(N));
+      t.a = E * c / (k * double(R) * double(R));
       break;
     case LoadBalancing::seq_aux_loss: {
       const int64_t B = b.sequences;
-      MG_REQUIRE(B >= 1 && N % B == 0, "seq_aux_loss: ", N, " tokens are not ", B, " sequences");
-      const int64_t S = N / B;
+      MG_REQUIRE(B >= 1 && R % B == 0, "seq_aux_loss: ", R, " tokens are not ", B, " sequences");
+      const int64_t S = R / B;
       t.group_rows = S;
-      for (int64_t g = 0; g < B; ++g) {
-        const std::vector<double> cg = topk_counts(logits, g * S, S, s);
-        t.count.insert(t.count.end(), cg.begin(), cg.end());
-      }
       t.a = E * c / (k * double(S) * double(S) * double(B));
       break;
     }
     case LoadBalancing::global_aux_loss: {
-      MG_CHECK(int64_t(b.global_tokens_per_expert.size()) == E && b.global_num_tokens > 0,
+      MG_CHECK(int64_t(b.counts.size()) == E && b.global_num_tokens > 0,
                "global_aux_loss without the global token counts");
-      t.count = b.global_tokens_per_expert;
       const double T = b.global_num_tokens;
       t.a = E * c / (k * T * T);
       break;
@@ -292,6 +284,10 @@ AuxTerms aux_terms(const std::vector<double>& logits, int64_t N, const RouterSet
     default:
       MG_CHECK(false, "aux_terms without a load-balancing loss");
   }
+  t.count = b.counts.empty() ? aux_loss_counts(logits, N, s, b) : b.counts;
+  MG_CHECK(t.count.size() % size_t(E) == 0 &&
+               int64_t(t.count.size() / size_t(E)) * t.group_rows >= R,
+           "load-balancing counts of ", t.count.size(), " values for ", R, " rows");
   return t;
 }
 
@@ -330,9 +326,19 @@ bool RouterSettings::has_balancing_loss() const {
                                 balancing == LoadBalancing::global_aux_loss);
 }
 
-std::vector<double> aux_loss_tokens_per_expert(const std::vector<double>& logits, int64_t N,
-                                               const RouterSettings& s) {
-  return topk_counts(logits, 0, N, s);
+std::vector<double> aux_loss_counts(const std::vector<double>& logits, int64_t N,
+                                    const RouterSettings& s, const BalanceInputs& b) {
+  const int E = s.num_experts;
+  const bool per_sequence = s.balancing == LoadBalancing::seq_aux_loss;
+  const int64_t groups = per_sequence ? b.sequences : 1;
+  const int64_t S = std::max<int64_t>(micro_batch_rows(N, b) / groups, 1);
+  std::vector<double> count(size_t(groups * E), 0.0);
+  for (int64_t x = 0; x < N; ++x) {
+    const int64_t g = per_sequence ? (b.first_row + x) / S : 0;
+    MG_CHECK(g < groups, "aux_loss_counts: row ", b.first_row + x, " outside the micro-batch");
+    for (int e : topk_of(aux_scores(&logits[size_t(x * E)], s), s.topk)) count[size_t(g * E + e)] += 1;
+  }
+  return count;
 }
 
 std::vector<double> sinkhorn(const std::vector<double>& logits, int64_t N, int E) {

@@ -44,13 +44,21 @@ struct RouterSettings {
   static RouterSettings of(const TransformerConfig& cfg);
 };
 
-// What the load-balancing losses need besides the logits. Tokens are rows b * S + s of the
-// micro-batch's `sequences` sequences of S = N / sequences tokens (seq_aux_loss).
-// global_aux_loss: the tokens per expert averaged over the step's micro-batches so far (each
-// summed over the data-parallel ranks) and the tokens of one micro-batch over those ranks.
+// What the load-balancing losses need besides this rank's logits [N, E]. The N rows are rows
+// [first_row, first_row + N) of the micro-batch's `rows` rows (0: N; under sequence parallelism
+// each tensor-parallel rank routes its row block), which form `sequences` sequences of
+// S = rows / sequences tokens, row b * S + s (seq_aux_loss). counts: the loss's top-k token
+// counts when they are taken over more tokens than these rows, summed over the ranks that hold
+// them (Megatron's reduction of tokens_per_expert): aux_loss [E] over the micro-batch,
+// seq_aux_loss [sequences, E] (both over the tensor-parallel group under sequence parallelism),
+// global_aux_loss [E] averaged over the step's micro-batches so far (each summed over the
+// tensor x data-parallel ranks that hold different tokens); empty: counted from these logits.
+// global_num_tokens: the tokens of one micro-batch over those ranks (global_aux_loss's T).
+// The loss route() returns is then this rank's share: the ranks' shares sum to the loss.
 struct BalanceInputs {
   int64_t sequences = 1;
-  std::vector<double> global_tokens_per_expert;
+  int64_t first_row = 0, rows = 0;
+  std::vector<double> counts;
   double global_num_tokens = 0;
 };
 
@@ -84,10 +92,11 @@ std::vector<double> route_backward(const std::vector<double>& logits, int64_t nu
                                    const std::vector<double>& dprobs, double aux_grad_scale,
                                    const BalanceInputs& balance = {});
 
-// The tokens per expert of the load-balancing loss (compute_routing_scores_for_aux_loss's top-k
-// of the normalised scores, no capacity): what global_aux_loss sums over the ranks.
-std::vector<double> aux_loss_tokens_per_expert(const std::vector<double>& logits, int64_t num_tokens,
-                                               const RouterSettings& s);
+// This rank's share of the load-balancing loss's token counts (compute_routing_scores_for_aux_loss's
+// top-k of the normalised scores, no capacity): [E], or [sequences, E] under seq_aux_loss with
+// the rows placed by balance.first_row. What the ranks sum into BalanceInputs::counts.
+std::vector<double> aux_loss_counts(const std::vector<double>& logits, int64_t num_tokens,
+                                    const RouterSettings& s, const BalanceInputs& balance);
 
 // Megatron's sinkhorn(cost, tol=1e-4) over [N, E] (at most 10000 rounds: it converges in a few
 // dozen on any finite input).

@@ -73,7 +73,7 @@ Tensor LocalTokenDispatcher::combine_backward(const DispatchPlan& p, const Tenso
 
 }  // namespace megatron::model
 
-// ---- the expert-parallel dispatcher -----------------------------------------------------------
+// ---- the expert- and tensor-parallel dispatcher -----------------------------------------------
 namespace megatron::model {
 
 namespace {
@@ -106,6 +106,34 @@ Tensor exchange_rows(Communicator& c, const Tensor& rows, const std::vector<int6
   return out;
 }
 
+// All-gather of uneven row blocks (Megatron's gather_from_sequence_parallel_region with
+// output_split_sizes): rank t holds counts[t] rows; every rank gets all of them in rank order.
+// An all-to-all-v in which each rank sends its rows to every rank.
+Tensor all_gather_rows(Communicator& c, const Tensor& rows, const std::vector<int64_t>& counts) {
+  const int T = c.size();
+  const int64_t mine = rows.size(0);
+  MG_CHECK(counts.at(size_t(c.rank())) == mine, "all_gather_rows: ", mine, " rows, planned ",
+           counts[size_t(c.rank())]);
+  Tensor send = Tensor::empty({T * mine, rows.size(1)}, rows.dtype(), rows.device());
+  if (mine > 0)
+    for (int t = 0; t < T; ++t) send.narrow(0, t * mine, mine).copy_(rows);
+  return exchange_rows(c, send, std::vector<int64_t>(size_t(T), mine), counts);
+}
+
+// Its conjugate (reduce_scatter_to_sequence_parallel_region with input_split_sizes): rows
+// [sum counts, h] in rank blocks; rank t gets block t summed over the ranks, [counts[t], h] fp32.
+Tensor reduce_scatter_rows(Communicator& c, const Tensor& rows, const std::vector<int64_t>& counts) {
+  const int T = c.size();
+  const int64_t mine = counts.at(size_t(c.rank()));
+  const Tensor got = exchange_rows(c, rows.to(DType::F32), counts,
+                                   std::vector<int64_t>(size_t(T), mine));  // [T * mine, h]
+  Tensor out = Tensor::empty({mine, rows.size(1)}, DType::F32, rows.device());
+  if (mine == 0) return out;
+  out.copy_(got.narrow(0, 0, mine));
+  for (int t = 1; t < T; ++t) ops::add(out, out, got.narrow(0, t * mine, mine));
+  return out;
+}
+
 }  // namespace
 
 DispatcherKind parse_dispatcher_kind(const std::string& name) {
@@ -117,8 +145,8 @@ DispatcherKind parse_dispatcher_kind(const std::string& name) {
 }
 
 TokenDispatcher::TokenDispatcher(DispatcherKind kind, std::shared_ptr<Communicator> ep,
-                                 int num_experts)
-    : kind_(kind), ep_(std::move(ep)), num_experts_(num_experts) {
+                                 int num_experts, std::shared_ptr<Communicator> etp)
+    : kind_(kind), ep_(std::move(ep)), etp_(std::move(etp)), num_experts_(num_experts) {
   MG_REQUIRE(num_experts_ % ep_size() == 0, "--num-experts ", num_experts_,
              " is not divisible by --expert-model-parallel-size ", ep_size());
 }
@@ -129,10 +157,33 @@ int64_t TokenDispatcher::Plan::expert_rows() const {
   return n;
 }
 
+Tensor TokenDispatcher::gather_group(const Tensor& x) const {
+  Tensor cur = x.contiguous();
+  for (Communicator* c : {etp_.get(), ep_.get()}) {
+    if (c == nullptr || c->size() == 1) continue;
+    Tensor out = Tensor::empty({c->size() * cur.size(0), cur.size(1)}, cur.dtype(), cur.device());
+    c->all_gather(cur, out);
+    cur = out;
+  }
+  return cur;
+}
+
+Tensor TokenDispatcher::reduce_scatter_group(const Tensor& all, int64_t n) const {
+  Tensor cur = all.contiguous();
+  for (Communicator* c : {ep_.get(), etp_.get()}) {
+    if (c == nullptr || c->size() == 1) continue;
+    Tensor out = Tensor::empty({cur.size(0) / c->size(), cur.size(1)}, cur.dtype(), cur.device());
+    c->reduce_scatter(cur, out);
+    cur = out;
+  }
+  MG_CHECK(cur.size(0) == n, "reduce_scatter_group: ", cur.size(0), " rows for ", n, " tokens");
+  return cur;
+}
+
 TokenDispatcher::Plan TokenDispatcher::plan(const Routing& r, Device device) const {
   Plan p;
   p.num_tokens = r.num_tokens;
-  const int P = ep_size(), L = local_experts();
+  const int P = ep_size(), T = tp_size(), L = local_experts(), E = num_experts_;
   if (local()) {
     p.local = local_.plan(r, device);
     p.expert_counts = p.local.counts;
@@ -140,25 +191,25 @@ TokenDispatcher::Plan TokenDispatcher::plan(const Routing& r, Device device) con
   }
   if (kind_ == DispatcherKind::allgather) {
     // The group's routing, gathered: probabilities and choices of every rank's tokens.
-    const int64_t ne = r.num_tokens * num_experts_;
-    Tensor mine = Tensor::empty({2 * ne}, DType::F64);
+    const int64_t ne = r.num_tokens * E;
+    Tensor mine = Tensor::empty({1, 2 * ne}, DType::F64);
     double* m = mine.data<double>();
     for (int64_t i = 0; i < ne; ++i) {
       m[i] = r.probs[size_t(i)];
       m[ne + i] = r.map[size_t(i)] ? 1.0 : 0.0;
     }
-    Tensor all = Tensor::empty({P * 2 * ne}, DType::F64);
-    ep_->all_gather(mine, all);
+    const Tensor all = gather_group(mine);  // [P * T, 2 * ne]
+    const int64_t Q = all.size(0);
     Routing g;
-    g.num_tokens = P * r.num_tokens;
+    g.num_tokens = Q * r.num_tokens;
     g.num_experts = L;
     g.probs.assign(size_t(g.num_tokens * L), 0.0);
     g.map.assign(size_t(g.num_tokens * L), 0);
     const double* a = all.data<double>();
-    for (int q = 0; q < P; ++q)
+    for (int64_t q = 0; q < Q; ++q)
       for (int64_t t = 0; t < r.num_tokens; ++t)
         for (int l = 0; l < L; ++l) {
-          const int64_t src = q * 2 * ne + t * num_experts_ + first_expert() + l;
+          const int64_t src = q * 2 * ne + t * E + first_expert() + l;
           const size_t dst = size_t((q * r.num_tokens + t) * L + l);
           g.probs[dst] = a[src];
           g.map[dst] = a[src + ne] != 0.0;
@@ -167,68 +218,69 @@ TokenDispatcher::Plan TokenDispatcher::plan(const Routing& r, Device device) con
     p.expert_counts = p.local.counts;
     return p;
   }
-  // alltoall: this rank's rows by expert; rank j's experts' rows go to rank j.
+  // alltoall: this rank's rows by expert; EP rank j's experts' rows go to EP rank j, then every TP
+  // rank of an expert gathers what its TP peers received.
   p.local = local_.plan(r, device);
   p.send_rows.assign(size_t(P), 0);
-  for (int e = 0; e < num_experts_; ++e) p.send_rows[size_t(e / L)] += p.local.counts[size_t(e)];
-  // Rank i's counts for each of this rank's experts: [P, L], row i from rank i.
-  const Tensor counts = Tensor::from_vector(p.local.counts, {int64_t(num_experts_)});
-  Tensor got = Tensor::empty({int64_t(P) * L}, DType::I64);
-  ep_->all_to_all(counts, got);
-  const int64_t* c = got.data<int64_t>();
+  for (int e = 0; e < E; ++e) p.send_rows[size_t(e / L)] += p.local.counts[size_t(e)];
+  // Every rank's counts per expert, [P * T, E] (row i * T + t: EP rank i, TP rank t).
+  const Tensor all = gather_group(Tensor::from_vector(p.local.counts, {1, int64_t(E)}));
+  const int64_t* c = all.data<int64_t>();
+  auto count = [&](int t, int i, int l) { return c[(i * T + t) * E + first_expert() + l]; };
   p.recv_rows.assign(size_t(P), 0);
+  p.tp_rows.assign(size_t(T), 0);
   p.expert_counts.assign(size_t(L), 0);
-  std::vector<int64_t> block(size_t(P * L));  // first received row of (rank i, expert l)
+  std::vector<int64_t> block(size_t(T * P * L));  // first gathered row of (TP t, EP i, expert l)
   int64_t off = 0;
-  for (int i = 0; i < P; ++i)
-    for (int l = 0; l < L; ++l) {
-      block[size_t(i * L + l)] = off;
-      off += c[i * L + l];
-      p.recv_rows[size_t(i)] += c[i * L + l];
-      p.expert_counts[size_t(l)] += c[i * L + l];
-    }
-  // Megatron's sort_chunks_by_idxs: (rank, expert) chunks into (expert, rank) order.
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < P; ++i)
+      for (int l = 0; l < L; ++l) {
+        block[size_t((t * P + i) * L + l)] = off;
+        off += count(t, i, l);
+        if (t == tp_rank()) p.recv_rows[size_t(i)] += count(t, i, l);
+        p.tp_rows[size_t(t)] += count(t, i, l);
+        p.expert_counts[size_t(l)] += count(t, i, l);
+      }
+  // Megatron's sort_chunks_by_idxs: (TP rank, EP rank, expert) chunks into (expert, TP, EP) order.
   std::vector<int32_t> sort(static_cast<size_t>(off)), unsort(static_cast<size_t>(off));
   size_t s = 0;
   for (int l = 0; l < L; ++l)
-    for (int i = 0; i < P; ++i)
-      for (int64_t k = 0; k < c[i * L + l]; ++k, ++s) {
-        sort[s] = int32_t(block[size_t(i * L + l)] + k);
-        unsort[size_t(sort[s])] = int32_t(s);
-      }
+    for (int t = 0; t < T; ++t)
+      for (int i = 0; i < P; ++i)
+        for (int64_t k = 0; k < count(t, i, l); ++k, ++s) {
+          sort[s] = int32_t(block[size_t((t * P + i) * L + l)] + k);
+          unsort[size_t(sort[s])] = int32_t(s);
+        }
   p.sort_index = rows_tensor(sort, device);
   p.unsort_index = rows_tensor(unsort, device);
   return p;
 }
 
 Tensor TokenDispatcher::to_experts(const Plan& p, const Tensor& rows) const {
-  const Tensor received = exchange_rows(*ep_, rows, p.send_rows, p.recv_rows);
-  return select_rows(received, p.sort_index, p.expert_rows());
+  Tensor r = ep_size() > 1 ? exchange_rows(*ep_, rows, p.send_rows, p.recv_rows) : rows;
+  if (tp_size() > 1) r = all_gather_rows(*etp_, r, p.tp_rows);
+  return select_rows(r, p.sort_index, p.expert_rows());
 }
 
 Tensor TokenDispatcher::from_experts(const Plan& p, const Tensor& rows) const {
-  const Tensor by_rank = select_rows(rows, p.unsort_index, p.expert_rows());
-  return exchange_rows(*ep_, by_rank, p.recv_rows, p.send_rows);
+  Tensor r = select_rows(rows, p.unsort_index, p.expert_rows());
+  if (tp_size() > 1) r = reduce_scatter_rows(*etp_, r, p.tp_rows);
+  return ep_size() > 1 ? exchange_rows(*ep_, r, p.recv_rows, p.send_rows) : r;
 }
 
 Tensor TokenDispatcher::dispatch(const Plan& p, const Tensor& x) const {
   if (local()) return local_.dispatch(p.local, x);
   if (kind_ == DispatcherKind::alltoall) return to_experts(p, local_.dispatch(p.local, x));
-  const Tensor xc = x.contiguous();
-  Tensor all = Tensor::empty({ep_size() * x.size(0), x.size(1)}, x.dtype(), x.device());
-  ep_->all_gather(xc, all);
-  return local_.dispatch(p.local, all);
+  return local_.dispatch(p.local, gather_group(x));
 }
 
 void TokenDispatcher::dispatch_backward(const Plan& p, const Tensor& dxp, const Tensor& dx) const {
   if (local()) return local_.dispatch_backward(p.local, dxp, dx);
   if (kind_ == DispatcherKind::alltoall)
     return local_.dispatch_backward(p.local, from_experts(p, dxp), dx);
-  Tensor all = Tensor::zeros({ep_size() * dx.size(0), dx.size(1)}, DType::F32, dx.device());
+  Tensor all = Tensor::zeros({p.local.num_tokens, dx.size(1)}, DType::F32, dx.device());
   local_.dispatch_backward(p.local, dxp, all);
-  Tensor mine = Tensor::empty({dx.size(0), dx.size(1)}, DType::F32, dx.device());
-  ep_->reduce_scatter(all, mine);
-  ops::add(dx, dx, mine);
+  ops::add(dx, dx, reduce_scatter_group(all, dx.size(0)));
 }
 
 Tensor TokenDispatcher::return_rows(const Plan& p, const Tensor& y) const {
@@ -241,32 +293,25 @@ Tensor TokenDispatcher::return_rows_backward(const Plan& p, const Tensor& dyr) c
 
 Tensor TokenDispatcher::combine(const Plan& p, const Tensor& yr) const {
   if (local() || kind_ == DispatcherKind::alltoall) return local_.combine(p.local, yr);
-  const Tensor partial = local_.combine(p.local, yr);  // [P * N, h]: the group's tokens
-  Tensor out = Tensor::empty({p.num_tokens, yr.size(1)}, DType::F32, yr.device());
-  ep_->reduce_scatter(partial, out);
-  return out;
+  // The group's tokens weighted by this rank's experts (partial sums over TP under SP).
+  return reduce_scatter_group(local_.combine(p.local, yr), p.num_tokens);
 }
 
 Tensor TokenDispatcher::combine_backward(const Plan& p, const Tensor& dout, const Tensor& yr,
                                          std::vector<double>& dprobs) const {
   if (local() || kind_ == DispatcherKind::alltoall)
     return local_.combine_backward(p.local, dout, yr, dprobs);
-  const int P = ep_size(), L = local_experts();
-  const Tensor dc = dout.contiguous();
-  Tensor all = Tensor::empty({P * dout.size(0), dout.size(1)}, dout.dtype(), dout.device());
-  ep_->all_gather(dc, all);
-  std::vector<double> local_dprobs;  // [P * N, L]
-  Tensor dy = local_.combine_backward(p.local, all, yr, local_dprobs);
+  const int L = local_experts(), E = num_experts_;
+  std::vector<double> local_dprobs;  // [Q * N, L]
+  Tensor dy = local_.combine_backward(p.local, gather_group(dout), yr, local_dprobs);
   // Each token's probability gradients come from the ranks of its experts: summed back.
-  const int64_t N = p.num_tokens;
-  Tensor spread = Tensor::zeros({P * N * num_experts_}, DType::F64);
+  const int64_t QN = p.local.num_tokens, N = p.num_tokens;
+  Tensor spread = Tensor::zeros({QN, E}, DType::F64);
   double* s = spread.data<double>();
-  for (int64_t t = 0; t < P * N; ++t)
-    for (int l = 0; l < L; ++l)
-      s[t * num_experts_ + first_expert() + l] = local_dprobs[size_t(t * L + l)];
-  Tensor mine = Tensor::empty({N * num_experts_}, DType::F64);
-  ep_->reduce_scatter(spread, mine);
-  dprobs.assign(mine.data<double>(), mine.data<double>() + N * num_experts_);
+  for (int64_t t = 0; t < QN; ++t)
+    for (int l = 0; l < L; ++l) s[t * E + first_expert() + l] = local_dprobs[size_t(t * L + l)];
+  const Tensor mine = reduce_scatter_group(spread, N);
+  dprobs.assign(mine.data<double>(), mine.data<double>() + N * E);
   return dy;
 }
 
