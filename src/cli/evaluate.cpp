@@ -20,7 +20,8 @@
 // scored in micro-batches of --micro-batch-size, as pretrain-t5's validation scores them: the
 // loss printed is the one its validation line prints for that checkpoint and those samples.
 // Megatron's zero-shot tasks (LAMBADA, WIKITEXT103) build a GPT model and are refused for T5.
-// Under launch the ranks are data parallel, each with the whole model.
+// Under launch the ranks are data parallel, each with the whole model, or with
+// --tensor-model-parallel-size T (the checkpoint's, T ranks) the shards of one model.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -236,9 +237,12 @@ void run_t5_evaluate(EvaluateArgs& a, const CLI::App& sub, inference::InferenceM
              "--max-position-embeddings ", cfg.max_position_embeddings);
   T5Inference loaded = load_t5_model(options);
   const auto world = world_communicator();
-  const int ranks = world->size(), rank = world->rank();
-  auto print = [rank](const std::string& line) {
-    if (rank == 0) log_print(line);
+  // Launched with --tensor-model-parallel-size: the ranks hold the shards of one model and run the
+  // same micro-batches (the loss is whole on each); else each rank is a data-parallel replica.
+  const int ranks = loaded.group ? 1 : world->size(), rank = loaded.group ? 0 : world->rank();
+  const bool printer = loaded.reports && rank == 0;
+  auto print = [printer](const std::string& line) {
+    if (printer) log_print(line);
   };
   training::TrainingArgs t;
   t.model = loaded.model->model().config();
@@ -262,7 +266,7 @@ void run_t5_evaluate(EvaluateArgs& a, const CLI::App& sub, inference::InferenceM
     const double* v = sums.data<double>();
     totals = {v[0], v[1], v[2]};
   }
-  if (rank != 0) return;
+  if (!printer) return;
   log_info(str("evaluate: ", int64_t(totals.micro_batches), " micro-batches, ", int64_t(totals.tokens),
                " decoder tokens in the loss, loss sum ", python_float_repr(totals.loss_sum), " nats"));
   print_result(t5_loss_result_line(str("iteration ", loaded.iteration, " on ", a.split_name, " split"), totals));

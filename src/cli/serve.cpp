@@ -59,10 +59,10 @@ void run_serve(ServeArgs& a) {
   const inference::InferenceModelOptions options = a.model.finish();
   if (options.model.family_id() == model::ModelFamilyId::t5) {
     // A T5 checkpoint: PUT /api fills the <extra_id_N> spans of each prompt (server_api.h).
-    inference::T5Inference t5 = inference::load_t5_model(options);
     MG_REQUIRE(world_communicator()->size() == 1, "serving a T5 checkpoint runs on one process: "
                "run `megatron serve` without launch/mpirun (a sharded checkpoint's shards are "
                "merged in memory)");
+    inference::T5Inference t5 = inference::load_t5_model(options);
     return serve_model(a, *t5.model, *t5.tokenizer, nullptr);
   }
   auto loaded = inference::load_inference_model(options);

@@ -35,13 +35,19 @@ T5Engine::T5Engine(const model::TransformerConfig& config,
                    const std::map<std::string, Tensor>& weights, Device device)
     : model_(build_t5(config, weights, device)) {}
 
-T5Engine::T5Engine(std::unique_ptr<model::T5Model> model) : model_(std::move(model)) {
+T5Engine::T5Engine(std::unique_ptr<model::T5Model> model, int64_t vocab_width)
+    : model_(std::move(model)), vocab_width_(vocab_width) {
   MG_CHECK(model_ != nullptr, "T5Engine: no model");
+  MG_CHECK(vocab_width_ >= 0 && vocab_width_ <= model_->config().padded_vocab_size,
+           "T5Engine: logits width ", vocab_width_, " beyond the model's ",
+           model_->config().padded_vocab_size);
 }
 
 T5Engine::~T5Engine() = default;
 
-int64_t T5Engine::vocab_size() const { return model_->config().padded_vocab_size; }
+int64_t T5Engine::vocab_size() const {
+  return vocab_width_ > 0 ? vocab_width_ : model_->config().padded_vocab_size;
+}
 
 int64_t T5Engine::max_sequence_length() const { return model_->config().max_position_embeddings; }
 
@@ -162,7 +168,7 @@ Tensor T5Engine::forward(std::span<const int32_t> tokens, int64_t n, bool all_po
 
 Tensor T5Engine::run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
                      std::span<const int64_t> counts, bool all_positions) {
-  const int64_t V = vocab_size(), calls = int64_t(slots.size());
+  const int64_t V = model_->config().padded_vocab_size, calls = int64_t(slots.size());
   MG_CHECK(calls > 0 && counts.size() == slots.size(), "T5Engine: ", calls, " rows, ",
            counts.size(), " counts");
   int64_t max_count = 0;
@@ -187,7 +193,8 @@ Tensor T5Engine::run(std::span<const int64_t> slots, std::span<const int32_t> to
   }
   MG_CHECK(tokens.size() == slot.size(), "T5Engine: ", tokens.size(), " tokens for ", slot.size());
   for (int32_t t : tokens)
-    MG_REQUIRE(t >= 0 && t < V, "token id ", t, " outside the vocabulary [0, ", V, ")");
+    MG_REQUIRE(t >= 0 && t < vocab_size(), "token id ", t, " outside the vocabulary [0, ",
+               vocab_size(), ")");
   const Device dev = model_->device();
   const int64_t rows = int64_t(slot.size());
   cache_.row_slot = Tensor::from_vector(slot, {rows}, dev);
@@ -204,6 +211,7 @@ Tensor T5Engine::run(std::span<const int64_t> slots, std::span<const int32_t> to
     ops::index_copy_rows(logits.view({calls * out_n, V}), picked,
                          Tensor::from_vector(dest, {int64_t(dest.size())}, dev));
   }
+  if (vocab_size() < V) logits = logits.narrow(2, 0, vocab_size()).contiguous();
   return dev.is_cpu() ? logits : logits.to(Device::cpu());  // sampling reads them on the host
 }
 

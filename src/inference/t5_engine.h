@@ -35,8 +35,11 @@ class T5Engine final : public LanguageModel {
   // parameter by its Megatron-Core name, as GPTEngine loads them), on `device`.
   T5Engine(const model::TransformerConfig& config, const std::map<std::string, Tensor>& weights,
            Device device = Device::cpu());
-  // Over a built model (whole, one rank; its weights as they are).
-  explicit T5Engine(std::unique_ptr<model::T5Model> model);
+  // Over a built model (whole, or this rank's tensor-parallel shard, every rank of its group
+  // making the same calls; its weights as they are). `vocab_width` > 0: the logits keep their
+  // first vocab_width columns (the vocabulary padded as for one rank, so a wider tensor-parallel
+  // padding normalises over the same vocabulary as one process).
+  explicit T5Engine(std::unique_ptr<model::T5Model> model, int64_t vocab_width = 0);
   ~T5Engine() override;
 
   // The encoder inputs of the rows of the next start(): one token list per row (at least one
@@ -67,6 +70,7 @@ class T5Engine final : public LanguageModel {
   std::unique_ptr<model::T5Model> model_;
   model::InferenceContext cache_;
   std::vector<std::vector<int32_t>> inputs_;
+  int64_t vocab_width_ = 0;   // the logits' width (0: the model's padded vocabulary)
   std::vector<int64_t> pos_;  // decoder positions fed per row (slot)
   bool slot_mode_ = false;    // started by start_slots (else by start)
   std::vector<bool> has_input_;  // slot mode: the slot's encoder input is in the cache

@@ -1,8 +1,10 @@
 // `megatron evaluate` on a checkpoint of `megatron pretrain-t5`: the span-corruption loss of a
 // split of pretrain-t5's data equals the validation loss the training run printed for that
 // checkpoint and those samples (the same samples in the same micro-batches through the same loss),
-// on one process and on two data-parallel ranks under launch; Megatron's zero-shot GPT tasks and
-// flags of the other families are refused with the reason.
+// on one process and on two data-parallel ranks under launch, and for a checkpoint trained with
+// --tensor-model-parallel-size 2 on its two tensor-parallel ranks (the loss over the vocabulary
+// padded for two ranks, as that training's); Megatron's zero-shot GPT tasks and flags of the other
+// families are refused with the reason.
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -26,14 +28,19 @@ class T5EvaluateCli : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     tok_ = new std::string(write_sentence_corpus(dir_->path()));
+    train_output_ = new std::string(train("", "ckpt"));
+  }
+  // Trains the tiny T5 (after `launch`) into `name`; returns the output.
+  static std::string train(const std::string& launch, const std::string& name,
+                           const std::string& more = "") {
     const auto r = run_command(
-        cli_path().string() + " pretrain-t5" + *tok_ + " --vocab-extra-ids 10 --num-layers 2"
-        " --decoder-num-layers 1 --hidden-size 32 --num-attention-heads 4"
-        " --encoder-seq-length 32 --decoder-seq-length 16 --max-position-embeddings 32"
-        " --position-embedding-type relative --lr 1e-3" + data_flags() +
-        " --save '" + ckpt() + "' --save-interval 4 2>&1");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    train_output_ = new std::string(r.output);
+        "OMP_NUM_THREADS=1 " + cli_path().string() + " " + launch + "pretrain-t5" + *tok_ +
+        " --vocab-extra-ids 10 --num-layers 2 --decoder-num-layers 1 --hidden-size 32"
+        " --num-attention-heads 4 --encoder-seq-length 32 --decoder-seq-length 16"
+        " --max-position-embeddings 32 --position-embedding-type relative --lr 1e-3" +
+        data_flags() + more + " --save '" + ckpt(name) + "' --save-interval 4 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output;
   }
   static void TearDownTestSuite() {
     delete train_output_;
@@ -47,11 +54,12 @@ class T5EvaluateCli : public ::testing::Test {
            (dir_->path() / "corpus_text_sentence").string() + "' --data-cache-path '" +
            (dir_->path() / "cache").string() + "'";
   }
-  static std::string ckpt() { return (dir_->path() / "ckpt").string(); }
-  static CommandResult evaluate(const std::string& args, const std::string& launch = "") {
+  static std::string ckpt(const std::string& name = "ckpt") { return (dir_->path() / name).string(); }
+  static CommandResult evaluate(const std::string& args, const std::string& launch = "",
+                                const std::string& name = "ckpt") {
     return run_command("OMP_NUM_THREADS=1 timeout 300 " + cli_path().string() + " " + launch +
-                       "evaluate --load '" + ckpt() + "'" + *tok_ + " --use-checkpoint-args" + args +
-                       " 2>&1");
+                       "evaluate --load '" + ckpt(name) + "'" + *tok_ + " --use-checkpoint-args" +
+                       args + " 2>&1");
   }
   static void fails_with(const std::string& args, const std::string& what) {
     const auto r = evaluate(args);
@@ -89,6 +97,16 @@ TEST_F(T5EvaluateCli, ScoresTheValidationLossTrainingPrinted) {
   const std::string on_train = loss_value(train.output, "on train split");
   EXPECT_FALSE(on_train.empty()) << train.output;
   EXPECT_NE(on_train, trained);
+}
+
+TEST_F(T5EvaluateCli, TensorParallelRanksScoreWhatTheirTrainingPrinted) {
+  const std::string two = "launch --nproc-per-node 2 -- ";
+  const std::string out = train(two, "tp2", " --tensor-model-parallel-size 2");
+  const std::string trained = loss_value(out, "validation loss at iteration 4 ");
+  ASSERT_FALSE(trained.empty()) << out;
+  const auto r = evaluate(data_flags() + " --tensor-model-parallel-size 2", two, "tp2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(loss_value(r.output, "validation loss at iteration 4 on valid split"), trained) << r.output;
 }
 
 TEST_F(T5EvaluateCli, RefusesWhatDoesNotApplyToT5) {

@@ -4,6 +4,9 @@
 // greedy, sampled with a seed, beam search, and requests sent at once (continuous batching: each
 // slot holds its own encoder input). Fields that do not apply to T5, sentinels the tokenizer
 // lacks and /v1/completions are 400s with the reason.
+// Under launch with --tensor-model-parallel-size 2 (the checkpoint converted to TP2 by
+// `checkpoint convert`), generate gives the single process's tokens and log-probs (within 1e-5),
+// greedy, sampled and beam search, with prompts from flags or standard input.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,14 +50,18 @@ class T5ServeCli : public ::testing::Test {
     delete tok_;
     delete dir_;
   }
-  static std::string ckpt() { return (dir_->path() / "ckpt").string(); }
-  static std::string model_flags() { return " --load '" + ckpt() + "'" + *tok_ + " --use-checkpoint-args"; }
-  // `megatron generate --output-format jsonl` over `prompts` with `flags`.
-  static std::vector<json> generate(const std::vector<std::string>& prompts, const std::string& flags) {
+  static std::string ckpt(const std::string& name = "ckpt") { return (dir_->path() / name).string(); }
+  static std::string model_flags(const std::string& name = "ckpt") {
+    return " --load '" + ckpt(name) + "'" + *tok_ + " --use-checkpoint-args";
+  }
+  // `megatron generate --output-format jsonl` over `prompts` with `flags` (`launch` before it).
+  static std::vector<json> generate(const std::vector<std::string>& prompts, const std::string& flags,
+                                    const std::string& launch = "", const std::string& name = "ckpt") {
     std::string args;
     for (const auto& p : prompts) args += " --prompt '" + p + "'";
-    const auto r = mt::run_command("timeout 120 " + mt::cli_path().string() + " generate" +
-                                   model_flags() + args + " --output-format jsonl " + flags + " 2>&1");
+    const auto r = mt::run_command("OMP_NUM_THREADS=1 timeout 120 " + mt::cli_path().string() + " " +
+                                   launch + "generate" + model_flags(name) + args +
+                                   " --output-format jsonl " + flags + " 2>&1");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return testing::json_lines(r.output);
   }
@@ -121,6 +128,53 @@ TEST_F(T5ServeCli, AnswersWhatGenerateWrites) {
     EXPECT_NEAR(beam["scores"][k].get<double>(), beams[k]["score"].get<double>(), 1e-5);
   }
   EXPECT_TRUE(server.stop()) << server.log();
+}
+
+TEST_F(T5ServeCli, TensorParallelRanksGenerateWhatOneProcessGenerates) {
+  auto r = mt::run_command(mt::cli_path().string() + " checkpoint convert --load '" + ckpt() +
+                           "' --save '" + ckpt("tp2") + "' --target-tensor-parallel-size 2 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string two = "launch --nproc-per-node 2 -- ";
+  for (const std::string flags : {"--num-tokens-to-generate 6 --return-log-probs",
+                                  "--num-tokens-to-generate 6 --return-log-probs --top_k 0"
+                                  " --top_p 0.9 --random-seed 3"}) {
+    const auto one = generate(kPrompts, flags);
+    const auto tp = generate(kPrompts, flags + " --tensor-model-parallel-size 2", two, "tp2");
+    ASSERT_EQ(one.size(), kPrompts.size());
+    ASSERT_EQ(tp.size(), one.size()) << flags;  // rank 0 alone prints
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_EQ(tp[i]["tokens"], one[i]["tokens"]) << flags << " prompt " << i;
+      EXPECT_EQ(tp[i]["text"], one[i]["text"]) << flags << " prompt " << i;
+      ASSERT_EQ(tp[i]["logprobs"].size(), one[i]["logprobs"].size());
+      for (size_t j = 0; j < one[i]["logprobs"].size(); ++j)
+        EXPECT_NEAR(tp[i]["logprobs"][j].get<double>(), one[i]["logprobs"][j].get<double>(), 1e-5)
+            << flags << " prompt " << i;
+    }
+  }
+  const auto beams = generate({kPrompts[1]}, "--num-tokens-to-generate 5 --beam-width 2");
+  const auto tp_beams = generate({kPrompts[1]}, "--num-tokens-to-generate 5 --beam-width 2"
+                                 " --tensor-model-parallel-size 2", two, "tp2");
+  ASSERT_EQ(tp_beams.size(), beams.size());
+  for (size_t k = 0; k < beams.size(); ++k) {
+    EXPECT_EQ(tp_beams[k]["tokens"], beams[k]["tokens"]);
+    EXPECT_NEAR(tp_beams[k]["score"].get<double>(), beams[k]["score"].get<double>(), 1e-5);
+  }
+  // Prompts on standard input reach every rank.
+  r = mt::run_command("printf 'the cat <extra_id_0> on the mat .\n' | OMP_NUM_THREADS=1 timeout 120 " +
+                      mt::cli_path().string() + " " + two + "generate" + model_flags("tp2") +
+                      " --tensor-model-parallel-size 2 --num-tokens-to-generate 6 --output-format jsonl 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto piped = testing::json_lines(r.output);
+  ASSERT_EQ(piped.size(), 1u) << r.output;
+  EXPECT_EQ(piped[0]["tokens"], generate({kPrompts[0]}, "--num-tokens-to-generate 6")[0]["tokens"]);
+
+  // Launched ranks that are not the checkpoint's tensor-parallel size are refused.
+  r = mt::run_command("OMP_NUM_THREADS=1 timeout 120 " + mt::cli_path().string() +
+                      " launch --nproc-per-node 4 -- generate" + model_flags("tp2") +
+                      " --tensor-model-parallel-size 2 --prompt 'a <extra_id_0>' 2>&1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("a T5 checkpoint runs on --tensor-model-parallel-size 2 ranks, but 4 were "
+                          "launched"), std::string::npos) << r.output;
 }
 
 TEST_F(T5ServeCli, RefusesWhatDoesNotApply) {
