@@ -87,6 +87,14 @@ void refuse_flags(const CLI::App& sub, std::initializer_list<const char*> flags,
   for (const char* f : flags) MG_REQUIRE(sub.count(f) == 0, f, " ", why);
 }
 
+// A BERT or T5 checkpoint is evaluated on its training command's data.
+void require_data(const EvaluateArgs& a, const char* family, const char* command) {
+  MG_REQUIRE(!a.data.data_path.empty() || !a.data.train_data_path.empty() ||
+                 !a.data.valid_data_path.empty() || !a.data.test_data_path.empty(),
+             "evaluating a ", family, " checkpoint needs ", command, "'s data: --data-path (or "
+             "--train-data-path/--valid-data-path/--test-data-path) with --split and --split-name");
+}
+
 // The split a BERT or T5 checkpoint is evaluated on, built as pretrain-bert / pretrain-t5 build
 // it (the split sizes from the batch and iteration flags), and the micro-batches scored: the
 // first --eval-iters x --global-batch-size samples, in micro-batches of --micro-batch-size.
@@ -151,10 +159,7 @@ void run_bert_evaluate(EvaluateArgs& a, const CLI::App& sub, const inference::In
                "on pretrain-bert's data (--data-path ... --split-name valid)");
   refuse_flags(sub, {"--encoder-seq-length", "--decoder-seq-length"},
                "is T5's; --load holds a BERT checkpoint (its length is --seq-length)");
-  MG_REQUIRE(!a.data.data_path.empty() || !a.data.train_data_path.empty() ||
-                 !a.data.valid_data_path.empty() || !a.data.test_data_path.empty(),
-             "evaluating a BERT checkpoint needs pretrain-bert's data: --data-path (or "
-             "--train-data-path/--valid-data-path/--test-data-path) with --split and --split-name");
+  require_data(a, "BERT", "pretrain-bert");
   const bool binary = options.model.bert_binary_head;
   MG_REQUIRE(sub.count("--bert-binary-head") + sub.count("--bert-no-binary-head") == 0 ||
                  a.bert.binary_head == binary,
@@ -211,10 +216,7 @@ void run_t5_evaluate(EvaluateArgs& a, const CLI::App& sub, inference::InferenceM
                "data (--data-path ... --split-name valid)");
   refuse_flags(sub, {"--bert-binary-head", "--bert-no-binary-head"},
                "is BERT's; --load holds a T5 checkpoint");
-  MG_REQUIRE(!a.data.data_path.empty() || !a.data.train_data_path.empty() ||
-                 !a.data.valid_data_path.empty() || !a.data.test_data_path.empty(),
-             "evaluating a T5 checkpoint needs pretrain-t5's data: --data-path (or "
-             "--train-data-path/--valid-data-path/--test-data-path) with --split and --split-name");
+  require_data(a, "T5", "pretrain-t5");
   model::TransformerConfig& cfg = options.model;
   if (a.t5.encoder_seq_length > 0) {
     MG_REQUIRE(sub.count("--seq-length") == 0 || cfg.seq_length == a.t5.encoder_seq_length,
