@@ -70,9 +70,9 @@ void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
     apply_t5_checkpoint_args(ck, check_only);
   }
   MG_REQUIRE(rec.config.family_id() != model::ModelFamilyId::t5 || cfg.family_id() == model::ModelFamilyId::t5, ck.file().string(),
-             " is a checkpoint of a T5 model (pretrain-t5 trains it): `megatron generate` fills "
-             "the <extra_id_N> spans of prompts with it; serving and zero-shot evaluation need a "
-             "GPT checkpoint (pretrain-gpt)");
+             " is a checkpoint of a T5 model (pretrain-t5 trains it); `megatron generate` and "
+             "`megatron serve` fill the <extra_id_N> spans of prompts with it and `megatron "
+             "evaluate` scores its loss on pretrain-t5's data");
   MG_REQUIRE(rec.config.model_family == cfg.model_family, ck.file().string(), " is a checkpoint of a ",
              rec.config.model_family, " model (", model::model_family_of(rec.config).command,
              " trains it): text generation, serving and zero-shot evaluation need a GPT "
