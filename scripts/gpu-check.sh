@@ -17,11 +17,17 @@
 #      torch.compile if the time allows);
 #   5. decode: batch-1 and batch-16 decode tokens/s (bench/generate_bench --device cuda) beside
 #      PyTorch with a KV cache;
+#   6. profile: 3 training iterations of the same model under MEGATRON_OP_PROFILE=1: the ops (and
+#      product shapes) that take the step's time;
 # and writes OUT/summary.md (a table of every phase: pass/fail, seconds, figures), OUT/results.jsonl
 # and one log per phase (OUT: $OUT when set, as on the device machine, else
 # build-gpu/gpu-check-out).
 #
-# Usage: scripts/gpu-check.sh [--dry-run] [--bundle FILE]
+# Usage: scripts/gpu-check.sh [--dry-run] [--bundle FILE] [--exec PROGRAM ARGS...]
+#   --exec      instead of the phases: unpack the bundle, set up its libraries as phase 1 does,
+#               and run one of its programs (megatron, test_kernels, test_cuda, generate_bench)
+#               with ARGS; e.g. `--exec megatron pretrain-gpt ...` under MEGATRON_OP_PROFILE=1
+#               for a per-op time table. Its exit status is the script's.
 #   --dry-run   on a machine without a GPU: the same phases with --device cpu on both sides and a
 #               small model (2 layers, hidden 64, seq 128), PyTorch on the CPU; checks the bundle,
 #               its libraries and every step of this script except the GPU itself.
@@ -31,14 +37,22 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 DRY=0
 BUNDLE=build-gpu/bundle/megatron-gpu.tar.xz
+EXEC=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1 ;;
     --bundle) BUNDLE="$2"; shift ;;
-    *) echo "usage: scripts/gpu-check.sh [--dry-run] [--bundle FILE]" >&2; exit 2 ;;
+    --exec) shift; EXEC=("$@"); [ ${#EXEC[@]} -gt 0 ] || set -- "--exec needs a program"; break ;;
+    *) echo "usage: scripts/gpu-check.sh [--dry-run] [--bundle FILE] [--exec PROGRAM ARGS...]" >&2
+       exit 2 ;;
   esac
   shift
 done
+if [ ${#EXEC[@]} = 0 ] && [ "${1:-}" = "--exec needs a program" ]; then
+  echo "error: --exec needs a program of the bundle (megatron, test_kernels, test_cuda," \
+       "generate_bench) and its arguments" >&2
+  exit 2
+fi
 OUT_DIR="${OUT:-build-gpu/gpu-check-out}"
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd)
 rm -f "$OUT_DIR"/*.log  # each phase appends to its log: start from none
@@ -157,6 +171,16 @@ e = os.environ
 print(json.dumps({"status": e["STATUS"], "gpu": e["GPU"], "peak_bf16_tflops": float(e["PEAK"]),
                   "missing_libraries": e["MISSING"], "nccl": e["NCCL"], "driver": e["DRIVER"],
                   "torch": e["TORCH"], "dry_run": e["DRY"] == "1", "bundle": e["BUNDLE"]}))')
+if [ ${#EXEC[@]} -gt 0 ]; then
+  [ -n "$missing" ] && echo "warning: libraries not found: $missing" >&2
+  prog="$B/bin/${EXEC[0]}"
+  [ -x "$prog" ] || { echo "error: --exec ${EXEC[0]}: the bundle has no such program (it has:" \
+                          "$(ls "$B/bin" | paste -sd' ' -))" >&2; rm -rf "$WORK"; exit 2; }
+  "$prog" "${EXEC[@]:1}"
+  rc=$?
+  rm -rf "$WORK"
+  exit $rc
+fi
 record environment $(($(date +%s) - t)) "$env_json"
 [ "$env_status" = pass ] || finish
 
@@ -167,6 +191,7 @@ if [ "$DRY" = 1 ]; then
   TORCH_MODEL=(--device cpu --layers 2 --hidden 64 --heads 4 --seq 128 --mbs 2 --gbs 4 --steps 3
                --warmup 1 --prompt 16 --gen 8)
   TRAIN_BATCH=(--micro-batch-size 2 --global-batch-size 4 --train-iters 6 --log-interval 2)
+  PROFILE_BATCH=(--micro-batch-size 2 --global-batch-size 4 --train-iters 2 --log-interval 1)
   BENCH=(--layers 2 --hidden 64 --heads 4 --vocab 50304 --prompt 16 --gen 8 --reps 1)
   GQA_MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128
              --max-position-embeddings 128 --window-size 48 0)
@@ -176,6 +201,7 @@ else
          --max-position-embeddings 1024)
   TORCH_MODEL=(--device cuda)
   TRAIN_BATCH=(--micro-batch-size 8 --global-batch-size 64 --train-iters 30 --log-interval 5)
+  PROFILE_BATCH=(--micro-batch-size 8 --global-batch-size 16 --train-iters 3 --log-interval 1)
   BENCH=(--layers 12 --hidden 768 --heads 12 --vocab 50304 --prompt 128 --gen 64 --reps 2)
   GQA_MODEL=(--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024
              --max-position-embeddings 1024 --window-size 256 0)
@@ -185,8 +211,10 @@ DATA=(--mock-data --tokenizer-type NullTokenizer --vocab-size 50257 --seed 1234)
 
 # ---- 2. the op-case table and the CUDA backend's tests ----------------------------------------
 t=$(date +%s)
-run ops 240 "$B/bin/test_cuda" && run ops 240 "$B/bin/test_kernels" --gtest_filter='BackendOps.*'
+# Both binaries run whatever the first gives: one failing case must not hide the rest.
+run ops 240 "$B/bin/test_cuda"
 rc=$?
+run ops 240 "$B/bin/test_kernels" --gtest_filter='BackendOps.*' || rc=1
 record ops $(($(date +%s) - t)) "$(printf '{"status": "%s", "gtest": "%s", "skipped": %s}' \
   "$([ $rc = 0 ] && echo pass || echo fail)" \
   "$(grep -E '^\[  (PASSED|FAILED) ' "$OUT_DIR/ops.log" | paste -sd';' - | tr -d '[]')" \
@@ -276,4 +304,11 @@ for dtype in fp32 bf16; do
     record "decode_torch_$dtype" $(($(date +%s) - t)) '{"status": "fail", "why": "see the log"}'
   fi
 done
+
+# ---- 6. where the step's time goes ------------------------------------------------------------
+t=$(date +%s)
+MEGATRON_OP_PROFILE=1 run profile 120 "$MEGATRON" pretrain-gpt "${MODEL[@]}" "${DATA[@]}" \
+  "${PROFILE_BATCH[@]}" --bf16 --device "$DEVICE" --lr 6e-4 --hidden-dropout 0 \
+  --attention-dropout 0 --eval-iters 0
+check profile "$t" profile --log "$OUT_DIR/profile.log"
 finish

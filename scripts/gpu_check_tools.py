@@ -12,6 +12,9 @@
            Mean tokens/s and TFLOP/s of the logged intervals after the first (warm-up).
   decode   --log LOG
            generate_bench's table: decode tokens/s at each batch size.
+  profile  --log LOG [--top N]
+           The MEGATRON_OP_PROFILE=1 table at the end of a run: its N largest rows (op or product
+           shape, calls, mean microseconds, share) and the time outside ops.
   summary  --results FILE --out FILE
            results.jsonl (one JSON object per phase) into a Markdown summary.
 
@@ -153,6 +156,28 @@ def cmd_decode(a):
             "status": "pass" if rows else "fail"})
 
 
+def cmd_profile(a):
+    rows, outside = [], math.nan
+    row = re.compile(r"^(\S.*?\S) +(\d+) +([0-9.]+) +([0-9.]+) +([0-9.]+)%$")
+    in_table = False
+    with open(a.log, errors="replace") as f:
+        for l in f:
+            l = l.rstrip("\n")
+            if l.startswith("op profile (MEGATRON_OP_PROFILE=1"):
+                in_table, rows = True, []
+                continue
+            if not in_table:
+                continue
+            m = row.match(l)
+            if m:
+                rows.append({"op": m.group(1), "calls": int(m.group(2)),
+                             "mean_us": float(m.group(4)), "share": float(m.group(5))})
+            elif l.startswith("outside ops"):
+                outside = float(l.split()[-1])
+    report({"check": "op profile", "top": rows[:a.top], "outside_ops_ms": outside,
+            "status": "pass" if rows else "fail"})
+
+
 def cmd_summary(a):
     results = []
     with open(a.results) as f:
@@ -182,6 +207,8 @@ def fmt(v):
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, dict):
+        if "op" in v and "share" in v:  # a profile row
+            return f"{v['op']} {v['share']:.1f}% ({v['mean_us']:.0f} us x {v['calls']})"
         return "{" + ", ".join(f"{k}: {fmt(x)}" for k, x in v.items()
                                if k not in ("what", "device", "torch", "prompt", "gen")) + "}"
     if isinstance(v, list):
@@ -208,12 +235,15 @@ def main():
     s.add_argument("--peak", type=float, default=0.0)
     s = sub.add_parser("decode")
     s.add_argument("--log", required=True)
+    s = sub.add_parser("profile")
+    s.add_argument("--log", required=True)
+    s.add_argument("--top", type=int, default=8)
     s = sub.add_parser("summary")
     s.add_argument("--results", required=True)
     s.add_argument("--out", required=True)
     a = p.parse_args()
     {"parity": cmd_parity, "loss": cmd_loss, "train": cmd_train, "decode": cmd_decode,
-     "summary": cmd_summary}[a.cmd](a)
+     "profile": cmd_profile, "summary": cmd_summary}[a.cmd](a)
 
 
 if __name__ == "__main__":

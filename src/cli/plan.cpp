@@ -71,6 +71,10 @@ void run(const PlanFlags& f) {
                "h100|h200|cpu, or --device-tflops and --device-memory-gib");
     r.device = plan::make_device(f.device, world_size,
                                  {f.memory_gib, f.tflops, f.interconnect_gbps}, a.bf16 || a.fp16);
+    if (r.device->name != "cpu") {  // a GPU run: no attention probabilities kept
+      r.input.keeps_attention_probs = false;
+      r.prediction = plan::predict_memory(r.input);
+    }
     r.time = plan::estimate_step_time(r.input, *r.device);
   }
   if (f.search) {
@@ -83,6 +87,7 @@ void run(const PlanFlags& f) {
     plan::PlanInput chosen = r.input;
     if (!r.search.empty() && r.search.front().fits)
       chosen = plan::with_layout(r.input, r.search.front().layout);
+    chosen.keeps_attention_probs = true;  // measured here, on the CPU
     const plan::MemoryPrediction pred = plan::predict_memory(chosen);
     const int rank = f.measure_rank >= 0
                          ? f.measure_rank

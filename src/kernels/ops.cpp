@@ -2,8 +2,11 @@
 // (backend.h). The kernels themselves live in cpu/, cuda/ and checked/.
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/op_profile.h"
 
-#define MG_DISPATCH(op, ...) return detail::dispatch<&OpTable::op>(#op, __VA_ARGS__)
+#define MG_DISPATCH(op, ...)                                  \
+  profile::Scope mg_profile_scope_(#op);                      \
+  return detail::dispatch<&OpTable::op>(#op, __VA_ARGS__)
 
 namespace megatron::ops {
 
@@ -58,9 +61,24 @@ const OpTable* backend_for(DeviceType type) {
   return detail::g_backends[size_t(type)];
 }
 
+namespace {
+// The profile row of a product: its shape (M x K x N), operand dtype and transposes.
+std::string gemm_label(const char* op, const Tensor& a, bool ta, const Tensor& b, bool tb) {
+  if (a.dim() < 2 || b.dim() < 2) return op;
+  const int64_t M = ta ? a.size(-1) : a.size(-2), K = ta ? a.size(-2) : a.size(-1);
+  const int64_t N = tb ? b.size(-2) : b.size(-1);
+  return str(op, " ", M, "x", K, "x", N, " ", dtype_name(a.dtype()), ta ? " T" : " N",
+             tb ? "T" : "N");
+}
+}  // namespace
+
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           float alpha, float beta) {
-  MG_DISPATCH(gemm, a, trans_a, b, trans_b, c, alpha, beta);
+  if (profile::enabled()) {
+    profile::Scope scope(gemm_label("gemm", a, trans_a, b, trans_b));
+    return detail::dispatch<&OpTable::gemm>("gemm", a, trans_a, b, trans_b, c, alpha, beta);
+  }
+  return detail::dispatch<&OpTable::gemm>("gemm", a, trans_a, b, trans_b, c, alpha, beta);
 }
 void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                   float alpha, float beta) {

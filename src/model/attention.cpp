@@ -243,7 +243,9 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
   const int C = cp_.size();
   const bool ring = C > 1 && cp_.comm == CpCommTypeId::p2p;
   // The ring recomputes the scores in backward (flash-attention style): no probabilities kept.
-  if (ctx.save && !ctx.recompute_core_attention && !ring)
+  // Neither does a GPU: there the backward's recomputation costs less than writing and reading
+  // [batch, heads, seq, seq] probabilities (the CPU's backward is faster reading them).
+  if (ctx.save && !ctx.recompute_core_attention && !ring && !dev.is_cuda())
     probs = Tensor::empty({ctx.batch, heads, ctx.seq, C * ctx.seq}, DType::F32, dev);
   const ops::DropoutSpec drop = ctx.dropout(attention_dropout, layer, kSiteAttentionProbs);
   if (ring) {

@@ -73,7 +73,7 @@ Geometry geometry(const PlanInput& in) {
   g.qk_norm = m.qk_layernorm;
   g.learned_pos = m.learned_position_embedding();
   const bool ring = l.cp > 1 && m.cp_comm_type_id() == model::CpCommTypeId::p2p;
-  g.probs = !m.selective_recompute() && !ring;
+  g.probs = in.keeps_attention_probs && !m.selective_recompute() && !ring;
   if (m.num_moe_experts > 0) {
     g.E = m.num_moe_experts;
     g.Fe = m.moe_ffn();

@@ -129,6 +129,7 @@ PlanInput with_layout(const PlanInput& base, const Layout& layout) {
   PlanInput in = make_plan_input(std::move(a), layout.world(), base.vocab_size, false);
   in.first_num_microbatches = in.num_microbatches;
   in.dataset_bytes = base.dataset_bytes;  // the batch and data are the same
+  in.keeps_attention_probs = base.keeps_attention_probs;  // the same device
   return in;
 }
 

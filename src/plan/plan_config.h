@@ -46,6 +46,9 @@ struct PlanInput {
   // --swiglu without --ffn-hidden-size: Megatron-LM's width (int(8h/3 / 64) * 64) differs from
   // the 4h this build uses; set to Megatron's then.
   std::optional<int64_t> megatron_ffn_hidden_size;
+  // The run keeps each layer's attention probabilities for the backward, as on the CPU; a GPU
+  // recomputes them (flash-style) instead.
+  bool keeps_attention_probs = true;
 };
 
 // Checks `a` for `world_size` ranks with the trainer's own checks (validate_args,

@@ -166,5 +166,23 @@ TEST(PlanSearch, MixtureOfExpertsLayoutsAndActiveExpertFlops) {
       << t.output;
 }
 
+// On a GPU the attention probabilities are recomputed in the backward, not kept: the prediction
+// for a GPU device holds exactly batch x heads x seq x seq float32 per layer less per micro-batch
+// than the CPU's.
+TEST(PlanSearch, GpuDevicesKeepNoAttentionProbabilities) {
+  const std::string model =
+      "plan --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+      "--max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 2 --lr 1e-4 "
+      "--mock-data --tokenizer-type NullTokenizer --vocab-size 4100 --train-iters 3 --json ";
+  auto per_microbatch = [&](const std::string& device) {
+    CommandResult p = run_cli(model + device + " 2>&1");
+    EXPECT_EQ(p.exit_code, 0) << p.output;
+    const nlohmann::json plan = nlohmann::json::parse(p.output.substr(p.output.find('{')));
+    return plan["prediction"]["stages"][0]["activations_per_microbatch"].get<double>();
+  };
+  const double cpu = per_microbatch("--device cpu"), gpu = per_microbatch("--device h100");
+  EXPECT_EQ(cpu - gpu, 2.0 /*layers*/ * 2 * 4 * 32 * 32 * 4 /*bytes*/);
+}
+
 }  // namespace
 }  // namespace megatron::testing

@@ -122,66 +122,116 @@ Plan make_plan(const char* op, const ops::AttentionInputs& in, const ops::Attent
 
 namespace {
 
-// One warp per query row (bi, h, i), rows ordered (bi, h, i).
+// A block holds kWarps * R consecutive query rows of one (bi, h) (R rows per warp, RowsPerWarp),
+// and walks the union of their visible key ranges in chunks of 32 keys: each chunk's K and V rows
+// are staged once in shared memory (K with a padded pitch, so that lane t reading key t's element
+// e hits its own bank) and used by every row of the block. Per row the math is the row kernel's:
+// lane t scores key c0 + t, an online softmax over the chunks, then P V with each probability
+// broadcast from its lane. Dynamic shared memory: ks [32][d + 1], vs [32][d], qs [kWarps][R][d].
 template <int DT>
 __global__ void __launch_bounds__(kWarps * 32)
-    fwd_kernel(Plan P, float* out, float* lse, float* probs) {
-  __shared__ float q_shared[kWarps][kMaxHeadDim];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(kWarps) + warp;
-  if (row >= P.b * P.n * P.sq) return;  // the whole warp leaves; only warp syncs follow
-  const int64_t i = row % P.sq, bi = row / (P.sq * P.n);
-  const int h = int((row / P.sq) % P.n), grp = h / P.hpg, d = P.d;
-  float* qs = q_shared[warp];
-  const float* qr = P.q + P.ql.at(bi, i, h, d);
-  for (int e = lane; e < d; e += 32) qs[e] = qr[e];
-  __syncwarp();
-  int64_t lo, hi;
-  P.key_range(bi, i, lo, hi);
-  const int64_t p = P.q_position(bi, i), kvs = P.kv_seq_of(bi);
-  float m = -INFINITY, l = 0.0f, acc[DT];
+    fwd_kernel(Plan P, float* out, float* lse, float* probs, int64_t tiles) {
+  constexpr int R = RowsPerWarp<DT>::value;
+  extern __shared__ float smem[];
+  __shared__ int64_t warp_lo[kWarps], warp_hi[kWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, d = P.d;
+  const int64_t bh = blockIdx.x / tiles, i0 = (blockIdx.x % tiles) * (kWarps * R) + warp * R;
+  const int64_t bi = bh / P.n;
+  const int h = int(bh % P.n), grp = h / P.hpg;
+  const int64_t kvs = P.kv_seq_of(bi);
+  float* ks = smem;
+  float* vs = ks + 32 * (d + 1);
+  float* qs = vs + 32 * d + int64_t(warp) * R * d;
+  int64_t lo[R], hi[R], pos[R];
+  int64_t wlo = INT64_MAX, whi = 0;
 #pragma unroll
-  for (int t = 0; t < DT; ++t) acc[t] = 0.0f;
-  for (int64_t c0 = lo; c0 < hi; c0 += 32) {
-    const int64_t j = c0 + lane;
-    float s = -INFINITY;
-    if (j < hi && P.key_usable(kvs, j))
-      s = P.score(row_dot(qs, P.k + P.kl.at(kvs, j, grp, d), d), bi, h, p, j);
-    const float cmax = warp_max(s);
-    if (cmax == -INFINITY) continue;  // nothing visible in this chunk
-    const float m_new = fmaxf(m, cmax);
-    const float alpha = m == -INFINITY ? 0.0f : expf(m - m_new);
-    const float e = s == -INFINITY ? 0.0f : expf(s - m_new);
-    l = l * alpha + warp_sum(e);
-#pragma unroll
-    for (int t = 0; t < DT; ++t) acc[t] *= alpha;
-    m = m_new;
-    const float pe = e != 0.0f ? e * P.keep(bi, h, p, j) : 0.0f;
-    const int count = int(min(int64_t(32), hi - c0));
-    for (int jj = 0; jj < count; ++jj) {
-      const float pj = __shfl_sync(kFull, pe, jj);
-      if (pj == 0.0f) continue;  // the same for every lane
-      const float* vr = P.v + P.vl.at(kvs, c0 + jj, grp, d);
-#pragma unroll
-      for (int t = 0; t < DT; ++t)
-        if (lane + 32 * t < d) acc[t] += pj * vr[lane + 32 * t];
+  for (int r = 0; r < R; ++r) {
+    const int64_t i = i0 + r;
+    lo[r] = hi[r] = pos[r] = 0;
+    if (i < P.sq) {
+      P.key_range(bi, i, lo[r], hi[r]);
+      pos[r] = P.q_position(bi, i);
+      const float* qr = P.q + P.ql.at(bi, i, h, d);
+      for (int e = lane; e < d; e += 32) qs[r * d + e] = qr[e];
+      if (hi[r] > lo[r]) {
+        wlo = min(wlo, lo[r]);
+        whi = max(whi, hi[r]);
+      }
     }
   }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  float* o = out + (bi * P.sq + i) * (int64_t(P.n) * d) + int64_t(h) * d;
+  int64_t blo, bhi;
+  block_key_range(wlo, whi, warp_lo, warp_hi, blo, bhi);
+  float m[R], l[R], acc[R][DT];
 #pragma unroll
-  for (int t = 0; t < DT; ++t)
-    if (lane + 32 * t < d) o[lane + 32 * t] = acc[t] * inv;
-  if (lse && lane == 0) lse[row] = l > 0.0f ? m + logf(l) : -INFINITY;
-  if (probs) {  // the pre-dropout probabilities, exact zeros where masked
-    float* pr = probs + row * P.skv;
-    for (int64_t j = lane; j < P.skv; j += 32) {
-      float v = 0.0f;
-      if (l > 0.0f && j >= lo && j < hi && P.key_usable(kvs, j)) {
-        const float s = P.score(row_dot(qs, P.k + P.kl.at(kvs, j, grp, d), d), bi, h, p, j);
-        v = expf(s - m) * inv;
+  for (int r = 0; r < R; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < DT; ++t) acc[r][t] = 0.0f;
+  }
+  for (int64_t c0 = blo; c0 < bhi; c0 += 32) {
+    const int count = int(min(int64_t(32), bhi - c0));
+    __syncthreads();  // the previous chunk is done with
+    for (int64_t x = threadIdx.x; x < int64_t(count) * d; x += blockDim.x) {
+      const int jj = int(x / d), e = int(x - int64_t(jj) * d);
+      ks[jj * (d + 1) + e] = P.k[P.kl.at(kvs, c0 + jj, grp, d) + e];
+      vs[jj * d + e] = P.v[P.vl.at(kvs, c0 + jj, grp, d) + e];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (c0 >= hi[r] || c0 + 32 <= lo[r]) continue;  // warp-uniform: the row sees none of it
+      const int64_t j = c0 + lane;
+      float s = -INFINITY;
+      if (lane < count && j >= lo[r] && j < hi[r] && P.key_usable(kvs, j)) {
+        const float* kj = ks + lane * (d + 1);
+        const float* q = qs + r * d;
+        float qk = 0.0f;
+        for (int e = 0; e < d; ++e) qk += q[e] * kj[e];
+        s = P.score(qk, bi, h, pos[r], j);
       }
-      pr[j] = v;
+      const float cmax = warp_max(s);
+      if (cmax == -INFINITY) continue;  // nothing visible in this chunk
+      const float m_new = fmaxf(m[r], cmax);
+      const float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
+      const float ex = s == -INFINITY ? 0.0f : expf(s - m_new);
+      l[r] = l[r] * alpha + warp_sum(ex);
+#pragma unroll
+      for (int t = 0; t < DT; ++t) acc[r][t] *= alpha;
+      m[r] = m_new;
+      const float pe = ex != 0.0f ? ex * P.keep(bi, h, pos[r], j) : 0.0f;
+      for (int jj = 0; jj < count; ++jj) {
+        const float pj = __shfl_sync(kFull, pe, jj);
+        if (pj == 0.0f) continue;  // the same for every lane
+        const float* vr = vs + jj * d;
+#pragma unroll
+        for (int t = 0; t < DT; ++t)
+          if (lane + 32 * t < d) acc[r][t] += pj * vr[lane + 32 * t];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t i = i0 + r;
+    if (i >= P.sq) continue;
+    const int64_t row = bh * P.sq + i;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    float* o = out + (bi * P.sq + i) * (int64_t(P.n) * d) + int64_t(h) * d;
+#pragma unroll
+    for (int t = 0; t < DT; ++t)
+      if (lane + 32 * t < d) o[lane + 32 * t] = acc[r][t] * inv;
+    if (lse && lane == 0) lse[row] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+    if (probs) {  // the pre-dropout probabilities, exact zeros where masked
+      float* pr = probs + row * P.skv;
+      for (int64_t j = lane; j < P.skv; j += 32) {
+        float v = 0.0f;
+        if (l[r] > 0.0f && j >= lo[r] && j < hi[r] && P.key_usable(kvs, j)) {
+          const float s =
+              P.score(row_dot(qs + r * d, P.k + P.kl.at(kvs, j, grp, d), d), bi, h, pos[r], j);
+          v = expf(s - m[r]) * inv;
+        }
+        pr[j] = v;
+      }
     }
   }
 }
@@ -222,10 +272,16 @@ void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& probs,
   const int64_t rows = P.b * P.n * P.sq;
   if (rows == 0) return;
   attn::with_head_chunks(op, P.d, [&]<int DT>(std::integral_constant<int, DT>) {
-    attn::fwd_kernel<DT><<<detail::grid_for(rows, attn::kWarps, INT32_MAX), attn::kWarps * 32, 0,
-                           detail::stream()>>>(P, out.data<float>(),
-                                               lse.defined() ? lse.data<float>() : nullptr,
-                                               probs.defined() ? probs.data<float>() : nullptr);
+    const int64_t per_block = attn::kWarps * attn::RowsPerWarp<DT>::value;
+    const int64_t tiles = (P.sq + per_block - 1) / per_block;
+    const size_t bytes =
+        size_t(32 * (P.d + 1) + 32 * P.d + per_block * P.d) * sizeof(float);
+    const auto kernel = attn::fwd_kernel<DT>;
+    attn::allow_shared(op, kernel, bytes);
+    kernel<<<attn::block_count(op, P.b * P.n * tiles), attn::kWarps * 32, bytes,
+             detail::stream()>>>(P, out.data<float>(),
+                                 lse.defined() ? lse.data<float>() : nullptr,
+                                 probs.defined() ? probs.data<float>() : nullptr, tiles);
   });
   MG_CUDA_LAUNCH_CHECK();
 }

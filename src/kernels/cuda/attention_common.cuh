@@ -133,6 +133,47 @@ struct Plan : ops::AttentionDims {
   }
 };
 
+// Query (or key) rows per warp in the tiled kernels: as many as keep a row's accumulators (DT
+// registers per lane each) within a few dozen registers.
+template <int DT>
+struct RowsPerWarp {
+  static constexpr int value = DT <= 2 ? 8 : 16 / DT;
+};
+
+// The union [blo, bhi) of the key ranges of a block's rows, from each warp's union [wlo, whi)
+// (INT64_MAX, 0 when empty), through the block's shared warp_lo/warp_hi [kWarps]. Every thread of
+// the block calls it (it synchronises the block).
+__device__ inline void block_key_range(int64_t wlo, int64_t whi, int64_t* warp_lo,
+                                       int64_t* warp_hi, int64_t& blo, int64_t& bhi) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    warp_lo[warp] = wlo;
+    warp_hi[warp] = whi;
+  }
+  __syncthreads();
+  blo = INT64_MAX;
+  bhi = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    blo = min(blo, warp_lo[w]);
+    bhi = max(bhi, warp_hi[w]);
+  }
+}
+
+// Raises a kernel's dynamic shared-memory limit to `bytes` (above the default 48 KB for wide
+// heads); Error when the device cannot give that much.
+template <class Kernel>
+void allow_shared(const char* op, Kernel kernel, size_t bytes) {
+  MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(bytes)));
+  (void)op;
+}
+
+// A 1-D grid of `blocks` blocks (Error past CUDA's limit).
+inline unsigned block_count(const char* op, int64_t blocks) {
+  MG_CHECK(blocks < (int64_t(1) << 31), op, ": ", blocks, " blocks exceed a CUDA grid");
+  return unsigned(blocks < 1 ? 1 : blocks);
+}
+
 // x . y over d elements, x in shared memory (every lane reads the same element: a broadcast).
 __device__ inline float row_dot(const float* x, const float* y, int d) {
   float s = 0.0f;

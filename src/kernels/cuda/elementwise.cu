@@ -1,5 +1,6 @@
 // Element-wise CUDA kernels: bias, add/scale, tanh, dropout (the CPU's Philox masks), casts. (The norms
 // are in norm.cu, the activations in activation.cu.)
+#include <algorithm>
 #include <type_traits>
 
 #include "core/rng.h"
@@ -23,12 +24,27 @@ __global__ void bias_add_kernel(float* x, const float* bias, int64_t n, int64_t 
   MG_GRID_STRIDE(i, n) x[i] += bias[i % m];
 }
 
-// One thread per column, rows summed in order: deterministic.
-__global__ void bias_grad_kernel(float* dbias, const float* dout, int64_t rows, int64_t m) {
+// Column sums in two passes, deterministic (a fixed order): partial[chunk, c] sums the chunk's
+// rows in order (one thread per column and chunk, so a tall dout fills the GPU rather than one
+// block per 256 columns), then each column adds its chunks in order.
+constexpr int64_t kBiasRowsPerChunk = 64;
+
+__global__ void bias_grad_partial_kernel(float* partial, const float* dout, int64_t rows,
+                                         int64_t m, int64_t rows_per_chunk) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= m) return;
+  const int64_t r0 = blockIdx.y * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  float s = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) s += dout[r * m + c];
+  partial[blockIdx.y * m + c] = s;
+}
+
+__global__ void bias_grad_final_kernel(float* dbias, const float* partial, int64_t chunks,
+                                       int64_t m) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= m) return;
   float s = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) s += dout[r * m + c];
+  for (int64_t k = 0; k < chunks; ++k) s += partial[k * m + c];
   dbias[c] += s;
 }
 
@@ -123,8 +139,18 @@ void bias_grad(const Tensor& dbias, const Tensor& dout) {
   require_f32("cuda::bias_grad", "dout", dout);
   const int64_t m = dbias.numel();
   MG_CHECK(dout.size(-1) == m, "cuda::bias_grad: size mismatch");
-  bias_grad_kernel<<<grid_for(m, kThreads), kThreads, 0, stream()>>>(
-      dbias.data<float>(), dout.data<float>(), dout.numel() / m, m);
+  const int64_t rows = m == 0 ? 0 : dout.numel() / m;
+  if (rows == 0 || m == 0) return;
+  // Chunks of kBiasRowsPerChunk rows, larger when there would be more than a grid's 65535.
+  const int64_t per_chunk = std::max<int64_t>(kBiasRowsPerChunk, (rows + 65534) / 65535);
+  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+  Tensor partial = Tensor::empty({chunks, m}, DType::F32, dbias.device());
+  const unsigned col_blocks = unsigned((m + kThreads - 1) / kThreads);
+  bias_grad_partial_kernel<<<dim3(col_blocks, unsigned(chunks)), kThreads, 0, stream()>>>(
+      partial.data<float>(), dout.data<float>(), rows, m, per_chunk);
+  MG_CUDA_LAUNCH_CHECK();
+  bias_grad_final_kernel<<<col_blocks, kThreads, 0, stream()>>>(dbias.data<float>(),
+                                                                partial.data<float>(), chunks, m);
   MG_CUDA_LAUNCH_CHECK();
 }
 

@@ -3,7 +3,10 @@
 // the row-major buffers are passed as they are, with A and B swapped.
 #include <cublasLt.h>
 
+#include <cstring>
+#include <map>
 #include <mutex>
+#include <tuple>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_common.cuh"
@@ -22,11 +25,27 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 
+// What cuBLASLt's algorithm choice depends on: the operation, the shapes, strides and types, and
+// how far the buffers are aligned (up to the 256 bytes the heuristic assumes by default).
+using AlgoKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
+                           int, int64_t, int64_t, int64_t, int64_t, int, int, int, int>;
+
 struct LtState {
   cublasLtHandle_t handle = nullptr;
   Tensor workspace;
   bool tf32 = false;
+  // The heuristic's first choice per problem: asking cuBLASLt costs far more host time than a
+  // small product takes on the GPU, and a training step repeats the same few shapes.
+  std::mutex algo_mu;
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
 };
+
+// The alignment of a buffer address: its lowest set bit, capped at 256.
+uint32_t alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t low = a & (~a + 1);
+  return uint32_t(low == 0 || low > 256 ? 256 : low);
+}
 
 LtState& lt() {
   static LtState* s = [] {
@@ -102,18 +121,45 @@ void matmul(const char* op, const Tensor& a, bool ta, const Tensor& b, bool tb, 
           layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
     }
   }
-  MG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = kWorkspaceBytes;
-  MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &ws, sizeof ws));
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  MG_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(s.handle, desc, la, lb, lc, lc, pref, 1, &heur, &found));
-  MG_CHECK(found > 0, op, ": cuBLASLt found no algorithm for ", M, "x", K, "x", N);
+  // The buffers as cuBLASLt sees them: first operand b, second a (column-major, above).
+  const uint32_t align_first = alignment(b.raw_data()), align_second = alignment(a.raw_data()),
+                 align_c = alignment(c.raw_data());
+  const AlgoKey key{int(opa), int(opb), M, N, K, A.ld, B.ld, C.ld, int(A.type), int(compute),
+                    batch, A.batch_stride, B.batch_stride, C.batch_stride, int(align_first),
+                    int(align_second), int(align_c), int(B.type)};
+  cublasLtMatmulAlgo_t algo;
+  bool cached = false;
+  {
+    std::lock_guard<std::mutex> lock(s.algo_mu);
+    const auto it = s.algos.find(key);
+    if (it != s.algos.end()) {
+      algo = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    MG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = kWorkspaceBytes;
+    MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    for (auto [attr, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first},
+                               {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second},
+                               {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+                               {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}})
+      MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    MG_CUBLAS_CHECK(
+        cublasLtMatmulAlgoGetHeuristic(s.handle, desc, la, lb, lc, lc, pref, 1, &heur, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    MG_CHECK(found > 0, op, ": cuBLASLt found no algorithm for ", M, "x", K, "x", N);
+    algo = heur.algo;
+    std::lock_guard<std::mutex> lock(s.algo_mu);
+    s.algos.emplace(key, algo);
+  }
   MG_CUBLAS_CHECK(cublasLtMatmul(s.handle, desc, &alpha, b.raw_data(), la, a.raw_data(), lb, &beta,
-                                 c.raw_data(), lc, c.raw_data(), lc, &heur.algo,
+                                 c.raw_data(), lc, c.raw_data(), lc, &algo,
                                  s.workspace.raw_data(), kWorkspaceBytes, detail::stream()));
-  cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(lc);
   cublasLtMatrixLayoutDestroy(lb);
   cublasLtMatrixLayoutDestroy(la);

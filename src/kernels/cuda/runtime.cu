@@ -10,6 +10,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/op_profile.h"
 
 namespace megatron::cuda {
 
@@ -195,6 +196,7 @@ void init(int device) {
   register_device_zero(DeviceType::CUDA, &device_zero);
   register_device_copy_2d(DeviceType::CUDA, &device_copy_2d);
   ops::register_backend(DeviceType::CUDA, &op_table());
+  ops::profile::set_device_sync([] { MG_CUDA_CHECK(cudaStreamSynchronize(g_stream)); });
 }
 
 void synchronize() { MG_CUDA_CHECK(cudaStreamSynchronize(detail::stream())); }

@@ -1,0 +1,37 @@
+// A per-op time profile for finding where a step's time goes on a device (a developer's tool, as
+// PyTorch's profiler table): with MEGATRON_OP_PROFILE=1 in the environment, every dispatched op
+// is timed from its call to the completion of its work (the device is synchronised before and
+// after each op, so the step runs slower, but each op's share is its own), and at exit the
+// process prints one table to stderr: op, calls, total and mean time, share of the time in ops,
+// and the wall time outside ops (host work, copies, communication). Off (the default), an op
+// pays one predictable branch.
+#pragma once
+
+#include <string>
+
+namespace megatron::ops::profile {
+
+bool enabled();  // MEGATRON_OP_PROFILE=1, read once
+
+// Waits for the work queued on a device; a backend with an asynchronous queue registers its own
+// (CUDA's init). Called around each op while profiling.
+void set_device_sync(void (*sync)());
+
+// Times one op while in scope (when enabled()).
+class Scope {
+ public:
+  explicit Scope(const char* op);
+  // An op timed under its own row, e.g. "gemm 8192x768x2304 bf16" (built only when enabled()).
+  explicit Scope(std::string label);
+  ~Scope();
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  void begin();
+  const char* op_;
+  std::string label_;
+  double start_ = 0.0;
+};
+
+}  // namespace megatron::ops::profile
