@@ -3,7 +3,8 @@
 // prompt + generation per prompt (Megatron's "text"), or JSON lines with --output-format jsonl.
 // Sampling flags follow Megatron's text generation tools (greedy by default: --top_k 1).
 // On a T5 checkpoint (pretrain-t5's) each prompt is an encoder input with <extra_id_N> sentinels
-// and the output shows the spans the decoder wrote for them (inference/t5_generation.h).
+// and the output shows the spans the decoder wrote for them (inference/t5_generation.h); under
+// launch with --tensor-model-parallel-size every rank holds its shard and rank 0 prints.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -125,7 +126,20 @@ void run_t5_generate(const GenerateArgs& a, const inference::InferenceModelOptio
   T5Inference loaded = load_t5_model(options);
   const auto& tok = *loaded.tokenizer;
   T5Engine& model = *loaded.model;
-  const std::vector<std::string> prompts = read_prompts(a);
+  // Under launch every tensor-parallel rank runs the same generation: rank 0 reads the prompts
+  // and draws the seed, and prints.
+  std::vector<std::string> prompts;
+  if (loaded.reports) prompts = read_prompts(a);
+  uint64_t seed = a.random_seed >= 0 ? uint64_t(a.random_seed) : std::random_device{}();
+  if (loaded.group) {
+    broadcast_lines(*loaded.group, prompts);
+    Tensor s = Tensor::from_vector<int64_t>({int64_t(seed)}, {1});
+    loaded.group->broadcast(s, 0);
+    seed = uint64_t(s.data<int64_t>()[0]);
+  }
+  auto print = [&](auto&&... args) {
+    if (loaded.reports) print_t5_result(args...);
+  };
   std::vector<std::vector<int32_t>> inputs;
   for (size_t i = 0; i < prompts.size(); ++i) {
     inputs.push_back(encode_t5_prompt(tok, prompts[i], int64_t(i + 1)));
@@ -140,7 +154,6 @@ void run_t5_generate(const GenerateArgs& a, const inference::InferenceModelOptio
              "sequence length ", model.max_sequence_length());
   const auto special = SpecialTokens::from_tokenizer(tok);
   const int64_t vocab = tok.vocab_size();
-  const uint64_t seed = a.random_seed >= 0 ? uint64_t(a.random_seed) : std::random_device{}();
   if (a.beam_width > 0) {
     for (size_t i = 0; i < prompts.size(); ++i) {
       model.set_encoder_inputs({inputs[i]});
@@ -152,7 +165,7 @@ void run_t5_generate(const GenerateArgs& a, const inference::InferenceModelOptio
       req.stop_token = a.stop_token >= 0 ? int32_t(a.stop_token) : *tok.eos();
       MG_REQUIRE(req.stop_token < vocab, "--stop-token ", req.stop_token, " is outside the vocabulary");
       for (const auto& h : beam_search(model, req, vocab))
-        print_t5_result(a, tok, prompts[i], inputs[i], h.tokens, nullptr, &h.score);
+        print(a, tok, prompts[i], inputs[i], h.tokens, nullptr, &h.score);
     }
     return;
   }
@@ -172,8 +185,8 @@ void run_t5_generate(const GenerateArgs& a, const inference::InferenceModelOptio
     }
     const auto results = generate(model, rows, vocab, special);
     for (size_t k = 0; k < results.size(); ++k)
-      print_t5_result(a, tok, prompts[begin + k], inputs[begin + k], results[k].tokens,
-                      a.return_log_probs ? &results[k].logprobs : nullptr, nullptr);
+      print(a, tok, prompts[begin + k], inputs[begin + k], results[k].tokens,
+            a.return_log_probs ? &results[k].logprobs : nullptr, nullptr);
   }
 }
 

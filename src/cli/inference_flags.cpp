@@ -57,22 +57,22 @@ void InferenceFlags::add(CLI::App& sub) {
 void InferenceFlags::apply_checkpoint_args(model::TransformerConfig& cfg,
                                            const inference::CheckpointArgs& ck, bool check_only) {
   const model::RecordedConfig rec = model::config_from_checkpoint_args(ck.args());
-  // Serving and zero-shot evaluation run a decoder-only language model (evaluate also BERT,
-  // generate also T5); another family's weights would not load into one (or would load into the
-  // wrong model).
+  // Serving and zero-shot evaluation run a decoder-only language model (evaluate also BERT, and
+  // generate, serve and evaluate also T5); another family's weights would not load into one (or
+  // would load into the wrong model).
   if (accept_bert && rec.config.family_id() == model::ModelFamilyId::bert) {  // evaluate's masked-LM evaluation
     cfg.model_family = rec.config.model_family;
     cfg.bert_binary_head = rec.config.bert_binary_head;
     cfg.attention_mask_type = rec.config.attention_mask_type;
   }
-  if (accept_t5 && rec.config.family_id() == model::ModelFamilyId::t5) {  // generate's span filling
+  if (accept_t5 && rec.config.family_id() == model::ModelFamilyId::t5) {  // span filling, its loss
     cfg.model_family = rec.config.model_family;
     apply_t5_checkpoint_args(ck, check_only);
   }
   MG_REQUIRE(rec.config.family_id() != model::ModelFamilyId::t5 || cfg.family_id() == model::ModelFamilyId::t5, ck.file().string(),
-             " is a checkpoint of a T5 model (pretrain-t5 trains it): `megatron generate` fills "
-             "the <extra_id_N> spans of prompts with it; serving and zero-shot evaluation need a "
-             "GPT checkpoint (pretrain-gpt)");
+             " is a checkpoint of a T5 model (pretrain-t5 trains it); `megatron generate` and "
+             "`megatron serve` fill the <extra_id_N> spans of prompts with it and `megatron "
+             "evaluate` scores its loss on pretrain-t5's data");
   MG_REQUIRE(rec.config.model_family == cfg.model_family, ck.file().string(), " is a checkpoint of a ",
              rec.config.model_family, " model (", model::model_family_of(rec.config).command,
              " trains it): text generation, serving and zero-shot evaluation need a GPT "

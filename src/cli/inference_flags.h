@@ -48,8 +48,8 @@ struct InferenceFlags {
   // evaluate: a BERT checkpoint's metadata is accepted (its family, binary head and bidirectional
   // attention are taken into the model); generate and serve refuse it.
   bool accept_bert = false;
-  // generate: a T5 checkpoint's metadata is accepted (its family is taken into the model, and with
-  // --use-checkpoint-args its --vocab-extra-ids); serve and evaluate refuse it, naming generate.
+  // generate, serve, evaluate: a T5 checkpoint's metadata is accepted (its family is taken into
+  // the model, and with --use-checkpoint-args its --vocab-extra-ids).
   bool accept_t5 = false;
   CompatFlags compat;
   // The rest of Megatron's shared flags; the command adds them after its own

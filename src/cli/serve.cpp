@@ -2,6 +2,8 @@
 // for a checkpoint: PUT /api, POST /v1/completions, GET /health. Binds 127.0.0.1 by default;
 // any other host needs --api-key. SIGINT/SIGTERM stop it cleanly. Under launch/mpirun with
 // tensor or pipeline parallelism rank 0 serves and every rank runs its shard of each forward.
+// A T5 checkpoint (pretrain-t5's) is served on one process: PUT /api fills the <extra_id_N> spans
+// of its prompts (inference/server_api.h).
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -12,9 +14,11 @@
 
 #include "cli/command.h"
 #include "cli/inference_flags.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "inference/server.h"
+#include "inference/t5_generation.h"
 
 namespace megatron::cli {
 namespace {
@@ -39,6 +43,9 @@ struct ServeArgs {
   bool return_log_probs = false;
 };
 
+void serve_model(ServeArgs& a, inference::LanguageModel& model, const data::Tokenizer& tokenizer,
+                 inference::InferenceModel* ranks);
+
 void run_serve(ServeArgs& a) {
   if (a.server.api_key.empty())
     if (const char* env = std::getenv("MEGATRON_API_KEY")) a.server.api_key = env;
@@ -48,7 +55,17 @@ void run_serve(ServeArgs& a) {
              "authentication; pass --api-key KEY (or set MEGATRON_API_KEY) or bind 127.0.0.1");
   MG_REQUIRE(a.seed > 0, "--seed ", a.seed, " must be a positive integer (Megatron's rule)");
   a.server.seed = uint64_t(a.seed);
-  auto loaded = inference::load_inference_model(a.model.finish());
+  a.model.accept_t5 = true;
+  const inference::InferenceModelOptions options = a.model.finish();
+  if (options.model.family_id() == model::ModelFamilyId::t5) {
+    // A T5 checkpoint: PUT /api fills the <extra_id_N> spans of each prompt (server_api.h).
+    MG_REQUIRE(world_communicator()->size() == 1, "serving a T5 checkpoint runs on one process: "
+               "run `megatron serve` without launch/mpirun (a sharded checkpoint's shards are "
+               "merged in memory)");
+    inference::T5Inference t5 = inference::load_t5_model(options);
+    return serve_model(a, *t5.model, *t5.tokenizer, nullptr);
+  }
+  auto loaded = inference::load_inference_model(options);
   if (!loaded.leader()) {
     // A follower runs its part of each forward until rank 0 stops the server. The launcher
     // forwards SIGINT/SIGTERM to every rank: rank 0 stops the server and then ends the others.
@@ -60,6 +77,13 @@ void run_serve(ServeArgs& a) {
   MG_REQUIRE(loaded.data_parallel_size == 1, "serve runs one model: launch --tensor-model-"
              "parallel-size x --pipeline-model-parallel-size ranks (", loaded.group->size(),
              "), not ", loaded.group->size() * loaded.data_parallel_size);
+  serve_model(a, *loaded.model, *loaded.tokenizer, &loaded);
+}
+
+// Serves `model` until a signal or the server stops; then ends the followers of `ranks` (null on
+// one process).
+void serve_model(ServeArgs& a, inference::LanguageModel& model, const data::Tokenizer& tokenizer,
+                 inference::InferenceModel* ranks) {
 
   // SIGINT/SIGTERM may land on any thread (BLAS and OpenMP threads exist before main): the
   // handler only writes to a pipe, and a waiter thread turns that into server.stop().
@@ -71,7 +95,7 @@ void run_serve(ServeArgs& a) {
   sigaction(SIGTERM, &action, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  inference::TextGenerationServer server(*loaded.model, *loaded.tokenizer, a.server);
+  inference::TextGenerationServer server(model, tokenizer, a.server);
   const int port = server.bind();
   log_print(str("serving on http://", a.server.host, ":", port,
                 " (PUT /api, POST /v1/completions, GET /health)"));
@@ -88,9 +112,9 @@ void run_serve(ServeArgs& a) {
   const char none = 0;
   [[maybe_unused]] auto w = ::write(g_stop_pipe[1], &none, 1);
   waiter.join();
-  if (loaded.group) {
-    loaded.finish();
-    log_info("stopped: all ", loaded.group->size(), " ranks have finished");
+  if (ranks && ranks->group) {
+    ranks->finish();
+    log_info("stopped: all ", ranks->group->size(), " ranks have finished");
   }
 }
 

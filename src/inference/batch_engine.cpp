@@ -27,11 +27,19 @@ void BatchEngine::reset() {
 }
 
 void BatchEngine::validate(const SequenceRequest& request, int64_t index) const {
+  check_encoder_input(request, index);
   SequenceDecoder(request, index, vocab_, model_.max_sequence_length());
+}
+
+void BatchEngine::check_encoder_input(const SequenceRequest& request, int64_t index) const {
+  MG_REQUIRE(model_.encoder_decoder() == !request.encoder_input.empty(), "prompt ", index,
+             model_.encoder_decoder() ? " has no encoder input, which this encoder-decoder model needs"
+                                      : " has an encoder input, which this decoder-only model cannot read");
 }
 
 void BatchEngine::admit(SequenceRequest request, uint64_t id, int64_t index) {
   MG_CHECK(!free_.empty(), "admit with no free slot");
+  check_encoder_input(request, index);
   SequenceDecoder decoder(std::move(request), index, vocab_, model_.max_sequence_length());
   const int64_t need = decoder.limit();
   if (!started_) {
@@ -108,6 +116,11 @@ std::vector<BatchEngine::Finished> BatchEngine::step() {
   bool any_logprobs = false;
   for (auto& seq : running_)
     if (!seq.prefilled) {
+      // An encoder-decoder model encodes the newcomer's input into its slot first.
+      if (const auto& input = seq.decoder.request().encoder_input; !input.empty()) {
+        confined(seq.decoder, [&] { model_.set_slot_encoder_input(seq.slot, input); });
+        if (seq.decoder.done()) continue;
+      }
       const auto& prompt = seq.decoder.request().prompt;
       rows.push_back(&seq);
       slots.push_back(seq.slot);

@@ -70,6 +70,9 @@ class BatchEngine {
     bool prefilled = false;
   };
 
+  // An encoder-decoder model's requests have an encoder input; a decoder-only model's have none.
+  void check_encoder_input(const SequenceRequest& request, int64_t index) const;
+
   LanguageModel& model_;
   int64_t vocab_;
   SpecialTokens special_;

@@ -73,6 +73,7 @@ std::vector<BeamHypothesis> beam_search(LanguageModel& model, const BeamSearchRe
   const int64_t width = model.vocab_size();
   MG_CHECK(vocab > 0 && vocab <= width, "vocabulary ", vocab, " vs logits width ", width);
 
+  if (!request.encoder_input.empty()) model.set_encoder_inputs({request.encoder_input});
   model.start(beam, total);
   std::vector<int32_t> feed;
   for (int b = 0; b < beam; ++b) feed.insert(feed.end(), request.prompt.begin(), request.prompt.end());

@@ -16,6 +16,8 @@ namespace megatron::inference {
 
 struct BeamSearchRequest {
   std::vector<int32_t> prompt;
+  // Encoder-decoder models: the encoder's input, which every beam reads (empty: decoder-only).
+  std::vector<int32_t> encoder_input;
   int64_t tokens_to_generate = 64;
   int beam_width = 1;
   int32_t stop_token = 50256;

@@ -43,6 +43,9 @@ const char* finish_reason_name(FinishReason r);  // "length", "stop", "stop"
 
 struct SequenceRequest {
   std::vector<int32_t> prompt;  // at least one token (add the BOS before)
+  // Encoder-decoder models: the encoder's input of this row (the prompt is then the decoder's
+  // start, T5's [BOS]); empty for decoder-only models. Used by BatchEngine.
+  std::vector<int32_t> encoder_input;
   int64_t tokens_to_generate = 64;
   bool return_logprobs = false;
   int top_logprobs = 0;  // with return_logprobs: also the n most likely tokens at each position

@@ -24,6 +24,7 @@
 #include <span>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace megatron::inference {
@@ -59,6 +60,15 @@ class LanguageModel {
   virtual Tensor forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
                                std::span<const int64_t> counts, bool all_positions);
 
+  // Encoder-decoder models (T5): the decoder is the language model above, and the encoder reads
+  // an input of its own per sequence. set_encoder_inputs gives the rows of the next start() their
+  // inputs (one per row, or one that every row reads); set_slot_encoder_input gives a slot its
+  // input before the slot's first forward_slots (clear_slot forgets it). Decoder-only models
+  // refuse both.
+  virtual bool encoder_decoder() const { return false; }
+  virtual void set_encoder_inputs(std::vector<std::vector<int32_t>> inputs);
+  virtual void set_slot_encoder_input(int64_t slot, std::span<const int32_t> input);
+
   // Convenience names for the two phases.
   Tensor prefill(std::span<const int32_t> tokens, int64_t n, bool all_positions) {
     return forward(tokens, n, all_positions);
@@ -69,6 +79,13 @@ class LanguageModel {
 inline Tensor LanguageModel::prefill_ragged(std::span<const std::vector<int32_t>>, bool) {
   MG_CHECK(false, "this model has no ragged prefill");
   return Tensor();
+}
+
+inline void LanguageModel::set_encoder_inputs(std::vector<std::vector<int32_t>>) {
+  MG_REQUIRE(false, "an encoder input was given to a decoder-only model");
+}
+inline void LanguageModel::set_slot_encoder_input(int64_t, std::span<const int32_t>) {
+  MG_REQUIRE(false, "an encoder input was given to a decoder-only model");
 }
 
 inline void LanguageModel::start_slots(int64_t, int64_t) {

@@ -137,6 +137,7 @@ struct TextGenerationServer::Impl {
     ctx.tokenizer = &tokenizer;
     ctx.vocab = tokenizer.vocab_size();
     ctx.max_sequence_length = model.max_sequence_length();
+    ctx.encoder_decoder = model.encoder_decoder();
     ctx.max_tokens_to_generate = options.max_tokens_to_generate;
     seed_base = options.seed;
     HttpFrontOptions f;

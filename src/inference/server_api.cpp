@@ -114,8 +114,12 @@ MegatronApiRequest parse_megatron_request(const nlohmann::json& body, const ApiC
     if (!p.is_string()) f.fail("prompts", "must be a list of strings");
 
   MegatronApiRequest out;
-  const int64_t to_generate = f.integer("tokens_to_generate", std::min<int64_t>(64, ctx.max_tokens_to_generate), 0,
-                                             ctx.max_tokens_to_generate);
+  // Megatron's default of 64 tokens; a T5 decoder's [BOS] and its tokens fit its position table.
+  const int64_t default_tokens = std::min<int64_t>(
+      ctx.encoder_decoder ? std::min<int64_t>(64, ctx.max_sequence_length - 1) : 64,
+      ctx.max_tokens_to_generate);
+  const int64_t to_generate = f.integer("tokens_to_generate", default_tokens, 0,
+                                        ctx.max_tokens_to_generate);
   out.logprobs = f.boolean("logprobs", false);
   if (to_generate == 0 && !out.logprobs)
     throw ApiError(400, "tokens_to_generate=0 implies logprobs should be true (scoring mode)");
@@ -142,12 +146,25 @@ MegatronApiRequest parse_megatron_request(const nlohmann::json& body, const ApiC
   const int64_t seed = f.integer("random_seed", -1, -1, INT64_MAX);
   out.no_log = f.boolean("no_log", false);
 
+  if (ctx.encoder_decoder) {
+    if (add_bos || stop_on_eol || stop_on_double_eol || no_newline_after_colon)
+      throw ApiError(400, "add_BOS, stop_on_eol, stop_on_double_eol and prevent_newline_after_colon "
+                          "are for GPT models; this server holds a T5 model, whose decoder always "
+                          "starts from [BOS] and stops at [EOS]");
+    if (to_generate < 1)
+      throw ApiError(400, "tokens_to_generate must be >= 1 for a T5 model (its decoder writes "
+                          "the spans; there is no prompt to score)");
+  }
   const auto bos = ctx.tokenizer->eod();
   if (add_bos && !bos)
     throw ApiError(400, "add_BOS needs a tokenizer with an end-of-document token; " +
                             ctx.tokenizer->type() + " has none");
-  std::vector<std::vector<int32_t>> tokens;
-  for (size_t i = 0; i < prompts.size(); ++i) {
+  std::vector<std::vector<int32_t>> tokens, encoder_inputs;
+  if (ctx.encoder_decoder) {  // each prompt is an encoder input; every decoder starts from [BOS]
+    encoder_inputs = t5_encoder_inputs(prompts, ctx, to_generate);
+    tokens.assign(encoder_inputs.size(), {*ctx.tokenizer->bos()});
+  }
+  for (size_t i = 0; i < prompts.size() && !ctx.encoder_decoder; ++i) {
     const auto& text = prompts[i].get_ref<const std::string&>();
     if (text.empty() && !add_bos)
       throw ApiError(400, str("prompt ", i, " is empty; empty prompts require add_BOS=true"));
@@ -169,10 +186,13 @@ MegatronApiRequest parse_megatron_request(const nlohmann::json& body, const ApiC
     if (to_generate < 1) throw ApiError(400, "beam search needs tokens_to_generate >= 1");
     out.job->kind = Job::Kind::BeamSearch;
     out.job->beam.prompt = tokens[0];
+    if (ctx.encoder_decoder) out.job->beam.encoder_input = encoder_inputs[0];
     out.job->beam.tokens_to_generate = to_generate;
     out.job->beam.beam_width = beam;
     out.job->beam.stop_token =
-        int32_t(f.integer("stop_token", bos.value_or(int32_t(ctx.vocab - 1)), 0, ctx.vocab - 1));
+        int32_t(f.integer("stop_token", ctx.encoder_decoder ? *ctx.tokenizer->eos()
+                                                            : bos.value_or(int32_t(ctx.vocab - 1)),
+                          0, ctx.vocab - 1));
     out.job->beam.length_penalty = float(f.number("length_penalty", 1.0, -100.0, 100.0));
     return out;
   }
@@ -181,6 +201,7 @@ MegatronApiRequest parse_megatron_request(const nlohmann::json& body, const ApiC
   for (size_t i = 0; i < tokens.size(); ++i) {
     SequenceRequest r;
     r.prompt = std::move(tokens[i]);
+    if (ctx.encoder_decoder) r.encoder_input = std::move(encoder_inputs[i]);
     r.tokens_to_generate = to_generate;
     r.return_logprobs = out.logprobs;
     r.sampling = sp;
@@ -195,6 +216,7 @@ MegatronApiRequest parse_megatron_request(const nlohmann::json& body, const ApiC
 }
 
 nlohmann::json megatron_response(const MegatronApiRequest& request, const ApiContext& ctx) {
+  if (ctx.encoder_decoder) return t5_megatron_response(request, ctx);
   const Job& job = *request.job;
   nlohmann::json text = nlohmann::json::array(), segments = nlohmann::json::array();
   auto add = [&](std::span<const int32_t> ids) {

@@ -9,6 +9,11 @@
 //    "no_log", "beam_width", "stop_token", "length_penalty"}
 //    -> {"text", "segments", "tokens", "logprobs"?} or, with beam_width, {"text", "segments",
 //    "scores"}.
+//  A T5 checkpoint (ctx.encoder_decoder) answers PUT /api T5-style (server_t5.cpp): each prompt
+//    is the encoder's input with <extra_id_N> sentinels, the decoder starts from [BOS] and stops
+//    at [EOS], and the answer gives per prompt the prompt with its spans filled ("text"), the
+//    decoder's text ("output"), the spans by sentinel ("spans"), the decoder's tokens ("tokens",
+//    "segments") and their log-probs; GPT-only fields (add_BOS, stop_on_eol, ...) are refused.
 //  POST /v1/completions (OpenAI): {"prompt", "max_tokens": 16, "temperature": 1.0 (0 = greedy),
 //    "top_p": 1.0, "top_k": 0, "n": 1, "stop", "logprobs": null|0..10, "echo", "seed", "stream",
 //    "model", "user", "best_of" (= n), "presence_penalty"/"frequency_penalty" (0 only)}
@@ -48,6 +53,7 @@ struct ApiContext {
   int max_prompts = 128;
   int max_beam_width = 16;
   int max_choices = 16;  // OpenAI "n"
+  bool encoder_decoder = false;  // a T5 model: PUT /api fills the prompts' sentinel spans
 };
 
 // Parses a request body into JSON, refusing nesting deeper than 32 levels.
@@ -64,6 +70,12 @@ struct MegatronApiRequest {
 MegatronApiRequest parse_megatron_request(const nlohmann::json& body, const ApiContext& ctx,
                                           uint64_t fallback_seed);
 nlohmann::json megatron_response(const MegatronApiRequest& request, const ApiContext& ctx);
+
+// T5 (server_t5.cpp): the encoder inputs of `prompts` (a checked list of strings), each with its
+// sentinels, fitting the model with `to_generate` decoder tokens; and the answer of a finished job.
+std::vector<std::vector<int32_t>> t5_encoder_inputs(const nlohmann::json& prompts,
+                                                    const ApiContext& ctx, int64_t to_generate);
+nlohmann::json t5_megatron_response(const MegatronApiRequest& request, const ApiContext& ctx);
 
 // ---- POST /v1/completions -------------------------------------------------------------------
 // Server-sent events of one streaming request, filled on the scheduler thread and drained by

@@ -154,6 +154,10 @@ CompletionRequest parse_completion_request(const json& body, const ApiContext& c
   const Fields f(body, {"prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop",
                         "logprobs", "echo", "seed", "stream", "model", "user", "best_of",
                         "presence_penalty", "frequency_penalty", "logit_bias", "suffix"});
+  if (ctx.encoder_decoder)
+    throw ApiError(400, "this server holds a T5 model, which fills the <extra_id_N> spans of its "
+                        "prompts: send them to PUT /api ({\"prompts\": [...], "
+                        "\"tokens_to_generate\": N})");
   CompletionRequest req;
   req.id = id;
   req.created = std::chrono::duration_cast<std::chrono::seconds>(

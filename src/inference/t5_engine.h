@@ -7,8 +7,12 @@
 // begins with [BOS], as Megatron's T5 samples do (text_dec), so a row's "prompt" in the loop is
 // just that token. Results equal running the whole model over the decoder's prefix at every step
 // (tests/inference/t5_generation_test.cpp).
-// One process, the whole model (a sharded checkpoint's shards are merged in memory by the
-// loader); no continuous batching (the slot interface of language_model.h).
+// Continuous batching (the slot interface of language_model.h, which the server's scheduler runs):
+// start_slots sizes the self-attention caches for the slots and a cross-attention cache of
+// max_position_embeddings encoder positions per slot; set_slot_encoder_input runs the encoder
+// over one slot's input and writes that slot's cross-attention keys and values (the positions
+// past its input are masked as padding), and the slot then decodes at its own positions beside
+// the others. Results equal decoding each sequence alone.
 #pragma once
 
 #include <cstdint>
@@ -31,13 +35,17 @@ class T5Engine final : public LanguageModel {
   // parameter by its Megatron-Core name, as GPTEngine loads them), on `device`.
   T5Engine(const model::TransformerConfig& config, const std::map<std::string, Tensor>& weights,
            Device device = Device::cpu());
-  // Over a built model (whole, one rank; its weights as they are).
-  explicit T5Engine(std::unique_ptr<model::T5Model> model);
+  // Over a built model (whole, or this rank's tensor-parallel shard, every rank of its group
+  // making the same calls; its weights as they are). `vocab_width` > 0: the logits keep their
+  // first vocab_width columns (the vocabulary padded as for one rank, so a wider tensor-parallel
+  // padding normalises over the same vocabulary as one process).
+  explicit T5Engine(std::unique_ptr<model::T5Model> model, int64_t vocab_width = 0);
   ~T5Engine() override;
 
   // The encoder inputs of the rows of the next start(): one token list per row (at least one
   // token, at most max_position_embeddings), or a single list every row reads (beam search).
-  void set_encoder_inputs(std::vector<std::vector<int32_t>> inputs);
+  bool encoder_decoder() const override { return true; }
+  void set_encoder_inputs(std::vector<std::vector<int32_t>> inputs) override;
 
   int64_t vocab_size() const override;
   // The decoder's longest sequence (its position table: max_position_embeddings).
@@ -48,13 +56,29 @@ class T5Engine final : public LanguageModel {
   void reorder(std::span<const int64_t> src) override;
   int64_t position() const override { return pos_.empty() ? 0 : pos_[0]; }
 
+  bool supports_slots() const override { return true; }
+  void start_slots(int64_t slots, int64_t max_len) override;
+  void set_slot_encoder_input(int64_t slot, std::span<const int32_t> input) override;
+  void clear_slot(int64_t slot) override;
+  void grow_slots(int64_t max_len) override;
+  Tensor forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+                       std::span<const int64_t> counts, bool all_positions) override;
+
   model::T5Model& model() { return *model_; }
 
  private:
   std::unique_ptr<model::T5Model> model_;
   model::InferenceContext cache_;
   std::vector<std::vector<int32_t>> inputs_;
-  std::vector<int64_t> pos_;  // decoder positions fed per row
+  int64_t vocab_width_ = 0;   // the logits' width (0: the model's padded vocabulary)
+  std::vector<int64_t> pos_;  // decoder positions fed per row (slot)
+  bool slot_mode_ = false;    // started by start_slots (else by start)
+  std::vector<bool> has_input_;  // slot mode: the slot's encoder input is in the cache
+
+  void check_input(size_t index, std::span<const int32_t> input) const;
+  // Appends counts[i] tokens to row (slot) slots[i]; logits as forward_slots returns them.
+  Tensor run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+             std::span<const int64_t> counts, bool all_positions);
 };
 
 }  // namespace megatron::inference

@@ -46,10 +46,19 @@ struct T5Inference {
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::unique_ptr<T5Engine> model;
   int64_t iteration = 0;
+  // Launched with --tensor-model-parallel-size T (T ranks): the tensor-parallel group, whose
+  // ranks all run the same generation (the logits are gathered over the vocabulary shards on
+  // every rank, so every rank samples the same tokens); rank 0 reports. Null on one process.
+  std::shared_ptr<Communicator> group;
+  bool reports = true;
 };
-// A T5 checkpoint (options.model: model family "t5") on one process: the tokenizer and the engine
-// with the checkpoint's weights (tensor- and pipeline-parallel shards merged in memory). Throws
-// megatron::Error naming the flag or file at fault.
+// A T5 checkpoint (options.model: model family "t5"): the tokenizer and the engine with the
+// checkpoint's weights. One process: tensor-parallel shards merged in memory. Launched on T ranks
+// with --tensor-model-parallel-size T (the checkpoint's): every rank builds its shard of the model
+// from its own mp_rank_TT files. Throws megatron::Error naming the flag or file at fault.
 T5Inference load_t5_model(const InferenceModelOptions& options);
+
+// Several ranks: rank 0's `lines` on every rank of `group` (only rank 0 reads the prompts).
+void broadcast_lines(Communicator& group, std::vector<std::string>& lines);
 
 }  // namespace megatron::inference

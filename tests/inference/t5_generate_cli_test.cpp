@@ -2,8 +2,7 @@
 // sentinels are filled from the decoder's output (text and jsonl), the tokenizer's sentinels
 // come from the checkpoint with --use-checkpoint-args, and the mistakes a user can make with a T5
 // checkpoint are clear errors: a sentinel the tokenizer lacks, a contradicting --vocab-extra-ids,
-// a prompt longer than the encoder takes, GPT-only flags, and serve / evaluate, which answer for
-// GPT checkpoints and name generate.
+// a prompt longer than the encoder takes, GPT-only flags, and evaluate's zero-shot GPT tasks.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -105,9 +104,8 @@ TEST_F(T5GenerateCli, RefusesWhatDoesNotFit) {
   for (int i = 0; i < 40; ++i) long_prompt += "the ";
   fails_with("generate", " --use-checkpoint-args --prompt '" + long_prompt + "<extra_id_0>'",
              "prompt 1 has 41 tokens, more than the encoder takes (--max-position-embeddings 32)");
-  fails_with("serve", " --use-checkpoint-args --port 0", "`megatron generate` fills the");
   fails_with("evaluate", " --use-checkpoint-args --task LAMBADA --valid-data x.jsonl",
-             "`megatron generate` fills the");
+             "which run a GPT model; --load holds a T5 checkpoint");
 }
 
 }  // namespace

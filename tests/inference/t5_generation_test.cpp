@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "core/rng.h"
 #include "data/bert_wordpiece.h"
 #include "dataset/bert_test_data.h"
+#include "inference/batch_engine.h"
 #include "inference/beam_search.h"
 #include "inference/generation.h"
 #include "inference/t5_engine.h"
@@ -123,6 +125,58 @@ TEST_P(T5CachedGeneration, EqualsRecomputingTheDecoderAtEveryStep) {
 
 INSTANTIATE_TEST_SUITE_P(Positions, T5CachedGeneration,
                          ::testing::Values("learned_absolute", "relative", "rope"));
+
+// Continuous batching (the server's BatchEngine): each slot holds its own encoder input, sequences
+// join while others decode and a finished one's slot takes the next; every token and log-prob is
+// the whole model's over that sequence's encoder input and decoder prefix.
+TEST_P(T5CachedGeneration, SlotsDecodeEachSequenceOverItsOwnInput) {
+  const model::TransformerConfig cfg = t5_config(GetParam());
+  T5Engine engine(make_model(cfg));
+  auto inputs = encoder_inputs();
+  inputs.push_back({7, 3, 9});
+  SpecialTokens special;
+  special.eod = kEos;
+  BatchEngine batch(engine, kVocab, special, 2);  // two slots for four sequences
+  const int64_t lengths[4] = {6, 3, 5, 4};
+  std::map<uint64_t, SequenceResult> results;
+  size_t next = 0;
+  while (results.size() < inputs.size()) {
+    while (next < inputs.size() && batch.free_slots() > 0) {
+      SequenceRequest r;
+      r.prompt = {kBos};
+      r.encoder_input = inputs[next];
+      r.tokens_to_generate = lengths[next];
+      r.return_logprobs = true;
+      r.sampling.top_k = 1;
+      batch.admit(std::move(r), next, int64_t(next));
+      ++next;
+    }
+    for (auto& f : batch.step()) results.emplace(f.id, std::move(f.result));
+  }
+  for (uint64_t i = 0; i < inputs.size(); ++i) {
+    const auto& r = results.at(i);
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    ASSERT_EQ(r.logprobs.size(), r.tokens.size() - 1);
+    for (size_t t = 1; t < r.tokens.size(); ++t) {
+      const std::vector<int32_t> prefix(r.tokens.begin(), r.tokens.begin() + long(t));
+      const std::vector<double> ref = recomputed_logprobs(engine.model(), inputs[i], prefix);
+      EXPECT_NEAR(r.logprobs[t - 1], ref[size_t(r.tokens[t])], 1e-5) << "sequence " << i << " step " << t;
+      const auto best = std::max_element(ref.begin(), ref.begin() + kVocab) - ref.begin();
+      EXPECT_EQ(r.tokens[t], best) << "sequence " << i << " step " << t;
+    }
+  }
+  // A sequence without an encoder input is refused before it takes a slot.
+  SequenceRequest bare;
+  bare.prompt = {kBos};
+  bare.tokens_to_generate = 2;
+  try {
+    batch.admit(std::move(bare), 9, 4);
+    ADD_FAILURE() << "a T5 sequence without an encoder input was admitted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("prompt 4 has no encoder input"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(batch.free_slots(), 2);
+}
 
 // Beam search reads one encoder input in every beam; the best hypothesis' score is its
 // recomputed log-prob over its length (length penalty 1).
