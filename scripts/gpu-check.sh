@@ -19,9 +19,9 @@
 #      PyTorch with a KV cache;
 #   6. profile: 3 training iterations of the same model under MEGATRON_OP_PROFILE=1: the ops (and
 #      product shapes) that take the step's time;
-# and writes OUT/summary.md (a table of every phase: pass/fail, seconds, figures), OUT/results.jsonl
-# and one log per phase (OUT: $OUT when set, as on the device machine, else
-# build-gpu/gpu-check-out).
+# and writes OUT/summary.md (a table of every phase: pass/fail, seconds, figures), OUT/results.jsonl,
+# OUT/MANIFEST and OUT/logs.tar.gz with one log per phase (OUT: $OUT when set, as on the device
+# machine, else build-gpu/gpu-check-out).
 #
 # Usage: scripts/gpu-check.sh [--dry-run] [--bundle FILE] [--exec PROGRAM ARGS...]
 #   --exec      instead of the phases: unpack the bundle, set up its libraries as phase 1 does,
@@ -104,6 +104,11 @@ check() {
 finish() {
   "$PY" "$TOOLS" summary --results "$RESULTS" --out "$OUT_DIR/summary.md" || cat "$RESULTS"
   rm -rf "$WORK"
+  # A device call brings back at most 8 files from $OUT: the phase logs go into one archive.
+  if (cd "$OUT_DIR" && ls ./*.log >/dev/null 2>&1 && tar czf logs.tar.gz ./*.log); then
+    rm -f "$OUT_DIR"/*.log
+    say "logs: $OUT_DIR/logs.tar.gz (one per phase)"
+  fi
   if [ $FAILED = 0 ]; then say "done in $(elapsed) s: every phase passed"
   else say "done in $(elapsed) s: FAILURES above"; fi
   exit $FAILED
