@@ -113,17 +113,6 @@ void MoeFlags::apply(training::TrainingArgs& a) const {
              "out --ckpt-format (this build's checkpoints hold the experts of every "
              "expert-parallel rank)");
   c.moe_grouped_gemm = grouped_gemm;
-  MG_REQUIRE(!grouped_gemm || a.parallel.tensor_model_parallel_size == 1, "--moe-grouped-gemm "
-             "with --tensor-model-parallel-size ", a.parallel.tensor_model_parallel_size,
-             ": the grouped experts are not tensor-parallel yet; leave out --moe-grouped-gemm "
-             "(the sequential experts give the same numbers) or use tensor-parallel size 1");
-  MG_REQUIRE(!grouped_gemm || expert_tensor_parallel_size <= 1, "--moe-grouped-gemm with "
-             "--expert-tensor-parallel-size ", expert_tensor_parallel_size, ": the grouped "
-             "experts are not tensor-parallel yet; leave out --moe-grouped-gemm");
-  MG_REQUIRE(!grouped_gemm || expert_model_parallel_size == 1, "--moe-grouped-gemm with "
-             "--expert-model-parallel-size ", expert_model_parallel_size, ": the grouped experts "
-             "hold every expert of a layer; leave out --moe-grouped-gemm (the sequential experts "
-             "give the same numbers) or use expert-parallel size 1");
   a.moe_per_layer_logging = per_layer_logging;
   MG_REQUIRE(router_dtype.empty() || router_dtype == "fp32" || router_dtype == "fp64",
              "--moe-router-dtype '", router_dtype, "' is not one of: fp32, fp64");

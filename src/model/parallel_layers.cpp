@@ -24,16 +24,6 @@ int64_t local_size(int64_t full, int parts, const std::string& what) {
 
 constexpr int64_t kHeadRows = 256;  // rows of logits per loss-head chunk
 
-// t as the other operand of a product with a weight of dtype `dt`: itself for fp32, else rounded
-// to dt (the bf16 activations a bf16 GEMM multiplies, as in Megatron's bf16 training).
-Tensor product_operand(const Tensor& t, DType dt) {
-  if (t.dtype() == dt) return t;
-  const Tensor src = t.contiguous();
-  Tensor out = Tensor::empty(src.shape(), dt, src.device());
-  ops::cast(out, src);
-  return out;
-}
-
 // Error unless every id of the int32 tensor is in [0, limit): the range comes from an op; the
 // first id outside it is looked up on a host copy (error path only).
 void check_ids(const Tensor& ids, int64_t limit, const char* what, const char* outside,
@@ -48,6 +38,14 @@ void check_ids(const Tensor& ids, int64_t limit, const char* what, const char* o
 }
 
 }  // namespace
+
+Tensor product_operand(const Tensor& t, DType dt) {
+  if (t.dtype() == dt) return t;
+  const Tensor src = t.contiguous();
+  Tensor out = Tensor::empty(src.shape(), dt, src.device());
+  ops::cast(out, src);
+  return out;
+}
 
 // ---- Column / row-parallel linear ----------------------------------------------------------
 LinearBase::LinearBase(const std::string& prefix, int64_t in, int64_t out, bool row, DType dtype,

@@ -43,6 +43,10 @@ struct LinearOptions {
   InitMethod init = InitMethod::normal;
 };
 
+// t as the other operand of a product with a weight of dtype `dt`: itself for fp32, else rounded
+// to dt (the bf16 activations a bf16 GEMM multiplies, as in Megatron's bf16 training).
+Tensor product_operand(const Tensor& t, DType dt);
+
 class LinearBase : public Module {
  public:
   Tensor forward(const LayerContext& ctx, const Tensor& x);   // -> [N or N/T, out]

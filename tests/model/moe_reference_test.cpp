@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/rng.h"
+#include "kernels/ops.h"
 #include "model/moe/moe_layer.h"
 #include "model/moe/moe_pattern.h"
 #include "model_test_util.h"
@@ -299,11 +300,13 @@ TEST(MoeReference, GroupedGemmExperts) {
 }
 
 // The grouped experts compute what the sequential ones do on the same weights (under their
-// grouped names), bit for bit: the same products over the same rows.
-TEST(MoeReference, GroupedGemmEqualsTheSequentialExperts) {
+// grouped names), bit for bit: the same products over the same rows, in fp32 and with bf16
+// weights (both multiply bf16 activations rounded from the same fp32 values).
+void expect_grouped_equals_sequential(DType dtype) {
   TransformerConfig c = moe_config();
   c.activation = "swiglu";
   c.moe_aux_loss_coeff = 0.1f;
+  c.params_dtype = dtype;
   TransformerConfig g = c;
   g.moe_grouped_gemm = true;
   const MlpSpec spec{&activation_kind(c.activation)};
@@ -319,11 +322,10 @@ TEST(MoeReference, GroupedGemmEqualsTheSequentialExperts) {
   };
   uint64_t stream = 1;
   for (Parameter* p : seq.parameters()) {
-    set_value(*p, normal(p->value.numel(), stream++, 0.5f));
+    ops::cast(p->value, Tensor::from_vector(normal(p->value.numel(), stream++, 0.5f), p->value.shape()));
     const std::string name = grouped_name(p->name);
     ASSERT_TRUE(by_name.count(name)) << name;
-    set_value(*by_name[name], std::vector<float>(p->value.data<float>(),
-                                                 p->value.data<float>() + p->value.numel()));
+    by_name[name]->value.copy_(p->value);
   }
   ASSERT_EQ(by_name.size(), seq.parameters().size());
   seq.refresh_working_weights();
@@ -346,6 +348,12 @@ TEST(MoeReference, GroupedGemmEqualsTheSequentialExperts) {
     for (int64_t i = 0; i < p->grad.numel(); ++i)
       ASSERT_EQ(p->grad.data<float>()[i], q->grad.data<float>()[i]) << name << " " << i;
   }
+}
+
+TEST(MoeReference, GroupedGemmEqualsTheSequentialExperts) { expect_grouped_equals_sequential(DType::F32); }
+
+TEST(MoeReference, GroupedGemmEqualsTheSequentialExpertsWithBf16Weights) {
+  expect_grouped_equals_sequential(DType::BF16);
 }
 
 // Evaluation routes sinkhorn by the scores (no Sinkhorn normalisation) and computes no loss.

@@ -98,7 +98,8 @@ MoELayer::MoELayer(const std::string& prefix, const TransformerConfig& cfg, cons
   register_child(router);
   register_child(experts);
   if (cfg.moe_grouped_gemm) {
-    grouped_experts = std::make_unique<GroupedExperts>(prefix + ".experts", cfg, spec, tp.size(), grad);
+    grouped_experts = std::make_unique<GroupedExperts>(prefix + ".experts", cfg, spec,
+                                                       experts_tensor_parallel(tp), grad);
     register_child(*grouped_experts);
   }
   if (cfg.moe_shared_expert_intermediate_size > 0) {
