@@ -18,8 +18,11 @@
 # SET=moe runs expert parallelism on a small Mixtral-shaped model (the same shape with SwiGLU
 # experts: 8 experts of width 256 in every layer, top-2, RMSNorm, rotary, no biases): one rank vs
 # DP2 / DP4 (every rank holds every expert) vs EP2 / EP4 with the all-to-all and the all-gather
-# dispatcher (EP4 on 2 cores is oversubscribed). The communication share is then mostly the
-# token dispatch (all-to-all-v or all-gather/reduce-scatter, forward and backward).
+# dispatcher (EP4 on 2 cores is oversubscribed), and the grouped experts (--moe-grouped-gemm)
+# against the sequential ones on one rank and under EP2. The communication share is then mostly
+# the token dispatch (all-to-all-v or all-gather/reduce-scatter, forward and backward); a last
+# EP2 run with MEGATRON_OP_PROFILE=1 prints rank 0's time in the dispatch, the combine and the
+# experts (rows of the op profile, src/kernels/op_profile.h).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"; ITERS="${2:-12}"; TOTAL="${3:-$(nproc)}"
@@ -76,12 +79,22 @@ if [ "$SET" = moe ]; then
   COMMON+=(--swiglu --disable-bias-linear --normalization RMSNorm --position-embedding-type rope
     --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 256 --moe-aux-loss-coeff 0.01)
   run "MoE, 1 rank (EP1)" 1 0
+  run "MoE, 1 rank (EP1), grouped experts" 1 0 --moe-grouped-gemm
   run "MoE, DP2 (EP1)" 2 0
   run "MoE, EP2, alltoall" 2 0 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+  run "MoE, EP2, alltoall, grouped experts" 2 0 --expert-model-parallel-size 2 \
+    --moe-token-dispatcher-type alltoall --moe-grouped-gemm
   run "MoE, EP2, allgather" 2 0 --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
   run "MoE, DP4 (EP1)" 4 0
   run "MoE, EP4, alltoall" 4 0 --expert-model-parallel-size 4 --moe-token-dispatcher-type alltoall
   run "MoE, EP2 x DP2, alltoall" 4 0 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+  echo
+  echo "Op profile of rank 0, EP2 alltoall (MEGATRON_OP_PROFILE=1; shares of the time in ops):"
+  MEGATRON_OP_PROFILE=1 OMP_NUM_THREADS=$(( TOTAL / 2 > 0 ? TOTAL / 2 : 1 )) OPENBLAS_NUM_THREADS=1 \
+    mpirun --oversubscribe --allow-run-as-root --bind-to none --tag-output -np 2 "$MEGATRON" \
+    "${COMMON[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall \
+    >"$WORK/profile.log" 2>&1 || { echo "profile run failed:"; tail -20 "$WORK/profile.log"; exit 1; }
+  sed -n 's/^\[1,0\]<stderr>://p' "$WORK/profile.log" | sed -n '/^op profile/,$p'
   exit 0
 fi
 run "1 rank" 1 0

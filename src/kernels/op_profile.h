@@ -3,8 +3,9 @@
 // is timed from its call to the completion of its work (the device is synchronised before and
 // after each op, so the step runs slower, but each op's share is its own), and at exit the
 // process prints one table to stderr: op, calls, total and mean time, share of the time in ops,
-// and the wall time outside ops (host work, copies, communication). Off (the default), an op
-// pays one predictable branch.
+// and the wall time outside ops (host work, copies, communication). A region of several ops and
+// collectives may have a row of its own (an MoE layer's token dispatch and experts: the ops inside
+// count in the region's row). Off (the default), an op pays one predictable branch.
 #pragma once
 
 #include <string>

@@ -1,6 +1,8 @@
 // The sequential experts (see experts.h).
 #include "model/moe/experts.h"
 
+#include "kernels/op_profile.h"
+
 namespace megatron::model {
 
 SequentialExperts::SequentialExperts(const std::string& prefix, const TransformerConfig& cfg,
@@ -38,12 +40,14 @@ Tensor per_expert_rows(const Tensor& in, const std::vector<int64_t>& counts, Fn&
 
 Tensor SequentialExperts::forward(const LayerContext& ctx, const Tensor& xp,
                                   const std::vector<int64_t>& counts) {
+  const ops::profile::Scope profile("moe experts (sequential)");
   return per_expert_rows(xp, counts,
                          [&](size_t e, const Tensor& x) { return experts_[e]->forward(ctx, x); });
 }
 
 Tensor SequentialExperts::backward(const LayerContext& ctx, const Tensor& dyp,
                                    const std::vector<int64_t>& counts) {
+  const ops::profile::Scope profile("moe experts (sequential), bwd");
   return per_expert_rows(dyp, counts,
                          [&](size_t e, const Tensor& dy) { return experts_[e]->backward(ctx, dy); });
 }

@@ -2,6 +2,7 @@
 #include "model/moe/grouped_experts.h"
 
 #include "comm/tp_mappings.h"
+#include "kernels/op_profile.h"
 #include "kernels/ops.h"
 #include "model/parallel_layers.h"
 
@@ -95,6 +96,7 @@ DType operand_dtype(const std::vector<std::unique_ptr<Weight>>& ws) {
 
 Tensor GroupedExperts::forward(const LayerContext& ctx, const Tensor& xp,
                                const std::vector<int64_t>& counts) {
+  const ops::profile::Scope profile("moe experts (grouped)");
   const int64_t M = xp.size(0);
   const int64_t F1 = fc1_.empty() ? 0 : fc1_[0]->param.value.size(0);
   const int64_t F = activation_.gated ? F1 / 2 : F1;
@@ -119,6 +121,7 @@ Tensor GroupedExperts::forward(const LayerContext& ctx, const Tensor& xp,
 
 Tensor GroupedExperts::backward(const LayerContext& ctx, const Tensor& dyp,
                                 const std::vector<int64_t>& counts) {
+  const ops::profile::Scope profile("moe experts (grouped), bwd");
   (void)ctx;
   MG_CHECK(x_.defined(), "GroupedExperts::backward without a saved forward");
   const Tensor x = x_, h1 = h1_, a1 = a1_;

@@ -3,6 +3,7 @@
 // products (ops::gemm_batched), so every step runs through the op interface on any device.
 #include "model/moe/token_dispatcher.h"
 
+#include "kernels/op_profile.h"
 #include "kernels/ops.h"
 
 namespace megatron::model {
@@ -181,6 +182,7 @@ Tensor TokenDispatcher::reduce_scatter_group(const Tensor& all, int64_t n) const
 }
 
 TokenDispatcher::Plan TokenDispatcher::plan(const Routing& r, Device device) const {
+  const ops::profile::Scope profile("moe dispatch: plan");
   Plan p;
   p.num_tokens = r.num_tokens;
   const int P = ep_size(), T = tp_size(), L = local_experts(), E = num_experts_;
@@ -269,12 +271,14 @@ Tensor TokenDispatcher::from_experts(const Plan& p, const Tensor& rows) const {
 }
 
 Tensor TokenDispatcher::dispatch(const Plan& p, const Tensor& x) const {
+  const ops::profile::Scope profile("moe dispatch: to experts");
   if (local()) return local_.dispatch(p.local, x);
   if (kind_ == DispatcherKind::alltoall) return to_experts(p, local_.dispatch(p.local, x));
   return local_.dispatch(p.local, gather_group(x));
 }
 
 void TokenDispatcher::dispatch_backward(const Plan& p, const Tensor& dxp, const Tensor& dx) const {
+  const ops::profile::Scope profile("moe dispatch: to experts, bwd");
   if (local()) return local_.dispatch_backward(p.local, dxp, dx);
   if (kind_ == DispatcherKind::alltoall)
     return local_.dispatch_backward(p.local, from_experts(p, dxp), dx);
@@ -284,14 +288,17 @@ void TokenDispatcher::dispatch_backward(const Plan& p, const Tensor& dxp, const 
 }
 
 Tensor TokenDispatcher::return_rows(const Plan& p, const Tensor& y) const {
+  const ops::profile::Scope profile("moe dispatch: rows back");
   return !local() && kind_ == DispatcherKind::alltoall ? from_experts(p, y) : y;
 }
 
 Tensor TokenDispatcher::return_rows_backward(const Plan& p, const Tensor& dyr) const {
+  const ops::profile::Scope profile("moe dispatch: rows back, bwd");
   return !local() && kind_ == DispatcherKind::alltoall ? to_experts(p, dyr) : dyr;
 }
 
 Tensor TokenDispatcher::combine(const Plan& p, const Tensor& yr) const {
+  const ops::profile::Scope profile("moe combine");
   if (local() || kind_ == DispatcherKind::alltoall) return local_.combine(p.local, yr);
   // The group's tokens weighted by this rank's experts (partial sums over TP under SP).
   return reduce_scatter_group(local_.combine(p.local, yr), p.num_tokens);
@@ -299,6 +306,7 @@ Tensor TokenDispatcher::combine(const Plan& p, const Tensor& yr) const {
 
 Tensor TokenDispatcher::combine_backward(const Plan& p, const Tensor& dout, const Tensor& yr,
                                          std::vector<double>& dprobs) const {
+  const ops::profile::Scope profile("moe combine, bwd");
   if (local() || kind_ == DispatcherKind::alltoall)
     return local_.combine_backward(p.local, dout, yr, dprobs);
   const int L = local_experts(), E = num_experts_;
