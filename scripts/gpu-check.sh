@@ -18,7 +18,8 @@
 #   5. decode: batch-1 and batch-16 decode tokens/s (bench/generate_bench --device cuda) beside
 #      PyTorch with a KV cache;
 #   6. profile: 3 training iterations of the same model under MEGATRON_OP_PROFILE=1: the ops (and
-#      product shapes) that take the step's time;
+#      product shapes) that take the step's time; then the largest products timed in PyTorch in
+#      the same shapes and dtypes (gemm_torch: ours from the profile beside torch.matmul's);
 # and writes OUT/summary.md (a table of every phase: pass/fail, seconds, figures), OUT/results.jsonl,
 # OUT/MANIFEST and OUT/logs.tar.gz with one log per phase (OUT: $OUT when set, as on the device
 # machine, else build-gpu/gpu-check-out).
@@ -316,4 +317,11 @@ MEGATRON_OP_PROFILE=1 run profile 120 "$MEGATRON" pretrain-gpt "${MODEL[@]}" "${
   "${PROFILE_BATCH[@]}" --bf16 --device "$DEVICE" --lr 6e-4 --hidden-dropout 0 \
   --attention-dropout 0 --eval-iters 0
 check profile "$t" profile --log "$OUT_DIR/profile.log"
+t=$(date +%s)
+if run gemm_torch 90 "$PY" "$TORCH_REF" --mode gemm --profile-log "$OUT_DIR/profile.log" \
+     "${TORCH_MODEL[@]}"; then
+  torch_result gemm_torch "$t"
+else
+  record gemm_torch $(($(date +%s) - t)) '{"status": "fail", "why": "see the log"}'
+fi
 finish

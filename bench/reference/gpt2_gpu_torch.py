@@ -13,6 +13,11 @@ train:  bf16 autocast over fp32 weights, fused AdamW (lr 6e-4, betas .9/.95, wd 
         --log-throughput` prints (Megatron's formula), and MFU against the GPU's dense bf16 peak.
 decode: a preallocated KV cache, prefill of --prompt tokens, then --gen greedy steps of one token
         per sequence, at each --batches size; prints decode tokens/s (all sequences).
+gemm:   the products of a `megatron` run's MEGATRON_OP_PROFILE=1 table (--profile-log: the rows
+        "gemm MxKxN dtype TT"), each timed in PyTorch in the same shape, dtype and transposes
+        (torch.matmul, whose output has the operands' dtype; for half precision also with an fp32
+        output, as our products write, where torch.mm takes out_dtype); prints one line per shape
+        with our mean time from the profile beside PyTorch's, and TFLOP/s of each.
 
 Every result is one JSON line on stdout. Runs on the CPU too (--device cpu, with a small --layers /
 --hidden), which is how the script's dry run checks it without a GPU.
@@ -21,6 +26,7 @@ import argparse
 import contextlib
 import json
 import math
+import re
 import time
 
 import torch
@@ -28,7 +34,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 p = argparse.ArgumentParser()
-p.add_argument("--mode", choices=["train", "decode"], required=True)
+p.add_argument("--mode", choices=["train", "decode", "gemm"], required=True)
+p.add_argument("--profile-log", default="")
+p.add_argument("--top", type=int, default=12)
 p.add_argument("--device", default="cuda")
 p.add_argument("--layers", type=int, default=12)
 p.add_argument("--hidden", type=int, default=768)
@@ -214,4 +222,56 @@ def decode():
             "ms_per_step": 1e3 * best / a.gen}), flush=True)
 
 
-train() if a.mode == "train" else decode()
+def profile_products(path):
+    """The product rows of a MEGATRON_OP_PROFILE=1 table: (M, K, N, dtype, ta, tb, calls, mean us)."""
+    row = re.compile(r"^gemm (\d+)x(\d+)x(\d+) (\w+) ([NT])([NT]) +(\d+) +[0-9.]+ +([0-9.]+) ")
+    out = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            if line.startswith("op profile (MEGATRON_OP_PROFILE=1"):
+                out = []  # the last table of the log
+            m = row.match(line)
+            if m:
+                out.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4),
+                            m.group(5) == "T", m.group(6) == "T", int(m.group(7)),
+                            float(m.group(8))))
+    return out
+
+
+def time_us(fn, reps=20):
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    return 1e6 * (time.perf_counter() - t0) / reps
+
+
+@torch.no_grad()
+def gemm():
+    rows = profile_products(a.profile_log)
+    if not rows:
+        raise SystemExit(f"no product rows in {a.profile_log}")
+    # The products that take the most time: calls x mean.
+    rows.sort(key=lambda r: -r[6] * r[7])
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    for M, K, N, dt, ta, tb, calls, ours_us in rows[:a.top]:
+        dtype = dtypes.get(dt, torch.float32)
+        x = torch.randn((K, M) if ta else (M, K), device=dev, dtype=dtype)
+        w = torch.randn((N, K) if tb else (K, N), device=dev, dtype=dtype)
+        xa, wb = (x.t() if ta else x), (w.t() if tb else w)
+        flop = 2.0 * M * K * N
+        res = {"what": "product", "shape": f"{M}x{K}x{N} {dt} {'T' if ta else 'N'}{'T' if tb else 'N'}",
+               "calls": calls, "ours_us": ours_us, "torch_us": time_us(lambda: torch.matmul(xa, wb))}
+        if dtype != torch.float32:
+            try:
+                res["torch_fp32_out_us"] = time_us(lambda: torch.mm(xa, wb, out_dtype=torch.float32))
+            except (TypeError, RuntimeError) as e:  # out_dtype is in recent PyTorch only
+                res["torch_fp32_out"] = f"not available: {str(e)[:80]}"
+        res["ours_tflops"] = flop / ours_us / 1e6
+        res["torch_tflops"] = flop / res["torch_us"] / 1e6
+        print(json.dumps(res), flush=True)
+
+
+{"train": lambda: train(), "decode": lambda: decode(), "gemm": lambda: gemm()}[a.mode]()
