@@ -36,6 +36,7 @@
 
 #include "training/checkpoint_convert.h"
 #include "training/torch_checkpoint.h"
+#include "training/torch_dist_items.h"
 
 namespace megatron::training {
 
@@ -44,5 +45,12 @@ namespace megatron::training {
 // folder.
 std::filesystem::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const std::filesystem::path& save_dir,
                                                   int tp, int pp, const TorchSaveOptions& options = {});
+
+// The ShardedObjects of global rank (t, p, d) (`meta` in our metadata.json shape): with t = d = 0
+// each layer module's _extra_state and the output layer's, and each rank's RNG state
+// ("rng_state/shard_<p>.<t>_<P>.<T>", with DP > 1 "rng_state/shard_<p>.<t>.<d>_<P>.<T>.<DP>").
+void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const std::filesystem::path& tmp,
+                      const TrainingArgs& a, const nlohmann::json& meta, int t, int T, int p, int P, int d, int DP,
+                      bool transformer_engine);
 
 }  // namespace megatron::training
