@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <numeric>
-#include <set>
 
 #include "core/error.h"
 #include "core/torch_file.h"
@@ -35,37 +34,21 @@ const char* const kLayerOrder[] = {
     "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
     "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"};
 
-struct BufferParam {
-  std::string ours;  // our name (the tied copy: the word embedding's)
-  Shape local;       // the saving rank's shard
-  int64_t start = 0; // first element in its bucket
-  bool tied_copy = false;
-};
-
-struct Bucket {
-  int64_t unpadded = 0;
-  std::vector<BufferParam> params;
-};
-
 int64_t numel_of(const Shape& s) { return std::accumulate(s.begin(), s.end(), int64_t(1), std::multiplies<>()); }
 int64_t pad(int64_t x, int64_t d) { return (x + d - 1) / d * d; }
 
 const Value* arg(const Value& ns, const char* name) { return ns.kind == Kind::Namespace ? ns.get(name) : nullptr; }
 
-// Model-parallel rank (t, p)'s buffer, as _ParamAndGradBuffer.__init__ lays it out.
-std::vector<Bucket> buffer_layout(const std::map<std::string, Shape>& shapes,
-                                  const std::map<std::string, model::WeightSpec>& specs, int T, int p,
-                                  int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
-                                  std::set<std::string>& placed) {
-  struct Entry {
-    std::string ours;
-    bool tied_copy = false;
-  };
-  std::vector<Entry> order;  // named_parameters() order
+}  // namespace
+
+std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::optional<Shape>(const std::string&)>& local,
+                                                 int p, int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
+                                                 std::set<std::string>* placed) {
+  std::vector<BufferSlot> order;  // named_parameters() order
   auto add = [&](const std::string& n) {
-    if (shapes.count(n)) {
-      order.push_back({n});
-      placed.insert(n);
+    if (std::optional<Shape> s = local(n)) {
+      order.push_back({n, *s});
+      if (placed != nullptr) placed->insert(n);
     }
   };
   if (p == 0) {
@@ -77,36 +60,35 @@ std::vector<Bucket> buffer_layout(const std::map<std::string, Shape>& shapes,
   if (p == P - 1) {
     add("decoder.final_layernorm.weight");
     add("decoder.final_layernorm.bias");
-    if (!tied) add(kOutputLayer);
-    else if (P > 1) order.push_back({kWordEmbedding, true});
+    if (!tied) {
+      add(kOutputLayer);
+    } else if (P > 1) {
+      const std::optional<Shape> s = local(kWordEmbedding);
+      MG_REQUIRE(s.has_value(), "the tied word embedding's shape is unknown");
+      order.push_back({kOutputLayer, *s, 0, true});
+    }
   }
   // The tied embedding of a pipelined run is Megatron's shared_embedding: a bucket of its own.
-  auto shared = [&](const Entry& e) {
-    return tied && P > 1 && ((p == 0 && e.ours == kWordEmbedding && !e.tied_copy) || e.tied_copy);
+  auto shared = [&](const BufferSlot& e) {
+    return tied && P > 1 && ((p == 0 && e.name == kWordEmbedding) || e.tied_copy);
   };
-  std::vector<Bucket> buckets;
-  Bucket cur;
-  int64_t bucket_start = 0, start = 0, end = 0;
   // A bucket ends at `at`, padded to a multiple of lcm(DP, 128) (the padding is not saved).
   const int64_t divisor = std::lcm(DP, int64_t(128));
+  std::vector<BufferBucket> buckets;
+  BufferBucket cur;
+  int64_t bucket_start = 0, start = 0, end = 0;
   auto close = [&](int64_t at) {
     cur.unpadded = at - bucket_start;
+    cur.padded = pad(at, divisor) - bucket_start;
     buckets.push_back(std::move(cur));
-    cur = Bucket();
+    cur = BufferBucket();
     return pad(at, divisor);
   };
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    const model::WeightSpec& spec = specs.at(it->ours);
-    Shape local = shapes.at(it->ours);
-    if (spec.partition_dim >= 0) {
-      MG_REQUIRE(local[size_t(spec.partition_dim)] % T == 0, "'", it->ours, "' of shape ", shape_str(local),
-                 " does not split over the checkpoint's ", T, " tensor-parallel ranks");
-      local[size_t(spec.partition_dim)] /= T;
-    }
     start = pad(start, kParamAlign);
     if (shared(*it) && !cur.params.empty()) start = bucket_start = close(start);
-    cur.params.push_back({it->ours, local, start - bucket_start, it->tied_copy});
-    end = start + numel_of(local);
+    cur.params.push_back({it->name, it->local, start - bucket_start, it->tied_copy});
+    end = start + numel_of(it->local);
     if ((bucket_size > 0 && end - bucket_start >= bucket_size) || shared(*it)) {
       start = bucket_start = close(end);
     } else {
@@ -116,8 +98,6 @@ std::vector<Bucket> buffer_layout(const std::map<std::string, Shape>& shapes,
   if (!cur.params.empty()) close(end);
   return buckets;
 }
-
-}  // namespace
 
 bool has_dp_reshardable_state(const DistcpFolder& f) {
   auto it = f.entries().lower_bound(kPrefix);
@@ -173,8 +153,20 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
   for (int p = 0; p < P; ++p)
     for (int t = 0; t < T; ++t) {
       const std::string g = kPrefix + std::to_string(t + T * p) + ".";
-      const std::vector<Bucket> layout =
-          buffer_layout(shapes, specs, T, p, P, L, DP, tied, p == 0 ? bucket_size : 0, placed);
+      const std::vector<BufferBucket> layout = megatron_buffer_layout(
+          [&](const std::string& n) -> std::optional<Shape> {
+            auto it = shapes.find(n);
+            if (it == shapes.end()) return std::nullopt;
+            Shape local = it->second;
+            const int dim = specs.at(n).partition_dim;
+            if (dim >= 0) {
+              MG_REQUIRE(local[size_t(dim)] % T == 0, label, ": '", n, "' of shape ", shape_str(local),
+                         " does not split over the checkpoint's ", T, " tensor-parallel ranks");
+              local[size_t(dim)] /= T;
+            }
+            return local;
+          },
+          p, P, L, DP, tied, p == 0 ? bucket_size : 0, &placed);
       // The saved buckets of this rank: "gbuf_idx_<i>.dtype_<d>.bucket_idx_<b>.<state>".
       std::map<int64_t, std::string> bucket_keys;  // b -> key without the state
       std::set<std::string> buffers;
@@ -210,9 +202,9 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
                      shape_str(e.size), " elements, but bucket ", b, " of the model the checkpoint's args describe "
                      "holds ", layout[b].unpadded, " (another model, parameter order or bucket size)", how);
           const Tensor flat = f.tensor(k).to(DType::F32);
-          for (const BufferParam& bp : layout[b].params) {
+          for (const BufferSlot& bp : layout[b].params) {
             if (bp.tied_copy) continue;  // equal to the first stage's
-            std::vector<Tensor>& s = shards[kind][bp.ours];
+            std::vector<Tensor>& s = shards[kind][bp.name];
             s.resize(size_t(T));
             s[size_t(t)] = flat.narrow(0, bp.start, numel_of(bp.local)).contiguous().view(bp.local).clone();
           }

@@ -28,15 +28,38 @@
 // state loads under any layout.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "training/checkpoint.h"
 #include "training/torch_dist_format.h"
 
 namespace megatron::training {
+
+// One parameter's place in a bucket of Megatron's gradient buffer.
+struct BufferSlot {
+  std::string name;  // our name (the last stage's tied copy: output_layer.weight)
+  Shape local;       // the rank's shard
+  int64_t start = 0; // first element in its bucket
+  bool tied_copy = false;
+};
+struct BufferBucket {
+  int64_t unpadded = 0, padded = 0;  // elements saved; with the padding to lcm(DP, 128)
+  std::vector<BufferSlot> params;
+};
+
+// Pipeline rank p's gradient buffer as Megatron-Core lays it out for the model whose parameters
+// `local` gives (our name -> this rank's shard shape; nullopt: none by that name), with L layers
+// over P stages, DP data-parallel ranks, a tied embedding or not and a bucket size (0: none). The
+// names it places go into `placed`.
+std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::optional<Shape>(const std::string&)>& local,
+                                                 int p, int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
+                                                 std::set<std::string>* placed = nullptr);
 
 // True when the folder holds dp_reshardable buckets.
 bool has_dp_reshardable_state(const DistcpFolder& f);
