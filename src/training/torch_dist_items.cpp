@@ -4,6 +4,7 @@
 #include <atomic>
 #include <fstream>
 #include <map>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/torch_file.h"
@@ -63,9 +64,10 @@ Value* tensor_properties(Document& doc, DType dtype) {
   return p;
 }
 
+// A scratch file name no other process (every rank writes into the same folder) or thread uses.
 std::string unique_scratch(const fs::path& tmp, const std::string& what) {
   static std::atomic<uint64_t> n{0};
-  return (tmp / (".scratch_" + what + "_" + std::to_string(n++))).string();
+  return (tmp / (".scratch_" + what + "_" + std::to_string(::getpid()) + "_" + std::to_string(n++))).string();
 }
 
 }  // namespace
