@@ -4,7 +4,7 @@
 // plain optimizer's state per parameter or the distributed optimizer's in Megatron's default
 // dp_reshardable buckets. --load of that folder resumes on the uninterrupted run's curve bit for
 // bit under the same layout, and a single-rank run loading it continues exactly as one loading
-// the same iteration in this build's format. Mpi*: DP 2 (np 2) and TP 2 x DP 2 (np 4) with the
+// the same iteration in this build's format. Mpi*: PP 2 (np 2) and TP 2 x DP 2 (np 4) with the
 // distributed optimizer, every data-parallel rank writing its pieces of the buckets.
 #include <gtest/gtest.h>
 
@@ -70,7 +70,8 @@ std::string save_and_resume(const Fixture& f, TrainingArgs a, const std::string&
     c.ckpt_step = 2;
     c.load = b.save;
     const TrainingSummary from_dist = run_single(c);
-    if (a.parallel.tensor_model_parallel_size > 1) {  // our format loads under its own TP only
+    if (a.parallel.tensor_model_parallel_size > 1 || a.parallel.pipeline_model_parallel_size > 1) {
+      // our format loads under its own TP x PP only: converted first
       ConvertOptions o;
       o.load = a.save;
       o.save = f.dir / (name + "_full_tp1");
@@ -119,10 +120,11 @@ TEST(TorchDistTraining, RefusesWhatItCannotWriteBeforeTraining) {
 TEST(MpiTorchDistTraining, DistributedOptimizerSaveAndResume) {
   SKIP_ON_ONE_RANK();
   const int W = world()->size();
-  if (W != 2 && W != 4) GTEST_SKIP() << "runs at -np 2 (DP2) and 4 (TP2 x DP2)";
+  if (W != 2 && W != 4) GTEST_SKIP() << "runs at -np 2 (PP2: the tied embedding's own buckets) and 4 (TP2 x DP2)";
   Fixture f;
   TrainingArgs a = f.args(4);
-  a.parallel.tensor_model_parallel_size = W / 2;
+  if (W == 2) a.parallel.pipeline_model_parallel_size = 2;
+  else a.parallel.tensor_model_parallel_size = 2;
   a.parallel.use_distributed_optimizer = true;
   a.transformer_impl = "local";
   save_and_resume(f, a, "dp_" + std::to_string(W), "dp_reshardable");
