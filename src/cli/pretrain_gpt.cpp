@@ -286,11 +286,10 @@ void add_pretrain_flags(CLI::App& sub, PretrainFlags* f) {
                  "starts from scratch)");
   sub.add_option("--ckpt-step", a.ckpt_step, "Load this iteration instead of the tracker's");
   sub.add_option("--ckpt-format", a.ckpt_format,
-                 "torch_dist (this build's resharding format, safetensors per rank) | torch "
-                 "(Megatron-LM's iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt files, which "
-                 "Megatron-LM loads with --ckpt-format torch)")
-      ->check(CLI::IsMember({"torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"}))
-      ->capture_default_str();
+                 "torch_dist (Megatron-Core's torch_dist folder, each rank writing its items) | torch "
+                 "(Megatron-LM's iter_N/mp_rank_XX[_YYY]/model_optim_rng.pt files); left out: this "
+                 "build's resharding format, safetensors per rank")
+      ->check(CLI::IsMember({"torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"}));
   sub.add_flag("--finetune", a.finetune, "Load the weights only; iteration, samples, optimizer, "
                "LR schedule and RNG start from zero");
   sub.add_flag("--no-load-optim", a.no_load_optim, "Do not load optimizer, loss scaler and LR schedule");

@@ -302,15 +302,44 @@ std::map<std::string, Tensor> read_torch_dist_model(const CheckpointOnDisk& ckpt
   return read_model_space(ckpt, DistcpFolder::open(ckpt.dir), prefix, want);
 }
 
+std::map<std::string, Shape> torch_dist_model_shapes(const CheckpointOnDisk& ckpt) {
+  const DistcpFolder f = DistcpFolder::open(ckpt.dir);
+  const bool tied = tied_of(ckpt);
+  std::map<std::string, Shape> out;
+  for (const std::string& key : model_keys(f)) {
+    Shape s = global_shape(f, key);
+    if (!has_layer_axis(key)) {
+      const std::string ours = ours_of(key, tied, f.metadata_label());
+      if (!ours.empty()) out[ours] = s;
+      continue;
+    }
+    const int64_t L = s[0];
+    s.erase(s.begin());
+    for (int64_t i = 0; i < L; ++i) {
+      const std::string ours =
+          ours_of(kLayers + std::to_string(i) + "." + key.substr(std::string(kLayers).size()), tied, f.metadata_label());
+      if (!ours.empty()) out[ours] = s;
+    }
+  }
+  return out;
+}
+
 std::map<std::string, Tensor> read_torch_dist_shards(const CheckpointOnDisk& ckpt,
                                                      const std::map<std::string, Shape>& params,
                                                      const CheckpointRank& rank, const std::string& prefix,
                                                      bool zero_fill_rows) {
+  return cut_torch_dist_shards(
+      ckpt, read_torch_dist_model(ckpt, [&](const std::string& n) { return params.count(n) > 0; }, prefix), params,
+      rank, zero_fill_rows);
+}
+
+std::map<std::string, Tensor> cut_torch_dist_shards(const CheckpointOnDisk& ckpt, std::map<std::string, Tensor> full,
+                                                    const std::map<std::string, Shape>& params,
+                                                    const CheckpointRank& rank, bool zero_fill_rows) {
   const std::map<std::string, model::WeightSpec> specs = checkpoint_weight_specs(ckpt, json());
-  std::map<std::string, Tensor> full =
-      read_torch_dist_model(ckpt, [&](const std::string& n) { return params.count(n) > 0; }, prefix);
   std::map<std::string, Tensor> out;
   for (auto& [name, t] : full) {
+    if (!params.count(name)) continue;
     const Shape& shape = params.at(name);
     auto spec = specs.find(name);
     MG_REQUIRE(spec != specs.end(), ckpt.dir.string(), ": tensor '", name, "' is not a parameter of the "

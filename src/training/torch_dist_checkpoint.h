@@ -73,6 +73,15 @@ std::map<std::string, Tensor> read_torch_dist_shards(const CheckpointOnDisk& ckp
                                                      const CheckpointRank& rank, const std::string& prefix = "",
                                                      bool zero_fill_rows = false);
 
+// The global shapes of the model's tensors under our names (the tied output layer left out),
+// without reading them.
+std::map<std::string, Shape> torch_dist_model_shapes(const CheckpointOnDisk& ckpt);
+
+// read_torch_dist_shards of global tensors already read (`full`: our name -> global tensor).
+std::map<std::string, Tensor> cut_torch_dist_shards(const CheckpointOnDisk& ckpt, std::map<std::string, Tensor> full,
+                                                    const std::map<std::string, Shape>& params,
+                                                    const CheckpointRank& rank, bool zero_fill_rows = false);
+
 // merge_checkpoint for a torch_dist checkpoint: the model weights and, with with_optimizer, the
 // optimizer state where the checkpoint has it in model space (torch_dist_optimizer.h).
 MergedCheckpoint merge_torch_dist_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer);

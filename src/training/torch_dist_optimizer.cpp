@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "training/torch_dist_buckets.h"
 #include "training/torch_dist_checkpoint.h"
 
 namespace megatron::training {
@@ -54,6 +55,27 @@ const Value* param_groups_of(const Value* common) {
   return g != nullptr && g->kind == Kind::List ? g : nullptr;
 }
 
+// The step count of dp_reshardable state: the param groups of model-parallel rank 0's
+// "optimizer" ShardedObject (torch.save of [DistributedOptimizer.state_dict() minus the state]).
+int64_t dp_reshardable_step(const DistcpFolder& f, int64_t iteration, std::vector<std::string>& notes) {
+  const std::string key = "optimizer.distributed.dp_group_idx_0.optimizer/shard_0_1";
+  std::optional<int64_t> step;
+  if (f.has(key) && f.entry(key).is_bytes) {
+    const std::vector<uint8_t> bytes = f.bytes(key);
+    const TorchFile obj = TorchFile::from_memory(bytes, f.metadata_label() + " item '" + key + "'");
+    const Value& root = obj.root();
+    const Value* state = root.kind == Kind::List && root.items.size() == 1 ? root.items[0] : &root;
+    if (const Value* groups = param_groups_of(state); groups != nullptr && !groups->items.empty())
+      step = step_of(groups->items[0]->get("step"), obj);
+  }
+  if (!step) {
+    notes.push_back(f.metadata_label() + " records no optimizer step count ('" + key + "'): Adam's bias "
+                    "correction continues from the iteration number (" + std::to_string(iteration) + ")");
+    step = iteration;
+  }
+  return *step;
+}
+
 }  // namespace
 
 TorchDistOptimizer torch_dist_optimizer(const DistcpFolder& f, const Value* common, const TorchFile& common_file,
@@ -65,7 +87,17 @@ TorchDistOptimizer torch_dist_optimizer(const DistcpFolder& f, const Value* comm
   const std::string type = sharding != nullptr && sharding->kind == Kind::Str ? sharding->text : "";
   const bool adam = has_prefix(f, std::string(kState) + "exp_avg_sq.");
   const bool sgd = has_prefix(f, std::string(kState) + "momentum_buffer.");
-  if (!type.empty() && type != "fully_reshardable") {
+  if (type == "dp_reshardable") {
+    if (!has_dp_reshardable_state(f)) {
+      o.note = "the distributed optimizer's dp_reshardable state is missing from " + f.metadata_label() +
+               " (no bucket tensors): resume with --no-load-optim";
+    } else {
+      o.type = "adam";  // Megatron's distributed optimizer is Adam's
+      o.main_params = true;
+      o.dp_reshardable = true;
+      o.step = dp_reshardable_step(f, iteration, notes);
+    }
+  } else if (!type.empty() && type != "fully_reshardable") {
     o.note = "the distributed optimizer's state is saved in Megatron's " + type.substr(0, 64) +
              " format" + (type == "dp_reshardable" ? " (flat buckets of its gradient buffers)" : "") +
              ", which this build does not read: resume with --no-load-optim (the weights load, the "
@@ -115,20 +147,24 @@ SafetensorsContents read_torch_dist_optimizer(const CheckpointOnDisk& ckpt, opti
   bool want_main = false;
   for (const optim::StatePiece& p : optimizer.state_pieces()) want_main = want_main || p.main.defined();
   std::vector<std::pair<std::string, std::string>> kinds;  // (Megatron's, ours)
-  if (want_main && o.main_params) kinds.emplace_back(main_param_kind(f), "fp32_param");
+  if (want_main && o.main_params) kinds.emplace_back(o.dp_reshardable ? "param" : main_param_kind(f), "fp32_param");
   if (o.type == "adam") {
     kinds.emplace_back("exp_avg", "exp_avg");
     kinds.emplace_back("exp_avg_sq", "exp_avg_sq");
   } else {
     kinds.emplace_back("momentum_buffer", "momentum_buffer");
   }
+  std::map<std::string, std::map<std::string, Tensor>> buckets;  // dp_reshardable, in model space
+  if (o.dp_reshardable) buckets = read_dp_reshardable_state(ckpt, f);
   SafetensorsContents out;
   Tensor step = Tensor::empty({}, DType::I64);
   *step.data<int64_t>() = o.step;
   out.tensors.emplace("optimizer.step", step);
   for (const auto& [theirs, ours] : kinds) {
     std::map<std::string, Tensor> t =
-        read_torch_dist_shards(ckpt, params, rank, std::string(kState) + theirs + ".", ours != "fp32_param");
+        o.dp_reshardable ? cut_torch_dist_shards(ckpt, buckets[theirs], params, rank, ours != "fp32_param")
+                         : read_torch_dist_shards(ckpt, params, rank, std::string(kState) + theirs + ".",
+                                                  ours != "fp32_param");
     for (auto& [name, x] : t) {
       const Tensor f32 = x.dtype() == DType::F32 ? x : x.to(DType::F32);
       if (name == kWordEmbedding && tied_copy) out.tensors.emplace("optimizer.state." + ours + "." + kOutputLayer, f32);
@@ -151,12 +187,15 @@ void merge_torch_dist_optimizer(const CheckpointOnDisk& ckpt, MergedCheckpoint& 
   bool half = false;
   for (const auto& [name, t] : m.model) half = half || t.dtype() != DType::F32;
   std::vector<std::pair<std::string, std::string>> kinds;
-  if (half && o.main_params) kinds.emplace_back(main_param_kind(f), "fp32_param");
+  if (half && o.main_params) kinds.emplace_back(o.dp_reshardable ? "param" : main_param_kind(f), "fp32_param");
+  std::map<std::string, std::map<std::string, Tensor>> buckets;  // dp_reshardable, in model space
+  if (o.dp_reshardable) buckets = read_dp_reshardable_state(ckpt, f);
   for (const char* k : o.type == "adam" ? std::vector<const char*>{"exp_avg", "exp_avg_sq"}
                                         : std::vector<const char*>{"momentum_buffer"})
     kinds.emplace_back(k, k);
   for (const auto& [theirs, ours] : kinds) {
-    std::map<std::string, Tensor> t = read_torch_dist_model(ckpt, {}, std::string(kState) + theirs + ".");
+    std::map<std::string, Tensor> t = o.dp_reshardable ? std::move(buckets[theirs])
+                                                        : read_torch_dist_model(ckpt, {}, std::string(kState) + theirs + ".");
     for (const auto& [name, x] : m.model)
       MG_REQUIRE(t.count(name), f.metadata_label(), " has no optimizer state '", kState, theirs, ".' for '",
                  name, "' (Megatron's key of that tensor): the checkpoint is incomplete; convert with "

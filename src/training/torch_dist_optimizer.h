@@ -14,11 +14,11 @@
 // and the rest in the common state (common.pt "optimizer"): the parameter groups with the step
 // count ({"optimizer": {"param_groups": [{..., "step": N}, ...]}, "param_state_sharding_type":
 // "fully_reshardable", ...} for the distributed optimizer).
-// Not read, and said by name (resume with --no-load-optim, or save with
-// --dist-ckpt-optim-fully-reshardable): the distributed optimizer's default dp_reshardable format
-// (flat per-bucket tensors "optimizer.distributed.dp_group_idx_<g>.gbuf_idx_<i>.dtype_<t>.
-// bucket_idx_<b>.<state>", tied to Megatron's gradient-buffer layout) and the deprecated
-// fully_sharded_model_space and dp_zero_gather_scatter formats.
+// The distributed optimizer's default format, dp_reshardable (common.pt says only
+// "param_state_sharding_type": "dp_reshardable"), holds flat per-bucket tensors and the step count
+// in a ShardedObject; it is rebuilt into model space by torch_dist_buckets.h. Not read, and said by
+// name (resume with --no-load-optim, or save with --dist-ckpt-optim-fully-reshardable): the
+// deprecated fully_sharded_model_space and dp_zero_gather_scatter formats.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +39,7 @@ struct TorchDistOptimizer {
   int64_t step = 0;   // successful optimizer steps
   std::string note;   // why there is none, when state was saved but is not read; else empty
   bool main_params = false;  // fp32 main weights saved ("param" or "fp32_param")
+  bool dp_reshardable = false;  // in the distributed optimizer's flat buckets (torch_dist_buckets.h)
 };
 
 // What the folder's keys and the common state's "optimizer" (`common`: nullptr when absent; its

@@ -36,6 +36,7 @@
 
 #include "training/checkpoint_convert.h"
 #include "training/torch_checkpoint.h"
+#include "training/torch_dist_items.h"
 
 namespace megatron::training {
 
@@ -44,5 +45,33 @@ namespace megatron::training {
 // folder.
 std::filesystem::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const std::filesystem::path& save_dir,
                                                   int tp, int pp, const TorchSaveOptions& options = {});
+
+// pretrain-gpt --ckpt-format torch_dist (torch_dist_save.cpp): save_checkpoint's inputs and
+// collective contract, Megatron's torch_dist folder out, each rank writing its own items into
+// __<world rank>_0/1.distcp as Megatron-Core's fully parallel save: the weights (by DP rank 0 of
+// each model-parallel rank, TP chunks and layer axis as above, names of --transformer-impl), the
+// optimizer state, and the ShardedObjects (RNG states, _extra_state); world rank 0 gathers every
+// item's place and writes .metadata, common.pt and metadata.json, then renames the temporary
+// folder and replaces the tracker. The optimizer state: the plain optimizer's per parameter in
+// model space (optimizer.state.{fp32_param (half models), exp_avg, exp_avg_sq | momentum_buffer}
+// .<key>, the step in common.pt's param groups), or the distributed optimizer's in Megatron's
+// default dp_reshardable form, each DP rank writing the pieces it holds at their places in the
+// flat buckets (torch_dist_buckets.h; --transformer-impl local), DP rank 0 the gaps (zeros) and
+// the ShardedObjects "optimizer" (param groups with the step), "per_bucket_numel" and
+// "per_bucket_numel_unpadded". Returns the iteration folder.
+std::filesystem::path save_torch_dist_checkpoint(const std::filesystem::path& save_dir, const CheckpointState& state,
+                                                 const model::ParameterList& params,
+                                                 optim::MegatronOptimizer* optimizer, const CheckpointRank& rank = {},
+                                                 const TorchSaveOptions& options = {});
+// What --ckpt-format torch_dist saves: GPT models (dense, no virtual stages), with the distributed
+// optimizer's state only for --transformer-impl local; an Error names the flag otherwise.
+void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size);
+
+// The ShardedObjects of global rank (t, p, d) (`meta` in our metadata.json shape): with t = d = 0
+// each layer module's _extra_state and the output layer's, and each rank's RNG state
+// ("rng_state/shard_<p>.<t>_<P>.<T>", with DP > 1 "rng_state/shard_<p>.<t>.<d>_<P>.<T>.<DP>").
+void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const std::filesystem::path& tmp,
+                      const TrainingArgs& a, const nlohmann::json& meta, int t, int T, int p, int P, int d, int DP,
+                      bool transformer_engine);
 
 }  // namespace megatron::training

@@ -9,6 +9,7 @@
 #include "pipeline/forward_backward.h"
 #include "training/metrics.h"
 #include "training/torch_checkpoint.h"
+#include "training/torch_dist_write.h"
 #include "training/training_run.h"
 
 namespace megatron::training {
@@ -218,6 +219,10 @@ void save_checkpoint_at(TrainingRun& r, int64_t it) {
     TorchSaveOptions to;
     to.transformer_impl = a.transformer_impl;
     dir = save_torch_checkpoint(a.save, st, params, saved, r.crank, to);
+  } else if (a.ckpt_format == "torch_dist") {  // Megatron's format, given by name
+    TorchSaveOptions to;
+    to.transformer_impl = a.transformer_impl;
+    dir = save_torch_dist_checkpoint(a.save, st, params, saved, r.crank, to);
   } else {
     dir = save_checkpoint(a.save, st, params, saved, r.crank);
   }

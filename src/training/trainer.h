@@ -171,12 +171,13 @@ struct TrainingArgs {
   // test split at the loaded iteration, as Megatron; an error when there is nothing to evaluate.
   bool skip_train = false;
   int64_t train_epochs = 0;          // --train-epochs: not Megatron's; refused (validate_args)
-  // --ckpt-format: torch_dist (Megatron's default) is served by this build's own resharding
-  // format (safetensors per rank, checkpoint.h); torch saves Megatron-LM's files
-  // (iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt and latest_checkpointed_iteration.txt,
-  // torch_checkpoint.h) with the names of --transformer-impl (transformer_impl below). --load
-  // reads either format whatever --ckpt-format says.
-  std::string ckpt_format = "torch_dist";
+  // --ckpt-format: left out (""), this build's own resharding format (safetensors per rank,
+  // checkpoint.h); torch_dist, given by name, Megatron-Core's torch_dist folder (each rank its own
+  // items, torch_dist_write.h); torch, Megatron-LM's files (iter_N/mp_rank_TT[_PPP]/
+  // model_optim_rng.pt and latest_checkpointed_iteration.txt, torch_checkpoint.h). The last two
+  // with the names of --transformer-impl (transformer_impl below). --load reads every format
+  // whatever --ckpt-format says.
+  std::string ckpt_format;
   std::string transformer_impl = "transformer_engine";  // --transformer-impl (names in .pt files)
 };
 

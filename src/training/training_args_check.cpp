@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "model/pipeline_layout.h"
 #include "training/trainer.h"
+#include "training/torch_dist_write.h"
 
 namespace megatron::training {
 
@@ -47,7 +48,7 @@ void validate_args(const TrainingArgs& a) {
                a.mask_prob, ")");
     MG_REQUIRE(a.ckpt_format != "torch" || a.parallel.pipeline_model_parallel_size == 1,
                "--ckpt-format torch (Megatron-LM's model_optim_rng.pt) is written for T5 with "
-               "--pipeline-model-parallel-size 1 only; keep the default --ckpt-format torch_dist");
+               "--pipeline-model-parallel-size 1 only; leave out --ckpt-format (this build's format)");
   }
   MG_REQUIRE(a.train_epochs == 0, "--train-epochs is not a Megatron-LM pretraining flag (only its "
              "finetuning tasks take --epochs); give the length as --train-iters N or --train-samples N");
@@ -112,10 +113,12 @@ void validate_args(const TrainingArgs& a) {
              "mutually exclusive: take the schedule from the command line or from the checkpoint");
   MG_REQUIRE(a.ckpt_step >= -1, "--ckpt-step must be >= 0");
   MG_REQUIRE(a.ckpt_step < 0 || !a.load.empty(), "--ckpt-step needs --load DIR");
-  MG_REQUIRE(a.ckpt_format == "torch_dist" || a.ckpt_format == "torch", "--ckpt-format ",
-             a.ckpt_format, " is not supported: use torch_dist (Megatron's default; here this "
-             "build's resharding checkpoint format, safetensors per rank) or torch (Megatron-LM's "
-             "model_optim_rng.pt files)");
+  MG_REQUIRE(a.ckpt_format.empty() || a.ckpt_format == "torch_dist" || a.ckpt_format == "torch", "--ckpt-format ",
+             a.ckpt_format, " is not supported: use torch_dist (Megatron-Core's torch_dist folder), torch "
+             "(Megatron-LM's model_optim_rng.pt files), or leave it out (this build's resharding "
+             "checkpoint format, safetensors per rank)");
+  if (a.ckpt_format == "torch_dist" && !a.save.empty())
+    check_torch_dist_save(a, a.parallel.num_layers_per_virtual_pipeline_stage > 0 ? 2 : 1, 1);
   MG_REQUIRE(a.weight_decay_incr_style == "constant" ||
                  (a.start_weight_decay >= 0 && a.end_weight_decay >= 0),
              "--weight-decay-incr-style ", a.weight_decay_incr_style,

@@ -45,7 +45,7 @@ TEST(MegatronFlags, ScriptFlagsForWhatThisBuildAlwaysDoesAreAccepted) {
       " --profile-step-start 1 --profile-step-end 2 --profile-ranks 0 1 --timing-log-level 2"
       " --accumulate-allreduce-grads-in-fp32 --apply-query-key-layer-scaling"
       // Megatron's defaults of the flags the loop does not act on yet, and no-effect cases.
-      " --ckpt-format torch_dist --pre-tockens 65536 --next-tockens 0 --grad-reduce-in-bf16"
+      " --pre-tockens 65536 --next-tockens 0 --grad-reduce-in-bf16"
       " --calculate-per-token-loss"
       " --recompute-granularity full --recompute-method uniform");
   ASSERT_EQ(r.exit_code, 0) << r.output;

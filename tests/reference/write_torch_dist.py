@@ -27,9 +27,12 @@ name, fields and reduce protocol, so the pickle's opcodes are those the real cla
       OUT/llama_layers/ (the same with one key per layer and fc1's gate/up keys), each
       saved as TP2 x PP2 would save it, with OUT/<name>.ref/ (config.json and weights.bin of the
       merged weights under our names, for gpt_reference.py; for gpt2 also optimizer.json and
-      optimizer.bin, the optimizer state merged); OUT/dp_reshardable (gpt2 with the distributed
-      optimizer's default dp_reshardable buckets, which are not read); OUT/evil_* (hostile variants of
-      gpt2) and OUT/marker (must never appear: the hostile pickles would create it).
+      optimizer.bin, the optimizer state merged); OUT/dp_reshardable (gpt2 and the same optimizer
+      state in the distributed optimizer's default format, dp_reshardable: flat buckets of
+      Megatron's gradient buffers, saved by each of the DP 2 ranks, see dp_reshardable_items) and
+      two variants whose args contradict or leave out its layout (OUT/dp_reshardable_overlap,
+      OUT/dp_reshardable_te); OUT/evil_* (hostile variants of gpt2) and OUT/marker (must never
+      appear: the hostile pickles would create it).
 """
 import argparse
 import dataclasses
@@ -50,6 +53,7 @@ VOCAB, DIVISOR, SEQ = 60, 16, 32
 TP, PP = 2, 2
 ITERATION = 7
 OPTIMIZER_STEP = 6  # one step skipped (as an fp16 run's overflow would)
+WEIGHTS_NUMEL = {}  # our name -> elements of the merged weight (dp_reshardable's layout)
 
 
 def padded_vocab(tp):
@@ -295,11 +299,10 @@ def rank_shards(m, w, opt, t, p, d):
     sources = []
     if d == 0:
         sources.append(("", w))
-    if opt == "dp_reshardable":  # the default format: flat buckets of each model-parallel group
-        n = 16
-        out.append(Shard("optimizer.distributed.dp_group_idx_%d.gbuf_idx_0.dtype_(torch.float32, "
-                         "torch.float32).bucket_idx_0.exp_avg" % (p * TP + t), [n], [d * n // DP],
-                         torch.zeros(n // DP)))
+    if isinstance(opt, tuple):  # ("dp_reshardable", state): flat buckets of the gradient buffers
+        shards, objs = dp_reshardable_items(m, opt[1], t, p, d)
+        out += shards
+        objects += objs
     elif opt is not None and d == DP - 1:
         sources += [("optimizer.state.%s." % k, opt[k]) for k in ("param", "exp_avg", "exp_avg_sq")]
     for prefix, src in sources:
@@ -333,6 +336,148 @@ def rank_shards(m, w, opt, t, p, d):
     return out, objects
 
 
+# The distributed optimizer's default checkpoint format, dp_reshardable (distrib_optimizer.py
+# sharded_param_state_dp_reshardable), from Megatron-Core's gradient-buffer layout
+# (param_and_grad_buffer.py _ParamAndGradBuffer, distributed_data_parallel.py):
+# - each model-parallel rank's buffer holds its parameters in the REVERSE order of
+#   module.named_parameters() (registration order: the embedding, then per layer input_layernorm,
+#   self_attention.linear_proj (Attention.__init__ builds it before SelfAttention builds
+#   linear_qkv), self_attention.linear_qkv, pre_mlp_layernorm, mlp.linear_fc1, mlp.linear_fc2,
+#   then the final norm and the output layer; weight before bias);
+# - every parameter starts at a multiple of 64 elements (_pad_start_of_param_if_needed);
+# - without --overlap-grad-reduce one bucket, except that a tied word embedding of a pipelined run
+#   (shared_embedding: the first stage's embedding, the last stage's output_layer.weight) gets a
+#   bucket of its own; each bucket is padded to a multiple of lcm(DP, 128);
+# - DP rank r owns elements [r * n / DP, (r + 1) * n / DP) of each bucket of n (padded) elements
+#   and saves every parameter piece (and each gap between them that lies before the unpadded end)
+#   as a chunk of "optimizer.distributed.dp_group_idx_<g>.gbuf_idx_0.dtype_(torch.float32,
+#   torch.float32).bucket_idx_<b>.<param | exp_avg | exp_avg_sq>" of global shape [unpadded size],
+#   g the model-parallel rank t + T p; the gaps hold torch.empty's garbage (NaN here);
+# - DP rank 0 saves the non-tensor state as ShardedObjects of that prefix: "optimizer"
+#   (DistributedOptimizer.state_dict: the param groups with the step), "per_bucket_numel" and
+#   "per_bucket_numel_unpadded" ([{(param dtype, grad dtype): [n per bucket]}] per buffer).
+def megatron_params(m, t, p):
+    """(Megatron name, our name, TP axis) of model-parallel rank (t, p)'s parameters in
+    named_parameters() order."""
+    per = m["L"] // PP
+    out = []
+    if p == 0:
+        out.append(("embedding.word_embeddings.weight", "embedding.word_embeddings.weight", 0))
+        if m["pe"] == "learned_absolute":
+            out.append(("embedding.position_embeddings.weight", "embedding.position_embeddings.weight", None))
+    for layer in range(p * per, (p + 1) * per):
+        for sub in ("input_layernorm.weight", "input_layernorm.bias",
+                    "self_attention.linear_proj.weight", "self_attention.linear_proj.bias",
+                    "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
+                    "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
+                    "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"):
+            name = "decoder.layers.%d.%s" % (layer - p * per, sub)
+            ours = "decoder.layers.%d.%s" % (layer, sub)
+            if ours.endswith(".bias") and not m["bias"] and "layernorm" not in sub:
+                continue
+            if "layernorm.bias" in sub and m["norm"] != "LayerNorm":
+                continue
+            out.append((name, ours, tp_axis(sub)))
+    if p == PP - 1:
+        out.append(("decoder.final_layernorm.weight", "decoder.final_layernorm.weight", None))
+        if m["norm"] == "LayerNorm":
+            out.append(("decoder.final_layernorm.bias", "decoder.final_layernorm.bias", None))
+        if m["untied"]:
+            out.append(("output_layer.weight", "output_layer.weight", 0))
+        elif PP > 1:  # the last stage's copy of the tied embedding: its own state, equal
+            out.append(("output_layer.weight", "embedding.word_embeddings.weight", 0))
+    return out
+
+
+def dp_reshardable_buckets(m, t, p):
+    """[(numel_unpadded, numel, [(start in bucket, our name, TP axis, local numel)])] of the
+    buffer of rank (t, p), as _ParamAndGradBuffer.__init__ lays it out (bucket_size None)."""
+    DP = m["dp"]
+    divisor = DP * 128 // __import__("math").gcd(DP, 128)
+    params = megatron_params(m, t, p)
+    tied_pp = not m["untied"] and PP > 1
+
+    def shared(name):
+        return tied_pp and ((p == 0 and name == "embedding.word_embeddings.weight") or
+                            (p == PP - 1 and name == "output_layer.weight"))
+
+    def pad(x, d):
+        return (x + d - 1) // d * d
+
+    buckets, current, bucket_start, start = [], [], 0, 0
+
+    def close(end):
+        buckets.append((end - bucket_start, pad(end, divisor) - bucket_start, current))
+        return pad(end, divisor)
+
+    for name, ours, axis in reversed(params):
+        numel = WEIGHTS_NUMEL[ours] // (TP if axis is not None else 1)
+        start = pad(start, 64)
+        if shared(name) and current:
+            start = bucket_start = close(start)
+            current = []
+        current.append((start - bucket_start, ours, axis, numel))
+        end = start + numel
+        if shared(name):
+            start = bucket_start = close(end)
+            current = []
+        else:
+            start = end
+    if current:
+        close(end)
+    return buckets
+
+
+def local_flat(full, axis, t):
+    if axis is None:
+        return full.reshape(-1)
+    n = full.shape[axis] // TP
+    return full.narrow(axis, t * n, n).contiguous().reshape(-1)
+
+
+def dp_reshardable_items(m, state, t, p, d):
+    DP = m["dp"]
+    g = t + TP * p
+    prefix = "optimizer.distributed.dp_group_idx_%d." % g
+    dtype = (torch.float32, torch.float32)
+    shards, objects = [], []
+    buckets = dp_reshardable_buckets(m, t, p)
+    for b, (unpadded, numel, params) in enumerate(buckets):
+        local = numel // DP
+        lo, hi = d * local, (d + 1) * local
+        pieces = []  # (gbuf_local_start, gbuf_local_end, {key: tensor})
+        for start, ours, axis, n in params:
+            s, e = max(start, lo), min(start + n, hi)
+            if s >= e:
+                continue
+            pieces.append((s - lo, e - lo, {k: local_flat(state[k][ours], axis, t)[s - start:e - start].clone()
+                                            for k in ("param", "exp_avg", "exp_avg_sq")}))
+        assert pieces, "empty bucket encountered"
+        # Megatron's padding: the gaps before the unpadded end, as chunks of garbage.
+        full = []
+        for i in range(-1, len(pieces)):
+            if i >= 0:
+                full.append(pieces[i])
+            end = 0 if i == -1 else pieces[i][1]
+            nxt = local if i == len(pieces) - 1 else pieces[i + 1][0]
+            if nxt != end and d * local + end < unpadded:
+                full.append((end, nxt, {k: torch.full((nxt - end,), float("nan"))
+                                        for k in ("param", "exp_avg", "exp_avg_sq")}))
+        key = prefix + "gbuf_idx_0.dtype_%s.bucket_idx_%d." % (str(dtype), b)
+        for s, e, tensors in full:
+            for k in ("param", "exp_avg", "exp_avg_sq"):
+                shards.append(Shard(key + k, [unpadded], [d * local + s], tensors[k]))
+    if d == 0:
+        group = {"wd_mult": 1.0, "lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False,
+                 "lr": 3e-3, "bias_correction": True, "betas": (0.9, 0.999), "eps": 1e-8,
+                 "weight_decay": 0.1, "amsgrad": False, "step": OPTIMIZER_STEP}
+        objects.append((prefix + "optimizer/shard_0_1",
+                        {"param_groups": [group, dict(group, wd_mult=0.0, weight_decay=0.0)]}))
+        objects.append((prefix + "per_bucket_numel/shard_0_1", [{dtype: [n for _, n, _ in buckets]}]))
+        objects.append((prefix + "per_bucket_numel_unpadded/shard_0_1", [{dtype: [u for u, _, _ in buckets]}]))
+    return shards, objects
+
+
 def torch_save_bytes(obj):
     b = io.BytesIO()
     torch.save(obj, b)
@@ -355,11 +500,13 @@ def args_namespace(m):
         tokenizer_type="NullTokenizer", vocab_size=VOCAB, consumed_train_samples=ITERATION * 8,
         consumed_valid_samples=0, seed=1234, micro_batch_size=2, global_batch_size=8, train_iters=20,
         lr=3e-3, min_lr=3e-4, lr_decay_style="cosine", weight_decay=0.1, optimizer="adam",
-        use_distributed_optimizer=bool(m.get("optimizer")), ckpt_format="torch_dist", iteration=ITERATION)
+        use_distributed_optimizer=bool(m.get("optimizer")), ckpt_format="torch_dist", iteration=ITERATION,
+        overlap_grad_reduce=False, ddp_bucket_size=None, dist_ckpt_optim_fully_reshardable=False)
 
 
-def write_checkpoint(folder, m, w, opt=None, evil=None):
-    """folder/iter_0000007/ as Megatron's save_checkpoint leaves it, and the tracker."""
+def write_checkpoint(folder, m, w, opt=None, evil=None, args=None):
+    """folder/iter_0000007/ as Megatron's save_checkpoint leaves it, and the tracker (`args`: values
+    that replace those of args_namespace)."""
     it = os.path.join(folder, "iter_%07d" % ITERATION)
     os.makedirs(it, exist_ok=True)
     state_md, storage = {}, {}
@@ -402,12 +549,15 @@ def write_checkpoint(folder, m, w, opt=None, evil=None):
                     storage_meta=StorageMeta(checkpoint_id=it, save_id="0"), version="1.0.0")
     with open(os.path.join(it, ".metadata"), "wb") as f:
         pickle.dump(meta, f)
-    common = {"args": args_namespace(m), "checkpoint_version": 3.0, "iteration": ITERATION,
+    namespace = args_namespace(m)
+    for k, v in (args or {}).items():
+        setattr(namespace, k, v)
+    common = {"args": namespace, "checkpoint_version": 3.0, "iteration": ITERATION,
               "opt_param_scheduler": {"max_lr": 3e-3, "min_lr": 3e-4, "lr_warmup_steps": 0,
                                       "num_steps": ITERATION * 8, "lr_decay_steps": 160,
                                       "lr_decay_style": "cosine", "start_wd": 0.1, "end_wd": 0.1},
               "num_floating_point_operations_so_far": 0.0}
-    if opt == "dp_reshardable":
+    if isinstance(opt, tuple):  # everything else of it is in ShardedObjects
         common["optimizer"] = {"param_state_sharding_type": "dp_reshardable"}
     elif opt is not None:  # the distributed optimizer's common part (DistributedOptimizer.state_dict)
         group = {"wd_mult": 1.0, "lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False,
@@ -479,8 +629,15 @@ def make(out):
         meta.planner_data = {"x": _Evil(fn, arg)}
         with open(os.path.join(it, ".metadata"), "wb") as f:
             pickle.dump(meta, f)
-    # The distributed optimizer's default format, dp_reshardable: not read (said by name).
-    write_checkpoint(os.path.join(out, "dp_reshardable"), m, w, "dp_reshardable")
+    # gpt2 with the distributed optimizer's default format, dp_reshardable: the same state.
+    WEIGHTS_NUMEL.update({n: t.numel() for n, t in w.items()})
+    dp = ("dp_reshardable", optimizer_state(m, w, 200))
+    write_checkpoint(os.path.join(out, "dp_reshardable"), m, w, dp)
+    # Buckets whose layout the args contradict (--overlap-grad-reduce with small buckets would
+    # have made several), and Transformer Engine's modules (their order is not rebuilt): refused.
+    write_checkpoint(os.path.join(out, "dp_reshardable_overlap"), m, w, dp,
+                     args={"overlap_grad_reduce": True, "ddp_bucket_size": 4096})
+    write_checkpoint(os.path.join(out, "dp_reshardable_te"), m, w, dp, args={"transformer_impl": "transformer_engine"})
     # The same checkpoint from another sharded backend: refused by name.
     zarr = os.path.join(out, "zarr")
     shutil.copytree(os.path.join(out, "gpt2"), zarr)

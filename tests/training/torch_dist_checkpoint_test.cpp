@@ -198,14 +198,45 @@ TEST(TorchDistCheckpoint, ConvertsToOursTorchAndHuggingFaceGeneratesAndEvaluates
   EXPECT_EQ(config["num_key_value_heads"], 2);
 }
 
-// The fixture's optimizer state (the distributed optimizer's fully_reshardable format, saved by DP
-// rank 1 of TP2 x PP2 x DP2), merged: the writer's values under our names, bit for bit.
+void expect_writers_optimizer_state(const fs::path& folder);
+
+// The fixture's optimizer state, merged: the writer's values under our names, bit for bit. Saved
+// by TP2 x PP2 x DP2 in the distributed optimizer's fully_reshardable format (by DP rank 1), and
+// in its default dp_reshardable format: each DP rank's part of each bucket's flat tensors, in
+// Megatron's gradient-buffer layout. That fixture's layout tells the plausible alternatives apart:
+// the parameters in reverse registration order with linear_proj before linear_qkv (sizes 512 and
+// 1536 per rank here), norms and biases of 32 elements followed by gaps (each parameter starts at
+// a multiple of 64) holding NaN, the tied embedding in a bucket of its own on both stages, DP
+// boundaries inside parameters, and an unpadded bucket end that is not a multiple of 128 DP.
 TEST(TorchDistCheckpoint, OptimizerStateMergesToTheWritersValues) {
+  for (const std::string name : {"gpt2", "dp_reshardable"}) {
+    SCOPED_TRACE(name);
+    expect_writers_optimizer_state(fixtures().dir / name);
+  }
+}
+
+// Layouts of the dp_reshardable buckets this build cannot rebuild are refused, naming what differs.
+TEST(TorchDistCheckpoint, DpReshardableLayoutsThisBuildCannotRebuildAreRefused) {
+  for (const auto& [name, what] : std::vector<std::pair<std::string, std::string>>{
+           {"dp_reshardable_overlap", "saved 2 buckets, but the model its args describe makes"},
+           {"dp_reshardable_te", "--transformer-impl transformer_engine"}}) {
+    const fs::path save = fixtures().dir / ("never_" + name);
+    const auto r = mt::run_cli("checkpoint convert --load " + (fixtures().dir / name).string() + " --save " +
+                               save.string() + kTokenizer + " 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << name << ": " << r.output;
+    EXPECT_NE(r.output.find(what), std::string::npos) << name << ": " << r.output;
+    EXPECT_NE(r.output.find("--dist-ckpt-optim-fully-reshardable"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("internal error"), std::string::npos) << name << ": " << r.output;
+    EXPECT_FALSE(fs::exists(save)) << name;
+  }
+}
+
+void expect_writers_optimizer_state(const fs::path& folder) {
   const fs::path ref = fixtures().dir / "gpt2.ref";
   const json cfg = json::parse(mt::read_file(ref / "config.json"));
   const json opt = json::parse(mt::read_file(ref / "optimizer.json"));
   const std::string raw = mt::read_file(ref / "optimizer.bin");
-  const auto ckpt = training::find_checkpoint(fixtures().dir / "gpt2", std::nullopt);
+  const auto ckpt = training::find_checkpoint(folder, std::nullopt);
   ASSERT_TRUE(ckpt.has_value());
   EXPECT_EQ(ckpt->state.optimizer_type, "adam");
   EXPECT_TRUE(ckpt->parallel.distributed_optimizer);
@@ -245,6 +276,7 @@ TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesWithItsOptimizerState) {
       " --split 100,0,0 --seq-length 32 --micro-batch-size 2 --global-batch-size 2 --eval-iters 0"
       " --log-interval 1 --tokenizer-type NullTokenizer --vocab-size 64";  // EOD 63
   const std::string src = (fixtures().dir / "gpt2").string();
+  const std::string dp = (fixtures().dir / "dp_reshardable").string();  // the same, Megatron's default format
   const auto ft = mt::run_cli("pretrain-gpt --load " + src + flags + " --lr 1e-4 --finetune --train-iters 2"
                               " --save-interval 2 --save " + (out / "ft").string() + " 2>&1");
   ASSERT_EQ(ft.exit_code, 0) << ft.output;
@@ -273,7 +305,8 @@ TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesWithItsOptimizerState) {
            {"torch_dist", src, ""}, {"ours", (out / "ours_tensor1").string(), ""},
            {"fresh", src, " --no-load-optim --lr 3e-3"}, {"torch_dist_tp2", src, tp2},
            {"ours_tp2", (out / "ours_tensor2").string(), tp2}, {"torch_dist_pp2", src, pp2},
-           {"ours_pp2", (out / "ours_pipeline2").string(), pp2}, {"written", (out / "written").string(), ""}}) {
+           {"ours_pp2", (out / "ours_pipeline2").string(), pp2}, {"written", (out / "written").string(), ""},
+           {"dp_reshardable", dp, ""}, {"dp_reshardable_tp2", dp, tp2}}) {
     const std::string launch = name.ends_with("2") ? "launch --nproc-per-node 2 -- " : "";
     const auto r = mt::run_cli(launch + "pretrain-gpt --load " + load + resume + extra + " --save " +
                                (out / name).string() + " 2>&1");
@@ -286,6 +319,7 @@ TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesWithItsOptimizerState) {
   }
   EXPECT_EQ(after.at("torch_dist").optimizer_step, 6 + 2);  // the fixture's 6 steps, then 2
   EXPECT_EQ(after.at("torch_dist_tp2").optimizer_step, 6 + 2);
+  EXPECT_EQ(after.at("dp_reshardable").optimizer_step, 6 + 2);  // from its "optimizer" ShardedObject
   auto same = [](const Tensor& x, const Tensor& y) {
     const Tensor a = x.contiguous(), b = y.contiguous();
     return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(), size_t(a.numel()) * 4) == 0;
@@ -294,6 +328,14 @@ TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesWithItsOptimizerState) {
     EXPECT_TRUE(same(after.at("torch_dist").model.at(name), t)) << name;
     EXPECT_TRUE(same(after.at("written").model.at(name), t)) << name;
     EXPECT_FALSE(same(after.at("fresh").model.at(name), t)) << name;
+    EXPECT_TRUE(same(after.at("dp_reshardable").model.at(name), t)) << name;
+    EXPECT_TRUE(same(after.at("dp_reshardable_tp2").model.at(name), after.at("torch_dist_tp2").model.at(name))) << name;
+    for (const std::string k : {"exp_avg", "exp_avg_sq"}) {
+      EXPECT_TRUE(same(after.at("dp_reshardable").optimizer.at(k).at(name), after.at("ours").optimizer.at(k).at(name)))
+          << k << " " << name;
+      EXPECT_TRUE(same(after.at("dp_reshardable_tp2").optimizer.at(k).at(name),
+                       after.at("torch_dist_tp2").optimizer.at(k).at(name))) << k << " " << name;
+    }
     for (const std::string l : {"tp2", "pp2"}) {
       const training::MergedCheckpoint &a = after.at("torch_dist_" + l), &b = after.at("ours_" + l);
       EXPECT_TRUE(same(a.model.at(name), b.model.at(name))) << l << " " << name;
@@ -301,23 +343,6 @@ TEST(TorchDistCheckpoint, PretrainFineTunesAndResumesWithItsOptimizerState) {
         EXPECT_TRUE(same(a.optimizer.at(k).at(name), b.optimizer.at(k).at(name))) << l << " " << k << " " << name;
     }
   }
-}
-
-// The distributed optimizer's default format (flat buckets of Megatron's gradient buffers) is
-// not read: a resume stops naming it and the way on.
-TEST(TorchDistCheckpoint, DpReshardableOptimizerStateIsRefusedByName) {
-  mt::TempDir out;
-  training::parallel_test::write_corpus((out / "corpus").string());
-  const auto r = mt::run_cli("pretrain-gpt --load " + (fixtures().dir / "dp_reshardable").string() +
-                             " --num-layers 4 --hidden-size 32 --num-attention-heads 4 --max-position-embeddings 32"
-                             " --make-vocab-size-divisible-by 16 --data-path " + (out / "corpus").string() +
-                             " --split 100,0,0 --seq-length 32 --micro-batch-size 2 --global-batch-size 2"
-                             " --use-checkpoint-opt_param-scheduler --train-iters 9 --eval-iters 0"
-                             " --tokenizer-type NullTokenizer --vocab-size 64 2>&1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("dp_reshardable format"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("--no-load-optim"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
 }
 
 // `checkpoint convert --save-format torch_dist` under other layouts than the fixtures' TP2 x PP2:

@@ -1,0 +1,216 @@
+// pretrain-gpt --ckpt-format torch_dist: every rank writes its own items, as Megatron-Core's fully
+// parallel save; see torch_dist_write.h.
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "core/error.h"
+#include "training/checkpoint_files.h"
+#include "training/torch_dist_buckets.h"
+#include "training/torch_dist_write.h"
+
+namespace megatron::training {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using pickle::Document;
+using pickle::Value;
+using torch_dist_io::WriteItem;
+
+namespace {
+
+constexpr const char* kWordEmbedding = "embedding.word_embeddings.weight";
+constexpr const char* kOutputLayer = "output_layer.weight";
+
+std::string torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::BF16: return "torch.bfloat16";
+    case DType::F16: return "torch.float16";
+    default: return "torch.float32";
+  }
+}
+
+// The distributed optimizer's state of this rank in Megatron's dp_reshardable buckets
+// (torch_dist_buckets.h): the pieces it holds at their places in the flat buckets, with DP rank
+// 0 writing the gaps between parameters (zeros) and the ShardedObjects.
+void add_dp_reshardable_items(std::vector<WriteItem>& items, const fs::path& tmp, optim::MegatronOptimizer& opt,
+                              const TrainingArgs& a, const CheckpointRank& rank) {
+  const model::ParameterList& ps = opt.parameters();
+  std::map<std::string, const model::Parameter*> by_name;
+  for (const model::Parameter* p : ps) by_name[p->name] = p;
+  const bool tied = !a.model.untie_embeddings_and_output_weights;
+  std::set<std::string> placed;
+  const std::vector<BufferBucket> layout = megatron_buffer_layout(
+      [&](const std::string& n) -> std::optional<Shape> {
+        auto it = by_name.find(n);
+        if (it == by_name.end() && n == kWordEmbedding && tied) it = by_name.find(kOutputLayer);
+        if (it == by_name.end()) return std::nullopt;
+        return it->second->value.shape();
+      },
+      rank.pp_rank, rank.pp_size, a.model.num_layers, rank.dp_size, tied, 0, &placed);
+  std::map<std::string, std::pair<size_t, int64_t>> where;  // name -> (bucket, start)
+  for (size_t b = 0; b < layout.size(); ++b)
+    for (const BufferSlot& s : layout[b].params) where[s.name] = {b, s.start};
+  for (const model::Parameter* p : ps)
+    MG_REQUIRE(where.count(p->name), "--ckpt-format torch_dist: the parameter '", p->name, "' has no place "
+               "this build knows in Megatron's gradient buffer: save with this build's format (leave out "
+               "--ckpt-format) or --no-save-optim");
+  const DType pdtype = ps.empty() ? DType::F32 : ps[0]->value.dtype();
+  const std::string dtype = "(" + torch_dtype_name(pdtype) + ", torch.float32)";
+  const std::string g = "optimizer.distributed.dp_group_idx_" + std::to_string(rank.tp_rank + rank.tp_size * rank.pp_rank) + ".";
+  auto key = [&](size_t b, const char* kind) {
+    return g + "gbuf_idx_0.dtype_" + dtype + ".bucket_idx_" + std::to_string(b) + "." + kind;
+  };
+  auto add = [&](size_t b, const char* kind, int64_t at, const Tensor& data) {
+    WriteItem it;
+    it.key = key(b, kind);
+    it.global = {layout[b].unpadded};
+    it.offsets = {at};
+    it.data = data.dtype() == DType::F32 ? data.contiguous().view({-1}) : data.to(DType::F32).contiguous().view({-1});
+    items.push_back(std::move(it));
+  };
+  for (const optim::StatePiece& sp : opt.state_pieces()) {
+    const model::Parameter& p = *ps[sp.param];
+    const auto [b, start] = where.at(p.name);
+    const int64_t at = start + sp.param_offset;
+    add(b, "param", at, sp.main.defined() ? sp.main : p.value.view({-1}).narrow(0, sp.param_offset, sp.length));
+    add(b, "exp_avg", at, sp.exp_avg);
+    add(b, "exp_avg_sq", at, sp.exp_avg_sq);
+  }
+  if (rank.dp_rank != 0) return;
+  for (size_t b = 0; b < layout.size(); ++b) {  // the gaps (Megatron's: garbage; here zeros)
+    int64_t end = 0;
+    for (const BufferSlot& s : layout[b].params) {
+      if (s.start > end)
+        for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) add(b, kind, end, Tensor::zeros({s.start - end}, DType::F32));
+      end = s.start + std::accumulate(s.local.begin(), s.local.end(), int64_t(1), std::multiplies<>());
+    }
+  }
+  auto numels = [&](bool padded) {
+    return [&, padded](Document& d) {
+      Value* counts = d.list();
+      for (const BufferBucket& bk : layout) counts->items.push_back(d.integer(padded ? bk.padded : bk.unpadded));
+      Value* by_dtype = d.dict();
+      Document::set(by_dtype, d.tuple({d.torch_dtype(pdtype), d.torch_dtype(DType::F32)}), counts);
+      return d.list({by_dtype});
+    };
+  };
+  items.push_back(torch_dist_io::object_item(g + "optimizer/shard_0_1", [&](Document& d) {
+    return d.list({torch_dist_io::param_groups_state(d, a, true, opt.step_count())});
+  }, tmp));
+  items.push_back(torch_dist_io::object_item(g + "per_bucket_numel/shard_0_1", numels(true), tmp));
+  items.push_back(torch_dist_io::object_item(g + "per_bucket_numel_unpadded/shard_0_1", numels(false), tmp));
+}
+
+}  // namespace
+
+fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointState& state,
+                                    const model::ParameterList& params, optim::MegatronOptimizer* optimizer,
+                                    const CheckpointRank& rank, const TorchSaveOptions& options) {
+  const TrainingArgs a = training_args_from_json(state.args);
+  TrainingArgs checked = a;
+  checked.transformer_impl = options.transformer_impl;  // not among the recorded args
+  check_torch_dist_save(checked, rank.vp_size, rank.ep_size);
+  const bool te = options.transformer_impl == "transformer_engine";
+  const bool multi = rank.multi();
+  const bool root = !multi || rank.world->rank() == 0;
+  const std::string name = iteration_dir_name(state.iteration);
+  const fs::path tmp = save_dir / (".tmp_" + name);
+  if (root) {
+    detail::create_private_dirs(save_dir);
+    detail::clean_leftovers(save_dir);
+    fs::remove_all(tmp);
+    detail::create_private_dirs(tmp);
+  }
+  if (multi) rank.world->barrier();  // the temporary folder exists for everyone
+
+  CheckpointMetadata cm;
+  cm.state = state;
+  const json meta = json(checkpoint_metadata_to_json(cm));
+  const int T = rank.tp_size, P = rank.pp_size, t = rank.tp_rank, p = rank.pp_rank, d = rank.dp_rank;
+  const int L = int(a.model.num_layers);
+  const bool distributed = optimizer != nullptr && optimizer->shard().has_value();
+  const bool adam = optimizer != nullptr && optimizer->config().type == optim::OptimizerType::Adam;
+  std::vector<WriteItem> items;
+  if (d == 0) {  // the weights, and the plain optimizer's state per parameter, chunked alike
+    std::vector<std::pair<std::string, std::function<Tensor(const optim::StatePiece&, const model::Parameter&)>>> kinds;
+    if (optimizer != nullptr && !distributed) {
+      kinds.emplace_back("fp32_param", [](const optim::StatePiece& s, const model::Parameter&) { return s.main; });
+      kinds.emplace_back(adam ? "exp_avg" : "momentum_buffer",
+                         [](const optim::StatePiece& s, const model::Parameter&) { return s.exp_avg; });
+      if (adam) kinds.emplace_back("exp_avg_sq", [](const optim::StatePiece& s, const model::Parameter&) { return s.exp_avg_sq; });
+    }
+    std::map<size_t, const optim::StatePiece*> piece_of;
+    std::vector<optim::StatePiece> pieces;
+    if (!kinds.empty()) pieces = optimizer->state_pieces();
+    for (const optim::StatePiece& s : pieces) piece_of[s.param] = &s;
+    const model::ParameterList& ops = optimizer != nullptr ? optimizer->parameters() : params;
+    auto add_param = [&](const std::string& prefix, const model::Parameter& par, const Tensor& value) {
+      const auto [key, layer] = torch_dist_io::megatron_key(par.name, te);
+      const ShardRule rule = shard_rule(par);
+      Shape global = par.value.shape();
+      if (rule.dim >= 0) global[size_t(rule.dim)] *= T;
+      torch_dist_io::add_chunks(items, prefix + key, layer, L, global, rule.dim,
+                                torch_dist_io::local_chunks(value.view(par.value.shape()), rule, t, T));
+    };
+    for (const model::Parameter* par : params)
+      if (!par->shared) add_param("", *par, par->value);
+    for (const auto& [kind, get] : kinds)
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (ops[i]->shared || !piece_of.count(i)) continue;
+        const Tensor x = get(*piece_of.at(i), *ops[i]);
+        if (x.defined()) add_param("optimizer.state." + kind + ".", *ops[i], x);
+      }
+  }
+  if (distributed) {
+    MG_REQUIRE(adam, "--ckpt-format torch_dist with --use-distributed-optimizer saves Adam's state (Megatron's "
+               "distributed optimizer is Adam's); use --optimizer adam or leave out --ckpt-format");
+    add_dp_reshardable_items(items, tmp, *optimizer, a, rank);
+  }
+  add_object_items(items, tmp, a, meta, t, T, p, P, d, rank.dp_size, te);
+  const int me = multi ? rank.world->rank() : 0;
+  std::vector<torch_dist_io::ItemRecord> records = torch_dist_io::write_rank_files(tmp, me, items);
+  detail::fsync_path(tmp, true);
+  if (multi) {  // rank 0 describes every rank's items
+    const std::vector<std::string> all =
+        all_gather_strings(*rank.world, torch_dist_io::records_to_json(records).dump());
+    records.clear();
+    for (const std::string& s : all) {
+      const std::vector<torch_dist_io::ItemRecord> r = torch_dist_io::records_from_json(json::parse(s));
+      records.insert(records.end(), r.begin(), r.end());
+    }
+  }
+  if (root) {
+    torch_dist_io::write_dcp_metadata(tmp, records, (save_dir / name).string());
+    torch_dist_io::CommonState c;
+    c.meta = meta;
+    c.tp = T;
+    c.pp = P;
+    c.dp = rank.dp_size;
+    c.dtype = params.empty() ? DType::F32 : params[0]->value.dtype();
+    c.padded_vocab_size = a.model.padded_vocab_size;
+    c.transformer_impl = options.transformer_impl;
+    if (optimizer != nullptr) c.optimizer_form = distributed ? "dp_reshardable" : "plain";
+    c.optimizer_type = adam ? "adam" : "sgd";
+    c.optimizer_step = optimizer != nullptr ? optimizer->step_count() : 0;
+    torch_dist_io::write_common_files(tmp, c);
+    detail::fsync_path(tmp, true);
+    detail::publish_iteration(save_dir, tmp, name, std::to_string(state.iteration));
+  }
+  if (multi) rank.world->barrier();  // complete (renamed, tracker written) for everyone
+  return save_dir / name;
+}
+
+void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
+  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt && a.model.num_moe_experts == 0 && ep_size <= 1,
+             "--ckpt-format torch_dist saves GPT models (dense) here: leave out --ckpt-format (this build's "
+             "format, which `checkpoint convert` reshards) or use --ckpt-format torch for other models");
+  MG_REQUIRE(vp_size <= 1, "--ckpt-format torch_dist with virtual pipeline stages is not written by this build: "
+             "leave out --ckpt-format and convert the checkpoint afterwards");
+  MG_REQUIRE(!a.parallel.use_distributed_optimizer || a.no_save_optim || a.transformer_impl == "local",
+             "--ckpt-format torch_dist with --use-distributed-optimizer writes Megatron's dp_reshardable optimizer "
+             "state in the gradient-buffer order of Megatron-Core's local modules: add --transformer-impl local "
+             "(also to the Megatron-LM run that loads it), or --no-save-optim");
+}
+
+}  // namespace megatron::training
