@@ -625,12 +625,10 @@ void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList
     for (model::Parameter* p : params)
       if (!p->shared) wanted.emplace(p->name, p->value.shape());
     st.tensors = read_torch_dist_shards(ckpt, wanted, rank);
-  } else {
-    st = torch ? read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, false).model
-               : SafetensorsContents{};
   }
   std::string label = (ckpt.dir / rel).string();
   bool resharded = false;  // another expert-parallel size: the files hold others' experts too
+  if (torch) st = read_torch_rank_for(ckpt, rank, false, &resharded).model;
   if (!torch && !torch_dist) {
     detail::RankTensors rt = detail::read_rank_tensors(ckpt, rank, "model.safetensors");
     st = std::move(rt.contents);

@@ -389,11 +389,13 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
 
   if (o.save_format == "torch") {  // Megatron-LM's files (training/torch_checkpoint.h)
     m.metadata["args"]["model"]["padded_vocab_size"] = target_vocab;
-    res.dir = write_torch_checkpoint(m, o.save, T, P, o.target_layers_per_virtual_stage,
-                                     TorchSaveOptions{o.transformer_impl});
+    TorchSaveOptions so{o.transformer_impl};
+    so.expert_model_parallel_size = o.target_ep;
+    res.dir = write_torch_checkpoint(m, o.save, T, P, o.target_layers_per_virtual_stage, so);
     res.num_tensors = m.model.size();
-    res.num_files = size_t(T) * size_t(P);
+    res.num_files = size_t(T) * size_t(P) * size_t(o.target_ep);
     res.to = CheckpointParallel{T, P, ckpt.parallel.data_parallel_size, false};
+    res.to.expert_model_parallel_size = o.target_ep;
     res.to.virtual_pipeline_model_parallel_size = layout.num_chunks;
     res.notes = m.notes;
     return res;
@@ -525,8 +527,9 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   MG_REQUIRE(o.target_tp >= 1, "--target-tensor-parallel-size must be >= 1 (got ", o.target_tp, ")");
   MG_REQUIRE(o.target_pp >= 1, "--target-pipeline-parallel-size must be >= 1 (got ", o.target_pp, ")");
   MG_REQUIRE(o.target_ep >= 1, "--target-expert-model-parallel-size must be >= 1 (got ", o.target_ep, ")");
-  MG_REQUIRE(o.target_ep == 1 || o.save_format == "safetensors", "--target-expert-model-parallel-size ",
-             o.target_ep, " with --save-format ", o.save_format, ": only this build's format is "
+  MG_REQUIRE(o.target_ep == 1 || o.save_format == "safetensors" || o.save_format == "torch",
+             "--target-expert-model-parallel-size ", o.target_ep, " with --save-format ",
+             o.save_format, ": only this build's format and Megatron-LM's torch format are "
              "written per expert-parallel rank; leave the flag out");
   std::error_code ec;
   MG_REQUIRE(fs::is_directory(o.load, ec), "--load ", o.load.string(), " is not a directory");
