@@ -91,11 +91,12 @@ void resolve_layout(Layout& l, const fs::path& dir, const Value* ns, const std::
     if (r.size() > 2) max_b = std::max(max_b, r[2]);
   }
   l.tp = max_t + 1;
+  // The sizes the arguments record count too: a folder missing at the end is then named.
+  const int64_t pp = size_arg("pipeline_model_parallel_size"), ep = size_arg("expert_model_parallel_size");
   if (l.suffixes == 2) {
-    l.pp = max_a + 1;
-    l.ep = max_b + 1;
+    l.pp = int(std::max<int64_t>(max_a + 1, pp));
+    l.ep = int(std::max<int64_t>(max_b + 1, ep));
   } else if (l.suffixes == 1) {
-    const int64_t pp = size_arg("pipeline_model_parallel_size"), ep = size_arg("expert_model_parallel_size");
     MG_REQUIRE(!(pp > 1 && ep > 1), label, ": the arguments say pipeline_model_parallel_size ", pp,
                " and expert_model_parallel_size ", ep, " but the folders are mp_rank_TT_XXX (one "
                "rank number after TT; Megatron writes mp_rank_TT_PPP_EEE for both)");
@@ -104,7 +105,7 @@ void resolve_layout(Layout& l, const fs::path& dir, const Value* ns, const std::
                ": the folders are mp_rank_TT_XXX but the arguments say pipeline_model_parallel_size ",
                pp, " and expert_model_parallel_size ", std::max<int64_t>(ep, 1),
                " (Megatron adds the number only when one of them is above 1)");
-    (expert ? l.ep : l.pp) = max_a + 1;
+    (expert ? l.ep : l.pp) = int(std::max<int64_t>(max_a + 1, expert ? ep : pp));
     if (expert && pp > 1) l.pp = int(pp);
   }
   for (int p = 0; p < l.pp; ++p)
