@@ -45,14 +45,14 @@ MOE_LAYERS = [0, 1]  # --moe-layer-freq [0,1]
 ITERATION = 7
 
 
-def full_weights(seed):
+def full_weights(seed, vocab_rows=None):
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape):
         return torch.randn(*shape, generator=g) * 0.2
 
     w = collections.OrderedDict()
-    w["embedding.word_embeddings.weight"] = r(mc.padded_vocab(1), H)
+    w["embedding.word_embeddings.weight"] = r(vocab_rows or mc.padded_vocab(1), H)
     w["embedding.position_embeddings.weight"] = r(SEQ, H)
     for i in range(L):
         p = "decoder.layers.%d." % i
@@ -228,7 +228,13 @@ def check(folder, iteration, ep):
         sd = torch.load(os.path.join(folder, "iter_%07d" % iteration, rank_dir, "model_optim_rng.pt"),
                         map_location="cpu", weights_only=False)
         a = sd["args"]
-        zero = full_weights(0)
+        global L, H, HEADS, SEQ, FFN, E, MOE_FFN, SHARED, MOE_LAYERS  # the model the args describe
+        L, H, HEADS, SEQ = a.num_layers, a.hidden_size, a.num_attention_heads, a.max_position_embeddings
+        FFN, E, MOE_FFN = a.ffn_hidden_size, a.num_experts, a.moe_ffn_hidden_size
+        SHARED = a.moe_shared_expert_intermediate_size
+        freq = a.moe_layer_freq
+        MOE_LAYERS = freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(L)]
+        zero = full_weights(0, a.padded_vocab_size)
         module = build(zero, e, ep)
         module.load_state_dict(sd["model"], strict=True)  # Megatron-Core's names and shapes
         res = {"rank": rank_dir, "num_experts": a.num_experts, "moe_layer_freq": a.moe_layer_freq,
