@@ -75,6 +75,7 @@ CheckpointRank rank_of(int tp_size, int tp_rank, int pp_size, int pp_rank,
   r.pp_size = pp_size;
   r.pp_rank = pp_rank;
   r.vp_size = parallel.virtual_pipeline_model_parallel_size;  // the loader's layout check compares it
+  r.etp_size = parallel.expert_tensor_parallel_size;
   return r;
 }
 
@@ -273,9 +274,12 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
     MG_REQUIRE(rule.dim < first.dim(), meta_label, ": partition dim ", rule.dim, " of '", name,
                "' but the tensor is ", shape_str(first.shape()));
     m.rules[name] = rule;
+    // Experts sharded over ETP < T ranks: TP rank t's folder holds shard t % ETP.
+    const int etp = spec->second.expert >= 0 ? ckpt.parallel.etp() : T;
     for (auto& [kind, v] : kinds) {
       MG_REQUIRE(int(v.size()) == T, ckpt.dir.string(), ": '", name, "' (", kind, ") is in ", v.size(),
                  " of ", T, " tensor-parallel ranks");
+      if (etp != T) v.resize(size_t(etp));
       Tensor full = merge_shards(v, rule);
       if (kind == "param")
         m.model[name] = full;
@@ -499,6 +503,7 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
   args["parallel"]["tensor_model_parallel_size"] = T;
   args["parallel"]["pipeline_model_parallel_size"] = P;
   args["parallel"]["num_layers_per_virtual_pipeline_stage"] = o.target_layers_per_virtual_stage;
+  args["parallel"]["expert_tensor_parallel_size"] = 0;  // the experts are split as the dense layers
   args["model"]["padded_vocab_size"] = target_vocab;
   meta.files = files;
   meta.converted_from = {{"load", fs::absolute(o.load).string()},

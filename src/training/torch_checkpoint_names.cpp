@@ -123,6 +123,11 @@ std::string to_ours(const std::string& name, int layer_offset, bool tied, bool* 
         name == "output_layer.bias")
       return name;
   }
+  if (name.ends_with(".mlp.experts.weight1") || name.ends_with(".mlp.experts.weight2"))
+    MG_THROW("tensor '", name, "' is the legacy GroupedMLP's (--moe-use-legacy-grouped-gemm, or "
+             "--moe-grouped-gemm with the local layer spec), which is not read: save the "
+             "checkpoint from Megatron-LM with Transformer Engine's TEGroupedMLP "
+             "(mlp.experts.linear_fc1.weightN) or SequentialMLP (mlp.experts.local_experts.N)");
   if (name.starts_with("embedding.")) return name;  // Megatron-Core
   if (split_layer(name, b + "layers.", &n, &rest))
     return b + "layers." + std::to_string(n + layer_offset) + "." + core_layer_rest(rest);
