@@ -2,6 +2,11 @@
 //
 //   DIR/latest_checkpointed_iteration.txt
 //   DIR/iter_0000500/mp_rank_TT[_PPP]/model_optim_rng.pt      one torch.save file per TP x PP rank
+//   DIR/iter_0000500/mp_rank_TT[_PPP]_EEE/model_optim_rng.pt  under expert parallelism: per
+//       TP x PP x EP rank, the dense weights and that rank's experts numbered from 0
+//       (mlp.experts.local_experts.J / linear_fc1.weightJ); the optimizer entry is then
+//       Megatron-Core's ChainedOptimizer list [dense, expert-parallel]. mp_rank_TT_XXX is a
+//       pipeline or an expert rank as the arguments say (Megatron's get_checkpoint_name).
 //
 // each file a dict: "args" (argparse.Namespace), "checkpoint_version", "iteration", "model" (or
 // "model0", "model1", ... one per virtual pipeline stage), "optimizer", "opt_param_scheduler",
