@@ -105,13 +105,6 @@ void MoeFlags::apply(training::TrainingArgs& a) const {
                expert_model_parallel_size, ": every expert-parallel rank holds the same number "
                "of experts");
   }
-  // Megatron's .pt files are written from the merged single-rank tensors, which have no MoE
-  // mapping yet: refused before training rather than at the first save.
-  MG_REQUIRE(c.num_moe_experts == 0 || a.save.empty() || a.ckpt_format != "torch",
-             "--ckpt-format torch with --num-experts ", c.num_moe_experts, ": Megatron-LM's "
-             "model_optim_rng.pt files for mixture-of-experts models are not written yet; leave "
-             "out --ckpt-format (this build's checkpoints hold the experts of every "
-             "expert-parallel rank)");
   c.moe_grouped_gemm = grouped_gemm;
   a.moe_per_layer_logging = per_layer_logging;
   MG_REQUIRE(router_dtype.empty() || router_dtype == "fp32" || router_dtype == "fp64",

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <tuple>
 #include <memory>
 #include <set>
 #include <vector>
@@ -249,6 +250,8 @@ nlohmann::ordered_json checkpoint_metadata_to_json(const CheckpointMetadata& m) 
                         {"data_parallel_size", p.data_parallel_size}};
     if (p.expert_model_parallel_size > 1)
       meta["parallel"]["expert_model_parallel_size"] = p.expert_model_parallel_size;
+    if (p.expert_tensor_parallel_size > 0 && p.expert_tensor_parallel_size != p.tensor_model_parallel_size)
+      meta["parallel"]["expert_tensor_parallel_size"] = p.expert_tensor_parallel_size;
   }
   if (!m.weights.is_null()) meta["weights"] = m.weights;
   meta["args"] = state.args;
@@ -281,6 +284,13 @@ CheckpointMetadata checkpoint_metadata_from_json(const json& j, const std::strin
           int(r.i64(p, "virtual_pipeline_model_parallel_size", " in parallel"));
     if (p.contains("expert_model_parallel_size"))  // absent without expert parallelism
       c.expert_model_parallel_size = int(r.i64(p, "expert_model_parallel_size", " in parallel"));
+    if (p.contains("expert_tensor_parallel_size")) {  // absent when it is TP
+      c.expert_tensor_parallel_size = int(r.i64(p, "expert_tensor_parallel_size", " in parallel"));
+      MG_REQUIRE(c.expert_tensor_parallel_size >= 1 &&
+                     c.tensor_model_parallel_size % c.expert_tensor_parallel_size == 0,
+                 label, ": expert_tensor_parallel_size ", c.expert_tensor_parallel_size,
+                 " does not divide tensor_model_parallel_size ", c.tensor_model_parallel_size);
+    }
     MG_REQUIRE(c.tensor_model_parallel_size >= 1 && c.pipeline_model_parallel_size >= 1 &&
                    c.data_parallel_size >= 1 && c.virtual_pipeline_model_parallel_size >= 1 &&
                    c.expert_model_parallel_size >= 1,
@@ -352,6 +362,19 @@ CheckpointRank CheckpointRank::from(const ParallelState& ps) {
   r.ep_size = ps.ep_size();
   r.ep_rank = ps.ep_size() > 1 ? ps.ep_rank() : 0;
   r.edp_rank = ps.ep_size() > 1 ? ps.layout().rank_in(GroupKind::EXPERT_DP, ps.world_rank()) : r.dp_rank;
+  const int etp = ps.layout().config.expert_tensor_parallel_size;
+  if (etp > 0 && etp != ps.tp_size()) {
+    // The experts' own mesh: the replicas of this rank's folder are the ranks of its TP, PP and
+    // EP rank (its dense data-parallel replicas at EP 1), counted in world order.
+    r.etp_size = etp;
+    const ParallelLayout& l = ps.layout();
+    auto key = [&](int w) {
+      return std::tuple(l.rank_in(GroupKind::TP, w), l.rank_in(GroupKind::PP, w),
+                        ps.ep_size() > 1 ? l.rank_in(GroupKind::EP, w) : 0);
+    };
+    r.edp_rank = 0;
+    for (int w = 0; w < ps.world_rank(); ++w) r.edp_rank += key(w) == key(ps.world_rank());
+  }
   return r;
 }
 
@@ -376,6 +399,7 @@ std::string CheckpointRank::rank_dir() const {
 std::string CheckpointParallel::describe() const {
   return str("TP=", tensor_model_parallel_size, " x PP=", pipeline_model_parallel_size,
              expert_model_parallel_size > 1 ? str(" x EP=", expert_model_parallel_size) : "",
+             etp() != tensor_model_parallel_size ? str(" (experts: ETP=", etp(), ")") : "",
              " x DP=", data_parallel_size, distributed_optimizer ? " (distributed optimizer)" : "");
 }
 
@@ -470,7 +494,7 @@ void save_iteration(const fs::path& save_dir, const fs::path& tmp_dir, const Che
     m.state = state;
     m.optimizer = optimizer_meta;
     m.parallel = CheckpointParallel{rank.tp_size, rank.pp_size, rank.dp_size, rank.vp_size, false,
-                                    rank.ep_size};
+                                    rank.ep_size, rank.etp_size};
     m.weights = weights;
     m.files = files;
     const nlohmann::ordered_json meta = checkpoint_metadata_to_json(m);
@@ -580,6 +604,12 @@ void check_checkpoint_layout(const CheckpointOnDisk& ckpt, const CheckpointRank&
   const CheckpointParallel& c = ckpt.parallel;
   const int ctp = c.tensor_model_parallel_size, cpp = c.pipeline_model_parallel_size;
   const int cvp = c.virtual_pipeline_model_parallel_size;
+  const int run_etp = rank.etp_size > 0 ? rank.etp_size : rank.tp_size;
+  MG_REQUIRE(ctp != rank.tp_size || c.etp() == run_etp, "the checkpoint ", ckpt.dir.string(),
+             " holds experts sharded over ", c.etp(), " expert-tensor-parallel ranks (",
+             c.describe(), "); this run has --expert-tensor-parallel-size ", run_etp,
+             ": run with --expert-tensor-parallel-size ", c.etp(), ", or convert it (`megatron "
+             "checkpoint convert` writes the experts sharded as the dense layers)");
   if (ctp == rank.tp_size && cpp == rank.pp_size && cvp == rank.vp_size) return;
   auto virtual_stages = [](int vp) {
     return vp > 1 ? str(", ", vp, " virtual stages per pipeline rank") : std::string();
@@ -625,12 +655,10 @@ void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList
     for (model::Parameter* p : params)
       if (!p->shared) wanted.emplace(p->name, p->value.shape());
     st.tensors = read_torch_dist_shards(ckpt, wanted, rank);
-  } else {
-    st = torch ? read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, false).model
-               : SafetensorsContents{};
   }
   std::string label = (ckpt.dir / rel).string();
   bool resharded = false;  // another expert-parallel size: the files hold others' experts too
+  if (torch) st = read_torch_rank_for(ckpt, rank, false, &resharded).model;
   if (!torch && !torch_dist) {
     detail::RankTensors rt = detail::read_rank_tensors(ckpt, rank, "model.safetensors");
     st = std::move(rt.contents);

@@ -121,6 +121,10 @@ struct CheckpointRank {
   // of each TP x PP x EP rank writes that rank's folder, as Megatron's
   // get_data_modulo_expert_parallel_rank() == 0.
   int ep_size = 1, ep_rank = 0, edp_rank = 0;
+  // --expert-tensor-parallel-size other than TP (it must divide TP): the experts of TP rank t are
+  // expert-tensor shard t % etp_size. 0: TP. edp_rank is then this rank's place among the ranks
+  // of the same TP x PP x EP rank (the replicas of its folder), the first of which writes it.
+  int etp_size = 0;
   static CheckpointRank from(const ParallelState& ps);
   bool multi() const { return world != nullptr && world->size() > 1; }
   // "mp_rank_TT", with PP > 1 "mp_rank_TT_PPP", with EP > 1 "_EEE" appended (Megatron's
@@ -149,6 +153,11 @@ struct CheckpointParallel {
   // Expert parallelism: one folder per TP x PP x EP rank (mp_rank_TT[_PPP]_EEE), each holding the
   // dense weights and its own experts, E / EP of them, under their global expert numbers.
   int expert_model_parallel_size = 1;
+  // --expert-tensor-parallel-size when it differs from TP (0: TP): the experts in TP rank t's
+  // folder are then expert-tensor shard t % ETP (ETP divides TP), the same in every folder of
+  // that shard; metadata.json records "expert_tensor_parallel_size".
+  int expert_tensor_parallel_size = 0;
+  int etp() const { return expert_tensor_parallel_size > 0 ? expert_tensor_parallel_size : tensor_model_parallel_size; }
   std::string describe() const;        // "TP=2 x PP=1 x DP=2 (distributed optimizer)"
 };
 

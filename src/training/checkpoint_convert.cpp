@@ -75,6 +75,7 @@ CheckpointRank rank_of(int tp_size, int tp_rank, int pp_size, int pp_rank,
   r.pp_size = pp_size;
   r.pp_rank = pp_rank;
   r.vp_size = parallel.virtual_pipeline_model_parallel_size;  // the loader's layout check compares it
+  r.etp_size = parallel.expert_tensor_parallel_size;
   return r;
 }
 
@@ -273,9 +274,12 @@ MergedCheckpoint merge_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimi
     MG_REQUIRE(rule.dim < first.dim(), meta_label, ": partition dim ", rule.dim, " of '", name,
                "' but the tensor is ", shape_str(first.shape()));
     m.rules[name] = rule;
+    // Experts sharded over ETP < T ranks: TP rank t's folder holds shard t % ETP.
+    const int etp = spec->second.expert >= 0 ? ckpt.parallel.etp() : T;
     for (auto& [kind, v] : kinds) {
       MG_REQUIRE(int(v.size()) == T, ckpt.dir.string(), ": '", name, "' (", kind, ") is in ", v.size(),
                  " of ", T, " tensor-parallel ranks");
+      if (etp != T) v.resize(size_t(etp));
       Tensor full = merge_shards(v, rule);
       if (kind == "param")
         m.model[name] = full;
@@ -389,11 +393,13 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
 
   if (o.save_format == "torch") {  // Megatron-LM's files (training/torch_checkpoint.h)
     m.metadata["args"]["model"]["padded_vocab_size"] = target_vocab;
-    res.dir = write_torch_checkpoint(m, o.save, T, P, o.target_layers_per_virtual_stage,
-                                     TorchSaveOptions{o.transformer_impl});
+    TorchSaveOptions so{o.transformer_impl};
+    so.expert_model_parallel_size = o.target_ep;
+    res.dir = write_torch_checkpoint(m, o.save, T, P, o.target_layers_per_virtual_stage, so);
     res.num_tensors = m.model.size();
-    res.num_files = size_t(T) * size_t(P);
+    res.num_files = size_t(T) * size_t(P) * size_t(o.target_ep);
     res.to = CheckpointParallel{T, P, ckpt.parallel.data_parallel_size, false};
+    res.to.expert_model_parallel_size = o.target_ep;
     res.to.virtual_pipeline_model_parallel_size = layout.num_chunks;
     res.notes = m.notes;
     return res;
@@ -497,6 +503,7 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
   args["parallel"]["tensor_model_parallel_size"] = T;
   args["parallel"]["pipeline_model_parallel_size"] = P;
   args["parallel"]["num_layers_per_virtual_pipeline_stage"] = o.target_layers_per_virtual_stage;
+  args["parallel"]["expert_tensor_parallel_size"] = 0;  // the experts are split as the dense layers
   args["model"]["padded_vocab_size"] = target_vocab;
   meta.files = files;
   meta.converted_from = {{"load", fs::absolute(o.load).string()},
@@ -525,8 +532,9 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   MG_REQUIRE(o.target_tp >= 1, "--target-tensor-parallel-size must be >= 1 (got ", o.target_tp, ")");
   MG_REQUIRE(o.target_pp >= 1, "--target-pipeline-parallel-size must be >= 1 (got ", o.target_pp, ")");
   MG_REQUIRE(o.target_ep >= 1, "--target-expert-model-parallel-size must be >= 1 (got ", o.target_ep, ")");
-  MG_REQUIRE(o.target_ep == 1 || o.save_format == "safetensors", "--target-expert-model-parallel-size ",
-             o.target_ep, " with --save-format ", o.save_format, ": only this build's format is "
+  MG_REQUIRE(o.target_ep == 1 || o.save_format == "safetensors" || o.save_format == "torch",
+             "--target-expert-model-parallel-size ", o.target_ep, " with --save-format ",
+             o.save_format, ": only this build's format and Megatron-LM's torch format are "
              "written per expert-parallel rank; leave the flag out");
   std::error_code ec;
   MG_REQUIRE(fs::is_directory(o.load, ec), "--load ", o.load.string(), " is not a directory");

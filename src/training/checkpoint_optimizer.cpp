@@ -105,7 +105,9 @@ class StateReader {
       files_.push_back(read_torch_dist_optimizer(ckpt, optimizer, rank));
       labels_.push_back((ckpt.dir / ".metadata").string());
     } else if (ckpt.format == "torch") {  // Megatron-LM's file, its optimizer state under our names
-      TorchRankContents r = read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, true);
+      bool resharded = false;  // another EP size: every EP folder's state, by name
+      TorchRankContents r = read_torch_rank_for(ckpt, rank, true, &resharded);
+      resharded_ = resharded;
       MG_REQUIRE(r.optimizer.has_value(), r.notes.empty() ? "no optimizer state" : r.notes.back(), hint_);
       files_.push_back(std::move(*r.optimizer));
       labels_.push_back((ckpt.dir / rank.rank_dir() / kTorchCheckpointFile).string());

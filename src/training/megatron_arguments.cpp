@@ -282,7 +282,7 @@ const MegatronArgument kArguments[] = {
     S("--dino-norm-last-layer", R), V("--dino-warmup-teacher-temp", R), V("--dino-teacher-temp", R),
     V("--dino-warmup-teacher-temp-epochs", R),
     // mixture of experts: only --num-experts makes one; the rest matters only with it
-    V("--num-experts", M, "None"), V("--expert-model-parallel-size", R),
+    V("--num-experts", M), V("--expert-model-parallel-size", R),
     V("--expert-tensor-parallel-size", R), V("--moe-layer-freq", R), V("--moe-ffn-hidden-size", R),
     V("--moe-shared-expert-intermediate-size", R), S("--moe-shared-expert-overlap", R),
     S("--moe-shared-expert-gate", R),

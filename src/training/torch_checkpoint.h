@@ -2,6 +2,11 @@
 //
 //   DIR/latest_checkpointed_iteration.txt
 //   DIR/iter_0000500/mp_rank_TT[_PPP]/model_optim_rng.pt      one torch.save file per TP x PP rank
+//   DIR/iter_0000500/mp_rank_TT[_PPP]_EEE/model_optim_rng.pt  under expert parallelism: per
+//       TP x PP x EP rank, the dense weights and that rank's experts numbered from 0
+//       (mlp.experts.local_experts.J / linear_fc1.weightJ); the optimizer entry is then
+//       Megatron-Core's ChainedOptimizer list [dense, expert-parallel]. mp_rank_TT_XXX is a
+//       pipeline or an expert rank as the arguments say (Megatron's get_checkpoint_name).
 //
 // each file a dict: "args" (argparse.Namespace), "checkpoint_version", "iteration", "model" (or
 // "model0", "model1", ... one per virtual pipeline stage), "optimizer", "opt_param_scheduler",
@@ -66,6 +71,7 @@
 
 #include "core/pickle.h"
 #include "core/safetensors.h"
+#include "core/torch_file.h"
 #include "training/checkpoint.h"
 #include "training/checkpoint_convert.h"
 
@@ -93,8 +99,15 @@ struct TorchRankContents {
   std::optional<SafetensorsContents> optimizer;
   std::vector<std::string> notes;
 };
+// Under expert parallelism `ep_rank` picks the folder (mp_rank_TT[_PPP]_EEE); its local experts
+// come out under their global numbers.
 TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int tp_rank, int pp_rank,
-                                  bool with_optimizer);
+                                  bool with_optimizer, int ep_rank = 0);
+// What `rank` loads: its own folder's contents when the checkpoint's expert-parallel size is the
+// run's, else every EP folder of its TP x PP rank merged by name (resharded: the caller ignores
+// the experts it does not hold).
+TorchRankContents read_torch_rank_for(const CheckpointOnDisk& ckpt, const CheckpointRank& rank,
+                                      bool with_optimizer, bool* resharded);
 
 // merge_checkpoint for a torch checkpoint.
 MergedCheckpoint merge_torch_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer);
@@ -103,6 +116,10 @@ struct TorchSaveOptions {
   // Megatron's --transformer-impl of the model that will load the files: "transformer_engine"
   // (fused norm names, _extra_state entries) or "local".
   std::string transformer_impl = "transformer_engine";
+  // Megatron's --expert-model-parallel-size: one folder per TP x PP x EP rank
+  // (mp_rank_TT[_PPP]_EEE), each with the dense weights and its experts numbered from 0, and
+  // under EP > 1 the ChainedOptimizer's two state dicts (dense, expert-parallel).
+  int expert_model_parallel_size = 1;
 };
 
 // Writes merged tensors as a torch checkpoint for TP = tp x PP = pp (virtual stages of
@@ -125,6 +142,40 @@ std::filesystem::path save_torch_checkpoint(const std::filesystem::path& save_di
                                             optim::MegatronOptimizer* optimizer,
                                             const CheckpointRank& rank = {},
                                             const TorchSaveOptions& options = {});
+
+// Mapping a file's optimizer state onto its parameters (torch_checkpoint_optim.cpp).
+namespace torch_detail {
+// A tensor of a rank's model state dict, in Megatron's parameter order.
+struct TorchParam {
+  std::string ours;
+  std::string name;  // in the file
+  Shape shape;
+  bool no_wd = false;
+  bool tied_copy = false;  // the last stage's copy of the word embedding: not a model tensor here
+  bool expert = false;     // an expert's weight (its optimizer under EP: the second chained one)
+  bool buffer = false;     // a persistent buffer (the router's expert_bias): no optimizer state
+  const pickle::Value* value = nullptr;
+};
+// The "optimizer" entry: one optimizer's state_dict or Megatron-Core's ChainedOptimizer list
+// (dense, then expert-parallel), or why it cannot be mapped.
+struct TorchOptimizers {
+  struct Part {
+    const pickle::Value* inner = nullptr;        // {"state", "param_groups"}
+    const pickle::Value* fp32_groups = nullptr;  // Float16OptimizerWithFloat16Params' main params
+    const pickle::Value* grad_scaler = nullptr;
+  };
+  std::vector<Part> parts;
+  const pickle::Value* grad_scaler = nullptr;  // the first one's
+  std::string unmappable;
+};
+TorchOptimizers optimizer_layout(const pickle::Value* opt, const pickle::Value* ns);
+// The state as our optimizer files hold it ("optimizer.step", "optimizer.state.<kind>.<name>");
+// nullopt (and a note naming `label`) when the groups do not match the parameters.
+std::optional<SafetensorsContents> map_optimizer(const TorchFile& f, const TorchOptimizers& l,
+                                                 const std::vector<TorchParam>& params, bool adam,
+                                                 DType params_dtype, const std::string& label,
+                                                 std::vector<std::string>& notes);
+}  // namespace torch_detail
 
 // Megatron's names <-> ours (torch_checkpoint_names.cpp).
 namespace torch_names {
@@ -161,6 +212,18 @@ std::string t5_to_megatron(const std::string& our_name, bool transformer_engine)
 // extra_state_names for a T5 layer: the decoder's cross-attention modules too.
 std::vector<std::string> t5_extra_state_names(int layer, bool transformer_engine,
                                               const std::string& block);
+// Mixture of experts under expert parallelism: Megatron numbers an EP rank's experts from 0
+// (SequentialMLP's mlp.experts.local_experts.J.*, TEGroupedMLP's mlp.experts.linear_fc1.weightJ
+// and .biasJ), ours globally. The expert number of such a name ("" / -1 when it is not one), and
+// the name with the number moved by `delta` (local J -> global J + first expert of the rank, and
+// back with a negative delta).
+int expert_number(const std::string& name);
+std::string shift_expert(const std::string& name, int delta);
+// The _extra_state entries of one MoE layer's expert modules (local_experts: the rank's local
+// expert count for SequentialMLP, 0 for grouped experts), shared expert included.
+std::vector<std::string> moe_extra_state_names(int local_layer, bool transformer_engine,
+                                               int local_experts, bool grouped, bool shared,
+                                               const std::string& block = "decoder");
 // checkpoint_version 0 / 1.0 QKV of one TP shard (heads_per_shard heads of head_dim) to ours.
 Tensor fix_qkv_ordering(const Tensor& t, double checkpoint_version, int heads_per_shard,
                         int head_dim, const std::string& label);

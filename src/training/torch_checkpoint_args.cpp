@@ -30,6 +30,7 @@ std::string megatron_name(const std::vector<std::string>& path) {
   if (joined == "tokenizer.type") return "tokenizer_type";
   if (joined == "optimizer_name") return "optimizer";
   if (joined == "optimizer.type") return "";  // from --optimizer
+  if (joined == "model.num_moe_experts") return "num_experts";  // Megatron's --num-experts
   if (joined == "tensorboard.dir") return "tensorboard_dir";
   if (joined == "tensorboard.log_interval") return "tensorboard_log_interval";
   if (joined == "tensorboard.queue_size") return "tensorboard_queue_size";
@@ -45,7 +46,9 @@ bool is_unset(const std::string& name, const json& v) {
       "num_layers_per_virtual_pipeline_stage", "train_samples", "train_iters", "lr_decay_iters",
       "lr_decay_samples", "lr_wsd_decay_iters", "lr_wsd_decay_samples", "loss_scale",
       "exit_interval", "exit_duration_in_mins", "ddp_bucket_size", "vocab_size", "save_interval",
-      "decoder_num_layers", "decoder_seq_length"};
+      "decoder_num_layers", "decoder_seq_length", "num_experts", "moe_ffn_hidden_size",
+      "moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk",
+      "moe_expert_capacity_factor", "moe_z_loss_coeff", "expert_tensor_parallel_size"};
   static const std::set<std::string> negative_is_none = {
       "lr", "ckpt_step", "start_weight_decay", "end_weight_decay", "lr_warmup_fraction"};
   if (v.is_string()) return v.get<std::string>().empty();
@@ -266,6 +269,32 @@ json from_namespace(const Value& ns, const std::string& label) {
     const int64_t P = out["parallel"]["pipeline_model_parallel_size"].get<int64_t>();
     if (P > 0 && L % (P * *v) == 0) out["parallel"]["num_layers_per_virtual_pipeline_stage"] = L / (P * *v);
   }
+  // Megatron's MoE arguments of other types: --moe-layer-freq an int or a list (moe_freq_type),
+  // --moe-router-load-balancing-type and --moe-aux-loss-coeff one value or a list of one.
+  if (const Value* v = get("moe_layer_freq")) {
+    if (v->kind == Kind::Int) {
+      out["model"]["moe_layer_freq"] = std::to_string(v->integer);
+    } else if (v->kind == Kind::List || v->kind == Kind::Tuple) {
+      std::string list = "[";
+      for (const Value* x : v->items) {
+        MG_REQUIRE(x->kind == Kind::Int, label, ": moe_layer_freq holds a ", x->describe(),
+                   " (a list of 0 and 1 per layer was expected)");
+        list += (list.size() > 1 ? "," : "") + std::to_string(x->integer);
+      }
+      out["model"]["moe_layer_freq"] = list + "]";
+    }
+  }
+  auto single = [&](const char* n) -> const Value* {
+    const Value* v = get(n);
+    if (v == nullptr || (v->kind != Kind::List && v->kind != Kind::Tuple)) return nullptr;
+    MG_REQUIRE(v->items.size() == 1, label, ": ", n, " lists ", v->items.size(), " values; this "
+               "build has one load-balancing type per model");
+    return v->items[0];
+  };
+  if (const Value* x = single("moe_router_load_balancing_type"); x && x->kind == Kind::Str)
+    out["model"]["moe_router_load_balancing_type"] = x->text;
+  if (const Value* x = single("moe_aux_loss_coeff"); x && (x->kind == Kind::Float || x->kind == Kind::Int))
+    out["model"]["moe_aux_loss_coeff"] = x->kind == Kind::Float ? x->real : double(x->integer);
   out["optimizer"]["type"] = out["optimizer_name"];
   out["data"]["seq_length"] = out["model"]["seq_length"];
   out["data"]["seed"] = out["seed"];

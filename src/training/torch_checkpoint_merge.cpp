@@ -24,6 +24,36 @@ json metadata_of(const CheckpointOnDisk& c, const std::string& optimizer_type) {
 
 }  // namespace
 
+TorchRankContents read_torch_rank_for(const CheckpointOnDisk& ckpt, const CheckpointRank& rank,
+                                      bool with_optimizer, bool* resharded) {
+  const int EP = ckpt.parallel.expert_model_parallel_size;
+  *resharded = EP != rank.ep_size;
+  if (!*resharded) return read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, with_optimizer, rank.ep_rank);
+  // Another expert-parallel size: every EP folder of this TP x PP rank, by name (the dense
+  // tensors are in each, equal; every expert in one).
+  TorchRankContents out;
+  bool optimizer_complete = with_optimizer;
+  for (int e = 0; e < EP; ++e) {
+    TorchRankContents r = read_torch_rank(ckpt, rank.tp_rank, rank.pp_rank, with_optimizer, e);
+    for (auto& [name, t] : r.model.tensors) out.model.tensors.emplace(name, std::move(t));
+    out.notes.insert(out.notes.end(), r.notes.begin(), r.notes.end());
+    if (!r.optimizer) optimizer_complete = false;
+    if (!optimizer_complete) continue;
+    if (!out.optimizer) out.optimizer.emplace();
+    for (auto& [name, t] : r.optimizer->tensors) {
+      if (name == "optimizer.step") {
+        auto it = out.optimizer->tensors.find(name);
+        if (it != out.optimizer->tensors.end() && *it->second.data<int64_t>() >= *t.data<int64_t>()) continue;
+        out.optimizer->tensors[name] = t;
+        continue;
+      }
+      out.optimizer->tensors.emplace(name, std::move(t));
+    }
+  }
+  if (!optimizer_complete) out.optimizer.reset();
+  return out;
+}
+
 MergedCheckpoint merge_torch_checkpoint(const CheckpointOnDisk& ckpt, bool with_optimizer) {
   MergedCheckpoint m;
   m.source = ckpt;
@@ -37,7 +67,11 @@ MergedCheckpoint merge_torch_checkpoint(const CheckpointOnDisk& ckpt, bool with_
   std::optional<int64_t> step;
   for (int p = 0; p < P; ++p) {
     for (int t = 0; t < T; ++t) {
-      TorchRankContents r = read_torch_rank(ckpt, t, p, optim);
+      CheckpointRank single;  // EP 1: every expert, from all of this TP x PP rank's EP folders
+      single.tp_rank = t;
+      single.pp_rank = p;
+      bool resharded = false;
+      TorchRankContents r = read_torch_rank_for(ckpt, single, optim, &resharded);
       notes.insert(r.notes.begin(), r.notes.end());
       for (auto& [name, tensor] : r.model.tensors) {
         auto [it, fresh] = stage_of.emplace(name, p);

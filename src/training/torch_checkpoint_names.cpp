@@ -123,6 +123,11 @@ std::string to_ours(const std::string& name, int layer_offset, bool tied, bool* 
         name == "output_layer.bias")
       return name;
   }
+  if (name.ends_with(".mlp.experts.weight1") || name.ends_with(".mlp.experts.weight2"))
+    MG_THROW("tensor '", name, "' is the legacy GroupedMLP's (--moe-use-legacy-grouped-gemm, or "
+             "--moe-grouped-gemm with the local layer spec), which is not read: save the "
+             "checkpoint from Megatron-LM with Transformer Engine's TEGroupedMLP "
+             "(mlp.experts.linear_fc1.weightN) or SequentialMLP (mlp.experts.local_experts.N)");
   if (name.starts_with("embedding.")) return name;  // Megatron-Core
   if (split_layer(name, b + "layers.", &n, &rest))
     return b + "layers." + std::to_string(n + layer_offset) + "." + core_layer_rest(rest);
@@ -159,6 +164,72 @@ std::vector<std::string> extra_state_names(int local_layer, bool transformer_eng
   for (const char* m : {"self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1",
                         "mlp.linear_fc2"})
     names.push_back(p + m + "._extra_state");
+  return names;
+}
+
+namespace {
+
+// Where the expert number of an expert weight's name is: [at, at + len), or {npos, 0}.
+std::pair<size_t, size_t> expert_digits(const std::string& name) {
+  static const std::string seq = ".mlp.experts.local_experts.";
+  if (const size_t at = name.find(seq); at != std::string::npos) {
+    const size_t b = at + seq.size();
+    size_t e = b;
+    while (e < name.size() && std::isdigit(static_cast<unsigned char>(name[e]))) ++e;
+    if (e > b && e < name.size() && name[e] == '.') return {b, e - b};
+    return {std::string::npos, 0};
+  }
+  // TEGroupedMLP: mlp.experts.linear_fc{1,2}.{weight,bias}J
+  for (const char* g : {".mlp.experts.linear_fc1.", ".mlp.experts.linear_fc2."}) {
+    const size_t at = name.find(g);
+    if (at == std::string::npos) continue;
+    size_t b = at + std::string(g).size();
+    const std::string rest = name.substr(b);
+    const size_t stem = rest.starts_with("weight") ? 6 : rest.starts_with("bias") ? 4 : 0;
+    if (stem == 0) continue;
+    b += stem;
+    size_t e = b;
+    while (e < name.size() && std::isdigit(static_cast<unsigned char>(name[e]))) ++e;
+    if (e > b && e == name.size()) return {b, e - b};
+  }
+  return {std::string::npos, 0};
+}
+
+}  // namespace
+
+int expert_number(const std::string& name) {
+  const auto [at, len] = expert_digits(name);
+  if (at == std::string::npos || len > 6) return -1;
+  return std::stoi(name.substr(at, len));
+}
+
+std::string shift_expert(const std::string& name, int delta) {
+  const auto [at, len] = expert_digits(name);
+  if (at == std::string::npos || delta == 0) return name;
+  const int n = std::stoi(name.substr(at, len)) + delta;
+  MG_CHECK(n >= 0, "shift_expert: '", name, "' by ", delta);
+  return name.substr(0, at) + std::to_string(n) + name.substr(at + len);
+}
+
+std::vector<std::string> moe_extra_state_names(int local_layer, bool transformer_engine,
+                                               int local_experts, bool grouped, bool shared,
+                                               const std::string& block) {
+  const std::string p = block + ".layers." + std::to_string(local_layer) + ".";
+  std::vector<std::string> names;
+  if (transformer_engine) names.push_back(p + "self_attention.core_attention._extra_state");
+  for (const char* m : {"self_attention.linear_proj", "self_attention.linear_qkv"})
+    names.push_back(p + m + "._extra_state");
+  // TEGroupedMLP's two GroupedLinear modules; the legacy GroupedMLP (local spec) has none.
+  if (grouped && transformer_engine)
+    for (const char* m : {"mlp.experts.linear_fc1", "mlp.experts.linear_fc2"})
+      names.push_back(p + m + "._extra_state");
+  if (!grouped)
+    for (int j = 0; j < local_experts; ++j)
+      for (const char* m : {".linear_fc1", ".linear_fc2"})
+        names.push_back(p + "mlp.experts.local_experts." + std::to_string(j) + m + "._extra_state");
+  if (shared)
+    for (const char* m : {"mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2"})
+      names.push_back(p + m + "._extra_state");
   return names;
 }
 

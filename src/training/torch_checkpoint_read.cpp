@@ -21,22 +21,14 @@ using pickle::Value;
 
 namespace {
 
-std::string rank_dir_name(int t, int p, bool pipeline) {
-  char name[32];
-  if (pipeline)
-    std::snprintf(name, sizeof name, "mp_rank_%02d_%03d", t, p);
-  else
-    std::snprintf(name, sizeof name, "mp_rank_%02d", t);
-  return name;
-}
-
-fs::path rank_file(const CheckpointOnDisk& ckpt, int t, int p) {
-  return ckpt.dir / rank_dir_name(t, p, ckpt.parallel.pipeline_model_parallel_size > 1) /
+fs::path rank_file(const CheckpointOnDisk& ckpt, int t, int p, int e = 0) {
+  const CheckpointParallel& c = ckpt.parallel;
+  return ckpt.dir / checkpoint_rank_dir(t, c.pipeline_model_parallel_size, p, c.expert_model_parallel_size, e) /
          kTorchCheckpointFile;
 }
 
-// "mp_rank_TT" or "mp_rank_TT_PPP" -> (TT, PPP or -1).
-bool parse_rank_dir(const std::string& s, int* t, int* p) {
+// "mp_rank_TT", "mp_rank_TT_XXX" or "mp_rank_TT_PPP_EEE" -> TT and the 3-digit numbers after it.
+bool parse_rank_dir(const std::string& s, int* t, std::vector<int>* rest) {
   auto digits = [&](size_t at, size_t n, int* out) {
     if (at + n > s.size()) return false;
     int v = 0;
@@ -48,40 +40,85 @@ bool parse_rank_dir(const std::string& s, int* t, int* p) {
     return true;
   };
   if (!s.starts_with("mp_rank_") || !digits(8, 2, t)) return false;
-  if (s.size() == 10) {
-    *p = -1;
-    return true;
+  rest->clear();
+  for (size_t at = 10; at < s.size(); at += 4) {
+    int v = 0;
+    if (s[at] != '_' || !digits(at + 1, 3, &v) || at + 4 > s.size()) return false;
+    rest->push_back(v);
   }
-  return s.size() == 14 && s[10] == '_' && digits(11, 3, p);
+  return rest->size() <= 2;
 }
 
+// The rank folders: TT and the numbers after it, all of one form.
 struct Layout {
-  int tp = 0, pp = 0;
+  int tp = 0, pp = 1, ep = 1;
+  int suffixes = 0;  // 0: mp_rank_TT, 1: mp_rank_TT_XXX (PPP or EEE: the args tell), 2: _PPP_EEE
+  std::set<std::vector<int>> ranks;  // {TT, numbers...}
 };
 
 Layout scan_layout(const fs::path& dir) {
-  std::set<std::pair<int, int>> ranks;
-  bool with_pp = false, without_pp = false;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    int t = 0, p = 0;
-    if (!e.is_directory() || !parse_rank_dir(e.path().filename().string(), &t, &p)) continue;
-    if (!fs::exists(e.path() / kTorchCheckpointFile)) continue;
-    (p < 0 ? without_pp : with_pp) = true;
-    ranks.emplace(t, std::max(p, 0));
-  }
-  MG_REQUIRE(!ranks.empty(), dir.string(), " has no mp_rank_*/", kTorchCheckpointFile);
-  MG_REQUIRE(!(with_pp && without_pp), dir.string(), " mixes mp_rank_TT and mp_rank_TT_PPP folders");
   Layout l;
-  for (const auto& [t, p] : ranks) {
-    l.tp = std::max(l.tp, t + 1);
-    l.pp = std::max(l.pp, p + 1);
+  std::set<size_t> forms;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    int t = 0;
+    std::vector<int> rest;
+    if (!e.is_directory() || !parse_rank_dir(e.path().filename().string(), &t, &rest)) continue;
+    if (!fs::exists(e.path() / kTorchCheckpointFile)) continue;
+    forms.insert(rest.size());
+    rest.insert(rest.begin(), t);
+    l.ranks.insert(rest);
+  }
+  MG_REQUIRE(!l.ranks.empty(), dir.string(), " has no mp_rank_*/", kTorchCheckpointFile);
+  MG_REQUIRE(forms.size() == 1, dir.string(), " mixes mp_rank_TT, mp_rank_TT_XXX and mp_rank_TT_PPP_EEE "
+             "folders (files of different checkpoints?)");
+  l.suffixes = int(*forms.begin());
+  return l;
+}
+
+// Megatron's get_checkpoint_name appends _PPP when PP > 1 and _EEE when EP > 1, so one number
+// after TT is the pipeline or the expert-parallel rank: as Megatron, decided by the arguments
+// (the first file's pipeline_model_parallel_size / expert_model_parallel_size). Every rank's
+// folder must be there.
+void resolve_layout(Layout& l, const fs::path& dir, const Value* ns, const std::string& label) {
+  auto size_arg = [&](const char* n) -> int64_t {
+    const Value* v = ns ? ns->get(n) : nullptr;
+    return v != nullptr && v->kind == Kind::Int ? v->integer : 0;
+  };
+  int max_t = 0, max_a = -1, max_b = -1;
+  for (const std::vector<int>& r : l.ranks) {
+    max_t = std::max(max_t, r[0]);
+    if (r.size() > 1) max_a = std::max(max_a, r[1]);
+    if (r.size() > 2) max_b = std::max(max_b, r[2]);
+  }
+  l.tp = max_t + 1;
+  // The sizes the arguments record count too: a folder missing at the end is then named.
+  const int64_t pp = size_arg("pipeline_model_parallel_size"), ep = size_arg("expert_model_parallel_size");
+  if (l.suffixes == 2) {
+    l.pp = int(std::max<int64_t>(max_a + 1, pp));
+    l.ep = int(std::max<int64_t>(max_b + 1, ep));
+  } else if (l.suffixes == 1) {
+    MG_REQUIRE(!(pp > 1 && ep > 1), label, ": the arguments say pipeline_model_parallel_size ", pp,
+               " and expert_model_parallel_size ", ep, " but the folders are mp_rank_TT_XXX (one "
+               "rank number after TT; Megatron writes mp_rank_TT_PPP_EEE for both)");
+    const bool expert = ep > 1;
+    MG_REQUIRE(expert || pp > 1 || ns == nullptr || !ns->get("pipeline_model_parallel_size"), label,
+               ": the folders are mp_rank_TT_XXX but the arguments say pipeline_model_parallel_size ",
+               pp, " and expert_model_parallel_size ", std::max<int64_t>(ep, 1),
+               " (Megatron adds the number only when one of them is above 1)");
+    (expert ? l.ep : l.pp) = int(std::max<int64_t>(max_a + 1, expert ? ep : pp));
+    if (expert && pp > 1) l.pp = int(pp);
   }
   for (int p = 0; p < l.pp; ++p)
     for (int t = 0; t < l.tp; ++t)
-      MG_REQUIRE(ranks.count({t, p}), (dir / rank_dir_name(t, p, with_pp) / kTorchCheckpointFile).string(),
-                 " is missing: the checkpoint has ", l.tp, " x ", l.pp,
-                 " tensor x pipeline ranks but not this one's file (incomplete copy?)");
-  return l;
+      for (int e = 0; e < l.ep; ++e) {
+        std::vector<int> key = {t};
+        if (l.suffixes == 2) key = {t, p, e};
+        else if (l.suffixes == 1) key = {t, l.ep > 1 ? e : p};
+        MG_REQUIRE(l.ranks.count(key),
+                   (dir / checkpoint_rank_dir(t, l.pp, p, l.ep, e) / kTorchCheckpointFile).string(),
+                   " is missing: the checkpoint has ", l.tp, " x ", l.pp, " x ", l.ep,
+                   " tensor x pipeline x expert ranks but not this one's file (incomplete copy?)");
+      }
 }
 
 double number(const Value* v, double fallback) {
@@ -191,48 +228,6 @@ optim::LRSchedulerConfig scheduler_from(const Value* sd, const TrainingArgs& a, 
   return c;
 }
 
-// The optimizer dict's layout: the torch optimizer state_dict inside it, the fp32 main params,
-// or why the state cannot be mapped.
-struct OptimizerLayout {
-  const Value* inner = nullptr;     // {"state", "param_groups"}
-  const Value* fp32_groups = nullptr;  // [[tensor, ...], ...] of Float16OptimizerWithFloat16Params
-  const Value* grad_scaler = nullptr;
-  std::string unmappable;
-};
-
-OptimizerLayout optimizer_layout(const Value* opt, const Value* ns) {
-  OptimizerLayout l;
-  if (opt == nullptr || opt->kind == Kind::None) {
-    l.unmappable = "the checkpoint has no optimizer state (saved with --no-save-optim)";
-    return l;
-  }
-  if (opt->kind == Kind::List) {
-    l.unmappable = "its optimizer is a ChainedOptimizer (a list of optimizers), which this build "
-                   "does not map";
-    return l;
-  }
-  if (opt->kind != Kind::Dict) {
-    l.unmappable = "its \"optimizer\" entry is a " + opt->describe();
-    return l;
-  }
-  const Value* inner = opt->get("optimizer");
-  if (inner == nullptr) inner = opt->get("optimizer_state_dict");
-  if (inner != nullptr) {
-    l.fp32_groups = opt->get("fp32_from_fp16_params");
-    if (l.fp32_groups == nullptr) l.fp32_groups = opt->get("fp32_from_fp16");
-    l.grad_scaler = opt->get("grad_scaler");
-  } else {
-    inner = opt;  // FP32Optimizer: the torch optimizer's own state_dict
-  }
-  l.inner = inner;
-  if (flag(ns, "use_distributed_optimizer") || inner->kind != Kind::Dict || inner->get("state") == nullptr) {
-    l.unmappable = "its optimizer state is in distrib_optim.pt (Megatron's distributed optimizer), "
-                   "which this build does not read";
-    l.inner = nullptr;
-  }
-  return l;
-}
-
 bool same_bytes(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
   const Tensor x = a.contiguous(), y = b.contiguous();
@@ -252,7 +247,8 @@ bool warned_once(const std::string& label) {
 bool is_torch_checkpoint(const fs::path& dir) {
   if (fs::exists(dir / "metadata.json")) return false;
   return fs::exists(dir / "mp_rank_00" / kTorchCheckpointFile) ||
-         fs::exists(dir / "mp_rank_00_000" / kTorchCheckpointFile);
+         fs::exists(dir / "mp_rank_00_000" / kTorchCheckpointFile) ||
+         fs::exists(dir / "mp_rank_00_000_000" / kTorchCheckpointFile);
 }
 
 CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
@@ -262,10 +258,10 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
   c.release = release;
   c.format = "torch";
   c.files = json::object();
-  const Layout layout = scan_layout(dir);
-  c.parallel.tensor_model_parallel_size = layout.tp;
-  c.parallel.pipeline_model_parallel_size = layout.pp;
-  const fs::path first = rank_file(c, 0, 0);
+  Layout layout = scan_layout(dir);
+  std::string first_dir = "mp_rank_00";
+  for (int i = 0; i < layout.suffixes; ++i) first_dir += "_000";
+  const fs::path first = dir / first_dir / kTorchCheckpointFile;
   const TorchFile f = TorchFile::open(first);
   const std::string label = first.string();
   const Value& root = f.root();
@@ -273,10 +269,21 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
              ", not a Megatron-LM checkpoint dict");
   const Value* ns = root.get("args");
   if (ns != nullptr && ns->kind != Kind::Namespace) ns = nullptr;
+  resolve_layout(layout, dir, ns, label);
+  c.parallel.tensor_model_parallel_size = layout.tp;
+  c.parallel.pipeline_model_parallel_size = layout.pp;
+  c.parallel.expert_model_parallel_size = layout.ep;
   json args = torch_args::args_of(ns, label, c.notes);
   // The folders are the truth about the layout.
   args["parallel"]["tensor_model_parallel_size"] = layout.tp;
   args["parallel"]["pipeline_model_parallel_size"] = layout.pp;
+  args["parallel"]["expert_model_parallel_size"] = layout.ep;
+  if (layout.ep > 1) {
+    const int64_t experts = args["model"].value("num_moe_experts", int64_t(0));
+    MG_REQUIRE(experts > 0 && experts % layout.ep == 0, label, ": the checkpoint has ", layout.ep,
+               " expert-parallel ranks (mp_rank_*_EEE folders) but its arguments say num_experts ",
+               experts, " (not a positive multiple of ", layout.ep, ")");
+  }
   const std::vector<const Value*> chunks = model_chunks(root, label);
   c.parallel.virtual_pipeline_model_parallel_size = int(chunks.size());
   if (chunks.size() > 1 && args["parallel"]["num_layers_per_virtual_pipeline_stage"].get<int64_t>() == 0) {
@@ -365,7 +372,7 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
   c.state.scheduler = scheduler_from(sched, a, &c.state.scheduler_num_steps);
   if (sched == nullptr) c.state.scheduler_num_steps = c.state.consumed_train_samples;
 
-  const OptimizerLayout opt = optimizer_layout(root.get("optimizer"), ns);
+  const torch_detail::TorchOptimizers opt = torch_detail::optimizer_layout(root.get("optimizer"), ns);
   c.state.grad_scaler_dynamic = a.fp16 && a.loss_scale == 0;
   c.state.grad_scaler.scale = a.fp16 ? (a.loss_scale > 0 ? a.loss_scale : a.initial_loss_scale) : 1.0;
   c.state.grad_scaler.hysteresis_tracker = a.hysteresis;
@@ -407,9 +414,10 @@ CheckpointOnDisk open_torch_checkpoint(const fs::path& dir, bool release,
   return c;
 }
 
-TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bool with_optimizer) {
+TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bool with_optimizer,
+                                  int e) {
   MG_CHECK(ckpt.format == "torch", "read_torch_rank of a ", ckpt.format, " checkpoint");
-  const fs::path file = rank_file(ckpt, t, p);
+  const fs::path file = rank_file(ckpt, t, p, e);
   const std::string label = file.string();
   const TorchFile f = TorchFile::open(file);
   const Value& root = f.root();
@@ -432,16 +440,10 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
   TorchRankContents out;
 
   // The parameters in Megatron's order (model chunks, then each state dict's order): the
-  // optimizer's parameter groups index this list.
-  struct Param {
-    std::string ours;
-    std::string name;  // in the file
-    Shape shape;
-    bool no_wd;
-    bool tied_copy;  // the last stage's copy of the word embedding: not a model tensor here
-    const Value* value;
-  };
-  std::vector<Param> params;
+  // optimizer's parameter groups index this list. Expert numbers are the EP rank's from 0.
+  const int EP = ckpt.parallel.expert_model_parallel_size;
+  const int first_expert = EP > 1 ? e * (a.model.num_moe_experts / EP) : 0;
+  std::vector<torch_detail::TorchParam> params;
   for (int c = 0; c < V; ++c) {
     const int offset = (c * P + p) * (L / (P * V));
     std::vector<std::pair<std::string, const Value*>> entries;
@@ -478,9 +480,20 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
       }
       MG_REQUIRE(v->kind == Kind::Tensor, label, ": '", name, "' is a ", v->describe(), ", not a tensor");
       const bool no_wd = v->shape.size() == 1 || name.ends_with(".bias");
-      params.push_back({ours, name, v->shape, no_wd, tied_copy, v});
+      const int local_expert = torch_names::expert_number(ours);
+      if (local_expert >= 0) {  // this EP rank's local expert J: ours is the global number
+        MG_REQUIRE(local_expert < std::max(1, a.model.num_moe_experts / EP), label, ": '", name,
+                   "' is local expert ", local_expert, " but each of the ", EP, " expert-parallel "
+                   "ranks holds ", a.model.num_moe_experts / EP, " of num_experts ",
+                   a.model.num_moe_experts);
+        ours = torch_names::shift_expert(ours, first_expert);
+      }
+      // The router's expert_bias: a persistent float32 buffer in Megatron, float64 state here.
+      const bool buffer = ours.ends_with(".mlp.router.expert_bias");
+      params.push_back({ours, name, v->shape, no_wd, tied_copy, local_expert >= 0, buffer, v});
       if (tied_copy) continue;
       Tensor tensor = f.tensor(*v);
+      if (buffer) tensor = tensor.to(DType::F64);
       check_finite_tensor(tensor, name, label);
       if (legacy_qkv && version < 2.0) {
         MG_REQUIRE(heads > 0, label, ": checkpoint_version ", version, " stores QKV in an order that "
@@ -494,131 +507,10 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
   }
   if (!with_optimizer || ckpt.state.optimizer_type.empty()) return out;
 
-  // The optimizer state, through the parameter groups.
-  const OptimizerLayout ol = optimizer_layout(root.get("optimizer"), ns);
-  auto unmapped = [&](const std::string& why) {
-    out.notes.push_back(label + ": optimizer state not loaded: " + why);
-    return out;
-  };
-  if (!ol.unmappable.empty()) return unmapped(ol.unmappable);
-  const Value* groups = ol.inner->get("param_groups");
-  const Value* state = ol.inner->get("state");
-  if (groups == nullptr || groups->kind != Kind::List || state->kind != Kind::Dict)
-    return unmapped("no param_groups/state in its optimizer state_dict");
-  std::vector<std::vector<int64_t>> ids;
-  for (const Value* g : groups->items) {
-    const Value* ps = g->kind == Kind::Dict ? g->get("params") : nullptr;
-    if (ps == nullptr || ps->kind != Kind::List) return unmapped("a parameter group without \"params\"");
-    ids.emplace_back();
-    for (const Value* i : ps->items) {
-      if (i->kind != Kind::Int) return unmapped("a parameter group lists a non-integer id");
-      ids.back().push_back(i->integer);
-    }
-  }
-  // Which of Megatron's groupings this is: [weight-decayed, not], [not, weight-decayed], or one.
-  std::vector<size_t> wd, no_wd, all;
-  for (size_t i = 0; i < params.size(); ++i) {
-    (params[i].no_wd ? no_wd : wd).push_back(i);
-    all.push_back(i);
-  }
-  std::vector<std::vector<std::vector<size_t>>> candidates = {{wd, no_wd}, {no_wd, wd}, {all}};
-  std::vector<size_t> id_group_index;
-  for (size_t g = 0; g < ids.size(); ++g)
-    if (!ids[g].empty()) id_group_index.push_back(g);
-  const std::vector<std::vector<size_t>>* chosen = nullptr;
-  const bool adam = ckpt.state.optimizer_type == "adam";
-  const std::vector<std::string> kinds = adam ? std::vector<std::string>{"exp_avg", "exp_avg_sq"}
-                                              : std::vector<std::string>{"momentum_buffer"};
-  auto shapes_fit = [&](const std::vector<std::vector<size_t>>& groups_of_params) {
-    size_t gi = 0;
-    for (const auto& gp : groups_of_params) {
-      if (gp.empty()) continue;
-      if (gi >= id_group_index.size() || ids[id_group_index[gi]].size() != gp.size()) return false;
-      const std::vector<int64_t>& gids = ids[id_group_index[gi]];
-      for (size_t j = 0; j < gp.size(); ++j) {
-        const Value* s = state->get(gids[j]);
-        if (s == nullptr) continue;
-        const Value* m = s->get(kinds[0]);
-        if (m == nullptr || m->kind != Kind::Tensor || m->shape != params[gp[j]].shape) return false;
-      }
-      ++gi;
-    }
-    return gi == id_group_index.size();
-  };
-  for (const auto& cand : candidates)
-    if (shapes_fit(cand)) {
-      chosen = &cand;
-      break;
-    }
-  if (chosen == nullptr)
-    return unmapped(str("its ", ids.size(), " parameter groups do not match the model's ", params.size(),
-                        " parameters (split into weight-decayed and not) by size and shape"));
-
-  // The step: per parameter (torch), per group (Apex), or common.
-  std::optional<double> step;
-  auto take_step = [&](const Value* v) {
-    if (v == nullptr) return;
-    double s = 0;
-    if (v->kind == Kind::Tensor) {
-      const Tensor st = f.tensor(*v);
-      if (st.numel() != 1 || !dtype_is_floating(st.dtype())) return;
-      s = st.item_as_double(0);
-    } else if (v->kind == Kind::Int || v->kind == Kind::Float) {
-      s = number(v, 0);
-    } else {
-      return;
-    }
-    step = std::max(step.value_or(0.0), s);
-  };
-  take_step(state->get("common_step"));
-  for (const Value* g : groups->items) take_step(g->get("step"));
-  SafetensorsContents o;
-  const bool fp32_model = a.model.params_dtype == DType::F32;
-  size_t gi = 0;
-  for (size_t cg = 0; cg < chosen->size(); ++cg) {
-    const std::vector<size_t>& gp = (*chosen)[cg];
-    if (gp.empty()) continue;
-    const size_t g = id_group_index[gi++];
-    const Value* mains = nullptr;
-    if (ol.fp32_groups != nullptr && ol.fp32_groups->kind == Kind::List && g < ol.fp32_groups->items.size())
-      mains = ol.fp32_groups->items[g];
-    for (size_t j = 0; j < gp.size(); ++j) {
-      const Param& prm = params[gp[j]];
-      const Value* s = state->get(ids[g][j]);
-      if (s != nullptr) take_step(s->get("step"));
-      for (const std::string& k : kinds) {
-        const Value* m = s != nullptr ? s->get(k) : nullptr;
-        Tensor value;
-        if (m == nullptr) {
-          value = Tensor::zeros(prm.shape, DType::F32);  // never stepped
-        } else {
-          if (m->kind != Kind::Tensor || m->shape != prm.shape)
-            return unmapped("'" + k + "' of '" + prm.ours + "' does not have the parameter's shape");
-          value = f.tensor(*m).to(DType::F32);
-          check_finite_tensor(value, prm.name + " (optimizer " + k + ")", label);
-        }
-        o.tensors["optimizer.state." + k + "." + prm.ours] = value;
-      }
-      if (fp32_model) continue;
-      const Value* main = mains != nullptr && mains->kind == Kind::List && j < mains->items.size()
-                              ? mains->items[j] : nullptr;
-      if (main != nullptr && main->kind == Kind::Tensor && main->shape == prm.shape) {
-        Tensor fp32 = f.tensor(*main).to(DType::F32);
-        check_finite_tensor(fp32, prm.name + " (optimizer fp32 main weight)", label);
-        o.tensors["optimizer.state.fp32_param." + prm.ours] = std::move(fp32);
-      } else {
-        o.tensors["optimizer.state.fp32_param." + prm.ours] = f.tensor(*prm.value).to(DType::F32);
-        if (out.notes.empty() || !out.notes.back().ends_with("(fp32_from_fp16_params missing)"))
-          out.notes.push_back(label + ": fp32 main weights taken from the " +
-                              std::string(dtype_name(a.model.params_dtype)) +
-                              " weights (fp32_from_fp16_params missing)");
-      }
-    }
-  }
-  Tensor st = Tensor::empty({}, DType::I64);
-  *st.data<int64_t>() = int64_t(step.value_or(0.0));
-  o.tensors["optimizer.step"] = st;
-  out.optimizer = std::move(o);
+  // The optimizer state, through the parameter groups (torch_checkpoint_optim.cpp).
+  out.optimizer = torch_detail::map_optimizer(f, torch_detail::optimizer_layout(root.get("optimizer"), ns),
+                                              params, ckpt.state.optimizer_type == "adam",
+                                              a.model.params_dtype, label, out.notes);
   return out;
 }
 

@@ -30,7 +30,39 @@ struct ChunkParam {
   std::string ours;      // our name (the tensor in the merged checkpoint)
   std::string megatron;  // its name in the chunk's state dict
   bool tied_copy = false;
+  bool expert = false;  // an expert's weight (its own optimizer under expert parallelism)
+  bool buffer = false;  // the router's expert_bias: a buffer, no optimizer state
 };
+
+// The experts of expert-parallel rank e of EP: [first, first + count).
+struct ExpertRange {
+  int first = 0, count = 0;
+  bool holds(int x) const { return x >= first && x < first + count; }
+};
+
+// An MoE layer's parameters after its pre-MLP norm, in MoELayer's registration order: the
+// router (weight, bias; then its expert_bias buffer), the experts (SequentialMLP: each local
+// expert's linear_fc1 and linear_fc2; TEGroupedMLP: linear_fc1's weight0..N-1, then linear_fc2's),
+// the shared expert (SharedExpertMLP's own gate_weight before its linears).
+std::vector<std::string> moe_layer_order(const MergedCheckpoint& m, const std::string& prefix,
+                                         const ExpertRange& r) {
+  std::vector<std::string> out = {"mlp.router.weight", "mlp.router.bias", "mlp.router.expert_bias"};
+  const bool grouped = m.model.count(prefix + "mlp.experts.linear_fc1.weight" + std::to_string(r.first));
+  if (grouped) {
+    for (const char* fc : {"linear_fc1", "linear_fc2"})
+      for (const char* w : {"weight", "bias"})
+        for (int j = 0; j < r.count; ++j)
+          out.push_back(str("mlp.experts.", fc, ".", w, r.first + j));
+  } else {
+    for (int j = 0; j < r.count; ++j)
+      for (const char* n : {"linear_fc1.weight", "linear_fc1.bias", "linear_fc2.weight", "linear_fc2.bias"})
+        out.push_back(str("mlp.experts.local_experts.", r.first + j, ".", n));
+  }
+  for (const char* n : {"gate_weight", "linear_fc1.weight", "linear_fc1.bias", "linear_fc2.weight",
+                        "linear_fc2.bias"})
+    out.push_back(str("mlp.shared_experts.", n));
+  return out;
+}
 
 // The per-layer order of Megatron-Core's modules: the local spec registers input_layernorm,
 // self_attention (core_attention, linear_proj, then linear_qkv), pre_mlp_layernorm, mlp; the
@@ -76,12 +108,20 @@ std::vector<std::string> head_order(model::ModelFamilyId family) {
 
 std::vector<ChunkParam> chunk_params(const MergedCheckpoint& m, const model::PipelineLayout& layout,
                                      model::ModelFamilyId family, const std::string& block, int p,
-                                     int c, bool te, std::set<std::string>& placed) {
+                                     int c, bool te, std::set<std::string>& placed,
+                                     const ExpertRange& experts) {
   std::vector<ChunkParam> out;
   const int offset = layout.first_layer(p, c);
+  bool moe = false;  // the layer being added is an MoE layer
   auto add = [&](const std::string& ours, bool tied_copy = false) {
     if (!tied_copy && !m.model.count(ours)) return;
-    out.push_back({ours, torch_names::to_megatron(ours, offset, te), tied_copy});
+    const int x = torch_names::expert_number(ours);
+    if (x >= 0 && !experts.holds(x)) return;  // another expert-parallel rank's
+    // An MoE layer's pre-MLP norm is a module of its own (TENorm), not fused into an fc1.
+    const bool fused_norm = te && !(moe && ours.find(".pre_mlp_layernorm.") != std::string::npos);
+    std::string megatron = torch_names::to_megatron(ours, offset, fused_norm);
+    if (x >= 0) megatron = torch_names::shift_expert(megatron, -experts.first);
+    out.push_back({ours, megatron, tied_copy, x >= 0, ours.ends_with(".mlp.router.expert_bias")});
     if (!tied_copy) placed.insert(ours);
   };
   if (layout.has_embedding(p, c)) {
@@ -91,11 +131,15 @@ std::vector<ChunkParam> chunk_params(const MergedCheckpoint& m, const model::Pip
   }
   for (int l = offset; l < offset + layout.layers_per_chunk(); ++l) {
     const std::string prefix = block + ".layers." + std::to_string(l) + ".";
+    moe = m.model.count(prefix + "mlp.router.weight") > 0;
     for (const std::string& n : layer_order(te)) add(prefix + n);
+    if (moe)
+      for (const std::string& n : moe_layer_order(m, prefix, experts)) add(prefix + n);
     // Parameters of this layer the lists above do not name keep their own (sorted) order.
     for (auto it = m.model.lower_bound(prefix); it != m.model.end() && it->first.starts_with(prefix); ++it)
       if (!placed.count(it->first)) add(it->first);
   }
+  moe = false;
   if (layout.has_output(p, c)) {
     add(block + ".final_layernorm.weight");
     add(block + ".final_layernorm.bias");
@@ -153,6 +197,7 @@ std::pair<int, std::string> layer_and_block(const std::string& ours) {
 Tensor shard_of(const MergedCheckpoint& m, const ChunkParam& cp, const std::string& kind, int t, int T) {
   const std::string& name = cp.tied_copy ? std::string(kWordEmbedding) : cp.ours;
   const Tensor& full = kind == "param" ? m.model.at(name) : m.optimizer.at(kind).at(name);
+  if (cp.buffer) return full.to(DType::F32);  // Megatron keeps expert_bias in float32, whole
   return split_shard(full, m.rules.at(name), t, T);
 }
 
@@ -175,10 +220,12 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   const bool te = options.transformer_impl == "transformer_engine";
   const json& meta = m.metadata;
   const json& args_json = meta.at("args");
-  MG_REQUIRE(model::config_from_checkpoint_args(args_json).config.num_moe_experts == 0,
-             "Megatron-LM's torch format for mixture-of-experts checkpoints is not built yet; "
-             "keep this build's checkpoint format for MoE models");
   const TrainingArgs a = training_args_from_json(args_json);
+  const int EP = options.expert_model_parallel_size;
+  const int E = a.model.num_moe_experts;
+  MG_REQUIRE(EP >= 1 && (EP == 1 || (E > 0 && E % EP == 0)), "expert-parallel size ", EP,
+             " for the torch checkpoint: the model has ", E, " experts per MoE layer, not a "
+             "positive multiple of ", EP);
   const bool t5 = a.model.family_id() == model::ModelFamilyId::t5;
   MG_REQUIRE(!t5 || (P == 1 && layers_per_virtual_stage == 0), "Megatron-LM's T5 .pt files are "
              "written for --pipeline-model-parallel-size 1 (got ", P, "): convert with "
@@ -240,6 +287,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
       {"fp16", a.fp16}, {"bf16", a.bf16}, {"params_dtype", dtype_name(dtype)},
       {"use_distributed_optimizer", false}, {"ckpt_format", "torch"},
       {"transformer_impl", options.transformer_impl}, {"use_legacy_models", false},
+      {"expert_model_parallel_size", EP},
       {"use_mcore_models", true}, {"data_parallel_random_init", false},
   };
   // The model's settings as Megatron's arguments: one row each (model/model_settings.h).
@@ -253,6 +301,21 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
     extra["decoder_num_layers"] = a.model.decoder_layers();
   }
   extra["sequence_parallel"] = a.model.sequence_parallel && T > 1;
+  if (E > 0) {  // the MoE arguments as Megatron's parser and validate_args leave them
+    extra["num_experts"] = E;
+    const std::string& freq = a.model.moe_layer_freq;
+    if (freq.starts_with("[")) {  // moe_freq_type: a list of 0/1 per layer
+      json list = json::array();
+      for (char ch : freq)
+        if (ch == '0' || ch == '1') list.push_back(ch - '0');
+      extra["moe_layer_freq"] = list;
+    } else {
+      extra["moe_layer_freq"] = std::stoll(freq);
+    }
+    extra["moe_ffn_hidden_size"] = a.model.moe_ffn();
+    extra["expert_tensor_parallel_size"] =
+        a.parallel.expert_tensor_parallel_size > 0 ? a.parallel.expert_tensor_parallel_size : T;
+  }
   if (a.weight_decay_incr_style == "constant") {
     extra["start_weight_decay"] = a.weight_decay;
     extra["end_weight_decay"] = a.weight_decay;
@@ -267,10 +330,12 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
   std::set<std::string> placed;
   const std::string block = model::model_family_of(a.model).block;
   for (int p = 0; p < P; ++p) {
+   for (int e = 0; e < EP; ++e) {
+    const ExpertRange experts{e * (E / EP), E / EP};
     std::vector<std::vector<ChunkParam>> chunks;
     for (int c = 0; c < V; ++c)
       chunks.push_back(t5 ? t5_chunk_params(m, a.model.num_layers, a.model.decoder_layers(), te, placed)
-                          : chunk_params(m, layout, a.model.family_id(), block, p, c, te, placed));
+                          : chunk_params(m, layout, a.model.family_id(), block, p, c, te, placed, experts));
     for (int t = 0; t < T; ++t) {
       Document doc;
       Value* root = doc.dict();
@@ -289,10 +354,16 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
           // Engine's (None: no FP8 metadata) and Megatron-Core's column/row-parallel linears (None).
           const auto layer = layer_and_block(cp.ours);
           if (layer.first >= 0 && layer != last_layer) {
-            for (const std::string& e :
-                 t5 ? torch_names::t5_extra_state_names(layer.first, te, layer.second)
-                    : torch_names::extra_state_names(layer.first - offset, te, block))
-              doc.set(sd, e, doc.none());
+            const std::string lp = str(block, ".layers.", layer.first, ".");
+            const bool moe = !t5 && m.model.count(lp + "mlp.router.weight");
+            const std::vector<std::string> extra_states =
+                t5 ? torch_names::t5_extra_state_names(layer.first, te, layer.second)
+                : moe ? torch_names::moe_extra_state_names(
+                            layer.first - offset, te, experts.count,
+                            m.model.count(str(lp, "mlp.experts.linear_fc1.weight", experts.first)) > 0,
+                            m.model.count(lp + "mlp.shared_experts.linear_fc1.weight") > 0, block)
+                      : torch_names::extra_state_names(layer.first - offset, te, block);
+            for (const std::string& x : extra_states) doc.set(sd, x, doc.none());
             last_layer = layer;
           }
           // T5Model registers its head's output layer a second time (self.output_layer): the
@@ -307,11 +378,18 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
         doc.set(root, V == 1 ? std::string("model") : "model" + std::to_string(c), sd);
       }
       if (optim) {
-        // Two parameter groups (weight-decayed first, as Megatron-Core sorts them), parameters
-        // numbered through the groups as torch's Optimizer.state_dict numbers them.
+        // One optimizer, or under expert parallelism Megatron-Core's ChainedOptimizer of the
+        // dense parameters' and the expert-parallel ones' (a list of their state dicts). Each has
+        // its parameter groups (weight-decayed first, as Megatron-Core sorts them; empty ones
+        // left out, as _get_param_groups never makes them), parameters numbered through the
+        // groups as torch's Optimizer.state_dict numbers them.
+        const int parts = EP > 1 ? 2 : 1;
+        Value* chained = doc.list();
+        for (int part = 0; part < parts; ++part) {
         std::vector<const ChunkParam*> wd, no_wd;
         for (const auto& chunk : chunks)
           for (const ChunkParam& cp : chunk) {
+            if (cp.buffer || (parts == 2 && cp.expert != (part == 1))) continue;
             const Tensor& full = cp.tied_copy ? m.model.at(kWordEmbedding) : m.model.at(cp.ours);
             (full.dim() == 1 || cp.megatron.ends_with(".bias") ? no_wd : wd).push_back(&cp);
           }
@@ -321,6 +399,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
         int64_t id = 0;
         for (int g = 0; g < 2; ++g) {
           const auto& members = g == 0 ? wd : no_wd;
+          if (members.empty()) continue;
           Value* ids = doc.list();
           Value* group_mains = doc.list();
           for (const ChunkParam* cp : members) {
@@ -342,7 +421,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
           const double weight_decay = a.weight_decay * wd_mult;
           Value* pg = doc.dict();
           doc.set(pg, "params", ids);
-          doc.set(pg, "is_expert_parallel", doc.boolean(false));
+          doc.set(pg, "is_expert_parallel", doc.boolean(part == 1));
           doc.set(pg, "default_config", doc.boolean(true));
           doc.set(pg, "wd_mult", doc.real(wd_mult));
           doc.set(pg, "lr_mult", doc.real(1.0));
@@ -374,7 +453,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
         doc.set(inner, "state", state);
         doc.set(inner, "param_groups", param_groups);
         if (dtype == DType::F32) {
-          doc.set(root, "optimizer", inner);  // FP32Optimizer.state_dict()
+          chained->items.push_back(inner);  // FP32Optimizer.state_dict()
         } else {  // Float16OptimizerWithFloat16Params.state_dict()
           Value* o = doc.dict();
           doc.set(o, "optimizer", inner);
@@ -387,8 +466,10 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
             doc.set(o, "grad_scaler", scaler);
           }
           doc.set(o, "fp32_from_fp16_params", mains);
-          doc.set(root, "optimizer", o);
+          chained->items.push_back(o);
         }
+        }
+        doc.set(root, "optimizer", parts == 1 ? chained->items[0] : chained);
         Value* s = doc.dict();  // OptimizerParamScheduler.state_dict()
         for (const auto& [k, v] : sc.items()) {
           if (v.is_string()) doc.set(s, k, doc.str(v.get<std::string>()));
@@ -401,11 +482,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
         doc.set(root, "rng_state",
                 torch_rng::megatron_rng_state(doc, a.seed, t, p, rng.at("seed").get<uint64_t>(),
                                               rng.at("dropout_offset").get<uint64_t>()));
-      char rank_dir[32];
-      if (P > 1)
-        std::snprintf(rank_dir, sizeof rank_dir, "mp_rank_%02d_%03d", t, p);
-      else
-        std::snprintf(rank_dir, sizeof rank_dir, "mp_rank_%02d", t);
+      const std::string rank_dir = checkpoint_rank_dir(t, P, p, EP, e);
       fs::create_directories(tmp / rank_dir);
       detail::set_mode(tmp / rank_dir, 0750);
       const fs::path file = tmp / rank_dir / kTorchCheckpointFile;
@@ -413,6 +490,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
       detail::set_mode(file, 0640);
       detail::fsync_path(tmp / rank_dir, true);
     }
+   }
   }
   for (const auto& [name, t] : m.model)
     MG_REQUIRE(placed.count(name), "tensor '", name, "' has no place in Megatron-Core's ",
@@ -440,7 +518,9 @@ fs::path save_torch_checkpoint(const fs::path& save_dir, const CheckpointState& 
       int lpvs = 0;
       if (state.args.contains("parallel") && state.args["parallel"].contains("num_layers_per_virtual_pipeline_stage"))
         lpvs = state.args["parallel"]["num_layers_per_virtual_pipeline_stage"].get<int>();
-      out = write_torch_checkpoint(m, save_dir, rank.tp_size, rank.pp_size, lpvs, options);
+      TorchSaveOptions o = options;
+      o.expert_model_parallel_size = rank.ep_size;
+      out = write_torch_checkpoint(m, save_dir, rank.tp_size, rank.pp_size, lpvs, o);
       fs::remove_all(staging);
     } catch (const std::exception& e) {
       failure = e.what();

@@ -191,10 +191,22 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   pc.expert_tensor_parallel_size = a.parallel.expert_tensor_parallel_size;
   r.ps = ParallelState::create(make_timed_communicator(world, r.comm_stats), pc);
   const int etp = r.ps.layout().config.expert_tensor_parallel_size;
-  MG_REQUIRE(etp == r.ps.tp_size() || (a.save.empty() && a.load.empty()), "--save/--load with "
-             "--expert-tensor-parallel-size ", etp, " (tensor-parallel size ", r.ps.tp_size(),
-             "): checkpoints of experts sharded otherwise than the dense layers are not built "
-             "yet; train without them or leave --expert-tensor-parallel-size out");
+  // Checkpoints of experts sharded otherwise than the dense layers: TP rank t's folder holds
+  // expert-tensor shard t % ETP, so ETP must divide TP, at EP 1 (with EP > 1 the expert ranks
+  // follow the TP ranks, and a TP x EP folder per pair would not be written by anyone); the
+  // distributed optimizer's expert shards
+  // (over the expert data-parallel group, across TP ranks) and Megatron's .pt files are not
+  // written that way.
+  const bool checkpoints = !a.save.empty() || !a.load.empty();
+  MG_REQUIRE(etp == r.ps.tp_size() || !checkpoints ||
+                 (r.ps.tp_size() % etp == 0 && r.ps.ep_size() == 1 &&
+                  !a.parallel.use_distributed_optimizer && a.ckpt_format != "torch"),
+             "--save/--load with --expert-tensor-parallel-size ", etp, " (tensor-parallel size ",
+             r.ps.tp_size(), "): checkpoints hold experts sharded otherwise than the dense layers "
+             "only when the expert-tensor-parallel size divides the tensor-parallel size, at "
+             "expert-parallel size 1, with the plain optimizer, in this build's format (not "
+             "--use-distributed-optimizer or --ckpt-format torch); train without them or leave "
+             "--expert-tensor-parallel-size out");
   r.log_rank = r.ps.world_rank() == r.ps.world_size() - 1;
   const int dp = r.ps.dp_size(), tp = r.ps.tp_size();
   r.dp_cp = dp * r.ps.cp_size();

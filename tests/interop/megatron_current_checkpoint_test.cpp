@@ -135,10 +135,11 @@ TEST(MegatronCurrentCheckpoint, GenerateAndConvertTakeTheArchitectureFromTheArgs
 }
 
 TEST(MegatronCurrentCheckpoint, AModelFeatureThisBuildLacksIsRefusedByName) {
-  const auto r = mt::run_cli("checkpoint convert --load " + (fixtures() / "moe").string() + " --save " +
+  const auto r = mt::run_cli("checkpoint convert --load " + (fixtures() / "mla").string() + " --save " +
                              (fixtures() / "never").string() + " 2>&1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("num_experts = 8 (--num-experts)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("multi_latent_attention = True (--multi-latent-attention)"), std::string::npos)
+      << r.output;
   EXPECT_FALSE(fs::exists(fixtures() / "never"));
 }
 

@@ -15,7 +15,7 @@ training/torch_checkpoint.h and core/pickle.h:
   has never seen).
 
   megatron_current_checkpoint.py make OUT     OUT/current/ (the checkpoint), OUT/moe/ (the same
-      with num_experts 8), OUT/evil_*/ (files that run code under torch.load), OUT/fake_modules
+      with multi_latent_attention, a model feature this build lacks), OUT/evil_*/ (files that run code under torch.load), OUT/fake_modules
   megatron_current_checkpoint.py args FILE OURS   torch.load both, compare their "args"
       Namespaces attribute by attribute (OURS written by our pickler); prints "same" or the diffs
 """
@@ -75,7 +75,7 @@ def write_fake_modules(out):
     sys.path.insert(0, base)
 
 
-def current_args(num_experts=None):
+def current_args(lacking=False):
     from megatron.core.transformer.enums import AttnBackend, CudaGraphScope, InferenceCudaGraphScope
     from megatron.core.future_feature.enums import FutureKnob
     a = argparse.Namespace(
@@ -88,8 +88,8 @@ def current_args(num_experts=None):
         apply_layernorm_1p=False, swiglu=False, squared_relu=False, openai_gelu=False,
         quick_geglu=False, bias_gelu_fusion=True, add_bias_linear=True, add_qkv_bias=True,
         untie_embeddings_and_output_weights=False, qk_layernorm=False, qk_l2_norm=False,
-        softmax_type="vanilla", window_size=None, no_rope_freq=None, num_experts=num_experts,
-        moe_router_topk=2, multi_latent_attention=False, mtp_num_layers=None, fp8=None, fp4=None,
+        softmax_type="vanilla", window_size=None, no_rope_freq=None, num_experts=None,
+        moe_router_topk=2, multi_latent_attention=lacking, mtp_num_layers=None, fp8=None, fp4=None,
         make_vocab_size_divisible_by=mc.DIVISOR, padded_vocab_size=mc.padded_vocab(1),
         vocab_size=mc.VOCAB, tokenizer_type="NullTokenizer", tensor_model_parallel_size=1,
         pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
@@ -130,10 +130,10 @@ def extra_states(sd):
     return sd
 
 
-def make_checkpoint(folder, iteration, num_experts=None):
+def make_checkpoint(folder, iteration, lacking=False):
     w = mc.full_weights(torch.bfloat16, seed=7)
     stage = mc.Stage("core-te", w, 0, 1, 0, 1, 0, 1, 3, False)
-    sd = {"args": current_args(num_experts), "checkpoint_version": 3.0, "iteration": iteration}
+    sd = {"args": current_args(lacking), "checkpoint_version": 3.0, "iteration": iteration}
     sd["model"] = extra_states(stage.module.state_dict())
     groups = mc.param_groups([stage.module], sort=True)
     g = torch.Generator().manual_seed(5)
@@ -224,7 +224,7 @@ def main():
     if sys.argv[1] == "make":
         write_fake_modules(out)
         make_checkpoint(os.path.join(out, "current"), 5)
-        make_checkpoint(os.path.join(out, "moe"), 5, num_experts=8)
+        make_checkpoint(os.path.join(out, "mla"), 5, lacking=True)
         make_evil(out, os.path.join(out, "MARKER"))
     elif sys.argv[1] == "args":
         write_fake_modules(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(out)))))

@@ -204,11 +204,12 @@ TEST(MoeCheckpointCli, SaveAndLoadTakeExpertParallelism) {
   EXPECT_NE(ep.exit_code, 0);
   EXPECT_NE(ep.output.find("--expert-model-parallel-size (2)"), std::string::npos) << ep.output;
   EXPECT_EQ(ep.output.find("--save/--load with"), std::string::npos) << ep.output;
-  // Megatron's .pt files have no MoE mapping: refused before training, not at the first save.
-  const testing::CommandResult pt = testing::run_cli(base + "--save /nonexistent/x --save-interval 1 "
-                                                     "--ckpt-format torch");
-  EXPECT_NE(pt.exit_code, 0);
-  EXPECT_NE(pt.output.find("--ckpt-format torch with --num-experts 4"), std::string::npos) << pt.output;
+  // Megatron's .pt files for MoE: saved (one rank: the mp_rank_00 folder).
+  testing::TempDir dir;
+  const testing::CommandResult pt = testing::run_cli(base + "--save " + (dir / "pt").string() +
+                                                     " --save-interval 1 --ckpt-format torch");
+  EXPECT_EQ(pt.exit_code, 0) << pt.output;
+  EXPECT_TRUE(fs::exists(dir / "pt" / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt")) << pt.output;
 }
 
 }  // namespace
