@@ -2,10 +2,11 @@
 # T5 demo: set up, build, get the demo corpus, make a WordPiece vocabulary from it, split it into
 # sentences and preprocess it with BertWordPieceLowerCase, train a small T5 on the CPU with
 # `megatron pretrain-t5` (Megatron's span-corruption samples with 100 sentinels <extra_id_N>),
-# compare its validation loss with two unigram baselines (the loss of a model that ignores
-# context): the corpus's unigram entropy, as the BERT demo prints it, and the unigram entropy of
-# the decoder's labels themselves (the masked words with their sentinels and [EOS], over the first
-# 2000 training samples), then let `megatron generate` fill the spans of a few prompts.
+# compare its validation loss with unigram baselines (the loss of a model that ignores context):
+# the corpus's unigram entropy, as the BERT demo prints it, the unigram entropy of the decoder's
+# labels themselves (the masked words with their sentinels and [EOS], over the first 2000 training
+# samples), and that of the span words alone with the sentinels and [EOS] counted as free, then
+# let `megatron generate` fill the spans of a few prompts.
 # Environment: DEMO_ITERS (training iterations, default 2000), DEMO_MINUTES (training stops and
 # saves after this many minutes, default 10), DEMO_THREADS (default 2), BUILD_DIR (default
 # build), SKIP_SETUP=1 to skip scripts/setup.sh, SKIP_BUILD=1 to use $BUILD_DIR/megatron as built.
@@ -37,8 +38,11 @@ BASELINE="$(sed -n 's/^unigram entropy: \([0-9.]*\) .*/\1/p' "$OUT/data_summary.
 
 # --- training ---
 SEQ=(--encoder-seq-length 64 --decoder-seq-length 24)
+# --init-method-std 0.1 (about 1/sqrt(hidden)) rather than Megatron's 0.02: at this width, with
+# 0.02, the cross-attention's queries hardly learn (their gradients stay near zero), and even a
+# model that memorises a few sentences fills their spans with other words of the same text.
 SHAPE=(--encoder-num-layers 2 --decoder-num-layers 2 --hidden-size 128 --num-attention-heads 4
-       --max-position-embeddings 64 "${SEQ[@]}")
+       --max-position-embeddings 64 --init-method-std 0.1 "${SEQ[@]}")
 DATA=(--data-path "$OUT/demo_text_sentence" --split 98,2,0 --data-cache-path "$OUT/cache")
 SAMPLES=(--micro-batch-size 32 --global-batch-size 32 --train-iters "$ITERS" --eval-interval 500
          --eval-iters 20)
@@ -46,36 +50,45 @@ SAMPLES=(--micro-batch-size 32 --global-batch-size 32 --train-iters "$ITERS" --e
 # the loss mask).
 "$MEGATRON" inspect-data --samples 2000 --format json --dataset-type t5 --split-name train \
   "${SEQ[@]}" "${TOK[@]}" "${DATA[@]}" "${SAMPLES[@]}" 2>/dev/null | grep '^{' >"$OUT/samples.jsonl"
-LABELS="$(python3 -c 'import json, math, sys, collections
-c = collections.Counter()
+# A third line: the loss of a model that wrote the sentinels and [EOS] at no cost and the span
+# words by their unigram frequency alone (what the loss stalls at before the model uses context).
+read -r LABELS WORDS < <(python3 -c 'import json, math, sys, collections
+c, w = collections.Counter(), collections.Counter()
 for line in open(sys.argv[1]):
     s = json.loads(line)
-    c.update(l for l, m in zip(s["labels"], s["loss_mask"]) if m)
-n = sum(c.values())
-print(f"{-sum(k / n * math.log(k / n) for k in c.values()):.4f}")' "$OUT/samples.jsonl")"
+    ls = [l for l, m in zip(s["labels"], s["loss_mask"]) if m]
+    c.update(ls)
+    w.update(l for l in ls if l < s["text_dec"][0])  # [BOS], [EOS] and the sentinels come last
+h = lambda c, n: -sum(k / n * math.log(k / n) for k in c.values())
+n, m = sum(c.values()), sum(w.values())
+print(f"{h(c, n):.4f} {m / n * h(w, m):.4f}")' "$OUT/samples.jsonl")
 echo "unigram entropy of the decoder labels (2000 training samples): $LABELS nats/token"
+echo "with the sentinels and [EOS] free, the span words by unigram frequency: $WORDS nats/token"
 
 rm -rf "$OUT/ckpt"
 "$MEGATRON" pretrain-t5 "${SHAPE[@]}" "${TOK[@]}" "${DATA[@]}" "${SAMPLES[@]}" \
-  --lr 1e-3 --min-lr 1e-4 --lr-decay-style linear --lr-warmup-iters 100 \
+  --lr 2e-3 --min-lr 1e-4 --lr-decay-style linear --lr-warmup-iters 100 \
   --weight-decay 0.01 --clip-grad 1.0 --hidden-dropout 0 --attention-dropout 0 \
   --log-interval 100 --save "$OUT/ckpt" --save-interval "$ITERS" \
   --exit-duration-in-mins "$MINUTES" 2>&1 | tee "$OUT/train.log"
 VALID="$(sed -n 's/.*validation loss at iteration *\([0-9]*\) | lm loss value: \([0-9.E+-]*\).*/\1 \2/p' \
   "$OUT/train.log" | tail -n 1)"
 if [ -n "$VALID" ] && [ -n "$BASELINE" ]; then
-  python3 -c 'import sys; it, v, b, l = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+  python3 -c 'import sys; it, v, b, l, w = sys.argv[1], *map(float, sys.argv[2:])
 print(f"validation loss at iteration {it}: {v:.3f} nats/token; unigram baselines: corpus {b:.3f} "
-      f"({b - v:+.3f} above it), decoder labels {l:.3f} ({l - v:+.3f} above it)")' $VALID "$BASELINE" "$LABELS"
+      f"({b - v:+.3f} above it), decoder labels {l:.3f} ({l - v:+.3f} above it), span words "
+      f"with free sentinels {w:.3f} ({w - v:+.3f} above it)")' $VALID "$BASELINE" "$LABELS" "$WORDS"
 fi
 
 # --- span filling with the checkpoint (greedy, then sampled) ---
 if [ -s "$OUT/ckpt/latest_checkpointed_iteration.txt" ]; then
   PROMPTS="$OUT/prompts.txt"
   cat >"$PROMPTS" <<'PROMPTS_END'
-the president of the <extra_id_0> said that the new law would <extra_id_1> next year .
+the president of the united <extra_id_0> said that the new law would <extra_id_1> next year .
 she walked into the <extra_id_0> and sat down at the <extra_id_1> .
 it was one of the <extra_id_0> days of the year , and the children <extra_id_1> outside .
+the jury said it did not <extra_id_0> any evidence of fraud in the <extra_id_1> .
+he turned his <extra_id_0> and looked out of the <extra_id_1> .
 PROMPTS_END
   "$MEGATRON" generate --load "$OUT/ckpt" --use-checkpoint-args "${TOK[@]}" \
     --prompt-file "$PROMPTS" --num-tokens-to-generate 20 2>&1 | tee "$OUT/generate.log"

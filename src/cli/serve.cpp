@@ -2,14 +2,16 @@
 // for a checkpoint: PUT /api, POST /v1/completions, GET /health. Binds 127.0.0.1 by default;
 // any other host needs --api-key. SIGINT/SIGTERM stop it cleanly. Under launch/mpirun with
 // tensor or pipeline parallelism rank 0 serves and every rank runs its shard of each forward.
-// A T5 checkpoint (pretrain-t5's) is served on one process: PUT /api fills the <extra_id_N> spans
-// of its prompts (inference/server_api.h).
+// A T5 checkpoint (pretrain-t5's): PUT /api fills the <extra_id_N> spans of its prompts
+// (inference/server_api.h), on one process or on the checkpoint's tensor-parallel ranks (rank 0
+// serves, the others run their shard of each forward: inference/t5_leader.h).
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
 
 #include <cerrno>
+#include <functional>
 #include <thread>
 
 #include "cli/command.h"
@@ -19,6 +21,7 @@
 #include "core/log.h"
 #include "inference/server.h"
 #include "inference/t5_generation.h"
+#include "inference/t5_leader.h"
 
 namespace megatron::cli {
 namespace {
@@ -44,7 +47,32 @@ struct ServeArgs {
 };
 
 void serve_model(ServeArgs& a, inference::LanguageModel& model, const data::Tokenizer& tokenizer,
-                 inference::InferenceModel* ranks);
+                 const std::function<int()>& finish_ranks = {});
+
+// A T5 checkpoint: on one process, or launched on its --tensor-model-parallel-size ranks.
+void serve_t5(ServeArgs& a, const inference::InferenceModelOptions& options) {
+  const int world = world_communicator()->size();
+  MG_REQUIRE(world == 1 || options.tensor_model_parallel_size > 1,
+             "serving a T5 checkpoint on ", world, " launched ranks needs "
+             "--tensor-model-parallel-size ", world, " (a checkpoint saved with that size, or "
+             "converted to it by `megatron checkpoint convert`): serve runs one model, and T5 "
+             "splits it over tensor-parallel ranks only; or run `megatron serve` on one process "
+             "(a sharded checkpoint's shards are merged in memory)");
+  inference::T5Inference t5 = inference::load_t5_model(options);
+  if (!t5.group) return serve_model(a, *t5.model, *t5.tokenizer);
+  if (!t5.reports) {
+    // A follower runs its shard of each forward until rank 0 stops the server and ends it.
+    std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGTERM, SIG_IGN);
+    inference::follow_leader(*t5.model, *t5.group);
+    return;
+  }
+  inference::T5LeaderEngine leader(std::move(t5.model), t5.group);
+  serve_model(a, leader, *t5.tokenizer, [&leader] {
+    leader.finish();
+    return leader.group_size();
+  });
+}
 
 void run_serve(ServeArgs& a) {
   if (a.server.api_key.empty())
@@ -57,14 +85,7 @@ void run_serve(ServeArgs& a) {
   a.server.seed = uint64_t(a.seed);
   a.model.accept_t5 = true;
   const inference::InferenceModelOptions options = a.model.finish();
-  if (options.model.family_id() == model::ModelFamilyId::t5) {
-    // A T5 checkpoint: PUT /api fills the <extra_id_N> spans of each prompt (server_api.h).
-    MG_REQUIRE(world_communicator()->size() == 1, "serving a T5 checkpoint runs on one process: "
-               "run `megatron serve` without launch/mpirun (a sharded checkpoint's shards are "
-               "merged in memory)");
-    inference::T5Inference t5 = inference::load_t5_model(options);
-    return serve_model(a, *t5.model, *t5.tokenizer, nullptr);
-  }
+  if (options.model.family_id() == model::ModelFamilyId::t5) return serve_t5(a, options);
   auto loaded = inference::load_inference_model(options);
   if (!loaded.leader()) {
     // A follower runs its part of each forward until rank 0 stops the server. The launcher
@@ -77,13 +98,19 @@ void run_serve(ServeArgs& a) {
   MG_REQUIRE(loaded.data_parallel_size == 1, "serve runs one model: launch --tensor-model-"
              "parallel-size x --pipeline-model-parallel-size ranks (", loaded.group->size(),
              "), not ", loaded.group->size() * loaded.data_parallel_size);
-  serve_model(a, *loaded.model, *loaded.tokenizer, &loaded);
+  std::function<int()> finish_ranks;
+  if (loaded.group)
+    finish_ranks = [&loaded] {
+      loaded.finish();
+      return loaded.group->size();
+    };
+  serve_model(a, *loaded.model, *loaded.tokenizer, finish_ranks);
 }
 
-// Serves `model` until a signal or the server stops; then ends the followers of `ranks` (null on
-// one process).
+// Serves `model` until a signal or the server stops; then `finish_ranks` (empty on one process)
+// ends the followers and gives the number of ranks.
 void serve_model(ServeArgs& a, inference::LanguageModel& model, const data::Tokenizer& tokenizer,
-                 inference::InferenceModel* ranks) {
+                 const std::function<int()>& finish_ranks) {
 
   // SIGINT/SIGTERM may land on any thread (BLAS and OpenMP threads exist before main): the
   // handler only writes to a pipe, and a waiter thread turns that into server.stop().
@@ -112,10 +139,7 @@ void serve_model(ServeArgs& a, inference::LanguageModel& model, const data::Toke
   const char none = 0;
   [[maybe_unused]] auto w = ::write(g_stop_pipe[1], &none, 1);
   waiter.join();
-  if (ranks && ranks->group) {
-    ranks->finish();
-    log_info("stopped: all ", ranks->group->size(), " ranks have finished");
-  }
+  if (finish_ranks) log_info("stopped: all ", finish_ranks(), " ranks have finished");
 }
 
 CommandRegistrar reg("serve", "Text generation server (Megatron PUT /api, OpenAI /v1/completions)",

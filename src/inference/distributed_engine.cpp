@@ -2,7 +2,8 @@
 //
 // Wire format: a header int64 [4] = {op, payload length, a, b}, then (when the length is not 0)
 // the payload int64 [length]. Forward calls carry {calls, all_positions} in a, b and the payload
-// slots[calls], counts[calls], tokens[sum counts].
+// slots[calls], counts[calls], tokens[sum counts]; encoder inputs (T5) {rows} in a and the
+// payload lengths[rows], tokens[sum lengths]; a slot's encoder input {slot} in a and its tokens.
 #include "inference/distributed_engine.h"
 
 #include <chrono>
@@ -14,7 +15,17 @@ namespace megatron::inference {
 
 namespace {
 
-enum Op : int64_t { kStop = 0, kStart, kStartSlots, kForward, kReorder, kClearSlot, kGrowSlots };
+enum Op : int64_t {
+  kStop = int64_t(LeaderCall::stop),
+  kStart = int64_t(LeaderCall::start),
+  kStartSlots = int64_t(LeaderCall::start_slots),
+  kForward = int64_t(LeaderCall::forward),
+  kReorder = int64_t(LeaderCall::reorder),
+  kClearSlot = int64_t(LeaderCall::clear_slot),
+  kGrowSlots = int64_t(LeaderCall::grow_slots),
+  kEncoderInputs = int64_t(LeaderCall::encoder_inputs),
+  kSlotEncoderInput = int64_t(LeaderCall::slot_encoder_input),
+};
 
 constexpr int64_t kHeader = 4;
 
@@ -46,6 +57,20 @@ ForwardCall unpack_forward(const std::vector<int64_t>& p, int64_t calls) {
   return c;
 }
 
+// Encoder inputs: `rows` lengths, then the rows' tokens back to back.
+std::vector<std::vector<int32_t>> unpack_inputs(const std::vector<int64_t>& p, int64_t rows) {
+  MG_CHECK(rows >= 1 && int64_t(p.size()) >= rows, "follower: short encoder-input payload");
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(rows));
+  size_t at = size_t(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const size_t n = size_t(p[size_t(r)]);
+    MG_CHECK(at + n <= p.size(), "follower: short encoder-input payload");
+    out[size_t(r)].assign(p.begin() + int64_t(at), p.begin() + int64_t(at + n));
+    at += n;
+  }
+  return out;
+}
+
 }  // namespace
 
 DistributedEngine::DistributedEngine(std::unique_ptr<GPTEngine> local,
@@ -68,12 +93,31 @@ DistributedEngine::~DistributedEngine() {
 void DistributedEngine::finish() {
   if (finished_) return;
   finished_ = true;
-  send(kStop, {});
-  group_->barrier();  // every follower has received the end
+  stop_followers(*group_);
 }
 
 void DistributedEngine::send(int64_t op, std::vector<int64_t> args) {
   MG_CHECK(!finished_ || op == kStop, "DistributedEngine: a call after finish()");
+  send_leader_call(*group_, LeaderCall(op), std::move(args));
+}
+
+std::vector<int64_t> forward_call_args(std::span<const int64_t> slots,
+                                       std::span<const int32_t> tokens,
+                                       std::span<const int64_t> counts, bool all_positions) {
+  std::vector<int64_t> args = {int64_t(slots.size()), all_positions ? 1 : 0};
+  args.insert(args.end(), slots.begin(), slots.end());
+  args.insert(args.end(), counts.begin(), counts.end());
+  args.insert(args.end(), tokens.begin(), tokens.end());
+  return args;
+}
+
+void stop_followers(Communicator& group) {
+  send_leader_call(group, LeaderCall::stop, {});
+  group.barrier();  // every follower has received the end
+}
+
+void send_leader_call(Communicator& group, LeaderCall call, std::vector<int64_t> args) {
+  const int64_t op = int64_t(call);
   std::vector<int64_t> head = {op, 0, 0, 0}, payload;
   if (op == kForward) {  // a, b, then the payload
     head[2] = args[0];
@@ -85,10 +129,10 @@ void DistributedEngine::send(int64_t op, std::vector<int64_t> args) {
   }
   head[1] = int64_t(payload.size());
   Tensor h = Tensor::from_vector(head, {kHeader});
-  group_->broadcast(h, 0);
+  group.broadcast(h, 0);
   if (!payload.empty()) {
     Tensor p = Tensor::from_vector(payload, {int64_t(payload.size())});
-    group_->broadcast(p, 0);
+    group.broadcast(p, 0);
   }
 }
 
@@ -130,11 +174,7 @@ Tensor DistributedEngine::forward_slots(std::span<const int64_t> slots,
                                         std::span<const int32_t> tokens,
                                         std::span<const int64_t> counts, bool all_positions) {
   local_->check_run(slots, tokens, counts);
-  std::vector<int64_t> args = {int64_t(slots.size()), all_positions ? 1 : 0};
-  args.insert(args.end(), slots.begin(), slots.end());
-  args.insert(args.end(), counts.begin(), counts.end());
-  args.insert(args.end(), tokens.begin(), tokens.end());
-  send(kForward, args);
+  send(kForward, forward_call_args(slots, tokens, counts, all_positions));
   const Tensor logits = local_->forward_slots(slots, tokens, counts, all_positions);
   if (logits.size(2) == vocab_width_) return logits;
   return logits.narrow(2, 0, vocab_width_).contiguous();
@@ -163,7 +203,7 @@ Tensor DistributedEngine::prefill_ragged(std::span<const std::vector<int32_t>> p
   return forward_slots(slots, tokens, counts, all_positions);
 }
 
-void follow_leader(GPTEngine& local, Communicator& group) {
+void follow_leader(LanguageModel& local, Communicator& group) {
   MG_CHECK(group.rank() != 0, "follow_leader on the leader");
   for (;;) {
     Tensor h = Tensor::zeros({kHeader}, DType::I64);
@@ -200,6 +240,13 @@ void follow_leader(GPTEngine& local, Communicator& group) {
         local.forward_slots(c.slots, c.tokens, c.counts, b != 0);
         break;
       }
+      case kEncoderInputs:
+        local.set_encoder_inputs(unpack_inputs(payload, a));
+        break;
+      case kSlotEncoderInput:
+        local.set_slot_encoder_input(
+            a, std::vector<int32_t>(payload.begin(), payload.end()));
+        break;
       default:
         MG_CHECK(false, "follower: unknown call ", op, " from the leader");
     }

@@ -66,7 +66,24 @@ class DistributedEngine final : public LanguageModel {
 };
 
 // A follower's whole job: runs on `local` the calls the leader (rank 0 of `group`) broadcasts,
-// until it finishes.
-void follow_leader(GPTEngine& local, Communicator& group);
+// until it finishes. `local` is this rank's GPTEngine stage, or its T5Engine shard (whose leader
+// also sends the encoder inputs: t5_leader.h).
+void follow_leader(LanguageModel& local, Communicator& group);
+
+// The leader's side of the wire, for leaders other than DistributedEngine: one call of
+// LanguageModel (by its name in the follower's switch) with its int64 arguments, broadcast to the
+// followers of `group` (the leader is its rank 0). The caller has checked the call first.
+enum class LeaderCall : int64_t {
+  stop = 0, start, start_slots, forward, reorder, clear_slot, grow_slots,
+  encoder_inputs,      // args {rows, 0, length of each row's input, the inputs back to back}
+  slot_encoder_input,  // args {slot, 0, the input's tokens}
+};
+void send_leader_call(Communicator& group, LeaderCall op, std::vector<int64_t> args);
+// The arguments of LeaderCall::forward (a forward_slots call).
+std::vector<int64_t> forward_call_args(std::span<const int64_t> slots,
+                                       std::span<const int32_t> tokens,
+                                       std::span<const int64_t> counts, bool all_positions);
+// Ends the followers of `group` (stop, then a barrier once each has received it).
+void stop_followers(Communicator& group);
 
 }  // namespace megatron::inference

@@ -61,18 +61,26 @@ void T5Engine::check_input(size_t index, std::span<const int32_t> input) const {
                " outside the vocabulary [0, ", V, ")");
 }
 
-void T5Engine::set_encoder_inputs(std::vector<std::vector<int32_t>> inputs) {
+void T5Engine::check_inputs(const std::vector<std::vector<int32_t>>& inputs) const {
   MG_REQUIRE(!inputs.empty(), "T5 generation needs at least one encoder input");
   for (size_t i = 0; i < inputs.size(); ++i) check_input(i, inputs[i]);
+}
+
+void T5Engine::set_encoder_inputs(std::vector<std::vector<int32_t>> inputs) {
+  check_inputs(inputs);
   inputs_ = std::move(inputs);
 }
 
-void T5Engine::start(int64_t batch, int64_t max_len) {
+void T5Engine::check_start(int64_t batch, int64_t max_len) const {
   MG_REQUIRE(!inputs_.empty(), "T5 generation: set the encoder inputs before start");
   MG_REQUIRE(batch >= 1 && (int64_t(inputs_.size()) == batch || inputs_.size() == 1), "T5 "
              "generation: ", batch, " rows but ", inputs_.size(), " encoder inputs");
   MG_REQUIRE(max_len >= 1 && max_len <= max_sequence_length(), "decoder length ", max_len,
              " exceeds max_position_embeddings ", max_sequence_length());
+}
+
+void T5Engine::start(int64_t batch, int64_t max_len) {
+  check_start(batch, max_len);
   size_t se = 0;
   for (const auto& in : inputs_) se = std::max(se, in.size());
   // Rows padded to the longest input (pad id 0, masked out as keys of every attention).
@@ -90,10 +98,14 @@ void T5Engine::start(int64_t batch, int64_t max_len) {
   slot_mode_ = false;
 }
 
-void T5Engine::start_slots(int64_t slots, int64_t max_len) {
+void T5Engine::check_start_slots(int64_t slots, int64_t max_len) const {
   MG_REQUIRE(slots >= 1, "T5 generation needs at least one cache slot");
   MG_REQUIRE(max_len >= 1 && max_len <= max_sequence_length(), "decoder length ", max_len,
              " exceeds max_position_embeddings ", max_sequence_length());
+}
+
+void T5Engine::start_slots(int64_t slots, int64_t max_len) {
+  check_start_slots(slots, max_len);
   const model::TransformerConfig& c = model_->config();
   model::TransformerBlock& dec = model_->decoder();
   const int layers = dec.first_layer() + dec.num_layers();
@@ -109,9 +121,13 @@ void T5Engine::start_slots(int64_t slots, int64_t max_len) {
   slot_mode_ = true;
 }
 
+void T5Engine::check_slot(int64_t slot) const {
+  MG_CHECK(slot_mode_ && slot >= 0 && slot < cache_.slots, "T5Engine: slot ", slot, " of ",
+           cache_.slots, slot_mode_ ? "" : " (no start_slots)");
+}
+
 void T5Engine::set_slot_encoder_input(int64_t slot, std::span<const int32_t> input) {
-  MG_CHECK(slot_mode_ && slot >= 0 && slot < cache_.slots, "set_slot_encoder_input: slot ", slot,
-           " of ", cache_.slots);
+  check_slot(slot);
   check_input(size_t(slot), input);
   const int64_t se = int64_t(input.size()), cross = cache_.cross_seq;
   const Device dev = model_->device();
@@ -136,24 +152,45 @@ void T5Engine::set_slot_encoder_input(int64_t slot, std::span<const int32_t> inp
 }
 
 void T5Engine::clear_slot(int64_t slot) {
-  MG_CHECK(slot_mode_ && slot >= 0 && slot < cache_.slots, "clear_slot ", slot, " of ", cache_.slots);
+  check_slot(slot);
   pos_[size_t(slot)] = 0;  // stale keys and values beyond the position are never read
   has_input_[size_t(slot)] = false;
 }
 
-void T5Engine::grow_slots(int64_t max_len) {
+void T5Engine::check_grow(int64_t max_len) const {
   MG_CHECK(slot_mode_, "grow_slots before start_slots");
   MG_REQUIRE(max_len <= max_sequence_length(), "decoder length ", max_len,
              " exceeds max_position_embeddings ", max_sequence_length());
+}
+
+void T5Engine::grow_slots(int64_t max_len) {
+  check_grow(max_len);
   cache_.grow(max_len);
+}
+
+void T5Engine::check_run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+                         std::span<const int64_t> counts) const {
+  MG_CHECK(!slots.empty() && counts.size() == slots.size(), "T5Engine: ", slots.size(),
+           " rows, ", counts.size(), " counts");
+  int64_t total = 0;
+  for (size_t b = 0; b < slots.size(); ++b) {
+    const int64_t s = slots[b], n = counts[b];
+    MG_CHECK(s >= 0 && s < int64_t(pos_.size()) && n >= 1, "T5Engine: bad row ", s);
+    if (slot_mode_)
+      MG_REQUIRE(has_input_[size_t(s)], "T5 slot ", s, " has no encoder input "
+                 "(set_slot_encoder_input before its first tokens)");
+    MG_REQUIRE(pos_[size_t(s)] + n <= cache_.max_len, "decoder position ", pos_[size_t(s)] + n,
+               " exceeds the cache length ", cache_.max_len);
+    total += n;
+  }
+  MG_CHECK(int64_t(tokens.size()) == total, "T5Engine: ", tokens.size(), " tokens for ", total);
+  for (int32_t t : tokens)
+    MG_REQUIRE(t >= 0 && t < vocab_size(), "token id ", t, " outside the vocabulary [0, ",
+               vocab_size(), ")");
 }
 
 Tensor T5Engine::forward_slots(std::span<const int64_t> slots, std::span<const int32_t> tokens,
                                std::span<const int64_t> counts, bool all_positions) {
-  MG_CHECK(slot_mode_, "forward_slots before start_slots");
-  for (int64_t s : slots)
-    MG_REQUIRE(s >= 0 && s < cache_.slots && has_input_[size_t(s)], "T5 slot ", s,
-               " has no encoder input (set_slot_encoder_input before its first tokens)");
   return run(slots, tokens, counts, all_positions);
 }
 
@@ -168,9 +205,8 @@ Tensor T5Engine::forward(std::span<const int32_t> tokens, int64_t n, bool all_po
 
 Tensor T5Engine::run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
                      std::span<const int64_t> counts, bool all_positions) {
+  check_run(slots, tokens, counts);
   const int64_t V = model_->config().padded_vocab_size, calls = int64_t(slots.size());
-  MG_CHECK(calls > 0 && counts.size() == slots.size(), "T5Engine: ", calls, " rows, ",
-           counts.size(), " counts");
   int64_t max_count = 0;
   for (int64_t c : counts) max_count = std::max(max_count, c);
   const int64_t out_n = all_positions ? max_count : 1;
@@ -179,9 +215,6 @@ Tensor T5Engine::run(std::span<const int64_t> slots, std::span<const int32_t> to
   std::vector<int32_t> slot, pos, pick, dest;
   for (int64_t b = 0; b < calls; ++b) {
     const int64_t s = slots[size_t(b)], n = counts[size_t(b)];
-    MG_CHECK(s >= 0 && s < int64_t(pos_.size()) && n >= 1, "T5Engine: bad row ", s);
-    MG_REQUIRE(pos_[size_t(s)] + n <= cache_.max_len, "decoder position ", pos_[size_t(s)] + n,
-               " exceeds the cache length ", cache_.max_len);
     for (int64_t j = 0; j < n; ++j) {
       if (all_positions || j == n - 1) {
         pick.push_back(int32_t(slot.size()));
@@ -191,10 +224,6 @@ Tensor T5Engine::run(std::span<const int64_t> slots, std::span<const int32_t> to
       pos.push_back(int32_t(pos_[size_t(s)] + j));
     }
   }
-  MG_CHECK(tokens.size() == slot.size(), "T5Engine: ", tokens.size(), " tokens for ", slot.size());
-  for (int32_t t : tokens)
-    MG_REQUIRE(t >= 0 && t < vocab_size(), "token id ", t, " outside the vocabulary [0, ",
-               vocab_size(), ")");
   const Device dev = model_->device();
   const int64_t rows = int64_t(slot.size());
   cache_.row_slot = Tensor::from_vector(slot, {rows}, dev);
@@ -215,13 +244,17 @@ Tensor T5Engine::run(std::span<const int64_t> slots, std::span<const int32_t> to
   return dev.is_cpu() ? logits : logits.to(Device::cpu());  // sampling reads them on the host
 }
 
-void T5Engine::reorder(std::span<const int64_t> src) {
-  const int64_t batch = int64_t(pos_.size());
+void T5Engine::check_reorder(std::span<const int64_t> src) const {
   MG_CHECK(!src.empty(), "reorder: no rows");
+  for (int64_t s : src)
+    MG_CHECK(s >= 0 && s < int64_t(pos_.size()), "reorder row ", s, " out of range ", pos_.size());
+}
+
+void T5Engine::reorder(std::span<const int64_t> src) {
+  check_reorder(src);
   std::vector<int32_t> idx;
   std::vector<int64_t> pos;
   for (int64_t s : src) {
-    MG_CHECK(s >= 0 && s < batch, "reorder row ", s, " out of range ", batch);
     idx.push_back(int32_t(s));
     pos.push_back(pos_[size_t(s)]);
   }

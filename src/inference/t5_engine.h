@@ -66,6 +66,21 @@ class T5Engine final : public LanguageModel {
 
   model::T5Model& model() { return *model_; }
 
+  // The checks each call above makes before it computes anything (megatron::Error on a request
+  // the model cannot run): a leader (t5_leader.h) runs them before it sends a call to the
+  // followers, so a refused call reaches no rank. forward_slots also takes the rows of a
+  // lockstep start() (the follower's form of forward).
+  void check_inputs(const std::vector<std::vector<int32_t>>& inputs) const;
+  void check_start(int64_t batch, int64_t max_len) const;
+  void check_start_slots(int64_t slots, int64_t max_len) const;
+  void check_slot(int64_t slot) const;
+  void check_grow(int64_t max_len) const;
+  void check_run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
+                 std::span<const int64_t> counts) const;
+  void check_reorder(std::span<const int64_t> src) const;
+  void check_input(size_t index, std::span<const int32_t> input) const;
+  int64_t rows() const { return int64_t(pos_.size()); }  // rows or slots of the caches
+
  private:
   std::unique_ptr<model::T5Model> model_;
   model::InferenceContext cache_;
@@ -75,7 +90,6 @@ class T5Engine final : public LanguageModel {
   bool slot_mode_ = false;    // started by start_slots (else by start)
   std::vector<bool> has_input_;  // slot mode: the slot's encoder input is in the cache
 
-  void check_input(size_t index, std::span<const int32_t> input) const;
   // Appends counts[i] tokens to row (slot) slots[i]; logits as forward_slots returns them.
   Tensor run(std::span<const int64_t> slots, std::span<const int32_t> tokens,
              std::span<const int64_t> counts, bool all_positions);

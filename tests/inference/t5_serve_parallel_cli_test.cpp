@@ -6,10 +6,13 @@
 // lacks and /v1/completions are 400s with the reason.
 // Under launch with --tensor-model-parallel-size 2 (the checkpoint converted to TP2 by
 // `checkpoint convert`), generate gives the single process's tokens and log-probs (within 1e-5),
-// greedy, sampled and beam search, with prompts from flags or standard input.
+// greedy, sampled and beam search, with prompts from flags or standard input; and serve answers
+// as one process does, rank 0 serving and rank 1 following, until stopping it ends both.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <functional>
 #include <future>
 #include <string>
 #include <vector>
@@ -65,6 +68,16 @@ class T5ServeCli : public ::testing::Test {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return testing::json_lines(r.output);
   }
+  // The checkpoint converted to tensor-parallel size 2 (once).
+  static std::string tp2_checkpoint() {
+    if (!std::filesystem::exists(ckpt("tp2"))) {
+      const auto r = mt::run_command(mt::cli_path().string() + " checkpoint convert --load '" +
+                                     ckpt() + "' --save '" + ckpt("tp2") +
+                                     "' --target-tensor-parallel-size 2 2>&1");
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+    }
+    return ckpt("tp2");
+  }
   static json put(testing::ServeProcess& server, const json& body, int status = 200) {
     const auto res = server.put_api(body.dump());
     EXPECT_TRUE(res) << server.log();
@@ -92,7 +105,12 @@ void expect_same(const json& got, size_t i, const json& want, bool logprobs) {
     EXPECT_NEAR(got["logprobs"][i][j].get<double>(), want["logprobs"][j].get<double>(), 1e-5) << i;
 }
 
-TEST_F(T5ServeCli, AnswersWhatGenerateWrites) {
+// The server's answers equal what the single-process `generate` writes: greedy, seeded sampling,
+// requests sent at once (they share the running batch, each slot its own input) and beam search.
+void expect_generate_answers(testing::ServeProcess& server,
+                             const std::function<std::vector<json>(const std::vector<std::string>&,
+                                                                   const std::string&)>& generate,
+                             const std::function<json(const json&)>& put) {
   const auto greedy = generate(kPrompts, "--num-tokens-to-generate 6 --return-log-probs");
   const auto sampled = generate(kPrompts, "--num-tokens-to-generate 6 --return-log-probs --top_k 0"
                                           " --top_p 0.9 --random-seed 3");
@@ -101,39 +119,72 @@ TEST_F(T5ServeCli, AnswersWhatGenerateWrites) {
   ASSERT_EQ(sampled.size(), kPrompts.size());
   ASSERT_EQ(beams.size(), 2u);
 
-  testing::ServeProcess server(model_flags() + " --max-batch-size 4", dir_->path() / "serve.log");
-  ASSERT_GT(server.port(), 0) << server.log();
-  const json all = put(server, {{"prompts", kPrompts}, {"tokens_to_generate", 6}, {"logprobs", true},
-                                {"top_k", 1}});
+  const json all = put({{"prompts", kPrompts}, {"tokens_to_generate", 6}, {"logprobs", true},
+                        {"top_k", 1}});
   for (size_t i = 0; i < kPrompts.size(); ++i) expect_same(all, i, greedy[i], true);
-  const json seeded = put(server, {{"prompts", kPrompts}, {"tokens_to_generate", 6}, {"logprobs", true},
-                                   {"top_p", 0.9}, {"random_seed", 3}});
+  const json seeded = put({{"prompts", kPrompts}, {"tokens_to_generate", 6}, {"logprobs", true},
+                           {"top_p", 0.9}, {"random_seed", 3}});
   for (size_t i = 0; i < kPrompts.size(); ++i) expect_same(seeded, i, sampled[i], true);
-  EXPECT_TRUE(put(server, {{"prompts", {kPrompts[0]}}, {"tokens_to_generate", 2}})["logprobs"].is_null());
+  EXPECT_TRUE(put({{"prompts", {kPrompts[0]}}, {"tokens_to_generate", 2}})["logprobs"].is_null());
 
-  // One prompt per request, all at once: they share the running batch, each slot its own input.
   std::vector<std::future<json>> answers;
   for (const auto& p : kPrompts)
-    answers.push_back(std::async(std::launch::async, [&server, p] {
-      return put(server, {{"prompts", {p}}, {"tokens_to_generate", 6}, {"logprobs", true}, {"top_k", 1}});
+    answers.push_back(std::async(std::launch::async, [&put, p] {
+      return put({{"prompts", {p}}, {"tokens_to_generate", 6}, {"logprobs", true}, {"top_k", 1}});
     }));
-  for (size_t i = 0; i < kPrompts.size(); ++i) {
-    expect_same(answers[i].get(), 0, greedy[i], true);
-  }
+  for (size_t i = 0; i < kPrompts.size(); ++i) expect_same(answers[i].get(), 0, greedy[i], true);
 
-  const json beam = put(server, {{"prompts", {kPrompts[1]}}, {"tokens_to_generate", 5}, {"beam_width", 2}});
-  ASSERT_EQ(beam["tokens"].size(), 2u) << beam.dump();
+  const json beam = put({{"prompts", {kPrompts[1]}}, {"tokens_to_generate", 5}, {"beam_width", 2}});
+  ASSERT_EQ(beam["tokens"].size(), 2u) << beam.dump() << server.log();
   for (size_t k = 0; k < 2; ++k) {
     expect_same(beam, k, beams[k], false);
     EXPECT_NEAR(beam["scores"][k].get<double>(), beams[k]["score"].get<double>(), 1e-5);
   }
+}
+
+TEST_F(T5ServeCli, AnswersWhatGenerateWrites) {
+  testing::ServeProcess server(model_flags() + " --max-batch-size 4", dir_->path() / "serve.log");
+  ASSERT_GT(server.port(), 0) << server.log();
+  expect_generate_answers(
+      server, [](const auto& prompts, const auto& flags) { return generate(prompts, flags); },
+      [&server](const json& body) { return put(server, body); });
   EXPECT_TRUE(server.stop()) << server.log();
 }
 
+// Under launch with --tensor-model-parallel-size 2: rank 0 serves, rank 1 runs its shard of every
+// forward; the answers are the single process's. A request no rank could run is refused on rank 0
+// and the ranks stay in step. Stopping the launcher stops the server, which ends the other rank.
+// Launched ranks without that tensor-parallel size are refused.
+TEST_F(T5ServeCli, TensorParallelServerAnswersWhatOneProcessAnswers) {
+  tp2_checkpoint();
+  testing::ServeProcess server(model_flags("tp2") + " --tensor-model-parallel-size 2"
+                               " --max-batch-size 4", dir_->path() / "serve-tp2.log",
+                               "launch --nproc-per-node 2 --");
+  ASSERT_GT(server.port(), 0) << server.log();
+  std::string long_prompt;
+  for (int i = 0; i < 40; ++i) long_prompt += "the ";
+  EXPECT_NE(put(server, {{"prompts", {long_prompt}}, {"tokens_to_generate", 4}}, 400)
+                .value("error", "").find("more than the encoder takes"), std::string::npos);
+  expect_generate_answers(
+      server, [](const auto& prompts, const auto& flags) { return generate(prompts, flags); },
+      [&server](const json& body) { return put(server, body); });
+  // SIGTERM to the launcher: rank 0 stops the server and ends rank 1, which waits for its word
+  // (mpirun, which forwards the signal, reports a signalled job with status 1).
+  server.stop();
+  EXPECT_TRUE(WIFEXITED(server.status())) << server.status() << "\n" << server.log();
+  EXPECT_NE(server.log().find("stopped: all 2 ranks have finished"), std::string::npos)
+      << server.log();
+
+  const auto r = mt::run_command("OMP_NUM_THREADS=1 timeout 120 " + mt::cli_path().string() +
+                                 " launch --nproc-per-node 2 -- serve" + model_flags() +
+                                 " --port 0 2>&1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("serving a T5 checkpoint on 2 launched ranks needs "
+                          "--tensor-model-parallel-size 2"), std::string::npos) << r.output;
+}
+
 TEST_F(T5ServeCli, TensorParallelRanksGenerateWhatOneProcessGenerates) {
-  auto r = mt::run_command(mt::cli_path().string() + " checkpoint convert --load '" + ckpt() +
-                           "' --save '" + ckpt("tp2") + "' --target-tensor-parallel-size 2 2>&1");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  tp2_checkpoint();
   const std::string two = "launch --nproc-per-node 2 -- ";
   for (const std::string flags : {"--num-tokens-to-generate 6 --return-log-probs",
                                   "--num-tokens-to-generate 6 --return-log-probs --top_k 0"
@@ -160,7 +211,7 @@ TEST_F(T5ServeCli, TensorParallelRanksGenerateWhatOneProcessGenerates) {
     EXPECT_NEAR(tp_beams[k]["score"].get<double>(), beams[k]["score"].get<double>(), 1e-5);
   }
   // Prompts on standard input reach every rank.
-  r = mt::run_command("printf 'the cat <extra_id_0> on the mat .\n' | OMP_NUM_THREADS=1 timeout 120 " +
+  auto r = mt::run_command("printf 'the cat <extra_id_0> on the mat .\n' | OMP_NUM_THREADS=1 timeout 120 " +
                       mt::cli_path().string() + " " + two + "generate" + model_flags("tp2") +
                       " --tensor-model-parallel-size 2 --num-tokens-to-generate 6 --output-format jsonl 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
