@@ -59,8 +59,16 @@ struct Forward {
     const float slope = P.slopes.empty() ? 0.0f : P.slopes[size_t(h)];
     const bool packed = run.rows >= kMinPackRows;
     if (packed) {  // the sequence's keys and values, once per task
-      pack_pairs_cols_t(w.kt.data(), pair_ld(P.skv), P.k.at16(kvs, 0, grp), k_ld, P.skv, d);
-      pack_pairs_rows(w.vp.data(), d, P.v.at16(kvs, 0, grp), v_ld, P.skv, d);
+      // Only the keys some row of the run can see: a KV cache's later positions are not written
+      // yet (any bits, NaN too), and a pair's zero probability must not meet one of them.
+      int64_t kmax = 0;
+      for (int64_t t = 0; t < run.rows; ++t) {
+        int64_t lo = 0, hi = 0;
+        P.key_range(row_bi(run, t, sq), row_i(run, t, sq), lo, hi);
+        if (hi > lo) kmax = std::max(kmax, hi);
+      }
+      pack_pairs_cols_t(w.kt.data(), pair_ld(P.skv), P.k.at16(kvs, 0, grp), k_ld, kmax, d);
+      pack_pairs_rows(w.vp.data(), d, P.v.at16(kvs, 0, grp), v_ld, kmax, d);
     }
     const int64_t tile = packed ? kTileRows : 1;
     for (int64_t t0 = 0; t0 < run.rows; t0 += tile) {
