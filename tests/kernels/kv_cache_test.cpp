@@ -150,6 +150,11 @@ std::vector<Tensor> run_schedule(int64_t window, bool alibi, DType dtype = DType
   return outs;
 }
 
+std::vector<double> times2(std::vector<double> v) {
+  for (double& x : v) x *= 2;
+  return v;
+}
+
 // The bf16 cache on each unit: against the reference of its own (rounded) values, and against
 // the fp32 cache of the unrounded sequences at bf16 tolerance.
 void run_bf16_schedule(int64_t window, bool alibi) {
@@ -175,6 +180,46 @@ TEST(KvCache, Alibi) { run_schedule(-1, true); }
 TEST(KvCache, SlidingWindowWithAlibiAcrossTiles) { run_schedule(66, true); }
 TEST(KvCache, Bf16CacheOnEachUnit) { run_bf16_schedule(-1, false); }
 TEST(KvCache, Bf16CacheSlidingWindowWithAlibi) { run_bf16_schedule(66, true); }
+
+// The decode rows' own products (one query row against bf16 keys and values read in place) on
+// each unit, against double sums of the same bf16 values: head sizes below, at and over the
+// 32-element step, odd key counts (the last key's pair is zeros, never the row after it: NaN
+// there), strided rows, beta 0 (old output ignored, NaN too) and beta 1.
+TEST(KvCache, Bf16DecodeRowProductsOnEachUnit) {
+  cpu::reset_bf16_tile_unit();
+  std::vector<cpu::Bf16Unit> units{cpu::bf16_tile_unit()};
+  if (units[0] != cpu::Bf16Unit::Fp32) units.push_back(cpu::Bf16Unit::Fp32);
+  for (const cpu::Bf16Unit unit : units) {
+    cpu::set_bf16_tile_unit(unit);
+    SCOPED_TRACE(cpu::bf16_unit_name(unit));
+    for (const int64_t d : {5, 32, 64, 80, 130})
+      for (const int64_t rows : {1, 2, 7, 33}) {
+        SCOPED_TRACE("d " + std::to_string(d) + ", rows " + std::to_string(rows));
+        const int64_t ld = d + 3;
+        Tensor kv = as_dtype(randn({rows + 1, ld}, 430), DType::BF16);  // one row more: NaN
+        Tensor q = as_dtype(randn({d}, 431), DType::BF16);
+        Tensor p = as_dtype(randn({rows}, 432), DType::BF16);
+        bf16* m = kv.data<bf16>();
+        for (int64_t e = 0; e < ld; ++e) m[rows * ld + e] = float_to_bf16(NAN);
+        auto at = [&](const Tensor& t, int64_t i) { return double(bf16_to_float(t.data<bf16>()[i])); };
+        std::vector<double> s_ref(size_t(rows), 0.0), o_ref(size_t(d), 0.0);
+        for (int64_t j = 0; j < rows; ++j)
+          for (int64_t e = 0; e < d; ++e) {
+            s_ref[size_t(j)] += 0.5 * at(kv, j * ld + e) * at(q, e);
+            o_ref[size_t(e)] += at(p, j) * at(kv, j * ld + e);
+          }
+        Tensor s = Tensor::full({rows}, NAN, DType::F32);
+        cpu::decode_scores_bf16(m, rows, ld, d, q.data<bf16>(), 0.5f, s.data<float>());
+        expect_close("scores", s, s_ref, 1e-4, 1e-4);
+        Tensor o = Tensor::full({d}, NAN, DType::F32);
+        cpu::decode_values_bf16(m, rows, ld, d, p.data<bf16>(), 0.0f, o.data<float>());
+        expect_close("values", o, o_ref, 1e-4, 1e-4);
+        cpu::decode_values_bf16(m, rows, ld, d, p.data<bf16>(), 1.0f, o.data<float>());
+        expect_close("values, accumulated", o, times2(o_ref), 1e-4, 1e-4);
+      }
+  }
+  cpu::reset_bf16_tile_unit();
+}
 
 TEST(KvCache, Bf16AppendStoresTheRowsBits) {
   AttentionShape sh;

@@ -69,6 +69,14 @@ struct PairBuffer {
   uint32_t* data() const { return p.get(); }
 };
 
+// ---- one query row against bf16 keys and values in place (decoding; cpu_bf16_decode.cpp) -----
+// s[j] = alpha * dot(k row j, q) for j < rows (k's rows ld elements apart, d elements each).
+void decode_scores_bf16(const bf16* k, int64_t rows, int64_t ld, int64_t d, const bf16* q,
+                        float alpha, float* s);
+// o[e] = sum_j p[j] v[j][e] + beta * o[e] for e < d (beta 0 ignores o's old values).
+void decode_values_bf16(const bf16* v, int64_t rows, int64_t ld, int64_t d, const bf16* p,
+                        float beta, float* o);
+
 // ---- the kernel -------------------------------------------------------------------------------
 // Called by attention_fwd / attention_bwd once the plan is checked and q, k, v are bf16.
 void attention_fwd_bf16(const AttentionPlan& P, const Tensor& out, const Tensor& lse,
