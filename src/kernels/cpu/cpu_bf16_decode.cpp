@@ -24,26 +24,51 @@ namespace {
 #define MG_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 MG_AVX512BF16 inline __mmask32 mask32(int64_t w) {
-  return w >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << w) - 1);
+  return w >= 32 ? __mmask32(0xffffffffu) : w <= 0 ? __mmask32(0) : __mmask32((1u << w) - 1);
 }
 
-MG_AVX512BF16 void scores_avx512bf16(const bf16* k, int64_t rows, int64_t ld, int64_t d,
-                                     const bf16* q, float alpha, float* s) {
-  constexpr int kRows = 4;  // independent sums in flight
+// Scores of head size up to 32 * NC: the query's chunks stay in registers, each key row is read
+// in address order (the hardware prefetchers follow it), four rows' sums in flight.
+template <int NC>
+MG_AVX512BF16 void scores_chunks(const bf16* k, int64_t rows, int64_t ld, int64_t d,
+                                 const bf16* q, float alpha, float* s) {
+  __mmask32 m[NC];
+  __m512bh qv[NC];
+#pragma GCC unroll 4
+  for (int n = 0; n < NC; ++n) {
+    m[n] = mask32(d - 32 * n);
+    qv[n] = (__m512bh)_mm512_maskz_loadu_epi16(m[n], q + 32 * n);
+  }
+  constexpr int kRows = 4;
   int64_t j = 0;
   for (; j + kRows <= rows; j += kRows) {
     __m512 acc[kRows];
-    for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < d; c += 32) {
-      const __mmask32 m = mask32(d - c);
-      const __m512bh qv = (__m512bh)_mm512_maskz_loadu_epi16(m, q + c);
-      for (int r = 0; r < kRows; ++r)
-        acc[r] = _mm512_dpbf16_ps(
-            acc[r], (__m512bh)_mm512_maskz_loadu_epi16(m, k + (j + r) * ld + c), qv);
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      const bf16* row = k + (j + r) * ld;
+      acc[r] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int n = 0; n < NC; ++n)
+        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_maskz_loadu_epi16(m[n], row + 32 * n),
+                                  qv[n]);
     }
+#pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) s[j + r] = alpha * _mm512_reduce_add_ps(acc[r]);
   }
   for (; j < rows; ++j) {
+    __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int n = 0; n < NC; ++n)
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(m[n], k + j * ld + 32 * n),
+                             qv[n]);
+    s[j] = alpha * _mm512_reduce_add_ps(acc);
+  }
+}
+
+// Any head size: 32 elements a step.
+MG_AVX512BF16 void scores_any(const bf16* k, int64_t rows, int64_t ld, int64_t d, const bf16* q,
+                              float alpha, float* s) {
+  for (int64_t j = 0; j < rows; ++j) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t c = 0; c < d; c += 32) {
       const __mmask32 m = mask32(d - c);
@@ -51,6 +76,71 @@ MG_AVX512BF16 void scores_avx512bf16(const bf16* k, int64_t rows, int64_t ld, in
                              (__m512bh)_mm512_maskz_loadu_epi16(m, q + c));
     }
     s[j] = alpha * _mm512_reduce_add_ps(acc);
+  }
+}
+
+MG_AVX512BF16 void scores_avx512bf16(const bf16* k, int64_t rows, int64_t ld, int64_t d,
+                                     const bf16* q, float alpha, float* s) {
+  if (d > 96 && d <= 128) return scores_chunks<4>(k, rows, ld, d, q, alpha, s);
+  if (d > 64 && d <= 96) return scores_chunks<3>(k, rows, ld, d, q, alpha, s);
+  if (d > 32 && d <= 64) return scores_chunks<2>(k, rows, ld, d, q, alpha, s);
+  if (d <= 32) return scores_chunks<1>(k, rows, ld, d, q, alpha, s);
+  scores_any(k, rows, ld, d, q, alpha, s);
+}
+
+// Columns [c, c + 32 * NC) of the weighted sum: each pair of value rows is read once, all its
+// chunks at a time (NC accumulator pairs in registers).
+template <int NC>
+MG_AVX512BF16 void values_chunks(const bf16* v, int64_t rows, int64_t ld, int64_t d, int64_t c,
+                                 const bf16* p, float beta, float* o, __m512i idx0,
+                                 __m512i idx1) {
+  __mmask32 m[NC];
+  __m512 lo[NC], hi[NC];
+#pragma GCC unroll 4
+  for (int n = 0; n < NC; ++n) {
+    m[n] = mask32(d - c - 32 * n);
+    lo[n] = hi[n] = _mm512_setzero_ps();
+  }
+  int64_t j = 0;
+  for (; j + 1 < rows; j += 2) {
+    const bf16* r0 = v + j * ld + c;
+    _mm_prefetch(reinterpret_cast<const char*>(r0 + 16 * ld), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(r0 + 17 * ld), _MM_HINT_T0);
+    const __m512bh pp = (__m512bh)_mm512_set1_epi32(
+        int(uint32_t(p[j].bits) | uint32_t(p[j + 1].bits) << 16));
+#pragma GCC unroll 4
+    for (int n = 0; n < NC; ++n) {
+      const __m512i a = _mm512_maskz_loadu_epi16(m[n], r0 + 32 * n);
+      const __m512i b = _mm512_maskz_loadu_epi16(m[n], r0 + ld + 32 * n);
+      lo[n] = _mm512_dpbf16_ps(lo[n], (__m512bh)_mm512_unpacklo_epi16(a, b), pp);
+      hi[n] = _mm512_dpbf16_ps(hi[n], (__m512bh)_mm512_unpackhi_epi16(a, b), pp);
+    }
+  }
+  if (j < rows) {  // the last key alone, paired with zeros (never with the row after it)
+    const __m512bh pp = (__m512bh)_mm512_set1_epi32(int(uint32_t(p[j].bits)));
+    const __m512i z = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int n = 0; n < NC; ++n) {
+      const __m512i a = _mm512_maskz_loadu_epi16(m[n], v + j * ld + c + 32 * n);
+      lo[n] = _mm512_dpbf16_ps(lo[n], (__m512bh)_mm512_unpacklo_epi16(a, z), pp);
+      hi[n] = _mm512_dpbf16_ps(hi[n], (__m512bh)_mm512_unpackhi_epi16(a, z), pp);
+    }
+  }
+  const __m512 vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 4
+  for (int n = 0; n < NC; ++n) {
+    const int64_t at = c + 32 * n, w = std::min<int64_t>(32, d - at);
+    if (w <= 0) break;
+    __m512 x0 = _mm512_permutex2var_ps(lo[n], idx0, hi[n]);
+    __m512 x1 = _mm512_permutex2var_ps(lo[n], idx1, hi[n]);
+    const __mmask16 m0 = __mmask16(w >= 16 ? 0xffff : (1u << w) - 1);
+    const __mmask16 m1 = __mmask16(w >= 32 ? 0xffff : w <= 16 ? 0 : (1u << (w - 16)) - 1);
+    if (beta != 0.0f) {
+      x0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, o + at), x0);
+      x1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, o + at + 16), x1);
+    }
+    _mm512_mask_storeu_ps(o + at, m0, x0);
+    _mm512_mask_storeu_ps(o + at + 16, m1, x1);
   }
 }
 
@@ -64,35 +154,12 @@ MG_AVX512BF16 void values_avx512bf16(const bf16* v, int64_t rows, int64_t ld, in
     idx[c] = kk < 4 ? 4 * l + kk : 16 + 4 * l + (kk - 4);
   }
   const __m512i idx0 = _mm512_load_si512(idx), idx1 = _mm512_load_si512(idx + 16);
-  const __m512 vb = _mm512_set1_ps(beta);
-  for (int64_t c = 0; c < d; c += 32) {
-    const int64_t w = std::min<int64_t>(32, d - c);
-    const __mmask32 m = mask32(w);
-    __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
-    int64_t j = 0;
-    for (; j + 1 < rows; j += 2) {
-      const __m512i a = _mm512_maskz_loadu_epi16(m, v + j * ld + c);
-      const __m512i b = _mm512_maskz_loadu_epi16(m, v + (j + 1) * ld + c);
-      const __m512bh pp = (__m512bh)_mm512_set1_epi32(
-          int(uint32_t(p[j].bits) | uint32_t(p[j + 1].bits) << 16));
-      lo = _mm512_dpbf16_ps(lo, (__m512bh)_mm512_unpacklo_epi16(a, b), pp);
-      hi = _mm512_dpbf16_ps(hi, (__m512bh)_mm512_unpackhi_epi16(a, b), pp);
-    }
-    if (j < rows) {  // the last key alone, paired with zeros (never with the row after it)
-      const __m512i a = _mm512_maskz_loadu_epi16(m, v + j * ld + c), z = _mm512_setzero_si512();
-      const __m512bh pp = (__m512bh)_mm512_set1_epi32(int(uint32_t(p[j].bits)));
-      lo = _mm512_dpbf16_ps(lo, (__m512bh)_mm512_unpacklo_epi16(a, z), pp);
-      hi = _mm512_dpbf16_ps(hi, (__m512bh)_mm512_unpackhi_epi16(a, z), pp);
-    }
-    __m512 x0 = _mm512_permutex2var_ps(lo, idx0, hi), x1 = _mm512_permutex2var_ps(lo, idx1, hi);
-    const __mmask16 m0 = __mmask16(w >= 16 ? 0xffff : (1u << w) - 1);
-    const __mmask16 m1 = __mmask16(w >= 32 ? 0xffff : w <= 16 ? 0 : (1u << (w - 16)) - 1);
-    if (beta != 0.0f) {
-      x0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, o + c), x0);
-      x1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, o + c + 16), x1);
-    }
-    _mm512_mask_storeu_ps(o + c, m0, x0);
-    _mm512_mask_storeu_ps(o + c + 16, m1, x1);
+  for (int64_t c = 0; c < d; c += 128) {  // up to 128 columns a pass over the rows
+    const int64_t left = d - c;
+    if (left > 96) values_chunks<4>(v, rows, ld, d, c, p, beta, o, idx0, idx1);
+    else if (left > 64) values_chunks<3>(v, rows, ld, d, c, p, beta, o, idx0, idx1);
+    else if (left > 32) values_chunks<2>(v, rows, ld, d, c, p, beta, o, idx0, idx1);
+    else values_chunks<1>(v, rows, ld, d, c, p, beta, o, idx0, idx1);
   }
 }
 
