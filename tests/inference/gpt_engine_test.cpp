@@ -352,10 +352,7 @@ TEST(GPTEngine, Bf16WeightsDecodeFromABf16Cache) {
   fp32.start(b, s);
   const std::vector<float> ref32 = fp32.forward(tokens, s, true).to_float_vector();
   EXPECT_EQ(fp32.cache().key_cache[0].dtype(), DType::F32);
-  ops::cpu::reset_bf16_tile_unit();
-  std::vector<ops::cpu::Bf16Unit> units{ops::cpu::bf16_tile_unit()};
-  if (units[0] != ops::cpu::Bf16Unit::Fp32) units.push_back(ops::cpu::Bf16Unit::Fp32);
-  for (const ops::cpu::Bf16Unit unit : units) {
+  for (const ops::cpu::Bf16Unit unit : ops::cpu::bf16_units_available()) {
     ops::cpu::set_bf16_tile_unit(unit);
     SCOPED_TRACE(ops::cpu::bf16_unit_name(unit));
     model.start(b, s);

@@ -159,10 +159,7 @@ std::vector<double> times2(std::vector<double> v) {
 // the fp32 cache of the unrounded sequences at bf16 tolerance.
 void run_bf16_schedule(int64_t window, bool alibi) {
   const std::vector<Tensor> f32 = run_schedule(window, alibi);
-  cpu::reset_bf16_tile_unit();
-  std::vector<cpu::Bf16Unit> units{cpu::bf16_tile_unit()};
-  if (units[0] != cpu::Bf16Unit::Fp32) units.push_back(cpu::Bf16Unit::Fp32);
-  for (const cpu::Bf16Unit unit : units) {
+  for (const cpu::Bf16Unit unit : cpu::bf16_units_available()) {
     cpu::set_bf16_tile_unit(unit);
     SCOPED_TRACE(cpu::bf16_unit_name(unit));
     const std::vector<Tensor> b16 = run_schedule(window, alibi, DType::BF16, true);
@@ -186,10 +183,7 @@ TEST(KvCache, Bf16CacheSlidingWindowWithAlibi) { run_bf16_schedule(66, true); }
 // 32-element step, odd key counts (the last key's pair is zeros, never the row after it: NaN
 // there), strided rows, beta 0 (old output ignored, NaN too) and beta 1.
 TEST(KvCache, Bf16DecodeRowProductsOnEachUnit) {
-  cpu::reset_bf16_tile_unit();
-  std::vector<cpu::Bf16Unit> units{cpu::bf16_tile_unit()};
-  if (units[0] != cpu::Bf16Unit::Fp32) units.push_back(cpu::Bf16Unit::Fp32);
-  for (const cpu::Bf16Unit unit : units) {
+  for (const cpu::Bf16Unit unit : cpu::bf16_units_available()) {
     cpu::set_bf16_tile_unit(unit);
     SCOPED_TRACE(cpu::bf16_unit_name(unit));
     for (const int64_t d : {5, 32, 64, 80, 130})

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/cpu/cpu_attention_common.h"
 
@@ -31,6 +32,9 @@ Bf16Unit bf16_tile_unit();
 // an error.
 void set_bf16_tile_unit(Bf16Unit u);
 void reset_bf16_tile_unit();  // back to the CPU's own
+// The units this CPU can run: its own (reset first) and, where that is not it, the fp32 unit (tests
+// and benchmarks run each).
+std::vector<Bf16Unit> bf16_units_available();
 
 struct PairsA {
   const uint32_t* p;
