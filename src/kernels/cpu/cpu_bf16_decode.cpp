@@ -1,10 +1,11 @@
 // One query row against bf16 keys and values read in place (decoding from a bf16 KV cache; see
 // cpu_attention_bf16.h): the scores and the weighted sum of values on the unit picked at run time.
 // AVX512-BF16: a score is `vdpbf16ps` over the key row and the query (32 elements a step, the 16
-// lanes summed at the end); the values of two keys are interleaved into pairs (vpunpck*wd) and
-// multiplied by the pair of their probabilities, 32 columns a step, the columns put back in order
-// once at the end. Nothing is packed or copied: each key and value is read once, as stored. The
-// fp32 unit widens the same bf16 operands through the matrix-vector loops (cpu_matvec.cpp).
+// lanes summed at the end), the rows read in address order; the values of two keys are
+// interleaved into pairs (vpunpck*wd) and multiplied by the pair of their probabilities, up to 128
+// columns per pass over the rows, the columns put back in order once at the end. Nothing is
+// packed or copied: each key and value is read once, as stored. The fp32 unit widens the same
+// bf16 operands through the matrix-vector loops (cpu_matvec.cpp).
 #include <immintrin.h>
 
 #include <algorithm>
