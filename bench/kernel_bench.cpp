@@ -1,7 +1,9 @@
 // Kernel micro-benchmarks (Google Benchmark) for decoding on the CPU:
-//  - one decode step of one layer's attention (hidden 512, 8 heads of 64, 128 cached positions):
-//    ops::kv_cache_append and the core ops::attention_fwd over the KV cache (HeadLayout::cache,
-//    kv_index = each row's slot), as the model runs it, batch 1 and 16 (a slot per sequence);
+//  - one decode step of one layer's attention (hidden 512, 8 heads of 64, 128 or 1024 cached
+//    positions): ops::kv_cache_append and the core ops::attention_fwd over the KV cache
+//    (HeadLayout::cache, kv_index = each row's slot), as the model runs it, batch 1 and 16 (a slot
+//    per sequence), with an fp32 cache (kind 0) or a bf16 cache (a bf16 model's: kind 1 on the
+//    CPU's bf16 unit, kind 2 on the forced fp32 unit, which widens the bf16 values);
 //  - ops::gemm with one output row (decoding one token: x [1, k] @ W^T) beside the plain
 //    single-threaded cblas_sgemv and cblas_sgemm calls on the same operands, for the QKV
 //    (512 -> 1536), MLP (512 -> 2048) and output-layer (512 -> 50304) shapes.
@@ -16,6 +18,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "kernels/cpu/cpu_attention_bf16.h"
 #include "kernels/ops.h"
 
 namespace {
@@ -27,12 +30,19 @@ Tensor randn(const Shape& shape, uint64_t stream) {
   return t;
 }
 
-constexpr int kHeads = 8, kHeadDim = 64, kCached = 128;
+constexpr int kHeads = 8, kHeadDim = 64;
 
-// One decode step: each of `batch` sequences (its own slot) has kCached positions in the cache
-// and attends with its new token at position kCached.
+Tensor as_bf16(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), DType::BF16);
+  ops::cast(out, t);
+  return out;
+}
+
+// One decode step: each of `batch` sequences (its own slot) has `cached` positions in the cache
+// and attends with its new token at position `cached`.
 void BM_KvCacheDecode(benchmark::State& state) {
-  const int64_t batch = state.range(0), max_len = kCached + 1;
+  const int64_t batch = state.range(0), cached = state.range(1), kind = state.range(2);
+  const int64_t max_len = cached + 1;
   const int64_t width = int64_t(kHeads) * 3 * kHeadDim;
   ops::AttentionShape sh;
   sh.heads = kHeads;
@@ -46,7 +56,13 @@ void BM_KvCacheDecode(benchmark::State& state) {
   Tensor kc = randn({batch, kHeads, max_len, kHeadDim}, 1);
   Tensor vc = randn({batch, kHeads, max_len, kHeadDim}, 2);
   Tensor qkv = randn({batch, width}, 3);
-  std::vector<int32_t> slot(static_cast<size_t>(batch)), pos(static_cast<size_t>(batch), kCached);
+  if (kind != 0) {
+    kc = as_bf16(kc);
+    vc = as_bf16(vc);
+    qkv = as_bf16(qkv);
+    if (kind == 2) ops::cpu::set_bf16_tile_unit(ops::cpu::Bf16Unit::Fp32);
+  }
+  std::vector<int32_t> slot(static_cast<size_t>(batch)), pos(static_cast<size_t>(batch), int32_t(cached));
   for (int64_t b = 0; b < batch; ++b) slot[size_t(b)] = int32_t(b);
   Tensor ts = Tensor::from_vector(slot, {batch}), tp = Tensor::from_vector(pos, {batch});
   Tensor ctx = Tensor::empty({batch, int64_t(kHeads) * kHeadDim}, DType::F32);
@@ -63,9 +79,14 @@ void BM_KvCacheDecode(benchmark::State& state) {
     ops::attention_fwd(ctx, Tensor(), Tensor(), in, ops::AttentionMask{}, rows, ops::DropoutSpec{});
     benchmark::DoNotOptimize(ctx.data<float>());
   }
+  ops::cpu::reset_bf16_tile_unit();
   state.counters["tokens/s"] = benchmark::Counter(double(batch), benchmark::Counter::kIsRate);
+  state.SetLabel(kind == 0 ? "fp32 cache" : kind == 1 ? "bf16 cache" : "bf16 cache, fp32 unit");
 }
-BENCHMARK(BM_KvCacheDecode)->Arg(1)->Arg(16)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_KvCacheDecode)
+    ->ArgsProduct({{1, 16}, {128, 1024}, {0, 1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // y [1, n] = x [1, k] @ W [n, k]^T, three ways.
 enum class GemvWay { Ops, Sgemv, Sgemm };

@@ -39,7 +39,8 @@ struct InferenceFlags {
   // --fp16/--bf16 keep the weights in that precision in memory (half the fp32 bytes; each
   // module's fp32 working copy exists only while it runs, model/gpt_model.h ModelOptions::grad):
   // the products, norms and softmax compute in fp32 from the rounded weights, and the KV cache is
-  // fp32 (Megatron computes the activations in half as well);
+  // bf16 with bf16 weights on the CPU, fp32 otherwise (Megatron computes the activations in half
+  // as well);
   // --no-load-optim/--no-load-rng are what inference does anyway (weights only).
   int tensor_model_parallel_size = 1, pipeline_model_parallel_size = 1;
   bool fp16 = false, bf16 = false;

@@ -79,6 +79,7 @@ class GPTEngine final : public LanguageModel {
 
   const model::TransformerConfig& config() const { return cfg_; }
   model::GPTModel& model() { return *model_; }
+  const model::InferenceContext& cache() const { return cache_; }
 
  private:
   // Appends counts[b] tokens to slot slots[b] at its own position.

@@ -110,7 +110,8 @@ void T5Engine::start_slots(int64_t slots, int64_t max_len) {
   model::TransformerBlock& dec = model_->decoder();
   const int layers = dec.first_layer() + dec.num_layers();
   cache_.allocate(layers, slots, c.num_attention_heads / model_->tensor_parallel_size(), max_len,
-                  c.head_dim(), model_->device(), dec.first_layer());
+                  c.head_dim(), model_->device(), dec.first_layer(),
+                  model::cache_dtype_for(c.params_dtype, model_->device()));
   // Each slot has room for the longest encoder input; its cross-attention keys and values are
   // written by set_slot_encoder_input (the layers' tensors are made at the first).
   cache_.cross_seq = c.max_position_embeddings;

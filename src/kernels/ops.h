@@ -280,8 +280,8 @@ void rope_bwd(const Tensor& dqkv, const Tensor& positions, const AttentionShape&
               const RotaryConfig& rope);
 
 // ---- KV cache (inference) -----------------------------------------------------------------------
-// k_cache, v_cache [slots, groups, max_len, d] fp32 (HeadLayout::cache; groups, d: shape.groups,
-// shape.head_dim). Row r of qkv [n, width] (fused QKV as HeadLayout::qkv, rotary already applied)
+// k_cache, v_cache [slots, groups, max_len, d] (HeadLayout::cache; groups, d: shape.groups,
+// shape.head_dim), fp32, or bf16 on the CPU (with bf16 qkv: the bf16 kernel reads it). Row r of qkv [n, width] (fused QKV as HeadLayout::qkv, rotary already applied)
 // belongs to cache slot row_slot[r] at sequence position row_pos[r] (int32 [n] each, slot in
 // [0, slots), position in [0, max_len)): its key and value heads are written there. Attention of
 // the rows against their slots is attention_fwd with the cache as keys and values and row_slot as

@@ -181,14 +181,16 @@ void SelfAttention::cached_attention(const LayerContext& ctx, const Tensor& qkv,
   const Tensor& kc = ic.key_cache[size_t(layer)];
   const Tensor& vc = ic.value_cache[size_t(layer)];
   ops::AttentionShape sh = shape(ctx);
-  ops::kv_cache_append(kc, vc, qkv, ic.row_slot, ic.row_pos, sh);
+  // A bf16 cache takes the rows rounded to bf16, and the attention runs on bf16 q, k and v.
+  const Tensor rows = attention_operand(qkv, kc.dtype());
+  ops::kv_cache_append(kc, vc, rows, ic.row_slot, ic.row_pos, sh);
   const int64_t max_len = kc.size(2);
   sh.batch = qkv.size(0);
   sh.seq = 1;
   sh.kv_seq = max_len;
   sh.q_span = sh.kv_span = max_len;
   ops::AttentionInputs in;
-  in.q = qkv;
+  in.q = rows;
   in.q_layout = ops::HeadLayout::qkv(ops::QkvPart::Query, heads, groups, head_dim, 1);
   in.k = kc;
   in.v = vc;

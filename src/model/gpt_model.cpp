@@ -82,7 +82,7 @@ void GPTModel::allocate_inference(InferenceContext& ic, int64_t slots, int64_t m
   MG_REQUIRE(max_len >= 1 && max_len <= cfg_.max_position_embeddings, "sequence length ",
              max_len, " exceeds max_position_embeddings ", cfg_.max_position_embeddings);
   ic.allocate(cfg_.num_layers, slots, cfg_.query_groups() / tp_.size(), max_len, cfg_.head_dim(),
-              device_, block_->first_layer());
+              device_, block_->first_layer(), cache_dtype_for(cfg_.params_dtype, device_));
 }
 
 Tensor GPTModel::forward_inference(const Tensor& tokens, InferenceContext& ic,

@@ -6,10 +6,17 @@
 
 namespace megatron::model {
 
+DType cache_dtype_for(DType params_dtype, Device device) {
+  return params_dtype == DType::BF16 && !device.is_cuda() ? DType::BF16 : DType::F32;
+}
+
 void InferenceContext::allocate(int num_layers, int64_t s, int64_t groups, int64_t len,
-                                int64_t head_dim, Device device, int first_layer) {
+                                int64_t head_dim, Device device, int first_layer, DType dtype) {
   MG_CHECK(num_layers >= 1 && s >= 1 && groups >= 1 && len >= 1 && head_dim >= 1,
            "InferenceContext::allocate: bad sizes");
+  MG_CHECK(dtype == DType::F32 || dtype == DType::BF16,
+           "InferenceContext::allocate: the KV cache is float32 or bfloat16");
+  cache_dtype = dtype;
   slots = s;
   max_len = len;
   key_cache.assign(size_t(num_layers), Tensor());
@@ -17,8 +24,8 @@ void InferenceContext::allocate(int num_layers, int64_t s, int64_t groups, int64
   // Zero-filled: the pages are touched here, at the start of a request, rather than by the first
   // token written at each position (a page fault inside every decode step).
   for (int l = first_layer; l < num_layers; ++l) {
-    key_cache[size_t(l)] = Tensor::zeros({s, groups, len, head_dim}, DType::F32, device);
-    value_cache[size_t(l)] = Tensor::zeros({s, groups, len, head_dim}, DType::F32, device);
+    key_cache[size_t(l)] = Tensor::zeros({s, groups, len, head_dim}, dtype, device);
+    value_cache[size_t(l)] = Tensor::zeros({s, groups, len, head_dim}, dtype, device);
   }
 }
 
@@ -28,7 +35,7 @@ void InferenceContext::grow(int64_t len) {
     for (Tensor& c : *caches) {
       if (!c.defined()) continue;  // another pipeline stage's layer
       const int64_t blocks = c.size(0) * c.size(1), d = c.size(3);
-      Tensor grown = Tensor::empty({c.size(0), c.size(1), len, d}, DType::F32, c.device());
+      Tensor grown = Tensor::empty({c.size(0), c.size(1), len, d}, c.dtype(), c.device());
       // Each (slot, group) block keeps its positions at the longer stride.
       grown.view({blocks, len * d}).narrow(1, 0, max_len * d).copy_(c.view({blocks, max_len * d}));
       c = grown;
@@ -43,7 +50,7 @@ void InferenceContext::reorder(const Tensor& src) {
     for (Tensor& c : *caches) {
       if (!c.defined()) continue;
       const int64_t row = c.numel() / c.size(0);
-      Tensor out = Tensor::empty({k, c.size(1), c.size(2), c.size(3)}, DType::F32, c.device());
+      Tensor out = Tensor::empty({k, c.size(1), c.size(2), c.size(3)}, c.dtype(), c.device());
       ops::index_select_rows(out.view({k, row}), c.view({slots, row}), src);
       c = out;
     }
@@ -51,7 +58,7 @@ void InferenceContext::reorder(const Tensor& src) {
   for (Tensor& c : cross_kv) {
     if (!c.defined()) continue;
     const int64_t row = c.numel() / slots;
-    Tensor out = Tensor::empty({k * cross_seq, c.size(1)}, DType::F32, c.device());
+    Tensor out = Tensor::empty({k * cross_seq, c.size(1)}, c.dtype(), c.device());
     ops::index_select_rows(out.view({k, row}), c.view({slots, row}), src);
     c = out;
   }

@@ -13,10 +13,18 @@
 
 namespace megatron::model {
 
+// The KV cache's dtype for a model whose weights are params_dtype on device: bf16 for bf16
+// weights on the CPU, fp32 otherwise.
+DType cache_dtype_for(DType params_dtype, Device device);
+
 struct InferenceContext {
   int64_t slots = 0, max_len = 0;
-  // Per decoder layer (index = global layer number): [slots, groups, max_len, head_dim] fp32
-  // (this rank's query groups under tensor parallelism; undefined for other stages' layers).
+  // Per decoder layer (index = global layer number): [slots, groups, max_len, head_dim] in
+  // cache_dtype (this rank's query groups under tensor parallelism; undefined for other stages'
+  // layers). bf16 for a model with bf16 weights on the CPU (cache_dtype_for): decoding reads the
+  // whole cache at every step, and half the bytes is half that traffic; the attention then runs
+  // on bf16 q, k and v (the bf16 kernel, fp32 softmax), as the same model's training forward does.
+  DType cache_dtype = DType::F32;
   std::vector<Tensor> key_cache, value_cache;
   // The current forward: int32 [n], slot and position of each of its n tokens.
   Tensor row_slot, row_pos;
@@ -32,7 +40,7 @@ struct InferenceContext {
   // Sizes the caches for `slots` sequences of up to `max_len` positions (contents undefined).
   // Layers below `first_layer` (held by earlier pipeline stages) get no cache.
   void allocate(int num_layers, int64_t slots, int64_t groups, int64_t max_len, int64_t head_dim,
-                Device device = Device::cpu(), int first_layer = 0);
+                Device device = Device::cpu(), int first_layer = 0, DType dtype = DType::F32);
   // Lengthens every slot to `max_len` positions, keeping what is cached.
   void grow(int64_t max_len);
   // Slot i becomes a copy of old slot src[i] (int32 [k]); the cache then has k slots (beam

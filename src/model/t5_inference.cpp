@@ -46,7 +46,7 @@ void T5Model::start_inference(InferenceContext& ic, const Tensor& encoder_tokens
   // of every decoder layer from the encoder's output (computed once here)
   const int first = decoder_->first_layer(), layers = first + decoder_->num_layers();
   ic.allocate(layers, b, cfg_.num_attention_heads / tp_.size(), max_len, cfg_.head_dim(), device_,
-              first);
+              first, cache_dtype_for(cfg_.params_dtype, device_));
   ic.cross_kv.assign(size_t(layers), Tensor());
   for (int i = 0; i < decoder_->num_layers(); ++i) {
     TransformerLayer& layer = decoder_->layer(i);

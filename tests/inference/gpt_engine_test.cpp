@@ -13,6 +13,7 @@
 #include "inference/beam_search.h"
 #include "inference/generation.h"
 #include "inference/gpt_engine.h"
+#include "kernels/cpu/cpu_attention_bf16.h"
 #include "test_util.h"
 #include "tiny_gpt.h"
 
@@ -332,6 +333,57 @@ TEST(GPTEngine, HalfPrecisionWeights) {
     worst = std::max(worst, double(std::abs(a.data<float>()[v] - b.data<float>()[v])));
   EXPECT_LT(worst, 0.1);
   EXPECT_GT(worst, 0.0);
+}
+
+// bf16 weights on the CPU keep the KV cache in bf16 (half the bytes a decode step reads): cached
+// decoding (prefill on the packed bf16 products, then one row per step read from the cache in
+// place) follows the full forward over the same prefix, which runs the same bf16 attention, at
+// bf16 tolerance, on the CPU's bf16 unit and on the forced fp32 unit; and stays within the bf16
+// weights' distance of the fp32 model.
+TEST(GPTEngine, Bf16WeightsDecodeFromABf16Cache) {
+  Config c = gpt2_config();
+  const Weights w = random_weights(c);
+  Config c16 = c;
+  c16.params_dtype = DType::BF16;
+  GPTEngine model(c16, w), fp32(c, w);
+  const int64_t b = 2, s = 12, p = 5, V = c.padded_vocab_size;
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < b * s; ++i) tokens.push_back(int32_t((i * 37 + 5) % 60));
+  fp32.start(b, s);
+  const std::vector<float> ref32 = fp32.forward(tokens, s, true).to_float_vector();
+  EXPECT_EQ(fp32.cache().key_cache[0].dtype(), DType::F32);
+  for (const ops::cpu::Bf16Unit unit : ops::cpu::bf16_units_available()) {
+    ops::cpu::set_bf16_tile_unit(unit);
+    SCOPED_TRACE(ops::cpu::bf16_unit_name(unit));
+    model.start(b, s);
+    EXPECT_EQ(model.cache().key_cache[0].dtype(), DType::BF16);
+    EXPECT_EQ(model.cache().value_cache[1].dtype(), DType::BF16);
+    const std::vector<float> full = model.forward(tokens, s, true).to_float_vector();
+    model.start(b, s);
+    std::vector<int32_t> prefix;
+    for (int64_t i = 0; i < b; ++i)
+      prefix.insert(prefix.end(), tokens.begin() + i * s, tokens.begin() + i * s + p);
+    const std::vector<float> part = model.forward(prefix, p, true).to_float_vector();
+    float worst = 0.0f, worst32 = 0.0f;
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < p; ++j)
+        for (int64_t v = 0; v < V; ++v)
+          worst = std::max(worst, std::abs(part[size_t((i * p + j) * V + v)] -
+                                           full[size_t((i * s + j) * V + v)]));
+    for (int64_t j = p; j < s; ++j) {
+      std::vector<int32_t> step = {tokens[size_t(j)], tokens[size_t(s + j)]};
+      const std::vector<float> l = model.decode_step(step).to_float_vector();
+      for (int64_t i = 0; i < b; ++i)
+        for (int64_t v = 0; v < V; ++v) {
+          const size_t at = size_t((i * s + j) * V + v);
+          worst = std::max(worst, std::abs(l[size_t(i * V + v)] - full[at]));
+          worst32 = std::max(worst32, std::abs(l[size_t(i * V + v)] - ref32[at]));
+        }
+    }
+    EXPECT_LT(worst, 2e-3f);
+    EXPECT_LT(worst32, 0.25f);
+  }
+  ops::cpu::reset_bf16_tile_unit();
 }
 
 TEST(GPTEngine, MissingOrMisshapenWeightsAreClearErrors) {

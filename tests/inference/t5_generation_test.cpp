@@ -126,6 +126,34 @@ TEST_P(T5CachedGeneration, EqualsRecomputingTheDecoderAtEveryStep) {
 INSTANTIATE_TEST_SUITE_P(Positions, T5CachedGeneration,
                          ::testing::Values("learned_absolute", "relative", "rope"));
 
+// bf16 weights on the CPU: the decoder's self-attention KV cache is bf16 (the bf16 attention
+// kernel reads it, with the relative position bias in fp32), and cached greedy decoding follows
+// recomputing the whole bf16 model at every step at bf16 tolerance.
+TEST(T5CachedGenerationBf16, FollowsRecomputationAtBf16Tolerance) {
+  model::TransformerConfig cfg = t5_config("relative");
+  cfg.params_dtype = DType::BF16;
+  T5Engine engine(make_model(cfg));
+  const auto inputs = encoder_inputs();
+  engine.set_encoder_inputs(inputs);
+  std::vector<SequenceRequest> rows(3);
+  for (auto& r : rows) {
+    r.prompt = {kBos};
+    r.tokens_to_generate = 6;
+    r.return_logprobs = true;
+    r.sampling.top_k = 1;
+  }
+  const auto results = generate(engine, rows, kVocab, SpecialTokens{});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = results[i];
+    ASSERT_EQ(r.logprobs.size(), r.tokens.size() - 1);
+    for (size_t t = 1; t < r.tokens.size(); ++t) {
+      const std::vector<int32_t> prefix(r.tokens.begin(), r.tokens.begin() + long(t));
+      const std::vector<double> ref = recomputed_logprobs(engine.model(), inputs[i], prefix);
+      EXPECT_NEAR(r.logprobs[t - 1], ref[size_t(r.tokens[t])], 2e-2) << "row " << i << " step " << t;
+    }
+  }
+}
+
 // Continuous batching (the server's BatchEngine): each slot holds its own encoder input, sequences
 // join while others decode and a finished one's slot takes the next; every token and log-prob is
 // the whole model's over that sequence's encoder input and decoder prefix.

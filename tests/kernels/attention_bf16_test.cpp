@@ -117,14 +117,6 @@ std::vector<double> times(const std::vector<double>& v, double s) {
   return out;
 }
 
-// The units to run: the CPU's own and, where that is not it already, the fp32 unit.
-std::vector<cpu::Bf16Unit> units() {
-  cpu::reset_bf16_tile_unit();
-  std::vector<cpu::Bf16Unit> u{cpu::bf16_tile_unit()};
-  if (u[0] != cpu::Bf16Unit::Fp32) u.push_back(cpu::Bf16Unit::Fp32);
-  return u;
-}
-
 // bf16 tolerance: |got - want| <= atol + |want| * rtol elementwise.
 constexpr double kAtol = 2e-2, kRtol = 2e-2;
 
@@ -135,7 +127,7 @@ void run_case(const Case& c) {
   std::vector<double> dout = testing::to_double(testing::randn({c.b * c.sq * c.n * c.d}, 45));
   const bool backward = c.kv_index.empty();
   const RefValues gref = backward ? testing::reference_backward(a, r.x, dout) : RefValues{};
-  for (const cpu::Bf16Unit unit : units()) {
+  for (const cpu::Bf16Unit unit : cpu::bf16_units_available()) {
     cpu::set_bf16_tile_unit(unit);
     SCOPED_TRACE(cpu::bf16_unit_name(unit));
     for (bool save_probs : {true, false}) {
@@ -239,7 +231,7 @@ TEST(CoreAttentionBf16, LongSequencesAcrossTilesAndKeyBlocks) {
 // the leading zero of a block starting at an odd key) and along its columns (interleaved), B
 // along its rows and transposed, against float64 products of the bf16-rounded operands.
 TEST(CoreAttentionBf16, TileProductsAtOddSizes) {
-  for (const cpu::Bf16Unit unit : units()) {
+  for (const cpu::Bf16Unit unit : cpu::bf16_units_available()) {
     cpu::set_bf16_tile_unit(unit);
     SCOPED_TRACE(cpu::bf16_unit_name(unit));
     for (const auto& [m, n, k] : {std::tuple{13, 37, 19}, {1, 5, 1}, {8, 32, 64}, {70, 3, 2}}) {

@@ -5,14 +5,13 @@
 // K^T) and values of the sequence are packed once into bf16 pairs, per tile the queries; S = scale
 // Q K^T and O += P V run on the bf16 unit, P rounded to bf16 after dropout (a block starting at an
 // odd key is read from the even key before it, with a zero probability there). Runs of fewer than
-// kMinPackRows query rows (decoding) read the bf16 keys and values in place, row by row, through
-// the matrix-vector loops.
+// kMinPackRows query rows (decoding) read the bf16 keys and values in place, row by row, on the
+// same unit (cpu_bf16_decode.cpp).
 #include <omp.h>
 
 #include <cmath>
 
 #include "kernels/cpu/cpu_attention_bf16.h"
-#include "kernels/cpu/cpu_matmul.h"
 
 namespace megatron::ops::cpu {
 
@@ -59,8 +58,16 @@ struct Forward {
     const float slope = P.slopes.empty() ? 0.0f : P.slopes[size_t(h)];
     const bool packed = run.rows >= kMinPackRows;
     if (packed) {  // the sequence's keys and values, once per task
-      pack_pairs_cols_t(w.kt.data(), pair_ld(P.skv), P.k.at16(kvs, 0, grp), k_ld, P.skv, d);
-      pack_pairs_rows(w.vp.data(), d, P.v.at16(kvs, 0, grp), v_ld, P.skv, d);
+      // Only the keys some row of the run can see: a KV cache's later positions are not written
+      // yet (any bits, NaN too), and a pair's zero probability must not meet one of them.
+      int64_t kmax = 0;
+      for (int64_t t = 0; t < run.rows; ++t) {
+        int64_t lo = 0, hi = 0;
+        P.key_range(row_bi(run, t, sq), row_i(run, t, sq), lo, hi);
+        if (hi > lo) kmax = std::max(kmax, hi);
+      }
+      pack_pairs_cols_t(w.kt.data(), pair_ld(P.skv), P.k.at16(kvs, 0, grp), k_ld, kmax, d);
+      pack_pairs_rows(w.vp.data(), d, P.v.at16(kvs, 0, grp), v_ld, kmax, d);
     }
     const int64_t tile = packed ? kTileRows : 1;
     for (int64_t t0 = 0; t0 < run.rows; t0 += tile) {
@@ -92,8 +99,7 @@ struct Forward {
           gemm_bf16_pairs(nt, bw, dpairs, P.scale, {w.qa.data(), dpairs, 1}, w.kt.data() + b0,
                           pair_ld(P.skv), 0.0f, S, ld);
         } else {
-          matvec(false, {P.k.at16(kvs, b0, grp), DType::BF16, bw, d, k_ld}, Q, 1, P.scale, 0.0f,
-                 S, 1);
+          decode_scores_bf16(P.k.at16(kvs, b0, grp), bw, k_ld, d, Q, P.scale, S);
         }
         for (int64_t t = 0; t < nt; ++t) {
           const int64_t v0 = std::max(w.lo[size_t(t)], b0), v1 = std::min(w.hi[size_t(t)], b1);
@@ -118,8 +124,7 @@ struct Forward {
                           w.vp.data() + (b0 - lead) / 2 * d, d, beta, O, ctx_width);
         } else {  // one row: its bf16 probabilities against V as stored
           for (int64_t j = 0; j < bw; ++j) w.p16[size_t(j)] = float_to_bf16(A[j]);
-          matvec(true, {P.v.at16(kvs, b0, grp), DType::BF16, bw, d, v_ld}, w.p16.data(), 1, 1.0f,
-                 beta, O, 1);
+          decode_values_bf16(P.v.at16(kvs, b0, grp), bw, v_ld, d, w.p16.data(), beta, O);
         }
       }
       for (int64_t t = 0; t < nt; ++t) {  // normalise; rows that saw nothing get zeros

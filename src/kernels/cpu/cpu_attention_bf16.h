@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/cpu/cpu_attention_common.h"
 
@@ -31,6 +32,9 @@ Bf16Unit bf16_tile_unit();
 // an error.
 void set_bf16_tile_unit(Bf16Unit u);
 void reset_bf16_tile_unit();  // back to the CPU's own
+// The units this CPU can run: its own (reset first) and, where that is not it, the fp32 unit (tests
+// and benchmarks run each).
+std::vector<Bf16Unit> bf16_units_available();
 
 struct PairsA {
   const uint32_t* p;
@@ -68,6 +72,14 @@ struct PairBuffer {
       : p(std::make_unique_for_overwrite<uint32_t[]>(size_t(std::max<int64_t>(n, 1)))) {}
   uint32_t* data() const { return p.get(); }
 };
+
+// ---- one query row against bf16 keys and values in place (decoding; cpu_bf16_decode.cpp) -----
+// s[j] = alpha * dot(k row j, q) for j < rows (k's rows ld elements apart, d elements each).
+void decode_scores_bf16(const bf16* k, int64_t rows, int64_t ld, int64_t d, const bf16* q,
+                        float alpha, float* s);
+// o[e] = sum_j p[j] v[j][e] + beta * o[e] for e < d (beta 0 ignores o's old values).
+void decode_values_bf16(const bf16* v, int64_t rows, int64_t ld, int64_t d, const bf16* p,
+                        float beta, float* o);
 
 // ---- the kernel -------------------------------------------------------------------------------
 // Called by attention_fwd / attention_bwd once the plan is checked and q, k, v are bf16.

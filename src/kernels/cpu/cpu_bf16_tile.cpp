@@ -193,6 +193,13 @@ void set_bf16_tile_unit(Bf16Unit u) {
 
 void reset_bf16_tile_unit() { forced_unit.store(-1, std::memory_order_relaxed); }
 
+std::vector<Bf16Unit> bf16_units_available() {
+  reset_bf16_tile_unit();
+  std::vector<Bf16Unit> u{bf16_tile_unit()};
+  if (u[0] != Bf16Unit::Fp32) u.push_back(Bf16Unit::Fp32);
+  return u;
+}
+
 void gemm_bf16_pairs(int64_t m, int64_t n, int64_t pairs, float alpha, PairsA a,
                      const uint32_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;

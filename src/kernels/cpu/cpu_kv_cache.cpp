@@ -1,5 +1,6 @@
 // The KV cache on the CPU: each new row's key and value heads written into its slot at its
-// position. Attention against the cache is the core attention op (cpu_attention.cpp).
+// position. Attention against the cache is the core attention op (cpu_attention.cpp, or
+// cpu_attention_bf16.cpp for a bf16 cache: a bf16 model's, half the bytes read per decode step).
 #include <algorithm>
 
 #include "kernels/cpu/cpu_common.h"
@@ -33,9 +34,15 @@ void check_index_vec(const char* op, const char* name, const Tensor& t, int64_t 
 CacheLayout check_cache(const char* op, const Tensor& k_cache, const Tensor& v_cache,
                         const Tensor& qkv, const Tensor& row_slot, const Tensor& row_pos,
                         const AttentionShape& sh) {
-  cpu::require_f32(op, "k_cache", k_cache);
-  cpu::require_f32(op, "v_cache", v_cache);
-  cpu::require_f32(op, "qkv", qkv);
+  for (const Tensor* t : {&k_cache, &v_cache, &qkv}) {
+    cpu::require_host(op, *t);
+    MG_CHECK(t->defined() && t->is_contiguous() &&
+                 (t->dtype() == DType::F32 || t->dtype() == DType::BF16),
+             op, ": the caches and qkv must be contiguous float32 or bfloat16 tensors");
+  }
+  MG_CHECK(k_cache.dtype() == v_cache.dtype() && k_cache.dtype() == qkv.dtype(), op,
+           ": k_cache (", dtype_name(k_cache.dtype()), "), v_cache (", dtype_name(v_cache.dtype()),
+           ") and qkv (", dtype_name(qkv.dtype()), ") must have one dtype");
   MG_CHECK(sh.heads > 0 && sh.groups > 0 && sh.heads % sh.groups == 0 && sh.head_dim > 0, op,
            ": heads ", sh.heads, " must be a positive multiple of groups ", sh.groups);
   CacheLayout L;
@@ -62,23 +69,28 @@ CacheLayout check_cache(const char* op, const Tensor& k_cache, const Tensor& v_c
   return L;
 }
 
-}  // namespace
-
-void kv_cache_append(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
-                     const Tensor& row_slot, const Tensor& row_pos, const AttentionShape& shape) {
-  const CacheLayout L =
-      check_cache("kv_cache_append", k_cache, v_cache, qkv, row_slot, row_pos, shape);
-  const float* x = qkv.data<float>();
-  float* kc = k_cache.data<float>();
-  float* vc = v_cache.data<float>();
+template <class T>
+void append_rows(const CacheLayout& L, const T* x, T* kc, T* vc) {
   cpu::parallel_for(L.n, L.n * L.width, [&](int64_t r) {
-    const float* row = x + r * L.width;
+    const T* row = x + r * L.width;
     for (int g = 0; g < L.groups; ++g) {
       const int64_t at = L.cache(L.slot[r], g) + int64_t(L.pos[r]) * L.d;
       std::copy_n(row + L.k(g), L.d, kc + at);
       std::copy_n(row + L.v(g), L.d, vc + at);
     }
   });
+}
+
+}  // namespace
+
+void kv_cache_append(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
+                     const Tensor& row_slot, const Tensor& row_pos, const AttentionShape& shape) {
+  const CacheLayout L =
+      check_cache("kv_cache_append", k_cache, v_cache, qkv, row_slot, row_pos, shape);
+  if (qkv.dtype() == DType::BF16)
+    append_rows(L, qkv.data<bf16>(), k_cache.data<bf16>(), v_cache.data<bf16>());
+  else
+    append_rows(L, qkv.data<float>(), k_cache.data<float>(), v_cache.data<float>());
 }
 
 }  // namespace megatron::ops::cpu
