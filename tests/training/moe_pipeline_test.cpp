@@ -161,7 +161,7 @@ TEST(MoeCli, PipelineAndContextParallelFollowTheSingleProcessRun) {
   ASSERT_EQ(a.size(), 4u);
   for (const std::string flags : {"--pipeline-model-parallel-size 2", "--context-parallel-size 2"}) {
     SCOPED_TRACE(flags);
-    const std::string two = f.dir / "two.jsonl";
+    const std::string two = f.dir / (flags.substr(2, 4) + ".jsonl");  // metrics files append
     const testing::CommandResult par = testing::run_command(
         "OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np 2 " +
         testing::cli_path().string() + " " + common + flags + " --log-metrics-jsonl " + two);
