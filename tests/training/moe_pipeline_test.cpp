@@ -22,7 +22,6 @@
 
 #include <cmath>
 #include <map>
-#include <sstream>
 
 #include "moe_test_util.h"
 #include "test_util.h"
@@ -139,25 +138,12 @@ TEST(MpiMoePipeline, PipelineCheckpointsResumeExactly) {
 TEST(MoeCli, PipelineAndContextParallelFollowTheSingleProcessRun) {
   if (world()->size() > 1) GTEST_SKIP() << "launches mpirun itself";
   Fixture f;
-  const std::string common =
-      "pretrain-gpt --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 "
-      "--max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 8 --train-iters 4 "
-      "--lr 3e-3 --tokenizer-type NullTokenizer --vocab-size 64 --make-vocab-size-divisible-by 16 "
-      "--hidden-dropout 0 --attention-dropout 0 --data-path " + f.prefix + " --data-cache-path " +
-      (f.dir / "cache") + " --split 90,10,0 --eval-interval 1000 --eval-iters 1 --log-interval 1 "
-      "--disable-bias-linear --swiglu --ffn-hidden-size 48 --num-experts 4 --moe-layer-freq '[1,1]' "
-      "--moe-ffn-hidden-size 24 --moe-router-topk 2 --moe-router-load-balancing-type seq_aux_loss "
-      "--moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001 ";
-  auto lines = [](const std::string& path) {
-    std::vector<json> out;
-    std::istringstream in(testing::read_file(path));
-    for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
-    return out;
-  };
+  const std::string common = moe_cli_command(f, 4) +
+                             "--moe-layer-freq '[1,1]' --moe-router-load-balancing-type seq_aux_loss ";
   const std::string one = f.dir / "one.jsonl";
   const testing::CommandResult single = testing::run_cli(common + "--log-metrics-jsonl " + one);
   ASSERT_EQ(single.exit_code, 0) << single.output;
-  const std::vector<json> a = lines(one);
+  const std::vector<json> a = metrics_lines(one);
   ASSERT_EQ(a.size(), 4u);
   for (const std::string flags : {"--pipeline-model-parallel-size 2", "--context-parallel-size 2"}) {
     SCOPED_TRACE(flags);
@@ -166,7 +152,7 @@ TEST(MoeCli, PipelineAndContextParallelFollowTheSingleProcessRun) {
         "OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np 2 " +
         testing::cli_path().string() + " " + common + flags + " --log-metrics-jsonl " + two);
     ASSERT_EQ(par.exit_code, 0) << par.output;
-    const std::vector<json> b = lines(two);
+    const std::vector<json> b = metrics_lines(two);
     ASSERT_EQ(b.size(), a.size());
     for (size_t i = 0; i < a.size(); ++i)
       for (const char* k : {"lm_loss", "seq_load_balancing_loss", "z_loss"}) {
