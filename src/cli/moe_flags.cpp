@@ -122,12 +122,6 @@ void MoeFlags::apply(training::TrainingArgs& a) const {
   if (token_dispatcher_type == "alltoall" && expert_model_parallel_size == 1)
     log_info("note: --moe-token-dispatcher-type alltoall at expert-parallel size 1 dispatches "
              "locally, as allgather does (the same numbers)");
-  MG_REQUIRE(a.parallel.pipeline_model_parallel_size == 1, "--num-experts with "
-             "--pipeline-model-parallel-size ", a.parallel.pipeline_model_parallel_size,
-             ": MoE under pipeline parallelism is not built yet; use 1");
-  MG_REQUIRE(a.parallel.context_parallel_size == 1, "--num-experts with "
-             "--context-parallel-size ", a.parallel.context_parallel_size,
-             ": MoE under context parallelism is not built yet; use 1");
 }
 
 }  // namespace megatron::cli

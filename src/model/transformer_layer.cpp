@@ -50,10 +50,10 @@ const Tensor& bias_grad_of(const Weight& w) {
 // The FFN slot of `spec` (constructed in place: modules do not move).
 std::variant<MLP, MoELayer> make_ffn(const std::string& prefix, const TransformerConfig& cfg,
                                      const TransformerLayerSpec& spec, int index,
-                                     const TensorParallel& tp, bool grad) {
+                                     const TensorParallel& tp, const ContextParallel& cp, bool grad) {
   if (spec.ffn == FfnKind::moe)
     return std::variant<MLP, MoELayer>(std::in_place_type<MoELayer>, prefix, cfg, spec.mlp, index,
-                                       tp, grad);
+                                       tp, cp, grad);
   return std::variant<MLP, MoELayer>(std::in_place_type<MLP>, prefix, cfg, spec.mlp, tp, grad);
 }
 // The bias the layer's bias-dropout-add adds after the FFN: the dense MLP's fc2 bias (the MoE
@@ -78,7 +78,7 @@ TransformerLayer::TransformerLayer(int idx, const TransformerConfig& cfg,
                      grad),
       pre_mlp_layernorm(layer_prefix(block, idx) + ".pre_mlp_layernorm", cfg.hidden_size,
                         *spec.pre_mlp_layernorm, cfg.params_dtype, norm_options(cfg, tp_, grad)),
-      mlp(make_ffn(layer_prefix(block, idx) + ".mlp", cfg, spec, idx, tp_, grad)) {
+      mlp(make_ffn(layer_prefix(block, idx) + ".mlp", cfg, spec, idx, tp_, cp, grad)) {
   register_child(input_layernorm);
   register_child(self_attention);
   if (spec.pre_cross_attn_layernorm) {

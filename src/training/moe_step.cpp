@@ -42,7 +42,8 @@ MoeStepMetrics moe_step_metrics(TrainingRun& r, int64_t micro_batches) {
   const model::TransformerConfig& c = r.a.model;
   if (c.num_moe_experts == 0) return {};
   const std::vector<model::MoELayer*> layers = moe_layers_of(r);
-  // One reduction over DP x CP: the tokens per expert of every layer, then each layer's loss sums.
+  // One reduction over DP x CP: the tokens per expert of every layer of this pipeline stage, then
+  // each layer's loss sums. Every rank of the group holds the same stage, so the same layers.
   const size_t E = size_t(c.num_moe_experts), L = layers.size();
   std::vector<double> v;
   for (model::MoELayer* m : layers) {
@@ -51,28 +52,45 @@ MoeStepMetrics moe_step_metrics(TrainingRun& r, int64_t micro_batches) {
     v.push_back(st.load_balancing_loss);
     v.push_back(st.z_loss);
   }
-  v = r.dp_cp_sum(std::move(v));
+  if (!v.empty()) v = r.dp_cp_sum(std::move(v));
   auto at = [&](size_t l) { return v.begin() + long(l * (E + 2)); };
   for (size_t l = 0; l < L; ++l)
     layers[l]->update_expert_bias(std::vector<double>(at(l), at(l) + long(E)));
-  // track_moe_metrics: a layer's value is its sum over micro-batches / micro-batches (here also
-  // averaged over DP x CP); the logged value is the mean over the MoE layers. Each rank's
-  // global_load_balancing_loss is its tokens' share of the loss over the DP x CP ranks' tokens:
-  // the shares are summed, not averaged (Megatron's reduce_group_has_dp).
+  // track_moe_metrics: a layer's value is its sum over micro-batches / micro-batches; the
+  // load-balancing losses are summed over the ranks that hold parts of the micro-batch (each
+  // rank's value is its tokens' share: TP under sequence parallelism, CP) and averaged over DP;
+  // global_load_balancing_loss's shares are summed over DP too (Megatron's
+  // reduce_group_has_dp); the z-loss (each rank's mean over its tokens) is averaged over DP x CP.
+  // Every layer has a slot (0 for a dense one or another stage's), the slots are summed over the
+  // pipeline stages, and the logged value is their sum over the model's MoE layers.
+  const std::vector<std::string> names = moe_metric_names(c);
+  const size_t NL = size_t(c.num_layers);
+  std::vector<double> slots(names.size() * NL, 0.0);
+  for (size_t k = 0; k < names.size(); ++k) {
+    const std::string& n = names[k];
+    const size_t at_k = n == "z_loss" ? E + 1 : E;
+    const double ranks = n == "global_load_balancing_loss" ? 1.0
+                         : n == "z_loss"                   ? double(r.dp_cp)
+                                                           : double(r.dp());
+    for (size_t l = 0; l < L; ++l)
+      slots.at(k * NL + size_t(layers[l]->layer_number())) =
+          at(l)[long(at_k)] / (double(micro_batches) * ranks);
+  }
+  if (r.ps.pp_size() > 1 && !slots.empty()) {
+    Tensor t = Tensor::from_vector(slots, {int64_t(slots.size())});
+    r.ps.pp().all_reduce(t, ReduceOp::Sum);
+    slots.assign(t.data<double>(), t.data<double>() + t.numel());
+  }
+  int moe_layers = 0;
+  for (int i = 0; i < c.num_layers; ++i) moe_layers += c.is_moe_layer(i) ? 1 : 0;
   MoeStepMetrics out;
-  for (const std::string& n : moe_metric_names(c)) {
-    const size_t k = n == "z_loss" ? E + 1 : E;
-    const double per = double(micro_batches) * (n == "global_load_balancing_loss" ? 1.0 : double(r.dp_cp));
+  for (size_t k = 0; k < names.size(); ++k) {
     double sum = 0;
-    std::vector<double> per_layer(size_t(c.num_layers), 0.0);
-    for (size_t l = 0; l < L; ++l) {
-      sum += at(l)[long(k)];
-      per_layer.at(size_t(layers[l]->layer_number())) = at(l)[long(k)] / per;
-    }
-    out.logged.push_back(sum / (double(std::max<size_t>(L, 1)) * per));
+    for (size_t i = 0; i < NL; ++i) sum += slots[k * NL + i];
+    out.logged.push_back(sum / double(std::max(moe_layers, 1)));
     if (r.a.moe_per_layer_logging)  // Megatron writes every layer's slot (0 for a dense one)
-      for (size_t i = 0; i < per_layer.size(); ++i)
-        out.per_layer.emplace_back(str("moe/", n, "_layer_", i), per_layer[i]);
+      for (size_t i = 0; i < NL; ++i)
+        out.per_layer.emplace_back(str("moe/", names[k], "_layer_", i), slots[k * NL + i]);
   }
   return out;
 }

@@ -72,8 +72,9 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
             float(scale / (std::max(t, 1.0) * double(micro_batches) * double(r.dp_cp))));
     fb.grad_scale = float(scale / std::max(tokens, 1.0));
   }
-  // The MoE auxiliary losses' gradient factor (Megatron's MoEAuxLossAutoScaler): loss scale /
-  // micro-batches, then the 1 / (DP x CP) of the gradient average; under
+  // The MoE auxiliary losses' gradient factor (Megatron's MoEAuxLossAutoScaler): loss scale x CP /
+  // micro-batches (forward_step_calc_loss's cp_size_for_scaling: each context-parallel rank's loss
+  // is its tokens' share), then the 1 / (DP x CP) of the gradient average; under
   // --calculate-per-token-loss the router scales the loss by its micro-batch's tokens and the
   // gradients are divided by the global batch's loss tokens.
   if (a.model.num_moe_experts > 0) {
@@ -82,7 +83,7 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
       fb.moe_aux_grad_scale.push_back(
           a.calculate_per_token_loss
               ? scale * double(b.tokens.numel()) / std::max(tokens, 1.0)
-              : scale / (double(micro_batches) * double(r.dp_cp)));
+              : scale * double(r.ps.cp_size()) / (double(micro_batches) * double(r.dp_cp)));
   }
   // Megatron's forward_backward_func: the schedule over this DP rank's micro-batches, whose
   // dropout keys are m * DP + dp_rank; it finalises the model-parallel grads (partial sums over

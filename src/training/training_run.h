@@ -102,11 +102,12 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
 
 // Mixture of experts after a step's schedule (Megatron's finalize_model_grads expert-bias update
 // and track_moe_metrics): takes every MoE layer's statistics, updates the expert biases from the
-// tokens per expert summed over data-parallel ranks, and returns the logged MoE losses in
-// moe_metric_names' order (the mean over MoE layers of the sum over micro-batches / micro-batches,
-// averaged over data-parallel ranks), and with --moe-per-layer-logging each layer's value under
-// Megatron's TensorBoard tag moe/<name>_layer_<i> (i over all layers, 0 for a dense one).
-// Resets the layers' global_aux_loss counts. Collective over the DP x CP group.
+// tokens per expert summed over data x context parallel ranks, and returns the logged MoE losses
+// in moe_metric_names' order (the mean over the model's MoE layers, every pipeline stage's, of
+// the sum over micro-batches / micro-batches, averaged over data-parallel ranks), and with
+// --moe-per-layer-logging each layer's value under Megatron's TensorBoard tag
+// moe/<name>_layer_<i> (i over all layers, 0 for a dense one). Resets the layers' global_aux_loss
+// counts. Collective over the DP x CP group and the pipeline group.
 struct MoeStepMetrics {
   std::vector<double> logged;
   std::vector<std::pair<std::string, double>> per_layer;

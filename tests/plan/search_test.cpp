@@ -125,7 +125,7 @@ TEST(PlanSearch, TableListsTheFittingLayoutsAndNamesWhatItNeeds) {
   EXPECT_NE(bad.output.find("--search needs a device"), std::string::npos) << bad.output;
 }
 
-// With mixture-of-experts layers the search keeps to the layouts the trainer takes for them (no
+// With mixture-of-experts layers the search keeps to the layouts the plan models for them (no
 // pipeline or context parallelism; expert-parallel size 1; sequence parallelism is one of them),
 // and the step time counts
 // the FLOPs of the experts a token is routed to: Megatron's formula, worked by hand.

@@ -24,7 +24,6 @@
 
 #include <cmath>
 #include <map>
-#include <sstream>
 
 #include "moe_test_util.h"
 #include "test_util.h"
@@ -151,15 +150,9 @@ TEST(MpiMoeTraining, GlobalAuxLossSumsTheCountsOverTheDataParallelRanks) {
 TEST(MoeCli, ExpertAndTensorParallelWithSequenceParallelFollowTheSingleProcessRun) {
   if (world()->size() > 1) GTEST_SKIP() << "launches mpirun itself";
   Fixture f;
-  const std::string common =
-      "pretrain-gpt --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 "
-      "--max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 8 --train-iters 5 "
-      "--lr 3e-3 --tokenizer-type NullTokenizer --vocab-size 64 --make-vocab-size-divisible-by 16 "
-      "--hidden-dropout 0 --attention-dropout 0 --data-path " + f.prefix + " --data-cache-path " +
-      (f.dir / "cache") + " --split 90,10,0 --eval-interval 1000 --eval-iters 1 --log-interval 1 "
-      "--disable-bias-linear --swiglu --ffn-hidden-size 48 --num-experts 4 --moe-layer-freq '[0,1]' "
-      "--moe-ffn-hidden-size 24 --moe-router-topk 2 --moe-shared-expert-intermediate-size 16 "
-      "--moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001 --moe-token-dispatcher-type alltoall ";
+  const std::string common = moe_cli_command(f, 5) +
+                             "--moe-layer-freq '[0,1]' --moe-shared-expert-intermediate-size 16 "
+                             "--moe-token-dispatcher-type alltoall ";
   const std::string one = f.dir / "one.jsonl", four = f.dir / "four.jsonl";
   const testing::CommandResult single =
       testing::run_cli(common + "--log-metrics-jsonl " + one);
@@ -171,13 +164,7 @@ TEST(MoeCli, ExpertAndTensorParallelWithSequenceParallelFollowTheSingleProcessRu
       "--use-distributed-optimizer --log-metrics-jsonl " + four);
   ASSERT_EQ(par.exit_code, 0) << par.output;
   EXPECT_NE(par.output.find("TP 2 x PP 1 x CP 1 x DP 2"), std::string::npos) << par.output;
-  auto lines = [](const std::string& path) {
-    std::vector<json> out;
-    std::istringstream in(testing::read_file(path));
-    for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
-    return out;
-  };
-  const std::vector<json> a = lines(one), b = lines(four);
+  const std::vector<json> a = metrics_lines(one), b = metrics_lines(four);
   ASSERT_EQ(a.size(), 5u);
   ASSERT_EQ(b.size(), a.size());
   for (size_t i = 0; i < a.size(); ++i)

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "parallel_test_util.h"
 
@@ -40,6 +42,28 @@ inline void expect_same_moe_curve(const TrainingSummary& p, const TrainingSummar
       EXPECT_NEAR(p.more_losses[i][k], r.more_losses[i][k], 1e-5 * std::abs(r.more_losses[i][k]))
           << name << " iteration " << i + 1 << " MoE loss " << k;
   }
+}
+
+// `megatron pretrain-gpt` on the Fixture's corpus with the flags of moe_args' shape (2 layers,
+// 4 SwiGLU experts of width 24, top-2, the load-balancing and z losses), logging every iteration;
+// the caller adds --moe-layer-freq and what its run varies.
+inline std::string moe_cli_command(const Fixture& f, int iters) {
+  return "pretrain-gpt --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 "
+         "--max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 8 --train-iters " +
+         std::to_string(iters) + " --lr 3e-3 --tokenizer-type NullTokenizer --vocab-size 64 "
+         "--make-vocab-size-divisible-by 16 --hidden-dropout 0 --attention-dropout 0 --data-path " +
+         f.prefix + " --data-cache-path " + (f.dir / "cache") + " --split 90,10,0 "
+         "--eval-interval 1000 --eval-iters 1 --log-interval 1 --disable-bias-linear --swiglu "
+         "--ffn-hidden-size 48 --num-experts 4 --moe-ffn-hidden-size 24 --moe-router-topk 2 "
+         "--moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001 ";
+}
+
+// The records of a --log-metrics-jsonl file, one per line.
+inline std::vector<json> metrics_lines(const std::string& path) {
+  std::vector<json> out;
+  std::istringstream in(testing::read_file(path));
+  for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+  return out;
 }
 
 }  // namespace megatron::training::parallel_test

@@ -83,7 +83,7 @@ TopKRouter::TopKRouter(const std::string& prefix, const TransformerConfig& cfg, 
 }
 
 MoELayer::MoELayer(const std::string& prefix, const TransformerConfig& cfg, const MlpSpec& spec,
-                   int layer, const TensorParallel& tp, bool grad)
+                   int layer, const TensorParallel& tp, const ContextParallel& cp, bool grad)
     : router(prefix + ".router", cfg, tp.sequence_parallel, grad),
       experts(prefix + ".experts", sequential_experts_config(cfg), spec,
               experts_tensor_parallel(tp), grad),
@@ -93,6 +93,8 @@ MoELayer::MoELayer(const std::string& prefix, const TransformerConfig& cfg, cons
       expert_bias_enabled_(cfg.moe_router_enable_expert_bias),
       bias_update_rate_(cfg.moe_router_bias_update_rate),
       sp_(tp.sequence_parallel ? tp.group : nullptr),
+      cp_(cp.size() > 1 ? cp.group : nullptr),
+      cp_rank_(cp.rank()),
       dispatcher_(parse_dispatcher_kind(cfg.moe_token_dispatcher_type), tp.expert_parallel,
                   cfg.num_moe_experts, dispatch_tensor_group(experts_tensor_parallel(tp))) {
   register_child(router);
@@ -131,11 +133,19 @@ std::vector<double> MoELayer::routing_logits(const LayerContext& ctx,
   if (!force_balance_) return gate;
   // Megatron's apply_random_logits: standard normal logits, a pure function of the micro-batch,
   // the layer and the row, so recomputation and backward see the same choice.
+  // Under context parallelism a row's number is its token's in the whole micro-batch.
   const ops::DropoutSpec d = ctx.dropout(0.5f, layer_, kSiteRouterRandomLogits);
   const Philox rng(d.seed, d.stream);
-  const uint64_t off = uint64_t(first_row) * uint64_t(settings_.num_experts);
+  const int E = settings_.num_experts;
+  const int64_t N = int64_t(gate.size()) / E;
   std::vector<double> l(gate.size());
-  for (size_t i = 0; i < l.size(); ++i) l[i] = rng.normal(off + i);
+  for (int64_t x = 0; x < N; ++x) {
+    int64_t row = first_row + x;
+    if (cp_ && ctx.seq > 0)
+      row = row / ctx.seq * ctx.seq * cp_size() +
+            context_parallel_position(row % ctx.seq, ctx.seq, cp_rank_, cp_size());
+    for (int e = 0; e < E; ++e) l[size_t(x * E + e)] = rng.normal(uint64_t(row * E + e));
+  }
   return l;
 }
 
@@ -204,7 +214,8 @@ Tensor MoELayer::backward(const LayerContext& ctx, const Tensor& dy) {
                              balance);
   // Megatron divides the z-loss coefficient by the TP x CP size: each rank's mean is over its rows.
   if (settings_.z_loss_coeff > 0)
-    z_loss_backward(gate, N, E, ctx.moe_aux_grad_scale * settings_.z_loss_coeff / sp_size(),
+    z_loss_backward(gate, N, E,
+                    ctx.moe_aux_grad_scale * settings_.z_loss_coeff / (sp_size() * cp_size()),
                     dlogits);
   const Tensor dl = to_device_floats(dlogits, {N, E}, x.device());
   if (router.weight.param.grad.defined())
@@ -222,6 +233,7 @@ BalanceInputs MoELayer::balance_geometry(const LayerContext& ctx, int64_t N) con
   b.first_row = sp_ ? int64_t(sp_->rank()) * N : 0;
   b.rows = N * sp_size();
   b.sequences = ctx.batch > 0 && b.rows % ctx.batch == 0 ? ctx.batch : 1;
+  b.context_parallel = cp_size();
   return b;
 }
 
@@ -229,12 +241,15 @@ BalanceInputs MoELayer::balance_inputs(const LayerContext& ctx, const std::vecto
                                        int64_t N, bool commit) {
   BalanceInputs b = balance_geometry(ctx, N);
   const bool global = settings_.balancing == LoadBalancing::global_aux_loss;
-  if (!ctx.training || !settings_.has_balancing_loss() || (!global && !sp_)) return b;
-  // This rank's counts and tokens, summed over the tensor-parallel ranks that hold the other
-  // rows of the micro-batch (Megatron's reduction over tp_cp_group; tp_dp_cp_group for global).
+  if (!ctx.training || !settings_.has_balancing_loss() || (!global && !sp_ && !cp_)) return b;
+  // This rank's counts and tokens, summed over the tensor- and context-parallel ranks that hold
+  // the other rows of the micro-batch (Megatron's reduction over tp_cp_group; tp_dp_cp_group for
+  // global). Under context parallelism every rank holds a part of each of the batch's sequences,
+  // so seq_aux_loss's per-sequence counts add up to the whole sequences'.
   std::vector<double> v = aux_loss_counts(routed, N, settings_, b);
   v.push_back(double(N));
   sum_over(sp_.get(), v);
+  if (!global) sum_over(cp_.get(), v);  // global_aux_loss: dp_group_ holds the CP ranks
   if (!global) {
     v.pop_back();
     b.counts = std::move(v);

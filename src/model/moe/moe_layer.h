@@ -21,7 +21,10 @@
 // under sequence parallelism (its gate weight's gradient a partial sum). The capacity, as in
 // Megatron, is then taken over the rank's rows. With --expert-tensor-parallel-size of its own
 // (TensorParallel::expert_tensor_parallel, Megatron's parallel folding) the experts are sharded
-// over that group instead, and the dispatcher gathers over it.
+// over that group instead, and the dispatcher gathers over it. Under context parallelism x is
+// this rank's slice of every sequence ([b * S/C, h]): the load-balancing counts are summed over
+// the context-parallel group too (seq_aux_loss's per sequence), each rank's loss is its tokens'
+// share of the loss over the whole sequences, and the z-loss coefficient is divided by TP x C.
 //
 // The auxiliary losses do not enter the language-model loss: their gradients are added in
 // backward multiplied by LayerContext::moe_aux_grad_scale (Megatron's MoEAuxLossAutoScaler), and
@@ -64,7 +67,8 @@ struct MoeStatistics {
 class MoELayer : public Module {
  public:
   MoELayer(const std::string& prefix, const TransformerConfig& cfg, const MlpSpec& spec,
-           int layer, const TensorParallel& tp = TensorParallel::none(), bool grad = true);
+           int layer, const TensorParallel& tp = TensorParallel::none(),
+           const ContextParallel& cp = ContextParallel::none(), bool grad = true);
   Tensor forward(const LayerContext& ctx, const Tensor& x);    // [N, h] -> [N, h]
   Tensor backward(const LayerContext& ctx, const Tensor& dy);  // -> dx [N, h]
 
@@ -109,6 +113,7 @@ class MoELayer : public Module {
   // The micro-batch geometry of this rank's N rows (BalanceInputs without the counts).
   BalanceInputs balance_geometry(const LayerContext& ctx, int64_t N) const;
   int sp_size() const { return sp_ ? sp_->size() : 1; }
+  int cp_size() const { return cp_ ? cp_->size() : 1; }
   Tensor experts_forward(const LayerContext& ctx, const Tensor& xp, const std::vector<int64_t>& counts);
   Tensor experts_backward(const LayerContext& ctx, const Tensor& dyp, const std::vector<int64_t>& counts);
   Tensor shared_forward(const LayerContext& ctx, const Tensor& x);
@@ -121,6 +126,8 @@ class MoELayer : public Module {
   std::vector<double> expert_bias_;
   Parameter expert_bias_state_;
   std::shared_ptr<Communicator> sp_;  // the TP group under sequence parallelism, else null
+  std::shared_ptr<Communicator> cp_;  // the context-parallel group of more than one rank, else null
+  int cp_rank_ = 0;
   Communicator* dp_group_ = nullptr;
   std::vector<double> global_tokens_;  // global_aux_loss: the step's summed counts
   double ga_steps_ = 0;

@@ -259,19 +259,20 @@ AuxTerms aux_terms(const std::vector<double>& logits, int64_t N, const RouterSet
   const int E = s.num_experts;
   const double k = double(s.topk), c = s.aux_loss_coeff;
   const int64_t R = micro_batch_rows(N, b);
+  const double C = double(b.context_parallel);  // the whole sequences' tokens are C times these
   AuxTerms t;
   t.group_rows = R;
   t.first_row = b.first_row;
   switch (s.balancing) {
     case LoadBalancing::aux_loss:
-      t.a = E * c / (k * double(R) * double(R));
+      t.a = E * c / (k * double(R) * double(R) * C * C);
       break;
     case LoadBalancing::seq_aux_loss: {
       const int64_t B = b.sequences;
       MG_REQUIRE(B >= 1 && R % B == 0, "seq_aux_loss: ", R, " tokens are not ", B, " sequences");
       const int64_t S = R / B;
       t.group_rows = S;
-      t.a = E * c / (k * double(S) * double(S) * double(B));
+      t.a = E * c / (k * double(S) * double(S) * C * C * double(B));
       break;
     }
     case LoadBalancing::global_aux_loss: {

@@ -55,9 +55,13 @@ struct RouterSettings {
 // tensor x data-parallel ranks that hold different tokens); empty: counted from these logits.
 // global_num_tokens: the tokens of one micro-batch over those ranks (global_aux_loss's T).
 // The loss route() returns is then this rank's share: the ranks' shares sum to the loss.
+// context_parallel: the context-parallel ranks C over which every sequence is split; the rows are
+// then this rank's part of the micro-batch (S / C tokens of each sequence), the counts summed over
+// the C ranks too, and the losses normalised by the whole micro-batch's tokens (rows x C).
 struct BalanceInputs {
   int64_t sequences = 1;
   int64_t first_row = 0, rows = 0;
+  int64_t context_parallel = 1;
   std::vector<double> counts;
   double global_num_tokens = 0;
 };
