@@ -12,6 +12,7 @@
 #include "core/torch_file.h"
 #include "training/torch_checkpoint.h"
 #include "training/torch_dist_format.h"
+#include "training/torch_dist_moe.h"
 #include "training/torch_dist_optimizer.h"
 
 namespace megatron::training {
@@ -103,9 +104,7 @@ std::vector<std::string> model_keys(const DistcpFolder& f, const std::string& pr
                f.metadata_label(), ": '", key, "' is a BERT or T5 tensor; this build reads torch_dist "
                "checkpoints of GPT models only (convert with Megatron-LM to --ckpt-format torch, which "
                "it reads for every family)");
-    MG_REQUIRE(key.find(".experts.") == std::string::npos && key.find(".router.") == std::string::npos,
-               f.metadata_label(), ": '", key, "' is a mixture-of-experts tensor, which this build "
-               "does not read from torch_dist checkpoints yet");
+    torch_dist_moe::refuse_singleton_expert_key(key, f.metadata_label());
     const std::string base = gated_base(f, full_key);
     if (base.empty())
       keys.push_back(key);
@@ -136,6 +135,59 @@ Shape global_shape(const DistcpFolder& f, const std::string& key, const std::str
   Shape s = f.entry(prefix + key + "_w").size;
   s[has_layer_axis(key) ? 1 : 0] += f.entry(prefix + key + "_v").size[has_layer_axis(key) ? 1 : 0];
   return s;
+}
+
+// One tensor of a model key: our name and its index along the key's leading axes (layer, expert).
+struct Piece {
+  std::string ours;
+  std::vector<int64_t> index;
+};
+
+// The tensors of model key `key` of global shape `s`: one per layer of a key with a layer axis and
+// per expert of an expert key (torch_dist_moe.h), under our names, those `want` accepts. An
+// expert's name is the sequential or the grouped experts' one, as `want` asks (without `want`:
+// `grouped`).
+std::vector<Piece> pieces_of(const std::string& key, const Shape& s, bool tied, bool grouped,
+                             const std::function<bool(const std::string&)>& want, const std::string& label) {
+  const bool layer_axis = has_layer_axis(key), expert = torch_dist_moe::is_expert_key(key);
+  const size_t expert_axis = layer_axis ? 1 : 0;
+  MG_REQUIRE(!layer_axis || !s.empty(), label, ": the layer tensor '", key, "' has no layer axis");
+  MG_REQUIRE(!expert || s.size() > expert_axis, label, ": the expert tensor '", key, "' has no expert axis");
+  const int64_t L = layer_axis ? s[0] : 1, E = expert ? s[expert_axis] : 1;
+  const size_t at = std::string(kLayers).size();
+  int fixed_layer = -1;  // a key of one layer: its number
+  std::string rest = key.starts_with(kLayers) ? key.substr(at) : key;
+  if (!layer_axis && key.starts_with(kLayers)) {
+    const size_t dot = key.find('.', at);
+    fixed_layer = std::stoi(key.substr(at, dot - at));
+    rest = key.substr(dot + 1);
+  }
+  const std::string experts = "mlp.experts.experts.";
+  std::vector<Piece> out;
+  for (int64_t i = 0; i < L; ++i) {
+    const int layer = layer_axis ? int(i) : fixed_layer;
+    for (int64_t e = 0; e < E; ++e) {
+      std::string ours;
+      if (expert) {
+        const auto [seq, grp] =
+            torch_dist_moe::expert_names(layer, rest.substr(rest.find(experts) + experts.size()), int(e));
+        ours = want ? (want(seq) ? seq : want(grp) ? grp : "") : grouped ? grp : seq;
+      } else {
+        ours = ours_of(layer_axis ? kLayers + std::to_string(i) + "." + rest : key, tied, label);
+        if (want && !ours.empty() && !want(ours)) ours.clear();
+      }
+      if (ours.empty()) continue;
+      Piece p{ours, {}};
+      if (layer_axis) p.index.push_back(i);
+      if (expert) p.index.push_back(e);
+      out.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+bool grouped_of(const CheckpointOnDisk& ckpt) {
+  return training_args_from_json(ckpt.state.args).model.moe_grouped_gemm;
 }
 
 // What metadata.json would say about this checkpoint (files and partition dims aside).
@@ -273,21 +325,18 @@ std::map<std::string, Tensor> read_model_space(const CheckpointOnDisk& ckpt, con
     MG_REQUIRE(out.emplace(ours, std::move(t)).second, label, ": two tensors map to '", ours, "' (the second: '",
                prefix + key, "')");
   };
+  const bool grouped = grouped_of(ckpt);
   for (const std::string& key : model_keys(f, prefix)) {
-    if (!has_layer_axis(key)) {
-      const std::string ours = ours_of(key, tied, label);
-      if (ours.empty() || (want && !want(ours))) continue;
-      put(ours, global_tensor(f, key, prefix), key);
-      continue;
-    }
-    const std::string rest = key.substr(std::string(kLayers).size());
-    const int64_t L = global_shape(f, key, prefix)[0];
-    Tensor global;  // read once, when a layer of it is wanted
-    for (int64_t i = 0; i < L; ++i) {
-      const std::string ours = ours_of(kLayers + std::to_string(i) + "." + rest, tied, label);
-      if (ours.empty() || (want && !want(ours))) continue;
-      if (!global.defined()) global = global_tensor(f, key, prefix);
-      put(ours, global.select(0, i).contiguous().clone(), key);
+    const std::vector<Piece> pieces = pieces_of(key, global_shape(f, key, prefix), tied, grouped, want, label);
+    if (pieces.empty()) continue;
+    const Tensor global = global_tensor(f, key, prefix);
+    for (const Piece& p : pieces) {
+      Tensor t = global;
+      for (int64_t i : p.index) t = t.select(0, i);
+      t = p.index.empty() ? t : t.contiguous().clone();
+      // The router's expert_bias: a float32 buffer in Megatron, float64 state here.
+      if (prefix.empty() && torch_dist_moe::is_expert_bias(p.ours)) t = t.to(DType::F64);
+      put(p.ours, std::move(t), key);
     }
   }
   return out;
@@ -306,20 +355,11 @@ std::map<std::string, Shape> torch_dist_model_shapes(const CheckpointOnDisk& ckp
   const DistcpFolder f = DistcpFolder::open(ckpt.dir);
   const bool tied = tied_of(ckpt);
   std::map<std::string, Shape> out;
+  const bool grouped = grouped_of(ckpt);
   for (const std::string& key : model_keys(f)) {
-    Shape s = global_shape(f, key);
-    if (!has_layer_axis(key)) {
-      const std::string ours = ours_of(key, tied, f.metadata_label());
-      if (!ours.empty()) out[ours] = s;
-      continue;
-    }
-    const int64_t L = s[0];
-    s.erase(s.begin());
-    for (int64_t i = 0; i < L; ++i) {
-      const std::string ours =
-          ours_of(kLayers + std::to_string(i) + "." + key.substr(std::string(kLayers).size()), tied, f.metadata_label());
-      if (!ours.empty()) out[ours] = s;
-    }
+    const Shape s = global_shape(f, key);
+    for (const Piece& p : pieces_of(key, s, tied, grouped, {}, f.metadata_label()))
+      out[p.ours] = Shape(s.begin() + std::ptrdiff_t(p.index.size()), s.end());
   }
   return out;
 }
@@ -342,6 +382,10 @@ std::map<std::string, Tensor> cut_torch_dist_shards(const CheckpointOnDisk& ckpt
     if (!params.count(name)) continue;
     const Shape& shape = params.at(name);
     auto spec = specs.find(name);
+    if (spec == specs.end() && torch_dist_moe::is_expert_bias(name)) {  // whole on every rank
+      out.emplace(name, t);
+      continue;
+    }
     MG_REQUIRE(spec != specs.end(), ckpt.dir.string(), ": tensor '", name, "' is not a parameter of the "
                "model the checkpoint's args describe");
     const ShardRule rule = shard_rule(spec->second);
@@ -359,6 +403,14 @@ MergedCheckpoint merge_torch_dist_checkpoint(const CheckpointOnDisk& ckpt, bool 
   m.source = ckpt;
   m.specs = checkpoint_weight_specs(ckpt, json());
   m.model = read_torch_dist_model(ckpt);
+  for (auto it = m.model.begin(); it != m.model.end();) {  // state, not a weight: not converted
+    if (!torch_dist_moe::is_expert_bias(it->first)) {
+      ++it;
+      continue;
+    }
+    m.notes.push_back("the router's expert_bias '" + it->first + "' is training state, not a weight: not converted");
+    it = m.model.erase(it);
+  }
   for (const auto& [name, t] : m.model) {
     auto spec = m.specs.find(name);
     MG_REQUIRE(spec != m.specs.end(), ckpt.dir.string(), ": tensor '", name, "' is not a parameter of the "
@@ -369,7 +421,7 @@ MergedCheckpoint merge_torch_dist_checkpoint(const CheckpointOnDisk& ckpt, bool 
   auto emb = m.model.find("embedding.word_embeddings.weight");
   MG_REQUIRE(emb != m.model.end(), ckpt.dir.string(), " has no word embedding (not a GPT checkpoint?)");
   m.padded_vocab_size = emb->second.size(0);
-  m.notes = ckpt.notes;
+  m.notes.insert(m.notes.begin(), ckpt.notes.begin(), ckpt.notes.end());
   if (with_optimizer && has_optimizer_state(ckpt)) merge_torch_dist_optimizer(ckpt, m);
   return m;
 }

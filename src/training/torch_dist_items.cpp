@@ -24,7 +24,6 @@ using pickle::Value;
 namespace {
 
 constexpr const char* kMeta = "torch.distributed.checkpoint.metadata.";
-constexpr const char* kLayers = "decoder.layers.";
 
 // torch.save of `root` in memory (written through a scratch file of the temporary folder).
 std::vector<uint8_t> torch_save_bytes(const Value& root, const fs::path& scratch) {
@@ -95,13 +94,6 @@ std::vector<ItemRecord> records_from_json(const json& j) {
     out.push_back(std::move(r));
   }
   return out;
-}
-
-std::pair<std::string, int> megatron_key(const std::string& ours, bool te) {
-  const std::string name = torch_names::to_megatron(ours, 0, te);
-  if (!name.starts_with(kLayers)) return {name, -1};
-  const size_t at = std::string(kLayers).size(), dot = name.find('.', at);
-  return {kLayers + name.substr(dot + 1), std::stoi(name.substr(at, dot - at))};
 }
 
 std::vector<std::pair<int64_t, Tensor>> tp_chunks(const Tensor& full, const ShardRule& r, int t, int T,

@@ -40,9 +40,6 @@ struct ItemRecord {
 nlohmann::json records_to_json(const std::vector<ItemRecord>& r);
 std::vector<ItemRecord> records_from_json(const nlohmann::json& j);
 
-// Megatron-Core's key of one of our tensors and its global layer (-1: not a layer tensor).
-std::pair<std::string, int> megatron_key(const std::string& ours, bool transformer_engine);
-
 // The chunks of tensor-parallel rank t (of T) of a tensor: (offset along the rule's dimension,
 // data), from the global tensor (`full`) or from rank t's shard (`local`); a replicated tensor is
 // TP rank 0's. Each of the rule's parts (SwiGLU's gate and up) is its own chunk, as Megatron's

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "training/checkpoint_files.h"
 #include "training/torch_dist_buckets.h"
+#include "training/torch_dist_moe.h"
 #include "training/torch_dist_write.h"
 
 namespace megatron::training {
@@ -132,7 +133,11 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
   const bool distributed = optimizer != nullptr && optimizer->shard().has_value();
   const bool adam = optimizer != nullptr && optimizer->config().type == optim::OptimizerType::Adam;
   std::vector<WriteItem> items;
-  if (d == 0) {  // the weights, and the plain optimizer's state per parameter, chunked alike
+  const torch_dist_moe::MoeLayout moe = torch_dist_moe::moe_layout(a);
+  // Main replicas: the dense tensors' on data-parallel rank 0, the experts' on expert
+  // data-parallel rank 0 of each expert-parallel rank (replica id (PP, TP, expert DP rank)).
+  auto writes = [&](const model::Parameter& par) { return par.expert >= 0 ? rank.edp_rank == 0 : d == 0; };
+  if (d == 0 || rank.edp_rank == 0) {  // the weights, and the plain optimizer's state per parameter, chunked alike
     std::vector<std::pair<std::string, std::function<Tensor(const optim::StatePiece&, const model::Parameter&)>>> kinds;
     if (optimizer != nullptr && !distributed) {
       kinds.emplace_back("fp32_param", [](const optim::StatePiece& s, const model::Parameter&) { return s.main; });
@@ -146,18 +151,20 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
     for (const optim::StatePiece& s : pieces) piece_of[s.param] = &s;
     const model::ParameterList& ops = optimizer != nullptr ? optimizer->parameters() : params;
     auto add_param = [&](const std::string& prefix, const model::Parameter& par, const Tensor& value) {
-      const auto [key, layer] = torch_dist_io::megatron_key(par.name, te);
+      const torch_dist_moe::KeyPlace place = torch_dist_moe::sharded_key(par.name, te, moe);
       const ShardRule rule = shard_rule(par);
       Shape global = par.value.shape();
       if (rule.dim >= 0) global[size_t(rule.dim)] *= T;
-      torch_dist_io::add_chunks(items, prefix + key, layer, L, global, rule.dim,
-                                torch_dist_io::local_chunks(value.view(par.value.shape()), rule, t, T));
+      // The router's expert_bias: float64 state here, a float32 buffer in Megatron.
+      const Tensor v = value.dtype() == DType::F64 ? value.to(DType::F32) : value;
+      torch_dist_moe::add_chunks_at(items, prefix + place.key, place, L, moe.experts, global, rule.dim,
+                                    torch_dist_io::local_chunks(v.view(par.value.shape()), rule, t, T));
     };
     for (const model::Parameter* par : params)
-      if (!par->shared) add_param("", *par, par->value);
+      if (!par->shared && writes(*par)) add_param("", *par, par->value);
     for (const auto& [kind, get] : kinds)
       for (size_t i = 0; i < ops.size(); ++i) {
-        if (ops[i]->shared || !piece_of.count(i)) continue;
+        if (ops[i]->shared || !piece_of.count(i) || !writes(*ops[i])) continue;
         const Tensor x = get(*piece_of.at(i), *ops[i]);
         if (x.defined()) add_param("optimizer.state." + kind + ".", *ops[i], x);
       }
@@ -167,7 +174,7 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
                "distributed optimizer is Adam's); use --optimizer adam or leave out --ckpt-format");
     add_dp_reshardable_items(items, tmp, *optimizer, a, rank);
   }
-  add_object_items(items, tmp, a, meta, t, T, p, P, d, rank.dp_size, te);
+  add_object_items(items, tmp, a, meta, t, T, p, P, d, rank.dp_size, te, rank.edp_rank, rank.ep_rank, rank.ep_size);
   const int me = multi ? rank.world->rank() : 0;
   std::vector<torch_dist_io::ItemRecord> records = torch_dist_io::write_rank_files(tmp, me, items);
   detail::fsync_path(tmp, true);
@@ -202,9 +209,20 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
 }
 
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
-  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt && a.model.num_moe_experts == 0 && ep_size <= 1,
-             "--ckpt-format torch_dist saves GPT models (dense) here: leave out --ckpt-format (this build's "
+  (void)ep_size;  // experts are written by their global numbers under any expert-parallel size
+  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt,
+             "--ckpt-format torch_dist saves GPT models here: leave out --ckpt-format (this build's "
              "format, which `checkpoint convert` reshards) or use --ckpt-format torch for other models");
+  MG_REQUIRE(a.model.num_moe_experts == 0 || a.parallel.expert_tensor_parallel_size == 0 ||
+                 a.parallel.expert_tensor_parallel_size == a.parallel.tensor_model_parallel_size,
+             "--ckpt-format torch_dist with --expert-tensor-parallel-size ", a.parallel.expert_tensor_parallel_size,
+             " other than --tensor-model-parallel-size ", a.parallel.tensor_model_parallel_size,
+             " is not written by this build: leave out --ckpt-format (this build's format) or "
+             "--expert-tensor-parallel-size");
+  MG_REQUIRE(a.model.num_moe_experts == 0 || !a.parallel.use_distributed_optimizer || a.no_save_optim,
+             "--ckpt-format torch_dist with --use-distributed-optimizer and experts (--num-experts): Megatron's "
+             "dp_reshardable state keeps the experts in separate gradient buffers, which this build does "
+             "not write; save with the plain optimizer, with --no-save-optim, or leave out --ckpt-format");
   MG_REQUIRE(vp_size <= 1, "--ckpt-format torch_dist with virtual pipeline stages is not written by this build: "
              "leave out --ckpt-format and convert the checkpoint afterwards");
   MG_REQUIRE(!a.parallel.use_distributed_optimizer || a.no_save_optim || a.transformer_impl == "local",

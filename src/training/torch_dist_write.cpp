@@ -9,6 +9,7 @@
 #include "model/model_settings.h"
 #include "training/checkpoint_files.h"
 #include "training/torch_dist_items.h"
+#include "training/torch_dist_moe.h"
 
 namespace megatron::training {
 
@@ -25,9 +26,10 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
   const bool te = options.transformer_impl == "transformer_engine";
   const json& meta = m.metadata;
   const TrainingArgs a = training_args_from_json(meta.at("args"));
-  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt && a.model.num_moe_experts == 0,
-             "--save-format torch_dist writes GPT models (dense) only: keep this build's format, or "
-             "--save-format torch, for BERT, T5 and mixture-of-experts checkpoints");
+  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt,
+             "--save-format torch_dist writes GPT models only: keep this build's format, or "
+             "--save-format torch, for BERT and T5 checkpoints");
+  const torch_dist_moe::MoeLayout moe = torch_dist_moe::moe_layout(a);
   const int L = int(a.model.num_layers);
   MG_REQUIRE(L % P == 0, "--target-pipeline-parallel-size ", P, " does not divide the ", L, " layers");
   const int64_t iteration = meta.at("iteration").get<int64_t>();
@@ -60,13 +62,13 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
       std::vector<WriteItem> items;
       for (const auto& [prefix, get] : states)
         for (const auto& [name, full] : m.model) {
-          const auto [key, layer] = torch_dist_io::megatron_key(name, te);
-          const int stage = layer >= 0 ? layer / (L / P) : name.starts_with("embedding.") ? 0 : P - 1;
+          const torch_dist_moe::KeyPlace place = torch_dist_moe::sharded_key(name, te, moe);
+          const int stage = place.number >= 0 ? place.number / (L / P) : name.starts_with("embedding.") ? 0 : P - 1;
           if (stage != p) continue;
           const ShardRule& rule = m.rules.at(name);
           const Tensor value = get(name);
-          torch_dist_io::add_chunks(items, prefix + key, layer, L, value.shape(), rule.dim,
-                                    torch_dist_io::tp_chunks(value, rule, t, T, name));
+          torch_dist_moe::add_chunks_at(items, prefix + place.key, place, L, moe.experts, value.shape(), rule.dim,
+                                        torch_dist_io::tp_chunks(value, rule, t, T, name));
         }
       add_object_items(items, tmp, a, meta, t, T, p, P, 0, 1, te);
       std::vector<torch_dist_io::ItemRecord> r = torch_dist_io::write_rank_files(tmp, t + T * p, items);
@@ -91,16 +93,19 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
 }
 
 void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const fs::path& tmp, const TrainingArgs& a,
-                      const json& meta, int t, int T, int p, int P, int d, int DP, bool te) {
+                      const json& meta, int t, int T, int p, int P, int d, int DP, bool te, int edp, int ep, int EP) {
   const int L = int(a.model.num_layers);
   auto none_list = [](Document& doc) { return doc.list({doc.none()}); };
-  if (t == 0 && d == 0) {  // each layer module's _extra_state, the output layer's
+  const torch_dist_moe::MoeLayout moe = torch_dist_moe::moe_layout(a);
+  const int per_ep = moe.experts / std::max(EP, 1);
+  if (t == 0 && (d == 0 || edp == 0)) {  // each layer module's _extra_state, the output layer's
     for (int layer = p * (L / P); layer < (p + 1) * (L / P); ++layer)
-      for (const std::string& e : torch_names::extra_state_names(layer, te, "decoder"))
-        items.push_back(torch_dist_io::object_item(
-            torch_dist_io::megatron_key(e, te).first + "/shard_" + std::to_string(layer) + "_" + std::to_string(L),
-            none_list, tmp));
-    if (p == P - 1) items.push_back(torch_dist_io::object_item("output_layer._extra_state/shard_0_1", none_list, tmp));
+      for (const std::string& key : torch_dist_moe::layer_extra_state_keys(
+               layer, L, te, moe, ep * per_ep, (ep + 1) * per_ep, a.model.moe_shared_expert_intermediate_size > 0))
+        if (torch_dist_moe::is_expert_key(key) ? edp == 0 : d == 0)
+          items.push_back(torch_dist_io::object_item(key, none_list, tmp));
+    if (p == P - 1 && d == 0)
+      items.push_back(torch_dist_io::object_item("output_layer._extra_state/shard_0_1", none_list, tmp));
   }
   if (meta.value("rng_state", json()).is_null()) return;
   const json& rng = meta.at("rng_state");

@@ -68,10 +68,12 @@ std::filesystem::path save_torch_dist_checkpoint(const std::filesystem::path& sa
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size);
 
 // The ShardedObjects of global rank (t, p, d) (`meta` in our metadata.json shape): with t = d = 0
-// each layer module's _extra_state and the output layer's, and each rank's RNG state
-// ("rng_state/shard_<p>.<t>_<P>.<T>", with DP > 1 "rng_state/shard_<p>.<t>.<d>_<P>.<T>.<DP>").
+// each layer module's _extra_state and the output layer's (an MoE layer's experts': by t = 0 and
+// expert data-parallel rank edp = 0, for the experts of expert-parallel rank ep of EP;
+// torch_dist_moe.h), and each rank's RNG state ("rng_state/shard_<p>.<t>_<P>.<T>", with DP > 1
+// "rng_state/shard_<p>.<t>.<d>_<P>.<T>.<DP>").
 void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const std::filesystem::path& tmp,
                       const TrainingArgs& a, const nlohmann::json& meta, int t, int T, int p, int P, int d, int DP,
-                      bool transformer_engine);
+                      bool transformer_engine, int edp = 0, int ep = 0, int EP = 1);
 
 }  // namespace megatron::training
