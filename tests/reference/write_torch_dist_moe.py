@@ -25,6 +25,8 @@ training/torch_dist_moe.h. The MoE keys, from Megatron-LM's megatron/core source
       moe (every layer MoE: SwiGLU experts, RMSNorm, GQA, rope, untied, TE names) and moe_mixed
       (--moe-layer-freq [0,1,0,1]: GeLU, LayerNorm, learned positions, tied, local names, a gated
       shared expert; one key per layer)
+  write_torch_dist_moe.py summary ITER_DIR   the same reader's view of any folder as one JSON line:
+      {"tensors": {key: {"shape", "sum" (float64)}}, "objects": [bytes item keys]}
   write_torch_dist_moe.py check NAME ITER_DIR   reads ITER_DIR with read_torch_dist.py's reader
       (every item at its place, every chunk once) and compares every tensor key, shape, dtype and
       value (bit for bit) with model NAME's global tensors as Megatron-Core keys them
@@ -320,10 +322,21 @@ def check(name, it):
     print("ok: %d tensor keys, %d bytes items" % (len(tensors), len(objects)))
 
 
+def summary(it):
+    """Every tensor key of ITER_DIR as the reader assembles it: its shape and float64 sum; and the
+    bytes items' keys."""
+    import read_torch_dist as reader
+    _, _, tensors, objects = reader.read(it)
+    print(json.dumps({"tensors": {k: {"shape": list(t.shape), "sum": float(t.double().sum())}
+                                  for k, t in tensors.items()}, "objects": sorted(objects)}))
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         os.makedirs(sys.argv[2], exist_ok=True)
         make(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "summary":
+        summary(sys.argv[2])
     elif len(sys.argv) == 4 and sys.argv[1] == "check":
         check(sys.argv[2], sys.argv[3])
     else:
