@@ -157,6 +157,9 @@ bool is_allowed_global(const std::string& module, const std::string& name);
 // that tuple state (TensorProperties' __getstate__), torch.strided as torch.layout pickles it
 // (torch.serialization._get_layout('torch.strided')). Each tensor gets a storage of its own, keyed "0", "1", ... in order of appearance:
 // `storages` receives (key, contiguous tensor) for the archive's data/<key> records.
-std::vector<uint8_t> pickle(const Value& root, std::vector<std::pair<std::string, Tensor>>& storages);
+// protocol 4 (pickle.dump's default, which PyTorch's FileSystemWriter uses for .metadata): the same
+// objects with SHORT_BINUNICODE strings, BINBYTES, memoized STACK_GLOBALs and 64 KiB frames.
+std::vector<uint8_t> pickle(const Value& root, std::vector<std::pair<std::string, Tensor>>& storages,
+                            int protocol = 2);
 
 }  // namespace megatron::pickle

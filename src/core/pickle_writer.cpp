@@ -1,5 +1,7 @@
-// The protocol-2 pickle writer (what torch.save emits for a checkpoint); see pickle.h.
+// The protocol-2 pickle writer (what torch.save emits for a checkpoint) and its protocol-4 form
+// (pickle.dump's default in Python 3.8 to 3.13); see pickle.h.
 #include <bit>
+#include <map>
 
 #include "core/error.h"
 #include "core/pickle.h"
@@ -42,14 +44,33 @@ const char* torch_dtype_name(DType t) {
 
 class Pickler {
  public:
-  explicit Pickler(std::vector<std::pair<std::string, Tensor>>& storages) : storages_(storages) {}
+  Pickler(std::vector<std::pair<std::string, Tensor>>& storages, int protocol)
+      : storages_(storages), proto_(protocol) {}
 
   std::vector<uint8_t> run(const Value& root) {
-    op(0x80);
-    op(2);  // PROTO 2, as torch.save
     value(root, 0);
     op('.');
-    return std::move(out_);
+    const uint8_t proto[2] = {0x80, uint8_t(proto_)};  // PROTO, outside any frame
+    if (proto_ < 4) {
+      out_.insert(out_.begin(), proto, proto + 2);
+      return std::move(out_);
+    }
+    std::vector<uint8_t> out(proto, proto + 2);
+    out.reserve(out_.size() + 2 + 9 * (out_.size() / kFrameTarget + 1));
+    // Protocol 4's frames: the body cut at object boundaries once a frame holds 64 KiB, each
+    // FRAME <8-byte length> (frames under 4 bytes go without), as pickle's framer writes them.
+    boundaries_.push_back(out_.size());
+    size_t start = 0;
+    for (size_t b : boundaries_) {
+      if (b - start < kFrameTarget && b != out_.size()) continue;
+      if (b - start >= 4) {
+        out.push_back(0x95);
+        for (int i = 0; i < 8; ++i) out.push_back(uint8_t(uint64_t(b - start) >> (8 * i)));
+      }
+      out.insert(out.end(), out_.begin() + std::ptrdiff_t(start), out_.begin() + std::ptrdiff_t(b));
+      start = b;
+    }
+    return out;
   }
 
  private:
@@ -59,15 +80,43 @@ class Pickler {
   }
   void raw(const std::string& s) { out_.insert(out_.end(), s.begin(), s.end()); }
   void global(const char* module, const char* name) {
-    op('c');
-    raw(module);
-    op('\n');
-    raw(name);
-    op('\n');
+    if (proto_ < 4) {
+      op('c');
+      raw(module);
+      op('\n');
+      raw(name);
+      op('\n');
+      return;
+    }
+    // STACK_GLOBAL of the two strings, memoized as pickle does; again: BINGET of the memo.
+    const std::string key = std::string(module) + "\n" + name;
+    if (auto it = globals_.find(key); it != globals_.end()) {
+      if (it->second < 256) {
+        op('h');
+        le(uint64_t(it->second), 1);
+      } else {
+        op('j');
+        le(uint64_t(it->second), 4);
+      }
+      return;
+    }
+    text(module);
+    op(0x94);  // MEMOIZE
+    text(name);
+    op(0x94);
+    op(0x93);  // STACK_GLOBAL
+    op(0x94);
+    memo_ += 3;
+    globals_[key] = memo_ - 1;
   }
   void text(const std::string& s) {
-    op('X');
-    le(s.size(), 4);
+    if (proto_ >= 4 && s.size() < 256) {
+      op(0x8c);  // SHORT_BINUNICODE
+      le(s.size(), 1);
+    } else {
+      op('X');
+      le(s.size(), 4);
+    }
     raw(s);
   }
   void integer(int64_t i) {
@@ -98,6 +147,17 @@ class Pickler {
     for (int i = 7; i >= 0; --i) op(uint8_t(u >> (8 * i)));
   }
   void bytes(const std::string& b) {  // protocol 2 has no bytes opcode: _codecs.encode(latin-1)
+    if (proto_ >= 4) {
+      if (b.size() < 256) {
+        op('C');  // SHORT_BINBYTES
+        le(b.size(), 1);
+      } else {
+        op('B');  // BINBYTES
+        le(b.size(), 4);
+      }
+      raw(b);
+      return;
+    }
     if (b.empty()) {
       global("__builtin__", "bytes");
       op(')');
@@ -208,6 +268,7 @@ class Pickler {
 
   void value(const Value& v, int depth) {
     MG_CHECK(depth < 64, "pickle: nesting deeper than 64 (a cycle?)");
+    if (proto_ >= 4) boundaries_.push_back(out_.size());
     switch (v.kind) {
       case Kind::None: op('N'); return;
       case Kind::Bool: op(v.boolean ? 0x88 : 0x89); return;
@@ -310,14 +371,20 @@ class Pickler {
     MG_CHECK(false, "pickle: cannot write a ", kind_name(v.kind));
   }
 
+  static constexpr size_t kFrameTarget = 64 * 1024;
   std::vector<std::pair<std::string, Tensor>>& storages_;
-  std::vector<uint8_t> out_;
+  const int proto_;
+  std::vector<uint8_t> out_;            // the body after PROTO
+  std::vector<size_t> boundaries_;      // protocol 4: where each object starts in out_
+  std::map<std::string, int> globals_;  // protocol 4: "module\nname" -> its memo index
+  int memo_ = 0;
 };
 
 }  // namespace
 
-std::vector<uint8_t> pickle(const Value& root, std::vector<std::pair<std::string, Tensor>>& storages) {
-  return Pickler(storages).run(root);
+std::vector<uint8_t> pickle(const Value& root, std::vector<std::pair<std::string, Tensor>>& storages, int protocol) {
+  MG_CHECK(protocol == 2 || protocol == 4, "pickle: protocol ", protocol, " is not written");
+  return Pickler(storages, protocol).run(root);
 }
 
 }  // namespace megatron::pickle

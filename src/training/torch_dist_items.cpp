@@ -237,7 +237,8 @@ void write_dcp_metadata(const fs::path& tmp, const std::vector<ItemRecord>& reco
   md.set(root, "storage_meta", sm);
   md.set(root, "version", md.str("1.0.0"));
   std::vector<std::pair<std::string, Tensor>> none;
-  const std::vector<uint8_t> bytes = pickle::pickle(*root, none);
+  // filesystem.py FileSystemWriter.finish: pickle.dump(metadata, file), the default protocol (4).
+  const std::vector<uint8_t> bytes = pickle::pickle(*root, none, 4);
   std::ofstream out(tmp / ".metadata", std::ios::binary);
   out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
   out.close();
