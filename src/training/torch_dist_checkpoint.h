@@ -31,8 +31,9 @@
 // any TP x PP layout takes its shards through the weight specs' shard rules (checkpoint_convert.h),
 // the vocabulary tables re-padded to its padded vocabulary.
 //
-// Read: GPT models (dense), and the optimizer state in model space (torch_dist_optimizer.h). Not
-// yet: BERT/T5/MoE keys (refused by name).
+// Read: GPT models, their mixture-of-experts layers included (the experts on a global expert axis:
+// torch_dist_moe.h), and the optimizer state in model space (torch_dist_optimizer.h). Not yet:
+// BERT/T5 keys (refused by name).
 #pragma once
 
 #include <filesystem>

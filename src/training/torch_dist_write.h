@@ -49,7 +49,8 @@ std::filesystem::path write_torch_dist_checkpoint(const MergedCheckpoint& m, con
 // pretrain-gpt --ckpt-format torch_dist (torch_dist_save.cpp): save_checkpoint's inputs and
 // collective contract, Megatron's torch_dist folder out, each rank writing its own items into
 // __<world rank>_0/1.distcp as Megatron-Core's fully parallel save: the weights (by DP rank 0 of
-// each model-parallel rank, TP chunks and layer axis as above, names of --transformer-impl), the
+// each model-parallel rank, TP chunks and layer axis as above, names of --transformer-impl; an
+// MoE layer's experts by expert data-parallel rank 0 of each expert-parallel rank, torch_dist_moe.h), the
 // optimizer state, and the ShardedObjects (RNG states, _extra_state); world rank 0 gathers every
 // item's place and writes .metadata, common.pt and metadata.json, then renames the temporary
 // folder and replaces the tracker. The optimizer state: the plain optimizer's per parameter in
@@ -63,8 +64,9 @@ std::filesystem::path save_torch_dist_checkpoint(const std::filesystem::path& sa
                                                  const model::ParameterList& params,
                                                  optim::MegatronOptimizer* optimizer, const CheckpointRank& rank = {},
                                                  const TorchSaveOptions& options = {});
-// What --ckpt-format torch_dist saves: GPT models (dense, no virtual stages), with the distributed
-// optimizer's state only for --transformer-impl local; an Error names the flag otherwise.
+// What --ckpt-format torch_dist saves: GPT models (dense or MoE, no virtual stages), with the
+// distributed optimizer's state only for --transformer-impl local and dense models, experts only
+// with --expert-tensor-parallel-size equal to TP; an Error names the flag otherwise.
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size);
 
 // The ShardedObjects of global rank (t, p, d) (`meta` in our metadata.json shape): with t = d = 0
