@@ -227,27 +227,16 @@ def rank_shards(m, ents, t, p, d):
 
 
 def args_namespace(m):
-    hd = m["H"] // m["heads"]
-    return argparse.Namespace(
-        num_layers=m["L"], hidden_size=m["H"], ffn_hidden_size=m["ffn"], num_attention_heads=m["heads"],
-        kv_channels=hd, group_query_attention=m["groups"] != m["heads"], num_query_groups=m["groups"],
-        seq_length=SEQ, max_position_embeddings=SEQ, padded_vocab_size=padded_vocab(),
-        make_vocab_size_divisible_by=DIVISOR, tensor_model_parallel_size=TP, pipeline_model_parallel_size=PP,
-        virtual_pipeline_model_parallel_size=None, data_parallel_size=DP, expert_model_parallel_size=EP,
-        expert_tensor_parallel_size=TP, swiglu=m["swiglu"], normalization=m["norm"], layernorm_epsilon=1e-5,
-        add_bias_linear=False, add_qkv_bias=False, untie_embeddings_and_output_weights=m["untied"],
-        position_embedding_type=m["pe"], rotary_percent=1.0, rotary_base=10000, openai_gelu=False,
-        apply_layernorm_1p=False, transformer_impl="transformer_engine" if m["te"] else "local",
-        hidden_dropout=0.0, attention_dropout=0.0, fp16=False, bf16=False, params_dtype=torch.float32,
-        tokenizer_type="NullTokenizer", vocab_size=VOCAB, consumed_train_samples=ITERATION * 8,
-        consumed_valid_samples=0, seed=1234, micro_batch_size=2, global_batch_size=8, train_iters=20,
-        lr=3e-3, min_lr=3e-4, lr_decay_style="cosine", weight_decay=0.1, optimizer="adam",
-        use_distributed_optimizer=False, ckpt_format="torch_dist", iteration=ITERATION,
-        num_experts=m["E"], moe_layer_freq=m["freq"], moe_ffn_hidden_size=m["moe_ffn"], moe_router_topk=2,
-        moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=0.01, moe_z_loss_coeff=None,
-        moe_grouped_gemm=False, moe_shared_expert_intermediate_size=m["shared"] or None,
-        moe_shared_expert_gate=bool(m["shared"]), moe_token_dispatcher_type="alltoall",
-        moe_router_score_function="softmax")
+    """write_torch_dist.py's arguments of the model, with the experts' (arguments.py's names)."""
+    ns = w.args_namespace(dict(m, bias=False, dp=DP))
+    for k, v in dict(expert_model_parallel_size=EP, expert_tensor_parallel_size=TP, num_experts=m["E"],
+                     moe_layer_freq=m["freq"], moe_ffn_hidden_size=m["moe_ffn"], moe_router_topk=2,
+                     moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=0.01, moe_z_loss_coeff=None,
+                     moe_grouped_gemm=False, moe_shared_expert_intermediate_size=m["shared"] or None,
+                     moe_shared_expert_gate=bool(m["shared"]), moe_token_dispatcher_type="alltoall",
+                     moe_router_score_function="softmax").items():
+        setattr(ns, k, v)
+    return ns
 
 
 def write_checkpoint(folder, m, weights):
