@@ -133,5 +133,48 @@ TEST(MpiTorchDistMoeTraining, ExpertParallelSaveResumeAndAnotherExpertParallelSi
     EXPECT_NEAR(r.losses[i], whole.losses[2 + i], 1e-5 * whole.losses[2 + i]) << "iteration " << i + 3;
 }
 
+TEST(MpiTorchDistMoeTraining, MegatronsFolderTrainsAlikeUnderExpertParallelSizes) {
+  SKIP_ON_ONE_RANK();
+  if (world()->size() != 2) GTEST_SKIP() << "runs at -np 2 (EP 1 x DP 2 and EP 2)";
+  // tests/reference/write_torch_dist_moe.py's "moe" (saved under TP 2 x PP 2 x EP 2), fine-tuned
+  // for one iteration: its loss (the loaded weights' forward) alike under both layouts.
+  Fixture f;
+  if (world()->rank() == 0) {
+    const auto r = testing::run_command("/usr/bin/python3 " +
+                                        (testing::source_dir() / "tests/reference/write_torch_dist_moe.py").string() +
+                                        " make " + (f.dir / "megatron") + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
+  world()->barrier();
+  std::vector<double> first;
+  for (int ep : {1, 2}) {
+    TrainingArgs a = f.args(4);
+    a.exit_interval = 1;
+    a.model.num_layers = 4;
+    a.model.num_query_groups = 2;
+    a.model.max_position_embeddings = 32;
+    a.model.ffn_hidden_size = 48;
+    a.model.activation = "swiglu";
+    a.model.normalization = "RMSNorm";
+    a.model.position_embedding_type = "rope";
+    a.model.add_bias_linear = false;
+    a.model.untie_embeddings_and_output_weights = true;
+    a.model.num_moe_experts = 4;
+    a.model.moe_ffn_hidden_size = 16;
+    a.model.moe_router_topk = 2;
+    a.model.moe_aux_loss_coeff = 0.01f;  // the checkpoint's MoE flags
+    a.model.moe_token_dispatcher_type = "alltoall";
+    a.model.moe_router_load_balancing_type = "aux_loss";
+    a.parallel.expert_model_parallel_size = ep;
+    a.load = f.dir / "megatron/moe";
+    a.finetune = true;
+    const TrainingSummary r = pretrain(a);
+    ASSERT_EQ(r.losses.size(), 1u);
+    first.push_back(r.losses[0]);
+  }
+  EXPECT_NEAR(first[0], first[1], 1e-6 * first[0]);
+  EXPECT_LT(first[0], 20.0);
+}
+
 }  // namespace
 }  // namespace megatron::training
