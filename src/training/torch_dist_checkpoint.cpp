@@ -159,6 +159,9 @@ std::vector<Piece> pieces_of(const std::string& key, const Shape& s, bool tied, 
   std::string rest = key.starts_with(kLayers) ? key.substr(at) : key;
   if (!layer_axis && key.starts_with(kLayers)) {
     const size_t dot = key.find('.', at);
+    MG_REQUIRE(dot != std::string::npos && dot - at <= 6 &&
+                   key.find_first_not_of("0123456789", at) == dot,
+               label, ": '", key, "' names no layer (decoder.layers.<N>.<module>)");
     fixed_layer = std::stoi(key.substr(at, dot - at));
     rest = key.substr(dot + 1);
   }

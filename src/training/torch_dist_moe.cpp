@@ -1,6 +1,7 @@
 // Mixture-of-experts keys of Megatron-LM's torch_dist checkpoints; see torch_dist_moe.h.
 #include "training/torch_dist_moe.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include "core/error.h"
@@ -55,9 +56,13 @@ MoeLayout moe_layout(const TrainingArgs& a) {
   m.experts = a.model.num_moe_experts;
   if (m.experts == 0) return m;
   const std::string& freq = a.model.moe_layer_freq;
+  m.moe_layer = model::moe_layer_pattern(freq, int(a.model.num_layers));  // an Error when malformed
   // transformer_block.py: an int k > 1 or a list makes the layers non-homogeneous.
-  m.per_layer_keys = freq.find_first_not_of("0123456789 ") != std::string::npos || std::stoll(freq) > 1;
-  m.moe_layer = model::moe_layer_pattern(freq, int(a.model.num_layers));
+  int64_t k = 0;  // the integer form's value; a list (or an expression) stays 0
+  if (freq.find_first_not_of("0123456789 ") == std::string::npos)
+    for (char c : freq)
+      if (c != ' ') k = std::min<int64_t>(k * 10 + (c - '0'), int64_t(1) << 40);
+  m.per_layer_keys = k != 1;
   return m;
 }
 
