@@ -13,6 +13,7 @@
 #include "training/torch_checkpoint.h"
 #include "training/torch_dist_format.h"
 #include "training/torch_dist_optimizer.h"
+#include "training/torch_dist_stream.h"
 
 namespace megatron::training {
 
@@ -113,21 +114,6 @@ std::vector<std::string> model_keys(const DistcpFolder& f, const std::string& pr
       keys.push_back(base.substr(prefix.size()));
   }
   return keys;
-}
-
-// The global tensor of a model key (under `prefix`): [gate; up] along the rows for a gated pair.
-Tensor global_tensor(const DistcpFolder& f, const std::string& key, const std::string& prefix = "") {
-  if (f.has(prefix + key)) return f.tensor(prefix + key);
-  const Tensor w = f.tensor(prefix + key + "_w"), v = f.tensor(prefix + key + "_v");
-  const int dim = has_layer_axis(key) ? 1 : 0;
-  Shape shape = w.shape();
-  MG_REQUIRE(int(shape.size()) > dim && v.shape().size() == shape.size(), f.metadata_label(), ": '", key,
-             "_w' and '_v' have shapes ", shape_str(w.shape()), " and ", shape_str(v.shape()));
-  shape[size_t(dim)] += v.size(dim);
-  Tensor out = Tensor::empty(shape, w.dtype());
-  out.narrow(dim, 0, w.size(dim)).copy_(w);
-  out.narrow(dim, w.size(dim), v.size(dim)).copy_(v);
-  return out;
 }
 
 // Its global shape, without reading it.
@@ -266,34 +252,41 @@ std::map<std::string, Tensor> read_model_space(const CheckpointOnDisk& ckpt, con
                                                const std::string& prefix,
                                                const std::function<bool(const std::string&)>& want) {
   const std::string label = f.metadata_label();
-  const bool tied = tied_of(ckpt);
   std::map<std::string, Tensor> out;
-  auto put = [&](const std::string& ours, Tensor t, const std::string& key) {
-    check_finite_tensor(t, prefix + key, label);
-    MG_REQUIRE(out.emplace(ours, std::move(t)).second, label, ": two tensors map to '", ours, "' (the second: '",
-               prefix + key, "')");
-  };
-  for (const std::string& key : model_keys(f, prefix)) {
-    if (!has_layer_axis(key)) {
-      const std::string ours = ours_of(key, tied, label);
-      if (ours.empty() || (want && !want(ours))) continue;
-      put(ours, global_tensor(f, key, prefix), key);
-      continue;
-    }
-    const std::string rest = key.substr(std::string(kLayers).size());
-    const int64_t L = global_shape(f, key, prefix)[0];
-    Tensor global;  // read once, when a layer of it is wanted
-    for (int64_t i = 0; i < L; ++i) {
-      const std::string ours = ours_of(kLayers + std::to_string(i) + "." + rest, tied, label);
-      if (ours.empty() || (want && !want(ours))) continue;
-      if (!global.defined()) global = global_tensor(f, key, prefix);
-      put(ours, global.select(0, i).contiguous().clone(), key);
-    }
+  // Tensor by tensor, each layer of a stacked key read from its own chunks (torch_dist_stream.h).
+  for (const auto& [ours, source] : torch_dist_sources(ckpt, f, prefix)) {
+    if (want && !want(ours)) continue;
+    Tensor t = read_source(f, prefix, source);
+    check_finite_tensor(t, prefix + source.key, label);
+    out.emplace(ours, std::move(t));
   }
   return out;
 }
 
 }  // namespace
+
+std::map<std::string, TorchDistSource> torch_dist_sources(const CheckpointOnDisk& ckpt, const DistcpFolder& f,
+                                                          const std::string& prefix) {
+  const std::string label = f.metadata_label();
+  const bool tied = tied_of(ckpt);
+  std::map<std::string, TorchDistSource> out;
+  auto add = [&](const std::string& ours, const std::string& key, int64_t layer) {
+    if (ours.empty()) return;
+    MG_REQUIRE(out.emplace(ours, TorchDistSource{key, layer}).second, label, ": two tensors map to '", ours,
+               "' (the second: '", prefix + key, "')");
+  };
+  for (const std::string& key : model_keys(f, prefix)) {
+    if (!has_layer_axis(key)) {
+      add(ours_of(key, tied, label), key, -1);
+      continue;
+    }
+    const std::string rest = key.substr(std::string(kLayers).size());
+    const Shape shape = global_shape(f, key, prefix);
+    MG_REQUIRE(!shape.empty(), label, ": the layer tensor '", prefix + key, "' has no layer axis");
+    for (int64_t i = 0; i < shape[0]; ++i) add(ours_of(kLayers + std::to_string(i) + "." + rest, tied, label), key, i);
+  }
+  return out;
+}
 
 std::map<std::string, Tensor> read_torch_dist_model(const CheckpointOnDisk& ckpt,
                                                     const std::function<bool(const std::string&)>& want,
@@ -328,9 +321,10 @@ std::map<std::string, Tensor> read_torch_dist_shards(const CheckpointOnDisk& ckp
                                                      const std::map<std::string, Shape>& params,
                                                      const CheckpointRank& rank, const std::string& prefix,
                                                      bool zero_fill_rows) {
-  return cut_torch_dist_shards(
-      ckpt, read_torch_dist_model(ckpt, [&](const std::string& n) { return params.count(n) > 0; }, prefix), params,
-      rank, zero_fill_rows);
+  std::map<std::string, Tensor> out;
+  stream_torch_dist_shards(ckpt, params, rank, prefix, zero_fill_rows,
+                           [&](const std::string& name, const Tensor& t) { out.emplace(name, t); });
+  return out;
 }
 
 std::map<std::string, Tensor> cut_torch_dist_shards(const CheckpointOnDisk& ckpt, std::map<std::string, Tensor> full,
