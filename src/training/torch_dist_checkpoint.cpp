@@ -26,6 +26,7 @@ namespace {
 
 constexpr const char* kCommonFile = "common.pt";
 constexpr const char* kLayers = "decoder.layers.";
+constexpr const char* kEncoderLayers = "encoder.layers.";  // BertModel's TransformerBlock
 
 json read_marker(const fs::path& dir) {
   const fs::path file = dir / "metadata.json";
@@ -53,19 +54,25 @@ int arg_int(const Value* ns, const char* name, int fallback) {
 bool is_model_key(const std::string& key) {
   return key.starts_with("embedding.") || key.starts_with("decoder.") || key.starts_with("output_layer.") ||
          key.starts_with("encoder.") || key.starts_with("lm_head.") || key.starts_with("binary_head.") ||
-         key.starts_with("pooler.");
+         key.starts_with("pooler.") || key.starts_with("encoder_relative_pos_emb.") ||
+         key.starts_with("decoder_relative_pos_emb.");
 }
 
 bool tied_of(const CheckpointOnDisk& ckpt) {
   return !training_args_from_json(ckpt.state.args).model.untie_embeddings_and_output_weights;
 }
 
-// Our name of a Megatron name (chunk-local numbering = global here), "" to skip.
-std::string ours_of(const std::string& megatron, bool tied, const std::string& label) {
+bool bert_of(const CheckpointOnDisk& ckpt) {
+  return training_args_from_json(ckpt.state.args).model.family_id() == model::ModelFamilyId::bert;
+}
+
+// Our name of a Megatron name (chunk-local numbering = global here), "" to skip; `bert`: the
+// names of BertModel (its encoder block and heads).
+std::string ours_of(const std::string& megatron, bool tied, const std::string& label, bool bert) {
   bool tied_copy = false, legacy_qkv = false;
   std::string ours;
   try {
-    ours = torch_names::to_ours(megatron, 0, tied, &tied_copy, &legacy_qkv, "decoder");
+    ours = torch_names::to_ours(megatron, 0, tied, &tied_copy, &legacy_qkv, bert ? "encoder" : "decoder");
   } catch (const Error& e) {
     MG_THROW(label, ": ", e.what());
   }
@@ -74,9 +81,16 @@ std::string ours_of(const std::string& megatron, bool tied, const std::string& l
 
 // A model key with a layer axis: "decoder.layers.<module>.<param>" (the default); keys of one
 // layer ("decoder.layers.<N>.<module>.<param>", Megatron's non-homogeneous layers) have none.
+// The layer stack's prefix of a key ("decoder.layers." or BERT's "encoder.layers."), "" for others.
+std::string layers_of(const std::string& key) {
+  for (const char* p : {kLayers, kEncoderLayers})
+    if (key.starts_with(p)) return p;
+  return "";
+}
+
 bool has_layer_axis(const std::string& key) {
-  return key.starts_with(kLayers) && key.size() > std::string(kLayers).size() &&
-         !std::isdigit(static_cast<unsigned char>(key[std::string(kLayers).size()]));
+  const std::string p = layers_of(key);
+  return !p.empty() && key.size() > p.size() && !std::isdigit(static_cast<unsigned char>(key[p.size()]));
 }
 
 // SwiGLU's fc1 saved with Megatron-Core's singleton local shards: "<fc1 key>_w" (gate) and
@@ -95,15 +109,17 @@ std::string gated_base(const DistcpFolder& f, const std::string& key) {
 // removed.
 std::vector<std::string> model_keys(const DistcpFolder& f, const std::string& prefix = "") {
   std::vector<std::string> keys;
+  bool encoder = false;  // BERT's block; with a decoder block too, T5's
+  for (const auto& [full_key, e] : f.entries()) encoder = encoder || full_key.starts_with(prefix + "encoder.");
   for (const auto& [full_key, e] : f.entries()) {
     if (!full_key.starts_with(prefix)) continue;
     const std::string key = full_key.substr(prefix.size());
     if (e.is_bytes || !is_model_key(key) || key.ends_with("._extra_state")) continue;
-    MG_REQUIRE(!key.starts_with("encoder.") && !key.starts_with("lm_head.") && !key.starts_with("binary_head.") &&
-                   !key.starts_with("pooler."),
-               f.metadata_label(), ": '", key, "' is a BERT or T5 tensor; this build reads torch_dist "
-               "checkpoints of GPT models only (convert with Megatron-LM to --ckpt-format torch, which "
-               "it reads for every family)");
+    MG_REQUIRE(!key.starts_with("encoder_relative_pos_emb.") && !key.starts_with("decoder_relative_pos_emb.") &&
+                   !key.starts_with("lm_head.output_layer.") && !(encoder && key.starts_with("decoder.")),
+               f.metadata_label(), ": '", key, "' is a T5 tensor; this build reads torch_dist checkpoints of "
+               "GPT and BERT models (convert a T5 one with Megatron-LM to --ckpt-format torch, which it "
+               "reads for every family)");
     MG_REQUIRE(key.find(".experts.") == std::string::npos && key.find(".router.") == std::string::npos,
                f.metadata_label(), ": '", key, "' is a mixture-of-experts tensor, which this build "
                "does not read from torch_dist checkpoints yet");
@@ -184,9 +200,18 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
   // The structure, and what the arguments leave out, from .metadata.
   const DistcpFolder f = DistcpFolder::open(dir);
   json& model = args["model"];
+  const std::vector<std::string> keys = model_keys(f);
   model["model_family"] = "gpt";
+  if (std::any_of(keys.begin(), keys.end(), [](const std::string& k) { return k.starts_with("encoder."); })) {
+    // BertModel (pretrain_bert.py): an encoder block, bidirectional, its binary head optional.
+    model["model_family"] = "bert";
+    model["attention_mask_type"] = "bidirectional";
+    model["bert_binary_head"] = std::any_of(keys.begin(), keys.end(), [](const std::string& k) {
+      return k.starts_with("binary_head.");
+    });
+  }
   int64_t layers_seen = 0;  // non-homogeneous keys: 1 + the largest layer number
-  for (const std::string& key : model_keys(f)) {
+  for (const std::string& key : keys) {
     const Shape size = global_shape(f, key);
     if (key == "embedding.word_embeddings.weight" && size.size() == 2) {
       if (model["padded_vocab_size"].get<int64_t>() == 0) model["padded_vocab_size"] = size[0];
@@ -199,8 +224,8 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
       if (model["num_layers"].get<int64_t>() == 0) model["num_layers"] = size[0];
       MG_REQUIRE(size[0] == model["num_layers"].get<int64_t>(), f.metadata_label(), ": '", key, "' holds ",
                  size[0], " layers but the checkpoint's args say num_layers ", model["num_layers"].get<int64_t>());
-    } else if (key.starts_with(kLayers)) {
-      layers_seen = std::max(layers_seen, int64_t(std::stoll(key.substr(std::string(kLayers).size(), 9))) + 1);
+    } else if (!layers_of(key).empty()) {
+      layers_seen = std::max(layers_seen, int64_t(std::stoll(key.substr(layers_of(key).size(), 9))) + 1);
     }
   }
   if (model["num_layers"].get<int64_t>() == 0) model["num_layers"] = layers_seen;
@@ -268,7 +293,7 @@ std::map<std::string, Tensor> read_model_space(const CheckpointOnDisk& ckpt, con
 std::map<std::string, TorchDistSource> torch_dist_sources(const CheckpointOnDisk& ckpt, const DistcpFolder& f,
                                                           const std::string& prefix) {
   const std::string label = f.metadata_label();
-  const bool tied = tied_of(ckpt);
+  const bool tied = tied_of(ckpt), bert = bert_of(ckpt);
   std::map<std::string, TorchDistSource> out;
   auto add = [&](const std::string& ours, const std::string& key, int64_t layer) {
     if (ours.empty()) return;
@@ -277,13 +302,13 @@ std::map<std::string, TorchDistSource> torch_dist_sources(const CheckpointOnDisk
   };
   for (const std::string& key : model_keys(f, prefix)) {
     if (!has_layer_axis(key)) {
-      add(ours_of(key, tied, label), key, -1);
+      add(ours_of(key, tied, label, bert), key, -1);
       continue;
     }
-    const std::string rest = key.substr(std::string(kLayers).size());
+    const std::string stack = layers_of(key), rest = key.substr(stack.size());
     const Shape shape = global_shape(f, key, prefix);
     MG_REQUIRE(!shape.empty(), label, ": the layer tensor '", prefix + key, "' has no layer axis");
-    for (int64_t i = 0; i < shape[0]; ++i) add(ours_of(kLayers + std::to_string(i) + "." + rest, tied, label), key, i);
+    for (int64_t i = 0; i < shape[0]; ++i) add(ours_of(stack + std::to_string(i) + "." + rest, tied, label, bert), key, i);
   }
   return out;
 }
@@ -297,23 +322,8 @@ std::map<std::string, Tensor> read_torch_dist_model(const CheckpointOnDisk& ckpt
 
 std::map<std::string, Shape> torch_dist_model_shapes(const CheckpointOnDisk& ckpt) {
   const DistcpFolder f = DistcpFolder::open(ckpt.dir);
-  const bool tied = tied_of(ckpt);
   std::map<std::string, Shape> out;
-  for (const std::string& key : model_keys(f)) {
-    Shape s = global_shape(f, key);
-    if (!has_layer_axis(key)) {
-      const std::string ours = ours_of(key, tied, f.metadata_label());
-      if (!ours.empty()) out[ours] = s;
-      continue;
-    }
-    const int64_t L = s[0];
-    s.erase(s.begin());
-    for (int64_t i = 0; i < L; ++i) {
-      const std::string ours =
-          ours_of(kLayers + std::to_string(i) + "." + key.substr(std::string(kLayers).size()), tied, f.metadata_label());
-      if (!ours.empty()) out[ours] = s;
-    }
-  }
+  for (const auto& [ours, source] : torch_dist_sources(ckpt, f)) out[ours] = source_shape(f, "", source);
   return out;
 }
 
