@@ -99,9 +99,13 @@ std::vector<ItemRecord> records_from_json(const json& j) {
 
 std::pair<std::string, int> megatron_key(const std::string& ours, bool te) {
   const std::string name = torch_names::to_megatron(ours, 0, te);
-  if (!name.starts_with(kLayers)) return {name, -1};
-  const size_t at = std::string(kLayers).size(), dot = name.find('.', at);
-  return {kLayers + name.substr(dot + 1), std::stoi(name.substr(at, dot - at))};
+  for (const char* s : {kLayers, "encoder.layers."}) {
+    const std::string stack = s;  // GPT's, BERT's block
+    if (!name.starts_with(stack)) continue;
+    const size_t at = stack.size(), dot = name.find('.', at);
+    return {stack + name.substr(dot + 1), std::stoi(name.substr(at, dot - at))};
+  }
+  return {name, -1};
 }
 
 std::vector<std::pair<int64_t, Tensor>> tp_chunks(const Tensor& full, const ShardRule& r, int t, int T,

@@ -202,9 +202,14 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
 }
 
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
-  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt && a.model.num_moe_experts == 0 && ep_size <= 1,
-             "--ckpt-format torch_dist saves GPT models (dense) here: leave out --ckpt-format (this build's "
-             "format, which `checkpoint convert` reshards) or use --ckpt-format torch for other models");
+  const bool bert = a.model.family_id() == model::ModelFamilyId::bert;
+  MG_REQUIRE((a.model.family_id() == model::ModelFamilyId::gpt || bert) && a.model.num_moe_experts == 0 && ep_size <= 1,
+             "--ckpt-format torch_dist saves GPT and BERT models (dense) here: leave out --ckpt-format (this "
+             "build's format, which `checkpoint convert` reshards) or use --ckpt-format torch for other models");
+  MG_REQUIRE(!bert || !a.parallel.use_distributed_optimizer || a.no_save_optim,
+             "--ckpt-format torch_dist with --use-distributed-optimizer writes Megatron's dp_reshardable optimizer "
+             "state in GPT's gradient-buffer order, not BERT's: leave out --use-distributed-optimizer (the plain "
+             "optimizer's state is written per parameter), or add --no-save-optim");
   MG_REQUIRE(vp_size <= 1, "--ckpt-format torch_dist with virtual pipeline stages is not written by this build: "
              "leave out --ckpt-format and convert the checkpoint afterwards");
   MG_REQUIRE(!a.parallel.use_distributed_optimizer || a.no_save_optim || a.transformer_impl == "local",

@@ -25,9 +25,10 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
   const bool te = options.transformer_impl == "transformer_engine";
   const json& meta = m.metadata;
   const TrainingArgs a = training_args_from_json(meta.at("args"));
-  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt && a.model.num_moe_experts == 0,
-             "--save-format torch_dist writes GPT models (dense) only: keep this build's format, or "
-             "--save-format torch, for BERT, T5 and mixture-of-experts checkpoints");
+  MG_REQUIRE((a.model.family_id() == model::ModelFamilyId::gpt || a.model.family_id() == model::ModelFamilyId::bert) &&
+                 a.model.num_moe_experts == 0,
+             "--save-format torch_dist writes GPT and BERT models (dense) only: keep this build's format, or "
+             "--save-format torch, for T5 and mixture-of-experts checkpoints");
   const int L = int(a.model.num_layers);
   MG_REQUIRE(L % P == 0, "--target-pipeline-parallel-size ", P, " does not divide the ", L, " layers");
   const int64_t iteration = meta.at("iteration").get<int64_t>();
@@ -96,7 +97,8 @@ void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const fs::pa
   auto none_list = [](Document& doc) { return doc.list({doc.none()}); };
   if (t == 0 && d == 0) {  // each layer module's _extra_state, the output layer's
     for (int layer = p * (L / P); layer < (p + 1) * (L / P); ++layer)
-      for (const std::string& e : torch_names::extra_state_names(layer, te, "decoder"))
+      for (const std::string& e : torch_names::extra_state_names(
+               layer, te, a.model.family_id() == model::ModelFamilyId::bert ? "encoder" : "decoder"))
         items.push_back(torch_dist_io::object_item(
             torch_dist_io::megatron_key(e, te).first + "/shard_" + std::to_string(layer) + "_" + std::to_string(L),
             none_list, tmp));

@@ -19,6 +19,10 @@ LanguageModule), with the DCP stand-ins and file writer of write_torch_dist.py:
   write_torch_dist_bert.py make OUT   OUT/bert/ (vocabulary 107, padded to 128) saved as TP2 x PP2
       would save it, and
       OUT/bert.ref/ (config.json with our names and shapes, weights.bin of the merged weights).
+  write_torch_dist_bert.py check ITER_DIR FIXTURE_ITER_DIR   reads ITER_DIR with read_torch_dist.py's
+      independent reader and compares it with the fixture's: the classes and globals of .metadata
+      and their fields, every tensor key, global shape, dtype and value (bit for bit), common.pt's
+      iteration and args, and the RNG states. Prints "ok" or fails with what differs.
 """
 import os
 import sys
@@ -86,10 +90,34 @@ def make(out):
     wtd.write_reference(os.path.join(out, "bert.ref"), m, w)
 
 
+def check(it, fixture_it):
+    import read_torch_dist as r
+    meta, globs, tensors, objects = r.read(it)
+    fmeta, fglobs, ftensors, _ = r.read(fixture_it)
+    assert globs == fglobs, ("globals differ", sorted(globs ^ fglobs))
+    ours_fields, fixture_fields = {}, {}
+    r.fields(meta, ours_fields)
+    r.fields(fmeta, fixture_fields)
+    assert ours_fields == fixture_fields, ("object fields differ", ours_fields, fixture_fields)
+    assert set(tensors) == set(ftensors), ("keys differ", sorted(set(tensors) ^ set(ftensors)))
+    for k, t in ftensors.items():
+        got = tensors[k]
+        assert got.dtype == t.dtype and got.shape == t.shape, (k, got.dtype, got.shape, t.dtype, t.shape)
+        assert torch.equal(got, t), k + ": values differ"
+    common = torch.load(os.path.join(it, "common.pt"))
+    assert common["iteration"] == wtd.ITERATION and common["checkpoint_version"] == 3.0, common
+    assert common["args"].num_layers == BERT["L"] and common["args"].hidden_size == BERT["H"], common["args"]
+    rng = [k for k in objects if k.startswith("rng_state/shard_")]
+    assert rng and all(isinstance(objects[k], list) and "random_rng_state" in objects[k][0] for k in rng), rng
+    print("ok: %d tensor keys, %d bytes items" % (len(tensors), len(objects)))
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         os.makedirs(sys.argv[2], exist_ok=True)
         make(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "check":
+        check(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)
 

@@ -3,8 +3,10 @@
 // tokentype embedding, lm_head, the TP-chunked output bias, pooler and binary head): read as a
 // BERT model whose merged weights equal the writer's, this run's TP2 shards equal the writer's
 // tensors cut by the weights' shard rules, `checkpoint convert` takes it to this build's format and
-// to Megatron's .pt and back with the same weights, and pretrain-bert fine-tunes from it under TP2
-// (with DP over the other ranks: np 2 and 4) on the loss curve of the same run on one rank.
+// to Megatron's .pt and back with the same weights and writes it back as torch_dist bit for bit
+// as the fixture (read by the independent Python reader), pretrain-bert --ckpt-format torch_dist
+// saves and resumes bit-exact, and pretrain-bert fine-tunes from the fixture under TP2 (with DP
+// over the other ranks: np 2 and 4) on the loss curve of the same run on one rank.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -127,36 +129,98 @@ TEST(TorchDistBert, ConvertsToOursAndToMegatronsPtWithTheSameWeights) {
   }
 }
 
+// The BERT training data in a folder every rank sees (sentence-split, 107-token vocabulary), and
+// the fixture's model (4 layers, hidden 32, 4 heads, 32 positions, vocabulary padded to 128)
+// trained on it for `iters` iterations.
+struct BertRun {
+  training::parallel_test::SharedDir dir;
+  BertRun() {
+    if (training::parallel_test::world()->rank() == 0) {
+      testing::write_bert_vocab(dir / "vocab.txt");
+      testing::SentenceDataOptions o;
+      o.documents = 200;
+      o.long_sentence_rate = 0;
+      o.max_sentence_length = 12;
+      testing::write_sentence_dataset(dir / "sentences", o);
+    }
+    training::parallel_test::world()->barrier();
+  }
+  training::TrainingArgs args(int64_t iters) const {
+    training::TrainingArgs a = training::parallel_test::tiny_training_args(32, dir / "sentences", dir / "cache", iters);
+    a.model.num_layers = 4;
+    a.model.model_family = "bert";
+    a.model.attention_mask_type = "bidirectional";
+    a.model.bert_binary_head = true;
+    a.make_vocab_size_divisible_by = 32;
+    a.tokenizer.type = "BertWordPieceLowerCase";
+    a.tokenizer.vocab_file = dir / "vocab.txt";
+    return a;
+  }
+};
+
+TEST(TorchDistBert, WritesWhatAnIndependentReaderReadsAsMegatronsLayout) {
+  // The fixture taken to this build's format and written back as torch_dist under the same
+  // layout: Megatron's keys, chunks, shapes and bytes, as the Python reader reads them.
+  mt::TempDir tmp;
+  const std::string tok = " --tokenizer-type NullTokenizer --vocab-size 107";
+  auto r = mt::run_cli("checkpoint convert --load " + (fixtures() / "bert").string() + " --save " +
+                       (tmp.path() / "ours").string() + tok);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mt::run_cli("checkpoint convert --load " + (tmp.path() / "ours").string() + " --save " +
+                  (tmp.path() / "td").string() + " --save-format torch_dist --transformer-impl local "
+                  "--target-tensor-parallel-size 2 --target-pipeline-parallel-size 2" + tok);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto check = mt::run_command("/usr/bin/python3 " +
+                                     (mt::source_dir() / "tests/reference/write_torch_dist_bert.py").string() +
+                                     " check " + (tmp.path() / "td/iter_0000007").string() + " " +
+                                     (fixtures() / "bert/iter_0000007").string() + " 2>&1");
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_NE(check.output.find("ok: 26 tensor keys"), std::string::npos) << check.output;
+}
+
+TEST(TorchDistBert, PretrainBertSavesTorchDistAndResumesBitExact) {
+  using training::parallel_test::run_single;
+  BertRun run;
+  training::TrainingArgs a = run.args(6);
+  a.ckpt_format = "torch_dist";
+  a.save_interval = 1000;
+  training::TrainingArgs whole = a, first = a, second = a;
+  whole.save = run.dir / "whole";
+  first.save = run.dir / "resume";
+  first.save_interval = 3;
+  first.exit_interval = 3;
+  second.save = first.save;
+  second.load = first.save;
+  const training::TrainingSummary all = run_single(whole);
+  run_single(first);
+  const training::TrainingSummary rest = run_single(second);
+  ASSERT_EQ(all.losses.size(), 6u);
+  ASSERT_EQ(rest.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.losses[i], all.losses[3 + i]) << i;
+  // Both saves are Megatron's BERT layout, read back as a BERT model with the same bits.
+  const auto a6 = training::find_checkpoint(run.dir / "whole", std::nullopt);
+  const auto b6 = training::find_checkpoint(run.dir / "resume", std::nullopt);
+  ASSERT_TRUE(a6.has_value() && b6.has_value());
+  EXPECT_EQ(b6->format, "torch_dist");
+  EXPECT_EQ(b6->state.iteration, 6);
+  const auto want = training::read_torch_dist_model(*a6), got = training::read_torch_dist_model(*b6);
+  EXPECT_TRUE(want.count("embedding.tokentype_embeddings.weight") && want.count("binary_head.weight") &&
+              want.count("encoder.layers.3.mlp.linear_fc2.weight"));
+  expect_weights(got, want, "resumed");
+}
+
 TEST(MpiTorchDistBert, FineTunesUnderTp2OnTheSingleRankCurve) {
   using namespace training::parallel_test;
   SKIP_ON_ONE_RANK();
-  SharedDir dir;
-  if (world()->rank() == 0) {
-    testing::write_bert_vocab(dir / "vocab.txt");
-    testing::SentenceDataOptions o;
-    o.documents = 200;
-    o.long_sentence_rate = 0;
-    o.max_sentence_length = 12;
-    testing::write_sentence_dataset(dir / "sentences", o);
-  }
-  world()->barrier();
-  // The fixture's BERT (4 layers, hidden 32, 4 heads, 32 positions, the test vocabulary's 107
-  // tokens padded to 128), fine-tuned for 4 iterations.
-  training::TrainingArgs a = tiny_training_args(32, dir / "sentences", dir / "cache", 4);
-  a.model.num_layers = 4;
-  a.model.model_family = "bert";
-  a.model.attention_mask_type = "bidirectional";
-  a.model.bert_binary_head = true;
-  a.make_vocab_size_divisible_by = 32;
-  a.tokenizer.type = "BertWordPieceLowerCase";
-  a.tokenizer.vocab_file = dir / "vocab.txt";
+  BertRun run;
+  training::TrainingArgs a = run.args(4);
   a.load = (fixtures() / "bert").string();
   a.finetune = true;
-  const training::TrainingSummary ref = reference_curve(a, dir / "ref");
+  const training::TrainingSummary ref = reference_curve(a, run.dir / "ref");
   ASSERT_EQ(ref.losses.size(), 4u);
   training::TrainingArgs tp2 = a;
   tp2.parallel.tensor_model_parallel_size = 2;
-  tp2.save = dir / "tp2";
+  tp2.save = run.dir / "tp2";
   tp2.save_interval = 1000;
   const training::TrainingSummary got = training::pretrain(tp2, world());
   expect_same_curve(got, ref, 1e-5, "tp2");
