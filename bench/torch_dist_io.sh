@@ -9,24 +9,27 @@
 # and the median wall time is quoted with MB/s = the folder's bytes / time. A conversion reads
 # one format and writes another: "save" rows read ours (safetensors) and write the format, "load"
 # rows read the format and write ours, so each row also holds the other side's cost.
-# MODEL: L layers, hidden H (default 12 x 768, vocab 4096: 86M parameters, about 1 GB with Adam's
-# moments); TP x PP of the written checkpoints: TP (default 2), PP (default 2).
+# MODEL: L layers, hidden H, vocabulary V (default 12 x 768, vocab 4096: 86M parameters, about
+# 1 GB with Adam's moments); TP x PP of the written checkpoints: TP (default 2), PP (default 2).
 # Every row also gives the command's peak resident memory (/usr/bin/time's maximum RSS, median
 # over the rounds), and a "run" row loads the torch_dist folder into one process the way a run
 # does (`megatron generate --load`, one token): its weights are read shard by shard into the
 # model, so its peak is the process's own base plus about one copy of the weights.
 # BASE=path/to/another/megatron adds the same torch_dist rows for that binary, the two binaries
 # alternating within each round (before/after comparisons in one run).
-# Usage: [L=n] [H=n] [TP=n] [PP=n] [ROUNDS=n] [BASE=megatron] bench/torch_dist_io.sh [BUILD_DIR] [WORK_DIR]
+# The run row's peak also holds what generation adds to the weights (the CPU's packed copies of
+# the linear layers' weights): a model whose vocabulary dominates (V=65536 L=2 H=1024) shows the
+# load's own peak best.
+# Usage: [L=n] [H=n] [V=n] [TP=n] [PP=n] [ROUNDS=n] [BASE=megatron] bench/torch_dist_io.sh [BUILD_DIR] [WORK_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"; WORK="${2:-$(mktemp -d)}"
-L="${L:-12}"; H="${H:-768}"; TP="${TP:-2}"; PP="${PP:-2}"; ROUNDS="${ROUNDS:-3}"
+L="${L:-12}"; H="${H:-768}"; V="${V:-4096}"; TP="${TP:-2}"; PP="${PP:-2}"; ROUNDS="${ROUNDS:-3}"
 MEGATRON="$BUILD_DIR/megatron"
-TOK=(--tokenizer-type NullTokenizer --vocab-size 4096)
+TOK=(--tokenizer-type NullTokenizer --vocab-size "$V")
 mkdir -p "$WORK"
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%F)"
-echo "# model: $L layers, hidden $H, vocab 4096, fp32 with Adam state; written as TP $TP x PP $PP"
+echo "# model: $L layers, hidden $H, vocab $V, fp32 with Adam state; written as TP $TP x PP $PP"
 
 # The source: one iteration of training, saved in this build's format.
 if [ ! -s "$WORK/ours/latest_checkpointed_iteration.txt" ]; then

@@ -63,8 +63,9 @@ std::filesystem::path save_torch_dist_checkpoint(const std::filesystem::path& sa
                                                  const model::ParameterList& params,
                                                  optim::MegatronOptimizer* optimizer, const CheckpointRank& rank = {},
                                                  const TorchSaveOptions& options = {});
-// What --ckpt-format torch_dist saves: GPT models (dense, no virtual stages), with the distributed
-// optimizer's state only for --transformer-impl local; an Error names the flag otherwise.
+// What --ckpt-format torch_dist saves: GPT and BERT models (dense, no virtual stages), with the
+// distributed optimizer's state only for GPT with --transformer-impl local; an Error names the
+// flag otherwise.
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size);
 
 // The ShardedObjects of global rank (t, p, d) (`meta` in our metadata.json shape): with t = d = 0
