@@ -295,20 +295,20 @@ std::map<std::string, TorchDistSource> torch_dist_sources(const CheckpointOnDisk
   const std::string label = f.metadata_label();
   const bool tied = tied_of(ckpt), bert = bert_of(ckpt);
   std::map<std::string, TorchDistSource> out;
-  auto add = [&](const std::string& ours, const std::string& key, int64_t layer) {
+  auto add = [&](const std::string& ours, const std::string& key, Shape index) {
     if (ours.empty()) return;
-    MG_REQUIRE(out.emplace(ours, TorchDistSource{key, layer}).second, label, ": two tensors map to '", ours,
+    MG_REQUIRE(out.emplace(ours, TorchDistSource{key, std::move(index)}).second, label, ": two tensors map to '", ours,
                "' (the second: '", prefix + key, "')");
   };
   for (const std::string& key : model_keys(f, prefix)) {
     if (!has_layer_axis(key)) {
-      add(ours_of(key, tied, label, bert), key, -1);
+      add(ours_of(key, tied, label, bert), key, {});
       continue;
     }
     const std::string stack = layers_of(key), rest = key.substr(stack.size());
     const Shape shape = global_shape(f, key, prefix);
     MG_REQUIRE(!shape.empty(), label, ": the layer tensor '", prefix + key, "' has no layer axis");
-    for (int64_t i = 0; i < shape[0]; ++i) add(ours_of(stack + std::to_string(i) + "." + rest, tied, label, bert), key, i);
+    for (int64_t i = 0; i < shape[0]; ++i) add(ours_of(stack + std::to_string(i) + "." + rest, tied, label, bert), key, {i});
   }
   return out;
 }

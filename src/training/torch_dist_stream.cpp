@@ -34,9 +34,10 @@ void pread_all(int fd, uint8_t* to, uint64_t n, uint64_t offset, const std::file
 }
 
 // Copies the part of chunk `c` (rows [r0, r0 + rows) of axis 0, in `rows_t`) that lies in the
-// region [lo, lo + n) into dest (see read_distcp_region for `layer`).
+// region [lo, lo + n) into dest, whose first `fixed` axes of the region are fixed indices (see
+// read_distcp_region's `leading`).
 void copy_part(const Tensor& rows_t, int64_t r0, const DistcpChunk& c, const Shape& lo, const Shape& n,
-               Tensor dest, bool layer) {
+               Tensor dest, size_t fixed) {
   const size_t nd = lo.size();
   Tensor src = rows_t, dst = dest;
   for (size_t d = 0; d < nd; ++d) {
@@ -44,9 +45,9 @@ void copy_part(const Tensor& rows_t, int64_t r0, const DistcpChunk& c, const Sha
     const int64_t a = std::max(lo[d], from), b = std::min(lo[d] + n[d], from + count);
     if (a >= b) return;
     src = src.narrow(int(d), a - from, b - a);
-    if (!layer || d > 0) dst = dst.narrow(int(d) - (layer ? 1 : 0), a - lo[d], b - a);
+    if (d >= fixed) dst = dst.narrow(int(d - fixed), a - lo[d], b - a);
   }
-  if (layer) src = src.select(0, 0);
+  for (size_t d = 0; d < fixed; ++d) src = src.select(0, 0);
   dst.copy_(src);
 }
 
@@ -55,7 +56,7 @@ void copy_part(const Tensor& rows_t, int64_t r0, const DistcpChunk& c, const Sha
 // its CRC-32 checked, each block's rows in the region copied into dest. Never more than one
 // block of the chunk in memory.
 void read_chunk_into(const DistcpFolder& f, const std::string& key, const DistcpEntry& e, const DistcpChunk& c,
-                     const Shape& lo, const Shape& n, Tensor dest, bool layer) {
+                     const Shape& lo, const Shape& n, Tensor dest, size_t fixed) {
   const std::filesystem::path file = f.dir() / c.item.file;
   const MappedFile m = map_file(file, " (an empty .distcp file)");
   MG_REQUIRE(c.item.offset <= m.bytes.size() && c.item.length <= m.bytes.size() - c.item.offset, file.string(),
@@ -78,7 +79,7 @@ void read_chunk_into(const DistcpFolder& f, const std::string& key, const Distcp
   const uint64_t elem = dtype_size(e.dtype), numel = uint64_t(shape_numel(c.sizes));
   if (c.sizes.empty() || storage == nullptr || Shape(v.stride) != contiguous_strides(v.shape) ||
       v.storage_offset < 0) {  // a scalar or a strided view (small): read whole
-    copy_part(tf.tensor(v), 0, c, lo, n, dest, layer);
+    copy_part(tf.tensor(v), 0, c, lo, n, dest, fixed);
     return;
   }
   const uint64_t begin = uint64_t(v.storage_offset) * elem;
@@ -113,7 +114,7 @@ void read_chunk_into(const DistcpFolder& f, const std::string& key, const Distcp
     auto* p = static_cast<uint8_t*>(part.raw_data());
     pread_all(fd, p, uint64_t(k) * row_bytes, at + begin + uint64_t(r0) * row_bytes, file);
     crc = crc32(std::span<const uint8_t>(p, size_t(uint64_t(k) * row_bytes)), crc);
-    copy_part(part, r0, c, lo, n, dest, layer);
+    copy_part(part, r0, c, lo, n, dest, fixed);
   }
   crc_only(begin + numel * elem, storage->size - begin - numel * elem);
   MG_REQUIRE(crc == storage->crc32, label, ": entry '", storage->name, "' fails its CRC-32 check (the file is "
@@ -130,35 +131,33 @@ DType source_dtype(const DistcpFolder& f, const std::string& prefix, const Torch
   return w;
 }
 
-// The region of a source (our coordinates: layer axis removed, a gated pair's halves stacked
+// The region of a source (our coordinates: leading axes removed, a gated pair's halves stacked
 // along axis 0) at `offsets` with dest's shape.
 void read_source_region(const DistcpFolder& f, const std::string& prefix, const TorchDistSource& s,
                         const Shape& offsets, Tensor dest) {
   const std::string k = prefix + s.key;
-  if (f.has(k)) return read_distcp_region(f, k, offsets, dest, s.layer);
-  const int64_t W = f.entry(k + "_w").size[s.layer >= 0 ? 1 : 0];
+  if (f.has(k)) return read_distcp_region(f, k, offsets, dest, s.index);
+  const int64_t W = f.entry(k + "_w").size[s.index.size()];
   const int64_t lo = offsets[0], n = dest.size(0);
-  if (lo < W) read_distcp_region(f, k + "_w", offsets, dest.narrow(0, 0, std::min(n, W - lo)), s.layer);
+  if (lo < W) read_distcp_region(f, k + "_w", offsets, dest.narrow(0, 0, std::min(n, W - lo)), s.index);
   if (lo + n > W) {
     const int64_t start = std::max(lo, W);
     Shape up = offsets;
     up[0] = start - W;
-    read_distcp_region(f, k + "_v", up, dest.narrow(0, start - lo, lo + n - start), s.layer);
+    read_distcp_region(f, k + "_v", up, dest.narrow(0, start - lo, lo + n - start), s.index);
   }
 }
 
 }  // namespace
 
 void read_distcp_region(const DistcpFolder& f, const std::string& key, const Shape& offsets, Tensor dest,
-                        int64_t layer) {
+                        const Shape& leading) {
   const DistcpEntry& e = f.entry(key);
   const std::string label = f.metadata_label();
   MG_REQUIRE(!e.is_bytes, label, ": '", key, "' is a bytes item, not a tensor");
-  Shape lo = offsets, n = dest.shape();
-  if (layer >= 0) {
-    lo.insert(lo.begin(), layer);
-    n.insert(n.begin(), 1);
-  }
+  Shape lo = leading, n(leading.size(), 1);
+  lo.insert(lo.end(), offsets.begin(), offsets.end());
+  n.insert(n.end(), dest.shape().begin(), dest.shape().end());
   const size_t nd = e.size.size();
   MG_REQUIRE(lo.size() == nd && n.size() == nd, label, ": '", key, "' is ", nd, "-d (", shape_str(e.size),
              ") but is read as ", n.size(), "-d (", shape_str(n), ")");
@@ -173,13 +172,13 @@ void read_distcp_region(const DistcpFolder& f, const std::string& key, const Sha
     bool meets = true;
     for (size_t d = 0; d < nd; ++d)
       meets = meets && std::max(lo[d], c.offsets[d]) < std::min(lo[d] + n[d], c.offsets[d] + c.sizes[d]);
-    if (meets) read_chunk_into(f, key, e, c, lo, n, dest, layer >= 0);
+    if (meets) read_chunk_into(f, key, e, c, lo, n, dest, leading.size());
   }
 }
 
 Shape source_shape(const DistcpFolder& f, const std::string& prefix, const TorchDistSource& s) {
   const std::string k = prefix + s.key, label = f.metadata_label();
-  const size_t ax = s.layer >= 0 ? 1 : 0;  // the first axis after the layer axis
+  const size_t ax = s.index.size();  // the first axis after the leading ones
   Shape shape;
   if (f.has(k)) {
     shape = f.entry(k).size;
@@ -192,11 +191,12 @@ Shape source_shape(const DistcpFolder& f, const std::string& prefix, const Torch
                ", which do not stack along axis ", ax);
     shape[ax] += v[ax];
   }
-  if (s.layer >= 0) {
-    MG_REQUIRE(!shape.empty() && s.layer < shape[0], label, ": the layer tensor '", k, "' of shape ",
-               shape_str(shape), " has no layer ", s.layer);
-    shape.erase(shape.begin());
-  }
+  MG_REQUIRE(shape.size() >= ax, label, ": '", k, "' of shape ", shape_str(shape), " has no index ",
+             shape_str(s.index), " on its leading axes");
+  for (size_t d = 0; d < ax; ++d)
+    MG_REQUIRE(s.index[d] >= 0 && s.index[d] < shape[d], label, ": '", k, "' of shape ", shape_str(shape),
+               " has no index ", shape_str(s.index), " on its leading axes");
+  shape.erase(shape.begin(), shape.begin() + std::ptrdiff_t(ax));
   return shape;
 }
 

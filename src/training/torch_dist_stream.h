@@ -21,24 +21,25 @@
 namespace megatron::training {
 
 // Fills `dest` with the region of tensor entry `key` that starts at `offsets` and has dest's
-// shape; with `layer` >= 0, the region of that index of axis 0 (dest and offsets without it).
-// Reads only the chunks the region intersects; checks every item it reads (archive, dtype,
-// shape). dest must have the entry's dtype.
+// shape; with `leading` indices (a layer; a layer and an expert), the region at those indices of
+// the leading axes (dest and offsets without them). Reads only the chunks the region intersects;
+// checks every item it reads (archive, dtype, shape). dest must have the entry's dtype.
 void read_distcp_region(const DistcpFolder& f, const std::string& key, const Shape& offsets, Tensor dest,
-                        int64_t layer = -1);
+                        const Shape& leading = {});
 
 // Where one of the model's tensors (our name) lies: its Megatron key (for SwiGLU's fc1 saved as
-// "<key>_w" / "<key>_v", the base key) and its index on the key's layer axis (-1: no layer axis).
+// "<key>_w" / "<key>_v", the base key) and its indices on the key's leading axes (the layer axis
+// of a stacked key; none for a key of one tensor).
 struct TorchDistSource {
   std::string key;
-  int64_t layer = -1;
+  Shape index;
 };
 // The sources of the model's tensors under `prefix` (see read_torch_dist_model); defined with
 // the key rules in torch_dist_checkpoint.cpp.
 std::map<std::string, TorchDistSource> torch_dist_sources(const CheckpointOnDisk& ckpt, const DistcpFolder& f,
                                                           const std::string& prefix = "");
 
-// The global shape of a source (layer axis removed; a gated pair's halves stacked).
+// The global shape of a source (leading axes removed; a gated pair's halves stacked).
 Shape source_shape(const DistcpFolder& f, const std::string& prefix, const TorchDistSource& s);
 // The whole (single-rank) tensor of a source.
 Tensor read_source(const DistcpFolder& f, const std::string& prefix, const TorchDistSource& s);

@@ -93,7 +93,7 @@ TEST(TorchDistStream, RegionsEqualThePartsOfTheAssembledTensor) {
         offsets[0] = sizes[0] / 4;
         sizes[0] -= offsets[0];
         Tensor got = Tensor::empty(sizes, e.dtype);
-        training::read_distcp_region(f, key, offsets, got, e.size[0] - 1);
+        training::read_distcp_region(f, key, offsets, got, {e.size[0] - 1});
         EXPECT_TRUE(same_bytes(got, part_of(full.select(0, e.size[0] - 1), offsets, sizes))) << name << " " << key;
       }
     }
