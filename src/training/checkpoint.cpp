@@ -23,6 +23,7 @@
 #include "training/checkpoint_files.h"
 #include "training/torch_checkpoint.h"
 #include "training/torch_dist_checkpoint.h"
+#include "training/torch_dist_stream.h"
 
 // JSON codecs of the argument structs, in their own namespaces so that nlohmann finds them.
 namespace megatron {
@@ -650,28 +651,10 @@ void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList
                           : torch    ? rank.rank_dir() + "/" + kTorchCheckpointFile
                                      : model_file(rank);
   SafetensorsContents st;
-  if (torch_dist) {
-    std::map<std::string, Shape> wanted;
-    for (model::Parameter* p : params)
-      if (!p->shared) wanted.emplace(p->name, p->value.shape());
-    st.tensors = read_torch_dist_shards(ckpt, wanted, rank);
-  }
   std::string label = (ckpt.dir / rel).string();
   bool resharded = false;  // another expert-parallel size: the files hold others' experts too
-  if (torch) st = read_torch_rank_for(ckpt, rank, false, &resharded).model;
-  if (!torch && !torch_dist) {
-    detail::RankTensors rt = detail::read_rank_tensors(ckpt, rank, "model.safetensors");
-    st = std::move(rt.contents);
-    label = rt.label;
-    resharded = rt.resharded;
-  }
   std::set<std::string> used;
-  for (model::Parameter* p : params) {
-    if (p->shared) continue;  // not saved: the caller copies it from its owner
-    auto it = st.tensors.find(p->name);
-    MG_REQUIRE(it != st.tensors.end(), label, " has no tensor '", p->name,
-               "' (the checkpoint was saved from a different model)");
-    const Tensor& t = it->second;
+  auto take = [&](model::Parameter* p, const Tensor& t) {
     MG_REQUIRE(t.shape() == p->value.shape(), label, ": tensor '", p->name, "' has shape ",
                shape_str(t.shape()), " but the model expects ", shape_str(p->value.shape()));
     MG_REQUIRE(t.dtype() == p->value.dtype() || allow_dtype_conversion, label, ": tensor '", p->name,
@@ -681,6 +664,31 @@ void load_model_weights(const CheckpointOnDisk& ckpt, const model::ParameterList
                dtype_name(t.dtype()), ", not a floating-point type");
     p->value.copy_(t);
     used.insert(p->name);
+  };
+  if (torch_dist) {  // streamed: each shard copied into its parameter as it is read
+    std::map<std::string, Shape> wanted;
+    std::map<std::string, model::Parameter*> dest;
+    for (model::Parameter* p : params)
+      if (!p->shared) {
+        wanted.emplace(p->name, p->value.shape());
+        dest.emplace(p->name, p);
+      }
+    stream_torch_dist_shards(ckpt, wanted, rank, "", false,
+                             [&](const std::string& name, const Tensor& t) { take(dest.at(name), t); });
+  }
+  if (torch) st = read_torch_rank_for(ckpt, rank, false, &resharded).model;
+  if (!torch && !torch_dist) {
+    detail::RankTensors rt = detail::read_rank_tensors(ckpt, rank, "model.safetensors");
+    st = std::move(rt.contents);
+    label = rt.label;
+    resharded = rt.resharded;
+  }
+  for (model::Parameter* p : params) {
+    if (p->shared || used.count(p->name)) continue;  // shared: not saved, the caller copies it from its owner
+    auto it = st.tensors.find(p->name);
+    MG_REQUIRE(it != st.tensors.end(), label, " has no tensor '", p->name,
+               "' (the checkpoint was saved from a different model)");
+    take(p, it->second);
   }
   for (const auto& [name, t] : st.tensors)
     MG_REQUIRE(used.count(name) || (resharded && detail::is_expert_tensor_name(name)), label,

@@ -33,6 +33,17 @@ const char* const kLayerOrder[] = {
     "self_attention.k_layernorm.weight", "self_attention.k_layernorm.bias",
     "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
     "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"};
+// The same with Transformer Engine's modules: the layer's norms are fused into linear_qkv and
+// linear_fc1 (TELayerNormColumnParallelLinear registers layer_norm_weight, layer_norm_bias, then
+// weight, bias), so input_layernorm follows linear_proj and pre_mlp_layernorm opens the MLP.
+const char* const kLayerOrderTe[] = {
+    "self_attention.linear_proj.weight", "self_attention.linear_proj.bias",
+    "input_layernorm.weight", "input_layernorm.bias",
+    "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
+    "self_attention.q_layernorm.weight", "self_attention.q_layernorm.bias",
+    "self_attention.k_layernorm.weight", "self_attention.k_layernorm.bias",
+    "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
+    "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"};
 
 int64_t numel_of(const Shape& s) { return std::accumulate(s.begin(), s.end(), int64_t(1), std::multiplies<>()); }
 int64_t pad(int64_t x, int64_t d) { return (x + d - 1) / d * d; }
@@ -43,7 +54,7 @@ const Value* arg(const Value& ns, const char* name) { return ns.kind == Kind::Na
 
 std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::optional<Shape>(const std::string&)>& local,
                                                  int p, int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
-                                                 std::set<std::string>* placed) {
+                                                 std::set<std::string>* placed, bool transformer_engine) {
   std::vector<BufferSlot> order;  // named_parameters() order
   auto add = [&](const std::string& n) {
     if (std::optional<Shape> s = local(n)) {
@@ -56,7 +67,8 @@ std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::option
     add("embedding.position_embeddings.weight");
   }
   for (int64_t l = p * (L / P); l < (p + 1) * (L / P); ++l)
-    for (const char* sub : kLayerOrder) add("decoder.layers." + std::to_string(l) + "." + sub);
+    for (const char* sub : transformer_engine ? kLayerOrderTe : kLayerOrder)
+      add("decoder.layers." + std::to_string(l) + "." + sub);
   if (p == P - 1) {
     add("decoder.final_layernorm.weight");
     add("decoder.final_layernorm.bias");
@@ -127,10 +139,13 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
     const Value* v = arg(*ns, n);
     return v != nullptr && v->kind == Kind::Bool && v->boolean;
   };
+  // Megatron-LM's default --transformer-impl is transformer_engine (args without it: that).
   const std::string impl = text("transformer_impl");
-  MG_REQUIRE(impl == "local", label, ": the distributed optimizer's dp_reshardable state of a --transformer-impl ",
-             impl.empty() ? std::string("transformer_engine") : impl.substr(0, 40),
-             " model (this build rebuilds the gradient-buffer order of Megatron-Core's local modules only)", how);
+  MG_REQUIRE(impl.empty() || impl == "local" || impl == "transformer_engine", label,
+             ": the distributed optimizer's dp_reshardable state of a --transformer-impl ", impl.substr(0, 40),
+             " model (this build rebuilds the gradient-buffer order of Megatron-Core's local and Transformer "
+             "Engine modules)", how);
+  const bool te = impl != "local";
   MG_REQUIRE(integer("virtual_pipeline_model_parallel_size") <= 1 && integer("num_experts") <= 1, label,
              ": dp_reshardable state saved with virtual pipeline stages or experts (one optimizer per model "
              "chunk or expert group) is not read by this build", how);
@@ -166,7 +181,7 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
             }
             return local;
           },
-          p, P, L, DP, tied, p == 0 ? bucket_size : 0, &placed);
+          p, P, L, DP, tied, p == 0 ? bucket_size : 0, &placed, te);
       // The saved buckets of this rank: "gbuf_idx_<i>.dtype_<d>.bucket_idx_<b>.<state>".
       std::map<int64_t, std::string> bucket_keys;  // b -> key without the state
       std::set<std::string> buffers;

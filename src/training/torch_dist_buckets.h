@@ -20,9 +20,8 @@
 // tensor-parallel shard of its state; the shards merge by the weights' shard rules.
 //
 // The layout is rebuilt from the checkpoint's args and checked against the saved bucket sizes;
-// checkpoints whose layout this build cannot rebuild are refused naming what differs: Transformer
-// Engine's modules (--transformer-impl transformer_engine: their registration order is not
-// modelled), virtual pipeline stages or mixture-of-experts (chained optimizers), several
+// checkpoints whose layout this build cannot rebuild are refused naming what differs: virtual
+// pipeline stages or mixture-of-experts (chained optimizers), several
 // gradient buffers (mixed parameter dtypes), a bucket count or size other than the rebuilt one.
 // Megatron itself reads this format only under the saving TP x PP (any DP); here the merged
 // state loads under any layout.
@@ -56,10 +55,11 @@ struct BufferBucket {
 // Pipeline rank p's gradient buffer as Megatron-Core lays it out for the model whose parameters
 // `local` gives (our name -> this rank's shard shape; nullopt: none by that name), with L layers
 // over P stages, DP data-parallel ranks, a tied embedding or not and a bucket size (0: none). The
-// names it places go into `placed`.
+// names it places go into `placed`. With transformer_engine, the registration order of Transformer
+// Engine's modules (the layer norms fused into linear_qkv and linear_fc1).
 std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::optional<Shape>(const std::string&)>& local,
                                                  int p, int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
-                                                 std::set<std::string>* placed = nullptr);
+                                                 std::set<std::string>* placed = nullptr, bool transformer_engine = false);
 
 // True when the folder holds dp_reshardable buckets.
 bool has_dp_reshardable_state(const DistcpFolder& f);

@@ -14,6 +14,7 @@
 #include "training/torch_dist_format.h"
 #include "training/torch_dist_moe.h"
 #include "training/torch_dist_optimizer.h"
+#include "training/torch_dist_stream.h"
 
 namespace megatron::training {
 
@@ -26,6 +27,7 @@ namespace {
 
 constexpr const char* kCommonFile = "common.pt";
 constexpr const char* kLayers = "decoder.layers.";
+constexpr const char* kEncoderLayers = "encoder.layers.";  // BertModel's TransformerBlock
 
 json read_marker(const fs::path& dir) {
   const fs::path file = dir / "metadata.json";
@@ -53,19 +55,25 @@ int arg_int(const Value* ns, const char* name, int fallback) {
 bool is_model_key(const std::string& key) {
   return key.starts_with("embedding.") || key.starts_with("decoder.") || key.starts_with("output_layer.") ||
          key.starts_with("encoder.") || key.starts_with("lm_head.") || key.starts_with("binary_head.") ||
-         key.starts_with("pooler.");
+         key.starts_with("pooler.") || key.starts_with("encoder_relative_pos_emb.") ||
+         key.starts_with("decoder_relative_pos_emb.");
 }
 
 bool tied_of(const CheckpointOnDisk& ckpt) {
   return !training_args_from_json(ckpt.state.args).model.untie_embeddings_and_output_weights;
 }
 
-// Our name of a Megatron name (chunk-local numbering = global here), "" to skip.
-std::string ours_of(const std::string& megatron, bool tied, const std::string& label) {
+bool bert_of(const CheckpointOnDisk& ckpt) {
+  return training_args_from_json(ckpt.state.args).model.family_id() == model::ModelFamilyId::bert;
+}
+
+// Our name of a Megatron name (chunk-local numbering = global here), "" to skip; `bert`: the
+// names of BertModel (its encoder block and heads).
+std::string ours_of(const std::string& megatron, bool tied, const std::string& label, bool bert) {
   bool tied_copy = false, legacy_qkv = false;
   std::string ours;
   try {
-    ours = torch_names::to_ours(megatron, 0, tied, &tied_copy, &legacy_qkv, "decoder");
+    ours = torch_names::to_ours(megatron, 0, tied, &tied_copy, &legacy_qkv, bert ? "encoder" : "decoder");
   } catch (const Error& e) {
     MG_THROW(label, ": ", e.what());
   }
@@ -74,9 +82,16 @@ std::string ours_of(const std::string& megatron, bool tied, const std::string& l
 
 // A model key with a layer axis: "decoder.layers.<module>.<param>" (the default); keys of one
 // layer ("decoder.layers.<N>.<module>.<param>", Megatron's non-homogeneous layers) have none.
+// The layer stack's prefix of a key ("decoder.layers." or BERT's "encoder.layers."), "" for others.
+std::string layers_of(const std::string& key) {
+  for (const char* p : {kLayers, kEncoderLayers})
+    if (key.starts_with(p)) return p;
+  return "";
+}
+
 bool has_layer_axis(const std::string& key) {
-  return key.starts_with(kLayers) && key.size() > std::string(kLayers).size() &&
-         !std::isdigit(static_cast<unsigned char>(key[std::string(kLayers).size()]));
+  const std::string p = layers_of(key);
+  return !p.empty() && key.size() > p.size() && !std::isdigit(static_cast<unsigned char>(key[p.size()]));
 }
 
 // SwiGLU's fc1 saved with Megatron-Core's singleton local shards: "<fc1 key>_w" (gate) and
@@ -95,15 +110,17 @@ std::string gated_base(const DistcpFolder& f, const std::string& key) {
 // removed.
 std::vector<std::string> model_keys(const DistcpFolder& f, const std::string& prefix = "") {
   std::vector<std::string> keys;
+  bool encoder = false;  // BERT's block; with a decoder block too, T5's
+  for (const auto& [full_key, e] : f.entries()) encoder = encoder || full_key.starts_with(prefix + "encoder.");
   for (const auto& [full_key, e] : f.entries()) {
     if (!full_key.starts_with(prefix)) continue;
     const std::string key = full_key.substr(prefix.size());
     if (e.is_bytes || !is_model_key(key) || key.ends_with("._extra_state")) continue;
-    MG_REQUIRE(!key.starts_with("encoder.") && !key.starts_with("lm_head.") && !key.starts_with("binary_head.") &&
-                   !key.starts_with("pooler."),
-               f.metadata_label(), ": '", key, "' is a BERT or T5 tensor; this build reads torch_dist "
-               "checkpoints of GPT models only (convert with Megatron-LM to --ckpt-format torch, which "
-               "it reads for every family)");
+    MG_REQUIRE(!key.starts_with("encoder_relative_pos_emb.") && !key.starts_with("decoder_relative_pos_emb.") &&
+                   !key.starts_with("lm_head.output_layer.") && !(encoder && key.starts_with("decoder.")),
+               f.metadata_label(), ": '", key, "' is a T5 tensor; this build reads torch_dist checkpoints of "
+               "GPT and BERT models (convert a T5 one with Megatron-LM to --ckpt-format torch, which it "
+               "reads for every family)");
     torch_dist_moe::refuse_singleton_expert_key(key, f.metadata_label());
     const std::string base = gated_base(f, full_key);
     if (base.empty())
@@ -112,21 +129,6 @@ std::vector<std::string> model_keys(const DistcpFolder& f, const std::string& pr
       keys.push_back(base.substr(prefix.size()));
   }
   return keys;
-}
-
-// The global tensor of a model key (under `prefix`): [gate; up] along the rows for a gated pair.
-Tensor global_tensor(const DistcpFolder& f, const std::string& key, const std::string& prefix = "") {
-  if (f.has(prefix + key)) return f.tensor(prefix + key);
-  const Tensor w = f.tensor(prefix + key + "_w"), v = f.tensor(prefix + key + "_v");
-  const int dim = has_layer_axis(key) ? 1 : 0;
-  Shape shape = w.shape();
-  MG_REQUIRE(int(shape.size()) > dim && v.shape().size() == shape.size(), f.metadata_label(), ": '", key,
-             "_w' and '_v' have shapes ", shape_str(w.shape()), " and ", shape_str(v.shape()));
-  shape[size_t(dim)] += v.size(dim);
-  Tensor out = Tensor::empty(shape, w.dtype());
-  out.narrow(dim, 0, w.size(dim)).copy_(w);
-  out.narrow(dim, w.size(dim), v.size(dim)).copy_(v);
-  return out;
 }
 
 // Its global shape, without reading it.
@@ -147,21 +149,22 @@ struct Piece {
 // per expert of an expert key (torch_dist_moe.h), under our names, those `want` accepts. An
 // expert's name is the sequential or the grouped experts' one, as `want` asks (without `want`:
 // `grouped`).
-std::vector<Piece> pieces_of(const std::string& key, const Shape& s, bool tied, bool grouped,
+std::vector<Piece> pieces_of(const std::string& key, const Shape& s, bool tied, bool bert, bool grouped,
                              const std::function<bool(const std::string&)>& want, const std::string& label) {
   const bool layer_axis = has_layer_axis(key), expert = torch_dist_moe::is_expert_key(key);
   const size_t expert_axis = layer_axis ? 1 : 0;
   MG_REQUIRE(!layer_axis || !s.empty(), label, ": the layer tensor '", key, "' has no layer axis");
   MG_REQUIRE(!expert || s.size() > expert_axis, label, ": the expert tensor '", key, "' has no expert axis");
   const int64_t L = layer_axis ? s[0] : 1, E = expert ? s[expert_axis] : 1;
-  const size_t at = std::string(kLayers).size();
+  const std::string stack = layers_of(key);  // "decoder.layers.", BERT's "encoder.layers.", or none
+  const size_t at = stack.size();
   int fixed_layer = -1;  // a key of one layer: its number
-  std::string rest = key.starts_with(kLayers) ? key.substr(at) : key;
-  if (!layer_axis && key.starts_with(kLayers)) {
+  std::string rest = stack.empty() ? key : key.substr(at);
+  if (!layer_axis && !stack.empty()) {
     const size_t dot = key.find('.', at);
     MG_REQUIRE(dot != std::string::npos && dot - at <= 6 &&
                    key.find_first_not_of("0123456789", at) == dot,
-               label, ": '", key, "' names no layer (decoder.layers.<N>.<module>)");
+               label, ": '", key, "' names no layer (", stack, "<N>.<module>)");
     fixed_layer = std::stoi(key.substr(at, dot - at));
     rest = key.substr(dot + 1);
   }
@@ -176,7 +179,7 @@ std::vector<Piece> pieces_of(const std::string& key, const Shape& s, bool tied, 
             torch_dist_moe::expert_names(layer, rest.substr(rest.find(experts) + experts.size()), int(e));
         ours = want ? (want(seq) ? seq : want(grp) ? grp : "") : grouped ? grp : seq;
       } else {
-        ours = ours_of(layer_axis ? kLayers + std::to_string(i) + "." + rest : key, tied, label);
+        ours = ours_of(layer_axis ? stack + std::to_string(i) + "." + rest : key, tied, label, bert);
         if (want && !ours.empty() && !want(ours)) ours.clear();
       }
       if (ours.empty()) continue;
@@ -253,9 +256,18 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
   // The structure, and what the arguments leave out, from .metadata.
   const DistcpFolder f = DistcpFolder::open(dir);
   json& model = args["model"];
+  const std::vector<std::string> keys = model_keys(f);
   model["model_family"] = "gpt";
+  if (std::any_of(keys.begin(), keys.end(), [](const std::string& k) { return k.starts_with("encoder."); })) {
+    // BertModel (pretrain_bert.py): an encoder block, bidirectional, its binary head optional.
+    model["model_family"] = "bert";
+    model["attention_mask_type"] = "bidirectional";
+    model["bert_binary_head"] = std::any_of(keys.begin(), keys.end(), [](const std::string& k) {
+      return k.starts_with("binary_head.");
+    });
+  }
   int64_t layers_seen = 0;  // non-homogeneous keys: 1 + the largest layer number
-  for (const std::string& key : model_keys(f)) {
+  for (const std::string& key : keys) {
     const Shape size = global_shape(f, key);
     if (key == "embedding.word_embeddings.weight" && size.size() == 2) {
       if (model["padded_vocab_size"].get<int64_t>() == 0) model["padded_vocab_size"] = size[0];
@@ -268,8 +280,8 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
       if (model["num_layers"].get<int64_t>() == 0) model["num_layers"] = size[0];
       MG_REQUIRE(size[0] == model["num_layers"].get<int64_t>(), f.metadata_label(), ": '", key, "' holds ",
                  size[0], " layers but the checkpoint's args say num_layers ", model["num_layers"].get<int64_t>());
-    } else if (key.starts_with(kLayers)) {
-      layers_seen = std::max(layers_seen, int64_t(std::stoll(key.substr(std::string(kLayers).size(), 9))) + 1);
+    } else if (!layers_of(key).empty()) {
+      layers_seen = std::max(layers_seen, int64_t(std::stoll(key.substr(layers_of(key).size(), 9))) + 1);
     }
   }
   if (model["num_layers"].get<int64_t>() == 0) model["num_layers"] = layers_seen;
@@ -321,31 +333,33 @@ std::map<std::string, Tensor> read_model_space(const CheckpointOnDisk& ckpt, con
                                                const std::string& prefix,
                                                const std::function<bool(const std::string&)>& want) {
   const std::string label = f.metadata_label();
-  const bool tied = tied_of(ckpt);
   std::map<std::string, Tensor> out;
-  auto put = [&](const std::string& ours, Tensor t, const std::string& key) {
-    check_finite_tensor(t, prefix + key, label);
-    MG_REQUIRE(out.emplace(ours, std::move(t)).second, label, ": two tensors map to '", ours, "' (the second: '",
-               prefix + key, "')");
-  };
-  const bool grouped = grouped_of(ckpt);
-  for (const std::string& key : model_keys(f, prefix)) {
-    const std::vector<Piece> pieces = pieces_of(key, global_shape(f, key, prefix), tied, grouped, want, label);
-    if (pieces.empty()) continue;
-    const Tensor global = global_tensor(f, key, prefix);
-    for (const Piece& p : pieces) {
-      Tensor t = global;
-      for (int64_t i : p.index) t = t.select(0, i);
-      t = p.index.empty() ? t : t.contiguous().clone();
-      // The router's expert_bias: a float32 buffer in Megatron, float64 state here.
-      if (prefix.empty() && torch_dist_moe::is_expert_bias(p.ours)) t = t.to(DType::F64);
-      put(p.ours, std::move(t), key);
-    }
+  // Tensor by tensor, each layer (and expert) of a stacked key read from its own chunks
+  // (torch_dist_stream.h).
+  for (const auto& [ours, source] : torch_dist_sources(ckpt, f, prefix, want)) {
+    Tensor t = read_source(f, prefix, source);
+    check_finite_tensor(t, prefix + source.key, label);
+    // The router's expert_bias: a float32 buffer in Megatron, float64 state here.
+    if (prefix.empty() && torch_dist_moe::is_expert_bias(ours)) t = t.to(DType::F64);
+    out.emplace(ours, std::move(t));
   }
   return out;
 }
 
 }  // namespace
+
+std::map<std::string, TorchDistSource> torch_dist_sources(const CheckpointOnDisk& ckpt, const DistcpFolder& f,
+                                                          const std::string& prefix,
+                                                          const std::function<bool(const std::string&)>& want) {
+  const std::string label = f.metadata_label();
+  const bool tied = tied_of(ckpt), bert = bert_of(ckpt), grouped = grouped_of(ckpt);
+  std::map<std::string, TorchDistSource> out;
+  for (const std::string& key : model_keys(f, prefix))
+    for (Piece& p : pieces_of(key, global_shape(f, key, prefix), tied, bert, grouped, want, label))
+      MG_REQUIRE(out.emplace(p.ours, TorchDistSource{key, Shape(p.index.begin(), p.index.end())}).second, label,
+                 ": two tensors map to '", p.ours, "' (the second: '", prefix + key, "')");
+  return out;
+}
 
 std::map<std::string, Tensor> read_torch_dist_model(const CheckpointOnDisk& ckpt,
                                                     const std::function<bool(const std::string&)>& want,
@@ -356,14 +370,8 @@ std::map<std::string, Tensor> read_torch_dist_model(const CheckpointOnDisk& ckpt
 
 std::map<std::string, Shape> torch_dist_model_shapes(const CheckpointOnDisk& ckpt) {
   const DistcpFolder f = DistcpFolder::open(ckpt.dir);
-  const bool tied = tied_of(ckpt);
   std::map<std::string, Shape> out;
-  const bool grouped = grouped_of(ckpt);
-  for (const std::string& key : model_keys(f)) {
-    const Shape s = global_shape(f, key);
-    for (const Piece& p : pieces_of(key, s, tied, grouped, {}, f.metadata_label()))
-      out[p.ours] = Shape(s.begin() + std::ptrdiff_t(p.index.size()), s.end());
-  }
+  for (const auto& [ours, source] : torch_dist_sources(ckpt, f)) out[ours] = source_shape(f, "", source);
   return out;
 }
 
@@ -371,9 +379,10 @@ std::map<std::string, Tensor> read_torch_dist_shards(const CheckpointOnDisk& ckp
                                                      const std::map<std::string, Shape>& params,
                                                      const CheckpointRank& rank, const std::string& prefix,
                                                      bool zero_fill_rows) {
-  return cut_torch_dist_shards(
-      ckpt, read_torch_dist_model(ckpt, [&](const std::string& n) { return params.count(n) > 0; }, prefix), params,
-      rank, zero_fill_rows);
+  std::map<std::string, Tensor> out;
+  stream_torch_dist_shards(ckpt, params, rank, prefix, zero_fill_rows,
+                           [&](const std::string& name, const Tensor& t) { out.emplace(name, t); });
+  return out;
 }
 
 std::map<std::string, Tensor> cut_torch_dist_shards(const CheckpointOnDisk& ckpt, std::map<std::string, Tensor> full,

@@ -31,9 +31,14 @@
 // any TP x PP layout takes its shards through the weight specs' shard rules (checkpoint_convert.h),
 // the vocabulary tables re-padded to its padded vocabulary.
 //
+// BertModel's keys: the same layer stack under "encoder.layers.", embedding.tokentype_embeddings,
+// lm_head.{dense,layer_norm}, pooler.dense, binary_head (replicated) and output_layer.bias (TP
+// chunks over the vocabulary); a checkpoint with "encoder." keys is a BERT model.
+// Reads stream (torch_dist_stream.h): a run's shards are read from the chunks they meet.
+//
 // Read: GPT models, their mixture-of-experts layers included (the experts on a global expert axis:
-// torch_dist_moe.h), and the optimizer state in model space (torch_dist_optimizer.h). Not yet:
-// BERT/T5 keys (refused by name).
+// torch_dist_moe.h), dense BERT models, and the optimizer state in model space
+// (torch_dist_optimizer.h). Not yet: T5 keys (refused by name).
 #pragma once
 
 #include <filesystem>

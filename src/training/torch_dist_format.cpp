@@ -7,6 +7,7 @@
 #include "core/pickle.h"
 #include "core/torch_file.h"
 #include "core/zip_archive.h"
+#include "training/torch_dist_stream.h"
 
 namespace megatron::training {
 
@@ -260,21 +261,7 @@ Tensor DistcpFolder::tensor(const std::string& key) const {
   const DistcpEntry& e = entry(key);
   MG_REQUIRE(!e.is_bytes, metadata_label(), ": '", key, "' is a bytes item, not a tensor");
   Tensor out = Tensor::empty(e.size, e.dtype);
-  for (const DistcpChunk& c : e.chunks) {
-    const std::vector<uint8_t> raw = read_item(c.item, key);
-    const std::string label = (dir_ / c.item.file).string() + " (item of '" + key + "' at " +
-                              shape_str(c.offsets) + ")";
-    const TorchFile tf = TorchFile::from_memory(raw, label);
-    MG_REQUIRE(tf.root().kind == Kind::Tensor, label, " holds a ", tf.root().describe(), ", not a tensor");
-    MG_REQUIRE(tf.root().dtype == e.dtype && !tf.root().is_bool, label, " is ", dtype_name(tf.root().dtype),
-               " but .metadata records ", dtype_name(e.dtype));
-    MG_REQUIRE(tf.root().shape == c.sizes, label, " has shape ", shape_str(tf.root().shape),
-               " but .metadata records the chunk as ", shape_str(c.sizes));
-    const Tensor t = tf.tensor(tf.root());
-    Tensor region = out;
-    for (size_t d = 0; d < c.offsets.size(); ++d) region = region.narrow(int(d), c.offsets[d], c.sizes[d]);
-    if (t.numel() > 0) region.copy_(t);
-  }
+  read_distcp_region(*this, key, Shape(e.size.size(), 0), out);  // chunk by chunk (torch_dist_stream.h)
   return out;
 }
 

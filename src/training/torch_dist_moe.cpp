@@ -13,6 +13,7 @@ namespace megatron::training::torch_dist_moe {
 namespace {
 
 constexpr const char* kLayers = "decoder.layers.";
+constexpr const char* kEncoderLayers = "encoder.layers.";  // BertModel's block (dense)
 constexpr const char* kExperts = "mlp.experts.experts.";
 constexpr const char* kLocal = "mlp.experts.local_experts.";
 constexpr const char* kGrouped = "mlp.experts.";
@@ -70,6 +71,15 @@ KeyPlace sharded_key(const std::string& ours, bool te, const MoeLayout& moe) {
   int n = -1;
   std::string rest;
   KeyPlace out;
+  if (ours.starts_with(kEncoderLayers)) {  // stacked on a layer axis as the decoder's layers are
+    const std::string name = torch_names::to_megatron(ours, 0, te);
+    const size_t at = std::string(kEncoderLayers).size(), dot = name.find('.', at);
+    MG_REQUIRE(name.starts_with(kEncoderLayers) && dot != std::string::npos && dot > at, "tensor '", ours,
+               "' is saved as '", name, "', not as a layer of Megatron's encoder block");
+    out.key = kEncoderLayers + name.substr(dot + 1);
+    out.layer = out.number = std::stoi(name.substr(at, dot - at));
+    return out;
+  }
   if (!split_layer(ours, &n, &rest)) {
     out.key = torch_names::to_megatron(ours, 0, te);
     return out;
@@ -122,7 +132,7 @@ void add_chunks_at(std::vector<torch_dist_io::WriteItem>& items, const std::stri
 }
 
 std::vector<std::string> layer_extra_state_keys(int layer, int L, bool te, const MoeLayout& moe, int first,
-                                               int last, bool shared) {
+                                               int last, bool shared, const std::string& block) {
   // make_sharded_object_for_checkpoint: the object's offsets and shape are the prepended axes'
   // (layer, expert), or (0) of (1) without any.
   const bool per_layer = moe.per_layer_keys;
@@ -132,7 +142,7 @@ std::vector<std::string> layer_extra_state_keys(int layer, int L, bool te, const
   };
   const bool moe_layer = moe.experts > 0 && moe.moe_layer.at(size_t(layer)) == 1;
   std::vector<std::string> out;
-  for (const std::string& n : torch_names::extra_state_names(layer, te, "decoder"))
+  for (const std::string& n : torch_names::extra_state_names(layer, te, block))
     if (!moe_layer || n.find(".mlp.") == std::string::npos) out.push_back(sharded_key(n, te, moe).key + "/shard_" + shard(-1));
   if (!moe_layer) return out;
   const std::string p = per_layer ? kLayers + std::to_string(layer) + "." : std::string(kLayers);

@@ -73,8 +73,10 @@ void add_chunks_at(std::vector<torch_dist_io::WriteItem>& items, const std::stri
 
 // The _extra_state ShardedObjects of layer `layer` (of L) as "<key>/shard_<offsets>_<shape>": the
 // dense layer's (torch_names::extra_state_names), or an MoE layer's attention modules, the
-// linear_fc1 / linear_fc2 of experts [first, last) and, with `shared`, the shared expert's.
+// linear_fc1 / linear_fc2 of experts [first, last) and, with `shared`, the shared expert's; `block`
+// "encoder" for BertModel's layers.
 std::vector<std::string> layer_extra_state_keys(int layer, int L, bool transformer_engine, const MoeLayout& moe,
-                                               int first, int last, bool shared);
+                                               int first, int last, bool shared,
+                                               const std::string& block = "decoder");
 
 }  // namespace megatron::training::torch_dist_moe

@@ -210,8 +210,9 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
 
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
   (void)ep_size;  // experts are written by their global numbers under any expert-parallel size
-  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt,
-             "--ckpt-format torch_dist saves GPT models here: leave out --ckpt-format (this build's "
+  const bool bert = a.model.family_id() == model::ModelFamilyId::bert;
+  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt || bert,
+             "--ckpt-format torch_dist saves GPT and BERT models here: leave out --ckpt-format (this build's "
              "format, which `checkpoint convert` reshards) or use --ckpt-format torch for other models");
   MG_REQUIRE(a.model.num_moe_experts == 0 || a.parallel.expert_tensor_parallel_size == 0 ||
                  a.parallel.expert_tensor_parallel_size == a.parallel.tensor_model_parallel_size,
@@ -223,6 +224,10 @@ void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
              "--ckpt-format torch_dist with --use-distributed-optimizer and experts (--num-experts): Megatron's "
              "dp_reshardable state keeps the experts in separate gradient buffers, which this build does "
              "not write; save with the plain optimizer, with --no-save-optim, or leave out --ckpt-format");
+  MG_REQUIRE(!bert || !a.parallel.use_distributed_optimizer || a.no_save_optim,
+             "--ckpt-format torch_dist with --use-distributed-optimizer writes Megatron's dp_reshardable optimizer "
+             "state in GPT's gradient-buffer order, not BERT's: leave out --use-distributed-optimizer (the plain "
+             "optimizer's state is written per parameter), or add --no-save-optim");
   MG_REQUIRE(vp_size <= 1, "--ckpt-format torch_dist with virtual pipeline stages is not written by this build: "
              "leave out --ckpt-format and convert the checkpoint afterwards");
   MG_REQUIRE(!a.parallel.use_distributed_optimizer || a.no_save_optim || a.transformer_impl == "local",

@@ -26,9 +26,9 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
   const bool te = options.transformer_impl == "transformer_engine";
   const json& meta = m.metadata;
   const TrainingArgs a = training_args_from_json(meta.at("args"));
-  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt,
-             "--save-format torch_dist writes GPT models only: keep this build's format, or "
-             "--save-format torch, for BERT and T5 checkpoints");
+  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt || a.model.family_id() == model::ModelFamilyId::bert,
+             "--save-format torch_dist writes GPT and BERT models only: keep this build's format, or "
+             "--save-format torch, for T5 checkpoints");
   const torch_dist_moe::MoeLayout moe = torch_dist_moe::moe_layout(a);
   const int L = int(a.model.num_layers);
   MG_REQUIRE(L % P == 0, "--target-pipeline-parallel-size ", P, " does not divide the ", L, " layers");
@@ -101,7 +101,8 @@ void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const fs::pa
   if (t == 0 && (d == 0 || edp == 0)) {  // each layer module's _extra_state, the output layer's
     for (int layer = p * (L / P); layer < (p + 1) * (L / P); ++layer)
       for (const std::string& key : torch_dist_moe::layer_extra_state_keys(
-               layer, L, te, moe, ep * per_ep, (ep + 1) * per_ep, a.model.moe_shared_expert_intermediate_size > 0))
+               layer, L, te, moe, ep * per_ep, (ep + 1) * per_ep, a.model.moe_shared_expert_intermediate_size > 0,
+               a.model.family_id() == model::ModelFamilyId::bert ? "encoder" : "decoder"))
         if (torch_dist_moe::is_expert_key(key) ? edp == 0 : d == 0)
           items.push_back(torch_dist_io::object_item(key, none_list, tmp));
     if (p == P - 1 && d == 0)

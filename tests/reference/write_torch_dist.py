@@ -30,8 +30,9 @@ name, fields and reduce protocol, so the pickle's opcodes are those the real cla
       optimizer.bin, the optimizer state merged); OUT/dp_reshardable (gpt2 and the same optimizer
       state in the distributed optimizer's default format, dp_reshardable: flat buckets of
       Megatron's gradient buffers, saved by each of the DP 2 ranks, see dp_reshardable_items) and
-      two variants whose args contradict or leave out its layout (OUT/dp_reshardable_overlap,
-      OUT/dp_reshardable_te); OUT/evil_* (hostile variants of gpt2) and OUT/marker (must never
+      a variant whose args contradict its layout (OUT/dp_reshardable_overlap) and the same model
+      with Transformer Engine's modules (OUT/dp_reshardable_te: their parameter order in the
+      buffer); OUT/evil_* (hostile variants of gpt2) and OUT/marker (must never
       appear: the hostile pickles would create it).
 """
 import argparse
@@ -365,12 +366,17 @@ def megatron_params(m, t, p):
         out.append(("embedding.word_embeddings.weight", "embedding.word_embeddings.weight", 0))
         if m["pe"] == "learned_absolute":
             out.append(("embedding.position_embeddings.weight", "embedding.position_embeddings.weight", None))
+    # Transformer Engine's TELayerNormColumnParallelLinear (layernorm_linear.py) registers
+    # layer_norm_weight and layer_norm_bias before weight and bias: the layer's norms, fused into
+    # linear_qkv and linear_fc1, come after linear_proj and at the head of the MLP.
+    norms_fused = ("self_attention.linear_proj.weight", "self_attention.linear_proj.bias",
+                   "input_layernorm.weight", "input_layernorm.bias")
+    norms_own = norms_fused[2:] + norms_fused[:2]
     for layer in range(p * per, (p + 1) * per):
-        for sub in ("input_layernorm.weight", "input_layernorm.bias",
-                    "self_attention.linear_proj.weight", "self_attention.linear_proj.bias",
-                    "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
-                    "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
-                    "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"):
+        for sub in (norms_fused if m["te"] else norms_own) + (
+                "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
+                "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
+                "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"):
             name = "decoder.layers.%d.%s" % (layer - p * per, sub)
             ours = "decoder.layers.%d.%s" % (layer, sub)
             if ours.endswith(".bias") and not m["bias"] and "layernorm" not in sub:
@@ -634,10 +640,12 @@ def make(out):
     dp = ("dp_reshardable", optimizer_state(m, w, 200))
     write_checkpoint(os.path.join(out, "dp_reshardable"), m, w, dp)
     # Buckets whose layout the args contradict (--overlap-grad-reduce with small buckets would
-    # have made several), and Transformer Engine's modules (their order is not rebuilt): refused.
+    # have made several): refused.
     write_checkpoint(os.path.join(out, "dp_reshardable_overlap"), m, w, dp,
                      args={"overlap_grad_reduce": True, "ddp_bucket_size": 4096})
-    write_checkpoint(os.path.join(out, "dp_reshardable_te"), m, w, dp, args={"transformer_impl": "transformer_engine"})
+    # The same model with Transformer Engine's modules: their names, _extra_state objects and
+    # parameter order in the buffer (the same bucket sizes, other places).
+    write_checkpoint(os.path.join(out, "dp_reshardable_te"), dict(m, te=True), w, dp)
     # The same checkpoint from another sharded backend: refused by name.
     zarr = os.path.join(out, "zarr")
     shutil.copytree(os.path.join(out, "gpt2"), zarr)

@@ -1,0 +1,215 @@
+// Megatron-LM BERT checkpoints in torch_dist (tests/reference/write_torch_dist_bert.py writes one
+// as Megatron-Core's BertModel saves it under TP2 x PP2: the encoder block's stacked layers, the
+// tokentype embedding, lm_head, the TP-chunked output bias, pooler and binary head): read as a
+// BERT model whose merged weights equal the writer's, this run's TP2 shards equal the writer's
+// tensors cut by the weights' shard rules, `checkpoint convert` takes it to this build's format and
+// to Megatron's .pt and back with the same weights and writes it back as torch_dist bit for bit
+// as the fixture (read by the independent Python reader), pretrain-bert --ckpt-format torch_dist
+// saves and resumes bit-exact, and pretrain-bert fine-tunes from the fixture under TP2 (with DP
+// over the other ranks: np 2 and 4) on the loss curve of the same run on one rank.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "dataset/bert_test_data.h"
+#include "parallel_test_util.h"
+#include "model/transformer_config.h"
+#include "test_util.h"
+#include "training/checkpoint.h"
+#include "training/checkpoint_convert.h"
+#include "training/torch_dist_checkpoint.h"
+
+namespace megatron {
+namespace {
+
+namespace fs = std::filesystem;
+namespace mt = megatron::testing;
+using json = nlohmann::json;
+
+const fs::path& fixtures() {
+  static mt::TempDir dir;
+  static const bool made = [] {
+    const auto r = mt::run_command("/usr/bin/python3 " +
+                                   (mt::source_dir() / "tests/reference/write_torch_dist_bert.py").string() +
+                                   " make " + dir.path().string() + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return true;
+  }();
+  (void)made;
+  return dir.path();
+}
+
+// The writer's merged weights under our names (bert.ref: config.json's params, weights.bin).
+std::map<std::string, Tensor> reference() {
+  const fs::path ref = fixtures() / "bert.ref";
+  const json cfg = json::parse(mt::read_file(ref / "config.json"));
+  std::ifstream in(ref / "weights.bin", std::ios::binary);
+  std::map<std::string, Tensor> out;
+  for (const json& p : cfg["params"]) {
+    Tensor t = Tensor::empty(p["shape"].get<Shape>(), DType::F32);
+    in.read(static_cast<char*>(t.raw_data()), std::streamsize(t.numel() * 4));
+    out.emplace(p["name"].get<std::string>(), t);
+  }
+  EXPECT_TRUE(in.good());
+  return out;
+}
+
+double max_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  if (a.shape() != b.shape()) return 1e30;
+  const Tensor x = a.to(DType::F32).contiguous(), y = b.to(DType::F32).contiguous();
+  double m = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) m = std::max(m, double(std::abs(x.data<float>()[i] - y.data<float>()[i])));
+  return m;
+}
+
+void expect_weights(const std::map<std::string, Tensor>& got, const std::map<std::string, Tensor>& want,
+                    const std::string& what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, t] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << what << ": " << name;
+    EXPECT_EQ(max_diff(it->second, t), 0.0) << what << ": " << name;
+  }
+}
+
+TEST(TorchDistBert, ReadsMegatronsBertKeysAsABertModel) {
+  const auto ckpt = training::find_checkpoint(fixtures() / "bert", std::nullopt);
+  ASSERT_TRUE(ckpt.has_value());
+  EXPECT_EQ(ckpt->format, "torch_dist");
+  const model::TransformerConfig cfg = training::training_args_from_json(ckpt->state.args).model;
+  EXPECT_EQ(cfg.model_family, "bert");
+  EXPECT_TRUE(cfg.bert_binary_head);
+  EXPECT_EQ(cfg.num_layers, 4);
+  const std::map<std::string, Tensor> want = reference();
+  ASSERT_TRUE(want.count("embedding.tokentype_embeddings.weight") && want.count("output_layer.bias") &&
+              want.count("binary_head.weight") && want.count("encoder.layers.3.self_attention.linear_qkv.weight"));
+  expect_weights(training::read_torch_dist_model(*ckpt), want, "merged");
+
+  // This run's TP2 shards, streamed from the chunks, against the reference cut by the shard rules.
+  const auto specs = training::checkpoint_weight_specs(*ckpt, json());
+  for (int r = 0; r < 2; ++r) {
+    training::CheckpointRank rank;
+    rank.tp_size = 2;
+    rank.tp_rank = r;
+    std::map<std::string, Shape> params;
+    std::map<std::string, Tensor> cut;
+    for (const auto& [name, t] : want) {
+      cut[name] = training::split_shard(t, training::shard_rule(specs.at(name)), r, 2);
+      params[name] = cut[name].shape();
+    }
+    EXPECT_EQ(cut.at("output_layer.bias").size(0) * 2, want.at("output_layer.bias").size(0));
+    expect_weights(training::read_torch_dist_shards(*ckpt, params, rank), cut, "TP2 rank " + std::to_string(r));
+  }
+}
+
+TEST(TorchDistBert, ConvertsToOursAndToMegatronsPtWithTheSameWeights) {
+  mt::TempDir tmp;
+  const std::string tok = " --tokenizer-type NullTokenizer --vocab-size 107";
+  const fs::path src = fixtures() / "bert";
+  auto r = mt::run_cli("checkpoint convert --load " + src.string() + " --save " + (tmp.path() / "ours").string() + tok);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mt::run_cli("checkpoint convert --load " + src.string() + " --save " + (tmp.path() / "pt").string() +
+                  " --save-format torch --target-tensor-parallel-size 2" + tok);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::map<std::string, Tensor> want = reference();
+  for (const char* which : {"ours", "pt"}) {
+    const auto ckpt = training::find_checkpoint(tmp.path() / which, std::nullopt);
+    ASSERT_TRUE(ckpt.has_value()) << which;
+    const training::MergedCheckpoint m = training::merge_checkpoint(*ckpt, false);
+    EXPECT_EQ(training::training_args_from_json(m.metadata.at("args")).model.model_family, "bert") << which;
+    std::map<std::string, Tensor> got = m.model;
+    got.erase("output_layer.weight");  // tied: a copy of the word embedding in some formats
+    expect_weights(got, want, which);
+  }
+}
+
+// The BERT training data in a folder every rank sees (sentence-split, 107-token vocabulary), and
+// the fixture's model (4 layers, hidden 32, 4 heads, 32 positions, vocabulary padded to 128)
+// trained on it for `iters` iterations.
+struct BertRun {
+  training::parallel_test::SharedDir dir;
+  BertRun() {
+    if (training::parallel_test::world()->rank() == 0) {
+      testing::write_bert_vocab(dir / "vocab.txt");
+      testing::SentenceDataOptions o;
+      o.documents = 200;
+      o.long_sentence_rate = 0;
+      o.max_sentence_length = 12;
+      testing::write_sentence_dataset(dir / "sentences", o);
+    }
+    training::parallel_test::world()->barrier();
+  }
+  training::TrainingArgs args(int64_t iters) const {
+    training::TrainingArgs a = training::parallel_test::tiny_training_args(32, dir / "sentences", dir / "cache", iters);
+    a.model.num_layers = 4;
+    a.model.model_family = "bert";
+    a.model.attention_mask_type = "bidirectional";
+    a.model.bert_binary_head = true;
+    a.make_vocab_size_divisible_by = 32;
+    a.tokenizer.type = "BertWordPieceLowerCase";
+    a.tokenizer.vocab_file = dir / "vocab.txt";
+    return a;
+  }
+};
+
+TEST(TorchDistBert, WritesWhatAnIndependentReaderReadsAsMegatronsLayout) {
+  // The fixture taken to this build's format and written back as torch_dist under the same
+  // layout: Megatron's keys, chunks, shapes and bytes, as the Python reader reads them.
+  mt::TempDir tmp;
+  const std::string tok = " --tokenizer-type NullTokenizer --vocab-size 107";
+  auto r = mt::run_cli("checkpoint convert --load " + (fixtures() / "bert").string() + " --save " +
+                       (tmp.path() / "ours").string() + tok);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mt::run_cli("checkpoint convert --load " + (tmp.path() / "ours").string() + " --save " +
+                  (tmp.path() / "td").string() + " --save-format torch_dist --transformer-impl local "
+                  "--target-tensor-parallel-size 2 --target-pipeline-parallel-size 2" + tok);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto check = mt::run_command("/usr/bin/python3 " +
+                                     (mt::source_dir() / "tests/reference/write_torch_dist_bert.py").string() +
+                                     " check " + (tmp.path() / "td/iter_0000007").string() + " " +
+                                     (fixtures() / "bert/iter_0000007").string() + " 2>&1");
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_NE(check.output.find("ok: 26 tensor keys"), std::string::npos) << check.output;
+}
+
+TEST(TorchDistBert, PretrainBertSavesTorchDistAndResumesBitExact) {
+  // 4 iterations in this build's format against 2 saved in torch_dist and 2 resumed from it: the
+  // resumed curve (losses, grad norms, the sentence-order loss) continues bit for bit, and the
+  // torch_dist folder reads back (as a BERT model, Megatron's keys) as the same weights.
+  using namespace training::parallel_test;
+  BertRun run;
+  const std::string ours = run.dir / "bert_full";
+  save_in_format_and_resume(run.dir, run.args(4), "bert", "torch_dist", "dist", [&](const fs::path& it) {
+    const auto ckpt = training::find_checkpoint(it.parent_path(), std::nullopt);
+    ASSERT_TRUE(ckpt.has_value());
+    EXPECT_EQ(ckpt->format, "torch_dist");
+    EXPECT_EQ(training::training_args_from_json(ckpt->state.args).model.model_family, "bert");
+    expect_same_merged_model(it.parent_path().string(), ours, 2);
+  });
+}
+
+TEST(MpiTorchDistBert, FineTunesUnderTp2OnTheSingleRankCurve) {
+  using namespace training::parallel_test;
+  SKIP_ON_ONE_RANK();
+  BertRun run;
+  training::TrainingArgs a = run.args(4);
+  a.load = (fixtures() / "bert").string();
+  a.finetune = true;
+  const training::TrainingSummary ref = reference_curve(a, run.dir / "ref");
+  ASSERT_EQ(ref.losses.size(), 4u);
+  training::TrainingArgs tp2 = a;
+  tp2.parallel.tensor_model_parallel_size = 2;
+  tp2.save = run.dir / "tp2";
+  tp2.save_interval = 1000;
+  const training::TrainingSummary got = training::pretrain(tp2, world());
+  expect_same_curve(got, ref, 1e-5, "tp2");
+}
+
+}  // namespace
+}  // namespace megatron
