@@ -521,6 +521,7 @@ def make_variant(out, name, scheme, version, tp, pp, vp, dtype_name, optimizer="
                    "consumed_valid_samples": 16, "max_lr": 3e-3, "lr_warmup_steps": 16,
                    "num_steps": iteration * 8, "tp": tp, "pp": pp, "vp": vp,
                    "grad_scale": 512.0 if dtype == torch.float16 and optimizer else None}, f)
+    return w, full_state
 
 
 def write_safetensors(path, tensors):
