@@ -3,6 +3,7 @@
 #include "training/torch_dist_buckets.h"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 
 #include "core/error.h"
@@ -43,7 +44,7 @@ const Value* arg(const Value& ns, const char* name) { return ns.kind == Kind::Na
 
 std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::optional<Shape>(const std::string&)>& local,
                                                  int p, int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
-                                                 std::set<std::string>* placed) {
+                                                 std::set<std::string>* placed, bool transformer_engine) {
   std::vector<BufferSlot> order;  // named_parameters() order
   auto add = [&](const std::string& n) {
     if (std::optional<Shape> s = local(n)) {
@@ -56,7 +57,11 @@ std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::option
     add("embedding.position_embeddings.weight");
   }
   for (int64_t l = p * (L / P); l < (p + 1) * (L / P); ++l)
-    for (const char* sub : kLayerOrder) add("decoder.layers." + std::to_string(l) + "." + sub);
+    for (size_t i = 0; i < std::size(kLayerOrder); ++i) {
+      // Transformer Engine: linear_proj (2, 3) before the fused input_layernorm (0, 1).
+      const size_t j = !transformer_engine || i >= 4 ? i : (i + 2) % 4;
+      add("decoder.layers." + std::to_string(l) + "." + kLayerOrder[j]);
+    }
   if (p == P - 1) {
     add("decoder.final_layernorm.weight");
     add("decoder.final_layernorm.bias");

@@ -56,10 +56,14 @@ struct BufferBucket {
 // Pipeline rank p's gradient buffer as Megatron-Core lays it out for the model whose parameters
 // `local` gives (our name -> this rank's shard shape; nullopt: none by that name), with L layers
 // over P stages, DP data-parallel ranks, a tied embedding or not and a bucket size (0: none). The
-// names it places go into `placed`.
+// names it places go into `placed`. With `transformer_engine` the layers are Transformer Engine's
+// spec's: TELayerNormColumnParallelLinear registers its norm (our input_layernorm /
+// pre_mlp_layernorm) before its weight and bias, so a layer's input_layernorm follows its
+// linear_proj.
 std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::optional<Shape>(const std::string&)>& local,
                                                  int p, int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
-                                                 std::set<std::string>* placed = nullptr);
+                                                 std::set<std::string>* placed = nullptr,
+                                                 bool transformer_engine = false);
 
 // True when the folder holds dp_reshardable buckets.
 bool has_dp_reshardable_state(const DistcpFolder& f);

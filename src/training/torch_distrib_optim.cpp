@@ -99,16 +99,23 @@ std::map<std::string, Tensor> world_tensors(const TorchFile& f, const Value& st,
   return out;
 }
 
+bool transformer_engine(const Value* ns) {
+  const Value* impl = arg(ns, "transformer_impl");
+  return impl != nullptr && impl->kind == Kind::Str && impl->text == "transformer_engine";
+}
+
 }  // namespace
 
 std::string unreadable(const Value* ns) {
   if (ns == nullptr || ns->kind != Kind::Namespace)
     return "the checkpoint has no args to rebuild Megatron's gradient buffer from";
   const Value* impl = arg(ns, "transformer_impl");
-  const std::string i = impl != nullptr && impl->kind == Kind::Str ? impl->text : "transformer_engine";
-  if (i != "local")
+  if (impl == nullptr || impl->kind != Kind::Str)
+    return "its args do not record transformer_impl, which decides the gradient buffer's parameter order";
+  const std::string& i = impl->text;
+  if (i != "local" && i != "transformer_engine")
     return "the gradient-buffer order of a --transformer-impl " + i.substr(0, 40) +
-           " model is not modelled (read is Megatron-Core's local layer spec)";
+           " model is not modelled (read are Megatron-Core's local and Transformer Engine layer specs)";
   const Value* opt = arg(ns, "optimizer");
   if (opt != nullptr && opt->kind == Kind::Str && opt->text != "adam")
     return "its optimizer is " + opt->text.substr(0, 20) + " (Megatron's distributed optimizer saves Adam's state)";
@@ -132,6 +139,9 @@ SafetensorsContents read_rank(const TorchFile& model, const std::filesystem::pat
   std::map<std::string, Shape> local;  // the tied copy under the embedding's name
   for (const torch_detail::TorchParam& q : params) {
     if (q.buffer) continue;
+    MG_REQUIRE(!q.name.starts_with("language_model."), label, ": the parameters are the legacy model's "
+               "(megatron/model, '", q.name, "'), whose gradient-buffer order is not modelled (read are "
+               "Megatron-Core's)", kHow);
     local[q.tied_copy ? std::string("embedding.word_embeddings.weight") : q.ours] = q.shape;
   }
   const bool tied = !flag_arg(ns, "untie_embeddings_and_output_weights");
@@ -146,7 +156,7 @@ SafetensorsContents read_rank(const TorchFile& model, const std::filesystem::pat
         auto it = local.find(n);
         return it == local.end() ? std::nullopt : std::optional<Shape>(it->second);
       },
-      p, P, num_layers, DP, tied, bucket_size, &placed);
+      p, P, num_layers, DP, tied, bucket_size, &placed, transformer_engine(ns));
   for (const auto& [name, shape] : local)
     MG_REQUIRE(placed.count(name) || name == "embedding.word_embeddings.weight", label, ": the model's tensor '",
                name, "' has no place this build knows in Megatron's gradient buffer", kHow);

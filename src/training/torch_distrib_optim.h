@@ -18,8 +18,9 @@
 // [one padded tensor per bucket], ...}}}; both are read, written is the coalesced one (the form
 // every release since reads).
 //
-// Read are files of Megatron-Core's local layer spec (--transformer-impl local), one model chunk,
-// one gradient buffer; another layout is refused naming what differs.
+// Read are files of Megatron-Core's models with the local or Transformer Engine layer spec
+// (--transformer-impl), one model chunk, one gradient buffer; another layout (the legacy
+// megatron/model modules, virtual stages, experts) is refused naming what differs.
 #pragma once
 
 #include <filesystem>

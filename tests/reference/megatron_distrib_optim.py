@@ -26,7 +26,7 @@ saved tensors (the local shards are torch.zeros before the parameters' ranges ar
       OUT/<variant>/ for each variant (see VARIANTS): megatron/ (the checkpoint), reference.safetensors
       and reference.json as megatron_checkpoint.py writes them (single-rank model, exp_avg,
       exp_avg_sq, fp32_param tensors and the step)
-  megatron_distrib_optim.py check DIR ITER T P DTYPE REF
+  megatron_distrib_optim.py check DIR ITER T P DTYPE REF IMPL
       loads a checkpoint we wrote: every rank's model_optim_rng.pt into the module trees
       (strict), its optimizer entry as DistributedOptimizer.state_dict's structure, and its
       distrib_optim.pt: keys, the dtype key, each tensor's size against the buffer rebuilt here
@@ -106,9 +106,9 @@ def full_of(state, q, kind, t, tp):
     return mc.shard(state[kind][ours], mc.split_dim(ours), t, tp)
 
 
-def make_variant(out, name, tp, pp, dtype_name, dp, bucket_size, iteration=7):
+def make_variant(out, name, scheme, tp, pp, dtype_name, dp, bucket_size, iteration=7):
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
-    w, full_state = mc.make_variant(out, name, "core", 3, tp, pp, 1, dtype_name, "adam", True,
+    w, full_state = mc.make_variant(out, name, scheme, 3, tp, pp, 1, dtype_name, "adam", True,
                                     iteration=iteration)
     state = {k: {ours: kinds[k if k != "param" else "fp32_param"] for ours, kinds in full_state.items()}
              for k in KINDS}
@@ -122,7 +122,7 @@ def make_variant(out, name, tp, pp, dtype_name, dp, bucket_size, iteration=7):
             sd = torch.load(path, map_location="cpu", weights_only=False)
             a = sd["args"]
             a.data_parallel_size = dp
-            a.transformer_impl = "local"
+            a.transformer_impl = "transformer_engine" if scheme == "core-te" else "local"
             a.overlap_grad_reduce = bucket_size is not None
             a.ddp_bucket_size = bucket_size
             a.world_size = tp * pp * dp
@@ -138,7 +138,7 @@ def make_variant(out, name, tp, pp, dtype_name, dp, bucket_size, iteration=7):
                 sd["optimizer"]["grad_scaler"] = {"scale": torch.tensor([512.0]), "growth_tracker": 3,
                                                   "hysteresis_tracker": 2}
             torch.save(sd, path)
-            stage = mc.Stage("core", w, t, tp, p, pp, 0, 1, 3, False)
+            stage = mc.Stage(scheme, w, t, tp, p, pp, 0, 1, 3, False)
             dp_, bs = settings(a, p)
             layout = buffer_layout(stage.module, dp_, bs, shared_fn(stage, p, pp, False))
             numel = sum(n for n, _ in layout)
@@ -162,9 +162,11 @@ def make_variant(out, name, tp, pp, dtype_name, dp, bucket_size, iteration=7):
 
 
 VARIANTS = [
-    # name, TP, PP, dtype, DP, --ddp-bucket-size with --overlap-grad-reduce (None: off)
-    ("dense_dp2_bf16", 1, 1, "bf16", 2, None),
-    ("dense_tp2pp2_dp2_fp32", 2, 2, "fp32", 2, 3000),
+    # name, module tree (--transformer-impl local / transformer_engine), TP, PP, dtype, DP,
+    # --ddp-bucket-size with --overlap-grad-reduce (None: off)
+    ("dense_dp2_bf16", "core", 1, 1, "bf16", 2, None),
+    ("dense_tp2pp2_dp2_fp32", "core", 2, 2, "fp32", 2, 3000),
+    ("dense_te_pp2_dp2_fp16", "core-te", 1, 2, "fp16", 2, 5000),
 ]
 
 
@@ -192,7 +194,7 @@ def read_safetensors(path):
     return out
 
 
-def check(folder, iteration, tp, pp, dtype_name, ref_path):
+def check(folder, iteration, tp, pp, dtype_name, ref_path, impl):
     tp, pp, iteration = int(tp), int(pp), int(iteration)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     ref = read_safetensors(ref_path)  # our name -> single-rank tensor, "<kind>/<name>"
@@ -210,7 +212,8 @@ def check(folder, iteration, tp, pp, dtype_name, ref_path):
             mc.FFN, mc.HEAD_DIM = a.ffn_hidden_size, a.kv_channels
             untied = bool(getattr(a, "untie_embeddings_and_output_weights", False))
             zero = mc.full_weights(dtype, seed=0, vocab_rows=a.padded_vocab_size, untied=untied)
-            stage = mc.Stage("core", zero, t, tp, p, pp, 0, 1, 3, untied)
+            stage = mc.Stage("core-te" if impl == "transformer_engine" else "core", zero, t, tp, p, pp, 0, 1, 3, untied)
+            assert a.transformer_impl == impl, a.transformer_impl
             stage.module.load_state_dict(sd["model"], strict=True)
             assert a.use_distributed_optimizer is True
             opt = sd["optimizer"]
@@ -252,7 +255,7 @@ def main():
     if sys.argv[1] == "make":
         make(sys.argv[2])
     elif sys.argv[1] == "check":
-        check(*sys.argv[2:8])
+        check(*sys.argv[2:9])
     else:
         raise SystemExit("unknown command " + sys.argv[1])
 
