@@ -121,6 +121,10 @@ struct TorchSaveOptions {
   // (mp_rank_TT[_PPP]_EEE), each with the dense weights and its experts numbered from 0, and
   // under EP > 1 the ChainedOptimizer's two state dicts (dense, expert-parallel).
   int expert_model_parallel_size = 1;
+  // Megatron's --use-distributed-optimizer: the optimizer entry is DistributedOptimizer's state
+  // dict (parameter groups and scaler) and each rank folder gets distrib_optim.pt
+  // (torch_distrib_optim.h); GPT models of one model chunk without experts.
+  bool distributed_optimizer = false;
 };
 
 // Writes merged tensors as a torch checkpoint for TP = tp x PP = pp (virtual stages of

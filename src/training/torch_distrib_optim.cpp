@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "core/error.h"
 #include "core/torch_file.h"
@@ -192,6 +193,72 @@ SafetensorsContents read_rank(const TorchFile& model, const std::filesystem::pat
   Tensor st = Tensor::empty({}, DType::I64);
   *st.data<int64_t>() = int64_t(step);
   o.tensors["optimizer.step"] = st;
+  return o;
+}
+
+void write_rank(const std::filesystem::path& file, const std::map<std::string, Shape>& local,
+                const BufferSpec& spec,
+                const std::function<Tensor(const std::string& name, const std::string& kind)>& shard) {
+  std::set<std::string> placed;
+  const std::vector<BufferBucket> buckets = megatron_buffer_layout(
+      [&](const std::string& n) -> std::optional<Shape> {
+        auto it = local.find(n);
+        return it == local.end() ? std::nullopt : std::optional<Shape>(it->second);
+      },
+      spec.p, spec.P, spec.num_layers, spec.data_parallel_size, spec.tied, spec.bucket_size, &placed,
+      spec.transformer_engine);
+  for (const auto& [name, shape] : local)
+    MG_REQUIRE(placed.count(name) || name == "embedding.word_embeddings.weight", "the distributed optimizer's "
+               "state cannot be written as Megatron's distrib_optim.pt: '", name, "' has no place this build knows "
+               "in Megatron's gradient buffer; save with --ckpt-format torch_dist or this build's format");
+  int64_t total = 0;
+  for (const BufferBucket& b : buckets) total += b.unpadded;
+  pickle::Document doc;
+  Value* world = doc.dict();
+  for (const char* kind : kKinds) {
+    Tensor flat = Tensor::zeros({total}, DType::F32);  // the gaps between parameters: zeros
+    int64_t offset = 0;
+    for (const BufferBucket& b : buckets) {
+      for (const BufferSlot& s : b.params) {
+        const Tensor v = shard(s.name, kind).to(DType::F32).contiguous();
+        MG_CHECK(v.shape() == s.local, "the ", kind, " shard of '", s.name, "' is ", shape_str(v.shape()),
+                 ", its buffer slot ", shape_str(s.local));
+        flat.narrow(0, offset + s.start, numel_of(s.local)).copy_(v.view({numel_of(s.local)}));
+      }
+      offset += b.unpadded;
+    }
+    doc.set(world, kind, doc.tensor(flat));
+  }
+  doc.set(world, "numel_unpadded", doc.integer(total));
+  const DType grad = spec.params_dtype == DType::BF16 && !spec.grad_reduce_in_bf16 ? DType::F32 : spec.params_dtype;
+  Value* by_dtype = doc.dict();
+  pickle::Document::set(by_dtype, doc.tuple({doc.torch_dtype(spec.params_dtype), doc.torch_dtype(grad)}), world);
+  Value* root = doc.dict();
+  doc.set(root, "buckets_coalesced", doc.boolean(true));
+  pickle::Document::set(root, doc.integer(0), by_dtype);
+  doc.root = root;
+  write_torch_file(file, *root, "distrib_optim");
+}
+
+Value* state_dict(pickle::Document& doc, const Value& plain, int64_t step) {
+  const Value* inner = plain.get("optimizer");
+  if (inner == nullptr) inner = &plain;  // FP32Optimizer: the torch optimizer's own
+  const Value* groups = inner->get("param_groups");
+  MG_CHECK(groups != nullptr && groups->kind == Kind::List, "the optimizer state dict has no param_groups");
+  Value* out_groups = doc.list();
+  for (const Value* g : groups->items) {
+    Value* ng = doc.dict();
+    for (const auto& [k, v] : g->entries)
+      if (k->kind != Kind::Str || (k->text != "params" && k->text != "step")) pickle::Document::set(ng, k, v);
+    doc.set(ng, "step", doc.integer(step));
+    out_groups->items.push_back(ng);
+  }
+  Value* o = doc.dict();
+  Value* opt = doc.dict();
+  doc.set(opt, "param_groups", out_groups);
+  doc.set(o, "optimizer", opt);
+  for (const auto& [k, v] : plain.entries)
+    if (k->kind == Kind::Str && k->text == "grad_scaler") pickle::Document::set(o, k, v);
   return o;
 }
 

@@ -24,6 +24,8 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,5 +50,30 @@ SafetensorsContents read_rank(const TorchFile& model, const std::filesystem::pat
                               const torch_detail::TorchOptimizers& layout,
                               const std::vector<torch_detail::TorchParam>& params, int p, int P,
                               int64_t num_layers, DType params_dtype);
+
+// Writing (write_torch_checkpoint with TorchSaveOptions::distributed_optimizer).
+struct BufferSpec {
+  int p = 0, P = 1;            // pipeline rank and size
+  int64_t num_layers = 0;
+  int64_t data_parallel_size = 1;
+  bool tied = true;            // a tied word embedding
+  int64_t bucket_size = 0;     // this stage's (0: one bucket)
+  bool transformer_engine = true;
+  DType params_dtype = DType::F32;
+  bool grad_reduce_in_bf16 = false;
+};
+// One rank's distrib_optim.pt: `local` our name -> the rank's shard shape (the last stage's tied
+// copy under the embedding's name), `shard(name, kind)` the shard's values for a buffer slot name
+// (output_layer.weight for the tied copy) and a kind "param" (the fp32 main weight), "exp_avg",
+// "exp_avg_sq". The dtype key is the buffer's (param_dtype, grad_dtype) as Megatron's
+// DistributedDataParallel makes it: bf16 grads in fp32 unless --grad-reduce-in-bf16 (validate_args),
+// fp16 and fp32 grads in the parameter dtype.
+void write_rank(const std::filesystem::path& file, const std::map<std::string, Shape>& local,
+                const BufferSpec& spec,
+                const std::function<Tensor(const std::string& name, const std::string& kind)>& shard);
+// DistributedOptimizer.state_dict() for the plain optimizer state dict `plain` the writer built
+// (FP32Optimizer's torch state dict, or Float16OptimizerWithFloat16Params' dict): the inner
+// optimizer's param_groups without "params", the step in each group, the grad scaler.
+pickle::Value* state_dict(pickle::Document& doc, const pickle::Value& plain, int64_t step);
 
 }  // namespace megatron::training::torch_distrib

@@ -79,6 +79,14 @@ def buffer_layout(module, dp, bucket_size, shared):
     return buckets
 
 
+def grad_dtype_of(args):
+    """DistributedDataParallel's grad dtype: fp32 with accumulate_allreduce_grads_in_fp32, which
+    validate_args turns on for bf16 unless --grad-reduce-in-bf16."""
+    fp32 = getattr(args, "accumulate_allreduce_grads_in_fp32", False) or (
+        args.params_dtype == torch.bfloat16 and not getattr(args, "grad_reduce_in_bf16", False))
+    return torch.float32 if fp32 else args.params_dtype
+
+
 def settings(args, p):
     dp = args.data_parallel_size
     bucket_size = None
@@ -151,7 +159,7 @@ def make_variant(out, name, scheme, tp, pp, dtype_name, dp, bucket_size, iterati
                             full_of(state, q, k, t, tp).float().reshape(-1)
                 offset += n
             world["numel_unpadded"] = numel
-            grad_dtype = dtype  # --accumulate-allreduce-grads-in-fp32 off
+            grad_dtype = grad_dtype_of(a)
             torch.save({"buckets_coalesced": True, 0: {(dtype, grad_dtype): world}},
                        os.path.join(folder, rank_dir, "distrib_optim.pt"))
     with open(os.path.join(out, name, "reference.json")) as f:
@@ -226,7 +234,7 @@ def check(folder, iteration, tp, pp, dtype_name, ref_path, impl):
             st = torch.load(os.path.join(base, "distrib_optim.pt"), map_location="cpu", weights_only=False)
             assert set(st) == {"buckets_coalesced", 0} and st["buckets_coalesced"] is True, sorted(map(str, st))
             (key, world), = st[0].items()
-            assert key == (a.params_dtype, a.params_dtype), key
+            assert key == (a.params_dtype, grad_dtype_of(a)), key
             numel = sum(n for n, _ in layout)
             assert world["numel_unpadded"] == numel, (world["numel_unpadded"], numel)
             assert set(world) == set(KINDS) | {"numel_unpadded"}
