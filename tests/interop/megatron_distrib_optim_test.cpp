@@ -4,7 +4,8 @@
 // model_optim_rng.pt, get_parameter_state_dp_zero's distrib_optim.pt laid out as
 // param_and_grad_buffer.py lays out the gradient buffer): the local and Transformer Engine layer
 // specs, one bucket and several (--overlap-grad-reduce with a small --ddp-bucket-size), the tied
-// embedding's own bucket under PP2, fp32 / bf16 / fp16. Every Adam moment, fp32 main weight and the
+// embedding's own bucket under PP2, fp32 / bf16 / fp16, and the per-bucket form of releases before
+// Megatron-Core 0.8 (NaN past each bucket's unpadded elements). Every Adam moment, fp32 main weight and the
 // step read back bit for bit; `checkpoint convert --save-format torch --use-distributed-optimizer`
 // writes files the reference loads (keys, dtype key, bucket sizes, every parameter's values, zeros
 // in the gaps) under another TP x PP too, and reads back bit for bit; missing, mismatched and
@@ -54,6 +55,7 @@ const std::vector<Variant> kVariants = {
     {"dense_dp2_bf16", "local", "bf16", 1, 1},
     {"dense_tp2pp2_dp2_fp32", "local", "fp32", 2, 2},
     {"dense_te_pp2_dp2_fp16", "transformer_engine", "fp16", 1, 2},
+    {"dense_per_bucket_tp2_dp2_bf16", "local", "bf16", 2, 1},  // the form before buckets_coalesced
 };
 
 std::map<std::string, Tensor> reference(const std::string& name) {

@@ -87,6 +87,17 @@ def grad_dtype_of(args):
     return torch.float32 if fp32 else args.params_dtype
 
 
+def bucket_sizes(layout, divisor):
+    """Each bucket's padded size: from its start to its end padded to lcm(DP, 128)."""
+    sizes = []
+    start = 0
+    for n, _ in layout:
+        end = (start + n + divisor - 1) // divisor * divisor
+        sizes.append(end - start)
+        start = end
+    return sizes
+
+
 def settings(args, p):
     dp = args.data_parallel_size
     bucket_size = None
@@ -114,7 +125,7 @@ def full_of(state, q, kind, t, tp):
     return mc.shard(state[kind][ours], mc.split_dim(ours), t, tp)
 
 
-def make_variant(out, name, scheme, tp, pp, dtype_name, dp, bucket_size, iteration=7):
+def make_variant(out, name, scheme, tp, pp, dtype_name, dp, bucket_size, per_bucket=False, iteration=7):
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
     w, full_state = mc.make_variant(out, name, scheme, 3, tp, pp, 1, dtype_name, "adam", True,
                                     iteration=iteration)
@@ -159,9 +170,22 @@ def make_variant(out, name, scheme, tp, pp, dtype_name, dp, bucket_size, iterati
                             full_of(state, q, k, t, tp).float().reshape(-1)
                 offset += n
             world["numel_unpadded"] = numel
-            grad_dtype = grad_dtype_of(a)
-            torch.save({"buckets_coalesced": True, 0: {(dtype, grad_dtype): world}},
-                       os.path.join(folder, rank_dir, "distrib_optim.pt"))
+            key = (dtype, grad_dtype_of(a))
+            if per_bucket:  # releases before buckets_coalesced: a list of padded buckets per state
+                divisor = math.lcm(dp_, 128)
+                padded = bucket_sizes(layout, divisor)
+                lists, offset = {k: [] for k in KINDS}, 0
+                for (n, _), size in zip(layout, padded):
+                    for k in KINDS:  # torch.empty's garbage past the unpadded elements
+                        t_ = torch.full((size,), float("nan"))
+                        t_[:n] = world[k][offset:offset + n]
+                        lists[k].append(t_)
+                    offset += n
+                saved = {"per_bucket_numel": {0: {key: padded}},
+                         "per_bucket_numel_unpadded": {0: {key: [n for n, _ in layout]}}, 0: {key: lists}}
+            else:
+                saved = {"buckets_coalesced": True, 0: {key: world}}
+            torch.save(saved, os.path.join(folder, rank_dir, "distrib_optim.pt"))
     with open(os.path.join(out, name, "reference.json")) as f:
         ref = json.load(f)
     ref.update({"dp": dp, "bucket_size": bucket_size})
@@ -171,10 +195,12 @@ def make_variant(out, name, scheme, tp, pp, dtype_name, dp, bucket_size, iterati
 
 VARIANTS = [
     # name, module tree (--transformer-impl local / transformer_engine), TP, PP, dtype, DP,
-    # --ddp-bucket-size with --overlap-grad-reduce (None: off)
+    # --ddp-bucket-size with --overlap-grad-reduce (None: off), the per-bucket form of earlier
+    # releases
     ("dense_dp2_bf16", "core", 1, 1, "bf16", 2, None),
     ("dense_tp2pp2_dp2_fp32", "core", 2, 2, "fp32", 2, 3000),
     ("dense_te_pp2_dp2_fp16", "core-te", 1, 2, "fp16", 2, 5000),
+    ("dense_per_bucket_tp2_dp2_bf16", "core", 2, 1, "bf16", 2, 3000, True),
 ]
 
 
