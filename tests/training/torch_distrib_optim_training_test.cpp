@@ -44,62 +44,24 @@ std::vector<json> reference_check(const std::string& folder, const std::string& 
 }
 
 // Trains 4 iterations uninterrupted (our format, saved at 2 and 4), then 2 with --ckpt-format
-// torch and the distributed optimizer, checks the folder, resumes from it for the last 2 (on
-// `resume_world` ranks' layout when given: rank 0 alone).
-void save_check_resume(const Fixture& f, TrainingArgs a, const std::string& name, bool resume_alone = false) {
+// torch and the distributed optimizer, checks the folder through the reference, and resumes from
+// it for the last 2 on the uninterrupted curve bit for bit (save_in_format_and_resume); the
+// resumed run's final .pt weights are the uninterrupted run's.
+FormatResume save_check_resume(const Fixture& f, TrainingArgs a, const std::string& name) {
   a.parallel.use_distributed_optimizer = true;
-  a.save = f.dir / (name + "_full");
-  a.save_interval = 2;
-  const TrainingSummary full = pretrain(a);
-  ASSERT_EQ(full.losses.size(), 4u);
-  TrainingArgs b = a;
-  b.ckpt_format = "torch";
-  b.save = f.dir / (name + "_torch");
-  b.save_interval = 1000;
-  b.exit_interval = 2;
-  EXPECT_EQ(pretrain(b).iterations, 2);
   const int tp = a.parallel.tensor_model_parallel_size, pp = a.parallel.pipeline_model_parallel_size;
-  if (world()->rank() == 0) {
-    const fs::path it = fs::path(b.save) / "iter_0000002";
+  const std::string ours = f.dir / (name + "_full");
+  const FormatResume r = save_in_format_and_resume(f.dir, a, name, "torch", "torch", [&](const fs::path& it) {
     for (int p = 0; p < pp; ++p)
       for (int t = 0; t < tp; ++t)
         EXPECT_TRUE(fs::exists(it / checkpoint_rank_dir(t, pp, p, 1, 0) / "distrib_optim.pt")) << name;
-    const std::vector<json> ranks = reference_check(b.save, a.save, 2, tp, pp, a.transformer_impl);
+    const std::vector<json> ranks = reference_check(it.parent_path().string(), ours, 2, tp, pp, a.transformer_impl);
     EXPECT_EQ(ranks.size(), size_t(tp * pp));
-    for (const json& r : ranks) EXPECT_EQ(r["steps"], json::array({2})) << r.dump();
-  }
+    for (const json& j : ranks) EXPECT_EQ(j["steps"], json::array({2})) << j.dump();
+  });
+  if (world()->rank() == 0) expect_same_merged_model(r.saved.save, ours, 4);
   world()->barrier();
-  b.exit_interval = 0;
-  b.load = b.save;
-  TrainingSummary second;
-  if (resume_alone) {
-    b.parallel.pipeline_model_parallel_size = 1;
-    if (world()->rank() == 0) second = run_single(b);
-  } else {
-    second = pretrain(b);
-  }
-  if (!resume_alone || world()->rank() == 0) {
-    EXPECT_EQ(second.start_iteration, 2);
-    ASSERT_EQ(second.losses.size(), 2u);
-    for (size_t i = 0; i < 2; ++i) {
-      if (resume_alone) {  // another data-parallel size: another summation order
-        EXPECT_NEAR(second.losses[i], full.losses[2 + i], 1e-5) << name << ": iteration " << i + 3;
-      } else {
-        EXPECT_EQ(second.losses[i], full.losses[2 + i]) << name << ": iteration " << i + 3;
-        EXPECT_EQ(second.grad_norms[i], full.grad_norms[2 + i]) << name << ": grad norm " << i + 3;
-      }
-    }
-  }
-  if (world()->rank() == 0 && !resume_alone) {  // the resumed run ends on the uninterrupted run's weights
-    const auto torch_ckpt = find_checkpoint(b.save, std::nullopt);
-    ASSERT_TRUE(torch_ckpt.has_value() && torch_ckpt->state.iteration == 4);
-    const MergedCheckpoint m = merge_checkpoint(*torch_ckpt, true);
-    const auto ref = gathered_model(a.save, 4);
-    EXPECT_EQ(m.model.size(), ref.size());
-    for (const auto& [n, v] : ref) EXPECT_TRUE(m.model.count(n) && m.model.at(n).to_float_vector() == v) << n;
-    EXPECT_EQ(m.optimizer_step, 4);
-  }
-  world()->barrier();
+  return r;
 }
 
 TEST(TorchDistribOptimTraining, OneRankSavesDistribOptimAndResumesBitForBit) {
@@ -117,8 +79,18 @@ TEST(MpiTorchDistribOptimTraining, DataAndPipelineParallelSaveAndResume) {
   Fixture f;
   TrainingArgs a = f.args(4);
   a.parallel.pipeline_model_parallel_size = W / 2;
-  save_check_resume(f, a, "dp2");
-  if (W == 2) save_check_resume(f, a, "dp2_alone", /*resume_alone=*/true);
+  const FormatResume r = save_check_resume(f, a, "dp2");
+  if (W == 2 && world()->rank() == 0) {  // the DP2 folder's iteration 2 on one rank: another DP size
+    TrainingArgs b = r.saved;
+    b.ckpt_step = 2;
+    b.save = f.dir / "dp2_alone";
+    const TrainingSummary alone = run_single(b);
+    EXPECT_EQ(alone.start_iteration, 2);
+    ASSERT_EQ(alone.losses.size(), 2u);
+    for (size_t i = 0; i < 2; ++i)  // another summation order of the data-parallel gradients
+      EXPECT_NEAR(alone.losses[i], r.whole.losses[2 + i], 1e-5) << "iteration " << i + 3;
+  }
+  world()->barrier();
 }
 
 }  // namespace
