@@ -35,6 +35,7 @@ struct ConvertArgs {
   data::TokenizerOptions tokenizer;  // flags given here override the checkpoint's
   CLI::App* app = nullptr;
   std::string load_format = "auto", save_format = "safetensors", transformer_impl = "transformer_engine";
+  bool use_distributed_optimizer = false;
   std::string target_params_dtype, max_shard_size = "5GB";
   bool print_structure = false;
   int64_t make_vocab_size_divisible_by = 128;
@@ -158,6 +159,7 @@ void run_convert(const ConvertArgs& a) {
   o.make_vocab_size_divisible_by = a.make_vocab_size_divisible_by;
   o.save_format = a.save_format;
   o.transformer_impl = a.transformer_impl;
+  o.use_distributed_optimizer = a.use_distributed_optimizer;
   const training::ConvertResult r = training::convert_checkpoint(o);
   for (const std::string& n : r.notes) log_print("note: " + n);
   if (a.save_format == "hf") {
@@ -190,6 +192,9 @@ void run_convert(const ConvertArgs& a) {
     log_print("optimizer state: in parameter space (the distributed optimizer's fully_reshardable "
               "format; Megatron-LM loads it with --use-distributed-optimizer "
               "--dist-ckpt-optim-fully-reshardable)");
+  else if (r.optimizer && a.save_format == "torch" && a.use_distributed_optimizer)
+    log_print("optimizer state: resharded (Megatron's distributed optimizer: distrib_optim.pt in each rank "
+              "folder; Megatron-LM loads it with --use-distributed-optimizer)");
   else if (r.optimizer && a.save_format == "torch")
     log_print("optimizer state: resharded (Megatron's non-distributed optimizer layout)");
   else if (r.optimizer)
@@ -256,6 +261,10 @@ CommandRegistrar reg(
                           "entries; local: the local layer spec's names)")
           ->check(CLI::IsMember({"transformer_engine", "local"}))
           ->capture_default_str();
+      convert->add_flag("--use-distributed-optimizer", a->use_distributed_optimizer,
+                        "With --save-format torch: write the optimizer state as Megatron-LM's "
+                        "distributed optimizer saves it (distrib_optim.pt in each rank folder), for a "
+                        "run with --use-distributed-optimizer");
       convert->add_option("--target-params-dtype", a->target_params_dtype,
                           "With --save-format hf (or --load-format hf): the weights' dtype "
                           "(default: as stored)")

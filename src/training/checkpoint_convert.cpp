@@ -391,10 +391,14 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
     res.optimizer_note = o.drop_optimizer ? "dropped on request (--no-save-optim)"
                                           : "the source checkpoint has none";
 
+  MG_REQUIRE(!o.use_distributed_optimizer || o.save_format == "torch", "--use-distributed-optimizer "
+             "chooses Megatron's distrib_optim.pt files of --save-format torch (got --save-format ", o.save_format,
+             "): drop it, or save with --save-format torch");
   if (o.save_format == "torch") {  // Megatron-LM's files (training/torch_checkpoint.h)
     m.metadata["args"]["model"]["padded_vocab_size"] = target_vocab;
     TorchSaveOptions so{o.transformer_impl};
     so.expert_model_parallel_size = o.target_ep;
+    so.distributed_optimizer = o.use_distributed_optimizer && optim;
     res.dir = write_torch_checkpoint(m, o.save, T, P, o.target_layers_per_virtual_stage, so);
     res.num_tensors = m.model.size();
     res.num_files = size_t(T) * size_t(P) * size_t(o.target_ep);

@@ -117,6 +117,9 @@ struct ConvertOptions {
   // --transformer-impl (transformer_engine or local), or "hf".
   std::string load_format = "auto", save_format = "safetensors";
   std::string transformer_impl = "transformer_engine";
+  // --save-format torch for a Megatron-LM run with --use-distributed-optimizer: the optimizer
+  // state goes into each rank folder's distrib_optim.pt (training/torch_distrib_optim.h).
+  bool use_distributed_optimizer = false;
   // The tokenizer (its files resolved by the caller): --save-format hf copies its files and takes
   // bos/eos from it; --load-format hf records it when the folder has no tokenizer files. Default:
   // the checkpoint's args.

@@ -43,9 +43,10 @@
 // Float16OptimizerWithFloat16Params ({"optimizer", "grad_scaler", "fp32_from_fp16_params"}) is
 // mapped onto parameters through the parameter groups (weight-decayed, then not: the model's
 // parameter order split by "1-D or bias"; either group order, sizes and every shape checked):
-// exp_avg, exp_avg_sq (or momentum_buffer), fp32 main params, the step. A distributed optimizer
-// (its state lives in distrib_optim.pt), chained optimizers or groups that do not match load the
-// weights only, and the checkpoint's notes say so.
+// exp_avg, exp_avg_sq (or momentum_buffer), fp32 main params, the step. A distributed optimizer's
+// state is read from distrib_optim.pt (torch_distrib_optim.h); one this build cannot lay out,
+// chained optimizers or groups that do not match load the weights only, and the checkpoint's
+// notes say so.
 //
 // Writing (checkpoint convert --save-format torch, and save_torch_checkpoint for pretrain-gpt
 // --ckpt-format torch) produces Megatron-Core names in Megatron's structure, checkpoint_version
@@ -120,6 +121,10 @@ struct TorchSaveOptions {
   // (mp_rank_TT[_PPP]_EEE), each with the dense weights and its experts numbered from 0, and
   // under EP > 1 the ChainedOptimizer's two state dicts (dense, expert-parallel).
   int expert_model_parallel_size = 1;
+  // Megatron's --use-distributed-optimizer: the optimizer entry is DistributedOptimizer's state
+  // dict (parameter groups and scaler) and each rank folder gets distrib_optim.pt
+  // (torch_distrib_optim.h); GPT models of one model chunk without experts.
+  bool distributed_optimizer = false;
 };
 
 // Writes merged tensors as a torch checkpoint for TP = tp x PP = pp (virtual stages of
@@ -166,6 +171,9 @@ struct TorchOptimizers {
   };
   std::vector<Part> parts;
   const pickle::Value* grad_scaler = nullptr;  // the first one's
+  // Megatron's distributed optimizer: the state is in distrib_optim.pt (torch_distrib_optim.h),
+  // the parts hold only the parameter groups (with the step).
+  bool distributed = false;
   std::string unmappable;
 };
 TorchOptimizers optimizer_layout(const pickle::Value* opt, const pickle::Value* ns);

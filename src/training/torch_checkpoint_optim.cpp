@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/torch_file.h"
 #include "training/torch_checkpoint.h"
+#include "training/torch_distrib_optim.h"
 
 namespace megatron::training::torch_detail {
 
@@ -204,9 +205,15 @@ TorchOptimizers optimizer_layout(const Value* opt, const Value* ns) {
   for (const TorchOptimizers::Part& p : l.parts)
     stateless = stateless || p.inner->kind != Kind::Dict || p.inner->get("state") == nullptr;
   if (flag(ns, "use_distributed_optimizer") || stateless) {
-    l.unmappable = "its optimizer state is in distrib_optim.pt (Megatron's distributed optimizer), "
-                   "which this build does not read";
-    l.parts.clear();
+    const std::string why = flag(ns, "use_distributed_optimizer") ? torch_distrib::unreadable(ns)
+                                                                  : "its args do not say use_distributed_optimizer";
+    if (why.empty() && l.parts.size() == 1) {
+      l.distributed = true;
+    } else {
+      l.unmappable = "its optimizer state is in distrib_optim.pt (Megatron's distributed optimizer), which this "
+                     "build does not read here: " + (why.empty() ? std::string("a chained optimizer") : why);
+      l.parts.clear();
+    }
   }
   return l;
 }

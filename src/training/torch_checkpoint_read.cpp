@@ -11,6 +11,7 @@
 #include "model/layer_spec.h"
 #include "model/model_family.h"
 #include "training/torch_checkpoint.h"
+#include "training/torch_distrib_optim.h"
 
 namespace megatron::training {
 
@@ -508,8 +509,12 @@ TorchRankContents read_torch_rank(const CheckpointOnDisk& ckpt, int t, int p, bo
   if (!with_optimizer || ckpt.state.optimizer_type.empty()) return out;
 
   // The optimizer state, through the parameter groups (torch_checkpoint_optim.cpp).
-  out.optimizer = torch_detail::map_optimizer(f, torch_detail::optimizer_layout(root.get("optimizer"), ns),
-                                              params, ckpt.state.optimizer_type == "adam",
+  const torch_detail::TorchOptimizers layout = torch_detail::optimizer_layout(root.get("optimizer"), ns);
+  if (layout.distributed) {  // Megatron's distributed optimizer: distrib_optim.pt beside the file
+    out.optimizer = torch_distrib::read_rank(f, file, ns, layout, params, p, P, L, a.model.params_dtype);
+    return out;
+  }
+  out.optimizer = torch_detail::map_optimizer(f, layout, params, ckpt.state.optimizer_type == "adam",
                                               a.model.params_dtype, label, out.notes);
   return out;
 }

@@ -12,6 +12,7 @@
 #include "optim/lr_scheduler.h"
 #include "training/checkpoint_files.h"
 #include "training/torch_checkpoint.h"
+#include "training/torch_distrib_optim.h"
 
 namespace megatron::training {
 
@@ -260,6 +261,12 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
              "in the main groups, is_decoupled_lr false), so Megatron-LM loads it only without "
              "--decoupled-lr (its parameter groups must match); with --decoupled-lr resume there "
              "with --no-load-optim");
+  MG_REQUIRE(!options.distributed_optimizer || (optim && adam && EP == 1 && V == 1 && !t5 &&
+                                                a.model.family_id() == model::ModelFamilyId::gpt),
+             "Megatron's distrib_optim.pt is written for GPT models with Adam's state, one model chunk and "
+             "no expert parallelism (got ", optim ? m.optimizer_type : std::string("no optimizer state"), ", ", V,
+             " model chunks, expert-parallel size ", EP, "); save with --ckpt-format torch_dist, or "
+             "without --use-distributed-optimizer");
   const json& rng = meta.at("rng_state");
   const int dp = meta.contains("parallel") && meta["parallel"].is_object() &&
                          meta["parallel"].contains("data_parallel_size")
@@ -285,7 +292,7 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
       {"consumed_train_samples", meta.at("consumed_train_samples")},
       {"consumed_valid_samples", meta.at("consumed_valid_samples")}, {"iteration", iteration},
       {"fp16", a.fp16}, {"bf16", a.bf16}, {"params_dtype", dtype_name(dtype)},
-      {"use_distributed_optimizer", false}, {"ckpt_format", "torch"},
+      {"use_distributed_optimizer", options.distributed_optimizer}, {"ckpt_format", "torch"},
       {"transformer_impl", options.transformer_impl}, {"use_legacy_models", false},
       {"expert_model_parallel_size", EP},
       {"use_mcore_models", true}, {"data_parallel_random_init", false},
@@ -469,7 +476,9 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
           chained->items.push_back(o);
         }
         }
-        doc.set(root, "optimizer", parts == 1 ? chained->items[0] : chained);
+        doc.set(root, "optimizer", options.distributed_optimizer
+                                       ? torch_distrib::state_dict(doc, *chained->items[0], m.optimizer_step)
+                                   : parts == 1 ? chained->items[0] : chained);
         Value* s = doc.dict();  // OptimizerParamScheduler.state_dict()
         for (const auto& [k, v] : sc.items()) {
           if (v.is_string()) doc.set(s, k, doc.str(v.get<std::string>()));
@@ -488,6 +497,25 @@ fs::path write_torch_checkpoint(const MergedCheckpoint& m, const fs::path& save_
       const fs::path file = tmp / rank_dir / kTorchCheckpointFile;
       write_torch_file(file, *root, "model_optim_rng");
       detail::set_mode(file, 0640);
+      if (options.distributed_optimizer) {  // save_parameter_state's file beside it
+        std::map<std::string, Shape> local;
+        std::map<std::string, const ChunkParam*> slots;
+        for (const ChunkParam& cp : chunks[0]) {
+          if (cp.buffer) continue;
+          local[cp.tied_copy ? kWordEmbedding : cp.ours] = shard_of(m, cp, "param", t, T).shape();
+          slots[cp.ours] = &cp;
+        }
+        torch_distrib::BufferSpec bs{p, P, a.model.num_layers, dp, !a.model.untie_embeddings_and_output_weights,
+                                     0, te, dtype, a.grad_reduce_in_bf16};
+        if (p == 0 && a.parallel.overlap_grad_reduce)
+          bs.bucket_size = a.parallel.ddp_bucket_size > 0 ? a.parallel.ddp_bucket_size
+                                                          : std::max<int64_t>(40000000, int64_t(1000000) * dp);
+        const fs::path opt_file = tmp / rank_dir / torch_distrib::kDistribOptimFile;
+        torch_distrib::write_rank(opt_file, local, bs, [&](const std::string& n, const std::string& kind) {
+          return shard_of(m, *slots.at(n), kind == "param" && dtype != DType::F32 ? "fp32_param" : kind, t, T);
+        });
+        detail::set_mode(opt_file, 0640);
+      }
       detail::fsync_path(tmp / rank_dir, true);
     }
    }
@@ -520,6 +548,16 @@ fs::path save_torch_checkpoint(const fs::path& save_dir, const CheckpointState& 
         lpvs = state.args["parallel"]["num_layers_per_virtual_pipeline_stage"].get<int>();
       TorchSaveOptions o = options;
       o.expert_model_parallel_size = rank.ep_size;
+      if (optimizer == nullptr) o.distributed_optimizer = false;  // --no-save-optim: nothing to lay out
+      if (o.distributed_optimizer && (rank.ep_size > 1 || lpvs > 0 ||
+                                      m.optimizer_type != "adam" ||
+                                      training_args_from_json(m.metadata.at("args")).model.family_id() !=
+                                          model::ModelFamilyId::gpt)) {
+        log_warn("--ckpt-format torch: Megatron's distrib_optim.pt is written for GPT models trained with "
+                 "Adam, one model chunk and no expert parallelism; this checkpoint's optimizer state is "
+                 "saved as the plain optimizer's (Megatron-LM loads it without --use-distributed-optimizer)");
+        o.distributed_optimizer = false;
+      }
       out = write_torch_checkpoint(m, save_dir, rank.tp_size, rank.pp_size, lpvs, o);
       fs::remove_all(staging);
     } catch (const std::exception& e) {

@@ -3,6 +3,7 @@
 #include "training/torch_dist_buckets.h"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 
 #include "core/error.h"

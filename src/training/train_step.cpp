@@ -219,6 +219,7 @@ void save_checkpoint_at(TrainingRun& r, int64_t it) {
   if (a.ckpt_format == "torch") {
     TorchSaveOptions to;
     to.transformer_impl = a.transformer_impl;
+    to.distributed_optimizer = a.parallel.use_distributed_optimizer;
     dir = save_torch_checkpoint(a.save, st, params, saved, r.crank, to);
   } else if (a.ckpt_format == "torch_dist") {  // Megatron's format, given by name
     TorchSaveOptions to;

@@ -521,6 +521,7 @@ def make_variant(out, name, scheme, version, tp, pp, vp, dtype_name, optimizer="
                    "consumed_valid_samples": 16, "max_lr": 3e-3, "lr_warmup_steps": 16,
                    "num_steps": iteration * 8, "tp": tp, "pp": pp, "vp": vp,
                    "grad_scale": 512.0 if dtype == torch.float16 and optimizer else None}, f)
+    return w, full_state
 
 
 def write_safetensors(path, tensors):
@@ -622,7 +623,9 @@ def check(folder, iteration, tp, pp, vp, impl, dtype_name, family="gpt"):
             res["param_names_%d" % 0] = [n for n, _ in stages[0].module.named_parameters()]
             res["checkpoint_version"] = sd["checkpoint_version"]
             res["iteration"] = sd["iteration"]
-            if "optimizer" in sd:
+            if getattr(a, "use_distributed_optimizer", False):  # megatron_distrib_optim.py checks it
+                res["distributed_optimizer"] = sorted(sd["optimizer"])
+            elif "optimizer" in sd:
                 modules = [s.module for s in stages]
                 groups = param_groups(modules, sort=True)
                 fp16 = dtype != torch.float32
