@@ -51,11 +51,11 @@ MODEL=(--num-layers 4 --hidden-size 128 --num-attention-heads 4 --group-query-at
        --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001)
 rm -rf "$OUT/ckpt" "$OUT/metrics.jsonl"
 "$MEGATRON" pretrain-gpt "${MODEL[@]}" "${TOK[@]}" \
-  --micro-batch-size 16 --global-batch-size 16 --train-iters "$ITERS" \
+  --micro-batch-size 8 --global-batch-size 8 --train-iters "$ITERS" \
   --lr 5e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters "$(( ITERS < 40 ? 1 : 20 ))" --adam-beta2 0.95 \
   --weight-decay 0.1 --clip-grad 1.0 --hidden-dropout 0 --attention-dropout 0 \
   --data-path "$DATA_PREFIX" --split 98,2,0 --data-cache-path "$OUT/cache" \
-  --log-interval 25 --log-throughput --eval-interval 100 --eval-iters 10 \
+  --log-interval 20 --log-throughput --eval-interval 100 --eval-iters 10 \
   --log-metrics-jsonl "$OUT/metrics.jsonl" \
   --save "$OUT/ckpt" --save-interval "$ITERS" --exit-duration-in-mins "$MINUTES" 2>&1 |
   tee "$OUT/train.log"
