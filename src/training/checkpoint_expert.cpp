@@ -37,28 +37,42 @@ RankTensors read_rank_tensors(const CheckpointOnDisk& ckpt, const CheckpointRank
   // Another expert-parallel layout: the EP folders of this TP x PP rank that hold its experts,
   // merged by name (the dense tensors are in each of them, equal; each expert in one).
   out.resharded = true;
-  std::vector<std::string> dirs = checkpoint_rank_dirs(ckpt, rank.tp_rank, rank.pp_rank);
-  out.label = (ckpt.dir / (dirs.size() > 1 ? checkpoint_rank_dir(rank.tp_rank, rank.pp_size,
-                                                                  rank.pp_rank, 1, 0) + "_*"
-                                            : dirs[0]) / file).string();
+  const CheckpointParallel& c = ckpt.parallel;
+  auto dir_of = [&](int t, int e) {
+    return checkpoint_rank_dir(t, c.pipeline_model_parallel_size, rank.pp_rank, ckpt_ep, e);
+  };
+  out.label = (ckpt.dir / (ckpt_ep > 1 ? checkpoint_rank_dir(rank.tp_rank, rank.pp_size, rank.pp_rank, 1, 0) + "_*"
+                                       : dir_of(rank.tp_rank, 0)) / file).string();
   const nlohmann::json& args = ckpt.state.args;
   const int64_t experts = args.contains("model") && args["model"].is_object()
                               ? args["model"].value("num_moe_experts", int64_t(0))
                               : 0;
+  int first_ep = 0, last_ep = ckpt_ep;  // the checkpoint's EP ranks to read, [first_ep, last_ep)
   if (rank.ep_size > 1 && experts > 0 && experts % ckpt_ep == 0 && experts % rank.ep_size == 0) {
     // Experts [first, last) of this rank live in the folders of ckpt EP ranks first / per .. .
     const int64_t per_rank = experts / rank.ep_size, per_folder = experts / ckpt_ep;
     const int64_t first = rank.ep_rank * per_rank, last = first + per_rank;
-    dirs = std::vector<std::string>(dirs.begin() + first / per_folder,
-                                    dirs.begin() + (last - 1) / per_folder + 1);
+    first_ep = int(first / per_folder);
+    last_ep = int((last - 1) / per_folder + 1);
   }
-  for (const std::string& d : dirs) {
-    const std::string rel = d + "/" + file;
-    MG_REQUIRE(ckpt.files.is_object() && ckpt.files.contains(rel), (ckpt.dir / "metadata.json").string(),
-               " lists no ", rel, ": the checkpoint is ", ckpt.parallel.describe(),
-               " but that rank's file is missing from it");
+  auto listed = [&](const std::string& rel) { return ckpt.files.is_object() && ckpt.files.contains(rel); };
+  for (int e = first_ep; e < last_ep; ++e) {
+    const std::string own = dir_of(rank.tp_rank, e) + "/" + file;
+    std::string rel = own;
+    bool experts_only = false;
+    if (c.etp() != c.tensor_model_parallel_size && !listed(rel)) {
+      // Parallel folding under EP: the world rank of TP rank t holds one EP rank, so the folder
+      // of (t, e) may not exist; e's experts (expert-tensor shard t % ETP, whole at ETP 1) are in
+      // the folder of another TP rank with the same shard.
+      for (int t = rank.tp_rank % c.etp(); t < c.tensor_model_parallel_size && !listed(rel); t += c.etp())
+        rel = dir_of(t, e) + "/" + file;
+      experts_only = true;
+    }
+    MG_REQUIRE(listed(rel), (ckpt.dir / "metadata.json").string(), " lists no ", own,
+               ": the checkpoint is ", c.describe(), " but that rank's file is missing from it");
     SafetensorsContents st = read_tensor_file(ckpt, rel);
-    for (auto& [name, t] : st.tensors) out.contents.tensors.emplace(name, std::move(t));
+    for (auto& [name, t] : st.tensors)
+      if (!experts_only || is_expert_tensor_name(name)) out.contents.tensors.emplace(name, std::move(t));
     for (auto& [key, value] : st.metadata) out.contents.metadata.emplace(key, std::move(value));
   }
   return out;

@@ -192,21 +192,19 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   r.ps = ParallelState::create(make_timed_communicator(world, r.comm_stats), pc);
   const int etp = r.ps.layout().config.expert_tensor_parallel_size;
   // Checkpoints of experts sharded otherwise than the dense layers: TP rank t's folder holds
-  // expert-tensor shard t % ETP, so ETP must divide TP, at EP 1 (with EP > 1 the expert ranks
-  // follow the TP ranks, and a TP x EP folder per pair would not be written by anyone); the
-  // distributed optimizer's expert shards
-  // (over the expert data-parallel group, across TP ranks) and Megatron's .pt files are not
-  // written that way.
+  // expert-tensor shard t % ETP, so ETP must divide TP; under EP each world rank writes the folder
+  // of its TP and EP rank (a TP rank need not have a folder for every EP rank: readers take the
+  // experts from another TP rank's folder of the same shard, training/checkpoint_expert.cpp). The
+  // distributed optimizer's expert shards (over the expert data-parallel group, across TP ranks)
+  // and Megatron's .pt files are not written that way.
   const bool checkpoints = !a.save.empty() || !a.load.empty();
   MG_REQUIRE(etp == r.ps.tp_size() || !checkpoints ||
-                 (r.ps.tp_size() % etp == 0 && r.ps.ep_size() == 1 &&
-                  !a.parallel.use_distributed_optimizer && a.ckpt_format != "torch"),
+                 (r.ps.tp_size() % etp == 0 && !a.parallel.use_distributed_optimizer && a.ckpt_format != "torch"),
              "--save/--load with --expert-tensor-parallel-size ", etp, " (tensor-parallel size ",
              r.ps.tp_size(), "): checkpoints hold experts sharded otherwise than the dense layers "
-             "only when the expert-tensor-parallel size divides the tensor-parallel size, at "
-             "expert-parallel size 1, with the plain optimizer, in this build's format (not "
-             "--use-distributed-optimizer or --ckpt-format torch); train without them or leave "
-             "--expert-tensor-parallel-size out");
+             "only when the expert-tensor-parallel size divides the tensor-parallel size, with the "
+             "plain optimizer, in this build's format (not --use-distributed-optimizer or "
+             "--ckpt-format torch); train without them or leave --expert-tensor-parallel-size out");
   r.log_rank = r.ps.world_rank() == r.ps.world_size() - 1;
   const int dp = r.ps.dp_size(), tp = r.ps.tp_size();
   r.dp_cp = dp * r.ps.cp_size();

@@ -85,34 +85,11 @@ TEST(MpiMoeCheckpoint, ExpertParallelResumeIsBitExact) {
     SCOPED_TRACE(l.name);
     TrainingArgs base = ep_args(f, 2, l.dist_opt);
     base.parallel.tensor_model_parallel_size = l.tp;
-    TrainingArgs full = base;
-    full.save = f.dir / (l.name + "_full");
-    full.save_interval = 1000;
-    const TrainingSummary whole = pretrain(full);
-    TrainingArgs first = base;
-    first.save = f.dir / (l.name + "_split");
-    first.save_interval = 5;
-    first.exit_interval = 5;
-    pretrain(first);
-    if (world()->rank() == 0)
-      expect_expert_folders(fs::path(first.save) / "iter_0000005", 2, l.dist_opt, n / l.tp, l.tp);
-    TrainingArgs second = first;
-    second.load = first.save;
-    second.exit_interval = 0;
-    second.save_interval = 1000;
-    const TrainingSummary rest = pretrain(second);
-    ASSERT_EQ(rest.start_iteration, 5);
-    ASSERT_EQ(rest.losses.size(), 5u);
-    for (size_t i = 0; i < 5; ++i) {
-      EXPECT_EQ(rest.losses[i], whole.losses[5 + i]) << "iteration " << i + 6;
-      EXPECT_EQ(rest.grad_norms[i], whole.grad_norms[5 + i]) << "iteration " << i + 6;
-      EXPECT_EQ(rest.more_losses[i], whole.more_losses[5 + i]) << "iteration " << i + 6;
-    }
-    if (world()->rank() == 0) {
-      expect_same_params(second.save, full.save, 10, 0.0);
-      expect_same_optimizer_state(second.save, full.save, 10, 0.0, 0.0);
-    }
-    world()->barrier();
+    ResumeExtras extras;
+    extras.optimizer = true;
+    extras.at_split = [&](const fs::path& it) { expect_expert_folders(it, 2, l.dist_opt, n / l.tp, l.tp); };
+    expect_exact_resume(base, f.dir / (l.name + "_full"), f.dir / (l.name + "_split"),
+                        [](const TrainingArgs& a) { return pretrain(a); }, 5, extras);
   }
 }
 

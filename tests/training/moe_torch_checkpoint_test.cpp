@@ -28,55 +28,28 @@ TrainingArgs torch_moe_args(const Fixture& f, int ep) {
 }
 
 // 4 iterations in our format (saved at 2 and 4); 2 with --ckpt-format torch, then a resume from
-// that folder for the last 2: the same losses and grad norms, and its final .pt weights are the
-// uninterrupted run's. Returns the torch folder.
+// that folder for the last 2 (save_in_format_and_resume: the same losses, grad norms and MoE
+// losses), and its final .pt weights are the uninterrupted run's. Returns the torch folder.
 std::string save_and_resume(const Fixture& f, TrainingArgs a, const std::string& name) {
-  a.save = f.dir / (name + "_full");
-  a.save_interval = 2;
-  const TrainingSummary full = pretrain(a);
-  EXPECT_EQ(full.losses.size(), 4u);
-  TrainingArgs b = a;
-  b.ckpt_format = "torch";
-  b.save = f.dir / (name + "_torch");
-  b.save_interval = 1000;
-  b.exit_interval = 2;
-  EXPECT_EQ(pretrain(b).iterations, 2);
   const int ep = a.parallel.expert_model_parallel_size;
-  const fs::path it = fs::path(b.save) / "iter_0000002";
-  if (world()->rank() == 0) {  // Megatron's module trees and optimizers take the files
+  const FormatResume r = save_in_format_and_resume(f.dir, a, name, "torch", "torch", [&](const fs::path& it) {
+    // Megatron's module trees and optimizers take the files
     for (int e = 0; e < ep; ++e) {
       EXPECT_TRUE(fs::exists(it / checkpoint_rank_dir(0, 1, 0, ep, e) / kTorchCheckpointFile)) << e;
     }
-    const auto r = testing::run_command(
+    const auto c = testing::run_command(
         "/usr/bin/python3 " + (testing::source_dir() / "tests/reference/megatron_moe_checkpoint.py").string() +
-        " check " + b.save + " 2 " + std::to_string(ep) + " 2>&1");
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find(ep > 1 ? "\"optimizers\": 2" : "\"optimizers\": 1"), std::string::npos) << r.output;
-  }
-  b.exit_interval = 0;
-  b.load = b.save;
-  const TrainingSummary second = pretrain(b);
-  EXPECT_EQ(second.start_iteration, 2);
-  EXPECT_EQ(second.losses.size(), 2u);
-  for (size_t i = 0; i < 2 && i < second.losses.size(); ++i) {
-    EXPECT_EQ(second.losses[i], full.losses[2 + i]) << name << ": iteration " << i + 3;
-    EXPECT_EQ(second.grad_norms[i], full.grad_norms[2 + i]) << name << ": grad norm " << i + 3;
-    EXPECT_EQ(second.more_losses[i], full.more_losses[2 + i]) << name << ": MoE losses " << i + 3;
-  }
+        " check " + it.parent_path().string() + " 2 " + std::to_string(ep) + " 2>&1");
+    EXPECT_EQ(c.exit_code, 0) << c.output;
+    EXPECT_NE(c.output.find(ep > 1 ? "\"optimizers\": 2" : "\"optimizers\": 1"), std::string::npos) << c.output;
+  });
   if (world()->rank() == 0) {
-    const auto torch_ckpt = find_checkpoint(b.save, std::nullopt);
-    EXPECT_TRUE(torch_ckpt.has_value() && torch_ckpt->state.iteration == 4 &&
-                torch_ckpt->parallel.expert_model_parallel_size == ep);
-    if (torch_ckpt) {
-      const MergedCheckpoint m = merge_checkpoint(*torch_ckpt, false);
-      const auto ref = gathered_model(a.save, 4);
-      EXPECT_EQ(m.model.size(), ref.size());
-      for (const auto& [n, v] : ref)
-        EXPECT_TRUE(m.model.count(n) && m.model.at(n).to_float_vector() == v) << n;
-    }
+    const auto torch_ckpt = find_checkpoint(r.saved.save, std::nullopt);
+    EXPECT_TRUE(torch_ckpt.has_value() && torch_ckpt->parallel.expert_model_parallel_size == ep);
+    expect_same_merged_model(r.saved.save, f.dir / (name + "_full"), 4);
   }
   world()->barrier();
-  return b.save;
+  return r.saved.save;
 }
 
 TEST(MoeTorchCheckpoint, SavesMegatronFilesAndResumesBitForBit) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -146,6 +147,15 @@ inline std::map<std::string, std::vector<float>> gathered_model(const std::strin
   const fs::path dir = fs::path(save) / name;
   const json meta = json::parse(testing::read_file(dir / "metadata.json"));
   const bool has_parallel = meta.contains("parallel");
+  if (has_parallel && meta["parallel"].contains("expert_tensor_parallel_size")) {
+    // Experts sharded otherwise than the dense layers (parallel folding): through the merge.
+    const auto ckpt = find_checkpoint(save, it);
+    EXPECT_TRUE(ckpt.has_value()) << save;
+    std::map<std::string, std::vector<float>> out;
+    if (ckpt)
+      for (const auto& [n, t] : merge_checkpoint(*ckpt, false).model) out[n] = t.to_float_vector();
+    return out;
+  }
   const int tp = has_parallel ? meta["parallel"]["tensor_model_parallel_size"].get<int>() : 1;
   const int pp = has_parallel ? meta["parallel"]["pipeline_model_parallel_size"].get<int>() : 1;
   const int ep = has_parallel ? meta["parallel"].value("expert_model_parallel_size", 1) : 1;
@@ -265,12 +275,40 @@ inline void expect_same_curve(const TrainingSummary& got, const TrainingSummary&
 #define SKIP_ON_ONE_RANK() \
   if (world()->size() == 1) GTEST_SKIP() << "needs mpirun -np 2 or 4 (label mpi)"
 
+// Bit-equal doubles, a NaN equal to a NaN (the grad norm of a skipped iteration).
+inline bool same_bits(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
+
+// `rest`, loaded at iteration `split`, continues `whole` (the uninterrupted run) bit for bit:
+// consumed samples, losses, grad norms and the family's further (MoE, BERT) losses.
+inline void expect_resumed_curve(const TrainingSummary& rest, const TrainingSummary& whole, int64_t split,
+                                 const std::string& what = "") {
+  ASSERT_EQ(rest.start_iteration, split) << what;
+  ASSERT_EQ(rest.losses.size() + size_t(split), whole.losses.size()) << what;
+  EXPECT_EQ(rest.consumed_samples, whole.consumed_samples) << what;
+  ASSERT_EQ(rest.more_losses.size(), rest.losses.size()) << what;
+  for (size_t i = 0; i < rest.losses.size(); ++i) {
+    const size_t w = size_t(split) + i;
+    EXPECT_EQ(rest.losses[i], whole.losses[w]) << what << ": iteration " << w + 1;
+    EXPECT_TRUE(same_bits(rest.grad_norms[i], whole.grad_norms[w]))
+        << what << ": grad norm, iteration " << w + 1 << ": " << rest.grad_norms[i] << " vs " << whole.grad_norms[w];
+    EXPECT_EQ(rest.more_losses[i], whole.more_losses[w]) << what << ": further losses, iteration " << w + 1;
+  }
+}
+
+// What expect_exact_resume checks beyond the curve and the final parameters.
+struct ResumeExtras {
+  bool optimizer = false;  // the final optimizer state too, bit for bit (rank 0)
+  std::function<void(const fs::path&)> at_split;  // rank 0, on the split iteration's folder
+};
+
 // Exact resume: `args` trained by `run` in one go, saved to full_dir, and in two parts (saved
-// and stopped at iteration `split` in resume_dir, then loaded from it): the resumed iterations'
-// losses equal the uninterrupted run's bit for bit, and so do the final parameters.
+// and stopped at iteration `split` in resume_dir, then loaded from it): the resumed iterations
+// continue the uninterrupted curve bit for bit (expect_resumed_curve), and the final parameters
+// are the same.
 template <class Run>
 void expect_exact_resume(const TrainingArgs& args, const std::string& full_dir,
-                         const std::string& resume_dir, Run run, int64_t split = 10) {
+                         const std::string& resume_dir, Run run, int64_t split = 10,
+                         const ResumeExtras& extras = {}) {
   TrainingArgs full = args;
   full.save = full_dir;
   full.save_interval = 1000;
@@ -280,16 +318,66 @@ void expect_exact_resume(const TrainingArgs& args, const std::string& full_dir,
   first.save_interval = split;
   first.exit_interval = split;
   run(first);
+  if (extras.at_split && world()->rank() == 0) {
+    char it[32];
+    std::snprintf(it, sizeof it, "iter_%07lld", (long long)split);
+    extras.at_split(fs::path(resume_dir) / it);
+  }
   TrainingArgs second = first;
   second.load = first.save;
   second.exit_interval = 0;
   second.save_interval = 1000;
   const TrainingSummary rest = run(second);
-  const size_t n = size_t(args.train_iters - split);
-  ASSERT_EQ(rest.losses.size(), n);
-  for (size_t i = 0; i < n; ++i) EXPECT_EQ(rest.losses[i], whole.losses[size_t(split) + i]) << i;
-  if (world()->rank() == 0) expect_same_params(second.save, full.save, args.train_iters, 0.0);
+  expect_resumed_curve(rest, whole, split, resume_dir);
+  if (world()->rank() == 0) {
+    expect_same_params(second.save, full.save, args.train_iters, 0.0);
+    if (extras.optimizer) expect_same_optimizer_state(second.save, full.save, args.train_iters, 0.0, 0.0);
+  }
   world()->barrier();
+}
+
+// A run in another checkpoint format resumed on the curve of this build's format.
+struct FormatResume {
+  TrainingArgs saved;      // the run that wrote the other format (its save folder)
+  TrainingSummary whole;   // the uninterrupted run in this build's format (saved at 2 and 4)
+};
+
+// `a` trains 4 iterations uninterrupted in this build's format (saved at 2 and 4 in
+// dir/NAME_full), then 2 with --ckpt-format `format` in dir/NAME_SUFFIX; `saved` runs on rank 0
+// on that folder's iteration 2; a resume from it for the last 2 continues the uninterrupted curve
+// bit for bit.
+template <class Saved>
+FormatResume save_in_format_and_resume(const SharedDir& dir, TrainingArgs a, const std::string& name,
+                                       const std::string& format, const std::string& suffix, Saved saved) {
+  a.save = dir / (name + "_full");
+  a.save_interval = 2;
+  FormatResume out;
+  out.whole = pretrain(a);
+  EXPECT_EQ(out.whole.losses.size(), 4u);
+  TrainingArgs b = a;
+  b.ckpt_format = format;
+  b.save = dir / (name + "_" + suffix);
+  b.save_interval = 1000;
+  b.exit_interval = 2;
+  EXPECT_EQ(pretrain(b).iterations, 2);
+  if (world()->rank() == 0) saved(fs::path(b.save) / "iter_0000002");
+  b.exit_interval = 0;
+  b.load = b.save;
+  expect_resumed_curve(pretrain(b), out.whole, 2, name);
+  out.saved = b;
+  return out;
+}
+
+// Rank 0: the checkpoint in `other_save` (any format) at iteration `it` holds the same model
+// tensors, bit for bit, as this build's checkpoint of the same iteration in `our_save`.
+inline void expect_same_merged_model(const std::string& other_save, const std::string& our_save, int64_t it) {
+  const auto ckpt = find_checkpoint(other_save, std::nullopt);
+  ASSERT_TRUE(ckpt.has_value()) << other_save;
+  EXPECT_EQ(ckpt->state.iteration, it) << other_save;
+  const MergedCheckpoint m = merge_checkpoint(*ckpt, false);
+  const auto ref = gathered_model(our_save, it);
+  EXPECT_EQ(m.model.size(), ref.size());
+  for (const auto& [n, v] : ref) EXPECT_TRUE(m.model.count(n) && m.model.at(n).to_float_vector() == v) << n;
 }
 
 // The same for one rank, in dir/full and dir/resume.

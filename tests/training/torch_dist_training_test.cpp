@@ -20,24 +20,14 @@ namespace {
 using namespace parallel_test;
 
 // Trains 4 iterations uninterrupted (our format, saved at 2 and 4), then 2 with --ckpt-format
-// torch_dist and a resume from that folder for the last 2, then (rank 0 alone) 2 more from each
-// format's iteration 2 on one rank; returns the torch_dist folder.
+// torch_dist and a resume from that folder for the last 2 (save_in_format_and_resume), then
+// (rank 0 alone) 2 more from each format's iteration 2 on one rank; returns the torch_dist folder.
 std::string save_and_resume(const Fixture& f, TrainingArgs a, const std::string& name,
                             const std::string& sharding) {
-  a.save = f.dir / (name + "_full");
-  a.save_interval = 2;
-  const TrainingSummary full = pretrain(a);
-  EXPECT_EQ(full.losses.size(), 4u);
-  TrainingArgs b = a;
-  b.ckpt_format = "torch_dist";
-  b.save = f.dir / (name + "_dist");
-  b.save_interval = 1000;
-  b.exit_interval = 2;
-  EXPECT_EQ(pretrain(b).iterations, 2);
-  const fs::path it = fs::path(b.save) / "iter_0000002";
-  if (world()->rank() == 0) {
-    EXPECT_EQ(testing::read_file(fs::path(b.save) / "latest_checkpointed_iteration.txt"), "2");
-    EXPECT_FALSE(fs::exists(fs::path(b.save) / ".tmp_iter_0000002"));
+  const FormatResume r = save_in_format_and_resume(f.dir, a, name, "torch_dist", "dist", [&](const fs::path& it) {
+    const fs::path save = it.parent_path();
+    EXPECT_EQ(testing::read_file(save / "latest_checkpointed_iteration.txt"), "2");
+    EXPECT_FALSE(fs::exists(save / ".tmp_iter_0000002"));
     for (const char* file : {".metadata", "common.pt", "metadata.json"}) EXPECT_TRUE(fs::exists(it / file)) << file;
     for (int r = 0; r < world()->size(); ++r)
       for (int n = 0; n < 2; ++n)
@@ -53,17 +43,9 @@ std::string save_and_resume(const Fixture& f, TrainingArgs a, const std::string&
     bool buckets = false;
     for (const auto& [key, e] : folder.entries()) buckets = buckets || key.find(".bucket_idx_") != std::string::npos;
     EXPECT_EQ(buckets, sharding == "dp_reshardable");
-  }
-  b.exit_interval = 0;
-  b.load = b.save;
-  const TrainingSummary second = pretrain(b);
-  EXPECT_EQ(second.start_iteration, 2);
-  EXPECT_EQ(second.consumed_samples, full.consumed_samples);
-  EXPECT_EQ(second.losses.size(), 2u);
-  for (size_t i = 0; i < 2 && i < second.losses.size(); ++i) {
-    EXPECT_EQ(second.losses[i], full.losses[2 + i]) << name << ": iteration " << i + 3;
-    EXPECT_EQ(second.grad_norms[i], full.grad_norms[2 + i]) << name << ": grad norm " << i + 3;
-  }
+  });
+  a.save = f.dir / (name + "_full");
+  const TrainingArgs& b = r.saved;
   if (world()->rank() == 0) {  // under another layout: one rank, the plain optimizer
     TrainingArgs c = f.args(4);
     c.save = "";

@@ -35,23 +35,15 @@ std::vector<json> torch_check(const std::string& folder, int64_t iteration, int 
 }
 
 // Trains 4 iterations uninterrupted (our format, saved at 2 and 4), then 2 with --ckpt-format
-// torch and a resume from that folder for the last 2; returns the torch folder.
+// torch and a resume from that folder for the last 2 (save_in_format_and_resume); the files are
+// Megatron's alone and the resumed run's final .pt weights are the uninterrupted run's. Returns the
+// torch folder.
 std::string save_and_resume(const Fixture& f, TrainingArgs a, const std::string& name) {
-  a.save = f.dir / (name + "_full");
-  a.save_interval = 2;
-  const TrainingSummary full = pretrain(a);
-  EXPECT_EQ(full.losses.size(), 4u);
-  TrainingArgs b = a;
-  b.ckpt_format = "torch";
-  b.save = f.dir / (name + "_torch");
-  b.save_interval = 1000;
-  b.exit_interval = 2;
-  EXPECT_EQ(pretrain(b).iterations, 2);
-  const fs::path it = fs::path(b.save) / "iter_0000002";
   const int tp = a.parallel.tensor_model_parallel_size, pp = a.parallel.pipeline_model_parallel_size;
-  if (world()->rank() == 0) {
-    EXPECT_EQ(testing::read_file(fs::path(b.save) / "latest_checkpointed_iteration.txt"), "2");
-    EXPECT_FALSE(fs::exists(fs::path(b.save) / ".torch_staging"));
+  const FormatResume r = save_in_format_and_resume(f.dir, a, name, "torch", "torch", [&](const fs::path& it) {
+    const fs::path save = it.parent_path();
+    EXPECT_EQ(testing::read_file(save / "latest_checkpointed_iteration.txt"), "2");
+    EXPECT_FALSE(fs::exists(save / ".torch_staging"));
     EXPECT_FALSE(fs::exists(it / "metadata.json"));  // Megatron's files only
     for (int p = 0; p < pp; ++p)
       for (int t = 0; t < tp; ++t) {
@@ -62,30 +54,14 @@ std::string save_and_resume(const Fixture& f, TrainingArgs a, const std::string&
           std::snprintf(rank, sizeof rank, "mp_rank_%02d", t);
         EXPECT_TRUE(fs::exists(it / rank / kTorchCheckpointFile)) << rank;
       }
-  }
-  b.exit_interval = 0;
-  b.load = b.save;
-  const TrainingSummary second = pretrain(b);
-  EXPECT_EQ(second.start_iteration, 2);
-  EXPECT_EQ(second.consumed_samples, full.consumed_samples);
-  EXPECT_EQ(second.losses.size(), 2u);
-  for (size_t i = 0; i < 2 && i < second.losses.size(); ++i) {
-    EXPECT_EQ(second.losses[i], full.losses[2 + i]) << name << ": iteration " << i + 3;
-    EXPECT_EQ(second.grad_norms[i], full.grad_norms[2 + i]) << name << ": grad norm " << i + 3;
-  }
+  });
   if (world()->rank() == 0) {  // the resumed run's final .pt weights are the uninterrupted run's
-    const auto torch_ckpt = find_checkpoint(b.save, std::nullopt);
-    EXPECT_TRUE(torch_ckpt.has_value() && torch_ckpt->format == "torch" && torch_ckpt->state.iteration == 4);
-    if (torch_ckpt) {
-      const MergedCheckpoint m = merge_checkpoint(*torch_ckpt, false);
-      const auto ref = gathered_model(a.save, 4);
-      EXPECT_EQ(m.model.size(), ref.size());
-      for (const auto& [n, v] : ref)
-        EXPECT_TRUE(m.model.count(n) && m.model.at(n).to_float_vector() == v) << n;
-    }
+    const auto torch_ckpt = find_checkpoint(r.saved.save, std::nullopt);
+    EXPECT_TRUE(torch_ckpt.has_value() && torch_ckpt->format == "torch");
+    expect_same_merged_model(r.saved.save, f.dir / (name + "_full"), 4);
   }
   world()->barrier();
-  return b.save;
+  return r.saved.save;
 }
 
 TEST(TorchFormatTraining, SavesMegatronFilesThatTorchLoadsAndResumesOnTheSameCurve) {
