@@ -101,16 +101,6 @@ PlanInput make_plan_input(training::TrainingArgs a, int world_size, int64_t voca
   a.model.validate();
   a.model.validate_tensor_parallel(tp);
   a.model.validate_context_parallel(in.layout.cp);
-  // The plan's model of the mixture-of-experts layer covers TP, SP and DP; the layout search's
-  // candidates meet these limits here (the trainer takes PP and CP too).
-  if (a.model.num_moe_experts > 0) {
-    MG_REQUIRE(in.layout.pp == 1, "plan: --num-experts with --pipeline-model-parallel-size ",
-               in.layout.pp, ": the plan does not model MoE layers under pipeline parallelism; "
-               "plan with --pipeline-model-parallel-size 1 (training takes it)");
-    MG_REQUIRE(in.layout.cp == 1, "plan: --num-experts with --context-parallel-size ",
-               in.layout.cp, ": the plan does not model MoE layers under context parallelism; "
-               "plan with --context-parallel-size 1 (training takes it)");
-  }
   a.model.params_dtype = a.bf16 ? DType::BF16 : (a.fp16 ? DType::F16 : DType::F32);
   if (model::activation_kind(a.model.activation).gated && a.model.ffn_hidden_size == 0) {
     const int64_t megatron_ffn =

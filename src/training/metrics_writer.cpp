@@ -55,6 +55,12 @@ void MetricsWriter::record(const IterationRecord& r) {
       more_sums_[k] += r.more_losses[k];
     grad_norm_ = r.step.grad_norm;
   }
+  if (expert_tokens_.size() < r.moe_tokens_per_expert.size()) expert_tokens_.resize(r.moe_tokens_per_expert.size());
+  for (size_t l = 0; l < r.moe_tokens_per_expert.size(); ++l) {
+    const std::vector<double>& t = r.moe_tokens_per_expert[l];
+    expert_tokens_[l].resize(std::max(expert_tokens_[l].size(), t.size()), 0.0);
+    for (size_t e = 0; e < t.size(); ++e) expert_tokens_[l][e] += t[e];
+  }
   NamedLosses more;
   for (size_t k = 0; k < more_sums_.size() && k < r.more_losses.size(); ++k)
     more.emplace_back(loss_names_[k + 1], r.more_losses[k]);
@@ -104,7 +110,9 @@ void MetricsWriter::write_interval(const IterationRecord& r) {
            << ", \"ms_per_iteration\": " << s.elapsed_ms_per_iter
            << ", \"tokens_per_second\": " << s.tokens_per_second
            << ", \"comm_ms_per_iteration\": " << comm_ms << ", \"world_size\": " << world_size_
-           << ", \"skipped_iterations\": " << skipped_ << "}\n";
+           << ", \"skipped_iterations\": " << skipped_;
+    write_expert_shares();
+    jsonl_ << "}\n";
     jsonl_.flush();
   }
   tensorboard_.log_interval(r.iteration, secs / double(iters_),
@@ -113,9 +121,25 @@ void MetricsWriter::write_interval(const IterationRecord& r) {
   flops_sum_ = 0;
   loss_sum_ = 0;
   std::fill(more_sums_.begin(), more_sums_.end(), 0.0);
+  expert_tokens_.clear();
   grad_norm_ = std::nan("");
   interval_t0_ = Clock::now();
   comm0_ = comm_->seconds;
+}
+
+void MetricsWriter::write_expert_shares() {
+  bool first = true;
+  for (size_t l = 0; l < expert_tokens_.size(); ++l) {
+    const std::vector<double>& t = expert_tokens_[l];
+    if (t.empty()) continue;
+    double total = 0;
+    for (double v : t) total += v;
+    jsonl_ << (first ? ", \"moe_expert_token_shares\": {\"" : ", \"") << l << "\": [";
+    for (size_t e = 0; e < t.size(); ++e) jsonl_ << (e ? ", " : "") << (total > 0 ? t[e] / total : 0.0);
+    jsonl_ << "]";
+    first = false;
+  }
+  if (!first) jsonl_ << "}";
 }
 
 void MetricsWriter::log_validation(int64_t iteration, int64_t consumed_samples,

@@ -1,9 +1,11 @@
 // The training loop's metrics (Megatron's training_log): every iteration's scalars to
 // TensorBoard, and every --log-interval iterations (and at the last) the interval's log line
 // (metrics.h format_log_line), one JSON object per interval with --log-metrics-jsonl, and the
-// interval's timing to TensorBoard. Only the last rank writes (print_rank_last); the others keep
-// no files open. Skipped iterations (inf/NaN gradients) count in the interval's time and samples
-// but not in its mean loss; the logged grad norm is the last advanced iteration's.
+// interval's timing to TensorBoard. With MoE the JSON object also carries each MoE layer's share
+// of the interval's routed tokens per expert ("moe_expert_token_shares": {"<layer>": [E]}, layers
+// 0-based). Only the last rank writes (print_rank_last); the others keep no files open. Skipped
+// iterations (inf/NaN gradients) count in the interval's time and samples but not in its mean
+// loss; the logged grad norm is the last advanced iteration's.
 #pragma once
 
 #include <chrono>
@@ -33,6 +35,8 @@ struct IterationRecord {
   std::optional<double> decoupled_learning_rate;  // --decoupled-lr
   double loss_scale = 1;
   std::vector<std::pair<std::string, double>> tensorboard_scalars;  // at the iteration only
+  // MoE: per layer of the model (empty for a dense one), the tokens routed to each expert.
+  std::vector<std::vector<double>> moe_tokens_per_expert;
 };
 
 class MetricsWriter {
@@ -50,6 +54,7 @@ class MetricsWriter {
  private:
   using Clock = std::chrono::steady_clock;
   void write_interval(const IterationRecord& r);
+  void write_expert_shares();  // the interval's "moe_expert_token_shares" entry, if any
 
   const TrainingArgs& a_;
   int64_t train_iters_;
@@ -66,6 +71,7 @@ class MetricsWriter {
   double comm0_ = 0;
   std::vector<std::string> loss_names_;
   std::vector<double> more_sums_;  // per further loss, over the interval's advanced iterations
+  std::vector<std::vector<double>> expert_tokens_;  // per layer and expert, over the interval
   Clock::time_point interval_t0_ = Clock::now();
 };
 

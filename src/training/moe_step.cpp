@@ -76,7 +76,14 @@ MoeStepMetrics moe_step_metrics(TrainingRun& r, int64_t micro_batches) {
       slots.at(k * NL + size_t(layers[l]->layer_number())) =
           at(l)[long(at_k)] / (double(micro_batches) * ranks);
   }
-  if (r.ps.pp_size() > 1 && !slots.empty()) {
+  // The tokens routed to each expert (summed over DP x CP, and TP under sequence parallelism),
+  // per layer of the model (NL x E, zeros for a dense layer or another stage's), reduced over the
+  // pipeline with the loss slots in one collective.
+  const size_t loss_slots = slots.size();
+  slots.resize(loss_slots + NL * E, 0.0);
+  for (size_t l = 0; l < L; ++l)
+    std::copy(at(l), at(l) + long(E), slots.begin() + long(loss_slots + size_t(layers[l]->layer_number()) * E));
+  if (r.ps.pp_size() > 1) {
     Tensor t = Tensor::from_vector(slots, {int64_t(slots.size())});
     r.ps.pp().all_reduce(t, ReduceOp::Sum);
     slots.assign(t.data<double>(), t.data<double>() + t.numel());
@@ -92,6 +99,11 @@ MoeStepMetrics moe_step_metrics(TrainingRun& r, int64_t micro_batches) {
       for (size_t i = 0; i < NL; ++i)
         out.per_layer.emplace_back(str("moe/", names[k], "_layer_", i), slots[k * NL + i]);
   }
+  out.tokens_per_expert.resize(NL);
+  for (size_t i = 0; i < NL; ++i)
+    if (c.is_moe_layer(int(i)))
+      out.tokens_per_expert[i].assign(slots.begin() + long(loss_slots + i * E),
+                                      slots.begin() + long(loss_slots + (i + 1) * E));
   return out;
 }
 

@@ -131,6 +131,7 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
   MoeStepMetrics moe = moe_step_metrics(r, micro_batches);
   for (double v : moe.logged) out.more_losses.push_back(v);
   out.tensorboard_scalars = std::move(moe.per_layer);
+  out.moe_tokens_per_expert = std::move(moe.tokens_per_expert);
   const optim::LRScheduler& s = *r.scheduler;
   out.step = r.optimizer->step(s.lr(), s.weight_decay(), r.scaler,
                                s.config().has_decoupled_lr() ? s.decoupled_lr() : std::nan(""));

@@ -156,7 +156,7 @@ TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world)
     metrics.record({it, r.consumed, iter_gbs, step.loss, step.more_losses, step.step, sched.lr(),
                     sched.config().has_decoupled_lr() ? std::optional<double>(sched.decoupled_lr())
                                                       : std::nullopt,
-                    r.scaler.scale(), step.tensorboard_scalars});
+                    r.scaler.scale(), step.tensorboard_scalars, step.moe_tokens_per_expert});
     // On the CPU the host allocator and the resident set, on a GPU the caching allocator.
     if (!memory_reported && (it % a.log_interval == 0 || it == r.train_iters)) {
       if (r.ps.dp_rank() == 0)

@@ -97,6 +97,7 @@ struct StepOutcome {
   int buckets_launched_in_backward = 0;  // with --overlap-grad-reduce
   // TensorBoard-only scalars (--moe-per-layer-logging's moe/<loss>_layer_<i>).
   std::vector<std::pair<std::string, double>> tensorboard_scalars;
+  std::vector<std::vector<double>> moe_tokens_per_expert;  // MoeStepMetrics::tokens_per_expert
 };
 StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches);
 
@@ -111,6 +112,9 @@ StepOutcome train_step(TrainingRun& r, int64_t iteration, int64_t micro_batches)
 struct MoeStepMetrics {
   std::vector<double> logged;
   std::vector<std::pair<std::string, double>> per_layer;
+  // Per layer of the model (empty for a dense one): the tokens the router sent to each expert in
+  // this step, all micro-batches and data-parallel ranks (the counts the expert bias follows).
+  std::vector<std::vector<double>> tokens_per_expert;
 };
 MoeStepMetrics moe_step_metrics(TrainingRun& r, int64_t micro_batches);
 // Before a step's schedule: gives the MoE layers the DP x CP group of global_aux_loss.

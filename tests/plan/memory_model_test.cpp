@@ -7,7 +7,8 @@
 //    RMSNorm/SwiGLU/GQA models, q/k norms, TP with and without sequence parallelism, CP over the
 //    ring and the all-gather, selective and full (uniform and block) recomputation, and
 //    mixture-of-experts layers (top-1 and top-2, a shared expert, a layer pattern, a capacity
-//    padded to, under TP, DP with the distributed optimizer and full recomputation);
+//    padded to, under TP, PP (1F1B and interleaved), CP, DP with the distributed optimizer and
+//    full recomputation);
 //  - the micro-batches in flight are what the pipeline schedules keep (1F1B, interleaved);
 //  - the predicted peak of the host allocator is within 10% of the measured one over a few
 //    training steps of single-rank and 4-rank layouts (every pipeline stage).
@@ -142,6 +143,28 @@ std::vector<Case> cases() {
     a.model.recompute_method = "uniform";
     a.model.recompute_num_layers = 2;
   });
+  // Mixture of experts under pipeline parallelism (a dense layer on the first stage only) and
+  // under context parallelism (each rank routes its slice of the sequence).
+  add("moe_pp2_pattern", ll, 2, [](auto& a) {
+    a.parallel.pipeline_model_parallel_size = 2;
+    a.model.num_moe_experts = 4;
+    a.model.moe_router_topk = 2;
+    a.model.moe_layer_freq = "[0,1,1,1]";
+  });
+  add("moe_pp2_vp2_dp2", gpt, 4, [](auto& a) {
+    a.parallel.pipeline_model_parallel_size = 2;
+    a.parallel.num_layers_per_virtual_pipeline_stage = 1;
+    a.model.add_bias_linear = false;
+    a.model.num_moe_experts = 4;
+    a.model.moe_router_topk = 1;
+    a.model.moe_layer_freq = "2";
+  });
+  add("moe_cp2_shared", ll, 2, [](auto& a) {
+    a.parallel.context_parallel_size = 2;
+    a.model.num_moe_experts = 4;
+    a.model.moe_router_topk = 2;
+    a.model.moe_shared_expert_intermediate_size = 32;
+  });
   add("tp2_pp2_distopt_dp", gpt, 8, [](auto& a) {
     a.parallel.tensor_model_parallel_size = 2;
     a.parallel.pipeline_model_parallel_size = 2;
@@ -227,7 +250,9 @@ TEST(PlanMemoryModel, PeakOfTheHostAllocatorWithinTenPercentOfSteps) {
                                        "tp2_pp2_distopt_dp",
                                        "moe_top2",
                                        "moe_shared_pattern_tp2",
-                                       "moe_capacity_padded_dp2_distopt_bf16"};
+                                       "moe_capacity_padded_dp2_distopt_bf16",
+                                       "moe_pp2_pattern",
+                                       "moe_cp2_shared"};
   for (const Case& c : cases()) {
     if (!kinds.count(c.name)) continue;
     SCOPED_TRACE(c.name);

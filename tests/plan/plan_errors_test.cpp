@@ -39,9 +39,6 @@ TEST(PlanErrors, NamesTheFlag) {
   expect_error("--num-experts 4 --disable-bias-linear --tensor-model-parallel-size 2 "
                "--expert-tensor-parallel-size 1 --world-size 2",
                "plan: --expert-tensor-parallel-size 1 differs from --tensor-model-parallel-size 2");
-  expect_error("--num-experts 4 --disable-bias-linear --pipeline-model-parallel-size 2 "
-               "--world-size 2",
-               "--num-experts with --pipeline-model-parallel-size 2");
   expect_error("--device tpu", "--device");
   expect_error("--search", "--search needs a device");
   expect_error("--measure --measure-iters 1", "--measure-iters must be >= 2");

@@ -7,7 +7,8 @@
 //    and the expert bias updated per stage. PP2 (1F1B, the dense layer alone on stage 0), PP2
 //    interleaved (4 layers, 1 per virtual stage, sigmoid routing with the expert bias), PP2 x EP2
 //    (both dispatchers, the distributed optimizer), PP2 x TP2 + SP and PP2 x DP2 follow the
-//    single-rank curve, MoE losses included, and end with its parameters.
+//    single-rank curve, MoE losses included, and end with its parameters; so does the 8-rank
+//    EP2 x TP2 + SP x PP2 (x DP2) mesh with both dispatchers and the distributed optimizer.
 //  - Context parallelism: every CP rank routes its slice of each sequence; the load-balancing
 //    counts are summed over TP x CP (seq_aux_loss's per sequence: each rank holds a part of every
 //    sequence), each rank's loss is its tokens' share, the z-loss coefficient is divided by
@@ -103,6 +104,22 @@ TEST(MpiMoePipeline, PipelineStagesFollowTheSingleRankCurve) {
                {.name = "moe_pp2_tp2_sp", .tp = 2, .pp = 2, .model = "seq_aux_loss"},
                {.name = "moe_pp2_dp2_distopt", .pp = 2, .dist_opt = true}};
   expect_layouts_follow_the_single_rank_curve(f, layouts, 10);
+}
+
+// The 8-rank mesh: TP2 + SP x PP2 x DP2 for attention, ETP2 x EP2 for the experts of each stage
+// (expert data parallel 1), with both dispatchers, the distributed optimizer and the
+// interleaved schedule with the expert bias. Runs at -np 8 alone.
+TEST(MpiMoePipeline, EightRanksFollowTheSingleRankCurve) {
+  if (world()->size() != 8) GTEST_SKIP() << "runs at np 8";
+  Fixture f;
+  expect_layouts_follow_the_single_rank_curve(
+      f,
+      {{.name = "moe_ep2_tp2_sp_pp2_alltoall", .tp = 2, .pp = 2, .ep = 2},
+       {.name = "moe_ep2_tp2_sp_pp2_alltoall_distopt_interleaved", .tp = 2, .pp = 2, .ep = 2,
+        .dist_opt = true, .model = "interleaved"},
+       {.name = "moe_ep2_tp2_sp_pp2_allgather_seq_aux", .tp = 2, .pp = 2, .ep = 2,
+        .dispatcher = "allgather", .model = "seq_aux_loss"}},
+      6);
 }
 
 TEST(MpiMoePipeline, ContextParallelFollowsTheSingleRankCurve) {
