@@ -35,7 +35,7 @@ std::string torch_dtype_name(DType t) {
 // (torch_dist_buckets.h): the pieces it holds at their places in the flat buckets, with DP rank
 // 0 writing the gaps between parameters (zeros) and the ShardedObjects.
 void add_dp_reshardable_items(std::vector<WriteItem>& items, const fs::path& tmp, optim::MegatronOptimizer& opt,
-                              const TrainingArgs& a, const CheckpointRank& rank) {
+                              const TrainingArgs& a, const CheckpointRank& rank, bool transformer_engine) {
   const model::ParameterList& ps = opt.parameters();
   std::map<std::string, const model::Parameter*> by_name;
   for (const model::Parameter* p : ps) by_name[p->name] = p;
@@ -48,7 +48,7 @@ void add_dp_reshardable_items(std::vector<WriteItem>& items, const fs::path& tmp
         if (it == by_name.end()) return std::nullopt;
         return it->second->value.shape();
       },
-      rank.pp_rank, rank.pp_size, a.model.num_layers, rank.dp_size, tied, 0, &placed);
+      rank.pp_rank, rank.pp_size, a.model.num_layers, rank.dp_size, tied, 0, &placed, transformer_engine);
   std::map<std::string, std::pair<size_t, int64_t>> where;  // name -> (bucket, start)
   for (size_t b = 0; b < layout.size(); ++b)
     for (const BufferSlot& s : layout[b].params) where[s.name] = {b, s.start};
@@ -172,7 +172,7 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
   if (distributed) {
     MG_REQUIRE(adam, "--ckpt-format torch_dist with --use-distributed-optimizer saves Adam's state (Megatron's "
                "distributed optimizer is Adam's); use --optimizer adam or leave out --ckpt-format");
-    add_dp_reshardable_items(items, tmp, *optimizer, a, rank);
+    add_dp_reshardable_items(items, tmp, *optimizer, a, rank, te);
   }
   add_object_items(items, tmp, a, meta, t, T, p, P, d, rank.dp_size, te, rank.edp_rank, rank.ep_rank, rank.ep_size);
   const int me = multi ? rank.world->rank() : 0;
@@ -230,10 +230,6 @@ void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
              "optimizer's state is written per parameter), or add --no-save-optim");
   MG_REQUIRE(vp_size <= 1, "--ckpt-format torch_dist with virtual pipeline stages is not written by this build: "
              "leave out --ckpt-format and convert the checkpoint afterwards");
-  MG_REQUIRE(!a.parallel.use_distributed_optimizer || a.no_save_optim || a.transformer_impl == "local",
-             "--ckpt-format torch_dist with --use-distributed-optimizer writes Megatron's dp_reshardable optimizer "
-             "state in the gradient-buffer order of Megatron-Core's local modules: add --transformer-impl local "
-             "(also to the Megatron-LM run that loads it), or --no-save-optim");
 }
 
 }  // namespace megatron::training
