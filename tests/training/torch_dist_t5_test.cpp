@@ -1,0 +1,218 @@
+// Megatron-LM T5 checkpoints in torch_dist (tests/reference/write_torch_dist_t5.py writes one as
+// Megatron-Core's T5Model saves it under TP2: the encoder and decoder blocks each on a layer axis
+// of its own depth, the decoder's cross-attention, the relative position biases, the TP-chunked
+// head bias under lm_head.output_layer.bias and its output_layer.bias alias): read as a T5 model
+// whose merged weights equal the writer's, this run's TP2 shards equal the writer's tensors cut by
+// the weights' shard rules, `checkpoint convert` takes it to this build's format and to Megatron's
+// .pt with the same weights and writes it back as torch_dist bit for bit as the fixture (read by
+// the independent Python reader), pretrain-t5 --ckpt-format torch_dist saves and resumes
+// bit-exact, and pretrain-t5 fine-tunes from the fixture under TP2 (with DP over the other ranks:
+// np 2 and 4) on the loss curve of the same run on one rank.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "parallel_test_util.h"
+#include "model/transformer_config.h"
+#include "test_util.h"
+#include "training/checkpoint.h"
+#include "training/checkpoint_convert.h"
+#include "training/torch_dist_checkpoint.h"
+
+namespace megatron {
+namespace {
+
+namespace fs = std::filesystem;
+namespace mt = megatron::testing;
+using json = nlohmann::json;
+
+const std::string kWriter = "tests/reference/write_torch_dist_t5.py";
+
+const fs::path& fixtures() {
+  static mt::TempDir dir;
+  static const bool made = [] {
+    const auto r = mt::run_command("/usr/bin/python3 " + (mt::source_dir() / kWriter).string() + " make " +
+                                   dir.path().string() + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return true;
+  }();
+  (void)made;
+  return dir.path();
+}
+
+// The writer's merged weights under our names (t5.ref: config.json's params, weights.bin).
+std::map<std::string, Tensor> reference() {
+  const fs::path ref = fixtures() / "t5.ref";
+  const json cfg = json::parse(mt::read_file(ref / "config.json"));
+  std::ifstream in(ref / "weights.bin", std::ios::binary);
+  std::map<std::string, Tensor> out;
+  for (const json& p : cfg["params"]) {
+    Tensor t = Tensor::empty(p["shape"].get<Shape>(), DType::F32);
+    in.read(static_cast<char*>(t.raw_data()), std::streamsize(t.numel() * 4));
+    out.emplace(p["name"].get<std::string>(), t);
+  }
+  EXPECT_TRUE(in.good());
+  return out;
+}
+
+void expect_weights(const std::map<std::string, Tensor>& got, const std::map<std::string, Tensor>& want,
+                    const std::string& what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, t] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << what << ": " << name;
+    EXPECT_EQ(it->second.shape(), t.shape()) << what << ": " << name;
+    EXPECT_EQ(it->second.to(DType::F32).to_float_vector(), t.to_float_vector()) << what << ": " << name;
+  }
+}
+
+TEST(TorchDistT5, ReadsMegatronsT5KeysAsAT5Model) {
+  const auto ckpt = training::find_checkpoint(fixtures() / "t5", std::nullopt);
+  ASSERT_TRUE(ckpt.has_value());
+  EXPECT_EQ(ckpt->format, "torch_dist");
+  const model::TransformerConfig cfg = training::training_args_from_json(ckpt->state.args).model;
+  EXPECT_EQ(cfg.model_family, "t5");
+  EXPECT_EQ(cfg.num_layers, 2);       // the encoder's depth
+  EXPECT_EQ(cfg.decoder_layers(), 3);  // the decoder's layer axis
+  EXPECT_EQ(cfg.position_embedding_type, "relative");
+  const std::map<std::string, Tensor> want = reference();
+  ASSERT_TRUE(want.count("output_layer.bias") && want.count("decoder.layers.2.cross_attention.linear_kv.weight") &&
+              want.count("encoder_relative_pos_emb.relative_attention_bias.weight") &&
+              want.count("decoder.layers.1.pre_cross_attn_layernorm.weight"));
+  expect_weights(training::read_torch_dist_model(*ckpt), want, "merged");
+
+  // This run's TP2 shards, streamed from the chunks, against the reference cut by the shard rules.
+  const auto specs = training::checkpoint_weight_specs(*ckpt, json());
+  for (int r = 0; r < 2; ++r) {
+    training::CheckpointRank rank;
+    rank.tp_size = 2;
+    rank.tp_rank = r;
+    std::map<std::string, Shape> params;
+    std::map<std::string, Tensor> cut;
+    for (const auto& [name, t] : want) {
+      cut[name] = training::split_shard(t, training::shard_rule(specs.at(name)), r, 2);
+      params[name] = cut[name].shape();
+    }
+    EXPECT_EQ(cut.at("decoder.layers.0.cross_attention.linear_kv.weight").size(0) * 2,
+              want.at("decoder.layers.0.cross_attention.linear_kv.weight").size(0));
+    EXPECT_EQ(cut.at("output_layer.bias").size(0) * 2, want.at("output_layer.bias").size(0));
+    expect_weights(training::read_torch_dist_shards(*ckpt, params, rank), cut, "TP2 rank " + std::to_string(r));
+  }
+}
+
+TEST(TorchDistT5, ConvertsToOursAndToMegatronsPtWithTheSameWeights) {
+  mt::TempDir tmp;
+  const fs::path src = fixtures() / "t5";
+  auto r = mt::run_cli("checkpoint convert --load " + src.string() + " --save " + (tmp.path() / "ours").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mt::run_cli("checkpoint convert --load " + src.string() + " --save " + (tmp.path() / "pt").string() +
+                  " --save-format torch --target-tensor-parallel-size 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::map<std::string, Tensor> want = reference();
+  for (const char* which : {"ours", "pt"}) {
+    const auto ckpt = training::find_checkpoint(tmp.path() / which, std::nullopt);
+    ASSERT_TRUE(ckpt.has_value()) << which;
+    const training::MergedCheckpoint m = training::merge_checkpoint(*ckpt, false);
+    const model::TransformerConfig cfg = training::training_args_from_json(m.metadata.at("args")).model;
+    EXPECT_EQ(cfg.model_family, "t5") << which;
+    EXPECT_EQ(cfg.decoder_layers(), 3) << which;
+    expect_weights(m.model, want, which);
+  }
+}
+
+TEST(TorchDistT5, WritesWhatAnIndependentReaderReadsAsMegatronsLayout) {
+  // The fixture taken to this build's format and written back as torch_dist under TP2: Megatron's
+  // keys (both names of the head's bias), chunks, shapes and bytes, as the Python reader reads them.
+  mt::TempDir tmp;
+  auto r = mt::run_cli("checkpoint convert --load " + (fixtures() / "t5").string() + " --save " +
+                       (tmp.path() / "ours").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mt::run_cli("checkpoint convert --load " + (tmp.path() / "ours").string() + " --save " +
+                  (tmp.path() / "td").string() + " --save-format torch_dist --transformer-impl local "
+                  "--target-tensor-parallel-size 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto check = mt::run_command("/usr/bin/python3 " + (mt::source_dir() / kWriter).string() + " check " +
+                                     (tmp.path() / "td/iter_0000007").string() + " " +
+                                     (fixtures() / "t5/iter_0000007").string() + " 2>&1");
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_NE(check.output.find("ok: 41 tensor keys"), std::string::npos) << check.output;
+  // T5 has no pipeline stages here: a torch_dist T5 of two is refused by name.
+  r = mt::run_cli("checkpoint convert --load " + (tmp.path() / "ours").string() + " --save " +
+                  (tmp.path() / "pp").string() + " --save-format torch_dist --target-pipeline-parallel-size 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("T5"), std::string::npos) << r.output;
+}
+
+training::TrainingArgs t5_args(const fs::path& dir, int64_t iters) {
+  training::TrainingArgs a = training::parallel_test::tiny_gpt_args(dir, iters);
+  a.data.data_path.clear();
+  a.mock_data = true;
+  a.model.model_family = "t5";
+  a.model.num_layers = 2;
+  a.model.decoder_num_layers = 3;
+  a.model.seq_length = 12;
+  a.model.decoder_seq_length = 8;
+  a.model.max_position_embeddings = 12;
+  a.model.position_embedding_type = "relative";
+  a.model.relative_attention_num_buckets = 8;
+  a.model.relative_attention_max_distance = 6;
+  a.tokenizer.vocab_size = 60;
+  a.tokenizer.vocab_extra_ids = 10;
+  return a;
+}
+
+TEST(TorchDistT5, PretrainT5SavesTorchDistAndResumesBitExact) {
+  // 4 iterations in this build's format against 2 saved in torch_dist and 2 resumed from it: the
+  // resumed curve continues bit for bit, and the torch_dist folder reads back (as a T5 model,
+  // Megatron's keys) as the same weights.
+  using namespace training::parallel_test;
+  SharedDir dir;
+  const std::string ours = dir / "t5_full";
+  save_in_format_and_resume(dir, t5_args(dir.path(), 4), "t5", "torch_dist", "dist", [&](const fs::path& it) {
+    const auto ckpt = training::find_checkpoint(it.parent_path(), std::nullopt);
+    ASSERT_TRUE(ckpt.has_value());
+    EXPECT_EQ(ckpt->format, "torch_dist");
+    EXPECT_EQ(training::training_args_from_json(ckpt->state.args).model.model_family, "t5");
+    expect_same_merged_model(it.parent_path().string(), ours, 2);
+  });
+}
+
+TEST(TorchDistT5, RefusesTheDistributedOptimizersState) {
+  mt::TempDir tmp;
+  training::TrainingArgs a = t5_args(tmp.path(), 2);
+  a.ckpt_format = "torch_dist";
+  a.parallel.use_distributed_optimizer = true;
+  a.save = (tmp / "s").string();
+  a.save_interval = 1;
+  try {
+    training::parallel_test::run_single(a);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not T5's"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MpiTorchDistT5, FineTunesUnderTp2OnTheSingleRankCurve) {
+  using namespace training::parallel_test;
+  SKIP_ON_ONE_RANK();
+  SharedDir dir;
+  training::TrainingArgs a = t5_args(dir.path(), 4);
+  a.load = (fixtures() / "t5").string();
+  a.finetune = true;
+  const training::TrainingSummary ref = reference_curve(a, dir / "ref");
+  ASSERT_EQ(ref.losses.size(), 4u);
+  training::TrainingArgs tp2 = a;
+  tp2.parallel.tensor_model_parallel_size = 2;
+  tp2.save = dir / "tp2";
+  tp2.save_interval = 1000;
+  const training::TrainingSummary got = training::pretrain(tp2, world());
+  expect_same_curve(got, ref, 1e-5, "tp2");
+}
+
+}  // namespace
+}  // namespace megatron
