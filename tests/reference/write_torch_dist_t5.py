@@ -106,7 +106,7 @@ def t5_args():
                 encoder_seq_length=t5c.SE, decoder_seq_length=t5c.SD, max_position_embeddings=t5c.SE,
                 relative_attention_num_buckets=t5c.BUCKETS, relative_attention_max_distance=t5c.MAX_DISTANCE,
                 padded_vocab_size=t5c.PADDED, make_vocab_size_divisible_by=t5c.DIVISOR,
-                vocab_extra_ids=t5c.EXTRA_IDS, vocab_size=t5c.VOCAB, bias_gelu_fusion=False,
+                vocab_extra_ids=t5c.EXTRA_IDS, vocab_size=t5c.VOCAB, bias_gelu_fusion=True,
                 micro_batch_size=2, global_batch_size=4, consumed_train_samples=wtd.ITERATION * 4,
                 mask_prob=0.15, short_seq_prob=0.1, lr=1e-3, min_lr=1e-4, lr_decay_style="linear",
                 use_distributed_optimizer=False)
