@@ -13,9 +13,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "cli/sentence_corpus.h"
 #include "core/error.h"
 #include "parallel_test_util.h"
 #include "model/transformer_config.h"
@@ -214,6 +216,49 @@ TEST(MpiTorchDistT5, FineTunesUnderTp2OnTheSingleRankCurve) {
   tp2.save_interval = 1000;
   const training::TrainingSummary got = training::pretrain(tp2, world());
   expect_same_curve(got, ref, 1e-5, "tp2");
+}
+
+// The last JSON line of generate's jsonl output.
+std::string json_line(const std::string& output) {
+  std::istringstream lines(output);
+  std::string line, out;
+  while (std::getline(lines, line))
+    if (!line.empty() && line[0] == '{') out = line;
+  return out;
+}
+
+TEST(TorchDistT5, GeneratesFromATorchDistCheckpointAsFromOurs) {
+  // pretrain-t5 on a WordPiece corpus saved in torch_dist and in this build's format (the same run
+  // twice): generate fills the same spans with the same log-probs from both, and under launch with
+  // TP 2 from the torch_dist folder the same greedy tokens.
+  mt::TempDir tmp;
+  const std::string tok = mt::write_sentence_corpus(tmp.path());
+  const std::string model =
+      tok + " --vocab-extra-ids 10 --num-layers 2 --decoder-num-layers 2 --hidden-size 32 --num-attention-heads 4"
+            " --encoder-seq-length 32 --max-position-embeddings 32 --position-embedding-type relative";
+  for (const char* format : {"", " --ckpt-format torch_dist"}) {
+    const std::string save = (tmp.path() / (*format ? "td" : "ours")).string();
+    const auto r = mt::run_command(
+        mt::cli_path().string() + " pretrain-t5" + model + " --decoder-seq-length 16 --micro-batch-size 2"
+        " --global-batch-size 4 --lr 1e-3 --train-iters 4 --eval-iters 0 --split 90,10,0 --data-path '" +
+        (tmp.path() / "corpus_text_sentence").string() + "' --data-cache-path '" + (tmp.path() / "cache").string() +
+        "' --save '" + save + "' --save-interval 4" + format + " 2>&1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  ASSERT_TRUE(fs::exists(tmp.path() / "td/iter_0000004/.metadata"));
+  auto generate = [&](const std::string& which, const std::string& how, const std::string& extra = "") {
+    const auto r = mt::run_command("timeout 120 " + mt::cli_path().string() + how + " generate --load '" +
+                                   (tmp.path() / which).string() + "'" + tok + " --use-checkpoint-args" + extra +
+                                   " --prompt 'the cat <extra_id_0> on the mat .' --num-tokens-to-generate 5"
+                                   " --return-log-probs --output-format jsonl 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << which << how << ": " << r.output;
+    return json::parse(json_line(r.output).empty() ? std::string("{}") : json_line(r.output));
+  };
+  const json ours = generate("ours", " "), td = generate("td", " ");
+  ASSERT_TRUE(ours.contains("text")) << ours.dump();
+  EXPECT_EQ(td, ours);
+  const json tp2 = generate("td", " launch --nproc-per-node 2 --", " --tensor-model-parallel-size 2");
+  EXPECT_EQ(tp2.value("text", json()), ours["text"]) << tp2.dump();
 }
 
 }  // namespace
