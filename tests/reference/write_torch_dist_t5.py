@@ -126,15 +126,7 @@ def make(out):
 
 
 def check(it, fixture_it):
-    import read_torch_dist as r
-    _, globs, tensors, objects = r.read(it)
-    _, fglobs, ftensors, fobjects = r.read(fixture_it)
-    assert globs == fglobs, ("globals differ", sorted(globs ^ fglobs))
-    assert set(tensors) == set(ftensors), ("keys differ", sorted(set(tensors) ^ set(ftensors)))
-    for k, t in ftensors.items():
-        got = tensors[k]
-        assert got.dtype == t.dtype and got.shape == t.shape, (k, got.dtype, got.shape, t.dtype, t.shape)
-        assert torch.equal(got, t), k + ": values differ"
+    (_, _, tensors, objects), (_, _, _, fobjects) = wtd.same_tensors(it, fixture_it)
     want_objects = {k for k in fobjects if not k.startswith("rng_state/")}
     got_objects = {k for k in objects if not k.startswith("rng_state/")}
     assert got_objects == want_objects, ("objects differ", sorted(got_objects ^ want_objects))
@@ -145,15 +137,5 @@ def check(it, fixture_it):
     print("ok: %d tensor keys, %d bytes items" % (len(tensors), len(objects)))
 
 
-def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "make":
-        os.makedirs(sys.argv[2], exist_ok=True)
-        make(sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "check":
-        check(sys.argv[2], sys.argv[3])
-    else:
-        sys.exit(__doc__)
-
-
 if __name__ == "__main__":
-    main()
+    wtd.cli(__doc__, make, check)

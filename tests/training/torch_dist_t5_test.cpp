@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -20,6 +19,7 @@
 #include "cli/sentence_corpus.h"
 #include "core/error.h"
 #include "parallel_test_util.h"
+#include "torch_dist_test_util.h"
 #include "model/transformer_config.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
@@ -35,43 +35,10 @@ using json = nlohmann::json;
 
 const std::string kWriter = "tests/reference/write_torch_dist_t5.py";
 
-const fs::path& fixtures() {
-  static mt::TempDir dir;
-  static const bool made = [] {
-    const auto r = mt::run_command("/usr/bin/python3 " + (mt::source_dir() / kWriter).string() + " make " +
-                                   dir.path().string() + " 2>&1");
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return true;
-  }();
-  (void)made;
-  return dir.path();
-}
+const fs::path& fixtures() { return mt::python_fixtures(kWriter); }
 
-// The writer's merged weights under our names (t5.ref: config.json's params, weights.bin).
-std::map<std::string, Tensor> reference() {
-  const fs::path ref = fixtures() / "t5.ref";
-  const json cfg = json::parse(mt::read_file(ref / "config.json"));
-  std::ifstream in(ref / "weights.bin", std::ios::binary);
-  std::map<std::string, Tensor> out;
-  for (const json& p : cfg["params"]) {
-    Tensor t = Tensor::empty(p["shape"].get<Shape>(), DType::F32);
-    in.read(static_cast<char*>(t.raw_data()), std::streamsize(t.numel() * 4));
-    out.emplace(p["name"].get<std::string>(), t);
-  }
-  EXPECT_TRUE(in.good());
-  return out;
-}
-
-void expect_weights(const std::map<std::string, Tensor>& got, const std::map<std::string, Tensor>& want,
-                    const std::string& what) {
-  EXPECT_EQ(got.size(), want.size()) << what;
-  for (const auto& [name, t] : want) {
-    auto it = got.find(name);
-    ASSERT_NE(it, got.end()) << what << ": " << name;
-    EXPECT_EQ(it->second.shape(), t.shape()) << what << ": " << name;
-    EXPECT_EQ(it->second.to(DType::F32).to_float_vector(), t.to_float_vector()) << what << ": " << name;
-  }
-}
+// The writer's merged weights under our names.
+std::map<std::string, Tensor> reference() { return mt::reference_weights(fixtures() / "t5.ref"); }
 
 TEST(TorchDistT5, ReadsMegatronsT5KeysAsAT5Model) {
   const auto ckpt = training::find_checkpoint(fixtures() / "t5", std::nullopt);
@@ -86,25 +53,10 @@ TEST(TorchDistT5, ReadsMegatronsT5KeysAsAT5Model) {
   ASSERT_TRUE(want.count("output_layer.bias") && want.count("decoder.layers.2.cross_attention.linear_kv.weight") &&
               want.count("encoder_relative_pos_emb.relative_attention_bias.weight") &&
               want.count("decoder.layers.1.pre_cross_attn_layernorm.weight"));
-  expect_weights(training::read_torch_dist_model(*ckpt), want, "merged");
+  mt::expect_same_weights(training::read_torch_dist_model(*ckpt), want, "merged");
 
   // This run's TP2 shards, streamed from the chunks, against the reference cut by the shard rules.
-  const auto specs = training::checkpoint_weight_specs(*ckpt, json());
-  for (int r = 0; r < 2; ++r) {
-    training::CheckpointRank rank;
-    rank.tp_size = 2;
-    rank.tp_rank = r;
-    std::map<std::string, Shape> params;
-    std::map<std::string, Tensor> cut;
-    for (const auto& [name, t] : want) {
-      cut[name] = training::split_shard(t, training::shard_rule(specs.at(name)), r, 2);
-      params[name] = cut[name].shape();
-    }
-    EXPECT_EQ(cut.at("decoder.layers.0.cross_attention.linear_kv.weight").size(0) * 2,
-              want.at("decoder.layers.0.cross_attention.linear_kv.weight").size(0));
-    EXPECT_EQ(cut.at("output_layer.bias").size(0) * 2, want.at("output_layer.bias").size(0));
-    expect_weights(training::read_torch_dist_shards(*ckpt, params, rank), cut, "TP2 rank " + std::to_string(r));
-  }
+  mt::expect_tp_shards(*ckpt, want, 2);
 }
 
 TEST(TorchDistT5, ConvertsToOursAndToMegatronsPtWithTheSameWeights) {
@@ -123,7 +75,7 @@ TEST(TorchDistT5, ConvertsToOursAndToMegatronsPtWithTheSameWeights) {
     const model::TransformerConfig cfg = training::training_args_from_json(m.metadata.at("args")).model;
     EXPECT_EQ(cfg.model_family, "t5") << which;
     EXPECT_EQ(cfg.decoder_layers(), 3) << which;
-    expect_weights(m.model, want, which);
+    mt::expect_same_weights(m.model, want, which);
   }
 }
 
@@ -178,11 +130,7 @@ TEST(TorchDistT5, PretrainT5SavesTorchDistAndResumesBitExact) {
   SharedDir dir;
   const std::string ours = dir / "t5_full";
   save_in_format_and_resume(dir, t5_args(dir.path(), 4), "t5", "torch_dist", "dist", [&](const fs::path& it) {
-    const auto ckpt = training::find_checkpoint(it.parent_path(), std::nullopt);
-    ASSERT_TRUE(ckpt.has_value());
-    EXPECT_EQ(ckpt->format, "torch_dist");
-    EXPECT_EQ(training::training_args_from_json(ckpt->state.args).model.model_family, "t5");
-    expect_same_merged_model(it.parent_path().string(), ours, 2);
+    mt::expect_saved_torch_dist(it, "t5", ours);
   });
 }
 
