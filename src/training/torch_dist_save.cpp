@@ -161,7 +161,8 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
       if (a.model.family_id() == model::ModelFamilyId::t5) {  // its blocks' layer counts, the head's alias
         for (const std::string& key : torch_dist_t5::keys_of(par.name, place.key, !prefix.empty()))
           torch_dist_moe::add_chunks_at(items, prefix + key, place, int(torch_dist_t5::block_layers(key, a)), 0,
-                                        global, rule.dim, torch_dist_io::local_chunks(v.view(par.value.shape()), rule, t, T));
+                                        global, rule.dim,
+                                        torch_dist_io::local_chunks(v.view(par.value.shape()), rule, t, T));
         return;
       }
       torch_dist_moe::add_chunks_at(items, prefix + place.key, place, L, moe.experts, global, rule.dim,
