@@ -5,9 +5,11 @@
 // whose merged weights equal the writer's, this run's TP2 shards equal the writer's tensors cut by
 // the weights' shard rules, `checkpoint convert` takes it to this build's format and to Megatron's
 // .pt with the same weights and writes it back as torch_dist bit for bit as the fixture (read by
-// the independent Python reader), pretrain-t5 --ckpt-format torch_dist saves and resumes
-// bit-exact, and pretrain-t5 fine-tunes from the fixture under TP2 (with DP over the other ranks:
-// np 2 and 4) on the loss curve of the same run on one rank.
+// the independent Python reader; under Transformer Engine's names it reads back as the same
+// weights), pretrain-t5 --ckpt-format torch_dist saves and resumes bit-exact (tied, and untied with
+// the head's weight under both names), generate from such a folder equals generate from this
+// build's format (one process, and TP 2 under launch), and pretrain-t5 fine-tunes from the fixture
+// under TP2 (with DP over the other ranks: np 2 and 4) on the loss curve of the same run on one rank.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -95,6 +97,16 @@ TEST(TorchDistT5, WritesWhatAnIndependentReaderReadsAsMegatronsLayout) {
                                      (fixtures() / "t5/iter_0000007").string() + " 2>&1");
   EXPECT_EQ(check.exit_code, 0) << check.output;
   EXPECT_NE(check.output.find("ok: 41 tensor keys"), std::string::npos) << check.output;
+  // Under Transformer Engine's names (the norms fused into linear_qkv and linear_fc1, the decoder's
+  // pre_cross_attn_layernorm a module of its own) it reads back as the same weights.
+  r = mt::run_cli("checkpoint convert --load " + (tmp.path() / "ours").string() + " --save " +
+                  (tmp.path() / "te").string() + " --save-format torch_dist --target-tensor-parallel-size 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto te = training::find_checkpoint(tmp.path() / "te", std::nullopt);
+  ASSERT_TRUE(te.has_value());
+  const auto shapes = training::torch_dist_model_shapes(*te);
+  EXPECT_TRUE(shapes.count("decoder.layers.1.pre_cross_attn_layernorm.weight"));
+  mt::expect_same_weights(training::read_torch_dist_model(*te), reference(), "transformer_engine names");
   // T5 has no pipeline stages here: a torch_dist T5 of two is refused by name.
   r = mt::run_cli("checkpoint convert --load " + (tmp.path() / "ours").string() + " --save " +
                   (tmp.path() / "pp").string() + " --save-format torch_dist --target-pipeline-parallel-size 2");
@@ -131,6 +143,20 @@ TEST(TorchDistT5, PretrainT5SavesTorchDistAndResumesBitExact) {
   const std::string ours = dir / "t5_full";
   save_in_format_and_resume(dir, t5_args(dir.path(), 4), "t5", "torch_dist", "dist", [&](const fs::path& it) {
     mt::expect_saved_torch_dist(it, "t5", ours);
+  });
+  // Untied: the head's own weight under lm_head.output_layer.weight and output_layer.weight.
+  training::TrainingArgs untied = t5_args(dir.path(), 4);
+  untied.model.untie_embeddings_and_output_weights = true;
+  const std::string untied_ours = dir / "t5u_full";
+  save_in_format_and_resume(dir, untied, "t5u", "torch_dist", "dist", [&](const fs::path& it) {
+    mt::expect_saved_torch_dist(it, "t5", untied_ours);
+    const auto keys = mt::run_command("/usr/bin/python3 -c \"import sys; sys.path.insert(0, '" +
+                                      (mt::source_dir() / "tests/reference").string() +
+                                      "'); import read_torch_dist as r; print(sorted(r.read('" + it.string() +
+                                      "')[2]))\" 2>&1");
+    EXPECT_NE(keys.output.find("'lm_head.output_layer.weight'"), std::string::npos) << keys.output;
+    EXPECT_NE(keys.output.find("'output_layer.weight'"), std::string::npos) << keys.output;
+    EXPECT_NE(keys.output.find("'optimizer.state.exp_avg.output_layer.weight'"), std::string::npos) << keys.output;
   });
 }
 
