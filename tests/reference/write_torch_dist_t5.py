@@ -20,7 +20,8 @@ layer tied to the word embedding) of megatron_t5_checkpoint.py:
                                          head's output layer, a second child of the walk
   *._extra_state/shard_<l>_<L>           the local modules' (None) ShardedObjects, per layer
 
-  write_torch_dist_t5.py make OUT   OUT/t5/ saved as TP2 (PP1) would save it, and
+  write_torch_dist_t5.py make OUT   OUT/t5/ saved as TP2 (PP1) would save it, OUT/t5_dp/ the same with
+      dp_reshardable buckets of the distributed optimizer (placeholders), and
       OUT/t5.ref/ (config.json's params with our names and shapes, weights.bin of the merged weights).
   write_torch_dist_t5.py check ITER_DIR FIXTURE_ITER_DIR   reads both with read_torch_dist.py's
       independent reader: the globals, every tensor key, global shape, dtype and value (bit for
@@ -50,9 +51,13 @@ def weights():
 
 
 def t5_rank_shards(m, w, opt, t, p, d):
-    assert p == 0 and opt is None
+    assert p == 0
     out, objects = [], []
     T = wtd.TP
+    if opt is not None:  # ("dp_reshardable", n): one flat bucket of n elements per model-parallel rank
+        g = "optimizer.distributed.dp_group_idx_%d.gbuf_idx_0.dtype_(torch.float32, torch.float32).bucket_idx_0." % t
+        for kind in ("param", "exp_avg", "exp_avg_sq"):
+            out.append(wtd.Shard(g + kind, [opt[1]], [0], torch.zeros(opt[1])))
 
     def add(key, full, axis, layer=None, layers=None):
         if axis is None:
@@ -117,6 +122,10 @@ def make(out):
     w = weights()
     wtd.rank_shards = t5_rank_shards
     wtd.write_checkpoint(os.path.join(out, "t5"), T5, w, None, args=t5_args())
+    # The same with the distributed optimizer's dp_reshardable state (its buckets, not T5's real
+    # layout: this build refuses to read it by name).
+    wtd.write_checkpoint(os.path.join(out, "t5_dp"), T5, w, ("dp_reshardable", 64),
+                         args=dict(t5_args(), use_distributed_optimizer=True))
     ref = os.path.join(out, "t5.ref")
     os.makedirs(ref, exist_ok=True)
     names = sorted(w)

@@ -161,6 +161,18 @@ TEST(TorchDistT5, PretrainT5SavesTorchDistAndResumesBitExact) {
 }
 
 TEST(TorchDistT5, RefusesTheDistributedOptimizersState) {
+  // Reading it: the dp_reshardable buckets of a T5 model are refused by name (the weights load).
+  const auto dp = training::find_checkpoint(fixtures() / "t5_dp", std::nullopt);
+  ASSERT_TRUE(dp.has_value());
+  try {
+    training::merge_checkpoint(*dp, true);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dp_reshardable state of a t5 model"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--no-load-optim"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(training::merge_checkpoint(*dp, false).model.size(), reference().size());
+  // Writing it: refused before training.
   mt::TempDir tmp;
   training::TrainingArgs a = t5_args(tmp.path(), 2);
   a.ckpt_format = "torch_dist";
