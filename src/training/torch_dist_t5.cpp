@@ -25,9 +25,9 @@ int64_t block_layers(const std::string& key, const TrainingArgs& a) {
 }
 
 std::vector<std::string> keys_of(const std::string& ours, const std::string& key, bool optimizer_state) {
+  (void)optimizer_state;  // keyed as the weight
   if (ours != "output_layer.weight" && ours != "output_layer.bias") return {key};
-  if (optimizer_state) return {ours};
-  return {"lm_head." + ours, ours};
+  return {"lm_head." + ours};
 }
 
 std::vector<std::string> extra_state_keys(const TrainingArgs& a, bool te) {
@@ -41,7 +41,6 @@ std::vector<std::string> extra_state_keys(const TrainingArgs& a, bool te) {
                       std::to_string(L));
   }
   out.push_back("lm_head.output_layer._extra_state/shard_0_1");
-  out.push_back("output_layer._extra_state/shard_0_1");
   return out;
 }
 

@@ -16,15 +16,15 @@
 //                                               cross_attention.linear_proj along the columns,
 //                                               pre_cross_attn_layernorm replicated
 //   {encoder,decoder}.final_layernorm.*         replicated
-//   lm_head.output_layer.bias (tied) / .weight (untied)   TP chunks along the vocabulary, and the
-//   output_layer.* alias: T5Model sets self.output_layer = self.lm_head.output_layer, a second child
-//                                               the walk visits, so both keys are saved; the
-//                                               optimizer's state of it is keyed by the later one
-//                                               (get_param_id_to_sharded_param_map: the last key of
-//                                               the parameter wins), optimizer.state.<kind>.output_layer.*
+//   lm_head.output_layer.bias (tied) / .weight (untied)   TP chunks along the vocabulary; T5Model's
+//                                               self.output_layer alias of the same module is not
+//                                               saved again (MegatronModule's walk is named_children,
+//                                               which yields a module once, under its first name),
+//                                               and the optimizer's state is keyed by it too
+//                                               (optimizer.state.<kind>.lm_head.output_layer.*)
 //   *._extra_state/shard_<l>_<L>                ShardedObjects of each layer's modules (the
 //                                               decoder's cross-attention ones too), and
-//                                               lm_head.output_layer._extra_state, output_layer._extra_state
+//                                               lm_head.output_layer._extra_state
 // A checkpoint with both encoder and decoder keys is a T5 model.
 #pragma once
 
@@ -38,20 +38,21 @@ namespace megatron::training::torch_dist_t5 {
 // True when the model keys hold both an encoder and a decoder block (T5Model).
 bool is_t5(const std::vector<std::string>& model_keys);
 
-// T5Model's alias of its head's output layer ("output_layer.weight" / ".bias"): true for such a
-// key when "lm_head.<key>" is also among the keys (the same tensor, read once).
+// T5Model's alias of its head's output layer ("output_layer.weight" / ".bias"), which Megatron
+// does not save: true for such a key when "lm_head.<key>" is also among the keys (a file that has
+// both, e.g. from a state_dict() walk, is read once).
 bool is_output_alias(const std::string& key, bool has_lm_head_twin);
 
 // The layer count of a T5 block's key ("decoder.layers." -> decoder layers, else num_layers).
 int64_t block_layers(const std::string& key, const TrainingArgs& a);
 
 // The Megatron keys a T5 tensor of ours is saved under: the head's output layer under
-// "lm_head.output_layer.*" and its alias "output_layer.*" (the optimizer's state: the alias only),
-// every other tensor under its one key (`key`, from torch_dist_moe::sharded_key).
+// "lm_head.output_layer.*" (its state too), every other tensor under its one key (`key`, from
+// torch_dist_moe::sharded_key).
 std::vector<std::string> keys_of(const std::string& ours, const std::string& key, bool optimizer_state);
 
 // The _extra_state ShardedObjects of the T5 model as "<key>/shard_<l>_<L>" (each block's layers,
-// the decoder's cross-attention modules included) and the output layer's two names.
+// the decoder's cross-attention modules included) and the head's output layer's.
 std::vector<std::string> extra_state_keys(const TrainingArgs& a, bool transformer_engine);
 
 }  // namespace megatron::training::torch_dist_t5

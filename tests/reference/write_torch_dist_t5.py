@@ -15,9 +15,9 @@ layer tied to the word embedding) of megatron_t5_checkpoint.py:
                                          cross_attention.{linear_q, linear_kv} (TP chunks along the
                                          rows) and cross_attention.linear_proj (along the columns)
   {encoder,decoder}.final_layernorm.*    replicated
-  lm_head.output_layer.bias              [padded vocab], TP chunks (ColumnParallelLinear's bias)
-  output_layer.bias                      the same tensor again: T5Model's self.output_layer is the
-                                         head's output layer, a second child of the walk
+  lm_head.output_layer.bias              [padded vocab], TP chunks (ColumnParallelLinear's bias);
+                                         T5Model's self.output_layer is the same module, which
+                                         MegatronModule's named_children walk yields only once
   *._extra_state/shard_<l>_<L>           the local modules' (None) ShardedObjects, per layer
 
   write_torch_dist_t5.py make OUT   OUT/t5/ saved as TP2 (PP1) would save it, OUT/t5_dp/ the same with
@@ -89,7 +89,6 @@ def t5_rank_shards(m, w, opt, t, p, d):
         else:
             if name == "output_layer.bias":
                 add("lm_head.output_layer.bias", full, 0)
-                add("output_layer.bias", full, 0)
             else:
                 add(name, full, axis)
     if t == 0:
@@ -99,7 +98,6 @@ def t5_rank_shards(m, w, opt, t, p, d):
                 for mod in mods:
                     objects.append((f"{side}.layers.{mod}._extra_state/shard_{layer}_{layers}", None))
         objects.append(("lm_head.output_layer._extra_state/shard_0_1", None))
-        objects.append(("output_layer._extra_state/shard_0_1", None))
     objects.append((f"rng_state/shard_{p}.{t}_{wtd.PP}.{wtd.TP}",
                     {"random_rng_state": (3, tuple(range(4)), None), "np_rng_state": None}))
     return out, objects
