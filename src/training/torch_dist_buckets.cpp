@@ -153,6 +153,9 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
   const int T = ckpt.parallel.tensor_model_parallel_size, P = ckpt.parallel.pipeline_model_parallel_size;
   const int64_t DP = std::max<int64_t>(1, integer("data_parallel_size"));
   const TrainingArgs a = training_args_from_json(ckpt.state.args);
+  MG_REQUIRE(a.model.family_id() != model::ModelFamilyId::t5, label, ": the distributed optimizer's "
+             "dp_reshardable state of a t5 model is not read by this build (it rebuilds the gradient-buffer "
+             "order of GPTModel's parameters, not T5Model's)", how);
   const int64_t L = a.model.num_layers;
   MG_REQUIRE(L % P == 0, label, ": ", L, " layers do not split over ", P, " pipeline stages");
   const bool tied = !a.model.untie_embeddings_and_output_weights;

@@ -15,6 +15,7 @@
 #include "training/torch_dist_moe.h"
 #include "training/torch_dist_optimizer.h"
 #include "training/torch_dist_stream.h"
+#include "training/torch_dist_t5.h"
 
 namespace megatron::training {
 
@@ -63,17 +64,19 @@ bool tied_of(const CheckpointOnDisk& ckpt) {
   return !training_args_from_json(ckpt.state.args).model.untie_embeddings_and_output_weights;
 }
 
-bool bert_of(const CheckpointOnDisk& ckpt) {
-  return training_args_from_json(ckpt.state.args).model.family_id() == model::ModelFamilyId::bert;
+model::ModelFamilyId family_of(const CheckpointOnDisk& ckpt) {
+  return training_args_from_json(ckpt.state.args).model.family_id();
 }
 
-// Our name of a Megatron name (chunk-local numbering = global here), "" to skip; `bert`: the
-// names of BertModel (its encoder block and heads).
-std::string ours_of(const std::string& megatron, bool tied, const std::string& label, bool bert) {
-  bool tied_copy = false, legacy_qkv = false;
+// Our name of a Megatron name (chunk-local numbering = global here), "" to skip; the names of
+// BertModel (its encoder block and heads) or T5Model (torch_dist_t5.h) by `family`.
+std::string ours_of(const std::string& megatron, bool tied, const std::string& label, model::ModelFamilyId family) {
+  bool tied_copy = false, legacy_qkv = false, alias = false;
   std::string ours;
   try {
-    ours = torch_names::to_ours(megatron, 0, tied, &tied_copy, &legacy_qkv, bert ? "encoder" : "decoder");
+    if (family == model::ModelFamilyId::t5) return torch_names::t5_to_ours(megatron, &alias);
+    ours = torch_names::to_ours(megatron, 0, tied, &tied_copy, &legacy_qkv,
+                                family == model::ModelFamilyId::bert ? "encoder" : "decoder");
   } catch (const Error& e) {
     MG_THROW(label, ": ", e.what());
   }
@@ -110,17 +113,12 @@ std::string gated_base(const DistcpFolder& f, const std::string& key) {
 // removed.
 std::vector<std::string> model_keys(const DistcpFolder& f, const std::string& prefix = "") {
   std::vector<std::string> keys;
-  bool encoder = false;  // BERT's block; with a decoder block too, T5's
-  for (const auto& [full_key, e] : f.entries()) encoder = encoder || full_key.starts_with(prefix + "encoder.");
   for (const auto& [full_key, e] : f.entries()) {
     if (!full_key.starts_with(prefix)) continue;
     const std::string key = full_key.substr(prefix.size());
     if (e.is_bytes || !is_model_key(key) || key.ends_with("._extra_state")) continue;
-    MG_REQUIRE(!key.starts_with("encoder_relative_pos_emb.") && !key.starts_with("decoder_relative_pos_emb.") &&
-                   !key.starts_with("lm_head.output_layer.") && !(encoder && key.starts_with("decoder.")),
-               f.metadata_label(), ": '", key, "' is a T5 tensor; this build reads torch_dist checkpoints of "
-               "GPT and BERT models (convert a T5 one with Megatron-LM to --ckpt-format torch, which it "
-               "reads for every family)");
+    // T5Model's second name of its head's output layer: the same tensor, read once.
+    if (torch_dist_t5::is_output_alias(key, f.has(prefix + "lm_head." + key))) continue;
     torch_dist_moe::refuse_singleton_expert_key(key, f.metadata_label());
     const std::string base = gated_base(f, full_key);
     if (base.empty())
@@ -149,7 +147,8 @@ struct Piece {
 // per expert of an expert key (torch_dist_moe.h), under our names, those `want` accepts. An
 // expert's name is the sequential or the grouped experts' one, as `want` asks (without `want`:
 // `grouped`).
-std::vector<Piece> pieces_of(const std::string& key, const Shape& s, bool tied, bool bert, bool grouped,
+std::vector<Piece> pieces_of(const std::string& key, const Shape& s, bool tied, model::ModelFamilyId family,
+                             bool grouped,
                              const std::function<bool(const std::string&)>& want, const std::string& label) {
   const bool layer_axis = has_layer_axis(key), expert = torch_dist_moe::is_expert_key(key);
   const size_t expert_axis = layer_axis ? 1 : 0;
@@ -179,7 +178,7 @@ std::vector<Piece> pieces_of(const std::string& key, const Shape& s, bool tied, 
             torch_dist_moe::expert_names(layer, rest.substr(rest.find(experts) + experts.size()), int(e));
         ours = want ? (want(seq) ? seq : want(grp) ? grp : "") : grouped ? grp : seq;
       } else {
-        ours = ours_of(layer_axis ? stack + std::to_string(i) + "." + rest : key, tied, label, bert);
+        ours = ours_of(layer_axis ? stack + std::to_string(i) + "." + rest : key, tied, label, family);
         if (want && !ours.empty() && !want(ours)) ours.clear();
       }
       if (ours.empty()) continue;
@@ -258,7 +257,10 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
   json& model = args["model"];
   const std::vector<std::string> keys = model_keys(f);
   model["model_family"] = "gpt";
-  if (std::any_of(keys.begin(), keys.end(), [](const std::string& k) { return k.starts_with("encoder."); })) {
+  const bool t5 = torch_dist_t5::is_t5(keys);
+  if (t5) {
+    model["model_family"] = "t5";  // T5Model (pretrain_t5.py): an encoder and a decoder block
+  } else if (std::any_of(keys.begin(), keys.end(), [](const std::string& k) { return k.starts_with("encoder."); })) {
     // BertModel (pretrain_bert.py): an encoder block, bidirectional, its binary head optional.
     model["model_family"] = "bert";
     model["attention_mask_type"] = "bidirectional";
@@ -277,9 +279,11 @@ CheckpointOnDisk open_torch_dist_checkpoint(const fs::path& dir, bool release,
       model["max_position_embeddings"] = size[0];
     if (has_layer_axis(key)) {
       MG_REQUIRE(!size.empty(), f.metadata_label(), ": the layer tensor '", key, "' has no layer axis");
-      if (model["num_layers"].get<int64_t>() == 0) model["num_layers"] = size[0];
-      MG_REQUIRE(size[0] == model["num_layers"].get<int64_t>(), f.metadata_label(), ": '", key, "' holds ",
-                 size[0], " layers but the checkpoint's args say num_layers ", model["num_layers"].get<int64_t>());
+      // T5's decoder block: a layer axis of its own (decoder_num_layers; num_layers: the encoder's)
+      const char* count = t5 && key.starts_with(kLayers) ? "decoder_num_layers" : "num_layers";
+      if (model.value(count, json()).is_null() || model[count].get<int64_t>() == 0) model[count] = size[0];
+      MG_REQUIRE(size[0] == model[count].get<int64_t>(), f.metadata_label(), ": '", key, "' holds ",
+                 size[0], " layers but the checkpoint's args say ", count, " ", model[count].get<int64_t>());
     } else if (!layers_of(key).empty()) {
       layers_seen = std::max(layers_seen, int64_t(std::stoll(key.substr(layers_of(key).size(), 9))) + 1);
     }
@@ -352,10 +356,11 @@ std::map<std::string, TorchDistSource> torch_dist_sources(const CheckpointOnDisk
                                                           const std::string& prefix,
                                                           const std::function<bool(const std::string&)>& want) {
   const std::string label = f.metadata_label();
-  const bool tied = tied_of(ckpt), bert = bert_of(ckpt), grouped = grouped_of(ckpt);
+  const bool tied = tied_of(ckpt), grouped = grouped_of(ckpt);
+  const model::ModelFamilyId family = family_of(ckpt);
   std::map<std::string, TorchDistSource> out;
   for (const std::string& key : model_keys(f, prefix))
-    for (Piece& p : pieces_of(key, global_shape(f, key, prefix), tied, bert, grouped, want, label))
+    for (Piece& p : pieces_of(key, global_shape(f, key, prefix), tied, family, grouped, want, label))
       MG_REQUIRE(out.emplace(p.ours, TorchDistSource{key, Shape(p.index.begin(), p.index.end())}).second, label,
                  ": two tensors map to '", p.ours, "' (the second: '", prefix + key, "')");
   return out;

@@ -38,7 +38,7 @@
 //
 // Read: GPT models, their mixture-of-experts layers included (the experts on a global expert axis:
 // torch_dist_moe.h), dense BERT models, and the optimizer state in model space
-// (torch_dist_optimizer.h). Not yet: T5 keys (refused by name).
+// (torch_dist_optimizer.h), and T5 models (an encoder and a decoder block: torch_dist_t5.h).
 #pragma once
 
 #include <filesystem>

@@ -8,6 +8,7 @@
 #include "training/checkpoint_files.h"
 #include "training/torch_dist_buckets.h"
 #include "training/torch_dist_moe.h"
+#include "training/torch_dist_t5.h"
 #include "training/torch_dist_write.h"
 
 namespace megatron::training {
@@ -157,6 +158,13 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
       if (rule.dim >= 0) global[size_t(rule.dim)] *= T;
       // The router's expert_bias: float64 state here, a float32 buffer in Megatron.
       const Tensor v = value.dtype() == DType::F64 ? value.to(DType::F32) : value;
+      if (a.model.family_id() == model::ModelFamilyId::t5) {  // its blocks' layer counts, the head's alias
+        for (const std::string& key : torch_dist_t5::keys_of(par.name, place.key, !prefix.empty()))
+          torch_dist_moe::add_chunks_at(items, prefix + key, place, int(torch_dist_t5::block_layers(key, a)), 0,
+                                        global, rule.dim,
+                                        torch_dist_io::local_chunks(v.view(par.value.shape()), rule, t, T));
+        return;
+      }
       torch_dist_moe::add_chunks_at(items, prefix + place.key, place, L, moe.experts, global, rule.dim,
                                     torch_dist_io::local_chunks(v.view(par.value.shape()), rule, t, T));
     };
@@ -211,9 +219,14 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
   (void)ep_size;  // experts are written by their global numbers under any expert-parallel size
   const bool bert = a.model.family_id() == model::ModelFamilyId::bert;
-  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt || bert,
-             "--ckpt-format torch_dist saves GPT and BERT models here: leave out --ckpt-format (this build's "
+  const bool t5 = a.model.family_id() == model::ModelFamilyId::t5;
+  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt || bert || t5,
+             "--ckpt-format torch_dist saves GPT, BERT and T5 models here: leave out --ckpt-format (this build's "
              "format, which `checkpoint convert` reshards) or use --ckpt-format torch for other models");
+  MG_REQUIRE(!t5 || !a.parallel.use_distributed_optimizer || a.no_save_optim,
+             "--ckpt-format torch_dist with --use-distributed-optimizer writes Megatron's dp_reshardable optimizer "
+             "state in GPT's gradient-buffer order, not T5's: leave out --use-distributed-optimizer (the plain "
+             "optimizer's state is written per parameter), or add --no-save-optim");
   MG_REQUIRE(a.model.num_moe_experts == 0 || a.parallel.expert_tensor_parallel_size == 0 ||
                  a.parallel.expert_tensor_parallel_size == a.parallel.tensor_model_parallel_size,
              "--ckpt-format torch_dist with --expert-tensor-parallel-size ", a.parallel.expert_tensor_parallel_size,

@@ -10,6 +10,7 @@
 #include "training/checkpoint_files.h"
 #include "training/torch_dist_items.h"
 #include "training/torch_dist_moe.h"
+#include "training/torch_dist_t5.h"
 
 namespace megatron::training {
 
@@ -26,11 +27,11 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
   const bool te = options.transformer_impl == "transformer_engine";
   const json& meta = m.metadata;
   const TrainingArgs a = training_args_from_json(meta.at("args"));
-  MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt || a.model.family_id() == model::ModelFamilyId::bert,
-             "--save-format torch_dist writes GPT and BERT models only: keep this build's format, or "
-             "--save-format torch, for T5 checkpoints");
+  const bool t5 = a.model.family_id() == model::ModelFamilyId::t5;
   const torch_dist_moe::MoeLayout moe = torch_dist_moe::moe_layout(a);
   const int L = int(a.model.num_layers);
+  MG_REQUIRE(!t5 || P == 1, "--save-format torch_dist writes T5 models of one pipeline stage "
+             "(--target-pipeline-parallel-size 1; got ", P, ")");
   MG_REQUIRE(L % P == 0, "--target-pipeline-parallel-size ", P, " does not divide the ", L, " layers");
   const int64_t iteration = meta.at("iteration").get<int64_t>();
   const std::string dir_name = m.source.release ? "release" : iteration_dir_name(iteration);
@@ -63,12 +64,19 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
       for (const auto& [prefix, get] : states)
         for (const auto& [name, full] : m.model) {
           const torch_dist_moe::KeyPlace place = torch_dist_moe::sharded_key(name, te, moe);
-          const int stage = place.number >= 0 ? place.number / (L / P) : name.starts_with("embedding.") ? 0 : P - 1;
+          const int stage = t5 ? 0  // one stage
+                        : place.number >= 0 ? place.number / (L / P) : name.starts_with("embedding.") ? 0 : P - 1;
           if (stage != p) continue;
           const ShardRule& rule = m.rules.at(name);
           const Tensor value = get(name);
-          torch_dist_moe::add_chunks_at(items, prefix + place.key, place, L, moe.experts, value.shape(), rule.dim,
-                                        torch_dist_io::tp_chunks(value, rule, t, T, name));
+          if (!t5) {
+            torch_dist_moe::add_chunks_at(items, prefix + place.key, place, L, moe.experts, value.shape(), rule.dim,
+                                          torch_dist_io::tp_chunks(value, rule, t, T, name));
+            continue;
+          }
+          for (const std::string& key : torch_dist_t5::keys_of(name, place.key, !prefix.empty()))
+            torch_dist_moe::add_chunks_at(items, prefix + key, place, int(torch_dist_t5::block_layers(key, a)), 0,
+                                          value.shape(), rule.dim, torch_dist_io::tp_chunks(value, rule, t, T, name));
         }
       add_object_items(items, tmp, a, meta, t, T, p, P, 0, 1, te);
       std::vector<torch_dist_io::ItemRecord> r = torch_dist_io::write_rank_files(tmp, t + T * p, items);
@@ -98,7 +106,11 @@ void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const fs::pa
   auto none_list = [](Document& doc) { return doc.list({doc.none()}); };
   const torch_dist_moe::MoeLayout moe = torch_dist_moe::moe_layout(a);
   const int per_ep = moe.experts / std::max(EP, 1);
-  if (t == 0 && (d == 0 || edp == 0)) {  // each layer module's _extra_state, the output layer's
+  if (a.model.family_id() == model::ModelFamilyId::t5) {  // one stage
+    if (t == 0 && d == 0)
+      for (const std::string& key : torch_dist_t5::extra_state_keys(a, te))
+        items.push_back(torch_dist_io::object_item(key, none_list, tmp));
+  } else if (t == 0 && (d == 0 || edp == 0)) {  // each layer module's _extra_state, the output layer's
     for (int layer = p * (L / P); layer < (p + 1) * (L / P); ++layer)
       for (const std::string& key : torch_dist_moe::layer_extra_state_keys(
                layer, L, te, moe, ep * per_ep, (ep + 1) * per_ep, a.model.moe_shared_expert_intermediate_size > 0,

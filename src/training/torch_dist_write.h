@@ -65,8 +65,9 @@ std::filesystem::path save_torch_dist_checkpoint(const std::filesystem::path& sa
                                                  const model::ParameterList& params,
                                                  optim::MegatronOptimizer* optimizer, const CheckpointRank& rank = {},
                                                  const TorchSaveOptions& options = {});
-// What --ckpt-format torch_dist saves: GPT models (dense or MoE) and BERT models, no virtual
-// stages, with the distributed optimizer's state only for dense GPT models, experts only with --expert-tensor-parallel-size equal to TP; an Error names the flag
+// What --ckpt-format torch_dist saves: GPT models (dense or MoE), BERT and T5 models, no virtual
+// stages, with the distributed optimizer's state only for dense GPT models, experts only with
+// --expert-tensor-parallel-size equal to TP; an Error names the flag
 // otherwise.
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size);
 

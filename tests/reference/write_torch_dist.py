@@ -654,6 +654,33 @@ def make(out):
                    "common_backend": "torch", "common_backend_version": 1}, f)
 
 
+def same_tensors(it, fixture_it):
+    """Reads both iteration folders with read_torch_dist.py's independent reader and asserts the same
+    globals, tensor keys, global shapes, dtypes and values (bit for bit); returns both readings
+    (meta, globals, tensors, objects)."""
+    import read_torch_dist as r
+    got, want = r.read(it), r.read(fixture_it)
+    assert got[1] == want[1], ("globals differ", sorted(got[1] ^ want[1]))
+    tensors, ftensors = got[2], want[2]
+    assert set(tensors) == set(ftensors), ("keys differ", sorted(set(tensors) ^ set(ftensors)))
+    for k, t in ftensors.items():
+        g = tensors[k]
+        assert g.dtype == t.dtype and g.shape == t.shape, (k, g.dtype, g.shape, t.dtype, t.shape)
+        assert torch.equal(g, t), k + ": values differ"
+    return got, want
+
+
+def cli(doc, make, check):
+    """A fixture writer's commands: "make OUT" and "check ITER_DIR FIXTURE_ITER_DIR"."""
+    if len(sys.argv) == 3 and sys.argv[1] == "make":
+        os.makedirs(sys.argv[2], exist_ok=True)
+        make(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "check":
+        check(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(doc)
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "make":
         os.makedirs(sys.argv[2], exist_ok=True)

@@ -92,18 +92,11 @@ def make(out):
 
 def check(it, fixture_it):
     import read_torch_dist as r
-    meta, globs, tensors, objects = r.read(it)
-    fmeta, fglobs, ftensors, _ = r.read(fixture_it)
-    assert globs == fglobs, ("globals differ", sorted(globs ^ fglobs))
+    (meta, _, tensors, objects), (fmeta, _, _, _) = wtd.same_tensors(it, fixture_it)
     ours_fields, fixture_fields = {}, {}
     r.fields(meta, ours_fields)
     r.fields(fmeta, fixture_fields)
     assert ours_fields == fixture_fields, ("object fields differ", ours_fields, fixture_fields)
-    assert set(tensors) == set(ftensors), ("keys differ", sorted(set(tensors) ^ set(ftensors)))
-    for k, t in ftensors.items():
-        got = tensors[k]
-        assert got.dtype == t.dtype and got.shape == t.shape, (k, got.dtype, got.shape, t.dtype, t.shape)
-        assert torch.equal(got, t), k + ": values differ"
     common = torch.load(os.path.join(it, "common.pt"))
     assert common["iteration"] == wtd.ITERATION and common["checkpoint_version"] == 3.0, common
     assert common["args"].num_layers == BERT["L"] and common["args"].hidden_size == BERT["H"], common["args"]
@@ -112,15 +105,5 @@ def check(it, fixture_it):
     print("ok: %d tensor keys, %d bytes items" % (len(tensors), len(objects)))
 
 
-def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "make":
-        os.makedirs(sys.argv[2], exist_ok=True)
-        make(sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "check":
-        check(sys.argv[2], sys.argv[3])
-    else:
-        sys.exit(__doc__)
-
-
 if __name__ == "__main__":
-    main()
+    wtd.cli(__doc__, make, check)

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "dataset/bert_test_data.h"
 #include "parallel_test_util.h"
+#include "torch_dist_test_util.h"
 #include "model/transformer_config.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
@@ -31,52 +32,10 @@ namespace fs = std::filesystem;
 namespace mt = megatron::testing;
 using json = nlohmann::json;
 
-const fs::path& fixtures() {
-  static mt::TempDir dir;
-  static const bool made = [] {
-    const auto r = mt::run_command("/usr/bin/python3 " +
-                                   (mt::source_dir() / "tests/reference/write_torch_dist_bert.py").string() +
-                                   " make " + dir.path().string() + " 2>&1");
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return true;
-  }();
-  (void)made;
-  return dir.path();
-}
+const fs::path& fixtures() { return mt::python_fixtures("tests/reference/write_torch_dist_bert.py"); }
 
-// The writer's merged weights under our names (bert.ref: config.json's params, weights.bin).
-std::map<std::string, Tensor> reference() {
-  const fs::path ref = fixtures() / "bert.ref";
-  const json cfg = json::parse(mt::read_file(ref / "config.json"));
-  std::ifstream in(ref / "weights.bin", std::ios::binary);
-  std::map<std::string, Tensor> out;
-  for (const json& p : cfg["params"]) {
-    Tensor t = Tensor::empty(p["shape"].get<Shape>(), DType::F32);
-    in.read(static_cast<char*>(t.raw_data()), std::streamsize(t.numel() * 4));
-    out.emplace(p["name"].get<std::string>(), t);
-  }
-  EXPECT_TRUE(in.good());
-  return out;
-}
-
-double max_diff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  if (a.shape() != b.shape()) return 1e30;
-  const Tensor x = a.to(DType::F32).contiguous(), y = b.to(DType::F32).contiguous();
-  double m = 0;
-  for (int64_t i = 0; i < x.numel(); ++i) m = std::max(m, double(std::abs(x.data<float>()[i] - y.data<float>()[i])));
-  return m;
-}
-
-void expect_weights(const std::map<std::string, Tensor>& got, const std::map<std::string, Tensor>& want,
-                    const std::string& what) {
-  EXPECT_EQ(got.size(), want.size()) << what;
-  for (const auto& [name, t] : want) {
-    auto it = got.find(name);
-    ASSERT_NE(it, got.end()) << what << ": " << name;
-    EXPECT_EQ(max_diff(it->second, t), 0.0) << what << ": " << name;
-  }
-}
+// The writer's merged weights under our names.
+std::map<std::string, Tensor> reference() { return mt::reference_weights(fixtures() / "bert.ref"); }
 
 TEST(TorchDistBert, ReadsMegatronsBertKeysAsABertModel) {
   const auto ckpt = training::find_checkpoint(fixtures() / "bert", std::nullopt);
@@ -89,23 +48,14 @@ TEST(TorchDistBert, ReadsMegatronsBertKeysAsABertModel) {
   const std::map<std::string, Tensor> want = reference();
   ASSERT_TRUE(want.count("embedding.tokentype_embeddings.weight") && want.count("output_layer.bias") &&
               want.count("binary_head.weight") && want.count("encoder.layers.3.self_attention.linear_qkv.weight"));
-  expect_weights(training::read_torch_dist_model(*ckpt), want, "merged");
+  mt::expect_same_weights(training::read_torch_dist_model(*ckpt), want, "merged");
 
   // This run's TP2 shards, streamed from the chunks, against the reference cut by the shard rules.
   const auto specs = training::checkpoint_weight_specs(*ckpt, json());
-  for (int r = 0; r < 2; ++r) {
-    training::CheckpointRank rank;
-    rank.tp_size = 2;
-    rank.tp_rank = r;
-    std::map<std::string, Shape> params;
-    std::map<std::string, Tensor> cut;
-    for (const auto& [name, t] : want) {
-      cut[name] = training::split_shard(t, training::shard_rule(specs.at(name)), r, 2);
-      params[name] = cut[name].shape();
-    }
-    EXPECT_EQ(cut.at("output_layer.bias").size(0) * 2, want.at("output_layer.bias").size(0));
-    expect_weights(training::read_torch_dist_shards(*ckpt, params, rank), cut, "TP2 rank " + std::to_string(r));
-  }
+  const Tensor& bias = want.at("output_layer.bias");
+  EXPECT_EQ(training::split_shard(bias, training::shard_rule(specs.at("output_layer.bias")), 0, 2).size(0) * 2,
+            bias.size(0));
+  mt::expect_tp_shards(*ckpt, want, 2);
 }
 
 TEST(TorchDistBert, ConvertsToOursAndToMegatronsPtWithTheSameWeights) {
@@ -125,7 +75,7 @@ TEST(TorchDistBert, ConvertsToOursAndToMegatronsPtWithTheSameWeights) {
     EXPECT_EQ(training::training_args_from_json(m.metadata.at("args")).model.model_family, "bert") << which;
     std::map<std::string, Tensor> got = m.model;
     got.erase("output_layer.weight");  // tied: a copy of the word embedding in some formats
-    expect_weights(got, want, which);
+    mt::expect_same_weights(got, want, which);
   }
 }
 
@@ -186,11 +136,7 @@ TEST(TorchDistBert, PretrainBertSavesTorchDistAndResumesBitExact) {
   BertRun run;
   const std::string ours = run.dir / "bert_full";
   save_in_format_and_resume(run.dir, run.args(4), "bert", "torch_dist", "dist", [&](const fs::path& it) {
-    const auto ckpt = training::find_checkpoint(it.parent_path(), std::nullopt);
-    ASSERT_TRUE(ckpt.has_value());
-    EXPECT_EQ(ckpt->format, "torch_dist");
-    EXPECT_EQ(training::training_args_from_json(ckpt->state.args).model.model_family, "bert");
-    expect_same_merged_model(it.parent_path().string(), ours, 2);
+    mt::expect_saved_torch_dist(it, "bert", ours);
   });
 }
 
