@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/torch_file.h"
 #include "training/checkpoint_convert.h"
+#include "training/torch_dist_buckets_family.h"
 #include "training/torch_dist_checkpoint.h"
 
 namespace megatron::training {
@@ -81,6 +82,11 @@ std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::option
       order.push_back({kOutputLayer, *s, 0, true});
     }
   }
+  return buckets_in_order(order, p, P, DP, tied, bucket_size);
+}
+
+std::vector<BufferBucket> buckets_in_order(const std::vector<BufferSlot>& order, int p, int P, int64_t DP, bool tied,
+                                           int64_t bucket_size) {
   // The tied embedding of a pipelined run is Megatron's shared_embedding: a bucket of its own.
   auto shared = [&](const BufferSlot& e) {
     return tied && P > 1 && ((p == 0 && e.name == kWordEmbedding) || e.tied_copy);
@@ -153,12 +159,10 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
   const int T = ckpt.parallel.tensor_model_parallel_size, P = ckpt.parallel.pipeline_model_parallel_size;
   const int64_t DP = std::max<int64_t>(1, integer("data_parallel_size"));
   const TrainingArgs a = training_args_from_json(ckpt.state.args);
-  MG_REQUIRE(a.model.family_id() != model::ModelFamilyId::t5, label, ": the distributed optimizer's "
-             "dp_reshardable state of a t5 model is not read by this build (it rebuilds the gradient-buffer "
-             "order of GPTModel's parameters, not T5Model's)", how);
   const int64_t L = a.model.num_layers;
   MG_REQUIRE(L % P == 0, label, ": ", L, " layers do not split over ", P, " pipeline stages");
   const bool tied = !a.model.untie_embeddings_and_output_weights;
+  const BufferModel family{a.model.family_id(), L, a.model.decoder_layers(), tied, te};
   int64_t bucket_size = 0;  // none: DistributedDataParallel without --overlap-grad-reduce
   if (flag("overlap_grad_reduce"))
     bucket_size = integer("ddp_bucket_size") > 0 ? integer("ddp_bucket_size")
@@ -172,8 +176,8 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
   for (int p = 0; p < P; ++p)
     for (int t = 0; t < T; ++t) {
       const std::string g = kPrefix + std::to_string(t + T * p) + ".";
-      const std::vector<BufferBucket> layout = megatron_buffer_layout(
-          [&](const std::string& n) -> std::optional<Shape> {
+      const std::vector<BufferBucket> layout = model_buffer_layout(
+          family, [&](const std::string& n) -> std::optional<Shape> {
             auto it = shapes.find(n);
             if (it == shapes.end()) return std::nullopt;
             Shape local = it->second;
@@ -185,7 +189,7 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
             }
             return local;
           },
-          p, P, L, DP, tied, p == 0 ? bucket_size : 0, &placed, te);
+          p, P, DP, p == 0 ? bucket_size : 0, &placed);
       // The saved buckets of this rank: "gbuf_idx_<i>.dtype_<d>.bucket_idx_<b>.<state>".
       std::map<int64_t, std::string> bucket_keys;  // b -> key without the state
       std::set<std::string> buffers;

@@ -61,6 +61,11 @@ std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::option
                                                  int p, int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
                                                  std::set<std::string>* placed = nullptr, bool transformer_engine = false);
 
+// The buckets of a rank whose parameters are `order` (named_parameters() order; the tied copy
+// marked), laid out as megatron_buffer_layout does.
+std::vector<BufferBucket> buckets_in_order(const std::vector<BufferSlot>& order, int p, int P, int64_t DP, bool tied,
+                                           int64_t bucket_size);
+
 // True when the folder holds dp_reshardable buckets.
 bool has_dp_reshardable_state(const DistcpFolder& f);
 

@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "training/checkpoint_files.h"
-#include "training/torch_dist_buckets.h"
+#include "training/torch_dist_buckets_family.h"
 #include "training/torch_dist_moe.h"
 #include "training/torch_dist_t5.h"
 #include "training/torch_dist_write.h"
@@ -42,14 +42,16 @@ void add_dp_reshardable_items(std::vector<WriteItem>& items, const fs::path& tmp
   for (const model::Parameter* p : ps) by_name[p->name] = p;
   const bool tied = !a.model.untie_embeddings_and_output_weights;
   std::set<std::string> placed;
-  const std::vector<BufferBucket> layout = megatron_buffer_layout(
-      [&](const std::string& n) -> std::optional<Shape> {
+  const BufferModel family{a.model.family_id(), a.model.num_layers, a.model.decoder_layers(), tied,
+                           transformer_engine};
+  const std::vector<BufferBucket> layout = model_buffer_layout(
+      family, [&](const std::string& n) -> std::optional<Shape> {
         auto it = by_name.find(n);
         if (it == by_name.end() && n == kWordEmbedding && tied) it = by_name.find(kOutputLayer);
         if (it == by_name.end()) return std::nullopt;
         return it->second->value.shape();
       },
-      rank.pp_rank, rank.pp_size, a.model.num_layers, rank.dp_size, tied, 0, &placed, transformer_engine);
+      rank.pp_rank, rank.pp_size, rank.dp_size, 0, &placed);
   std::map<std::string, std::pair<size_t, int64_t>> where;  // name -> (bucket, start)
   for (size_t b = 0; b < layout.size(); ++b)
     for (const BufferSlot& s : layout[b].params) where[s.name] = {b, s.start};
@@ -94,7 +96,7 @@ void add_dp_reshardable_items(std::vector<WriteItem>& items, const fs::path& tmp
       for (const BufferBucket& bk : layout) counts->items.push_back(d.integer(padded ? bk.padded : bk.unpadded));
       Value* by_dtype = d.dict();
       Document::set(by_dtype, d.tuple({d.torch_dtype(pdtype), d.torch_dtype(DType::F32)}), counts);
-      return d.list({by_dtype});
+      return d.list({d.list({by_dtype})});  // the object (one dict per buffer) in its ShardedObject list
     };
   };
   items.push_back(torch_dist_io::object_item(g + "optimizer/shard_0_1", [&](Document& d) {
@@ -223,10 +225,6 @@ void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
   MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt || bert || t5,
              "--ckpt-format torch_dist saves GPT, BERT and T5 models here: leave out --ckpt-format (this build's "
              "format, which `checkpoint convert` reshards) or use --ckpt-format torch for other models");
-  MG_REQUIRE(!t5 || !a.parallel.use_distributed_optimizer || a.no_save_optim,
-             "--ckpt-format torch_dist with --use-distributed-optimizer writes Megatron's dp_reshardable optimizer "
-             "state in GPT's gradient-buffer order, not T5's: leave out --use-distributed-optimizer (the plain "
-             "optimizer's state is written per parameter), or add --no-save-optim");
   MG_REQUIRE(a.model.num_moe_experts == 0 || a.parallel.expert_tensor_parallel_size == 0 ||
                  a.parallel.expert_tensor_parallel_size == a.parallel.tensor_model_parallel_size,
              "--ckpt-format torch_dist with --expert-tensor-parallel-size ", a.parallel.expert_tensor_parallel_size,
@@ -237,10 +235,6 @@ void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
              "--ckpt-format torch_dist with --use-distributed-optimizer and experts (--num-experts): Megatron's "
              "dp_reshardable state keeps the experts in separate gradient buffers, which this build does "
              "not write; save with the plain optimizer, with --no-save-optim, or leave out --ckpt-format");
-  MG_REQUIRE(!bert || !a.parallel.use_distributed_optimizer || a.no_save_optim,
-             "--ckpt-format torch_dist with --use-distributed-optimizer writes Megatron's dp_reshardable optimizer "
-             "state in GPT's gradient-buffer order, not BERT's: leave out --use-distributed-optimizer (the plain "
-             "optimizer's state is written per parameter), or add --no-save-optim");
   MG_REQUIRE(vp_size <= 1, "--ckpt-format torch_dist with virtual pipeline stages is not written by this build: "
              "leave out --ckpt-format and convert the checkpoint afterwards");
 }
