@@ -50,8 +50,9 @@ std::vector<OrderedParam> family_parameter_order(const BufferModel& m, int p, in
   std::vector<OrderedParam> out;
   const bool te = m.transformer_engine;
   if (m.family == model::ModelFamilyId::t5) {
-    MG_REQUIRE(P == 1, "a T5 model's gradient buffer on ", P, " pipeline stages: Megatron-LM trains T5 without "
-               "pipeline parallelism (pretrain_t5.py); use --pipeline-model-parallel-size 1");
+    MG_REQUIRE(P == 1, "the distributed optimizer's buckets of a T5 model on ", P, " pipeline stages: "
+               "Megatron-LM trains T5 without pipeline parallelism (pretrain_t5.py), and so does this build; "
+               "save or convert it with --pipeline-model-parallel-size 1");
     for (const char* n : {kWordEmbedding, "embedding.position_embeddings.weight",
                           "encoder_relative_pos_emb.relative_attention_bias.weight",
                           "decoder_relative_pos_emb.relative_attention_bias.weight"})

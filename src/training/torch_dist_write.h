@@ -57,7 +57,8 @@ std::filesystem::path write_torch_dist_checkpoint(const MergedCheckpoint& m, con
 // model space (optimizer.state.{fp32_param (half models), exp_avg, exp_avg_sq | momentum_buffer}
 // .<key>, the step in common.pt's param groups), or the distributed optimizer's in Megatron's
 // default dp_reshardable form, each DP rank writing the pieces it holds at their places in the
-// flat buckets (torch_dist_buckets.h; in the order of --transformer-impl's modules), DP rank 0 the
+// flat buckets (torch_dist_buckets.h, BERT's and T5's order in torch_dist_buckets_family.h; in the
+// order of --transformer-impl's modules), DP rank 0 the
 // gaps (zeros) and
 // the ShardedObjects "optimizer" (param groups with the step), "per_bucket_numel" and
 // "per_bucket_numel_unpadded". Returns the iteration folder.
@@ -66,7 +67,7 @@ std::filesystem::path save_torch_dist_checkpoint(const std::filesystem::path& sa
                                                  optim::MegatronOptimizer* optimizer, const CheckpointRank& rank = {},
                                                  const TorchSaveOptions& options = {});
 // What --ckpt-format torch_dist saves: GPT models (dense or MoE), BERT and T5 models, no virtual
-// stages, with the distributed optimizer's state only for dense GPT models, experts only with
+// stages, with the distributed optimizer's state only for dense models, experts only with
 // --expert-tensor-parallel-size equal to TP; an Error names the flag
 // otherwise.
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size);
