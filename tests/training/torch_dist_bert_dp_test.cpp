@@ -37,23 +37,10 @@ TEST(TorchDistBertDp, FixtureStateMergesToTheWritersValues) {
   }
 }
 
-// Saves 2 iterations (with --use-distributed-optimizer in the order of a's --transformer-impl) and
-// resumes for 2 more on the uninterrupted curve; the buckets are Megatron's; with several ranks,
-// rank 0 then resumes on one rank as from our format.
-void save_and_resume(const mt::BertRun& run, training::TrainingArgs a, const std::string& name) {
-  a.parallel.use_distributed_optimizer = true;
-  const FormatResume r = save_in_format_and_resume(run.dir, a, name, "torch_dist", "dist", [&](const fs::path& it) {
-    mt::expect_megatrons_buckets(it);
-  });
-  if (world()->size() > 1 && world()->rank() == 0)  // under another layout: one rank
-    mt::expect_same_resume_on_one_rank(a, r.saved.save, run.dir / (name + "_full"), run.dir / (name + "_tp1"));
-  world()->barrier();
-}
-
 // One rank (DP 1) in Transformer Engine's order, Megatron-LM's default (the local order: Mpi*).
 TEST(TorchDistBertDp, SavesMegatronsBucketsAndResumesBitExact) {
   mt::BertRun run;
-  save_and_resume(run, run.args(4), "bert");
+  mt::save_dp_and_resume(run.dir, run.args(4), "bert");
 }
 
 TEST(MpiTorchDistBertDp, SavesUnderTp2Dp2OrPp2AndResumesBitExact) {
@@ -66,7 +53,7 @@ TEST(MpiTorchDistBertDp, SavesUnderTp2Dp2OrPp2AndResumesBitExact) {
     if (W == 2) a.parallel.pipeline_model_parallel_size = 2;
     else a.parallel.tensor_model_parallel_size = 2;
     a.transformer_impl = impl;
-    save_and_resume(run, a, "bert_" + std::to_string(W) + "_" + impl);
+    mt::save_dp_and_resume(run.dir, a, "bert_" + std::to_string(W) + "_" + impl);
   }
 }
 

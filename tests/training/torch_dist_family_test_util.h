@@ -145,4 +145,20 @@ inline void expect_same_resume_on_one_rank(training::TrainingArgs a, const std::
   EXPECT_EQ(from_dist.grad_norms, from_ours.grad_norms);
 }
 
+// `a` with --use-distributed-optimizer (in the order of its --transformer-impl) saves 2 iterations
+// as torch_dist and resumes for 2 more on the uninterrupted curve (save_in_format_and_resume); the
+// buckets are Megatron's (expect_megatrons_buckets); saved by several ranks, rank 0 then resumes on
+// one rank as from our format.
+inline void save_dp_and_resume(const training::parallel_test::SharedDir& dir, training::TrainingArgs a,
+                               const std::string& name) {
+  using namespace training::parallel_test;
+  a.parallel.use_distributed_optimizer = true;
+  const FormatResume r = save_in_format_and_resume(dir, a, name, "torch_dist", "dist", [&](const std::filesystem::path& it) {
+    expect_megatrons_buckets(it);
+  });
+  if (world()->size() > 1 && world()->rank() == 0)
+    expect_same_resume_on_one_rank(a, r.saved.save, dir / (name + "_full"), dir / (name + "_tp1"));
+  world()->barrier();
+}
+
 }  // namespace megatron::testing

@@ -36,16 +36,6 @@ TEST(TorchDistT5Dp, FixtureStateMergesToTheWritersValues) {
   }
 }
 
-void save_and_resume(const SharedDir& dir, training::TrainingArgs a, const std::string& name) {
-  a.parallel.use_distributed_optimizer = true;
-  const FormatResume r = save_in_format_and_resume(dir, a, name, "torch_dist", "dist", [&](const fs::path& it) {
-    mt::expect_megatrons_buckets(it);
-  });
-  if (world()->size() > 1 && world()->rank() == 0)  // under another layout: one rank
-    mt::expect_same_resume_on_one_rank(a, r.saved.save, dir / (name + "_full"), dir / (name + "_tp1"));
-  world()->barrier();
-}
-
 // One rank (DP 1): the local order with the relative position biases and the tied head, and
 // Transformer Engine's with learned positions and the untied head's own weight (the first in the
 // buffer, being the last registered).
@@ -53,11 +43,11 @@ TEST(TorchDistT5Dp, SavesMegatronsBucketsAndResumesBitExact) {
   SharedDir dir;
   training::TrainingArgs a = mt::t5_args(dir.path(), 4);
   a.transformer_impl = "local";
-  save_and_resume(dir, a, "t5_local");
+  mt::save_dp_and_resume(dir, a, "t5_local");
   training::TrainingArgs untied = mt::t5_args(dir.path(), 4);
   untied.model.untie_embeddings_and_output_weights = true;
   untied.model.position_embedding_type = "learned_absolute";
-  save_and_resume(dir, untied, "t5_te_untied");
+  mt::save_dp_and_resume(dir, untied, "t5_te_untied");
 }
 
 TEST(MpiTorchDistT5Dp, SavesUnderTp2Dp2OrDp2AndResumesBitExact) {
@@ -69,7 +59,7 @@ TEST(MpiTorchDistT5Dp, SavesUnderTp2Dp2OrDp2AndResumesBitExact) {
     training::TrainingArgs a = mt::t5_args(dir.path(), 4);
     if (W == 4) a.parallel.tensor_model_parallel_size = 2;
     a.transformer_impl = impl;
-    save_and_resume(dir, a, "t5_" + std::to_string(W) + "_" + impl);
+    mt::save_dp_and_resume(dir, a, "t5_" + std::to_string(W) + "_" + impl);
   }
 }
 
