@@ -101,7 +101,8 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
 }
 
 void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const fs::path& tmp, const TrainingArgs& a,
-                      const json& meta, int t, int T, int p, int P, int d, int DP, bool te, int edp, int ep, int EP) {
+                      const json& meta, int t, int T, int p, int P, int d, int DP, bool te, int edp, int ep, int EP,
+                      int et) {
   const int L = int(a.model.num_layers);
   auto none_list = [](Document& doc) { return doc.list({doc.none()}); };
   const torch_dist_moe::MoeLayout moe = torch_dist_moe::moe_layout(a);
@@ -110,14 +111,14 @@ void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const fs::pa
     if (t == 0 && d == 0)
       for (const std::string& key : torch_dist_t5::extra_state_keys(a, te))
         items.push_back(torch_dist_io::object_item(key, none_list, tmp));
-  } else if (t == 0 && (d == 0 || edp == 0)) {  // each layer module's _extra_state, the output layer's
+  } else if ((t == 0 && d == 0) || ((et < 0 ? t : et) == 0 && edp == 0)) {  // each layer module's _extra_state
     for (int layer = p * (L / P); layer < (p + 1) * (L / P); ++layer)
       for (const std::string& key : torch_dist_moe::layer_extra_state_keys(
                layer, L, te, moe, ep * per_ep, (ep + 1) * per_ep, a.model.moe_shared_expert_intermediate_size > 0,
                a.model.family_id() == model::ModelFamilyId::bert ? "encoder" : "decoder"))
-        if (torch_dist_moe::is_expert_key(key) ? edp == 0 : d == 0)
+        if (torch_dist_moe::is_expert_key(key) ? (et < 0 ? t : et) == 0 && edp == 0 : t == 0 && d == 0)
           items.push_back(torch_dist_io::object_item(key, none_list, tmp));
-    if (p == P - 1 && d == 0)
+    if (p == P - 1 && t == 0 && d == 0)
       items.push_back(torch_dist_io::object_item("output_layer._extra_state/shard_0_1", none_list, tmp));
   }
   if (meta.value("rng_state", json()).is_null()) return;

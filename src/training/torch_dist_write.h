@@ -66,18 +66,18 @@ std::filesystem::path save_torch_dist_checkpoint(const std::filesystem::path& sa
                                                  optim::MegatronOptimizer* optimizer, const CheckpointRank& rank = {},
                                                  const TorchSaveOptions& options = {});
 // What --ckpt-format torch_dist saves: GPT models (dense or MoE), BERT and T5 models, no virtual
-// stages, with the distributed optimizer's state only for dense GPT models, experts only with
-// --expert-tensor-parallel-size equal to TP; an Error names the flag
-// otherwise.
+// stages, with the distributed optimizer's state only for dense GPT models (experts under any
+// --expert-tensor-parallel-size); an Error names the flag otherwise.
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size);
 
 // The ShardedObjects of global rank (t, p, d) (`meta` in our metadata.json shape): with t = d = 0
-// each layer module's _extra_state and the output layer's (an MoE layer's experts': by t = 0 and
-// expert data-parallel rank edp = 0, for the experts of expert-parallel rank ep of EP;
+// each layer module's _extra_state and the output layer's (an MoE layer's experts': by expert
+// tensor-parallel rank et = 0 (-1: et is t) and expert data-parallel rank edp = 0, for the
+// experts of expert-parallel rank ep of EP;
 // torch_dist_moe.h), and each rank's RNG state ("rng_state/shard_<p>.<t>_<P>.<T>", with DP > 1
 // "rng_state/shard_<p>.<t>.<d>_<P>.<T>.<DP>").
 void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const std::filesystem::path& tmp,
                       const TrainingArgs& a, const nlohmann::json& meta, int t, int T, int p, int P, int d, int DP,
-                      bool transformer_engine, int edp = 0, int ep = 0, int EP = 1);
+                      bool transformer_engine, int edp = 0, int ep = 0, int EP = 1, int et = -1);
 
 }  // namespace megatron::training
