@@ -242,8 +242,13 @@ void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
              "--ckpt-format torch_dist with --use-distributed-optimizer writes Megatron's dp_reshardable optimizer "
              "state in GPT's gradient-buffer order, not BERT's: leave out --use-distributed-optimizer (the plain "
              "optimizer's state is written per parameter), or add --no-save-optim");
-  MG_REQUIRE(vp_size <= 1, "--ckpt-format torch_dist with virtual pipeline stages is not written by this build: "
-             "leave out --ckpt-format and convert the checkpoint afterwards");
+  // Virtual pipeline stages: the keys hold global layer numbers whatever the chunking; Megatron's
+  // dp_reshardable state has a gradient buffer per model chunk, which this build does not write.
+  MG_REQUIRE(vp_size <= 1 || !a.parallel.use_distributed_optimizer || a.no_save_optim,
+             "--ckpt-format torch_dist with virtual pipeline stages (--num-layers-per-virtual-pipeline-stage) and "
+             "--use-distributed-optimizer: Megatron's dp_reshardable state keeps one gradient buffer per model "
+             "chunk, which this build does not write; save with the plain optimizer, with --no-save-optim, or "
+             "leave out --ckpt-format");
 }
 
 }  // namespace megatron::training

@@ -7,6 +7,7 @@
 #include "core/pickle.h"
 #include "core/torch_file.h"
 #include "model/model_settings.h"
+#include "model/pipeline_layout.h"
 #include "training/checkpoint_files.h"
 #include "training/torch_dist_items.h"
 #include "training/torch_dist_moe.h"
@@ -21,7 +22,7 @@ using pickle::Document;
 using torch_dist_io::WriteItem;
 
 fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& save_dir, int T, int P,
-                                     const TorchSaveOptions& options) {
+                                     const TorchSaveOptions& options, int layers_per_virtual_stage) {
   MG_REQUIRE(options.transformer_impl == "transformer_engine" || options.transformer_impl == "local",
              "--transformer-impl must be transformer_engine or local (got '", options.transformer_impl, "')");
   const bool te = options.transformer_impl == "transformer_engine";
@@ -33,6 +34,13 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
   MG_REQUIRE(!t5 || P == 1, "--save-format torch_dist writes T5 models of one pipeline stage "
              "(--target-pipeline-parallel-size 1; got ", P, ")");
   MG_REQUIRE(L % P == 0, "--target-pipeline-parallel-size ", P, " does not divide the ", L, " layers");
+  const int EP = options.expert_model_parallel_size;
+  MG_REQUIRE(EP >= 1 && (EP == 1 || (moe.experts > 0 && moe.experts % EP == 0)),
+             "--target-expert-model-parallel-size ", EP, ": the checkpoint's model has ", moe.experts,
+             " experts per MoE layer, not a positive multiple of ", EP);
+  MG_REQUIRE(!t5 || layers_per_virtual_stage == 0, "--save-format torch_dist writes T5 models without virtual "
+             "pipeline stages: leave out --target-num-layers-per-virtual-pipeline-stage");
+  const int V = model::PipelineLayout::make(L, P, layers_per_virtual_stage).num_chunks;  // an Error when uneven
   const int64_t iteration = meta.at("iteration").get<int64_t>();
   const std::string dir_name = m.source.release ? "release" : iteration_dir_name(iteration);
   const bool optim = !m.optimizer_type.empty();
@@ -87,6 +95,9 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
   c.meta = meta;
   c.tp = T;
   c.pp = P;
+  c.vp = V;
+  c.ep = EP;
+  c.dp = EP;  // a run at EP with the experts split over TP: DP x TP a multiple of EP x TP
   c.dtype = m.model.at("embedding.word_embeddings.weight").dtype();
   c.padded_vocab_size = m.padded_vocab_size;
   c.transformer_impl = options.transformer_impl;
