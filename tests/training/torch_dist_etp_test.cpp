@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "moe_test_util.h"
-#include "torch_dist_layout_util.h"
+#include "training/checkpoint_convert.h"
 #include "training/torch_dist_moe.h"
 
 namespace megatron::training {
@@ -99,7 +99,9 @@ TEST(MpiTorchDistEtp, FoldedExpertsWrittenOnceResumedAndReadUnderAnyLayout) {
     SCOPED_TRACE(k.name());
     const TrainingArgs a = folded_args(f, k);
     const std::string full = f.dir / (k.name() + "_full"), split = f.dir / (k.name() + "_split");
-    expect_exact_resume_in_format(a, full, split, 2, [&](const fs::path& it) { expect_python_reads(it, a, k.etp); });
+    ResumeExtras extras;
+    extras.at_split = [&](const fs::path& it) { expect_python_reads(it, a, k.etp); };
+    expect_exact_resume(a, full, split, [](const TrainingArgs& x) { return pretrain(x); }, 2, extras);
     if (world()->rank() == 0) {  // at one rank: the single-rank run's parameters
       ConvertOptions o;
       o.load = full;
