@@ -138,9 +138,10 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
   std::vector<WriteItem> items;
   const torch_dist_moe::MoeLayout moe = torch_dist_moe::moe_layout(a);
   // Main replicas: the dense tensors' on data-parallel rank 0, the experts' on expert
-  // data-parallel rank 0 of each expert-parallel rank (replica id (PP, TP, expert DP rank)).
-  auto writes = [&](const model::Parameter& par) { return par.expert >= 0 ? rank.edp_rank == 0 : d == 0; };
-  if (d == 0 || rank.edp_rank == 0) {  // the weights, and the plain optimizer's state per parameter, chunked alike
+  // data-parallel rank 0 of each expert-parallel rank (replica id (PP, expert TP, expert DP rank)).
+  const bool expert_writer = torch_dist_moe::writes_experts(rank);
+  auto writes = [&](const model::Parameter& par) { return par.expert >= 0 ? expert_writer : d == 0; };
+  if (d == 0 || expert_writer) {  // the weights, and the plain optimizer's state per parameter, chunked alike
     std::vector<std::pair<std::string, std::function<Tensor(const optim::StatePiece&, const model::Parameter&)>>> kinds;
     if (optimizer != nullptr && !distributed) {
       kinds.emplace_back("fp32_param", [](const optim::StatePiece& s, const model::Parameter&) { return s.main; });
@@ -156,19 +157,21 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
     auto add_param = [&](const std::string& prefix, const model::Parameter& par, const Tensor& value) {
       const torch_dist_moe::KeyPlace place = torch_dist_moe::sharded_key(par.name, te, moe);
       const ShardRule rule = shard_rule(par);
+      // An expert's split: over the expert tensor-parallel ranks (parallel folding).
+      const auto [st, sT] = torch_dist_moe::tensor_split(rank, par.name);
       Shape global = par.value.shape();
-      if (rule.dim >= 0) global[size_t(rule.dim)] *= T;
+      if (rule.dim >= 0) global[size_t(rule.dim)] *= sT;
       // The router's expert_bias: float64 state here, a float32 buffer in Megatron.
       const Tensor v = value.dtype() == DType::F64 ? value.to(DType::F32) : value;
       if (a.model.family_id() == model::ModelFamilyId::t5) {  // its blocks' layer counts, the head's alias
         for (const std::string& key : torch_dist_t5::keys_of(par.name, place.key, !prefix.empty()))
           torch_dist_moe::add_chunks_at(items, prefix + key, place, int(torch_dist_t5::block_layers(key, a)), 0,
                                         global, rule.dim,
-                                        torch_dist_io::local_chunks(v.view(par.value.shape()), rule, t, T));
+                                        torch_dist_io::local_chunks(v.view(par.value.shape()), rule, st, sT));
         return;
       }
       torch_dist_moe::add_chunks_at(items, prefix + place.key, place, L, moe.experts, global, rule.dim,
-                                    torch_dist_io::local_chunks(v.view(par.value.shape()), rule, t, T));
+                                    torch_dist_io::local_chunks(v.view(par.value.shape()), rule, st, sT));
     };
     for (const model::Parameter* par : params)
       if (!par->shared && writes(*par)) add_param("", *par, par->value);
@@ -184,7 +187,8 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
                "distributed optimizer is Adam's); use --optimizer adam or leave out --ckpt-format");
     add_dp_reshardable_items(items, tmp, *optimizer, a, rank, te);
   }
-  add_object_items(items, tmp, a, meta, t, T, p, P, d, rank.dp_size, te, rank.edp_rank, rank.ep_rank, rank.ep_size);
+  add_object_items(items, tmp, a, meta, t, T, p, P, d, rank.dp_size, te, expert_writer ? 0 : 1, rank.ep_rank,
+                   rank.ep_size, torch_dist_moe::expert_tp_rank(rank));
   const int me = multi ? rank.world->rank() : 0;
   std::vector<torch_dist_io::ItemRecord> records = torch_dist_io::write_rank_files(tmp, me, items);
   detail::fsync_path(tmp, true);
@@ -204,6 +208,9 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
     c.tp = T;
     c.pp = P;
     c.dp = rank.dp_size;
+    c.vp = rank.vp_size;
+    c.ep = rank.ep_size;
+    c.etp = rank.etp_size;
     c.dtype = params.empty() ? DType::F32 : params[0]->value.dtype();
     c.padded_vocab_size = a.model.padded_vocab_size;
     c.transformer_impl = options.transformer_impl;
@@ -225,18 +232,17 @@ void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
   MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt || bert || t5,
              "--ckpt-format torch_dist saves GPT, BERT and T5 models here: leave out --ckpt-format (this build's "
              "format, which `checkpoint convert` reshards) or use --ckpt-format torch for other models");
-  MG_REQUIRE(a.model.num_moe_experts == 0 || a.parallel.expert_tensor_parallel_size == 0 ||
-                 a.parallel.expert_tensor_parallel_size == a.parallel.tensor_model_parallel_size,
-             "--ckpt-format torch_dist with --expert-tensor-parallel-size ", a.parallel.expert_tensor_parallel_size,
-             " other than --tensor-model-parallel-size ", a.parallel.tensor_model_parallel_size,
-             " is not written by this build: leave out --ckpt-format (this build's format) or "
-             "--expert-tensor-parallel-size");
   MG_REQUIRE(a.model.num_moe_experts == 0 || !a.parallel.use_distributed_optimizer || a.no_save_optim,
              "--ckpt-format torch_dist with --use-distributed-optimizer and experts (--num-experts): Megatron's "
              "dp_reshardable state keeps the experts in separate gradient buffers, which this build does "
              "not write; save with the plain optimizer, with --no-save-optim, or leave out --ckpt-format");
-  MG_REQUIRE(vp_size <= 1, "--ckpt-format torch_dist with virtual pipeline stages is not written by this build: "
-             "leave out --ckpt-format and convert the checkpoint afterwards");
+  // Virtual pipeline stages: the keys hold global layer numbers whatever the chunking; Megatron's
+  // dp_reshardable state has a gradient buffer per model chunk, which this build does not write.
+  MG_REQUIRE(vp_size <= 1 || !a.parallel.use_distributed_optimizer || a.no_save_optim,
+             "--ckpt-format torch_dist with virtual pipeline stages (--num-layers-per-virtual-pipeline-stage) and "
+             "--use-distributed-optimizer: Megatron's dp_reshardable state keeps one gradient buffer per model "
+             "chunk, which this build does not write; save with the plain optimizer, with --no-save-optim, or "
+             "leave out --ckpt-format");
 }
 
 }  // namespace megatron::training
