@@ -312,6 +312,14 @@ void write_common_files(const fs::path& tmp, const CommonState& c) {
       if (form == "fully_reshardable") doc.set(o, "param_state", doc.dict());
       doc.set(o, "param_state_sharding_type", doc.str(form));
     }
+    if (c.chained) {  // ChainedOptimizer: one entry per optimizer, both alike here
+      Value* chain = doc.dict();
+      Document::set(chain, doc.integer(0), o);
+      Value* experts = doc.dict();
+      doc.set(experts, "param_state_sharding_type", doc.str(form));
+      Document::set(chain, doc.integer(1), experts);
+      o = chain;
+    }
     doc.set(common, "optimizer", o);
   }
   doc.set(common, "num_floating_point_operations_so_far", doc.real(0.0));

@@ -76,24 +76,6 @@ TEST(TorchDistMoeTraining, SavesMegatronsMoeKeysAndResumesBitForBit) {
   save_and_resume(f, b, "expert_bias");
 }
 
-TEST(TorchDistMoeTraining, RefusesTheDistributedOptimizersExpertBuffers) {
-  Fixture f;
-  TrainingArgs a = moe_args(f, 4);
-  a.save = f.dir / "never";
-  a.save_interval = 2;
-  a.ckpt_format = "torch_dist";
-  a.transformer_impl = "local";
-  a.parallel.use_distributed_optimizer = true;
-  try {
-    validate_args(a);
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("separate gradient buffers"), std::string::npos) << e.what();
-  }
-  a.no_save_optim = true;
-  EXPECT_NO_THROW(validate_args(a));
-}
-
 TEST(MpiTorchDistMoeTraining, ExpertParallelSaveResumeAndAnotherExpertParallelSize) {
   SKIP_ON_ONE_RANK();
   if (world()->size() != 2) GTEST_SKIP() << "runs at -np 2 (EP 2)";
