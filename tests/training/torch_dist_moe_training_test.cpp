@@ -4,8 +4,8 @@
 // (tests/reference/write_torch_dist_moe.py summary) assembles every key from the items and finds
 // the trained weights in them; --load resumes on the uninterrupted run's curve bit for bit. Under
 // mpirun -np 2 the same at EP 2 (each expert-parallel rank writing its own experts), and the EP 2
-// folder resumed at EP 1 x DP 2 follows the curve within 1e-5. What is not written is refused
-// before training, by name.
+// folder resumed at EP 1 x DP 2 follows the curve within 1e-5. (The distributed optimizer's state:
+// torch_dist_moe_dp_test.cpp.)
 #include <gtest/gtest.h>
 
 #include "core/error.h"
