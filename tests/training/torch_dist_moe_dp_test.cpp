@@ -11,8 +11,9 @@
 //   converted to this build's format; under mpirun -np 2 the fixture resumed at EP 1 x DP 2 and at
 //   EP 2 follows the same curve.
 // - pretrain-gpt --ckpt-format torch_dist --use-distributed-optimizer with experts writes it: at
-//   EP 1 (experts in the dense buffer, no chain) and under -np 2 at EP 2, -np 4 at TP 2 x EP 2
-//   (each rank its pieces) the run resumes bit for bit; the Python reader assembles the buckets
+//   EP 1 (experts in the dense buffer, no chain) and under -np 2 at EP 2, -np 4 at EP 2 x DP 4
+//   (the experts' buckets split over 2 expert DP ranks, each rank its pieces) the run resumes bit
+//   for bit; the Python reader assembles the buckets
 //   under Megatron's keys; the EP 2 folder resumes at EP 1 x DP 2 on the curve.
 #include <gtest/gtest.h>
 
@@ -202,11 +203,10 @@ TEST(MpiTorchDistMoeDp, FixtureResumesAlikeUnderExpertParallelSizes) {
 TEST(MpiTorchDistMoeDpTraining, ExpertParallelSaveResumeAndAnotherLayout) {
   SKIP_ON_ONE_RANK();
   const int W = world()->size();
-  if (W != 2 && W != 4) GTEST_SKIP() << "runs at -np 2 (EP 2) and 4 (TP 2 x EP 2)";
+  if (W != 2 && W != 4) GTEST_SKIP() << "runs at -np 2 (EP 2) and 4 (EP 2 x DP 4: 2 expert DP ranks)";
   Fixture f;
   TrainingArgs a = moe_args(f, 4);
   a.parallel.expert_model_parallel_size = 2;
-  if (W == 4) a.parallel.tensor_model_parallel_size = 2;
   const std::string name = "ep2_" + std::to_string(W);
   const Saved saved = save_and_resume(f, a, name);
   const json& s = saved.summary;
