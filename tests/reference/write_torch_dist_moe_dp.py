@@ -205,8 +205,13 @@ def optimizer_state(weights, seed):
             "exp_avg_sq": {n: torch.rand(x.shape, generator=g) * 1e-4 for n, x in weights.items()}}
 
 
+# write_torch_dist_moe.py's models, and the mixed one with its MoE layers on the second stage only:
+# the first stage's ranks hold no experts, so their one optimizer's keys have no "chained_" prefix.
+MODELS = dict(wm.MODELS, moe_late=dict(wm.MODELS["moe_mixed"], freq=[0, 0, 1, 1]))
+
+
 def make(out):
-    for i, (name, m) in enumerate(wm.MODELS.items()):
+    for i, (name, m) in enumerate(MODELS.items()):
         weights = wm.full_weights(m, 300 + i)
         state = optimizer_state(weights, 500 + i)
 
@@ -218,7 +223,9 @@ def make(out):
             return shards, objects
 
         chain = {0: {"param_state_sharding_type": "dp_reshardable"}, 1: {"param_state_sharding_type": "dp_reshardable"}}
-        wm.write_checkpoint(os.path.join(out, name + "_dp"), m, weights, extra, chain)
+        first_stage = wm.moe_layers(m)[:m["L"] // PP]
+        common = chain if any(first_stage) else chain[0]  # rank 0's optimizer
+        wm.write_checkpoint(os.path.join(out, name + "_dp"), m, weights, extra, common)
         ref = os.path.join(out, name + "_dp.ref")
         os.makedirs(ref, exist_ok=True)
         names = sorted(weights)

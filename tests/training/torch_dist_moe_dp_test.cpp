@@ -6,7 +6,9 @@
 // - tests/reference/write_torch_dist_moe_dp.py writes that state as Megatron does, saved by
 //   TP2 x PP2 x EP2 with DP 2 (two dense DP ranks, one expert DP rank), for an all-MoE model with
 //   Transformer Engine's order and a mixed one with local modules, a tied embedding and a gated
-//   shared expert: merged, every parameter's state is the writer's, bit for bit.
+//   shared expert, and that one with its MoE layers on the second pipeline stage only (the first
+//   stage's single optimizer keeps unprefixed keys): merged, every parameter's state is the
+//   writer's, bit for bit.
 // - Loaded by a one-rank run with the state, training continues exactly as from the same state
 //   converted to this build's format; under mpirun -np 2 the fixture resumed at EP 1 x DP 2 and at
 //   EP 2 follows the same curve.
@@ -88,7 +90,7 @@ TrainingArgs fixture_moe_args(const Fixture& f, int ep) {
 }
 
 TEST(TorchDistMoeDp, StateMergesToTheWritersValues) {
-  for (const std::string name : {"moe_dp", "moe_mixed_dp"}) {
+  for (const std::string name : {"moe_dp", "moe_mixed_dp", "moe_late_dp"}) {
     SCOPED_TRACE(name);
     const auto ckpt = find_checkpoint(fixtures() / name, std::nullopt);
     ASSERT_TRUE(ckpt.has_value());
