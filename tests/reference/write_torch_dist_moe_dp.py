@@ -112,38 +112,13 @@ def tp_local(m, name, full, t):
 
 def buckets_of(m, weights, params, group_dp, tied_pp, p):
     """[(unpadded, padded, [(start, megatron name, our name, numel)])] of one buffer: the
-    parameters [(megatron name, our name)] in registration order, laid out in reverse."""
-    divisor = group_dp * 128 // math.gcd(group_dp, 128)
-
-    def pad(x, d):
-        return (x + d - 1) // d * d
-
+    parameters [(megatron name, our name)] in registration order, padded to lcm(group DP, 128)."""
     def shared(name):
         return tied_pp and ((p == 0 and name == "embedding.word_embeddings.weight") or
                             (p == PP - 1 and name == "output_layer.weight"))
 
-    out, current, bucket_start, start, end = [], [], 0, 0, 0
-
-    def close(at):
-        out.append((at - bucket_start, pad(at, divisor) - bucket_start, current))
-        return pad(at, divisor)
-
-    for name, ours in reversed(params):
-        numel = tp_local(m, ours, weights[ours], 0).numel()
-        start = pad(start, 64)
-        if shared(name) and current:
-            start = bucket_start = close(start)
-            current = []
-        current.append((start - bucket_start, name, ours, numel))
-        end = start + numel
-        if shared(name):
-            start = bucket_start = close(end)
-            current = []
-        else:
-            start = end
-    if current:
-        close(end)
-    return out
+    return w.lay_out_buckets([(name, tp_local(m, ours, weights[ours], 0).numel(), (name, ours))
+                              for name, ours in params], group_dp * 128 // math.gcd(group_dp, 128), shared)
 
 
 def optimizer_items(m, state, buckets, prefix, t, r, group_dp):

@@ -62,26 +62,10 @@ std::map<std::string, std::map<std::string, std::vector<float>>> reference_state
   return out;
 }
 
-// The fixture's "moe" architecture (write_torch_dist_moe.py) as training flags.
+// The fixture's "moe" model with its state, to train from iteration 7 to 9.
 TrainingArgs fixture_moe_args(const Fixture& f, int ep) {
-  TrainingArgs a = f.args(9);
-  a.model.num_layers = 4;
-  a.model.num_query_groups = 2;
+  TrainingArgs a = torch_dist_moe_fixture_args(f, 9, ep);
   a.model.seq_length = 32;
-  a.model.max_position_embeddings = 32;
-  a.model.ffn_hidden_size = 48;
-  a.model.activation = "swiglu";
-  a.model.normalization = "RMSNorm";
-  a.model.position_embedding_type = "rope";
-  a.model.add_bias_linear = false;
-  a.model.untie_embeddings_and_output_weights = true;
-  a.model.num_moe_experts = 4;
-  a.model.moe_ffn_hidden_size = 16;
-  a.model.moe_router_topk = 2;
-  a.model.moe_aux_loss_coeff = 0.01f;
-  a.model.moe_token_dispatcher_type = "alltoall";
-  a.model.moe_router_load_balancing_type = "aux_loss";
-  a.parallel.expert_model_parallel_size = ep;
   a.parallel.use_distributed_optimizer = true;
   a.use_checkpoint_opt_param_scheduler = true;  // the fixture's LR schedule
   a.load = fixtures() / "moe_dp";

@@ -116,24 +116,8 @@ TEST(MpiTorchDistMoeTraining, MegatronsFolderTrainsAlikeUnderExpertParallelSizes
   world()->barrier();
   std::vector<double> first;
   for (int ep : {1, 2}) {
-    TrainingArgs a = f.args(4);
+    TrainingArgs a = torch_dist_moe_fixture_args(f, 4, ep);
     a.exit_interval = 1;
-    a.model.num_layers = 4;
-    a.model.num_query_groups = 2;
-    a.model.max_position_embeddings = 32;
-    a.model.ffn_hidden_size = 48;
-    a.model.activation = "swiglu";
-    a.model.normalization = "RMSNorm";
-    a.model.position_embedding_type = "rope";
-    a.model.add_bias_linear = false;
-    a.model.untie_embeddings_and_output_weights = true;
-    a.model.num_moe_experts = 4;
-    a.model.moe_ffn_hidden_size = 16;
-    a.model.moe_router_topk = 2;
-    a.model.moe_aux_loss_coeff = 0.01f;  // the checkpoint's MoE flags
-    a.model.moe_token_dispatcher_type = "alltoall";
-    a.model.moe_router_load_balancing_type = "aux_loss";
-    a.parallel.expert_model_parallel_size = ep;
     a.load = f.dir / "megatron/moe";
     a.finetune = true;
     const TrainingSummary r = pretrain(a);
