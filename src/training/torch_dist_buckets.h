@@ -22,7 +22,8 @@
 // The layout is rebuilt from the checkpoint's args and checked against the saved bucket sizes;
 // checkpoints whose layout this build cannot rebuild are refused naming what differs: virtual
 // pipeline stages (one optimizer per model chunk), experts with --expert-tensor-parallel-size
-// other than TP, several gradient buffers (mixed parameter dtypes), a bucket count or size other than the rebuilt one.
+// other than TP or Megatron's legacy GroupedMLP, several gradient buffers (mixed parameter
+// dtypes), a bucket count or size other than the rebuilt one.
 // Megatron itself reads this format only under the saving TP x PP (any DP); here the merged
 // state loads under any layout. Mixture-of-experts models: torch_dist_buckets_moe.h (the experts'
 // own buffer and chained optimizer under expert parallelism).
