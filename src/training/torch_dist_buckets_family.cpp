@@ -92,7 +92,8 @@ std::vector<BufferBucket> model_buffer_layout(const BufferModel& m,
                                               int p, int P, int64_t DP, int64_t bucket_size,
                                               std::set<std::string>* placed) {
   if (m.family == model::ModelFamilyId::gpt)
-    return megatron_buffer_layout(local, p, P, m.layers, DP, m.tied, bucket_size, placed, m.transformer_engine);
+    return megatron_buffer_layout(local, p, P, m.layers, DP, m.tied, bucket_size, placed, m.transformer_engine,
+                                  m.experts);
   std::vector<BufferSlot> order;
   for (const OrderedParam& o : family_parameter_order(m, p, P)) {
     if (o.tied_copy) {

@@ -42,6 +42,7 @@ struct BufferModel {
   int64_t decoder_layers = 0;  // T5 only
   bool tied = true;            // the output layer shares the word embedding
   bool transformer_engine = false;
+  int64_t experts = 0;          // GPT: --num-experts (the MoE layers' parameters too)
 };
 
 // One parameter of a BERT or T5 pipeline rank in named_parameters() order (our names); tied_copy:

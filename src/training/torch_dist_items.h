@@ -82,6 +82,10 @@ struct CommonState {
   // param groups in common.pt or in the "optimizer" ShardedObject), "plain" (the plain optimizer's
   // per-parameter state, its param groups in common.pt).
   std::string optimizer_form;
+  // dp_reshardable under expert parallelism: the experts' optimizer chained to the dense one,
+  // Megatron's ChainedOptimizer common state {0: {...}, 1: {...}}.
+  bool chained = false;
+  int ep = 1;  // --expert-model-parallel-size (recorded in the args)
   std::string optimizer_type = "adam";
   int64_t optimizer_step = 0;
 };

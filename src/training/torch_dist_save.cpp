@@ -3,10 +3,13 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "core/error.h"
 #include "training/checkpoint_files.h"
+#include "training/torch_dist_buckets.h"
 #include "training/torch_dist_buckets_family.h"
+#include "training/torch_dist_buckets_moe.h"
 #include "training/torch_dist_moe.h"
 #include "training/torch_dist_t5.h"
 #include "training/torch_dist_write.h"
@@ -34,76 +37,100 @@ std::string torch_dtype_name(DType t) {
 
 // The distributed optimizer's state of this rank in Megatron's dp_reshardable buckets
 // (torch_dist_buckets.h): the pieces it holds at their places in the flat buckets, with DP rank
-// 0 writing the gaps between parameters (zeros) and the ShardedObjects.
+// 0 writing the gaps between parameters (zeros) and the ShardedObjects. Under expert parallelism
+// the experts' pieces go to the expert optimizer's buckets (torch_dist_buckets_moe.h), whose gaps
+// and objects expert DP rank 0 writes.
 void add_dp_reshardable_items(std::vector<WriteItem>& items, const fs::path& tmp, optim::MegatronOptimizer& opt,
                               const TrainingArgs& a, const CheckpointRank& rank, bool transformer_engine) {
   const model::ParameterList& ps = opt.parameters();
   std::map<std::string, const model::Parameter*> by_name;
   for (const model::Parameter* p : ps) by_name[p->name] = p;
   const bool tied = !a.model.untie_embeddings_and_output_weights;
+  auto shape_of = [&](const std::string& n) -> std::optional<Shape> {
+    auto it = by_name.find(n);
+    if (it == by_name.end() && n == kWordEmbedding && tied) it = by_name.find(kOutputLayer);
+    if (it == by_name.end()) return std::nullopt;
+    return it->second->value.shape();
+  };
+  const int64_t E = a.model.num_moe_experts;
+  const bool chained = stage_has_expert_buffer(a, rank.pp_rank, rank.pp_size, rank.ep_size);
+  struct Buffer {
+    std::vector<BufferBucket> layout;
+    std::string g;  // the key prefix
+    bool writer;    // rank 0 of its data-parallel group
+  };
+  std::vector<Buffer> buffers;
   std::set<std::string> placed;
   const BufferModel family{a.model.family_id(), a.model.num_layers, a.model.decoder_layers(), tied,
-                           transformer_engine};
-  const std::vector<BufferBucket> layout = model_buffer_layout(
-      family, [&](const std::string& n) -> std::optional<Shape> {
-        auto it = by_name.find(n);
-        if (it == by_name.end() && n == kWordEmbedding && tied) it = by_name.find(kOutputLayer);
-        if (it == by_name.end()) return std::nullopt;
-        return it->second->value.shape();
-      },
-      rank.pp_rank, rank.pp_size, rank.dp_size, 0, &placed);
-  std::map<std::string, std::pair<size_t, int64_t>> where;  // name -> (bucket, start)
-  for (size_t b = 0; b < layout.size(); ++b)
-    for (const BufferSlot& s : layout[b].params) where[s.name] = {b, s.start};
+                           transformer_engine, E};
+  buffers.push_back({model_buffer_layout(
+                         family,
+                         [&](const std::string& n) {
+                           return chained && is_expert_param_name(n) ? std::nullopt : shape_of(n);
+                         },
+                         rank.pp_rank, rank.pp_size, rank.dp_size, 0, &placed),
+                     dp_reshardable_prefix(chained, false, rank.tp_rank + rank.tp_size * rank.pp_rank),
+                     rank.dp_rank == 0});
+  if (chained)
+    buffers.push_back({megatron_buffer_layout(
+                           [&](const std::string& n) { return is_expert_param_name(n) ? shape_of(n) : std::nullopt; },
+                           rank.pp_rank, rank.pp_size, a.model.num_layers, rank.dp_size / rank.ep_size, false, 0,
+                           &placed, transformer_engine, E),
+                       dp_reshardable_prefix(true, true, rank.tp_rank + rank.tp_size * (rank.ep_rank + rank.ep_size * rank.pp_rank)),
+                       rank.edp_rank == 0});
+  std::map<std::string, std::tuple<size_t, size_t, int64_t>> where;  // name -> (buffer, bucket, start)
+  for (size_t i = 0; i < buffers.size(); ++i)
+    for (size_t b = 0; b < buffers[i].layout.size(); ++b)
+      for (const BufferSlot& s : buffers[i].layout[b].params) where[s.name] = {i, b, s.start};
   for (const model::Parameter* p : ps)
     MG_REQUIRE(where.count(p->name), "--ckpt-format torch_dist: the parameter '", p->name, "' has no place "
                "this build knows in Megatron's gradient buffer: save with this build's format (leave out "
                "--ckpt-format) or --no-save-optim");
   const DType pdtype = ps.empty() ? DType::F32 : ps[0]->value.dtype();
   const std::string dtype = "(" + torch_dtype_name(pdtype) + ", torch.float32)";
-  const std::string g = "optimizer.distributed.dp_group_idx_" + std::to_string(rank.tp_rank + rank.tp_size * rank.pp_rank) + ".";
-  auto key = [&](size_t b, const char* kind) {
-    return g + "gbuf_idx_0.dtype_" + dtype + ".bucket_idx_" + std::to_string(b) + "." + kind;
-  };
-  auto add = [&](size_t b, const char* kind, int64_t at, const Tensor& data) {
+  auto add = [&](const Buffer& buf, size_t b, const char* kind, int64_t at, const Tensor& data) {
     WriteItem it;
-    it.key = key(b, kind);
-    it.global = {layout[b].unpadded};
+    it.key = buf.g + "gbuf_idx_0.dtype_" + dtype + ".bucket_idx_" + std::to_string(b) + "." + kind;
+    it.global = {buf.layout[b].unpadded};
     it.offsets = {at};
     it.data = data.dtype() == DType::F32 ? data.contiguous().view({-1}) : data.to(DType::F32).contiguous().view({-1});
     items.push_back(std::move(it));
   };
   for (const optim::StatePiece& sp : opt.state_pieces()) {
     const model::Parameter& p = *ps[sp.param];
-    const auto [b, start] = where.at(p.name);
+    const auto [i, b, start] = where.at(p.name);
     const int64_t at = start + sp.param_offset;
-    add(b, "param", at, sp.main.defined() ? sp.main : p.value.view({-1}).narrow(0, sp.param_offset, sp.length));
-    add(b, "exp_avg", at, sp.exp_avg);
-    add(b, "exp_avg_sq", at, sp.exp_avg_sq);
+    add(buffers[i], b, "param", at, sp.main.defined() ? sp.main : p.value.view({-1}).narrow(0, sp.param_offset, sp.length));
+    add(buffers[i], b, "exp_avg", at, sp.exp_avg);
+    add(buffers[i], b, "exp_avg_sq", at, sp.exp_avg_sq);
   }
-  if (rank.dp_rank != 0) return;
-  for (size_t b = 0; b < layout.size(); ++b) {  // the gaps (Megatron's: garbage; here zeros)
-    int64_t end = 0;
-    for (const BufferSlot& s : layout[b].params) {
-      if (s.start > end)
-        for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) add(b, kind, end, Tensor::zeros({s.start - end}, DType::F32));
-      end = s.start + std::accumulate(s.local.begin(), s.local.end(), int64_t(1), std::multiplies<>());
+  for (const Buffer& buf : buffers) {
+    if (!buf.writer) continue;
+    const std::vector<BufferBucket>& layout = buf.layout;
+    for (size_t b = 0; b < layout.size(); ++b) {  // the gaps (Megatron's: garbage; here zeros)
+      int64_t end = 0;
+      for (const BufferSlot& s : layout[b].params) {
+        if (s.start > end)
+          for (const char* kind : {"param", "exp_avg", "exp_avg_sq"})
+            add(buf, b, kind, end, Tensor::zeros({s.start - end}, DType::F32));
+        end = s.start + std::accumulate(s.local.begin(), s.local.end(), int64_t(1), std::multiplies<>());
+      }
     }
-  }
-  auto numels = [&](bool padded) {
-    return [&, padded](Document& d) {
-      Value* counts = d.list();
-      for (const BufferBucket& bk : layout) counts->items.push_back(d.integer(padded ? bk.padded : bk.unpadded));
-      Value* by_dtype = d.dict();
-      Document::set(by_dtype, d.tuple({d.torch_dtype(pdtype), d.torch_dtype(DType::F32)}), counts);
-      return d.list({d.list({by_dtype})});  // the object (one dict per buffer) in its ShardedObject list
+    auto numels = [&](bool padded) {
+      return [&, padded](Document& d) {
+        Value* counts = d.list();
+        for (const BufferBucket& bk : layout) counts->items.push_back(d.integer(padded ? bk.padded : bk.unpadded));
+        Value* by_dtype = d.dict();
+        Document::set(by_dtype, d.tuple({d.torch_dtype(pdtype), d.torch_dtype(DType::F32)}), counts);
+        return d.list({d.list({by_dtype})});  // the object (one dict per buffer) in its ShardedObject list
+      };
     };
-  };
-  items.push_back(torch_dist_io::object_item(g + "optimizer/shard_0_1", [&](Document& d) {
-    return d.list({torch_dist_io::param_groups_state(d, a, true, opt.step_count())});
-  }, tmp));
-  items.push_back(torch_dist_io::object_item(g + "per_bucket_numel/shard_0_1", numels(true), tmp));
-  items.push_back(torch_dist_io::object_item(g + "per_bucket_numel_unpadded/shard_0_1", numels(false), tmp));
+    items.push_back(torch_dist_io::object_item(buf.g + "optimizer/shard_0_1", [&](Document& d) {
+      return d.list({torch_dist_io::param_groups_state(d, a, true, opt.step_count())});
+    }, tmp));
+    items.push_back(torch_dist_io::object_item(buf.g + "per_bucket_numel/shard_0_1", numels(true), tmp));
+    items.push_back(torch_dist_io::object_item(buf.g + "per_bucket_numel_unpadded/shard_0_1", numels(false), tmp));
+  }
 }
 
 }  // namespace
@@ -215,6 +242,8 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
     c.padded_vocab_size = a.model.padded_vocab_size;
     c.transformer_impl = options.transformer_impl;
     if (optimizer != nullptr) c.optimizer_form = distributed ? "dp_reshardable" : "plain";
+    c.chained = distributed && stage_has_expert_buffer(a, 0, P, rank.ep_size);
+    c.ep = rank.ep_size;
     c.optimizer_type = adam ? "adam" : "sgd";
     c.optimizer_step = optimizer != nullptr ? optimizer->step_count() : 0;
     torch_dist_io::write_common_files(tmp, c);
@@ -232,10 +261,18 @@ void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
   MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt || bert || t5,
              "--ckpt-format torch_dist saves GPT, BERT and T5 models here: leave out --ckpt-format (this build's "
              "format, which `checkpoint convert` reshards) or use --ckpt-format torch for other models");
-  MG_REQUIRE(a.model.num_moe_experts == 0 || !a.parallel.use_distributed_optimizer || a.no_save_optim,
-             "--ckpt-format torch_dist with --use-distributed-optimizer and experts (--num-experts): Megatron's "
-             "dp_reshardable state keeps the experts in separate gradient buffers, which this build does "
-             "not write; save with the plain optimizer, with --no-save-optim, or leave out --ckpt-format");
+  MG_REQUIRE(a.model.num_moe_experts == 0 || !a.parallel.use_distributed_optimizer || a.no_save_optim ||
+                 !a.model.moe_grouped_gemm || a.transformer_impl != "local",
+             "--ckpt-format torch_dist with --use-distributed-optimizer, --moe-grouped-gemm and --transformer-impl "
+             "local: Megatron-Core's legacy GroupedMLP keeps one weight1 / weight2 per layer in its gradient "
+             "buffer, which this build does not write; use --transformer-impl transformer_engine (TEGroupedMLP), "
+             "leave out --moe-grouped-gemm, add --no-save-optim, or leave out --ckpt-format");
+  MG_REQUIRE(a.model.num_moe_experts == 0 || !a.parallel.use_distributed_optimizer || a.no_save_optim ||
+                 a.parallel.expert_tensor_parallel_size == 0 ||
+                 a.parallel.expert_tensor_parallel_size == a.parallel.tensor_model_parallel_size,
+             "--ckpt-format torch_dist with --use-distributed-optimizer and --expert-tensor-parallel-size other "
+             "than --tensor-model-parallel-size: this build does not write the experts' dp_reshardable buffers "
+             "sharded over their own tensor-parallel group; add --no-save-optim or leave out --ckpt-format");
   // Virtual pipeline stages: the keys hold global layer numbers whatever the chunking; Megatron's
   // dp_reshardable state has a gradient buffer per model chunk, which this build does not write.
   MG_REQUIRE(vp_size <= 1 || !a.parallel.use_distributed_optimizer || a.no_save_optim,

@@ -72,8 +72,9 @@ std::filesystem::path save_torch_dist_checkpoint(const std::filesystem::path& sa
                                                  const TorchSaveOptions& options = {});
 // What --ckpt-format torch_dist saves: GPT models (dense or MoE; experts under any
 // --expert-tensor-parallel-size), BERT and T5 models, virtual stages with the plain optimizer's
-// state (keys by global layer numbers), the distributed optimizer's state only for dense models
-// of one model chunk; an Error names the flag otherwise.
+// state (keys by global layer numbers), the distributed optimizer's state for models of one model
+// chunk (with experts: --expert-tensor-parallel-size equal to TP, no legacy grouped experts); an
+// Error names the flag otherwise.
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size);
 
 // The ShardedObjects of global rank (t, p, d) (`meta` in our metadata.json shape): with t = d = 0
