@@ -284,7 +284,7 @@ void write_common_files(const fs::path& tmp, const CommonState& c) {
   json extra = {
       {"padded_vocab_size", c.padded_vocab_size}, {"tensor_model_parallel_size", c.tp},
       {"pipeline_model_parallel_size", c.pp}, {"virtual_pipeline_model_parallel_size", nullptr},
-      {"data_parallel_size", c.dp}, {"world_size", c.tp * c.pp * c.dp}, {"expert_model_parallel_size", c.ep},
+      {"data_parallel_size", c.dp}, {"world_size", c.tp * c.pp * c.dp},
       {"consumed_train_samples", meta.at("consumed_train_samples")},
       {"consumed_valid_samples", meta.at("consumed_valid_samples")}, {"iteration", iteration},
       {"fp16", a.fp16}, {"bf16", a.bf16}, {"params_dtype", dtype_name(c.dtype)},

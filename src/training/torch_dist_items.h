@@ -85,7 +85,6 @@ struct CommonState {
   // dp_reshardable under expert parallelism: the experts' optimizer chained to the dense one,
   // Megatron's ChainedOptimizer common state {0: {...}, 1: {...}}.
   bool chained = false;
-  int ep = 1;  // --expert-model-parallel-size (recorded in the args)
   std::string optimizer_type = "adam";
   int64_t optimizer_step = 0;
 };

@@ -243,7 +243,6 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
     c.transformer_impl = options.transformer_impl;
     if (optimizer != nullptr) c.optimizer_form = distributed ? "dp_reshardable" : "plain";
     c.chained = distributed && stage_has_expert_buffer(a, 0, P, rank.ep_size);
-    c.ep = rank.ep_size;
     c.optimizer_type = adam ? "adam" : "sgd";
     c.optimizer_step = optimizer != nullptr ? optimizer->step_count() : 0;
     torch_dist_io::write_common_files(tmp, c);
