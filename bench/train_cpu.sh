@@ -30,9 +30,11 @@ else
   L=6; H=384; NH=6; S="${SEQ:-256}"; FFN=1536
 fi
 MBS="${MBS:-4}"; GBS=$MBS; TORCH="${TORCH:-1}"
-ARCH_FLAGS=(); REF_ARCH=(--arch "$ARCH"); FC1=$FFN; QKV=$((3 * H)); GROUPS=$NH; GATED=1
+ARCH_FLAGS=(); REF_ARCH=(--arch "$ARCH"); FC1=$FFN; QKV=$((3 * H)); QUERY_GROUPS=$NH; GATED=1
+# (not GROUPS: bash keeps that name for the user's group ids and ignores assignments to it)
 if [ "$ARCH" = llama ]; then
-  FFN=$((H * 8 / 3 / 64 * 64)); FC1=$((2 * FFN)); GROUPS=2; QKV=$(((NH + 2 * GROUPS) * H / NH)); GATED=1.5
+  FFN=$((H * 8 / 3 / 64 * 64)); FC1=$((2 * FFN)); QUERY_GROUPS=2; GATED=1.5
+  QKV=$(((NH + 2 * QUERY_GROUPS) * H / NH))
   ARCH_FLAGS=(--normalization RMSNorm --swiglu --ffn-hidden-size "$FFN" --position-embedding-type rope
               --group-query-attention --num-query-groups 2 --disable-bias-linear
               --untie-embeddings-and-output-weights)
@@ -101,7 +103,7 @@ for t in "${THREADS[@]}"; do
 done
 
 python3 - "$RESULTS" "$MODEL $ARCH, $L layers, hidden $H, seq $S, micro-batch $MBS, global batch $GBS, $STEPS steps" \
-  $GBS $S $L $H $NH $GROUPS $FFN $GATED "$(uptime)" <<'PY'
+  $GBS $S $L $H $NH $QUERY_GROUPS $FFN $GATED "$(uptime)" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 B, S, L, H, NH, G, F, gated = (float(x) for x in sys.argv[3:11])
@@ -124,7 +126,8 @@ for t in sorted(ceil):
         p = "bf16" if bf16 else "fp32"
         c, d = ceil[t][p + "_step_gflops"], ceil[t][p + "_step_distinct_gflops"]
         g = flops / r["cpu_s"] / 1e9
-        print(f"| {t} | {r['name']} | {r['cpu_s']:.3f} | {r['wall_s']:.3f} | {ref / r['cpu_s']:.2f}x "
+        vs = "-" if ref != ref else f"{ref / r['cpu_s']:.2f}x"  # no PyTorch rows (TORCH=0)
+        print(f"| {t} | {r['name']} | {r['cpu_s']:.3f} | {r['wall_s']:.3f} | {vs} "
               f"| {g:.1f} | {100 * g / c:.0f}% of {c:.1f} ({p}) | {100 * g / d:.0f}% of {d:.1f} "
               f"| {r['loss']:.4f} |")
     print(f"| {t} | ceiling: a 1024^3 product alone | | | | fp32 {ceil[t]['fp32_square_gflops']:.1f}, "
