@@ -3,13 +3,16 @@
 
 The model is t5_reference.py's transcription of Megatron-Core's T5Model (here in float32 unless
 --float64); the step is Megatron-LM's: the loss of pretrain_t5.py (cross-entropy summed over the
-loss mask, divided by the mask's sum), the gradient clipped to --clip-grad by its global L2 norm
-(clip_grad_norm_fp32: coefficient max_norm / (norm + 1e-6) when below 1), Adam with decoupled
-weight decay (apex FusedAdam with adam_w_mode, betas 0.9 / 0.999, eps 1e-8; no weight decay on
-biases and 1-D parameters, as megatron/core/optimizer's get_param_groups), and the learning rate
-of OptimizerParamScheduler.get_lr (linear warm-up from lr_warmup_init, then linear or cosine
-decay to min_lr, counted in samples; iteration i uses the rate of num_steps = (i - 1) * global
-batch, the scheduler stepping after the optimizer).
+loss mask, divided by the mask's sum in each micro-batch, averaged over the micro-batches by
+schedules.forward_step; logged as all sums over all counts), the gradient clipped to 1.0
+(--clip-grad 1.0) by its global L2 norm (clip_grad_norm_fp32: coefficient max_norm / (norm + 1e-6)
+when below 1), Adam with decoupled weight decay (apex FusedAdam with adam_w_mode, betas 0.9 /
+0.999, eps 1e-8; no weight decay on biases and 1-D parameters, as megatron/core/optimizer's
+get_param_groups), and the learning rate of OptimizerParamScheduler.get_lr (linear warm-up from
+lr_warmup_init, then linear or cosine decay to min_lr, counted in samples; iteration i uses the
+rate of num_steps = (i - 1) * global batch, the scheduler stepping after the optimizer). A
+checkpoint of iteration 1 whose rate was 0 (warm-up from 0) holds the initial weights: the run then
+starts over at iteration 1.
 
 Usage: t5_train_reference.py CKPT_ITER_DIR SAMPLES_JSONL ITERS [--float64]
   CKPT_ITER_DIR  a checkpoint of ours (iter_N: metadata.json, mp_rank_00/model.safetensors and
@@ -59,8 +62,8 @@ def main(ckpt, samples_path, iters, dtype):
     meta = json.load(open(os.path.join(ckpt, "metadata.json")))
     args = meta["args"]
     cfg, sched = args["model"], meta["opt_param_scheduler"]
-    gbs = args["global_batch_size"]
-    clip, wd = args.get("clip_grad", 1.0), sched["start_wd"]
+    gbs, mbs = args["global_batch_size"], args["micro_batch_size"]
+    clip, wd = 1.0, sched["start_wd"]  # --clip-grad 1.0, Megatron's default
     model = read_safetensors(os.path.join(ckpt, "mp_rank_00", "model.safetensors"))
     optim = read_safetensors(os.path.join(ckpt, "mp_rank_00", "optimizer.safetensors"))
     names = [k for k in model if k != "output_layer.bias" or "output_layer.weight" not in model]
@@ -87,15 +90,20 @@ def main(ckpt, samples_path, iters, dtype):
         sys.exit("%s holds %d samples, %d iterations of %d need %d" %
                  (samples_path, len(samples), iters, gbs, iters * gbs))
     for it in range(start + 1, iters + 1):
-        batch = samples[(it - 1) * gbs:it * gbs]
-        t = lambda key: torch.tensor([s[key] for s in batch], dtype=torch.int64)
-        labels, loss_mask = t("labels"), t("loss_mask").to(dtype)
-        logits = t5_logits(P, cfg, t("text_enc"), t("enc_mask"), t("text_dec"))
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.clamp(min=0).reshape(-1),
-                             reduction="none")
-        loss = torch.sum(ce * loss_mask.reshape(-1)) / loss_mask.sum()
         opt.zero_grad()
-        loss.backward()
+        loss_sum, tokens = 0.0, 0.0
+        for mb in range((it - 1) * gbs, it * gbs, mbs):
+            batch = samples[mb:mb + mbs]
+            t = lambda key: torch.tensor([s[key] for s in batch], dtype=torch.int64)
+            labels, loss_mask = t("labels"), t("loss_mask").to(dtype)
+            logits = t5_logits(P, cfg, t("text_enc"), t("enc_mask"), t("text_dec"))
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                 labels.clamp(min=0).reshape(-1), reduction="none")
+            mb_sum = torch.sum(ce * loss_mask.reshape(-1))
+            # schedules.forward_step: each micro-batch's loss over its own tokens, averaged over
+            # the micro-batches; the logged "lm loss" sums the sums and the token counts
+            (mb_sum / loss_mask.sum() / (gbs // mbs)).backward()
+            loss_sum, tokens = loss_sum + mb_sum.item(), tokens + loss_mask.sum().item()
         norm = torch.sqrt(sum(torch.sum(p.grad.double() ** 2) for p in P.values())).item()
         if clip > 0 and clip / (norm + 1e-6) < 1.0:
             for p in P.values():
@@ -104,8 +112,8 @@ def main(ckpt, samples_path, iters, dtype):
         for g in opt.param_groups:
             g["lr"] = lr
         opt.step()
-        print("iteration %d lm loss %.6e grad norm %.4f learning rate %.6e" % (it, loss.item(), norm, lr),
-              flush=True)
+        print("iteration %d lm loss %.6e grad norm %.4f learning rate %.6e" %
+              (it, loss_sum / tokens, norm, lr), flush=True)
 
 
 if __name__ == "__main__":
