@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "json_lines.h"
 #include "test_util.h"
 
 namespace megatron::training::hf_test {
@@ -46,11 +47,7 @@ inline std::vector<json> generate(const fs::path& ckpt, int tokens = 6,
   for (const std::string& p : prompts) cmd += " --prompt '" + p + "'";
   const auto r = testing::run_cli(cmd);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::vector<json> out;
-  std::istringstream in(r.output);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.starts_with("{")) out.push_back(json::parse(line));
+  std::vector<json> out = testing::json_lines(r.output);
   EXPECT_EQ(out.size(), prompts.size()) << r.output;
   return out;
 }

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "interop/checkpoint_test_util.h"
+#include "json_lines.h"
 #include "test_util.h"
 #include "training/checkpoint.h"
 #include "training/checkpoint_convert.h"
@@ -90,10 +91,7 @@ std::vector<json> check(const fs::path& dir, const Variant& v, int tp, int pp) {
                                  std::to_string(tp) + " " + std::to_string(pp) + " " + v.dtype + " " +
                                  (variants() / v.name / "reference.safetensors").string() + " " + v.impl + " 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::vector<json> out;
-  std::istringstream in(r.output);
-  for (std::string line; std::getline(in, line);)
-    if (line.starts_with("{")) out.push_back(json::parse(line));
+  std::vector<json> out = mt::json_lines(r.output);
   return out;
 }
 

@@ -20,6 +20,7 @@
 #include <regex>
 #include <sstream>
 
+#include "json_lines.h"
 #include "test_util.h"
 #include "tokenizer/parity_util.h"
 
@@ -60,10 +61,7 @@ std::vector<json> generate(const fs::path& dir, const std::string& tokenizer,
   for (const std::string& p : prompts) cmd += " --prompt " + q(p);
   const auto r = mt::run_cli(cmd);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::vector<json> out;
-  std::istringstream in(r.output);
-  for (std::string line; std::getline(in, line);)
-    if (line.starts_with("{")) out.push_back(json::parse(line));
+  std::vector<json> out = mt::json_lines(r.output);
   EXPECT_EQ(out.size(), prompts.size()) << r.output;
   return out;
 }

@@ -64,21 +64,7 @@ TEST(MpiMoeTorchCheckpoint, ExpertParallelSaveResumeAndAnotherExpertParallelSize
   Fixture f;
   const std::string pt = save_and_resume(f, torch_moe_args(f, 2), "ep2");
   // The EP 2 folder at iteration 2 under EP 1 x DP 2: every rank reads both EP folders.
-  TrainingArgs c = torch_moe_args(f, 1);
-  c.ckpt_format = "torch";
-  c.load = pt;
-  c.ckpt_step = 2;
-  c.save = f.dir / "ep1_from_ep2";
-  c.save_interval = 1000;
-  const TrainingSummary r = pretrain(c);
-  ASSERT_EQ(r.start_iteration, 2);
-  TrainingArgs again = torch_moe_args(f, 2);
-  again.save = f.dir / "ep2_again";
-  again.save_interval = 1000;
-  const TrainingSummary whole = pretrain(again);
-  ASSERT_EQ(r.losses.size(), 2u);
-  for (size_t i = 0; i < 2; ++i)
-    EXPECT_NEAR(r.losses[i], whole.losses[2 + i], 1e-5 * whole.losses[2 + i]) << "iteration " << i + 3;
+  expect_curve_resumed_under(torch_moe_args(f, 1), "torch", pt, 2, torch_moe_args(f, 2), f.dir);
 }
 
 }  // namespace

@@ -295,6 +295,27 @@ inline void expect_resumed_curve(const TrainingSummary& rest, const TrainingSumm
   }
 }
 
+// `folder`, saved under another layout, loaded at iteration `split` by `under` (its layout, in
+// `format`): the resumed losses follow `uninterrupted`'s curve (trained from scratch in one go)
+// within 1e-5 relative. Both runs save to fresh folders under `dir`.
+inline void expect_curve_resumed_under(TrainingArgs under, const std::string& format, const std::string& folder,
+                                       int64_t split, TrainingArgs uninterrupted, const SharedDir& dir) {
+  under.ckpt_format = format;
+  under.load = folder;
+  under.ckpt_step = split;
+  under.save = dir / "resumed_under_another_layout";
+  under.save_interval = 1000;
+  const TrainingSummary r = pretrain(under);
+  ASSERT_EQ(r.start_iteration, split);
+  uninterrupted.save = dir / "uninterrupted_again";
+  uninterrupted.save_interval = 1000;
+  const TrainingSummary whole = pretrain(uninterrupted);
+  ASSERT_EQ(r.losses.size() + size_t(split), whole.losses.size());
+  for (size_t i = 0; i < r.losses.size(); ++i)
+    EXPECT_NEAR(r.losses[i], whole.losses[size_t(split) + i], 1e-5 * whole.losses[size_t(split) + i])
+        << "iteration " << split + int64_t(i) + 1;
+}
+
 // What expect_exact_resume checks beyond the curve and the final parameters.
 struct ResumeExtras {
   bool optimizer = false;  // the final optimizer state too, bit for bit (rank 0)

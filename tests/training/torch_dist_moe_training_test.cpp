@@ -102,21 +102,7 @@ TEST(MpiTorchDistMoeTraining, ExpertParallelSaveResumeAndAnotherExpertParallelSi
   a.parallel.expert_model_parallel_size = 2;
   const std::string dist = save_and_resume(f, a, "ep2");
   // The EP 2 folder at iteration 2 under EP 1 x DP 2: every rank reads every expert it holds.
-  TrainingArgs c = moe_args(f, 4);
-  c.ckpt_format = "torch_dist";
-  c.load = dist;
-  c.ckpt_step = 2;
-  c.save = f.dir / "ep1_from_ep2";
-  c.save_interval = 1000;
-  const TrainingSummary r = pretrain(c);
-  ASSERT_EQ(r.start_iteration, 2);
-  TrainingArgs again = a;
-  again.save = f.dir / "ep2_again";
-  again.save_interval = 1000;
-  const TrainingSummary whole = pretrain(again);
-  ASSERT_EQ(r.losses.size(), 2u);
-  for (size_t i = 0; i < 2; ++i)
-    EXPECT_NEAR(r.losses[i], whole.losses[2 + i], 1e-5 * whole.losses[2 + i]) << "iteration " << i + 3;
+  expect_curve_resumed_under(moe_args(f, 4), "torch_dist", dist, 2, a, f.dir);
 }
 
 TEST(MpiTorchDistMoeTraining, MegatronsFolderTrainsAlikeUnderExpertParallelSizes) {

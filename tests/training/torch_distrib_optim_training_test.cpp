@@ -9,6 +9,7 @@
 
 #include <sstream>
 
+#include "json_lines.h"
 #include "parallel_test_util.h"
 #include "training/torch_checkpoint.h"
 
@@ -36,10 +37,7 @@ std::vector<json> reference_check(const std::string& folder, const std::string& 
       " check " + folder + " " + std::to_string(iteration) + " " + std::to_string(tp) + " " + std::to_string(pp) +
       " fp32 " + ref_file.string() + " " + impl + " 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::vector<json> out;
-  std::istringstream in(r.output);
-  for (std::string line; std::getline(in, line);)
-    if (line.starts_with("{")) out.push_back(json::parse(line));
+  std::vector<json> out = testing::json_lines(r.output);
   return out;
 }
 
