@@ -132,10 +132,13 @@ void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const fs::pa
     if (p == P - 1 && t == 0 && d == 0)
       items.push_back(torch_dist_io::object_item("output_layer._extra_state/shard_0_1", none_list, tmp));
   }
-  if (meta.value("rng_state", json()).is_null()) return;
+  // Megatron-LM's get_rng_state: ShardedObject("rng_state", ..., (PP, TP), (p, t)) with the
+  // data-parallel rank as replica id, so data-parallel rank 0 writes it (the data-parallel ranks'
+  // states are alike here: one seed per tensor x pipeline rank).
+  if (meta.value("rng_state", json()).is_null() || d != 0) return;
+  (void)DP;
   const json& rng = meta.at("rng_state");
-  const std::string key = DP > 1 ? str("rng_state/shard_", p, ".", t, ".", d, "_", P, ".", T, ".", DP)
-                                 : str("rng_state/shard_", p, ".", t, "_", P, ".", T);
+  const std::string key = str("rng_state/shard_", p, ".", t, "_", P, ".", T);
   items.push_back(torch_dist_io::object_item(key, [&](Document& doc) {
     return torch_rng::megatron_rng_state(doc, a.seed, t, p, rng.at("seed").get<uint64_t>(),
                                          rng.at("dropout_offset").get<uint64_t>());

@@ -81,8 +81,8 @@ void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size);
 // each layer module's _extra_state and the output layer's (an MoE layer's experts': by expert
 // tensor-parallel rank et = 0 (-1: et is t) and expert data-parallel rank edp = 0, for the
 // experts of expert-parallel rank ep of EP;
-// torch_dist_moe.h), and each rank's RNG state ("rng_state/shard_<p>.<t>_<P>.<T>", with DP > 1
-// "rng_state/shard_<p>.<t>.<d>_<P>.<T>.<DP>").
+// torch_dist_moe.h), and the RNG state of each tensor x pipeline rank ("rng_state/shard_<p>.<t>_<P>.<T>",
+// by data-parallel rank 0: the other data-parallel ranks are its replicas).
 void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const std::filesystem::path& tmp,
                       const TrainingArgs& a, const nlohmann::json& meta, int t, int T, int p, int P, int d, int DP,
                       bool transformer_engine, int edp = 0, int ep = 0, int EP = 1, int et = -1);

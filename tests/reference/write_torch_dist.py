@@ -331,9 +331,11 @@ def rank_shards(m, w, opt, t, p, d):
             for mod in ("self_attention.linear_qkv", "self_attention.core_attention",
                         "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"):
                 objects.append((f"decoder.layers.{mod}._extra_state/shard_{layer}_{L}", None))
-    # Megatron's rng_state: a ShardedObject per (PP, TP, DP) rank.
-    objects.append((f"rng_state/shard_{p}.{t}.{d}_{PP}.{TP}.{DP}",
-                    {"random_rng_state": (3, tuple(range(4)), None), "np_rng_state": None}))
+    # Megatron-LM's get_rng_state (checkpointing.py): a ShardedObject of global shape (PP, TP) at
+    # (p, t) with the data-parallel rank as replica id: data-parallel rank 0 writes it.
+    if d == 0:
+        objects.append((f"rng_state/shard_{p}.{t}_{PP}.{TP}",
+                        {"random_rng_state": (3, tuple(range(4)), None), "np_rng_state": None}))
     return out, objects
 
 

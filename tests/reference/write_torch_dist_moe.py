@@ -221,8 +221,9 @@ def rank_shards(m, ents, t, p, d):
                                 for f in ("linear_fc1", "linear_fc2")]
         if p == PP - 1 and d == 0:
             objects.append(("output_layer._extra_state/shard_0_1", None))
-    objects.append(("rng_state/shard_%d.%d.%d_%d.%d.%d" % (p, t, d, PP, TP, DP),
-                    {"random_rng_state": (3, tuple(range(4)), None), "np_rng_state": None}))
+    if d == 0:  # Megatron-LM's get_rng_state: (PP, TP), the data-parallel rank as replica id
+        objects.append(("rng_state/shard_%d.%d_%d.%d" % (p, t, PP, TP),
+                        {"random_rng_state": (3, tuple(range(4)), None), "np_rng_state": None}))
     return shards, objects
 
 
