@@ -2,7 +2,9 @@
 // GPT (per layer QKV, attention output, fc1, fc2, each as often as there are layers; the output
 // layer in its 256-row chunks), each
 // forward (x W^T), input gradient (dy W) and weight gradient (dy^T x, accumulated), run alone
-// through ops::gemm (oneDNN) in fp32 and with bf16 operands, plus a 1024^3 product. Prints one
+// through ops::gemm (oneDNN) in fp32 and with bf16 operands, plus a 1024^3 product; the step's
+// products twice: one set of operands for all layers of a shape (*_step_gflops, the operands stay
+// in the caches) and each layer with its own (*_step_distinct_gflops, as in a step). Prints one
 // JSON object: GFLOP per CPU second (the process's user + system time, all threads: on a shared
 // machine the time a run waits for a core does not count) per precision over the step's products
 // and for the square product, and the kernels that ran. bench/train_cpu.sh divides a step's
@@ -47,24 +49,31 @@ struct Linear {
 };
 
 // GFLOP per CPU second of the products of `layers` (each three times: forward, input and weight
-// gradients), repeated for about `seconds` of wall time.
-double rate(const std::vector<Linear>& layers, DType dt, double seconds) {
+// gradients), repeated for about `seconds` of wall time. `distinct`: each of a layer's `count`
+// occurrences multiplies its own operands, as the step's layers do (their weights and gradients
+// then come from memory, not from the caches); else one set of operands serves all of them.
+double rate(const std::vector<Linear>& layers, DType dt, double seconds, bool distinct = false) {
   struct Operands {
     Tensor x, w, y, dy, dx, dw;
   };
-  std::vector<Operands> ops_;
+  std::vector<std::vector<Operands>> ops_(layers.size());
   double flops = 0;
   for (size_t i = 0; i < layers.size(); ++i) {
     const Linear& l = layers[i];
-    ops_.push_back({random({l.rows, l.in}, dt, 4 * i), random({l.out, l.in}, dt, 4 * i + 1),
-                    Tensor::zeros({l.rows, l.out}, DType::F32), random({l.rows, l.out}, dt, 4 * i + 2),
-                    Tensor::zeros({l.rows, l.in}, DType::F32), Tensor::zeros({l.out, l.in}, DType::F32)});
+    for (int64_t c = 0; c < (distinct ? l.count : 1); ++c) {
+      const uint64_t s = 4 * (i + layers.size() * uint64_t(c));
+      ops_[i].push_back({random({l.rows, l.in}, dt, s), random({l.out, l.in}, dt, s + 1),
+                         Tensor::zeros({l.rows, l.out}, DType::F32),
+                         random({l.rows, l.out}, dt, s + 2),
+                         Tensor::zeros({l.rows, l.in}, DType::F32),
+                         Tensor::zeros({l.out, l.in}, DType::F32)});
+    }
     flops += double(l.count) * 3.0 * 2.0 * double(l.rows) * double(l.in) * double(l.out);
   }
   auto round = [&] {
     for (size_t i = 0; i < ops_.size(); ++i)
       for (int64_t c = 0; c < layers[i].count; ++c) {
-        const Operands& o = ops_[i];
+        const Operands& o = ops_[i][size_t(c) % ops_[i].size()];
         ops::gemm(o.x, false, o.w, true, o.y);
         ops::gemm(o.dy, false, o.w, false, o.dx);
         ops::gemm(o.dy, true, o.x, false, o.dw, 1.0f, 1.0f);
@@ -99,8 +108,13 @@ int main(int argc, char** argv) {
   for (int64_t r0 = 0; r0 < rows; r0 += 256) step.push_back({std::min<int64_t>(256, rows - r0), h, vocab});
   const std::vector<Linear> square = {{1024, 1024, 1024}};
   const auto& k = ops::cpu::cpu_kernel_report();
-  std::printf("{\"fp32_step_gflops\": %.2f, \"bf16_step_gflops\": %.2f, \"fp32_square_gflops\": %.2f, "
-              "\"bf16_square_gflops\": %.2f, \"fp32_kernel\": \"%s\", \"bf16_kernel\": \"%s\", "
+  const double f32_distinct = rate(step, DType::F32, seconds, true);
+  const double bf16_distinct = rate(step, DType::BF16, seconds, true);
+  std::printf("{\"fp32_step_distinct_gflops\": %.2f, \"bf16_step_distinct_gflops\": %.2f, ",
+              f32_distinct, bf16_distinct);
+  std::printf("\"fp32_step_gflops\": %.2f, \"bf16_step_gflops\": %.2f, "
+              "\"fp32_square_gflops\": %.2f, \"bf16_square_gflops\": %.2f, "
+              "\"fp32_kernel\": \"%s\", \"bf16_kernel\": \"%s\", "
               "\"isa\": \"%s\", \"cpu\": \"%s\", \"flags\": \"%s\", \"openblas\": \"%s%s\"}\n",
               rate(step, DType::F32, seconds), rate(step, DType::BF16, seconds),
               rate(square, DType::F32, seconds), rate(square, DType::BF16, seconds),

@@ -12,9 +12,12 @@
 # MODEL=small (default): 6 layers, hidden 384, 6 heads, seq 256, micro-batch 4, global batch 4.
 # MODEL=gpt2: GPT-2 124M at llm.c's CPU configuration (12 layers, hidden 768, 12 heads, seq 64,
 # micro-batch 4, global batch 4, vocab 50304); SEQ=1024 gives it llm.c's GPU sequence length.
+# MBS=n sets the micro-batch (default 4; the global batch is the micro-batch, one micro-batch a step).
+# BASE=path/to/another/megatron adds its fp32 and --bf16 rows, each measured right after this
+# build's: a before/after pair from one run. TORCH=0 leaves the PyTorch rows out.
 # ARCH=llama trains the Llama-style model of the same size instead (RMSNorm, rotary, SwiGLU,
 # 2 query groups, no biases, untied output layer) on both sides. No dropout anywhere.
-# Usage: [MODEL=small|gpt2] [ARCH=gpt|llama] [SEQ=n] bench/train_cpu.sh [BUILD_DIR] [STEPS] [THREADS...]
+# Usage: [MODEL=small|gpt2] [ARCH=gpt|llama] [SEQ=n] [MBS=n] [BASE=megatron] [TORCH=0|1] bench/train_cpu.sh [BUILD_DIR] [STEPS] [THREADS...]
 #        (default: build 4 1 2; needs .cache/demo or preprocesses it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,10 +29,12 @@ if [ "$MODEL" = gpt2 ]; then
 else
   L=6; H=384; NH=6; S="${SEQ:-256}"; FFN=1536
 fi
-MBS=4; GBS=4
-ARCH_FLAGS=(); REF_ARCH=(--arch "$ARCH"); FC1=$FFN; QKV=$((3 * H)); GROUPS=$NH; GATED=1
+MBS="${MBS:-4}"; GBS=$MBS; TORCH="${TORCH:-1}"
+ARCH_FLAGS=(); REF_ARCH=(--arch "$ARCH"); FC1=$FFN; QKV=$((3 * H)); QUERY_GROUPS=$NH; GATED=1
+# (not GROUPS: bash keeps that name for the user's group ids and ignores assignments to it)
 if [ "$ARCH" = llama ]; then
-  FFN=$((H * 8 / 3 / 64 * 64)); FC1=$((2 * FFN)); GROUPS=2; QKV=$(((NH + 2 * GROUPS) * H / NH)); GATED=1.5
+  FFN=$((H * 8 / 3 / 64 * 64)); FC1=$((2 * FFN)); QUERY_GROUPS=2; GATED=1.5
+  QKV=$(((NH + 2 * QUERY_GROUPS) * H / NH))
   ARCH_FLAGS=(--normalization RMSNorm --swiglu --ffn-hidden-size "$FFN" --position-embedding-type rope
               --group-query-attention --num-query-groups 2 --disable-bias-linear
               --untie-embeddings-and-output-weights)
@@ -46,9 +51,9 @@ export OPENBLAS_NUM_THREADS=1
 RESULTS=$(mktemp); OUT=$(mktemp); TIMES=$(mktemp)
 trap 'rm -f "$RESULTS" "$OUT" "$TIMES"' EXIT
 
-megatron_cmd() {  # iterations [flags...]
-  local iters=$1; shift
-  echo "$MEGATRON" pretrain-gpt --num-layers $L --hidden-size $H --num-attention-heads $NH --seq-length $S \
+megatron_cmd() {  # binary iterations [flags...]
+  local bin=$1 iters=$2; shift 2
+  echo "$bin" pretrain-gpt --num-layers $L --hidden-size $H --num-attention-heads $NH --seq-length $S \
     --max-position-embeddings $S "${ARCH_FLAGS[@]}" "${TOK[@]}" --micro-batch-size $MBS \
     --global-batch-size $GBS --train-iters "$iters" --lr 1e-4 --lr-decay-style constant \
     --hidden-dropout 0 --attention-dropout 0 --data-path "$DATA" --split 100,0,0 \
@@ -64,11 +69,12 @@ timed() {  # threads command...
   OMP_NUM_THREADS=$t /usr/bin/time -f "%e %U %S" -o "$TIMES.one" "$@" >"$OUT" 2>&1 || { cat "$OUT" >&2; exit 1; }
   awk '{print $1, $2 + $3}' "$TIMES.one" >>"$TIMES"
 }
-measure() {  # name threads kind(megatron|torch) args...
+measure() {  # name threads kind(megatron|base|torch) args...
   local name=$1 t=$2 kind=$3; shift 3
   : >"$TIMES"
-  if [ "$kind" = megatron ]; then
-    timed "$t" $(megatron_cmd 2 "$@"); timed "$t" $(megatron_cmd $((2 + STEPS)) "$@")
+  if [ "$kind" != torch ]; then
+    local bin="$MEGATRON"; [ "$kind" = base ] && bin="$BASE"
+    timed "$t" $(megatron_cmd "$bin" 2 "$@"); timed "$t" $(megatron_cmd "$bin" $((2 + STEPS)) "$@")
     loss=$(grep "iteration " "$OUT" | tail -1 | sed 's/.*lm loss: \([0-9.E+-]*\).*/\1/')
   else
     timed "$t" $(torch_cmd 2 "$t" "$@"); timed "$t" $(torch_cmd $((2 + STEPS)) "$t" "$@")
@@ -87,14 +93,17 @@ for t in "${THREADS[@]}"; do
   echo "{\"ceiling\": $(OMP_NUM_THREADS=$t "$BUILD_DIR/bench/gemm_rate" --layers $L --hidden $H \
     --qkv $QKV --fc1 $FC1 --ffn $FFN --rows $((MBS * S))), \"threads\": $t}" >>"$RESULTS"
   measure "megatron pretrain-gpt fp32" "$t" megatron
+  [ -z "${BASE:-}" ] || measure "base: megatron pretrain-gpt fp32" "$t" base
   measure "megatron pretrain-gpt --bf16" "$t" megatron --bf16
+  [ -z "${BASE:-}" ] || measure "base: megatron pretrain-gpt --bf16" "$t" base --bf16
+  [ "$TORCH" = 0 ] && continue
   measure "PyTorch 1.13 fp32" "$t" torch fp32
   measure "PyTorch 1.13 autocast bf16" "$t" torch autocast
   measure "PyTorch 1.13 bf16 model" "$t" torch bf16
 done
 
 python3 - "$RESULTS" "$MODEL $ARCH, $L layers, hidden $H, seq $S, micro-batch $MBS, global batch $GBS, $STEPS steps" \
-  $GBS $S $L $H $NH $GROUPS $FFN $GATED "$(uptime)" <<'PY'
+  $GBS $S $L $H $NH $QUERY_GROUPS $FFN $GATED "$(uptime)" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 B, S, L, H, NH, G, F, gated = (float(x) for x in sys.argv[3:11])
@@ -107,17 +116,20 @@ print(f"cpu: {first['cpu']} ({first['flags']}); oneDNN ISA {first['isa']}; fp32 
       f"{first['fp32_kernel']}; bf16 products: {first['bf16_kernel']}; OpenBLAS core {first['openblas']} (not used)")
 print(f"load: {sys.argv[11].strip()}")
 print("| threads | program | CPU s/step | wall s/step | PyTorch bf16 model / this (CPU s) "
-      "| GFLOP per CPU s | of the products' ceiling | loss |")
-print("|---|---|---|---|---|---|---|---|")
+      "| GFLOP per CPU s | of the products' ceiling | of it, each layer its own operands | loss |")
+print("|---|---|---|---|---|---|---|---|---|")
 for t in sorted(ceil):
     rs = [r for r in rows if r.get("threads") == t and "name" in r]
-    ref = next(r["cpu_s"] for r in rs if r["name"].endswith("bf16 model"))
+    ref = next((r["cpu_s"] for r in rs if r["name"].endswith("bf16 model")), float("nan"))
     for r in rs:
         bf16 = "bf16" in r["name"]
-        c = ceil[t]["bf16_step_gflops" if bf16 else "fp32_step_gflops"]
+        p = "bf16" if bf16 else "fp32"
+        c, d = ceil[t][p + "_step_gflops"], ceil[t][p + "_step_distinct_gflops"]
         g = flops / r["cpu_s"] / 1e9
-        print(f"| {t} | {r['name']} | {r['cpu_s']:.3f} | {r['wall_s']:.3f} | {ref / r['cpu_s']:.2f}x "
-              f"| {g:.1f} | {100 * g / c:.0f}% of {c:.1f} ({'bf16' if bf16 else 'fp32'}) | {r['loss']:.4f} |")
+        vs = "-" if ref != ref else f"{ref / r['cpu_s']:.2f}x"  # no PyTorch rows (TORCH=0)
+        print(f"| {t} | {r['name']} | {r['cpu_s']:.3f} | {r['wall_s']:.3f} | {vs} "
+              f"| {g:.1f} | {100 * g / c:.0f}% of {c:.1f} ({p}) | {100 * g / d:.0f}% of {d:.1f} "
+              f"| {r['loss']:.4f} |")
     print(f"| {t} | ceiling: a 1024^3 product alone | | | | fp32 {ceil[t]['fp32_square_gflops']:.1f}, "
-          f"bf16 {ceil[t]['bf16_square_gflops']:.1f} | | |")
+          f"bf16 {ceil[t]['bf16_square_gflops']:.1f} | | | |")
 PY

@@ -7,14 +7,14 @@
 # labels themselves (the masked words with their sentinels and [EOS], over the first 2000 training
 # samples), and that of the span words alone with the sentinels and [EOS] counted as free, then
 # let `megatron generate` fill the spans of a few prompts.
-# Environment: DEMO_ITERS (training iterations, default 2000), DEMO_MINUTES (training stops and
-# saves after this many minutes, default 10), DEMO_THREADS (default 2), BUILD_DIR (default
+# Environment: DEMO_ITERS (training iterations, default 5000), DEMO_MINUTES (training stops and
+# saves after this many minutes, default 15), DEMO_THREADS (default 2), BUILD_DIR (default
 # build), SKIP_SETUP=1 to skip scripts/setup.sh, SKIP_BUILD=1 to use $BUILD_DIR/megatron as built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${BUILD_DIR:-build}"
-ITERS="${DEMO_ITERS:-2000}"
-MINUTES="${DEMO_MINUTES:-10}"
+ITERS="${DEMO_ITERS:-5000}"
+MINUTES="${DEMO_MINUTES:-15}"
 export OMP_NUM_THREADS="${DEMO_THREADS:-2}" OPENBLAS_NUM_THREADS=1
 [ "${SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
 [ "${SKIP_BUILD:-0}" = 1 ] || BUILD_DIR="$BUILD_DIR" scripts/build.sh
@@ -37,14 +37,19 @@ fi
 BASELINE="$(sed -n 's/^unigram entropy: \([0-9.]*\) .*/\1/p' "$OUT/data_summary.txt")"
 
 # --- training ---
-SEQ=(--encoder-seq-length 64 --decoder-seq-length 24)
+# 32-token encoder samples (a sentence or two) with --mask-prob 0.3 (about 8 masked tokens in 2 or 3
+# spans; 20-token decoder samples hold them with their sentinels and [EOS]): about twice the
+# iterations of 64-token samples in the same time, each decoder query chooses among half the
+# encoder positions, and every sample has as many span words to learn from as a 64-token one.
+SEQ=(--encoder-seq-length 32 --decoder-seq-length 20 --mask-prob 0.3)
 # --init-method-std 0.1 (about 1/sqrt(hidden)) rather than Megatron's 0.02: at this width, with
 # 0.02, the cross-attention's queries hardly learn (their gradients stay near zero), and even a
 # model that memorises a few sentences fills their spans with other words of the same text.
 SHAPE=(--encoder-num-layers 2 --decoder-num-layers 2 --hidden-size 128 --num-attention-heads 4
-       --max-position-embeddings 64 --init-method-std 0.1 "${SEQ[@]}")
+       --max-position-embeddings 32 --init-method-std 0.1 "${SEQ[@]}"
+       --position-embedding-type relative)
 DATA=(--data-path "$OUT/demo_text_sentence" --split 98,2,0 --data-cache-path "$OUT/cache")
-SAMPLES=(--micro-batch-size 32 --global-batch-size 32 --train-iters "$ITERS" --eval-interval 500
+SAMPLES=(--micro-batch-size 32 --global-batch-size 32 --train-iters "$ITERS" --eval-interval 1000
          --eval-iters 20)
 # The labels' baseline: the unigram entropy of the first 2000 training samples' labels (inside
 # the loss mask).
@@ -91,8 +96,8 @@ the jury said it did not <extra_id_0> any evidence of fraud in the <extra_id_1> 
 he turned his <extra_id_0> and looked out of the <extra_id_1> .
 PROMPTS_END
   "$MEGATRON" generate --load "$OUT/ckpt" --use-checkpoint-args "${TOK[@]}" \
-    --prompt-file "$PROMPTS" --num-tokens-to-generate 20 2>&1 | tee "$OUT/generate.log"
+    --prompt-file "$PROMPTS" --num-tokens-to-generate 16 2>&1 | tee "$OUT/generate.log"
   "$MEGATRON" generate --load "$OUT/ckpt" --use-checkpoint-args "${TOK[@]}" \
-    --prompt-file "$PROMPTS" --num-tokens-to-generate 20 --top_k 0 --top_p 0.9 \
+    --prompt-file "$PROMPTS" --num-tokens-to-generate 16 --top_k 0 --top_p 0.9 \
     --random-seed 1 2>&1 | tee -a "$OUT/generate.log"
 fi

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "model/tensor_parallel.h"
+#include "optim/update_rules.h"
 
 namespace megatron::optim {
 
@@ -137,10 +138,11 @@ StepResult DistributedOptimizer::step(double lr, double weight_decay, GradScaler
     return r;
   }
   r.grad_norm = std::sqrt(sum_sq);
+  // Clipping scales each gradient as the update reads it (update_parameter_scaled).
+  float clip = 1.0f;
   if (cfg_.clip_grad > 0.0) {
     const double coeff = cfg_.clip_grad / (r.grad_norm + 1e-6);
-    if (coeff < 1.0)
-      for (const Part& part : parts_) scale_inplace(part.buffer->main_grad_shard(), float(coeff));
+    if (coeff < 1.0) clip = float(coeff);
   }
   ++step_count_;
   for (const Part& part : parts_) {
@@ -156,7 +158,8 @@ StepResult DistributedOptimizer::step(double lr, double weight_decay, GradScaler
                            ? exp_avg_sq_.narrow(0, p.shard_offset, p.length) : Tensor();
       const bool dec = !decoupled_.empty() && decoupled_[p.param];
       MG_CHECK(!dec || !std::isnan(decoupled_lr), "decoupled-LR parameter without a decoupled LR");
-      update_parameter(cfg_, main, g, m, v, model_copy, dec ? decoupled_lr : lr, wd, step_count_);
+      update_parameter_scaled(cfg_, main, g, m, v, model_copy, dec ? decoupled_lr : lr, wd,
+                              step_count_, clip);
     }
   }
   for (const Part& part : parts_) part.buffer->start_param_sync();

@@ -4,8 +4,10 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/fused_optim.h"
 #include "kernels/ops.h"
 #include "model/tensor_parallel.h"
+#include "optim/update_rules.h"
 
 namespace megatron::optim {
 
@@ -23,6 +25,13 @@ void scale_inplace(const Tensor& t, float factor) {
 void update_parameter(const OptimizerConfig& cfg, const Tensor& main, const Tensor& grad,
                       const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& model_copy,
                       double lr, double wd, int64_t step) {
+  update_parameter_scaled(cfg, main, grad, exp_avg, exp_avg_sq, model_copy, lr, wd, step, 1.0f);
+}
+
+void update_parameter_scaled(const OptimizerConfig& cfg, const Tensor& main, const Tensor& grad,
+                             const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                             const Tensor& model_copy, double lr, double wd, int64_t step,
+                             float grad_scale) {
   if (cfg.type == OptimizerType::Adam) {
     ops::AdamWConfig ac;
     ac.lr = float(lr);
@@ -31,8 +40,9 @@ void update_parameter(const OptimizerConfig& cfg, const Tensor& main, const Tens
     ac.eps = float(cfg.adam_eps);
     ac.weight_decay = float(wd);
     ac.step = step;
-    ops::adamw_step(main, grad, exp_avg, exp_avg_sq, model_copy, ac);
+    ops::adamw_step_scaled(main, grad, exp_avg, exp_avg_sq, model_copy, ac, grad_scale);
   } else {
+    if (grad_scale != 1.0f) scale_inplace(grad, grad_scale);
     sgd_update(main, grad, exp_avg, lr, wd, cfg.sgd_momentum, step == 1);
     if (model_copy.defined()) {
       Tensor dst = model_copy;
@@ -141,10 +151,11 @@ StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler, d
     r.grad_norm = std::nan("");
     return r;
   }
+  // Clipping scales each gradient as the update reads it (update_parameter_scaled).
+  float clip = 1.0f;
   if (cfg_.clip_grad > 0.0) {
     const double coeff = cfg_.clip_grad / (r.grad_norm + 1e-6);
-    if (coeff < 1.0)
-      for (const Tensor& g : grads) scale_inplace(g, float(coeff));
+    if (coeff < 1.0) clip = float(coeff);
   }
   ++step_count_;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -154,8 +165,9 @@ StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler, d
     const bool separate = s.main.storage() != p.value.storage();
     const bool dec = !decoupled_.empty() && decoupled_[i];
     MG_CHECK(!dec || !std::isnan(decoupled_lr), "decoupled-LR parameter without a decoupled LR");
-    update_parameter(cfg_, s.main, p.grad, s.exp_avg, s.exp_avg_sq, separate ? p.value : Tensor(),
-                     dec ? decoupled_lr : lr, wd, step_count_);
+    update_parameter_scaled(cfg_, s.main, p.grad, s.exp_avg, s.exp_avg_sq,
+                            separate ? p.value : Tensor(), dec ? decoupled_lr : lr, wd, step_count_,
+                            clip);
   }
   return r;
 }

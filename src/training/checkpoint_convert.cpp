@@ -410,14 +410,16 @@ ConvertResult write_target(MergedCheckpoint& m, const ConvertOptions& o,
   }
 
   if (o.save_format == "torch_dist") {  // Megatron-LM's default format (training/torch_dist_write.h)
-    MG_REQUIRE(o.target_layers_per_virtual_stage == 0, "--save-format torch_dist: its keys do not depend "
-               "on virtual pipeline stages (Megatron loads it under any): leave out "
-               "--target-num-layers-per-virtual-pipeline-stage");
+    // Layout-independent keys; common.pt records the target layout (EP, virtual stages).
     m.metadata["args"]["model"]["padded_vocab_size"] = target_vocab;
-    res.dir = write_torch_dist_checkpoint(m, o.save, T, P, TorchSaveOptions{o.transformer_impl});
+    TorchSaveOptions so{o.transformer_impl};
+    so.expert_model_parallel_size = o.target_ep;
+    res.dir = write_torch_dist_checkpoint(m, o.save, T, P, so, o.target_layers_per_virtual_stage);
     res.num_tensors = m.model.size();
     res.num_files = size_t(T) * size_t(P) * 2 + 3;
-    res.to = CheckpointParallel{T, P, 1, optim};
+    res.to = CheckpointParallel{T, P, o.target_ep};
+    res.to.expert_model_parallel_size = o.target_ep;
+    res.to.virtual_pipeline_model_parallel_size = layout.num_chunks;
     res.notes = m.notes;
     return res;
   }
@@ -536,10 +538,11 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   MG_REQUIRE(o.target_tp >= 1, "--target-tensor-parallel-size must be >= 1 (got ", o.target_tp, ")");
   MG_REQUIRE(o.target_pp >= 1, "--target-pipeline-parallel-size must be >= 1 (got ", o.target_pp, ")");
   MG_REQUIRE(o.target_ep >= 1, "--target-expert-model-parallel-size must be >= 1 (got ", o.target_ep, ")");
-  MG_REQUIRE(o.target_ep == 1 || o.save_format == "safetensors" || o.save_format == "torch",
+  MG_REQUIRE(o.target_ep == 1 || o.save_format == "safetensors" || o.save_format == "torch" ||
+                 o.save_format == "torch_dist",
              "--target-expert-model-parallel-size ", o.target_ep, " with --save-format ",
-             o.save_format, ": only this build's format and Megatron-LM's torch format are "
-             "written per expert-parallel rank; leave the flag out");
+             o.save_format, ": only this build's format and Megatron-LM's torch and torch_dist formats "
+             "record an expert-parallel layout; leave the flag out");
   std::error_code ec;
   MG_REQUIRE(fs::is_directory(o.load, ec), "--load ", o.load.string(), " is not a directory");
   if (fs::exists(o.save, ec)) {

@@ -9,7 +9,10 @@
 #include "core/error.h"
 #include "core/torch_file.h"
 #include "training/checkpoint_convert.h"
+#include "training/torch_dist_buckets_family.h"
+#include "training/torch_dist_buckets_moe.h"
 #include "training/torch_dist_checkpoint.h"
+#include "training/torch_dist_moe.h"
 
 namespace megatron::training {
 
@@ -55,7 +58,8 @@ const Value* arg(const Value& ns, const char* name) { return ns.kind == Kind::Na
 
 std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::optional<Shape>(const std::string&)>& local,
                                                  int p, int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
-                                                 std::set<std::string>* placed, bool transformer_engine) {
+                                                 std::set<std::string>* placed, bool transformer_engine,
+                                                 int64_t experts) {
   std::vector<BufferSlot> order;  // named_parameters() order
   auto add = [&](const std::string& n) {
     if (std::optional<Shape> s = local(n)) {
@@ -67,9 +71,11 @@ std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::option
     add(kWordEmbedding);
     add("embedding.position_embeddings.weight");
   }
-  for (int64_t l = p * (L / P); l < (p + 1) * (L / P); ++l)
+  for (int64_t l = p * (L / P); l < (p + 1) * (L / P); ++l) {
     for (const char* sub : transformer_engine ? kLayerOrderTe : kLayerOrder)
       add("decoder.layers." + std::to_string(l) + "." + sub);
+    if (experts > 0) moe_layer_registration_order("decoder.layers." + std::to_string(l) + ".", experts, add);
+  }
   if (p == P - 1) {
     add("decoder.final_layernorm.weight");
     add("decoder.final_layernorm.bias");
@@ -81,6 +87,11 @@ std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::option
       order.push_back({kOutputLayer, *s, 0, true});
     }
   }
+  return buckets_in_order(order, p, P, DP, tied, bucket_size);
+}
+
+std::vector<BufferBucket> buckets_in_order(const std::vector<BufferSlot>& order, int p, int P, int64_t DP, bool tied,
+                                           int64_t bucket_size) {
   // The tied embedding of a pipelined run is Megatron's shared_embedding: a bucket of its own.
   auto shared = [&](const BufferSlot& e) {
     return tied && P > 1 && ((p == 0 && e.name == kWordEmbedding) || e.tied_copy);
@@ -113,9 +124,9 @@ std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::option
 }
 
 bool has_dp_reshardable_state(const DistcpFolder& f) {
-  auto it = f.entries().lower_bound(kPrefix);
-  for (; it != f.entries().end() && it->first.starts_with(kPrefix); ++it)
-    if (it->first.find(".bucket_idx_") != std::string::npos) return true;
+  for (const std::string& prefix : {std::string(kPrefix), "chained_0." + std::string(kPrefix)})
+    for (auto it = f.entries().lower_bound(prefix); it != f.entries().end() && it->first.starts_with(prefix); ++it)
+      if (it->first.find(".bucket_idx_") != std::string::npos) return true;
   return false;
 }
 
@@ -147,18 +158,26 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
              " model (this build rebuilds the gradient-buffer order of Megatron-Core's local and Transformer "
              "Engine modules)", how);
   const bool te = impl != "local";
-  MG_REQUIRE(integer("virtual_pipeline_model_parallel_size") <= 1 && integer("num_experts") <= 1, label,
-             ": dp_reshardable state saved with virtual pipeline stages or experts (one optimizer per model "
-             "chunk or expert group) is not read by this build", how);
+  MG_REQUIRE(integer("virtual_pipeline_model_parallel_size") <= 1, label, ": dp_reshardable state saved with "
+             "virtual pipeline stages (one optimizer per model chunk) is not read by this build", how);
   const int T = ckpt.parallel.tensor_model_parallel_size, P = ckpt.parallel.pipeline_model_parallel_size;
   const int64_t DP = std::max<int64_t>(1, integer("data_parallel_size"));
+  const int64_t E = std::max<int64_t>(0, integer("num_experts"));
+  const int64_t EP = E > 0 ? std::max<int64_t>(1, integer("expert_model_parallel_size")) : 1;
+  const int64_t ETP = integer("expert_tensor_parallel_size");
+  MG_REQUIRE(E == 0 || ETP == 0 || ETP == T, label, ": dp_reshardable state saved with "
+             "--expert-tensor-parallel-size ", ETP, " other than --tensor-model-parallel-size ", T,
+             " is not read by this build (it rebuilds the experts' buffers sharded as the dense ones)", how);
+  MG_REQUIRE(E == 0 || !flag("moe_grouped_gemm") || te, label, ": dp_reshardable state of grouped experts "
+             "with --transformer-impl local (Megatron-Core's legacy GroupedMLP, one weight1 / weight2 per "
+             "layer) is not read by this build", how);
+  MG_REQUIRE(E % EP == 0 && DP % EP == 0, label, ": ", E, " experts and ", DP, " data-parallel ranks do not "
+             "split over ", EP, " expert-parallel ranks: the checkpoint's args are inconsistent", how);
   const TrainingArgs a = training_args_from_json(ckpt.state.args);
-  MG_REQUIRE(a.model.family_id() != model::ModelFamilyId::t5, label, ": the distributed optimizer's "
-             "dp_reshardable state of a t5 model is not read by this build (it rebuilds the gradient-buffer "
-             "order of GPTModel's parameters, not T5Model's)", how);
   const int64_t L = a.model.num_layers;
   MG_REQUIRE(L % P == 0, label, ": ", L, " layers do not split over ", P, " pipeline stages");
   const bool tied = !a.model.untie_embeddings_and_output_weights;
+  const BufferModel family{a.model.family_id(), L, a.model.decoder_layers(), tied, te, E};
   int64_t bucket_size = 0;  // none: DistributedDataParallel without --overlap-grad-reduce
   if (flag("overlap_grad_reduce"))
     bucket_size = integer("ddp_bucket_size") > 0 ? integer("ddp_bucket_size")
@@ -169,69 +188,91 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
   std::set<std::string> placed;
   // kind -> our name -> the shard of each TP rank
   std::map<std::string, std::map<std::string, std::vector<Tensor>>> shards;
-  for (int p = 0; p < P; ++p)
-    for (int t = 0; t < T; ++t) {
-      const std::string g = kPrefix + std::to_string(t + T * p) + ".";
-      const std::vector<BufferBucket> layout = megatron_buffer_layout(
-          [&](const std::string& n) -> std::optional<Shape> {
-            auto it = shapes.find(n);
-            if (it == shapes.end()) return std::nullopt;
-            Shape local = it->second;
-            const int dim = specs.at(n).partition_dim;
-            if (dim >= 0) {
-              MG_REQUIRE(local[size_t(dim)] % T == 0, label, ": '", n, "' of shape ", shape_str(local),
-                         " does not split over the checkpoint's ", T, " tensor-parallel ranks");
-              local[size_t(dim)] /= T;
-            }
-            return local;
-          },
-          p, P, L, DP, tied, p == 0 ? bucket_size : 0, &placed, te);
-      // The saved buckets of this rank: "gbuf_idx_<i>.dtype_<d>.bucket_idx_<b>.<state>".
-      std::map<int64_t, std::string> bucket_keys;  // b -> key without the state
-      std::set<std::string> buffers;
-      for (auto it = f.entries().lower_bound(g); it != f.entries().end() && it->first.starts_with(g); ++it) {
-        const std::string rest = it->first.substr(g.size());
-        const size_t at = rest.find(".bucket_idx_");
-        if (it->second.is_bytes || at == std::string::npos) continue;
-        buffers.insert(rest.substr(0, at));
-        const std::string tail = rest.substr(at + 12);
-        const size_t dot = tail.find('.');
-        MG_REQUIRE(dot != std::string::npos && dot > 0 && dot < 9 &&
-                       std::all_of(tail.begin(), tail.begin() + long(dot), [](char c) { return c >= '0' && c <= '9'; }),
-                   label, ": malformed bucket key '", it->first.substr(0, 160), "'");
-        bucket_keys[std::stoll(tail.substr(0, dot))] = g + rest.substr(0, at) + ".bucket_idx_" + tail.substr(0, dot);
-      }
-      MG_REQUIRE(!buffers.empty(), label, " has no dp_reshardable buckets of model-parallel rank ", t + T * p,
-                 " (tensor rank ", t, ", pipeline rank ", p, "): the checkpoint is incomplete", how);
-      MG_REQUIRE(buffers.size() == 1 && buffers.begin()->starts_with("gbuf_idx_0."), label,
-                 ": model-parallel rank ", t + T * p, " has ", buffers.size(), " gradient buffers (",
-                 buffers.begin()->substr(0, 80), ", ...): parameters of several dtypes, which this build does "
-                 "not lay out", how);
-      MG_REQUIRE(bucket_keys.size() == layout.size() && bucket_keys.rbegin()->first == int64_t(layout.size()) - 1,
-                 label, ": model-parallel rank ", t + T * p, " saved ", bucket_keys.size(),
-                 " buckets, but the model its args describe makes ", layout.size(), " (--overlap-grad-reduce ",
-                 bucket_size > 0 ? "on" : "off", ")", how);
-      for (size_t b = 0; b < layout.size(); ++b) {
-        const std::string& key = bucket_keys.at(int64_t(b));
-        for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
-          const std::string k = key + "." + kind;
-          MG_REQUIRE(f.has(k), label, " has no '", k, "': the checkpoint is incomplete", how);
-          const DistcpEntry& e = f.entry(k);
-          MG_REQUIRE(e.size.size() == 1 && e.size[0] == layout[b].unpadded, label, ": '", k, "' holds ",
-                     shape_str(e.size), " elements, but bucket ", b, " of the model the checkpoint's args describe "
-                     "holds ", layout[b].unpadded, " (another model, parameter order or bucket size)", how);
-          const Tensor flat = f.tensor(k).to(DType::F32);
-          for (const BufferSlot& bp : layout[b].params) {
-            if (bp.tied_copy) continue;  // equal to the first stage's
-            std::vector<Tensor>& s = shards[kind][bp.name];
-            s.resize(size_t(T));
-            s[size_t(t)] = flat.narrow(0, bp.start, numel_of(bp.local)).contiguous().view(bp.local).clone();
-          }
+  auto shard_shape = [&](const std::string& n) -> std::optional<Shape> {
+    auto it = shapes.find(n);
+    if (it == shapes.end() || torch_dist_moe::is_expert_bias(n)) return std::nullopt;
+    Shape local = it->second;
+    const int dim = specs.at(n).partition_dim;
+    if (dim >= 0) {
+      MG_REQUIRE(local[size_t(dim)] % T == 0, label, ": '", n, "' of shape ", shape_str(local),
+                 " does not split over the checkpoint's ", T, " tensor-parallel ranks");
+      local[size_t(dim)] /= T;
+    }
+    return local;
+  };
+  // The buckets of one distributed optimizer of one model-parallel rank (`who`), saved under `g`
+  // ("[chained_<i>.]optimizer.distributed.dp_group_idx_<n>."), the shards of TP rank t.
+  auto read_rank = [&](const std::string& g, const std::vector<BufferBucket>& layout, int t, const std::string& who) {
+    // The saved buckets of this rank: "gbuf_idx_<i>.dtype_<d>.bucket_idx_<b>.<state>".
+    std::map<int64_t, std::string> bucket_keys;  // b -> key without the state
+    std::set<std::string> buffers;
+    for (auto it = f.entries().lower_bound(g); it != f.entries().end() && it->first.starts_with(g); ++it) {
+      const std::string rest = it->first.substr(g.size());
+      const size_t at = rest.find(".bucket_idx_");
+      if (it->second.is_bytes || at == std::string::npos) continue;
+      buffers.insert(rest.substr(0, at));
+      const std::string tail = rest.substr(at + 12);
+      const size_t dot = tail.find('.');
+      MG_REQUIRE(dot != std::string::npos && dot > 0 && dot < 9 &&
+                     std::all_of(tail.begin(), tail.begin() + long(dot), [](char c) { return c >= '0' && c <= '9'; }),
+                 label, ": malformed bucket key '", it->first.substr(0, 160), "'");
+      bucket_keys[std::stoll(tail.substr(0, dot))] = g + rest.substr(0, at) + ".bucket_idx_" + tail.substr(0, dot);
+    }
+    MG_REQUIRE(!buffers.empty(), label, " has no dp_reshardable buckets '", g, "...' of ", who,
+               ": the checkpoint is incomplete", how);
+    MG_REQUIRE(buffers.size() == 1 && buffers.begin()->starts_with("gbuf_idx_0."), label, ": ", who, " has ",
+               buffers.size(), " gradient buffers (", buffers.begin()->substr(0, 80), ", ...): parameters of "
+               "several dtypes, which this build does not lay out", how);
+    MG_REQUIRE(bucket_keys.size() == layout.size() && bucket_keys.rbegin()->first == int64_t(layout.size()) - 1,
+               label, ": ", who, " saved ", bucket_keys.size(), " buckets, but the model its args describe makes ",
+               layout.size(), " (--overlap-grad-reduce ", bucket_size > 0 ? "on" : "off", ")", how);
+    for (size_t b = 0; b < layout.size(); ++b) {
+      const std::string& key = bucket_keys.at(int64_t(b));
+      for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
+        const std::string k = key + "." + kind;
+        MG_REQUIRE(f.has(k), label, " has no '", k, "': the checkpoint is incomplete", how);
+        const DistcpEntry& e = f.entry(k);
+        MG_REQUIRE(e.size.size() == 1 && e.size[0] == layout[b].unpadded, label, ": '", k, "' holds ",
+                   shape_str(e.size), " elements, but bucket ", b, " of the model the checkpoint's args describe "
+                   "holds ", layout[b].unpadded, " (another model, parameter order or bucket size)", how);
+        const Tensor flat = f.tensor(k).to(DType::F32);
+        for (const BufferSlot& bp : layout[b].params) {
+          if (bp.tied_copy) continue;  // equal to the first stage's
+          std::vector<Tensor>& s = shards[kind][bp.name];
+          s.resize(size_t(T));
+          s[size_t(t)] = flat.narrow(0, bp.start, numel_of(bp.local)).contiguous().view(bp.local).clone();
         }
       }
     }
+  };
+  for (int p = 0; p < P; ++p) {
+    // Under expert parallelism a stage with MoE layers has two optimizers (torch_dist_buckets_moe.h).
+    const bool chained = stage_has_expert_buffer(a, p, P, int(EP));
+    for (int t = 0; t < T; ++t) {
+      const std::vector<BufferBucket> layout = model_buffer_layout(
+          family,
+          [&](const std::string& n) -> std::optional<Shape> {
+            return chained && is_expert_param_name(n) ? std::nullopt : shard_shape(n);
+          },
+          p, P, DP, p == 0 ? bucket_size : 0, &placed);
+      read_rank(dp_reshardable_prefix(chained, false, t + T * p), layout, t,
+                "model-parallel rank " + std::to_string(t + T * p) + " (tensor rank " + std::to_string(t) +
+                    ", pipeline rank " + std::to_string(p) + ")");
+      for (int64_t e = 0; chained && e < EP; ++e) {
+        const std::vector<BufferBucket> experts = megatron_buffer_layout(
+            [&](const std::string& n) -> std::optional<Shape> {
+              const int x = expert_of_name(n);
+              return x >= e * (E / EP) && x < (e + 1) * (E / EP) ? shard_shape(n) : std::nullopt;
+            },
+            p, P, L, DP / EP, false, p == 0 ? bucket_size : 0, &placed, te, E);
+        read_rank(dp_reshardable_prefix(true, true, t + T * (e + EP * p)), experts, t,
+                  "the experts' optimizer of tensor rank " + std::to_string(t) + ", expert-parallel rank " +
+                      std::to_string(e) + ", pipeline rank " + std::to_string(p));
+      }
+    }
+  }
   for (const auto& [name, shape] : shapes)
-    MG_REQUIRE(placed.count(name), label, ": the model's tensor '", name, "' has no place this build knows in "
+    MG_REQUIRE(placed.count(name) || torch_dist_moe::is_expert_bias(name), label, ": the model's tensor '", name, "' has no place this build knows in "
                "Megatron's gradient buffer", how);
   std::map<std::string, std::map<std::string, Tensor>> out;
   for (auto& [kind, by_name] : shards)

@@ -21,10 +21,12 @@
 //
 // The layout is rebuilt from the checkpoint's args and checked against the saved bucket sizes;
 // checkpoints whose layout this build cannot rebuild are refused naming what differs: virtual
-// pipeline stages or mixture-of-experts (chained optimizers), several
-// gradient buffers (mixed parameter dtypes), a bucket count or size other than the rebuilt one.
+// pipeline stages (one optimizer per model chunk), experts with --expert-tensor-parallel-size
+// other than TP or Megatron's legacy GroupedMLP, several gradient buffers (mixed parameter
+// dtypes), a bucket count or size other than the rebuilt one.
 // Megatron itself reads this format only under the saving TP x PP (any DP); here the merged
-// state loads under any layout.
+// state loads under any layout. Mixture-of-experts models: torch_dist_buckets_moe.h (the experts'
+// own buffer and chained optimizer under expert parallelism).
 #pragma once
 
 #include <functional>
@@ -56,10 +58,17 @@ struct BufferBucket {
 // `local` gives (our name -> this rank's shard shape; nullopt: none by that name), with L layers
 // over P stages, DP data-parallel ranks, a tied embedding or not and a bucket size (0: none). The
 // names it places go into `placed`. With transformer_engine, the registration order of Transformer
-// Engine's modules (the layer norms fused into linear_qkv and linear_fc1).
+// Engine's modules (the layer norms fused into linear_qkv and linear_fc1). With `experts` > 0 the
+// layers' MoE parameters too (torch_dist_buckets_moe.h; `local` picks the buffer's).
 std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::optional<Shape>(const std::string&)>& local,
                                                  int p, int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
-                                                 std::set<std::string>* placed = nullptr, bool transformer_engine = false);
+                                                 std::set<std::string>* placed = nullptr, bool transformer_engine = false,
+                                                 int64_t experts = 0);
+
+// The buckets of a rank whose parameters are `order` (named_parameters() order; the tied copy
+// marked), laid out as megatron_buffer_layout does.
+std::vector<BufferBucket> buckets_in_order(const std::vector<BufferSlot>& order, int p, int P, int64_t DP, bool tied,
+                                           int64_t bucket_size);
 
 // True when the folder holds dp_reshardable buckets.
 bool has_dp_reshardable_state(const DistcpFolder& f);

@@ -411,11 +411,12 @@ std::map<std::string, Tensor> cut_torch_dist_shards(const CheckpointOnDisk& ckpt
     MG_REQUIRE(spec != specs.end(), ckpt.dir.string(), ": tensor '", name, "' is not a parameter of the "
                "model the checkpoint's args describe");
     const ShardRule rule = shard_rule(spec->second);
+    const auto [tp_rank, T] = torch_dist_moe::tensor_split(rank, name);  // an expert's: over ETP
     if (rule.vocab && !shape.empty()) {
-      const int64_t rows = shape[0] * (rule.dim == 0 ? rank.tp_size : 1);
+      const int64_t rows = shape[0] * (rule.dim == 0 ? T : 1);
       if (t.size(0) != rows) t = repad_rows(t, rows, zero_fill_rows);
     }
-    out.emplace(name, rank.tp_size > 1 ? split_shard(t, rule, rank.tp_rank, rank.tp_size) : t);
+    out.emplace(name, T > 1 ? split_shard(t, rule, tp_rank, T) : t);
   }
   return out;
 }

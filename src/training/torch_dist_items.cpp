@@ -294,6 +294,12 @@ void write_common_files(const fs::path& tmp, const CommonState& c) {
       {"use_legacy_models", false}, {"use_mcore_models", true},
       {"encoder_num_layers", a.model.num_layers}, {"encoder_seq_length", a.model.seq_length}};
   extra.update(model::megatron_model_args(a.model));
+  // The layout's own sizes (the recorded args may be another layout's, as a conversion's source).
+  const bool chunks = c.vp > 1 && c.pp > 0 && a.model.num_layers % (int64_t(c.pp) * c.vp) == 0;
+  extra["virtual_pipeline_model_parallel_size"] = chunks ? json(c.vp) : json(nullptr);
+  extra["num_layers_per_virtual_pipeline_stage"] = chunks ? json(a.model.num_layers / (c.pp * c.vp)) : json(nullptr);
+  extra["expert_model_parallel_size"] = c.ep;
+  extra["expert_tensor_parallel_size"] = c.etp > 0 ? c.etp : c.tp;
   doc.set(common, "args", torch_args::to_namespace(doc, args_json, extra));
   doc.set(common, "checkpoint_version", doc.real(3.0));
   doc.set(common, "iteration", doc.integer(iteration));
@@ -311,6 +317,14 @@ void write_common_files(const fs::path& tmp, const CommonState& c) {
     if (distributed) {
       if (form == "fully_reshardable") doc.set(o, "param_state", doc.dict());
       doc.set(o, "param_state_sharding_type", doc.str(form));
+    }
+    if (c.chained) {  // ChainedOptimizer: one entry per optimizer, both alike here
+      Value* chain = doc.dict();
+      Document::set(chain, doc.integer(0), o);
+      Value* experts = doc.dict();
+      doc.set(experts, "param_state_sharding_type", doc.str(form));
+      Document::set(chain, doc.integer(1), experts);
+      o = chain;
     }
     doc.set(common, "optimizer", o);
   }

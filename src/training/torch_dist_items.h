@@ -72,6 +72,9 @@ void write_dcp_metadata(const std::filesystem::path& tmp, const std::vector<Item
 struct CommonState {
   nlohmann::json meta;
   int tp = 1, pp = 1, dp = 1;
+  // Model chunks per pipeline rank (virtual stages), the expert-parallel size and the expert
+  // tensor-parallel size (0: tp), as Megatron's args record them after its validate_args.
+  int vp = 1, ep = 1, etp = 0;
   DType dtype = DType::F32;
   int64_t padded_vocab_size = 0;
   std::string transformer_impl = "transformer_engine";
@@ -79,6 +82,9 @@ struct CommonState {
   // param groups in common.pt or in the "optimizer" ShardedObject), "plain" (the plain optimizer's
   // per-parameter state, its param groups in common.pt).
   std::string optimizer_form;
+  // dp_reshardable under expert parallelism: the experts' optimizer chained to the dense one,
+  // Megatron's ChainedOptimizer common state {0: {...}, 1: {...}}.
+  bool chained = false;
   std::string optimizer_type = "adam";
   int64_t optimizer_step = 0;
 };

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/moe/moe_pattern.h"
+#include "training/checkpoint_files.h"
 #include "training/torch_checkpoint.h"
 
 namespace megatron::training::torch_dist_moe {
@@ -40,6 +41,43 @@ bool fused_norm_keys(bool te, bool moe_layer, const std::string& sub) {
   // pre_mlp_layernorm. -> mlp.linear_fc1.layer_norm_}, which TransformerLayer.sharded_state_dict
   // applies to the sharded keys (not to state_dict names, so .pt files keep the module names).
   return !(te && moe_layer && sub.starts_with("pre_mlp_layernorm."));
+}
+
+namespace {
+
+bool folded(const CheckpointRank& r) { return r.etp_size > 0 && r.etp_size != r.tp_size; }
+
+// Megatron's expert tensor-parallel and expert data-parallel ranks of a folded run's rank: its
+// place in the expert mesh (ETP x EP x expert DP x PP, parallel_state's order, which training
+// uses) of its world rank.
+std::pair<int, int> expert_mesh_ranks(const CheckpointRank& r) {
+  ParallelConfig pc;
+  pc.world_size = r.world != nullptr ? r.world->size() : 1;
+  pc.tensor_model_parallel_size = r.tp_size;
+  pc.pipeline_model_parallel_size = r.pp_size;
+  pc.expert_model_parallel_size = r.ep_size;
+  pc.expert_tensor_parallel_size = r.etp_size;
+  const ParallelLayout l = ParallelLayout::build(pc);
+  const int w = r.world != nullptr ? r.world->rank() : 0;
+  MG_CHECK(l.rank_in(GroupKind::TP, w) == r.tp_rank && l.rank_in(GroupKind::PP, w) == r.pp_rank &&
+               (r.ep_size == 1 || l.rank_in(GroupKind::EP, w) == r.ep_rank),
+           "torch_dist: world rank ", w, "'s expert mesh does not match its tensor, pipeline and expert ranks");
+  return {l.rank_in(GroupKind::EXPERT_TP, w), l.rank_in(GroupKind::EXPERT_DP, w)};
+}
+
+}  // namespace
+
+std::pair<int, int> tensor_split(const CheckpointRank& rank, const std::string& ours) {
+  if (folded(rank) && detail::is_expert_tensor_name(ours)) return {expert_mesh_ranks(rank).first, rank.etp_size};
+  return {rank.tp_rank, rank.tp_size};
+}
+
+bool writes_experts(const CheckpointRank& rank) {
+  return (folded(rank) ? expert_mesh_ranks(rank).second : rank.edp_rank) == 0;
+}
+
+int expert_tp_rank(const CheckpointRank& rank) {
+  return folded(rank) ? expert_mesh_ranks(rank).first : rank.tp_rank;
 }
 
 bool is_expert_key(const std::string& key) { return key.find(std::string(".") + kExperts) != std::string::npos; }

@@ -77,6 +77,17 @@ KeyPlace sharded_key(const std::string& ours, bool transformer_engine, const Moe
 void add_chunks_at(std::vector<torch_dist_io::WriteItem>& items, const std::string& key, const KeyPlace& place,
                    int L, int E, const Shape& global, int dim, std::vector<std::pair<int64_t, Tensor>> chunks);
 
+// The tensor-parallel split of tensor `ours` (our name) that `rank` holds, {rank, size}: an
+// expert's over the expert tensor-parallel ranks (--expert-tensor-parallel-size, Megatron's
+// expert_dist_ckpt_decorator), every other tensor's over TP.
+std::pair<int, int> tensor_split(const CheckpointRank& rank, const std::string& ours);
+
+// Whether `rank` writes the main replica of the experts' tensors: Megatron's expert
+// data-parallel rank 0 (replica id (PP, expert TP, expert DP rank)).
+bool writes_experts(const CheckpointRank& rank);
+// Megatron's expert tensor-parallel rank of `rank` (its TP rank unless folded).
+int expert_tp_rank(const CheckpointRank& rank);
+
 // The _extra_state ShardedObjects of layer `layer` (of L) as "<key>/shard_<offsets>_<shape>": the
 // dense layer's (torch_names::extra_state_names), or an MoE layer's attention modules, the
 // linear_fc1 / linear_fc2 of experts [first, last) and, with `shared`, the shared expert's; `block`

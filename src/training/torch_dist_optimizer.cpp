@@ -58,7 +58,9 @@ const Value* param_groups_of(const Value* common) {
 // The step count of dp_reshardable state: the param groups of model-parallel rank 0's
 // "optimizer" ShardedObject (torch.save of [DistributedOptimizer.state_dict() minus the state]).
 int64_t dp_reshardable_step(const DistcpFolder& f, int64_t iteration, std::vector<std::string>& notes) {
-  const std::string key = "optimizer.distributed.dp_group_idx_0.optimizer/shard_0_1";
+  // A ChainedOptimizer's (experts in an optimizer of their own): the dense one's, "chained_0."
+  std::string key = "optimizer.distributed.dp_group_idx_0.optimizer/shard_0_1";
+  if (!f.has(key) && f.has("chained_0." + key)) key = "chained_0." + key;
   std::optional<int64_t> step;
   if (f.has(key) && f.entry(key).is_bytes) {
     const std::vector<uint8_t> bytes = f.bytes(key);
@@ -82,6 +84,9 @@ TorchDistOptimizer torch_dist_optimizer(const DistcpFolder& f, const Value* comm
                                         int64_t iteration, std::vector<std::string>& notes) {
   TorchDistOptimizer o;
   const std::string label = common_file.label();
+  // A ChainedOptimizer's common state, {0: {...}, 1: {...}}: the first optimizer's (the dense one).
+  if (common != nullptr && common->kind == Kind::Dict && common->get("param_state_sharding_type") == nullptr)
+    if (const Value* first = common->get(int64_t(0)); first != nullptr && first->kind == Kind::Dict) common = first;
   const Value* sharding = common != nullptr && common->kind == Kind::Dict ? common->get("param_state_sharding_type")
                                                                            : nullptr;
   const std::string type = sharding != nullptr && sharding->kind == Kind::Str ? sharding->text : "";

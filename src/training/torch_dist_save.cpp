@@ -3,10 +3,13 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "core/error.h"
 #include "training/checkpoint_files.h"
 #include "training/torch_dist_buckets.h"
+#include "training/torch_dist_buckets_family.h"
+#include "training/torch_dist_buckets_moe.h"
 #include "training/torch_dist_moe.h"
 #include "training/torch_dist_t5.h"
 #include "training/torch_dist_write.h"
@@ -34,74 +37,100 @@ std::string torch_dtype_name(DType t) {
 
 // The distributed optimizer's state of this rank in Megatron's dp_reshardable buckets
 // (torch_dist_buckets.h): the pieces it holds at their places in the flat buckets, with DP rank
-// 0 writing the gaps between parameters (zeros) and the ShardedObjects.
+// 0 writing the gaps between parameters (zeros) and the ShardedObjects. Under expert parallelism
+// the experts' pieces go to the expert optimizer's buckets (torch_dist_buckets_moe.h), whose gaps
+// and objects expert DP rank 0 writes.
 void add_dp_reshardable_items(std::vector<WriteItem>& items, const fs::path& tmp, optim::MegatronOptimizer& opt,
                               const TrainingArgs& a, const CheckpointRank& rank, bool transformer_engine) {
   const model::ParameterList& ps = opt.parameters();
   std::map<std::string, const model::Parameter*> by_name;
   for (const model::Parameter* p : ps) by_name[p->name] = p;
   const bool tied = !a.model.untie_embeddings_and_output_weights;
+  auto shape_of = [&](const std::string& n) -> std::optional<Shape> {
+    auto it = by_name.find(n);
+    if (it == by_name.end() && n == kWordEmbedding && tied) it = by_name.find(kOutputLayer);
+    if (it == by_name.end()) return std::nullopt;
+    return it->second->value.shape();
+  };
+  const int64_t E = a.model.num_moe_experts;
+  const bool chained = stage_has_expert_buffer(a, rank.pp_rank, rank.pp_size, rank.ep_size);
+  struct Buffer {
+    std::vector<BufferBucket> layout;
+    std::string g;  // the key prefix
+    bool writer;    // rank 0 of its data-parallel group
+  };
+  std::vector<Buffer> buffers;
   std::set<std::string> placed;
-  const std::vector<BufferBucket> layout = megatron_buffer_layout(
-      [&](const std::string& n) -> std::optional<Shape> {
-        auto it = by_name.find(n);
-        if (it == by_name.end() && n == kWordEmbedding && tied) it = by_name.find(kOutputLayer);
-        if (it == by_name.end()) return std::nullopt;
-        return it->second->value.shape();
-      },
-      rank.pp_rank, rank.pp_size, a.model.num_layers, rank.dp_size, tied, 0, &placed, transformer_engine);
-  std::map<std::string, std::pair<size_t, int64_t>> where;  // name -> (bucket, start)
-  for (size_t b = 0; b < layout.size(); ++b)
-    for (const BufferSlot& s : layout[b].params) where[s.name] = {b, s.start};
+  const BufferModel family{a.model.family_id(), a.model.num_layers, a.model.decoder_layers(), tied,
+                           transformer_engine, E};
+  buffers.push_back({model_buffer_layout(
+                         family,
+                         [&](const std::string& n) {
+                           return chained && is_expert_param_name(n) ? std::nullopt : shape_of(n);
+                         },
+                         rank.pp_rank, rank.pp_size, rank.dp_size, 0, &placed),
+                     dp_reshardable_prefix(chained, false, rank.tp_rank + rank.tp_size * rank.pp_rank),
+                     rank.dp_rank == 0});
+  if (chained)
+    buffers.push_back({megatron_buffer_layout(
+                           [&](const std::string& n) { return is_expert_param_name(n) ? shape_of(n) : std::nullopt; },
+                           rank.pp_rank, rank.pp_size, a.model.num_layers, rank.dp_size / rank.ep_size, false, 0,
+                           &placed, transformer_engine, E),
+                       dp_reshardable_prefix(true, true, rank.tp_rank + rank.tp_size * (rank.ep_rank + rank.ep_size * rank.pp_rank)),
+                       rank.edp_rank == 0});
+  std::map<std::string, std::tuple<size_t, size_t, int64_t>> where;  // name -> (buffer, bucket, start)
+  for (size_t i = 0; i < buffers.size(); ++i)
+    for (size_t b = 0; b < buffers[i].layout.size(); ++b)
+      for (const BufferSlot& s : buffers[i].layout[b].params) where[s.name] = {i, b, s.start};
   for (const model::Parameter* p : ps)
     MG_REQUIRE(where.count(p->name), "--ckpt-format torch_dist: the parameter '", p->name, "' has no place "
                "this build knows in Megatron's gradient buffer: save with this build's format (leave out "
                "--ckpt-format) or --no-save-optim");
   const DType pdtype = ps.empty() ? DType::F32 : ps[0]->value.dtype();
   const std::string dtype = "(" + torch_dtype_name(pdtype) + ", torch.float32)";
-  const std::string g = "optimizer.distributed.dp_group_idx_" + std::to_string(rank.tp_rank + rank.tp_size * rank.pp_rank) + ".";
-  auto key = [&](size_t b, const char* kind) {
-    return g + "gbuf_idx_0.dtype_" + dtype + ".bucket_idx_" + std::to_string(b) + "." + kind;
-  };
-  auto add = [&](size_t b, const char* kind, int64_t at, const Tensor& data) {
+  auto add = [&](const Buffer& buf, size_t b, const char* kind, int64_t at, const Tensor& data) {
     WriteItem it;
-    it.key = key(b, kind);
-    it.global = {layout[b].unpadded};
+    it.key = buf.g + "gbuf_idx_0.dtype_" + dtype + ".bucket_idx_" + std::to_string(b) + "." + kind;
+    it.global = {buf.layout[b].unpadded};
     it.offsets = {at};
     it.data = data.dtype() == DType::F32 ? data.contiguous().view({-1}) : data.to(DType::F32).contiguous().view({-1});
     items.push_back(std::move(it));
   };
   for (const optim::StatePiece& sp : opt.state_pieces()) {
     const model::Parameter& p = *ps[sp.param];
-    const auto [b, start] = where.at(p.name);
+    const auto [i, b, start] = where.at(p.name);
     const int64_t at = start + sp.param_offset;
-    add(b, "param", at, sp.main.defined() ? sp.main : p.value.view({-1}).narrow(0, sp.param_offset, sp.length));
-    add(b, "exp_avg", at, sp.exp_avg);
-    add(b, "exp_avg_sq", at, sp.exp_avg_sq);
+    add(buffers[i], b, "param", at, sp.main.defined() ? sp.main : p.value.view({-1}).narrow(0, sp.param_offset, sp.length));
+    add(buffers[i], b, "exp_avg", at, sp.exp_avg);
+    add(buffers[i], b, "exp_avg_sq", at, sp.exp_avg_sq);
   }
-  if (rank.dp_rank != 0) return;
-  for (size_t b = 0; b < layout.size(); ++b) {  // the gaps (Megatron's: garbage; here zeros)
-    int64_t end = 0;
-    for (const BufferSlot& s : layout[b].params) {
-      if (s.start > end)
-        for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) add(b, kind, end, Tensor::zeros({s.start - end}, DType::F32));
-      end = s.start + std::accumulate(s.local.begin(), s.local.end(), int64_t(1), std::multiplies<>());
+  for (const Buffer& buf : buffers) {
+    if (!buf.writer) continue;
+    const std::vector<BufferBucket>& layout = buf.layout;
+    for (size_t b = 0; b < layout.size(); ++b) {  // the gaps (Megatron's: garbage; here zeros)
+      int64_t end = 0;
+      for (const BufferSlot& s : layout[b].params) {
+        if (s.start > end)
+          for (const char* kind : {"param", "exp_avg", "exp_avg_sq"})
+            add(buf, b, kind, end, Tensor::zeros({s.start - end}, DType::F32));
+        end = s.start + std::accumulate(s.local.begin(), s.local.end(), int64_t(1), std::multiplies<>());
+      }
     }
-  }
-  auto numels = [&](bool padded) {
-    return [&, padded](Document& d) {
-      Value* counts = d.list();
-      for (const BufferBucket& bk : layout) counts->items.push_back(d.integer(padded ? bk.padded : bk.unpadded));
-      Value* by_dtype = d.dict();
-      Document::set(by_dtype, d.tuple({d.torch_dtype(pdtype), d.torch_dtype(DType::F32)}), counts);
-      return d.list({by_dtype});
+    auto numels = [&](bool padded) {
+      return [&, padded](Document& d) {
+        Value* counts = d.list();
+        for (const BufferBucket& bk : layout) counts->items.push_back(d.integer(padded ? bk.padded : bk.unpadded));
+        Value* by_dtype = d.dict();
+        Document::set(by_dtype, d.tuple({d.torch_dtype(pdtype), d.torch_dtype(DType::F32)}), counts);
+        return d.list({d.list({by_dtype})});  // the object (one dict per buffer) in its ShardedObject list
+      };
     };
-  };
-  items.push_back(torch_dist_io::object_item(g + "optimizer/shard_0_1", [&](Document& d) {
-    return d.list({torch_dist_io::param_groups_state(d, a, true, opt.step_count())});
-  }, tmp));
-  items.push_back(torch_dist_io::object_item(g + "per_bucket_numel/shard_0_1", numels(true), tmp));
-  items.push_back(torch_dist_io::object_item(g + "per_bucket_numel_unpadded/shard_0_1", numels(false), tmp));
+    items.push_back(torch_dist_io::object_item(buf.g + "optimizer/shard_0_1", [&](Document& d) {
+      return d.list({torch_dist_io::param_groups_state(d, a, true, opt.step_count())});
+    }, tmp));
+    items.push_back(torch_dist_io::object_item(buf.g + "per_bucket_numel/shard_0_1", numels(true), tmp));
+    items.push_back(torch_dist_io::object_item(buf.g + "per_bucket_numel_unpadded/shard_0_1", numels(false), tmp));
+  }
 }
 
 }  // namespace
@@ -136,9 +165,10 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
   std::vector<WriteItem> items;
   const torch_dist_moe::MoeLayout moe = torch_dist_moe::moe_layout(a);
   // Main replicas: the dense tensors' on data-parallel rank 0, the experts' on expert
-  // data-parallel rank 0 of each expert-parallel rank (replica id (PP, TP, expert DP rank)).
-  auto writes = [&](const model::Parameter& par) { return par.expert >= 0 ? rank.edp_rank == 0 : d == 0; };
-  if (d == 0 || rank.edp_rank == 0) {  // the weights, and the plain optimizer's state per parameter, chunked alike
+  // data-parallel rank 0 of each expert-parallel rank (replica id (PP, expert TP, expert DP rank)).
+  const bool expert_writer = torch_dist_moe::writes_experts(rank);
+  auto writes = [&](const model::Parameter& par) { return par.expert >= 0 ? expert_writer : d == 0; };
+  if (d == 0 || expert_writer) {  // the weights, and the plain optimizer's state per parameter, chunked alike
     std::vector<std::pair<std::string, std::function<Tensor(const optim::StatePiece&, const model::Parameter&)>>> kinds;
     if (optimizer != nullptr && !distributed) {
       kinds.emplace_back("fp32_param", [](const optim::StatePiece& s, const model::Parameter&) { return s.main; });
@@ -154,19 +184,21 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
     auto add_param = [&](const std::string& prefix, const model::Parameter& par, const Tensor& value) {
       const torch_dist_moe::KeyPlace place = torch_dist_moe::sharded_key(par.name, te, moe);
       const ShardRule rule = shard_rule(par);
+      // An expert's split: over the expert tensor-parallel ranks (parallel folding).
+      const auto [st, sT] = torch_dist_moe::tensor_split(rank, par.name);
       Shape global = par.value.shape();
-      if (rule.dim >= 0) global[size_t(rule.dim)] *= T;
+      if (rule.dim >= 0) global[size_t(rule.dim)] *= sT;
       // The router's expert_bias: float64 state here, a float32 buffer in Megatron.
       const Tensor v = value.dtype() == DType::F64 ? value.to(DType::F32) : value;
       if (a.model.family_id() == model::ModelFamilyId::t5) {  // its blocks' layer counts, the head's alias
         for (const std::string& key : torch_dist_t5::keys_of(par.name, place.key, !prefix.empty()))
           torch_dist_moe::add_chunks_at(items, prefix + key, place, int(torch_dist_t5::block_layers(key, a)), 0,
                                         global, rule.dim,
-                                        torch_dist_io::local_chunks(v.view(par.value.shape()), rule, t, T));
+                                        torch_dist_io::local_chunks(v.view(par.value.shape()), rule, st, sT));
         return;
       }
       torch_dist_moe::add_chunks_at(items, prefix + place.key, place, L, moe.experts, global, rule.dim,
-                                    torch_dist_io::local_chunks(v.view(par.value.shape()), rule, t, T));
+                                    torch_dist_io::local_chunks(v.view(par.value.shape()), rule, st, sT));
     };
     for (const model::Parameter* par : params)
       if (!par->shared && writes(*par)) add_param("", *par, par->value);
@@ -182,7 +214,8 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
                "distributed optimizer is Adam's); use --optimizer adam or leave out --ckpt-format");
     add_dp_reshardable_items(items, tmp, *optimizer, a, rank, te);
   }
-  add_object_items(items, tmp, a, meta, t, T, p, P, d, rank.dp_size, te, rank.edp_rank, rank.ep_rank, rank.ep_size);
+  add_object_items(items, tmp, a, meta, t, T, p, P, d, rank.dp_size, te, expert_writer ? 0 : 1, rank.ep_rank,
+                   rank.ep_size, torch_dist_moe::expert_tp_rank(rank));
   const int me = multi ? rank.world->rank() : 0;
   std::vector<torch_dist_io::ItemRecord> records = torch_dist_io::write_rank_files(tmp, me, items);
   detail::fsync_path(tmp, true);
@@ -202,10 +235,14 @@ fs::path save_torch_dist_checkpoint(const fs::path& save_dir, const CheckpointSt
     c.tp = T;
     c.pp = P;
     c.dp = rank.dp_size;
+    c.vp = rank.vp_size;
+    c.ep = rank.ep_size;
+    c.etp = rank.etp_size;
     c.dtype = params.empty() ? DType::F32 : params[0]->value.dtype();
     c.padded_vocab_size = a.model.padded_vocab_size;
     c.transformer_impl = options.transformer_impl;
     if (optimizer != nullptr) c.optimizer_form = distributed ? "dp_reshardable" : "plain";
+    c.chained = distributed && stage_has_expert_buffer(a, 0, P, rank.ep_size);
     c.optimizer_type = adam ? "adam" : "sgd";
     c.optimizer_step = optimizer != nullptr ? optimizer->step_count() : 0;
     torch_dist_io::write_common_files(tmp, c);
@@ -223,26 +260,25 @@ void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
   MG_REQUIRE(a.model.family_id() == model::ModelFamilyId::gpt || bert || t5,
              "--ckpt-format torch_dist saves GPT, BERT and T5 models here: leave out --ckpt-format (this build's "
              "format, which `checkpoint convert` reshards) or use --ckpt-format torch for other models");
-  MG_REQUIRE(!t5 || !a.parallel.use_distributed_optimizer || a.no_save_optim,
-             "--ckpt-format torch_dist with --use-distributed-optimizer writes Megatron's dp_reshardable optimizer "
-             "state in GPT's gradient-buffer order, not T5's: leave out --use-distributed-optimizer (the plain "
-             "optimizer's state is written per parameter), or add --no-save-optim");
-  MG_REQUIRE(a.model.num_moe_experts == 0 || a.parallel.expert_tensor_parallel_size == 0 ||
+  MG_REQUIRE(a.model.num_moe_experts == 0 || !a.parallel.use_distributed_optimizer || a.no_save_optim ||
+                 !a.model.moe_grouped_gemm || a.transformer_impl != "local",
+             "--ckpt-format torch_dist with --use-distributed-optimizer, --moe-grouped-gemm and --transformer-impl "
+             "local: Megatron-Core's legacy GroupedMLP keeps one weight1 / weight2 per layer in its gradient "
+             "buffer, which this build does not write; use --transformer-impl transformer_engine (TEGroupedMLP), "
+             "leave out --moe-grouped-gemm, add --no-save-optim, or leave out --ckpt-format");
+  MG_REQUIRE(a.model.num_moe_experts == 0 || !a.parallel.use_distributed_optimizer || a.no_save_optim ||
+                 a.parallel.expert_tensor_parallel_size == 0 ||
                  a.parallel.expert_tensor_parallel_size == a.parallel.tensor_model_parallel_size,
-             "--ckpt-format torch_dist with --expert-tensor-parallel-size ", a.parallel.expert_tensor_parallel_size,
-             " other than --tensor-model-parallel-size ", a.parallel.tensor_model_parallel_size,
-             " is not written by this build: leave out --ckpt-format (this build's format) or "
-             "--expert-tensor-parallel-size");
-  MG_REQUIRE(a.model.num_moe_experts == 0 || !a.parallel.use_distributed_optimizer || a.no_save_optim,
-             "--ckpt-format torch_dist with --use-distributed-optimizer and experts (--num-experts): Megatron's "
-             "dp_reshardable state keeps the experts in separate gradient buffers, which this build does "
-             "not write; save with the plain optimizer, with --no-save-optim, or leave out --ckpt-format");
-  MG_REQUIRE(!bert || !a.parallel.use_distributed_optimizer || a.no_save_optim,
-             "--ckpt-format torch_dist with --use-distributed-optimizer writes Megatron's dp_reshardable optimizer "
-             "state in GPT's gradient-buffer order, not BERT's: leave out --use-distributed-optimizer (the plain "
-             "optimizer's state is written per parameter), or add --no-save-optim");
-  MG_REQUIRE(vp_size <= 1, "--ckpt-format torch_dist with virtual pipeline stages is not written by this build: "
-             "leave out --ckpt-format and convert the checkpoint afterwards");
+             "--ckpt-format torch_dist with --use-distributed-optimizer and --expert-tensor-parallel-size other "
+             "than --tensor-model-parallel-size: this build does not write the experts' dp_reshardable buffers "
+             "sharded over their own tensor-parallel group; add --no-save-optim or leave out --ckpt-format");
+  // Virtual pipeline stages: the keys hold global layer numbers whatever the chunking; Megatron's
+  // dp_reshardable state has a gradient buffer per model chunk, which this build does not write.
+  MG_REQUIRE(vp_size <= 1 || !a.parallel.use_distributed_optimizer || a.no_save_optim,
+             "--ckpt-format torch_dist with virtual pipeline stages (--num-layers-per-virtual-pipeline-stage) and "
+             "--use-distributed-optimizer: Megatron's dp_reshardable state keeps one gradient buffer per model "
+             "chunk, which this build does not write; save with the plain optimizer, with --no-save-optim, or "
+             "leave out --ckpt-format");
 }
 
 }  // namespace megatron::training

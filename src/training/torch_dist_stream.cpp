@@ -215,8 +215,8 @@ void stream_torch_dist_shards(const CheckpointOnDisk& ckpt, const std::map<std::
   const std::map<std::string, TorchDistSource> sources =
       torch_dist_sources(ckpt, f, prefix, [&](const std::string& n) { return params.count(n) > 0; });
   const std::map<std::string, model::WeightSpec> specs = checkpoint_weight_specs(ckpt, nlohmann::json());
-  const int T = rank.tp_size;
   for (const auto& [name, shape] : params) {
+    const auto [tp_rank, T] = torch_dist_moe::tensor_split(rank, name);  // an expert's: over ETP
     auto src = sources.find(name);
     if (src == sources.end()) continue;  // the caller names what is missing
     auto spec = specs.find(name);
@@ -233,7 +233,7 @@ void stream_torch_dist_shards(const CheckpointOnDisk& ckpt, const std::map<std::
     if (rule.vocab && !shape.empty() && !global.empty() && global[0] != shape[0] * (rule.dim == 0 ? T : 1)) {
       // Another padded vocabulary: the table re-padded whole, then cut.
       t = repad_rows(read_source(f, prefix, src->second), shape[0] * (rule.dim == 0 ? T : 1), zero_fill_rows);
-      t = split_shard(t, rule, rank.tp_rank, T);
+      t = split_shard(t, rule, tp_rank, T);
     } else if (rule.dim < 0 || T == 1) {
       t = read_source(f, prefix, src->second);
     } else {
@@ -248,7 +248,7 @@ void stream_torch_dist_shards(const CheckpointOnDisk& ckpt, const std::map<std::
       t = Tensor::empty(local, source_dtype(f, prefix, src->second));
       for (int p = 0; p < rule.parts; ++p) {
         Shape offsets(global.size(), 0);
-        offsets[size_t(rule.dim)] = p * block + rank.tp_rank * piece;
+        offsets[size_t(rule.dim)] = p * block + tp_rank * piece;
         read_source_region(f, prefix, src->second, offsets, t.narrow(rule.dim, p * piece, piece));
       }
     }

@@ -7,6 +7,7 @@
 #include "core/pickle.h"
 #include "core/torch_file.h"
 #include "model/model_settings.h"
+#include "model/pipeline_layout.h"
 #include "training/checkpoint_files.h"
 #include "training/torch_dist_items.h"
 #include "training/torch_dist_moe.h"
@@ -21,7 +22,7 @@ using pickle::Document;
 using torch_dist_io::WriteItem;
 
 fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& save_dir, int T, int P,
-                                     const TorchSaveOptions& options) {
+                                     const TorchSaveOptions& options, int layers_per_virtual_stage) {
   MG_REQUIRE(options.transformer_impl == "transformer_engine" || options.transformer_impl == "local",
              "--transformer-impl must be transformer_engine or local (got '", options.transformer_impl, "')");
   const bool te = options.transformer_impl == "transformer_engine";
@@ -33,6 +34,13 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
   MG_REQUIRE(!t5 || P == 1, "--save-format torch_dist writes T5 models of one pipeline stage "
              "(--target-pipeline-parallel-size 1; got ", P, ")");
   MG_REQUIRE(L % P == 0, "--target-pipeline-parallel-size ", P, " does not divide the ", L, " layers");
+  const int EP = options.expert_model_parallel_size;
+  MG_REQUIRE(EP >= 1 && (EP == 1 || (moe.experts > 0 && moe.experts % EP == 0)),
+             "--target-expert-model-parallel-size ", EP, ": the checkpoint's model has ", moe.experts,
+             " experts per MoE layer, not a positive multiple of ", EP);
+  MG_REQUIRE(!t5 || layers_per_virtual_stage == 0, "--save-format torch_dist writes T5 models without virtual "
+             "pipeline stages: leave out --target-num-layers-per-virtual-pipeline-stage");
+  const int V = model::PipelineLayout::make(L, P, layers_per_virtual_stage).num_chunks;  // an Error when uneven
   const int64_t iteration = meta.at("iteration").get<int64_t>();
   const std::string dir_name = m.source.release ? "release" : iteration_dir_name(iteration);
   const bool optim = !m.optimizer_type.empty();
@@ -87,6 +95,9 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
   c.meta = meta;
   c.tp = T;
   c.pp = P;
+  c.vp = V;
+  c.ep = EP;
+  c.dp = EP;  // a run at EP with the experts split over TP: DP x TP a multiple of EP x TP
   c.dtype = m.model.at("embedding.word_embeddings.weight").dtype();
   c.padded_vocab_size = m.padded_vocab_size;
   c.transformer_impl = options.transformer_impl;
@@ -101,7 +112,8 @@ fs::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const fs::path& 
 }
 
 void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const fs::path& tmp, const TrainingArgs& a,
-                      const json& meta, int t, int T, int p, int P, int d, int DP, bool te, int edp, int ep, int EP) {
+                      const json& meta, int t, int T, int p, int P, int d, int DP, bool te, int edp, int ep, int EP,
+                      int et) {
   const int L = int(a.model.num_layers);
   auto none_list = [](Document& doc) { return doc.list({doc.none()}); };
   const torch_dist_moe::MoeLayout moe = torch_dist_moe::moe_layout(a);
@@ -110,14 +122,14 @@ void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const fs::pa
     if (t == 0 && d == 0)
       for (const std::string& key : torch_dist_t5::extra_state_keys(a, te))
         items.push_back(torch_dist_io::object_item(key, none_list, tmp));
-  } else if (t == 0 && (d == 0 || edp == 0)) {  // each layer module's _extra_state, the output layer's
+  } else if ((t == 0 && d == 0) || ((et < 0 ? t : et) == 0 && edp == 0)) {  // each layer module's _extra_state
     for (int layer = p * (L / P); layer < (p + 1) * (L / P); ++layer)
       for (const std::string& key : torch_dist_moe::layer_extra_state_keys(
                layer, L, te, moe, ep * per_ep, (ep + 1) * per_ep, a.model.moe_shared_expert_intermediate_size > 0,
                a.model.family_id() == model::ModelFamilyId::bert ? "encoder" : "decoder"))
-        if (torch_dist_moe::is_expert_key(key) ? edp == 0 : d == 0)
+        if (torch_dist_moe::is_expert_key(key) ? (et < 0 ? t : et) == 0 && edp == 0 : t == 0 && d == 0)
           items.push_back(torch_dist_io::object_item(key, none_list, tmp));
-    if (p == P - 1 && d == 0)
+    if (p == P - 1 && t == 0 && d == 0)
       items.push_back(torch_dist_io::object_item("output_layer._extra_state/shard_0_1", none_list, tmp));
   }
   if (meta.value("rng_state", json()).is_null()) return;

@@ -42,9 +42,13 @@ namespace megatron::training {
 
 // Writes merged tensors (padded for the target's vocabulary, m.metadata in our metadata.json
 // shape) as a torch_dist checkpoint for TP = tp x PP = pp into save_dir. Returns the iteration
-// folder.
+// folder. The keys do not depend on the layout; common.pt's args record it as a Megatron-LM run
+// of that layout would: options.expert_model_parallel_size EP (a divisor of the experts per MoE
+// layer; the data-parallel size then EP, the smallest such a run has, the experts split over TP)
+// and, with layers_per_virtual_stage > 0, its virtual pipeline stages.
 std::filesystem::path write_torch_dist_checkpoint(const MergedCheckpoint& m, const std::filesystem::path& save_dir,
-                                                  int tp, int pp, const TorchSaveOptions& options = {});
+                                                  int tp, int pp, const TorchSaveOptions& options = {},
+                                                  int layers_per_virtual_stage = 0);
 
 // pretrain-gpt --ckpt-format torch_dist (torch_dist_save.cpp): save_checkpoint's inputs and
 // collective contract, Megatron's torch_dist folder out, each rank writing its own items into
@@ -57,7 +61,8 @@ std::filesystem::path write_torch_dist_checkpoint(const MergedCheckpoint& m, con
 // model space (optimizer.state.{fp32_param (half models), exp_avg, exp_avg_sq | momentum_buffer}
 // .<key>, the step in common.pt's param groups), or the distributed optimizer's in Megatron's
 // default dp_reshardable form, each DP rank writing the pieces it holds at their places in the
-// flat buckets (torch_dist_buckets.h; in the order of --transformer-impl's modules), DP rank 0 the
+// flat buckets (torch_dist_buckets.h, BERT's and T5's order in torch_dist_buckets_family.h; in the
+// order of --transformer-impl's modules), DP rank 0 the
 // gaps (zeros) and
 // the ShardedObjects "optimizer" (param groups with the step), "per_bucket_numel" and
 // "per_bucket_numel_unpadded". Returns the iteration folder.
@@ -65,19 +70,21 @@ std::filesystem::path save_torch_dist_checkpoint(const std::filesystem::path& sa
                                                  const model::ParameterList& params,
                                                  optim::MegatronOptimizer* optimizer, const CheckpointRank& rank = {},
                                                  const TorchSaveOptions& options = {});
-// What --ckpt-format torch_dist saves: GPT models (dense or MoE), BERT and T5 models, no virtual
-// stages, with the distributed optimizer's state only for dense GPT models, experts only with
-// --expert-tensor-parallel-size equal to TP; an Error names the flag
-// otherwise.
+// What --ckpt-format torch_dist saves: GPT models (dense or MoE; experts under any
+// --expert-tensor-parallel-size), BERT and T5 models, virtual stages with the plain optimizer's
+// state (keys by global layer numbers), the distributed optimizer's state for models of one model
+// chunk (with experts: --expert-tensor-parallel-size equal to TP, no legacy grouped experts); an
+// Error names the flag otherwise.
 void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size);
 
 // The ShardedObjects of global rank (t, p, d) (`meta` in our metadata.json shape): with t = d = 0
-// each layer module's _extra_state and the output layer's (an MoE layer's experts': by t = 0 and
-// expert data-parallel rank edp = 0, for the experts of expert-parallel rank ep of EP;
+// each layer module's _extra_state and the output layer's (an MoE layer's experts': by expert
+// tensor-parallel rank et = 0 (-1: et is t) and expert data-parallel rank edp = 0, for the
+// experts of expert-parallel rank ep of EP;
 // torch_dist_moe.h), and each rank's RNG state ("rng_state/shard_<p>.<t>_<P>.<T>", with DP > 1
 // "rng_state/shard_<p>.<t>.<d>_<P>.<T>.<DP>").
 void add_object_items(std::vector<torch_dist_io::WriteItem>& items, const std::filesystem::path& tmp,
                       const TrainingArgs& a, const nlohmann::json& meta, int t, int T, int p, int P, int d, int DP,
-                      bool transformer_engine, int edp = 0, int ep = 0, int EP = 1);
+                      bool transformer_engine, int edp = 0, int ep = 0, int EP = 1, int et = -1);
 
 }  // namespace megatron::training

@@ -196,15 +196,18 @@ TrainingRun setup_training(TrainingArgs a, std::shared_ptr<Communicator> world) 
   // of its TP and EP rank (a TP rank need not have a folder for every EP rank: readers take the
   // experts from another TP rank's folder of the same shard, training/checkpoint_expert.cpp). The
   // distributed optimizer's expert shards (over the expert data-parallel group, across TP ranks)
-  // and Megatron's .pt files are not written that way.
+  // and Megatron's .pt files are not written that way. --ckpt-format torch_dist keys the experts
+  // by their expert-tensor shards (any ETP).
   const bool checkpoints = !a.save.empty() || !a.load.empty();
   MG_REQUIRE(etp == r.ps.tp_size() || !checkpoints ||
-                 (r.ps.tp_size() % etp == 0 && !a.parallel.use_distributed_optimizer && a.ckpt_format != "torch"),
+                 ((r.ps.tp_size() % etp == 0 || a.ckpt_format == "torch_dist") &&
+                  !a.parallel.use_distributed_optimizer && a.ckpt_format != "torch"),
              "--save/--load with --expert-tensor-parallel-size ", etp, " (tensor-parallel size ",
              r.ps.tp_size(), "): checkpoints hold experts sharded otherwise than the dense layers "
-             "only when the expert-tensor-parallel size divides the tensor-parallel size, with the "
-             "plain optimizer, in this build's format (not --use-distributed-optimizer or "
-             "--ckpt-format torch); train without them or leave --expert-tensor-parallel-size out");
+             "only with the plain optimizer (not --use-distributed-optimizer), in this build's "
+             "format when the expert-tensor-parallel size divides the tensor-parallel size, or in "
+             "--ckpt-format torch_dist (not --ckpt-format torch); train without them or leave "
+             "--expert-tensor-parallel-size out");
   r.log_rank = r.ps.world_rank() == r.ps.world_size() - 1;
   const int dp = r.ps.dp_size(), tp = r.ps.tp_size();
   r.dp_cp = dp * r.ps.cp_size();

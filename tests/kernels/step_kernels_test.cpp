@@ -2,7 +2,9 @@
 // whatever the OpenMP thread count; all_finite finds a NaN or Inf at any position of any float
 // dtype (a bit test, so a large finite double stays finite); AdamW writes the bf16/fp16 model
 // weights in its own pass exactly as a separate cast would, and its results do not depend on the
-// thread count; dropout at probability 0 leaves an in-place tensor alone.
+// thread count; AdamW with the clipping scale in its pass gives the bits of the scale pass followed
+// by AdamW (and the double-precision formula), leaving the gradient as it was; dropout at
+// probability 0 leaves an in-place tensor alone.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -11,6 +13,7 @@
 #include <limits>
 
 #include "kernel_test_util.h"
+#include "kernels/fused_optim.h"
 #include "kernels/ops.h"
 
 namespace megatron::ops {
@@ -92,6 +95,45 @@ TEST(StepKernels, AdamWWritesTheModelCopyInItsPassAsACastWould) {
     for (size_t t = 1; t < by_threads.size(); ++t)
       for (size_t i = 0; i < fused.size(); ++i)
         EXPECT_TRUE(same_bits(by_threads[t][i], by_threads[0][i])) << "output " << i;
+  }
+}
+
+TEST(StepKernels, AdamWWithTheClippingScaleIsTheScalePassThenAdamW) {
+  const int64_t n = 100003;
+  const AdamWConfig cfg{2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 4};
+  const float clip = 0.3712f;
+  const Tensor g0 = randn({n}, 23, 0.5f);
+  std::vector<float> v0 = randn({n}, 22, 0.01f).to_float_vector();
+  for (float& x : v0) x *= x;  // a second moment is not negative
+  const std::vector<float> p0 = randn({n}, 20).to_float_vector(),
+                           m0 = randn({n}, 21, 0.01f).to_float_vector(), g = g0.to_float_vector();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    auto run = [&](bool fused) {
+      Tensor p = randn({n}, 20), m = randn({n}, 21, 0.01f);
+      Tensor v = Tensor::from_vector<float>(v0, {n}), g = g0.clone();
+      Tensor copy = dt == DType::F32 ? Tensor() : Tensor::zeros({n}, dt);
+      if (fused) {
+        adamw_step_scaled(p, g, m, v, copy, cfg, clip);
+      } else {
+        scale(g, clip);
+        adamw_step(p, g, m, v, copy, cfg);
+      }
+      return std::vector<Tensor>{p, m, v, dt == DType::F32 ? p : copy, g};
+    };
+    const std::vector<Tensor> fused = run(true), separate = run(false);
+    for (size_t i = 0; i + 1 < fused.size(); ++i)
+      EXPECT_TRUE(same_bits(fused[i], separate[i])) << dtype_name(dt) << " output " << i;
+    EXPECT_TRUE(same_bits(fused[4], g0)) << "the gradient is left as it was";
+    // The update in double precision from the same inputs.
+    const std::vector<float> pf = fused[0].to_float_vector();
+    const double bc1 = 1 - std::pow(0.9, 4), bc2 = 1 - std::pow(0.95, 4);
+    for (int64_t i = 0; i < n; i += 97) {
+      const double gi = double(g[size_t(i)]) * clip;
+      const double mi = 0.9 * m0[size_t(i)] + 0.1 * gi, vi = 0.95 * v0[size_t(i)] + 0.05 * gi * gi;
+      const double pi = p0[size_t(i)] - 2e-3 * ((mi / bc1) / (std::sqrt(vi / bc2) + 1e-8) +
+                                                0.1 * p0[size_t(i)]);
+      EXPECT_NEAR(pf[size_t(i)], pi, 2e-6 * (1 + std::abs(pi))) << i;
+    }
   }
 }
 

@@ -60,29 +60,11 @@ def relative_position_bucket(relative_position, bidirectional, num_buckets, max_
     return relative_buckets
 
 
-def main(d):
-    spec = json.load(open(f"{d}/config.json"))
-    cfg = spec["model"]
-    raw = np.fromfile(f"{d}/weights.bin", dtype=np.float32)
-    P, off = {}, 0
-    for p in spec["params"]:
-        n = int(np.prod(p["shape"]))
-        P[p["name"]] = torch.tensor(raw[off:off + n].astype(np.float64)).reshape(p["shape"])
-        P[p["name"]].requires_grad_(True)
-        off += n
-    assert off == raw.size, "weights.bin size does not match config"
-    b, se, sd = spec["batch"], spec["enc_seq"], spec["dec_seq"]
-    V = cfg["padded_vocab_size"]
-    nint = 2 * b * se + 2 * b * sd
-    ints = np.fromfile(f"{d}/batch.bin", dtype=np.int32, count=nint)
-    floats = np.fromfile(f"{d}/batch.bin", dtype=np.float32, offset=4 * nint)
-    t = lambda a, s: torch.tensor(a.astype(np.int64)).reshape(b, s)
-    enc_tokens = t(ints[:b * se], se)
-    enc_mask = t(ints[b * se:2 * b * se], se)
-    dec_tokens = t(ints[2 * b * se:2 * b * se + b * sd], sd)
-    labels = t(ints[2 * b * se + b * sd:], sd)
-    loss_mask = torch.tensor(floats.astype(np.float64)).reshape(b, sd)
-
+def t5_logits(P, cfg, enc_tokens, enc_mask, dec_tokens):
+    """Megatron-Core T5Model's logits [b, sd, V] for the parameters P (name -> tensor), the model
+    config cfg, encoder tokens and padding mask [b, se] and decoder tokens [b, sd]."""
+    b, se = enc_tokens.shape
+    sd = dec_tokens.shape[1]
     h, n = cfg["hidden_size"], cfg["num_attention_heads"]
     hd = cfg["kv_channels"] or h // n
     assert (cfg["num_query_groups"] or n) == n, "T5 has no grouped-query attention"
@@ -125,6 +107,7 @@ def main(d):
         ang = torch.outer(torch.arange(s, dtype=torch.float64), inv)
         ang = torch.cat([ang, ang], dim=-1)
         x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
+        ang = ang.to(x.dtype)
         return x * torch.cos(ang) + torch.cat([-x2, x1], dim=-1) * torch.sin(ang)
 
     def self_attention(x, prefix, s, visible, bias):
@@ -185,6 +168,33 @@ def main(d):
         logits = decoded @ P["output_layer.weight"].t()
     else:
         logits = decoded @ P["embedding.word_embeddings.weight"].t() + P["output_layer.bias"]
+    return logits
+
+
+def main(d):
+    spec = json.load(open(f"{d}/config.json"))
+    cfg = spec["model"]
+    raw = np.fromfile(f"{d}/weights.bin", dtype=np.float32)
+    P, off = {}, 0
+    for p in spec["params"]:
+        n = int(np.prod(p["shape"]))
+        P[p["name"]] = torch.tensor(raw[off:off + n].astype(np.float64)).reshape(p["shape"])
+        P[p["name"]].requires_grad_(True)
+        off += n
+    assert off == raw.size, "weights.bin size does not match config"
+    b, se, sd = spec["batch"], spec["enc_seq"], spec["dec_seq"]
+    V = cfg["padded_vocab_size"]
+    nint = 2 * b * se + 2 * b * sd
+    ints = np.fromfile(f"{d}/batch.bin", dtype=np.int32, count=nint)
+    floats = np.fromfile(f"{d}/batch.bin", dtype=np.float32, offset=4 * nint)
+    t = lambda a, s: torch.tensor(a.astype(np.int64)).reshape(b, s)
+    enc_tokens = t(ints[:b * se], se)
+    enc_mask = t(ints[b * se:2 * b * se], se)
+    dec_tokens = t(ints[2 * b * se:2 * b * se + b * sd], sd)
+    labels = t(ints[2 * b * se + b * sd:], sd)
+    loss_mask = torch.tensor(floats.astype(np.float64)).reshape(b, sd)
+
+    logits = t5_logits(P, cfg, enc_tokens, enc_mask, dec_tokens)
     ce = F.cross_entropy(logits.reshape(-1, V), labels.clamp(min=0).reshape(-1), reduction="none")
     loss_sum = torch.sum(ce * loss_mask.reshape(-1))
     (spec["grad_scale"] * loss_sum).backward()

@@ -406,34 +406,25 @@ def megatron_params(m, t, p):
     return out
 
 
-def dp_reshardable_buckets(m, t, p):
-    """[(numel_unpadded, numel, [(start in bucket, our name, TP axis, local numel)])] of the
-    buffer of rank (t, p), as _ParamAndGradBuffer.__init__ lays it out (bucket_size None)."""
-    DP = m["dp"]
-    divisor = DP * 128 // __import__("math").gcd(DP, 128)
-    params = megatron_params(m, t, p)
-    tied_pp = not m["untied"] and PP > 1
-
-    def shared(name):
-        return tied_pp and ((p == 0 and name == "embedding.word_embeddings.weight") or
-                            (p == PP - 1 and name == "output_layer.weight"))
-
+def lay_out_buckets(params, divisor, shared):
+    """_ParamAndGradBuffer.__init__'s buckets (bucket_size None) of `params` [(Megatron name,
+    local numel, payload)] in registration order: [(numel_unpadded, numel, [(start in bucket,
+    *payload, local numel)])], laid out in reverse, `shared(name)` in a bucket of its own."""
     def pad(x, d):
         return (x + d - 1) // d * d
 
-    buckets, current, bucket_start, start = [], [], 0, 0
+    buckets, current, bucket_start, start, end = [], [], 0, 0, 0
 
     def close(end):
         buckets.append((end - bucket_start, pad(end, divisor) - bucket_start, current))
         return pad(end, divisor)
 
-    for name, ours, axis in reversed(params):
-        numel = WEIGHTS_NUMEL[ours] // (TP if axis is not None else 1)
+    for name, numel, payload in reversed(params):
         start = pad(start, 64)
         if shared(name) and current:
             start = bucket_start = close(start)
             current = []
-        current.append((start - bucket_start, ours, axis, numel))
+        current.append((start - bucket_start,) + tuple(payload) + (numel,))
         end = start + numel
         if shared(name):
             start = bucket_start = close(end)
@@ -443,6 +434,21 @@ def dp_reshardable_buckets(m, t, p):
     if current:
         close(end)
     return buckets
+
+
+def dp_reshardable_buckets(m, t, p):
+    """[(numel_unpadded, numel, [(start in bucket, our name, TP axis, local numel)])] of the
+    buffer of rank (t, p), as _ParamAndGradBuffer.__init__ lays it out (bucket_size None)."""
+    DP = m["dp"]
+    divisor = DP * 128 // __import__("math").gcd(DP, 128)
+    tied_pp = not m["untied"] and PP > 1
+
+    def shared(name):
+        return tied_pp and ((p == 0 and name == "embedding.word_embeddings.weight") or
+                            (p == PP - 1 and name == "output_layer.weight"))
+
+    return lay_out_buckets([(name, WEIGHTS_NUMEL[ours] // (TP if axis is not None else 1), (ours, axis))
+                            for name, ours, axis in megatron_params(m, t, p)], divisor, shared)
 
 
 def local_flat(full, axis, t):

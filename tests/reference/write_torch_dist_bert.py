@@ -20,8 +20,13 @@ LanguageModule), with the DCP stand-ins and file writer of write_torch_dist.py:
   pooler.dense.{weight,bias}, binary_head.{weight,bias}   replicated
 
   write_torch_dist_bert.py make OUT   OUT/bert/ (vocabulary 107, padded to 128) saved as TP2 x PP2
-      would save it, and
-      OUT/bert.ref/ (config.json with our names and shapes, weights.bin of the merged weights).
+      would save it,
+      OUT/bert.ref/ (config.json with our names and shapes, weights.bin of the merged weights), and
+      OUT/bert_dp/ and OUT/bert_dp_te/: the same model saved by TP2 x PP2 x DP2 with the
+      distributed optimizer's default dp_reshardable state (the flat buckets of each rank's
+      gradient buffer, laid out from BertModel's module tree with Megatron-Core's local and
+      Transformer Engine modules: torch_dist_tree_buckets.py), with OUT/bert_dp.ref/ (the state
+      merged, optimizer.json and optimizer.bin as write_torch_dist.write_reference writes them).
   write_torch_dist_bert.py check ITER_DIR FIXTURE_ITER_DIR   reads ITER_DIR with read_torch_dist.py's
       independent reader and compares it with the fixture's: the classes and globals of .metadata
       and their fields, every tensor key, global shape, dtype and value (bit for bit), common.pt's
@@ -33,6 +38,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import megatron_checkpoint as mc  # noqa: E402
+import torch_dist_tree_buckets as tdb  # noqa: E402
 import write_torch_dist as wtd  # noqa: E402
 
 BERT = dict(L=4, H=32, heads=4, groups=4, ffn=128, swiglu=False, norm="LayerNorm", bias=True, untied=False,
@@ -64,6 +71,7 @@ def bert_rank_shards(m, w, opt, t, p, d):
     for s in out:
         if s.key.startswith("decoder."):
             s.key = "encoder." + s.key[len("decoder."):]
+    objects = [("encoder." + k[len("decoder."):] if k.startswith("decoder.") else k, o) for k, o in objects]
     if d != 0:
         return out, objects
     V = wtd.padded_vocab(wtd.TP)
@@ -91,6 +99,21 @@ def make(out):
     wtd.write_checkpoint(os.path.join(out, "bert"), m, w, None,
                          args={"bert_binary_head": True})
     wtd.write_reference(os.path.join(out, "bert.ref"), m, w)
+    # The distributed optimizer's dp_reshardable buckets, saved by DP 2, in the order of
+    # BertModel's parameters with the local and the Transformer Engine modules.
+    state = wtd.optimizer_state(m, w, 302)
+    for name, te in (("bert_dp", False), ("bert_dp_te", True)):
+        mdp = dict(m, dp=2, te=te)
+        wtd.dp_reshardable_buckets = lambda m_, t, p: dp_buckets(w, m_, t, p)
+        wtd.write_checkpoint(os.path.join(out, name), mdp, w, ("dp_reshardable", state),
+                             args={"bert_binary_head": True, "use_distributed_optimizer": True})
+    wtd.write_reference(os.path.join(out, "bert_dp.ref"), m, w, state)
+
+
+def dp_buckets(w, m, t, p):
+    """The buckets of rank (t, p) from BertModel's module tree with the modules `m` names."""
+    module, shared = tdb.bert_module(w, "core-te" if m["te"] else "core", t, wtd.TP, p, wtd.PP, m["untied"])
+    return tdb.tree_buckets(module, m["dp"], shared, mc.split_dim)
 
 
 def check(it, fixture_it):

@@ -238,7 +238,9 @@ def args_namespace(m):
     return ns
 
 
-def write_checkpoint(folder, m, weights):
+def write_checkpoint(folder, m, weights, extra=None, common_optimizer=None):
+    """extra(t, p, d) -> (shards, objects) more of rank (t, p, d) (optimizer state);
+    common_optimizer: common.pt's "optimizer"."""
     it = os.path.join(folder, "iter_%07d" % ITERATION)
     os.makedirs(it, exist_ok=True)
     ents = entries(m, weights)
@@ -246,6 +248,9 @@ def write_checkpoint(folder, m, weights):
     for p, d, t in [(p, d, t) for p in range(PP) for d in range(DP) for t in range(TP)]:
         rank = t + TP * (d + DP * p)  # Megatron's order: TP fastest, then DP (EP within it), then PP
         shards, objects = rank_shards(m, ents, t, p, d)
+        if extra is not None:
+            more = extra(t, p, d)
+            shards, objects = shards + more[0], objects + more[1]
         items = [("t", s) for s in shards] + [("b", o) for o in objects]
         files = [bytearray(), bytearray()]
         for i, (kind, x) in enumerate(items):
@@ -274,6 +279,9 @@ def write_checkpoint(folder, m, weights):
                                       "num_steps": ITERATION * 8, "lr_decay_steps": 160,
                                       "lr_decay_style": "cosine", "start_wd": 0.1, "end_wd": 0.1},
               "num_floating_point_operations_so_far": 0.0}
+    if common_optimizer is not None:
+        common["optimizer"] = common_optimizer
+        common["args"].use_distributed_optimizer = True
     torch.save(common, os.path.join(it, "common.pt"))
     with open(os.path.join(it, "metadata.json"), "w") as f:
         json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,

@@ -24,9 +24,14 @@ layer tied to the word embedding) of megatron_t5_checkpoint.py:
                                          MegatronModule's named_children walk yields only once
   *._extra_state/shard_<l>_<L>           the local modules' (None) ShardedObjects, per layer
 
-  write_torch_dist_t5.py make OUT   OUT/t5/ saved as TP2 (PP1) would save it, OUT/t5_dp/ the same with
-      dp_reshardable buckets of the distributed optimizer (placeholders), and
-      OUT/t5.ref/ (config.json's params with our names and shapes, weights.bin of the merged weights).
+  write_torch_dist_t5.py make OUT   OUT/t5/ saved as TP2 (PP1) would save it, OUT/t5.ref/ (config.json's
+      params with our names and shapes, weights.bin of the merged weights), and OUT/t5_dp/ and
+      OUT/t5_dp_te/: the same model saved by TP2 x DP2 with the distributed optimizer's default
+      dp_reshardable state (the flat buckets of each rank's gradient buffer, laid out from
+      T5Model's module tree with Megatron-Core's local and Transformer Engine modules:
+      torch_dist_tree_buckets.py; the TE variant under the fused norms' keys), with
+      OUT/t5_dp.ref/ (the state merged: optimizer.json and optimizer.bin as
+      write_torch_dist.write_reference writes them).
   write_torch_dist_t5.py check ITER_DIR FIXTURE_ITER_DIR   reads both with read_torch_dist.py's
       independent reader: the globals, every tensor key, global shape, dtype and value (bit for
       bit), the ShardedObjects' keys, and common.pt's iteration and args. Prints "ok" or fails.
@@ -40,6 +45,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_t5_checkpoint as t5c  # noqa: E402
+import torch_dist_tree_buckets as tdb  # noqa: E402
 import write_torch_dist as wtd  # noqa: E402
 
 T5 = dict(L=t5c.ENC_L, H=t5c.H, heads=t5c.HEADS, groups=t5c.HEADS, ffn=t5c.FFN, swiglu=False, norm="LayerNorm",
@@ -58,10 +64,8 @@ def t5_rank_shards(m, w, opt, t, p, d):
     assert p == 0
     out, objects = [], []
     T = wtd.TP
-    if opt is not None:  # ("dp_reshardable", n): one flat bucket of n elements per model-parallel rank
-        g = "optimizer.distributed.dp_group_idx_%d.gbuf_idx_0.dtype_(torch.float32, torch.float32).bucket_idx_0." % t
-        for kind in ("param", "exp_avg", "exp_avg_sq"):
-            out.append(wtd.Shard(g + kind, [opt[1]], [0], torch.zeros(opt[1])))
+    if opt is not None:  # ("dp_reshardable", state): the flat buckets of the gradient buffer
+        out, objects = wtd.dp_reshardable_items(m, opt[1], t, p, d)
 
     def add(key, full, axis, layer=None, layers=None):
         if axis is None:
@@ -124,10 +128,16 @@ def make(out):
     w = weights()
     wtd.rank_shards = t5_rank_shards
     wtd.write_checkpoint(os.path.join(out, "t5"), T5, w, None, args=t5_args())
-    # The same with the distributed optimizer's dp_reshardable state (its buckets, not T5's real
-    # layout: this build refuses to read it by name).
-    wtd.write_checkpoint(os.path.join(out, "t5_dp"), T5, w, ("dp_reshardable", 64),
-                         args=dict(t5_args(), use_distributed_optimizer=True))
+    # The same with the distributed optimizer's dp_reshardable state, saved by DP 2, in the order
+    # of T5Model's parameters with the local and the Transformer Engine modules.
+    state = wtd.optimizer_state(T5, w, 502)
+    for name, te in (("t5_dp", False), ("t5_dp_te", True)):
+        wtd.dp_reshardable_buckets = lambda m, t, p: tdb.tree_buckets(
+            tdb.t5_module(w, "te" if m["te"] else "local", "relative", False, t, wtd.TP)[0], m["dp"], lambda q: False,
+            t5c.split_dim)
+        wtd.write_checkpoint(os.path.join(out, name), dict(T5, dp=2, te=te), w, ("dp_reshardable", state),
+                             args=dict(t5_args(), use_distributed_optimizer=True))
+    wtd.write_reference(os.path.join(out, "t5_dp.ref"), T5, w, state)
     ref = os.path.join(out, "t5.ref")
     os.makedirs(ref, exist_ok=True)
     names = sorted(w)

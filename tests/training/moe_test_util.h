@@ -31,6 +31,29 @@ inline TrainingArgs moe_args(const Fixture& f, int64_t iters = 20) {
   return a;
 }
 
+// The architecture of tests/reference/write_torch_dist_moe.py's "moe" model (4 layers, all MoE:
+// 4 SwiGLU experts of width 16, top-2; RMSNorm, GQA, rope, untied) at expert-parallel size ep.
+inline TrainingArgs torch_dist_moe_fixture_args(const Fixture& f, int64_t iters, int ep) {
+  TrainingArgs a = f.args(iters);
+  a.model.num_layers = 4;
+  a.model.num_query_groups = 2;
+  a.model.max_position_embeddings = 32;
+  a.model.ffn_hidden_size = 48;
+  a.model.activation = "swiglu";
+  a.model.normalization = "RMSNorm";
+  a.model.position_embedding_type = "rope";
+  a.model.add_bias_linear = false;
+  a.model.untie_embeddings_and_output_weights = true;
+  a.model.num_moe_experts = 4;
+  a.model.moe_ffn_hidden_size = 16;
+  a.model.moe_router_topk = 2;
+  a.model.moe_aux_loss_coeff = 0.01f;  // the checkpoint's MoE flags
+  a.model.moe_token_dispatcher_type = "alltoall";
+  a.model.moe_router_load_balancing_type = "aux_loss";
+  a.parallel.expert_model_parallel_size = ep;
+  return a;
+}
+
 // The loss curve and the MoE losses of every iteration within 1e-5 of the single-rank run's.
 inline void expect_same_moe_curve(const TrainingSummary& p, const TrainingSummary& r,
                                   const std::string& name) {

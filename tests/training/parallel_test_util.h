@@ -147,8 +147,10 @@ inline std::map<std::string, std::vector<float>> gathered_model(const std::strin
   const fs::path dir = fs::path(save) / name;
   const json meta = json::parse(testing::read_file(dir / "metadata.json"));
   const bool has_parallel = meta.contains("parallel");
-  if (has_parallel && meta["parallel"].contains("expert_tensor_parallel_size")) {
-    // Experts sharded otherwise than the dense layers (parallel folding): through the merge.
+  if (meta.contains("sharded_backend") ||
+      (has_parallel && meta["parallel"].contains("expert_tensor_parallel_size"))) {
+    // Megatron's torch_dist (global keys), or experts sharded otherwise than the dense layers
+    // (parallel folding): through the merge.
     const auto ckpt = find_checkpoint(save, it);
     EXPECT_TRUE(ckpt.has_value()) << save;
     std::map<std::string, std::vector<float>> out;

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dataset/bert_test_data.h"
 #include "parallel_test_util.h"
+#include "torch_dist_family_test_util.h"
 #include "torch_dist_test_util.h"
 #include "model/transformer_config.h"
 #include "test_util.h"
@@ -79,35 +79,6 @@ TEST(TorchDistBert, ConvertsToOursAndToMegatronsPtWithTheSameWeights) {
   }
 }
 
-// The BERT training data in a folder every rank sees (sentence-split, 107-token vocabulary), and
-// the fixture's model (4 layers, hidden 32, 4 heads, 32 positions, vocabulary padded to 128)
-// trained on it for `iters` iterations.
-struct BertRun {
-  training::parallel_test::SharedDir dir;
-  BertRun() {
-    if (training::parallel_test::world()->rank() == 0) {
-      testing::write_bert_vocab(dir / "vocab.txt");
-      testing::SentenceDataOptions o;
-      o.documents = 200;
-      o.long_sentence_rate = 0;
-      o.max_sentence_length = 12;
-      testing::write_sentence_dataset(dir / "sentences", o);
-    }
-    training::parallel_test::world()->barrier();
-  }
-  training::TrainingArgs args(int64_t iters) const {
-    training::TrainingArgs a = training::parallel_test::tiny_training_args(32, dir / "sentences", dir / "cache", iters);
-    a.model.num_layers = 4;
-    a.model.model_family = "bert";
-    a.model.attention_mask_type = "bidirectional";
-    a.model.bert_binary_head = true;
-    a.make_vocab_size_divisible_by = 32;
-    a.tokenizer.type = "BertWordPieceLowerCase";
-    a.tokenizer.vocab_file = dir / "vocab.txt";
-    return a;
-  }
-};
-
 TEST(TorchDistBert, WritesWhatAnIndependentReaderReadsAsMegatronsLayout) {
   // The fixture taken to this build's format and written back as torch_dist under the same
   // layout: Megatron's keys, chunks, shapes and bytes, as the Python reader reads them.
@@ -133,7 +104,7 @@ TEST(TorchDistBert, PretrainBertSavesTorchDistAndResumesBitExact) {
   // resumed curve (losses, grad norms, the sentence-order loss) continues bit for bit, and the
   // torch_dist folder reads back (as a BERT model, Megatron's keys) as the same weights.
   using namespace training::parallel_test;
-  BertRun run;
+  mt::BertRun run;
   const std::string ours = run.dir / "bert_full";
   save_in_format_and_resume(run.dir, run.args(4), "bert", "torch_dist", "dist", [&](const fs::path& it) {
     mt::expect_saved_torch_dist(it, "bert", ours);
@@ -143,7 +114,7 @@ TEST(TorchDistBert, PretrainBertSavesTorchDistAndResumesBitExact) {
 TEST(MpiTorchDistBert, FineTunesUnderTp2OnTheSingleRankCurve) {
   using namespace training::parallel_test;
   SKIP_ON_ONE_RANK();
-  BertRun run;
+  mt::BertRun run;
   training::TrainingArgs a = run.args(4);
   a.load = (fixtures() / "bert").string();
   a.finetune = true;

@@ -4,8 +4,8 @@
 // (tests/reference/write_torch_dist_moe.py summary) assembles every key from the items and finds
 // the trained weights in them; --load resumes on the uninterrupted run's curve bit for bit. Under
 // mpirun -np 2 the same at EP 2 (each expert-parallel rank writing its own experts), and the EP 2
-// folder resumed at EP 1 x DP 2 follows the curve within 1e-5. What is not written is refused
-// before training, by name.
+// folder resumed at EP 1 x DP 2 follows the curve within 1e-5. (The distributed optimizer's state:
+// torch_dist_moe_dp_test.cpp.)
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -76,24 +76,6 @@ TEST(TorchDistMoeTraining, SavesMegatronsMoeKeysAndResumesBitForBit) {
   save_and_resume(f, b, "expert_bias");
 }
 
-TEST(TorchDistMoeTraining, RefusesTheDistributedOptimizersExpertBuffers) {
-  Fixture f;
-  TrainingArgs a = moe_args(f, 4);
-  a.save = f.dir / "never";
-  a.save_interval = 2;
-  a.ckpt_format = "torch_dist";
-  a.transformer_impl = "local";
-  a.parallel.use_distributed_optimizer = true;
-  try {
-    validate_args(a);
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("separate gradient buffers"), std::string::npos) << e.what();
-  }
-  a.no_save_optim = true;
-  EXPECT_NO_THROW(validate_args(a));
-}
-
 TEST(MpiTorchDistMoeTraining, ExpertParallelSaveResumeAndAnotherExpertParallelSize) {
   SKIP_ON_ONE_RANK();
   if (world()->size() != 2) GTEST_SKIP() << "runs at -np 2 (EP 2)";
@@ -120,24 +102,8 @@ TEST(MpiTorchDistMoeTraining, MegatronsFolderTrainsAlikeUnderExpertParallelSizes
   world()->barrier();
   std::vector<double> first;
   for (int ep : {1, 2}) {
-    TrainingArgs a = f.args(4);
+    TrainingArgs a = torch_dist_moe_fixture_args(f, 4, ep);
     a.exit_interval = 1;
-    a.model.num_layers = 4;
-    a.model.num_query_groups = 2;
-    a.model.max_position_embeddings = 32;
-    a.model.ffn_hidden_size = 48;
-    a.model.activation = "swiglu";
-    a.model.normalization = "RMSNorm";
-    a.model.position_embedding_type = "rope";
-    a.model.add_bias_linear = false;
-    a.model.untie_embeddings_and_output_weights = true;
-    a.model.num_moe_experts = 4;
-    a.model.moe_ffn_hidden_size = 16;
-    a.model.moe_router_topk = 2;
-    a.model.moe_aux_loss_coeff = 0.01f;  // the checkpoint's MoE flags
-    a.model.moe_token_dispatcher_type = "alltoall";
-    a.model.moe_router_load_balancing_type = "aux_loss";
-    a.parallel.expert_model_parallel_size = ep;
     a.load = f.dir / "megatron/moe";
     a.finetune = true;
     const TrainingSummary r = pretrain(a);

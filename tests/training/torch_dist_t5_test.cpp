@@ -21,6 +21,7 @@
 #include "cli/sentence_corpus.h"
 #include "core/error.h"
 #include "parallel_test_util.h"
+#include "torch_dist_family_test_util.h"
 #include "torch_dist_test_util.h"
 #include "model/transformer_config.h"
 #include "test_util.h"
@@ -115,26 +116,6 @@ TEST(TorchDistT5, WritesWhatAnIndependentReaderReadsAsMegatronsLayout) {
   EXPECT_NE(r.output.find("T5"), std::string::npos) << r.output;
 }
 
-training::TrainingArgs t5_args(const fs::path& dir, int64_t iters) {
-  training::TrainingArgs a = training::parallel_test::tiny_gpt_args(dir, iters);
-  a.data.data_path.clear();
-  a.mock_data = true;
-  a.model.model_family = "t5";
-  a.model.num_layers = 2;
-  a.model.decoder_num_layers = 3;
-  a.model.ffn_hidden_size = 64;
-  a.model.seq_length = 12;
-  a.model.decoder_seq_length = 8;
-  a.model.max_position_embeddings = 12;
-  a.model.position_embedding_type = "relative";
-  a.model.relative_attention_num_buckets = 8;
-  a.model.relative_attention_max_distance = 6;
-  a.tokenizer.vocab_size = 60;
-  a.tokenizer.vocab_extra_ids = 10;
-  a.make_vocab_size_divisible_by = 16;  // the fixture's 64 rows under TP 1 and 2
-  return a;
-}
-
 TEST(TorchDistT5, PretrainT5SavesTorchDistAndResumesBitExact) {
   // 4 iterations in this build's format against 2 saved in torch_dist and 2 resumed from it: the
   // resumed curve continues bit for bit, and the torch_dist folder reads back (as a T5 model,
@@ -142,11 +123,11 @@ TEST(TorchDistT5, PretrainT5SavesTorchDistAndResumesBitExact) {
   using namespace training::parallel_test;
   SharedDir dir;
   const std::string ours = dir / "t5_full";
-  save_in_format_and_resume(dir, t5_args(dir.path(), 4), "t5", "torch_dist", "dist", [&](const fs::path& it) {
+  save_in_format_and_resume(dir, mt::t5_args(dir.path(), 4), "t5", "torch_dist", "dist", [&](const fs::path& it) {
     mt::expect_saved_torch_dist(it, "t5", ours);
   });
   // Untied: the head's own weight and its state under lm_head.output_layer.weight only.
-  training::TrainingArgs untied = t5_args(dir.path(), 4);
+  training::TrainingArgs untied = mt::t5_args(dir.path(), 4);
   untied.model.untie_embeddings_and_output_weights = true;
   const std::string untied_ours = dir / "t5u_full";
   save_in_format_and_resume(dir, untied, "t5u", "torch_dist", "dist", [&](const fs::path& it) {
@@ -162,38 +143,11 @@ TEST(TorchDistT5, PretrainT5SavesTorchDistAndResumesBitExact) {
   });
 }
 
-TEST(TorchDistT5, RefusesTheDistributedOptimizersState) {
-  // Reading it: the dp_reshardable buckets of a T5 model are refused by name (the weights load).
-  const auto dp = training::find_checkpoint(fixtures() / "t5_dp", std::nullopt);
-  ASSERT_TRUE(dp.has_value());
-  try {
-    training::merge_checkpoint(*dp, true);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("dp_reshardable state of a t5 model"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("--no-load-optim"), std::string::npos) << e.what();
-  }
-  EXPECT_EQ(training::merge_checkpoint(*dp, false).model.size(), reference().size());
-  // Writing it: refused before training.
-  mt::TempDir tmp;
-  training::TrainingArgs a = t5_args(tmp.path(), 2);
-  a.ckpt_format = "torch_dist";
-  a.parallel.use_distributed_optimizer = true;
-  a.save = (tmp / "s").string();
-  a.save_interval = 1;
-  try {
-    training::parallel_test::run_single(a);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not T5's"), std::string::npos) << e.what();
-  }
-}
-
 TEST(MpiTorchDistT5, FineTunesUnderTp2OnTheSingleRankCurve) {
   using namespace training::parallel_test;
   SKIP_ON_ONE_RANK();
   SharedDir dir;
-  training::TrainingArgs a = t5_args(dir.path(), 4);
+  training::TrainingArgs a = mt::t5_args(dir.path(), 4);
   a.load = (fixtures() / "t5").string();
   a.finetune = true;
   const training::TrainingSummary ref = reference_curve(a, dir / "ref");

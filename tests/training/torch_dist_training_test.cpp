@@ -97,7 +97,8 @@ TEST(TorchDistTraining, RefusesWhatItCannotWriteBeforeTraining) {
   EXPECT_NO_THROW(validate_args(a));
   a.transformer_impl = "local";
   EXPECT_NO_THROW(validate_args(a));
-  a.model.num_moe_experts = 4;  // the experts' separate buffers are not written
+  a.model.num_moe_experts = 4;  // Megatron's legacy GroupedMLP's buffer is not written
+  a.model.moe_grouped_gemm = true;
   try {
     validate_args(a);
     ADD_FAILURE() << "accepted";

@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/fused_optim.h"
 
 namespace megatron::ops::cpu {
 
@@ -63,14 +64,15 @@ void softmax_xent_fwd_bwd(const Tensor& logits, const Tensor& loss, const Tensor
 }
 
 namespace {
-// The AdamW update of elements [0, n) (the formula of ops.h, in its order of operations), writing
-// the updated value to `copy` too when it is given (bf16/fp16 model weights in the same pass).
+// The AdamW update of elements [0, n) (the formula of ops.h, in its order of operations) on the
+// gradient times gs (exact at 1), writing the updated value to `copy` too when it is given
+// (bf16/fp16 model weights in the same pass).
 template <class Copy>
-void adamw_update(float* p, float* m, float* v, const float* g, Copy* copy, int64_t n,
+void adamw_update(float* p, float* m, float* v, const float* g, float gs, Copy* copy, int64_t n,
                   const AdamWConfig& c, float bc1, float bc2) {
   const float b1 = c.beta1, b2 = c.beta2, eps = c.eps, wd = c.weight_decay, lr = c.lr;
   cpu::parallel_for_simd(n, [&](int64_t i) {
-    const float gi = g[i];
+    const float gi = g[i] * gs;
     const float mi = b1 * m[i] + (1.0f - b1) * gi;
     const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
     m[i] = mi;
@@ -85,6 +87,12 @@ void adamw_update(float* p, float* m, float* v, const float* g, Copy* copy, int6
 
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const Tensor& model_copy, const AdamWConfig& c) {
+  cpu::adamw_step_scaled(master, grad, exp_avg, exp_avg_sq, model_copy, c, 1.0f);
+}
+
+void adamw_step_scaled(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
+                       const Tensor& exp_avg_sq, const Tensor& model_copy, const AdamWConfig& c,
+                       float gs) {
   cpu::require_f32("adamw_step", "master", master);
   cpu::require_f32("adamw_step", "grad", grad);
   cpu::require_f32("adamw_step", "exp_avg", exp_avg);
@@ -106,11 +114,11 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
   }
   const DType dt = copy ? model_copy.dtype() : DType::F32;
   if (copy && dt == DType::BF16)
-    adamw_update(p, m, v, g, model_copy.data<bf16>(), n, c, bc1, bc2);
+    adamw_update(p, m, v, g, gs, model_copy.data<bf16>(), n, c, bc1, bc2);
   else if (copy && dt == DType::F16)
-    adamw_update(p, m, v, g, model_copy.data<fp16>(), n, c, bc1, bc2);
+    adamw_update(p, m, v, g, gs, model_copy.data<fp16>(), n, c, bc1, bc2);
   else
-    adamw_update(p, m, v, g, static_cast<float*>(nullptr), n, c, bc1, bc2);
+    adamw_update(p, m, v, g, gs, static_cast<float*>(nullptr), n, c, bc1, bc2);
   if (copy && dt != DType::BF16 && dt != DType::F16) cast(model_copy, master);
 }
 
