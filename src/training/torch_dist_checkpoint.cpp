@@ -360,9 +360,14 @@ std::map<std::string, TorchDistSource> torch_dist_sources(const CheckpointOnDisk
   const model::ModelFamilyId family = family_of(ckpt);
   std::map<std::string, TorchDistSource> out;
   for (const std::string& key : model_keys(f, prefix))
-    for (Piece& p : pieces_of(key, global_shape(f, key, prefix), tied, family, grouped, want, label))
-      MG_REQUIRE(out.emplace(p.ours, TorchDistSource{key, Shape(p.index.begin(), p.index.end())}).second, label,
-                 ": two tensors map to '", p.ours, "' (the second: '", prefix + key, "')");
+    for (Piece& p : pieces_of(key, global_shape(f, key, prefix), tied, family, grouped, want, label)) {
+      const auto [at, fresh] = out.emplace(p.ours, TorchDistSource{key, Shape(p.index.begin(), p.index.end())});
+      // A norm keyed both by its module (input_layernorm.*, as earlier builds of this program keyed
+      // local runs) and by the fused name (self_attention.linear_qkv.layer_norm_*) is one tensor twice.
+      MG_REQUIRE(fresh, label, ": '", prefix + at->second.key, "' and '", prefix + key, "' both hold '", p.ours,
+                 "' (one tensor under two of Megatron's names: files of two checkpoints mixed in one "
+                 "folder?); save the checkpoint again from one run");
+    }
   return out;
 }
 

@@ -33,6 +33,16 @@ bool split_layer(const std::string& name, int* n, std::string* rest) {
 
 }  // namespace
 
+bool fused_norm_keys(bool te, bool moe_layer, const std::string& sub) {
+  // Under Transformer Engine the norms are parts of linear_qkv and linear_fc1, but an MoE layer's
+  // pre-MLP norm is a TENorm of its own. Megatron-Core's local layer specs (gpt_layer_specs.py
+  // get_gpt_layer_local_submodules, for dense and MoE layers alike; bert_layer_specs.py; t5_spec.py)
+  // set sharded_state_dict_keys_map {input_layernorm. -> self_attention.linear_qkv.layer_norm_,
+  // pre_mlp_layernorm. -> mlp.linear_fc1.layer_norm_}, which TransformerLayer.sharded_state_dict
+  // applies to the sharded keys (not to state_dict names, so .pt files keep the module names).
+  return !(te && moe_layer && sub.starts_with("pre_mlp_layernorm."));
+}
+
 namespace {
 
 bool folded(const CheckpointRank& r) { return r.etp_size > 0 && r.etp_size != r.tp_size; }
@@ -110,7 +120,7 @@ KeyPlace sharded_key(const std::string& ours, bool te, const MoeLayout& moe) {
   std::string rest;
   KeyPlace out;
   if (ours.starts_with(kEncoderLayers)) {  // stacked on a layer axis as the decoder's layers are
-    const std::string name = torch_names::to_megatron(ours, 0, te);
+    const std::string name = torch_names::to_megatron(ours, 0, true);  // dense: fused_norm_keys
     const size_t at = std::string(kEncoderLayers).size(), dot = name.find('.', at);
     MG_REQUIRE(name.starts_with(kEncoderLayers) && dot != std::string::npos && dot > at, "tensor '", ours,
                "' is saved as '", name, "', not as a layer of Megatron's encoder block");
@@ -136,8 +146,7 @@ KeyPlace sharded_key(const std::string& ours, bool te, const MoeLayout& moe) {
     sub = kExperts + sub;
     out.expert = e;
   } else {
-    // An MoE layer keeps its pre-MLP norm (TENorm); a dense one fuses it into fc1 under TE.
-    const bool fused = te && !(moe_layer && rest.starts_with("pre_mlp_layernorm."));
+    const bool fused = fused_norm_keys(te, moe_layer, rest);
     const std::string name = torch_names::to_megatron(ours, 0, fused);
     sub = name.substr(name.find('.', std::string(kLayers).size()) + 1);
   }

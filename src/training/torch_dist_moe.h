@@ -55,9 +55,15 @@ struct MoeLayout {
 };
 MoeLayout moe_layout(const TrainingArgs& a);
 
+// Whether a layer's norm `sub` ("input_layernorm.weight", ...) is keyed under Transformer Engine's
+// fused names (self_attention.linear_qkv.layer_norm_*, mlp.linear_fc1.layer_norm_*) in torch_dist:
+// always, with both --transformer-impl values, except an MoE layer's pre-MLP norm under
+// transformer_engine (pre_mlp_layernorm.*).
+bool fused_norm_keys(bool transformer_engine, bool moe_layer, const std::string& sub);
+
 // Megatron-Core's sharded key of our tensor `ours` (transformer_engine: --transformer-impl
-// transformer_engine names), its global layer (-1: none, or a key of one layer) and its global
-// expert (-1: not an expert's).
+// transformer_engine, which keys an MoE layer's pre-MLP norm apart, see fused_norm_keys), its
+// global layer (-1: none, or a key of one layer) and its global expert (-1: not an expert's).
 struct KeyPlace {
   std::string key;
   int layer = -1;   // the offset on the key's layer axis (-1: the key has none)

@@ -13,7 +13,8 @@ torch lacks), to check what training/torch_dist_write.h writes:
       - every tensor key, global shape, dtype and value (bit for bit) with the checkpoint of model
         NAME that write_torch_dist.py makes (its weights and, for gpt2, its optimizer state in the
         distributed optimizer's fully_reshardable keys), with the layer axis of Megatron-Core's keys;
-        --local: the local layer spec's names, else Transformer Engine's;
+        --local: a run of the local layer spec, else of Transformer Engine's (the layers' norms
+        keyed alike: write_torch_dist.megatron_key);
       - common.pt (iteration, checkpoint_version, args, the optimizer's step and sharding type),
         metadata.json, and the bytes items (RNG states and _extra_state objects load).
       Prints "ok" and a summary, or fails with what differs.

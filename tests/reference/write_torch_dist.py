@@ -20,10 +20,10 @@ back; .metadata a pickle.dump of the Metadata). The classes are stand-ins of the
 name, fields and reduce protocol, so the pickle's opcodes are those the real classes produce.
 
   write_torch_dist.py make OUT     OUT/gpt2/ (GPT-2 style: LayerNorm, GeLU, learned positions,
-      biases, tied; --transformer-impl local names; saved with DP 2 and the distributed optimizer's
+      biases, tied; --transformer-impl local, its norms keyed as Transformer Engine's; saved with DP 2 and the distributed optimizer's
       state in its fully_reshardable format, distrib_optimizer.py sharded_param_state_fully_
       reshardable, its common part as DistributedOptimizer.state_dict leaves it), OUT/llama/ (RMSNorm, SwiGLU, GQA, rope,
-      no biases, untied; Transformer Engine's fused-norm names and _extra_state objects) and
+      no biases, untied; Transformer Engine's _extra_state objects) and
       OUT/llama_layers/ (the same with one key per layer and fc1's gate/up keys), each
       saved as TP2 x PP2 would save it, with OUT/<name>.ref/ (config.json and weights.bin of the
       merged weights under our names, for gpt_reference.py; for gpt2 also optimizer.json and
@@ -33,7 +33,10 @@ name, fields and reduce protocol, so the pickle's opcodes are those the real cla
       a variant whose args contradict its layout (OUT/dp_reshardable_overlap) and the same model
       with Transformer Engine's modules (OUT/dp_reshardable_te: their parameter order in the
       buffer); OUT/evil_* (hostile variants of gpt2) and OUT/marker (must never
-      appear: the hostile pickles would create it).
+      appear: the hostile pickles would create it); OUT/gpt2_unfused (gpt2 and its optimizer
+      state with the local run's norms under their module names, input_layernorm.*, as earlier
+      builds of megatron.cpp keyed them) and OUT/gpt2_both_names (gpt2 with its input norms under
+      both names).
 """
 import argparse
 import dataclasses
@@ -225,12 +228,20 @@ def full_weights(m, seed):
     return w
 
 
-def megatron_key(m, sub):
-    """Megatron-Core's module path of a layer tensor `sub` ("input_layernorm.weight", ...)."""
-    if m["te"]:
+def megatron_key(m, sub, moe_layer=False):
+    """Megatron-Core's sharded key of a layer tensor `sub` ("input_layernorm.weight", ...). Under
+    Transformer Engine the layer's norms are parts of TELayerNormColumnParallelLinear
+    (linear_qkv.layer_norm_weight, linear_fc1.layer_norm_weight), except an MoE layer's
+    pre_mlp_layernorm, a TENorm of its own. The local specs (gpt_layer_specs.py
+    get_gpt_layer_local_submodules, dense and MoE layers; bert_layer_specs.py bert_layer_local_spec;
+    t5_spec.py encoder/decoder_model_with_local_spec) give the same keys: their
+    sharded_state_dict_keys_map, which TransformerLayer.sharded_state_dict applies to the sharded
+    keys (apply_prefix_mapping). m["unfused"]: the module names instead, as earlier builds of
+    megatron.cpp keyed local runs (a folder that must still load)."""
+    if not m.get("unfused"):
         for ours, fused in (("input_layernorm.", "self_attention.linear_qkv.layer_norm_"),
                             ("pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_")):
-            if sub.startswith(ours):
+            if sub.startswith(ours) and not (m["te"] and moe_layer and ours == "pre_mlp_layernorm."):
                 return fused + sub[len(ours):]
     return sub
 
@@ -654,6 +665,19 @@ def make(out):
     # The same model with Transformer Engine's modules: their names, _extra_state objects and
     # parameter order in the buffer (the same bucket sizes, other places).
     write_checkpoint(os.path.join(out, "dp_reshardable_te"), dict(m, te=True), w, dp)
+    # The norms of a local run under their module names (earlier builds of megatron.cpp), and a
+    # folder holding one norm under both names (refused).
+    write_checkpoint(os.path.join(out, "gpt2_unfused"), dict(m, unfused=True), w, optimizer_state(m, w, 200))
+    global rank_shards
+    fused_shards = rank_shards
+
+    def both_names(m_, w_, opt_, t, p, d):
+        shards, objects = fused_shards(m_, w_, opt_, t, p, d)
+        unfused = fused_shards(dict(m_, unfused=True), w_, opt_, t, p, d)[0]
+        return shards + [x for x in unfused if ".input_layernorm." in x.key], objects
+    rank_shards = both_names
+    write_checkpoint(os.path.join(out, "gpt2_both_names"), m, w)
+    rank_shards = fused_shards
     # The same checkpoint from another sharded backend: refused by name.
     zarr = os.path.join(out, "zarr")
     shutil.copytree(os.path.join(out, "gpt2"), zarr)

@@ -8,7 +8,10 @@ LanguageModule), with the DCP stand-ins and file writer of write_torch_dist.py:
   embedding.position_embeddings.weight   replicated (TP rank 0 writes it)
   embedding.tokentype_embeddings.weight  [2, h] replicated (num_tokentypes 2 with the binary head)
   encoder.layers.<module>.<param>        the TransformerBlock's layers under one key per module,
-                                         the global layer index as axis 0, TP chunks as GPT's
+                                         the global layer index as axis 0, TP chunks as GPT's; the
+                                         norms keyed by bert_layer_local_spec's sharded_state_dict_
+                                         keys_map (self_attention.linear_qkv.layer_norm_*,
+                                         mlp.linear_fc1.layer_norm_*)
   encoder.final_layernorm.{weight,bias}  replicated
   lm_head.dense.{weight,bias}, lm_head.layer_norm.{weight,bias}   replicated (get_linear_layer and
                                          a norm: no sharded_state_dict of their own)

@@ -17,13 +17,15 @@ training/torch_dist_moe.h. The MoE keys, from Megatron-LM's megatron/core source
   models/gpt/gpt_layer_specs.py (Transformer Engine): attention fuses input_layernorm into
       linear_qkv (layer_norm_weight); an MoE layer keeps pre_mlp_layernorm (TENorm), a dense one
       fuses it into mlp.linear_fc1; TE modules' _extra_state are ShardedObjects with the prepended
-      axes as offsets/shape ("<key>/shard_<l>.<e>_<L>.<E>", "shard_0_1" without axes)
+      axes as offsets/shape ("<key>/shard_<l>.<e>_<L>.<E>", "shard_0_1" without axes). The local
+      spec (get_gpt_layer_local_submodules) keys both norms of every layer, dense or MoE, by the
+      fused names (its sharded_state_dict_keys_map): write_torch_dist.megatron_key
 
   write_torch_dist_moe.py make OUT   OUT/<name>/ saved as TP2 x PP2 x EP2 (DP 2: each data-parallel
       rank one expert-parallel rank) and OUT/<name>.ref/{weights.json, weights.bin} (the merged
       weights under our names: {"names": [...], "shapes": [...]}, float32 in that order), for
       moe (every layer MoE: SwiGLU experts, RMSNorm, GQA, rope, untied, TE names) and moe_mixed
-      (--moe-layer-freq [0,1,0,1]: GeLU, LayerNorm, learned positions, tied, local names, a gated
+      (--moe-layer-freq [0,1,0,1]: GeLU, LayerNorm, learned positions, tied, local spec, a gated
       shared expert; one key per layer)
   write_torch_dist_moe.py summary ITER_DIR   the same reader's view of any folder as one JSON line:
       {"tensors": {key: {"shape", "sum" (float64)}}, "objects": [bytes item keys]}
@@ -138,10 +140,7 @@ def entries(m, weights):
         if s.startswith("mlp.experts.local_experts."):
             e, mod = s[len("mlp.experts.local_experts."):].split(".", 1)
             expert, s = int(e), "mlp.experts.experts." + mod
-        if m["te"] and s.startswith("input_layernorm."):
-            s = "self_attention.linear_qkv.layer_norm_" + s[len("input_layernorm."):]
-        if m["te"] and s.startswith("pre_mlp_layernorm.") and not moe[i]:
-            s = "mlp.linear_fc1.layer_norm_" + s[len("pre_mlp_layernorm."):]
+        s = w.megatron_key(m, s, moe_layer=bool(moe[i]))
         fc1 = s.endswith("linear_fc1.weight")
         tp_axis = 0 if s.endswith("linear_qkv.weight") or fc1 else 1 if s.endswith(
             ("linear_proj.weight", "linear_fc2.weight")) else None

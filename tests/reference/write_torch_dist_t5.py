@@ -9,9 +9,13 @@ layer tied to the word embedding) of megatron_t5_checkpoint.py:
   embedding.word_embeddings.weight       [padded vocab, h], TP chunks along the rows
   {encoder,decoder}_relative_pos_emb.relative_attention_bias.weight   [buckets, heads] replicated
                                          (a plain torch Embedding: TP rank 0 writes it)
-  encoder.layers.<module>.<param>        the encoder block's layers, axis 0 of encoder_num_layers
+  encoder.layers.<module>.<param>        the encoder block's layers, axis 0 of encoder_num_layers;
+                                         input_layernorm and pre_mlp_layernorm keyed by the local
+                                         spec's sharded_state_dict_keys_map (self_attention.
+                                         linear_qkv.layer_norm_*, mlp.linear_fc1.layer_norm_*), in
+                                         both blocks
   decoder.layers.<module>.<param>        the decoder block's, axis 0 of decoder_num_layers, with
-                                         pre_cross_attn_layernorm (replicated) and
+                                         pre_cross_attn_layernorm (replicated, not mapped) and
                                          cross_attention.{linear_q, linear_kv} (TP chunks along the
                                          rows) and cross_attention.linear_proj (along the columns)
   {encoder,decoder}.final_layernorm.*    replicated
