@@ -172,7 +172,7 @@ def cmd_profile(a):
             if m:
                 rows.append({"op": m.group(1), "calls": int(m.group(2)),
                              "mean_us": float(m.group(4)), "share": float(m.group(5))})
-            elif l.startswith("outside ops"):
+            elif l.startswith("outside ops") or l.startswith("device idle"):
                 outside = float(l.split()[-1])
     report({"check": "op profile", "top": rows[:a.top], "outside_ops_ms": outside,
             "status": "pass" if rows else "fail"})

@@ -87,6 +87,8 @@ void gemm_batched(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
 
 bool gemm_computes_in(DType dtype, Device device) {
   if (dtype == DType::F32) return true;
+  // cuBLASLt multiplies bf16 and fp16 operands on the tensor cores, accumulating in fp32.
+  if (device.is_cuda()) return dtype == DType::BF16 || dtype == DType::F16;
   return device.is_host_memory() && cpu::computes_in(dtype);
 }
 

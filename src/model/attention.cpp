@@ -23,11 +23,11 @@ LinearOptions linear_options(bool bias, bool grad, InitMethod init = InitMethod:
   return o;
 }
 
-// The core attention's operands: with bf16 weights on the CPU, qkv rounded to bf16, so that the
-// attention multiplies in bf16 (the CPU's bf16 attention kernel) as Megatron's does on bf16
-// activations; otherwise qkv itself.
+// The core attention's operands: with bf16 weights, qkv rounded to bf16, so that the attention
+// multiplies in bf16 (the CPU's bf16 attention kernel, the GPU's tensor cores) as Megatron's does
+// on bf16 activations; otherwise qkv itself.
 Tensor attention_operand(const Tensor& qkv, DType params_dtype) {
-  if (params_dtype != DType::BF16 || qkv.device().is_cuda()) return qkv;
+  if (params_dtype != DType::BF16) return qkv;
   const Tensor src = qkv.contiguous();
   Tensor out = Tensor::empty(src.shape(), DType::BF16, src.device());
   ops::cast(out, src);

@@ -22,7 +22,14 @@ int64_t local_size(int64_t full, int parts, const std::string& what) {
   return full / parts;
 }
 
-constexpr int64_t kHeadRows = 256;  // rows of logits per loss-head chunk
+// Rows of logits per loss-head chunk: on the CPU few enough to stay in cache; on a GPU as many as
+// fit in 512 MiB of fp32 logits (large products keep the tensor cores busy), in multiples of 256.
+int64_t head_rows(const Device& dev, int64_t vocab_shard) {
+  constexpr int64_t kCpuRows = 256, kGpuBytes = int64_t(512) << 20;
+  if (!dev.is_cuda()) return kCpuRows;
+  const int64_t fit = kGpuBytes / (std::max<int64_t>(vocab_shard, 1) * int64_t(sizeof(float)));
+  return std::max(kCpuRows, fit / kCpuRows * kCpuRows);
+}
 
 // Error unless every id of the int32 tensor is in [0, limit): the range comes from an op; the
 // first id outside it is looked up on a host copy (error path only).
@@ -322,8 +329,8 @@ Tensor OutputLayer::loss(const Tensor& x, const Tensor& labels, const Tensor& lo
            tp_.size(), " != ", vocab_size_);
   MG_CHECK(labels.numel() == N && loss_mask.numel() == N, "output layer: ", labels.numel(),
            " labels / ", loss_mask.numel(), " mask entries for ", N, " rows");
-  const int64_t R = std::min(N, kHeadRows);
   const Device dev = xin.device();
+  const int64_t R = std::min(N, head_rows(dev, vl));
   if (!logits_buf_.defined() || logits_buf_.size(0) != R || logits_buf_.size(1) != vl ||
       logits_buf_.device() != dev)
     logits_buf_ = Tensor::empty({R, vl}, DType::F32, dev);

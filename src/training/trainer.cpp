@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "kernels/cuda/device_select.h"
+#include "kernels/op_profile.h"
 #include "training/run_log_lines.h"
 #include "training/metrics_writer.h"
 #include "training/training_run.h"
@@ -132,6 +133,8 @@ TrainingSummary pretrain(TrainingArgs args, std::shared_ptr<Communicator> world)
     const auto step_t0 = Clock::now();
     const StepOutcome step = train_step(r, it, iter_micro);
     sum.iteration_seconds.push_back(seconds_since(step_t0));
+    // The op profile leaves out the first iteration (allocations, product algorithm choice).
+    if (it == r.start_iteration + 1 && r.train_iters > it) ops::profile::restart();
     if (r.buffer)
       launched_in_backward = launched_in_backward < 0
                                  ? step.buckets_launched_in_backward

@@ -445,6 +445,12 @@ void optimizer_reduction_cases(Table& t) {
             cast(dst, rnd(d, {4097}, 145, 100.0f, from));
             return Outs{dst};
           }, {Tolerance{0.0, 0.0}});
+  // A multiple of 8 values: the GPU's 8-a-thread fp32 -> bf16 kernel.
+  t.add("cast", "float32 -> bfloat16, 8 x 4099 values of scale 100", [](Device d) {
+    Tensor dst = fill(d, {8, 4099}, 0.0, DType::BF16);
+    cast(dst, rnd(d, {8, 4099}, 147, 100.0f));
+    return Outs{dst};
+  }, {Tolerance{0.0, 0.0}});
 }
 
 }  // namespace

@@ -31,10 +31,11 @@ AttentionShape shape_of(int64_t b, int64_t sq, int64_t skv, int n, int g, int d)
 }
 
 // Self-attention over random fused QKV rows [b * s, width].
-AttentionCall fused_qkv(Device d, int64_t b, int64_t s, int n, int g, int hd, uint64_t stream) {
+AttentionCall fused_qkv(Device d, int64_t b, int64_t s, int n, int g, int hd, uint64_t stream,
+                        DType dtype = DType::F32) {
   AttentionCall c;
   c.shape = shape_of(b, s, s, n, g, hd);
-  c.in.q = c.in.k = c.in.v = rnd(d, {b * s, qkv_width(n, g, hd)}, stream);
+  c.in.q = c.in.k = c.in.v = rnd(d, {b * s, qkv_width(n, g, hd)}, stream, 1.0f, dtype);
   c.in.q_layout = HeadLayout::qkv(QkvPart::Query, n, g, hd, s);
   c.in.k_layout = HeadLayout::qkv(QkvPart::Key, n, g, hd, s);
   c.in.v_layout = HeadLayout::qkv(QkvPart::Value, n, g, hd, s);
@@ -121,6 +122,35 @@ std::vector<Variant> variants() {
   return v;
 }
 
+// bf16 operands (a bf16 model's activations): on the GPU the tensor-core kernels (head dims 64
+// and 128, causal or bidirectional, grouped query heads, dropout; tiles of 64 rows, so lengths
+// that leave partial tiles), and for a call they do not take the general kernels on fp32 copies.
+std::vector<Variant> bf16_variants() {
+  std::vector<Variant> v;
+  v.push_back({"bf16 fused QKV, 2 x 130 rows, 4 heads in 2 groups of 64, causal", false,
+               [](Device d) { return fused_qkv(d, 2, 130, 4, 2, 64, 120, DType::BF16); }});
+  v.push_back({"bf16 fused QKV, 1 x 100 rows, 2 heads of 128, bidirectional, dropout .1", false,
+               [](Device d) {
+                 AttentionCall c = fused_qkv(d, 1, 100, 2, 2, 128, 121, DType::BF16);
+                 c.mask.causal = false;
+                 c.dropout = DropoutSpec{0.1f, 8, 4};
+                 return c;
+               }});
+  v.push_back({"bf16 fused QKV, 1 x 96 rows, 2 heads of 64, causal, dropout .2", false,
+               [](Device d) {
+                 AttentionCall c = fused_qkv(d, 1, 96, 2, 2, 64, 122, DType::BF16);
+                 c.dropout = DropoutSpec{0.2f, 9, 5};
+                 return c;
+               }});
+  v.push_back({"bf16 fused QKV, 2 x 70 rows, 4 heads in 2 groups of 40, causal, window 50", false,
+               [](Device d) {
+                 AttentionCall c = fused_qkv(d, 2, 70, 4, 2, 40, 123, DType::BF16);
+                 c.mask.window_left = 50;
+                 return c;
+               }});
+  return v;
+}
+
 AttentionCall forward(const Variant& v, Device d) {
   AttentionCall c = v.make(d);
   const AttentionShape& sh = c.shape;
@@ -159,6 +189,20 @@ void attention_cases(Table& t) {
                             c.mask, c.shape, c.dropout, accumulate);
               return grad_outputs(c);
             }, {Tolerance{1e-4, 1e-4}});
+  }
+  for (const Variant& v : bf16_variants()) {
+    t.add("attention_fwd", v.what, [v](Device d) {
+      const AttentionCall c = forward(v, d);
+      return Outs{c.out, c.lse};
+    }, {Tolerance{2e-2, 2e-2}, Tolerance{1e-4, 1e-4}});
+    for (bool accumulate : {false, true})
+      t.add("attention_bwd", v.what + (accumulate ? ", accumulated" : ", written"),
+            [v, accumulate](Device d) {
+              const AttentionCall c = forward(v, d);
+              attention_bwd(c.grads, rnd(d, c.out.shape(), 124), c.out, c.lse, c.probs, c.in,
+                            c.mask, c.shape, c.dropout, accumulate);
+              return grad_outputs(c);
+            }, {Tolerance{2e-2, 2e-2}});
   }
   t.add("attention_merge", "a partial result into a running one", [](Device d) {
     const std::vector<Variant> vs = variants();

@@ -24,8 +24,14 @@ void check_ints(const char* op, const char* name, const Tensor& t, int64_t numel
 }
 
 Layout operand(const char* op, const char* name, const Tensor& t, const ops::HeadLayout& L,
-               int64_t seqs, int64_t rows, int heads, int64_t d) {
-  detail::require_f32(op, name, t);
+               int64_t seqs, int64_t rows, int heads, int64_t d, bool half = false) {
+  if (half) {
+    detail::require_cuda(op, name, t);
+    MG_CHECK(t.dtype() == DType::BF16, op, ": ", name, " must be bf16 like q, got ",
+             dtype_name(t.dtype()));
+  } else {
+    detail::require_f32(op, name, t);
+  }
   ops::check_head_operand(op, name, t, L, seqs, rows, heads, d);
   return Layout{L.offset, L.seq_stride, L.row_stride, L.group_stride, L.heads_per_group};
 }
@@ -44,8 +50,34 @@ float* grad_operand(const char* op, const char* name, const Tensor& t, const ops
   return t.data<float>();
 }
 
+bool half_operands(const char* op, const ops::AttentionInputs& in) {
+  for (const Tensor* t : {&in.q, &in.k, &in.v}) detail::require_cuda(op, "q, k and v", *t);
+  const DType dt = in.q.dtype();
+  MG_CHECK((dt == DType::F32 || dt == DType::BF16) && in.k.dtype() == dt && in.v.dtype() == dt,
+           op, ": q, k and v must all be fp32 or all bf16, got ", dtype_name(dt), ", ",
+           dtype_name(in.k.dtype()), ", ", dtype_name(in.v.dtype()));
+  return dt == DType::BF16;
+}
+
+ops::AttentionInputs with_f32_operands(const ops::AttentionInputs& in) {
+  ops::AttentionInputs f = in;
+  const auto f32 = [](const Tensor& t) {
+    Tensor c = Tensor::empty(t.shape(), DType::F32, t.device());
+    megatron::cuda::cast(c, t);
+    return c;
+  };
+  const auto same = [](const Tensor& a, const Tensor& b) {
+    return a.raw_data() == b.raw_data() && a.shape() == b.shape();
+  };
+  f.q = f32(in.q);
+  f.k = same(in.k, in.q) ? f.q : f32(in.k);
+  f.v = same(in.v, in.q) ? f.q : same(in.v, in.k) ? f.k : f32(in.v);
+  return f;
+}
+
 Plan make_plan(const char* op, const ops::AttentionInputs& in, const ops::AttentionMask& mask,
-               const ops::AttentionShape& sh, const ops::DropoutSpec& dropout, Tensor& slopes) {
+               const ops::AttentionShape& sh, const ops::DropoutSpec& dropout, Tensor& slopes,
+               bool half) {
   Plan P;
   static_cast<ops::AttentionDims&>(P) = ops::attention_dims(op, mask, sh);
   MG_CHECK(dropout.p >= 0.0f && dropout.p < 1.0f, op, ": dropout probability ", dropout.p,
@@ -54,7 +86,7 @@ Plan make_plan(const char* op, const ops::AttentionInputs& in, const ops::Attent
   P.seed = dropout.seed;
   P.stream = dropout.stream;
   P.element_offset = dropout.element_offset;
-  detail::require_f32(op, "q", in.q);
+  if (!half) detail::require_f32(op, "q", in.q);
   const Device dev = in.q.device();
   if (mask.alibi) {
     const std::vector<float> all = ops::alibi_slopes(P.total_heads);
@@ -78,12 +110,18 @@ Plan make_plan(const char* op, const ops::AttentionInputs& in, const ops::Attent
                     ? (in.k.numel() - one) / L.seq_stride + 1
                     : 1;
   }
-  P.ql = operand(op, "q", in.q, in.q_layout, P.b, P.sq, P.n, P.d);
-  P.kl = operand(op, "k", in.k, in.k_layout, P.kv_seqs, P.skv, P.g, P.d);
-  P.vl = operand(op, "v", in.v, in.v_layout, P.kv_seqs, P.skv, P.g, P.d);
-  P.q = in.q.data<float>();
-  P.k = in.k.data<float>();
-  P.v = in.v.data<float>();
+  P.ql = operand(op, "q", in.q, in.q_layout, P.b, P.sq, P.n, P.d, half);
+  P.kl = operand(op, "k", in.k, in.k_layout, P.kv_seqs, P.skv, P.g, P.d, half);
+  P.vl = operand(op, "v", in.v, in.v_layout, P.kv_seqs, P.skv, P.g, P.d, half);
+  if (half) {
+    P.qh = static_cast<const __nv_bfloat16*>(in.q.raw_data());
+    P.kh = static_cast<const __nv_bfloat16*>(in.k.raw_data());
+    P.vh = static_cast<const __nv_bfloat16*>(in.v.raw_data());
+  } else {
+    P.q = in.q.data<float>();
+    P.k = in.k.data<float>();
+    P.v = in.v.data<float>();
+  }
   if (in.q_positions.defined()) {
     P.qpos_per_row = in.q_positions.numel() != P.sq || P.b == 1;
     check_ints(op, "q_positions", in.q_positions, P.qpos_per_row ? P.b * P.sq : P.sq,
@@ -265,6 +303,18 @@ void attention_fwd(const Tensor& out, const Tensor& lse, const Tensor& probs,
                    const ops::AttentionShape& shape, const ops::DropoutSpec& dropout) {
   const char* op = "attention_fwd";
   Tensor slopes;
+  if (attn::half_operands(op, in)) {  // bf16: the tensor cores where the call fits them
+    if (!probs.defined()) {
+      const attn::Plan H = attn::make_plan(op, in, mask, shape, dropout, slopes, true);
+      if (attn::tc_eligible(H)) {
+        attn::require_numel(op, "out", out, H.b * H.sq * int64_t(H.n) * H.d);
+        if (lse.defined()) attn::require_numel(op, "lse", lse, H.b * H.n * H.sq);
+        attn::tc_fwd(op, H, out.data<float>(), lse.defined() ? lse.data<float>() : nullptr);
+        return;
+      }
+    }
+    return cuda::attention_fwd(out, lse, probs, attn::with_f32_operands(in), mask, shape, dropout);
+  }
   const attn::Plan P = attn::make_plan(op, in, mask, shape, dropout, slopes);
   attn::require_numel(op, "out", out, P.b * P.sq * int64_t(P.n) * P.d);
   if (lse.defined()) attn::require_numel(op, "lse", lse, P.b * P.n * P.sq);

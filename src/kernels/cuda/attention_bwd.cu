@@ -292,6 +292,26 @@ void attention_bwd(const ops::AttentionGrads& grads, const Tensor& dout, const T
                    const ops::DropoutSpec& dropout, bool accumulate) {
   const char* op = "attention_bwd";
   Tensor slopes;
+  if (attn::half_operands(op, in)) {  // bf16: the tensor cores where the call fits them
+    if (!probs.defined() && !grads.dbias.defined()) {
+      const attn::Plan H = attn::make_plan(op, in, mask, shape, dropout, slopes, true);
+      if (attn::tc_eligible(H)) {
+        MG_CHECK(H.kv_index == nullptr, op, ": kv_index (KV-cache attention) has no backward");
+        const int64_t ctx = int64_t(H.n) * H.d, rows = H.b * H.n * H.sq;
+        attn::require_numel(op, "dout", dout, H.b * H.sq * ctx);
+        attn::require_numel(op, "out", out, H.b * H.sq * ctx);
+        attn::require_numel(op, "lse", lse, rows);
+        float* dq = attn::grad_operand(op, "dq", grads.dq, in.q_layout, H.b, H.sq, H.n, H.d);
+        float* dk = attn::grad_operand(op, "dk", grads.dk, in.k_layout, H.b, H.skv, H.g, H.d);
+        float* dv = attn::grad_operand(op, "dv", grads.dv, in.v_layout, H.b, H.skv, H.g, H.d);
+        attn::tc_bwd(op, H, dq, dk, dv, dout.data<float>(), out.data<float>(), lse.data<float>(),
+                     accumulate, dout.device());
+        return;
+      }
+    }
+    return cuda::attention_bwd(grads, dout, out, lse, probs, attn::with_f32_operands(in), mask,
+                               shape, dropout, accumulate);
+  }
   const attn::Plan P = attn::make_plan(op, in, mask, shape, dropout, slopes);
   MG_CHECK(P.kv_index == nullptr, op, ": kv_index (KV-cache attention) has no backward");
   const int64_t ctx = int64_t(P.n) * P.d, rows = P.b * P.n * P.sq;

@@ -51,6 +51,8 @@ struct Layout {
 struct Plan : ops::AttentionDims {
   const float* slopes = nullptr;  // [n] ALiBi slopes of the local heads, or null
   const float *q = nullptr, *k = nullptr, *v = nullptr;
+  // bf16 operands (the tensor-core kernels of attention_tc.cu), instead of q, k and v.
+  const __nv_bfloat16 *qh = nullptr, *kh = nullptr, *vh = nullptr;
   Layout ql, kl, vl;
   const int32_t* qpos = nullptr;  // [sq] or [b, sq] (qpos_per_row), or null: i
   bool qpos_per_row = false;
@@ -184,8 +186,10 @@ __device__ inline float row_dot(const float* x, const float* y, int d) {
 // Checks the call as the CPU's plan does (CUDA fp32 operands, layouts inside their tensors, the
 // shapes of positions, masks and bias) and fills the plan. `slopes` receives the ALiBi slopes'
 // device tensor (kept alive by the caller until the launch is queued).
+// With `half`, q, k and v are bf16 (qh, kh, vh filled instead of q, k, v).
 Plan make_plan(const char* op, const ops::AttentionInputs& in, const ops::AttentionMask& mask,
-               const ops::AttentionShape& shape, const ops::DropoutSpec& dropout, Tensor& slopes);
+               const ops::AttentionShape& shape, const ops::DropoutSpec& dropout, Tensor& slopes,
+               bool half = false);
 // An fp32 CUDA tensor of `numel` elements.
 void require_numel(const char* op, const char* name, const Tensor& t, int64_t numel);
 // A gradient operand with an input's layout, bounds checked like it; its data.
@@ -202,5 +206,20 @@ void with_head_chunks(const char* op, int d, Fn&& fn) {
   if (d <= 128) return fn(std::integral_constant<int, 4>{});
   return fn(std::integral_constant<int, 8>{});
 }
+
+// ---- the tensor-core kernels (attention_tc.cu) ----
+// Whether a plan of bf16 operands fits them: head dim 64 or 128, a causal or unlimited
+// bidirectional mask with default positions, no padding, starts, bias, ALiBi, window or KV cache,
+// 16-byte aligned operands whose layouts advance in multiples of 8 elements.
+bool tc_eligible(const Plan& P);
+// out [b * sq, n * d] and lse [b, n, sq] (or null) of an eligible plan.
+void tc_fwd(const char* op, const Plan& P, float* out, float* lse);
+// dq, dk, dv (fp32, in the layouts of q, k, v) of an eligible plan, written or accumulated.
+void tc_bwd(const char* op, const Plan& P, float* dq, float* dk, float* dv, const float* dout,
+            const float* out, const float* lse, bool accumulate, const Device& dev);
+// Whether the call's q, k, v are bf16 (all of them: mixed dtypes are an error).
+bool half_operands(const char* op, const ops::AttentionInputs& in);
+// The call with fp32 copies of q, k and v (one copy for operands that are one tensor).
+ops::AttentionInputs with_f32_operands(const ops::AttentionInputs& in);
 
 }  // namespace megatron::cuda::attn

@@ -6,6 +6,8 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -19,6 +21,49 @@ namespace {
 std::mutex g_mutex;
 int g_device = -1;
 cudaStream_t g_stream = nullptr;
+
+// The op profile's device timer: pairs of events on the stream, kept for reuse.
+struct EventPairs {
+  std::mutex mu;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pairs;
+  std::vector<int> free_ids;
+};
+EventPairs& event_pairs() {
+  static EventPairs* e = new EventPairs();  // used by the profile's report at exit
+  return *e;
+}
+int timer_start() {
+  EventPairs& e = event_pairs();
+  std::lock_guard<std::mutex> lock(e.mu);
+  int id;
+  if (!e.free_ids.empty()) {
+    id = e.free_ids.back();
+    e.free_ids.pop_back();
+  } else {
+    std::pair<cudaEvent_t, cudaEvent_t> p;
+    MG_CUDA_CHECK(cudaEventCreate(&p.first));
+    MG_CUDA_CHECK(cudaEventCreate(&p.second));
+    e.pairs.push_back(p);
+    id = int(e.pairs.size()) - 1;
+  }
+  MG_CUDA_CHECK(cudaEventRecord(e.pairs[size_t(id)].first, g_stream));
+  return id;
+}
+void timer_stop(int id) {
+  EventPairs& e = event_pairs();
+  std::lock_guard<std::mutex> lock(e.mu);
+  MG_CUDA_CHECK(cudaEventRecord(e.pairs[size_t(id)].second, g_stream));
+}
+double timer_seconds(int id) {
+  EventPairs& e = event_pairs();
+  std::lock_guard<std::mutex> lock(e.mu);
+  const auto& p = e.pairs[size_t(id)];
+  e.free_ids.push_back(id);
+  MG_CUDA_CHECK(cudaEventSynchronize(p.second));
+  float ms = 0.0f;
+  MG_CUDA_CHECK(cudaEventElapsedTime(&ms, p.first, p.second));
+  return double(ms) * 1e-3;
+}
 
 // Caching allocator: freed blocks are kept by size and handed out again, so a training step
 // that repeats the same allocation pattern makes no cudaMalloc after the first step. Sizes are
@@ -197,6 +242,7 @@ void init(int device) {
   register_device_copy_2d(DeviceType::CUDA, &device_copy_2d);
   ops::register_backend(DeviceType::CUDA, &op_table());
   ops::profile::set_device_sync([] { MG_CUDA_CHECK(cudaStreamSynchronize(g_stream)); });
+  ops::profile::set_device_timer({&timer_start, &timer_stop, &timer_seconds});
 }
 
 void synchronize() { MG_CUDA_CHECK(cudaStreamSynchronize(detail::stream())); }
