@@ -217,6 +217,12 @@ void elementwise_cases(Table& t) {
     bias_add(x, rnd(d, {130}, 61));
     return Outs{x};
   }, {tight});
+  // A width of a multiple of 4 (the GPU's float4 kernel), more rows than one block walks.
+  t.add("bias_add", "1031 x 132 += [132]", [](Device d) {
+    Tensor x = rnd(d, {1031, 132}, 62);
+    bias_add(x, rnd(d, {132}, 63));
+    return Outs{x};
+  }, {tight});
   t.add("bias_grad", "[130] += column sums of 33 x 130", [](Device d) {
     Tensor db = rnd(d, {130}, 62);
     bias_grad(db, rnd(d, {33, 130}, 63));

@@ -51,20 +51,39 @@ __device__ __forceinline__ uint32_t ld32(const bf16* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// kTile rows [row0, row0 + kTile) of head `head` of sequence `seq` through layout L into dst
-// [kTile][D + 8] (the pitch keeps a warp's fragment loads on distinct banks); rows at or past
-// `rows` are zeros. 16-byte loads: eligibility checked the alignment.
+// One operand head's rows: row r at base + r * stride (bf16).
+struct Rows {
+  const bf16* base;
+  int64_t stride, count;
+};
+// The `count` rows of head `head` (of head dim D) of sequence `seq` of an operand read through
+// layout L.
 template <int D>
-__device__ void load_tile(bf16* dst, const bf16* src, const Layout& L, int64_t seq, int64_t row0,
-                          int64_t rows, int head) {
+__device__ __forceinline__ Rows rows_of(const bf16* src, const Layout& L, int64_t seq, int head,
+                                        int64_t count) {
+  return Rows{src + L.at(seq, 0, head, D), L.row_stride, count};
+}
+
+// kTile rows [row0, row0 + kTile) into dst [kTile][D + 8] (the pitch keeps a warp's ldmatrix
+// rows on distinct banks), rows at or past the end zeros; asynchronous 16-byte copies (cp.async,
+// zero-filled past the end), completed by cp_async_wait and a barrier. Eligibility checked the
+// alignment.
+template <int D>
+__device__ __forceinline__ void load_tile_async(bf16* dst, const Rows& R, int64_t row0) {
   constexpr int C = D / 8;
   for (int x = threadIdx.x; x < kTile * C; x += kTcThreads) {
     const int r = x / C, c = x % C;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row0 + r < rows)
-      v = *reinterpret_cast<const uint4*>(src + L.at(seq, row0 + r, head, D) + c * 8);
-    *reinterpret_cast<uint4*>(dst + r * (D + 8) + c * 8) = v;
+    const bool in = row0 + r < R.count;
+    const bf16* src = in ? R.base + (row0 + r) * R.stride + c * 8 : R.base;
+    const uint32_t d = uint32_t(__cvta_generic_to_shared(dst + r * (D + 8) + c * 8));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(in ? 16 : 0));
   }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // The same from fp32 rows `stride` apart (the incoming gradient), rounded to bf16.
@@ -190,13 +209,17 @@ template <int D, bool DROP>
 __global__ void __launch_bounds__(kTcThreads)
     tc_fwd_kernel(Plan P, float* out, float* lse, int64_t qtiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* Ks = reinterpret_cast<bf16*>(smem_raw);
-  bf16* Vs = Ks + kTile * (D + 8);
+  constexpr int kTileElems = kTile * (D + 8);
+  bf16* tiles = reinterpret_cast<bf16*>(smem_raw);  // [2 buffers][K, V][kTile][D + 8]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t qt = qtiles - 1 - int64_t(blockIdx.x % qtiles);  // the longest rows first
   const int64_t bh = blockIdx.x / qtiles, bi = bh / P.n;
   const int h = int(bh % P.n), grp = h / P.hpg;
   const int64_t q0 = qt * kTile, rA = q0 + warp * 16 + g, rB = rA + 8;
+  const Rows Kr = rows_of<D>(P.kh, P.kl, bi, grp, P.skv), Vr = rows_of<D>(P.vh, P.vl, bi, grp, P.skv);
+  load_tile_async<D>(tiles, Kr, 0);
+  load_tile_async<D>(tiles + kTileElems, Vr, 0);
+  cp_async_commit();
   uint32_t qa[D / 16][4];
   row_fragments<D>(qa, rA < P.sq ? P.qh + P.ql.at(bi, rA, h, D) : nullptr,
                    rB < P.sq ? P.qh + P.ql.at(bi, rB, h, D) : nullptr, t);
@@ -206,26 +229,45 @@ __global__ void __launch_bounds__(kTcThreads)
   float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;  // maxima in log2 units
   const float sl2 = P.scale * kLog2e;
   const int64_t kv_end = P.causal ? min(P.skv, q0 + kTile) : P.skv;
-  for (int64_t k0 = 0; k0 < kv_end; k0 += kTile) {
-    __syncthreads();  // the previous tile is done with
-    load_tile<D>(Ks, P.kh, P.kl, bi, k0, P.skv, grp);
-    load_tile<D>(Vs, P.vh, P.vl, bi, k0, P.skv, grp);
-    __syncthreads();
+  for (int64_t k0 = 0, buf = 0; k0 < kv_end; k0 += kTile, buf ^= 1) {
+    // The next tile's copies go out before this tile's products (double buffering).
+    if (k0 + kTile < kv_end) {
+      load_tile_async<D>(tiles + (buf ^ 1) * 2 * kTileElems, Kr, k0 + kTile);
+      load_tile_async<D>(tiles + (buf ^ 1) * 2 * kTileElems + kTileElems, Vr, k0 + kTile);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // this tile is in shared memory for every warp
+    const bf16* Ks = tiles + buf * 2 * kTileElems;
+    const bf16* Vs = Ks + kTileElems;
     float s[8][4];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) times_rows_t<D>(s, qa[ks], Ks, ks, lane);
     float tA = -INFINITY, tB = -INFINITY;
+    // Every key of the tile visible to every row of the block: no mask to form (block-uniform).
+    if ((!P.causal || k0 + kTile - 1 <= q0) && k0 + kTile <= P.skv) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t key = k0 + nt * 8 + 2 * t + (c & 1), row = c < 2 ? rA : rB;
-        const bool visible = key < P.skv && (!P.causal || key <= row);
-        s[nt][c] = visible ? s[nt][c] * sl2 : -INFINITY;
-        if (c < 2) tA = fmaxf(tA, s[nt][c]); else tB = fmaxf(tB, s[nt][c]);
-      }
+        for (int c = 0; c < 4; ++c) {
+          s[nt][c] *= sl2;
+          if (c < 2) tA = fmaxf(tA, s[nt][c]); else tB = fmaxf(tB, s[nt][c]);
+        }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int64_t key = k0 + nt * 8 + 2 * t + (c & 1), row = c < 2 ? rA : rB;
+          const bool visible = key < P.skv && (!P.causal || key <= row);
+          s[nt][c] = visible ? s[nt][c] * sl2 : -INFINITY;
+          if (c < 2) tA = fmaxf(tA, s[nt][c]); else tB = fmaxf(tB, s[nt][c]);
+        }
+    }
 #pragma unroll
     for (int o2 = 1; o2 < 4; o2 <<= 1) {
       tA = fmaxf(tA, __shfl_xor_sync(kFull, tA, o2));
@@ -262,6 +304,7 @@ __global__ void __launch_bounds__(kTcThreads)
       pa[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16(p[2], p[3]);
     }
     times_tile<D>(o, pa, Vs, lane);
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 #pragma unroll
   for (int o2 = 1; o2 < 4; o2 <<= 1) {
@@ -323,8 +366,9 @@ __global__ void __launch_bounds__(kTcThreads) tc_dkv_kernel(Plan P, TcGrads G, i
   const int64_t bi = bgi / P.g;
   const int grp = int(bgi % P.g);
   const int64_t k0 = kt * kTile, jA = k0 + warp * 16 + g, jB = jA + 8;
-  load_tile<D>(Ks, P.kh, P.kl, bi, k0, P.skv, grp);
-  load_tile<D>(Vs, P.vh, P.vl, bi, k0, P.skv, grp);
+  load_tile_async<D>(Ks, rows_of<D>(P.kh, P.kl, bi, grp, P.skv), k0);
+  load_tile_async<D>(Vs, rows_of<D>(P.vh, P.vl, bi, grp, P.skv), k0);
+  cp_async_commit();
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd)
@@ -337,14 +381,16 @@ __global__ void __launch_bounds__(kTcThreads) tc_dkv_kernel(Plan P, TcGrads G, i
     const int64_t bh = bi * P.n + h;
     for (int64_t qt = P.causal ? k0 / kTile : 0; qt < qtiles; ++qt) {
       const int64_t q0 = qt * kTile;
-      __syncthreads();  // the previous query tile is done with (and K, V are loaded)
-      load_tile<D>(Qs, P.qh, P.ql, bi, q0, P.sq, h);
+      __syncthreads();  // the previous query tile is done with
+      load_tile_async<D>(Qs, rows_of<D>(P.qh, P.ql, bi, h, P.sq), q0);
+      cp_async_commit();
       load_tile_f32<D>(Os, G.dout + bi * P.sq * width + int64_t(h) * D, width, q0, P.sq);
       if (threadIdx.x < kTile) {
         const int64_t i = q0 + threadIdx.x;
         lse2[threadIdx.x] = i < P.sq ? G.lse[bh * P.sq + i] * kLog2e : 0.0f;
         dls[threadIdx.x] = i < P.sq ? G.delta[bh * P.sq + i] : 0.0f;
       }
+      cp_async_wait<0>();  // Q (and, the first time, K and V)
       __syncthreads();
       float st[8][4], dpt[8][4];
 #pragma unroll
@@ -359,6 +405,9 @@ __global__ void __launch_bounds__(kTcThreads) tc_dkv_kernel(Plan P, TcGrads G, i
         times_rows_t<D>(st, ka, Qs, ks, lane);
         times_rows_t<D>(dpt, va, Os, ks, lane);
       }
+      // Every (query, key) pair of the two tiles visible: no mask to form (block-uniform).
+      const bool full =
+          (!P.causal || k0 + kTile - 1 <= q0) && q0 + kTile <= P.sq && k0 + kTile <= P.skv;
       uint32_t pa[4][4], dsa[4][4];
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
@@ -367,8 +416,13 @@ __global__ void __launch_bounds__(kTcThreads) tc_dkv_kernel(Plan P, TcGrads G, i
         for (int c = 0; c < 4; ++c) {
           const int ql = nt * 8 + 2 * t + (c & 1);
           const int64_t i = q0 + ql, key = c < 2 ? jA : jB;
-          const bool visible = i < P.sq && key < P.skv && (!P.causal || key <= i);
-          const float p = visible ? exp2f(st[nt][c] * sl2 - lse2[ql]) : 0.0f;
+          float p;
+          if (full) {
+            p = exp2f(fmaf(st[nt][c], sl2, -lse2[ql]));
+          } else {
+            const bool visible = i < P.sq && key < P.skv && (!P.causal || key <= i);
+            p = visible ? exp2f(fmaf(st[nt][c], sl2, -lse2[ql])) : 0.0f;
+          }
           float z = 1.0f;
           if constexpr (DROP) z = p != 0.0f ? P.keep(bi, h, i, key) : 0.0f;
           pd[c] = p * z;
@@ -383,6 +437,7 @@ __global__ void __launch_bounds__(kTcThreads) tc_dkv_kernel(Plan P, TcGrads G, i
       times_tile<D>(dk, dsa, Qs, lane);
     }
   }
+  cp_async_wait<0>();  // no copy outlives the block (keys no query sees: no loop ran)
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int64_t j = half ? jB : jA;
@@ -402,14 +457,18 @@ __global__ void __launch_bounds__(kTcThreads) tc_dkv_kernel(Plan P, TcGrads G, i
 template <int D, bool DROP>
 __global__ void __launch_bounds__(kTcThreads) tc_dq_kernel(Plan P, TcGrads G, int64_t qtiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* Ks = reinterpret_cast<bf16*>(smem_raw);
-  bf16* Vs = Ks + kTile * (D + 8);
+  constexpr int kTileElems = kTile * (D + 8);
+  bf16* tiles = reinterpret_cast<bf16*>(smem_raw);  // [2 buffers][K, V][kTile][D + 8]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t qt = qtiles - 1 - int64_t(blockIdx.x % qtiles);
   const int64_t bh = blockIdx.x / qtiles, bi = bh / P.n;
   const int h = int(bh % P.n), grp = h / P.hpg;
   const int64_t q0 = qt * kTile, rA = q0 + warp * 16 + g, rB = rA + 8;
   const int64_t width = int64_t(P.n) * D;
+  const Rows Kr = rows_of<D>(P.kh, P.kl, bi, grp, P.skv), Vr = rows_of<D>(P.vh, P.vl, bi, grp, P.skv);
+  load_tile_async<D>(tiles, Kr, 0);
+  load_tile_async<D>(tiles + kTileElems, Vr, 0);
+  cp_async_commit();
   uint32_t qa[D / 16][4], oa[D / 16][4];
   row_fragments<D>(qa, rA < P.sq ? P.qh + P.ql.at(bi, rA, h, D) : nullptr,
                    rB < P.sq ? P.qh + P.ql.at(bi, rB, h, D) : nullptr, t);
@@ -424,11 +483,18 @@ __global__ void __launch_bounds__(kTcThreads) tc_dq_kernel(Plan P, TcGrads G, in
   for (int nd = 0; nd < D / 8; ++nd) dq[nd][0] = dq[nd][1] = dq[nd][2] = dq[nd][3] = 0.0f;
   const float sl2 = P.scale * kLog2e;
   const int64_t kv_end = P.causal ? min(P.skv, q0 + kTile) : P.skv;
-  for (int64_t k0 = 0; k0 < kv_end; k0 += kTile) {
+  for (int64_t k0 = 0, buf = 0; k0 < kv_end; k0 += kTile, buf ^= 1) {
+    if (k0 + kTile < kv_end) {  // the next tile's copies before this tile's products
+      load_tile_async<D>(tiles + (buf ^ 1) * 2 * kTileElems, Kr, k0 + kTile);
+      load_tile_async<D>(tiles + (buf ^ 1) * 2 * kTileElems + kTileElems, Vr, k0 + kTile);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    load_tile<D>(Ks, P.kh, P.kl, bi, k0, P.skv, grp);
-    load_tile<D>(Vs, P.vh, P.vl, bi, k0, P.skv, grp);
-    __syncthreads();
+    const bf16* Ks = tiles + buf * 2 * kTileElems;
+    const bf16* Vs = Ks + kTileElems;
     float s[8][4], dp[8][4];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -439,6 +505,9 @@ __global__ void __launch_bounds__(kTcThreads) tc_dq_kernel(Plan P, TcGrads G, in
       times_rows_t<D>(s, qa[ks], Ks, ks, lane);
       times_rows_t<D>(dp, oa[ks], Vs, ks, lane);
     }
+    // Every key of the tile visible to every row of the block (rows past the end are not
+    // written): no mask to form (block-uniform).
+    const bool full = (!P.causal || k0 + kTile - 1 <= q0) && k0 + kTile <= P.skv;
     uint32_t dsa[4][4];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -446,8 +515,13 @@ __global__ void __launch_bounds__(kTcThreads) tc_dq_kernel(Plan P, TcGrads G, in
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int64_t key = k0 + nt * 8 + 2 * t + (c & 1), row = c < 2 ? rA : rB;
-        const bool visible = row < P.sq && key < P.skv && (!P.causal || key <= row);
-        const float p = visible ? exp2f(s[nt][c] * sl2 - (c < 2 ? lA : lB)) : 0.0f;
+        float p;
+        if (full) {
+          p = exp2f(fmaf(s[nt][c], sl2, -(c < 2 ? lA : lB)));
+        } else {
+          const bool visible = row < P.sq && key < P.skv && (!P.causal || key <= row);
+          p = visible ? exp2f(fmaf(s[nt][c], sl2, -(c < 2 ? lA : lB))) : 0.0f;
+        }
         float z = 1.0f;
         if constexpr (DROP) z = p != 0.0f ? P.keep(bi, h, row, key) : 0.0f;
         ds[c] = p * (dp[nt][c] * z - (c < 2 ? dA : dB));
@@ -456,6 +530,7 @@ __global__ void __launch_bounds__(kTcThreads) tc_dq_kernel(Plan P, TcGrads G, in
       dsa[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
     }
     times_tile<D>(dq, dsa, Ks, lane);
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -503,7 +578,7 @@ void tc_fwd(const char* op, const Plan& P, float* out, float* lse) {
   if (P.b * P.n * qtiles == 0) return;
   with_tc_kernel(P, [&]<int D, bool DROP>(std::integral_constant<int, D>,
                                           std::integral_constant<bool, DROP>) {
-    const size_t bytes = size_t(2 * kTile * (D + 8)) * sizeof(bf16);
+    const size_t bytes = size_t(4 * kTile * (D + 8)) * sizeof(bf16);  // K, V double-buffered
     const auto kernel = tc_fwd_kernel<D, DROP>;
     allow_shared(op, kernel, bytes);
     kernel<<<block_count(op, P.b * P.n * qtiles), kTcThreads, bytes, detail::stream()>>>(
@@ -546,7 +621,7 @@ void tc_bwd(const char* op, const Plan& P, float* dq, float* dk, float* dv, cons
       MG_CUDA_LAUNCH_CHECK();
     }
     if (rows > 0) {
-      const size_t bytes = size_t(2 * kTile * (D + 8)) * sizeof(bf16);
+      const size_t bytes = size_t(4 * kTile * (D + 8)) * sizeof(bf16);  // double-buffered
       const auto kernel = tc_dq_kernel<D, DROP>;
       allow_shared(op, kernel, bytes);
       kernel<<<block_count(op, P.b * P.n * qtiles), kTcThreads, bytes, detail::stream()>>>(

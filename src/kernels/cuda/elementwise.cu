@@ -20,8 +20,27 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void bias_add_kernel(float* x, const float* bias, int64_t n, int64_t m) {
-  MG_GRID_STRIDE(i, n) x[i] += bias[i % m];
+// x [rows, m] += bias [m]: a thread per column (4 columns with float4 when m % 4 == 0) walking
+// rows blockIdx.y, + gridDim.y, ...: no index division.
+template <int W>
+__global__ void bias_add_kernel(float* x, const float* bias, int64_t rows, int64_t m) {
+  const int64_t c = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W;
+  if (c >= m) return;
+  if constexpr (W == 4) {
+    const float4 b = *reinterpret_cast<const float4*>(bias + c);
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+      float4* p = reinterpret_cast<float4*>(x + r * m + c);
+      float4 v = *p;
+      v.x += b.x;
+      v.y += b.y;
+      v.z += b.z;
+      v.w += b.w;
+      *p = v;
+    }
+  } else {
+    const float b = bias[c];
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) x[r * m + c] += b;
+  }
 }
 
 // Column sums in two passes, deterministic (a fixed order): partial[chunk, c] sums the chunk's
@@ -67,11 +86,13 @@ __global__ void tanh_bwd_kernel(float* dx, const float* dout, const float* y, in
 
 // out = residual + dropout(x + bias); the keep decision for element i is the CPU's:
 // uniform(element_offset + i) of Philox(seed, stream) >= p, kept values scaled by 1/(1-p).
-__global__ void dropout_kernel(float* out, const float* x, const float* bias, int64_t m,
-                               const float* residual, int64_t n, float p, uint64_t seed,
+// I: the index type, 32-bit when n fits (the bias column i % m is then a 32-bit division).
+template <typename I>
+__global__ void dropout_kernel(float* out, const float* x, const float* bias, I m,
+                               const float* residual, I n, float p, uint64_t seed,
                                uint64_t stream_id, uint64_t offset) {
   const float s = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-  MG_GRID_STRIDE(i, n) {
+  for (I i = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); i < n; i += I(gridDim.x) * I(blockDim.x)) {
     float v = x[i];
     if (bias) v += bias[i % m];
     if (p > 0.0f) {
@@ -138,8 +159,13 @@ void launch_dropout(const char* op, const Tensor& out, const Tensor& x, const Te
     r = residual.data<float>();
   }
   const int64_t n = x.numel();
-  dropout_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
-      out.data<float>(), x.data<float>(), b, m, r, n, d.p, d.seed, d.stream, d.element_offset);
+  if (n < (int64_t(1) << 31))
+    dropout_kernel<uint32_t><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+        out.data<float>(), x.data<float>(), b, uint32_t(m), r, uint32_t(n), d.p, d.seed,
+        d.stream, d.element_offset);
+  else
+    dropout_kernel<int64_t><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+        out.data<float>(), x.data<float>(), b, m, r, n, d.p, d.seed, d.stream, d.element_offset);
   MG_CUDA_LAUNCH_CHECK();
 }
 
@@ -149,10 +175,20 @@ void bias_add(const Tensor& x, const Tensor& bias) {
   require_f32("cuda::bias_add", "x", x);
   require_f32("cuda::bias_add", "bias", bias);
   MG_CHECK(x.size(-1) == bias.numel(), "cuda::bias_add: bias size mismatch");
-  const int64_t n = x.numel();
-  bias_add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(x.data<float>(),
-                                                                    bias.data<float>(), n,
-                                                                    bias.numel());
+  const int64_t m = bias.numel(), rows = m > 0 ? x.numel() / m : 0;
+  if (rows == 0 || m == 0) return;
+  const bool wide = m % 4 == 0 && reinterpret_cast<uintptr_t>(x.raw_data()) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(bias.raw_data()) % 16 == 0;
+  const int w = wide ? 4 : 1;
+  const int64_t col_blocks = (m / w + kThreads - 1) / kThreads;
+  // About 8 rows a thread, at most 65535 row blocks.
+  const dim3 grid(unsigned(col_blocks), unsigned(std::min<int64_t>((rows + 7) / 8, 65535)));
+  if (wide)
+    bias_add_kernel<4><<<grid, kThreads, 0, stream()>>>(x.data<float>(), bias.data<float>(),
+                                                        rows, m);
+  else
+    bias_add_kernel<1><<<grid, kThreads, 0, stream()>>>(x.data<float>(), bias.data<float>(),
+                                                        rows, m);
   MG_CUDA_LAUNCH_CHECK();
 }
 
