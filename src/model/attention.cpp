@@ -27,7 +27,7 @@ LinearOptions linear_options(bool bias, bool grad, InitMethod init = InitMethod:
 // multiplies in bf16 (the CPU's bf16 attention kernel, the GPU's tensor cores) as Megatron's does
 // on bf16 activations; otherwise qkv itself.
 Tensor attention_operand(const Tensor& qkv, DType params_dtype) {
-  if (params_dtype != DType::BF16) return qkv;
+  if (params_dtype != DType::BF16 || qkv.dtype() == DType::BF16) return qkv;
   const Tensor src = qkv.contiguous();
   Tensor out = Tensor::empty(src.shape(), DType::BF16, src.device());
   ops::cast(out, src);
@@ -254,13 +254,15 @@ Tensor SelfAttention::forward(const LayerContext& ctx, const Tensor& x) {
     ring_attention_fwd(cp_, c, lse, qkv, mask(ctx), sh, drop);
   } else if (C > 1) {
     allgather_attention_fwd(cp_, c, lse, probs, qkv, mask(ctx), sh, drop);
-  } else {
-    const Tensor operand = attention_operand(qkv, linear_qkv.weight.param.value.dtype());
+  }
+  Tensor operand;  // the single-rank attention's operands (bf16 for a bf16 model)
+  if (!ring && C == 1) {
+    operand = attention_operand(qkv, linear_qkv.weight.param.value.dtype());
     ops::attention_fwd(c, lse, probs, inputs(ctx, operand, sh), mask(ctx), sh, drop);
   }
   Tensor y = linear_proj.forward(ctx, c);
   if (ctx.save) {
-    qkv_ = qkv;
+    qkv_ = operand.defined() && model::keeps_operand(qkv) ? operand : qkv;
     lse_ = lse;
     probs_ = probs;
     ctx_ = c;

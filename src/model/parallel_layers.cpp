@@ -46,6 +46,8 @@ void check_ids(const Tensor& ids, int64_t limit, const char* what, const char* o
 
 }  // namespace
 
+bool keeps_operand(const Tensor& x) { return x.device().is_cuda(); }
+
 Tensor product_operand(const Tensor& t, DType dt) {
   if (t.dtype() == dt) return t;
   const Tensor src = t.contiguous();
@@ -98,12 +100,15 @@ Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
            ": input ", shape_str(xin.shape()), " does not have ", in_features, " columns");
   const Tensor& W = weight.operand();
   Tensor y = Tensor::empty({xin.size(0), out_features}, DType::F32, xin.device());
-  ops::gemm(product_operand(xin, W.dtype()), false, W, true, y);
+  const Tensor xc = product_operand(xin, W.dtype());
+  ops::gemm(xc, false, W, true, y);
   if (row_parallel_ && comm)
     y = sp ? ReduceScatterToSequenceParallelRegion::forward(g, y)
            : ReduceFromTensorParallelRegion::forward(g, y);
   if (!skip_bias_add && bias.defined()) ops::bias_add(y, bias.f32);
-  if (ctx.save) x_ = x;
+  // The weight gradient's operand: on a GPU the product operand itself (bf16 for a bf16 model:
+  // half the bytes kept and no second cast), unless the backward gathers the sequence shard again.
+  if (ctx.save) x_ = keeps_operand(x) && !(!row_parallel_ && sp && comm) ? xc : x;
   return y;
 }
 
@@ -154,9 +159,10 @@ Tensor Linear::forward(const LayerContext& ctx, const Tensor& x) {
   MG_CHECK(x.dim() == 2 && x.size(1) == W.size(1), "Linear ", weight.param.name, ": input ",
            shape_str(x.shape()), " does not have ", W.size(1), " columns");
   Tensor y = Tensor::empty({x.size(0), W.size(0)}, DType::F32, x.device());
-  ops::gemm(product_operand(x, W.dtype()), false, W, true, y);
+  const Tensor xc = product_operand(x, W.dtype());
+  ops::gemm(xc, false, W, true, y);
   ops::bias_add(y, bias.f32);
-  if (ctx.save) x_ = x;
+  if (ctx.save) x_ = keeps_operand(x) ? xc : x;  // as LinearBase::forward
   return y;
 }
 

@@ -46,6 +46,10 @@ struct LinearOptions {
 // t as the other operand of a product with a weight of dtype `dt`: itself for fp32, else rounded
 // to dt (the bf16 activations a bf16 GEMM multiplies, as in Megatron's bf16 training).
 Tensor product_operand(const Tensor& t, DType dt);
+// Whether a layer keeps the product operand of its input for the backward (the weight gradient;
+// the attention's bf16 operands) rather than the input itself: on a GPU, where the second cast
+// costs a pass over the activation; the CPU keeps the input (the planner's memory model).
+bool keeps_operand(const Tensor& x);
 
 class LinearBase : public Module {
  public:

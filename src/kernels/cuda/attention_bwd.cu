@@ -304,8 +304,7 @@ void attention_bwd(const ops::AttentionGrads& grads, const Tensor& dout, const T
         float* dq = attn::grad_operand(op, "dq", grads.dq, in.q_layout, H.b, H.sq, H.n, H.d);
         float* dk = attn::grad_operand(op, "dk", grads.dk, in.k_layout, H.b, H.skv, H.g, H.d);
         float* dv = attn::grad_operand(op, "dv", grads.dv, in.v_layout, H.b, H.skv, H.g, H.d);
-        attn::tc_bwd(op, H, dq, dk, dv, dout.data<float>(), out.data<float>(), lse.data<float>(),
-                     accumulate, dout.device());
+        attn::tc_bwd(op, H, dq, dk, dv, dout, out.data<float>(), lse.data<float>(), accumulate);
         return;
       }
     }

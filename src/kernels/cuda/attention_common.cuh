@@ -215,8 +215,8 @@ bool tc_eligible(const Plan& P);
 // out [b * sq, n * d] and lse [b, n, sq] (or null) of an eligible plan.
 void tc_fwd(const char* op, const Plan& P, float* out, float* lse);
 // dq, dk, dv (fp32, in the layouts of q, k, v) of an eligible plan, written or accumulated.
-void tc_bwd(const char* op, const Plan& P, float* dq, float* dk, float* dv, const float* dout,
-            const float* out, const float* lse, bool accumulate, const Device& dev);
+void tc_bwd(const char* op, const Plan& P, float* dq, float* dk, float* dv, const Tensor& dout,
+            const float* out, const float* lse, bool accumulate);
 // Whether the call's q, k, v are bf16 (all of them: mixed dtypes are an error).
 bool half_operands(const char* op, const ops::AttentionInputs& in);
 // The call with fp32 copies of q, k and v (one copy for operands that are one tensor).

@@ -331,6 +331,7 @@ __global__ void __launch_bounds__(kTcThreads)
 struct TcGrads {
   float *dq = nullptr, *dk = nullptr, *dv = nullptr;
   const float *dout = nullptr, *out = nullptr, *lse = nullptr;
+  const bf16* dout_h = nullptr;  // dout rounded to bf16 (the dK, dV kernel's tiles)
   float* delta = nullptr;  // [b, n, sq]: rowsum(dO * O)
   bool accumulate = false;
 };
@@ -355,12 +356,11 @@ __global__ void tc_delta_kernel(Plan P, TcGrads G) {
 template <int D, bool DROP>
 __global__ void __launch_bounds__(kTcThreads) tc_dkv_kernel(Plan P, TcGrads G, int64_t ktiles) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kTileElems = kTile * (D + 8);
   bf16* Ks = reinterpret_cast<bf16*>(smem_raw);
-  bf16* Vs = Ks + kTile * (D + 8);
-  bf16* Qs = Vs + kTile * (D + 8);
-  bf16* Os = Qs + kTile * (D + 8);  // dO
-  float* lse2 = reinterpret_cast<float*>(Os + kTile * (D + 8));
-  float* dls = lse2 + kTile;
+  bf16* Vs = Ks + kTileElems;
+  bf16* qo = Vs + kTileElems;  // [2 buffers][Q, dO][kTile][D + 8]
+  float* stats = reinterpret_cast<float*>(qo + 4 * kTileElems);  // [2 buffers][lse2, delta][kTile]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t kt = int64_t(blockIdx.x % ktiles), bgi = blockIdx.x / ktiles;
   const int64_t bi = bgi / P.g;
@@ -368,7 +368,6 @@ __global__ void __launch_bounds__(kTcThreads) tc_dkv_kernel(Plan P, TcGrads G, i
   const int64_t k0 = kt * kTile, jA = k0 + warp * 16 + g, jB = jA + 8;
   load_tile_async<D>(Ks, rows_of<D>(P.kh, P.kl, bi, grp, P.skv), k0);
   load_tile_async<D>(Vs, rows_of<D>(P.vh, P.vl, bi, grp, P.skv), k0);
-  cp_async_commit();
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int nd = 0; nd < D / 8; ++nd)
@@ -376,22 +375,38 @@ __global__ void __launch_bounds__(kTcThreads) tc_dkv_kernel(Plan P, TcGrads G, i
     for (int c = 0; c < 4; ++c) dk[nd][c] = dv[nd][c] = 0.0f;
   const float sl2 = P.scale * kLog2e;
   const int64_t width = int64_t(P.n) * D, qtiles = (P.sq + kTile - 1) / kTile;
-  for (int hh = 0; hh < P.hpg; ++hh) {
-    const int h = grp * P.hpg + hh;
-    const int64_t bh = bi * P.n + h;
-    for (int64_t qt = P.causal ? k0 / kTile : 0; qt < qtiles; ++qt) {
-      const int64_t q0 = qt * kTile;
-      __syncthreads();  // the previous query tile is done with
-      load_tile_async<D>(Qs, rows_of<D>(P.qh, P.ql, bi, h, P.sq), q0);
+  // The (head of the group, query tile) pairs in turn: from the keys' own tile on when causal.
+  const int64_t qt0 = P.causal ? k0 / kTile : 0;
+  const int64_t per_head = max(qtiles - qt0, int64_t(0)), pairs = per_head * P.hpg;
+  // Queues the copies of pair `x`'s Q and dO tiles into buffer `buf`.
+  const auto issue = [&](int64_t x, int64_t buf) {
+    const int h = grp * P.hpg + int(x / per_head);
+    const int64_t q0 = (qt0 + x % per_head) * kTile;
+    load_tile_async<D>(qo + buf * 2 * kTileElems, rows_of<D>(P.qh, P.ql, bi, h, P.sq), q0);
+    load_tile_async<D>(qo + buf * 2 * kTileElems + kTileElems,
+                       Rows{G.dout_h + bi * P.sq * width + int64_t(h) * D, width, P.sq}, q0);
+  };
+  if (pairs > 0) issue(0, 0);
+  cp_async_commit();
+  for (int64_t x = 0, buf = 0; x < pairs; ++x, buf ^= 1) {
+    const int h = grp * P.hpg + int(x / per_head);
+    const int64_t bh = bi * P.n + h, q0 = (qt0 + x % per_head) * kTile;
+    if (x + 1 < pairs) {  // the next pair's copies before this pair's products
+      issue(x + 1, buf ^ 1);
       cp_async_commit();
-      load_tile_f32<D>(Os, G.dout + bi * P.sq * width + int64_t(h) * D, width, q0, P.sq);
-      if (threadIdx.x < kTile) {
-        const int64_t i = q0 + threadIdx.x;
-        lse2[threadIdx.x] = i < P.sq ? G.lse[bh * P.sq + i] * kLog2e : 0.0f;
-        dls[threadIdx.x] = i < P.sq ? G.delta[bh * P.sq + i] : 0.0f;
-      }
-      cp_async_wait<0>();  // Q (and, the first time, K and V)
-      __syncthreads();
+    }
+    float* lse2 = stats + buf * 2 * kTile;
+    float* dls = lse2 + kTile;
+    if (threadIdx.x < kTile) {
+      const int64_t i = q0 + threadIdx.x;
+      lse2[threadIdx.x] = i < P.sq ? G.lse[bh * P.sq + i] * kLog2e : 0.0f;
+      dls[threadIdx.x] = i < P.sq ? G.delta[bh * P.sq + i] : 0.0f;
+    }
+    if (x + 1 < pairs) cp_async_wait<1>(); else cp_async_wait<0>();
+    __syncthreads();  // this pair's tiles (and K, V) are in shared memory for every warp
+    const bf16* Qs = qo + buf * 2 * kTileElems;
+    const bf16* Os = Qs + kTileElems;  // dO
+    {
       float st[8][4], dpt[8][4];
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -436,6 +451,7 @@ __global__ void __launch_bounds__(kTcThreads) tc_dkv_kernel(Plan P, TcGrads G, i
       times_tile<D>(dv, pa, Os, lane);
       times_tile<D>(dk, dsa, Qs, lane);
     }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   cp_async_wait<0>();  // no copy outlives the block (keys no query sees: no loop ran)
 #pragma unroll
@@ -587,17 +603,23 @@ void tc_fwd(const char* op, const Plan& P, float* out, float* lse) {
   MG_CUDA_LAUNCH_CHECK();
 }
 
-void tc_bwd(const char* op, const Plan& P, float* dq, float* dk, float* dv, const float* dout,
-            const float* out, const float* lse, bool accumulate, const Device& dev) {
+void tc_bwd(const char* op, const Plan& P, float* dq, float* dk, float* dv, const Tensor& dout,
+            const float* out, const float* lse, bool accumulate) {
   for (const void* p : {static_cast<const void*>(dq), static_cast<const void*>(dk),
-                        static_cast<const void*>(dv), static_cast<const void*>(dout)})
+                        static_cast<const void*>(dv), static_cast<const void*>(dout.raw_data())})
     MG_CHECK(aligned(p, 16), op, ": a gradient operand is not 16-byte aligned");
   const int64_t rows = P.b * P.n * P.sq;
+  const Device dev = dout.device();
+  // dO rounded to bf16 once (the products round it anyway): half the bytes for the dK, dV
+  // kernel, which reads each query tile's dO once per key tile.
+  const Tensor dout_h = Tensor::empty(dout.shape(), DType::BF16, dev);
+  megatron::cuda::cast(dout_h, dout);
   TcGrads G;
   G.dq = dq;
   G.dk = dk;
   G.dv = dv;
-  G.dout = dout;
+  G.dout = dout.data<float>();
+  G.dout_h = static_cast<const bf16*>(dout_h.raw_data());
   G.out = out;
   G.lse = lse;
   G.accumulate = accumulate;
@@ -613,7 +635,8 @@ void tc_bwd(const char* op, const Plan& P, float* dq, float* dk, float* dv, cons
   with_tc_kernel(P, [&]<int D, bool DROP>(std::integral_constant<int, D>,
                                           std::integral_constant<bool, DROP>) {
     if (P.b * P.g * ktiles > 0) {
-      const size_t bytes = size_t(4 * kTile * (D + 8)) * sizeof(bf16) + 2 * kTile * sizeof(float);
+      // K, V; Q and dO double-buffered; lse and delta double-buffered.
+      const size_t bytes = size_t(6 * kTile * (D + 8)) * sizeof(bf16) + 4 * kTile * sizeof(float);
       const auto kernel = tc_dkv_kernel<D, DROP>;
       allow_shared(op, kernel, bytes);
       kernel<<<block_count(op, P.b * P.g * ktiles), kTcThreads, bytes, detail::stream()>>>(
