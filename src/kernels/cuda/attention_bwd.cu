@@ -27,7 +27,7 @@ struct Grads {
 };
 
 // One warp per query row (bi, h, i): D = dO . O.
-__global__ void delta_kernel(Plan P, Grads G) {
+__global__ void delta_kernel(Plan P, const float* dout, const float* out, float* delta) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kWarps) + warp;
   if (row >= P.b * P.n * P.sq) return;
@@ -35,9 +35,9 @@ __global__ void delta_kernel(Plan P, Grads G) {
   const int h = int((row / P.sq) % P.n);
   const int64_t at = (bi * P.sq + i) * (int64_t(P.n) * P.d) + int64_t(h) * P.d;
   float s = 0.0f;
-  for (int e = lane; e < P.d; e += 32) s += G.dout[at + e] * G.out[at + e];
+  for (int e = lane; e < P.d; e += 32) s += dout[at + e] * out[at + e];
   s = warp_sum(s);
-  if (lane == 0) G.delta[row] = s;
+  if (lane == 0) delta[row] = s;
 }
 
 // P of query row (bi, h, i) at position p (log-sum-exp lse_i) and key row j, qk = q_i . k_j.
@@ -284,6 +284,14 @@ __global__ void __launch_bounds__(kWarps * 32) dkv_kernel(Plan P, Grads G, int64
 
 }  // namespace
 
+void launch_delta(const Plan& P, const float* dout, const float* out, float* delta) {
+  const int64_t rows = P.b * P.n * P.sq;
+  if (rows == 0) return;
+  delta_kernel<<<detail::grid_for(rows, kWarps, INT32_MAX), kWarps * 32, 0, detail::stream()>>>(
+      P, dout, out, delta);
+  MG_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace attn
 
 void attention_bwd(const ops::AttentionGrads& grads, const Tensor& dout, const Tensor& out,
@@ -344,9 +352,7 @@ void attention_bwd(const ops::AttentionGrads& grads, const Tensor& dout, const T
   if (rows > 0) {
     delta = Tensor::empty({rows}, DType::F32, dout.device());
     G.delta = delta.data<float>();
-    attn::delta_kernel<<<detail::grid_for(rows, attn::kWarps, INT32_MAX), attn::kWarps * 32, 0,
-                         detail::stream()>>>(P, G);
-    MG_CUDA_LAUNCH_CHECK();
+    attn::launch_delta(P, G.dout, G.out, G.delta);
   }
   attn::with_head_chunks(op, P.d, [&]<int DT>(std::integral_constant<int, DT>) {
     const int64_t per_block = attn::kWarps * attn::RowsPerWarp<DT>::value;

@@ -207,6 +207,9 @@ void with_head_chunks(const char* op, int d, Fn&& fn) {
   return fn(std::integral_constant<int, 8>{});
 }
 
+// delta [b, n, sq] = rowsum(dO * O) of out, dout [b * sq, n * d] (the backward's D; one warp a row).
+void launch_delta(const Plan& P, const float* dout, const float* out, float* delta);
+
 // ---- the tensor-core kernels (attention_tc.cu) ----
 // Whether a plan of bf16 operands fits them: head dim 64 or 128, a causal or unlimited
 // bidirectional mask with default positions, no padding, starts, bias, ALiBi, window or KV cache,

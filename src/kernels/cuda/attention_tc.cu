@@ -336,20 +336,6 @@ struct TcGrads {
   bool accumulate = false;
 };
 
-// One warp per query row (bi, h, i): delta = dO . O.
-__global__ void tc_delta_kernel(Plan P, TcGrads G) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(kTcThreads / 32) + warp;
-  if (row >= P.b * P.n * P.sq) return;
-  const int64_t i = row % P.sq, bi = row / (P.sq * P.n);
-  const int h = int((row / P.sq) % P.n);
-  const int64_t at = (bi * P.sq + i) * (int64_t(P.n) * P.d) + int64_t(h) * P.d;
-  float s = 0.0f;
-  for (int e = lane; e < P.d; e += 32) s += G.dout[at + e] * G.out[at + e];
-  s = warp_sum(s);
-  if (lane == 0) G.delta[row] = s;
-}
-
 // dK and dV of 64 keys of key head grp: K and V tiles stay in shared memory; per query head of the
 // group and per query tile (from the keys' own tile on, when causal): S^T = K Q^T and
 // dP^T = V dO^T, then P^T, dS^T = P^T (keep dP^T - delta), dV += (P^T keep) dO, dK += dS^T Q.
@@ -627,9 +613,7 @@ void tc_bwd(const char* op, const Plan& P, float* dq, float* dk, float* dv, cons
   if (rows > 0) {
     delta = Tensor::empty({rows}, DType::F32, dev);
     G.delta = delta.data<float>();
-    tc_delta_kernel<<<detail::grid_for(rows, kTcThreads / 32, INT32_MAX), kTcThreads, 0,
-                      detail::stream()>>>(P, G);
-    MG_CUDA_LAUNCH_CHECK();
+    launch_delta(P, G.dout, G.out, G.delta);
   }
   const int64_t qtiles = (P.sq + kTile - 1) / kTile, ktiles = (P.skv + kTile - 1) / kTile;
   with_tc_kernel(P, [&]<int D, bool DROP>(std::integral_constant<int, D>,
