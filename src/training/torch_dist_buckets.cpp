@@ -59,7 +59,7 @@ const Value* arg(const Value& ns, const char* name) { return ns.kind == Kind::Na
 std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::optional<Shape>(const std::string&)>& local,
                                                  int p, int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
                                                  std::set<std::string>* placed, bool transformer_engine,
-                                                 int64_t experts) {
+                                                 int64_t experts, int v, int V) {
   std::vector<BufferSlot> order;  // named_parameters() order
   auto add = [&](const std::string& n) {
     if (std::optional<Shape> s = local(n)) {
@@ -67,16 +67,20 @@ std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::option
       if (placed != nullptr) placed->insert(n);
     }
   };
-  if (p == 0) {
+  MG_REQUIRE(V >= 1 && v >= 0 && v < V && L % (int64_t(P) * V) == 0, L, " layers do not split into ", P,
+             " pipeline stages of ", V, " model chunks");
+  const bool first = p == 0 && v == 0, last = p == P - 1 && v == V - 1;
+  if (first) {
     add(kWordEmbedding);
     add("embedding.position_embeddings.weight");
   }
-  for (int64_t l = p * (L / P); l < (p + 1) * (L / P); ++l) {
+  const int64_t per = L / (int64_t(P) * V), l0 = (int64_t(v) * P + p) * per;
+  for (int64_t l = l0; l < l0 + per; ++l) {
     for (const char* sub : transformer_engine ? kLayerOrderTe : kLayerOrder)
       add("decoder.layers." + std::to_string(l) + "." + sub);
     if (experts > 0) moe_layer_registration_order("decoder.layers." + std::to_string(l) + ".", experts, add);
   }
-  if (p == P - 1) {
+  if (last) {
     add("decoder.final_layernorm.weight");
     add("decoder.final_layernorm.bias");
     if (!tied) {
@@ -158,8 +162,7 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
              " model (this build rebuilds the gradient-buffer order of Megatron-Core's local and Transformer "
              "Engine modules)", how);
   const bool te = impl != "local";
-  MG_REQUIRE(integer("virtual_pipeline_model_parallel_size") <= 1, label, ": dp_reshardable state saved with "
-             "virtual pipeline stages (one optimizer per model chunk) is not read by this build", how);
+  const int V = int(std::max<int64_t>(1, integer("virtual_pipeline_model_parallel_size")));
   const int T = ckpt.parallel.tensor_model_parallel_size, P = ckpt.parallel.pipeline_model_parallel_size;
   const int64_t DP = std::max<int64_t>(1, integer("data_parallel_size"));
   const int64_t E = std::max<int64_t>(0, integer("num_experts"));
@@ -173,9 +176,15 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
              "layer) is not read by this build", how);
   MG_REQUIRE(E % EP == 0 && DP % EP == 0, label, ": ", E, " experts and ", DP, " data-parallel ranks do not "
              "split over ", EP, " expert-parallel ranks: the checkpoint's args are inconsistent", how);
+  MG_REQUIRE(E == 0 || V == 1, label, ": dp_reshardable state of experts saved with virtual pipeline stages "
+             "is not read by this build (it lays out the experts' buffers of one model chunk per stage)", how);
   const TrainingArgs a = training_args_from_json(ckpt.state.args);
   const int64_t L = a.model.num_layers;
-  MG_REQUIRE(L % P == 0, label, ": ", L, " layers do not split over ", P, " pipeline stages");
+  MG_REQUIRE(L % (int64_t(P) * V) == 0, label, ": ", L, " layers do not split over ", P, " pipeline stages of ",
+             V, " model chunks: the checkpoint's args are inconsistent", how);
+  MG_REQUIRE(V == 1 || a.model.family_id() == model::ModelFamilyId::gpt, label, ": dp_reshardable state of a ",
+             a.model.family_id() == model::ModelFamilyId::bert ? "BERT" : "T5", " model saved with virtual "
+             "pipeline stages is not read by this build", how);
   const bool tied = !a.model.untie_embeddings_and_output_weights;
   const BufferModel family{a.model.family_id(), L, a.model.decoder_layers(), tied, te, E};
   int64_t bucket_size = 0;  // none: DistributedDataParallel without --overlap-grad-reduce
@@ -200,12 +209,15 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
     }
     return local;
   };
-  // The buckets of one distributed optimizer of one model-parallel rank (`who`), saved under `g`
+  // The buckets of gradient buffer `gbuf` (model chunk; `buffers_expected` in all) of one
+  // distributed optimizer of one model-parallel rank (`who`), saved under `g`
   // ("[chained_<i>.]optimizer.distributed.dp_group_idx_<n>."), the shards of TP rank t.
-  auto read_rank = [&](const std::string& g, const std::vector<BufferBucket>& layout, int t, const std::string& who) {
+  auto read_rank = [&](const std::string& g, int gbuf, int buffers_expected, const std::vector<BufferBucket>& layout,
+                       int t, const std::string& who) {
     // The saved buckets of this rank: "gbuf_idx_<i>.dtype_<d>.bucket_idx_<b>.<state>".
-    std::map<int64_t, std::string> bucket_keys;  // b -> key without the state
+    std::map<int64_t, std::string> bucket_keys;  // b -> key without the state (buffer gbuf's)
     std::set<std::string> buffers;
+    const std::string mine = "gbuf_idx_" + std::to_string(gbuf) + ".";
     for (auto it = f.entries().lower_bound(g); it != f.entries().end() && it->first.starts_with(g); ++it) {
       const std::string rest = it->first.substr(g.size());
       const size_t at = rest.find(".bucket_idx_");
@@ -216,14 +228,22 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
       MG_REQUIRE(dot != std::string::npos && dot > 0 && dot < 9 &&
                      std::all_of(tail.begin(), tail.begin() + long(dot), [](char c) { return c >= '0' && c <= '9'; }),
                  label, ": malformed bucket key '", it->first.substr(0, 160), "'");
-      bucket_keys[std::stoll(tail.substr(0, dot))] = g + rest.substr(0, at) + ".bucket_idx_" + tail.substr(0, dot);
+      if (rest.starts_with(mine))
+        bucket_keys[std::stoll(tail.substr(0, dot))] = g + rest.substr(0, at) + ".bucket_idx_" + tail.substr(0, dot);
     }
     MG_REQUIRE(!buffers.empty(), label, " has no dp_reshardable buckets '", g, "...' of ", who,
                ": the checkpoint is incomplete", how);
-    MG_REQUIRE(buffers.size() == 1 && buffers.begin()->starts_with("gbuf_idx_0."), label, ": ", who, " has ",
-               buffers.size(), " gradient buffers (", buffers.begin()->substr(0, 80), ", ...): parameters of "
-               "several dtypes, which this build does not lay out", how);
-    MG_REQUIRE(bucket_keys.size() == layout.size() && bucket_keys.rbegin()->first == int64_t(layout.size()) - 1,
+    // One buffer per model chunk, gbuf_idx_0 .. gbuf_idx_<chunks - 1>, each of one dtype pair.
+    std::set<std::string> indices;
+    for (const std::string& b : buffers) indices.insert(b.substr(0, b.find('.')));
+    bool expected = int(indices.size()) == buffers_expected && int(buffers.size()) == buffers_expected;
+    for (int i = 0; i < buffers_expected; ++i) expected = expected && indices.count("gbuf_idx_" + std::to_string(i));
+    MG_REQUIRE(expected, label, ": ", who, " has ", buffers.size(), " gradient buffers (", buffers.begin()->substr(0, 80),
+               ", ...) where its ", buffers_expected, " model chunk", buffers_expected > 1 ? "s make " : " makes ",
+               buffers_expected, ": parameters of several dtypes, or another count of virtual pipeline stages, "
+               "which this build does not lay out", how);
+    MG_REQUIRE(bucket_keys.size() == layout.size() && !bucket_keys.empty() &&
+                   bucket_keys.rbegin()->first == int64_t(layout.size()) - 1,
                label, ": ", who, " saved ", bucket_keys.size(), " buckets, but the model its args describe makes ",
                layout.size(), " (--overlap-grad-reduce ", bucket_size > 0 ? "on" : "off", ")", how);
     for (size_t b = 0; b < layout.size(); ++b) {
@@ -249,15 +269,18 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
     // Under expert parallelism a stage with MoE layers has two optimizers (torch_dist_buckets_moe.h).
     const bool chained = stage_has_expert_buffer(a, p, P, int(EP));
     for (int t = 0; t < T; ++t) {
-      const std::vector<BufferBucket> layout = model_buffer_layout(
-          family,
-          [&](const std::string& n) -> std::optional<Shape> {
-            return chained && is_expert_param_name(n) ? std::nullopt : shard_shape(n);
-          },
-          p, P, DP, p == 0 ? bucket_size : 0, &placed);
-      read_rank(dp_reshardable_prefix(chained, false, t + T * p), layout, t,
-                "model-parallel rank " + std::to_string(t + T * p) + " (tensor rank " + std::to_string(t) +
-                    ", pipeline rank " + std::to_string(p) + ")");
+      for (int v = 0; v < V; ++v) {  // one gradient buffer per model chunk; bucketed: chunk 0 of stage 0
+        const std::vector<BufferBucket> layout = model_buffer_layout(
+            family,
+            [&](const std::string& n) -> std::optional<Shape> {
+              return chained && is_expert_param_name(n) ? std::nullopt : shard_shape(n);
+            },
+            p, P, DP, p == 0 && v == 0 ? bucket_size : 0, &placed, v, V);
+        read_rank(dp_reshardable_prefix(chained, false, t + T * p), v, V, layout, t,
+                  "model-parallel rank " + std::to_string(t + T * p) + " (tensor rank " + std::to_string(t) +
+                      ", pipeline rank " + std::to_string(p) + (V > 1 ? ", model chunk " + std::to_string(v) : "") +
+                      ")");
+      }
       for (int64_t e = 0; chained && e < EP; ++e) {
         const std::vector<BufferBucket> experts = megatron_buffer_layout(
             [&](const std::string& n) -> std::optional<Shape> {
@@ -265,7 +288,7 @@ std::map<std::string, std::map<std::string, Tensor>> read_dp_reshardable_state(c
               return x >= e * (E / EP) && x < (e + 1) * (E / EP) ? shard_shape(n) : std::nullopt;
             },
             p, P, L, DP / EP, false, p == 0 ? bucket_size : 0, &placed, te, E);
-        read_rank(dp_reshardable_prefix(true, true, t + T * (e + EP * p)), experts, t,
+        read_rank(dp_reshardable_prefix(true, true, t + T * (e + EP * p)), 0, 1, experts, t,
                   "the experts' optimizer of tensor rank " + std::to_string(t) + ", expert-parallel rank " +
                       std::to_string(e) + ", pipeline rank " + std::to_string(p));
       }

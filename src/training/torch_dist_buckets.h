@@ -19,11 +19,15 @@
 // output_layer.weight copy) in a bucket of its own. Each parameter's slice is the saving rank's
 // tensor-parallel shard of its state; the shards merge by the weights' shard rules.
 //
+// With virtual pipeline stages one distributed optimizer spans the rank's model chunks: chunk v's
+// buffer is gbuf_idx_<v> (distrib_optimizer.py chains per_model_buffers in chunk order), bucketed
+// only for chunk 0 of the first stage (distributed_data_parallel.py), and the ShardedObjects list
+// one entry per chunk.
 // The layout is rebuilt from the checkpoint's args and checked against the saved bucket sizes;
-// checkpoints whose layout this build cannot rebuild are refused naming what differs: virtual
-// pipeline stages (one optimizer per model chunk), experts with --expert-tensor-parallel-size
-// other than TP or Megatron's legacy GroupedMLP, several gradient buffers (mixed parameter
-// dtypes), a bucket count or size other than the rebuilt one.
+// checkpoints whose layout this build cannot rebuild are refused naming what differs: experts with
+// virtual pipeline stages, with --expert-tensor-parallel-size other than TP or Megatron's legacy
+// GroupedMLP, several gradient buffers per chunk (mixed parameter dtypes), a bucket count or size
+// other than the rebuilt one.
 // Megatron itself reads this format only under the saving TP x PP (any DP); here the merged
 // state loads under any layout. Mixture-of-experts models: torch_dist_buckets_moe.h (the experts'
 // own buffer and chained optimizer under expert parallelism).
@@ -59,11 +63,13 @@ struct BufferBucket {
 // over P stages, DP data-parallel ranks, a tied embedding or not and a bucket size (0: none). The
 // names it places go into `placed`. With transformer_engine, the registration order of Transformer
 // Engine's modules (the layer norms fused into linear_qkv and linear_fc1). With `experts` > 0 the
-// layers' MoE parameters too (torch_dist_buckets_moe.h; `local` picks the buffer's).
+// layers' MoE parameters too (torch_dist_buckets_moe.h; `local` picks the buffer's). With V > 1
+// virtual stages, the buffer of model chunk v (gbuf_idx_<v>): layers [(v P + p) L/(P V), + L/(P V)),
+// the embedding in chunk 0 of stage 0, the final norm and output layer in chunk V - 1 of the last.
 std::vector<BufferBucket> megatron_buffer_layout(const std::function<std::optional<Shape>(const std::string&)>& local,
                                                  int p, int P, int64_t L, int64_t DP, bool tied, int64_t bucket_size,
                                                  std::set<std::string>* placed = nullptr, bool transformer_engine = false,
-                                                 int64_t experts = 0);
+                                                 int64_t experts = 0, int v = 0, int V = 1);
 
 // The buckets of a rank whose parameters are `order` (named_parameters() order; the tied copy
 // marked), laid out as megatron_buffer_layout does.

@@ -90,10 +90,12 @@ std::vector<OrderedParam> family_parameter_order(const BufferModel& m, int p, in
 std::vector<BufferBucket> model_buffer_layout(const BufferModel& m,
                                               const std::function<std::optional<Shape>(const std::string&)>& local,
                                               int p, int P, int64_t DP, int64_t bucket_size,
-                                              std::set<std::string>* placed) {
+                                              std::set<std::string>* placed, int v, int V) {
   if (m.family == model::ModelFamilyId::gpt)
     return megatron_buffer_layout(local, p, P, m.layers, DP, m.tied, bucket_size, placed, m.transformer_engine,
-                                  m.experts);
+                                  m.experts, v, V);
+  MG_REQUIRE(V == 1, "the distributed optimizer's dp_reshardable buffers of BERT and T5 models with virtual "
+             "pipeline stages are not laid out by this build");
   std::vector<BufferSlot> order;
   for (const OrderedParam& o : family_parameter_order(m, p, P)) {
     if (o.tied_copy) {

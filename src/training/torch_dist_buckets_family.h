@@ -55,9 +55,10 @@ std::vector<OrderedParam> family_parameter_order(const BufferModel& m, int p, in
 
 // Pipeline rank p's gradient buffer (see megatron_buffer_layout) for any family: GPT's through
 // megatron_buffer_layout, BERT's and T5's from family_parameter_order.
+// With V > 1 virtual stages, model chunk v's buffer (GPT only).
 std::vector<BufferBucket> model_buffer_layout(const BufferModel& m,
                                               const std::function<std::optional<Shape>(const std::string&)>& local,
                                               int p, int P, int64_t DP, int64_t bucket_size,
-                                              std::set<std::string>* placed = nullptr);
+                                              std::set<std::string>* placed = nullptr, int v = 0, int V = 1);
 
 }  // namespace megatron::training

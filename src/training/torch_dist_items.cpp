@@ -246,13 +246,13 @@ void write_dcp_metadata(const fs::path& tmp, const std::vector<ItemRecord>& reco
   detail::set_mode(tmp / ".metadata", 0640);
 }
 
-Value* param_groups_state(Document& doc, const TrainingArgs& a, bool adam, int64_t step) {
+Value* param_groups_state(Document& doc, const TrainingArgs& a, bool adam, int64_t step, bool expert_parallel) {
   Value* groups = doc.list();
   for (int g = 0; g < 2; ++g) {
     Value* pg = doc.dict();
     doc.set(pg, "wd_mult", doc.real(g == 0 ? 1.0 : 0.0));
     doc.set(pg, "lr_mult", doc.real(1.0));
-    doc.set(pg, "is_expert_parallel", doc.boolean(false));
+    doc.set(pg, "is_expert_parallel", doc.boolean(expert_parallel));
     doc.set(pg, "is_decoupled_lr", doc.boolean(false));
     doc.set(pg, "weight_decay", doc.real(g == 0 ? a.weight_decay : 0.0));
     if (adam) {

@@ -90,7 +90,10 @@ struct CommonState {
 };
 // DistributedOptimizer.state_dict() / the inner optimizer's: {"param_groups": [2 groups with the
 // step]} (Megatron's groups: with and without weight decay).
-pickle::Value* param_groups_state(pickle::Document& doc, const TrainingArgs& a, bool adam, int64_t step);
+// expert_parallel: the groups of the experts' optimizer under expert parallelism (Megatron-Core
+// splits the parameter groups by is_expert_parallel and gives those to their own optimizer).
+pickle::Value* param_groups_state(pickle::Document& doc, const TrainingArgs& a, bool adam, int64_t step,
+                                  bool expert_parallel = false);
 // tmp/common.pt and tmp/metadata.json.
 void write_common_files(const std::filesystem::path& tmp, const CommonState& c);
 

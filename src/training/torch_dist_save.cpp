@@ -55,78 +55,87 @@ void add_dp_reshardable_items(std::vector<WriteItem>& items, const fs::path& tmp
   const int64_t E = a.model.num_moe_experts;
   const bool chained = stage_has_expert_buffer(a, rank.pp_rank, rank.pp_size, rank.ep_size);
   struct Buffer {
-    std::vector<BufferBucket> layout;
+    std::vector<std::vector<BufferBucket>> chunks;  // gbuf_idx_<v>: model chunk v's buckets
     std::string g;  // the key prefix
     bool writer;    // rank 0 of its data-parallel group
+    bool experts = false;  // the experts' optimizer (expert parallelism)
   };
   std::vector<Buffer> buffers;
   std::set<std::string> placed;
   const BufferModel family{a.model.family_id(), a.model.num_layers, a.model.decoder_layers(), tied,
                            transformer_engine, E};
-  buffers.push_back({model_buffer_layout(
-                         family,
-                         [&](const std::string& n) {
-                           return chained && is_expert_param_name(n) ? std::nullopt : shape_of(n);
-                         },
-                         rank.pp_rank, rank.pp_size, rank.dp_size, 0, &placed),
-                     dp_reshardable_prefix(chained, false, rank.tp_rank + rank.tp_size * rank.pp_rank),
-                     rank.dp_rank == 0});
+  const int V = std::max(1, rank.vp_size);
+  Buffer dense{{}, dp_reshardable_prefix(chained, false, rank.tp_rank + rank.tp_size * rank.pp_rank),
+               rank.dp_rank == 0};
+  for (int v = 0; v < V; ++v)
+    dense.chunks.push_back(model_buffer_layout(
+        family,
+        [&](const std::string& n) { return chained && is_expert_param_name(n) ? std::nullopt : shape_of(n); },
+        rank.pp_rank, rank.pp_size, rank.dp_size, 0, &placed, v, V));
+  buffers.push_back(std::move(dense));
   if (chained)
-    buffers.push_back({megatron_buffer_layout(
+    buffers.push_back({{megatron_buffer_layout(
                            [&](const std::string& n) { return is_expert_param_name(n) ? shape_of(n) : std::nullopt; },
                            rank.pp_rank, rank.pp_size, a.model.num_layers, rank.dp_size / rank.ep_size, false, 0,
-                           &placed, transformer_engine, E),
+                           &placed, transformer_engine, E)},
                        dp_reshardable_prefix(true, true, rank.tp_rank + rank.tp_size * (rank.ep_rank + rank.ep_size * rank.pp_rank)),
-                       rank.edp_rank == 0});
-  std::map<std::string, std::tuple<size_t, size_t, int64_t>> where;  // name -> (buffer, bucket, start)
+                       rank.edp_rank == 0, true});
+  // name -> (buffer, chunk, bucket, start)
+  std::map<std::string, std::tuple<size_t, size_t, size_t, int64_t>> where;
   for (size_t i = 0; i < buffers.size(); ++i)
-    for (size_t b = 0; b < buffers[i].layout.size(); ++b)
-      for (const BufferSlot& s : buffers[i].layout[b].params) where[s.name] = {i, b, s.start};
+    for (size_t v = 0; v < buffers[i].chunks.size(); ++v)
+      for (size_t b = 0; b < buffers[i].chunks[v].size(); ++b)
+        for (const BufferSlot& s : buffers[i].chunks[v][b].params) where[s.name] = {i, v, b, s.start};
   for (const model::Parameter* p : ps)
     MG_REQUIRE(where.count(p->name), "--ckpt-format torch_dist: the parameter '", p->name, "' has no place "
                "this build knows in Megatron's gradient buffer: save with this build's format (leave out "
                "--ckpt-format) or --no-save-optim");
   const DType pdtype = ps.empty() ? DType::F32 : ps[0]->value.dtype();
   const std::string dtype = "(" + torch_dtype_name(pdtype) + ", torch.float32)";
-  auto add = [&](const Buffer& buf, size_t b, const char* kind, int64_t at, const Tensor& data) {
+  auto add = [&](const Buffer& buf, size_t v, size_t b, const char* kind, int64_t at, const Tensor& data) {
     WriteItem it;
-    it.key = buf.g + "gbuf_idx_0.dtype_" + dtype + ".bucket_idx_" + std::to_string(b) + "." + kind;
-    it.global = {buf.layout[b].unpadded};
+    it.key = buf.g + "gbuf_idx_" + std::to_string(v) + ".dtype_" + dtype + ".bucket_idx_" + std::to_string(b) + "." +
+             kind;
+    it.global = {buf.chunks[v][b].unpadded};
     it.offsets = {at};
     it.data = data.dtype() == DType::F32 ? data.contiguous().view({-1}) : data.to(DType::F32).contiguous().view({-1});
     items.push_back(std::move(it));
   };
   for (const optim::StatePiece& sp : opt.state_pieces()) {
     const model::Parameter& p = *ps[sp.param];
-    const auto [i, b, start] = where.at(p.name);
+    const auto [i, v, b, start] = where.at(p.name);
     const int64_t at = start + sp.param_offset;
-    add(buffers[i], b, "param", at, sp.main.defined() ? sp.main : p.value.view({-1}).narrow(0, sp.param_offset, sp.length));
-    add(buffers[i], b, "exp_avg", at, sp.exp_avg);
-    add(buffers[i], b, "exp_avg_sq", at, sp.exp_avg_sq);
+    add(buffers[i], v, b, "param", at, sp.main.defined() ? sp.main : p.value.view({-1}).narrow(0, sp.param_offset, sp.length));
+    add(buffers[i], v, b, "exp_avg", at, sp.exp_avg);
+    add(buffers[i], v, b, "exp_avg_sq", at, sp.exp_avg_sq);
   }
   for (const Buffer& buf : buffers) {
     if (!buf.writer) continue;
-    const std::vector<BufferBucket>& layout = buf.layout;
-    for (size_t b = 0; b < layout.size(); ++b) {  // the gaps (Megatron's: garbage; here zeros)
-      int64_t end = 0;
-      for (const BufferSlot& s : layout[b].params) {
-        if (s.start > end)
-          for (const char* kind : {"param", "exp_avg", "exp_avg_sq"})
-            add(buf, b, kind, end, Tensor::zeros({s.start - end}, DType::F32));
-        end = s.start + std::accumulate(s.local.begin(), s.local.end(), int64_t(1), std::multiplies<>());
+    for (size_t v = 0; v < buf.chunks.size(); ++v)
+      for (size_t b = 0; b < buf.chunks[v].size(); ++b) {  // the gaps (Megatron's: garbage; here zeros)
+        int64_t end = 0;
+        for (const BufferSlot& s : buf.chunks[v][b].params) {
+          if (s.start > end)
+            for (const char* kind : {"param", "exp_avg", "exp_avg_sq"})
+              add(buf, v, b, kind, end, Tensor::zeros({s.start - end}, DType::F32));
+          end = s.start + std::accumulate(s.local.begin(), s.local.end(), int64_t(1), std::multiplies<>());
+        }
       }
-    }
     auto numels = [&](bool padded) {
       return [&, padded](Document& d) {
-        Value* counts = d.list();
-        for (const BufferBucket& bk : layout) counts->items.push_back(d.integer(padded ? bk.padded : bk.unpadded));
-        Value* by_dtype = d.dict();
-        Document::set(by_dtype, d.tuple({d.torch_dtype(pdtype), d.torch_dtype(DType::F32)}), counts);
-        return d.list({d.list({by_dtype})});  // the object (one dict per buffer) in its ShardedObject list
+        Value* per_buffer = d.list();  // one dict per gradient buffer (model chunk)
+        for (const std::vector<BufferBucket>& layout : buf.chunks) {
+          Value* counts = d.list();
+          for (const BufferBucket& bk : layout) counts->items.push_back(d.integer(padded ? bk.padded : bk.unpadded));
+          Value* by_dtype = d.dict();
+          Document::set(by_dtype, d.tuple({d.torch_dtype(pdtype), d.torch_dtype(DType::F32)}), counts);
+          per_buffer->items.push_back(by_dtype);
+        }
+        return d.list({per_buffer});  // the object in its ShardedObject list
       };
     };
     items.push_back(torch_dist_io::object_item(buf.g + "optimizer/shard_0_1", [&](Document& d) {
-      return d.list({torch_dist_io::param_groups_state(d, a, true, opt.step_count())});
+      return d.list({torch_dist_io::param_groups_state(d, a, true, opt.step_count(), buf.experts)});
     }, tmp));
     items.push_back(torch_dist_io::object_item(buf.g + "per_bucket_numel/shard_0_1", numels(true), tmp));
     items.push_back(torch_dist_io::object_item(buf.g + "per_bucket_numel_unpadded/shard_0_1", numels(false), tmp));
@@ -272,13 +281,14 @@ void check_torch_dist_save(const TrainingArgs& a, int vp_size, int ep_size) {
              "--ckpt-format torch_dist with --use-distributed-optimizer and --expert-tensor-parallel-size other "
              "than --tensor-model-parallel-size: this build does not write the experts' dp_reshardable buffers "
              "sharded over their own tensor-parallel group; add --no-save-optim or leave out --ckpt-format");
-  // Virtual pipeline stages: the keys hold global layer numbers whatever the chunking; Megatron's
-  // dp_reshardable state has a gradient buffer per model chunk, which this build does not write.
-  MG_REQUIRE(vp_size <= 1 || !a.parallel.use_distributed_optimizer || a.no_save_optim,
-             "--ckpt-format torch_dist with virtual pipeline stages (--num-layers-per-virtual-pipeline-stage) and "
-             "--use-distributed-optimizer: Megatron's dp_reshardable state keeps one gradient buffer per model "
-             "chunk, which this build does not write; save with the plain optimizer, with --no-save-optim, or "
-             "leave out --ckpt-format");
+  // Virtual pipeline stages: the keys hold global layer numbers whatever the chunking; the
+  // dp_reshardable state has a gradient buffer per model chunk (GPT's layout, without experts).
+  MG_REQUIRE(vp_size <= 1 || !a.parallel.use_distributed_optimizer || a.no_save_optim ||
+                 (a.model.family_id() == model::ModelFamilyId::gpt && a.model.num_moe_experts == 0),
+             "--ckpt-format torch_dist with virtual pipeline stages (--num-layers-per-virtual-pipeline-stage), "
+             "--use-distributed-optimizer and ", a.model.num_moe_experts > 0 ? "experts" : "a BERT or T5 model",
+             ": this build writes the distributed optimizer's per-chunk gradient buffers of dense GPT models "
+             "only; save with the plain optimizer, with --no-save-optim, or leave out --ckpt-format");
 }
 
 }  // namespace megatron::training

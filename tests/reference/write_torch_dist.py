@@ -32,7 +32,8 @@ name, fields and reduce protocol, so the pickle's opcodes are those the real cla
       Megatron's gradient buffers, saved by each of the DP 2 ranks, see dp_reshardable_items) and
       a variant whose args contradict its layout (OUT/dp_reshardable_overlap) and the same model
       with Transformer Engine's modules (OUT/dp_reshardable_te: their parameter order in the
-      buffer); OUT/evil_* (hostile variants of gpt2) and OUT/marker (must never
+      buffer) and with 2 virtual pipeline stages (OUT/dp_reshardable_vpp: a buffer per model
+      chunk); OUT/evil_* (hostile variants of gpt2) and OUT/marker (must never
       appear: the hostile pickles would create it); OUT/gpt2_unfused (gpt2 and its optimizer
       state with the local run's norms under their module names, input_layernorm.*, as earlier
       builds of megatron.cpp keyed them) and OUT/gpt2_both_names (gpt2 with its input norms under
@@ -279,7 +280,6 @@ def rank_shards(m, w, opt, t, p, d):
     the fully parallel save spreads the main replicas over the data-parallel ranks."""
     L = m["L"]
     DP = m.get("dp", 1)
-    per = L // PP
     out, objects = [], []
 
     def tp_chunks(full, axis, swiglu):
@@ -322,7 +322,7 @@ def rank_shards(m, w, opt, t, p, d):
             add(prefix + "embedding.word_embeddings.weight", src["embedding.word_embeddings.weight"], 0)
             if "embedding.position_embeddings.weight" in src:
                 add(prefix + "embedding.position_embeddings.weight", src["embedding.position_embeddings.weight"], None)
-        for layer in range(p * per, (p + 1) * per):
+        for layer in stage_layers(m, p):
             lp = f"decoder.layers.{layer}."
             for name in [n for n in src if n.startswith(lp)]:
                 sub = name[len(lp):]
@@ -338,7 +338,7 @@ def rank_shards(m, w, opt, t, p, d):
             if m["untied"]:
                 add(prefix + "output_layer.weight", src["output_layer.weight"], 0)
     if m["te"] and t == 0 and d == 0:  # Transformer Engine modules' _extra_state: ShardedObjects
-        for layer in range(p * per, (p + 1) * per):
+        for layer in stage_layers(m, p):
             for mod in ("self_attention.linear_qkv", "self_attention.core_attention",
                         "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"):
                 objects.append((f"decoder.layers.{mod}._extra_state/shard_{layer}_{L}", None))
@@ -370,12 +370,26 @@ def rank_shards(m, w, opt, t, p, d):
 # - DP rank 0 saves the non-tensor state as ShardedObjects of that prefix: "optimizer"
 #   (DistributedOptimizer.state_dict: the param groups with the step), "per_bucket_numel" and
 #   "per_bucket_numel_unpadded" ([{(param dtype, grad dtype): [n per bucket]}] per buffer).
-def megatron_params(m, t, p):
+def chunk_layers(m, p, v):
+    """The global layers of model chunk v of pipeline rank p (virtual pipeline stages, m["vp"]
+    chunks per rank: Megatron's layer offset v L / V + p L / (P V))."""
+    V = m.get("vp", 1)
+    per = m["L"] // (PP * V)
+    return range((v * PP + p) * per, (v * PP + p + 1) * per)
+
+
+def stage_layers(m, p):
+    return [layer for v in range(m.get("vp", 1)) for layer in chunk_layers(m, p, v)]
+
+
+def megatron_params(m, t, p, v=0):
     """(Megatron name, our name, TP axis) of model-parallel rank (t, p)'s parameters in
-    named_parameters() order."""
-    per = m["L"] // PP
+    named_parameters() order (of its model chunk v: the embedding in chunk 0 of the first stage,
+    the final norm and output layer in the last chunk of the last stage)."""
+    V = m.get("vp", 1)
+    first, last = p == 0 and v == 0, p == PP - 1 and v == V - 1
     out = []
-    if p == 0:
+    if first:
         out.append(("embedding.word_embeddings.weight", "embedding.word_embeddings.weight", 0))
         if m["pe"] == "learned_absolute":
             out.append(("embedding.position_embeddings.weight", "embedding.position_embeddings.weight", None))
@@ -385,19 +399,20 @@ def megatron_params(m, t, p):
     norms_fused = ("self_attention.linear_proj.weight", "self_attention.linear_proj.bias",
                    "input_layernorm.weight", "input_layernorm.bias")
     norms_own = norms_fused[2:] + norms_fused[:2]
-    for layer in range(p * per, (p + 1) * per):
+    layers = chunk_layers(m, p, v)
+    for layer in layers:
         for sub in (norms_fused if m["te"] else norms_own) + (
                 "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
                 "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias",
                 "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"):
-            name = "decoder.layers.%d.%s" % (layer - p * per, sub)
+            name = "decoder.layers.%d.%s" % (layer - layers[0], sub)
             ours = "decoder.layers.%d.%s" % (layer, sub)
             if ours.endswith(".bias") and not m["bias"] and "layernorm" not in sub:
                 continue
             if "layernorm.bias" in sub and m["norm"] != "LayerNorm":
                 continue
             out.append((name, ours, tp_axis(sub)))
-    if p == PP - 1:
+    if last:
         out.append(("decoder.final_layernorm.weight", "decoder.final_layernorm.weight", None))
         if m["norm"] == "LayerNorm":
             out.append(("decoder.final_layernorm.bias", "decoder.final_layernorm.bias", None))
@@ -438,19 +453,21 @@ def lay_out_buckets(params, divisor, shared):
     return buckets
 
 
-def dp_reshardable_buckets(m, t, p):
+def dp_reshardable_buckets(m, t, p, v=0):
     """[(numel_unpadded, numel, [(start in bucket, our name, TP axis, local numel)])] of the
-    buffer of rank (t, p), as _ParamAndGradBuffer.__init__ lays it out (bucket_size None)."""
+    buffer of rank (t, p)'s model chunk v, as _ParamAndGradBuffer.__init__ lays it out
+    (bucket_size None)."""
     DP = m["dp"]
     divisor = DP * 128 // __import__("math").gcd(DP, 128)
     tied_pp = not m["untied"] and PP > 1
+    V = m.get("vp", 1)
 
     def shared(name):
-        return tied_pp and ((p == 0 and name == "embedding.word_embeddings.weight") or
-                            (p == PP - 1 and name == "output_layer.weight"))
+        return tied_pp and ((p == 0 and v == 0 and name == "embedding.word_embeddings.weight") or
+                            (p == PP - 1 and v == V - 1 and name == "output_layer.weight"))
 
     return lay_out_buckets([(name, WEIGHTS_NUMEL[ours] // (TP if axis is not None else 1), (ours, axis))
-                            for name, ours, axis in megatron_params(m, t, p)], divisor, shared)
+                            for name, ours, axis in megatron_params(m, t, p, v)], divisor, shared)
 
 
 def local_flat(full, axis, t):
@@ -461,12 +478,35 @@ def local_flat(full, axis, t):
 
 
 def dp_reshardable_items(m, state, t, p, d):
-    DP = m["dp"]
+    """Rank (t, p, d)'s pieces of its distributed optimizer's buckets: with virtual pipeline
+    stages one optimizer over the rank's model chunks, chunk v's buffer gbuf_idx_<v>
+    (DistributedOptimizer chains per_model_buffers in chunk order), and the ShardedObjects list one
+    entry per buffer."""
     g = t + TP * p
     prefix = "optimizer.distributed.dp_group_idx_%d." % g
     dtype = (torch.float32, torch.float32)
     shards, objects = [], []
-    buckets = dp_reshardable_buckets(m, t, p)
+    V = m.get("vp", 1)  # the BERT and T5 writers lay out one chunk (their buckets take no v)
+    per_chunk = [dp_reshardable_buckets(m, t, p, v) for v in range(V)] if V > 1 else [dp_reshardable_buckets(m, t, p)]
+    for v, buckets in enumerate(per_chunk):
+        shards += buffer_shards(m, state, t, d, prefix + "gbuf_idx_%d.dtype_%s." % (v, str(dtype)), buckets)
+    if d == 0:
+        group = {"wd_mult": 1.0, "lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False,
+                 "lr": 3e-3, "bias_correction": True, "betas": (0.9, 0.999), "eps": 1e-8,
+                 "weight_decay": 0.1, "amsgrad": False, "step": OPTIMIZER_STEP}
+        objects.append((prefix + "optimizer/shard_0_1",
+                        {"param_groups": [group, dict(group, wd_mult=0.0, weight_decay=0.0)]}))
+        objects.append((prefix + "per_bucket_numel/shard_0_1",
+                        [{dtype: [n for _, n, _ in buckets]} for buckets in per_chunk]))
+        objects.append((prefix + "per_bucket_numel_unpadded/shard_0_1",
+                        [{dtype: [u for u, _, _ in buckets]} for buckets in per_chunk]))
+    return shards, objects
+
+
+def buffer_shards(m, state, t, d, key_prefix, buckets):
+    """DP rank d's chunks of one gradient buffer's buckets (keys key_prefix + "bucket_idx_<b>.<kind>")."""
+    DP = m["dp"]
+    shards = []
     for b, (unpadded, numel, params) in enumerate(buckets):
         local = numel // DP
         lo, hi = d * local, (d + 1) * local
@@ -488,19 +528,11 @@ def dp_reshardable_items(m, state, t, p, d):
             if nxt != end and d * local + end < unpadded:
                 full.append((end, nxt, {k: torch.full((nxt - end,), float("nan"))
                                         for k in ("param", "exp_avg", "exp_avg_sq")}))
-        key = prefix + "gbuf_idx_0.dtype_%s.bucket_idx_%d." % (str(dtype), b)
+        key = key_prefix + "bucket_idx_%d." % b
         for s, e, tensors in full:
             for k in ("param", "exp_avg", "exp_avg_sq"):
                 shards.append(Shard(key + k, [unpadded], [d * local + s], tensors[k]))
-    if d == 0:
-        group = {"wd_mult": 1.0, "lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False,
-                 "lr": 3e-3, "bias_correction": True, "betas": (0.9, 0.999), "eps": 1e-8,
-                 "weight_decay": 0.1, "amsgrad": False, "step": OPTIMIZER_STEP}
-        objects.append((prefix + "optimizer/shard_0_1",
-                        {"param_groups": [group, dict(group, wd_mult=0.0, weight_decay=0.0)]}))
-        objects.append((prefix + "per_bucket_numel/shard_0_1", [{dtype: [n for _, n, _ in buckets]}]))
-        objects.append((prefix + "per_bucket_numel_unpadded/shard_0_1", [{dtype: [u for u, _, _ in buckets]}]))
-    return shards, objects
+    return shards
 
 
 def torch_save_bytes(obj):
@@ -516,7 +548,8 @@ def args_namespace(m):
         kv_channels=hd, group_query_attention=m["groups"] != m["heads"], num_query_groups=m["groups"],
         seq_length=SEQ, max_position_embeddings=SEQ, padded_vocab_size=padded_vocab(TP),
         make_vocab_size_divisible_by=DIVISOR, tensor_model_parallel_size=TP,
-        pipeline_model_parallel_size=PP, virtual_pipeline_model_parallel_size=None,
+        pipeline_model_parallel_size=PP, virtual_pipeline_model_parallel_size=m.get("vp"),
+        num_layers_per_virtual_pipeline_stage=m["L"] // (PP * m["vp"]) if m.get("vp") else None,
         data_parallel_size=m.get("dp", 1), swiglu=m["swiglu"], normalization=m["norm"], layernorm_epsilon=1e-5,
         add_bias_linear=m["bias"], add_qkv_bias=m["bias"], untie_embeddings_and_output_weights=m["untied"],
         position_embedding_type=m["pe"], rotary_percent=1.0, rotary_base=10000, openai_gelu=False,
@@ -665,6 +698,10 @@ def make(out):
     # The same model with Transformer Engine's modules: their names, _extra_state objects and
     # parameter order in the buffer (the same bucket sizes, other places).
     write_checkpoint(os.path.join(out, "dp_reshardable_te"), dict(m, te=True), w, dp)
+    # The same saved with 2 virtual pipeline stages per rank (one layer each): one optimizer over
+    # the rank's two model chunks, a gradient buffer per chunk (gbuf_idx_0, gbuf_idx_1), the
+    # embedding in chunk 0 of stage 0 and the tied copy in chunk 1 of stage 1 in buckets of their own.
+    write_checkpoint(os.path.join(out, "dp_reshardable_vpp"), dict(m, vp=2), w, dp)
     # The norms of a local run under their module names (earlier builds of megatron.cpp), and a
     # folder holding one norm under both names (refused).
     write_checkpoint(os.path.join(out, "gpt2_unfused"), dict(m, unfused=True), w, optimizer_state(m, w, 200))

@@ -239,6 +239,9 @@ def summary(it):
         while isinstance(groups, list) and len(groups) == 1:
             groups = groups[0]
         assert groups["param_groups"][0]["step"] >= 1, groups
+        # Megatron-Core's experts' optimizer holds the is_expert_parallel groups.
+        assert all(g["is_expert_parallel"] == ("chained_1." in prefix) for g in groups["param_groups"]), \
+            (prefix, groups)
     common = torch.load(os.path.join(it, "common.pt"), weights_only=False)
     o = common["optimizer"]
     print(json.dumps({"buckets": buckets, "common": sorted(str(k) for k in o),

@@ -209,9 +209,12 @@ void expect_writers_optimizer_state(const fs::path& folder);
 // a multiple of 64) holding NaN, the tied embedding in a bucket of its own on both stages, DP
 // boundaries inside parameters, and an unpadded bucket end that is not a multiple of 128 DP.
 // With Transformer Engine's modules (dp_reshardable_te) the layer's norms sit after linear_proj
-// in the buffer: the same bucket sizes, so only the values tell the orders apart.
+// in the buffer: the same bucket sizes, so only the values tell the orders apart. With 2 virtual
+// pipeline stages (dp_reshardable_vpp) each rank's optimizer holds a buffer per model chunk
+// (gbuf_idx_0: layers 0 and 1 of the two ranks' first chunks with the embedding on stage 0;
+// gbuf_idx_1: layers 2 and 3, the final norm and the tied copy on stage 1).
 TEST(TorchDistCheckpoint, OptimizerStateMergesToTheWritersValues) {
-  for (const std::string name : {"gpt2", "dp_reshardable", "dp_reshardable_te"}) {
+  for (const std::string name : {"gpt2", "dp_reshardable", "dp_reshardable_te", "dp_reshardable_vpp"}) {
     SCOPED_TRACE(name);
     expect_writers_optimizer_state(fixtures().dir / name);
   }
