@@ -55,6 +55,25 @@ TrainingArgs four_layers(const Fixture& f) {
   return a;
 }
 
+// The folder `split` at iteration 2 on one rank at PP 1: its last 2 iterations end at the PP 2 x
+// VP 2 run's parameters in `full` (within rounding: another pipeline's reduction order).
+void expect_loads_at_one_stage(const Fixture& f, const std::string& split, const std::string& full) {
+  TrainingSummary one;
+  if (world()->rank() == 0) {
+    TrainingArgs c = four_layers(f);
+    c.load = split;
+    c.ckpt_step = 2;
+    c.save = f.dir / "pp1";
+    c.save_interval = 1000;
+    one = run_single(c);
+  }
+  world()->barrier();
+  if (world()->rank() == 0) {
+    ASSERT_EQ(one.start_iteration, 2);
+    expect_same_params(f.dir / "pp1", full, 4, 1e-4);
+  }
+}
+
 TEST(MpiTorchDistVpp, VirtualStagesWrittenResumedAndLoadedAtOneStage) {
   SKIP_ON_ONE_RANK();
   if (world()->size() != 2) GTEST_SKIP() << "runs at -np 2 (PP 2 x VP 2)";
@@ -86,22 +105,7 @@ TEST(MpiTorchDistVpp, VirtualStagesWrittenResumedAndLoadedAtOneStage) {
     EXPECT_EQ(args["num_layers_per_virtual_pipeline_stage"], 1);
   };
   expect_exact_resume(a, full, split, [](const TrainingArgs& x) { return pretrain(x); }, 2, extras);
-  // The folder at iteration 2 on one rank at PP 1: its last 2 iterations end at the PP 2 x VP 2
-  // run's parameters (within rounding: another pipeline's reduction order).
-  TrainingSummary one;
-  if (world()->rank() == 0) {
-    TrainingArgs c = four_layers(f);
-    c.load = split;
-    c.ckpt_step = 2;
-    c.save = f.dir / "pp1";
-    c.save_interval = 1000;
-    one = run_single(c);
-  }
-  world()->barrier();
-  if (world()->rank() == 0) {
-    ASSERT_EQ(one.start_iteration, 2);
-    expect_same_params(f.dir / "pp1", full, 4, 1e-4);
-  }
+  expect_loads_at_one_stage(f, split, full);
 }
 
 // The distributed optimizer's dp_reshardable state with virtual stages: a gradient buffer per
@@ -134,20 +138,7 @@ TEST(MpiTorchDistVpp, DistributedOptimizerBuffersPerChunkWrittenResumedAndLoaded
       EXPECT_TRUE(buffers.count(g)) << g;
   };
   expect_exact_resume(a, full, split, [](const TrainingArgs& x) { return pretrain(x); }, 2, extras);
-  TrainingSummary one;
-  if (world()->rank() == 0) {
-    TrainingArgs c = four_layers(f);
-    c.load = split;
-    c.ckpt_step = 2;
-    c.save = f.dir / "pp1";
-    c.save_interval = 1000;
-    one = run_single(c);
-  }
-  world()->barrier();
-  if (world()->rank() == 0) {
-    ASSERT_EQ(one.start_iteration, 2);
-    expect_same_params(f.dir / "pp1", full, 4, 1e-4);
-  }
+  expect_loads_at_one_stage(f, split, full);
 }
 
 // What this build does not write with virtual stages and the distributed optimizer is refused
