@@ -33,7 +33,8 @@ name, fields and reduce protocol, so the pickle's opcodes are those the real cla
       a variant whose args contradict its layout (OUT/dp_reshardable_overlap) and the same model
       with Transformer Engine's modules (OUT/dp_reshardable_te: their parameter order in the
       buffer) and with 2 virtual pipeline stages (OUT/dp_reshardable_vpp: a buffer per model
-      chunk); OUT/evil_* (hostile variants of gpt2) and OUT/marker (must never
+      chunk; OUT/dp_reshardable_vpp_buckets: with --overlap-grad-reduce, only the first stage's
+      first chunk bucketed); OUT/evil_* (hostile variants of gpt2) and OUT/marker (must never
       appear: the hostile pickles would create it); OUT/gpt2_unfused (gpt2 and its optimizer
       state with the local run's norms under their module names, input_layernorm.*, as earlier
       builds of megatron.cpp keyed them) and OUT/gpt2_both_names (gpt2 with its input norms under
@@ -423,10 +424,11 @@ def megatron_params(m, t, p, v=0):
     return out
 
 
-def lay_out_buckets(params, divisor, shared):
-    """_ParamAndGradBuffer.__init__'s buckets (bucket_size None) of `params` [(Megatron name,
-    local numel, payload)] in registration order: [(numel_unpadded, numel, [(start in bucket,
-    *payload, local numel)])], laid out in reverse, `shared(name)` in a bucket of its own."""
+def lay_out_buckets(params, divisor, shared, bucket_size=None):
+    """_ParamAndGradBuffer.__init__'s buckets of `params` [(Megatron name, local numel, payload)]
+    in registration order: [(numel_unpadded, numel, [(start in bucket, *payload, local numel)])],
+    laid out in reverse, `shared(name)` in a bucket of its own, and with a bucket_size a bucket
+    closed after the parameter that takes it to bucket_size elements or more."""
     def pad(x, d):
         return (x + d - 1) // d * d
 
@@ -443,7 +445,7 @@ def lay_out_buckets(params, divisor, shared):
             current = []
         current.append((start - bucket_start,) + tuple(payload) + (numel,))
         end = start + numel
-        if shared(name):
+        if shared(name) or (bucket_size is not None and end - bucket_start >= bucket_size):
             start = bucket_start = close(end)
             current = []
         else:
@@ -466,8 +468,12 @@ def dp_reshardable_buckets(m, t, p, v=0):
         return tied_pp and ((p == 0 and v == 0 and name == "embedding.word_embeddings.weight") or
                             (p == PP - 1 and v == V - 1 and name == "output_layer.weight"))
 
+    # --overlap-grad-reduce's buckets (m["bucket"] elements): DistributedDataParallel turns
+    # bucketing off on every pipeline stage but the first and for every model chunk but the first
+    # (training.py's disable_bucketing=(model_chunk_idx > 0)).
+    bucket = m.get("bucket") if p == 0 and v == 0 else None
     return lay_out_buckets([(name, WEIGHTS_NUMEL[ours] // (TP if axis is not None else 1), (ours, axis))
-                            for name, ours, axis in megatron_params(m, t, p, v)], divisor, shared)
+                            for name, ours, axis in megatron_params(m, t, p, v)], divisor, shared, bucket)
 
 
 def local_flat(full, axis, t):
@@ -702,6 +708,9 @@ def make(out):
     # the rank's two model chunks, a gradient buffer per chunk (gbuf_idx_0, gbuf_idx_1), the
     # embedding in chunk 0 of stage 0 and the tied copy in chunk 1 of stage 1 in buckets of their own.
     write_checkpoint(os.path.join(out, "dp_reshardable_vpp"), dict(m, vp=2), w, dp)
+    # And with --overlap-grad-reduce and 1024-element buckets: only chunk 0 of stage 0 is bucketed.
+    write_checkpoint(os.path.join(out, "dp_reshardable_vpp_buckets"), dict(m, vp=2, bucket=1024), w, dp,
+                     args={"overlap_grad_reduce": True, "ddp_bucket_size": 1024})
     # The norms of a local run under their module names (earlier builds of megatron.cpp), and a
     # folder holding one norm under both names (refused).
     write_checkpoint(os.path.join(out, "gpt2_unfused"), dict(m, unfused=True), w, optimizer_state(m, w, 200))
