@@ -38,7 +38,7 @@
   X(vocab_parallel_xent_max) X(vocab_parallel_xent_partials) X(vocab_parallel_xent_loss)         \
   X(vocab_parallel_xent_bwd)                                                                     \
   X(adamw_step) X(sgd_step)                                                                      \
-  X(l2_norm_squared) X(sum) X(dot) X(all_finite) X(int_range) X(cast)
+  X(l2_norm_squared) X(l2_norm_squared_each) X(sum) X(dot) X(all_finite) X(int_range) X(cast)
 
 namespace megatron::ops {
 

@@ -247,6 +247,9 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
 }
 
 double l2_norm_squared(const Tensor& x) { MG_DISPATCH(l2_norm_squared, x); }
+std::vector<double> l2_norm_squared_each(const std::vector<Tensor>& xs) {
+  MG_DISPATCH(l2_norm_squared_each, xs);
+}
 double sum(const Tensor& x) { MG_DISPATCH(sum, x); }
 double dot(const Tensor& a, const Tensor& b) { MG_DISPATCH(dot, a, b); }
 bool all_finite(const Tensor& x) { MG_DISPATCH(all_finite, x); }

@@ -344,6 +344,10 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
 // dtypes may differ (masked loss sums, token counts). l2_norm_squared: the sum of squares (finite
 // exactly when every element is: a float's square is far inside double's range).
 double l2_norm_squared(const Tensor& x);
+// l2_norm_squared of each tensor, in order, read back from the device once for all of them (the
+// optimizer's gradient norm and finite check: one host synchronisation a step, not one per
+// parameter). On the CPU exactly the values of l2_norm_squared one by one.
+std::vector<double> l2_norm_squared_each(const std::vector<Tensor>& xs);
 double sum(const Tensor& x);
 double dot(const Tensor& a, const Tensor& b);
 bool all_finite(const Tensor& x);          // false if any NaN/Inf (any float dtype)

@@ -83,9 +83,11 @@ void all_reduce_sequence_parallel_grads(const ParameterList& params, Communicato
 }
 
 double local_grad_sum_of_squares(const ParameterList& params, int tp_rank) {
-  double s = 0;
+  std::vector<Tensor> counted;  // summed in parameter order, read back from the device once
   for (const Parameter* p : params)
-    if (param_counts_in_grad_norm(*p, tp_rank)) s += ops::l2_norm_squared(p->grad);
+    if (param_counts_in_grad_norm(*p, tp_rank)) counted.push_back(p->grad);
+  double s = 0;
+  for (const double sq : ops::l2_norm_squared_each(counted)) s += sq;
   return s;
 }
 

@@ -123,13 +123,16 @@ StepResult DistributedOptimizer::step(double lr, double weight_decay, GradScaler
     local_finite = local_finite && ops::all_finite(grads);
   }
   double local_sq = 0.0;
-  if (local_finite)
+  if (local_finite) {
+    std::vector<Tensor> counted;  // summed in this order, read back from the device once
     for (const Part& part : parts_) {
       const Tensor grads = part.buffer->main_grad_shard();
       for (const BufferLayout::Piece& p : part.pieces)
         if (model::param_counts_in_grad_norm(*params_[p.param], part.tp_rank))
-          local_sq += ops::l2_norm_squared(grads.narrow(0, p.shard_offset - part.base, p.length));
+          counted.push_back(grads.narrow(0, p.shard_offset - part.base, p.length));
     }
+    for (const double sq : ops::l2_norm_squared_each(counted)) local_sq += sq;
+  }
   const auto [nonfinite, sum_sq] = reduce_grad_stats(&grad_stats_, !local_finite, local_sq);
   scaler.update(nonfinite);
   if (nonfinite) {

@@ -132,8 +132,9 @@ StepResult Optimizer::step(double lr, double weight_decay, GradScaler& scaler, d
   // parameter order over those this rank counts (all of them without a model-parallel group).
   bool finite = true;
   double sum_sq = 0.0;
+  const std::vector<double> squares = ops::l2_norm_squared_each(grads);  // one read-back
   for (size_t i = 0; i < grads.size(); ++i) {
-    const double sq = ops::l2_norm_squared(grads[i]);
+    const double sq = squares[i];
     finite = finite && std::isfinite(sq);
     if (stats_group_ == nullptr ||
         (counted_.empty() ? model::param_counts_in_grad_norm(*params_[i], tp_rank_) : counted_[i]))

@@ -420,6 +420,29 @@ void optimizer_reduction_cases(Table& t) {
       return Outs{scalar(all_finite(rnd(d, {4097}, 138, 1.0f, dt)))};
     }, {Tolerance{0.0, 0.0}});
   }
+  // Each tensor's sum of squares: empty tensors, several chunks, a view at an offset, and a list
+  // with bf16 in it (read one by one); a NaN makes its own tensor's sum NaN and no other.
+  const auto each = [](const std::vector<double>& v) {
+    return Tensor::from_vector<double>(v, {int64_t(v.size())});
+  };
+  t.add("l2_norm_squared_each", "fp32: 0, 7, 65536, 200003 elements, a view at offset 1000, 0",
+        [&](Device d) {
+          const Tensor big = rnd(d, {200003}, 147);
+          return Outs{each(l2_norm_squared_each({rnd(d, {0}, 148), rnd(d, {7}, 149),
+                                                  rnd(d, {65536}, 150), big,
+                                                  big.narrow(0, 1000, 70001), rnd(d, {0}, 151)}))};
+        }, {Tolerance{0.0, 1e-9}});
+  t.add("l2_norm_squared_each", "fp32, bf16, fp32", [&](Device d) {
+    return Outs{each(l2_norm_squared_each({rnd(d, {3000}, 152), rnd(d, {3000}, 153, 1.0f, DType::BF16),
+                                           rnd(d, {70000}, 154)}))};
+  }, {Tolerance{0.0, 1e-9}});
+  t.add("l2_norm_squared_each", "a NaN in the second of three", [](Device d) {
+    Tensor x = rnd(Device::cpu(), {70000}, 155);
+    x.data<float>()[66000] = NAN;
+    const std::vector<double> r =
+        l2_norm_squared_each({rnd(d, {100}, 156), on(d, x), rnd(d, {100}, 157)});
+    return Outs{scalar(std::isfinite(r[0])), scalar(std::isnan(r[1])), scalar(std::isfinite(r[2]))};
+  }, {Tolerance{0.0, 0.0}});
   t.add("all_finite", "a NaN at 3000 of 4097", [](Device d) {
     Tensor x = rnd(Device::cpu(), {4097}, 139);
     x.data<float>()[3000] = NAN;

@@ -1,5 +1,5 @@
 // The optimizer step's kernels on the CPU: the sums (l2_norm_squared, sum, dot) give the same bits
-// whatever the OpenMP thread count; all_finite finds a NaN or Inf at any position of any float
+// whatever the OpenMP thread count, and l2_norm_squared_each those of l2_norm_squared one by one; all_finite finds a NaN or Inf at any position of any float
 // dtype (a bit test, so a large finite double stays finite); AdamW writes the bf16/fp16 model
 // weights in its own pass exactly as a separate cast would, and its results do not depend on the
 // thread count; AdamW with the clipping scale in its pass gives the bits of the scale pass followed
@@ -54,6 +54,18 @@ TEST(StepKernels, SumsDoNotDependOnTheThreadCount) {
   double ref = 0;
   for (float v : x.to_float_vector()) ref += double(v) * double(v);
   EXPECT_NEAR(l2_norm_squared(x), ref, 1e-12 * ref);
+}
+
+// The optimizer reads every gradient's sum of squares at once (one device read-back a step); on
+// the CPU each value is that of l2_norm_squared alone, bit for bit, so the norm did not change.
+TEST(StepKernels, SumsOfSquaresOfEachTensorAreTheOneTensorSums) {
+  const Tensor big = randn({300007}, 4);
+  const std::vector<Tensor> xs = {randn({0}, 5), randn({7}, 6), big, big.narrow(0, 11, 200000),
+                                  randn({4097}, 7).to(DType::BF16), randn({65536}, 8)};
+  const std::vector<double> each = l2_norm_squared_each(xs);
+  ASSERT_EQ(each.size(), xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) EXPECT_EQ(each[i], l2_norm_squared(xs[i])) << i;
+  EXPECT_TRUE(l2_norm_squared_each({}).empty());
 }
 
 TEST(StepKernels, AllFiniteFindsNaNAndInfAnywhereInEveryDtype) {

@@ -202,6 +202,13 @@ double l2_norm_squared(const Tensor& x) {
   });
 }
 
+std::vector<double> l2_norm_squared_each(const std::vector<Tensor>& xs) {
+  std::vector<double> out;
+  out.reserve(xs.size());
+  for (const Tensor& x : xs) out.push_back(l2_norm_squared(x));
+  return out;
+}
+
 double dot(const Tensor& a, const Tensor& b) {
   cpu::require_numel("dot", a, b);
   return with_data("dot", a, [&](const auto* pa) {

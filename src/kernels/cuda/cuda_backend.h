@@ -128,6 +128,7 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& exp_avg,
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, float lr,
               float weight_decay, float momentum, bool first_step);
 double l2_norm_squared(const Tensor& x);
+std::vector<double> l2_norm_squared_each(const std::vector<Tensor>& xs);
 double sum(const Tensor& x);
 double dot(const Tensor& a, const Tensor& b);
 bool all_finite(const Tensor& x);

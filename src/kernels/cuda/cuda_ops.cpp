@@ -51,6 +51,7 @@ constinit const ops::OpTable kOps = {
     .adamw_step = &cuda::adamw_step,
     .sgd_step = &cuda::sgd_step,
     .l2_norm_squared = &cuda::l2_norm_squared,
+    .l2_norm_squared_each = &cuda::l2_norm_squared_each,
     .sum = &cuda::sum,
     .dot = &cuda::dot,
     .all_finite = &cuda::all_finite,

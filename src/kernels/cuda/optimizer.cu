@@ -1,11 +1,12 @@
 // Optimizer kernels: SGD with momentum (ops::sgd_step); multi-tensor AdamW over every parameter in
 // one launch (a chunk table maps blocks to (tensor, offset); ops::adamw_step is its one-tensor
 // case), writing the fp32, bf16 or fp16 model copy; the global squared L2 norm (per-chunk partial sums in double, then
-// summed in chunk order: deterministic), the inf/NaN check and scaling for loss-scale unscaling.
+// summed in chunk order: deterministic; also per tensor, ops::l2_norm_squared_each), the inf/NaN check and scaling for loss-scale unscaling.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_common.cuh"
@@ -109,6 +110,17 @@ __global__ void sum_partials_kernel(const double* partial, int64_t n, double* ou
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) s += partial[i];
   *out = s;
+}
+
+// Each tensor's partial sums in chunk order (its chunks are first[t] .. first[t + 1] - 1): the
+// same order for every call, so deterministic.
+__global__ void sum_partials_each_kernel(const double* partial, const int64_t* first, int64_t n,
+                                         double* out) {
+  MG_GRID_STRIDE(t, n) {
+    double s = 0.0;
+    for (int64_t c = first[t]; c < first[t + 1]; ++c) s += partial[c];
+    out[t] = s;
+  }
 }
 
 __global__ void nonfinite_kernel(const PlainEntry* entries, const ChunkRef* chunks, int* flag) {
@@ -254,6 +266,42 @@ double l2_norm_squared(const std::vector<Tensor>& tensors) {
                                               total.data<double>());
   MG_CUDA_LAUNCH_CHECK();
   return total.to(Device::cpu()).data<double>()[0];
+}
+
+std::vector<double> l2_norm_squared_each(const std::vector<Tensor>& xs) {
+  const char* op = "cuda::l2_norm_squared_each";
+  std::vector<double> out(xs.size(), 0.0);
+  bool plain = true;  // every tensor contiguous fp32 (gradients are): one launch, one read-back
+  for (const Tensor& x : xs) plain = plain && x.dtype() == DType::F32 && x.is_contiguous();
+  if (!plain) {
+    for (size_t i = 0; i < xs.size(); ++i) out[i] = l2_norm_squared(xs[i]);
+    return out;
+  }
+  std::vector<int64_t> first(xs.size() + 1, 0);
+  std::vector<Tensor> nonempty;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    detail::require_cuda(op, "tensor", xs[i]);
+    first[i + 1] = first[i] + (xs[i].numel() + kChunk - 1) / kChunk;
+    if (xs[i].numel() > 0) nonempty.push_back(xs[i]);
+  }
+  PlainTable t = plain_table(op, nonempty);  // the same chunks, in the same order
+  if (t.num_chunks == 0) return out;
+  MG_CHECK(t.num_chunks == first.back(), op, ": chunk count");
+  Tensor partial = Tensor::empty({t.num_chunks}, DType::F64, t.device);
+  Tensor sums = Tensor::empty({int64_t(xs.size())}, DType::F64, t.device);
+  Tensor first_dev = to_device(first, t.device);
+  sumsq_kernel<<<unsigned(t.num_chunks), kThreads, 0, stream()>>>(
+      static_cast<const PlainEntry*>(t.entries.raw_data()),
+      static_cast<const ChunkRef*>(t.chunks.raw_data()), partial.data<double>());
+  MG_CUDA_LAUNCH_CHECK();
+  const int64_t n = int64_t(xs.size());
+  sum_partials_each_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream()>>>(
+      partial.data<double>(), static_cast<const int64_t*>(first_dev.raw_data()), n,
+      sums.data<double>());
+  MG_CUDA_LAUNCH_CHECK();
+  const Tensor host = sums.to(Device::cpu());
+  std::memcpy(out.data(), host.data<double>(), out.size() * sizeof(double));
+  return out;
 }
 
 bool all_finite(const std::vector<Tensor>& tensors) {
