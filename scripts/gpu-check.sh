@@ -20,6 +20,11 @@
 #   6. profile: 3 training iterations of the same model under MEGATRON_OP_PROFILE=1: the ops (and
 #      product shapes) that take the step's time; then the largest products timed in PyTorch in
 #      the same shapes and dtypes (gemm_torch: ours from the profile beside torch.matmul's);
+#   7. cpu: the GPU machine's own CPU (an Intel Xeon with AMX on the machines seen so far), when
+#      the budget leaves time: GPT-2 124M at llm.c's CPU configuration (micro-batch 4, sequence
+#      64) on one thread, ours with --bf16 and in fp32 beside PyTorch's bf16 model and fp32
+#      (bench/reference/train_gpt_torch.py, as bench/train_cpu.sh runs it), seconds per step and
+#      the CPU, its flags and the product kernels picked (`megatron version`);
 # and writes OUT/summary.md (a table of every phase: pass/fail, seconds, figures), OUT/results.jsonl,
 # OUT/MANIFEST and OUT/logs.tar.gz with one log per phase (OUT: $OUT when set, as on the device
 # machine, else build-gpu/gpu-check-out).
@@ -201,6 +206,8 @@ if [ "$DRY" = 1 ]; then
   BENCH=(--layers 2 --hidden 64 --heads 4 --vocab 50304 --prompt 16 --gen 8 --reps 1)
   GQA_MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128
              --max-position-embeddings 128 --window-size 48 0)
+  CPU_MODEL=("${MODEL[@]}")
+  CPU_TORCH=(--layers 2 --hidden 64 --heads 4 --seq 128 --steps 3)
 else
   DEVICE=cuda
   MODEL=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024
@@ -211,6 +218,9 @@ else
   BENCH=(--layers 12 --hidden 768 --heads 12 --vocab 50304 --prompt 128 --gen 64 --reps 2)
   GQA_MODEL=(--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 1024
              --max-position-embeddings 1024 --window-size 256 0)
+  CPU_MODEL=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 64
+             --max-position-embeddings 1024)
+  CPU_TORCH=(--layers 12 --hidden 768 --heads 12 --seq 64 --steps 4)
 fi
 MEGATRON="$B/bin/megatron"
 DATA=(--mock-data --tokenizer-type NullTokenizer --vocab-size 50257 --seed 1234)
@@ -323,5 +333,46 @@ if run gemm_torch 90 "$PY" "$TORCH_REF" --mode gemm --profile-log "$OUT_DIR/prof
   torch_result gemm_torch "$t"
 else
   record gemm_torch $(($(date +%s) - t)) '{"status": "fail", "why": "see the log"}'
+fi
+
+# ---- 7. the CPU's matrix units, on this machine's CPU -----------------------------------------
+if [ "$(left)" -gt 100 ]; then
+  t=$(date +%s)
+  if run cpu 30 "$MEGATRON" version; then
+    cpu_json=$(CPU="$(sed -n 's/^cpu: //p' "$WORK/last.log")" \
+      PRODUCTS="$(sed -n 's/^cpu products: //p' "$WORK/last.log")" \
+      FLAGS="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
+               grep -E '^(amx_|avx512_bf16|avx512_fp16|avx512f$)' | paste -sd' ' -)" "$PY" -c '
+import json, os
+e = os.environ
+print(json.dumps({"status": "pass", "cpu": e["CPU"], "flags": e["FLAGS"],
+                  "products": e["PRODUCTS"]}))')
+    record cpu $(($(date +%s) - t)) "$cpu_json"
+  else
+    record cpu $(($(date +%s) - t)) '{"status": "fail", "why": "megatron version failed"}'
+  fi
+  for prec in bf16 fp32; do
+    t=$(date +%s)
+    flag=(); [ "$prec" = bf16 ] && flag=(--bf16)
+    OMP_NUM_THREADS=1 run "cpu_$prec" 90 "$MEGATRON" pretrain-gpt "${CPU_MODEL[@]}" "${DATA[@]}" \
+      --micro-batch-size 4 --global-batch-size 4 --train-iters 6 --log-interval 1 "${flag[@]}" \
+      --device cpu --lr 6e-4 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0
+    check "cpu_$prec" "$t" train --log "$OUT_DIR/cpu_$prec.log"
+  done
+  "$PY" -c 'import sys, numpy as np
+np.random.default_rng(1).integers(0, 50257, 200000, dtype=np.uint16).tofile(sys.argv[1])' \
+    "$WORK/tokens.bin"
+  for prec in bf16 fp32; do
+    t=$(date +%s)
+    if run "cpu_torch_$prec" 90 "$PY" "$ROOT/bench/reference/train_gpt_torch.py" \
+         --bin "$WORK/tokens.bin" --threads 1 --mbs 4 --gbs 4 --precision "$prec" "${CPU_TORCH[@]}"
+    then
+      torch_result "cpu_torch_$prec" "$t"
+    else
+      record "cpu_torch_$prec" $(($(date +%s) - t)) '{"status": "fail", "why": "see the log"}'
+    fi
+  done
+else
+  record cpu 0 "{\"status\": \"skipped\", \"why\": \"$(left) s left of the ${BUDGET} s budget\"}"
 fi
 finish
