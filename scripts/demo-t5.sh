@@ -6,7 +6,8 @@
 # the corpus's unigram entropy, as the BERT demo prints it, the unigram entropy of the decoder's
 # labels themselves (the masked words with their sentinels and [EOS], over the first 2000 training
 # samples), and that of the span words alone with the sentinels and [EOS] counted as free, then
-# let `megatron generate` fill the spans of a few prompts.
+# let `megatron generate` fill the spans of a few prompts, and score its greedy fills of 300
+# validation samples (scripts/t5_fill_score.py: the first word of each span).
 # Environment: DEMO_ITERS (training iterations, default 5000), DEMO_MINUTES (training stops and
 # saves after this many minutes, default 15), DEMO_THREADS (default 2), BUILD_DIR (default
 # build), SKIP_SETUP=1 to skip scripts/setup.sh, SKIP_BUILD=1 to use $BUILD_DIR/megatron as built.
@@ -100,4 +101,13 @@ PROMPTS_END
   "$MEGATRON" generate --load "$OUT/ckpt" --use-checkpoint-args "${TOK[@]}" \
     --prompt-file "$PROMPTS" --num-tokens-to-generate 16 --top_k 0 --top_p 0.9 \
     --random-seed 1 2>&1 | tee -a "$OUT/generate.log"
+  # The spans of 300 validation samples filled greedily: how often the first word is the one the
+  # span began with, beside always writing the most frequent first word.
+  "$MEGATRON" inspect-data --samples 300 --format json --dataset-type t5 --split-name valid \
+    "${SEQ[@]}" "${TOK[@]}" "${DATA[@]}" "${SAMPLES[@]}" 2>/dev/null | grep '^{' >"$OUT/valid.jsonl"
+  python3 scripts/t5_fill_score.py prompts "$OUT/vocab.txt" "$OUT/valid.jsonl" "$OUT/held_out"
+  "$MEGATRON" generate --load "$OUT/ckpt" --use-checkpoint-args "${TOK[@]}" \
+    --prompt-file "$OUT/held_out.txt" --num-tokens-to-generate 20 --output-format jsonl \
+    --micro-batch-size 32 2>/dev/null >"$OUT/held_out_fills.jsonl"
+  python3 scripts/t5_fill_score.py score "$OUT/held_out" "$OUT/held_out_fills.jsonl"
 fi
