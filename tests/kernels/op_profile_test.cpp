@@ -40,7 +40,8 @@ TEST(OpProfile, TableCountsEveryDispatchedCallAndSharesAddUp) {
     if (m[1] == "attention_fwd") attention_calls = std::stol(m[2]);
   }
   EXPECT_GT(rows, 5) << r.output.substr(at);
-  EXPECT_NEAR(shares, 100.0, 0.5) << r.output.substr(at);
+  // Each share is printed to 0.1%: the printed shares add up to 100 within 0.05 a row.
+  EXPECT_NEAR(shares, 100.0, 0.05 * rows + 1e-9) << r.output.substr(at);
   // One layer, three iterations of one micro-batch, the first left out: QKV, projection, fc1, fc2
   // forward (4) and backward (8, data and weight gradients) per iteration, plus the output
   // layer's products.
