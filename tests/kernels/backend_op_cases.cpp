@@ -24,6 +24,9 @@ Tensor ids(Device d, int64_t n, int64_t lo, int64_t hi, uint64_t stream) {
 }
 
 Tensor scalar(double v) { return Tensor::from_vector<double>({v}, {1}); }
+Tensor doubles(const std::vector<double>& v) {
+  return Tensor::from_vector<double>(v, {int64_t(v.size())});
+}
 
 void matmul_cases(Table& t) {
   const Tolerance gemm_tol{1e-4, 1e-4};
@@ -422,19 +425,16 @@ void optimizer_reduction_cases(Table& t) {
   }
   // Each tensor's sum of squares: empty tensors, several chunks, a view at an offset, and a list
   // with bf16 in it (read one by one); a NaN makes its own tensor's sum NaN and no other.
-  const auto each = [](const std::vector<double>& v) {
-    return Tensor::from_vector<double>(v, {int64_t(v.size())});
-  };
   t.add("l2_norm_squared_each", "fp32: 0, 7, 65536, 200003 elements, a view at offset 1000, 0",
-        [&](Device d) {
+        [](Device d) {
           const Tensor big = rnd(d, {200003}, 147);
-          return Outs{each(l2_norm_squared_each({rnd(d, {0}, 148), rnd(d, {7}, 149),
-                                                  rnd(d, {65536}, 150), big,
-                                                  big.narrow(0, 1000, 70001), rnd(d, {0}, 151)}))};
+          return Outs{doubles(l2_norm_squared_each({rnd(d, {0}, 148), rnd(d, {7}, 149),
+                                                     rnd(d, {65536}, 150), big,
+                                                     big.narrow(0, 1000, 70001), rnd(d, {0}, 151)}))};
         }, {Tolerance{0.0, 1e-9}});
-  t.add("l2_norm_squared_each", "fp32, bf16, fp32", [&](Device d) {
-    return Outs{each(l2_norm_squared_each({rnd(d, {3000}, 152), rnd(d, {3000}, 153, 1.0f, DType::BF16),
-                                           rnd(d, {70000}, 154)}))};
+  t.add("l2_norm_squared_each", "fp32, bf16, fp32", [](Device d) {
+    return Outs{doubles(l2_norm_squared_each(
+        {rnd(d, {3000}, 152), rnd(d, {3000}, 153, 1.0f, DType::BF16), rnd(d, {70000}, 154)}))};
   }, {Tolerance{0.0, 1e-9}});
   t.add("l2_norm_squared_each", "a NaN in the second of three", [](Device d) {
     Tensor x = rnd(Device::cpu(), {70000}, 155);

@@ -1,7 +1,8 @@
 // Optimizer kernels: SGD with momentum (ops::sgd_step); multi-tensor AdamW over every parameter in
 // one launch (a chunk table maps blocks to (tensor, offset); ops::adamw_step is its one-tensor
-// case), writing the fp32, bf16 or fp16 model copy; the global squared L2 norm (per-chunk partial sums in double, then
-// summed in chunk order: deterministic; also per tensor, ops::l2_norm_squared_each), the inf/NaN check and scaling for loss-scale unscaling.
+// case), writing the fp32, bf16 or fp16 model copy; the global squared L2 norm (per-chunk partial
+// sums in double, then summed in chunk order: deterministic; also per tensor,
+// ops::l2_norm_squared_each), the inf/NaN check and scaling for loss-scale unscaling.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
