@@ -2,9 +2,10 @@
 // whatever the OpenMP thread count, and l2_norm_squared_each those of l2_norm_squared one by one;
 // all_finite finds a NaN or Inf at any position of any float dtype (a bit test, so a large finite
 // double stays finite); AdamW writes the bf16/fp16 model weights in its own pass exactly as a
-// separate cast would, and its results do not depend on the thread count; AdamW with the clipping scale in its pass gives the bits of the scale pass followed
-// by AdamW (and the double-precision formula), leaving the gradient as it was; dropout at
-// probability 0 leaves an in-place tensor alone.
+// separate cast would, and its results do not depend on the thread count; AdamW with the
+// clipping scale in its pass gives the bits of the scale pass followed by AdamW (and the
+// double-precision formula), leaving the gradient as it was; dropout at probability 0 leaves an
+// in-place tensor alone.
 #include <gtest/gtest.h>
 #include <omp.h>
 
