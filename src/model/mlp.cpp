@@ -36,7 +36,8 @@ MLP::MLP(const std::string& prefix, const TransformerConfig& cfg, const MlpSpec&
 Tensor MLP::forward(const LayerContext& ctx, const Tensor& x) {
   Tensor h1 = linear_fc1.forward(ctx, x);
   const int64_t width = activation.gated ? h1.size(1) / 2 : h1.size(1);
-  Tensor a1 = Tensor::empty({h1.size(0), width}, DType::F32, h1.device());
+  // Written in fc2's operand dtype (bf16 products: no fp32 copy and cast).
+  Tensor a1 = Tensor::empty({h1.size(0), width}, linear_fc2.input_dtype(), h1.device());
   ops::activation_fwd(activation.id, a1, h1);
   Tensor y = linear_fc2.forward(ctx, a1);
   if (ctx.save) {

@@ -28,9 +28,11 @@ Norm::Norm(const std::string& prefix, int64_t h, const NormKind& k, DType dtype,
   weight.refresh();
 }
 
-Tensor Norm::forward(const LayerContext& ctx, const Tensor& x) {
+Tensor Norm::forward(const LayerContext& ctx, const Tensor& x, DType out_dtype) {
+  MG_CHECK(out_dtype == DType::F32 || out_dtype == DType::BF16, "Norm ", weight.param.name,
+           ": output dtype ", dtype_name(out_dtype), " (float32 or bfloat16)");
   const int64_t n = x.size(0);
-  Tensor out = Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor out = Tensor::empty(x.shape(), out_dtype, x.device());
   Tensor mean, rstd;
   if (ctx.save) {
     if (kind.saves_mean) mean = Tensor::empty({n}, DType::F32, x.device());

@@ -24,7 +24,9 @@ class Norm : public Module {
  public:
   Norm(const std::string& prefix, int64_t h, const NormKind& kind, DType dtype,
        const NormOptions& opt);
-  Tensor forward(const LayerContext& ctx, const Tensor& x);   // x [N, h] -> [N, h]
+  // x [N, h] -> [N, h] in out_dtype: fp32, or bf16 where the output only feeds bf16 products
+  // (the same values the product's operand cast would give, without the fp32 pass).
+  Tensor forward(const LayerContext& ctx, const Tensor& x, DType out_dtype = DType::F32);
   Tensor backward(const LayerContext& ctx, const Tensor& dout);  // -> dx [N, h]
   // dx_accum += d(input) (the residual stream's gradient).
   void backward_accumulate(const LayerContext& ctx, const Tensor& dout, const Tensor& dx_accum);

@@ -88,6 +88,10 @@ LinearBase::LinearBase(const std::string& prefix, int64_t in, int64_t out, bool 
   register_weight(bias);
 }
 
+DType LinearBase::input_dtype() const {
+  return weight.operand().dtype() == DType::BF16 ? DType::BF16 : DType::F32;
+}
+
 Tensor LinearBase::forward(const LayerContext& ctx, const Tensor& x) {
   Communicator& g = tp_.comm();
   const bool sp = tp_.sequence_parallel;

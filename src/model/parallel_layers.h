@@ -55,6 +55,9 @@ class LinearBase : public Module {
  public:
   Tensor forward(const LayerContext& ctx, const Tensor& x);   // -> [N or N/T, out]
   Tensor backward(const LayerContext& ctx, const Tensor& dy); // -> dx; grads +=
+  // The dtype an input may come in without a cast before the product: bf16 where the weight
+  // multiplies in bf16 (a producer that feeds only this layer writes bf16 directly), else fp32.
+  DType input_dtype() const;
   int64_t in_features, out_features;  // this rank's (local) sizes
   bool skip_bias_add;
   Weight weight, bias;  // bias undefined without one

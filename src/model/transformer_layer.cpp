@@ -117,20 +117,24 @@ size_t TransformerLayer::count_parameters(const TransformerConfig& cfg,
 
 Tensor TransformerLayer::forward(const LayerContext& ctx, const Tensor& x) {
   const int64_t row0 = first_row(tp, x);
-  Tensor a = input_layernorm.forward(ctx, x);
+  // The norms whose outputs feed only a product write them in its operand dtype (bf16 products:
+  // bf16, no fp32 copy and cast).
+  Tensor a = input_layernorm.forward(ctx, x, self_attention.linear_qkv.input_dtype());
   Tensor attn = self_attention.forward(ctx, a);
   Tensor x2 = Tensor::empty(x.shape(), DType::F32, x.device());
   bda_fwd(ctx, row0, x2, attn, bias_of(self_attention.linear_proj.bias), x, hidden_dropout, index,
           kSiteAttentionOut);
   if (cross_attention) {
-    Tensor c = pre_cross_attn_layernorm->forward(ctx, x2);
+    Tensor c = pre_cross_attn_layernorm->forward(ctx, x2, cross_attention->linear_q.input_dtype());
     Tensor ca = cross_attention->forward(ctx, c);
     Tensor x3 = Tensor::empty(x.shape(), DType::F32, x.device());
     bda_fwd(ctx, row0, x3, ca, bias_of(cross_attention->linear_proj.bias), x2, hidden_dropout,
             index, kSiteCrossAttentionOut);
     x2 = x3;
   }
-  Tensor m = pre_mlp_layernorm.forward(ctx, x2);
+  const MLP* dense = std::get_if<MLP>(&mlp);  // the MoE router reads the norm's output in fp32
+  Tensor m = pre_mlp_layernorm.forward(ctx, x2,
+                                       dense ? dense->linear_fc1.input_dtype() : DType::F32);
   Tensor mo = std::visit([&](auto& f) { return f.forward(ctx, m); }, mlp);
   Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
   const Weight* fb = ffn_bias(mlp);

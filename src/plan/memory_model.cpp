@@ -30,6 +30,9 @@ constexpr double kHeapRetention = 0.4;
 struct Geometry {
   int64_t b, s, N, R, h, T, C, heads, groups, d, F, V;
   bool sp, gated, mean, qk_norm, learned_pos, probs;
+  // bf16 products (bf16 weights multiplied as stored): the norms and the activation that feed
+  // only a product write bf16 (TransformerLayer::forward, MLP::forward), which the layers keep.
+  bool bf16_products;
   // Mixture of experts (model/moe/): experts, an expert's and the shared expert's widths (0: no
   // shared expert), and M, the rows dispatched to the experts per micro-batch and MoE layer.
   int64_t E, Fe, Fs, M;
@@ -37,6 +40,9 @@ struct Geometry {
   int64_t qkv_width() const { return groups * (heads / groups + 2) * d / T; }  // local columns
   int64_t ctx_width() const { return heads * d / T; }
   int64_t norm_stats() const { return R * (mean ? 2 : 1); }  // rstd (and mean) of a norm
+  // n elements of a product's input in fp32 units (4 bytes): half as many when bf16 (rounded up
+  // for an odd count).
+  int64_t product_input(int64_t n) const { return bf16_products ? (n + 1) / 2 : n; }
 };
 
 // The rows an MoE layer dispatches to its experts for N tokens (routing.cpp): N x top-k; under a
@@ -72,6 +78,7 @@ Geometry geometry(const PlanInput& in) {
   g.mean = model::norm_kind(m.normalization).saves_mean;
   g.qk_norm = m.qk_layernorm;
   g.learned_pos = m.learned_position_embedding();
+  g.bf16_products = m.params_dtype == DType::BF16 && ops::gemm_computes_in(DType::BF16, Device::cpu());
   const bool ring = l.cp > 1 && m.cp_comm_type_id() == model::CpCommTypeId::p2p;
   g.probs = in.keeps_attention_probs && !m.selective_recompute() && !ring;
   if (m.num_moe_experts > 0) {
@@ -106,20 +113,22 @@ LayerSaved layer_saved(const Geometry& g, bool moe) {
     const int64_t per = g.mean ? 2 : 1;
     qk = g.N * local_heads * (g.d + per) + g.N * local_groups * (g.d + per);
   }
-  s.attention = 2 * g.R * g.h + g.norm_stats() + s.qkv + qk + s.lse + s.probs + s.ctx;
+  // The layer's input and its norm's output (the QKV product's input).
+  s.attention = g.R * g.h + g.product_input(g.R * g.h) + g.norm_stats() + s.qkv + qk + s.lse +
+                s.probs + s.ctx;
   s.moe = moe;
   if (!moe) {
     s.h1 = g.N * g.F * g.up() / g.T;
-    s.a1 = g.N * g.F / g.T;
-    s.mlp = 2 * g.R * g.h + g.norm_stats() + s.h1 + s.a1;
+    s.a1 = g.product_input(g.N * g.F / g.T);
+    s.mlp = g.R * g.h + g.product_input(g.R * g.h) + g.norm_stats() + s.h1 + s.a1;
     return s;
   }
   // The MoE layer: the gate's logits [N, E], the dispatched rows [M, h] (the experts' fc1 input),
   // each expert's fc1 output and activation over its rows, the experts' outputs [M, h], and the
   // shared expert's MLP over every token.
-  s.shared = g.N * g.Fs * (g.up() + 1) / g.T;
+  s.shared = g.N * g.Fs * g.up() / g.T + g.product_input(g.N * g.Fs / g.T);
   s.h1 = g.M * g.Fe * g.up() / g.T;
-  s.a1 = g.M * g.Fe / g.T;
+  s.a1 = g.product_input(g.M * g.Fe / g.T);
   s.mlp = 2 * g.R * g.h + g.norm_stats() + g.N * g.E + 2 * g.M * g.h + s.h1 + s.a1 + s.shared;
   return s;
 }

@@ -166,6 +166,21 @@ void norm_cases(Table& t) {
     norm_fwd(NormId::rmsnorm, x, Tensor(), Tensor(), x, rnd(d, {64}, 36), Tensor(), 1e-5f);
     return Outs{x};
   });
+  // bf16 outputs (a norm feeding bf16 products): the fp32 values rounded as cast rounds them.
+  const Tolerance bf16_out{1e-2, 1e-2};
+  t.add_kind("norm_fwd", "LayerNorm", "13 x 40, bf16 out, saving mean/rstd", [=](Device d) {
+    Tensor out = fill(d, {13, 40}, 0.0, DType::BF16), mean = fill(d, {13}, 0.0);
+    Tensor rstd = fill(d, {13}, 0.0);
+    norm_fwd(NormId::layernorm, out, mean, rstd, rnd(d, {13, 40}, 51, 2.0f), rnd(d, {40}, 52),
+             rnd(d, {40}, 53), 1e-5f);
+    return Outs{out, mean, rstd};
+  }, {bf16_out, Tolerance{}, Tolerance{}});
+  t.add_kind("norm_fwd", "RMSNorm", "7 x 1000, bf16 out, no rstd", [=](Device d) {
+    Tensor out = fill(d, {7, 1000}, 0.0, DType::BF16);
+    norm_fwd(NormId::rmsnorm, out, Tensor(), Tensor(), rnd(d, {7, 1000}, 54, 3.0f),
+             rnd(d, {1000}, 55), Tensor(), 1e-6f);
+    return Outs{out};
+  }, {bf16_out});
   for (bool acc : {false, true})
     t.add_kind("norm_bwd", "RMSNorm", str("13 x 40, accumulate_dx ", acc), [=](Device d) {
       Tensor x = rnd(d, {13, 40}, 37), w = rnd(d, {40}, 38);
@@ -185,6 +200,13 @@ void activation_cases(Table& t) {
       activation_fwd(k, y, rnd(d, {33, 130}, 42, 2.0f));
       return Outs{y};
     }, {Tolerance{1e-6, 1e-5}});
+    // bf16 outputs (an activation feeding a bf16 product), 4-aligned (the GPU's wide loop) and not.
+    for (int64_t cols : {128, 130})
+      t.add_kind("activation_fwd", name, str("33 x ", cols, ", bf16 out"), [=](Device d) {
+        Tensor y = fill(d, {33, cols}, 0.0, DType::BF16);
+        activation_fwd(k, y, rnd(d, {33, cols}, 56, 2.0f));
+        return Outs{y};
+      }, {Tolerance{1e-2, 1e-2}});
     t.add_kind("activation_bwd", name, "33 x 130", [=](Device d) {
       Tensor dx = fill(d, {33, 130}, 0.0);
       activation_bwd(k, dx, rnd(d, {33, 130}, 43), rnd(d, {33, 130}, 44, 2.0f));
@@ -196,6 +218,11 @@ void activation_cases(Table& t) {
     activation_fwd(ActivationId::swiglu, out, rnd(d, {9, 40}, 45, 2.0f));
     return Outs{out};
   });
+  t.add_kind("activation_fwd", "swiglu", "9 x (2 x 20), bf16 out", [](Device d) {
+    Tensor out = fill(d, {9, 20}, 0.0, DType::BF16);
+    activation_fwd(ActivationId::swiglu, out, rnd(d, {9, 40}, 57, 2.0f));
+    return Outs{out};
+  }, {Tolerance{1e-2, 1e-2}});
   t.add_kind("activation_bwd", "swiglu", "9 x (2 x 20)", [](Device d) {
     Tensor dx = fill(d, {9, 40}, 0.0);
     activation_bwd(ActivationId::swiglu, dx, rnd(d, {9, 20}, 46), rnd(d, {9, 40}, 47, 2.0f));

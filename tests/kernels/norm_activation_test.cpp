@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -186,6 +187,48 @@ TEST(NormActivation, SquaredReluForwardBackward) {
   expect_close("squared_relu_fwd in place", xa, yref, 1e-6);
   EXPECT_THROW(activation_fwd(ActivationId::squared_relu, Tensor::empty({n - 1}, DType::F32), x),
                InternalError);
+}
+
+// A bf16 output (a norm or activation feeding bf16 products) is the fp32 output rounded as
+// ops::cast rounds it, bit for bit, for every kind (a NaN included); other output dtypes are
+// refused, and backward's dx stays fp32.
+TEST(NormActivation, Bf16OutputsAreTheFp32OutputsCast) {
+  auto expect_cast = [](const std::string& what, const Tensor& got, const Tensor& f32) {
+    Tensor want = Tensor::empty(f32.shape(), DType::BF16);
+    cast(want, f32);
+    ASSERT_EQ(got.dtype(), DType::BF16) << what;
+    const uint16_t *g = static_cast<const uint16_t*>(got.raw_data()),
+                   *w = static_cast<const uint16_t*>(want.raw_data());
+    for (int64_t i = 0; i < got.numel(); ++i)
+      ASSERT_EQ(g[i], w[i]) << what << " element " << i;
+  };
+  for (const NormOp& k : kNormOps) {
+    for (auto [n, h] : {std::pair<int64_t, int64_t>{7, 33}, {300, 128}}) {
+      Tensor x = randn({n, h}, 130, 3.0f), w = randn({h}, 131);
+      Tensor b = k.has_bias ? randn({h}, 132) : Tensor();
+      Tensor y = Tensor::empty({n, h}, DType::F32), yb = Tensor::empty({n, h}, DType::BF16);
+      Tensor r = Tensor::empty({n}, DType::F32), rb = Tensor::empty({n}, DType::F32);
+      norm_fwd(k.id, y, Tensor(), r, x, w, b, 1e-5f);
+      norm_fwd(k.id, yb, Tensor(), rb, x, w, b, 1e-5f);
+      expect_cast(std::string(k.name) + " " + std::to_string(n) + " x " + std::to_string(h), yb, y);
+      EXPECT_EQ(rb.to_float_vector(), r.to_float_vector()) << k.name;
+    }
+    Tensor x = randn({4, 8}, 133);
+    EXPECT_THROW(norm_fwd(k.id, Tensor::empty({4, 8}, DType::F16), Tensor(), Tensor(), x,
+                          randn({8}, 134), k.has_bias ? randn({8}, 135) : Tensor(), 1e-5f),
+                 InternalError) << k.name << ": fp16 out";
+  }
+  for (const ActivationOp& k : kActivationOps) {
+    const int64_t n = 37, f = 70, in = k.gated ? 2 * f : f;
+    Tensor x = randn({n, in}, 136, 2.0f);
+    x.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+    Tensor y = Tensor::empty({n, f}, DType::F32), yb = Tensor::empty({n, f}, DType::BF16);
+    activation_fwd(k.id, y, x);
+    activation_fwd(k.id, yb, x);
+    expect_cast(k.name, yb, y);
+    EXPECT_THROW(activation_bwd(k.id, Tensor::empty({n, in}, DType::BF16), randn({n, f}, 137), x),
+                 InternalError) << k.name << ": bf16 dx";
+  }
 }
 
 }  // namespace

@@ -71,20 +71,24 @@ struct Activation<ActivationId::squared_relu> {
 template <ActivationId K>
 constexpr bool kGated = kActivationOps[size_t(K)].gated;
 
+inline void put(float* p, float v) { *p = v; }
+inline void put(bf16* p, float v) { *p = float_to_bf16(v); }  // rounded as ops::cast rounds
+
 // out [numel] = act(x); or, gated, out [n, f] = act(gate, up) over rows [gate | up] of x [n, 2f].
-template <ActivationId K>
-void run_fwd(float* o, const float* xp, int64_t numel, int64_t f) {
+// O: fp32 or bf16.
+template <ActivationId K, class O>
+void run_fwd(O* o, const float* xp, int64_t numel, int64_t f) {
   using A = Activation<K>;
   if constexpr (kGated<K>) {
     const int64_t n = f > 0 ? numel / (2 * f) : 0;
     cpu::parallel_for(n, n * f, [&](int64_t i) {
       const float *gate = xp + i * 2 * f, *up = gate + f;
-      float* oi = o + i * f;
+      O* oi = o + i * f;
 #pragma omp simd
-      for (int64_t j = 0; j < f; ++j) oi[j] = A::fwd(gate[j], up[j]);
+      for (int64_t j = 0; j < f; ++j) put(oi + j, A::fwd(gate[j], up[j]));
     });
   } else {
-    cpu::parallel_for_simd(numel, [&](int64_t i) { o[i] = A::fwd(xp[i]); });
+    cpu::parallel_for_simd(numel, [&](int64_t i) { put(o + i, A::fwd(xp[i])); });
   }
 }
 
@@ -105,14 +109,17 @@ void run_bwd(float* d, const float* g, const float* xp, int64_t numel, int64_t f
   }
 }
 
-// Checks x against `half` (out or dout: x's shape, or half of it for a gated kind); returns the
-// gated kind's half width f (0 for a plain one).
+// Checks x against `half` (out or dout: x's shape, or half of it for a gated kind; fp32, or bf16
+// where bf16_ok: the forward's out); returns the gated kind's half width f (0 for a plain one).
 int64_t check_activation(const char* op, ActivationId kind, const Tensor& x, const Tensor& half,
-                         const char* half_name) {
+                         const char* half_name, bool bf16_ok = false) {
   const ActivationOp* k = find_activation_op(kind);
   if (k == nullptr) detail::throw_no_kind_kernel(op, kind, x.device());
   require_f32(op, "x", x);
-  require_f32(op, half_name, half);
+  if (bf16_ok && half.defined() && half.dtype() == DType::BF16)
+    require_bf16_output(op, half, x, k->gated ? x.numel() / 2 : x.numel());
+  else
+    require_f32(op, half_name, half);
   if (!k->gated) {
     cpu::require_numel(op, half, x);
     return 0;
@@ -129,9 +136,15 @@ int64_t check_activation(const char* op, ActivationId kind, const Tensor& x, con
 
 void activation_fwd(ActivationId kind, const Tensor& out, const Tensor& x) {
   const char* op = "activation_fwd";
-  const int64_t f = check_activation(op, kind, x, out, "out");
-  float* o = out.data<float>();
+  const int64_t f = check_activation(op, kind, x, out, "out", true);
   const float* xp = x.data<float>();
+  if (out.dtype() == DType::BF16) {
+    bf16* o = out.data<bf16>();
+    cpu::with_kind<kActivationOpCount>(
+        op, kind, [&]<ActivationId K>() { run_fwd<K>(o, xp, x.numel(), f); });
+    return;
+  }
+  float* o = out.data<float>();
   cpu::with_kind<kActivationOpCount>(
       op, kind, [&]<ActivationId K>() { run_fwd<K>(o, xp, x.numel(), f); });
 }

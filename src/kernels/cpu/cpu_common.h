@@ -77,6 +77,15 @@ inline void require_numel(const char* op, const Tensor& a, const Tensor& b) {
   MG_CHECK(a.numel() == b.numel(), op, ": element counts differ (", shape_str(a.shape()), " vs ",
            shape_str(b.shape()), ")");
 }
+// A bf16 output of n elements written from fp32 values computed from x (norms, activations):
+// contiguous, on the host, and not in x's storage (an fp32 output may alias x; a bf16 one would
+// overwrite inputs not yet read).
+inline void require_bf16_output(const char* op, const Tensor& out, const Tensor& x, int64_t n) {
+  require_host(op, out);
+  MG_CHECK(out.is_contiguous(), op, ": out must be contiguous");
+  MG_CHECK(out.numel() == n, op, ": out has ", out.numel(), " elements, want ", n);
+  MG_CHECK(out.storage() != x.storage(), op, ": a bfloat16 out may not share x's storage");
+}
 // Rows and columns of a tensor seen as [numel / last, last].
 inline int64_t rows_of(const Tensor& t) { return t.numel() / t.size(-1); }
 

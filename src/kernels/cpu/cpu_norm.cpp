@@ -17,12 +17,16 @@ namespace {
 
 // The arguments of a norm's kernels, checked by norm_fwd / norm_bwd (pointers are null for
 // undefined tensors).
+// The output is written through the kernel's `o` (fp32, or bf16 rounded as ops::cast rounds).
 struct NormFwdArgs {
   int64_t n, h;
   const float *x, *w, *b;
-  float *out, *mean, *rstd;
+  float *mean, *rstd;
   float eps;
 };
+
+inline void put(float* p, float v) { *p = v; }
+inline void put(bf16* p, float v) { *p = float_to_bf16(v); }
 struct NormBwdArgs {
   int64_t n, h;
   const float *x, *w, *dout, *mean, *rstd;
@@ -36,10 +40,11 @@ struct NormKernel;
 
 template <>
 struct NormKernel<NormId::layernorm> {
-  static void fwd(const NormFwdArgs& a) {
+  template <class O>
+  static void fwd(const NormFwdArgs& a, O* o) {
     const int64_t h = a.h, n = a.n;
     const float *xp = a.x, *w = a.w, *b = a.b;
-    float *o = a.out, *mp = a.mean, *rp = a.rstd;
+    float *mp = a.mean, *rp = a.rstd;
     const float eps = a.eps;
     cpu::parallel_for(n, n * h, [&](int64_t i) {
       const float* xi = xp + i * h;
@@ -50,8 +55,8 @@ struct NormKernel<NormId::layernorm> {
       for (int64_t j = 0; j < h; ++j) v += (xi[j] - m) * (xi[j] - m);
       v /= float(h);
       const float r = 1.0f / std::sqrt(v + eps);
-      float* oi = o + i * h;
-      for (int64_t j = 0; j < h; ++j) oi[j] = (xi[j] - m) * r * w[j] + b[j];
+      O* oi = o + i * h;
+      for (int64_t j = 0; j < h; ++j) put(oi + j, (xi[j] - m) * r * w[j] + b[j]);
       if (mp) mp[i] = m;
       if (rp) rp[i] = r;
     });
@@ -100,18 +105,19 @@ struct NormKernel<NormId::layernorm> {
 
 template <>
 struct NormKernel<NormId::rmsnorm> {
-  static void fwd(const NormFwdArgs& a) {
+  template <class O>
+  static void fwd(const NormFwdArgs& a, O* o) {
     const int64_t h = a.h, n = a.n;
     const float *xp = a.x, *w = a.w;
-    float *o = a.out, *rp = a.rstd;
+    float* rp = a.rstd;
     const float eps = a.eps;
     cpu::parallel_for(n, n * h, [&](int64_t i) {
       const float* xi = xp + i * h;
       float ms = 0;
       for (int64_t j = 0; j < h; ++j) ms += xi[j] * xi[j];
       const float r = 1.0f / std::sqrt(ms / float(h) + eps);
-      float* oi = o + i * h;
-      for (int64_t j = 0; j < h; ++j) oi[j] = xi[j] * r * w[j];
+      O* oi = o + i * h;
+      for (int64_t j = 0; j < h; ++j) put(oi + j, xi[j] * r * w[j]);
       if (rp) rp[i] = r;
     });
   }
@@ -189,10 +195,16 @@ void norm_fwd(NormId kind, const Tensor& out, const Tensor& mean, const Tensor& 
   check_norm(op, kind, x, weight, bias, mean, &n, &h);
   const NormFwdArgs a{n, h, x.data<float>(), weight.data<float>(),
                       f32_of<const float>(op, "bias", bias, h, false),
-                      f32_of<float>(op, "out", out, n * h, true),
                       f32_of<float>(op, "mean", mean, n, false),
                       f32_of<float>(op, "rstd", rstd, n, false), eps};
-  cpu::with_kind<kNormOpCount>(op, kind, [&]<NormId K>() { NormKernel<K>::fwd(a); });
+  if (out.defined() && out.dtype() == DType::BF16) {
+    require_bf16_output(op, out, x, n * h);
+    bf16* o = out.data<bf16>();
+    cpu::with_kind<kNormOpCount>(op, kind, [&]<NormId K>() { NormKernel<K>::fwd(a, o); });
+    return;
+  }
+  float* o = f32_of<float>(op, "out", out, n * h, true);
+  cpu::with_kind<kNormOpCount>(op, kind, [&]<NormId K>() { NormKernel<K>::fwd(a, o); });
 }
 
 void norm_bwd(NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,

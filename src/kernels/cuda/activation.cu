@@ -65,17 +65,52 @@ struct Activation<ActivationId::squared_relu> {
 template <ActivationId K>
 constexpr bool kGated = ops::kActivationOps[size_t(K)].gated;
 
-// Plain: out[i] = act(x[i]) over numel. Gated: out [n, f] from x rows [gate | up] of 2f.
-template <ActivationId K>
-__global__ void activation_fwd_kernel(float* out, const float* x, int64_t count, int64_t f) {
+// Plain: out[i] = act(x[i]) over numel. Gated: out [n, f] from x rows [gate | up] of 2f. O: fp32,
+// or bf16 rounded as ops::cast rounds.
+template <ActivationId K, class O>
+__global__ void activation_fwd_kernel(O* out, const float* x, int64_t count, int64_t f) {
   MG_GRID_STRIDE(i, count) {
     if constexpr (kGated<K>) {
       const int64_t row = i / f, j = i - row * f;
-      out[i] = Activation<K>::fwd(x[row * 2 * f + j], x[row * 2 * f + f + j]);
+      detail::store_f(out, i, Activation<K>::fwd(x[row * 2 * f + j], x[row * 2 * f + f + j]));
     } else {
-      out[i] = Activation<K>::fwd(x[i]);
+      detail::store_f(out, i, Activation<K>::fwd(x[i]));
     }
   }
+}
+
+// Four values to out[4i, 4i + 4): one 16-byte store (fp32) or one 8-byte store (bf16).
+__device__ inline void store4(float* out, int64_t i, float a, float b, float c, float d) {
+  reinterpret_cast<float4*>(out)[i] = make_float4(a, b, c, d);
+}
+__device__ inline void store4(__nv_bfloat16* out, int64_t i, float a, float b, float c, float d) {
+  __nv_bfloat162* p = reinterpret_cast<__nv_bfloat162*>(out) + 2 * i;
+  p[0] = __floats2bfloat162_rn(a, b);
+  p[1] = __floats2bfloat162_rn(c, d);
+}
+
+// A plain kind four elements a thread (x and out aligned for the wide loads and stores).
+template <ActivationId K, class O>
+__global__ void activation_fwd4_kernel(O* out, const float4* x, int64_t count4) {
+  using A = Activation<K>;
+  MG_GRID_STRIDE(i, count4) {
+    const float4 v = x[i];
+    store4(out, i, A::fwd(v.x), A::fwd(v.y), A::fwd(v.z), A::fwd(v.w));
+  }
+}
+
+template <ActivationId K, class O>
+void launch_fwd(O* out, const float* x, int64_t count, int64_t f) {
+  if constexpr (!kGated<K>) {
+    if (count % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(out) % (4 * sizeof(O)) == 0) {
+      activation_fwd4_kernel<K><<<detail::grid_for(count / 4, kThreads), kThreads, 0, stream()>>>(
+          out, reinterpret_cast<const float4*>(x), count / 4);
+      return;
+    }
+  }
+  activation_fwd_kernel<K><<<detail::grid_for(count, kThreads), kThreads, 0, stream()>>>(
+      out, x, count, f);
 }
 
 template <ActivationId K>
@@ -95,14 +130,17 @@ __global__ void activation_bwd_kernel(float* dx, const float* dout, const float*
   }
 }
 
-// Checks x against `half` (out or dout: x's shape, or half of it for a gated kind); returns the
-// gated kind's half width f (0 for a plain one).
+// Checks x against `half` (out or dout: x's shape, or half of it for a gated kind; fp32, or bf16
+// where bf16_ok: the forward's out); returns the gated kind's half width f (0 for a plain one).
 int64_t check_activation(const char* op, ActivationId kind, const Tensor& x, const Tensor& half,
-                         const char* half_name) {
+                         const char* half_name, bool bf16_ok = false) {
   const ops::ActivationOp* k = ops::find_activation_op(kind);
   if (k == nullptr) ops::detail::throw_no_kind_kernel(op, kind, x.device());
   detail::require_f32(op, "x", x);
-  detail::require_f32(op, half_name, half);
+  if (bf16_ok && half.defined() && half.dtype() == DType::BF16)
+    detail::require_bf16_output(op, half, x, k->gated ? x.numel() / 2 : x.numel());
+  else
+    detail::require_f32(op, half_name, half);
   if (!k->gated) {
     detail::require_same_numel(op, half, x);
     return 0;
@@ -119,12 +157,14 @@ int64_t check_activation(const char* op, ActivationId kind, const Tensor& x, con
 
 void activation_fwd(ActivationId kind, const Tensor& out, const Tensor& x) {
   const char* op = "activation_fwd";
-  const int64_t f = check_activation(op, kind, x, out, "out");
+  const int64_t f = check_activation(op, kind, x, out, "out", true);
   const int64_t count = out.numel();
   if (count == 0) return;
   detail::with_kind<ops::kActivationOpCount>(op, kind, x.device(), [&]<ActivationId K>() {
-    activation_fwd_kernel<K><<<detail::grid_for(count, kThreads), kThreads, 0, stream()>>>(
-        out.data<float>(), x.data<float>(), count, f);
+    if (out.dtype() == DType::BF16)
+      launch_fwd<K>(static_cast<__nv_bfloat16*>(out.raw_data()), x.data<float>(), count, f);
+    else
+      launch_fwd<K>(out.data<float>(), x.data<float>(), count, f);
   });
   MG_CUDA_LAUNCH_CHECK();
 }

@@ -53,6 +53,15 @@ T* f32_or_null(const char* op, const char* name, const Tensor& t, int64_t n, boo
   return t.data<float>();
 }
 
+// A bf16 output of n elements written from fp32 values computed from x (norms, activations):
+// contiguous, on the device, and not in x's storage (an fp32 output may alias x; a bf16 one would
+// overwrite inputs not yet read).
+inline void require_bf16_output(const char* op, const Tensor& out, const Tensor& x, int64_t n) {
+  require_cuda(op, "out", out);
+  MG_CHECK(out.numel() == n, op, ": out has ", out.numel(), " elements, want ", n);
+  MG_CHECK(out.storage() != x.storage(), op, ": a bfloat16 out may not share x's storage");
+}
+
 inline void require_same_numel(const char* op, const Tensor& a, const Tensor& b) {
   MG_CHECK(a.numel() == b.numel(), op, ": element counts differ (", a.numel(), " vs ", b.numel(),
            ")");

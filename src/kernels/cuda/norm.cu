@@ -22,7 +22,8 @@ constexpr int kRowsPerChunk = 64;
 struct FwdArgs {
   int64_t h;
   const float *x, *w, *b;
-  float *out, *mean, *rstd;
+  void* out;  // fp32, or bf16 (norm_fwd_kernel's O): rounded as ops::cast rounds
+  float *mean, *rstd;
   float eps;
 };
 struct BwdArgs {
@@ -39,6 +40,7 @@ struct NormKernel;
 
 template <>
 struct NormKernel<NormId::layernorm> {
+  template <class O>
   static __device__ void fwd_row(const FwdArgs& a, int64_t row, float* shared) {
     const float* xr = a.x + row * a.h;
     float s = 0.0f;
@@ -47,9 +49,9 @@ struct NormKernel<NormId::layernorm> {
     float v = 0.0f;
     for (int64_t j = threadIdx.x; j < a.h; j += blockDim.x) v += (xr[j] - mean) * (xr[j] - mean);
     const float r = 1.0f / sqrtf(detail::block_sum(v, shared) / float(a.h) + a.eps);
-    float* orow = a.out + row * a.h;
+    O* orow = static_cast<O*>(a.out) + row * a.h;
     for (int64_t j = threadIdx.x; j < a.h; j += blockDim.x)
-      orow[j] = (xr[j] - mean) * r * a.w[j] + a.b[j];
+      detail::store_f(orow, j, (xr[j] - mean) * r * a.w[j] + a.b[j]);
     if (threadIdx.x == 0) {
       if (a.mean) a.mean[row] = mean;
       if (a.rstd) a.rstd[row] = r;
@@ -66,13 +68,15 @@ struct NormKernel<NormId::layernorm> {
 
 template <>
 struct NormKernel<NormId::rmsnorm> {
+  template <class O>
   static __device__ void fwd_row(const FwdArgs& a, int64_t row, float* shared) {
     const float* xr = a.x + row * a.h;
     float s = 0.0f;
     for (int64_t j = threadIdx.x; j < a.h; j += blockDim.x) s += xr[j] * xr[j];
     const float r = 1.0f / sqrtf(detail::block_sum(s, shared) / float(a.h) + a.eps);
-    float* orow = a.out + row * a.h;
-    for (int64_t j = threadIdx.x; j < a.h; j += blockDim.x) orow[j] = xr[j] * r * a.w[j];
+    O* orow = static_cast<O*>(a.out) + row * a.h;
+    for (int64_t j = threadIdx.x; j < a.h; j += blockDim.x)
+      detail::store_f(orow, j, xr[j] * r * a.w[j]);
     if (threadIdx.x == 0 && a.rstd) a.rstd[row] = r;
   }
   static __device__ float xhat(float x, const float*, const float* rstd, int64_t row) {
@@ -84,10 +88,10 @@ struct NormKernel<NormId::rmsnorm> {
   }
 };
 
-template <NormId K>
+template <NormId K, class O>
 __global__ void norm_fwd_kernel(FwdArgs a) {
   __shared__ float shared[32];
-  NormKernel<K>::fwd_row(a, blockIdx.x, shared);
+  NormKernel<K>::template fwd_row<O>(a, blockIdx.x, shared);
 }
 
 template <NormId K>
@@ -169,18 +173,24 @@ void norm_fwd(NormId kind, const Tensor& out, const Tensor& mean, const Tensor& 
   const char* op = "norm_fwd";
   int64_t n = 0, h = 0;
   check_norm(op, kind, x, weight, bias, mean, &n, &h);
+  const bool bf16_out = out.defined() && out.dtype() == DType::BF16;
+  if (bf16_out)
+    detail::require_bf16_output(op, out, x, n * h);
   const FwdArgs a{h,
                   x.data<float>(),
                   weight.data<float>(),
                   f32_or_null<const float>(op, "bias", bias, h, false),
-                  f32_or_null<float>(op, "out", out, n * h, true),
+                  bf16_out ? out.raw_data() : f32_or_null<float>(op, "out", out, n * h, true),
                   f32_or_null<float>(op, "mean", mean, n, false),
                   f32_or_null<float>(op, "rstd", rstd, n, false),
                   eps};
   if (n == 0) return;
   MG_CHECK(n < (int64_t(1) << 31), op, ": too many rows");
   detail::with_kind<ops::kNormOpCount>(op, kind, x.device(), [&]<NormId K>() {
-    norm_fwd_kernel<K><<<unsigned(n), kThreads, 0, stream()>>>(a);
+    if (bf16_out)
+      norm_fwd_kernel<K, __nv_bfloat16><<<unsigned(n), kThreads, 0, stream()>>>(a);
+    else
+      norm_fwd_kernel<K, float><<<unsigned(n), kThreads, 0, stream()>>>(a);
   });
   MG_CUDA_LAUNCH_CHECK();
 }

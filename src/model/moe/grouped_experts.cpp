@@ -103,7 +103,8 @@ Tensor GroupedExperts::forward(const LayerContext& ctx, const Tensor& xp,
   const bool comm = !tp_.explicit_expert_comm && tp_.size() > 1;  // else the dispatcher's
   const DType dt = operand_dtype(fc1_);
   Tensor h1 = Tensor::empty({M, F1}, DType::F32, xp.device());
-  Tensor a1 = Tensor::empty({M, F}, DType::F32, xp.device());
+  // The activation is written in fc2's operand dtype (bf16 products: no fp32 copy and cast).
+  Tensor a1 = Tensor::empty({M, F}, dt == DType::BF16 ? dt : DType::F32, xp.device());
   Tensor y = Tensor::empty({M, xp.size(1)}, DType::F32, xp.device());
   if (M > 0) {
     grouped_gemm(product_operand(xp, dt), counts, operands(fc1_), true, h1);
