@@ -71,9 +71,6 @@ struct Activation<ActivationId::squared_relu> {
 template <ActivationId K>
 constexpr bool kGated = kActivationOps[size_t(K)].gated;
 
-inline void put(float* p, float v) { *p = v; }
-inline void put(bf16* p, float v) { *p = float_to_bf16(v); }  // rounded as ops::cast rounds
-
 // out [numel] = act(x); or, gated, out [n, f] = act(gate, up) over rows [gate | up] of x [n, 2f].
 // O: fp32 or bf16.
 template <ActivationId K, class O>
@@ -85,10 +82,10 @@ void run_fwd(O* o, const float* xp, int64_t numel, int64_t f) {
       const float *gate = xp + i * 2 * f, *up = gate + f;
       O* oi = o + i * f;
 #pragma omp simd
-      for (int64_t j = 0; j < f; ++j) put(oi + j, A::fwd(gate[j], up[j]));
+      for (int64_t j = 0; j < f; ++j) cpu::put(oi + j, A::fwd(gate[j], up[j]));
     });
   } else {
-    cpu::parallel_for_simd(numel, [&](int64_t i) { put(o + i, A::fwd(xp[i])); });
+    cpu::parallel_for_simd(numel, [&](int64_t i) { cpu::put(o + i, A::fwd(xp[i])); });
   }
 }
 
@@ -138,15 +135,14 @@ void activation_fwd(ActivationId kind, const Tensor& out, const Tensor& x) {
   const char* op = "activation_fwd";
   const int64_t f = check_activation(op, kind, x, out, "out", true);
   const float* xp = x.data<float>();
-  if (out.dtype() == DType::BF16) {
-    bf16* o = out.data<bf16>();
+  auto run = [&](auto* o) {
     cpu::with_kind<kActivationOpCount>(
         op, kind, [&]<ActivationId K>() { run_fwd<K>(o, xp, x.numel(), f); });
-    return;
-  }
-  float* o = out.data<float>();
-  cpu::with_kind<kActivationOpCount>(
-      op, kind, [&]<ActivationId K>() { run_fwd<K>(o, xp, x.numel(), f); });
+  };
+  if (out.dtype() == DType::BF16)
+    run(out.data<bf16>());
+  else
+    run(out.data<float>());
 }
 
 void activation_bwd(ActivationId kind, const Tensor& dx, const Tensor& dout, const Tensor& x) {

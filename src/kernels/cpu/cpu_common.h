@@ -103,6 +103,9 @@ inline void blas_single_threaded() {
 inline float to_f32(float v) { return v; }
 inline float to_f32(bf16 v) { return bf16_to_float(v); }
 inline float to_f32(fp16 v) { return fp16_to_float(v); }
+// An fp32 value stored as fp32, or rounded to bf16 as ops::cast rounds it (kernels writing either).
+inline void put(float* p, float v) { *p = v; }
+inline void put(bf16* p, float v) { *p = float_to_bf16(v); }
 
 // exp(x) in float, vectorisable (no calls, no branches): Cody-Waite range reduction x = n ln2 + r
 // and the Cephes degree-6 polynomial for exp(r), |r| <= ln2/2; relative error ~2 ulp. Inputs are

@@ -16,17 +16,13 @@ namespace {
 
 
 // The arguments of a norm's kernels, checked by norm_fwd / norm_bwd (pointers are null for
-// undefined tensors).
-// The output is written through the kernel's `o` (fp32, or bf16 rounded as ops::cast rounds).
+// undefined tensors). The forward's output is the kernel's `o` (fp32, or bf16 through cpu::put).
 struct NormFwdArgs {
   int64_t n, h;
   const float *x, *w, *b;
   float *mean, *rstd;
   float eps;
 };
-
-inline void put(float* p, float v) { *p = v; }
-inline void put(bf16* p, float v) { *p = float_to_bf16(v); }
 struct NormBwdArgs {
   int64_t n, h;
   const float *x, *w, *dout, *mean, *rstd;
@@ -34,7 +30,8 @@ struct NormBwdArgs {
   bool accumulate_dx;
 };
 
-// The kernel of norm kind K: static fwd(const NormFwdArgs&) and bwd(const NormBwdArgs&).
+// The kernel of norm kind K: static fwd(const NormFwdArgs&, O* out) for O fp32 or bf16, and
+// bwd(const NormBwdArgs&).
 template <NormId K>
 struct NormKernel;
 
@@ -56,7 +53,7 @@ struct NormKernel<NormId::layernorm> {
       v /= float(h);
       const float r = 1.0f / std::sqrt(v + eps);
       O* oi = o + i * h;
-      for (int64_t j = 0; j < h; ++j) put(oi + j, (xi[j] - m) * r * w[j] + b[j]);
+      for (int64_t j = 0; j < h; ++j) cpu::put(oi + j, (xi[j] - m) * r * w[j] + b[j]);
       if (mp) mp[i] = m;
       if (rp) rp[i] = r;
     });
@@ -117,7 +114,7 @@ struct NormKernel<NormId::rmsnorm> {
       for (int64_t j = 0; j < h; ++j) ms += xi[j] * xi[j];
       const float r = 1.0f / std::sqrt(ms / float(h) + eps);
       O* oi = o + i * h;
-      for (int64_t j = 0; j < h; ++j) put(oi + j, xi[j] * r * w[j]);
+      for (int64_t j = 0; j < h; ++j) cpu::put(oi + j, xi[j] * r * w[j]);
       if (rp) rp[i] = r;
     });
   }
@@ -197,14 +194,15 @@ void norm_fwd(NormId kind, const Tensor& out, const Tensor& mean, const Tensor& 
                       f32_of<const float>(op, "bias", bias, h, false),
                       f32_of<float>(op, "mean", mean, n, false),
                       f32_of<float>(op, "rstd", rstd, n, false), eps};
+  auto run = [&](auto* o) {
+    cpu::with_kind<kNormOpCount>(op, kind, [&]<NormId K>() { NormKernel<K>::fwd(a, o); });
+  };
   if (out.defined() && out.dtype() == DType::BF16) {
     require_bf16_output(op, out, x, n * h);
-    bf16* o = out.data<bf16>();
-    cpu::with_kind<kNormOpCount>(op, kind, [&]<NormId K>() { NormKernel<K>::fwd(a, o); });
-    return;
+    run(out.data<bf16>());
+  } else {
+    run(f32_of<float>(op, "out", out, n * h, true));
   }
-  float* o = f32_of<float>(op, "out", out, n * h, true);
-  cpu::with_kind<kNormOpCount>(op, kind, [&]<NormId K>() { NormKernel<K>::fwd(a, o); });
 }
 
 void norm_bwd(NormId kind, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
