@@ -228,6 +228,8 @@ TEST(NormActivation, Bf16OutputsAreTheFp32OutputsCast) {
     expect_cast(k.name, yb, y);
     EXPECT_THROW(activation_bwd(k.id, Tensor::empty({n, in}, DType::BF16), randn({n, f}, 137), x),
                  InternalError) << k.name << ": bf16 dx";
+    EXPECT_THROW(activation_fwd(k.id, Tensor::empty({n, f}, DType::F16), x), InternalError)
+        << k.name << ": fp16 out";
   }
 }
 
