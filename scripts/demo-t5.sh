@@ -74,8 +74,9 @@ echo "with the sentinels and [EOS] free, the span words by unigram frequency: $W
 # --weight-decay 0.1 rather than Megatron's default 0.01: with 0.01 the model stays for more than
 # 12000 iterations on a plateau where every fill begins with "the" (the decoder has not learned to
 # read the words beside its span in the encoder); with 0.1 four of five runs left it between 5000
-# and 10000 iterations (README, "The T5 demo"). 8 heads of 16 rather than 4 of 32: the run with 4
-# heads that stayed on the plateau, with 8 heads it left it by iteration 7500.
+# and 10000 iterations (README, "Leaving the plateau: weight decay"). 8 heads of 16 rather than 4
+# of 32: the one run of those five that stayed on the plateau had 4 heads; this setting's run left
+# it by iteration 7500.
 rm -rf "$OUT/ckpt"
 "$MEGATRON" pretrain-t5 "${SHAPE[@]}" "${TOK[@]}" "${DATA[@]}" "${SAMPLES[@]}" \
   --lr 2e-3 --min-lr 1e-4 --lr-decay-style linear --lr-warmup-iters 100 \
