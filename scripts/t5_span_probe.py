@@ -45,16 +45,36 @@ class RecordingTorch:
 
 
 def bigram_guesses(prefix, vocab):
-    """For each token, the token that most often follows it in PREFIX.bin (a uint16 stream)."""
+    """For each token, the token that most often follows it in PREFIX.bin, read in the dtype its
+    Megatron index PREFIX.idx names."""
     import numpy as np
-    tokens = np.fromfile(prefix + ".bin", dtype=np.uint16).astype(np.int64)
+    dtypes = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+    try:
+        with open(prefix + ".idx", "rb") as f:
+            header = f.read(18)
+    except OSError as e:
+        sys.exit(f"error: DATA_PREFIX {prefix}: {e}")
+    if len(header) < 18 or not header.startswith(b"MMIDIDX") or header[17] not in dtypes:
+        sys.exit(f"error: {prefix}.idx is not a Megatron indexed dataset of integer tokens")
+    tokens = np.fromfile(prefix + ".bin", dtype=dtypes[header[17]]).astype(np.int64)
+    if tokens.size and tokens.max() >= vocab:
+        sys.exit(f"error: {prefix}.bin holds token {tokens.max()}, past the vocabulary ({vocab})")
     pairs = np.bincount(tokens[:-1] * vocab + tokens[1:], minlength=vocab * vocab)
     return pairs.reshape(vocab, vocab).argmax(axis=1)
 
 
 def main(ckpt, vocab_path, samples_path, data_prefix=None):
-    with open(os.path.join(ckpt, "metadata.json")) as f:
-        cfg = dict(json.load(f)["args"]["model"])
+    try:
+        with open(os.path.join(ckpt, "metadata.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: {ckpt} is not an iteration folder of a megatron checkpoint: {e}")
+    cfg = dict(meta["args"]["model"])
+    if cfg.get("model_family") != "t5":
+        sys.exit(f"error: {ckpt} holds a {cfg.get('model_family')} model, not a T5")
+    if meta["parallel"]["tensor_model_parallel_size"] != 1:
+        sys.exit(f"error: {ckpt} is split over tensor-parallel ranks; merge it first with "
+                 "`megatron checkpoint convert --target-tensor-parallel-size 1`")
     cfg.setdefault("kv_channels", 0)
     params = {k: v.to(torch.float64) for k, v in
               read_safetensors(os.path.join(ckpt, "mp_rank_00", "model.safetensors")).items()}
@@ -96,6 +116,8 @@ def main(ckpt, vocab_path, samples_path, data_prefix=None):
                 if follower is not None and left >= 0 and s["text_enc"][left] < vocab:
                     bigram_right += int(follower[s["text_enc"][left]]) == labels[j + 1]
                 predicted[int(pred[i, j + 1])] += 1
+    if not spans:
+        sys.exit(f"error: no spans in {samples_path} (samples of another vocabulary?)")
     print(f"teacher-forced first word of {spans} spans: right {100 * right / spans:.1f}% (always the "
           f"most frequent first word: {100 * firsts.most_common(1)[0][1] / spans:.1f}%); "
           f"{len(predicted)} distinct words predicted" +
